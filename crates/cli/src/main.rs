@@ -1,0 +1,46 @@
+//! `gpuplace`: the one binary of the gpuplace GPU scheduling stack.
+
+mod simulate;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "gpuplace",
+    version,
+    about = "GPU placement for Kubernetes: exact devices, topology, fragmentation-aware policies"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Replay a GPU cluster trace (or the built-in workload) against placement policies.
+    Simulate(simulate::SimulateArgs),
+    /// List the placement policies.
+    Policies,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Simulate(args) => simulate::run(args),
+        Command::Policies => {
+            for p in gpuplace_core::Policy::ALL {
+                println!("{p}");
+            }
+            Ok(())
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,115 @@
+//! `gpuplace simulate`: replay a trace against policies and report.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use gpuplace_core::Policy;
+use gpuplace_sim::report::{self, ClusterSize, Summary};
+use gpuplace_sim::{Prepared, RunResult, builtin_workload, load_workload, run_all};
+use indicatif::{ProgressBar, ProgressStyle};
+
+#[derive(Args, Debug)]
+pub struct SimulateArgs {
+    /// Node list CSV (openb format: sn,cpu_milli,memory_mib,gpu,model). Needs --pods.
+    #[arg(long, requires = "pods")]
+    nodes: Option<PathBuf>,
+    /// Pod list CSV (openb format: name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec]).
+    #[arg(long, requires = "nodes")]
+    pods: Option<PathBuf>,
+    /// Comma-separated policies; `paper` = the FGD paper's six, `all` = every policy.
+    #[arg(
+        long,
+        default_value = "random,dotprod,gpu-clustering,gpu-packing,best-fit,fgd"
+    )]
+    policies: String,
+    /// Number of seeds (runs per policy).
+    #[arg(long, default_value_t = 10)]
+    seeds: u64,
+    /// First seed; seeds are consecutive from here.
+    #[arg(long, default_value_t = 42)]
+    seed_start: u64,
+    /// Inflate the pod list until its GPU request reaches this multiple of capacity.
+    #[arg(long, default_value_t = 1.3)]
+    inflate: f64,
+    /// Write summary.json, curves.csv, plots (SVG, PNG) and index.html here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Print one JSON object on stdout and nothing else there.
+    #[arg(long)]
+    json: bool,
+    /// Built-in workload only: shrink the openb-like cluster to 1/SCALE of its size.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    scale: u32,
+}
+
+pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
+    let policies = Policy::parse_list(&args.policies)?;
+    if args.seeds == 0 {
+        bail!("--seeds must be at least 1");
+    }
+    if !(args.inflate.is_finite() && (0.01..=10.0).contains(&args.inflate)) {
+        bail!(
+            "--inflate must be between 0.01 and 10, got {}",
+            args.inflate
+        );
+    }
+    let workload = match (&args.nodes, &args.pods) {
+        (Some(nodes), Some(pods)) => load_workload(nodes, pods)?,
+        _ => builtin_workload(args.scale),
+    };
+    let prepared = Prepared::new(workload).context("cannot replay this workload")?;
+    let seeds: Vec<u64> = (0..args.seeds).map(|i| args.seed_start + i).collect();
+    let jobs = (policies.len() * seeds.len()) as u64;
+    let bar = if std::io::stderr().is_terminal() {
+        let bar = ProgressBar::new(jobs);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} runs {msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        bar
+    } else {
+        ProgressBar::hidden()
+    };
+    let started = Instant::now();
+    let done = |r: &RunResult| {
+        bar.set_message(format!("{} seed {}", r.policy, r.seed));
+        bar.inc(1);
+    };
+    let results = run_all(&prepared, &policies, &seeds, args.inflate, &done)?;
+    bar.finish_and_clear();
+    let workload = prepared.workload();
+    let summary = Summary {
+        workload: workload.name.clone(),
+        cluster: ClusterSize {
+            nodes: workload.nodes.len(),
+            gpus: prepared.gpu_count(),
+        },
+        pods: workload.pods.len(),
+        inflate: args.inflate,
+        seeds,
+        policies: report::summarize(&policies, &results),
+        wall_s: started.elapsed().as_secs_f64(),
+    };
+    if let Some(dir) = &args.out {
+        let files = report::write_report(&summary, dir)?;
+        if !args.json {
+            println!(
+                "wrote {} files to {}: {}",
+                files.len(),
+                dir.display(),
+                files.join(", ")
+            );
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::to_string(&summary)?);
+    } else {
+        print!("{}", report::table(&summary));
+    }
+    Ok(())
+}

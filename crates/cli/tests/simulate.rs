@@ -1,0 +1,157 @@
+//! The `gpuplace simulate` command as a user runs it.
+
+use std::io::Write;
+
+use assert_cmd::Command;
+
+fn gpuplace() -> Command {
+    Command::cargo_bin("gpuplace").unwrap()
+}
+
+#[test]
+fn builtin_json_has_the_stable_shape() {
+    let out = gpuplace()
+        .args([
+            "simulate",
+            "--scale",
+            "16",
+            "--seeds",
+            "2",
+            "--policies",
+            "fgd,best-fit",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("stdout is one JSON object");
+    assert!(v["cluster"]["nodes"].as_u64().unwrap() > 50);
+    assert!(v["cluster"]["gpus"].as_u64().unwrap() > 300);
+    assert_eq!(v["seeds"], serde_json::json!([42, 43]));
+    let policies = v["policies"].as_array().unwrap();
+    assert_eq!(policies.len(), 2);
+    assert_eq!(policies[0]["policy"], "fgd");
+    for p in policies {
+        assert!(p["unallocated_pct"]["100"]["mean"].is_f64());
+        assert!(p["unallocated_pct"]["130"]["sd"].is_f64());
+        assert!(p["fragmentation_pct"]["80"]["mean"].is_f64());
+        assert_eq!(p["unallocated_curve"].as_array().unwrap().len(), 131);
+        assert!(p["elapsed_s"].is_f64());
+    }
+}
+
+#[test]
+fn out_dir_gets_every_report_file() {
+    let dir = tempfile::tempdir().unwrap();
+    gpuplace()
+        .args(["simulate", "--scale", "32", "--seeds", "1", "--out"])
+        .arg(dir.path())
+        .assert()
+        .success();
+    for f in [
+        "summary.json",
+        "curves.csv",
+        "unallocated.svg",
+        "unallocated.png",
+        "fragmentation.svg",
+        "fragmentation.png",
+        "index.html",
+    ] {
+        let meta = std::fs::metadata(dir.path().join(f)).unwrap_or_else(|_| panic!("{f} missing"));
+        assert!(meta.len() > 100, "{f} is too small");
+    }
+    let csv = std::fs::read_to_string(dir.path().join("curves.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 1 + 6 * 131);
+    let png = std::fs::read(dir.path().join("unallocated.png")).unwrap();
+    assert_eq!(&png[1..4], b"PNG");
+}
+
+fn csv(text: &str) -> tempfile::NamedTempFile {
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+    f
+}
+
+#[test]
+fn bad_input_names_file_line_and_column() {
+    let nodes = csv("sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,T4\n");
+    let pods =
+        csv("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,10,1,500\np1,1000,ten,1,500\n");
+    let out = gpuplace()
+        .args(["simulate", "--seeds", "1", "--nodes"])
+        .arg(nodes.path())
+        .arg("--pods")
+        .arg(pods.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&pods.path().display().to_string()), "{err}");
+    assert!(
+        err.contains("line 3, column \"memory_mib\": \"ten\" is not a whole number"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn bad_arguments_are_refused_clearly() {
+    let out = gpuplace()
+        .args(["simulate", "--policies", "fgd,magic"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown policy \"magic\""));
+    let out = gpuplace()
+        .args(["simulate", "--inflate", "-1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let out = gpuplace()
+        .args(["simulate", "--seeds", "0"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--seeds must be at least 1"));
+    let out = gpuplace()
+        .args([
+            "simulate",
+            "--nodes",
+            "/nonexistent/nodes.csv",
+            "--pods",
+            "/nonexistent/pods.csv",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/nodes.csv: cannot read"));
+    // --nodes without --pods is a usage error.
+    gpuplace()
+        .args(["simulate", "--nodes", "x.csv"])
+        .assert()
+        .failure();
+}
+
+#[test]
+fn policies_lists_every_policy() {
+    let out = gpuplace().arg("policies").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for p in [
+        "fgd",
+        "best-fit",
+        "random",
+        "dotprod",
+        "gpu-packing",
+        "gpu-clustering",
+        "first-fit",
+        "worst-fit",
+        "binpack",
+        "spread",
+    ] {
+        assert!(text.lines().any(|l| l == p), "{p} missing");
+    }
+}

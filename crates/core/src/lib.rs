@@ -1,0 +1,19 @@
+//! Pure, deterministic GPU placement.
+//!
+//! [`ClusterState`] holds what is free on every node; [`Placer`] decides where a
+//! [`Request`](gpuplace_model::Request) goes (node and exact GPUs) with one [`Policy`], and
+//! explains per node why it could not when nothing fits. No I/O, no async, no clock: the same
+//! seed gives the same decisions, so what the simulator measures is what production runs.
+
+mod fit;
+mod frag;
+mod placer;
+mod policy;
+mod state;
+pub mod topology;
+
+pub use fit::{FitFailure, Unschedulable};
+pub use frag::{Shape, TargetWorkload};
+pub use placer::{Decision, Placer};
+pub use policy::{Policy, UnknownPolicy};
+pub use state::{ClusterState, NodeState, StateError};

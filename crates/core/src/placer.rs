@@ -1,0 +1,378 @@
+//! One placement decision: filter every node, score the ones that fit, break ties at random
+//! (seeded), then choose the exact GPUs on the winner.
+
+use std::collections::HashMap;
+
+use gpuplace_model::{DeviceShare, Placement, Request};
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::fit::Unschedulable;
+use crate::frag::Shape;
+use crate::policy::{Policy, simple_score};
+use crate::state::{ClusterState, NodeState, StateError};
+use crate::topology;
+
+/// Where a request goes: node index, GPUs as (position, milli), and the winning score.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub node: usize,
+    pub gpus: Vec<(usize, u32)>,
+    pub score: i64,
+}
+
+impl Decision {
+    /// The decision with node name and device IDs, for adapters to record.
+    pub fn to_placement(&self, state: &ClusterState) -> Placement {
+        let inventory = state.inventory(self.node);
+        Placement {
+            node: inventory.name.clone(),
+            devices: self
+                .gpus
+                .iter()
+                .map(|&(g, milli)| DeviceShare {
+                    index: inventory.gpus[g].index,
+                    id: inventory.gpus[g].id.clone(),
+                    milli,
+                })
+                .collect(),
+            score: self.score,
+        }
+    }
+}
+
+/// A cached FGD score of one request shape on one node version.
+#[derive(Clone, Copy)]
+struct CachedScore {
+    version: u64,
+    score: i64,
+    gpu: u32,
+}
+
+const EMPTY: CachedScore = CachedScore {
+    version: u64::MAX,
+    score: 0,
+    gpu: 0,
+};
+
+/// Shapes beyond this many are scored without the cache (bounds its memory).
+const MAX_CACHED_SHAPES: usize = 512;
+
+/// Places requests on a [`ClusterState`] with one policy and a seeded random tie-break.
+pub struct Placer {
+    policy: Policy,
+    rng: ChaCha8Rng,
+    shape_ids: HashMap<Shape, u32>,
+    /// `cache[node][shape]`, valid while the node's version matches.
+    cache: Vec<Vec<CachedScore>>,
+    scratch: Vec<u32>,
+}
+
+/// FGD's score for a fragmentation drop: trunc(100 * sigmoid(delta / 1000)).
+fn fgd_points(before: f64, after: f64) -> i64 {
+    let x = (before - after) / 1000.0;
+    (100.0 / (1.0 + (-x).exp())) as i64
+}
+
+impl Placer {
+    pub fn new(policy: Policy, seed: u64) -> Self {
+        Placer {
+            policy,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            shape_ids: HashMap::new(),
+            cache: Vec::new(),
+            scratch: Vec::new(),
+        }
+    }
+
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    /// Chooses and applies; the state changes only on success.
+    pub fn place(
+        &mut self,
+        state: &mut ClusterState,
+        request: &Request,
+    ) -> Result<Decision, Unschedulable> {
+        let decision = self.choose(state, request, None)?;
+        // `choose` only returns GPUs that fit, so this cannot overcommit; if it ever would,
+        // the request is reported unschedulable rather than corrupting the state.
+        match state.apply(decision.node, request, &decision.gpus) {
+            Ok(()) => Ok(decision),
+            Err(StateError::OverCommit { .. }) | Err(_) => Err(Unschedulable::new(state.len())),
+        }
+    }
+
+    /// Picks a node and GPUs for `request` without changing the state. `allowed`, when
+    /// given, masks nodes that filters outside core have already rejected.
+    pub fn choose(
+        &mut self,
+        state: &ClusterState,
+        request: &Request,
+        allowed: Option<&[bool]>,
+    ) -> Result<Decision, Unschedulable> {
+        let shape = match self.policy {
+            Policy::Fgd => self.shape_id(request),
+            _ => None,
+        };
+        if self.cache.len() < state.len() {
+            self.cache.resize(state.len(), Vec::new());
+        }
+        let mut why = Unschedulable::new(state.len());
+        let mut best: Option<(i64, usize, u32)> = None;
+        let mut ties = 0u32;
+        for n in 0..state.len() {
+            if allowed.is_some_and(|mask| !mask.get(n).copied().unwrap_or(false)) {
+                continue;
+            }
+            if let Err(reason) = state.fit(n, request) {
+                why.add(reason);
+                continue;
+            }
+            let (score, gpu) = match self.policy {
+                Policy::Fgd => self.fgd_cached(state, n, request, shape),
+                policy => (
+                    simple_score(policy, n, state.inventory(n), state.node(n), request),
+                    0,
+                ),
+            };
+            match best {
+                Some((top, _, _)) if score < top => {}
+                Some((top, _, _)) if score == top => {
+                    // Reservoir sampling: each tied node ends up chosen with equal chance.
+                    ties += 1;
+                    if self.rng.random_range(0..ties) == 0 {
+                        best = Some((score, n, gpu));
+                    }
+                }
+                _ => {
+                    best = Some((score, n, gpu));
+                    ties = 1;
+                }
+            }
+        }
+        let (score, node, hint) = match best {
+            Some(b) => b,
+            None => {
+                if let Some(mask) = allowed {
+                    why.nodes = why.nodes.min(mask.len());
+                }
+                return Err(why);
+            }
+        };
+        let gpus = self.choose_gpus(state, node, request, hint);
+        Ok(Decision { node, gpus, score })
+    }
+
+    fn shape_id(&mut self, request: &Request) -> Option<u32> {
+        let next = self.shape_ids.len() as u32;
+        let id = *self.shape_ids.entry(Shape::of(request)).or_insert(next);
+        ((id as usize) < MAX_CACHED_SHAPES).then_some(id)
+    }
+
+    fn fgd_cached(
+        &mut self,
+        state: &ClusterState,
+        n: usize,
+        request: &Request,
+        shape: Option<u32>,
+    ) -> (i64, u32) {
+        let version = state.node(n).version;
+        if let Some(id) = shape {
+            let row = &self.cache[n];
+            if let Some(hit) = row.get(id as usize).filter(|c| c.version == version) {
+                return (hit.score, hit.gpu);
+            }
+        }
+        let (score, gpu) = self.fgd_score(state, n, request);
+        if let Some(id) = shape {
+            let row = &mut self.cache[n];
+            if row.len() <= id as usize {
+                row.resize(id as usize + 1, EMPTY);
+            }
+            row[id as usize] = CachedScore {
+                version,
+                score,
+                gpu,
+            };
+        }
+        (score, gpu)
+    }
+
+    /// FGD score of node `n` and, for a fractional request, the best GPU position.
+    fn fgd_score(&mut self, state: &ClusterState, n: usize, request: &Request) -> (i64, u32) {
+        let Some(workload) = state.workload() else {
+            return (0, first_fitting(state.node(n), request.gpu_milli) as u32);
+        };
+        let node = state.node(n);
+        let model = state.inventory(n).gpu_model();
+        let before = node.frag;
+        let cpu_after = node.cpu_free - request.cpu_milli;
+        self.scratch.clear();
+        self.scratch.extend_from_slice(&node.gpu_free);
+        if request.is_fractional() {
+            // GPUs with equal free milli score the same; the paper keeps the lowest index
+            // among the best.
+            let mut best: Option<(i64, usize)> = None;
+            for g in 0..node.gpu_free.len() {
+                let free = node.gpu_free[g];
+                if free < request.gpu_milli || node.gpu_free[..g].contains(&free) {
+                    continue;
+                }
+                self.scratch[g] = free - request.gpu_milli;
+                let after = workload.fragmentation_of(model, cpu_after, &self.scratch);
+                self.scratch[g] = free;
+                let score = fgd_points(before, after);
+                if best.is_none_or(|(s, _)| score > s) {
+                    best = Some((score, g));
+                }
+            }
+            match best {
+                Some((score, g)) => (score, g as u32),
+                None => (0, 0),
+            }
+        } else {
+            let mut wanted = request.gpu_count;
+            for free in self.scratch.iter_mut() {
+                if wanted == 0 {
+                    break;
+                }
+                if *free >= request.gpu_milli {
+                    *free -= request.gpu_milli;
+                    wanted -= 1;
+                }
+            }
+            let after = workload.fragmentation_of(model, cpu_after, &self.scratch);
+            (fgd_points(before, after), 0)
+        }
+    }
+
+    fn choose_gpus(
+        &mut self,
+        state: &ClusterState,
+        n: usize,
+        request: &Request,
+        hint: u32,
+    ) -> Vec<(usize, u32)> {
+        let node = state.node(n);
+        if request.gpu_count == 0 {
+            return Vec::new();
+        }
+        if request.is_fractional() {
+            let g = match self.policy {
+                Policy::Fgd => hint as usize,
+                Policy::Random => {
+                    let fitting: Vec<usize> = (0..node.gpu_free.len())
+                        .filter(|&g| node.gpu_free[g] >= request.gpu_milli)
+                        .collect();
+                    fitting[self.rng.random_range(0..fitting.len())]
+                }
+                Policy::WorstFit | Policy::Spread => most_free_fitting(node, request.gpu_milli),
+                _ => least_free_fitting(node, request.gpu_milli),
+            };
+            return vec![(g, request.gpu_milli)];
+        }
+        let available: Vec<usize> = (0..node.gpu_free.len())
+            .filter(|&g| node.gpu_free[g] >= request.gpu_milli)
+            .collect();
+        let set = topology::select(state.links(n), &available, &[], request.gpu_count as usize);
+        set.map(|s| {
+            s.positions
+                .into_iter()
+                .map(|g| (g, request.gpu_milli))
+                .collect()
+        })
+        .unwrap_or_default()
+    }
+}
+
+fn first_fitting(node: &NodeState, milli: u32) -> usize {
+    node.gpu_free.iter().position(|&f| f >= milli).unwrap_or(0)
+}
+
+/// The fitting GPU with the least free milli (lowest index on ties).
+fn least_free_fitting(node: &NodeState, milli: u32) -> usize {
+    (0..node.gpu_free.len())
+        .filter(|&g| node.gpu_free[g] >= milli)
+        .min_by_key(|&g| (node.gpu_free[g], g))
+        .unwrap_or(0)
+}
+
+/// The fitting GPU with the most free milli (lowest index on ties).
+fn most_free_fitting(node: &NodeState, milli: u32) -> usize {
+    (0..node.gpu_free.len())
+        .filter(|&g| node.gpu_free[g] >= milli)
+        .min_by_key(|&g| (std::cmp::Reverse(node.gpu_free[g]), g))
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::TargetWorkload;
+    use gpuplace_model::NodeInventory;
+    use std::sync::Arc;
+
+    fn req(cpu: u64, count: u32, milli: u32) -> Request {
+        Request {
+            cpu_milli: cpu,
+            memory_mib: 0,
+            gpu_count: count,
+            gpu_milli: milli,
+            allowed_models: vec![],
+        }
+    }
+
+    #[test]
+    fn fgd_prefers_the_gpu_that_leaves_no_fragment() {
+        let mut state =
+            ClusterState::new(vec![NodeInventory::uniform("a", 64_000, 1024, 2, "T4")]).unwrap();
+        // Half the pods want half a GPU, half want a whole one.
+        let workload = TargetWorkload::from_requests(&[req(1000, 1, 500), req(1000, 1, 1000)], 1.0);
+        state.set_workload(Arc::new(workload));
+        state.apply(0, &req(0, 1, 500), &[(1, 500)]).unwrap();
+        let mut placer = Placer::new(Policy::Fgd, 1);
+        let d = placer.place(&mut state, &req(1000, 1, 500)).unwrap();
+        // Taking the half-used GPU 1 leaves GPU 0 whole for the whole-GPU shape.
+        assert_eq!(d.gpus, vec![(1, 500)]);
+        assert!(d.score > 50);
+        assert_eq!(state.total_frag(), 0.0);
+    }
+
+    #[test]
+    fn unschedulable_counts_reasons() {
+        let mut state = ClusterState::new(vec![
+            NodeInventory::uniform("a", 1000, 1024, 1, "T4"),
+            NodeInventory::uniform("b", 64_000, 1024, 1, "T4"),
+        ])
+        .unwrap();
+        let mut placer = Placer::new(Policy::BestFit, 1);
+        let err = placer.place(&mut state, &req(2000, 2, 1000)).unwrap_err();
+        assert_eq!(
+            err.message("nvidia.com/gpu"),
+            "0/2 nodes are available: 1 Insufficient cpu, 1 Insufficient nvidia.com/gpu."
+        );
+    }
+
+    #[test]
+    fn mask_limits_the_candidates() {
+        let mut state = ClusterState::new(vec![
+            NodeInventory::uniform("a", 8000, 1024, 1, "T4"),
+            NodeInventory::uniform("b", 8000, 1024, 1, "T4"),
+        ])
+        .unwrap();
+        let mut placer = Placer::new(Policy::FirstFit, 1);
+        let d = placer
+            .choose(&state, &req(1, 1, 1000), Some(&[false, true]))
+            .unwrap();
+        assert_eq!(d.node, 1);
+        assert_eq!(d.to_placement(&state).devices[0].id, "b-gpu0");
+        state.apply(1, &req(1, 1, 1000), &d.gpus).unwrap();
+        assert!(
+            placer
+                .choose(&state, &req(1, 1, 1000), Some(&[false, true]))
+                .is_err()
+        );
+    }
+}

@@ -1,0 +1,411 @@
+//! What is free on every node, updated one placement at a time.
+
+use std::sync::Arc;
+
+use gpuplace_model::{NodeInventory, Request};
+
+use crate::fit::FitFailure;
+use crate::frag::TargetWorkload;
+use crate::topology::LinkMatrix;
+
+/// Dynamic state of one node.
+#[derive(Clone, Debug)]
+pub struct NodeState {
+    pub cpu_free: u64,
+    pub memory_free: u64,
+    /// Free milli per GPU, by position in the inventory's `gpus`.
+    pub gpu_free: Vec<u32>,
+    /// Usable milli per GPU: the GPU's capacity, or 0 while it is unhealthy.
+    pub gpu_capacity: Vec<u32>,
+    /// Bumped on every change, so caches keyed by it stay exact.
+    pub version: u64,
+    /// GPU pod classes on the node and their counts (0 = fractional, k = k whole GPUs).
+    pub classes: Vec<(u32, u32)>,
+    /// Fragmentation of this node under the bound target workload (milli-GPU).
+    pub frag: f64,
+}
+
+impl NodeState {
+    /// Total free milli-GPU on healthy GPUs.
+    pub fn gpu_idle(&self) -> u64 {
+        self.gpu_free.iter().map(|&m| u64::from(m)).sum()
+    }
+
+    /// GPUs whose whole capacity is free.
+    pub fn fully_free_gpus(&self) -> usize {
+        self.gpu_free
+            .iter()
+            .zip(&self.gpu_capacity)
+            .filter(|(f, c)| **c > 0 && f == c)
+            .count()
+    }
+}
+
+/// Why a state change was refused (the state is left unchanged).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum StateError {
+    #[error("node index {0} is out of range")]
+    NodeOutOfRange(usize),
+    #[error("node {node}: gpu position {gpu} is out of range")]
+    GpuOutOfRange { node: String, gpu: usize },
+    #[error("node {node}: gpu position {gpu} listed twice in one placement")]
+    GpuRepeated { node: String, gpu: usize },
+    #[error("node {node}: {what} would be over capacity")]
+    OverCommit { node: String, what: String },
+    #[error("node {node}: releasing more {what} than is allocated")]
+    OverRelease { node: String, what: String },
+    #[error("invalid inventory for node {node}: {source}")]
+    Inventory {
+        node: String,
+        source: gpuplace_model::InventoryError,
+    },
+    #[error("node name {0:?} appears more than once")]
+    DuplicateNode(String),
+}
+
+/// Every node's inventory and what is free on it.
+#[derive(Clone, Debug)]
+pub struct ClusterState {
+    nodes: Vec<NodeInventory>,
+    state: Vec<NodeState>,
+    links: Vec<LinkMatrix>,
+    workload: Option<Arc<TargetWorkload>>,
+    total_frag: f64,
+    gpu_capacity_milli: u64,
+    gpu_free_milli: u64,
+}
+
+fn class_of(request: &Request) -> Option<u32> {
+    match request.gpu_count {
+        0 => None,
+        _ if request.is_fractional() => Some(0),
+        n => Some(n),
+    }
+}
+
+impl ClusterState {
+    /// Builds the state of empty nodes; inventories are validated.
+    pub fn new(nodes: Vec<NodeInventory>) -> Result<Self, StateError> {
+        let mut names = std::collections::HashSet::new();
+        for node in &nodes {
+            node.validate().map_err(|source| StateError::Inventory {
+                node: node.name.clone(),
+                source,
+            })?;
+            if !names.insert(node.name.as_str()) {
+                return Err(StateError::DuplicateNode(node.name.clone()));
+            }
+        }
+        let state: Vec<NodeState> = nodes
+            .iter()
+            .map(|node| {
+                let capacity: Vec<u32> = node
+                    .gpus
+                    .iter()
+                    .map(|g| if g.healthy { g.milli_capacity } else { 0 })
+                    .collect();
+                NodeState {
+                    cpu_free: node.cpu_milli,
+                    memory_free: node.memory_mib,
+                    gpu_free: capacity.clone(),
+                    gpu_capacity: capacity,
+                    version: 0,
+                    classes: Vec::new(),
+                    frag: 0.0,
+                }
+            })
+            .collect();
+        let links = nodes.iter().map(LinkMatrix::from_inventory).collect();
+        let gpu_capacity_milli = state.iter().map(NodeState::gpu_idle).sum();
+        Ok(ClusterState {
+            nodes,
+            state,
+            links,
+            workload: None,
+            total_frag: 0.0,
+            gpu_capacity_milli,
+            gpu_free_milli: gpu_capacity_milli,
+        })
+    }
+
+    /// Binds the workload that fragmentation is measured against (FGD's M).
+    pub fn set_workload(&mut self, workload: Arc<TargetWorkload>) {
+        self.workload = Some(workload);
+        self.total_frag = 0.0;
+        for n in 0..self.state.len() {
+            self.refresh_frag(n);
+        }
+    }
+
+    /// The bound target workload, if any.
+    pub fn workload(&self) -> Option<&TargetWorkload> {
+        self.workload.as_deref()
+    }
+
+    fn refresh_frag(&mut self, n: usize) {
+        let frag = match &self.workload {
+            Some(w) => w.node_fragmentation(&self.nodes[n], &self.state[n]),
+            None => 0.0,
+        };
+        self.total_frag += frag - self.state[n].frag;
+        self.state[n].frag = frag;
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    pub fn inventory(&self, n: usize) -> &NodeInventory {
+        &self.nodes[n]
+    }
+
+    pub fn node(&self, n: usize) -> &NodeState {
+        &self.state[n]
+    }
+
+    pub fn links(&self, n: usize) -> &LinkMatrix {
+        &self.links[n]
+    }
+
+    /// Index of the node called `name`.
+    pub fn find(&self, name: &str) -> Option<usize> {
+        self.nodes.iter().position(|n| n.name == name)
+    }
+
+    /// Healthy GPU capacity of the cluster in milli-GPU.
+    pub fn gpu_capacity_milli(&self) -> u64 {
+        self.gpu_capacity_milli
+    }
+
+    /// Allocated milli-GPU in the cluster.
+    pub fn gpu_allocated_milli(&self) -> u64 {
+        self.gpu_capacity_milli - self.gpu_free_milli
+    }
+
+    /// Idle milli-GPU in the cluster.
+    pub fn gpu_idle_milli(&self) -> u64 {
+        self.gpu_free_milli
+    }
+
+    /// Cluster fragmentation (sum over nodes) in milli-GPU; 0 without a workload.
+    pub fn total_frag(&self) -> f64 {
+        self.total_frag.max(0.0)
+    }
+
+    /// Whether `request` fits node `n` right now; the first failing check otherwise.
+    pub fn fit(&self, n: usize, request: &Request) -> Result<(), FitFailure> {
+        let s = &self.state[n];
+        if s.cpu_free < request.cpu_milli {
+            return Err(FitFailure::InsufficientCpu);
+        }
+        if s.memory_free < request.memory_mib {
+            return Err(FitFailure::InsufficientMemory);
+        }
+        if request.gpu_count == 0 {
+            return Ok(());
+        }
+        if s.gpu_capacity.iter().all(|&c| c == 0) {
+            return Err(FitFailure::NoGpus);
+        }
+        if !request.allows_model(self.nodes[n].gpu_model()) {
+            return Err(FitFailure::ModelNotAllowed);
+        }
+        let fitting = s
+            .gpu_free
+            .iter()
+            .filter(|&&free| free >= request.gpu_milli)
+            .count();
+        if fitting >= request.gpu_count as usize {
+            Ok(())
+        } else if request.is_fractional() {
+            Err(FitFailure::NoGpuWithShare)
+        } else {
+            Err(FitFailure::InsufficientGpus)
+        }
+    }
+
+    fn check_gpus(&self, n: usize, gpus: &[(usize, u32)]) -> Result<(), StateError> {
+        let node = &self.nodes[n].name;
+        for (i, &(g, _)) in gpus.iter().enumerate() {
+            if g >= self.state[n].gpu_free.len() {
+                return Err(StateError::GpuOutOfRange {
+                    node: node.clone(),
+                    gpu: g,
+                });
+            }
+            if gpus[..i].iter().any(|&(h, _)| h == g) {
+                return Err(StateError::GpuRepeated {
+                    node: node.clone(),
+                    gpu: g,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes `request` on node `n` with `gpus` (position, milli); refuses any overcommit.
+    pub fn apply(
+        &mut self,
+        n: usize,
+        request: &Request,
+        gpus: &[(usize, u32)],
+    ) -> Result<(), StateError> {
+        if n >= self.state.len() {
+            return Err(StateError::NodeOutOfRange(n));
+        }
+        self.check_gpus(n, gpus)?;
+        let s = &self.state[n];
+        let over = |what: &str| StateError::OverCommit {
+            node: self.nodes[n].name.clone(),
+            what: what.to_string(),
+        };
+        if s.cpu_free < request.cpu_milli {
+            return Err(over("cpu"));
+        }
+        if s.memory_free < request.memory_mib {
+            return Err(over("memory"));
+        }
+        for &(g, milli) in gpus {
+            if s.gpu_free[g] < milli {
+                return Err(over(&format!("gpu {g}")));
+            }
+        }
+        let s = &mut self.state[n];
+        s.cpu_free -= request.cpu_milli;
+        s.memory_free -= request.memory_mib;
+        let mut taken = 0u64;
+        for &(g, milli) in gpus {
+            s.gpu_free[g] -= milli;
+            taken += u64::from(milli);
+        }
+        if let Some(class) = class_of(request) {
+            match s.classes.iter_mut().find(|(c, _)| *c == class) {
+                Some(entry) => entry.1 += 1,
+                None => s.classes.push((class, 1)),
+            }
+        }
+        s.version += 1;
+        self.gpu_free_milli -= taken;
+        self.refresh_frag(n);
+        Ok(())
+    }
+
+    /// Gives back what [`apply`](Self::apply) took; refuses to release more than is allocated.
+    pub fn release(
+        &mut self,
+        n: usize,
+        request: &Request,
+        gpus: &[(usize, u32)],
+    ) -> Result<(), StateError> {
+        if n >= self.state.len() {
+            return Err(StateError::NodeOutOfRange(n));
+        }
+        self.check_gpus(n, gpus)?;
+        let inv = &self.nodes[n];
+        let s = &self.state[n];
+        let over = |what: &str| StateError::OverRelease {
+            node: inv.name.clone(),
+            what: what.to_string(),
+        };
+        if s.cpu_free + request.cpu_milli > inv.cpu_milli {
+            return Err(over("cpu"));
+        }
+        if s.memory_free + request.memory_mib > inv.memory_mib {
+            return Err(over("memory"));
+        }
+        for &(g, milli) in gpus {
+            if s.gpu_free[g] + milli > inv.gpus[g].milli_capacity {
+                return Err(over(&format!("gpu {g}")));
+            }
+        }
+        let s = &mut self.state[n];
+        s.cpu_free += request.cpu_milli;
+        s.memory_free += request.memory_mib;
+        let mut given = 0u64;
+        for &(g, milli) in gpus {
+            // An unhealthy GPU keeps 0 usable; its share returns when it heals.
+            if s.gpu_capacity[g] > 0 {
+                s.gpu_free[g] += milli;
+                given += u64::from(milli);
+            }
+        }
+        if let Some(class) = class_of(request) {
+            if let Some(entry) = s.classes.iter_mut().find(|(c, _)| *c == class) {
+                entry.1 = entry.1.saturating_sub(1);
+            }
+            s.classes.retain(|(_, count)| *count > 0);
+        }
+        s.version += 1;
+        self.gpu_free_milli += given;
+        self.refresh_frag(n);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cluster() -> ClusterState {
+        ClusterState::new(vec![NodeInventory::uniform("a", 8000, 1000, 2, "T4")]).unwrap()
+    }
+
+    fn req(cpu: u64, count: u32, milli: u32) -> Request {
+        Request {
+            cpu_milli: cpu,
+            memory_mib: 10,
+            gpu_count: count,
+            gpu_milli: milli,
+            allowed_models: vec![],
+        }
+    }
+
+    #[test]
+    fn apply_and_release_round_trip() {
+        let mut c = cluster();
+        let r = req(1000, 1, 300);
+        c.apply(0, &r, &[(1, 300)]).unwrap();
+        assert_eq!(c.node(0).gpu_free, vec![1000, 700]);
+        assert_eq!(c.gpu_allocated_milli(), 300);
+        c.release(0, &r, &[(1, 300)]).unwrap();
+        assert_eq!(c.node(0).gpu_free, vec![1000, 1000]);
+        assert_eq!(c.node(0).cpu_free, 8000);
+        assert!(c.node(0).classes.is_empty());
+    }
+
+    #[test]
+    fn overcommit_is_refused_and_state_kept() {
+        let mut c = cluster();
+        c.apply(0, &req(0, 1, 800), &[(0, 800)]).unwrap();
+        let err = c.apply(0, &req(0, 1, 300), &[(0, 300)]).unwrap_err();
+        assert_eq!(err.to_string(), "node a: gpu 0 would be over capacity");
+        assert_eq!(c.node(0).gpu_free, vec![200, 1000]);
+        assert!(c.apply(0, &req(9000, 0, 0), &[]).is_err());
+        assert!(
+            c.apply(0, &req(0, 2, 1000), &[(1, 1000), (1, 1000)])
+                .is_err()
+        );
+        assert!(c.release(0, &req(0, 1, 900), &[(0, 900)]).is_err());
+        assert_eq!(c.node(0).gpu_free, vec![200, 1000]);
+    }
+
+    #[test]
+    fn fit_reasons() {
+        let c = cluster();
+        assert_eq!(c.fit(0, &req(9000, 0, 0)), Err(FitFailure::InsufficientCpu));
+        assert_eq!(
+            c.fit(0, &req(0, 3, 1000)),
+            Err(FitFailure::InsufficientGpus)
+        );
+        let mut r = req(0, 1, 1000);
+        r.allowed_models = vec!["A100".into()];
+        assert_eq!(c.fit(0, &r), Err(FitFailure::ModelNotAllowed));
+        let cpu_only =
+            ClusterState::new(vec![NodeInventory::uniform("c", 8000, 1000, 0, "")]).unwrap();
+        assert_eq!(cpu_only.fit(0, &req(0, 1, 500)), Err(FitFailure::NoGpus));
+    }
+}

@@ -1,0 +1,198 @@
+//! Placement invariants, checked over random clusters and request streams for every policy:
+//! capacity is never exceeded, a multi-GPU request gets all its GPUs or none, state totals
+//! agree with the nodes, and the same seed gives the same placements.
+
+use std::sync::Arc;
+
+use gpuplace_core::{ClusterState, Placer, Policy, TargetWorkload};
+use gpuplace_model::{Link, NodeInventory, PcieLevel, Request};
+use proptest::prelude::*;
+
+fn node_strategy() -> impl Strategy<Value = (u64, u64, u32, bool)> {
+    (
+        prop_oneof![Just(8_000u64), Just(32_000), Just(96_000)],
+        prop_oneof![Just(16_384u64), Just(262_144)],
+        prop_oneof![Just(0u32), Just(1), Just(2), Just(4), Just(8)],
+        any::<bool>(),
+    )
+}
+
+fn request_strategy() -> impl Strategy<Value = Request> {
+    let cpu = 0u64..40_000;
+    let mem = 0u64..100_000;
+    let gpu = prop_oneof![
+        Just((0u32, 0u32)),
+        (1u32..1000).prop_map(|m| (1, m)),
+        Just((1, 1000)),
+        Just((2, 1000)),
+        Just((4, 1000)),
+        Just((8, 1000)),
+    ];
+    let models = prop_oneof![
+        3 => Just(vec![]),
+        1 => Just(vec!["T4".to_string()]),
+        1 => Just(vec!["A100".to_string(), "V100".to_string()]),
+    ];
+    (cpu, mem, gpu, models).prop_map(|(cpu_milli, memory_mib, (gpu_count, gpu_milli), models)| {
+        Request {
+            cpu_milli,
+            memory_mib,
+            gpu_count,
+            gpu_milli,
+            allowed_models: models,
+        }
+    })
+}
+
+fn build(nodes: &[(u64, u64, u32, bool)], requests: &[Request]) -> ClusterState {
+    let models = ["T4", "A100", "V100"];
+    let inventories = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, &(cpu, mem, gpus, linked))| {
+            let mut node = NodeInventory::uniform(&format!("n{i}"), cpu, mem, gpus, models[i % 3]);
+            if linked {
+                for a in 0..gpus {
+                    for b in a + 1..gpus {
+                        node.links.push(Link {
+                            a,
+                            b,
+                            nvlinks: u32::from((a / 2) == (b / 2)) * 2,
+                            pcie: if (a < gpus / 2) == (b < gpus / 2) {
+                                PcieLevel::SameCpu
+                            } else {
+                                PcieLevel::CrossCpu
+                            },
+                        });
+                    }
+                }
+            }
+            node
+        })
+        .collect();
+    let mut state = ClusterState::new(inventories).expect("generated inventories are valid");
+    state.set_workload(Arc::new(TargetWorkload::from_requests(requests, 0.95)));
+    state
+}
+
+fn check_capacity(state: &ClusterState) {
+    let mut idle = 0u64;
+    for n in 0..state.len() {
+        let inv = state.inventory(n);
+        let s = state.node(n);
+        assert!(s.cpu_free <= inv.cpu_milli);
+        assert!(s.memory_free <= inv.memory_mib);
+        for (g, gpu) in inv.gpus.iter().enumerate() {
+            assert!(s.gpu_free[g] <= gpu.milli_capacity, "gpu over capacity");
+        }
+        idle += s.gpu_idle();
+    }
+    assert_eq!(idle, state.gpu_idle_milli());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn capacity_never_exceeded_and_gangs_of_gpus_are_whole(
+        nodes in proptest::collection::vec(node_strategy(), 1..12),
+        requests in proptest::collection::vec(request_strategy(), 1..80),
+        seed in any::<u64>(),
+    ) {
+        for policy in Policy::ALL {
+            let mut state = build(&nodes, &requests);
+            let mut placer = Placer::new(policy, seed);
+            for request in &requests {
+                let before = state.gpu_allocated_milli();
+                match placer.place(&mut state, request) {
+                    Ok(decision) => {
+                        prop_assert_eq!(decision.gpus.len(), request.gpu_count as usize);
+                        let mut positions: Vec<usize> = decision.gpus.iter().map(|g| g.0).collect();
+                        positions.sort_unstable();
+                        positions.dedup();
+                        prop_assert_eq!(positions.len(), request.gpu_count as usize);
+                        prop_assert!(decision.gpus.iter().all(|g| g.1 == request.gpu_milli));
+                        prop_assert!(request.allows_model(state.inventory(decision.node).gpu_model()) || request.gpu_count == 0);
+                        prop_assert_eq!(state.gpu_allocated_milli(), before + request.total_gpu_milli());
+                    }
+                    Err(why) => {
+                        // Nothing taken, and every node accounted for in the explanation.
+                        prop_assert_eq!(state.gpu_allocated_milli(), before);
+                        prop_assert_eq!(why.nodes, state.len());
+                    }
+                }
+                check_capacity(&state);
+            }
+        }
+    }
+
+    #[test]
+    fn same_seed_same_placements(
+        nodes in proptest::collection::vec(node_strategy(), 1..10),
+        requests in proptest::collection::vec(request_strategy(), 1..60),
+        seed in any::<u64>(),
+    ) {
+        for policy in Policy::ALL {
+            let run = || {
+                let mut state = build(&nodes, &requests);
+                let mut placer = Placer::new(policy, seed);
+                requests
+                    .iter()
+                    .map(|r| placer.place(&mut state, r).ok())
+                    .collect::<Vec<_>>()
+            };
+            prop_assert_eq!(run(), run());
+        }
+    }
+
+    #[test]
+    fn release_restores_the_state(
+        nodes in proptest::collection::vec(node_strategy(), 1..8),
+        requests in proptest::collection::vec(request_strategy(), 1..40),
+    ) {
+        let mut state = build(&nodes, &requests);
+        let empty_frag = state.total_frag();
+        let mut placer = Placer::new(Policy::Fgd, 7);
+        let mut placed = Vec::new();
+        for r in &requests {
+            if let Ok(d) = placer.place(&mut state, r) {
+                placed.push((d, r.clone()));
+            }
+        }
+        for (d, r) in placed.iter().rev() {
+            prop_assert!(state.release(d.node, r, &d.gpus).is_ok());
+        }
+        prop_assert_eq!(state.gpu_allocated_milli(), 0);
+        prop_assert!((state.total_frag() - empty_frag).abs() < 1e-6);
+        for n in 0..state.len() {
+            prop_assert_eq!(state.node(n).cpu_free, state.inventory(n).cpu_milli);
+        }
+    }
+}
+
+/// A 16-GPU box of eight NVLinked pairs: an 8-GPU request must take four whole pairs, and
+/// the search must stay exact.
+#[test]
+fn sixteen_gpus_take_whole_pairs() {
+    let mut node = NodeInventory::uniform("big", 256_000, 1 << 20, 16, "H100");
+    for a in 0..16u32 {
+        for b in a + 1..16 {
+            node.links.push(Link {
+                a,
+                b,
+                nvlinks: if a / 2 == b / 2 { 12 } else { 0 },
+                pcie: if (a < 8) == (b < 8) {
+                    PcieLevel::SameCpu
+                } else {
+                    PcieLevel::CrossCpu
+                },
+            });
+        }
+    }
+    let links = gpuplace_core::topology::LinkMatrix::from_inventory(&node);
+    let all: Vec<usize> = (0..16).collect();
+    let set = gpuplace_core::topology::select(&links, &all, &[], 8).unwrap();
+    assert_eq!(set.positions, vec![0, 1, 2, 3, 4, 5, 6, 7]);
+    // 4 pairs * 1220 + 24 other pairs on the same CPU * 20.
+    assert_eq!(set.score, 4 * 1220 + 24 * 20);
+}

@@ -1,0 +1,14 @@
+//! Pure data types shared by every gpuplace component.
+//!
+//! Nothing here does I/O: the simulator, the scheduler and the device plugin all describe
+//! GPUs, nodes, requests and placements with these types, so a decision measured in the
+//! simulator is the same value the production adapters carry out.
+
+mod inventory;
+mod request;
+
+pub use inventory::{Gpu, INVENTORY_ANNOTATION, InventoryError, Link, NodeInventory, PcieLevel};
+pub use request::{DeviceShare, Placement, Request, RequestError};
+
+/// Milli-GPU units in one whole GPU.
+pub const MILLI_PER_GPU: u32 = 1000;

@@ -1,0 +1,72 @@
+//! Replays a slice of the real openb trace. Skips, saying why, when the trace is absent.
+
+use std::path::PathBuf;
+
+use gpuplace_core::Policy;
+use gpuplace_sim::{Prepared, Workload, load_nodes, load_pods};
+
+fn trace_dir() -> Option<PathBuf> {
+    let dir = std::env::var_os("GPUPLACE_OPENB_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces/openb")
+        });
+    if dir.join("openb_node_list_gpu_node.csv").is_file() {
+        Some(dir)
+    } else {
+        println!(
+            "skipped: openb trace not found at {} (set GPUPLACE_OPENB_DIR)",
+            dir.display()
+        );
+        None
+    }
+}
+
+#[test]
+fn every_shared_pod_list_loads() {
+    let Some(dir) = trace_dir() else { return };
+    let nodes = load_nodes(&dir.join("openb_node_list_gpu_node.csv")).unwrap();
+    assert_eq!(nodes.len(), 1213);
+    assert_eq!(nodes.iter().map(|n| n.gpus.len()).sum::<usize>(), 6212);
+    let all = load_nodes(&dir.join("openb_node_list_all_node.csv")).unwrap();
+    assert_eq!(all.len(), 1523);
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if name.starts_with("openb_pod_list_") && name.ends_with(".csv") {
+            let pods = load_pods(&path).unwrap_or_else(|e| panic!("{e}"));
+            assert!(pods.len() > 7000, "{name}: {}", pods.len());
+        }
+    }
+    let default = load_pods(&dir.join("openb_pod_list_default.csv")).unwrap();
+    assert_eq!(default.len(), 8152);
+    let total: u64 = default.iter().map(|p| p.request.total_gpu_milli()).sum();
+    assert_eq!(total, 6_086_800);
+}
+
+/// A slice (every fourth node, first 2,000 pods) keeps the suite fast; the full numbers come
+/// from `gpuplace simulate` (see README).
+#[test]
+fn slice_replay_ranks_fgd_above_random() {
+    let Some(dir) = trace_dir() else { return };
+    let nodes: Vec<_> = load_nodes(&dir.join("openb_node_list_gpu_node.csv"))
+        .unwrap()
+        .into_iter()
+        .step_by(4)
+        .collect();
+    let pods = load_pods(&dir.join("openb_pod_list_default.csv"))
+        .unwrap()
+        .into_iter()
+        .take(2000)
+        .collect();
+    let prepared = Prepared::new(Workload {
+        name: "slice".into(),
+        nodes,
+        pods,
+    })
+    .unwrap();
+    let fgd = prepared.run(Policy::Fgd, 42, 1.3);
+    let random = prepared.run(Policy::Random, 42, 1.3);
+    assert!(fgd.curves.unallocated[100] < random.curves.unallocated[100]);
+    assert!(fgd.curves.frag_capacity[80] < random.curves.frag_capacity[80]);
+}
