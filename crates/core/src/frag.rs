@@ -46,29 +46,20 @@ pub struct TargetWorkload {
 const SHAPE_STEP: usize = 1;
 
 impl TargetWorkload {
-    /// Most popular pod shapes of `requests` (CPU-only ones included) covering at least
-    /// `coverage` of pods (the paper uses 0.95), probabilities renormalised over the kept
+    /// Most popular shapes of `requests` (CPU-only ones included) covering at least
+    /// `coverage` of pods (the paper uses 0.95); probabilities renormalised over the kept
     /// shapes.
-    ///
-    /// Popularity is counted per distinct request *including memory*, then requests that
-    /// differ only in memory are merged into one shape (fragmentation ignores memory). This
-    /// is the reading under which the published FGD results reproduce: counted without
-    /// memory, 95% coverage of the openb default trace stops at 35 shapes and leaves out
-    /// every multi-GPU shape, and FGD then strands 8-GPU pods (about 10% unallocated at
-    /// 100% arrived instead of the published 4.77%).
     pub fn from_requests<'a>(
         requests: impl IntoIterator<Item = &'a Request>,
         coverage: f64,
     ) -> Self {
-        let mut counts: HashMap<(Shape, u64), u64> = HashMap::new();
+        let mut counts: HashMap<Shape, u64> = HashMap::new();
         let mut total = 0u64;
         for request in requests {
-            *counts
-                .entry((Shape::of(request), request.memory_mib))
-                .or_default() += 1;
+            *counts.entry(Shape::of(request)).or_default() += 1;
             total += 1;
         }
-        let mut ranked: Vec<((Shape, u64), u64)> = counts.into_iter().collect();
+        let mut ranked: Vec<(Shape, u64)> = counts.into_iter().collect();
         // Most popular first; equal counts ordered by shape, largest first (deterministic).
         ranked.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| b.0.cmp(&a.0)));
         let wanted = coverage * total as f64;
@@ -79,16 +70,9 @@ impl TargetWorkload {
             covered += ranked[kept..upto].iter().map(|(_, c)| *c).sum::<u64>();
             kept = upto;
         }
-        let mut merged: Vec<(Shape, u64)> = Vec::new();
-        for ((shape, _), count) in &ranked[..kept] {
-            match merged.iter_mut().find(|(s, _)| s == shape) {
-                Some(entry) => entry.1 += count,
-                None => merged.push((shape.clone(), *count)),
-            }
-        }
-        let shapes = merged
-            .into_iter()
-            .map(|(s, c)| (s, c as f64 / covered.max(1) as f64))
+        let shapes = ranked[..kept]
+            .iter()
+            .map(|(s, c)| (s.clone(), *c as f64 / covered.max(1) as f64))
             .collect();
         TargetWorkload { shapes }
     }
@@ -159,8 +143,7 @@ mod tests {
     }
 
     #[test]
-    fn memory_counts_for_popularity_but_not_for_the_shape() {
-        // Two requests equal but for memory are one shape with their probabilities summed.
+    fn memory_is_not_part_of_a_shape() {
         let mut a = req(1000, 1, 500);
         let mut b = a.clone();
         a.memory_mib = 1;

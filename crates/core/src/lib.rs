@@ -14,6 +14,6 @@ pub mod topology;
 
 pub use fit::{FitFailure, Unschedulable};
 pub use frag::{Shape, TargetWorkload};
-pub use placer::{Decision, Placer};
+pub use placer::{Decision, Placer, TieBreak};
 pub use policy::{Policy, UnknownPolicy};
 pub use state::{ClusterState, NodeState, StateError};

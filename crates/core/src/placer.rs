@@ -58,9 +58,24 @@ const EMPTY: CachedScore = CachedScore {
 /// Shapes beyond this many are scored without the cache (bounds its memory).
 const MAX_CACHED_SHAPES: usize = 512;
 
-/// Places requests on a [`ClusterState`] with one policy and a seeded random tie-break.
+/// How equal top scores are broken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum TieBreak {
+    /// The tied node that comes first in a random node order fixed by the seed. This is
+    /// what the FGD authors' simulator does (it renames nodes with a random numeric prefix
+    /// and its forked kube-scheduler takes the first top-scoring node in name order), and
+    /// it packs: ties keep landing on the same nodes instead of spreading.
+    #[default]
+    NodeOrder,
+    /// Uniformly at random among the tied nodes (stock kube-scheduler's reservoir sampling).
+    Uniform,
+}
+
+/// Places requests on a [`ClusterState`] with one policy and a seeded tie-break.
 pub struct Placer {
     policy: Policy,
+    tie_break: TieBreak,
+    seed: u64,
     rng: ChaCha8Rng,
     shape_ids: HashMap<Shape, u32>,
     /// `cache[node][shape]`, valid while the node's version matches.
@@ -78,6 +93,8 @@ impl Placer {
     pub fn new(policy: Policy, seed: u64) -> Self {
         Placer {
             policy,
+            tie_break: TieBreak::default(),
+            seed,
             rng: ChaCha8Rng::seed_from_u64(seed),
             shape_ids: HashMap::new(),
             cache: Vec::new(),
@@ -85,8 +102,19 @@ impl Placer {
         }
     }
 
+    /// Uses `tie_break` for equal top scores (the `random` policy always picks uniformly).
+    pub fn with_tie_break(mut self, tie_break: TieBreak) -> Self {
+        self.tie_break = tie_break;
+        self
+    }
+
     pub fn policy(&self) -> Policy {
         self.policy
+    }
+
+    /// Position of node `n` in this placer's seeded node order.
+    fn rank(&self, state: &ClusterState, n: usize) -> (u64, usize) {
+        (splitmix64(state.name_hash(n) ^ self.seed), n)
     }
 
     /// Chooses and applies; the state changes only on success.
@@ -122,6 +150,7 @@ impl Placer {
         let mut why = Unschedulable::new(state.len());
         let mut best: Option<(i64, usize, u32)> = None;
         let mut ties = 0u32;
+        let uniform = self.tie_break == TieBreak::Uniform || self.policy == Policy::Random;
         for n in 0..state.len() {
             if allowed.is_some_and(|mask| !mask.get(n).copied().unwrap_or(false)) {
                 continue;
@@ -139,10 +168,14 @@ impl Placer {
             };
             match best {
                 Some((top, _, _)) if score < top => {}
-                Some((top, _, _)) if score == top => {
-                    // Reservoir sampling: each tied node ends up chosen with equal chance.
-                    ties += 1;
-                    if self.rng.random_range(0..ties) == 0 {
+                Some((top, held, _)) if score == top => {
+                    if uniform {
+                        // Reservoir sampling: each tied node ends up chosen with equal chance.
+                        ties += 1;
+                        if self.rng.random_range(0..ties) == 0 {
+                            best = Some((score, n, gpu));
+                        }
+                    } else if self.rank(state, n) < self.rank(state, held) {
                         best = Some((score, n, gpu));
                     }
                 }
@@ -287,6 +320,14 @@ impl Placer {
     }
 }
 
+/// A 64-bit mix (splitmix64's finaliser): a fixed, well-spread order from any key.
+fn splitmix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
 fn first_fitting(node: &NodeState, milli: u32) -> usize {
     node.gpu_free.iter().position(|&f| f >= milli).unwrap_or(0)
 }
@@ -338,6 +379,39 @@ mod tests {
         assert_eq!(d.gpus, vec![(1, 500)]);
         assert!(d.score > 50);
         assert_eq!(state.total_frag(), 0.0);
+    }
+
+    #[test]
+    fn node_order_ties_pack_and_uniform_ties_spread() {
+        let nodes: Vec<NodeInventory> = (0..16)
+            .map(|i| NodeInventory::uniform(&format!("n{i}"), 64_000, 1024, 0, ""))
+            .collect();
+        let tiny = req(100, 0, 0);
+        let used_nodes = |tie_break| {
+            let mut state = ClusterState::new(nodes.clone()).unwrap();
+            let mut placer = Placer::new(Policy::GpuPacking, 3).with_tie_break(tie_break);
+            let mut used: Vec<usize> = (0..8)
+                .map(|_| placer.place(&mut state, &tiny).unwrap().node)
+                .collect();
+            used.sort_unstable();
+            used.dedup();
+            used.len()
+        };
+        // GPU packing scores CPU-only pods 0 everywhere: every node ties.
+        assert_eq!(used_nodes(TieBreak::NodeOrder), 1);
+        assert!(used_nodes(TieBreak::Uniform) > 1);
+        // The order depends on the seed.
+        let mut firsts: Vec<usize> = (0..8)
+            .map(|seed| {
+                let mut state = ClusterState::new(nodes.clone()).unwrap();
+                Placer::new(Policy::GpuPacking, seed)
+                    .place(&mut state, &tiny)
+                    .unwrap()
+                    .node
+            })
+            .collect();
+        firsts.dedup();
+        assert!(firsts.len() > 1);
     }
 
     #[test]

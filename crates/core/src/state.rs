@@ -69,10 +69,18 @@ pub struct ClusterState {
     nodes: Vec<NodeInventory>,
     state: Vec<NodeState>,
     links: Vec<LinkMatrix>,
+    /// FNV-1a of each node name, the stable key of seeded node orders.
+    name_hash: Vec<u64>,
     workload: Option<Arc<TargetWorkload>>,
     total_frag: f64,
     gpu_capacity_milli: u64,
     gpu_free_milli: u64,
+}
+
+fn fnv1a(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 fn class_of(request: &Request) -> Option<u32> {
@@ -116,11 +124,13 @@ impl ClusterState {
             })
             .collect();
         let links = nodes.iter().map(LinkMatrix::from_inventory).collect();
+        let name_hash = nodes.iter().map(|n| fnv1a(&n.name)).collect();
         let gpu_capacity_milli = state.iter().map(NodeState::gpu_idle).sum();
         Ok(ClusterState {
             nodes,
             state,
             links,
+            name_hash,
             workload: None,
             total_frag: 0.0,
             gpu_capacity_milli,
@@ -169,6 +179,11 @@ impl ClusterState {
 
     pub fn links(&self, n: usize) -> &LinkMatrix {
         &self.links[n]
+    }
+
+    /// A stable hash of node `n`'s name.
+    pub fn name_hash(&self, n: usize) -> u64 {
+        self.name_hash[n]
     }
 
     /// Index of the node called `name`.
