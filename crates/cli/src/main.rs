@@ -1,5 +1,6 @@
 //! `gpuplace`: the one binary of the gpuplace GPU scheduling stack.
 
+mod bench;
 mod simulate;
 
 use std::process::ExitCode;
@@ -23,12 +24,16 @@ enum Command {
     Simulate(simulate::SimulateArgs),
     /// List the placement policies.
     Policies,
+    /// Measure the speed of gpuplace's parts.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Simulate(args) => simulate::run(args),
+        Command::Bench(command) => bench::run(command),
         Command::Policies => {
             for p in gpuplace_core::Policy::ALL {
                 println!("{p}");

@@ -58,6 +58,8 @@ fn out_dir_gets_every_report_file() {
         "curves.csv",
         "unallocated.svg",
         "unallocated.png",
+        "unallocated_zoom.svg",
+        "unallocated_zoom.png",
         "fragmentation.svg",
         "fragmentation.png",
         "index.html",

@@ -81,6 +81,7 @@ pub struct Placer {
     /// `cache[node][shape]`, valid while the node's version matches.
     cache: Vec<Vec<CachedScore>>,
     scratch: Vec<u32>,
+    cache_enabled: bool,
 }
 
 /// FGD's score for a fragmentation drop: trunc(100 * sigmoid(delta / 1000)).
@@ -99,12 +100,19 @@ impl Placer {
             shape_ids: HashMap::new(),
             cache: Vec::new(),
             scratch: Vec::new(),
+            cache_enabled: true,
         }
     }
 
     /// Uses `tie_break` for equal top scores (the `random` policy always picks uniformly).
     pub fn with_tie_break(mut self, tie_break: TieBreak) -> Self {
         self.tie_break = tie_break;
+        self
+    }
+
+    /// Turns the per-node score cache off (for benchmarks that measure what it saves).
+    pub fn with_cache(mut self, enabled: bool) -> Self {
+        self.cache_enabled = enabled;
         self
     }
 
@@ -141,7 +149,7 @@ impl Placer {
         allowed: Option<&[bool]>,
     ) -> Result<Decision, Unschedulable> {
         let shape = match self.policy {
-            Policy::Fgd => self.shape_id(request),
+            Policy::Fgd if self.cache_enabled => self.shape_id(request),
             _ => None,
         };
         if self.cache.len() < state.len() {
@@ -240,7 +248,13 @@ impl Placer {
         };
         let node = state.node(n);
         let model = state.inventory(n).gpu_model();
-        let before = node.frag;
+        // The state keeps each node's fragmentation up to date incrementally; without the
+        // cache it is recomputed, as a from-scratch scorer would.
+        let before = if self.cache_enabled {
+            node.frag
+        } else {
+            workload.fragmentation_of(model, node.cpu_free, &node.gpu_free)
+        };
         let cpu_after = node.cpu_free - request.cpu_milli;
         self.scratch.clear();
         self.scratch.extend_from_slice(&node.gpu_free);

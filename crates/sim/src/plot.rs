@@ -16,20 +16,31 @@ static REGISTER: Once = Once::new();
 #[derive(Clone, Copy, Debug)]
 pub struct Chart {
     pub file: &'static str,
+    /// First arrived % shown (the zoomed chart starts where policies part ways).
+    pub x_from: usize,
     pub title: &'static str,
     pub y_label: &'static str,
     pub curve: fn(&PolicySummary) -> &Vec<f64>,
 }
 
-pub const CHARTS: [Chart; 2] = [
+pub const CHARTS: [Chart; 3] = [
     Chart {
         file: "unallocated",
+        x_from: 0,
         title: "Unallocated GPU",
         y_label: "unallocated GPU (% of capacity)",
         curve: |p| &p.unallocated_curve,
     },
     Chart {
+        file: "unallocated_zoom",
+        x_from: 70,
+        title: "Unallocated GPU, arrived 70% and up",
+        y_label: "unallocated GPU (% of capacity)",
+        curve: |p| &p.unallocated_curve,
+    },
+    Chart {
         file: "fragmentation",
+        x_from: 0,
         title: "GPU fragmentation (FGD measure)",
         y_label: "fragmented GPU (% of capacity)",
         curve: |p| &p.fragmentation_curve,
@@ -70,10 +81,11 @@ fn render<DB: DrawingBackend>(
         .unwrap_or(1)
         .saturating_sub(1)
         .max(1) as f64;
+    let x_min = (chart.x_from as f64).min(x_max - 1.0);
     let y_max = summary
         .policies
         .iter()
-        .flat_map(|p| (chart.curve)(p).iter().copied())
+        .flat_map(|p| (chart.curve)(p).iter().skip(chart.x_from).copied())
         .fold(1.0f64, f64::max)
         .min(100.0)
         * 1.05;
@@ -85,7 +97,7 @@ fn render<DB: DrawingBackend>(
         .margin(12)
         .x_label_area_size(45)
         .y_label_area_size(60)
-        .build_cartesian_2d(0f64..x_max, 0f64..y_max)
+        .build_cartesian_2d(x_min..x_max, 0f64..y_max)
         .map_err(|e| e.to_string())?;
     ctx.configure_mesh()
         .x_desc("arrived GPU request (% of capacity)")
@@ -99,6 +111,7 @@ fn render<DB: DrawingBackend>(
         let points = (chart.curve)(p)
             .iter()
             .enumerate()
+            .skip(chart.x_from)
             .map(|(x, y)| (x as f64, *y));
         ctx.draw_series(LineSeries::new(points, color.stroke_width(2)))
             .map_err(|e| e.to_string())?
@@ -111,7 +124,7 @@ fn render<DB: DrawingBackend>(
         .position(SeriesLabelPosition::UpperRight)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
-        .label_font(("sans-serif", 14))
+        .label_font(("sans-serif", 16))
         .draw()
         .map_err(|e| e.to_string())?;
     root.present().map_err(|e| e.to_string())

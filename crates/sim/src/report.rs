@@ -267,6 +267,7 @@ Values are mean ± sd over seeds, as % of GPU capacity, at the given arrived GPU
 <table><tr><th>policy</th><th>unallocated @100%</th><th>unallocated @130%</th><th>fragmentation @80%</th><th>failed pods</th><th>time (s)</th></tr>
 {rows}</table>
 <h2>Unallocated GPU</h2><img src="unallocated.svg" alt="unallocated GPU % against arrived GPU %">
+<img src="unallocated_zoom.svg" alt="unallocated GPU % against arrived GPU %, from 70% arrived">
 <h2>Fragmentation</h2><img src="fragmentation.svg" alt="fragmented GPU % against arrived GPU %">
 <p>Data: <a href="summary.json">summary.json</a>, <a href="curves.csv">curves.csv</a>.</p>
 </body></html>
