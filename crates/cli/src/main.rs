@@ -1,6 +1,8 @@
 //! `gpuplace`: the one binary of the gpuplace GPU scheduling stack.
 
 mod bench;
+mod device_plugin;
+mod logging;
 mod simulate;
 
 use std::process::ExitCode;
@@ -22,6 +24,8 @@ struct Cli {
 enum Command {
     /// Replay a GPU cluster trace (or the built-in workload) against placement policies.
     Simulate(simulate::SimulateArgs),
+    /// Serve the kubelet device plugin API (run as a DaemonSet on GPU nodes).
+    DevicePlugin(device_plugin::DevicePluginArgs),
     /// List the placement policies.
     Policies,
     /// Measure the speed of gpuplace's parts.
@@ -34,6 +38,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Simulate(args) => simulate::run(args),
         Command::Bench(command) => bench::run(command),
+        Command::DevicePlugin(args) => device_plugin::run(args),
         Command::Policies => {
             for p in gpuplace_core::Policy::ALL {
                 println!("{p}");

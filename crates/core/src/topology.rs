@@ -110,26 +110,53 @@ pub fn select(
 }
 
 /// Exhaustive search over combinations in lexicographic order, pruned by an upper bound.
-struct Search<'a> {
-    links: &'a LinkMatrix,
-    optional: &'a [usize],
+struct Search {
+    /// Optional candidates' count.
+    n: usize,
     wanted: usize,
-    /// Sum of pair scores from each optional candidate to the rest of the pool.
+    /// Pair scores among optional candidates, `pair[i * n + j]`.
+    pair: Vec<u64>,
+    /// Pair score sum from each candidate to the base (fixed members).
+    to_base: Vec<u64>,
+    /// Pair score sum from each candidate to the picks so far (kept incrementally).
+    to_picks: Vec<u64>,
+    /// Pair score sum from each candidate to every other optional candidate.
     degree: Vec<u64>,
-    /// `top[i][k]`: sum of the k largest best-pair scores among candidates `i..`.
-    top: Vec<Vec<u64>>,
-    /// Largest set size minus one: the most pairs one pick can join.
-    fan: u64,
-    current: Vec<usize>,
-    base_len: usize,
-    /// Best (internal score, relative cut, positions) so far.
+    /// `top[c * (wanted + 1) + k]`: sum of candidate c's k largest pair scores to other
+    /// optional candidates.
+    top: Vec<u64>,
+    /// The nearest earlier candidate that is interchangeable with this one (same pair
+    /// scores to everything else): a set holding this one but not its twin ties with the
+    /// lexicographically smaller set that swaps them, so it never needs visiting.
+    twin: Vec<Option<usize>>,
+    picks: Vec<usize>,
+    scratch: Vec<u64>,
+    /// Best (internal score, relative cut, picks) so far.
     best: Option<(u64, i64, Vec<usize>)>,
 }
 
-impl Search<'_> {
+impl Search {
+    /// Twice an upper bound on what `left` more picks from candidates `start..` can add.
+    /// A new pick c adds its pairs to the members so far, plus half of each pair with
+    /// another new pick (the other half is the other pick's), and those are at most its
+    /// `left - 1` largest pair scores.
+    fn bound2(&mut self, start: usize, left: usize) -> u64 {
+        let stride = self.wanted + 1;
+        self.scratch.clear();
+        for c in start..self.n {
+            self.scratch
+                .push(2 * (self.to_base[c] + self.to_picks[c]) + self.top[c * stride + left - 1]);
+        }
+        if left < self.scratch.len() {
+            self.scratch
+                .select_nth_unstable_by(left - 1, |a, b| b.cmp(a));
+        }
+        self.scratch.iter().take(left).sum()
+    }
+
     /// `inner`: pair scores among the picks; `cross`: between picks and the base.
-    fn run(&mut self, start: usize, picked: usize, inner: u64, cross: u64, degree: u64) {
-        if picked == self.wanted {
+    fn run(&mut self, start: usize, inner: u64, cross: u64, degree: u64) {
+        if self.picks.len() == self.wanted {
             let score = inner + cross;
             // Cut to the free GPUs left behind, less a constant shared by every candidate:
             // picks to unpicked optionals (degree - 2 inner) plus base to unpicked optionals
@@ -140,33 +167,38 @@ impl Search<'_> {
                 Some((s, c, _)) => score > *s || (score == *s && cut < *c),
             };
             if better {
-                self.best = Some((score, cut, self.current.clone()));
+                self.best = Some((score, cut, self.picks.clone()));
             }
             return;
         }
-        let left = self.wanted - picked;
-        for i in start..self.optional.len() {
-            if self.optional.len() - i < left {
+        let left = self.wanted - self.picks.len();
+        if let Some((best, _, _)) = self.best
+            && 2 * (inner + cross) + self.bound2(start, left) < 2 * best
+        {
+            return;
+        }
+        for i in start..self.n {
+            if self.n - i < left {
                 break;
             }
-            if let Some((best, _, _)) = &self.best
-                && inner + cross + self.top[i][left] * self.fan < *best
-            {
-                return;
+            if self.twin[i].is_some_and(|t| t >= start) {
+                continue;
             }
-            let candidate = self.optional[i];
-            let pair = |m: &usize| u64::from(self.links.pair(*m, candidate));
-            let with_base: u64 = self.current[..self.base_len].iter().map(pair).sum();
-            let with_picks: u64 = self.current[self.base_len..].iter().map(pair).sum();
-            self.current.push(candidate);
+            let (gain_inner, gain_cross) = (self.to_picks[i], self.to_base[i]);
+            for j in 0..self.n {
+                self.to_picks[j] += self.pair[i * self.n + j];
+            }
+            self.picks.push(i);
             self.run(
                 i + 1,
-                picked + 1,
-                inner + with_picks,
-                cross + with_base,
+                inner + gain_inner,
+                cross + gain_cross,
                 degree + self.degree[i],
             );
-            self.current.pop();
+            self.picks.pop();
+            for j in 0..self.n {
+                self.to_picks[j] -= self.pair[i * self.n + j];
+            }
         }
     }
 }
@@ -176,55 +208,64 @@ fn exact(
     base: &[usize],
     optional: &[usize],
     wanted: usize,
-    pool: &[usize],
+    _pool: &[usize],
 ) -> Vec<usize> {
-    let best_pair: Vec<u64> = optional
-        .iter()
-        .map(|&a| {
-            pool.iter()
-                .filter(|&&b| b != a)
-                .map(|&b| u64::from(links.pair(a, b)))
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let degree = optional
-        .iter()
-        .map(|&a| {
-            pool.iter()
-                .filter(|&&b| b != a && !base.contains(&b))
-                .map(|&b| u64::from(links.pair(a, b)))
-                .sum()
-        })
-        .collect();
-    let top = (0..=optional.len())
-        .map(|i| {
-            let mut rest = best_pair[i..].to_vec();
-            rest.sort_unstable_by(|a, b| b.cmp(a));
-            let mut sums = vec![0u64; wanted + 1];
-            for k in 1..=wanted {
-                sums[k] = sums[k - 1] + rest.get(k - 1).copied().unwrap_or(0);
+    let n = optional.len();
+    let mut pair = vec![0u64; n * n];
+    for (i, &a) in optional.iter().enumerate() {
+        for (j, &b) in optional.iter().enumerate() {
+            if i != j {
+                pair[i * n + j] = u64::from(links.pair(a, b));
             }
-            sums
+        }
+    }
+    let base_rows: Vec<Vec<u32>> = optional
+        .iter()
+        .map(|&a| base.iter().map(|&b| links.pair(a, b)).collect())
+        .collect();
+    let to_base = optional
+        .iter()
+        .map(|&a| base.iter().map(|&b| u64::from(links.pair(a, b))).sum())
+        .collect();
+    let degree = (0..n)
+        .map(|i| pair[i * n..(i + 1) * n].iter().sum())
+        .collect();
+    let stride = wanted + 1;
+    let mut top = vec![0u64; n * stride];
+    for c in 0..n {
+        let mut scores: Vec<u64> = pair[c * n..(c + 1) * n].to_vec();
+        scores.sort_unstable_by(|a, b| b.cmp(a));
+        for k in 1..stride {
+            top[c * stride + k] = top[c * stride + k - 1] + scores.get(k - 1).copied().unwrap_or(0);
+        }
+    }
+    let twin = (0..n)
+        .map(|j| {
+            (0..j).rev().find(|&i| {
+                base_rows[i] == base_rows[j]
+                    && (0..n).all(|x| x == i || x == j || pair[i * n + x] == pair[j * n + x])
+            })
         })
         .collect();
-    // The base's own pairs are shared by every candidate set; search on the added part.
     let mut search = Search {
-        links,
-        optional,
+        n,
         wanted,
+        twin,
+        pair,
+        to_base,
+        to_picks: vec![0; n],
         degree,
         top,
-        fan: (base.len() + wanted).saturating_sub(1) as u64,
-        current: base.to_vec(),
-        base_len: base.len(),
+        picks: Vec::with_capacity(wanted),
+        scratch: Vec::with_capacity(n),
         best: None,
     };
-    search.run(0, 0, 0, 0, 0);
-    search
-        .best
-        .map(|(_, _, set)| set)
-        .unwrap_or_else(|| base.to_vec())
+    search.run(0, 0, 0, 0);
+    let mut set = base.to_vec();
+    if let Some((_, _, picks)) = search.best {
+        set.extend(picks.into_iter().map(|i| optional[i]));
+    }
+    set
 }
 
 fn greedy(

@@ -196,3 +196,79 @@ fn sixteen_gpus_take_whole_pairs() {
     // 4 pairs * 1220 + 24 other pairs on the same CPU * 20.
     assert_eq!(set.score, 4 * 1220 + 24 * 20);
 }
+
+/// The device-set search against brute force over every subset: same objective value
+/// (largest internal pair score, then smallest cut to the GPUs left, then lowest indexes).
+mod exactness {
+    use gpuplace_core::topology::{LinkMatrix, select};
+    use gpuplace_model::{Link, NodeInventory, PcieLevel};
+    use proptest::prelude::*;
+
+    fn brute(links: &LinkMatrix, available: &[usize], must: &[usize], k: usize) -> Vec<usize> {
+        let n = available.len();
+        type Key = (u64, std::cmp::Reverse<u64>, std::cmp::Reverse<Vec<usize>>);
+        let mut best: Option<(Key, Vec<usize>)> = None;
+        for mask in 0u32..(1 << n) {
+            let set: Vec<usize> = (0..n)
+                .filter(|i| mask & (1 << i) != 0)
+                .map(|i| available[i])
+                .collect();
+            if set.len() != k || !must.iter().all(|m| set.contains(m)) {
+                continue;
+            }
+            let inner = links.set_score(&set);
+            let cut: u64 = set
+                .iter()
+                .flat_map(|&a| {
+                    available
+                        .iter()
+                        .filter(|b| !set.contains(b))
+                        .map(move |&b| (a, b))
+                })
+                .map(|(a, b)| u64::from(links.pair(a, b)))
+                .sum();
+            let key = (
+                inner,
+                std::cmp::Reverse(cut),
+                std::cmp::Reverse(set.clone()),
+            );
+            if best.as_ref().is_none_or(|(k0, _)| key > *k0) {
+                best = Some((key, set));
+            }
+        }
+        best.map(|(_, s)| s).unwrap_or_default()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        #[test]
+        fn select_is_optimal(
+            n in 2u32..10,
+            seed_links in proptest::collection::vec((0u32..4, 0usize..6), 45),
+            k in 1usize..6,
+            drop in proptest::collection::vec(any::<bool>(), 10),
+            must_first in any::<bool>(),
+        ) {
+            let mut node = NodeInventory::uniform("n", 1, 1, n, "X");
+            let levels = [PcieLevel::CrossCpu, PcieLevel::SameCpu, PcieLevel::HostBridge,
+                          PcieLevel::MultiSwitch, PcieLevel::SingleSwitch, PcieLevel::SameBoard];
+            let mut i = 0;
+            for a in 0..n {
+                for b in a + 1..n {
+                    let (nv, lvl) = seed_links[i % seed_links.len()];
+                    node.links.push(Link { a, b, nvlinks: nv, pcie: levels[lvl] });
+                    i += 1;
+                }
+            }
+            let links = LinkMatrix::from_inventory(&node);
+            let available: Vec<usize> = (0..n as usize).filter(|&g| !drop[g] || g == 0).collect();
+            prop_assume!(k <= available.len());
+            let must: Vec<usize> = if must_first { vec![available[0]] } else { vec![] };
+            let got = select(&links, &available, &must, k).unwrap();
+            let want = brute(&links, &available, &must, k);
+            let score = |s: &[usize]| links.set_score(s);
+            prop_assert_eq!(score(&got.positions), score(&want));
+            prop_assert_eq!(got.positions, want);
+        }
+    }
+}

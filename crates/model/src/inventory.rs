@@ -27,8 +27,11 @@ pub const INVENTORY_ANNOTATION: &str = "gpuplace.io/inventory";
 pub struct Gpu {
     /// Device ID as the kubelet sees it (usually the UUID).
     pub id: String,
-    /// Index on the node (`/dev/nvidia<index>`).
+    /// Index on the node (NVML's enumeration order, `nvidia-smi -i`).
     pub index: u32,
+    /// Device node number (`/dev/nvidia<minor>`) when it differs from the index.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub minor: Option<u32>,
     #[serde(default)]
     pub uuid: String,
     #[serde(default)]
@@ -42,6 +45,13 @@ pub struct Gpu {
     /// Shareable capacity in milli-GPU; 1000 for a whole GPU.
     #[serde(default = "default_milli")]
     pub milli_capacity: u32,
+}
+
+impl Gpu {
+    /// N of the GPU's device node `/dev/nvidia<N>`.
+    pub fn device_node(&self) -> u32 {
+        self.minor.unwrap_or(self.index)
+    }
 }
 
 fn default_true() -> bool {
@@ -210,6 +220,7 @@ impl NodeInventory {
             .map(|index| Gpu {
                 id: format!("{name}-gpu{index}"),
                 index,
+                minor: None,
                 uuid: String::new(),
                 model: model.to_string(),
                 memory_mib: 0,

@@ -1,0 +1,177 @@
+//! `gpuplace device-plugin`: the kubelet device plugin (runs as a DaemonSet).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Args;
+use gpuplace_deviceplugin::backend::{Backend, FakeBackend, NvmlBackend};
+use gpuplace_deviceplugin::config::{
+    BackendKind, DeviceIdStrategy, DeviceListStrategy, LogFormat, Settings,
+};
+use gpuplace_deviceplugin::metrics::{self, Metrics};
+use gpuplace_deviceplugin::{plugin, service};
+use tracing::info;
+
+/// Every setting can come from a flag, from its environment variable, or from the config
+/// file, in that order of precedence.
+#[derive(Args, Debug)]
+pub struct DevicePluginArgs {
+    /// YAML config file with the same keys as the flags (e.g. `device-list-strategy: both`).
+    #[arg(long, env = "GPUPLACE_CONFIG")]
+    config: Option<PathBuf>,
+    /// Directory of the kubelet's device plugin sockets.
+    #[arg(long, env = "GPUPLACE_PLUGIN_DIR")]
+    plugin_dir: Option<PathBuf>,
+    /// Extended resource to advertise [default: nvidia.com/gpu].
+    #[arg(long, env = "GPUPLACE_RESOURCE")]
+    resource: Option<String>,
+    /// Where GPUs come from: nvml or fake [default: nvml].
+    #[arg(long, env = "GPUPLACE_BACKEND")]
+    backend: Option<BackendKind>,
+    /// Inventory file for the fake backend (see deploy/inventories).
+    #[arg(long, env = "GPUPLACE_INVENTORY")]
+    inventory: Option<PathBuf>,
+    /// This node's name (for logs and the published inventory) [default: $NODE_NAME].
+    #[arg(long, env = "GPUPLACE_NODE_NAME")]
+    node_name: Option<String>,
+    /// Time-slicing: advertise each GPU this many times as <uuid>::<n> [default: 1].
+    #[arg(long, env = "GPUPLACE_REPLICAS")]
+    replicas: Option<u32>,
+    /// Name devices to the runtime by uuid or index [default: uuid].
+    #[arg(long, env = "GPUPLACE_DEVICE_ID_STRATEGY")]
+    device_id_strategy: Option<DeviceIdStrategy>,
+    /// Pass devices as envvar, cdi or both [default: envvar].
+    #[arg(long, env = "GPUPLACE_DEVICE_LIST_STRATEGY")]
+    device_list_strategy: Option<DeviceListStrategy>,
+    /// CDI kind of the device names [default: nvidia.com/gpu].
+    #[arg(long, env = "GPUPLACE_CDI_KIND")]
+    cdi_kind: Option<String>,
+    /// Host directory holding the device nodes [default: /dev].
+    #[arg(long, env = "GPUPLACE_DEV_ROOT")]
+    dev_root: Option<PathBuf>,
+    /// Return device specs (/dev/nvidia*) in Allocate [default: true].
+    #[arg(long, env = "GPUPLACE_PASS_DEVICE_SPECS")]
+    pass_device_specs: Option<bool>,
+    /// Ask the kubelet to call PreStartContainer [default: false].
+    #[arg(long, env = "GPUPLACE_PRE_START_REQUIRED")]
+    pre_start_required: Option<bool>,
+    /// Serve Prometheus metrics and /healthz here (e.g. 0.0.0.0:9400).
+    #[arg(long, env = "GPUPLACE_METRICS_ADDR")]
+    metrics_addr: Option<SocketAddr>,
+    /// Log format: text or json [default: text].
+    #[arg(long, env = "GPUPLACE_LOG_FORMAT")]
+    log_format: Option<LogFormat>,
+    /// XIDs that do not mark a GPU unhealthy [default: 13,31,43,45,68,109].
+    #[arg(long, env = "GPUPLACE_XID_IGNORE", value_delimiter = ',')]
+    xid_ignore: Option<Vec<u64>>,
+    /// Seconds without critical errors before a GPU is healthy again; 0 never [default: 300].
+    #[arg(long, env = "GPUPLACE_HEALTH_RECOVERY_SECONDS")]
+    health_recovery_seconds: Option<u64>,
+    /// Backstop poll of the plugin directory, in ms [default: 500].
+    #[arg(long, env = "GPUPLACE_POLL_INTERVAL_MS")]
+    poll_interval_ms: Option<u64>,
+}
+
+impl DevicePluginArgs {
+    fn settings(&self) -> Settings {
+        Settings {
+            plugin_dir: self.plugin_dir.clone(),
+            resource: self.resource.clone(),
+            backend: self.backend,
+            inventory: self.inventory.clone(),
+            node_name: self.node_name.clone(),
+            replicas: self.replicas,
+            device_id_strategy: self.device_id_strategy,
+            device_list_strategy: self.device_list_strategy,
+            cdi_kind: self.cdi_kind.clone(),
+            dev_root: self.dev_root.clone(),
+            pass_device_specs: self.pass_device_specs,
+            pre_start_required: self.pre_start_required,
+            metrics_addr: self.metrics_addr,
+            log_format: self.log_format,
+            xid_ignore: self.xid_ignore.clone(),
+            health_recovery_seconds: self.health_recovery_seconds,
+            poll_interval_ms: self.poll_interval_ms,
+        }
+    }
+}
+
+/// Resolves flag > env > file > defaults.
+pub fn resolve(args: &DevicePluginArgs) -> anyhow::Result<gpuplace_deviceplugin::Config> {
+    let file = match &args.config {
+        Some(path) => Settings::from_file(path)?,
+        None => Settings::default(),
+    };
+    Ok(args.settings().over(file).resolve()?)
+}
+
+pub fn run(args: DevicePluginArgs) -> anyhow::Result<()> {
+    let config = Arc::new(resolve(&args)?);
+    crate::logging::init(config.log_format == LogFormat::Json);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(serve(config))
+}
+
+async fn serve(config: Arc<gpuplace_deviceplugin::Config>) -> anyhow::Result<()> {
+    let backend: Box<dyn Backend> = match config.backend {
+        BackendKind::Nvml => Box::new(NvmlBackend::start(
+            &config.node_name,
+            config.xid_ignore.clone(),
+            config.health_recovery,
+        )?),
+        BackendKind::Fake => {
+            let path = config
+                .inventory
+                .as_ref()
+                .context("the fake backend needs --inventory")?;
+            Box::new(FakeBackend::start(
+                path,
+                &config.node_name,
+                config.poll_interval,
+            )?)
+        }
+    };
+    let inventory = backend.watch();
+    info!(
+        node = %config.node_name,
+        resource = %config.resource,
+        gpus = inventory.borrow().gpus.len(),
+        "device plugin starting"
+    );
+    let metrics = Metrics::default();
+    if let Some(addr) = config.metrics_addr {
+        let mut registry = prometheus_client::registry::Registry::default();
+        metrics.register(&mut registry);
+        let registry = Arc::new(registry);
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot serve metrics on {addr}"))?;
+        tokio::spawn(metrics::serve(listener, registry));
+    }
+    let tables = service::device_tables(inventory, config.replicas, metrics.clone());
+    plugin::run(config, tables, metrics, shutdown_signal()).await?;
+    drop(backend);
+    Ok(())
+}
+
+/// Completes on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM"),
+        _ = tokio::signal::ctrl_c() => info!("SIGINT"),
+    }
+}

@@ -1,0 +1,40 @@
+//! Where the GPUs come from: one small trait, two implementations.
+
+mod fake;
+mod health;
+mod nvml;
+
+use std::sync::Arc;
+
+use gpuplace_model::NodeInventory;
+use tokio::sync::watch;
+
+pub use fake::{FakeBackend, InventoryFile, parse_inventory};
+pub use health::HealthTracker;
+pub use nvml::NvmlBackend;
+
+/// Why a backend could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("cannot read inventory {path}: {source}")]
+    ReadInventory {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("inventory {path}: {message}")]
+    BadInventory { path: String, message: String },
+    #[error(
+        "cannot load NVML ({0}); is the NVIDIA driver installed and the container started with the NVIDIA runtime? Use --backend fake --inventory FILE to run without a GPU"
+    )]
+    NoDriver(String),
+    #[error("NVML: {0}")]
+    Nvml(String),
+    #[error("cannot watch {path}: {message}")]
+    Watch { path: String, message: String },
+}
+
+/// A source of the node's GPUs, their links and their live health.
+pub trait Backend: Send + Sync + 'static {
+    /// The current inventory; every change (health, reload) is published here.
+    fn watch(&self) -> watch::Receiver<Arc<NodeInventory>>;
+}

@@ -1,0 +1,373 @@
+//! The device plugin's settings: flags beat environment beat the config file beat defaults.
+//!
+//! The binary parses flags and environment (clap) into a [`Settings`] of options, reads the
+//! optional YAML file into another, and [`Settings::resolve`] merges them over the defaults.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// Where GPUs come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BackendKind {
+    /// NVML from the NVIDIA driver, loaded at run time.
+    Nvml,
+    /// An inventory file (tests, demos, non-NVIDIA devices).
+    Fake,
+}
+
+/// How devices are named to the container runtime.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeviceIdStrategy {
+    Uuid,
+    Index,
+}
+
+/// How the allocated devices are passed to the container runtime.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeviceListStrategy {
+    /// `NVIDIA_VISIBLE_DEVICES`.
+    Envvar,
+    /// CDI device names in the Allocate response.
+    Cdi,
+    /// Both.
+    Both,
+}
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// A setting value that is not one of the accepted words.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{value:?} is not one of: {accepted}")]
+pub struct BadChoice {
+    value: String,
+    accepted: &'static str,
+}
+
+macro_rules! parse_choice {
+    ($ty:ty, $accepted:literal, $($word:literal => $variant:expr),+) => {
+        impl FromStr for $ty {
+            type Err = BadChoice;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                match s {
+                    $($word => Ok($variant),)+
+                    _ => Err(BadChoice { value: s.to_string(), accepted: $accepted }),
+                }
+            }
+        }
+    };
+}
+
+parse_choice!(BackendKind, "nvml, fake", "nvml" => BackendKind::Nvml, "fake" => BackendKind::Fake);
+parse_choice!(DeviceIdStrategy, "uuid, index", "uuid" => DeviceIdStrategy::Uuid, "index" => DeviceIdStrategy::Index);
+parse_choice!(DeviceListStrategy, "envvar, cdi, both",
+    "envvar" => DeviceListStrategy::Envvar, "cdi" => DeviceListStrategy::Cdi, "both" => DeviceListStrategy::Both);
+parse_choice!(LogFormat, "text, json", "text" => LogFormat::Text, "json" => LogFormat::Json);
+
+/// Settings as given: every field optional, so sources can be layered.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Settings {
+    pub plugin_dir: Option<PathBuf>,
+    pub resource: Option<String>,
+    pub backend: Option<BackendKind>,
+    pub inventory: Option<PathBuf>,
+    pub node_name: Option<String>,
+    pub replicas: Option<u32>,
+    pub device_id_strategy: Option<DeviceIdStrategy>,
+    pub device_list_strategy: Option<DeviceListStrategy>,
+    pub cdi_kind: Option<String>,
+    pub dev_root: Option<PathBuf>,
+    pub pass_device_specs: Option<bool>,
+    pub pre_start_required: Option<bool>,
+    pub metrics_addr: Option<SocketAddr>,
+    pub log_format: Option<LogFormat>,
+    pub xid_ignore: Option<Vec<u64>>,
+    pub health_recovery_seconds: Option<u64>,
+    pub poll_interval_ms: Option<u64>,
+}
+
+/// Why settings could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("resource name {0:?} is not an extended resource name (vendor.domain/name)")]
+    BadResource(String),
+    #[error("replicas must be between 1 and 64, got {0}")]
+    BadReplicas(u32),
+    #[error("the fake backend needs an inventory file (--inventory)")]
+    MissingInventory,
+    #[error("poll interval must be between 50 and 60000 ms, got {0}")]
+    BadPollInterval(u64),
+    #[error("cdi kind {0:?} is not vendor.domain/class")]
+    BadCdiKind(String),
+}
+
+/// Settings resolved over the defaults and checked.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub plugin_dir: PathBuf,
+    pub resource: String,
+    pub backend: BackendKind,
+    pub inventory: Option<PathBuf>,
+    pub node_name: String,
+    pub replicas: u32,
+    pub device_id_strategy: DeviceIdStrategy,
+    pub device_list_strategy: DeviceListStrategy,
+    pub cdi_kind: String,
+    pub dev_root: PathBuf,
+    pub pass_device_specs: bool,
+    pub pre_start_required: bool,
+    pub metrics_addr: Option<SocketAddr>,
+    pub log_format: LogFormat,
+    pub xid_ignore: BTreeSet<u64>,
+    /// How long a GPU must stay free of critical errors to become healthy again; zero
+    /// keeps it unhealthy until restart (NVIDIA's behaviour).
+    pub health_recovery: Duration,
+    /// Backstop stat of the plugin directory (inotify is the primary signal).
+    pub poll_interval: Duration,
+}
+
+/// XIDs NVIDIA's plugin also treats as application errors, not GPU faults.
+pub const DEFAULT_XID_IGNORE: [u64; 6] = [13, 31, 43, 45, 68, 109];
+
+impl Settings {
+    /// Reads a YAML config file (keys as the flags, e.g. `device-list-strategy: both`).
+    pub fn from_file(path: &Path) -> Result<Settings, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        if text.trim().is_empty() {
+            return Ok(Settings::default());
+        }
+        serde_saphyr::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Fills every unset field of `self` from `lower` (self wins).
+    pub fn over(self, lower: Settings) -> Settings {
+        Settings {
+            plugin_dir: self.plugin_dir.or(lower.plugin_dir),
+            resource: self.resource.or(lower.resource),
+            backend: self.backend.or(lower.backend),
+            inventory: self.inventory.or(lower.inventory),
+            node_name: self.node_name.or(lower.node_name),
+            replicas: self.replicas.or(lower.replicas),
+            device_id_strategy: self.device_id_strategy.or(lower.device_id_strategy),
+            device_list_strategy: self.device_list_strategy.or(lower.device_list_strategy),
+            cdi_kind: self.cdi_kind.or(lower.cdi_kind),
+            dev_root: self.dev_root.or(lower.dev_root),
+            pass_device_specs: self.pass_device_specs.or(lower.pass_device_specs),
+            pre_start_required: self.pre_start_required.or(lower.pre_start_required),
+            metrics_addr: self.metrics_addr.or(lower.metrics_addr),
+            log_format: self.log_format.or(lower.log_format),
+            xid_ignore: self.xid_ignore.or(lower.xid_ignore),
+            health_recovery_seconds: self
+                .health_recovery_seconds
+                .or(lower.health_recovery_seconds),
+            poll_interval_ms: self.poll_interval_ms.or(lower.poll_interval_ms),
+        }
+    }
+
+    /// Applies the defaults and checks the result.
+    pub fn resolve(self) -> Result<Config, ConfigError> {
+        let resource = self
+            .resource
+            .unwrap_or_else(|| "nvidia.com/gpu".to_string());
+        if !is_extended_resource(&resource) {
+            return Err(ConfigError::BadResource(resource));
+        }
+        let replicas = self.replicas.unwrap_or(1);
+        if !(1..=64).contains(&replicas) {
+            return Err(ConfigError::BadReplicas(replicas));
+        }
+        let backend = self.backend.unwrap_or(BackendKind::Nvml);
+        if backend == BackendKind::Fake && self.inventory.is_none() {
+            return Err(ConfigError::MissingInventory);
+        }
+        let poll = self.poll_interval_ms.unwrap_or(500);
+        if !(50..=60_000).contains(&poll) {
+            return Err(ConfigError::BadPollInterval(poll));
+        }
+        let cdi_kind = self
+            .cdi_kind
+            .unwrap_or_else(|| "nvidia.com/gpu".to_string());
+        if !is_extended_resource(&cdi_kind) {
+            return Err(ConfigError::BadCdiKind(cdi_kind));
+        }
+        Ok(Config {
+            plugin_dir: self
+                .plugin_dir
+                .unwrap_or_else(|| PathBuf::from(gpuplace_kubelet_api::DEFAULT_PLUGIN_DIR)),
+            resource,
+            backend,
+            inventory: self.inventory,
+            node_name: self
+                .node_name
+                .or_else(|| std::env::var("NODE_NAME").ok())
+                .unwrap_or_else(|| "localhost".to_string()),
+            replicas,
+            device_id_strategy: self.device_id_strategy.unwrap_or(DeviceIdStrategy::Uuid),
+            device_list_strategy: self
+                .device_list_strategy
+                .unwrap_or(DeviceListStrategy::Envvar),
+            cdi_kind,
+            dev_root: self.dev_root.unwrap_or_else(|| PathBuf::from("/dev")),
+            pass_device_specs: self.pass_device_specs.unwrap_or(true),
+            pre_start_required: self.pre_start_required.unwrap_or(false),
+            metrics_addr: self.metrics_addr,
+            log_format: self.log_format.unwrap_or(LogFormat::Text),
+            xid_ignore: self
+                .xid_ignore
+                .unwrap_or_else(|| DEFAULT_XID_IGNORE.to_vec())
+                .into_iter()
+                .collect(),
+            health_recovery: Duration::from_secs(self.health_recovery_seconds.unwrap_or(300)),
+            poll_interval: Duration::from_millis(poll),
+        })
+    }
+}
+
+/// `vendor.domain/name`: a DNS-like prefix with a dot, a slash, and a non-empty name.
+pub fn is_extended_resource(name: &str) -> bool {
+    let Some((prefix, rest)) = name.split_once('/') else {
+        return false;
+    };
+    let label_ok = |s: &str| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_')
+    };
+    prefix.contains('.')
+        && !prefix.starts_with("kubernetes.io")
+        && label_ok(prefix)
+        && label_ok(rest)
+        && !rest.contains('/')
+}
+
+/// The plugin's socket file name for `resource`: `gpuplace-nvidia.com_gpu.sock`.
+pub fn socket_name(resource: &str) -> String {
+    let safe: String = resource
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("gpuplace-{safe}.sock")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_beat_env_beat_file_beat_defaults() {
+        let flags = Settings {
+            replicas: Some(4),
+            ..Default::default()
+        };
+        let env = Settings {
+            replicas: Some(2),
+            resource: Some("example.com/gpu".into()),
+            ..Default::default()
+        };
+        let file = Settings {
+            resource: Some("other.com/gpu".into()),
+            device_list_strategy: Some(DeviceListStrategy::Both),
+            ..Default::default()
+        };
+        let config = flags.over(env).over(file).resolve().unwrap();
+        assert_eq!(config.replicas, 4);
+        assert_eq!(config.resource, "example.com/gpu");
+        assert_eq!(config.device_list_strategy, DeviceListStrategy::Both);
+        assert_eq!(config.device_id_strategy, DeviceIdStrategy::Uuid);
+        assert_eq!(config.xid_ignore.len(), 6);
+    }
+
+    #[test]
+    fn file_settings_parse_and_unknown_keys_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        std::fs::write(
+            &path,
+            "resource: example.com/gpu\nreplicas: 3\ndevice-list-strategy: cdi\nxid-ignore: [13]\n",
+        )
+        .unwrap();
+        let s = Settings::from_file(&path).unwrap();
+        assert_eq!(s.replicas, Some(3));
+        assert_eq!(s.device_list_strategy, Some(DeviceListStrategy::Cdi));
+        assert_eq!(s.xid_ignore, Some(vec![13]));
+        std::fs::write(&path, "replicas: 3\ncolour: blue\n").unwrap();
+        let err = Settings::from_file(&path).unwrap_err().to_string();
+        assert!(err.contains("colour"), "{err}");
+        std::fs::write(&path, "replicas: many\n").unwrap();
+        assert!(Settings::from_file(&path).is_err());
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_reasons() {
+        let bad = |s: Settings| s.resolve().unwrap_err().to_string();
+        assert!(
+            bad(Settings {
+                resource: Some("gpu".into()),
+                ..Default::default()
+            })
+            .contains("not an extended resource name")
+        );
+        assert!(
+            bad(Settings {
+                replicas: Some(0),
+                ..Default::default()
+            })
+            .contains("replicas")
+        );
+        assert!(
+            bad(Settings {
+                backend: Some(BackendKind::Fake),
+                ..Default::default()
+            })
+            .contains("inventory")
+        );
+        assert_eq!(
+            "cdx".parse::<DeviceListStrategy>().unwrap_err().to_string(),
+            "\"cdx\" is not one of: envvar, cdi, both"
+        );
+    }
+
+    #[test]
+    fn socket_names_are_safe() {
+        assert_eq!(
+            socket_name("nvidia.com/gpu"),
+            "gpuplace-nvidia.com_gpu.sock"
+        );
+        assert!(is_extended_resource("nvidia.com/gpu"));
+        assert!(!is_extended_resource("nvidia.com/"));
+        assert!(!is_extended_resource("kubernetes.io/gpu"));
+    }
+}

@@ -1,0 +1,122 @@
+//! Prometheus metrics of the device plugin, served on `--metrics-addr` with `/healthz`.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tracing::{info, warn};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DeviceLabel {
+    pub device: String,
+}
+
+/// Every metric the plugin exports.
+#[derive(Clone, Default)]
+pub struct Metrics {
+    pub allocations: Counter,
+    pub allocation_errors: Family<ReasonLabel, Counter>,
+    pub preferred_allocations: Counter,
+    pub registrations: Counter,
+    pub registration_failures: Counter,
+    pub device_healthy: Family<DeviceLabel, Gauge>,
+    pub devices: Gauge,
+}
+
+impl Metrics {
+    /// Registers every metric under `gpuplace_deviceplugin_`.
+    pub fn register(&self, registry: &mut Registry) {
+        let sub = registry.sub_registry_with_prefix("gpuplace_deviceplugin");
+        sub.register(
+            "allocations",
+            "Allocate container requests served",
+            self.allocations.clone(),
+        );
+        sub.register(
+            "allocation_errors",
+            "Allocate and preferred-allocation requests refused, by reason",
+            self.allocation_errors.clone(),
+        );
+        sub.register(
+            "preferred_allocations",
+            "GetPreferredAllocation container requests served",
+            self.preferred_allocations.clone(),
+        );
+        sub.register(
+            "registrations",
+            "Successful registrations with the kubelet",
+            self.registrations.clone(),
+        );
+        sub.register(
+            "registration_failures",
+            "Failed registration attempts (kubelet absent or refusing)",
+            self.registration_failures.clone(),
+        );
+        sub.register(
+            "device_healthy",
+            "1 when the device is healthy",
+            self.device_healthy.clone(),
+        );
+        sub.register(
+            "devices",
+            "Devices advertised to the kubelet",
+            self.devices.clone(),
+        );
+    }
+
+    pub fn error(&self, reason: &str) {
+        self.allocation_errors
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+}
+
+/// Renders the registry in the Prometheus text format.
+pub fn render(registry: &Registry) -> String {
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, registry);
+    out
+}
+
+/// Serves `/metrics` and `/healthz` on `listener` until the task is dropped.
+pub async fn serve(listener: tokio::net::TcpListener, registry: Arc<Registry>) {
+    let app = Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let registry = registry.clone();
+                async move {
+                    (
+                        [(
+                            header::CONTENT_TYPE,
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        render(&registry),
+                    )
+                }
+            }),
+        )
+        .route("/healthz", get(|| async { (StatusCode::OK, "ok") }))
+        .fallback(|| async { StatusCode::NOT_FOUND.into_response() });
+    if let Ok(addr) = listener.local_addr() {
+        info!(%addr, "serving metrics");
+    }
+    if let Err(e) = axum::serve(listener, app).await {
+        warn!(error = %e, "metrics server stopped");
+    }
+}

@@ -1,0 +1,301 @@
+//! The `DevicePlugin` gRPC service the kubelet calls.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use gpuplace_kubelet_api::v1beta1::device_plugin_server::DevicePlugin;
+use gpuplace_kubelet_api::v1beta1::{
+    AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse,
+    ContainerPreferredAllocationResponse, DevicePluginOptions, DeviceSpec, Empty,
+    ListAndWatchResponse, PreStartContainerRequest, PreStartContainerResponse,
+    PreferredAllocationRequest, PreferredAllocationResponse,
+};
+use gpuplace_model::NodeInventory;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+use tracing::{debug, info, warn};
+
+use crate::config::{Config, DeviceIdStrategy, DeviceListStrategy};
+use crate::devices::{Advertised, DeviceIdError, DeviceTable, PreferenceError};
+use crate::metrics::{DeviceLabel, Metrics};
+
+/// Environment variable the NVIDIA container runtime reads.
+pub const VISIBLE_DEVICES_ENV: &str = "NVIDIA_VISIBLE_DEVICES";
+/// Environment variable with the kubelet device IDs, for debugging inside the container.
+pub const DEVICE_IDS_ENV: &str = "GPUPLACE_DEVICE_IDS";
+/// Annotation with the kubelet device IDs of a container's allocation.
+pub const DEVICE_IDS_ANNOTATION: &str = "gpuplace.io/device-ids";
+/// Control device nodes every GPU container needs.
+pub const CONTROL_DEVICES: [&str; 3] = ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"];
+
+/// Keeps a [`DeviceTable`] in step with the backend's inventory, and the health gauges too.
+pub fn device_tables(
+    mut inventory: watch::Receiver<Arc<NodeInventory>>,
+    replicas: u32,
+    metrics: Metrics,
+) -> watch::Receiver<Arc<DeviceTable>> {
+    let build = move |inv: Arc<NodeInventory>, metrics: &Metrics| {
+        let table = DeviceTable::new(inv, replicas);
+        for gpu in &table.inventory().gpus {
+            metrics
+                .device_healthy
+                .get_or_create(&DeviceLabel {
+                    device: gpu.id.clone(),
+                })
+                .set(i64::from(gpu.healthy));
+        }
+        metrics.devices.set(table.list().len() as i64);
+        Arc::new(table)
+    };
+    let first = build(inventory.borrow_and_update().clone(), &metrics);
+    let (tx, rx) = watch::channel(first);
+    tokio::spawn(async move {
+        while inventory.changed().await.is_ok() {
+            let inv = inventory.borrow_and_update().clone();
+            let unhealthy: Vec<&str> = inv
+                .gpus
+                .iter()
+                .filter(|g| !g.healthy)
+                .map(|g| g.id.as_str())
+                .collect();
+            info!(?unhealthy, "device list changed");
+            if tx.send(build(inv.clone(), &metrics)).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// One serving instance of the plugin. `stop` ends open ListAndWatch streams when the
+/// instance is replaced (kubelet restart) or the plugin shuts down.
+#[derive(Clone)]
+pub struct DevicePluginService {
+    tables: watch::Receiver<Arc<DeviceTable>>,
+    config: Arc<Config>,
+    metrics: Metrics,
+    stop: watch::Receiver<bool>,
+}
+
+impl DevicePluginService {
+    pub fn new(
+        tables: watch::Receiver<Arc<DeviceTable>>,
+        config: Arc<Config>,
+        metrics: Metrics,
+        stop: watch::Receiver<bool>,
+    ) -> Self {
+        DevicePluginService {
+            tables,
+            config,
+            metrics,
+            stop,
+        }
+    }
+
+    fn table(&self) -> Arc<DeviceTable> {
+        self.tables.borrow().clone()
+    }
+
+    fn refuse(&self, reason: &str, message: String) -> Status {
+        self.metrics.error(reason);
+        warn!(reason, %message, "request refused");
+        Status::invalid_argument(message)
+    }
+}
+
+fn id_reason(e: &DeviceIdError) -> &'static str {
+    match e {
+        DeviceIdError::Unknown(_) => "unknown_device",
+        DeviceIdError::Duplicate(_) => "duplicate_device",
+        DeviceIdError::Unhealthy(_) => "unhealthy_device",
+        DeviceIdError::Empty => "empty_request",
+    }
+}
+
+/// The runtime-facing answer for one container's devices.
+pub fn container_response(
+    table: &DeviceTable,
+    devices: &[&Advertised],
+    config: &Config,
+) -> ContainerAllocateResponse {
+    let gpus: Vec<&gpuplace_model::Gpu> = table
+        .physical(devices)
+        .into_iter()
+        .map(|g| table.gpu(g))
+        .collect();
+    let names: Vec<String> = gpus
+        .iter()
+        .map(|g| match config.device_id_strategy {
+            DeviceIdStrategy::Uuid => g.uuid.clone(),
+            DeviceIdStrategy::Index => g.index.to_string(),
+        })
+        .collect();
+    let ids: Vec<&str> = devices.iter().map(|d| d.id.as_str()).collect();
+    let mut envs = HashMap::new();
+    match config.device_list_strategy {
+        DeviceListStrategy::Envvar | DeviceListStrategy::Both => {
+            envs.insert(VISIBLE_DEVICES_ENV.to_string(), names.join(","));
+        }
+        // The legacy runtime hook must inject nothing when CDI carries the devices.
+        DeviceListStrategy::Cdi => {
+            envs.insert(VISIBLE_DEVICES_ENV.to_string(), "void".to_string());
+        }
+    }
+    envs.insert(DEVICE_IDS_ENV.to_string(), ids.join(","));
+    let cdi_devices = match config.device_list_strategy {
+        DeviceListStrategy::Cdi | DeviceListStrategy::Both => names
+            .iter()
+            .map(|n| CdiDevice {
+                name: format!("{}={n}", config.cdi_kind),
+            })
+            .collect(),
+        DeviceListStrategy::Envvar => Vec::new(),
+    };
+    let spec = |name: String| DeviceSpec {
+        container_path: format!("/dev/{name}"),
+        host_path: config.dev_root.join(&name).display().to_string(),
+        permissions: "rw".to_string(),
+    };
+    let devices_specs = if config.pass_device_specs {
+        gpus.iter()
+            .map(|g| spec(format!("nvidia{}", g.device_node())))
+            .chain(CONTROL_DEVICES.iter().map(|c| spec(c.to_string())))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mut annotations = HashMap::new();
+    annotations.insert(DEVICE_IDS_ANNOTATION.to_string(), ids.join(","));
+    ContainerAllocateResponse {
+        envs,
+        mounts: Vec::new(),
+        devices: devices_specs,
+        annotations,
+        cdi_devices,
+    }
+}
+
+#[tonic::async_trait]
+impl DevicePlugin for DevicePluginService {
+    async fn get_device_plugin_options(
+        &self,
+        _request: Request<Empty>,
+    ) -> Result<Response<DevicePluginOptions>, Status> {
+        Ok(Response::new(DevicePluginOptions {
+            pre_start_required: self.config.pre_start_required,
+            get_preferred_allocation_available: true,
+        }))
+    }
+
+    type ListAndWatchStream = ReceiverStream<Result<ListAndWatchResponse, Status>>;
+
+    async fn list_and_watch(
+        &self,
+        _request: Request<Empty>,
+    ) -> Result<Response<Self::ListAndWatchStream>, Status> {
+        let (tx, rx) = mpsc::channel(4);
+        let mut tables = self.tables.clone();
+        let mut stop = self.stop.clone();
+        tokio::spawn(async move {
+            let first = tables.borrow_and_update().list();
+            if tx
+                .send(Ok(ListAndWatchResponse { devices: first }))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            loop {
+                tokio::select! {
+                    changed = tables.changed() => {
+                        if changed.is_err() {
+                            break;
+                        }
+                        let devices = tables.borrow_and_update().list();
+                        if tx.send(Ok(ListAndWatchResponse { devices })).await.is_err() {
+                            break;
+                        }
+                    }
+                    _ = stop.changed() => break,
+                    _ = tx.closed() => break,
+                }
+            }
+            debug!("ListAndWatch stream ended");
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn get_preferred_allocation(
+        &self,
+        request: Request<PreferredAllocationRequest>,
+    ) -> Result<Response<PreferredAllocationResponse>, Status> {
+        let table = self.table();
+        let mut container_responses = Vec::new();
+        for (i, container) in request
+            .into_inner()
+            .container_requests
+            .into_iter()
+            .enumerate()
+        {
+            let (ids, score) = table
+                .preferred(
+                    &container.available_device_i_ds,
+                    &container.must_include_device_i_ds,
+                    i64::from(container.allocation_size),
+                )
+                .map_err(|e| {
+                    let reason = match &e {
+                        PreferenceError::Device(d) => id_reason(d),
+                        _ => "bad_preferred_request",
+                    };
+                    self.refuse(reason, format!("container request {i}: {e}"))
+                })?;
+            debug!(?ids, score, "preferred allocation");
+            self.metrics.preferred_allocations.inc();
+            container_responses.push(ContainerPreferredAllocationResponse { device_i_ds: ids });
+        }
+        Ok(Response::new(PreferredAllocationResponse {
+            container_responses,
+        }))
+    }
+
+    async fn allocate(
+        &self,
+        request: Request<AllocateRequest>,
+    ) -> Result<Response<AllocateResponse>, Status> {
+        let table = self.table();
+        let mut container_responses = Vec::new();
+        for (i, container) in request
+            .into_inner()
+            .container_requests
+            .into_iter()
+            .enumerate()
+        {
+            let devices = table
+                .resolve(&container.devices_ids, true)
+                .map_err(|e| self.refuse(id_reason(&e), format!("container request {i}: {e}")))?;
+            container_responses.push(container_response(&table, &devices, &self.config));
+            self.metrics.allocations.inc();
+            info!(devices = ?container.devices_ids, "allocated");
+        }
+        if container_responses.is_empty() {
+            return Err(self.refuse("empty_request", "no container requests".to_string()));
+        }
+        Ok(Response::new(AllocateResponse {
+            container_responses,
+        }))
+    }
+
+    async fn pre_start_container(
+        &self,
+        request: Request<PreStartContainerRequest>,
+    ) -> Result<Response<PreStartContainerResponse>, Status> {
+        let ids = request.into_inner().devices_ids;
+        self.table()
+            .resolve(&ids, false)
+            .map_err(|e| self.refuse(id_reason(&e), e.to_string()))?;
+        debug!(?ids, "pre-start");
+        Ok(Response::new(PreStartContainerResponse {}))
+    }
+}
