@@ -6,6 +6,10 @@
 //! the kubelet does. A restart deletes every socket in the directory and recreates
 //! `kubelet.sock`, again as the kubelet does.
 
+pub mod api;
+
+pub use api::MemoryApi;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

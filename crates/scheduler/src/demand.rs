@@ -1,0 +1,409 @@
+//! What a pod asks for, computed as Kubernetes does, and the assignment the scheduler
+//! records on it.
+
+use std::collections::BTreeMap;
+
+use gpuplace_model::Request;
+use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use serde::{Deserialize, Serialize};
+
+/// Pod annotation with the scheduler's exact choice (JSON [`Assignment`]).
+pub const ASSIGNMENT_ANNOTATION: &str = "gpuplace.io/assignment";
+/// Pod annotation asking for a share of one GPU, in milli-GPU (with `<resource>: 1`).
+pub const GPU_MILLI_ANNOTATION: &str = "gpuplace.io/gpu-milli";
+/// Pod label naming the pod's gang (a PodGroup in the same namespace).
+pub const POD_GROUP_LABEL: &str = "gpuplace.io/pod-group";
+
+/// A malformed quantity, annotation or request.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DemandError {
+    #[error("quantity {0:?} is not a valid Kubernetes quantity")]
+    Quantity(String),
+    #[error("quantity {0:?} is negative")]
+    Negative(String),
+    #[error("annotation {annotation}: {message}")]
+    Annotation {
+        annotation: &'static str,
+        message: String,
+    },
+    #[error(
+        "container {container:?} asks for a fractional {resource} share of {count} GPUs; a share is of one GPU"
+    )]
+    FractionalMulti {
+        container: String,
+        resource: String,
+        count: u32,
+    },
+}
+
+/// A quantity in thousandths of its unit (`500m` CPU is 500; `1Gi` memory is 1073741824000).
+pub fn milli_value(q: &Quantity) -> Result<i128, DemandError> {
+    let text = q.0.trim();
+    let bad = || DemandError::Quantity(q.0.clone());
+    if text.is_empty() {
+        return Err(bad());
+    }
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
+        .unwrap_or(text.len());
+    let (number, suffix) = text.split_at(split);
+    // Exponent forms like 1e3 / 1E3.
+    let (number, exp10): (&str, i32) = if let Some(rest) = suffix.strip_prefix(['e', 'E'])
+        && !rest.is_empty()
+        && rest
+            .trim_start_matches(['+', '-'])
+            .chars()
+            .all(|c| c.is_ascii_digit())
+    {
+        (number, rest.parse().map_err(|_| bad())?)
+    } else {
+        (number, 0)
+    };
+    let (multiplier, exp10) = if exp10 != 0 {
+        (1.0, exp10)
+    } else {
+        match suffix {
+            "" => (1.0, 0),
+            "m" => (1.0, -3),
+            "k" => (1.0, 3),
+            "M" => (1.0, 6),
+            "G" => (1.0, 9),
+            "T" => (1.0, 12),
+            "P" => (1.0, 15),
+            "E" => (1.0, 18),
+            "Ki" => (1024f64, 0),
+            "Mi" => (1024f64.powi(2), 0),
+            "Gi" => (1024f64.powi(3), 0),
+            "Ti" => (1024f64.powi(4), 0),
+            "Pi" => (1024f64.powi(5), 0),
+            "Ei" => (1024f64.powi(6), 0),
+            _ => return Err(bad()),
+        }
+    };
+    let value: f64 = number.parse().map_err(|_| bad())?;
+    if !value.is_finite() {
+        return Err(bad());
+    }
+    if value < 0.0 {
+        return Err(DemandError::Negative(q.0.clone()));
+    }
+    let milli = value * multiplier * 10f64.powi(exp10 + 3);
+    // Kubernetes rounds fractional milli-units up.
+    Ok(milli.ceil() as i128)
+}
+
+/// Resources of one container, as a map from resource name to milli-units.
+fn container_requests(c: &Container) -> Result<BTreeMap<String, i128>, DemandError> {
+    let mut out = BTreeMap::new();
+    let resources = c.resources.as_ref();
+    // A limit without a request means the request equals the limit (Kubernetes defaulting).
+    if let Some(limits) = resources.and_then(|r| r.limits.as_ref()) {
+        for (name, q) in limits {
+            out.insert(name.clone(), milli_value(q)?);
+        }
+    }
+    if let Some(requests) = resources.and_then(|r| r.requests.as_ref()) {
+        for (name, q) in requests {
+            out.insert(name.clone(), milli_value(q)?);
+        }
+    }
+    Ok(out)
+}
+
+/// GPU need of one container.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerDemand {
+    pub name: String,
+    pub init: bool,
+    pub gpu_count: u32,
+    pub gpu_milli: u32,
+}
+
+/// Everything placement needs about a pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodDemand {
+    /// The pod's effective request (init containers counted as Kubernetes does).
+    pub request: Request,
+    /// GPU-using containers in admission order (init containers first).
+    pub containers: Vec<ContainerDemand>,
+    /// Other extended resources, in their units (e.g. `example.com/fpga: 1`).
+    pub extended: BTreeMap<String, i64>,
+}
+
+/// Computes a pod's demand: per resource, the larger of the sum over app containers and
+/// the largest init container, plus pod overhead. `gpu_resource` is e.g. `nvidia.com/gpu`.
+pub fn pod_demand(pod: &Pod, gpu_resource: &str) -> Result<PodDemand, DemandError> {
+    let spec = pod.spec.as_ref();
+    let empty = Vec::new();
+    let containers = spec.map(|s| &s.containers).unwrap_or(&empty);
+    let inits = spec
+        .and_then(|s| s.init_containers.as_ref())
+        .unwrap_or(&empty);
+    let share = match pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(GPU_MILLI_ANNOTATION))
+    {
+        Some(text) => {
+            let milli: u32 = text.trim().parse().map_err(|_| DemandError::Annotation {
+                annotation: GPU_MILLI_ANNOTATION,
+                message: format!("{text:?} is not a whole number of milli-GPU"),
+            })?;
+            if !(1..=1000).contains(&milli) {
+                return Err(DemandError::Annotation {
+                    annotation: GPU_MILLI_ANNOTATION,
+                    message: format!("{milli} is outside 1..=1000"),
+                });
+            }
+            Some(milli)
+        }
+        None => None,
+    };
+    let mut sums: BTreeMap<String, i128> = BTreeMap::new();
+    let mut gpu_containers = Vec::new();
+    for c in containers {
+        let r = container_requests(c)?;
+        for (k, v) in &r {
+            *sums.entry(k.clone()).or_default() += v;
+        }
+        push_gpu(&mut gpu_containers, c, &r, gpu_resource, share, false)?;
+    }
+    let mut init_max: BTreeMap<String, i128> = BTreeMap::new();
+    let mut init_gpu = Vec::new();
+    for c in inits {
+        let r = container_requests(c)?;
+        for (k, v) in &r {
+            let e = init_max.entry(k.clone()).or_default();
+            *e = (*e).max(*v);
+        }
+        push_gpu(&mut init_gpu, c, &r, gpu_resource, share, true)?;
+    }
+    for (k, v) in init_max {
+        let e = sums.entry(k).or_default();
+        *e = (*e).max(v);
+    }
+    if let Some(overhead) = spec.and_then(|s| s.overhead.as_ref()) {
+        for (k, q) in overhead {
+            *sums.entry(k.clone()).or_default() += milli_value(q)?;
+        }
+    }
+    let whole = |milli: i128| u64::try_from(milli / 1000).unwrap_or(u64::MAX);
+    let gpu_units = sums.get(gpu_resource).copied().unwrap_or(0);
+    let gpu_count = u32::try_from(gpu_units / 1000).unwrap_or(u32::MAX);
+    let gpu_milli = match (gpu_count, share) {
+        (0, _) => 0,
+        (_, Some(m)) => m,
+        (_, None) => 1000,
+    };
+    let extended = sums
+        .iter()
+        .filter(|(k, _)| {
+            k.contains('/') && k.as_str() != gpu_resource && !k.starts_with("hugepages-")
+        })
+        .map(|(k, v)| (k.clone(), i64::try_from(*v / 1000).unwrap_or(i64::MAX)))
+        .collect();
+    let mut all_gpu = init_gpu;
+    all_gpu.extend(gpu_containers);
+    Ok(PodDemand {
+        request: Request {
+            cpu_milli: u64::try_from(sums.get("cpu").copied().unwrap_or(0)).unwrap_or(u64::MAX),
+            memory_mib: whole(sums.get("memory").copied().unwrap_or(0)).div_ceil(1 << 20),
+            gpu_count,
+            gpu_milli,
+            allowed_models: Vec::new(),
+        },
+        containers: all_gpu,
+        extended,
+    })
+}
+
+fn push_gpu(
+    out: &mut Vec<ContainerDemand>,
+    c: &Container,
+    r: &BTreeMap<String, i128>,
+    gpu_resource: &str,
+    share: Option<u32>,
+    init: bool,
+) -> Result<(), DemandError> {
+    let count = u32::try_from(r.get(gpu_resource).copied().unwrap_or(0) / 1000).unwrap_or(u32::MAX);
+    if count == 0 {
+        return Ok(());
+    }
+    if share.is_some() && count > 1 {
+        return Err(DemandError::FractionalMulti {
+            container: c.name.clone(),
+            resource: gpu_resource.to_string(),
+            count,
+        });
+    }
+    out.push(ContainerDemand {
+        name: c.name.clone(),
+        init,
+        gpu_count: count,
+        gpu_milli: share.unwrap_or(1000),
+    });
+    Ok(())
+}
+
+/// Devices given to one container.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerAssignment {
+    pub name: String,
+    pub devices: Vec<gpuplace_model::DeviceShare>,
+}
+
+/// The scheduler's decision as recorded on the pod (annotation [`ASSIGNMENT_ANNOTATION`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Assignment {
+    pub node: String,
+    pub containers: Vec<ContainerAssignment>,
+    pub policy: String,
+    /// RFC 3339 time of the decision.
+    pub time: String,
+}
+
+impl Assignment {
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Parses the annotation; the error names what is wrong.
+    pub fn from_json(text: &str) -> Result<Assignment, DemandError> {
+        serde_json::from_str(text).map_err(|e| DemandError::Annotation {
+            annotation: ASSIGNMENT_ANNOTATION,
+            message: e.to_string(),
+        })
+    }
+
+    /// Every (device position, milli) the assignment holds, for accounting.
+    pub fn devices(&self) -> impl Iterator<Item = &gpuplace_model::DeviceShare> {
+        self.containers.iter().flat_map(|c| c.devices.iter())
+    }
+}
+
+/// Splits a placement's devices over the containers that use GPUs. Init containers run
+/// before app containers and finish, so they reuse the app containers' devices: each init
+/// container takes the first devices of the set.
+pub fn split_devices(
+    containers: &[ContainerDemand],
+    devices: &[gpuplace_model::DeviceShare],
+) -> Vec<ContainerAssignment> {
+    let mut out = Vec::new();
+    let mut next = 0usize;
+    for c in containers {
+        let take = c.gpu_count as usize;
+        let chosen: Vec<gpuplace_model::DeviceShare> = if c.init {
+            devices.iter().take(take).cloned().collect()
+        } else {
+            let slice = devices.iter().skip(next).take(take).cloned().collect();
+            next += take;
+            slice
+        };
+        out.push(ContainerAssignment {
+            name: c.name.clone(),
+            devices: chosen,
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(s: &str) -> Quantity {
+        Quantity(s.to_string())
+    }
+
+    #[test]
+    fn quantities_parse_like_kubernetes() {
+        assert_eq!(milli_value(&q("500m")).unwrap(), 500);
+        assert_eq!(milli_value(&q("2")).unwrap(), 2000);
+        assert_eq!(milli_value(&q("1.5")).unwrap(), 1500);
+        assert_eq!(milli_value(&q("1Gi")).unwrap(), 1024 * 1024 * 1024 * 1000);
+        assert_eq!(milli_value(&q("128974848")).unwrap(), 128_974_848_000);
+        assert_eq!(milli_value(&q("129e6")).unwrap(), 129_000_000_000);
+        assert_eq!(milli_value(&q("1k")).unwrap(), 1_000_000);
+        assert_eq!(milli_value(&q("0.1m")).unwrap(), 1);
+        assert!(milli_value(&q("ten")).is_err());
+        assert!(milli_value(&q("1Xi")).is_err());
+        assert!(matches!(
+            milli_value(&q("-1")),
+            Err(DemandError::Negative(_))
+        ));
+        assert!(milli_value(&q("")).is_err());
+    }
+
+    fn pod(json: serde_json::Value) -> Pod {
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn init_containers_count_as_kubernetes_does() {
+        let p = pod(serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {
+                "initContainers": [
+                    {"name": "init", "resources": {"requests": {"cpu": "4", "nvidia.com/gpu": "1"}}}
+                ],
+                "containers": [
+                    {"name": "a", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"nvidia.com/gpu": "2"}}},
+                    {"name": "b", "resources": {"requests": {"cpu": "500m", "example.com/fpga": "1"}}}
+                ],
+                "overhead": {"cpu": "100m"}
+            }
+        }));
+        let d = pod_demand(&p, "nvidia.com/gpu").unwrap();
+        // max(1.5 cores of apps, 4 of the init container) + 0.1 overhead.
+        assert_eq!(d.request.cpu_milli, 4100);
+        assert_eq!(d.request.memory_mib, 1024);
+        assert_eq!(d.request.gpu_count, 2);
+        assert_eq!(d.request.gpu_milli, 1000);
+        assert_eq!(d.extended["example.com/fpga"], 1);
+        let names: Vec<&str> = d.containers.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, vec!["init", "a"]);
+        let devices: Vec<gpuplace_model::DeviceShare> = (0..2)
+            .map(|i| gpuplace_model::DeviceShare {
+                index: i,
+                id: format!("g{i}"),
+                milli: 1000,
+            })
+            .collect();
+        let split = split_devices(&d.containers, &devices);
+        assert_eq!(split[0].devices.len(), 1);
+        assert_eq!(split[1].devices.len(), 2);
+    }
+
+    #[test]
+    fn fractional_shares_and_bad_annotations() {
+        let mut p = pod(serde_json::json!({
+            "metadata": {"name": "p", "annotations": {"gpuplace.io/gpu-milli": "250"}},
+            "spec": {"containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+        }));
+        let d = pod_demand(&p, "nvidia.com/gpu").unwrap();
+        assert_eq!((d.request.gpu_count, d.request.gpu_milli), (1, 250));
+        p.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(GPU_MILLI_ANNOTATION.into(), "lots".into());
+        assert_eq!(
+            pod_demand(&p, "nvidia.com/gpu").unwrap_err().to_string(),
+            "annotation gpuplace.io/gpu-milli: \"lots\" is not a whole number of milli-GPU"
+        );
+        p.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(GPU_MILLI_ANNOTATION.into(), "2000".into());
+        assert!(pod_demand(&p, "nvidia.com/gpu").is_err());
+        assert!(
+            Assignment::from_json("{\"node\": 1}")
+                .unwrap_err()
+                .to_string()
+                .starts_with("annotation gpuplace.io/assignment")
+        );
+    }
+}

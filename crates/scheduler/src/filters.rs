@@ -1,0 +1,301 @@
+//! Node filters that Kubernetes applies before resources: readiness, cordons, taints and
+//! tolerations, nodeSelector and required node affinity. Each failure carries the phrase
+//! kube-scheduler uses, so `FailedScheduling` events read the same.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Node, NodeSelectorRequirement, NodeSelectorTerm, Pod, Taint, Toleration,
+};
+
+/// Why a node was filtered out before resources were looked at.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum NodeRejection {
+    NotReady,
+    Unschedulable,
+    Taint(String),
+    Affinity,
+    Extended(String),
+}
+
+impl NodeRejection {
+    /// The phrase after the count in `0/N nodes are available: ...`.
+    pub fn phrase(&self) -> String {
+        match self {
+            NodeRejection::NotReady => "node(s) were not ready".to_string(),
+            NodeRejection::Unschedulable => "node(s) were unschedulable".to_string(),
+            NodeRejection::Taint(t) => format!("node(s) had untolerated taint {{{t}}}"),
+            NodeRejection::Affinity => {
+                "node(s) didn't match Pod's node affinity/selector".to_string()
+            }
+            NodeRejection::Extended(r) => format!("Insufficient {r}"),
+        }
+    }
+}
+
+fn labels(node: &Node) -> BTreeMap<String, String> {
+    node.metadata.labels.clone().unwrap_or_default()
+}
+
+/// True when the node's Ready condition is True.
+pub fn is_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+        .is_some_and(|c| c.status == "True")
+}
+
+fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
+    if let Some(effect) = toleration.effect.as_deref()
+        && !effect.is_empty()
+        && effect != taint.effect
+    {
+        return false;
+    }
+    let key_matches = match toleration.key.as_deref() {
+        None | Some("") => toleration.operator.as_deref() == Some("Exists"),
+        Some(key) => key == taint.key,
+    };
+    if !key_matches {
+        return false;
+    }
+    match toleration.operator.as_deref().unwrap_or("Equal") {
+        "Exists" => true,
+        "Equal" => {
+            toleration.value.as_deref().unwrap_or("") == taint.value.as_deref().unwrap_or("")
+        }
+        _ => false,
+    }
+}
+
+/// The first NoSchedule/NoExecute taint the pod does not tolerate.
+pub fn untolerated_taint(node: &Node, pod: &Pod) -> Option<String> {
+    let taints = node.spec.as_ref().and_then(|s| s.taints.as_ref())?;
+    let empty = Vec::new();
+    let tolerations = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.tolerations.as_ref())
+        .unwrap_or(&empty);
+    taints
+        .iter()
+        .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
+        .find(|t| !tolerations.iter().any(|tol| tolerates(tol, t)))
+        .map(|t| format!("{}: {}", t.key, t.value.as_deref().unwrap_or("")))
+}
+
+fn requirement_matches(req: &NodeSelectorRequirement, value: Option<&str>) -> bool {
+    let values = req.values.as_deref().unwrap_or(&[]);
+    match req.operator.as_str() {
+        "In" => value.is_some_and(|v| values.iter().any(|x| x == v)),
+        "NotIn" => !value.is_some_and(|v| values.iter().any(|x| x == v)),
+        "Exists" => value.is_some(),
+        "DoesNotExist" => value.is_none(),
+        "Gt" | "Lt" => {
+            let (Some(v), Some(bound)) = (value, values.first()) else {
+                return false;
+            };
+            match (v.parse::<i64>(), bound.parse::<i64>()) {
+                (Ok(v), Ok(b)) if req.operator == "Gt" => v > b,
+                (Ok(v), Ok(b)) => v < b,
+                _ => false,
+            }
+        }
+        _ => false,
+    }
+}
+
+fn term_matches(term: &NodeSelectorTerm, node: &Node, labels: &BTreeMap<String, String>) -> bool {
+    let exprs = term.match_expressions.as_deref().unwrap_or(&[]);
+    let fields = term.match_fields.as_deref().unwrap_or(&[]);
+    if exprs.is_empty() && fields.is_empty() {
+        // An empty term matches nothing (as in Kubernetes).
+        return false;
+    }
+    exprs
+        .iter()
+        .all(|r| requirement_matches(r, labels.get(&r.key).map(String::as_str)))
+        && fields.iter().all(|r| {
+            let value = (r.key == "metadata.name")
+                .then_some(node.metadata.name.as_deref())
+                .flatten();
+            requirement_matches(r, value)
+        })
+}
+
+/// nodeSelector and required node affinity (terms ORed, expressions ANDed).
+pub fn matches_affinity(node: &Node, pod: &Pod) -> bool {
+    let labels = labels(node);
+    let Some(spec) = pod.spec.as_ref() else {
+        return true;
+    };
+    if let Some(selector) = &spec.node_selector
+        && !selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+    {
+        return false;
+    }
+    let required = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|na| {
+            na.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        });
+    match required {
+        Some(selector) => selector
+            .node_selector_terms
+            .iter()
+            .any(|term| term_matches(term, node, &labels)),
+        None => true,
+    }
+}
+
+/// Every check that does not depend on free resources, in kube-scheduler's order.
+pub fn check_node(node: &Node, pod: &Pod) -> Result<(), NodeRejection> {
+    if node
+        .spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false)
+    {
+        return Err(NodeRejection::Unschedulable);
+    }
+    if !is_ready(node) {
+        return Err(NodeRejection::NotReady);
+    }
+    if !matches_affinity(node, pod) {
+        return Err(NodeRejection::Affinity);
+    }
+    if let Some(taint) = untolerated_taint(node, pod) {
+        return Err(NodeRejection::Taint(taint));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(json: serde_json::Value) -> Node {
+        let mut base = serde_json::json!({
+            "metadata": {"name": "n1", "labels": {"zone": "a", "gpu-gen": "8"}},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}
+        });
+        merge(&mut base, json);
+        serde_json::from_value(base).unwrap()
+    }
+
+    fn merge(a: &mut serde_json::Value, b: serde_json::Value) {
+        if let (Some(a), serde_json::Value::Object(b)) = (a.as_object_mut(), b) {
+            for (k, v) in b {
+                match a.get_mut(&k) {
+                    Some(existing) if existing.is_object() && v.is_object() => merge(existing, v),
+                    _ => {
+                        a.insert(k, v);
+                    }
+                }
+            }
+        }
+    }
+
+    fn pod(spec: serde_json::Value) -> Pod {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "p"}, "spec": spec}))
+            .unwrap()
+    }
+
+    #[test]
+    fn taints_and_tolerations() {
+        let n = node(serde_json::json!({"spec": {"taints": [
+            {"key": "gpu", "value": "true", "effect": "NoSchedule"},
+            {"key": "soft", "effect": "PreferNoSchedule"}
+        ]}}));
+        let plain = pod(serde_json::json!({"containers": []}));
+        assert_eq!(
+            check_node(&n, &plain),
+            Err(NodeRejection::Taint("gpu: true".into()))
+        );
+        assert_eq!(
+            NodeRejection::Taint("gpu: true".into()).phrase(),
+            "node(s) had untolerated taint {gpu: true}"
+        );
+        let equal = pod(serde_json::json!({"containers": [], "tolerations": [
+            {"key": "gpu", "operator": "Equal", "value": "true", "effect": "NoSchedule"}]}));
+        assert_eq!(check_node(&n, &equal), Ok(()));
+        let wrong = pod(serde_json::json!({"containers": [], "tolerations": [
+            {"key": "gpu", "value": "false"}]}));
+        assert!(check_node(&n, &wrong).is_err());
+        let exists_all =
+            pod(serde_json::json!({"containers": [], "tolerations": [{"operator": "Exists"}]}));
+        assert_eq!(check_node(&n, &exists_all), Ok(()));
+        let wrong_effect = pod(serde_json::json!({"containers": [], "tolerations": [
+            {"key": "gpu", "operator": "Exists", "effect": "NoExecute"}]}));
+        assert!(check_node(&n, &wrong_effect).is_err());
+    }
+
+    #[test]
+    fn selectors_and_affinity_operators() {
+        let n = node(serde_json::json!({}));
+        let sel =
+            |s: serde_json::Value| pod(serde_json::json!({"containers": [], "nodeSelector": s}));
+        assert!(matches_affinity(&n, &sel(serde_json::json!({"zone": "a"}))));
+        assert!(!matches_affinity(
+            &n,
+            &sel(serde_json::json!({"zone": "b"}))
+        ));
+        let aff = |exprs: serde_json::Value| {
+            pod(
+                serde_json::json!({"containers": [], "affinity": {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": exprs}]}}}}),
+            )
+        };
+        let ok = |e: serde_json::Value| matches_affinity(&n, &aff(e));
+        assert!(ok(
+            serde_json::json!([{"key": "zone", "operator": "In", "values": ["a", "b"]}])
+        ));
+        assert!(!ok(
+            serde_json::json!([{"key": "zone", "operator": "NotIn", "values": ["a"]}])
+        ));
+        assert!(ok(
+            serde_json::json!([{"key": "zone", "operator": "Exists"}])
+        ));
+        assert!(ok(
+            serde_json::json!([{"key": "rack", "operator": "DoesNotExist"}])
+        ));
+        assert!(ok(
+            serde_json::json!([{"key": "gpu-gen", "operator": "Gt", "values": ["7"]}])
+        ));
+        assert!(!ok(
+            serde_json::json!([{"key": "gpu-gen", "operator": "Lt", "values": ["8"]}])
+        ));
+        assert!(!ok(
+            serde_json::json!([{"key": "gpu-gen", "operator": "Gt", "values": ["x"]}])
+        ));
+        assert!(!ok(serde_json::json!([
+            {"key": "zone", "operator": "In", "values": ["a"]},
+            {"key": "rack", "operator": "Exists"}])));
+        let by_name = pod(
+            serde_json::json!({"containers": [], "affinity": {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z"]}]},
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]}}}}),
+        );
+        assert!(matches_affinity(&n, &by_name), "terms are ORed");
+    }
+
+    #[test]
+    fn cordoned_and_not_ready_nodes() {
+        let p = pod(serde_json::json!({"containers": []}));
+        let cordoned = node(serde_json::json!({"spec": {"unschedulable": true}}));
+        assert_eq!(check_node(&cordoned, &p), Err(NodeRejection::Unschedulable));
+        let down = node(
+            serde_json::json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}}),
+        );
+        assert_eq!(check_node(&down, &p), Err(NodeRejection::NotReady));
+        assert_eq!(
+            NodeRejection::Unschedulable.phrase(),
+            "node(s) were unschedulable"
+        );
+    }
+}

@@ -1,0 +1,58 @@
+//! Gangs: the `podgroups.gpuplace.io` CRD. No member binds until `minMember` members fit
+//! at once; a group that cannot fit holds nothing.
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A gang of pods (label `gpuplace.io/pod-group: <name>`) placed all together or not at all.
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "gpuplace.io",
+    version = "v1alpha1",
+    kind = "PodGroup",
+    namespaced,
+    status = "PodGroupStatus",
+    shortname = "pg",
+    printcolumn = r#"{"name":"Min","type":"integer","jsonPath":".spec.minMember"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Scheduled","type":"integer","jsonPath":".status.scheduled"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct PodGroupSpec {
+    /// Members that must fit at once before any binds.
+    pub min_member: u32,
+    /// After this long without fitting, members get a FailedScheduling event and back off.
+    #[serde(default)]
+    pub schedule_timeout_seconds: Option<u64>,
+}
+
+/// Where a gang stands.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodGroupStatus {
+    /// `Pending`, `Scheduled` or `Unschedulable`.
+    pub phase: String,
+    /// Members bound so far.
+    pub scheduled: u32,
+}
+
+/// The CRD manifest as YAML-compatible JSON (`gpuplace crd` prints it).
+pub fn crd_json() -> serde_json::Value {
+    use kube::CustomResourceExt;
+    serde_json::to_value(PodGroup::crd()).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crd_names_the_group_and_fields() {
+        let crd = crd_json();
+        assert_eq!(crd["metadata"]["name"], "podgroups.gpuplace.io");
+        let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+        assert!(schema["properties"]["spec"]["properties"]["minMember"].is_object());
+        assert!(schema["properties"]["status"]["properties"]["scheduled"].is_object());
+    }
+}

@@ -1,0 +1,12 @@
+//! gpuplace's Kubernetes scheduler: the node and the exact GPUs for every pending pod,
+//! recorded on the pod before it is bound, with failures explained in kube-scheduler's words.
+
+pub mod api;
+pub mod demand;
+pub mod filters;
+pub mod gang;
+pub mod scheduler;
+pub mod snapshot;
+
+pub use api::{ApiError, ClusterApi, ClusterView, EventRecord, PodKey};
+pub use scheduler::{RoundReport, Scheduler, SchedulerConfig};

@@ -1,0 +1,539 @@
+//! The scheduling loop: one round takes a fresh view, orders the pending pods, and for each
+//! one filters nodes, asks `core` for the node and exact GPUs, records the assignment on the
+//! pod (guarded by its resourceVersion), binds, and explains failures in an Event.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant, SystemTime};
+
+use gpuplace_core::{Decision, Placer, Policy, Unschedulable};
+use k8s_openapi::api::core::v1::Pod;
+use tracing::{debug, info, warn};
+
+use crate::api::{ApiError, ClusterApi, EventRecord, PodKey};
+use crate::demand::{
+    Assignment, ContainerDemand, POD_GROUP_LABEL, PodDemand, pod_demand, split_devices,
+};
+use crate::filters::{NodeRejection, check_node};
+use crate::gang::PodGroupStatus;
+use crate::snapshot::{Held, Snapshot, build};
+
+/// What the scheduler is configured with.
+#[derive(Clone, Debug)]
+pub struct SchedulerConfig {
+    pub scheduler_name: String,
+    pub policy: Policy,
+    pub gpu_resource: String,
+    pub seed: u64,
+    /// First backoff after an unschedulable attempt (doubles up to `max_backoff`).
+    pub initial_backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            scheduler_name: "gpuplace".into(),
+            policy: Policy::Fgd,
+            gpu_resource: "nvidia.com/gpu".into(),
+            seed: 42,
+            initial_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What one round did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RoundReport {
+    pub bound: usize,
+    pub unschedulable: usize,
+    pub conflicts: usize,
+    pub waiting_gangs: usize,
+}
+
+/// The scheduler over any [`ClusterApi`].
+pub struct Scheduler<A> {
+    api: A,
+    config: SchedulerConfig,
+    placer: Placer,
+    /// Pod UID -> (retry not before, current backoff).
+    backoff: HashMap<String, (Instant, Duration)>,
+    /// Pod groups first seen waiting, for their timeout.
+    gang_since: HashMap<String, Instant>,
+    /// Node and pod count of the last view, to retry backed-off pods when the cluster changes.
+    last_shape: (usize, usize),
+}
+
+/// RFC 3339 UTC time of `t` (seconds precision).
+pub fn rfc3339(t: SystemTime) -> String {
+    let secs = t
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60
+    )
+}
+
+fn priority(pod: &Pod) -> i32 {
+    pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0)
+}
+
+fn created(pod: &Pod) -> String {
+    pod.metadata
+        .creation_timestamp
+        .as_ref()
+        .and_then(|t| serde_json::to_value(t).ok())
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// Per-node verdicts of the filters outside core, and the mask core places within.
+struct Filtered {
+    allowed: Vec<bool>,
+    rejected: BTreeMap<String, usize>,
+}
+
+fn filter_nodes(snapshot: &Snapshot, pod: &Pod, demand: &PodDemand) -> Filtered {
+    let mut allowed = vec![false; snapshot.nodes.len()];
+    let mut rejected: BTreeMap<String, usize> = BTreeMap::new();
+    for (n, node) in snapshot.nodes.iter().enumerate() {
+        let verdict = check_node(node, pod).and_then(|()| {
+            for (resource, want) in &demand.extended {
+                let free = snapshot.extended_free[n]
+                    .get(resource)
+                    .copied()
+                    .unwrap_or(0);
+                if free < *want {
+                    return Err(NodeRejection::Extended(resource.clone()));
+                }
+            }
+            Ok(())
+        });
+        match verdict {
+            Ok(()) => allowed[n] = true,
+            Err(r) => *rejected.entry(r.phrase()).or_default() += 1,
+        }
+    }
+    Filtered { allowed, rejected }
+}
+
+fn explain(
+    mut why: Unschedulable,
+    rejected: &BTreeMap<String, usize>,
+    nodes: usize,
+    resource: &str,
+) -> String {
+    why.nodes = nodes;
+    why.other = rejected.iter().map(|(p, n)| (p.clone(), *n)).collect();
+    why.message(resource)
+}
+
+impl<A: ClusterApi> Scheduler<A> {
+    pub fn new(api: A, config: SchedulerConfig) -> Self {
+        let placer = Placer::new(config.policy, config.seed);
+        Scheduler {
+            api,
+            config,
+            placer,
+            backoff: HashMap::new(),
+            gang_since: HashMap::new(),
+            last_shape: (0, 0),
+        }
+    }
+
+    pub fn api(&self) -> &A {
+        &self.api
+    }
+
+    fn is_ours_pending(&self, pod: &Pod) -> bool {
+        let spec = pod.spec.as_ref();
+        spec.and_then(|s| s.scheduler_name.as_deref()) == Some(self.config.scheduler_name.as_str())
+            && spec
+                .and_then(|s| s.node_name.as_deref())
+                .is_none_or(str::is_empty)
+            && pod.metadata.deletion_timestamp.is_none()
+            && pod
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.as_deref())
+                .is_none_or(|p| p == "Pending")
+    }
+
+    fn back_off(&mut self, uid: &str, now: Instant) {
+        let next = match self.backoff.get(uid) {
+            Some((_, d)) => (*d * 2).min(self.config.max_backoff),
+            None => self.config.initial_backoff,
+        };
+        self.backoff.insert(uid.to_string(), (now + next, next));
+    }
+
+    async fn emit(&self, pod: &PodKey, kind: &str, reason: &str, message: String) {
+        let event = EventRecord {
+            pod: pod.clone(),
+            kind: kind.to_string(),
+            reason: reason.to_string(),
+            message,
+        };
+        if let Err(e) = self.api.event(event).await {
+            warn!(pod = %pod, error = %e, "cannot record event");
+        }
+    }
+
+    /// One round over every pending pod. `now` drives backoff and gang timeouts.
+    pub async fn round(&mut self, now: Instant) -> Result<RoundReport, ApiError> {
+        let view = self.api.view().await?;
+        let shape = (view.nodes.len(), view.pods.len());
+        if shape.0 > self.last_shape.0 || shape.1 < self.last_shape.1 {
+            // A node was added or a pod left: everything backed off may fit now.
+            self.backoff.clear();
+        }
+        self.last_shape = shape;
+        let mut snapshot = build(view.nodes, &view.pods, &self.config.gpu_resource);
+        for w in &snapshot.warnings {
+            warn!("{w}");
+        }
+        let mut pending: Vec<&Pod> = view
+            .pods
+            .iter()
+            .filter(|p| self.is_ours_pending(p))
+            .filter(|p| {
+                let uid = p.metadata.uid.as_deref().unwrap_or("");
+                self.backoff.get(uid).is_none_or(|(until, _)| *until <= now)
+            })
+            .collect();
+        pending.sort_by(|a, b| {
+            priority(b)
+                .cmp(&priority(a))
+                .then_with(|| created(a).cmp(&created(b)))
+                .then_with(|| a.metadata.name.cmp(&b.metadata.name))
+        });
+        let mut report = RoundReport::default();
+        let mut gangs: BTreeMap<(String, String), Vec<&Pod>> = BTreeMap::new();
+        for pod in pending {
+            let group = pod
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(POD_GROUP_LABEL));
+            match group {
+                Some(g) => gangs
+                    .entry((PodKey::of(pod).namespace, g.clone()))
+                    .or_default()
+                    .push(pod),
+                None => {
+                    self.schedule_one(&mut snapshot, pod, now, &mut report)
+                        .await
+                }
+            }
+        }
+        for ((namespace, group), members) in gangs {
+            self.schedule_gang(
+                &mut snapshot,
+                &view.pods,
+                &view.groups,
+                &namespace,
+                &group,
+                members,
+                now,
+                &mut report,
+            )
+            .await;
+        }
+        Ok(report)
+    }
+
+    /// Filters and places one pod on `snapshot` without committing.
+    fn decide(&mut self, snapshot: &Snapshot, pod: &Pod) -> Result<(PodDemand, Decision), String> {
+        let demand = pod_demand(pod, &self.config.gpu_resource).map_err(|e| e.to_string())?;
+        let filtered = filter_nodes(snapshot, pod, &demand);
+        self.placer
+            .choose(&snapshot.state, &demand.request, Some(&filtered.allowed))
+            .map(|d| (demand, d))
+            .map_err(|why| {
+                explain(
+                    why,
+                    &filtered.rejected,
+                    snapshot.nodes.len(),
+                    &self.config.gpu_resource,
+                )
+            })
+    }
+
+    async fn schedule_one(
+        &mut self,
+        snapshot: &mut Snapshot,
+        pod: &Pod,
+        now: Instant,
+        report: &mut RoundReport,
+    ) {
+        let key = PodKey::of(pod);
+        match self.decide(snapshot, pod) {
+            Ok((demand, decision)) => {
+                if self.commit(snapshot, pod, &demand, &decision).await {
+                    report.bound += 1;
+                } else {
+                    report.conflicts += 1;
+                }
+            }
+            Err(message) => {
+                report.unschedulable += 1;
+                self.back_off(&key.uid, now);
+                debug!(pod = %key, %message, "unschedulable");
+                self.emit(&key, "Warning", "FailedScheduling", message)
+                    .await;
+            }
+        }
+    }
+
+    /// Records the assignment, binds, and applies it to the snapshot. On any failure the
+    /// snapshot is unchanged and the annotation is removed, so nothing stays reserved.
+    async fn commit(
+        &mut self,
+        snapshot: &mut Snapshot,
+        pod: &Pod,
+        demand: &PodDemand,
+        decision: &Decision,
+    ) -> bool {
+        let key = PodKey::of(pod);
+        let placement = decision.to_placement(&snapshot.state);
+        let containers: &[ContainerDemand] = &demand.containers;
+        let assignment = Assignment {
+            node: placement.node.clone(),
+            containers: split_devices(containers, &placement.devices),
+            policy: self.config.policy.to_string(),
+            time: rfc3339(SystemTime::now()),
+        };
+        let rv = pod.metadata.resource_version.clone().unwrap_or_default();
+        if let Err(e) = self
+            .api
+            .patch_assignment(&key, &rv, Some(&assignment.to_json()))
+            .await
+        {
+            info!(pod = %key, error = %e, "assignment not recorded; retrying next round");
+            return false;
+        }
+        if let Err(e) = self.api.bind(&key, &placement.node).await {
+            warn!(pod = %key, node = %placement.node, error = %e, "binding failed; releasing the assignment");
+            // The patch bumped the resourceVersion; remove the annotation unconditionally.
+            let _ = self.api.patch_assignment(&key, "", None).await;
+            return false;
+        }
+        if let Err(e) = snapshot
+            .state
+            .apply(decision.node, &demand.request, &decision.gpus)
+        {
+            warn!(pod = %key, error = %e, "bound pod could not be accounted");
+        }
+        for (k, v) in &demand.extended {
+            *snapshot.extended_free[decision.node]
+                .entry(k.clone())
+                .or_default() -= v;
+        }
+        snapshot.held.insert(
+            key.uid.clone(),
+            Held {
+                node: decision.node,
+                request: demand.request.clone(),
+                gpus: decision.gpus.clone(),
+                extended: demand.extended.clone(),
+            },
+        );
+        self.backoff.remove(&key.uid);
+        let devices: Vec<&str> = assignment.devices().map(|d| d.id.as_str()).collect();
+        self.emit(
+            &key,
+            "Normal",
+            "Scheduled",
+            format!(
+                "Successfully assigned {key} to {} (GPUs: {})",
+                placement.node,
+                if devices.is_empty() {
+                    "none".to_string()
+                } else {
+                    devices.join(",")
+                }
+            ),
+        )
+        .await;
+        true
+    }
+
+    /// All-or-nothing: place every waiting member on a copy; commit only when at least
+    /// `minMember` members (bound ones included) fit.
+    #[allow(clippy::too_many_arguments)]
+    async fn schedule_gang(
+        &mut self,
+        snapshot: &mut Snapshot,
+        pods: &[Pod],
+        groups: &[crate::gang::PodGroup],
+        namespace: &str,
+        group: &str,
+        members: Vec<&Pod>,
+        now: Instant,
+        report: &mut RoundReport,
+    ) {
+        let spec = groups
+            .iter()
+            .find(|g| {
+                g.metadata.namespace.as_deref() == Some(namespace)
+                    && g.metadata.name.as_deref() == Some(group)
+            })
+            .map(|g| g.spec.clone());
+        let gang_id = format!("{namespace}/{group}");
+        let Some(spec) = spec else {
+            for pod in &members {
+                let key = PodKey::of(pod);
+                self.back_off(&key.uid, now);
+                self.emit(
+                    &key,
+                    "Warning",
+                    "FailedScheduling",
+                    format!("pod group {gang_id} does not exist"),
+                )
+                .await;
+            }
+            report.unschedulable += members.len();
+            return;
+        };
+        let bound = pods
+            .iter()
+            .filter(|p| {
+                PodKey::of(p).namespace == namespace
+                    && p.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(POD_GROUP_LABEL))
+                        .map(String::as_str)
+                        == Some(group)
+                    && crate::snapshot::is_active_bound(p)
+            })
+            .count() as u32;
+        // Try all members on a copy of the state.
+        let mut trial = snapshot.state.clone();
+        let mut planned: Vec<(&Pod, PodDemand, Decision)> = Vec::new();
+        let mut failure = None;
+        for pod in &members {
+            let demand = match pod_demand(pod, &self.config.gpu_resource) {
+                Ok(d) => d,
+                Err(e) => {
+                    failure = Some(e.to_string());
+                    continue;
+                }
+            };
+            let filtered = filter_nodes(snapshot, pod, &demand);
+            match self
+                .placer
+                .choose(&trial, &demand.request, Some(&filtered.allowed))
+            {
+                Ok(d) if trial.apply(d.node, &demand.request, &d.gpus).is_ok() => {
+                    planned.push((pod, demand, d))
+                }
+                Ok(_) => failure = Some("placement could not be applied".into()),
+                Err(why) => {
+                    failure = Some(explain(
+                        why,
+                        &filtered.rejected,
+                        snapshot.nodes.len(),
+                        &self.config.gpu_resource,
+                    ))
+                }
+            }
+        }
+        let fits = bound + planned.len() as u32 >= spec.min_member;
+        if fits {
+            let mut scheduled = bound;
+            for (pod, demand, decision) in &planned {
+                if self.commit(snapshot, pod, demand, decision).await {
+                    scheduled += 1;
+                    report.bound += 1;
+                } else {
+                    report.conflicts += 1;
+                }
+            }
+            self.gang_since.remove(&gang_id);
+            let status = PodGroupStatus {
+                phase: "Scheduled".into(),
+                scheduled,
+            };
+            let _ = self.api.group_status(namespace, group, status).await;
+            return;
+        }
+        // Not enough members fit: hold nothing, wait, and after the timeout say why.
+        report.waiting_gangs += 1;
+        let since = *self.gang_since.entry(gang_id.clone()).or_insert(now);
+        let timeout = Duration::from_secs(spec.schedule_timeout_seconds.unwrap_or(60));
+        let present = bound + members.len() as u32;
+        let reason = if present < spec.min_member {
+            format!(
+                "pod group {gang_id} has {present} of {} members",
+                spec.min_member
+            )
+        } else {
+            format!(
+                "pod group {gang_id}: only {} of {} members fit at once{}",
+                bound + planned.len() as u32,
+                spec.min_member,
+                failure.map(|f| format!("; {f}")).unwrap_or_default()
+            )
+        };
+        let _ = self
+            .api
+            .group_status(
+                namespace,
+                group,
+                PodGroupStatus {
+                    phase: "Pending".into(),
+                    scheduled: bound,
+                },
+            )
+            .await;
+        if now.duration_since(since) >= timeout {
+            for pod in &members {
+                let key = PodKey::of(pod);
+                self.back_off(&key.uid, now);
+                self.emit(&key, "Warning", "FailedScheduling", reason.clone())
+                    .await;
+            }
+            report.unschedulable += members.len();
+            self.gang_since.insert(gang_id, now);
+            let _ = self
+                .api
+                .group_status(
+                    namespace,
+                    group,
+                    PodGroupStatus {
+                        phase: "Unschedulable".into(),
+                        scheduled: bound,
+                    },
+                )
+                .await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_formats_utc() {
+        assert_eq!(rfc3339(SystemTime::UNIX_EPOCH), "1970-01-01T00:00:00Z");
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_795_000_000);
+        assert_eq!(rfc3339(t), "2026-11-18T11:06:40Z");
+    }
+}

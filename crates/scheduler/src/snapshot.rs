@@ -1,0 +1,256 @@
+//! From Kubernetes objects to a [`ClusterState`]: node inventories (the device plugin's
+//! annotation, or capacity and GFD labels), and what bound pods already hold.
+
+use std::collections::{BTreeMap, HashMap};
+
+use gpuplace_core::ClusterState;
+use gpuplace_model::{INVENTORY_ANNOTATION, NodeInventory, Request};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use tracing::warn;
+
+use crate::demand::{ASSIGNMENT_ANNOTATION, Assignment, milli_value, pod_demand};
+
+/// What a bound pod holds on its node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Held {
+    pub node: usize,
+    pub request: Request,
+    pub gpus: Vec<(usize, u32)>,
+    pub extended: BTreeMap<String, i64>,
+}
+
+/// The cluster as the scheduler sees it at the start of a round.
+pub struct Snapshot {
+    pub state: ClusterState,
+    pub nodes: Vec<Node>,
+    /// Extended resources still free per node (besides GPUs).
+    pub extended_free: Vec<BTreeMap<String, i64>>,
+    /// Pod UID -> what it holds.
+    pub held: HashMap<String, Held>,
+    /// Problems found in objects (malformed annotations); nothing was lost because of them.
+    pub warnings: Vec<String>,
+}
+
+fn allocatable(node: &Node, name: &str) -> i128 {
+    node.status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref())
+        .and_then(|a| a.get(name))
+        .and_then(|q| milli_value(q).ok())
+        .unwrap_or(0)
+}
+
+/// The node's inventory: CPU and memory from allocatable; GPUs from the device plugin's
+/// annotation when it is valid and agrees with the GPU count, else `count` plain GPUs
+/// named `<node>-gpu<i>` with the GFD product label as model.
+pub fn inventory_of(node: &Node, gpu_resource: &str) -> (NodeInventory, Option<String>) {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let cpu_milli = u64::try_from(allocatable(node, "cpu")).unwrap_or(0);
+    let memory_mib = (u64::try_from(allocatable(node, "memory")).unwrap_or(0) / 1000) >> 20;
+    let count = u32::try_from(allocatable(node, gpu_resource) / 1000).unwrap_or(0);
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    let mut warning = None;
+    if let Some(text) = node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(INVENTORY_ANNOTATION))
+    {
+        match NodeInventory::from_json(text) {
+            Ok(mut inv) if inv.gpus.len() as u32 == count || count == 0 && inv.gpus.is_empty() => {
+                inv.name = name;
+                inv.cpu_milli = cpu_milli;
+                inv.memory_mib = memory_mib;
+                return (inv, None);
+            }
+            Ok(inv) => {
+                warning = Some(format!(
+                    "node {name}: {INVENTORY_ANNOTATION} lists {} GPUs but {gpu_resource} allocatable is {count}; using the count",
+                    inv.gpus.len()
+                ))
+            }
+            Err(e) => {
+                warning = Some(format!(
+                    "node {name}: {INVENTORY_ANNOTATION}: {e}; using the count"
+                ))
+            }
+        }
+    }
+    let model = labels
+        .get("nvidia.com/gpu.product")
+        .cloned()
+        .unwrap_or_default();
+    let mut inv = NodeInventory::uniform(&name, cpu_milli, memory_mib, count, &model);
+    let gpu_memory = labels
+        .get("nvidia.com/gpu.memory")
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(0);
+    for gpu in &mut inv.gpus {
+        gpu.memory_mib = gpu_memory;
+    }
+    inv.labels = labels;
+    (inv, warning)
+}
+
+/// True for pods that hold resources on a node (bound and not finished).
+pub fn is_active_bound(pod: &Pod) -> bool {
+    let bound = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_ref())
+        .is_some_and(|n| !n.is_empty());
+    let phase = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("");
+    bound && phase != "Succeeded" && phase != "Failed" && pod.metadata.deletion_timestamp.is_none()
+}
+
+/// Builds the state from every node and every pod (bound pods' holdings applied).
+pub fn build(nodes: Vec<Node>, pods: &[Pod], gpu_resource: &str) -> Snapshot {
+    let mut warnings = Vec::new();
+    let mut inventories = Vec::with_capacity(nodes.len());
+    let mut names = std::collections::HashSet::new();
+    let mut kept = Vec::with_capacity(nodes.len());
+    for node in nodes {
+        let (inv, warning) = inventory_of(&node, gpu_resource);
+        warnings.extend(warning);
+        if inv.name.is_empty() || !names.insert(inv.name.clone()) || inv.validate().is_err() {
+            warnings.push(format!(
+                "node {:?} skipped: no name, a duplicate, or an invalid inventory",
+                inv.name
+            ));
+            continue;
+        }
+        inventories.push(inv);
+        kept.push(node);
+    }
+    let extended_free = kept
+        .iter()
+        .map(|node| {
+            node.status
+                .as_ref()
+                .and_then(|s| s.allocatable.as_ref())
+                .map(|a| {
+                    a.iter()
+                        .filter(|(k, _)| k.contains('/') && k.as_str() != gpu_resource)
+                        .map(|(k, q)| (k.clone(), (milli_value(q).unwrap_or(0) / 1000) as i64))
+                        .collect()
+                })
+                .unwrap_or_default()
+        })
+        .collect();
+    // Inventories were validated above, so this cannot fail.
+    let state = ClusterState::new(inventories).unwrap_or_else(|_| {
+        ClusterState::new(Vec::new()).unwrap_or_else(|_| unreachable!("empty state is valid"))
+    });
+    let mut snapshot = Snapshot {
+        state,
+        nodes: kept,
+        extended_free,
+        held: HashMap::new(),
+        warnings,
+    };
+    for pod in pods.iter().filter(|p| is_active_bound(p)) {
+        snapshot.account(pod, gpu_resource);
+    }
+    snapshot
+}
+
+impl Snapshot {
+    /// Node index by name.
+    pub fn node_index(&self, name: &str) -> Option<usize> {
+        self.state.find(name)
+    }
+
+    /// Applies what a bound pod holds. Its devices come from its assignment; a pod without
+    /// one (bound by another scheduler) or with a malformed one takes the first fitting
+    /// GPUs, so nothing is ever handed out twice.
+    pub fn account(&mut self, pod: &Pod, gpu_resource: &str) {
+        let Some(uid) = pod.metadata.uid.clone() else {
+            return;
+        };
+        if self.held.contains_key(&uid) {
+            return;
+        }
+        let node_name = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
+        let Some(n) = self.node_index(&node_name) else {
+            return;
+        };
+        let pod_name = pod.metadata.name.clone().unwrap_or_default();
+        let demand = match pod_demand(pod, gpu_resource) {
+            Ok(d) => d,
+            Err(e) => {
+                self.warnings
+                    .push(format!("pod {pod_name}: {e}; not counted"));
+                return;
+            }
+        };
+        let inventory = self.state.inventory(n);
+        let mut gpus: Vec<(usize, u32)> = Vec::new();
+        if let Some(text) = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ASSIGNMENT_ANNOTATION))
+        {
+            match Assignment::from_json(text) {
+                Ok(a) if a.node == node_name => {
+                    for share in a.devices() {
+                        if let Some(pos) = inventory.gpus.iter().position(|g| g.id == share.id)
+                            && !gpus.iter().any(|(p, _)| *p == pos)
+                        {
+                            gpus.push((pos, share.milli));
+                        }
+                    }
+                }
+                Ok(a) => self.warnings.push(format!(
+                    "pod {pod_name}: assignment names node {} but the pod is bound to {node_name}",
+                    a.node
+                )),
+                Err(e) => self.warnings.push(format!("pod {pod_name}: {e}")),
+            }
+        }
+        if gpus.len() != demand.request.gpu_count as usize {
+            // Unknown devices: hold the first GPUs that fit.
+            gpus.clear();
+            let state = self.state.node(n);
+            for (pos, &free) in state.gpu_free.iter().enumerate() {
+                if gpus.len() == demand.request.gpu_count as usize {
+                    break;
+                }
+                if free >= demand.request.gpu_milli {
+                    gpus.push((pos, demand.request.gpu_milli));
+                }
+            }
+        }
+        // A node already over-committed (pods bound elsewhere) still gets the pod counted:
+        // clamp to what is there rather than lose the pod.
+        let mut request = demand.request.clone();
+        let free = self.state.node(n);
+        request.cpu_milli = request.cpu_milli.min(free.cpu_free);
+        request.memory_mib = request.memory_mib.min(free.memory_free);
+        gpus.retain(|&(g, m)| free.gpu_free[g] >= m);
+        if let Err(e) = self.state.apply(n, &request, &gpus) {
+            warn!(pod = %pod_name, error = %e, "cannot account a bound pod");
+            return;
+        }
+        for (k, v) in &demand.extended {
+            *self.extended_free[n].entry(k.clone()).or_default() -= v;
+        }
+        self.held.insert(
+            uid,
+            Held {
+                node: n,
+                request,
+                gpus,
+                extended: demand.extended,
+            },
+        );
+    }
+}

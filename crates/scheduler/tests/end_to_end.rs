@@ -1,0 +1,450 @@
+//! The real scheduling loop against the in-memory API: mixed workloads, exact devices,
+//! explained failures, conflicts, deletions mid-cycle, gangs, and a restart mid-stream.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use gpuplace_core::Policy;
+use gpuplace_model::{Gpu, Link, NodeInventory, PcieLevel};
+use gpuplace_scheduler::demand::{ASSIGNMENT_ANNOTATION, Assignment};
+use gpuplace_scheduler::gang::{PodGroup, PodGroupSpec};
+use gpuplace_scheduler::{
+    ApiError, ClusterApi, ClusterView, EventRecord, PodKey, Scheduler, SchedulerConfig,
+};
+use gpuplace_testkit::MemoryApi;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use serde_json::json;
+
+fn node(name: &str, gpus: u32, extra: serde_json::Value) -> Node {
+    let mut v = json!({
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "status": {
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "allocatable": {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": gpus.to_string(), "pods": "110"}
+        }
+    });
+    merge(&mut v, extra);
+    serde_json::from_value(v).unwrap()
+}
+
+fn merge(a: &mut serde_json::Value, b: serde_json::Value) {
+    if let (Some(a), serde_json::Value::Object(b)) = (a.as_object_mut(), b) {
+        for (k, v) in b {
+            match a.get_mut(&k) {
+                Some(e) if e.is_object() && v.is_object() => merge(e, v),
+                _ => {
+                    a.insert(k, v);
+                }
+            }
+        }
+    }
+}
+
+/// An 8-GPU node whose inventory annotation has NVLink pairs (0-1, 2-3, ...).
+fn nvlink_node(name: &str) -> Node {
+    let mut inv = NodeInventory::uniform(name, 0, 0, 8, "A100");
+    for g in &mut inv.gpus {
+        g.id = format!("GPU-{name}-{}", g.index);
+        g.uuid = g.id.clone();
+    }
+    for a in 0..8u32 {
+        for b in a + 1..8 {
+            inv.links.push(Link {
+                a,
+                b,
+                nvlinks: if a / 2 == b / 2 { 12 } else { 0 },
+                pcie: if a / 4 == b / 4 {
+                    PcieLevel::SameCpu
+                } else {
+                    PcieLevel::CrossCpu
+                },
+            });
+        }
+    }
+    let _: &Gpu = &inv.gpus[0];
+    node(
+        name,
+        8,
+        json!({"metadata": {"annotations": {"gpuplace.io/inventory": inv.to_json()}}}),
+    )
+}
+
+fn pod(name: &str, gpus: u32, extra: serde_json::Value) -> Pod {
+    let mut v = json!({
+        "metadata": {"name": name, "namespace": "ml"},
+        "spec": {
+            "schedulerName": "gpuplace",
+            "containers": [{"name": "main", "resources": {"requests": {"cpu": "2", "memory": "8Gi"},
+                "limits": {"nvidia.com/gpu": gpus.to_string()}}}]
+        },
+        "status": {"phase": "Pending"}
+    });
+    merge(&mut v, extra);
+    serde_json::from_value(v).unwrap()
+}
+
+fn config() -> SchedulerConfig {
+    SchedulerConfig {
+        policy: Policy::Fgd,
+        initial_backoff: Duration::from_secs(1),
+        ..Default::default()
+    }
+}
+
+fn assignment(api: &MemoryApi, name: &str) -> Option<Assignment> {
+    let p = api.pod("ml", name)?;
+    let text = p.metadata.annotations?.get(ASSIGNMENT_ANNOTATION)?.clone();
+    Some(Assignment::from_json(&text).unwrap())
+}
+
+fn bound_node(api: &MemoryApi, name: &str) -> Option<String> {
+    api.pod("ml", name)?.spec?.node_name
+}
+
+/// No device is given more than 1000 milli across all bound pods.
+fn assert_no_double_booking(api: &MemoryApi) {
+    let mut used: HashMap<(String, String), u32> = HashMap::new();
+    for p in api.pods() {
+        let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+            continue;
+        };
+        let Some(text) = p
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ASSIGNMENT_ANNOTATION))
+        else {
+            continue;
+        };
+        let a = Assignment::from_json(text).unwrap();
+        assert_eq!(a.node, node, "assignment and binding agree");
+        let mut seen = std::collections::HashSet::new();
+        for d in a.devices() {
+            if seen.insert(d.id.clone()) {
+                *used.entry((node.clone(), d.id.clone())).or_default() += d.milli;
+            }
+        }
+    }
+    for ((node, dev), milli) in used {
+        assert!(milli <= 1000, "{node}/{dev} booked {milli} milli");
+    }
+}
+
+#[tokio::test]
+async fn mixed_workload_gets_exact_devices() {
+    let api = MemoryApi::new();
+    api.put_node(nvlink_node("dgx"));
+    api.put_node(node("t4", 2, json!({"metadata": {"labels": {"nvidia.com/gpu.product": "Tesla-T4", "nvidia.com/gpu.memory": "15360"}}})));
+    api.put_node(node("cpu", 0, json!({})));
+    api.put_pod(pod("pair", 2, json!({})));
+    api.put_pod(pod(
+        "half-a",
+        1,
+        json!({"metadata": {"annotations": {"gpuplace.io/gpu-milli": "500"}}}),
+    ));
+    api.put_pod(pod(
+        "half-b",
+        1,
+        json!({"metadata": {"annotations": {"gpuplace.io/gpu-milli": "500"}}}),
+    ));
+    api.put_pod(pod("cpu-only", 0, json!({})));
+    api.put_pod(pod(
+        "two-containers",
+        0,
+        json!({"spec": {"containers": [
+        {"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1"}}},
+        {"name": "b", "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}}),
+    ));
+    api.put_pod(pod(
+        "other-scheduler",
+        1,
+        json!({"spec": {"schedulerName": "default-scheduler"}}),
+    ));
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    let report = scheduler.round(Instant::now()).await.unwrap();
+    assert_eq!(report.bound, 5, "{report:?}");
+    assert!(bound_node(&api, "other-scheduler").is_none());
+    // The 2-GPU pod gets an NVLink pair.
+    let pair = assignment(&api, "pair").unwrap();
+    let idx: Vec<u32> = pair.containers[0].devices.iter().map(|d| d.index).collect();
+    if pair.node == "dgx" {
+        assert_eq!(idx[0] / 2, idx[1] / 2, "an NVLink pair: {idx:?}");
+    }
+    // Halves share one GPU rather than breaking two.
+    let a = assignment(&api, "half-a").unwrap();
+    let b = assignment(&api, "half-b").unwrap();
+    assert_eq!(a.containers[0].devices[0].milli, 500);
+    assert_eq!(
+        (a.node.clone(), a.containers[0].devices[0].id.clone()),
+        (b.node.clone(), b.containers[0].devices[0].id.clone())
+    );
+    // Per-container split.
+    let two = assignment(&api, "two-containers").unwrap();
+    assert_eq!(two.containers.len(), 2);
+    assert_eq!(two.containers[0].devices.len(), 1);
+    assert_eq!(two.containers[1].devices.len(), 2);
+    assert_eq!(two.policy, "fgd");
+    assert_no_double_booking(&api);
+    let events = api.events();
+    assert!(events.iter().filter(|e| e.reason == "Scheduled").count() >= 5);
+    assert!(
+        events
+            .iter()
+            .any(|e| e.message.starts_with("Successfully assigned ml/pair to "))
+    );
+}
+
+#[tokio::test]
+async fn failures_are_explained_like_kube_scheduler() {
+    let api = MemoryApi::new();
+    for i in 0..3 {
+        api.put_node(node(&format!("small-{i}"), 1, json!({})));
+    }
+    for i in 0..2 {
+        api.put_node(node(
+            &format!("tainted-{i}"),
+            8,
+            json!({"spec": {"taints": [{"key": "gpu", "value": "true", "effect": "NoSchedule"}]}}),
+        ));
+    }
+    api.put_pod(pod("big", 4, json!({})));
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    let report = scheduler.round(Instant::now()).await.unwrap();
+    assert_eq!(report.unschedulable, 1);
+    let event = api.events().pop().unwrap();
+    assert_eq!(event.reason, "FailedScheduling");
+    assert_eq!(event.kind, "Warning");
+    assert_eq!(
+        event.message,
+        "0/5 nodes are available: 3 Insufficient nvidia.com/gpu, 2 node(s) had untolerated taint {gpu: true}."
+    );
+    // Backoff: the next round right away does not retry; a new node makes it retry at once.
+    let report = scheduler.round(Instant::now()).await.unwrap();
+    assert_eq!(report, Default::default());
+    api.put_node(node("big-node", 8, json!({})));
+    let report = scheduler.round(Instant::now()).await.unwrap();
+    assert_eq!(report.bound, 1);
+    assert_eq!(bound_node(&api, "big").as_deref(), Some("big-node"));
+    // Bad input: a malformed share annotation is explained, not a crash.
+    api.put_pod(pod(
+        "bad",
+        1,
+        json!({"metadata": {"annotations": {"gpuplace.io/gpu-milli": "half"}}}),
+    ));
+    scheduler.round(Instant::now()).await.unwrap();
+    let event = api.events().pop().unwrap();
+    assert!(
+        event.message.contains("gpuplace.io/gpu-milli"),
+        "{}",
+        event.message
+    );
+}
+
+/// Wraps the API to change the world between the view and the writes.
+struct Meddling {
+    inner: MemoryApi,
+    action: fn(&MemoryApi),
+}
+
+impl ClusterApi for Meddling {
+    async fn view(&self) -> Result<ClusterView, ApiError> {
+        let view = self.inner.view().await;
+        (self.action)(&self.inner);
+        view
+    }
+    async fn patch_assignment(
+        &self,
+        pod: &PodKey,
+        rv: &str,
+        a: Option<&str>,
+    ) -> Result<(), ApiError> {
+        self.inner.patch_assignment(pod, rv, a).await
+    }
+    async fn bind(&self, pod: &PodKey, node: &str) -> Result<(), ApiError> {
+        self.inner.bind(pod, node).await
+    }
+    async fn event(&self, event: EventRecord) -> Result<(), ApiError> {
+        self.inner.event(event).await
+    }
+    async fn group_status(
+        &self,
+        ns: &str,
+        name: &str,
+        s: gpuplace_scheduler::gang::PodGroupStatus,
+    ) -> Result<(), ApiError> {
+        self.inner.group_status(ns, name, s).await
+    }
+}
+
+#[tokio::test]
+async fn conflicts_and_deletions_leave_nothing_reserved() {
+    // The pod is updated after the view: the guarded patch gets a 409, nothing binds.
+    let api = MemoryApi::new();
+    api.put_node(node("n", 2, json!({})));
+    api.put_pod(pod("p", 2, json!({})));
+    let meddling = Meddling {
+        inner: api.clone(),
+        action: |api| {
+            if let Some(p) = api.pod("ml", "p") {
+                api.put_pod(p);
+            }
+        },
+    };
+    let mut scheduler = Scheduler::new(meddling, config());
+    let report = scheduler.round(Instant::now()).await.unwrap();
+    assert_eq!((report.bound, report.conflicts), (0, 1));
+    assert!(bound_node(&api, "p").is_none());
+    assert!(assignment(&api, "p").is_none());
+    // With a fresh view it binds.
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    assert_eq!(scheduler.round(Instant::now()).await.unwrap().bound, 1);
+
+    // Deleted after the view: 404, no binding.
+    let api = MemoryApi::new();
+    api.put_node(node("n", 2, json!({})));
+    api.put_pod(pod("gone", 1, json!({})));
+    let meddling = Meddling {
+        inner: api.clone(),
+        action: |api| api.delete_pod("ml", "gone"),
+    };
+    let mut scheduler = Scheduler::new(meddling, config());
+    let report = scheduler.round(Instant::now()).await.unwrap();
+    assert_eq!(report.bound, 0);
+    assert!(api.bindings().is_empty());
+
+    // A failed bind removes the recorded assignment, and the GPUs go to the next pod.
+    let api = MemoryApi::new();
+    api.put_node(node("n", 1, json!({})));
+    api.put_pod(pod("first", 1, json!({})));
+    api.put_pod(pod(
+        "second",
+        1,
+        json!({"metadata": {"creationTimestamp": "2030-01-01T00:00:00Z"}}),
+    ));
+    api.fail_next_binds(1);
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    let report = scheduler.round(Instant::now()).await.unwrap();
+    assert_eq!(report.conflicts, 1);
+    assert_eq!(
+        report.bound, 1,
+        "the GPU was not left reserved for the failed pod"
+    );
+    assert!(assignment(&api, "first").is_none() || bound_node(&api, "first").is_some());
+    assert_no_double_booking(&api);
+}
+
+#[tokio::test]
+async fn restart_mid_stream_never_double_books() {
+    let api = MemoryApi::new();
+    // 48 GPUs for 40 GPUs of requests.
+    for i in 0..6 {
+        api.put_node(nvlink_node(&format!("n{i}")));
+    }
+    for i in 0..40 {
+        let (gpus, extra) = match i % 4 {
+            0 => (
+                1,
+                json!({"metadata": {"annotations": {"gpuplace.io/gpu-milli": "300"}}}),
+            ),
+            1 => (1, json!({})),
+            2 => (2, json!({})),
+            _ => (
+                1,
+                json!({"metadata": {"annotations": {"gpuplace.io/gpu-milli": "700"}}}),
+            ),
+        };
+        api.put_pod(pod(&format!("p{i:02}"), gpus, extra));
+        if i == 19 {
+            // First scheduler places the first half, then "crashes".
+            let mut first = Scheduler::new(api.clone(), config());
+            first.round(Instant::now()).await.unwrap();
+        }
+    }
+    let mut second = Scheduler::new(
+        api.clone(),
+        SchedulerConfig {
+            seed: 7,
+            ..config()
+        },
+    );
+    second.round(Instant::now()).await.unwrap();
+    assert_no_double_booking(&api);
+    let bound = api
+        .pods()
+        .iter()
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
+        .count();
+    assert_eq!(bound, 40);
+}
+
+fn group(name: &str, min: u32, timeout: u64) -> PodGroup {
+    let mut g = PodGroup::new(
+        name,
+        PodGroupSpec {
+            min_member: min,
+            schedule_timeout_seconds: Some(timeout),
+        },
+    );
+    g.metadata.namespace = Some("ml".into());
+    g
+}
+
+#[tokio::test]
+async fn gangs_are_all_or_nothing() {
+    let api = MemoryApi::new();
+    api.put_node(node("a", 4, json!({})));
+    api.put_node(node("b", 4, json!({})));
+    api.put_group(group("train", 3, 30));
+    for i in 0..3 {
+        api.put_pod(pod(
+            &format!("w{i}"),
+            4,
+            json!({"metadata": {"labels": {"gpuplace.io/pod-group": "train"}}}),
+        ));
+    }
+    let start = Instant::now();
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    let report = scheduler.round(start).await.unwrap();
+    assert_eq!(
+        (report.bound, report.waiting_gangs),
+        (0, 1),
+        "two of three fit: none binds"
+    );
+    assert!(api.bindings().is_empty());
+    assert_eq!(
+        api.group("ml", "train").unwrap().status.unwrap().phase,
+        "Pending"
+    );
+    // After the timeout the members are told why.
+    scheduler
+        .round(start + Duration::from_secs(31))
+        .await
+        .unwrap();
+    let failed: Vec<EventRecord> = api
+        .events()
+        .into_iter()
+        .filter(|e| e.reason == "FailedScheduling")
+        .collect();
+    assert_eq!(failed.len(), 3);
+    assert!(
+        failed[0]
+            .message
+            .contains("only 2 of 3 members fit at once"),
+        "{}",
+        failed[0].message
+    );
+    assert_eq!(
+        api.group("ml", "train").unwrap().status.unwrap().phase,
+        "Unschedulable"
+    );
+    // Capacity arrives: all three bind in one round.
+    api.put_node(node("c", 4, json!({})));
+    let report = scheduler
+        .round(start + Duration::from_secs(32))
+        .await
+        .unwrap();
+    assert_eq!(report.bound, 3);
+    let status = api.group("ml", "train").unwrap().status.unwrap();
+    assert_eq!((status.phase.as_str(), status.scheduled), ("Scheduled", 3));
+    assert_no_double_booking(&api);
+}

@@ -1,0 +1,241 @@
+//! An in-memory Kubernetes API for the scheduler's tests, with the API server's rules that
+//! the scheduler relies on: every write bumps a cluster-wide resourceVersion; a patch with a
+//! stale resourceVersion is a 409 Conflict; binding a pod that is already bound (or whose
+//! UID differs) is a 409; a deleted pod is a 404.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use gpuplace_scheduler::gang::{PodGroup, PodGroupStatus};
+use gpuplace_scheduler::{ApiError, ClusterApi, ClusterView, EventRecord, PodKey};
+use k8s_openapi::api::core::v1::{Node, Pod};
+
+#[derive(Default)]
+struct Store {
+    version: u64,
+    nodes: BTreeMap<String, Node>,
+    pods: BTreeMap<(String, String), Pod>,
+    groups: BTreeMap<(String, String), PodGroup>,
+    events: Vec<EventRecord>,
+    bindings: Vec<(PodKey, String)>,
+    /// Faults to inject: the next N binds fail with a conflict.
+    fail_binds: usize,
+}
+
+impl Store {
+    fn bump(&mut self) -> String {
+        self.version += 1;
+        self.version.to_string()
+    }
+}
+
+/// The API server, shared by clones.
+#[derive(Clone, Default)]
+pub struct MemoryApi {
+    store: Arc<Mutex<Store>>,
+}
+
+fn lock(store: &Mutex<Store>) -> std::sync::MutexGuard<'_, Store> {
+    store.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl MemoryApi {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Creates or replaces a node (resourceVersion assigned).
+    pub fn put_node(&self, mut node: Node) {
+        let mut s = lock(&self.store);
+        node.metadata.resource_version = Some(s.bump());
+        let name = node.metadata.name.clone().unwrap_or_default();
+        s.nodes.insert(name, node);
+    }
+
+    pub fn delete_node(&self, name: &str) {
+        let mut s = lock(&self.store);
+        s.nodes.remove(name);
+        s.bump();
+    }
+
+    /// Creates or replaces a pod; a missing UID, namespace or timestamp is filled in.
+    pub fn put_pod(&self, mut pod: Pod) {
+        let mut s = lock(&self.store);
+        let rv = s.bump();
+        pod.metadata.resource_version = Some(rv.clone());
+        let ns = pod
+            .metadata
+            .namespace
+            .get_or_insert_with(|| "default".into())
+            .clone();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        pod.metadata
+            .uid
+            .get_or_insert_with(|| format!("uid-{ns}-{name}-{rv}"));
+        s.pods.insert((ns, name), pod);
+    }
+
+    pub fn delete_pod(&self, namespace: &str, name: &str) {
+        let mut s = lock(&self.store);
+        s.pods.remove(&(namespace.to_string(), name.to_string()));
+        s.bump();
+    }
+
+    pub fn put_group(&self, mut group: PodGroup) {
+        let mut s = lock(&self.store);
+        group.metadata.resource_version = Some(s.bump());
+        let ns = group
+            .metadata
+            .namespace
+            .get_or_insert_with(|| "default".into())
+            .clone();
+        let name = group.metadata.name.clone().unwrap_or_default();
+        s.groups.insert((ns, name), group);
+    }
+
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<Pod> {
+        lock(&self.store)
+            .pods
+            .get(&(namespace.to_string(), name.to_string()))
+            .cloned()
+    }
+
+    pub fn pods(&self) -> Vec<Pod> {
+        lock(&self.store).pods.values().cloned().collect()
+    }
+
+    pub fn group(&self, namespace: &str, name: &str) -> Option<PodGroup> {
+        lock(&self.store)
+            .groups
+            .get(&(namespace.to_string(), name.to_string()))
+            .cloned()
+    }
+
+    pub fn events(&self) -> Vec<EventRecord> {
+        lock(&self.store).events.clone()
+    }
+
+    pub fn bindings(&self) -> Vec<(PodKey, String)> {
+        lock(&self.store).bindings.clone()
+    }
+
+    /// Makes the next `n` binds fail with a 409 (another writer won).
+    pub fn fail_next_binds(&self, n: usize) {
+        lock(&self.store).fail_binds = n;
+    }
+}
+
+impl ClusterApi for MemoryApi {
+    async fn view(&self) -> Result<ClusterView, ApiError> {
+        let s = lock(&self.store);
+        Ok(ClusterView {
+            nodes: s.nodes.values().cloned().collect(),
+            pods: s.pods.values().cloned().collect(),
+            groups: s.groups.values().cloned().collect(),
+        })
+    }
+
+    async fn patch_assignment(
+        &self,
+        pod: &PodKey,
+        resource_version: &str,
+        assignment: Option<&str>,
+    ) -> Result<(), ApiError> {
+        let mut s = lock(&self.store);
+        let key = (pod.namespace.clone(), pod.name.clone());
+        let current = s
+            .pods
+            .get(&key)
+            .ok_or_else(|| ApiError::NotFound(pod.to_string()))?;
+        if current.metadata.uid.as_deref() != Some(pod.uid.as_str()) {
+            return Err(ApiError::NotFound(format!("{pod} (uid changed)")));
+        }
+        if !resource_version.is_empty()
+            && current.metadata.resource_version.as_deref() != Some(resource_version)
+        {
+            return Err(ApiError::Conflict(format!(
+                "{pod}: the object has been modified; please apply your changes to the latest version and try again"
+            )));
+        }
+        let rv = s.bump();
+        let p = s
+            .pods
+            .get_mut(&key)
+            .ok_or_else(|| ApiError::NotFound(pod.to_string()))?;
+        let annotations = p.metadata.annotations.get_or_insert_with(Default::default);
+        match assignment {
+            Some(text) => {
+                annotations.insert(
+                    gpuplace_scheduler::demand::ASSIGNMENT_ANNOTATION.into(),
+                    text.into(),
+                );
+            }
+            None => {
+                annotations.remove(gpuplace_scheduler::demand::ASSIGNMENT_ANNOTATION);
+            }
+        }
+        p.metadata.resource_version = Some(rv);
+        Ok(())
+    }
+
+    async fn bind(&self, pod: &PodKey, node: &str) -> Result<(), ApiError> {
+        let mut s = lock(&self.store);
+        if s.fail_binds > 0 {
+            s.fail_binds -= 1;
+            return Err(ApiError::Conflict(format!("{pod}: injected conflict")));
+        }
+        let key = (pod.namespace.clone(), pod.name.clone());
+        let current = s
+            .pods
+            .get(&key)
+            .ok_or_else(|| ApiError::NotFound(pod.to_string()))?;
+        if current.metadata.uid.as_deref() != Some(pod.uid.as_str()) {
+            return Err(ApiError::Conflict(format!(
+                "{pod}: uid precondition failed"
+            )));
+        }
+        if current
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref())
+            .is_some_and(|n| !n.is_empty())
+        {
+            return Err(ApiError::Conflict(format!(
+                "{pod} is already assigned to a node"
+            )));
+        }
+        let rv = s.bump();
+        let p = s
+            .pods
+            .get_mut(&key)
+            .ok_or_else(|| ApiError::NotFound(pod.to_string()))?;
+        p.spec.get_or_insert_with(Default::default).node_name = Some(node.to_string());
+        p.metadata.resource_version = Some(rv);
+        s.bindings.push((pod.clone(), node.to_string()));
+        Ok(())
+    }
+
+    async fn event(&self, event: EventRecord) -> Result<(), ApiError> {
+        let mut s = lock(&self.store);
+        s.bump();
+        s.events.push(event);
+        Ok(())
+    }
+
+    async fn group_status(
+        &self,
+        namespace: &str,
+        name: &str,
+        status: PodGroupStatus,
+    ) -> Result<(), ApiError> {
+        let mut s = lock(&self.store);
+        let rv = s.bump();
+        let g = s
+            .groups
+            .get_mut(&(namespace.to_string(), name.to_string()))
+            .ok_or_else(|| ApiError::NotFound(format!("podgroup {namespace}/{name}")))?;
+        g.status = Some(status);
+        g.metadata.resource_version = Some(rv);
+        Ok(())
+    }
+}
