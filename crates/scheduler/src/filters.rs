@@ -33,8 +33,10 @@ impl NodeRejection {
     }
 }
 
-fn labels(node: &Node) -> BTreeMap<String, String> {
-    node.metadata.labels.clone().unwrap_or_default()
+static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+
+fn labels(node: &Node) -> &BTreeMap<String, String> {
+    node.metadata.labels.as_ref().unwrap_or(&NO_LABELS)
 }
 
 /// True when the node's Ready condition is True.
@@ -147,9 +149,22 @@ pub fn matches_affinity(node: &Node, pod: &Pod) -> bool {
         Some(selector) => selector
             .node_selector_terms
             .iter()
-            .any(|term| term_matches(term, node, &labels)),
+            .any(|term| term_matches(term, node, labels)),
         None => true,
     }
+}
+
+/// What of a pod the node checks read: pods with equal keys get equal verdicts, so a round
+/// computes the verdicts once per distinct key.
+pub fn filter_key(pod: &Pod) -> String {
+    let spec = pod.spec.as_ref();
+    serde_json::json!([
+        spec.and_then(|s| s.node_selector.as_ref()),
+        spec.and_then(|s| s.affinity.as_ref())
+            .and_then(|a| a.node_affinity.as_ref()),
+        spec.and_then(|s| s.tolerations.as_ref()),
+    ])
+    .to_string()
 }
 
 /// Every check that does not depend on free resources, in kube-scheduler's order.

@@ -108,11 +108,14 @@ struct Filtered {
     rejected: BTreeMap<String, usize>,
 }
 
-fn filter_nodes(snapshot: &Snapshot, pod: &Pod, demand: &PodDemand) -> Filtered {
+/// Node verdicts for one filter key (see [`crate::filters::filter_key`]).
+type Verdicts = std::rc::Rc<Vec<Result<(), NodeRejection>>>;
+
+fn filter_nodes(snapshot: &Snapshot, verdicts: &Verdicts, demand: &PodDemand) -> Filtered {
     let mut allowed = vec![false; snapshot.nodes.len()];
     let mut rejected: BTreeMap<String, usize> = BTreeMap::new();
-    for (n, node) in snapshot.nodes.iter().enumerate() {
-        let verdict = check_node(node, pod).and_then(|()| {
+    for (n, verdict) in verdicts.iter().enumerate() {
+        let verdict = verdict.clone().and_then(|()| {
             for (resource, want) in &demand.extended {
                 let free = snapshot.extended_free[n]
                     .get(resource)
@@ -130,6 +133,24 @@ fn filter_nodes(snapshot: &Snapshot, pod: &Pod, demand: &PodDemand) -> Filtered 
         }
     }
     Filtered { allowed, rejected }
+}
+
+/// Node verdicts per filter key, computed once per round.
+#[derive(Default)]
+struct VerdictCache {
+    by_key: HashMap<String, Verdicts>,
+}
+
+impl VerdictCache {
+    fn get(&mut self, snapshot: &Snapshot, pod: &Pod) -> Verdicts {
+        let key = crate::filters::filter_key(pod);
+        self.by_key
+            .entry(key)
+            .or_insert_with(|| {
+                std::rc::Rc::new(snapshot.nodes.iter().map(|n| check_node(n, pod)).collect())
+            })
+            .clone()
+    }
 }
 
 fn explain(
@@ -207,6 +228,18 @@ impl<A: ClusterApi> Scheduler<A> {
         for w in &snapshot.warnings {
             warn!("{w}");
         }
+        // FGD measures fragmentation against the shapes of the pods the cluster runs and
+        // is asked to run.
+        let shapes: Vec<gpuplace_model::Request> = view
+            .pods
+            .iter()
+            .filter_map(|p| pod_demand(p, &self.config.gpu_resource).ok())
+            .map(|d| d.request)
+            .collect();
+        snapshot.state.set_workload(std::sync::Arc::new(
+            gpuplace_core::TargetWorkload::from_requests(&shapes, 0.95),
+        ));
+        let mut verdicts = VerdictCache::default();
         let mut pending: Vec<&Pod> = view
             .pods
             .iter()
@@ -236,18 +269,22 @@ impl<A: ClusterApi> Scheduler<A> {
                     .or_default()
                     .push(pod),
                 None => {
-                    self.schedule_one(&mut snapshot, pod, now, &mut report)
+                    let v = verdicts.get(&snapshot, pod);
+                    self.schedule_one(&mut snapshot, &v, pod, now, &mut report)
                         .await
                 }
             }
         }
         for ((namespace, group), members) in gangs {
+            let members: Vec<(&Pod, Verdicts)> = members
+                .into_iter()
+                .map(|p| (p, verdicts.get(&snapshot, p)))
+                .collect();
             self.schedule_gang(
                 &mut snapshot,
                 &view.pods,
                 &view.groups,
-                &namespace,
-                &group,
+                (&namespace, &group),
                 members,
                 now,
                 &mut report,
@@ -258,9 +295,14 @@ impl<A: ClusterApi> Scheduler<A> {
     }
 
     /// Filters and places one pod on `snapshot` without committing.
-    fn decide(&mut self, snapshot: &Snapshot, pod: &Pod) -> Result<(PodDemand, Decision), String> {
+    fn decide(
+        &mut self,
+        snapshot: &Snapshot,
+        verdicts: &Verdicts,
+        pod: &Pod,
+    ) -> Result<(PodDemand, Decision), String> {
         let demand = pod_demand(pod, &self.config.gpu_resource).map_err(|e| e.to_string())?;
-        let filtered = filter_nodes(snapshot, pod, &demand);
+        let filtered = filter_nodes(snapshot, verdicts, &demand);
         self.placer
             .choose(&snapshot.state, &demand.request, Some(&filtered.allowed))
             .map(|d| (demand, d))
@@ -277,12 +319,13 @@ impl<A: ClusterApi> Scheduler<A> {
     async fn schedule_one(
         &mut self,
         snapshot: &mut Snapshot,
+        verdicts: &Verdicts,
         pod: &Pod,
         now: Instant,
         report: &mut RoundReport,
     ) {
         let key = PodKey::of(pod);
-        match self.decide(snapshot, pod) {
+        match self.decide(snapshot, verdicts, pod) {
             Ok((demand, decision)) => {
                 if self.commit(snapshot, pod, &demand, &decision).await {
                     report.bound += 1;
@@ -375,15 +418,13 @@ impl<A: ClusterApi> Scheduler<A> {
 
     /// All-or-nothing: place every waiting member on a copy; commit only when at least
     /// `minMember` members (bound ones included) fit.
-    #[allow(clippy::too_many_arguments)]
     async fn schedule_gang(
         &mut self,
         snapshot: &mut Snapshot,
         pods: &[Pod],
         groups: &[crate::gang::PodGroup],
-        namespace: &str,
-        group: &str,
-        members: Vec<&Pod>,
+        (namespace, group): (&str, &str),
+        members: Vec<(&Pod, Verdicts)>,
         now: Instant,
         report: &mut RoundReport,
     ) {
@@ -396,7 +437,7 @@ impl<A: ClusterApi> Scheduler<A> {
             .map(|g| g.spec.clone());
         let gang_id = format!("{namespace}/{group}");
         let Some(spec) = spec else {
-            for pod in &members {
+            for (pod, _) in &members {
                 let key = PodKey::of(pod);
                 self.back_off(&key.uid, now);
                 self.emit(
@@ -427,7 +468,7 @@ impl<A: ClusterApi> Scheduler<A> {
         let mut trial = snapshot.state.clone();
         let mut planned: Vec<(&Pod, PodDemand, Decision)> = Vec::new();
         let mut failure = None;
-        for pod in &members {
+        for (pod, verdicts) in &members {
             let demand = match pod_demand(pod, &self.config.gpu_resource) {
                 Ok(d) => d,
                 Err(e) => {
@@ -435,13 +476,13 @@ impl<A: ClusterApi> Scheduler<A> {
                     continue;
                 }
             };
-            let filtered = filter_nodes(snapshot, pod, &demand);
+            let filtered = filter_nodes(snapshot, verdicts, &demand);
             match self
                 .placer
                 .choose(&trial, &demand.request, Some(&filtered.allowed))
             {
                 Ok(d) if trial.apply(d.node, &demand.request, &d.gpus).is_ok() => {
-                    planned.push((pod, demand, d))
+                    planned.push((*pod, demand, d))
                 }
                 Ok(_) => failure = Some("placement could not be applied".into()),
                 Err(why) => {
@@ -503,7 +544,7 @@ impl<A: ClusterApi> Scheduler<A> {
             )
             .await;
         if now.duration_since(since) >= timeout {
-            for pod in &members {
+            for (pod, _) in &members {
                 let key = PodKey::of(pod);
                 self.back_off(&key.uid, now);
                 self.emit(&key, "Warning", "FailedScheduling", reason.clone())
