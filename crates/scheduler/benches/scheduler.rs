@@ -68,10 +68,16 @@ fn peak_rss_mib() -> f64 {
 }
 
 fn main() {
-    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
     let nodes = args.first().copied().unwrap_or(5_000);
     let pods = args.get(1).copied().unwrap_or(50_000);
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     runtime.block_on(async move {
         let api = MemoryApi::new();
         for i in 0..nodes {

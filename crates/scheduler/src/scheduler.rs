@@ -282,8 +282,7 @@ impl<A: ClusterApi> Scheduler<A> {
                 .collect();
             self.schedule_gang(
                 &mut snapshot,
-                &view.pods,
-                &view.groups,
+                (&view.pods, &view.groups),
                 (&namespace, &group),
                 members,
                 now,
@@ -421,8 +420,7 @@ impl<A: ClusterApi> Scheduler<A> {
     async fn schedule_gang(
         &mut self,
         snapshot: &mut Snapshot,
-        pods: &[Pod],
-        groups: &[crate::gang::PodGroup],
+        (pods, groups): (&[Pod], &[crate::gang::PodGroup]),
         (namespace, group): (&str, &str),
         members: Vec<(&Pod, Verdicts)>,
         now: Instant,
