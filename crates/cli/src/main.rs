@@ -3,6 +3,7 @@
 mod bench;
 mod device_plugin;
 mod logging;
+mod scheduler;
 mod simulate;
 
 use std::process::ExitCode;
@@ -26,6 +27,10 @@ enum Command {
     Simulate(simulate::SimulateArgs),
     /// Serve the kubelet device plugin API (run as a DaemonSet on GPU nodes).
     DevicePlugin(device_plugin::DevicePluginArgs),
+    /// Schedule pods (spec.schedulerName) onto nodes and exact GPUs.
+    Scheduler(scheduler::SchedulerArgs),
+    /// Print the PodGroup CustomResourceDefinition (YAML).
+    Crd,
     /// List the placement policies.
     Policies,
     /// Measure the speed of gpuplace's parts.
@@ -39,6 +44,8 @@ fn main() -> ExitCode {
         Command::Simulate(args) => simulate::run(args),
         Command::Bench(command) => bench::run(command),
         Command::DevicePlugin(args) => device_plugin::run(args),
+        Command::Scheduler(args) => scheduler::run(args),
+        Command::Crd => scheduler::print_crd(),
         Command::Policies => {
             for p in gpuplace_core::Policy::ALL {
                 println!("{p}");

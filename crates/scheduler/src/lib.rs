@@ -5,6 +5,9 @@ pub mod api;
 pub mod demand;
 pub mod filters;
 pub mod gang;
+pub mod kube_api;
+pub mod lease;
+pub mod metrics;
 pub mod scheduler;
 pub mod snapshot;
 

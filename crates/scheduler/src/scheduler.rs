@@ -49,6 +49,12 @@ pub struct RoundReport {
     pub unschedulable: usize,
     pub conflicts: usize,
     pub waiting_gangs: usize,
+    /// Pods of ours still pending after the round.
+    pub pending: usize,
+    /// GPU capacity and allocation (milli-GPU) and FGD fragmentation after the round.
+    pub gpu_capacity_milli: u64,
+    pub gpu_allocated_milli: u64,
+    pub fragmentation_milli: u64,
 }
 
 /// The scheduler over any [`ClusterApi`].
@@ -290,6 +296,11 @@ impl<A: ClusterApi> Scheduler<A> {
             )
             .await;
         }
+        let waiting = view.pods.iter().filter(|p| self.is_ours_pending(p)).count();
+        report.pending = waiting.saturating_sub(report.bound);
+        report.gpu_capacity_milli = snapshot.state.gpu_capacity_milli();
+        report.gpu_allocated_milli = snapshot.state.gpu_allocated_milli();
+        report.fragmentation_milli = snapshot.state.total_frag() as u64;
         Ok(report)
     }
 

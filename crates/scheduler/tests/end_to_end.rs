@@ -220,7 +220,11 @@ async fn failures_are_explained_like_kube_scheduler() {
     );
     // Backoff: the next round right away does not retry; a new node makes it retry at once.
     let report = scheduler.round(Instant::now()).await.unwrap();
-    assert_eq!(report, Default::default());
+    assert_eq!(
+        (report.bound, report.unschedulable, report.pending),
+        (0, 0, 1)
+    );
+    assert_eq!(report.gpu_capacity_milli, 19_000);
     api.put_node(node("big-node", 8, json!({})));
     let report = scheduler.round(Instant::now()).await.unwrap();
     assert_eq!(report.bound, 1);

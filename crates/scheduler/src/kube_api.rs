@@ -1,0 +1,214 @@
+//! [`ClusterApi`] over a real API server with kube-rs: watch-fed reflector stores for the
+//! view; a JSON merge patch carrying `metadata.resourceVersion` (the API server answers 409
+//! when it is stale) for the assignment; the `binding` subresource; events.k8s.io/v1 Events;
+//! the PodGroup status subresource. Only stable APIs are used (core/v1, events.k8s.io/v1,
+//! coordination.k8s.io/v1 for the lease, and our CRD), so any cluster from 1.26 on works.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use serde_json::json;
+use tracing::warn;
+
+use crate::api::{ApiError, ClusterApi, ClusterView, EventRecord, PodKey};
+use crate::demand::ASSIGNMENT_ANNOTATION;
+use crate::gang::{PodGroup, PodGroupStatus};
+
+/// The API server, seen through reflector caches.
+#[derive(Clone)]
+pub struct KubeApi {
+    client: Client,
+    nodes: Store<Node>,
+    pods: Store<Pod>,
+    groups: Store<PodGroup>,
+    reporting_instance: String,
+}
+
+fn api_error(e: kube::Error) -> ApiError {
+    match &e {
+        kube::Error::Api(status) if status.code == 409 => {
+            ApiError::Conflict(status.message.clone())
+        }
+        kube::Error::Api(status) if status.code == 404 => {
+            ApiError::NotFound(status.message.clone())
+        }
+        _ => ApiError::Other(e.to_string()),
+    }
+}
+
+fn run_reflector<K>(api: Api<K>) -> Store<K>
+where
+    K: kube::Resource
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let (store, writer) = reflector::store();
+    let stream = reflector::reflector(
+        writer,
+        watcher(api, watcher::Config::default()).default_backoff(),
+    );
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            if let Err(e) = event {
+                warn!(error = %e, "watch error (retrying with backoff)");
+            }
+        }
+    });
+    store
+}
+
+impl KubeApi {
+    /// Starts the watches and waits until nodes and pods are listed.
+    pub async fn start(client: Client, reporting_instance: String) -> Result<KubeApi, ApiError> {
+        let nodes = run_reflector(Api::<Node>::all(client.clone()));
+        let pods = run_reflector(Api::<Pod>::all(client.clone()));
+        // The CRD may be absent; gangs then stay unresolved until it is installed.
+        let groups = run_reflector(Api::<PodGroup>::all(client.clone()));
+        nodes
+            .wait_until_ready()
+            .await
+            .map_err(|e| ApiError::Other(format!("node watch: {e}")))?;
+        pods.wait_until_ready()
+            .await
+            .map_err(|e| ApiError::Other(format!("pod watch: {e}")))?;
+        Ok(KubeApi {
+            client,
+            nodes,
+            pods,
+            groups,
+            reporting_instance,
+        })
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+}
+
+fn owned<K: Clone>(items: Vec<Arc<K>>) -> Vec<K> {
+    items.into_iter().map(|a| (*a).clone()).collect()
+}
+
+impl ClusterApi for KubeApi {
+    async fn view(&self) -> Result<ClusterView, ApiError> {
+        Ok(ClusterView {
+            nodes: owned(self.nodes.state()),
+            pods: owned(self.pods.state()),
+            groups: owned(self.groups.state()),
+        })
+    }
+
+    async fn patch_assignment(
+        &self,
+        pod: &PodKey,
+        resource_version: &str,
+        assignment: Option<&str>,
+    ) -> Result<(), ApiError> {
+        let api = Api::<Pod>::namespaced(self.client.clone(), &pod.namespace);
+        let mut metadata = json!({"annotations": {ASSIGNMENT_ANNOTATION: assignment}});
+        if !resource_version.is_empty() {
+            metadata["resourceVersion"] = json!(resource_version);
+        }
+        api.patch(
+            &pod.name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": metadata})),
+        )
+        .await
+        .map(|_| ())
+        .map_err(api_error)
+    }
+
+    async fn bind(&self, pod: &PodKey, node: &str) -> Result<(), ApiError> {
+        let api = Api::<Pod>::namespaced(self.client.clone(), &pod.namespace);
+        let binding = Binding {
+            metadata: ObjectMeta {
+                name: Some(pod.name.clone()),
+                namespace: Some(pod.namespace.clone()),
+                uid: Some(pod.uid.clone()),
+                ..Default::default()
+            },
+            target: ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Node".into()),
+                name: Some(node.to_string()),
+                ..Default::default()
+            },
+        };
+        api.create_subresource::<_, serde_json::Value>(
+            "binding",
+            &pod.name,
+            &PostParams::default(),
+            &binding,
+        )
+        .await
+        .map(|_| ())
+        .map_err(api_error)
+    }
+
+    async fn event(&self, event: EventRecord) -> Result<(), ApiError> {
+        let api = Api::<Event>::namespaced(self.client.clone(), &event.pod.namespace);
+        let action = if event.reason == "Scheduled" {
+            "Binding"
+        } else {
+            "Scheduling"
+        };
+        let record = Event {
+            metadata: ObjectMeta {
+                generate_name: Some(format!("{}.", event.pod.name)),
+                namespace: Some(event.pod.namespace.clone()),
+                ..Default::default()
+            },
+            event_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
+            action: Some(action.into()),
+            reason: Some(event.reason),
+            note: Some(event.message.chars().take(1024).collect()),
+            type_: Some(event.kind),
+            regarding: Some(ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(event.pod.name.clone()),
+                namespace: Some(event.pod.namespace.clone()),
+                uid: Some(event.pod.uid.clone()),
+                ..Default::default()
+            }),
+            reporting_controller: Some("gpuplace.io/scheduler".into()),
+            reporting_instance: Some(self.reporting_instance.clone()),
+            ..Default::default()
+        };
+        api.create(&PostParams::default(), &record)
+            .await
+            .map(|_| ())
+            .map_err(api_error)
+    }
+
+    async fn group_status(
+        &self,
+        namespace: &str,
+        name: &str,
+        status: PodGroupStatus,
+    ) -> Result<(), ApiError> {
+        let api = Api::<PodGroup>::namespaced(self.client.clone(), namespace);
+        api.patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": status})),
+        )
+        .await
+        .map(|_| ())
+        .map_err(api_error)
+    }
+}
