@@ -223,17 +223,18 @@ impl ClusterState {
         if request.gpu_count == 0 {
             return Ok(());
         }
-        if s.gpu_capacity.iter().all(|&c| c == 0) {
-            return Err(FitFailure::NoGpus);
-        }
-        if !request.allows_model(self.nodes[n].gpu_model()) {
-            return Err(FitFailure::ModelNotAllowed);
-        }
+        // One pass over the free list; the capacity list is read only when nothing fits.
         let fitting = s
             .gpu_free
             .iter()
             .filter(|&&free| free >= request.gpu_milli)
             .count();
+        if fitting == 0 && s.gpu_capacity.iter().all(|&c| c == 0) {
+            return Err(FitFailure::NoGpus);
+        }
+        if !request.allowed_models.is_empty() && !request.allows_model(self.nodes[n].gpu_model()) {
+            return Err(FitFailure::ModelNotAllowed);
+        }
         if fitting >= request.gpu_count as usize {
             Ok(())
         } else if request.is_fractional() {
