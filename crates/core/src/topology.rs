@@ -99,7 +99,7 @@ pub fn select(
     }
     let pool: Vec<usize> = base.iter().chain(&optional).copied().collect();
     let chosen = if optional.len() <= EXACT_LIMIT {
-        exact(links, &base, &optional, wanted, &pool)
+        exact(links, &base, &optional, wanted)
     } else {
         greedy(links, &base, &optional, wanted, &pool)
     };
@@ -203,13 +203,7 @@ impl Search {
     }
 }
 
-fn exact(
-    links: &LinkMatrix,
-    base: &[usize],
-    optional: &[usize],
-    wanted: usize,
-    _pool: &[usize],
-) -> Vec<usize> {
+fn exact(links: &LinkMatrix, base: &[usize], optional: &[usize], wanted: usize) -> Vec<usize> {
     let n = optional.len();
     let mut pair = vec![0u64; n * n];
     for (i, &a) in optional.iter().enumerate() {
