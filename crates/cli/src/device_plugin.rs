@@ -155,23 +155,7 @@ async fn serve(config: Arc<gpuplace_deviceplugin::Config>) -> anyhow::Result<()>
         tokio::spawn(metrics::serve(listener, registry));
     }
     let tables = service::device_tables(inventory, config.replicas, metrics.clone());
-    plugin::run(config, tables, metrics, shutdown_signal()).await?;
+    plugin::run(config, tables, metrics, crate::signals::shutdown()).await?;
     drop(backend);
     Ok(())
-}
-
-/// Completes on SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        }
-    };
-    tokio::select! {
-        _ = term.recv() => info!("SIGTERM"),
-        _ = tokio::signal::ctrl_c() => info!("SIGINT"),
-    }
 }

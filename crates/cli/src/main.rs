@@ -4,6 +4,7 @@ mod bench;
 mod device_plugin;
 mod logging;
 mod scheduler;
+mod signals;
 mod simulate;
 
 use std::process::ExitCode;

@@ -174,7 +174,7 @@ async fn serve(
     let mut scheduler = Scheduler::new(api, config);
     let mut leader = election.is_none();
     let mut last_renew = Instant::now() - Duration::from_secs(3600);
-    let shutdown = crate::device_plugin::shutdown_signal();
+    let shutdown = crate::signals::shutdown();
     tokio::pin!(shutdown);
     loop {
         if let Some(election) = &election

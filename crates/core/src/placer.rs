@@ -10,7 +10,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::fit::Unschedulable;
 use crate::frag::Shape;
 use crate::policy::{Policy, simple_score};
-use crate::state::{ClusterState, NodeState, StateError};
+use crate::state::{ClusterState, NodeState};
 use crate::topology;
 
 /// Where a request goes: node index, GPUs as (position, milli), and the winning score.
@@ -136,7 +136,7 @@ impl Placer {
         // the request is reported unschedulable rather than corrupting the state.
         match state.apply(decision.node, request, &decision.gpus) {
             Ok(()) => Ok(decision),
-            Err(StateError::OverCommit { .. }) | Err(_) => Err(Unschedulable::new(state.len())),
+            Err(_) => Err(Unschedulable::new(state.len())),
         }
     }
 

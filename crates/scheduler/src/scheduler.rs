@@ -99,13 +99,9 @@ fn priority(pod: &Pod) -> i32 {
     pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0)
 }
 
-fn created(pod: &Pod) -> String {
-    pod.metadata
-        .creation_timestamp
-        .as_ref()
-        .and_then(|t| serde_json::to_value(t).ok())
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default()
+/// Creation time (pods without one sort first).
+fn created(pod: &Pod) -> Option<k8s_openapi::jiff::Timestamp> {
+    pod.metadata.creation_timestamp.as_ref().map(|t| t.0)
 }
 
 /// Per-node verdicts of the filters outside core, and the mask core places within.
