@@ -5,6 +5,7 @@
 //! explains per node why it could not when nothing fits. No I/O, no async, no clock: the same
 //! seed gives the same decisions, so what the simulator measures is what production runs.
 
+mod classes;
 mod fit;
 mod frag;
 mod placer;

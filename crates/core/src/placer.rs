@@ -7,6 +7,7 @@ use gpuplace_model::{DeviceShare, Placement, Request};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::classes::NodeClasses;
 use crate::fit::Unschedulable;
 use crate::frag::Shape;
 use crate::policy::{Policy, simple_score};
@@ -82,6 +83,10 @@ pub struct Placer {
     cache: Vec<Vec<CachedScore>>,
     scratch: Vec<u32>,
     cache_enabled: bool,
+    /// Nodes grouped by identical state (see [`NodeClasses`]); used when the policy and
+    /// tie-break do not depend on which node of a class is scored.
+    classes: NodeClasses,
+    index_enabled: bool,
 }
 
 /// FGD's score for a fragmentation drop: trunc(100 * sigmoid(delta / 1000)).
@@ -101,6 +106,8 @@ impl Placer {
             cache: Vec::new(),
             scratch: Vec::new(),
             cache_enabled: true,
+            classes: NodeClasses::default(),
+            index_enabled: true,
         }
     }
 
@@ -113,6 +120,13 @@ impl Placer {
     /// Turns the per-node score cache off (for benchmarks that measure what it saves).
     pub fn with_cache(mut self, enabled: bool) -> Self {
         self.cache_enabled = enabled;
+        self
+    }
+
+    /// Turns the node-class index off: every decision scans every node (the reference the
+    /// index is tested against, and the baseline benchmarks compare with).
+    pub fn with_index(mut self, enabled: bool) -> Self {
+        self.index_enabled = enabled;
         self
     }
 
@@ -148,6 +162,16 @@ impl Placer {
         request: &Request,
         allowed: Option<&[bool]>,
     ) -> Result<Decision, Unschedulable> {
+        let indexable = self.index_enabled
+            && self.tie_break == TieBreak::NodeOrder
+            && !matches!(self.policy, Policy::FirstFit | Policy::Random);
+        if indexable {
+            if let Some((score, node, hint)) = self.choose_indexed(state, request, allowed) {
+                let gpus = self.choose_gpus(state, node, request, hint);
+                return Ok(Decision { node, gpus, score });
+            }
+            // Nothing fits: the scan below finds the reason on every node.
+        }
         let shape = match self.policy {
             Policy::Fgd if self.cache_enabled => self.shape_id(request),
             _ => None,
@@ -204,6 +228,81 @@ impl Placer {
         };
         let gpus = self.choose_gpus(state, node, request, hint);
         Ok(Decision { node, gpus, score })
+    }
+
+    /// The scan's answer computed once per class of identical nodes: the best score, and
+    /// among equal scores the first node in the seeded order that the mask allows.
+    fn choose_indexed(
+        &mut self,
+        state: &ClusterState,
+        request: &Request,
+        allowed: Option<&[bool]>,
+    ) -> Option<(i64, usize, u32)> {
+        let mut classes = std::mem::take(&mut self.classes);
+        let seed = self.seed;
+        classes.sync(state, |n| splitmix64(state.name_hash(n) ^ seed));
+        let shape = match self.policy {
+            Policy::Fgd if self.cache_enabled => self.shape_id(request),
+            _ => None,
+        };
+        let mut best: Option<(i64, (u64, u32), u32)> = None;
+        for i in 0..classes.live().len() {
+            let id = classes.live()[i];
+            let class = classes.class(id);
+            let Some(&(_, any)) = class.members.first() else {
+                continue;
+            };
+            let representative = any as usize;
+            if state.fit(representative, request).is_err() {
+                continue;
+            }
+            let member = match allowed {
+                None => class.members.first(),
+                Some(mask) => class
+                    .members
+                    .iter()
+                    .find(|(_, n)| mask.get(*n as usize).copied().unwrap_or(false)),
+            };
+            let Some(&member) = member else {
+                continue;
+            };
+            let cached = shape.and_then(|s| class.scores.get(s as usize).copied().flatten());
+            let (score, gpu) = match cached {
+                Some(hit) => hit,
+                None => {
+                    let computed = match self.policy {
+                        Policy::Fgd => self.fgd_score(state, representative, request),
+                        policy => (
+                            simple_score(
+                                policy,
+                                representative,
+                                state.inventory(representative),
+                                state.node(representative),
+                                request,
+                            ),
+                            0,
+                        ),
+                    };
+                    if let Some(s) = shape {
+                        let scores = &mut classes.class_mut(id).scores;
+                        if scores.len() <= s as usize {
+                            scores.resize(s as usize + 1, None);
+                        }
+                        scores[s as usize] = Some(computed);
+                    }
+                    computed
+                }
+            };
+            let better = match best {
+                None => true,
+                Some((top, rank, _)) => score > top || (score == top && member < rank),
+            };
+            if better {
+                best = Some((score, member, gpu));
+            }
+        }
+        self.classes = classes;
+        best.map(|(score, (_, n), gpu)| (score, n as usize, gpu))
     }
 
     fn shape_id(&mut self, request: &Request) -> Option<u32> {

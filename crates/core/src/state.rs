@@ -1,6 +1,8 @@
 //! What is free on every node, updated one placement at a time.
 
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use gpuplace_model::{NodeInventory, Request};
 
@@ -63,14 +65,49 @@ pub enum StateError {
     DuplicateNode(String),
 }
 
+/// Identifies one state value; a clone gets a new one, so a placer that follows a state's
+/// change journal notices when it is handed a different (or copied) state.
+#[derive(Debug)]
+struct InstanceId(u64);
+
+impl InstanceId {
+    fn fresh() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        InstanceId(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+impl Clone for InstanceId {
+    fn clone(&self) -> Self {
+        InstanceId::fresh()
+    }
+}
+
+/// What placement reads of a node's inventory, without names and IDs: nodes with equal
+/// keys and equal [`NodeState`] fit and score every request the same.
+#[derive(PartialEq, Eq, Hash)]
+struct NodeTypeKey {
+    cpu_milli: u64,
+    memory_mib: u64,
+    gpus: Vec<(String, u64, u32)>,
+    links: Vec<u32>,
+}
+
 /// Every node's inventory and what is free on it.
 #[derive(Clone, Debug)]
 pub struct ClusterState {
+    id: InstanceId,
     nodes: Vec<NodeInventory>,
     state: Vec<NodeState>,
     links: Vec<LinkMatrix>,
     /// FNV-1a of each node name, the stable key of seeded node orders.
     name_hash: Vec<u64>,
+    /// Interned [`NodeTypeKey`] of each node.
+    node_type: Vec<u32>,
+    /// Nodes in the order their state changed (one entry per apply or release).
+    journal: Vec<u32>,
+    /// Bumped whenever a new workload is bound (scores against the old one are stale).
+    workload_generation: u64,
     workload: Option<Arc<TargetWorkload>>,
     total_frag: f64,
     gpu_capacity_milli: u64,
@@ -123,14 +160,37 @@ impl ClusterState {
                 }
             })
             .collect();
-        let links = nodes.iter().map(LinkMatrix::from_inventory).collect();
+        let links: Vec<LinkMatrix> = nodes.iter().map(LinkMatrix::from_inventory).collect();
         let name_hash = nodes.iter().map(|n| fnv1a(&n.name)).collect();
+        let mut types: HashMap<NodeTypeKey, u32> = HashMap::new();
+        let node_type = nodes
+            .iter()
+            .zip(&links)
+            .map(|(node, links)| {
+                let key = NodeTypeKey {
+                    cpu_milli: node.cpu_milli,
+                    memory_mib: node.memory_mib,
+                    gpus: node
+                        .gpus
+                        .iter()
+                        .map(|g| (g.model.clone(), g.memory_mib, g.milli_capacity))
+                        .collect(),
+                    links: links.scores().to_vec(),
+                };
+                let next = types.len() as u32;
+                *types.entry(key).or_insert(next)
+            })
+            .collect();
         let gpu_capacity_milli = state.iter().map(NodeState::gpu_idle).sum();
         Ok(ClusterState {
+            id: InstanceId::fresh(),
             nodes,
             state,
             links,
             name_hash,
+            node_type,
+            journal: Vec::new(),
+            workload_generation: 0,
             workload: None,
             total_frag: 0.0,
             gpu_capacity_milli,
@@ -141,6 +201,7 @@ impl ClusterState {
     /// Binds the workload that fragmentation is measured against (FGD's M).
     pub fn set_workload(&mut self, workload: Arc<TargetWorkload>) {
         self.workload = Some(workload);
+        self.workload_generation += 1;
         self.total_frag = 0.0;
         for n in 0..self.state.len() {
             self.refresh_frag(n);
@@ -184,6 +245,32 @@ impl ClusterState {
     /// A stable hash of node `n`'s name.
     pub fn name_hash(&self, n: usize) -> u64 {
         self.name_hash[n]
+    }
+
+    /// Nodes with the same type and equal [`NodeState`] (less version and fragmentation,
+    /// which follows from the rest) are interchangeable for fit and scoring.
+    pub fn node_type(&self, n: usize) -> u32 {
+        self.node_type[n]
+    }
+
+    /// This state value's identity; clones get their own.
+    pub fn instance(&self) -> u64 {
+        self.id.0
+    }
+
+    /// Nodes changed since the journal had `mark` entries, in order (see [`Self::journal_len`]).
+    pub fn changes_since(&self, mark: usize) -> &[u32] {
+        self.journal.get(mark..).unwrap_or(&[])
+    }
+
+    /// How many changes the journal holds.
+    pub fn journal_len(&self) -> usize {
+        self.journal.len()
+    }
+
+    /// Generation of the bound workload; scores computed under another are stale.
+    pub fn workload_generation(&self) -> u64 {
+        self.workload_generation
     }
 
     /// Index of the node called `name`.
@@ -305,6 +392,7 @@ impl ClusterState {
             }
         }
         s.version += 1;
+        self.journal.push(n as u32);
         self.gpu_free_milli -= taken;
         self.refresh_frag(n);
         Ok(())
@@ -356,6 +444,7 @@ impl ClusterState {
             s.classes.retain(|(_, count)| *count > 0);
         }
         s.version += 1;
+        self.journal.push(n as u32);
         self.gpu_free_milli += given;
         self.refresh_frag(n);
         Ok(())

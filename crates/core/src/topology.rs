@@ -34,6 +34,11 @@ impl LinkMatrix {
         LinkMatrix { n, score, any }
     }
 
+    /// Every pair score, row by row.
+    pub fn scores(&self) -> &[u32] {
+        &self.score
+    }
+
     /// Pair score between positions `a` and `b`.
     pub fn pair(&self, a: usize, b: usize) -> u32 {
         self.score[a * self.n + b]

@@ -168,6 +168,46 @@ proptest! {
             prop_assert_eq!(state.node(n).cpu_free, state.inventory(n).cpu_milli);
         }
     }
+
+    /// The node-class index is an optimisation only: with it, every decision (node, GPUs,
+    /// score, and the reasons when nothing fits) equals the full scan's, under masks,
+    /// releases and state copies.
+    #[test]
+    fn class_index_decides_as_the_scan_does(
+        nodes in proptest::collection::vec(node_strategy(), 1..16),
+        requests in proptest::collection::vec(request_strategy(), 1..60),
+        masks in proptest::collection::vec(proptest::collection::vec(any::<bool>(), 16), 60),
+        seed in any::<u64>(),
+    ) {
+        for policy in Policy::ALL {
+            let mut state = build(&nodes, &requests);
+            let mut indexed = Placer::new(policy, seed);
+            let mut scan = Placer::new(policy, seed).with_index(false);
+            let mut placed = Vec::new();
+            for (i, request) in requests.iter().enumerate() {
+                let mask = (i % 3 == 1).then(|| &masks[i][..state.len()]);
+                let a = indexed.choose(&state, request, mask);
+                let b = scan.choose(&state, request, mask);
+                match (&a, &b) {
+                    (Ok(x), Ok(y)) => prop_assert_eq!(x, y, "policy {}", policy),
+                    (Err(x), Err(y)) => prop_assert_eq!(x.message("gpu"), y.message("gpu")),
+                    _ => prop_assert!(false, "policy {}: {:?} vs {:?}", policy, a, b),
+                }
+                if let Ok(d) = a {
+                    state.apply(d.node, request, &d.gpus).unwrap();
+                    placed.push((d, request.clone()));
+                }
+                if i % 7 == 6 {
+                    if let Some((d, r)) = placed.pop() {
+                        state.release(d.node, &r, &d.gpus).unwrap();
+                    }
+                }
+                if i % 11 == 10 {
+                    state = state.clone();
+                }
+            }
+        }
+    }
 }
 
 /// A 16-GPU box of eight NVLinked pairs: an 8-GPU request must take four whole pairs, and

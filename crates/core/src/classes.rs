@@ -1,0 +1,226 @@
+//! Nodes grouped by identical state, so that one decision fits and scores each distinct
+//! state once instead of every node.
+//!
+//! Two nodes of the same type (see [`ClusterState::node_type`]) with equal free CPU, memory
+//! and GPU milli, equal usable capacity and equal pod classes fit and score every request
+//! the same under every policy that does not look at the node itself. Within a class the
+//! members are kept in the placer's seeded node order, so the first member that passes the
+//! caller's mask is exactly the node a full scan would pick among them.
+//!
+//! The index follows the state through its change journal; handed another state value (or
+//! a clone), it rebuilds itself.
+
+use std::collections::{BTreeSet, HashMap};
+
+use crate::state::ClusterState;
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct ClassKey {
+    node_type: u32,
+    cpu_free: u64,
+    memory_free: u64,
+    gpu_free: Vec<u32>,
+    gpu_capacity: Vec<u32>,
+    /// Pod classes on the node, sorted (the state keeps them in arrival order).
+    pod_classes: Vec<(u32, u32)>,
+}
+
+impl ClassKey {
+    fn of(state: &ClusterState, n: usize) -> Self {
+        let node = state.node(n);
+        let mut pod_classes = node.classes.clone();
+        pod_classes.sort_unstable();
+        ClassKey {
+            node_type: state.node_type(n),
+            cpu_free: node.cpu_free,
+            memory_free: node.memory_free,
+            gpu_free: node.gpu_free.clone(),
+            gpu_capacity: node.gpu_capacity.clone(),
+            pod_classes,
+        }
+    }
+}
+
+/// Nodes in one identical state.
+pub(crate) struct Class {
+    key: ClassKey,
+    /// (seeded rank, node), first = the node a scan would prefer among equals.
+    pub members: BTreeSet<(u64, u32)>,
+    /// Position in [`NodeClasses::live`].
+    live_at: usize,
+    /// Cached scores by shape id: (score, GPU hint). The class's state never changes, so
+    /// an entry stays right until the workload does.
+    pub scores: Vec<Option<(i64, u32)>>,
+}
+
+/// The classes of one state value, kept in step with its journal.
+#[derive(Default)]
+pub(crate) struct NodeClasses {
+    instance: u64,
+    consumed: usize,
+    workload_generation: u64,
+    ids: HashMap<ClassKey, u32>,
+    of_node: Vec<u32>,
+    classes: Vec<Class>,
+    free: Vec<u32>,
+    /// Classes with at least one member.
+    live: Vec<u32>,
+}
+
+impl NodeClasses {
+    /// Brings the index up to date with `state`; `rank` is the placer's seeded node order.
+    pub fn sync(&mut self, state: &ClusterState, rank: impl Fn(usize) -> u64) {
+        if self.instance != state.instance() || self.of_node.len() != state.len() {
+            self.rebuild(state, &rank);
+        } else {
+            for i in self.consumed..state.journal_len() {
+                let n = state.changes_since(i)[0] as usize;
+                self.moved(state, n, &rank);
+            }
+        }
+        self.consumed = state.journal_len();
+        if self.workload_generation != state.workload_generation() {
+            self.workload_generation = state.workload_generation();
+            for class in &mut self.classes {
+                class.scores.clear();
+            }
+        }
+    }
+
+    fn rebuild(&mut self, state: &ClusterState, rank: &impl Fn(usize) -> u64) {
+        *self = NodeClasses {
+            instance: state.instance(),
+            workload_generation: state.workload_generation(),
+            of_node: Vec::with_capacity(state.len()),
+            ..NodeClasses::default()
+        };
+        for n in 0..state.len() {
+            let class = self.join(ClassKey::of(state, n), n, rank(n));
+            self.of_node.push(class);
+        }
+    }
+
+    /// Moves node `n` to the class of its current state.
+    fn moved(&mut self, state: &ClusterState, n: usize, rank: &impl Fn(usize) -> u64) {
+        let key = ClassKey::of(state, n);
+        let old = self.of_node[n];
+        if self.classes[old as usize].key == key {
+            return;
+        }
+        let r = rank(n);
+        let emptied = {
+            let class = &mut self.classes[old as usize];
+            class.members.remove(&(r, n as u32));
+            class.members.is_empty()
+        };
+        if emptied {
+            self.retire(old);
+        }
+        self.of_node[n] = self.join(key, n, r);
+    }
+
+    fn join(&mut self, key: ClassKey, n: usize, rank: u64) -> u32 {
+        let id = match self.ids.get(&key) {
+            Some(&id) => id,
+            None => {
+                let class = Class {
+                    key: key.clone(),
+                    members: BTreeSet::new(),
+                    live_at: self.live.len(),
+                    scores: Vec::new(),
+                };
+                let id = match self.free.pop() {
+                    Some(id) => {
+                        self.classes[id as usize] = class;
+                        id
+                    }
+                    None => {
+                        self.classes.push(class);
+                        (self.classes.len() - 1) as u32
+                    }
+                };
+                self.live.push(id);
+                self.ids.insert(key, id);
+                id
+            }
+        };
+        self.classes[id as usize].members.insert((rank, n as u32));
+        id
+    }
+
+    fn retire(&mut self, id: u32) {
+        let at = self.classes[id as usize].live_at;
+        self.live.swap_remove(at);
+        if let Some(&moved) = self.live.get(at) {
+            self.classes[moved as usize].live_at = at;
+        }
+        let key = self.classes[id as usize].key.clone();
+        self.ids.remove(&key);
+        let class = &mut self.classes[id as usize];
+        class.scores = Vec::new();
+        self.free.push(id);
+    }
+
+    /// Classes with members, in no particular order.
+    pub fn live(&self) -> &[u32] {
+        &self.live
+    }
+
+    pub fn class(&self, id: u32) -> &Class {
+        &self.classes[id as usize]
+    }
+
+    pub fn class_mut(&mut self, id: u32) -> &mut Class {
+        &mut self.classes[id as usize]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuplace_model::{NodeInventory, Request};
+
+    fn req(count: u32, milli: u32) -> Request {
+        Request {
+            cpu_milli: 1000,
+            memory_mib: 0,
+            gpu_count: count,
+            gpu_milli: milli,
+            allowed_models: vec![],
+        }
+    }
+
+    #[test]
+    fn identical_nodes_share_a_class_until_one_changes() {
+        let mut nodes: Vec<NodeInventory> = (0..4)
+            .map(|i| NodeInventory::uniform(&format!("n{i}"), 8000, 1024, 2, "T4"))
+            .collect();
+        nodes.push(NodeInventory::uniform("big", 16_000, 1024, 2, "T4"));
+        let mut state = ClusterState::new(nodes).unwrap();
+        let mut index = NodeClasses::default();
+        index.sync(&state, |n| n as u64);
+        assert_eq!(index.live().len(), 2);
+        state.apply(1, &req(1, 500), &[(0, 500)]).unwrap();
+        index.sync(&state, |n| n as u64);
+        assert_eq!(index.live().len(), 3);
+        // Node 2 reaches the same state as node 1: they share a class again.
+        state.apply(2, &req(1, 500), &[(0, 500)]).unwrap();
+        index.sync(&state, |n| n as u64);
+        assert_eq!(index.live().len(), 3);
+        state.release(1, &req(1, 500), &[(0, 500)]).unwrap();
+        state.release(2, &req(1, 500), &[(0, 500)]).unwrap();
+        index.sync(&state, |n| n as u64);
+        assert_eq!(index.live().len(), 2);
+        let sizes: Vec<usize> = index
+            .live()
+            .iter()
+            .map(|&c| index.class(c).members.len())
+            .collect();
+        assert_eq!(sizes.iter().sum::<usize>(), 5);
+        // A clone is another state: the index rebuilds rather than trusting the journal.
+        let copy = state.clone();
+        assert_ne!(copy.instance(), state.instance());
+        index.sync(&copy, |n| n as u64);
+        assert_eq!(index.live().len(), 2);
+    }
+}
