@@ -90,7 +90,7 @@ fn main() {
 
         // The core alone: every decision on the same cluster, no API.
         let view = api.view().await.expect("view");
-        let snapshot = build(view.nodes.clone(), &[], "nvidia.com/gpu");
+        let snapshot = build(&view.nodes, &[], "nvidia.com/gpu");
         let requests: Vec<_> = view
             .pods
             .iter()

@@ -6,6 +6,7 @@
 //! conflict rules.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 
@@ -50,12 +51,13 @@ pub enum ApiError {
     Other(String),
 }
 
-/// The objects the scheduler reads.
+/// The objects the scheduler reads, shared with the caches they come from (a view costs
+/// a pointer per object, not a copy).
 #[derive(Clone, Debug, Default)]
 pub struct ClusterView {
-    pub nodes: Vec<Node>,
-    pub pods: Vec<Pod>,
-    pub groups: Vec<crate::gang::PodGroup>,
+    pub nodes: Vec<Arc<Node>>,
+    pub pods: Vec<Arc<Pod>>,
+    pub groups: Vec<Arc<crate::gang::PodGroup>>,
 }
 
 /// An Event about a pod, in kube-scheduler's reasons (`Scheduled`, `FailedScheduling`).

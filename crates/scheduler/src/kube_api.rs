@@ -4,8 +4,6 @@
 //! the PodGroup status subresource. Only stable APIs are used (core/v1, events.k8s.io/v1,
 //! coordination.k8s.io/v1 for the lease, and our CRD), so any cluster from 1.26 on works.
 
-use std::sync::Arc;
-
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod};
 use k8s_openapi::api::events::v1::Event;
@@ -98,16 +96,12 @@ impl KubeApi {
     }
 }
 
-fn owned<K: Clone>(items: Vec<Arc<K>>) -> Vec<K> {
-    items.into_iter().map(|a| (*a).clone()).collect()
-}
-
 impl ClusterApi for KubeApi {
     async fn view(&self) -> Result<ClusterView, ApiError> {
         Ok(ClusterView {
-            nodes: owned(self.nodes.state()),
-            pods: owned(self.pods.state()),
-            groups: owned(self.groups.state()),
+            nodes: self.nodes.state(),
+            pods: self.pods.state(),
+            groups: self.groups.state(),
         })
     }
 

@@ -3,6 +3,7 @@
 //! pod (guarded by its resourceVersion), binds, and explains failures in an Event.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use gpuplace_core::{Decision, Placer, Policy, Unschedulable};
@@ -55,6 +56,25 @@ pub struct RoundReport {
     pub gpu_capacity_milli: u64,
     pub gpu_allocated_milli: u64,
     pub fragmentation_milli: u64,
+    /// Where the round's time went.
+    pub timings: RoundTimings,
+}
+
+/// Wall time of one round by phase.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RoundTimings {
+    /// Reading the view from the caches.
+    pub view: Duration,
+    /// Building the cluster state from the view and ordering the queue.
+    pub snapshot: Duration,
+    /// Requests and the filters outside core (taints, selectors, affinity, extended).
+    pub filter: Duration,
+    /// The core's decisions (node and exact GPUs).
+    pub core: Duration,
+    /// API writes: assignment patch, Binding, Events.
+    pub api: Duration,
+    /// Gang planning and commits, all phases together.
+    pub gangs: Duration,
 }
 
 /// The scheduler over any [`ClusterApi`].
@@ -219,14 +239,18 @@ impl<A: ClusterApi> Scheduler<A> {
 
     /// One round over every pending pod. `now` drives backoff and gang timeouts.
     pub async fn round(&mut self, now: Instant) -> Result<RoundReport, ApiError> {
+        let mut report = RoundReport::default();
+        let started = Instant::now();
         let view = self.api.view().await?;
+        report.timings.view = started.elapsed();
+        let started = Instant::now();
         let shape = (view.nodes.len(), view.pods.len());
         if shape.0 > self.last_shape.0 || shape.1 < self.last_shape.1 {
             // A node was added or a pod left: everything backed off may fit now.
             self.backoff.clear();
         }
         self.last_shape = shape;
-        let mut snapshot = build(view.nodes, &view.pods, &self.config.gpu_resource);
+        let mut snapshot = build(&view.nodes, &view.pods, &self.config.gpu_resource);
         for w in &snapshot.warnings {
             warn!("{w}");
         }
@@ -245,6 +269,7 @@ impl<A: ClusterApi> Scheduler<A> {
         let mut pending: Vec<&Pod> = view
             .pods
             .iter()
+            .map(|p| &**p)
             .filter(|p| self.is_ours_pending(p))
             .filter(|p| {
                 let uid = p.metadata.uid.as_deref().unwrap_or("");
@@ -257,7 +282,7 @@ impl<A: ClusterApi> Scheduler<A> {
                 .then_with(|| created(a).cmp(&created(b)))
                 .then_with(|| a.metadata.name.cmp(&b.metadata.name))
         });
-        let mut report = RoundReport::default();
+        report.timings.snapshot = started.elapsed();
         let mut gangs: BTreeMap<(String, String), Vec<&Pod>> = BTreeMap::new();
         for pod in pending {
             let group = pod
@@ -271,12 +296,15 @@ impl<A: ClusterApi> Scheduler<A> {
                     .or_default()
                     .push(pod),
                 None => {
+                    let started = Instant::now();
                     let v = verdicts.get(&snapshot, pod);
+                    report.timings.filter += started.elapsed();
                     self.schedule_one(&mut snapshot, &v, pod, now, &mut report)
                         .await
                 }
             }
         }
+        let started = Instant::now();
         for ((namespace, group), members) in gangs {
             let members: Vec<(&Pod, Verdicts)> = members
                 .into_iter()
@@ -292,6 +320,7 @@ impl<A: ClusterApi> Scheduler<A> {
             )
             .await;
         }
+        report.timings.gangs = started.elapsed();
         let waiting = view.pods.iter().filter(|p| self.is_ours_pending(p)).count();
         report.pending = waiting.saturating_sub(report.bound);
         report.gpu_capacity_milli = snapshot.state.gpu_capacity_milli();
@@ -306,20 +335,25 @@ impl<A: ClusterApi> Scheduler<A> {
         snapshot: &Snapshot,
         verdicts: &Verdicts,
         pod: &Pod,
+        timings: &mut RoundTimings,
     ) -> Result<(PodDemand, Decision), String> {
+        let started = Instant::now();
         let demand = pod_demand(pod, &self.config.gpu_resource).map_err(|e| e.to_string())?;
         let filtered = filter_nodes(snapshot, verdicts, &demand);
-        self.placer
-            .choose(&snapshot.state, &demand.request, Some(&filtered.allowed))
-            .map(|d| (demand, d))
-            .map_err(|why| {
-                explain(
-                    why,
-                    &filtered.rejected,
-                    snapshot.nodes.len(),
-                    &self.config.gpu_resource,
-                )
-            })
+        let decided = Instant::now();
+        timings.filter += decided - started;
+        let choice = self
+            .placer
+            .choose(&snapshot.state, &demand.request, Some(&filtered.allowed));
+        timings.core += decided.elapsed();
+        choice.map(|d| (demand, d)).map_err(|why| {
+            explain(
+                why,
+                &filtered.rejected,
+                snapshot.nodes.len(),
+                &self.config.gpu_resource,
+            )
+        })
     }
 
     async fn schedule_one(
@@ -331,7 +365,9 @@ impl<A: ClusterApi> Scheduler<A> {
         report: &mut RoundReport,
     ) {
         let key = PodKey::of(pod);
-        match self.decide(snapshot, verdicts, pod) {
+        let decision = self.decide(snapshot, verdicts, pod, &mut report.timings);
+        let started = Instant::now();
+        match decision {
             Ok((demand, decision)) => {
                 if self.commit(snapshot, pod, &demand, &decision).await {
                     report.bound += 1;
@@ -347,6 +383,7 @@ impl<A: ClusterApi> Scheduler<A> {
                     .await;
             }
         }
+        report.timings.api += started.elapsed();
     }
 
     /// Records the assignment, binds, and applies it to the snapshot. On any failure the
@@ -427,7 +464,7 @@ impl<A: ClusterApi> Scheduler<A> {
     async fn schedule_gang(
         &mut self,
         snapshot: &mut Snapshot,
-        (pods, groups): (&[Pod], &[crate::gang::PodGroup]),
+        (pods, groups): (&[Arc<Pod>], &[Arc<crate::gang::PodGroup>]),
         (namespace, group): (&str, &str),
         members: Vec<(&Pod, Verdicts)>,
         now: Instant,

@@ -2,6 +2,7 @@
 //! annotation, or capacity and GFD labels), and what bound pods already hold.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use gpuplace_core::ClusterState;
 use gpuplace_model::{INVENTORY_ANNOTATION, NodeInventory, Request};
@@ -22,7 +23,7 @@ pub struct Held {
 /// The cluster as the scheduler sees it at the start of a round.
 pub struct Snapshot {
     pub state: ClusterState,
-    pub nodes: Vec<Node>,
+    pub nodes: Vec<Arc<Node>>,
     /// Extended resources still free per node (besides GPUs).
     pub extended_free: Vec<BTreeMap<String, i64>>,
     /// Pod UID -> what it holds.
@@ -108,13 +109,13 @@ pub fn is_active_bound(pod: &Pod) -> bool {
 }
 
 /// Builds the state from every node and every pod (bound pods' holdings applied).
-pub fn build(nodes: Vec<Node>, pods: &[Pod], gpu_resource: &str) -> Snapshot {
+pub fn build(nodes: &[Arc<Node>], pods: &[Arc<Pod>], gpu_resource: &str) -> Snapshot {
     let mut warnings = Vec::new();
     let mut inventories = Vec::with_capacity(nodes.len());
     let mut names = std::collections::HashSet::new();
     let mut kept = Vec::with_capacity(nodes.len());
     for node in nodes {
-        let (inv, warning) = inventory_of(&node, gpu_resource);
+        let (inv, warning) = inventory_of(node, gpu_resource);
         warnings.extend(warning);
         if inv.name.is_empty() || !names.insert(inv.name.clone()) || inv.validate().is_err() {
             warnings.push(format!(
@@ -124,7 +125,7 @@ pub fn build(nodes: Vec<Node>, pods: &[Pod], gpu_resource: &str) -> Snapshot {
             continue;
         }
         inventories.push(inv);
-        kept.push(node);
+        kept.push(Arc::clone(node));
     }
     let extended_free = kept
         .iter()

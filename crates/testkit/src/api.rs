@@ -13,9 +13,9 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 #[derive(Default)]
 struct Store {
     version: u64,
-    nodes: BTreeMap<String, Node>,
-    pods: BTreeMap<(String, String), Pod>,
-    groups: BTreeMap<(String, String), PodGroup>,
+    nodes: BTreeMap<String, Arc<Node>>,
+    pods: BTreeMap<(String, String), Arc<Pod>>,
+    groups: BTreeMap<(String, String), Arc<PodGroup>>,
     events: Vec<EventRecord>,
     bindings: Vec<(PodKey, String)>,
     /// Faults to inject: the next N binds fail with a conflict.
@@ -49,7 +49,7 @@ impl MemoryApi {
         let mut s = lock(&self.store);
         node.metadata.resource_version = Some(s.bump());
         let name = node.metadata.name.clone().unwrap_or_default();
-        s.nodes.insert(name, node);
+        s.nodes.insert(name, Arc::new(node));
     }
 
     pub fn delete_node(&self, name: &str) {
@@ -72,7 +72,7 @@ impl MemoryApi {
         pod.metadata
             .uid
             .get_or_insert_with(|| format!("uid-{ns}-{name}-{rv}"));
-        s.pods.insert((ns, name), pod);
+        s.pods.insert((ns, name), Arc::new(pod));
     }
 
     pub fn delete_pod(&self, namespace: &str, name: &str) {
@@ -90,25 +90,29 @@ impl MemoryApi {
             .get_or_insert_with(|| "default".into())
             .clone();
         let name = group.metadata.name.clone().unwrap_or_default();
-        s.groups.insert((ns, name), group);
+        s.groups.insert((ns, name), Arc::new(group));
     }
 
     pub fn pod(&self, namespace: &str, name: &str) -> Option<Pod> {
         lock(&self.store)
             .pods
             .get(&(namespace.to_string(), name.to_string()))
-            .cloned()
+            .map(|p| (**p).clone())
     }
 
     pub fn pods(&self) -> Vec<Pod> {
-        lock(&self.store).pods.values().cloned().collect()
+        lock(&self.store)
+            .pods
+            .values()
+            .map(|p| (**p).clone())
+            .collect()
     }
 
     pub fn group(&self, namespace: &str, name: &str) -> Option<PodGroup> {
         lock(&self.store)
             .groups
             .get(&(namespace.to_string(), name.to_string()))
-            .cloned()
+            .map(|g| (**g).clone())
     }
 
     pub fn events(&self) -> Vec<EventRecord> {
@@ -161,6 +165,7 @@ impl ClusterApi for MemoryApi {
         let p = s
             .pods
             .get_mut(&key)
+            .map(Arc::make_mut)
             .ok_or_else(|| ApiError::NotFound(pod.to_string()))?;
         let annotations = p.metadata.annotations.get_or_insert_with(Default::default);
         match assignment {
@@ -208,6 +213,7 @@ impl ClusterApi for MemoryApi {
         let p = s
             .pods
             .get_mut(&key)
+            .map(Arc::make_mut)
             .ok_or_else(|| ApiError::NotFound(pod.to_string()))?;
         p.spec.get_or_insert_with(Default::default).node_name = Some(node.to_string());
         p.metadata.resource_version = Some(rv);
@@ -233,6 +239,7 @@ impl ClusterApi for MemoryApi {
         let g = s
             .groups
             .get_mut(&(namespace.to_string(), name.to_string()))
+            .map(Arc::make_mut)
             .ok_or_else(|| ApiError::NotFound(format!("podgroup {namespace}/{name}")))?;
         g.status = Some(status);
         g.metadata.resource_version = Some(rv);
