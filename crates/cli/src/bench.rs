@@ -14,6 +14,9 @@ use serde_json::json;
 pub enum BenchCommand {
     /// Replay one seed per policy and time every placement decision.
     Placement(PlacementArgs),
+    /// Schedule pending pods against the in-memory API: pods bound per second end to end,
+    /// where the time goes, the core alone, and the scheduler's memory.
+    Scheduler(crate::bench_scheduler::SchedulerBenchArgs),
 }
 
 #[derive(Args, Debug)]
@@ -29,7 +32,8 @@ pub struct PlacementArgs {
     policies: String,
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// Also time FGD with its per-node score cache off (what incremental state saves).
+    /// Also time FGD without its node-class index, and without index and score cache
+    /// (what grouping identical nodes and incremental state save).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     compare_uncached: bool,
     /// Print one JSON object instead of the table.
@@ -40,6 +44,7 @@ pub struct PlacementArgs {
 pub fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Placement(args) => placement(args),
+        BenchCommand::Scheduler(args) => crate::bench_scheduler::run(args),
     }
 }
 
@@ -104,14 +109,27 @@ fn placement(args: PlacementArgs) -> anyhow::Result<()> {
             policy.to_string(),
         ));
         if policy == Policy::Fgd && args.compare_uncached {
-            let placer = Placer::new(policy, args.seed).with_cache(false);
-            timings.push(time_policy(
-                &workload,
-                &base,
-                placer,
-                args.seed,
-                "fgd (no cache)".into(),
-            ));
+            let baselines = [
+                (
+                    Placer::new(policy, args.seed).with_index(false),
+                    "fgd (no index)",
+                ),
+                (
+                    Placer::new(policy, args.seed)
+                        .with_index(false)
+                        .with_cache(false),
+                    "fgd (no index/cache)",
+                ),
+            ];
+            for (placer, label) in baselines {
+                timings.push(time_policy(
+                    &workload,
+                    &base,
+                    placer,
+                    args.seed,
+                    label.into(),
+                ));
+            }
         }
     }
     let us = |d: Duration| d.as_secs_f64() * 1e6;
@@ -138,12 +156,12 @@ fn placement(args: PlacementArgs) -> anyhow::Result<()> {
         args.seed
     );
     println!(
-        "{:<16} {:>9} {:>9} {:>13} {:>9} {:>9} {:>9}",
+        "{:<20} {:>9} {:>9} {:>13} {:>9} {:>9} {:>9}",
         "policy", "decisions", "total(s)", "decisions/s", "p50(µs)", "p99(µs)", "max(µs)"
     );
     for t in &timings {
         println!(
-            "{:<16} {:>9} {:>9.3} {:>13.0} {:>9.1} {:>9.1} {:>9.1}",
+            "{:<20} {:>9} {:>9.3} {:>13.0} {:>9.1} {:>9.1} {:>9.1}",
             t.label,
             t.decisions,
             t.total.as_secs_f64(),

@@ -1,7 +1,9 @@
 //! `gpuplace`: the one binary of the gpuplace GPU scheduling stack.
 
 mod bench;
+mod bench_scheduler;
 mod device_plugin;
+mod heap;
 mod logging;
 mod scheduler;
 mod signals;
@@ -10,6 +12,9 @@ mod simulate;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+#[global_allocator]
+static ALLOCATOR: heap::CountingAllocator = heap::CountingAllocator;
 
 #[derive(Parser)]
 #[command(

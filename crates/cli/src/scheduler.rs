@@ -170,7 +170,7 @@ async fn serve(
         )
     });
     info!(scheduler = %config.scheduler_name, policy = %config.policy, "starting watches");
-    let api = KubeApi::start(client, identity.clone()).await?;
+    let api = KubeApi::start(client, identity.clone(), &config.gpu_resource).await?;
     let mut scheduler = Scheduler::new(api, config);
     let mut leader = election.is_none();
     let mut last_renew = Instant::now() - Duration::from_secs(3600);

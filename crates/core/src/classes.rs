@@ -41,6 +41,48 @@ impl ClassKey {
     }
 }
 
+/// Enough of a class's state to reject most requests without touching the node: kept in
+/// an array parallel to the live classes, so the decision loop reads memory in order.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FitSummary {
+    cpu_free: u64,
+    memory_free: u64,
+    /// The largest free milli per GPU, descending (the first eight GPUs' worth).
+    top: [u32; 8],
+    gpus: usize,
+}
+
+impl FitSummary {
+    fn of(key: &ClassKey) -> Self {
+        let mut free = key.gpu_free.clone();
+        free.sort_unstable_by(|a, b| b.cmp(a));
+        let mut top = [0; 8];
+        for (slot, f) in top.iter_mut().zip(&free) {
+            *slot = *f;
+        }
+        FitSummary {
+            cpu_free: key.cpu_free,
+            memory_free: key.memory_free,
+            top,
+            gpus: free.len(),
+        }
+    }
+
+    /// False only when the request certainly does not fit (true means: check exactly).
+    pub fn may_fit(&self, request: &gpuplace_model::Request) -> bool {
+        if self.cpu_free < request.cpu_milli || self.memory_free < request.memory_mib {
+            return false;
+        }
+        let count = request.gpu_count as usize;
+        match count {
+            0 => true,
+            _ if count > self.gpus => false,
+            _ if count > self.top.len() => true,
+            _ => self.top[count - 1] >= request.gpu_milli,
+        }
+    }
+}
+
 /// Nodes in one identical state.
 pub(crate) struct Class {
     key: ClassKey,
@@ -65,6 +107,8 @@ pub(crate) struct NodeClasses {
     free: Vec<u32>,
     /// Classes with at least one member.
     live: Vec<u32>,
+    /// `summaries[i]` describes class `live[i]`.
+    summaries: Vec<FitSummary>,
 }
 
 impl NodeClasses {
@@ -140,6 +184,7 @@ impl NodeClasses {
                     }
                 };
                 self.live.push(id);
+                self.summaries.push(FitSummary::of(&key));
                 self.ids.insert(key, id);
                 id
             }
@@ -151,6 +196,7 @@ impl NodeClasses {
     fn retire(&mut self, id: u32) {
         let at = self.classes[id as usize].live_at;
         self.live.swap_remove(at);
+        self.summaries.swap_remove(at);
         if let Some(&moved) = self.live.get(at) {
             self.classes[moved as usize].live_at = at;
         }
@@ -164,6 +210,11 @@ impl NodeClasses {
     /// Classes with members, in no particular order.
     pub fn live(&self) -> &[u32] {
         &self.live
+    }
+
+    /// Fit summaries, parallel to [`Self::live`].
+    pub fn summaries(&self) -> &[FitSummary] {
+        &self.summaries
     }
 
     pub fn class(&self, id: u32) -> &Class {

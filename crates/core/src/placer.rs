@@ -165,12 +165,11 @@ impl Placer {
         let indexable = self.index_enabled
             && self.tie_break == TieBreak::NodeOrder
             && !matches!(self.policy, Policy::FirstFit | Policy::Random);
-        if indexable {
-            if let Some((score, node, hint)) = self.choose_indexed(state, request, allowed) {
-                let gpus = self.choose_gpus(state, node, request, hint);
-                return Ok(Decision { node, gpus, score });
-            }
-            // Nothing fits: the scan below finds the reason on every node.
+        // When nothing fits, the scan below finds the reason on every node.
+        if indexable && let Some((score, node, hint)) = self.choose_indexed(state, request, allowed)
+        {
+            let gpus = self.choose_gpus(state, node, request, hint);
+            return Ok(Decision { node, gpus, score });
         }
         let shape = match self.policy {
             Policy::Fgd if self.cache_enabled => self.shape_id(request),
@@ -247,6 +246,9 @@ impl Placer {
         };
         let mut best: Option<(i64, (u64, u32), u32)> = None;
         for i in 0..classes.live().len() {
+            if !classes.summaries()[i].may_fit(request) {
+                continue;
+            }
             let id = classes.live()[i];
             let class = classes.class(id);
             let Some(&(_, any)) = class.members.first() else {

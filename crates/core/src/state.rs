@@ -102,6 +102,8 @@ pub struct ClusterState {
     links: Vec<LinkMatrix>,
     /// FNV-1a of each node name, the stable key of seeded node orders.
     name_hash: Vec<u64>,
+    /// Node index by name.
+    by_name: HashMap<String, usize>,
     /// Interned [`NodeTypeKey`] of each node.
     node_type: Vec<u32>,
     /// Nodes in the order their state changed (one entry per apply or release).
@@ -182,12 +184,18 @@ impl ClusterState {
             })
             .collect();
         let gpu_capacity_milli = state.iter().map(NodeState::gpu_idle).sum();
+        let by_name = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.name.clone(), i))
+            .collect();
         Ok(ClusterState {
             id: InstanceId::fresh(),
             nodes,
             state,
             links,
             name_hash,
+            by_name,
             node_type,
             journal: Vec::new(),
             workload_generation: 0,
@@ -275,7 +283,7 @@ impl ClusterState {
 
     /// Index of the node called `name`.
     pub fn find(&self, name: &str) -> Option<usize> {
-        self.nodes.iter().position(|n| n.name == name)
+        self.by_name.get(name).copied()
     }
 
     /// Healthy GPU capacity of the cluster in milli-GPU.

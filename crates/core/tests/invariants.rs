@@ -197,10 +197,10 @@ proptest! {
                     state.apply(d.node, request, &d.gpus).unwrap();
                     placed.push((d, request.clone()));
                 }
-                if i % 7 == 6 {
-                    if let Some((d, r)) = placed.pop() {
-                        state.release(d.node, &r, &d.gpus).unwrap();
-                    }
+                if i % 7 == 6
+                    && let Some((d, r)) = placed.pop()
+                {
+                    state.release(d.node, &r, &d.gpus).unwrap();
                 }
                 if i % 11 == 10 {
                     state = state.clone();

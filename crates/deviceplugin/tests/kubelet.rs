@@ -402,11 +402,21 @@ async fn allocate_in_every_strategy() {
         })
         .await;
     assert!(pre.is_ok());
-    let metrics = {
+    // The kubelet records a registration before the plugin hears the reply and counts
+    // it: wait for the plugin's side rather than race it.
+    let render = || {
         let mut registry = prometheus_client::registry::Registry::default();
         run.metrics.register(&mut registry);
         gpuplace_deviceplugin::metrics::render(&registry)
     };
+    let deadline = Instant::now() + WAIT;
+    let mut metrics = render();
+    while !metrics.contains("gpuplace_deviceplugin_registrations_total 1")
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        metrics = render();
+    }
     assert!(
         metrics.contains("gpuplace_deviceplugin_allocations_total 1"),
         "{metrics}"

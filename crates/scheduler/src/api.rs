@@ -10,6 +10,8 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 
+use crate::pod_info::PodInfo;
+
 /// Identity of a pod.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct PodKey {
@@ -52,11 +54,12 @@ pub enum ApiError {
 }
 
 /// The objects the scheduler reads, shared with the caches they come from (a view costs
-/// a pointer per object, not a copy).
+/// a pointer per object, not a copy). Pods are kept as [`PodInfo`], a few hundred bytes
+/// each instead of a decoded Pod's ~6 KB.
 #[derive(Clone, Debug, Default)]
 pub struct ClusterView {
     pub nodes: Vec<Arc<Node>>,
-    pub pods: Vec<Arc<Pod>>,
+    pub pods: Vec<Arc<PodInfo>>,
     pub groups: Vec<Arc<crate::gang::PodGroup>>,
 }
 

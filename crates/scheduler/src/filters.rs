@@ -5,8 +5,10 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Node, NodeSelectorRequirement, NodeSelectorTerm, Pod, Taint, Toleration,
+    Node, NodeSelectorRequirement, NodeSelectorTerm, Taint, Toleration,
 };
+
+use crate::pod_info::SchedulingTerms;
 
 /// Why a node was filtered out before resources were looked at.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -72,14 +74,9 @@ fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
 }
 
 /// The first NoSchedule/NoExecute taint the pod does not tolerate.
-pub fn untolerated_taint(node: &Node, pod: &Pod) -> Option<String> {
+pub fn untolerated_taint(node: &Node, terms: Option<&SchedulingTerms>) -> Option<String> {
     let taints = node.spec.as_ref().and_then(|s| s.taints.as_ref())?;
-    let empty = Vec::new();
-    let tolerations = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.tolerations.as_ref())
-        .unwrap_or(&empty);
+    let tolerations = terms.and_then(|t| t.tolerations.as_deref()).unwrap_or(&[]);
     taints
         .iter()
         .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
@@ -127,25 +124,17 @@ fn term_matches(term: &NodeSelectorTerm, node: &Node, labels: &BTreeMap<String, 
 }
 
 /// nodeSelector and required node affinity (terms ORed, expressions ANDed).
-pub fn matches_affinity(node: &Node, pod: &Pod) -> bool {
+pub fn matches_affinity(node: &Node, terms: Option<&SchedulingTerms>) -> bool {
     let labels = labels(node);
-    let Some(spec) = pod.spec.as_ref() else {
+    let Some(terms) = terms else {
         return true;
     };
-    if let Some(selector) = &spec.node_selector
+    if let Some(selector) = &terms.node_selector
         && !selector.iter().all(|(k, v)| labels.get(k) == Some(v))
     {
         return false;
     }
-    let required = spec
-        .affinity
-        .as_ref()
-        .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|na| {
-            na.required_during_scheduling_ignored_during_execution
-                .as_ref()
-        });
-    match required {
+    match &terms.required_node_affinity {
         Some(selector) => selector
             .node_selector_terms
             .iter()
@@ -154,21 +143,8 @@ pub fn matches_affinity(node: &Node, pod: &Pod) -> bool {
     }
 }
 
-/// What of a pod the node checks read: pods with equal keys get equal verdicts, so a round
-/// computes the verdicts once per distinct key.
-pub fn filter_key(pod: &Pod) -> String {
-    let spec = pod.spec.as_ref();
-    serde_json::json!([
-        spec.and_then(|s| s.node_selector.as_ref()),
-        spec.and_then(|s| s.affinity.as_ref())
-            .and_then(|a| a.node_affinity.as_ref()),
-        spec.and_then(|s| s.tolerations.as_ref()),
-    ])
-    .to_string()
-}
-
 /// Every check that does not depend on free resources, in kube-scheduler's order.
-pub fn check_node(node: &Node, pod: &Pod) -> Result<(), NodeRejection> {
+pub fn check_node(node: &Node, terms: Option<&SchedulingTerms>) -> Result<(), NodeRejection> {
     if node
         .spec
         .as_ref()
@@ -180,10 +156,10 @@ pub fn check_node(node: &Node, pod: &Pod) -> Result<(), NodeRejection> {
     if !is_ready(node) {
         return Err(NodeRejection::NotReady);
     }
-    if !matches_affinity(node, pod) {
+    if !matches_affinity(node, terms) {
         return Err(NodeRejection::Affinity);
     }
-    if let Some(taint) = untolerated_taint(node, pod) {
+    if let Some(taint) = untolerated_taint(node, terms) {
         return Err(NodeRejection::Taint(taint));
     }
     Ok(())
@@ -192,6 +168,7 @@ pub fn check_node(node: &Node, pod: &Pod) -> Result<(), NodeRejection> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::Pod;
 
     fn node(json: serde_json::Value) -> Node {
         let mut base = serde_json::json!({
@@ -220,6 +197,11 @@ mod tests {
             .unwrap()
     }
 
+    /// The pod's terms, leaked so tests can pass them by reference inline.
+    fn terms(pod: &Pod) -> Option<&'static SchedulingTerms> {
+        SchedulingTerms::of(pod).map(|t| &*Box::leak(Box::new(t)))
+    }
+
     #[test]
     fn taints_and_tolerations() {
         let n = node(serde_json::json!({"spec": {"taints": [
@@ -228,7 +210,7 @@ mod tests {
         ]}}));
         let plain = pod(serde_json::json!({"containers": []}));
         assert_eq!(
-            check_node(&n, &plain),
+            check_node(&n, terms(&plain)),
             Err(NodeRejection::Taint("gpu: true".into()))
         );
         assert_eq!(
@@ -237,16 +219,16 @@ mod tests {
         );
         let equal = pod(serde_json::json!({"containers": [], "tolerations": [
             {"key": "gpu", "operator": "Equal", "value": "true", "effect": "NoSchedule"}]}));
-        assert_eq!(check_node(&n, &equal), Ok(()));
+        assert_eq!(check_node(&n, terms(&equal)), Ok(()));
         let wrong = pod(serde_json::json!({"containers": [], "tolerations": [
             {"key": "gpu", "value": "false"}]}));
-        assert!(check_node(&n, &wrong).is_err());
+        assert!(check_node(&n, terms(&wrong)).is_err());
         let exists_all =
             pod(serde_json::json!({"containers": [], "tolerations": [{"operator": "Exists"}]}));
-        assert_eq!(check_node(&n, &exists_all), Ok(()));
+        assert_eq!(check_node(&n, terms(&exists_all)), Ok(()));
         let wrong_effect = pod(serde_json::json!({"containers": [], "tolerations": [
             {"key": "gpu", "operator": "Exists", "effect": "NoExecute"}]}));
-        assert!(check_node(&n, &wrong_effect).is_err());
+        assert!(check_node(&n, terms(&wrong_effect)).is_err());
     }
 
     #[test]
@@ -254,10 +236,13 @@ mod tests {
         let n = node(serde_json::json!({}));
         let sel =
             |s: serde_json::Value| pod(serde_json::json!({"containers": [], "nodeSelector": s}));
-        assert!(matches_affinity(&n, &sel(serde_json::json!({"zone": "a"}))));
+        assert!(matches_affinity(
+            &n,
+            terms(&sel(serde_json::json!({"zone": "a"})))
+        ));
         assert!(!matches_affinity(
             &n,
-            &sel(serde_json::json!({"zone": "b"}))
+            terms(&sel(serde_json::json!({"zone": "b"})))
         ));
         let aff = |exprs: serde_json::Value| {
             pod(
@@ -265,7 +250,7 @@ mod tests {
             "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": exprs}]}}}}),
             )
         };
-        let ok = |e: serde_json::Value| matches_affinity(&n, &aff(e));
+        let ok = |e: serde_json::Value| matches_affinity(&n, terms(&aff(e)));
         assert!(ok(
             serde_json::json!([{"key": "zone", "operator": "In", "values": ["a", "b"]}])
         ));
@@ -296,18 +281,21 @@ mod tests {
                 {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z"]}]},
                 {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]}}}}),
         );
-        assert!(matches_affinity(&n, &by_name), "terms are ORed");
+        assert!(matches_affinity(&n, terms(&by_name)), "terms are ORed");
     }
 
     #[test]
     fn cordoned_and_not_ready_nodes() {
         let p = pod(serde_json::json!({"containers": []}));
         let cordoned = node(serde_json::json!({"spec": {"unschedulable": true}}));
-        assert_eq!(check_node(&cordoned, &p), Err(NodeRejection::Unschedulable));
+        assert_eq!(
+            check_node(&cordoned, terms(&p)),
+            Err(NodeRejection::Unschedulable)
+        );
         let down = node(
             serde_json::json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}}),
         );
-        assert_eq!(check_node(&down, &p), Err(NodeRejection::NotReady));
+        assert_eq!(check_node(&down, terms(&p)), Err(NodeRejection::NotReady));
         assert_eq!(
             NodeRejection::Unschedulable.phrase(),
             "node(s) were unschedulable"

@@ -1,8 +1,11 @@
-//! [`ClusterApi`] over a real API server with kube-rs: watch-fed reflector stores for the
-//! view; a JSON merge patch carrying `metadata.resourceVersion` (the API server answers 409
+//! [`ClusterApi`] over a real API server with kube-rs: watch-fed caches for the view (a
+//! [`PodCache`] of compact pods; reflector stores of Nodes, stripped of what the scheduler
+//! never reads, and PodGroups); a JSON merge patch carrying `metadata.resourceVersion` (the API server answers 409
 //! when it is stale) for the assignment; the `binding` subresource; events.k8s.io/v1 Events;
 //! the PodGroup status subresource. Only stable APIs are used (core/v1, events.k8s.io/v1,
 //! coordination.k8s.io/v1 for the lease, and our CRD), so any cluster from 1.26 on works.
+
+use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod};
@@ -16,6 +19,7 @@ use serde_json::json;
 use tracing::warn;
 
 use crate::api::{ApiError, ClusterApi, ClusterView, EventRecord, PodKey};
+use crate::cache::PodCache;
 use crate::demand::ASSIGNMENT_ANNOTATION;
 use crate::gang::{PodGroup, PodGroupStatus};
 
@@ -24,7 +28,7 @@ use crate::gang::{PodGroup, PodGroupStatus};
 pub struct KubeApi {
     client: Client,
     nodes: Store<Node>,
-    pods: Store<Pod>,
+    pods: Arc<Mutex<PodCache>>,
     groups: Store<PodGroup>,
     reporting_instance: String,
 }
@@ -41,7 +45,53 @@ fn api_error(e: kube::Error) -> ApiError {
     }
 }
 
-fn run_reflector<K>(api: Api<K>) -> Store<K>
+/// Drops what node filters and inventories never read (images, volumes, managed fields,
+/// other tools' annotations): real Node objects carry kilobytes of it.
+fn strip_node(node: &mut Node) {
+    node.metadata.managed_fields = None;
+    if let Some(annotations) = node.metadata.annotations.as_mut() {
+        annotations.retain(|k, _| k.starts_with("gpuplace.io/"));
+    }
+    if let Some(status) = node.status.as_mut() {
+        status.images = None;
+        status.volumes_attached = None;
+        status.volumes_in_use = None;
+        status.node_info = None;
+        status.addresses = None;
+        status.daemon_endpoints = None;
+        status.config = None;
+    }
+}
+
+fn run_pod_cache(
+    api: Api<Pod>,
+    gpu_resource: &str,
+) -> (Arc<Mutex<PodCache>>, tokio::sync::watch::Receiver<bool>) {
+    let cache = Arc::new(Mutex::new(PodCache::new(gpu_resource)));
+    let (listed, ready) = tokio::sync::watch::channel(false);
+    let writer = Arc::clone(&cache);
+    tokio::spawn(async move {
+        let stream = watcher(api, watcher::Config::default()).default_backoff();
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            let mut cache = writer.lock().unwrap_or_else(|p| p.into_inner());
+            match event {
+                Ok(watcher::Event::Init) => cache.begin_relist(),
+                Ok(watcher::Event::InitApply(pod)) => cache.relisted(&pod),
+                Ok(watcher::Event::InitDone) => {
+                    cache.relist_done();
+                    let _ = listed.send(true);
+                }
+                Ok(watcher::Event::Apply(pod)) => cache.apply(&pod),
+                Ok(watcher::Event::Delete(pod)) => cache.delete(&pod),
+                Err(e) => warn!(error = %e, "pod watch error (retrying with backoff)"),
+            }
+        }
+    });
+    (cache, ready)
+}
+
+fn run_reflector<K>(api: Api<K>, strip: fn(&mut K)) -> Store<K>
 where
     K: kube::Resource
         + Clone
@@ -55,7 +105,9 @@ where
     let (store, writer) = reflector::store();
     let stream = reflector::reflector(
         writer,
-        watcher(api, watcher::Config::default()).default_backoff(),
+        watcher(api, watcher::Config::default())
+            .default_backoff()
+            .modify(strip),
     );
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
@@ -70,16 +122,23 @@ where
 
 impl KubeApi {
     /// Starts the watches and waits until nodes and pods are listed.
-    pub async fn start(client: Client, reporting_instance: String) -> Result<KubeApi, ApiError> {
-        let nodes = run_reflector(Api::<Node>::all(client.clone()));
-        let pods = run_reflector(Api::<Pod>::all(client.clone()));
+    pub async fn start(
+        client: Client,
+        reporting_instance: String,
+        gpu_resource: &str,
+    ) -> Result<KubeApi, ApiError> {
+        let nodes = run_reflector(Api::<Node>::all(client.clone()), strip_node);
+        let (pods, mut pods_listed) = run_pod_cache(Api::<Pod>::all(client.clone()), gpu_resource);
         // The CRD may be absent; gangs then stay unresolved until it is installed.
-        let groups = run_reflector(Api::<PodGroup>::all(client.clone()));
+        let groups = run_reflector(Api::<PodGroup>::all(client.clone()), |g| {
+            g.metadata.managed_fields = None
+        });
         nodes
             .wait_until_ready()
             .await
             .map_err(|e| ApiError::Other(format!("node watch: {e}")))?;
-        pods.wait_until_ready()
+        pods_listed
+            .wait_for(|listed| *listed)
             .await
             .map_err(|e| ApiError::Other(format!("pod watch: {e}")))?;
         Ok(KubeApi {
@@ -100,7 +159,7 @@ impl ClusterApi for KubeApi {
     async fn view(&self) -> Result<ClusterView, ApiError> {
         Ok(ClusterView {
             nodes: self.nodes.state(),
-            pods: self.pods.state(),
+            pods: self.pods.lock().unwrap_or_else(|p| p.into_inner()).view(),
             groups: self.groups.state(),
         })
     }

@@ -2,14 +2,17 @@
 //! recorded on the pod before it is bound, with failures explained in kube-scheduler's words.
 
 pub mod api;
+pub mod cache;
 pub mod demand;
 pub mod filters;
 pub mod gang;
 pub mod kube_api;
 pub mod lease;
 pub mod metrics;
+pub mod pod_info;
 pub mod scheduler;
 pub mod snapshot;
 
 pub use api::{ApiError, ClusterApi, ClusterView, EventRecord, PodKey};
-pub use scheduler::{RoundReport, Scheduler, SchedulerConfig};
+pub use pod_info::{PodInfo, SchedulingTerms};
+pub use scheduler::{RoundReport, RoundTimings, Scheduler, SchedulerConfig};

@@ -7,15 +7,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use gpuplace_core::{Decision, Placer, Policy, Unschedulable};
-use k8s_openapi::api::core::v1::Pod;
 use tracing::{debug, info, warn};
 
 use crate::api::{ApiError, ClusterApi, EventRecord, PodKey};
-use crate::demand::{
-    Assignment, ContainerDemand, POD_GROUP_LABEL, PodDemand, pod_demand, split_devices,
-};
+use crate::demand::{Assignment, ContainerDemand, PodDemand, split_devices};
 use crate::filters::{NodeRejection, check_node};
 use crate::gang::PodGroupStatus;
+use crate::pod_info::PodInfo;
 use crate::snapshot::{Held, Snapshot, build};
 
 /// What the scheduler is configured with.
@@ -115,46 +113,82 @@ pub fn rfc3339(t: SystemTime) -> String {
     )
 }
 
-fn priority(pod: &Pod) -> i32 {
-    pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0)
-}
-
-/// Creation time (pods without one sort first).
-fn created(pod: &Pod) -> Option<k8s_openapi::jiff::Timestamp> {
-    pod.metadata.creation_timestamp.as_ref().map(|t| t.0)
-}
-
 /// Per-node verdicts of the filters outside core, and the mask core places within.
+#[derive(Clone)]
 struct Filtered {
     allowed: Vec<bool>,
     rejected: BTreeMap<String, usize>,
+    /// Every node allowed: core needs no mask.
+    all: bool,
 }
 
-/// Node verdicts for one filter key (see [`crate::filters::filter_key`]).
-type Verdicts = std::rc::Rc<Vec<Result<(), NodeRejection>>>;
+impl Filtered {
+    fn mask(&self) -> Option<&[bool]> {
+        (!self.all).then_some(&self.allowed[..])
+    }
+}
 
-fn filter_nodes(snapshot: &Snapshot, verdicts: &Verdicts, demand: &PodDemand) -> Filtered {
-    let mut allowed = vec![false; snapshot.nodes.len()];
+/// The verdicts for one filter key (see [`crate::pod_info::SchedulingTerms::key`]) and the
+/// mask they give a pod without extended resources.
+struct NodeFilter {
+    verdicts: Vec<Result<(), NodeRejection>>,
+    plain: Filtered,
+}
+
+type Verdicts = std::rc::Rc<NodeFilter>;
+
+fn mask_of<'a>(verdicts: impl Iterator<Item = Result<(), &'a NodeRejection>>) -> Filtered {
+    let mut allowed = Vec::new();
     let mut rejected: BTreeMap<String, usize> = BTreeMap::new();
-    for (n, verdict) in verdicts.iter().enumerate() {
-        let verdict = verdict.clone().and_then(|()| {
-            for (resource, want) in &demand.extended {
-                let free = snapshot.extended_free[n]
-                    .get(resource)
-                    .copied()
-                    .unwrap_or(0);
-                if free < *want {
-                    return Err(NodeRejection::Extended(resource.clone()));
-                }
-            }
-            Ok(())
-        });
+    for verdict in verdicts {
         match verdict {
-            Ok(()) => allowed[n] = true,
-            Err(r) => *rejected.entry(r.phrase()).or_default() += 1,
+            Ok(()) => allowed.push(true),
+            Err(r) => {
+                allowed.push(false);
+                *rejected.entry(r.phrase()).or_default() += 1;
+            }
         }
     }
-    Filtered { allowed, rejected }
+    Filtered {
+        all: rejected.is_empty(),
+        allowed,
+        rejected,
+    }
+}
+
+/// The mask for `demand`: the cached one, unless it asks for extended resources, whose
+/// free amounts change as pods are placed.
+fn filter_nodes<'a>(
+    snapshot: &Snapshot,
+    filter: &'a NodeFilter,
+    demand: &PodDemand,
+) -> std::borrow::Cow<'a, Filtered> {
+    if demand.extended.is_empty() {
+        return std::borrow::Cow::Borrowed(&filter.plain);
+    }
+    let shortfall = |n: usize| {
+        demand
+            .extended
+            .iter()
+            .find(|(resource, want)| {
+                snapshot.extended_free[n]
+                    .get(*resource)
+                    .copied()
+                    .unwrap_or(0)
+                    < **want
+            })
+            .map(|(resource, _)| NodeRejection::Extended(resource.clone()))
+    };
+    let verdicts: Vec<Result<(), NodeRejection>> = filter
+        .verdicts
+        .iter()
+        .enumerate()
+        .map(|(n, verdict)| match verdict {
+            Err(r) => Err(r.clone()),
+            Ok(()) => shortfall(n).map_or(Ok(()), Err),
+        })
+        .collect();
+    std::borrow::Cow::Owned(mask_of(verdicts.iter().map(|v| v.as_ref().map(|_| ()))))
 }
 
 /// Node verdicts per filter key, computed once per round.
@@ -164,14 +198,20 @@ struct VerdictCache {
 }
 
 impl VerdictCache {
-    fn get(&mut self, snapshot: &Snapshot, pod: &Pod) -> Verdicts {
-        let key = crate::filters::filter_key(pod);
-        self.by_key
-            .entry(key)
-            .or_insert_with(|| {
-                std::rc::Rc::new(snapshot.nodes.iter().map(|n| check_node(n, pod)).collect())
-            })
-            .clone()
+    fn get(&mut self, snapshot: &Snapshot, pod: &PodInfo) -> Verdicts {
+        if let Some(hit) = self.by_key.get(&pod.filter_key) {
+            return hit.clone();
+        }
+        let terms = pod.terms.as_deref();
+        let verdicts: Vec<_> = snapshot
+            .nodes
+            .iter()
+            .map(|n| check_node(n, terms))
+            .collect();
+        let plain = mask_of(verdicts.iter().map(|v| v.as_ref().map(|_| ())));
+        let filter = std::rc::Rc::new(NodeFilter { verdicts, plain });
+        self.by_key.insert(pod.filter_key.clone(), filter.clone());
+        filter
     }
 }
 
@@ -203,18 +243,8 @@ impl<A: ClusterApi> Scheduler<A> {
         &self.api
     }
 
-    fn is_ours_pending(&self, pod: &Pod) -> bool {
-        let spec = pod.spec.as_ref();
-        spec.and_then(|s| s.scheduler_name.as_deref()) == Some(self.config.scheduler_name.as_str())
-            && spec
-                .and_then(|s| s.node_name.as_deref())
-                .is_none_or(str::is_empty)
-            && pod.metadata.deletion_timestamp.is_none()
-            && pod
-                .status
-                .as_ref()
-                .and_then(|s| s.phase.as_deref())
-                .is_none_or(|p| p == "Pending")
+    fn is_ours_pending(&self, pod: &PodInfo) -> bool {
+        pod.is_pending_for(&self.config.scheduler_name)
     }
 
     fn back_off(&mut self, uid: &str, now: Instant) {
@@ -259,40 +289,36 @@ impl<A: ClusterApi> Scheduler<A> {
         let shapes: Vec<gpuplace_model::Request> = view
             .pods
             .iter()
-            .filter_map(|p| pod_demand(p, &self.config.gpu_resource).ok())
-            .map(|d| d.request)
+            .filter_map(|p| p.demand.as_ref().ok())
+            .map(|d| d.request.clone())
             .collect();
         snapshot.state.set_workload(std::sync::Arc::new(
             gpuplace_core::TargetWorkload::from_requests(&shapes, 0.95),
         ));
         let mut verdicts = VerdictCache::default();
-        let mut pending: Vec<&Pod> = view
+        let mut pending: Vec<&PodInfo> = view
             .pods
             .iter()
             .map(|p| &**p)
             .filter(|p| self.is_ours_pending(p))
             .filter(|p| {
-                let uid = p.metadata.uid.as_deref().unwrap_or("");
-                self.backoff.get(uid).is_none_or(|(until, _)| *until <= now)
+                self.backoff
+                    .get(&p.key.uid)
+                    .is_none_or(|(until, _)| *until <= now)
             })
             .collect();
         pending.sort_by(|a, b| {
-            priority(b)
-                .cmp(&priority(a))
-                .then_with(|| created(a).cmp(&created(b)))
-                .then_with(|| a.metadata.name.cmp(&b.metadata.name))
+            b.priority
+                .cmp(&a.priority)
+                .then_with(|| a.created.cmp(&b.created))
+                .then_with(|| a.key.name.cmp(&b.key.name))
         });
         report.timings.snapshot = started.elapsed();
-        let mut gangs: BTreeMap<(String, String), Vec<&Pod>> = BTreeMap::new();
+        let mut gangs: BTreeMap<(String, String), Vec<&PodInfo>> = BTreeMap::new();
         for pod in pending {
-            let group = pod
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(POD_GROUP_LABEL));
-            match group {
+            match &pod.group {
                 Some(g) => gangs
-                    .entry((PodKey::of(pod).namespace, g.clone()))
+                    .entry((pod.key.namespace.clone(), g.clone()))
                     .or_default()
                     .push(pod),
                 None => {
@@ -306,7 +332,7 @@ impl<A: ClusterApi> Scheduler<A> {
         }
         let started = Instant::now();
         for ((namespace, group), members) in gangs {
-            let members: Vec<(&Pod, Verdicts)> = members
+            let members: Vec<(&PodInfo, Verdicts)> = members
                 .into_iter()
                 .map(|p| (p, verdicts.get(&snapshot, p)))
                 .collect();
@@ -334,17 +360,17 @@ impl<A: ClusterApi> Scheduler<A> {
         &mut self,
         snapshot: &Snapshot,
         verdicts: &Verdicts,
-        pod: &Pod,
+        pod: &PodInfo,
         timings: &mut RoundTimings,
     ) -> Result<(PodDemand, Decision), String> {
         let started = Instant::now();
-        let demand = pod_demand(pod, &self.config.gpu_resource).map_err(|e| e.to_string())?;
+        let demand = pod.demand.clone()?;
         let filtered = filter_nodes(snapshot, verdicts, &demand);
         let decided = Instant::now();
         timings.filter += decided - started;
         let choice = self
             .placer
-            .choose(&snapshot.state, &demand.request, Some(&filtered.allowed));
+            .choose(&snapshot.state, &demand.request, filtered.mask());
         timings.core += decided.elapsed();
         choice.map(|d| (demand, d)).map_err(|why| {
             explain(
@@ -360,11 +386,11 @@ impl<A: ClusterApi> Scheduler<A> {
         &mut self,
         snapshot: &mut Snapshot,
         verdicts: &Verdicts,
-        pod: &Pod,
+        pod: &PodInfo,
         now: Instant,
         report: &mut RoundReport,
     ) {
-        let key = PodKey::of(pod);
+        let key = pod.key.clone();
         let decision = self.decide(snapshot, verdicts, pod, &mut report.timings);
         let started = Instant::now();
         match decision {
@@ -391,11 +417,11 @@ impl<A: ClusterApi> Scheduler<A> {
     async fn commit(
         &mut self,
         snapshot: &mut Snapshot,
-        pod: &Pod,
+        pod: &PodInfo,
         demand: &PodDemand,
         decision: &Decision,
     ) -> bool {
-        let key = PodKey::of(pod);
+        let key = pod.key.clone();
         let placement = decision.to_placement(&snapshot.state);
         let containers: &[ContainerDemand] = &demand.containers;
         let assignment = Assignment {
@@ -404,7 +430,7 @@ impl<A: ClusterApi> Scheduler<A> {
             policy: self.config.policy.to_string(),
             time: rfc3339(SystemTime::now()),
         };
-        let rv = pod.metadata.resource_version.clone().unwrap_or_default();
+        let rv = pod.resource_version.clone();
         if let Err(e) = self
             .api
             .patch_assignment(&key, &rv, Some(&assignment.to_json()))
@@ -464,9 +490,9 @@ impl<A: ClusterApi> Scheduler<A> {
     async fn schedule_gang(
         &mut self,
         snapshot: &mut Snapshot,
-        (pods, groups): (&[Arc<Pod>], &[Arc<crate::gang::PodGroup>]),
+        (pods, groups): (&[Arc<PodInfo>], &[Arc<crate::gang::PodGroup>]),
         (namespace, group): (&str, &str),
-        members: Vec<(&Pod, Verdicts)>,
+        members: Vec<(&PodInfo, Verdicts)>,
         now: Instant,
         report: &mut RoundReport,
     ) {
@@ -480,7 +506,7 @@ impl<A: ClusterApi> Scheduler<A> {
         let gang_id = format!("{namespace}/{group}");
         let Some(spec) = spec else {
             for (pod, _) in &members {
-                let key = PodKey::of(pod);
+                let key = pod.key.clone();
                 self.back_off(&key.uid, now);
                 self.emit(
                     &key,
@@ -496,33 +522,25 @@ impl<A: ClusterApi> Scheduler<A> {
         let bound = pods
             .iter()
             .filter(|p| {
-                PodKey::of(p).namespace == namespace
-                    && p.metadata
-                        .labels
-                        .as_ref()
-                        .and_then(|l| l.get(POD_GROUP_LABEL))
-                        .map(String::as_str)
-                        == Some(group)
-                    && crate::snapshot::is_active_bound(p)
+                p.key.namespace == namespace
+                    && p.group.as_deref() == Some(group)
+                    && p.is_active_bound()
             })
             .count() as u32;
         // Try all members on a copy of the state.
         let mut trial = snapshot.state.clone();
-        let mut planned: Vec<(&Pod, PodDemand, Decision)> = Vec::new();
+        let mut planned: Vec<(&PodInfo, PodDemand, Decision)> = Vec::new();
         let mut failure = None;
         for (pod, verdicts) in &members {
-            let demand = match pod_demand(pod, &self.config.gpu_resource) {
-                Ok(d) => d,
+            let demand = match &pod.demand {
+                Ok(d) => d.clone(),
                 Err(e) => {
-                    failure = Some(e.to_string());
+                    failure = Some(e.clone());
                     continue;
                 }
             };
             let filtered = filter_nodes(snapshot, verdicts, &demand);
-            match self
-                .placer
-                .choose(&trial, &demand.request, Some(&filtered.allowed))
-            {
+            match self.placer.choose(&trial, &demand.request, filtered.mask()) {
                 Ok(d) if trial.apply(d.node, &demand.request, &d.gpus).is_ok() => {
                     planned.push((*pod, demand, d))
                 }
@@ -587,7 +605,7 @@ impl<A: ClusterApi> Scheduler<A> {
             .await;
         if now.duration_since(since) >= timeout {
             for (pod, _) in &members {
-                let key = PodKey::of(pod);
+                let key = pod.key.clone();
                 self.back_off(&key.uid, now);
                 self.emit(&key, "Warning", "FailedScheduling", reason.clone())
                     .await;

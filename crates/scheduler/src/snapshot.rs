@@ -6,10 +6,11 @@ use std::sync::Arc;
 
 use gpuplace_core::ClusterState;
 use gpuplace_model::{INVENTORY_ANNOTATION, NodeInventory, Request};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use tracing::warn;
 
-use crate::demand::{ASSIGNMENT_ANNOTATION, Assignment, milli_value, pod_demand};
+use crate::demand::{Assignment, milli_value};
+use crate::pod_info::PodInfo;
 
 /// What a bound pod holds on its node.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,23 +94,8 @@ pub fn inventory_of(node: &Node, gpu_resource: &str) -> (NodeInventory, Option<S
     (inv, warning)
 }
 
-/// True for pods that hold resources on a node (bound and not finished).
-pub fn is_active_bound(pod: &Pod) -> bool {
-    let bound = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.node_name.as_ref())
-        .is_some_and(|n| !n.is_empty());
-    let phase = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.phase.as_deref())
-        .unwrap_or("");
-    bound && phase != "Succeeded" && phase != "Failed" && pod.metadata.deletion_timestamp.is_none()
-}
-
 /// Builds the state from every node and every pod (bound pods' holdings applied).
-pub fn build(nodes: &[Arc<Node>], pods: &[Arc<Pod>], gpu_resource: &str) -> Snapshot {
+pub fn build(nodes: &[Arc<Node>], pods: &[Arc<PodInfo>], gpu_resource: &str) -> Snapshot {
     let mut warnings = Vec::new();
     let mut inventories = Vec::with_capacity(nodes.len());
     let mut names = std::collections::HashSet::new();
@@ -153,8 +139,8 @@ pub fn build(nodes: &[Arc<Node>], pods: &[Arc<Pod>], gpu_resource: &str) -> Snap
         held: HashMap::new(),
         warnings,
     };
-    for pod in pods.iter().filter(|p| is_active_bound(p)) {
-        snapshot.account(pod, gpu_resource);
+    for pod in pods.iter().filter(|p| p.is_active_bound()) {
+        snapshot.account(pod);
     }
     snapshot
 }
@@ -168,24 +154,18 @@ impl Snapshot {
     /// Applies what a bound pod holds. Its devices come from its assignment; a pod without
     /// one (bound by another scheduler) or with a malformed one takes the first fitting
     /// GPUs, so nothing is ever handed out twice.
-    pub fn account(&mut self, pod: &Pod, gpu_resource: &str) {
-        let Some(uid) = pod.metadata.uid.clone() else {
-            return;
-        };
-        if self.held.contains_key(&uid) {
+    pub fn account(&mut self, pod: &PodInfo) {
+        let uid = pod.key.uid.clone();
+        if uid.is_empty() || self.held.contains_key(&uid) {
             return;
         }
-        let node_name = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.clone())
-            .unwrap_or_default();
+        let node_name = pod.node_name.clone().unwrap_or_default();
         let Some(n) = self.node_index(&node_name) else {
             return;
         };
-        let pod_name = pod.metadata.name.clone().unwrap_or_default();
-        let demand = match pod_demand(pod, gpu_resource) {
-            Ok(d) => d,
+        let pod_name = pod.key.name.clone();
+        let demand = match &pod.demand {
+            Ok(d) => d.clone(),
             Err(e) => {
                 self.warnings
                     .push(format!("pod {pod_name}: {e}; not counted"));
@@ -194,12 +174,7 @@ impl Snapshot {
         };
         let inventory = self.state.inventory(n);
         let mut gpus: Vec<(usize, u32)> = Vec::new();
-        if let Some(text) = pod
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(ASSIGNMENT_ANNOTATION))
-        {
+        if let Some(text) = &pod.assignment {
             match Assignment::from_json(text) {
                 Ok(a) if a.node == node_name => {
                     for share in a.devices() {

@@ -2,15 +2,18 @@
 //! the scheduler relies on: every write bumps a cluster-wide resourceVersion; a patch with a
 //! stale resourceVersion is a 409 Conflict; binding a pod that is already bound (or whose
 //! UID differs) is a 409; a deleted pod is a 404.
+//!
+//! Its view goes through the scheduler's own [`PodCache`], relisted on every call, the way
+//! a watch would deliver the pods.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+use gpuplace_scheduler::cache::PodCache;
 use gpuplace_scheduler::gang::{PodGroup, PodGroupStatus};
 use gpuplace_scheduler::{ApiError, ClusterApi, ClusterView, EventRecord, PodKey};
 use k8s_openapi::api::core::v1::{Node, Pod};
 
-#[derive(Default)]
 struct Store {
     version: u64,
     nodes: BTreeMap<String, Arc<Node>>,
@@ -20,6 +23,23 @@ struct Store {
     bindings: Vec<(PodKey, String)>,
     /// Faults to inject: the next N binds fail with a conflict.
     fail_binds: usize,
+    /// The scheduler's side: pods as its watch cache holds them.
+    cache: PodCache,
+}
+
+impl Default for Store {
+    fn default() -> Self {
+        Store {
+            version: 0,
+            nodes: BTreeMap::new(),
+            pods: BTreeMap::new(),
+            groups: BTreeMap::new(),
+            events: Vec::new(),
+            bindings: Vec::new(),
+            fail_binds: 0,
+            cache: PodCache::new("nvidia.com/gpu"),
+        }
+    }
 }
 
 impl Store {
@@ -42,6 +62,13 @@ fn lock(store: &Mutex<Store>) -> std::sync::MutexGuard<'_, Store> {
 impl MemoryApi {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An API whose pod cache counts `gpu_resource` as the GPU resource.
+    pub fn with_gpu_resource(gpu_resource: &str) -> Self {
+        let api = Self::default();
+        lock(&api.store).cache = PodCache::new(gpu_resource);
+        api
     }
 
     /// Creates or replaces a node (resourceVersion assigned).
@@ -131,10 +158,16 @@ impl MemoryApi {
 
 impl ClusterApi for MemoryApi {
     async fn view(&self) -> Result<ClusterView, ApiError> {
-        let s = lock(&self.store);
+        let mut guard = lock(&self.store);
+        let s = &mut *guard;
+        s.cache.begin_relist();
+        for pod in s.pods.values() {
+            s.cache.relisted(pod);
+        }
+        s.cache.relist_done();
         Ok(ClusterView {
             nodes: s.nodes.values().cloned().collect(),
-            pods: s.pods.values().cloned().collect(),
+            pods: s.cache.view(),
             groups: s.groups.values().cloned().collect(),
         })
     }

@@ -1,0 +1,238 @@
+//! `gpuplace bench scheduler`: the scheduling loop against the in-memory API at cluster
+//! scale (default 5,000 nodes x 8 GPUs, 50,000 pending pods of an openb-like mix).
+//!
+//! Reports pods bound per second end to end and where the time went (the loop times each
+//! phase itself), the core alone in decisions per second, and memory: the scheduler's own
+//! heap (its pod cache, snapshots, queues; counted by the binary's allocator) apart from the
+//! in-memory API server's objects, which in a cluster live in another process.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use gpuplace_core::{Placer, Policy, TargetWorkload};
+use gpuplace_scheduler::snapshot::build;
+use gpuplace_scheduler::{ClusterApi, RoundTimings, Scheduler, SchedulerConfig};
+use gpuplace_testkit::MemoryApi;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use serde_json::json;
+
+use crate::heap;
+
+#[derive(Args, Debug)]
+pub struct SchedulerBenchArgs {
+    #[arg(long, default_value_t = 5_000)]
+    nodes: usize,
+    #[arg(long, default_value_t = 8)]
+    gpus_per_node: u32,
+    #[arg(long, default_value_t = 50_000)]
+    pods: usize,
+    #[arg(long, default_value = "fgd")]
+    policy: Policy,
+    /// Also time the core with its node-class index off (every decision scans every node).
+    #[arg(long)]
+    compare_scan: bool,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+fn node(i: usize, gpus: u32) -> anyhow::Result<Node> {
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": format!("node-{i:05}"), "labels": {"nvidia.com/gpu.product": "A100"}},
+        "status": {
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "allocatable": {"cpu": "128", "memory": "1Ti", "nvidia.com/gpu": gpus.to_string(), "pods": "250"}
+        }
+    }))?)
+}
+
+/// By pods: 13% CPU-only, 38% GPU shares, 45% one GPU, 4% 2, 4 or 8 GPUs (openb-like).
+fn pod(i: usize) -> anyhow::Result<Pod> {
+    let r = (i * 7919) % 100;
+    let (gpus, milli) = match r {
+        0..=12 => (0, None),
+        13..=50 => (1, Some([250, 500, 470, 810][i % 4])),
+        51..=95 => (1, None),
+        96..=97 => (2, None),
+        98 => (4, None),
+        _ => (8, None),
+    };
+    let mut annotations = serde_json::Map::new();
+    if let Some(m) = milli {
+        annotations.insert("gpuplace.io/gpu-milli".into(), json!(m.to_string()));
+    }
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": format!("pod-{i:06}"), "namespace": "bench", "annotations": annotations},
+        "spec": {
+            "schedulerName": "gpuplace",
+            "containers": [{"name": "main", "resources": {
+                "requests": {"cpu": "4", "memory": "16Gi"},
+                "limits": {"nvidia.com/gpu": gpus.to_string()}}}]
+        },
+        "status": {"phase": "Pending"}
+    }))?)
+}
+
+fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(0.0)
+}
+
+fn mib(bytes: usize) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+/// Decisions per second of the core alone on the empty cluster, every pod in turn.
+async fn core_alone(api: &MemoryApi, policy: Policy, index: bool) -> anyhow::Result<(f64, usize)> {
+    let view = api.view().await?;
+    let requests: Vec<_> = view
+        .pods
+        .iter()
+        .filter_map(|p| p.demand.as_ref().ok())
+        .map(|d| d.request.clone())
+        .collect();
+    let mut state = build(&view.nodes, &[], "nvidia.com/gpu").state;
+    state.set_workload(std::sync::Arc::new(TargetWorkload::from_requests(
+        &requests, 0.95,
+    )));
+    let mut placer = Placer::new(policy, 42).with_index(index);
+    let started = Instant::now();
+    let placed = requests
+        .iter()
+        .filter(|r| placer.place(&mut state, r).is_ok())
+        .count();
+    Ok((
+        requests.len() as f64 / started.elapsed().as_secs_f64(),
+        placed,
+    ))
+}
+
+fn add(total: &mut RoundTimings, t: &RoundTimings) {
+    total.view += t.view;
+    total.snapshot += t.snapshot;
+    total.filter += t.filter;
+    total.core += t.core;
+    total.api += t.api;
+    total.gangs += t.gangs;
+}
+
+pub fn run(args: SchedulerBenchArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(bench(args))
+}
+
+async fn bench(args: SchedulerBenchArgs) -> anyhow::Result<()> {
+    let before_objects = heap::live();
+    let api = MemoryApi::new();
+    for i in 0..args.nodes {
+        api.put_node(node(i, args.gpus_per_node)?);
+    }
+    for i in 0..args.pods {
+        api.put_pod(pod(i)?);
+    }
+    let objects = heap::live().saturating_sub(before_objects);
+
+    let (core_rate, core_placed) = core_alone(&api, args.policy, true).await?;
+    let scan_rate = match args.compare_scan {
+        true => Some(core_alone(&api, args.policy, false).await?.0),
+        false => None,
+    };
+
+    // The scheduler starts cold: its pod cache is built by its first view.
+    let fresh = MemoryApi::new();
+    for i in 0..args.nodes {
+        fresh.put_node(node(i, args.gpus_per_node)?);
+    }
+    for i in 0..args.pods {
+        fresh.put_pod(pod(i)?);
+    }
+    drop(api);
+    let baseline = heap::live();
+    heap::reset_peak();
+    let config = SchedulerConfig {
+        policy: args.policy,
+        ..SchedulerConfig::default()
+    };
+    let mut scheduler = Scheduler::new(fresh.clone(), config);
+    let started = Instant::now();
+    let (mut bound, mut rounds) = (0, 0);
+    let mut timings = RoundTimings::default();
+    loop {
+        let report = scheduler.round(Instant::now()).await?;
+        rounds += 1;
+        bound += report.bound;
+        add(&mut timings, &report.timings);
+        if report.bound == 0 {
+            break;
+        }
+    }
+    let total = started.elapsed();
+    let scheduler_peak = heap::peak().saturating_sub(baseline);
+    let share = |d: Duration| 100.0 * d.as_secs_f64() / total.as_secs_f64();
+    let rate = bound as f64 / total.as_secs_f64();
+    if args.json {
+        println!(
+            "{}",
+            json!({
+                "nodes": args.nodes, "gpus_per_node": args.gpus_per_node, "pods": args.pods,
+                "policy": args.policy.to_string(),
+                "end_to_end": {"bound": bound, "seconds": total.as_secs_f64(), "pods_per_s": rate, "rounds": rounds,
+                    "seconds_by_phase": {"view": timings.view.as_secs_f64(), "snapshot": timings.snapshot.as_secs_f64(),
+                        "filter": timings.filter.as_secs_f64(), "core": timings.core.as_secs_f64(),
+                        "api": timings.api.as_secs_f64(), "gangs": timings.gangs.as_secs_f64()}},
+                "core_alone": {"decisions_per_s": core_rate, "placed": core_placed, "scan_decisions_per_s": scan_rate},
+                "memory_mib": {"scheduler_peak_heap": mib(scheduler_peak), "api_objects_heap": mib(objects),
+                    "process_peak_rss": peak_rss_mib()},
+            })
+        );
+        return Ok(());
+    }
+    println!(
+        "{} nodes x {} GPUs, {} pending pods, policy {}",
+        args.nodes, args.gpus_per_node, args.pods, args.policy
+    );
+    println!(
+        "end to end: {bound} pods bound in {:.2} s = {rate:.0} pods/s ({rounds} rounds)",
+        total.as_secs_f64()
+    );
+    println!(
+        "  time by phase: view {:.2} s ({:.0}%), snapshot+queue {:.2} s ({:.0}%), filters {:.2} s ({:.0}%), core {:.2} s ({:.0}%), API writes {:.2} s ({:.0}%), gangs {:.2} s",
+        timings.view.as_secs_f64(),
+        share(timings.view),
+        timings.snapshot.as_secs_f64(),
+        share(timings.snapshot),
+        timings.filter.as_secs_f64(),
+        share(timings.filter),
+        timings.core.as_secs_f64(),
+        share(timings.core),
+        timings.api.as_secs_f64(),
+        share(timings.api),
+        timings.gangs.as_secs_f64(),
+    );
+    println!(
+        "core alone: {core_rate:.0} decisions/s ({core_placed} of {} placed){}",
+        args.pods,
+        scan_rate
+            .map(|r| format!("; without the node-class index {r:.0} decisions/s"))
+            .unwrap_or_default()
+    );
+    println!(
+        "memory: scheduler peak heap {:.0} MiB (pod cache, snapshots, queue, events it wrote); in-memory API objects {:.0} MiB (the API server's, not the scheduler's); process peak RSS {:.0} MiB",
+        mib(scheduler_peak),
+        mib(objects),
+        peak_rss_mib()
+    );
+    Ok(())
+}

@@ -1,0 +1,151 @@
+//! The scheduler's pod cache: what a watch delivers, kept as [`PodInfo`].
+//!
+//! It follows a list-then-watch stream the way kube's reflector store does (a relist is
+//! buffered and swapped in whole when it completes, so a view never mixes two lists), but
+//! converts each pod once, when its version arrives, and drops the decoded object.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::pod_info::PodInfo;
+
+type Key = (String, String);
+
+fn key_of(pod: &Pod) -> Key {
+    (
+        pod.metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into()),
+        pod.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+/// Pods by namespace and name, plus a relist in progress.
+#[derive(Debug)]
+pub struct PodCache {
+    gpu_resource: String,
+    pods: BTreeMap<Key, Arc<PodInfo>>,
+    relist: Option<BTreeMap<Key, Arc<PodInfo>>>,
+    listed: bool,
+}
+
+impl PodCache {
+    pub fn new(gpu_resource: &str) -> Self {
+        PodCache {
+            gpu_resource: gpu_resource.to_string(),
+            pods: BTreeMap::new(),
+            relist: None,
+            listed: false,
+        }
+    }
+
+    fn convert(&self, pod: &Pod, current: Option<&Arc<PodInfo>>) -> Arc<PodInfo> {
+        match current {
+            // The same version again (a relist, a resync): keep the converted one.
+            Some(info)
+                if pod.metadata.resource_version.as_deref()
+                    == Some(info.resource_version.as_str())
+                    && pod.metadata.uid.as_deref() == Some(info.key.uid.as_str()) =>
+            {
+                Arc::clone(info)
+            }
+            _ => Arc::new(PodInfo::from_pod(pod, &self.gpu_resource)),
+        }
+    }
+
+    /// A pod was added or changed.
+    pub fn apply(&mut self, pod: &Pod) {
+        let key = key_of(pod);
+        let info = self.convert(pod, self.pods.get(&key));
+        self.pods.insert(key, info);
+    }
+
+    /// A pod was deleted.
+    pub fn delete(&mut self, pod: &Pod) {
+        self.pods.remove(&key_of(pod));
+    }
+
+    /// The watch restarted: a full list follows.
+    pub fn begin_relist(&mut self) {
+        self.relist = Some(BTreeMap::new());
+    }
+
+    /// One pod of the list in progress.
+    pub fn relisted(&mut self, pod: &Pod) {
+        let key = key_of(pod);
+        let info = self.convert(pod, self.pods.get(&key));
+        self.relist
+            .get_or_insert_with(BTreeMap::new)
+            .insert(key, info);
+    }
+
+    /// The list is complete: it replaces the cache (pods deleted meanwhile disappear).
+    pub fn relist_done(&mut self) {
+        if let Some(pods) = self.relist.take() {
+            self.pods = pods;
+        }
+        self.listed = true;
+    }
+
+    /// Whether a first full list has arrived.
+    pub fn is_listed(&self) -> bool {
+        self.listed
+    }
+
+    pub fn len(&self) -> usize {
+        self.pods.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pods.is_empty()
+    }
+
+    /// Every pod, sorted by namespace and name.
+    pub fn view(&self) -> Vec<Arc<PodInfo>> {
+        self.pods.values().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(name: &str, rv: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ns", "uid": format!("u-{name}"),
+                "resourceVersion": rv},
+            "spec": {"containers": []}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn relist_is_swapped_in_whole_and_unchanged_pods_are_not_converted_again() {
+        let mut cache = PodCache::new("nvidia.com/gpu");
+        cache.begin_relist();
+        cache.relisted(&pod("a", "1"));
+        cache.relisted(&pod("b", "2"));
+        assert!(
+            cache.is_empty() && !cache.is_listed(),
+            "nothing before the list completes"
+        );
+        cache.relist_done();
+        assert_eq!(cache.len(), 2);
+        let a1 = cache.view()[0].clone();
+        cache.apply(&pod("a", "3"));
+        cache.delete(&pod("b", "2"));
+        assert_eq!(cache.len(), 1);
+        assert_eq!(cache.view()[0].resource_version, "3");
+        // A relist after a watch gap: b is gone, a unchanged keeps its conversion.
+        cache.begin_relist();
+        cache.relisted(&pod("a", "3"));
+        let before = cache.view()[0].clone();
+        cache.relist_done();
+        assert!(Arc::ptr_eq(&before, &cache.view()[0]));
+        assert!(!Arc::ptr_eq(&a1, &cache.view()[0]));
+    }
+}

@@ -1,0 +1,190 @@
+//! What the scheduler keeps of a pod.
+//!
+//! A decoded `Pod` is about 6 KB even when its spec is small (k8s-openapi's structs hold
+//! every optional field inline); 50,000 of them alone would break the scheduler's memory
+//! budget. The caches keep a [`PodInfo`] instead: identity, the fields the queue and the
+//! filters read, the raw assignment, and the demand, computed once per pod version rather
+//! than once per round.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{NodeSelector, Pod, Toleration};
+use k8s_openapi::jiff::Timestamp;
+
+use crate::api::PodKey;
+use crate::demand::{ASSIGNMENT_ANNOTATION, POD_GROUP_LABEL, PodDemand, pod_demand};
+
+/// The pod fields the node filters read; absent when the pod has none of them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SchedulingTerms {
+    pub node_selector: Option<BTreeMap<String, String>>,
+    /// `affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution`.
+    pub required_node_affinity: Option<NodeSelector>,
+    pub tolerations: Option<Vec<Toleration>>,
+}
+
+impl SchedulingTerms {
+    /// The terms of `pod`, or `None` when it sets none.
+    pub fn of(pod: &Pod) -> Option<SchedulingTerms> {
+        let spec = pod.spec.as_ref()?;
+        let terms = SchedulingTerms {
+            node_selector: spec.node_selector.clone().filter(|s| !s.is_empty()),
+            required_node_affinity: spec
+                .affinity
+                .as_ref()
+                .and_then(|a| a.node_affinity.as_ref())
+                .and_then(|na| {
+                    na.required_during_scheduling_ignored_during_execution
+                        .clone()
+                }),
+            tolerations: spec.tolerations.clone().filter(|t| !t.is_empty()),
+        };
+        (terms != SchedulingTerms::default()).then_some(terms)
+    }
+
+    /// Pods with equal keys get equal node verdicts, so a round computes the verdicts once
+    /// per distinct key.
+    pub fn key(&self) -> String {
+        serde_json::json!([
+            self.node_selector,
+            self.required_node_affinity,
+            self.tolerations
+        ])
+        .to_string()
+    }
+}
+
+/// A pod as the scheduler's caches hold it.
+#[derive(Clone, Debug)]
+pub struct PodInfo {
+    pub key: PodKey,
+    pub resource_version: String,
+    pub scheduler_name: Option<String>,
+    /// The node it is bound to, if any.
+    pub node_name: Option<String>,
+    pub phase: Option<String>,
+    /// `metadata.deletionTimestamp` is set.
+    pub deleting: bool,
+    pub priority: i32,
+    pub created: Option<Timestamp>,
+    /// The `gpuplace.io/pod-group` label.
+    pub group: Option<String>,
+    /// The raw `gpuplace.io/assignment` annotation.
+    pub assignment: Option<String>,
+    /// What it asks for, or why its requests are malformed.
+    pub demand: Result<PodDemand, String>,
+    pub terms: Option<Box<SchedulingTerms>>,
+    /// [`SchedulingTerms::key`], empty for a pod without terms.
+    pub filter_key: String,
+}
+
+impl PodInfo {
+    /// Keeps what scheduling needs of `pod`; `gpu_resource` is e.g. `nvidia.com/gpu`.
+    pub fn from_pod(pod: &Pod, gpu_resource: &str) -> PodInfo {
+        let meta = &pod.metadata;
+        let spec = pod.spec.as_ref();
+        let terms = SchedulingTerms::of(pod);
+        PodInfo {
+            key: PodKey::of(pod),
+            resource_version: meta.resource_version.clone().unwrap_or_default(),
+            scheduler_name: spec.and_then(|s| s.scheduler_name.clone()),
+            node_name: spec
+                .and_then(|s| s.node_name.clone())
+                .filter(|n| !n.is_empty()),
+            phase: pod.status.as_ref().and_then(|s| s.phase.clone()),
+            deleting: meta.deletion_timestamp.is_some(),
+            priority: spec.and_then(|s| s.priority).unwrap_or(0),
+            created: meta.creation_timestamp.as_ref().map(|t| t.0),
+            group: meta
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(POD_GROUP_LABEL))
+                .cloned(),
+            assignment: meta
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ASSIGNMENT_ANNOTATION))
+                .cloned(),
+            demand: pod_demand(pod, gpu_resource).map_err(|e| e.to_string()),
+            filter_key: terms.as_ref().map(SchedulingTerms::key).unwrap_or_default(),
+            terms: terms.map(Box::new),
+        }
+    }
+
+    /// Holds resources on a node: bound, not finished, not being deleted.
+    pub fn is_active_bound(&self) -> bool {
+        self.node_name.is_some()
+            && !matches!(self.phase.as_deref(), Some("Succeeded" | "Failed"))
+            && !self.deleting
+    }
+
+    /// Waits for `scheduler_name`: not bound, not being deleted, still Pending.
+    pub fn is_pending_for(&self, scheduler_name: &str) -> bool {
+        self.scheduler_name.as_deref() == Some(scheduler_name)
+            && self.node_name.is_none()
+            && !self.deleting
+            && self.phase.as_deref().is_none_or(|p| p == "Pending")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(value: serde_json::Value) -> Pod {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn keeps_identity_queue_fields_and_demand() {
+        let p = pod(json!({
+            "metadata": {"name": "a", "namespace": "ml", "uid": "u1", "resourceVersion": "7",
+                "labels": {"gpuplace.io/pod-group": "g"},
+                "annotations": {"gpuplace.io/assignment": "{}", "other": "x"},
+                "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"schedulerName": "gpuplace", "priority": 5, "nodeName": "",
+                "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "2"}}}]},
+            "status": {"phase": "Pending"}
+        }));
+        let info = PodInfo::from_pod(&p, "nvidia.com/gpu");
+        assert_eq!(info.key.to_string(), "ml/a");
+        assert_eq!(info.resource_version, "7");
+        assert_eq!(info.group.as_deref(), Some("g"));
+        assert_eq!(info.assignment.as_deref(), Some("{}"));
+        assert_eq!(info.priority, 5);
+        assert!(info.node_name.is_none(), "an empty nodeName is unbound");
+        assert!(info.is_pending_for("gpuplace"));
+        assert!(!info.is_pending_for("default-scheduler"));
+        assert_eq!(info.demand.as_ref().unwrap().request.gpu_count, 2);
+        assert!(info.terms.is_none());
+        assert_eq!(info.filter_key, "");
+    }
+
+    #[test]
+    fn malformed_requests_are_kept_as_an_error() {
+        let p = pod(json!({
+            "metadata": {"name": "b"},
+            "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "lots"}}}]}
+        }));
+        let info = PodInfo::from_pod(&p, "nvidia.com/gpu");
+        assert!(info.demand.unwrap_err().contains("lots"));
+    }
+
+    #[test]
+    fn terms_and_their_key() {
+        let p = pod(json!({
+            "metadata": {"name": "c"},
+            "spec": {"containers": [], "nodeSelector": {"zone": "a"},
+                "tolerations": [{"key": "gpu", "operator": "Exists"}]}
+        }));
+        let info = PodInfo::from_pod(&p, "nvidia.com/gpu");
+        let terms = info.terms.as_deref().unwrap();
+        assert_eq!(terms.node_selector.as_ref().unwrap()["zone"], "a");
+        assert!(info.filter_key.contains("zone"));
+        let bound = pod(json!({"metadata": {"name": "d"},
+            "spec": {"containers": [], "nodeName": "n1"}, "status": {"phase": "Succeeded"}}));
+        let info = PodInfo::from_pod(&bound, "nvidia.com/gpu");
+        assert!(!info.is_active_bound());
+    }
+}
