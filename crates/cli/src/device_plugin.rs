@@ -12,7 +12,7 @@ use gpuplace_deviceplugin::config::{
 };
 use gpuplace_deviceplugin::metrics::{self, Metrics};
 use gpuplace_deviceplugin::{plugin, service};
-use tracing::info;
+use tracing::{info, warn};
 
 /// Every setting can come from a flag, from its environment variable, or from the config
 /// file, in that order of precedence.
@@ -57,6 +57,10 @@ pub struct DevicePluginArgs {
     /// Ask the kubelet to call PreStartContainer [default: false].
     #[arg(long, env = "GPUPLACE_PRE_START_REQUIRED")]
     pre_start_required: Option<bool>,
+    /// Publish the inventory annotation and GFD labels on this node's Node (in-cluster
+    /// service account or kubeconfig; skipped with a warning when there is none) [default: true].
+    #[arg(long, env = "GPUPLACE_PUBLISH_INVENTORY")]
+    publish_inventory: Option<bool>,
     /// Serve Prometheus metrics and /healthz here (e.g. 0.0.0.0:9400).
     #[arg(long, env = "GPUPLACE_METRICS_ADDR")]
     metrics_addr: Option<SocketAddr>,
@@ -89,6 +93,7 @@ impl DevicePluginArgs {
             dev_root: self.dev_root.clone(),
             pass_device_specs: self.pass_device_specs,
             pre_start_required: self.pre_start_required,
+            publish_inventory: self.publish_inventory,
             metrics_addr: self.metrics_addr,
             log_format: self.log_format,
             xid_ignore: self.xid_ignore.clone(),
@@ -119,6 +124,7 @@ pub fn run(args: DevicePluginArgs) -> anyhow::Result<()> {
 }
 
 async fn serve(config: Arc<gpuplace_deviceplugin::Config>) -> anyhow::Result<()> {
+    let shutdown = crate::signals::shutdown();
     let backend: Box<dyn Backend> = match config.backend {
         BackendKind::Nvml => Box::new(NvmlBackend::start(
             &config.node_name,
@@ -154,8 +160,24 @@ async fn serve(config: Arc<gpuplace_deviceplugin::Config>) -> anyhow::Result<()>
             .with_context(|| format!("cannot serve metrics on {addr}"))?;
         tokio::spawn(metrics::serve(listener, registry));
     }
+    if config.publish_inventory {
+        match kube::Client::try_default().await {
+            Ok(client) => {
+                tokio::spawn(gpuplace_deviceplugin::publish::run(
+                    client,
+                    config.node_name.clone(),
+                    inventory.clone(),
+                    config.replicas,
+                ));
+            }
+            Err(e) => warn!(
+                error = %e,
+                "no Kubernetes API access: the inventory is not published on the Node (the scheduler falls back to GPU counts)"
+            ),
+        }
+    }
     let tables = service::device_tables(inventory, config.replicas, metrics.clone());
-    plugin::run(config, tables, metrics, crate::signals::shutdown()).await?;
+    plugin::run(config, tables, metrics, shutdown).await?;
     drop(backend);
     Ok(())
 }

@@ -170,12 +170,15 @@ async fn serve(
         )
     });
     info!(scheduler = %config.scheduler_name, policy = %config.policy, "starting watches");
-    let api = KubeApi::start(client, identity.clone(), &config.gpu_resource).await?;
+    let shutdown = crate::signals::shutdown();
+    tokio::pin!(shutdown);
+    let api = tokio::select! {
+        api = KubeApi::start(client, identity.clone(), &config.gpu_resource) => api?,
+        _ = &mut shutdown => return Ok(()),
+    };
     let mut scheduler = Scheduler::new(api, config);
     let mut leader = election.is_none();
     let mut last_renew = Instant::now() - Duration::from_secs(3600);
-    let shutdown = crate::signals::shutdown();
-    tokio::pin!(shutdown);
     loop {
         if let Some(election) = &election
             && last_renew.elapsed() >= election.renew_every()

@@ -93,6 +93,8 @@ pub struct Settings {
     pub dev_root: Option<PathBuf>,
     pub pass_device_specs: Option<bool>,
     pub pre_start_required: Option<bool>,
+    /// Publish the inventory annotation and GFD labels on this node's Node object.
+    pub publish_inventory: Option<bool>,
     pub metrics_addr: Option<SocketAddr>,
     pub log_format: Option<LogFormat>,
     pub xid_ignore: Option<Vec<u64>>,
@@ -137,6 +139,8 @@ pub struct Config {
     pub dev_root: PathBuf,
     pub pass_device_specs: bool,
     pub pre_start_required: bool,
+    /// Publish the inventory on the Node (needs API access; skipped with a warning without).
+    pub publish_inventory: bool,
     pub metrics_addr: Option<SocketAddr>,
     pub log_format: LogFormat,
     pub xid_ignore: BTreeSet<u64>,
@@ -181,6 +185,7 @@ impl Settings {
             dev_root: self.dev_root.or(lower.dev_root),
             pass_device_specs: self.pass_device_specs.or(lower.pass_device_specs),
             pre_start_required: self.pre_start_required.or(lower.pre_start_required),
+            publish_inventory: self.publish_inventory.or(lower.publish_inventory),
             metrics_addr: self.metrics_addr.or(lower.metrics_addr),
             log_format: self.log_format.or(lower.log_format),
             xid_ignore: self.xid_ignore.or(lower.xid_ignore),
@@ -237,6 +242,7 @@ impl Settings {
             dev_root: self.dev_root.unwrap_or_else(|| PathBuf::from("/dev")),
             pass_device_specs: self.pass_device_specs.unwrap_or(true),
             pre_start_required: self.pre_start_required.unwrap_or(false),
+            publish_inventory: self.publish_inventory.unwrap_or(true),
             metrics_addr: self.metrics_addr,
             log_format: self.log_format.unwrap_or(LogFormat::Text),
             xid_ignore: self
