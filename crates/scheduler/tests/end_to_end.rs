@@ -452,3 +452,87 @@ async fn gangs_are_all_or_nothing() {
     assert_eq!((status.phase.as_str(), status.scheduled), ("Scheduled", 3));
     assert_no_double_booking(&api);
 }
+
+/// Every kind of failure the loop explains, one pod each, on a cluster that has a bit of
+/// everything; the Event messages are snapshots (tests/snapshots), so a change of wording
+/// shows in review.
+#[tokio::test]
+async fn event_messages_snapshot() {
+    let api = MemoryApi::new();
+    api.put_node(node(
+        "a100-0",
+        2,
+        json!({"metadata": {"labels": {"zone": "a", "nvidia.com/gpu.product": "A100"}}}),
+    ));
+    api.put_node(node(
+        "a100-1",
+        2,
+        json!({"metadata": {"labels": {"zone": "b", "nvidia.com/gpu.product": "A100"}}}),
+    ));
+    api.put_node(node(
+        "t4",
+        1,
+        json!({"metadata": {"labels": {"zone": "a", "nvidia.com/gpu.product": "Tesla-T4"}}}),
+    ));
+    api.put_node(node(
+        "cordoned",
+        8,
+        json!({"spec": {"unschedulable": true}}),
+    ));
+    api.put_node(node(
+        "down",
+        8,
+        json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}}),
+    ));
+    api.put_node(node(
+        "tainted",
+        8,
+        json!({"spec": {"taints": [{"key": "dedicated", "value": "infer", "effect": "NoExecute"}]}}),
+    ));
+    api.put_pod(pod("too-many-gpus", 4, json!({})));
+    api.put_pod(pod(
+        "wrong-zone",
+        1,
+        json!({"spec": {"nodeSelector": {"zone": "c"}}}),
+    ));
+    api.put_pod(pod(
+        "huge-cpu",
+        1,
+        json!({"spec": {"containers": [{"name": "main", "resources": {"requests": {"cpu": "64"}, "limits": {"nvidia.com/gpu": "1"}}}]}}),
+    ));
+    api.put_pod(pod(
+        "h100-only",
+        1,
+        json!({"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["H100"]}]}]}}}}}),
+    ));
+    api.put_pod(pod(
+        "bad-share",
+        1,
+        json!({"metadata": {"annotations": {"gpuplace.io/gpu-milli": "1500"}}}),
+    ));
+    api.put_pod(pod(
+        "bad-cpu",
+        0,
+        json!({"spec": {"containers": [{"name": "main", "resources": {"requests": {"cpu": "two"}}}]}}),
+    ));
+    api.put_pod(pod(
+        "fpga",
+        0,
+        json!({"spec": {"containers": [{"name": "main", "resources": {"limits": {"example.com/fpga": "1"}}}]}}),
+    ));
+    api.put_pod(pod(
+        "orphan-member",
+        1,
+        json!({"metadata": {"labels": {"gpuplace.io/pod-group": "missing"}}}),
+    ));
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    scheduler.round(Instant::now()).await.unwrap();
+    let mut lines: Vec<String> = api
+        .events()
+        .into_iter()
+        .map(|e| format!("{} {} {}: {}", e.pod, e.kind, e.reason, e.message))
+        .collect();
+    lines.sort();
+    insta::assert_snapshot!(lines.join("\n"));
+}
