@@ -21,6 +21,8 @@ use tracing::{error, info};
 struct FileSettings {
     scheduler_name: Option<String>,
     policy: Option<String>,
+    /// Policy name -> weight.
+    weights: Option<std::collections::BTreeMap<String, i64>>,
     resource: Option<String>,
     seed: Option<u64>,
     metrics_addr: Option<SocketAddr>,
@@ -40,8 +42,12 @@ pub struct SchedulerArgs {
     /// Placement policy (`gpuplace policies`) [default: fgd, the best measured].
     #[arg(long, env = "GPUPLACE_POLICY")]
     policy: Option<String>,
-    /// YAML config file (scheduler-name, policy, resource, seed, metrics-addr, leader-elect,
-    /// lease-namespace, interval-ms).
+    /// Score by a weighted sum of policies, e.g. `fgd=2,best-fit=1` (weights 1-100); the
+    /// policy above still picks the GPU of a fractional request.
+    #[arg(long, env = "GPUPLACE_WEIGHTS")]
+    weights: Option<String>,
+    /// YAML config file (scheduler-name, policy, weights, resource, seed, metrics-addr,
+    /// leader-elect, lease-namespace, interval-ms).
     #[arg(long, env = "GPUPLACE_CONFIG")]
     config: Option<PathBuf>,
     /// Serve /metrics, /healthz and /readyz here.
@@ -83,7 +89,18 @@ pub fn run(args: SchedulerArgs) -> anyhow::Result<()> {
         .or(file.policy)
         .unwrap_or_else(|| "fgd".into())
         .parse()?;
+    let weights = match (args.weights, file.weights) {
+        (Some(text), _) => parse_weights(&text)?,
+        (None, Some(map)) => map
+            .into_iter()
+            .map(|(name, weight)| Ok((name.parse::<Policy>()?, weight)))
+            .collect::<anyhow::Result<_>>()?,
+        (None, None) => Vec::new(),
+    };
+    // Refuse bad weights here, with the reason, rather than inside the loop.
+    gpuplace_core::Placer::new(policy, 0).with_weights(&weights)?;
     let config = SchedulerConfig {
+        weights,
         scheduler_name: args
             .scheduler_name
             .or(file.scheduler_name)
@@ -213,4 +230,21 @@ pub fn print_crd() -> anyhow::Result<()> {
         serde_saphyr::to_string(&crd).map_err(|e| anyhow::anyhow!("{e}"))?
     );
     Ok(())
+}
+
+/// `fgd=2,best-fit=1` -> [(Fgd, 2), (BestFit, 1)].
+fn parse_weights(text: &str) -> anyhow::Result<Vec<(Policy, i64)>> {
+    text.split(',')
+        .filter(|entry| !entry.trim().is_empty())
+        .map(|entry| {
+            let (name, weight) = entry
+                .split_once('=')
+                .with_context(|| format!("weight {entry:?} is not POLICY=WEIGHT"))?;
+            let weight: i64 = weight
+                .trim()
+                .parse()
+                .with_context(|| format!("weight {entry:?}: {weight:?} is not a whole number"))?;
+            Ok((name.trim().parse::<Policy>()?, weight))
+        })
+        .collect()
 }

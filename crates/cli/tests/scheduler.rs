@@ -47,6 +47,21 @@ fn scheduler_refuses_bad_settings_clearly() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown policy \"magic\""));
+    for (weights, says) in [
+        ("random=1", "cannot be weighted"),
+        ("fgd", "is not POLICY=WEIGHT"),
+        ("fgd=lots", "is not a whole number"),
+        ("fgd=0", "between 1 and 100"),
+    ] {
+        let out = Command::cargo_bin("gpuplace")
+            .unwrap()
+            .args(["scheduler", "--weights", weights])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(says), "{weights}: {stderr}");
+    }
 }
 
 #[test]

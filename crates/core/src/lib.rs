@@ -15,6 +15,6 @@ pub mod topology;
 
 pub use fit::{FitFailure, Unschedulable};
 pub use frag::{Shape, TargetWorkload};
-pub use placer::{Decision, Placer, TieBreak};
+pub use placer::{Decision, Placer, TieBreak, WeightError};
 pub use policy::{Policy, UnknownPolicy};
 pub use state::{ClusterState, NodeState, StateError};

@@ -87,6 +87,21 @@ pub struct Placer {
     /// tie-break do not depend on which node of a class is scored.
     classes: NodeClasses,
     index_enabled: bool,
+    /// A weighted sum of policies' scores instead of `policy` alone (empty: `policy`).
+    weights: Vec<(Policy, i64)>,
+}
+
+/// Why a set of policy weights is refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum WeightError {
+    #[error(
+        "policy {0} cannot be weighted (its score depends on the node's position or on chance)"
+    )]
+    NotWeightable(Policy),
+    #[error("weight of policy {0} must be between 1 and 100")]
+    OutOfRange(Policy),
+    #[error("policy {0} is weighted twice")]
+    Repeated(Policy),
 }
 
 /// FGD's score for a fragmentation drop: trunc(100 * sigmoid(delta / 1000)).
@@ -108,6 +123,7 @@ impl Placer {
             cache_enabled: true,
             classes: NodeClasses::default(),
             index_enabled: true,
+            weights: Vec::new(),
         }
     }
 
@@ -128,6 +144,44 @@ impl Placer {
     pub fn with_index(mut self, enabled: bool) -> Self {
         self.index_enabled = enabled;
         self
+    }
+
+    /// Scores nodes by `sum(weight * score)` over `weights` (kube-scheduler's plugin
+    /// weights). The placer's own policy still picks the GPU for a fractional request.
+    pub fn with_weights(mut self, weights: &[(Policy, i64)]) -> Result<Self, WeightError> {
+        for (i, &(policy, weight)) in weights.iter().enumerate() {
+            if matches!(policy, Policy::FirstFit | Policy::Random) {
+                return Err(WeightError::NotWeightable(policy));
+            }
+            if !(1..=100).contains(&weight) {
+                return Err(WeightError::OutOfRange(policy));
+            }
+            if weights[..i].iter().any(|(p, _)| *p == policy) {
+                return Err(WeightError::Repeated(policy));
+            }
+        }
+        self.weights = weights.to_vec();
+        Ok(self)
+    }
+
+    /// The weighted score of node `n`, with the GPU hint of the FGD term if there is one.
+    fn weighted_score(&mut self, state: &ClusterState, n: usize, request: &Request) -> (i64, u32) {
+        let mut total = 0;
+        let mut hint = None;
+        for i in 0..self.weights.len() {
+            let (policy, weight) = self.weights[i];
+            let score = match policy {
+                Policy::Fgd => {
+                    let (score, gpu) = self.fgd_score(state, n, request);
+                    hint = Some(gpu);
+                    score
+                }
+                policy => simple_score(policy, n, state.inventory(n), state.node(n), request),
+            };
+            total += weight * score;
+        }
+        let hint = hint.unwrap_or_else(|| first_fitting(state.node(n), request.gpu_milli) as u32);
+        (total, hint)
     }
 
     pub fn policy(&self) -> Policy {
@@ -172,7 +226,7 @@ impl Placer {
             return Ok(Decision { node, gpus, score });
         }
         let shape = match self.policy {
-            Policy::Fgd if self.cache_enabled => self.shape_id(request),
+            Policy::Fgd if self.cache_enabled && self.weights.is_empty() => self.shape_id(request),
             _ => None,
         };
         if self.cache.len() < state.len() {
@@ -191,6 +245,7 @@ impl Placer {
                 continue;
             }
             let (score, gpu) = match self.policy {
+                _ if !self.weights.is_empty() => self.weighted_score(state, n, request),
                 Policy::Fgd => self.fgd_cached(state, n, request, shape),
                 policy => (
                     simple_score(policy, n, state.inventory(n), state.node(n), request),
@@ -241,7 +296,7 @@ impl Placer {
         let seed = self.seed;
         classes.sync(state, |n| splitmix64(state.name_hash(n) ^ seed));
         let shape = match self.policy {
-            Policy::Fgd if self.cache_enabled => self.shape_id(request),
+            Policy::Fgd if self.cache_enabled && self.weights.is_empty() => self.shape_id(request),
             _ => None,
         };
         let mut best: Option<(i64, (u64, u32), u32)> = None;
@@ -273,6 +328,9 @@ impl Placer {
                 Some(hit) => hit,
                 None => {
                     let computed = match self.policy {
+                        _ if !self.weights.is_empty() => {
+                            self.weighted_score(state, representative, request)
+                        }
                         Policy::Fgd => self.fgd_score(state, representative, request),
                         policy => (
                             simple_score(
@@ -541,6 +599,49 @@ mod tests {
         assert_eq!(
             err.message("nvidia.com/gpu"),
             "0/2 nodes are available: 1 Insufficient cpu, 1 Insufficient nvidia.com/gpu."
+        );
+    }
+
+    #[test]
+    fn weights_mix_policies_and_bad_weights_are_refused() {
+        let nodes = vec![
+            NodeInventory::uniform("busy", 64_000, 1024, 4, "T4"),
+            NodeInventory::uniform("idle", 64_000, 1024, 4, "T4"),
+        ];
+        let mut state = ClusterState::new(nodes).unwrap();
+        state
+            .apply(0, &req(1000, 2, 1000), &[(0, 1000), (1, 1000)])
+            .unwrap();
+        // Binpack alone joins the busy node; spread weighted higher moves to the idle one.
+        let one = req(1000, 1, 1000);
+        let packed = Placer::new(Policy::Binpack, 1)
+            .choose(&state, &one, None)
+            .unwrap();
+        assert_eq!(packed.node, 0);
+        let mut mixed = Placer::new(Policy::Binpack, 1)
+            .with_weights(&[(Policy::Binpack, 1), (Policy::Spread, 3)])
+            .unwrap();
+        assert_eq!(mixed.choose(&state, &one, None).unwrap().node, 1);
+        let err = |w: &[(Policy, i64)]| {
+            Placer::new(Policy::Fgd, 1)
+                .with_weights(w)
+                .err()
+                .map(|e| e.to_string())
+        };
+        assert!(
+            err(&[(Policy::Random, 1)])
+                .unwrap()
+                .contains("cannot be weighted")
+        );
+        assert!(
+            err(&[(Policy::Fgd, 0)])
+                .unwrap()
+                .contains("between 1 and 100")
+        );
+        assert!(
+            err(&[(Policy::Fgd, 1), (Policy::Fgd, 2)])
+                .unwrap()
+                .contains("twice")
         );
     }
 

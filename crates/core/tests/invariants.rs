@@ -179,10 +179,21 @@ proptest! {
         masks in proptest::collection::vec(proptest::collection::vec(any::<bool>(), 16), 60),
         seed in any::<u64>(),
     ) {
-        for policy in Policy::ALL {
+        let weighted: [(Policy, &[(Policy, i64)]); 2] = [
+            (Policy::Fgd, &[(Policy::Fgd, 2), (Policy::BestFit, 1)]),
+            (Policy::BestFit, &[(Policy::Binpack, 1), (Policy::GpuPacking, 3)]),
+        ];
+        let configs = Policy::ALL
+            .iter()
+            .map(|&p| (p, &[][..]))
+            .chain(weighted);
+        for (policy, weights) in configs {
             let mut state = build(&nodes, &requests);
-            let mut indexed = Placer::new(policy, seed);
-            let mut scan = Placer::new(policy, seed).with_index(false);
+            let mut indexed = Placer::new(policy, seed).with_weights(weights).unwrap();
+            let mut scan = Placer::new(policy, seed)
+                .with_index(false)
+                .with_weights(weights)
+                .unwrap();
             let mut placed = Vec::new();
             for (i, request) in requests.iter().enumerate() {
                 let mask = (i % 3 == 1).then(|| &masks[i][..state.len()]);

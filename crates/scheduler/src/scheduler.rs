@@ -21,6 +21,9 @@ use crate::snapshot::{Held, Snapshot, build};
 pub struct SchedulerConfig {
     pub scheduler_name: String,
     pub policy: Policy,
+    /// Score nodes by a weighted sum of these policies instead of `policy` alone (which
+    /// still picks the GPU of a fractional request). Empty: `policy` alone.
+    pub weights: Vec<(Policy, i64)>,
     pub gpu_resource: String,
     pub seed: u64,
     /// First backoff after an unschedulable attempt (doubles up to `max_backoff`).
@@ -33,6 +36,7 @@ impl Default for SchedulerConfig {
         SchedulerConfig {
             scheduler_name: "gpuplace".into(),
             policy: Policy::Fgd,
+            weights: Vec::new(),
             gpu_resource: "nvidia.com/gpu".into(),
             seed: 42,
             initial_backoff: Duration::from_secs(1),
@@ -228,7 +232,12 @@ fn explain(
 
 impl<A: ClusterApi> Scheduler<A> {
     pub fn new(api: A, config: SchedulerConfig) -> Self {
-        let placer = Placer::new(config.policy, config.seed);
+        let placer = Placer::new(config.policy, config.seed)
+            .with_weights(&config.weights)
+            .unwrap_or_else(|e| {
+                warn!(error = %e, policy = %config.policy, "weights refused; scoring with the policy alone");
+                Placer::new(config.policy, config.seed)
+            });
         Scheduler {
             api,
             config,
