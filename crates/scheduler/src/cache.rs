@@ -68,6 +68,11 @@ impl PodCache {
         self.pods.remove(&key_of(pod));
     }
 
+    /// The pod `namespace/name` was deleted (a watch event that carries only the key).
+    pub fn delete_key(&mut self, namespace: &str, name: &str) {
+        self.pods.remove(&(namespace.to_string(), name.to_string()));
+    }
+
     /// The watch restarted: a full list follows.
     pub fn begin_relist(&mut self) {
         self.relist = Some(BTreeMap::new());

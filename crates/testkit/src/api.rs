@@ -3,8 +3,10 @@
 //! stale resourceVersion is a 409 Conflict; binding a pod that is already bound (or whose
 //! UID differs) is a 409; a deleted pod is a 404.
 //!
-//! Its view goes through the scheduler's own [`PodCache`], relisted on every call, the way
-//! a watch would deliver the pods.
+//! Its view goes through the scheduler's own [`PodCache`] fed the way a watch feeds it: a
+//! full list first, then the pods changed since the resourceVersion it last saw (each at its
+//! latest version, deletions by key), and a fresh list when that resourceVersion has been
+//! compacted away (the API server's 410 Gone).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -25,6 +27,13 @@ struct Store {
     fail_binds: usize,
     /// The scheduler's side: pods as its watch cache holds them.
     cache: PodCache,
+    /// Pods changed at each resourceVersion (the watch history), oldest first.
+    pod_log: std::collections::VecDeque<(u64, (String, String))>,
+    /// History at or below this resourceVersion is compacted: a watch from there is Gone.
+    compacted: u64,
+    /// The resourceVersion the cache has caught up to (0: never listed).
+    cache_rv: u64,
+    relists: usize,
 }
 
 impl Default for Store {
@@ -38,6 +47,10 @@ impl Default for Store {
             bindings: Vec::new(),
             fail_binds: 0,
             cache: PodCache::new("nvidia.com/gpu"),
+            pod_log: std::collections::VecDeque::new(),
+            compacted: 0,
+            cache_rv: 0,
+            relists: 0,
         }
     }
 }
@@ -46,6 +59,45 @@ impl Store {
     fn bump(&mut self) -> String {
         self.version += 1;
         self.version.to_string()
+    }
+
+    /// Bumps the resourceVersion for a change of pod `key` and records it in the history.
+    fn bump_pod(&mut self, key: &(String, String)) -> String {
+        let rv = self.bump();
+        self.pod_log.push_back((self.version, key.clone()));
+        rv
+    }
+
+    /// Brings the pod cache up to date: a watch from its resourceVersion, or a relist when
+    /// that part of the history is gone. History the cache has seen is then compacted.
+    fn sync_cache(&mut self) {
+        if self.cache_rv == 0 || self.cache_rv < self.compacted {
+            self.cache.begin_relist();
+            for pod in self.pods.values() {
+                self.cache.relisted(pod);
+            }
+            self.cache.relist_done();
+            self.relists += 1;
+        } else {
+            for (rv, key) in &self.pod_log {
+                if *rv <= self.cache_rv {
+                    continue;
+                }
+                match self.pods.get(key) {
+                    Some(pod) => self.cache.apply(pod),
+                    None => self.cache.delete_key(&key.0, &key.1),
+                }
+            }
+        }
+        self.cache_rv = self.version;
+        while self
+            .pod_log
+            .front()
+            .is_some_and(|(rv, _)| *rv <= self.cache_rv)
+        {
+            self.pod_log.pop_front();
+        }
+        self.compacted = self.compacted.max(self.cache_rv);
     }
 }
 
@@ -88,7 +140,14 @@ impl MemoryApi {
     /// Creates or replaces a pod; a missing UID, namespace or timestamp is filled in.
     pub fn put_pod(&self, mut pod: Pod) {
         let mut s = lock(&self.store);
-        let rv = s.bump();
+        let key = (
+            pod.metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| "default".into()),
+            pod.metadata.name.clone().unwrap_or_default(),
+        );
+        let rv = s.bump_pod(&key);
         pod.metadata.resource_version = Some(rv.clone());
         let ns = pod
             .metadata
@@ -104,8 +163,10 @@ impl MemoryApi {
 
     pub fn delete_pod(&self, namespace: &str, name: &str) {
         let mut s = lock(&self.store);
-        s.pods.remove(&(namespace.to_string(), name.to_string()));
-        s.bump();
+        let key = (namespace.to_string(), name.to_string());
+        if s.pods.remove(&key).is_some() {
+            s.bump_pod(&key);
+        }
     }
 
     pub fn put_group(&self, mut group: PodGroup) {
@@ -150,6 +211,19 @@ impl MemoryApi {
         lock(&self.store).bindings.clone()
     }
 
+    /// Compacts the watch history up to now, as etcd does: the cache's next view must
+    /// relist (unless it has already seen everything).
+    pub fn compact_history(&self) {
+        let mut s = lock(&self.store);
+        s.compacted = s.version;
+        s.pod_log.clear();
+    }
+
+    /// How many full lists the pod cache has needed.
+    pub fn relists(&self) -> usize {
+        lock(&self.store).relists
+    }
+
     /// Makes the next `n` binds fail with a 409 (another writer won).
     pub fn fail_next_binds(&self, n: usize) {
         lock(&self.store).fail_binds = n;
@@ -160,11 +234,7 @@ impl ClusterApi for MemoryApi {
     async fn view(&self) -> Result<ClusterView, ApiError> {
         let mut guard = lock(&self.store);
         let s = &mut *guard;
-        s.cache.begin_relist();
-        for pod in s.pods.values() {
-            s.cache.relisted(pod);
-        }
-        s.cache.relist_done();
+        s.sync_cache();
         Ok(ClusterView {
             nodes: s.nodes.values().cloned().collect(),
             pods: s.cache.view(),
@@ -194,7 +264,7 @@ impl ClusterApi for MemoryApi {
                 "{pod}: the object has been modified; please apply your changes to the latest version and try again"
             )));
         }
-        let rv = s.bump();
+        let rv = s.bump_pod(&key);
         let p = s
             .pods
             .get_mut(&key)
@@ -242,7 +312,7 @@ impl ClusterApi for MemoryApi {
                 "{pod} is already assigned to a node"
             )));
         }
-        let rv = s.bump();
+        let rv = s.bump_pod(&key);
         let p = s
             .pods
             .get_mut(&key)
@@ -277,5 +347,59 @@ impl ClusterApi for MemoryApi {
         g.status = Some(status);
         g.metadata.resource_version = Some(rv);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(name: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"schedulerName": "gpuplace", "containers": []}
+        }))
+        .unwrap()
+    }
+
+    fn names(view: &ClusterView) -> Vec<String> {
+        view.pods.iter().map(|p| p.key.name.clone()).collect()
+    }
+
+    #[tokio::test]
+    async fn the_cache_follows_the_watch_and_relists_after_compaction() {
+        let api = MemoryApi::new();
+        api.put_pod(pod("a"));
+        api.put_pod(pod("b"));
+        assert_eq!(names(&api.view().await.unwrap()), ["a", "b"]);
+        assert_eq!(api.relists(), 1, "the first view lists");
+
+        // Changes arrive as watch events: no relist.
+        api.delete_pod("ns", "a");
+        api.put_pod(pod("c"));
+        let key = PodKey {
+            namespace: "ns".into(),
+            name: "b".into(),
+            uid: api.pod("ns", "b").unwrap().metadata.uid.unwrap(),
+        };
+        let rv = api
+            .pod("ns", "b")
+            .unwrap()
+            .metadata
+            .resource_version
+            .unwrap();
+        api.patch_assignment(&key, &rv, Some("{}")).await.unwrap();
+        let view = api.view().await.unwrap();
+        assert_eq!(names(&view), ["b", "c"]);
+        assert_eq!(view.pods[0].assignment.as_deref(), Some("{}"));
+        assert_eq!(api.relists(), 1);
+
+        // A gap longer than the history: 410 Gone, so the cache lists again, and a pod
+        // deleted during the gap is gone from it.
+        api.delete_pod("ns", "c");
+        api.compact_history();
+        assert_eq!(names(&api.view().await.unwrap()), ["b"]);
+        assert_eq!(api.relists(), 2);
     }
 }
