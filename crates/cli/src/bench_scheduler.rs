@@ -139,6 +139,7 @@ async fn bench(args: SchedulerBenchArgs) -> anyhow::Result<()> {
     for i in 0..args.nodes {
         api.put_node(node(i, args.gpus_per_node)?);
     }
+    let node_objects = heap::live().saturating_sub(before_objects);
     for i in 0..args.pods {
         api.put_pod(pod(i)?);
     }
@@ -193,7 +194,7 @@ async fn bench(args: SchedulerBenchArgs) -> anyhow::Result<()> {
                         "filter": timings.filter.as_secs_f64(), "core": timings.core.as_secs_f64(),
                         "api": timings.api.as_secs_f64(), "gangs": timings.gangs.as_secs_f64()}},
                 "core_alone": {"decisions_per_s": core_rate, "placed": core_placed, "scan_decisions_per_s": scan_rate},
-                "memory_mib": {"scheduler_peak_heap": mib(scheduler_peak), "api_objects_heap": mib(objects),
+                "memory_mib": {"scheduler_peak_heap": mib(scheduler_peak), "api_objects_heap": mib(objects), "api_node_objects_heap": mib(node_objects),
                     "process_peak_rss": peak_rss_mib()},
             })
         );
@@ -229,9 +230,10 @@ async fn bench(args: SchedulerBenchArgs) -> anyhow::Result<()> {
             .unwrap_or_default()
     );
     println!(
-        "memory: scheduler peak heap {:.0} MiB (pod cache, snapshots, queue, events it wrote); in-memory API objects {:.0} MiB (the API server's, not the scheduler's); process peak RSS {:.0} MiB",
+        "memory: scheduler peak heap {:.0} MiB (pod cache, snapshots, queue, events it wrote); in-memory API objects {:.0} MiB, of which Nodes {:.0} MiB (the API server's; a scheduler in a cluster caches the Nodes too); process peak RSS {:.0} MiB",
         mib(scheduler_peak),
         mib(objects),
+        mib(node_objects),
         peak_rss_mib()
     );
     Ok(())
