@@ -117,9 +117,8 @@ impl NodeClasses {
         if self.instance != state.instance() || self.of_node.len() != state.len() {
             self.rebuild(state, &rank);
         } else {
-            for i in self.consumed..state.journal_len() {
-                let n = state.changes_since(i)[0] as usize;
-                self.moved(state, n, &rank);
+            for &n in state.changes_since(self.consumed) {
+                self.moved(state, n as usize, &rank);
             }
         }
         self.consumed = state.journal_len();
