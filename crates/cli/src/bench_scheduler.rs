@@ -74,6 +74,18 @@ fn pod(i: usize) -> anyhow::Result<Pod> {
     }))?)
 }
 
+/// An in-memory API holding the benchmark's nodes and pods.
+fn populated(args: &SchedulerBenchArgs) -> anyhow::Result<MemoryApi> {
+    let api = MemoryApi::new();
+    for i in 0..args.nodes {
+        api.put_node(node(i, args.gpus_per_node)?);
+    }
+    for i in 0..args.pods {
+        api.put_pod(pod(i)?);
+    }
+    Ok(api)
+}
+
 fn peak_rss_mib() -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -151,15 +163,10 @@ async fn bench(args: SchedulerBenchArgs) -> anyhow::Result<()> {
         false => None,
     };
 
-    // The scheduler starts cold: its pod cache is built by its first view.
-    let fresh = MemoryApi::new();
-    for i in 0..args.nodes {
-        fresh.put_node(node(i, args.gpus_per_node)?);
-    }
-    for i in 0..args.pods {
-        fresh.put_pod(pod(i)?);
-    }
+    // The scheduler starts cold (its pod cache is built by its first view), on an API that
+    // the core-alone pass above has not touched.
     drop(api);
+    let fresh = populated(&args)?;
     let baseline = heap::live();
     heap::reset_peak();
     let config = SchedulerConfig {

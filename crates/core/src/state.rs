@@ -133,13 +133,13 @@ fn class_of(request: &Request) -> Option<u32> {
 impl ClusterState {
     /// Builds the state of empty nodes; inventories are validated.
     pub fn new(nodes: Vec<NodeInventory>) -> Result<Self, StateError> {
-        let mut names = std::collections::HashSet::new();
-        for node in &nodes {
+        let mut by_name = HashMap::with_capacity(nodes.len());
+        for (i, node) in nodes.iter().enumerate() {
             node.validate().map_err(|source| StateError::Inventory {
                 node: node.name.clone(),
                 source,
             })?;
-            if !names.insert(node.name.as_str()) {
+            if by_name.insert(node.name.clone(), i).is_some() {
                 return Err(StateError::DuplicateNode(node.name.clone()));
             }
         }
@@ -184,11 +184,6 @@ impl ClusterState {
             })
             .collect();
         let gpu_capacity_milli = state.iter().map(NodeState::gpu_idle).sum();
-        let by_name = nodes
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (n.name.clone(), i))
-            .collect();
         Ok(ClusterState {
             id: InstanceId::fresh(),
             nodes,

@@ -122,13 +122,12 @@ pub fn rfc3339(t: SystemTime) -> String {
 struct Filtered {
     allowed: Vec<bool>,
     rejected: BTreeMap<String, usize>,
-    /// Every node allowed: core needs no mask.
-    all: bool,
 }
 
 impl Filtered {
+    /// The mask for core; none when every node is allowed.
     fn mask(&self) -> Option<&[bool]> {
-        (!self.all).then_some(&self.allowed[..])
+        (!self.rejected.is_empty()).then_some(&self.allowed[..])
     }
 }
 
@@ -153,11 +152,7 @@ fn mask_of<'a>(verdicts: impl Iterator<Item = Result<(), &'a NodeRejection>>) ->
             }
         }
     }
-    Filtered {
-        all: rejected.is_empty(),
-        allowed,
-        rejected,
-    }
+    Filtered { allowed, rejected }
 }
 
 /// The mask for `demand`: the cached one, unless it asks for extended resources, whose

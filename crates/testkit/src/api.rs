@@ -68,6 +68,16 @@ impl Store {
         rv
     }
 
+    /// Applies `change` to the stored pod `key` as one write: a new resourceVersion, recorded
+    /// in the history and on the pod (copy on write: views keep the version they saw).
+    fn write_pod(&mut self, key: &(String, String), change: impl FnOnce(&mut Pod)) {
+        let rv = self.bump_pod(key);
+        if let Some(pod) = self.pods.get_mut(key).map(Arc::make_mut) {
+            change(pod);
+            pod.metadata.resource_version = Some(rv);
+        }
+    }
+
     /// Brings the pod cache up to date: a watch from its resourceVersion, or a relist when
     /// that part of the history is gone. History the cache has seen is then compacted.
     fn sync_cache(&mut self) {
@@ -264,25 +274,20 @@ impl ClusterApi for MemoryApi {
                 "{pod}: the object has been modified; please apply your changes to the latest version and try again"
             )));
         }
-        let rv = s.bump_pod(&key);
-        let p = s
-            .pods
-            .get_mut(&key)
-            .map(Arc::make_mut)
-            .ok_or_else(|| ApiError::NotFound(pod.to_string()))?;
-        let annotations = p.metadata.annotations.get_or_insert_with(Default::default);
-        match assignment {
-            Some(text) => {
-                annotations.insert(
-                    gpuplace_scheduler::demand::ASSIGNMENT_ANNOTATION.into(),
-                    text.into(),
-                );
+        s.write_pod(&key, |p| {
+            let annotations = p.metadata.annotations.get_or_insert_with(Default::default);
+            match assignment {
+                Some(text) => {
+                    annotations.insert(
+                        gpuplace_scheduler::demand::ASSIGNMENT_ANNOTATION.into(),
+                        text.into(),
+                    );
+                }
+                None => {
+                    annotations.remove(gpuplace_scheduler::demand::ASSIGNMENT_ANNOTATION);
+                }
             }
-            None => {
-                annotations.remove(gpuplace_scheduler::demand::ASSIGNMENT_ANNOTATION);
-            }
-        }
-        p.metadata.resource_version = Some(rv);
+        });
         Ok(())
     }
 
@@ -312,14 +317,9 @@ impl ClusterApi for MemoryApi {
                 "{pod} is already assigned to a node"
             )));
         }
-        let rv = s.bump_pod(&key);
-        let p = s
-            .pods
-            .get_mut(&key)
-            .map(Arc::make_mut)
-            .ok_or_else(|| ApiError::NotFound(pod.to_string()))?;
-        p.spec.get_or_insert_with(Default::default).node_name = Some(node.to_string());
-        p.metadata.resource_version = Some(rv);
+        s.write_pod(&key, |p| {
+            p.spec.get_or_insert_with(Default::default).node_name = Some(node.to_string());
+        });
         s.bindings.push((pod.clone(), node.to_string()));
         Ok(())
     }
