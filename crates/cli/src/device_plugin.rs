@@ -10,8 +10,13 @@ use gpuplace_deviceplugin::backend::{Backend, FakeBackend, NvmlBackend};
 use gpuplace_deviceplugin::config::{
     BackendKind, DeviceIdStrategy, DeviceListStrategy, LogFormat, Settings,
 };
+use gpuplace_deviceplugin::kube_node::{self, KubeNodeApi};
 use gpuplace_deviceplugin::metrics::{self, Metrics};
+use gpuplace_deviceplugin::node_agent::{Handshake, HandshakeConfig};
+use gpuplace_deviceplugin::node_pods::NodePods;
+use gpuplace_deviceplugin::podresources::PodResources;
 use gpuplace_deviceplugin::{plugin, service};
+use std::time::Duration;
 use tracing::{info, warn};
 
 /// Every setting can come from a flag, from its environment variable, or from the config
@@ -33,7 +38,8 @@ pub struct DevicePluginArgs {
     /// Inventory file for the fake backend (see deploy/inventories).
     #[arg(long, env = "GPUPLACE_INVENTORY")]
     inventory: Option<PathBuf>,
-    /// This node's name (for logs and the published inventory) [default: $NODE_NAME].
+    /// This node's name, from the downward API (`spec.nodeName`) [default: $NODE_NAME];
+    /// required to publish the inventory or run the handshake.
     #[arg(long, env = "GPUPLACE_NODE_NAME")]
     node_name: Option<String>,
     /// Time-slicing: advertise each GPU this many times as <uuid>::<n> [default: 1].
@@ -61,6 +67,13 @@ pub struct DevicePluginArgs {
     /// service account or kubeconfig; skipped with a warning when there is none) [default: true].
     #[arg(long, env = "GPUPLACE_PUBLISH_INVENTORY")]
     publish_inventory: Option<bool>,
+    /// Make the kubelet honour the scheduler's exact devices: watch this node's pods and
+    /// answer GetPreferredAllocation with their `gpuplace.io/assignment` [default: true].
+    #[arg(long, env = "GPUPLACE_HANDSHAKE")]
+    handshake: Option<bool>,
+    /// The kubelet's PodResources socket [default: /var/lib/kubelet/pod-resources/kubelet.sock].
+    #[arg(long, env = "GPUPLACE_POD_RESOURCES_SOCKET")]
+    pod_resources_socket: Option<PathBuf>,
     /// Serve Prometheus metrics and /healthz here (e.g. 0.0.0.0:9400).
     #[arg(long, env = "GPUPLACE_METRICS_ADDR")]
     metrics_addr: Option<SocketAddr>,
@@ -94,6 +107,8 @@ impl DevicePluginArgs {
             pass_device_specs: self.pass_device_specs,
             pre_start_required: self.pre_start_required,
             publish_inventory: self.publish_inventory,
+            handshake: self.handshake,
+            pod_resources_socket: self.pod_resources_socket.clone(),
             metrics_addr: self.metrics_addr,
             log_format: self.log_format,
             xid_ignore: self.xid_ignore.clone(),
@@ -160,24 +175,85 @@ async fn serve(config: Arc<gpuplace_deviceplugin::Config>) -> anyhow::Result<()>
             .with_context(|| format!("cannot serve metrics on {addr}"))?;
         tokio::spawn(metrics::serve(listener, registry));
     }
-    if config.publish_inventory {
+    let wants_api = config.publish_inventory || config.handshake;
+    let client = if wants_api {
         match kube::Client::try_default().await {
-            Ok(client) => {
-                tokio::spawn(gpuplace_deviceplugin::publish::run(
-                    client,
-                    config.node_name.clone(),
-                    inventory.clone(),
-                    config.replicas,
-                ));
+            Ok(client) => Some(client),
+            Err(e) => {
+                warn!(
+                    error = %e,
+                    "no Kubernetes API access: the inventory is not published and the scheduler's device choices are not honoured"
+                );
+                None
             }
-            Err(e) => warn!(
-                error = %e,
-                "no Kubernetes API access: the inventory is not published on the Node (the scheduler falls back to GPU counts)"
-            ),
         }
+    } else {
+        None
+    };
+    if client.is_some() && config.node_name.is_empty() {
+        anyhow::bail!(
+            "publishing the inventory and the handshake need this node's name: set --node-name or NODE_NAME (downward API: spec.nodeName), or turn both off with --publish-inventory false --handshake false"
+        );
+    }
+    let mut tasks = Vec::new();
+    if config.publish_inventory
+        && let Some(client) = &client
+    {
+        tasks.push(tokio::spawn(gpuplace_deviceplugin::publish::run(
+            client.clone(),
+            config.node_name.clone(),
+            inventory.clone(),
+            config.replicas,
+        )));
     }
     let tables = service::device_tables(inventory, config.replicas, metrics.clone());
-    plugin::run(config, tables, metrics, shutdown).await?;
+    let handshake = match (&client, config.handshake) {
+        (Some(client), true) => {
+            let pods = NodePods::new(&config.resource, &config.node_name);
+            tasks.push(tokio::spawn(kube_node::watch_pods(
+                client.clone(),
+                config.node_name.clone(),
+                pods.clone(),
+            )));
+            let handshake = Handshake::new(
+                HandshakeConfig {
+                    node: config.node_name.clone(),
+                    wait_for_watch: Duration::from_secs(2),
+                    resync: Duration::from_secs(10),
+                },
+                pods,
+                PodResources::new(&config.pod_resources_socket, &config.resource),
+                tables.clone(),
+                metrics.clone(),
+            );
+            let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+            let reconciler = tokio::spawn(handshake.clone().reconcile_loop(
+                KubeNodeApi::new(client.clone(), &config.node_name),
+                async move {
+                    let mut stop_rx = stop_rx;
+                    let _ = stop_rx.wait_for(|s| *s).await;
+                },
+            ));
+            info!(node = %config.node_name, "handshake on: answering the kubelet with the scheduler's devices");
+            Some((handshake, stop_tx, reconciler))
+        }
+        _ => None,
+    };
+    plugin::run_with_handshake(
+        config,
+        tables,
+        metrics,
+        handshake.as_ref().map(|(h, _, _)| h.clone()),
+        shutdown,
+    )
+    .await?;
+    if let Some((_, stop, reconciler)) = handshake {
+        let _ = stop.send(true);
+        let _ = reconciler.await;
+    }
+    for task in tasks {
+        task.abort();
+    }
     drop(backend);
     Ok(())
 }

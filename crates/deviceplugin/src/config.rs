@@ -95,6 +95,10 @@ pub struct Settings {
     pub pre_start_required: Option<bool>,
     /// Publish the inventory annotation and GFD labels on this node's Node object.
     pub publish_inventory: Option<bool>,
+    /// Answer the kubelet with the scheduler's exact devices (watches this node's pods).
+    pub handshake: Option<bool>,
+    /// The kubelet's PodResources socket.
+    pub pod_resources_socket: Option<PathBuf>,
     pub metrics_addr: Option<SocketAddr>,
     pub log_format: Option<LogFormat>,
     pub xid_ignore: Option<Vec<u64>>,
@@ -131,6 +135,7 @@ pub struct Config {
     pub resource: String,
     pub backend: BackendKind,
     pub inventory: Option<PathBuf>,
+    /// This node's name; empty when not given (then nothing is published or watched).
     pub node_name: String,
     pub replicas: u32,
     pub device_id_strategy: DeviceIdStrategy,
@@ -141,6 +146,9 @@ pub struct Config {
     pub pre_start_required: bool,
     /// Publish the inventory on the Node (needs API access; skipped with a warning without).
     pub publish_inventory: bool,
+    /// Honour the scheduler's exact devices (needs API access and the node name).
+    pub handshake: bool,
+    pub pod_resources_socket: PathBuf,
     pub metrics_addr: Option<SocketAddr>,
     pub log_format: LogFormat,
     pub xid_ignore: BTreeSet<u64>,
@@ -186,6 +194,8 @@ impl Settings {
             pass_device_specs: self.pass_device_specs.or(lower.pass_device_specs),
             pre_start_required: self.pre_start_required.or(lower.pre_start_required),
             publish_inventory: self.publish_inventory.or(lower.publish_inventory),
+            handshake: self.handshake.or(lower.handshake),
+            pod_resources_socket: self.pod_resources_socket.or(lower.pod_resources_socket),
             metrics_addr: self.metrics_addr.or(lower.metrics_addr),
             log_format: self.log_format.or(lower.log_format),
             xid_ignore: self.xid_ignore.or(lower.xid_ignore),
@@ -232,7 +242,7 @@ impl Settings {
             node_name: self
                 .node_name
                 .or_else(|| std::env::var("NODE_NAME").ok())
-                .unwrap_or_else(|| "localhost".to_string()),
+                .unwrap_or_default(),
             replicas,
             device_id_strategy: self.device_id_strategy.unwrap_or(DeviceIdStrategy::Uuid),
             device_list_strategy: self
@@ -243,6 +253,10 @@ impl Settings {
             pass_device_specs: self.pass_device_specs.unwrap_or(true),
             pre_start_required: self.pre_start_required.unwrap_or(false),
             publish_inventory: self.publish_inventory.unwrap_or(true),
+            handshake: self.handshake.unwrap_or(true),
+            pod_resources_socket: self.pod_resources_socket.unwrap_or_else(|| {
+                PathBuf::from(gpuplace_kubelet_api::DEFAULT_POD_RESOURCES_SOCKET)
+            }),
             metrics_addr: self.metrics_addr,
             log_format: self.log_format.unwrap_or(LogFormat::Text),
             xid_ignore: self

@@ -158,6 +158,51 @@ impl DeviceTable {
         gpus
     }
 
+    /// `ids` without the ones this table does not know, and the unknown ones.
+    pub fn known(&self, ids: &[String]) -> (Vec<String>, Vec<String>) {
+        ids.iter()
+            .cloned()
+            .partition(|id| self.by_id.contains_key(id.as_str()))
+    }
+
+    /// The device IDs that carry out a plan: `must_include` first, then for each planned
+    /// physical GPU (by inventory ID) an offered device of it; if a planned GPU is not on
+    /// offer (still held by a terminating pod), the rest by the topology-aware choice.
+    pub fn ids_for_plan(
+        &self,
+        planned: &[String],
+        available: &[String],
+        must_include: &[String],
+        size: i64,
+    ) -> Result<Vec<String>, PreferenceError> {
+        let offered = self.resolve(available, false)?;
+        let mut chosen: Vec<&Advertised> = if must_include.is_empty() {
+            Vec::new()
+        } else {
+            self.resolve(must_include, false)?
+        };
+        let wanted = usize::try_from(size).unwrap_or(0);
+        for gpu_id in planned {
+            if chosen.len() >= wanted {
+                break;
+            }
+            if chosen.iter().any(|c| self.gpu(c.gpu).id == *gpu_id) {
+                continue;
+            }
+            if let Some(d) = offered
+                .iter()
+                .find(|d| self.gpu(d.gpu).id == *gpu_id && !chosen.iter().any(|c| c.id == d.id))
+            {
+                chosen.push(d);
+            }
+        }
+        let ids: Vec<String> = chosen.iter().map(|d| d.id.clone()).collect();
+        if ids.len() >= wanted {
+            return Ok(ids);
+        }
+        self.preferred(available, &ids, size).map(|(ids, _)| ids)
+    }
+
     /// The best `size` device IDs from `available`, including all of `must_include`.
     ///
     /// Physical GPUs are chosen by the exact topology search of `gpuplace-core` (largest

@@ -33,6 +33,17 @@ pub struct Metrics {
     pub registration_failures: Counter,
     pub device_healthy: Family<DeviceLabel, Gauge>,
     pub devices: Gauge,
+    /// Handshake steps by result (planned, planned_busy, ambiguous, no_plan, list, ...).
+    pub handshake: Family<ResultLabel, Counter>,
+    /// Containers whose kubelet devices differ from the scheduler's plan.
+    pub mismatches: Counter,
+    /// 1 while registered with the kubelet.
+    pub registered: Gauge,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: String,
 }
 
 impl Metrics {
@@ -74,6 +85,29 @@ impl Metrics {
             "Devices advertised to the kubelet",
             self.devices.clone(),
         );
+        sub.register(
+            "handshake",
+            "Handshake steps by result: planned (the plan answered), planned_busy (a planned device was not on offer), ambiguous, no_plan, list, list_cached, allocate_differs, allocated_written, ...",
+            self.handshake.clone(),
+        );
+        sub.register(
+            "allocation_mismatches",
+            "Containers whose kubelet devices differ from the scheduler's assignment",
+            self.mismatches.clone(),
+        );
+        sub.register(
+            "registered",
+            "1 while the plugin is registered with the kubelet",
+            self.registered.clone(),
+        );
+    }
+
+    pub fn handshake(&self, result: &str) {
+        self.handshake
+            .get_or_create(&ResultLabel {
+                result: result.to_string(),
+            })
+            .inc();
     }
 
     pub fn error(&self, reason: &str) {

@@ -28,6 +28,7 @@ use tracing::{info, warn};
 use crate::config::{Config, socket_name};
 use crate::devices::DeviceTable;
 use crate::metrics::Metrics;
+use crate::node_agent::Handshake;
 use crate::service::DevicePluginService;
 
 /// Why the plugin stopped.
@@ -82,6 +83,7 @@ impl Instance {
         tables: watch::Receiver<Arc<DeviceTable>>,
         config: Arc<Config>,
         metrics: Metrics,
+        handshake: Option<Arc<Handshake>>,
     ) -> std::io::Result<Instance> {
         match std::fs::remove_file(socket) {
             Ok(()) => info!(socket = %socket.display(), "removed a stale socket"),
@@ -91,7 +93,7 @@ impl Instance {
         let listener = UnixListener::bind(socket)?;
         let identity = identity(socket);
         let (stop, stop_rx) = watch::channel(false);
-        let service = DevicePluginService::new(tables, config, metrics, stop_rx.clone());
+        let service = DevicePluginService::new(tables, config, metrics, stop_rx.clone(), handshake);
         let mut shutdown = stop_rx;
         let task = tokio::spawn(async move {
             let signal = async move {
@@ -204,6 +206,17 @@ pub async fn run(
     metrics: Metrics,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), PluginError> {
+    run_with_handshake(config, tables, metrics, None, shutdown).await
+}
+
+/// [`run`], answering the kubelet with the scheduler's plans through `handshake`.
+pub async fn run_with_handshake(
+    config: Arc<Config>,
+    tables: watch::Receiver<Arc<DeviceTable>>,
+    metrics: Metrics,
+    handshake: Option<Arc<Handshake>>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), PluginError> {
     let dir = config.plugin_dir.clone();
     if !dir.is_dir() {
         return Err(PluginError::NoPluginDir(dir));
@@ -221,6 +234,7 @@ pub async fn run(
             tables.clone(),
             config.clone(),
             metrics.clone(),
+            handshake.clone(),
         ) {
             Ok(instance) => instance,
             Err(e) => {
@@ -242,6 +256,7 @@ pub async fn run(
             match register(&kubelet, &config, &socket_file).await {
                 Ok(()) => {
                     metrics.registrations.inc();
+                    metrics.registered.set(1);
                     backoff.reset();
                     break identity(&kubelet);
                 }
@@ -297,6 +312,7 @@ pub async fn run(
                 break;
             }
         }
+        metrics.registered.set(0);
         instance.retire();
     }
 }

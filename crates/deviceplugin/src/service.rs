@@ -19,6 +19,7 @@ use tracing::{debug, info, warn};
 use crate::config::{Config, DeviceIdStrategy, DeviceListStrategy};
 use crate::devices::{Advertised, DeviceIdError, DeviceTable, PreferenceError};
 use crate::metrics::{DeviceLabel, Metrics};
+use crate::node_agent::Handshake;
 
 /// Environment variable the NVIDIA container runtime reads.
 pub const VISIBLE_DEVICES_ENV: &str = "NVIDIA_VISIBLE_DEVICES";
@@ -76,6 +77,7 @@ pub struct DevicePluginService {
     config: Arc<Config>,
     metrics: Metrics,
     stop: watch::Receiver<bool>,
+    handshake: Option<Arc<Handshake>>,
 }
 
 impl DevicePluginService {
@@ -84,12 +86,14 @@ impl DevicePluginService {
         config: Arc<Config>,
         metrics: Metrics,
         stop: watch::Receiver<bool>,
+        handshake: Option<Arc<Handshake>>,
     ) -> Self {
         DevicePluginService {
             tables,
             config,
             metrics,
             stop,
+            handshake,
         }
     }
 
@@ -152,15 +156,25 @@ pub fn container_response(
             .collect(),
         DeviceListStrategy::Envvar => Vec::new(),
     };
-    let spec = |name: String| DeviceSpec {
-        container_path: format!("/dev/{name}"),
-        host_path: config.dev_root.join(&name).display().to_string(),
-        permissions: "rw".to_string(),
+    // Only device files that exist on the host: a spec for an absent file fails the
+    // container (`lstat /dev/nvidia0`), e.g. while a driver is being reinstalled.
+    let spec = |name: String| {
+        let host = config.dev_root.join(&name);
+        if !host.exists() {
+            debug!(path = %host.display(), "no device file on the host: no device spec");
+            return None;
+        }
+        Some(DeviceSpec {
+            container_path: format!("/dev/{name}"),
+            host_path: host.display().to_string(),
+            permissions: "rw".to_string(),
+        })
     };
     let devices_specs = if config.pass_device_specs {
         gpus.iter()
-            .map(|g| spec(format!("nvidia{}", g.device_node())))
-            .chain(CONTROL_DEVICES.iter().map(|c| spec(c.to_string())))
+            .map(|g| format!("nvidia{}", g.device_node()))
+            .chain(CONTROL_DEVICES.iter().map(|c| c.to_string()))
+            .filter_map(spec)
             .collect()
     } else {
         Vec::new()
@@ -238,20 +252,30 @@ impl DevicePlugin for DevicePluginService {
             .into_iter()
             .enumerate()
         {
-            let (ids, score) = table
-                .preferred(
-                    &container.available_device_i_ds,
-                    &container.must_include_device_i_ds,
-                    i64::from(container.allocation_size),
-                )
-                .map_err(|e| {
-                    let reason = match &e {
-                        PreferenceError::Device(d) => id_reason(d),
-                        _ => "bad_preferred_request",
-                    };
-                    self.refuse(reason, format!("container request {i}: {e}"))
-                })?;
-            debug!(?ids, score, "preferred allocation");
+            // One unknown ID (a device gone since the kubelet's last list) must not fail
+            // the whole answer: it is left out and logged.
+            let (available, unknown) = table.known(&container.available_device_i_ds);
+            if !unknown.is_empty() {
+                self.metrics.error("unknown_available_device");
+                warn!(
+                    ?unknown,
+                    "GetPreferredAllocation offers devices this plugin does not know; ignoring them"
+                );
+            }
+            let must = &container.must_include_device_i_ds;
+            let size = i64::from(container.allocation_size);
+            let answer = match &self.handshake {
+                Some(h) => h.preferred(&table, &available, must, size).await,
+                None => table.preferred(&available, must, size).map(|(ids, _)| ids),
+            };
+            let ids = answer.map_err(|e| {
+                let reason = match &e {
+                    PreferenceError::Device(d) => id_reason(d),
+                    _ => "bad_preferred_request",
+                };
+                self.refuse(reason, format!("container request {i}: {e}"))
+            })?;
+            debug!(?ids, "preferred allocation");
             self.metrics.preferred_allocations.inc();
             container_responses.push(ContainerPreferredAllocationResponse { device_i_ds: ids });
         }
@@ -275,6 +299,9 @@ impl DevicePlugin for DevicePluginService {
             let devices = table
                 .resolve(&container.devices_ids, true)
                 .map_err(|e| self.refuse(id_reason(&e), format!("container request {i}: {e}")))?;
+            if let Some(h) = &self.handshake {
+                h.allocated(&table, &container.devices_ids).await;
+            }
             container_responses.push(container_response(&table, &devices, &self.config));
             self.metrics.allocations.inc();
             info!(devices = ?container.devices_ids, "allocated");

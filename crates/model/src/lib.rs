@@ -4,9 +4,14 @@
 //! GPUs, nodes, requests and placements with these types, so a decision measured in the
 //! simulator is the same value the production adapters carry out.
 
+mod assignment;
 mod inventory;
 mod request;
 
+pub use assignment::{
+    ALLOCATED_ANNOTATION, ASSIGNMENT_ANNOTATION, Allocated, AnnotationError, Assignment,
+    ContainerAssignment, ContainerKind, ContainerNeed, fresh_devices, plan_containers,
+};
 pub use inventory::{Gpu, INVENTORY_ANNOTATION, InventoryError, Link, NodeInventory, PcieLevel};
 pub use request::{DeviceShare, Placement, Request, RequestError};
 

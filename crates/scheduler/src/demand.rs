@@ -8,8 +8,10 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde::{Deserialize, Serialize};
 
-/// Pod annotation with the scheduler's exact choice (JSON [`Assignment`]).
-pub const ASSIGNMENT_ANNOTATION: &str = "gpuplace.io/assignment";
+pub use gpuplace_model::{
+    ALLOCATED_ANNOTATION, ASSIGNMENT_ANNOTATION, Allocated, Assignment, ContainerAssignment,
+    ContainerKind,
+};
 /// Pod annotation asking for a share of one GPU, in milli-GPU (with `<resource>: 1`).
 pub const GPU_MILLI_ANNOTATION: &str = "gpuplace.io/gpu-milli";
 /// Pod label naming the pod's gang (a PodGroup in the same namespace).
@@ -115,9 +117,19 @@ fn container_requests(c: &Container) -> Result<BTreeMap<String, i128>, DemandErr
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ContainerDemand {
     pub name: String,
-    pub init: bool,
+    pub kind: ContainerKind,
     pub gpu_count: u32,
     pub gpu_milli: u32,
+}
+
+impl ContainerDemand {
+    fn need(&self) -> gpuplace_model::ContainerNeed {
+        gpuplace_model::ContainerNeed {
+            name: self.name.clone(),
+            kind: self.kind,
+            count: self.gpu_count,
+        }
+    }
 }
 
 /// Everything placement needs about a pod.
@@ -131,8 +143,11 @@ pub struct PodDemand {
     pub extended: BTreeMap<String, i64>,
 }
 
-/// Computes a pod's demand: per resource, the larger of the sum over app containers and
-/// the largest init container, plus pod overhead. `gpu_resource` is e.g. `nvidia.com/gpu`.
+/// Computes a pod's demand as Kubernetes does (1.29+ rules): per resource, the larger of
+/// the app containers' and sidecars' sum and the largest init container plus the sidecars
+/// started before it, plus pod overhead. The GPU count is the distinct devices the kubelet
+/// hands the pod's containers (see [`gpuplace_model::fresh_devices`]), which is the same
+/// number. `gpu_resource` is e.g. `nvidia.com/gpu`.
 pub fn pod_demand(pod: &Pod, gpu_resource: &str) -> Result<PodDemand, DemandError> {
     let spec = pod.spec.as_ref();
     let empty = Vec::new();
@@ -168,17 +183,47 @@ pub fn pod_demand(pod: &Pod, gpu_resource: &str) -> Result<PodDemand, DemandErro
         for (k, v) in &r {
             *sums.entry(k.clone()).or_default() += v;
         }
-        push_gpu(&mut gpu_containers, c, &r, gpu_resource, share, false)?;
+        push_gpu(
+            &mut gpu_containers,
+            c,
+            &r,
+            gpu_resource,
+            share,
+            ContainerKind::App,
+        )?;
     }
     let mut init_max: BTreeMap<String, i128> = BTreeMap::new();
+    let mut sidecars: BTreeMap<String, i128> = BTreeMap::new();
     let mut init_gpu = Vec::new();
     for c in inits {
         let r = container_requests(c)?;
-        for (k, v) in &r {
-            let e = init_max.entry(k.clone()).or_default();
-            *e = (*e).max(*v);
+        let restartable = c.restart_policy.as_deref() == Some("Always");
+        if restartable {
+            for (k, v) in &r {
+                *sidecars.entry(k.clone()).or_default() += v;
+            }
+            for (k, v) in &sidecars {
+                let e = init_max.entry(k.clone()).or_default();
+                *e = (*e).max(*v);
+            }
+        } else {
+            let keys: Vec<&String> = r.keys().chain(sidecars.keys()).collect();
+            for k in keys {
+                let candidate =
+                    r.get(k).copied().unwrap_or(0) + sidecars.get(k).copied().unwrap_or(0);
+                let e = init_max.entry(k.clone()).or_default();
+                *e = (*e).max(candidate);
+            }
         }
-        push_gpu(&mut init_gpu, c, &r, gpu_resource, share, true)?;
+        let kind = if restartable {
+            ContainerKind::Sidecar
+        } else {
+            ContainerKind::Init
+        };
+        push_gpu(&mut init_gpu, c, &r, gpu_resource, share, kind)?;
+    }
+    for (k, v) in sidecars {
+        *sums.entry(k).or_default() += v;
     }
     for (k, v) in init_max {
         let e = sums.entry(k).or_default();
@@ -190,8 +235,11 @@ pub fn pod_demand(pod: &Pod, gpu_resource: &str) -> Result<PodDemand, DemandErro
         }
     }
     let whole = |milli: i128| u64::try_from(milli / 1000).unwrap_or(u64::MAX);
-    let gpu_units = sums.get(gpu_resource).copied().unwrap_or(0);
-    let gpu_count = u32::try_from(gpu_units / 1000).unwrap_or(u32::MAX);
+    let mut all_gpu = init_gpu;
+    all_gpu.extend(gpu_containers);
+    let needs: Vec<gpuplace_model::ContainerNeed> =
+        all_gpu.iter().map(ContainerDemand::need).collect();
+    let gpu_count = gpuplace_model::fresh_devices(&needs);
     let gpu_milli = match (gpu_count, share) {
         (0, _) => 0,
         (_, Some(m)) => m,
@@ -204,8 +252,6 @@ pub fn pod_demand(pod: &Pod, gpu_resource: &str) -> Result<PodDemand, DemandErro
         })
         .map(|(k, v)| (k.clone(), i64::try_from(*v / 1000).unwrap_or(i64::MAX)))
         .collect();
-    let mut all_gpu = init_gpu;
-    all_gpu.extend(gpu_containers);
     Ok(PodDemand {
         request: Request {
             cpu_milli: u64::try_from(sums.get("cpu").copied().unwrap_or(0)).unwrap_or(u64::MAX),
@@ -225,7 +271,7 @@ fn push_gpu(
     r: &BTreeMap<String, i128>,
     gpu_resource: &str,
     share: Option<u32>,
-    init: bool,
+    kind: ContainerKind,
 ) -> Result<(), DemandError> {
     let count = u32::try_from(r.get(gpu_resource).copied().unwrap_or(0) / 1000).unwrap_or(u32::MAX);
     if count == 0 {
@@ -240,73 +286,23 @@ fn push_gpu(
     }
     out.push(ContainerDemand {
         name: c.name.clone(),
-        init,
+        kind,
         gpu_count: count,
         gpu_milli: share.unwrap_or(1000),
     });
     Ok(())
 }
 
-/// Devices given to one container.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ContainerAssignment {
-    pub name: String,
-    pub devices: Vec<gpuplace_model::DeviceShare>,
-}
-
-/// The scheduler's decision as recorded on the pod (annotation [`ASSIGNMENT_ANNOTATION`]).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Assignment {
-    pub node: String,
-    pub containers: Vec<ContainerAssignment>,
-    pub policy: String,
-    /// RFC 3339 time of the decision.
-    pub time: String,
-}
-
-impl Assignment {
-    pub fn to_json(&self) -> String {
-        serde_json::to_string(self).unwrap_or_default()
-    }
-
-    /// Parses the annotation; the error names what is wrong.
-    pub fn from_json(text: &str) -> Result<Assignment, DemandError> {
-        serde_json::from_str(text).map_err(|e| DemandError::Annotation {
-            annotation: ASSIGNMENT_ANNOTATION,
-            message: e.to_string(),
-        })
-    }
-
-    /// Every (device position, milli) the assignment holds, for accounting.
-    pub fn devices(&self) -> impl Iterator<Item = &gpuplace_model::DeviceShare> {
-        self.containers.iter().flat_map(|c| c.devices.iter())
-    }
-}
-
-/// Splits a placement's devices over the containers that use GPUs. Init containers run
-/// before app containers and finish, so they reuse the app containers' devices: each init
-/// container takes the first devices of the set.
+/// Splits a placement's devices over the containers that use GPUs by the kubelet's rules
+/// (see [`gpuplace_model::plan_containers`]): a container first reuses devices that earlier
+/// regular init containers held, then takes the next fresh devices of the placement.
 pub fn split_devices(
     containers: &[ContainerDemand],
     devices: &[gpuplace_model::DeviceShare],
 ) -> Vec<ContainerAssignment> {
-    let mut out = Vec::new();
-    let mut next = 0usize;
-    for c in containers {
-        let take = c.gpu_count as usize;
-        let chosen: Vec<gpuplace_model::DeviceShare> = if c.init {
-            devices.iter().take(take).cloned().collect()
-        } else {
-            let slice = devices.iter().skip(next).take(take).cloned().collect();
-            next += take;
-            slice
-        };
-        out.push(ContainerAssignment {
-            name: c.name.clone(),
-            devices: chosen,
-        });
-    }
-    out
+    let needs: Vec<gpuplace_model::ContainerNeed> =
+        containers.iter().map(ContainerDemand::need).collect();
+    gpuplace_model::plan_containers(&needs, devices)
 }
 
 #[cfg(test)]

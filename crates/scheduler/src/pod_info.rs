@@ -12,7 +12,9 @@ use k8s_openapi::api::core::v1::{NodeSelector, Pod, Toleration};
 use k8s_openapi::jiff::Timestamp;
 
 use crate::api::PodKey;
-use crate::demand::{ASSIGNMENT_ANNOTATION, POD_GROUP_LABEL, PodDemand, pod_demand};
+use crate::demand::{
+    ALLOCATED_ANNOTATION, ASSIGNMENT_ANNOTATION, POD_GROUP_LABEL, PodDemand, pod_demand,
+};
 
 /// The pod fields the node filters read; absent when the pod has none of them.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -71,6 +73,8 @@ pub struct PodInfo {
     pub group: Option<String>,
     /// The raw `gpuplace.io/assignment` annotation.
     pub assignment: Option<String>,
+    /// The raw `gpuplace.io/allocated` annotation (the node's truth).
+    pub allocated: Option<String>,
     /// What it asks for, or why its requests are malformed.
     pub demand: Result<PodDemand, String>,
     pub terms: Option<Box<SchedulingTerms>>,
@@ -104,6 +108,11 @@ impl PodInfo {
                 .annotations
                 .as_ref()
                 .and_then(|a| a.get(ASSIGNMENT_ANNOTATION))
+                .cloned(),
+            allocated: meta
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ALLOCATED_ANNOTATION))
                 .cloned(),
             demand: pod_demand(pod, gpu_resource).map_err(|e| e.to_string()),
             filter_key: terms.as_ref().map(SchedulingTerms::key).unwrap_or_default(),

@@ -9,7 +9,7 @@ use gpuplace_model::{INVENTORY_ANNOTATION, NodeInventory, Request};
 use k8s_openapi::api::core::v1::Node;
 use tracing::warn;
 
-use crate::demand::{Assignment, milli_value};
+use crate::demand::{Allocated, Assignment, milli_value};
 use crate::pod_info::PodInfo;
 
 /// What a bound pod holds on its node.
@@ -151,9 +151,10 @@ impl Snapshot {
         self.state.find(name)
     }
 
-    /// Applies what a bound pod holds. Its devices come from its assignment; a pod without
-    /// one (bound by another scheduler) or with a malformed one takes the first fitting
-    /// GPUs, so nothing is ever handed out twice.
+    /// Applies what a bound pod holds. Its devices come from the node's record of what the
+    /// kubelet gave it (`gpuplace.io/allocated`), else from its assignment; a pod with
+    /// neither (bound by another scheduler, before its node reported) or with malformed ones
+    /// takes the first fitting GPUs, so nothing is ever handed out twice.
     pub fn account(&mut self, pod: &PodInfo) {
         let uid = pod.key.uid.clone();
         if uid.is_empty() || self.held.contains_key(&uid) {
@@ -174,11 +175,33 @@ impl Snapshot {
         };
         let inventory = self.state.inventory(n);
         let mut gpus: Vec<(usize, u32)> = Vec::new();
-        if let Some(text) = &pod.assignment {
+        let position = |id: &str| inventory.gpus.iter().position(|g| g.id == id);
+        // The node's record of what the kubelet really gave the pod wins over the plan.
+        let truth = pod.allocated.as_deref().map(Allocated::from_json);
+        match truth {
+            Some(Ok(a)) if a.node == node_name => {
+                for share in a.devices() {
+                    if let Some(pos) = position(&share.id)
+                        && !gpus.iter().any(|(p, _)| *p == pos)
+                    {
+                        gpus.push((pos, demand.request.gpu_milli.max(1)));
+                    }
+                }
+            }
+            Some(Ok(a)) => self.warnings.push(format!(
+                "pod {pod_name}: allocation names node {} but the pod is bound to {node_name}",
+                a.node
+            )),
+            Some(Err(e)) => self.warnings.push(format!("pod {pod_name}: {e}")),
+            None => {}
+        }
+        if gpus.is_empty()
+            && let Some(text) = &pod.assignment
+        {
             match Assignment::from_json(text) {
                 Ok(a) if a.node == node_name => {
                     for share in a.devices() {
-                        if let Some(pos) = inventory.gpus.iter().position(|g| g.id == share.id)
+                        if let Some(pos) = position(&share.id)
                             && !gpus.iter().any(|(p, _)| *p == pos)
                         {
                             gpus.push((pos, share.milli));

@@ -34,6 +34,8 @@ struct Store {
     /// The resourceVersion the cache has caught up to (0: never listed).
     cache_rv: u64,
     relists: usize,
+    /// Every pod change ever (resourceVersion, key), for node-side watches.
+    changes: Vec<(u64, (String, String))>,
 }
 
 impl Default for Store {
@@ -51,6 +53,7 @@ impl Default for Store {
             compacted: 0,
             cache_rv: 0,
             relists: 0,
+            changes: Vec::new(),
         }
     }
 }
@@ -65,6 +68,7 @@ impl Store {
     fn bump_pod(&mut self, key: &(String, String)) -> String {
         let rv = self.bump();
         self.pod_log.push_back((self.version, key.clone()));
+        self.changes.push((self.version, key.clone()));
         rv
     }
 
@@ -112,10 +116,25 @@ impl Store {
 }
 
 /// The API server, shared by clones.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct MemoryApi {
     store: Arc<Mutex<Store>>,
+    /// The resourceVersion of the last pod change, for watchers to wait on.
+    pod_version: tokio::sync::watch::Sender<u64>,
 }
+
+impl Default for MemoryApi {
+    fn default() -> Self {
+        MemoryApi {
+            store: Arc::default(),
+            pod_version: tokio::sync::watch::channel(0).0,
+        }
+    }
+}
+
+/// A pod change as a watch on some pods delivers it: the pod at its latest version, or
+/// `None` once it is deleted.
+pub type PodChange = ((String, String), Option<Arc<Pod>>);
 
 fn lock(store: &Mutex<Store>) -> std::sync::MutexGuard<'_, Store> {
     store.lock().unwrap_or_else(|p| p.into_inner())
@@ -169,6 +188,9 @@ impl MemoryApi {
             .uid
             .get_or_insert_with(|| format!("uid-{ns}-{name}-{rv}"));
         s.pods.insert((ns, name), Arc::new(pod));
+        let v = s.version;
+        drop(s);
+        self.pod_version.send_replace(v);
     }
 
     pub fn delete_pod(&self, namespace: &str, name: &str) {
@@ -177,6 +199,89 @@ impl MemoryApi {
         if s.pods.remove(&key).is_some() {
             s.bump_pod(&key);
         }
+        let v = s.version;
+        drop(s);
+        self.pod_version.send_replace(v);
+    }
+
+    /// Pod changes after resourceVersion `since` (each key once, at its latest version)
+    /// and the resourceVersion they reach.
+    pub fn pod_changes_since(&self, since: u64) -> (Vec<PodChange>, u64) {
+        let s = lock(&self.store);
+        let start = s.changes.partition_point(|(rv, _)| *rv <= since);
+        let mut seen = std::collections::HashSet::new();
+        let mut out = Vec::new();
+        for (_, key) in &s.changes[start..] {
+            if seen.insert(key.clone()) {
+                out.push((key.clone(), s.pods.get(key).cloned()));
+            }
+        }
+        let reached = s
+            .changes
+            .last()
+            .map(|(rv, _)| *rv)
+            .unwrap_or(since)
+            .max(since);
+        (out, reached)
+    }
+
+    /// Waits until a pod changes after resourceVersion `since`.
+    pub async fn wait_pod_change(&self, since: u64) {
+        let mut rx = self.pod_version.subscribe();
+        let _ = rx.wait_for(|v| *v > since).await;
+    }
+
+    /// Sets one annotation on a pod whose UID is `uid` (a merge patch guarded by the UID).
+    pub fn set_annotation(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        key: &str,
+        value: &str,
+    ) -> Result<(), ApiError> {
+        let mut s = lock(&self.store);
+        let pod_key = (namespace.to_string(), name.to_string());
+        let current = s
+            .pods
+            .get(&pod_key)
+            .ok_or_else(|| ApiError::NotFound(format!("{namespace}/{name}")))?;
+        if current.metadata.uid.as_deref() != Some(uid) {
+            return Err(ApiError::Conflict(format!(
+                "{namespace}/{name}: uid precondition failed"
+            )));
+        }
+        s.write_pod(&pod_key, |p| {
+            p.metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(key.to_string(), value.to_string());
+        });
+        let v = s.version;
+        drop(s);
+        self.pod_version.send_replace(v);
+        Ok(())
+    }
+
+    /// Sets a pod's phase (what the kubelet reports), e.g. `Failed` after a refused admission.
+    pub fn set_phase(&self, namespace: &str, name: &str, phase: &str) {
+        let mut s = lock(&self.store);
+        let key = (namespace.to_string(), name.to_string());
+        if s.pods.contains_key(&key) {
+            s.write_pod(&key, |p| {
+                p.status.get_or_insert_with(Default::default).phase = Some(phase.to_string());
+            });
+        }
+        let v = s.version;
+        drop(s);
+        self.pod_version.send_replace(v);
+    }
+
+    /// Records an Event (the node agent's Warnings land here too).
+    pub fn record_event(&self, event: EventRecord) {
+        let mut s = lock(&self.store);
+        s.bump();
+        s.events.push(event);
     }
 
     pub fn put_group(&self, mut group: PodGroup) {
@@ -288,6 +393,9 @@ impl ClusterApi for MemoryApi {
                 }
             }
         });
+        let v = s.version;
+        drop(s);
+        self.pod_version.send_replace(v);
         Ok(())
     }
 
@@ -321,6 +429,9 @@ impl ClusterApi for MemoryApi {
             p.spec.get_or_insert_with(Default::default).node_name = Some(node.to_string());
         });
         s.bindings.push((pod.clone(), node.to_string()));
+        let v = s.version;
+        drop(s);
+        self.pod_version.send_replace(v);
         Ok(())
     }
 

@@ -7,8 +7,13 @@
 //! `kubelet.sock`, again as the kubelet does.
 
 pub mod api;
+pub mod cluster;
+pub mod kubelet_node;
+pub mod node_feed;
+pub mod workload;
 
 pub use api::MemoryApi;
+pub use kubelet_node::{Admission, FakeNode, NodeOptions};
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -233,6 +238,51 @@ impl FakeKubelet {
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// A handle for the kubelet's own calls to the registered plugin.
+    pub fn handle(&self) -> KubeletHandle {
+        KubeletHandle {
+            shared: self.shared.clone(),
+            client: Arc::default(),
+        }
+    }
+}
+
+/// What the kubelet's device manager holds of the newest registration: its device list
+/// and one connection to the plugin, as the kubelet keeps one per endpoint.
+#[derive(Clone)]
+pub struct KubeletHandle {
+    shared: Arc<Mutex<Shared>>,
+    client: Arc<Mutex<Option<(usize, DevicePluginClient<Channel>)>>>,
+}
+
+impl KubeletHandle {
+    /// The newest device list from ListAndWatch.
+    pub fn devices(&self) -> Vec<Device> {
+        lock(&self.shared)
+            .registrations
+            .last()
+            .map(|r| r.devices.borrow().clone())
+            .unwrap_or_default()
+    }
+
+    /// The connection to the newest registered plugin (made again after a re-registration).
+    pub fn client(&self, dir: &Path) -> Option<DevicePluginClient<Channel>> {
+        let (count, endpoint) = {
+            let shared = lock(&self.shared);
+            let r = shared.registrations.last()?;
+            (shared.registrations.len(), r.request.endpoint.clone())
+        };
+        let mut cached = self.client.lock().unwrap_or_else(|p| p.into_inner());
+        match cached.as_ref() {
+            Some((n, c)) if *n == count => Some(c.clone()),
+            _ => {
+                let c = DevicePluginClient::new(unix_channel(dir.join(endpoint)));
+                *cached = Some((count, c.clone()));
+                Some(c)
+            }
+        }
     }
 }
 

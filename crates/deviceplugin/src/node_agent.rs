@@ -1,0 +1,508 @@
+//! The handshake at run time: GetPreferredAllocation answers the scheduler's plan for the
+//! container being admitted, Allocate checks what the kubelet really chose and records it,
+//! and the reconciler writes the node's truth back on the pod.
+//!
+//! Identification is [`crate::handshake::identify`]; the kubelet's `List` is read fresh for
+//! every admission step while the rate limit allows, and otherwise reused within the same
+//! pod's admission (the one case where a cached view is exact: the plugin itself recorded
+//! every change since). Differences are served, never refused: the pod runs, and the
+//! difference is counted, logged, recorded on the pod and reported with a Warning Event.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gpuplace_model::{Allocated, ContainerAssignment, ContainerKind, DeviceShare};
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use crate::devices::{DeviceTable, PreferenceError};
+use crate::handshake::{Ask, Identified, ListedPod, Served, identify, next_container};
+use crate::metrics::Metrics;
+use crate::node_pods::{NodePod, NodePods};
+use crate::podresources::{PodResources, Priority};
+
+/// A failed write to the API server (retried on the next pass).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct NodeApiError(pub String);
+
+/// The writes the node agent makes on pods.
+pub trait NodeApi: Send + Sync + 'static {
+    /// Sets the pod's `gpuplace.io/allocated` annotation (only if the UID still matches).
+    fn set_allocated(
+        &self,
+        pod: &NodePod,
+        allocated: &str,
+    ) -> impl Future<Output = Result<(), NodeApiError>> + Send;
+
+    /// A Warning Event on the pod.
+    fn warn(
+        &self,
+        pod: &NodePod,
+        reason: &str,
+        note: String,
+    ) -> impl Future<Output = Result<(), NodeApiError>> + Send;
+}
+
+/// The answer given to the last GetPreferredAllocation, waiting for its Allocate.
+#[derive(Clone, Debug)]
+struct Pending {
+    pod: Arc<NodePod>,
+    container: String,
+    answer: Vec<String>,
+}
+
+/// A `List` kept for the rest of one pod's admission, updated with what the plugin served.
+#[derive(Clone, Debug)]
+struct Cached {
+    list: Vec<ListedPod>,
+    uid: String,
+    at: Instant,
+}
+
+#[derive(Default)]
+struct State {
+    served: Served,
+    pending: Option<Pending>,
+    cache: Option<Cached>,
+    /// Containers already reported as different (one Event each).
+    reported: HashSet<(String, String)>,
+    /// The annotation last written per pod UID (the watch may not show it yet).
+    written: HashMap<String, String>,
+}
+
+/// Settings of the handshake.
+#[derive(Clone, Debug)]
+pub struct HandshakeConfig {
+    pub node: String,
+    /// How long an admission waits for the pod watch to deliver a pod the kubelet lists.
+    pub wait_for_watch: Duration,
+    /// Reconcile at least this often.
+    pub resync: Duration,
+}
+
+/// The node side of the handshake.
+pub struct Handshake {
+    config: HandshakeConfig,
+    pods: NodePods,
+    podres: PodResources,
+    tables: watch::Receiver<Arc<DeviceTable>>,
+    metrics: Metrics,
+    state: Mutex<State>,
+    dirty: Notify,
+}
+
+/// The physical GPU IDs behind advertised device IDs (unknown IDs are skipped).
+fn physical_ids(table: &DeviceTable, ids: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for id in ids {
+        if let Ok(d) = table.resolve(std::slice::from_ref(id), false) {
+            let gpu = &table.gpu(d[0].gpu).id;
+            if !out.contains(gpu) {
+                out.push(gpu.clone());
+            }
+        }
+    }
+    out
+}
+
+fn same_set(a: &[String], b: &[String]) -> bool {
+    a.len() == b.len() && a.iter().all(|x| b.contains(x))
+}
+
+impl Handshake {
+    pub fn new(
+        config: HandshakeConfig,
+        pods: NodePods,
+        podres: PodResources,
+        tables: watch::Receiver<Arc<DeviceTable>>,
+        metrics: Metrics,
+    ) -> Arc<Handshake> {
+        Arc::new(Handshake {
+            config,
+            pods,
+            podres,
+            tables,
+            metrics,
+            state: Mutex::default(),
+            dirty: Notify::new(),
+        })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn pods(&self) -> &NodePods {
+        &self.pods
+    }
+
+    /// What the plugin served so far: pod UID -> container -> device IDs.
+    pub fn served(&self, uid: &str) -> Option<HashMap<String, Vec<String>>> {
+        self.state().served.pod(uid).cloned()
+    }
+
+    /// The kubelet's active pods: from the cache when the rate limit has no token free
+    /// and the pod whose admission the cache follows still has a container of this size
+    /// to go (the kubelet is still admitting it), else fresh.
+    async fn listed(&self, size: usize) -> Result<Vec<ListedPod>, String> {
+        if !self.podres.token_free() {
+            let state = self.state();
+            if let Some(c) = state.cache.as_ref()
+                && c.at.elapsed() < Duration::from_secs(1)
+                && let Some(pod) = self.pods.snapshot().values().find(|p| p.uid == c.uid)
+                && let Some(l) = c
+                    .list
+                    .iter()
+                    .find(|l| l.namespace == pod.namespace && l.name == pod.name)
+                && next_container(pod, l, &state.served).is_some_and(|n| n.count as usize == size)
+            {
+                self.metrics.handshake("list_cached");
+                return Ok(c.list.clone());
+            }
+        }
+        self.metrics.handshake("list");
+        match self.podres.list(Priority::Admission).await {
+            Ok(Some(list)) => Ok(list),
+            Ok(None) => Err("no PodResources token".into()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Identifies the container being admitted, waiting a bounded time for the pod watch
+    /// when the kubelet lists a pod it has not delivered yet.
+    async fn identify(
+        &self,
+        table: &DeviceTable,
+        available: &[String],
+        must: &[String],
+        size: usize,
+    ) -> Identified {
+        let available: HashSet<String> = physical_ids(table, available).into_iter().collect();
+        let must: HashSet<String> = physical_ids(table, must).into_iter().collect();
+        let ask = Ask {
+            available: &available,
+            must_include: &must,
+            size,
+        };
+        let list = match self.listed(size).await {
+            Ok(list) => list,
+            Err(e) => {
+                warn!(error = %e, "cannot read the kubelet's pod resources: answering without the plan");
+                self.metrics.handshake("list_error");
+                return Identified::Unplanned;
+            }
+        };
+        let mut changes = self.pods.subscribe();
+        let deadline = Instant::now() + self.config.wait_for_watch;
+        loop {
+            let found = {
+                let served = self.state().served.clone();
+                identify(&self.pods.snapshot_with_deleted(), &list, &served, &ask)
+            };
+            match found {
+                Identified::NotYetKnown(pods) => {
+                    let woke = tokio::time::timeout_at(deadline, changes.changed()).await;
+                    if !matches!(woke, Ok(Ok(()))) {
+                        warn!(
+                            ?pods,
+                            "the kubelet admits pods the pod watch has not delivered; answering without them"
+                        );
+                        self.metrics.handshake("watch_late");
+                        let pods = self.pods.snapshot_with_deleted();
+                        let known: Vec<ListedPod> = list
+                            .iter()
+                            .filter(|l| pods.contains_key(&(l.namespace.clone(), l.name.clone())))
+                            .cloned()
+                            .collect();
+                        let served = self.state().served.clone();
+                        let again = identify(&pods, &known, &served, &ask);
+                        self.remember(list, &again);
+                        return again;
+                    }
+                }
+                found => {
+                    self.remember(list, &found);
+                    return found;
+                }
+            }
+        }
+    }
+
+    fn remember(&self, list: Vec<ListedPod>, found: &Identified) {
+        if let Identified::Planned(a) = found {
+            let mut state = self.state();
+            let fresh = state.cache.as_ref().is_none_or(|c| c.uid != a.pod.uid);
+            if fresh {
+                state.cache = Some(Cached {
+                    list,
+                    uid: a.pod.uid.clone(),
+                    at: Instant::now(),
+                });
+            }
+        }
+    }
+
+    /// GetPreferredAllocation for one container: the plan of the container being admitted
+    /// when it can be found, else the topology-aware choice.
+    pub async fn preferred(
+        &self,
+        table: &DeviceTable,
+        available: &[String],
+        must_include: &[String],
+        size: i64,
+    ) -> Result<Vec<String>, PreferenceError> {
+        let fallback = |result: &str| {
+            self.metrics.handshake(result);
+            table
+                .preferred(available, must_include, size)
+                .map(|(ids, _)| ids)
+        };
+        if size < 1 {
+            return fallback("no_plan");
+        }
+        match self
+            .identify(table, available, must_include, size as usize)
+            .await
+        {
+            Identified::Planned(a) => {
+                let answer = table.ids_for_plan(&a.planned, available, must_include, size)?;
+                debug!(pod = %a.pod.name, container = %a.container, ?answer, "answering the plan");
+                self.metrics
+                    .handshake(if a.offered { "planned" } else { "planned_busy" });
+                self.state().pending = Some(Pending {
+                    pod: a.pod,
+                    container: a.container,
+                    answer: answer.clone(),
+                });
+                Ok(answer)
+            }
+            Identified::Ambiguous(candidates) => {
+                warn!(
+                    ?candidates,
+                    "several pods could be the one admitted: topology-aware answer instead of a plan"
+                );
+                fallback("ambiguous")
+            }
+            Identified::Unplanned | Identified::NotYetKnown(_) => fallback("no_plan"),
+        }
+    }
+
+    /// Allocate for one container: attributes the devices to a (pod, container), records
+    /// them, and counts a difference from the plan. Never fails the container.
+    pub async fn allocated(&self, table: &DeviceTable, ids: &[String]) {
+        let pending = self.state().pending.take();
+        let target = match pending {
+            Some(p) if p.answer.len() == ids.len() => Some((p.pod, p.container)),
+            // No GetPreferredAllocation before (devices reused from init containers, or
+            // an exactly aligned NUMA set): find the container by state.
+            _ => match self.identify(table, ids, &[], ids.len()).await {
+                Identified::Planned(a) => Some((a.pod, a.container)),
+                _ => None,
+            },
+        };
+        let Some((pod, container)) = target else {
+            self.metrics.handshake("allocate_unattributed");
+            return;
+        };
+        let got = physical_ids(table, ids);
+        let planned = pod.planned(&container);
+        if !planned.is_empty() && !same_set(&got, &planned) {
+            self.metrics.handshake("allocate_differs");
+            warn!(pod = %format!("{}/{}", pod.namespace, pod.name), %container, ?planned, ?got, "the kubelet chose other devices than the plan");
+        }
+        let kind = pod
+            .containers
+            .iter()
+            .find(|c| c.name == container)
+            .map(|c| c.kind)
+            .unwrap_or_default();
+        let mut state = self.state();
+        state.served.record(&pod.uid, &container, ids.to_vec());
+        if let Some(cache) = state.cache.as_mut()
+            && cache.uid == pod.uid
+            && kind != ContainerKind::Init
+        {
+            if let Some(l) = cache
+                .list
+                .iter_mut()
+                .find(|l| l.namespace == pod.namespace && l.name == pod.name)
+            {
+                match l.containers.iter_mut().find(|(n, _)| *n == container) {
+                    Some((_, d)) => *d = ids.to_vec(),
+                    None => l.containers.push((container.clone(), ids.to_vec())),
+                }
+            }
+        }
+        drop(state);
+        self.dirty.notify_one();
+    }
+
+    /// Keeps every pod's record true until `shutdown`: reads `List` (in the background
+    /// share of the rate limit) after each admission, on pod changes and every `resync`.
+    pub async fn reconcile_loop<A: NodeApi>(
+        self: Arc<Self>,
+        api: A,
+        shutdown: impl Future<Output = ()>,
+    ) {
+        tokio::pin!(shutdown);
+        let mut changes = self.pods.subscribe();
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = self.dirty.notified() => {}
+                _ = changes.changed() => {}
+                _ = tokio::time::sleep(self.config.resync) => {}
+            }
+            // Let an admission's remaining containers go first.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            loop {
+                match self.podres.list(Priority::Background).await {
+                    Ok(Some(list)) => {
+                        self.reconcile(&api, &list).await;
+                        break;
+                    }
+                    Ok(None) => tokio::time::sleep(Duration::from_millis(100)).await,
+                    Err(e) => {
+                        warn!(error = %e, "reconcile: cannot read the kubelet's pod resources");
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// One reconciliation pass over `list`; returns how many pods were written.
+    pub async fn reconcile<A: NodeApi>(&self, api: &A, list: &[ListedPod]) -> usize {
+        let table = self.tables.borrow().clone();
+        let pods = self.pods.snapshot();
+        {
+            let mut state = self.state();
+            let live: HashSet<&str> = pods.values().map(|p| p.uid.as_str()).collect();
+            state.served.retain(|uid| live.contains(uid));
+            state.written.retain(|uid, _| live.contains(uid.as_str()));
+            state
+                .reported
+                .retain(|(uid, _)| live.contains(uid.as_str()));
+        }
+        let mut writes = 0;
+        for l in list {
+            let Some(pod) = pods.get(&(l.namespace.clone(), l.name.clone())) else {
+                continue;
+            };
+            if pod.containers.is_empty() || pod.finished {
+                continue;
+            }
+            let Some((real, differs)) = self.truth(&table, pod, l) else {
+                continue;
+            };
+            for (container, planned, got) in &differs {
+                let first = self
+                    .state()
+                    .reported
+                    .insert((pod.uid.clone(), container.clone()));
+                if first {
+                    self.metrics.mismatches.inc();
+                    let note = format!(
+                        "container {container}: the kubelet allocated {got:?} instead of the scheduler's {planned:?}; the pod keeps them and gpuplace.io/allocated records them"
+                    );
+                    if let Err(e) = api.warn(pod, "GPUAllocationDiffers", note).await {
+                        warn!(error = %e, "cannot record an Event");
+                    }
+                }
+            }
+            let desired =
+                if pod.assignment().is_some() && differs.is_empty() && pod.allocated.is_none() {
+                    continue;
+                } else {
+                    Allocated {
+                        node: self.config.node.clone(),
+                        containers: real,
+                    }
+                    .to_json()
+                };
+            let already = pod.allocated.as_deref() == Some(desired.as_str())
+                || self.state().written.get(&pod.uid) == Some(&desired);
+            if already {
+                continue;
+            }
+            match api.set_allocated(pod, &desired).await {
+                Ok(()) => {
+                    writes += 1;
+                    self.metrics.handshake("allocated_written");
+                    self.state().written.insert(pod.uid.clone(), desired);
+                    info!(pod = %format!("{}/{}", pod.namespace, pod.name), "recorded the kubelet's devices on the pod");
+                }
+                Err(e) => warn!(error = %e, "cannot record the kubelet's devices on the pod"),
+            }
+        }
+        writes
+    }
+
+    /// What each container of `pod` really holds, and the containers that differ from the
+    /// plan; `None` while a container that `List` shows has no devices yet.
+    #[allow(clippy::type_complexity)]
+    fn truth(
+        &self,
+        table: &DeviceTable,
+        pod: &NodePod,
+        listed: &ListedPod,
+    ) -> Option<(
+        Vec<ContainerAssignment>,
+        Vec<(String, Vec<String>, Vec<String>)>,
+    )> {
+        let served = self
+            .state()
+            .served
+            .pod(&pod.uid)
+            .cloned()
+            .unwrap_or_default();
+        let mut real = Vec::new();
+        let mut differs = Vec::new();
+        for c in &pod.containers {
+            let listed_ids = listed
+                .containers
+                .iter()
+                .find(|(n, d)| *n == c.name && !d.is_empty())
+                .map(|(_, d)| d.clone());
+            let ids = match (listed_ids, served.get(&c.name)) {
+                (Some(ids), _) => ids,
+                (None, Some(ids)) => ids.clone(),
+                // A regular init container from before a plugin restart: never listed.
+                (None, None) if c.kind == ContainerKind::Init => continue,
+                (None, None) => return None,
+            };
+            let got = physical_ids(table, &ids);
+            let planned = pod.planned(&c.name);
+            if pod.assignment().is_some() && !same_set(&got, &planned) {
+                differs.push((c.name.clone(), planned.clone(), got.clone()));
+            }
+            let milli = |id: &str| {
+                pod.assignment()
+                    .and_then(|a| a.devices().find(|d| d.id == id).map(|d| d.milli))
+                    .unwrap_or(gpuplace_model::MILLI_PER_GPU)
+            };
+            real.push(ContainerAssignment {
+                name: c.name.clone(),
+                devices: got
+                    .iter()
+                    .map(|id| DeviceShare {
+                        index: table
+                            .inventory()
+                            .gpus
+                            .iter()
+                            .find(|g| g.id == *id)
+                            .map(|g| g.index)
+                            .unwrap_or_default(),
+                        id: id.clone(),
+                        milli: milli(id),
+                    })
+                    .collect(),
+            });
+        }
+        Some((real, differs))
+    }
+}

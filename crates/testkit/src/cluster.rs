@@ -1,0 +1,230 @@
+//! A whole cluster in one process for the handshake: the in-memory API, nodes from
+//! inventory files, and per node a fake kubelet ([`FakeNode`]), gpuplace's device plugin
+//! with its handshake (fed by a lagging watch of the node's pods), and its reconciler; plus
+//! the scheduler's loop. Used by the end-to-end tests and the `handshake` example.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpuplace_deviceplugin::backend::{Backend, FakeBackend};
+use gpuplace_deviceplugin::config::{BackendKind, Settings};
+use gpuplace_deviceplugin::metrics::Metrics;
+use gpuplace_deviceplugin::node_agent::{Handshake, HandshakeConfig};
+use gpuplace_deviceplugin::node_pods::NodePods;
+use gpuplace_deviceplugin::podresources::PodResources;
+use gpuplace_deviceplugin::{plugin, service};
+use gpuplace_model::{INVENTORY_ANNOTATION, NodeInventory};
+use gpuplace_scheduler::{Scheduler, SchedulerConfig};
+use k8s_openapi::api::core::v1::Node;
+use serde_json::json;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::node_feed::feed_node_pods;
+use crate::{FakeNode, MemoryApi, NodeOptions};
+
+/// How the cluster behaves.
+#[derive(Clone, Debug)]
+pub struct ClusterOptions {
+    /// Node names and their inventory files.
+    pub nodes: Vec<(String, PathBuf)>,
+    pub seed: u64,
+    /// Random delay (ms) before a kubelet acts on an API change.
+    pub admission_delay_ms: (u64, u64),
+    /// Random delay (ms) of the device plugin's pod watch.
+    pub plugin_watch_delay_ms: (u64, u64),
+    /// Terminating pods keep their devices this long (ms) on the node.
+    pub terminating_ms: Option<(u64, u64)>,
+    pub numa_alignment: bool,
+    /// Pause between scheduling rounds.
+    pub round_interval: Duration,
+}
+
+/// One node's parts.
+pub struct NodeRig {
+    pub name: String,
+    pub inventory: Arc<NodeInventory>,
+    pub fake: FakeNode,
+    pub handshake: Arc<Handshake>,
+    pub metrics: Metrics,
+    _backend: FakeBackend,
+}
+
+/// The running cluster.
+pub struct HandshakeCluster {
+    pub api: MemoryApi,
+    pub nodes: Vec<NodeRig>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+    scheduler_thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// The Node object a kubelet and the device plugin would make for `inventory`.
+pub fn node_object(name: &str, inventory: &NodeInventory) -> Node {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name},
+            "annotations": {INVENTORY_ANNOTATION: inventory.to_json()}},
+        "status": {
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "allocatable": {
+                "cpu": format!("{}m", inventory.cpu_milli.max(64_000)),
+                "memory": format!("{}Mi", inventory.memory_mib.max(262_144)),
+                "nvidia.com/gpu": inventory.gpus.len().to_string(),
+                "pods": "110"
+            }
+        }
+    }))
+    .unwrap_or_default()
+}
+
+impl HandshakeCluster {
+    /// Starts every part; sockets live under `dir` (one folder per node).
+    pub async fn start(dir: &Path, options: ClusterOptions) -> Result<HandshakeCluster, String> {
+        let api = MemoryApi::new();
+        let (stop, stop_rx) = watch::channel(false);
+        let stopped = |rx: &watch::Receiver<bool>| {
+            let mut rx = rx.clone();
+            async move {
+                let _ = rx.wait_for(|s| *s).await;
+            }
+        };
+        let mut nodes = Vec::new();
+        let mut tasks = Vec::new();
+        for (i, (name, file)) in options.nodes.iter().enumerate() {
+            let node_dir = dir.join(name);
+            std::fs::create_dir_all(&node_dir).map_err(|e| e.to_string())?;
+            let backend = FakeBackend::start(file, name, Duration::from_millis(200))
+                .map_err(|e| e.to_string())?;
+            let inventory = backend.watch().borrow().clone();
+            api.put_node(node_object(name, &inventory));
+            let mut node_options = NodeOptions::new(name);
+            node_options.seed = options.seed.wrapping_add(i as u64 * 1000 + 1);
+            node_options.admission_delay_ms = options.admission_delay_ms;
+            node_options.terminating_ms = options.terminating_ms;
+            node_options.numa_alignment = options.numa_alignment;
+            let fake = FakeNode::start(&node_dir, api.clone(), node_options).await;
+            let config = Arc::new(
+                Settings {
+                    plugin_dir: Some(node_dir.clone()),
+                    backend: Some(BackendKind::Fake),
+                    inventory: Some(file.clone()),
+                    node_name: Some(name.clone()),
+                    pass_device_specs: Some(false),
+                    publish_inventory: Some(false),
+                    handshake: Some(true),
+                    pod_resources_socket: Some(fake.pod_resources_socket().to_path_buf()),
+                    poll_interval_ms: Some(100),
+                    ..Settings::default()
+                }
+                .resolve()
+                .map_err(|e| e.to_string())?,
+            );
+            let metrics = Metrics::default();
+            let tables = service::device_tables(backend.watch(), 1, metrics.clone());
+            let pods = NodePods::new(&config.resource, name);
+            let handshake = Handshake::new(
+                HandshakeConfig {
+                    node: name.clone(),
+                    wait_for_watch: Duration::from_secs(2),
+                    resync: Duration::from_millis(500),
+                },
+                pods.clone(),
+                PodResources::new(fake.pod_resources_socket(), &config.resource),
+                tables.clone(),
+                metrics.clone(),
+            );
+            tasks.push(tokio::spawn(feed_node_pods(
+                api.clone(),
+                name.clone(),
+                pods,
+                options.plugin_watch_delay_ms,
+                options.seed.wrapping_add(i as u64 * 1000 + 2),
+                stop_rx.clone(),
+            )));
+            tasks.push(tokio::spawn(
+                handshake
+                    .clone()
+                    .reconcile_loop(api.clone(), stopped(&stop_rx)),
+            ));
+            let plugin_run = plugin::run_with_handshake(
+                config,
+                tables,
+                metrics.clone(),
+                Some(handshake.clone()),
+                stopped(&stop_rx),
+            );
+            tasks.push(tokio::spawn(async move {
+                let _ = plugin_run.await;
+            }));
+            if fake
+                .kubelet
+                .wait_for_registrations(1, Duration::from_secs(10))
+                .await
+                .is_none()
+            {
+                return Err(format!("the device plugin of {name} did not register"));
+            }
+            nodes.push(NodeRig {
+                name: name.clone(),
+                inventory,
+                fake,
+                handshake,
+                metrics,
+                _backend: backend,
+            });
+        }
+        let scheduler_api = api.clone();
+        let mut scheduler = Scheduler::new(
+            scheduler_api,
+            SchedulerConfig {
+                seed: options.seed,
+                initial_backoff: Duration::from_millis(5),
+                max_backoff: Duration::from_millis(20),
+                ..SchedulerConfig::default()
+            },
+        );
+        // The scheduler's round is not Send (it keeps Rc'd filters): it gets a thread and a
+        // current-thread runtime of its own, as the binary runs it.
+        let mut rx = stop_rx.clone();
+        let interval = options.round_interval;
+        let scheduler_thread = std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            runtime.block_on(async move {
+                loop {
+                    let _ = scheduler.round(Instant::now()).await;
+                    tokio::select! {
+                        _ = rx.wait_for(|s| *s) => return,
+                        _ = tokio::time::sleep(interval) => {}
+                    }
+                }
+            });
+        });
+        Ok(HandshakeCluster {
+            api,
+            nodes,
+            stop,
+            tasks,
+            scheduler_thread: Some(scheduler_thread),
+        })
+    }
+
+    /// Stops every task and node.
+    pub async fn stop(mut self) {
+        let _ = self.stop.send(true);
+        for t in self.tasks.drain(..) {
+            let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+        }
+        if let Some(thread) = self.scheduler_thread.take() {
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
+        for n in self.nodes {
+            n.fake.stop().await;
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! The handshake end to end in one process: the in-memory API, three nodes with different
+//! example inventories, a fake kubelet (serial admission, its own accounting, random
+//! admission delays and interleavings), gpuplace's device plugin and reconciler per node,
+//! and the scheduler. `GPUPLACE_HANDSHAKE_PODS` sets the pod count (default 10,000).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use gpuplace_testkit::cluster::{ClusterOptions, HandshakeCluster};
+use gpuplace_testkit::workload::{self, RunReport};
+
+fn inventories() -> Vec<(String, PathBuf)> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/inventories");
+    vec![
+        ("dgx1".into(), dir.join("dgx1-hybrid-cube-mesh.yaml")),
+        ("nvswitch".into(), dir.join("nvswitch-8.yaml")),
+        ("pcie".into(), dir.join("pcie-4.yaml")),
+    ]
+}
+
+fn pods() -> usize {
+    std::env::var("GPUPLACE_HANDSHAKE_PODS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000)
+}
+
+async fn run(options: ClusterOptions, total: usize, seed: u64) -> RunReport {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = HandshakeCluster::start(dir.path(), options).await.unwrap();
+    let report = workload::run(&cluster, total, 24, (0, 20), seed, Duration::from_secs(600)).await;
+    let handshake: Vec<String> = cluster
+        .nodes
+        .iter()
+        .map(|n| {
+            let mut registry = prometheus_client::registry::Registry::default();
+            n.metrics.register(&mut registry);
+            let text = gpuplace_deviceplugin::metrics::render(&registry);
+            let lines: Vec<&str> = text
+                .lines()
+                .filter(|l| l.starts_with("gpuplace_deviceplugin_handshake_total"))
+                .collect();
+            format!("{}: {}", n.name, lines.join(" "))
+        })
+        .collect();
+    println!("{report:#?}\n{}", handshake.join("\n"));
+    cluster.stop().await;
+    report
+}
+
+fn options(seed: u64) -> ClusterOptions {
+    ClusterOptions {
+        nodes: inventories(),
+        seed,
+        admission_delay_ms: (0, 15),
+        plugin_watch_delay_ms: (0, 15),
+        terminating_ms: None,
+        numa_alignment: false,
+        round_interval: Duration::from_millis(2),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_container_gets_the_scheduled_devices_under_random_admission_order() {
+    let total = pods();
+    let report = run(options(7), total, 7).await;
+    assert!(report.created >= total, "{report:?}");
+    assert_eq!(
+        report.admitted + report.refused,
+        report.created,
+        "every pod admitted or refused: {report:?}"
+    );
+    assert_eq!(report.refused, 0, "{report:?}");
+    assert_eq!(report.double_use, 0);
+    // Only the kubelet's own random split of one init container's devices between two app
+    // containers (it calls no GetPreferredAllocation there) may differ, and the node's
+    // record then tells the truth.
+    assert_eq!(
+        report.mismatches, report.mismatches_random_reuse,
+        "mismatches outside the kubelet's random reuse: {report:?}"
+    );
+    assert_eq!(report.untrue_records, 0, "{report:?}");
+    assert_eq!(report.overlapping_records, 0, "{report:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminating_pods_holding_planned_devices_are_reported_and_records_end_true() {
+    let total = (pods() / 5).max(200);
+    let mut o = options(11);
+    o.terminating_ms = Some((5, 60));
+    let report = run(o, total, 11).await;
+    assert_eq!(report.double_use, 0);
+    assert_eq!(report.untrue_records, 0, "{report:?}");
+    assert_eq!(report.overlapping_records, 0, "{report:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn numa_aligned_kubelets_still_get_the_plan_where_they_ask() {
+    let total = (pods() / 5).max(200);
+    let mut o = options(13);
+    o.numa_alignment = true;
+    let report = run(o, total, 13).await;
+    assert_eq!(report.refused, 0, "{report:?}");
+    assert_eq!(report.double_use, 0);
+    assert_eq!(report.untrue_records, 0, "{report:?}");
+    assert_eq!(report.overlapping_records, 0, "{report:?}");
+}
