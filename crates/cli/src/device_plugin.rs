@@ -138,11 +138,24 @@ pub fn run(args: DevicePluginArgs) -> anyhow::Result<()> {
     runtime.block_on(serve(config))
 }
 
+/// The name the inventory carries: the node's, else the host's (logs only).
+fn inventory_name(config: &gpuplace_deviceplugin::Config) -> String {
+    if !config.node_name.is_empty() {
+        return config.node_name.clone();
+    }
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unnamed-node".to_string())
+}
+
 async fn serve(config: Arc<gpuplace_deviceplugin::Config>) -> anyhow::Result<()> {
     let shutdown = crate::signals::shutdown();
+    let name = inventory_name(&config);
     let backend: Box<dyn Backend> = match config.backend {
         BackendKind::Nvml => Box::new(NvmlBackend::start(
-            &config.node_name,
+            &name,
             config.xid_ignore.clone(),
             config.health_recovery,
         )?),
@@ -151,11 +164,7 @@ async fn serve(config: Arc<gpuplace_deviceplugin::Config>) -> anyhow::Result<()>
                 .inventory
                 .as_ref()
                 .context("the fake backend needs --inventory")?;
-            Box::new(FakeBackend::start(
-                path,
-                &config.node_name,
-                config.poll_interval,
-            )?)
+            Box::new(FakeBackend::start(path, &name, config.poll_interval)?)
         }
     };
     let inventory = backend.watch();

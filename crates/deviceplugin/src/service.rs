@@ -255,6 +255,12 @@ impl DevicePlugin for DevicePluginService {
             // One unknown ID (a device gone since the kubelet's last list) must not fail
             // the whole answer: it is left out and logged.
             let (available, unknown) = table.known(&container.available_device_i_ds);
+            if available.is_empty()
+                && let Some(first) = unknown.first()
+            {
+                let e = DeviceIdError::Unknown(first.clone());
+                return Err(self.refuse(id_reason(&e), format!("container request {i}: {e}")));
+            }
             if !unknown.is_empty() {
                 self.metrics.error("unknown_available_device");
                 warn!(

@@ -52,6 +52,7 @@ async fn start(file: &str, tweak: impl FnOnce(&mut Settings)) -> Running {
         plugin_dir: Some(plugin_dir),
         backend: Some(gpuplace_deviceplugin::config::BackendKind::Fake),
         inventory: Some(inv.clone()),
+        node_name: Some("node-1".into()),
         poll_interval_ms: Some(100),
         ..Default::default()
     };
@@ -352,8 +353,17 @@ async fn preferred_allocation_on_every_example_topology() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allocate_in_every_strategy() {
-    // Default: envvar with UUIDs, device specs for the GPU and the control nodes.
-    let run = start("dgx1-hybrid-cube-mesh.yaml", |_| {}).await;
+    // Default: envvar with UUIDs, device specs for the GPU and the control nodes that
+    // exist on the host (here nvidia-uvm-tools does not: no spec for it).
+    let dev = tempfile::tempdir().unwrap();
+    for f in ["nvidia2", "nvidia3", "nvidiactl", "nvidia-uvm"] {
+        std::fs::write(dev.path().join(f), b"").unwrap();
+    }
+    let root = dev.path().to_path_buf();
+    let run = start("dgx1-hybrid-cube-mesh.yaml", |s| {
+        s.dev_root = Some(root.clone())
+    })
+    .await;
     run.kubelet.wait_for_registrations(1, WAIT).await.unwrap();
     let mut client = run.kubelet.plugin_client().unwrap();
     let reply = client
@@ -381,14 +391,20 @@ async fn allocate_in_every_strategy() {
             )
         })
         .collect();
+    let host = |f: &str| root.join(f).display().to_string();
+    let (h2, h3, hctl, huvm) = (
+        host("nvidia2"),
+        host("nvidia3"),
+        host("nvidiactl"),
+        host("nvidia-uvm"),
+    );
     assert_eq!(
         paths,
         vec![
-            ("/dev/nvidia2", "/dev/nvidia2", "rw"),
-            ("/dev/nvidia3", "/dev/nvidia3", "rw"),
-            ("/dev/nvidiactl", "/dev/nvidiactl", "rw"),
-            ("/dev/nvidia-uvm", "/dev/nvidia-uvm", "rw"),
-            ("/dev/nvidia-uvm-tools", "/dev/nvidia-uvm-tools", "rw"),
+            ("/dev/nvidia2", h2.as_str(), "rw"),
+            ("/dev/nvidia3", h3.as_str(), "rw"),
+            ("/dev/nvidiactl", hctl.as_str(), "rw"),
+            ("/dev/nvidia-uvm", huvm.as_str(), "rw"),
         ]
     );
     assert!(c.cdi_devices.is_empty());
@@ -428,10 +444,13 @@ async fn allocate_in_every_strategy() {
     run.shutdown().await;
 
     // CDI and env with indices, a custom device root.
+    let host_dev = tempfile::tempdir().unwrap();
+    std::fs::write(host_dev.path().join("nvidia1"), b"").unwrap();
+    let host_root = host_dev.path().to_path_buf();
     let run = start("pcie-4.yaml", |s| {
         s.device_list_strategy = Some(DeviceListStrategy::Both);
         s.device_id_strategy = Some(DeviceIdStrategy::Index);
-        s.dev_root = Some("/host/dev".into());
+        s.dev_root = Some(host_root.clone());
     })
     .await;
     run.kubelet.wait_for_registrations(1, WAIT).await.unwrap();
@@ -449,7 +468,15 @@ async fn allocate_in_every_strategy() {
         .remove(0);
     assert_eq!(c.envs["NVIDIA_VISIBLE_DEVICES"], "1");
     assert_eq!(c.cdi_devices[0].name, "nvidia.com/gpu=1");
-    assert_eq!(c.devices[0].host_path, "/host/dev/nvidia1");
+    assert_eq!(
+        c.devices[0].host_path,
+        host_root.join("nvidia1").display().to_string()
+    );
+    assert_eq!(
+        c.devices.len(),
+        1,
+        "no specs for absent control device files"
+    );
     assert_eq!(c.devices[0].container_path, "/dev/nvidia1");
     run.shutdown().await;
 
@@ -502,7 +529,10 @@ async fn replicas_are_advertised_and_allocated_to_physical_gpus() {
         .remove(0);
     // Two replicas of one GPU: that GPU once.
     assert_eq!(c.envs["NVIDIA_VISIBLE_DEVICES"], uuid(4, 1));
-    assert_eq!(c.devices.len(), 1 + 3);
+    assert!(
+        c.devices.is_empty(),
+        "no /dev/nvidia* on this host: no device specs"
+    );
     let all: Vec<String> = list.iter().map(|d| d.id.clone()).collect();
     let got = prefer(&run, &all, &[], 2).await;
     assert_eq!(
@@ -576,6 +606,20 @@ async fn every_bad_request_is_refused_with_its_reason() {
             "exceed the allocation size",
         ),
     ];
+    // One unknown ID among known ones is left out, not a failure of the whole answer.
+    let mut with_unknown = all.clone();
+    with_unknown.insert(1, "GPU-gone".into());
+    let ok = client
+        .get_preferred_allocation(prefer_err(with_unknown, vec![], 2))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(ok.container_responses[0].device_i_ds.len(), 2);
+    assert!(
+        !ok.container_responses[0]
+            .device_i_ds
+            .contains(&"GPU-gone".to_string())
+    );
     for (request, want) in cases {
         let err = client.get_preferred_allocation(request).await.unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument);

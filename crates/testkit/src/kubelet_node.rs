@@ -90,8 +90,9 @@ pub struct Admission {
     /// Containers with devices, in admission order.
     pub containers: Vec<(String, ContainerKind, Vec<String>)>,
     pub error: Option<String>,
-    /// GetPreferredAllocation calls made for this pod.
+    /// GetPreferredAllocation calls made for this pod, and their round trips.
     pub preferred_calls: usize,
+    pub preferred_latency: Vec<Duration>,
 }
 
 struct Entry {
@@ -423,6 +424,7 @@ impl Admitter {
             containers: Vec::new(),
             error: None,
             preferred_calls: 0,
+            preferred_latency: Vec::new(),
         };
         let seq = {
             let mut state = lock(&self.state);
@@ -640,6 +642,7 @@ impl Admitter {
                 offered.push(m.clone());
             }
         }
+        let started = std::time::Instant::now();
         let reply = client
             .get_preferred_allocation(PreferredAllocationRequest {
                 container_requests: vec![ContainerPreferredAllocationRequest {

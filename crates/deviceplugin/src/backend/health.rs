@@ -18,6 +18,16 @@ pub struct HealthTracker {
     last_fault: HashMap<String, Instant>,
 }
 
+/// The GPUs an XID event applies to: the one it names, or every GPU when the driver could
+/// not say which device raised it (an empty or unknown UUID), as NVIDIA's plugin does,
+/// rather than dropping a possibly critical error.
+pub fn xid_targets<'a>(uuid: &str, known: &'a [String]) -> Vec<&'a str> {
+    match known.iter().find(|k| *k == uuid) {
+        Some(k) => vec![k.as_str()],
+        None => known.iter().map(String::as_str).collect(),
+    }
+}
+
 impl HealthTracker {
     pub fn new(ignored: BTreeSet<u64>, recovery: Duration) -> Self {
         HealthTracker {
@@ -139,5 +149,13 @@ mod tests {
                 .is_empty()
         );
         assert!(!t.is_healthy("g"));
+    }
+
+    #[test]
+    fn xids_of_unidentified_devices_apply_to_every_gpu() {
+        let known = vec!["GPU-a".to_string(), "GPU-b".to_string()];
+        assert_eq!(xid_targets("GPU-b", &known), ["GPU-b"]);
+        assert_eq!(xid_targets("", &known), ["GPU-a", "GPU-b"]);
+        assert_eq!(xid_targets("GPU-gone", &known), ["GPU-a", "GPU-b"]);
     }
 }

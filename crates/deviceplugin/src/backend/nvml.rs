@@ -228,10 +228,16 @@ fn health_loop(nvml: Nvml, mut tracker: HealthTracker, tx: watch::Sender<Arc<Nod
                     Some(XidError::Value(v)) => Some(v),
                     _ => None,
                 };
-                if tracker.on_xid(&uuid, xid, now) {
-                    error!(gpu = %uuid, xid = ?xid, "critical XID: GPU marked unhealthy");
-                } else {
-                    info!(gpu = %uuid, xid = ?xid, "XID ignored (application error)");
+                let targets = super::health::xid_targets(&uuid, &uuids);
+                if targets.len() != 1 || targets[0] != uuid {
+                    error!(reported = %uuid, xid = ?xid, "XID event for a device NVML cannot identify: every GPU is affected");
+                }
+                for gpu in targets {
+                    if tracker.on_xid(gpu, xid, now) {
+                        error!(gpu = %gpu, xid = ?xid, "critical XID: GPU marked unhealthy");
+                    } else if tracker.is_healthy(gpu) {
+                        info!(gpu = %gpu, xid = ?xid, "XID ignored (application error)");
+                    }
                 }
             }
             Some(Err(NvmlError::Timeout)) => {}

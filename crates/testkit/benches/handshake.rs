@@ -1,0 +1,106 @@
+//! GetPreferredAllocation latency with the handshake on a busy node: 500 pods bound to one
+//! 16-GPU node (the kubelet lists them all), then 1-GPU pods scheduled one after another;
+//! each admission's GetPreferredAllocation round trip is timed at the fake kubelet (gRPC
+//! over a unix socket, the plugin's PodResources List of every active pod over another,
+//! identification and the answer).
+//!
+//!     cargo bench -p gpuplace-testkit --bench handshake [-- PODS ROUNDS]
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use gpuplace_testkit::cluster::{ClusterOptions, HandshakeCluster};
+use gpuplace_testkit::workload::{Shape, pod_of};
+use serde_json::json;
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<(), String> {
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let bound = args.first().copied().unwrap_or(500);
+    let rounds = args.get(1).copied().unwrap_or(1000);
+    let inventories = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/inventories");
+    let dir = std::env::temp_dir().join(format!("gpuplace-bench-handshake-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let cluster = HandshakeCluster::start(
+        &dir,
+        ClusterOptions {
+            nodes: vec![("node".into(), inventories.join("pairs-16.yaml"))],
+            seed: 1,
+            admission_delay_ms: (0, 0),
+            plugin_watch_delay_ms: (0, 0),
+            terminating_ms: None,
+            numa_alignment: false,
+            round_interval: Duration::from_millis(1),
+        },
+    )
+    .await?;
+    // Pods already on the node: CPU-only, bound by nodeName (no scheduler involved).
+    for i in 0..bound {
+        let pod = serde_json::from_value(json!({
+            "metadata": {"name": format!("resident-{i}"), "namespace": "ml"},
+            "spec": {"nodeName": "node", "containers": [{"name": "app", "image": "busybox"}]},
+            "status": {"phase": "Running"}
+        }))
+        .map_err(|e| e.to_string())?;
+        cluster.api.put_pod(pod);
+    }
+    let node = &cluster.nodes[0];
+    let wait_admissions = |n: usize| async move {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while node.fake.admissions().len() < n && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        node.fake.admissions().len() >= n
+    };
+    if !wait_admissions(bound).await {
+        return Err("the resident pods were not admitted".into());
+    }
+    let mut latencies = Vec::new();
+    let started = Instant::now();
+    for r in 0..rounds {
+        let name = format!("gpu-{r}");
+        cluster.api.put_pod(pod_of(&name, Shape::Whole(1), None));
+        if !wait_admissions(bound + r + 1).await {
+            return Err(format!("pod {name} was not admitted"));
+        }
+        cluster.api.delete_pod("ml", &name);
+    }
+    let elapsed = started.elapsed();
+    let mut planned = 0;
+    for a in node.fake.admissions() {
+        latencies.extend(a.preferred_latency.iter().copied());
+        planned += usize::from(a.error.is_none() && a.preferred_calls > 0);
+    }
+    latencies.sort_unstable();
+    let mut registry = prometheus_client::registry::Registry::default();
+    node.metrics.register(&mut registry);
+    let metrics = gpuplace_deviceplugin::metrics::render(&registry);
+    let answered: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("gpuplace_deviceplugin_handshake_total"))
+        .collect();
+    println!(
+        "GetPreferredAllocation with {bound} pods on the node, {} calls ({planned} GPU pods admitted in {:.1} s):\n  p50 {:?}  p90 {:?}  p99 {:?}  max {:?}\n  {}",
+        latencies.len(),
+        elapsed.as_secs_f64(),
+        percentile(&latencies, 0.50),
+        percentile(&latencies, 0.90),
+        percentile(&latencies, 0.99),
+        latencies.last().copied().unwrap_or_default(),
+        answered.join("\n  ")
+    );
+    cluster.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
