@@ -114,10 +114,22 @@ pub fn next_container<'a>(
         .find(|c| served.get(&pod.uid, &c.name).is_none() && listed.devices(&c.name).is_none())
 }
 
+/// Looks a pod up by namespace and name (the node's pod store, a map in tests).
+pub trait PodLookup {
+    fn lookup(&self, namespace: &str, name: &str) -> Option<Arc<NodePod>>;
+}
+
+impl PodLookup for HashMap<PodName, Arc<NodePod>> {
+    fn lookup(&self, namespace: &str, name: &str) -> Option<Arc<NodePod>> {
+        self.get(&(namespace.to_string(), name.to_string()))
+            .cloned()
+    }
+}
+
 /// Finds the pod and container the kubelet is admitting. `pods` is the node's pod store,
 /// `listed` the kubelet's active pods, `served` the plugin's record.
 pub fn identify(
-    pods: &HashMap<PodName, Arc<NodePod>>,
+    pods: &impl PodLookup,
     listed: &[ListedPod],
     served: &Served,
     ask: &Ask<'_>,
@@ -126,15 +138,14 @@ pub fn identify(
     let mut candidates: Vec<Admitting> = Vec::new();
     let mut unplanned = 0usize;
     for l in listed {
-        let key = (l.namespace.clone(), l.name.clone());
-        let Some(pod) = pods.get(&key) else {
-            unknown.push(key);
+        let Some(pod) = pods.lookup(&l.namespace, &l.name) else {
+            unknown.push((l.namespace.clone(), l.name.clone()));
             continue;
         };
         if pod.finished {
             continue;
         }
-        let Some(next) = next_container(pod, l, served) else {
+        let Some(next) = next_container(&pod, l, served) else {
             continue;
         };
         if next.count as usize != ask.size {
@@ -153,9 +164,10 @@ pub fn identify(
         let offered = planned
             .iter()
             .all(|id| ask.must_include.contains(id) || ask.available.contains(id));
+        let container = next.name.clone();
         candidates.push(Admitting {
-            pod: pod.clone(),
-            container: next.name.clone(),
+            pod,
+            container,
             planned,
             offered,
         });

@@ -47,11 +47,11 @@ pub trait NodeApi: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), NodeApiError>> + Send;
 }
 
-/// The answer given to the last GetPreferredAllocation, waiting for its Allocate.
+/// The answer given to the last GetPreferredAllocation, waiting for its Allocate; `pod` is
+/// `None` when no plan was found (the Allocate then needs no second look).
 #[derive(Clone, Debug)]
 struct Pending {
-    pod: Arc<NodePod>,
-    container: String,
+    pod: Option<(Arc<NodePod>, String)>,
     answer: Vec<String>,
 }
 
@@ -73,6 +73,9 @@ struct State {
     /// The annotation last written per pod UID (the watch may not show it yet).
     written: HashMap<String, String>,
 }
+
+/// A container whose devices differ from the plan: name, planned and real GPU IDs.
+type Difference = (String, Vec<String>, Vec<String>);
 
 /// Settings of the handshake.
 #[derive(Clone, Debug)]
@@ -153,12 +156,13 @@ impl Handshake {
             let state = self.state();
             if let Some(c) = state.cache.as_ref()
                 && c.at.elapsed() < Duration::from_secs(1)
-                && let Some(pod) = self.pods.snapshot().values().find(|p| p.uid == c.uid)
-                && let Some(l) = c
-                    .list
-                    .iter()
-                    .find(|l| l.namespace == pod.namespace && l.name == pod.name)
-                && next_container(pod, l, &state.served).is_some_and(|n| n.count as usize == size)
+                && let Some((l, pod)) = c.list.iter().find_map(|l| {
+                    self.pods
+                        .get(&l.namespace, &l.name)
+                        .filter(|p| p.uid == c.uid)
+                        .map(|p| (l, p))
+                })
+                && next_container(&pod, l, &state.served).is_some_and(|n| n.count as usize == size)
             {
                 self.metrics.handshake("list_cached");
                 return Ok(c.list.clone());
@@ -199,12 +203,10 @@ impl Handshake {
         let mut changes = self.pods.subscribe();
         let deadline = Instant::now() + self.config.wait_for_watch;
         loop {
-            let found = {
-                let served = self.state().served.clone();
-                identify(&self.pods.snapshot_with_deleted(), &list, &served, &ask)
-            };
+            let found = identify(&self.pods, &list, &self.state().served, &ask);
             match found {
                 Identified::NotYetKnown(pods) => {
+                    self.metrics.handshake("waited_for_watch");
                     let woke = tokio::time::timeout_at(deadline, changes.changed()).await;
                     if !matches!(woke, Ok(Ok(()))) {
                         warn!(
@@ -212,14 +214,12 @@ impl Handshake {
                             "the kubelet admits pods the pod watch has not delivered; answering without them"
                         );
                         self.metrics.handshake("watch_late");
-                        let pods = self.pods.snapshot_with_deleted();
                         let known: Vec<ListedPod> = list
                             .iter()
-                            .filter(|l| pods.contains_key(&(l.namespace.clone(), l.name.clone())))
+                            .filter(|l| self.pods.get_or_deleted(&l.namespace, &l.name).is_some())
                             .cloned()
                             .collect();
-                        let served = self.state().served.clone();
-                        let again = identify(&pods, &known, &served, &ask);
+                        let again = identify(&self.pods, &known, &self.state().served, &ask);
                         self.remember(list, &again);
                         return again;
                     }
@@ -257,9 +257,14 @@ impl Handshake {
     ) -> Result<Vec<String>, PreferenceError> {
         let fallback = |result: &str| {
             self.metrics.handshake(result);
-            table
+            let answer = table
                 .preferred(available, must_include, size)
-                .map(|(ids, _)| ids)
+                .map(|(ids, _)| ids)?;
+            self.state().pending = Some(Pending {
+                pod: None,
+                answer: answer.clone(),
+            });
+            Ok(answer)
         };
         if size < 1 {
             return fallback("no_plan");
@@ -274,8 +279,7 @@ impl Handshake {
                 self.metrics
                     .handshake(if a.offered { "planned" } else { "planned_busy" });
                 self.state().pending = Some(Pending {
-                    pod: a.pod,
-                    container: a.container,
+                    pod: Some((a.pod, a.container)),
                     answer: answer.clone(),
                 });
                 Ok(answer)
@@ -296,7 +300,7 @@ impl Handshake {
     pub async fn allocated(&self, table: &DeviceTable, ids: &[String]) {
         let pending = self.state().pending.take();
         let target = match pending {
-            Some(p) if p.answer.len() == ids.len() => Some((p.pod, p.container)),
+            Some(p) if p.answer.len() == ids.len() => p.pod,
             // No GetPreferredAllocation before (devices reused from init containers, or
             // an exactly aligned NUMA set): find the container by state.
             _ => match self.identify(table, ids, &[], ids.len()).await {
@@ -325,16 +329,14 @@ impl Handshake {
         if let Some(cache) = state.cache.as_mut()
             && cache.uid == pod.uid
             && kind != ContainerKind::Init
-        {
-            if let Some(l) = cache
+            && let Some(l) = cache
                 .list
                 .iter_mut()
                 .find(|l| l.namespace == pod.namespace && l.name == pod.name)
-            {
-                match l.containers.iter_mut().find(|(n, _)| *n == container) {
-                    Some((_, d)) => *d = ids.to_vec(),
-                    None => l.containers.push((container.clone(), ids.to_vec())),
-                }
+        {
+            match l.containers.iter_mut().find(|(n, _)| *n == container) {
+                Some((_, d)) => *d = ids.to_vec(),
+                None => l.containers.push((container.clone(), ids.to_vec())),
             }
         }
         drop(state);
@@ -444,16 +446,12 @@ impl Handshake {
 
     /// What each container of `pod` really holds, and the containers that differ from the
     /// plan; `None` while a container that `List` shows has no devices yet.
-    #[allow(clippy::type_complexity)]
     fn truth(
         &self,
         table: &DeviceTable,
         pod: &NodePod,
         listed: &ListedPod,
-    ) -> Option<(
-        Vec<ContainerAssignment>,
-        Vec<(String, Vec<String>, Vec<String>)>,
-    )> {
+    ) -> Option<(Vec<ContainerAssignment>, Vec<Difference>)> {
         let served = self
             .state()
             .served

@@ -232,16 +232,15 @@ impl NodePods {
         self.read().pods.clone()
     }
 
-    /// Live pods and, marked finished, recently deleted ones the kubelet may still list.
-    pub fn snapshot_with_deleted(&self) -> HashMap<PodName, Arc<NodePod>> {
+    /// A live pod or, marked finished, a recently deleted one the kubelet may still list.
+    pub fn get_or_deleted(&self, namespace: &str, name: &str) -> Option<Arc<NodePod>> {
+        let key = (namespace.to_string(), name.to_string());
         let inner = self.read();
-        let mut all: HashMap<PodName, Arc<NodePod>> = inner
-            .gone
-            .iter()
-            .map(|(k, (_, p))| (k.clone(), p.clone()))
-            .collect();
-        all.extend(inner.pods.iter().map(|(k, p)| (k.clone(), p.clone())));
-        all
+        inner
+            .pods
+            .get(&key)
+            .or_else(|| inner.gone.get(&key).map(|(_, p)| p))
+            .cloned()
     }
 
     /// Whether any pod has a plan with containers (the handshake has nothing to do otherwise).
@@ -263,6 +262,12 @@ impl NodePods {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+impl crate::handshake::PodLookup for NodePods {
+    fn lookup(&self, namespace: &str, name: &str) -> Option<Arc<NodePod>> {
+        self.get_or_deleted(namespace, name)
     }
 }
 

@@ -120,11 +120,11 @@ impl PodInfo {
         }
     }
 
-    /// Holds resources on a node: bound, not finished, not being deleted.
+    /// Holds resources on a node: bound and not finished. A pod being deleted still holds
+    /// them until it is gone: the kubelet keeps its devices while it terminates, and a new
+    /// pod planned onto them would get other devices or be refused at admission.
     pub fn is_active_bound(&self) -> bool {
-        self.node_name.is_some()
-            && !matches!(self.phase.as_deref(), Some("Succeeded" | "Failed"))
-            && !self.deleting
+        self.node_name.is_some() && !matches!(self.phase.as_deref(), Some("Succeeded" | "Failed"))
     }
 
     /// Waits for `scheduler_name`: not bound, not being deleted, still Pending.
@@ -195,5 +195,12 @@ mod tests {
             "spec": {"containers": [], "nodeName": "n1"}, "status": {"phase": "Succeeded"}}));
         let info = PodInfo::from_pod(&bound, "nvidia.com/gpu");
         assert!(!info.is_active_bound());
+        let terminating = pod(json!({"metadata": {"name": "e",
+                "deletionTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"containers": [], "nodeName": "n1"}, "status": {"phase": "Running"}}));
+        assert!(
+            PodInfo::from_pod(&terminating, "nvidia.com/gpu").is_active_bound(),
+            "a terminating pod holds its resources until it is gone"
+        );
     }
 }

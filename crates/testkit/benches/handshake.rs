@@ -4,7 +4,11 @@
 //! over a unix socket, the plugin's PodResources List of every active pod over another,
 //! identification and the answer).
 //!
-//!     cargo bench -p gpuplace-testkit --bench handshake [-- PODS ROUNDS]
+//! Pods arrive every PACE_MS (default 50: 20 admissions a second, more than a kubelet
+//! admits on one node); with PACE_MS 0 they arrive back to back and the plugin's
+//! PodResources rate limit (50 List calls a second) sets the pace, and the latency.
+//!
+//!     cargo bench -p gpuplace-testkit --bench handshake [-- PODS ROUNDS PACE_MS]
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -28,7 +32,8 @@ async fn main() -> Result<(), String> {
         .filter_map(|a| a.parse().ok())
         .collect();
     let bound = args.first().copied().unwrap_or(500);
-    let rounds = args.get(1).copied().unwrap_or(1000);
+    let rounds = args.get(1).copied().unwrap_or(600);
+    let pace = Duration::from_millis(args.get(2).copied().unwrap_or(50) as u64);
     let inventories = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/inventories");
     let dir = std::env::temp_dir().join(format!("gpuplace-bench-handshake-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
@@ -66,15 +71,41 @@ async fn main() -> Result<(), String> {
     if !wait_admissions(bound).await {
         return Err("the resident pods were not admitted".into());
     }
+    // The kubelet's List alone, as the plugin calls it (all resident pods active).
+    let podres = gpuplace_deviceplugin::podresources::PodResources::new(
+        node.fake.pod_resources_socket(),
+        "nvidia.com/gpu",
+    );
+    let mut list_latency = Vec::new();
+    for _ in 0..200 {
+        let t = Instant::now();
+        let listed = podres
+            .list(gpuplace_deviceplugin::podresources::Priority::Admission)
+            .await
+            .map_err(|e| e.to_string())?;
+        list_latency.push(t.elapsed());
+        if listed.map(|l| l.len()) != Some(bound) {
+            return Err("List does not show every resident pod".into());
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    list_latency.sort_unstable();
+    println!(
+        "PodResources List of {bound} pods alone: p50 {:?}  p99 {:?}",
+        percentile(&list_latency, 0.5),
+        percentile(&list_latency, 0.99)
+    );
     let mut latencies = Vec::new();
     let started = Instant::now();
     for r in 0..rounds {
+        let next = Instant::now() + pace;
         let name = format!("gpu-{r}");
         cluster.api.put_pod(pod_of(&name, Shape::Whole(1), None));
         if !wait_admissions(bound + r + 1).await {
             return Err(format!("pod {name} was not admitted"));
         }
         cluster.api.delete_pod("ml", &name);
+        tokio::time::sleep_until(next.into()).await;
     }
     let elapsed = started.elapsed();
     let mut planned = 0;
@@ -91,7 +122,7 @@ async fn main() -> Result<(), String> {
         .filter(|l| l.starts_with("gpuplace_deviceplugin_handshake_total"))
         .collect();
     println!(
-        "GetPreferredAllocation with {bound} pods on the node, {} calls ({planned} GPU pods admitted in {:.1} s):\n  p50 {:?}  p90 {:?}  p99 {:?}  max {:?}\n  {}",
+        "GetPreferredAllocation with {bound} pods on the node, {} calls ({planned} GPU pods admitted in {:.1} s, one every {pace:?} at most):\n  p50 {:?}  p90 {:?}  p99 {:?}  max {:?}\n  {}",
         latencies.len(),
         elapsed.as_secs_f64(),
         percentile(&latencies, 0.50),

@@ -658,6 +658,7 @@ impl Admitter {
                     s.message()
                 )
             })?;
+        admission.preferred_latency.push(started.elapsed());
         Ok(reply
             .into_inner()
             .container_responses

@@ -254,8 +254,11 @@ impl FakeKubelet {
 #[derive(Clone)]
 pub struct KubeletHandle {
     shared: Arc<Mutex<Shared>>,
-    client: Arc<Mutex<Option<(usize, DevicePluginClient<Channel>)>>>,
+    client: Arc<Mutex<Option<CachedClient>>>,
 }
+
+/// A client and the registration count it was made for.
+type CachedClient = (usize, DevicePluginClient<Channel>);
 
 impl KubeletHandle {
     /// The newest device list from ListAndWatch.

@@ -105,3 +105,72 @@ async fn numa_aligned_kubelets_still_get_the_plan_where_they_ask() {
     assert_eq!(report.untrue_records, 0, "{report:?}");
     assert_eq!(report.overlapping_records, 0, "{report:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_bound_without_gpuplace_is_recorded_and_later_pods_avoid_its_gpus() {
+    use gpuplace_model::{ALLOCATED_ANNOTATION, ASSIGNMENT_ANNOTATION, Allocated, Assignment};
+    use std::collections::HashSet;
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options(3);
+    o.nodes.truncate(1);
+    let cluster = HandshakeCluster::start(dir.path(), o).await.unwrap();
+    // Another scheduler's pod: bound by nodeName, two GPUs, no assignment.
+    let mut foreign = workload::pod_of("foreign", workload::Shape::Whole(2), None);
+    let spec = foreign.spec.as_mut().unwrap();
+    spec.node_name = Some("dgx1".into());
+    spec.scheduler_name = Some("default-scheduler".into());
+    cluster.api.put_pod(foreign);
+    let wait = |what: &'static str, check: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !check() {
+            assert!(std::time::Instant::now() < deadline, "timed out: {what}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let annotation = |name: &str, key: &str| {
+        cluster
+            .api
+            .pod("ml", name)
+            .and_then(|p| p.metadata.annotations)
+            .and_then(|a| a.get(key).cloned())
+    };
+    wait("the node records the foreign pod's devices", &|| {
+        annotation("foreign", ALLOCATED_ANNOTATION).is_some()
+    });
+    let recorded =
+        Allocated::from_json(&annotation("foreign", ALLOCATED_ANNOTATION).unwrap()).unwrap();
+    let node = &cluster.nodes[0];
+    let kubelet = node.fake.admissions()[0].containers[0].2.clone();
+    let held: HashSet<String> = recorded.devices().iter().map(|d| d.id.clone()).collect();
+    assert_eq!(held, kubelet.iter().cloned().collect::<HashSet<_>>());
+    // A gpuplace pod for the other six GPUs gets exactly them, as planned.
+    cluster
+        .api
+        .put_pod(workload::pod_of("six", workload::Shape::Whole(6), None));
+    wait("the 6-GPU pod is admitted", &|| {
+        node.fake.admissions().len() == 2
+    });
+    let plan = Assignment::from_json(&annotation("six", ASSIGNMENT_ANNOTATION).unwrap()).unwrap();
+    let planned: HashSet<String> = plan.devices().map(|d| d.id.clone()).collect();
+    let got: HashSet<String> = node.fake.admissions()[1].containers[0]
+        .2
+        .iter()
+        .cloned()
+        .collect();
+    assert_eq!(planned, got, "the kubelet gave the planned GPUs");
+    assert!(
+        planned.is_disjoint(&held),
+        "no GPU of the foreign pod planned"
+    );
+    // The plan was honoured: nothing to correct, no Warning.
+    std::thread::sleep(Duration::from_millis(800));
+    assert!(annotation("six", ALLOCATED_ANNOTATION).is_none());
+    assert!(
+        cluster
+            .api
+            .events()
+            .iter()
+            .all(|e| e.reason != "GPUAllocationDiffers")
+    );
+    cluster.stop().await;
+}
