@@ -204,6 +204,31 @@ impl MemoryApi {
         self.pod_version.send_replace(v);
     }
 
+    /// A graceful delete: the pod gets a deletionTimestamp and stays until its kubelet has
+    /// stopped it and deletes it for good ([`delete_pod`](Self::delete_pod)).
+    pub fn delete_pod_gracefully(&self, namespace: &str, name: &str) {
+        let mut s = lock(&self.store);
+        let key = (namespace.to_string(), name.to_string());
+        let bound = s
+            .pods
+            .get(&key)
+            .is_some_and(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some());
+        if !bound {
+            drop(s);
+            self.delete_pod(namespace, name);
+            return;
+        }
+        s.write_pod(&key, |p| {
+            p.metadata.deletion_timestamp =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::now(),
+                ));
+        });
+        let v = s.version;
+        drop(s);
+        self.pod_version.send_replace(v);
+    }
+
     /// Pod changes after resourceVersion `since` (each key once, at its latest version)
     /// and the resourceVersion they reach.
     pub fn pod_changes_since(&self, since: u64) -> (Vec<PodChange>, u64) {

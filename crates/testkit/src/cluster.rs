@@ -126,7 +126,8 @@ impl HandshakeCluster {
             let handshake = Handshake::new(
                 HandshakeConfig {
                     node: name.clone(),
-                    wait_for_watch: Duration::from_secs(2),
+                    // Longer than production's 2 s: test machines run five clusters on 2 cores.
+                    wait_for_watch: Duration::from_secs(5),
                     resync: Duration::from_millis(500),
                 },
                 pods.clone(),

@@ -283,6 +283,10 @@ impl FakeNode {
     }
 }
 
+/// A pod stopping: when its devices are released, its UID, and its namespace and name when
+/// it was deleted gracefully (the kubelet then deletes it for good).
+type Terminating = (tokio::time::Instant, String, Option<(String, String)>);
+
 struct Admitter {
     api: MemoryApi,
     options: NodeOptions,
@@ -328,9 +332,9 @@ impl Admitter {
         let mut since = 0u64;
         // Pods this kubelet knows: UID by (namespace, name).
         let mut known: HashMap<(String, String), String> = HashMap::new();
-        let mut terminating: Vec<(tokio::time::Instant, String)> = Vec::new();
+        let mut terminating: Vec<Terminating> = Vec::new();
         loop {
-            let next_release = terminating.iter().map(|(t, _)| *t).min();
+            let next_release = terminating.iter().map(|(t, _, _)| *t).min();
             tokio::select! {
                 _ = stop.wait_for(|s| *s) => return,
                 _ = self.api.wait_pod_change(since) => {}
@@ -342,9 +346,12 @@ impl Admitter {
                 } => {}
             }
             let now = tokio::time::Instant::now();
-            terminating.retain(|(t, uid)| {
+            terminating.retain(|(t, uid, graceful)| {
                 if *t <= now {
                     self.release(uid);
+                    if let Some((ns, name)) = graceful {
+                        self.api.delete_pod(ns, name);
+                    }
                     false
                 } else {
                     true
@@ -375,14 +382,27 @@ impl Admitter {
                     }
                 };
                 if gone {
+                    // Deleted gracefully (still in the API with a deletionTimestamp): the
+                    // kubelet stops it, then deletes it for good.
+                    let graceful = here
+                        .filter(|p| p.metadata.deletion_timestamp.is_some())
+                        .map(|_| key.clone());
                     if let Some(uid) = known.remove(&key) {
                         match self.options.terminating_ms {
                             Some((lo, hi)) => terminating.push((
                                 now + Duration::from_millis(rng.random_range(lo..=hi)),
                                 uid,
+                                graceful,
                             )),
-                            None => self.release(&uid),
+                            None => {
+                                self.release(&uid);
+                                if let Some((ns, name)) = graceful {
+                                    self.api.delete_pod(&ns, &name);
+                                }
+                            }
                         }
+                    } else if let Some((ns, name)) = graceful {
+                        self.api.delete_pod(&ns, &name);
                     }
                     continue;
                 }

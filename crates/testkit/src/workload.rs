@@ -130,11 +130,22 @@ fn ids(devices: &[gpuplace_model::DeviceShare]) -> HashSet<String> {
 
 /// Creates `total` pods (at most `inflight` alive), deletes each some time after its
 /// kubelet admitted it, and at the end keeps the last ones alive for the record checks.
+/// How pods are deleted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Deletion {
+    /// A deletionTimestamp; the kubelet deletes the pod for good once it has stopped.
+    Graceful,
+    /// Gone from the API at once (`--grace-period 0 --force`), whatever the kubelet holds.
+    Force,
+}
+
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     cluster: &HandshakeCluster,
     total: usize,
     inflight: usize,
     lifetime_ms: (u64, u64),
+    deletion: Deletion,
     seed: u64,
     deadline: Duration,
 ) -> RunReport {
@@ -201,8 +212,14 @@ pub async fn run(
                         rng.random_range(lifetime_ms.0..=lifetime_ms.1),
                     ));
                 }
-                if a.error.is_some() {
+                if let Some(error) = &a.error {
                     report.refused += 1;
+                    if report.examples.len() < 8 {
+                        report.examples.push(format!(
+                            "{} refused: {error}; admitted so far {:?}; plan {:?}",
+                            a.name, a.containers, a.assignment
+                        ));
+                    }
                 } else {
                     report.admitted += 1;
                 }
@@ -220,7 +237,10 @@ pub async fn run(
             .map(|(n, _)| n.clone())
             .collect();
         for name in expired {
-            api.delete_pod("ml", &name);
+            match deletion {
+                Deletion::Graceful => api.delete_pod_gracefully("ml", &name),
+                Deletion::Force => api.delete_pod("ml", &name),
+            }
             alive.remove(&name);
         }
     }
