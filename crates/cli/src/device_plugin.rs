@@ -158,6 +158,7 @@ async fn serve(config: Arc<gpuplace_deviceplugin::Config>) -> anyhow::Result<()>
             &name,
             config.xid_ignore.clone(),
             config.health_recovery,
+            config.dev_root.clone(),
         )?),
         BackendKind::Fake => {
             let path = config
@@ -182,7 +183,7 @@ async fn serve(config: Arc<gpuplace_deviceplugin::Config>) -> anyhow::Result<()>
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("cannot serve metrics on {addr}"))?;
-        tokio::spawn(metrics::serve(listener, registry));
+        tokio::spawn(metrics::serve(listener, registry, metrics.clone()));
     }
     let wants_api = config.publish_inventory || config.handshake;
     let client = if wants_api {

@@ -127,8 +127,21 @@ pub fn render(registry: &Registry) -> String {
     out
 }
 
+/// `/healthz`: 200 while registered with the kubelet; 503 otherwise (the kubelet's socket
+/// is gone or refuses us), so a probe can tell a plugin the kubelet does not hear.
+pub fn health(metrics: &Metrics) -> (StatusCode, &'static str) {
+    if metrics.registered.get() > 0 {
+        (StatusCode::OK, "ok: registered with the kubelet")
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not registered with the kubelet",
+        )
+    }
+}
+
 /// Serves `/metrics` and `/healthz` on `listener` until the task is dropped.
-pub async fn serve(listener: tokio::net::TcpListener, registry: Arc<Registry>) {
+pub async fn serve(listener: tokio::net::TcpListener, registry: Arc<Registry>, metrics: Metrics) {
     let app = Router::new()
         .route(
             "/metrics",
@@ -145,12 +158,33 @@ pub async fn serve(listener: tokio::net::TcpListener, registry: Arc<Registry>) {
                 }
             }),
         )
-        .route("/healthz", get(|| async { (StatusCode::OK, "ok") }))
+        .route(
+            "/healthz",
+            get(move || {
+                let metrics = metrics.clone();
+                async move { health(&metrics) }
+            }),
+        )
         .fallback(|| async { StatusCode::NOT_FOUND.into_response() });
     if let Ok(addr) = listener.local_addr() {
         info!(%addr, "serving metrics");
     }
     if let Err(e) = axum::serve(listener, app).await {
         warn!(error = %e, "metrics server stopped");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn health_follows_the_registration() {
+        let m = Metrics::default();
+        assert_eq!(health(&m).0, StatusCode::SERVICE_UNAVAILABLE);
+        m.registered.set(1);
+        assert_eq!(health(&m).0, StatusCode::OK);
+        m.registered.set(0);
+        assert_eq!(health(&m).0, StatusCode::SERVICE_UNAVAILABLE);
     }
 }

@@ -1,13 +1,15 @@
 //! Publishing the inventory on the Node, against kube's mock pattern (a `Client` over a
 //! tower-test service): a merge patch on start, again on every change, none for an
-//! unchanged inventory, and retries after the API server fails.
+//! unchanged inventory, retries after the API server fails, and the annotation and labels
+//! restored when the Node is deleted and re-created.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpuplace_deviceplugin::publish;
+use gpuplace_deviceplugin::publish::{self, KubePatcher, NodeSeen};
 use gpuplace_model::{INVENTORY_ANNOTATION, NodeInventory};
 use http::{Request, Response};
+use k8s_openapi::api::core::v1::Node;
 use kube::client::Body;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
@@ -45,9 +47,12 @@ fn api(
                 )
             } else {
                 let _ = tx.send((uri, content_type, body.clone()));
+                // The API server answers with the patched Node.
                 (
                     200,
-                    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}),
+                    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1",
+                        "annotations": body["metadata"]["annotations"],
+                        "labels": body["metadata"].get("labels").cloned().unwrap_or(json!({}))}}),
                 )
             };
             send.send_response(
@@ -85,7 +90,14 @@ async fn publishes_on_start_and_on_every_change() {
     let (client, mut patches) = api(0);
     let inventory = NodeInventory::uniform("n1", 0, 0, 2, "A100");
     let (tx, rx) = watch::channel(Arc::new(inventory.clone()));
-    let task = tokio::spawn(publish::run(client, "n1".into(), rx, 1));
+    let (_events, events_rx) = mpsc::channel::<NodeSeen>(4);
+    let task = tokio::spawn(publish::keep_published(
+        KubePatcher::new(client),
+        "n1".into(),
+        rx,
+        1,
+        events_rx,
+    ));
 
     let (uri, content_type, body) = next(&mut patches).await;
     assert_eq!(uri, "/api/v1/nodes/n1?");
@@ -119,7 +131,73 @@ async fn retries_after_the_api_server_fails() {
     let (client, mut patches) = api(2);
     let inventory = NodeInventory::uniform("n1", 0, 0, 8, "H100");
     let (_tx, rx) = watch::channel(Arc::new(inventory.clone()));
-    tokio::spawn(publish::run(client, "n1".into(), rx, 1));
+    let (_events, events_rx) = mpsc::channel::<NodeSeen>(4);
+    tokio::spawn(publish::keep_published(
+        KubePatcher::new(client),
+        "n1".into(),
+        rx,
+        1,
+        events_rx,
+    ));
     let (_, _, body) = next(&mut patches).await;
     assert_eq!(published(&body), inventory);
+}
+
+fn node(value: Value) -> Node {
+    serde_json::from_value(value).unwrap()
+}
+
+#[tokio::test]
+async fn restores_what_a_recreated_node_lacks_and_leaves_gfd_labels_to_gfd() {
+    let (client, mut patches) = api(0);
+    let inventory = NodeInventory::uniform("n1", 0, 0, 4, "A100");
+    let (_tx, rx) = watch::channel(Arc::new(inventory.clone()));
+    let (events, events_rx) = mpsc::channel::<NodeSeen>(4);
+    tokio::spawn(publish::keep_published(
+        KubePatcher::new(client),
+        "n1".into(),
+        rx,
+        1,
+        events_rx,
+    ));
+    // The watch's first view: a Node without the annotation.
+    events
+        .send(Some(node(json!({"metadata": {"name": "n1"}}))))
+        .await
+        .unwrap();
+    let (_, _, body) = next(&mut patches).await;
+    assert_eq!(published(&body), inventory);
+    // The Node as it now is: nothing to do.
+    let complete = node(json!({"metadata": {"name": "n1",
+        "annotations": body["metadata"]["annotations"], "labels": body["metadata"]["labels"]}}));
+    events.send(Some(complete.clone())).await.unwrap();
+    // (The watch's first view may predate the first patch: one idempotent patch more.)
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    while patches.try_recv().is_ok() {}
+    // Deleted: nothing to patch. Re-created by the kubelet without our keys: restored.
+    events.send(None).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        patches.try_recv().is_err(),
+        "no patch for a complete or deleted Node"
+    );
+    let started = std::time::Instant::now();
+    events
+        .send(Some(node(json!({"metadata": {"name": "n1",
+            "labels": {"kubernetes.io/hostname": "n1"}}}))))
+        .await
+        .unwrap();
+    let (_, _, body) = next(&mut patches).await;
+    assert_eq!(published(&body), inventory);
+    assert_eq!(body["metadata"]["labels"]["nvidia.com/gpu.count"], "4");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    // Re-created where GFD runs: only the annotation, GFD's labels stay GFD's.
+    events
+        .send(Some(node(json!({"metadata": {"name": "n1",
+            "labels": {"nvidia.com/gfd.timestamp": "1", "nvidia.com/gpu.product": "NVIDIA-A100-GFD"}}}))))
+        .await
+        .unwrap();
+    let (_, _, body) = next(&mut patches).await;
+    assert_eq!(published(&body), inventory);
+    assert!(body["metadata"].get("labels").is_none(), "{body}");
 }

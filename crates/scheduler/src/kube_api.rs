@@ -16,7 +16,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use serde_json::json;
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::api::{ApiError, ClusterApi, ClusterView, EventRecord, PodKey};
 use crate::cache::PodCache;
@@ -91,7 +91,58 @@ fn run_pod_cache(
     (cache, ready)
 }
 
-fn run_reflector<K>(api: Api<K>, strip: fn(&mut K)) -> Store<K>
+/// Whether a watch error says the resource type does not exist (a CRD not installed).
+pub fn is_missing_resource(e: &watcher::Error) -> bool {
+    let code = match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.code,
+        watcher::Error::WatchError(s) => s.code,
+        _ => 0,
+    };
+    code == 404
+}
+
+/// What a watch tells its operator about errors: a missing resource type once, with
+/// `missing_hint`, then quietly until it appears (the watch keeps retrying with backoff);
+/// other errors each time.
+#[derive(Debug, Default)]
+pub struct WatchLog {
+    missing: bool,
+}
+
+/// How to log one watch outcome.
+#[derive(Debug, PartialEq, Eq)]
+pub enum WatchNote {
+    /// Nothing to say.
+    Quiet,
+    /// The resource is missing (said once).
+    Missing,
+    /// The resource is back after being missing.
+    Found,
+    /// Another error.
+    Error,
+}
+
+impl WatchLog {
+    pub fn note(&mut self, missing: Option<bool>) -> WatchNote {
+        match missing {
+            None if self.missing => {
+                self.missing = false;
+                WatchNote::Found
+            }
+            None => WatchNote::Quiet,
+            Some(true) if self.missing => WatchNote::Quiet,
+            Some(true) => {
+                self.missing = true;
+                WatchNote::Missing
+            }
+            Some(false) => WatchNote::Error,
+        }
+    }
+}
+
+fn run_reflector<K>(api: Api<K>, strip: fn(&mut K), missing_hint: &'static str) -> Store<K>
 where
     K: kube::Resource
         + Clone
@@ -111,9 +162,16 @@ where
     );
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
+        let mut log = WatchLog::default();
         while let Some(event) = stream.next().await {
-            if let Err(e) = event {
-                warn!(error = %e, "watch error (retrying with backoff)");
+            let missing = event.as_ref().err().map(is_missing_resource);
+            match (log.note(missing), event) {
+                (WatchNote::Missing, _) => warn!("{missing_hint}"),
+                (WatchNote::Found, _) => info!("the resource is there now: watching it"),
+                (WatchNote::Error, Err(e)) => {
+                    warn!(error = %e, "watch error (retrying with backoff)")
+                }
+                _ => {}
             }
         }
     });
@@ -127,12 +185,18 @@ impl KubeApi {
         reporting_instance: String,
         gpu_resource: &str,
     ) -> Result<KubeApi, ApiError> {
-        let nodes = run_reflector(Api::<Node>::all(client.clone()), strip_node);
+        let nodes = run_reflector(
+            Api::<Node>::all(client.clone()),
+            strip_node,
+            "nodes cannot be listed (RBAC?)",
+        );
         let (pods, mut pods_listed) = run_pod_cache(Api::<Pod>::all(client.clone()), gpu_resource);
         // The CRD may be absent; gangs then stay unresolved until it is installed.
-        let groups = run_reflector(Api::<PodGroup>::all(client.clone()), |g| {
-            g.metadata.managed_fields = None
-        });
+        let groups = run_reflector(
+            Api::<PodGroup>::all(client.clone()),
+            |g| g.metadata.managed_fields = None,
+            "gangs disabled until the PodGroup CRD is installed: `gpuplace crd | kubectl apply -f -`",
+        );
         nodes
             .wait_until_ready()
             .await
@@ -263,5 +327,50 @@ impl ClusterApi for KubeApi {
         .await
         .map(|_| ())
         .map_err(api_error)
+    }
+}
+
+#[cfg(test)]
+mod watch_log_tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_crd_is_said_once_and_its_arrival_once() {
+        let mut log = WatchLog::default();
+        assert_eq!(log.note(Some(true)), WatchNote::Missing);
+        for _ in 0..100 {
+            assert_eq!(
+                log.note(Some(true)),
+                WatchNote::Quiet,
+                "backing off quietly"
+            );
+        }
+        assert_eq!(log.note(None), WatchNote::Found);
+        assert_eq!(log.note(None), WatchNote::Quiet);
+        assert_eq!(log.note(Some(false)), WatchNote::Error);
+        assert_eq!(
+            log.note(Some(false)),
+            WatchNote::Error,
+            "other errors each time"
+        );
+    }
+
+    #[test]
+    fn not_found_is_a_missing_resource() {
+        let status = |code| {
+            Box::new(kube::core::Status {
+                code,
+                ..Default::default()
+            })
+        };
+        assert!(is_missing_resource(&watcher::Error::InitialListFailed(
+            kube::Error::Api(status(404))
+        )));
+        assert!(!is_missing_resource(&watcher::Error::InitialListFailed(
+            kube::Error::Api(status(403))
+        )));
+        assert!(is_missing_resource(&watcher::Error::WatchError(status(
+            404
+        ))));
     }
 }

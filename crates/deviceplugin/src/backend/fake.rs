@@ -43,6 +43,10 @@ pub struct GpuEntry {
     pub numa_node: Option<u32>,
     #[serde(default = "yes")]
     pub healthy: bool,
+    /// The GPU's device file, when this node has one (the fake backend expects none
+    /// otherwise); a named file that is missing keeps the GPU unhealthy.
+    #[serde(default)]
+    pub device_file: Option<PathBuf>,
 }
 
 fn yes() -> bool {
@@ -61,6 +65,17 @@ pub struct InventoryFile {
     pub cpu_milli: u64,
     #[serde(default)]
     pub memory_mib: u64,
+}
+
+/// A GPU whose inventory names a device file that is missing is kept unhealthy (logged).
+fn device_file_ok(gpu: &GpuEntry) -> bool {
+    match &gpu.device_file {
+        Some(path) if !path.exists() => {
+            warn!(gpu = %gpu.uuid, path = %path.display(), "the GPU's device file is missing: unhealthy, not handed out");
+            false
+        }
+        _ => true,
+    }
 }
 
 /// Parses and validates inventory YAML; errors name the problem (and the line, for YAML).
@@ -96,6 +111,7 @@ pub fn parse_inventory(
             .gpus
             .into_iter()
             .map(|g| Gpu {
+                healthy: g.healthy && device_file_ok(&g),
                 id: g.uuid.clone(),
                 index: g.index,
                 minor: g.minor,
@@ -103,7 +119,6 @@ pub fn parse_inventory(
                 model: g.model,
                 memory_mib: g.memory_mib,
                 numa_node: g.numa_node,
-                healthy: g.healthy,
                 milli_capacity: gpuplace_model::MILLI_PER_GPU,
             })
             .collect(),
@@ -258,6 +273,24 @@ mod tests {
         assert_eq!(inv.gpus[0].numa_node, Some(0));
         assert!(!inv.gpus[1].healthy);
         assert_eq!(inv.links[0].score(), 20);
+    }
+
+    #[test]
+    fn a_named_device_file_that_is_missing_keeps_the_gpu_unhealthy() {
+        let dir = tempfile::tempdir().unwrap();
+        let present = dir.path().join("nvidia0");
+        std::fs::write(&present, b"").unwrap();
+        let missing = dir.path().join("nvidia1");
+        let text = format!(
+            "gpus:\n  - {{uuid: GPU-a, index: 0, device_file: {}}}\n  - {{uuid: GPU-b, index: 1, device_file: {}}}\n  - {{uuid: GPU-c, index: 2}}\n",
+            present.display(),
+            missing.display()
+        );
+        let inv = parse_inventory(&text, "x.yaml", "n").unwrap();
+        let health: Vec<bool> = inv.gpus.iter().map(|g| g.healthy).collect();
+        assert_eq!(health, [true, false, true], "no file named: none expected");
+        assert!(super::super::device_file_present(dir.path(), 0));
+        assert!(!super::super::device_file_present(dir.path(), 1));
     }
 
     #[test]

@@ -38,3 +38,10 @@ pub trait Backend: Send + Sync + 'static {
     /// The current inventory; every change (health, reload) is published here.
     fn watch(&self) -> watch::Receiver<Arc<NodeInventory>>;
 }
+
+/// Whether the device file of a GPU exists on the host (`<dev_root>/nvidia<minor>`). A GPU
+/// whose file is missing (a driver being reinstalled, a device gone) is kept unhealthy:
+/// handing it out would fail the container (`lstat /dev/nvidia0`).
+pub fn device_file_present(dev_root: &std::path::Path, minor: u32) -> bool {
+    dev_root.join(format!("nvidia{minor}")).exists()
+}

@@ -32,6 +32,7 @@ impl NvmlBackend {
         node_name: &str,
         xid_ignore: BTreeSet<u64>,
         recovery: Duration,
+        dev_root: std::path::PathBuf,
     ) -> Result<Self, BackendError> {
         let nvml = Nvml::init().map_err(|e| BackendError::NoDriver(e.to_string()))?;
         let inventory = discover(&nvml, node_name)?;
@@ -44,7 +45,7 @@ impl NvmlBackend {
         let tracker = HealthTracker::new(xid_ignore, recovery);
         std::thread::Builder::new()
             .name("nvml-health".into())
-            .spawn(move || health_loop(nvml, tracker, tx))
+            .spawn(move || health_loop(nvml, tracker, tx, dev_root))
             .map_err(|e| BackendError::Nvml(format!("cannot start the health thread: {e}")))?;
         Ok(NvmlBackend { rx })
     }
@@ -181,8 +182,33 @@ fn publish(tx: &watch::Sender<Arc<NodeInventory>>, tracker: &HealthTracker) {
 }
 
 /// Waits for critical XID events, probes GPUs, and publishes health changes.
-fn health_loop(nvml: Nvml, mut tracker: HealthTracker, tx: watch::Sender<Arc<NodeInventory>>) {
+fn health_loop(
+    nvml: Nvml,
+    mut tracker: HealthTracker,
+    tx: watch::Sender<Arc<NodeInventory>>,
+    dev_root: std::path::PathBuf,
+) {
     let uuids: Vec<String> = tx.borrow().gpus.iter().map(|g| g.uuid.clone()).collect();
+    let minors: std::collections::HashMap<String, u32> = tx
+        .borrow()
+        .gpus
+        .iter()
+        .map(|g| (g.uuid.clone(), g.device_node()))
+        .collect();
+    let file_present = |uuid: &str| {
+        minors
+            .get(uuid)
+            .is_none_or(|&m| super::device_file_present(&dev_root, m))
+    };
+    let check_files = |tracker: &mut HealthTracker, now: Instant| {
+        for uuid in &uuids {
+            if tracker.is_healthy(uuid) && !file_present(uuid) && tracker.on_lost(uuid, now) {
+                error!(gpu = %uuid, dev_root = %dev_root.display(), "the GPU's device file is missing: marked unhealthy, not handed out");
+            }
+        }
+    };
+    check_files(&mut tracker, Instant::now());
+    publish(&tx, &tracker);
     let mut events = match nvml.create_event_set() {
         Ok(set) => Some(set),
         Err(e) => {
@@ -254,7 +280,8 @@ fn health_loop(nvml: Nvml, mut tracker: HealthTracker, tx: watch::Sender<Arc<Nod
                     error!(gpu = %uuid, "GPU does not answer NVML: marked unhealthy");
                 }
             }
-            for uuid in tracker.recover(now, probe) {
+            check_files(&mut tracker, now);
+            for uuid in tracker.recover(now, |u| probe(u) && file_present(u)) {
                 info!(gpu = %uuid, "GPU healthy again after the recovery period");
             }
         }
@@ -282,7 +309,7 @@ mod tests {
     #[test]
     fn without_a_driver_start_fails_clearly() {
         // On machines with the driver this discovers real GPUs instead; both are fine.
-        match NvmlBackend::start("n", BTreeSet::new(), Duration::from_secs(1)) {
+        match NvmlBackend::start("n", BTreeSet::new(), Duration::from_secs(1), "/dev".into()) {
             Ok(backend) => assert!(!backend.watch().borrow().gpus.is_empty()),
             Err(e) => assert!(e.to_string().starts_with("cannot load NVML"), "{e}"),
         }
