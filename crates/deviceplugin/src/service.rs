@@ -156,11 +156,12 @@ pub fn container_response(
             .collect(),
         DeviceListStrategy::Envvar => Vec::new(),
     };
-    // Only device files that exist on the host: a spec for an absent file fails the
-    // container (`lstat /dev/nvidia0`), e.g. while a driver is being reinstalled.
+    // Only device nodes that exist on the host: a spec for an absent file fails the
+    // container (`lstat /dev/nvidia0`, or `not a device node`), e.g. while a driver is
+    // being reinstalled.
     let spec = |name: String| {
         let host = config.dev_root.join(&name);
-        if !host.exists() {
+        if !crate::backend::is_device_node(&host) {
             debug!(path = %host.display(), "no device file on the host: no device spec");
             return None;
         }

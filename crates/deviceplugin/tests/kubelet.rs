@@ -356,9 +356,11 @@ async fn allocate_in_every_strategy() {
     // Default: envvar with UUIDs, device specs for the GPU and the control nodes that
     // exist on the host (here nvidia-uvm-tools does not: no spec for it).
     let dev = tempfile::tempdir().unwrap();
+    // Character devices standing in for the GPUs' device nodes; a regular file is not one.
     for f in ["nvidia2", "nvidia3", "nvidiactl", "nvidia-uvm"] {
-        std::fs::write(dev.path().join(f), b"").unwrap();
+        std::os::unix::fs::symlink("/dev/null", dev.path().join(f)).unwrap();
     }
+    std::fs::write(dev.path().join("nvidia-uvm-tools"), b"not a device").unwrap();
     let root = dev.path().to_path_buf();
     let run = start("dgx1-hybrid-cube-mesh.yaml", |s| {
         s.dev_root = Some(root.clone())
@@ -445,7 +447,7 @@ async fn allocate_in_every_strategy() {
 
     // CDI and env with indices, a custom device root.
     let host_dev = tempfile::tempdir().unwrap();
-    std::fs::write(host_dev.path().join("nvidia1"), b"").unwrap();
+    std::os::unix::fs::symlink("/dev/null", host_dev.path().join("nvidia1")).unwrap();
     let host_root = host_dev.path().to_path_buf();
     let run = start("pcie-4.yaml", |s| {
         s.device_list_strategy = Some(DeviceListStrategy::Both);

@@ -70,7 +70,7 @@ pub struct InventoryFile {
 /// A GPU whose inventory names a device file that is missing is kept unhealthy (logged).
 fn device_file_ok(gpu: &GpuEntry) -> bool {
     match &gpu.device_file {
-        Some(path) if !path.exists() => {
+        Some(path) if !super::is_device_node(path) => {
             warn!(gpu = %gpu.uuid, path = %path.display(), "the GPU's device file is missing: unhealthy, not handed out");
             false
         }
@@ -279,7 +279,8 @@ mod tests {
     fn a_named_device_file_that_is_missing_keeps_the_gpu_unhealthy() {
         let dir = tempfile::tempdir().unwrap();
         let present = dir.path().join("nvidia0");
-        std::fs::write(&present, b"").unwrap();
+        // A character device standing in for a GPU's device node.
+        std::os::unix::fs::symlink("/dev/null", &present).unwrap();
         let missing = dir.path().join("nvidia1");
         let text = format!(
             "gpus:\n  - {{uuid: GPU-a, index: 0, device_file: {}}}\n  - {{uuid: GPU-b, index: 1, device_file: {}}}\n  - {{uuid: GPU-c, index: 2}}\n",

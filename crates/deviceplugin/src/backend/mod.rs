@@ -39,9 +39,16 @@ pub trait Backend: Send + Sync + 'static {
     fn watch(&self) -> watch::Receiver<Arc<NodeInventory>>;
 }
 
-/// Whether the device file of a GPU exists on the host (`<dev_root>/nvidia<minor>`). A GPU
-/// whose file is missing (a driver being reinstalled, a device gone) is kept unhealthy:
-/// handing it out would fail the container (`lstat /dev/nvidia0`).
+/// Whether the device file of a GPU exists on the host (`<dev_root>/nvidia<minor>`) as a
+/// character device. A GPU whose file is missing (a driver being reinstalled, a device
+/// gone) is kept unhealthy: handing it out would fail the container (`lstat /dev/nvidia0`).
 pub fn device_file_present(dev_root: &std::path::Path, minor: u32) -> bool {
-    dev_root.join(format!("nvidia{minor}")).exists()
+    is_device_node(&dev_root.join(format!("nvidia{minor}")))
+}
+
+/// Whether `path` is a character device (following symlinks): what a container runtime
+/// accepts as a device spec's host path.
+pub fn is_device_node(path: &std::path::Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_char_device())
 }
