@@ -13,6 +13,7 @@ use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{self, Store};
+use kube::runtime::utils::Backoff;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use serde_json::json;
@@ -142,6 +143,30 @@ impl WatchLog {
     }
 }
 
+/// kube's default watch backoff (800 ms doubling to 30 s, starting over after 120 s
+/// without errors), except that no event resets it early: kube resets on every non-error
+/// item, and a watch whose list keeps failing yields `Init` before each failure, so a
+/// missing CRD would be retried about once a second forever.
+struct PatientBackoff(watcher::DefaultBackoff);
+
+impl PatientBackoff {
+    fn new() -> PatientBackoff {
+        PatientBackoff(watcher::DefaultBackoff::default())
+    }
+}
+
+impl Iterator for PatientBackoff {
+    type Item = std::time::Duration;
+
+    fn next(&mut self) -> Option<std::time::Duration> {
+        self.0.next()
+    }
+}
+
+impl Backoff for PatientBackoff {
+    fn reset(&mut self) {}
+}
+
 fn run_reflector<K>(api: Api<K>, strip: fn(&mut K), missing_hint: &'static str) -> Store<K>
 where
     K: kube::Resource
@@ -157,14 +182,19 @@ where
     let stream = reflector::reflector(
         writer,
         watcher(api, watcher::Config::default())
-            .default_backoff()
+            .backoff(PatientBackoff::new())
             .modify(strip),
     );
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         let mut log = WatchLog::default();
         while let Some(event) = stream.next().await {
-            let missing = event.as_ref().err().map(is_missing_resource);
+            let missing = match &event {
+                Err(e) => Some(is_missing_resource(e)),
+                // A list begins: no evidence yet that the resource exists.
+                Ok(watcher::Event::Init) => continue,
+                Ok(_) => None,
+            };
             match (log.note(missing), event) {
                 (WatchNote::Missing, _) => warn!("{missing_hint}"),
                 (WatchNote::Found, _) => info!("the resource is there now: watching it"),
