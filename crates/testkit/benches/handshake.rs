@@ -114,13 +114,7 @@ async fn main() -> Result<(), String> {
         planned += usize::from(a.error.is_none() && a.preferred_calls > 0);
     }
     latencies.sort_unstable();
-    let mut registry = prometheus_client::registry::Registry::default();
-    node.metrics.register(&mut registry);
-    let metrics = gpuplace_deviceplugin::metrics::render(&registry);
-    let answered: Vec<&str> = metrics
-        .lines()
-        .filter(|l| l.starts_with("gpuplace_deviceplugin_handshake_total"))
-        .collect();
+    let answered = node.handshake_counters();
     println!(
         "GetPreferredAllocation with {bound} pods on the node, {} calls ({planned} GPU pods admitted in {:.1} s, one every {pace:?} at most):\n  p50 {:?}  p90 {:?}  p99 {:?}  max {:?}\n  {}",
         latencies.len(),

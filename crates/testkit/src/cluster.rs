@@ -51,6 +51,19 @@ pub struct NodeRig {
     _backend: FakeBackend,
 }
 
+impl NodeRig {
+    /// The plugin's handshake counters, one `name{result=..} value` line each.
+    pub fn handshake_counters(&self) -> Vec<String> {
+        let mut registry = prometheus_client::registry::Registry::default();
+        self.metrics.register(&mut registry);
+        gpuplace_deviceplugin::metrics::render(&registry)
+            .lines()
+            .filter(|l| l.starts_with("gpuplace_deviceplugin_handshake_total"))
+            .map(str::to_string)
+            .collect()
+    }
+}
+
 /// The running cluster.
 pub struct HandshakeCluster {
     pub api: MemoryApi,

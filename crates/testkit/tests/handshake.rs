@@ -41,16 +41,7 @@ async fn run(options: ClusterOptions, total: usize, deletion: Deletion, seed: u6
     let handshake: Vec<String> = cluster
         .nodes
         .iter()
-        .map(|n| {
-            let mut registry = prometheus_client::registry::Registry::default();
-            n.metrics.register(&mut registry);
-            let text = gpuplace_deviceplugin::metrics::render(&registry);
-            let lines: Vec<&str> = text
-                .lines()
-                .filter(|l| l.starts_with("gpuplace_deviceplugin_handshake_total"))
-                .collect();
-            format!("{}: {}", n.name, lines.join(" "))
-        })
+        .map(|n| format!("{}: {}", n.name, n.handshake_counters().join(" ")))
         .collect();
     println!("{report:#?}\n{}", handshake.join("\n"));
     cluster.stop().await;
