@@ -113,6 +113,17 @@ async fn main() -> Result<(), String> {
             }
         }
     }
+    let admitted: Vec<String> = cluster
+        .nodes
+        .iter()
+        .flat_map(|n| n.fake.admissions().into_iter().map(|a| a.name))
+        .collect();
+    for pod in cluster.api.pods() {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        if !admitted.contains(&name) {
+            println!("{name:<8} pending: no node has the GPUs it asks for free at once");
+        }
+    }
     let recorded = cluster
         .api
         .pods()
