@@ -107,6 +107,8 @@ pub fn in_place(node: &Node, patch: &Value) -> bool {
 pub enum PublishError {
     #[error("cannot patch node {node}: {source}")]
     Patch { node: String, source: kube::Error },
+    #[error("cannot patch node {node}: {message}")]
+    Refused { node: String, message: String },
 }
 
 /// Writes the patch; the answer is the Node as it is now.

@@ -121,6 +121,8 @@ pub struct MemoryApi {
     store: Arc<Mutex<Store>>,
     /// The resourceVersion of the last pod change, for watchers to wait on.
     pod_version: tokio::sync::watch::Sender<u64>,
+    /// Likewise for Nodes.
+    node_version: tokio::sync::watch::Sender<u64>,
 }
 
 impl Default for MemoryApi {
@@ -128,6 +130,7 @@ impl Default for MemoryApi {
         MemoryApi {
             store: Arc::default(),
             pod_version: tokio::sync::watch::channel(0).0,
+            node_version: tokio::sync::watch::channel(0).0,
         }
     }
 }
@@ -158,12 +161,61 @@ impl MemoryApi {
         node.metadata.resource_version = Some(s.bump());
         let name = node.metadata.name.clone().unwrap_or_default();
         s.nodes.insert(name, Arc::new(node));
+        let v = s.version;
+        drop(s);
+        self.node_version.send_replace(v);
     }
 
+    /// Deletes a Node; a Node created again under the name starts with only what its
+    /// creator writes (no annotations or labels of other writers survive).
     pub fn delete_node(&self, name: &str) {
         let mut s = lock(&self.store);
         s.nodes.remove(name);
         s.bump();
+        let v = s.version;
+        drop(s);
+        self.node_version.send_replace(v);
+    }
+
+    pub fn node(&self, name: &str) -> Option<Node> {
+        lock(&self.store).nodes.get(name).map(|n| (**n).clone())
+    }
+
+    /// Merges annotations and labels into a Node (a JSON merge patch of metadata).
+    pub fn merge_node_metadata(
+        &self,
+        name: &str,
+        annotations: &BTreeMap<String, String>,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<Node, ApiError> {
+        let mut s = lock(&self.store);
+        let rv = s.bump();
+        let node = s
+            .nodes
+            .get_mut(name)
+            .map(Arc::make_mut)
+            .ok_or_else(|| ApiError::NotFound(format!("node {name}")))?;
+        node.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .extend(annotations.iter().map(|(k, v)| (k.clone(), v.clone())));
+        node.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .extend(labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+        node.metadata.resource_version = Some(rv);
+        let out = node.clone();
+        let v = s.version;
+        drop(s);
+        self.node_version.send_replace(v);
+        Ok(out)
+    }
+
+    /// Waits until a Node changes after version `since`; returns the version now.
+    pub async fn wait_node_change(&self, since: u64) -> u64 {
+        let mut rx = self.node_version.subscribe();
+        let _ = rx.wait_for(|v| *v > since).await;
+        *rx.borrow()
     }
 
     /// Creates or replaces a pod; a missing UID, namespace or timestamp is filled in.

@@ -1,15 +1,19 @@
 //! The node side's view of the in-memory API: a watch on the pods bound to one node, with
 //! a random delivery delay (as a real watch lags), feeding the device plugin's pod store;
-//! and the node agent's writes ([`NodeApi`]) on the in-memory API.
+//! a watch on one Node feeding the inventory publisher; and the node agent's writes
+//! ([`NodeApi`], [`NodePatcher`]) on the in-memory API.
 
 use std::time::Duration;
 
 use gpuplace_deviceplugin::node_agent::{NodeApi, NodeApiError};
 use gpuplace_deviceplugin::node_pods::{NodePod, NodePods};
+use gpuplace_deviceplugin::publish::{NodePatcher, NodeSeen, PublishError};
 use gpuplace_model::ALLOCATED_ANNOTATION;
 use gpuplace_scheduler::{EventRecord, PodKey};
+use k8s_openapi::api::core::v1::Node;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use tokio::sync::mpsc;
 use tokio::sync::watch;
 
 use crate::MemoryApi;
@@ -81,5 +85,37 @@ impl NodeApi for MemoryApi {
             message: note,
         });
         Ok(())
+    }
+}
+
+/// Sends `node`'s Node (or `None` once deleted) to `tx` on every change, until the
+/// receiver is gone: what the plugin's watch of its own Node delivers.
+pub async fn feed_node(api: MemoryApi, node: String, tx: mpsc::Sender<NodeSeen>) {
+    let mut since = 0;
+    loop {
+        if tx.send(api.node(&node)).await.is_err() {
+            return;
+        }
+        since = api.wait_node_change(since).await;
+    }
+}
+
+impl NodePatcher for MemoryApi {
+    async fn patch(&self, node: &str, patch: &serde_json::Value) -> Result<Node, PublishError> {
+        let map = |field: &str| -> std::collections::BTreeMap<String, String> {
+            patch["metadata"][field]
+                .as_object()
+                .map(|m| {
+                    m.iter()
+                        .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        self.merge_node_metadata(node, &map("annotations"), &map("labels"))
+            .map_err(|e| PublishError::Refused {
+                node: node.to_string(),
+                message: e.to_string(),
+            })
     }
 }

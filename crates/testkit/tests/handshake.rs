@@ -219,3 +219,71 @@ async fn a_pod_bound_without_gpuplace_is_recorded_and_later_pods_avoid_its_gpus(
     );
     cluster.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recreated_node_gets_its_inventory_back_from_the_plugin() {
+    use gpuplace_deviceplugin::publish::{self, NodeSeen};
+    use gpuplace_model::{INVENTORY_ANNOTATION, NodeInventory};
+    use std::sync::Arc;
+    let api = gpuplace_testkit::MemoryApi::new();
+    let fresh = |labels: serde_json::Value| -> k8s_openapi::api::core::v1::Node {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "n1", "labels": labels}}))
+            .unwrap()
+    };
+    api.put_node(fresh(serde_json::json!({"kubernetes.io/hostname": "n1"})));
+    let inventory = NodeInventory::uniform("n1", 0, 0, 4, "A100");
+    let (_inv_tx, inv_rx) = tokio::sync::watch::channel(Arc::new(inventory.clone()));
+    let (tx, rx) = tokio::sync::mpsc::channel::<NodeSeen>(16);
+    let feed = tokio::spawn(gpuplace_testkit::node_feed::feed_node(
+        api.clone(),
+        "n1".into(),
+        tx,
+    ));
+    let publisher = tokio::spawn(publish::keep_published(
+        api.clone(),
+        "n1".into(),
+        inv_rx,
+        1,
+        rx,
+    ));
+    let has_inventory = |api: &gpuplace_testkit::MemoryApi| {
+        api.node("n1")
+            .and_then(|n| n.metadata.annotations)
+            .and_then(|a| a.get(INVENTORY_ANNOTATION).cloned())
+            .is_some_and(|t| NodeInventory::from_json(&t).ok() == Some(inventory.clone()))
+    };
+    let wait = |what: &str, check: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !check() {
+            assert!(std::time::Instant::now() < deadline, "timed out: {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    wait("published on start", &|| has_inventory(&api));
+    // `kubectl delete node`, then the kubelet registers it again: a fresh Node.
+    api.delete_node("n1");
+    std::thread::sleep(Duration::from_millis(50));
+    let started = std::time::Instant::now();
+    api.put_node(fresh(serde_json::json!({"kubernetes.io/hostname": "n1"})));
+    wait("restored after re-creation", &|| has_inventory(&api));
+    let labels = api.node("n1").unwrap().metadata.labels.unwrap();
+    assert_eq!(labels["nvidia.com/gpu.count"], "4");
+    assert_eq!(
+        labels["kubernetes.io/hostname"], "n1",
+        "other writers' labels kept"
+    );
+    println!(
+        "inventory back {:?} after the Node was re-created",
+        started.elapsed()
+    );
+    // Re-created where GFD runs: its labels stay GFD's.
+    api.delete_node("n1");
+    api.put_node(fresh(serde_json::json!({
+        "nvidia.com/gfd.timestamp": "1", "nvidia.com/gpu.product": "NVIDIA-A100-GFD"})));
+    wait("restored where GFD runs", &|| has_inventory(&api));
+    let labels = api.node("n1").unwrap().metadata.labels.unwrap();
+    assert_eq!(labels["nvidia.com/gpu.product"], "NVIDIA-A100-GFD");
+    assert!(!labels.contains_key("nvidia.com/gpu.count"));
+    publisher.abort();
+    feed.abort();
+}
