@@ -9,6 +9,7 @@
 pub mod api;
 pub mod cluster;
 pub mod kubelet_node;
+mod kubelet_record;
 pub mod node_feed;
 pub mod workload;
 
