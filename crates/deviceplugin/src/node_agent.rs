@@ -139,15 +139,6 @@ impl Handshake {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn pods(&self) -> &NodePods {
-        &self.pods
-    }
-
-    /// What the plugin served so far: pod UID -> container -> device IDs.
-    pub fn served(&self, uid: &str) -> Option<HashMap<String, Vec<String>>> {
-        self.state().served.pod(uid).cloned()
-    }
-
     /// The kubelet's active pods: from the cache when the rate limit has no token free
     /// and the pod whose admission the cache follows still has a container of this size
     /// to go (the kubelet is still admitting it), else fresh.

@@ -243,14 +243,6 @@ impl NodePods {
             .cloned()
     }
 
-    /// Whether any pod has a plan with containers (the handshake has nothing to do otherwise).
-    pub fn any_planned(&self) -> bool {
-        self.read()
-            .pods
-            .values()
-            .any(|p| p.assignment().is_some() && !p.containers.is_empty())
-    }
-
     /// Changes counter, for waiting on the next change.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.changes.subscribe()
