@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::devices::{DeviceTable, PreferenceError};
-use crate::handshake::{Ask, Identified, ListedPod, Served, identify, next_container};
+use crate::handshake::{Admitting, Ask, Identified, ListedPod, Served, identify, next_container};
 use crate::metrics::Metrics;
 use crate::node_pods::{NodePod, NodePods};
 use crate::podresources::{PodResources, Priority};
@@ -183,6 +183,9 @@ impl Handshake {
             must_include: &must,
             size,
         };
+        if let Some(found) = self.confirm_by_get(&ask).await {
+            return found;
+        }
         let list = match self.listed(size).await {
             Ok(list) => list,
             Err(e) => {
@@ -221,6 +224,68 @@ impl Handshake {
                 }
             }
         }
+    }
+
+    /// The fast path on kubelets that serve PodResources `Get` (1.34+): the store's pods
+    /// with a plan whose next container (by the plugin's own record) asks for this size
+    /// with every planned device on offer, each confirmed with `Get`. The kubelet adds a pod
+    /// to its active pods just before admitting it, one pod at a time, so an active candidate
+    /// without devices for that container is the one being admitted. Exactly one confirmed:
+    /// the answer, without listing every pod on the node; anything else (none, several, a
+    /// pod the watch has not delivered, `Get` not served): `None`, and `List` decides.
+    async fn confirm_by_get(&self, ask: &Ask<'_>) -> Option<Identified> {
+        if !self.podres.get_served() {
+            return None;
+        }
+        let nobody = ListedPod::default();
+        let offered = |pod: &NodePod, container: &str| {
+            let planned = pod.planned(container);
+            planned.len() == ask.size
+                && planned
+                    .iter()
+                    .all(|id| ask.must_include.contains(id) || ask.available.contains(id))
+        };
+        let candidates = {
+            let state = self.state();
+            self.pods.matching(|p| {
+                !p.finished
+                    && p.assignment().is_some()
+                    && next_container(p, &nobody, &state.served)
+                        .is_some_and(|n| n.count as usize == ask.size && offered(p, &n.name))
+            })
+        };
+        if candidates.is_empty() || candidates.len() > 3 {
+            return None;
+        }
+        let mut confirmed = Vec::new();
+        for pod in candidates {
+            self.metrics.handshake("get");
+            match self.podres.get(&pod.namespace, &pod.name).await {
+                Ok(Some(listed)) => {
+                    let next = {
+                        let state = self.state();
+                        next_container(&pod, &listed, &state.served)
+                            .filter(|n| n.count as usize == ask.size && offered(&pod, &n.name))
+                            .map(|n| n.name.clone())
+                    };
+                    if let Some(container) = next {
+                        confirmed.push((pod, container));
+                    }
+                }
+                Ok(None) => {}
+                Err(_) => return None,
+            }
+        }
+        if confirmed.len() != 1 {
+            return None;
+        }
+        let (pod, container) = confirmed.remove(0);
+        Some(Identified::Planned(Admitting {
+            planned: pod.planned(&container),
+            pod,
+            container,
+            offered: true,
+        }))
     }
 
     fn remember(&self, list: Vec<ListedPod>, found: &Identified) {

@@ -243,6 +243,16 @@ impl NodePods {
             .cloned()
     }
 
+    /// The live pods for which `keep` holds.
+    pub fn matching(&self, keep: impl Fn(&NodePod) -> bool) -> Vec<Arc<NodePod>> {
+        self.read()
+            .pods
+            .values()
+            .filter(|p| keep(p))
+            .cloned()
+            .collect()
+    }
+
     /// Changes counter, for waiting on the next change.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.changes.subscribe()

@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gpuplace_kubelet_api::podresources::ListPodResourcesRequest;
 use gpuplace_kubelet_api::podresources::pod_resources_lister_client::PodResourcesListerClient;
+use gpuplace_kubelet_api::podresources::{GetPodResourcesRequest, ListPodResourcesRequest};
 use gpuplace_kubelet_api::unix_channel;
 use tokio::time::Instant;
 use tonic::transport::Channel;
@@ -73,6 +73,8 @@ pub struct PodResources {
     socket: PathBuf,
     resource: String,
     bucket: Arc<Mutex<Bucket>>,
+    /// Whether the kubelet serves `Get` (1.34+ by default); cleared on Unimplemented.
+    get_served: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Who is asking: admissions wait for a token; background reconciliation only takes one
@@ -92,6 +94,7 @@ impl PodResources {
             socket,
             resource: resource.to_string(),
             bucket: Arc::new(Mutex::new(Bucket::new(50.0, 10.0))),
+            get_served: Arc::new(std::sync::atomic::AtomicBool::new(true)),
         }
     }
 
@@ -124,6 +127,67 @@ impl PodResources {
         bucket.tokens >= 1.0
     }
 
+    /// Whether `Get` may be tried (it is, until the kubelet answers Unimplemented).
+    pub fn get_served(&self) -> bool {
+        self.get_served.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// One pod through `Get` (an admission's call, within the rate limit): `Ok(Some)` when
+    /// the kubelet has it active, `Ok(None)` when it does not; an error when `Get` cannot be
+    /// used (then `get_served` turns false for Unimplemented).
+    pub async fn get(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<ListedPod>, PodResourcesError> {
+        let _ = self.token(Priority::Admission).await;
+        let mut client = self.client.clone();
+        let request = GetPodResourcesRequest {
+            pod_name: name.to_string(),
+            pod_namespace: namespace.to_string(),
+        };
+        let answer = tokio::time::timeout(Duration::from_secs(2), client.get(request))
+            .await
+            .map_err(|_| PodResourcesError::Timeout(self.socket.clone()))?;
+        match answer {
+            Ok(r) => Ok(r.into_inner().pod_resources.map(|p| self.listed(p))),
+            Err(status) if status.code() == tonic::Code::Unimplemented => {
+                self.get_served
+                    .store(false, std::sync::atomic::Ordering::Relaxed);
+                Err(PodResourcesError::List {
+                    socket: self.socket.clone(),
+                    status: Box::new(status),
+                })
+            }
+            // The kubelet answers an error for a pod it does not have.
+            Err(status) if status.message().contains("not found") => Ok(None),
+            Err(status) => Err(PodResourcesError::List {
+                socket: self.socket.clone(),
+                status: Box::new(status),
+            }),
+        }
+    }
+
+    fn listed(&self, p: gpuplace_kubelet_api::podresources::PodResources) -> ListedPod {
+        ListedPod {
+            namespace: p.namespace,
+            name: p.name,
+            containers: p
+                .containers
+                .into_iter()
+                .map(|c| {
+                    let ids = c
+                        .devices
+                        .into_iter()
+                        .filter(|d| d.resource_name == self.resource)
+                        .flat_map(|d| d.device_ids)
+                        .collect();
+                    (c.name, ids)
+                })
+                .collect(),
+        }
+    }
+
     /// The kubelet's active pods with our resource's devices per container. `Ok(None)`
     /// when a background caller must wait for its turn.
     pub async fn list(
@@ -149,23 +213,7 @@ impl PodResources {
                 .into_inner()
                 .pod_resources
                 .into_iter()
-                .map(|p| ListedPod {
-                    namespace: p.namespace,
-                    name: p.name,
-                    containers: p
-                        .containers
-                        .into_iter()
-                        .map(|c| {
-                            let ids = c
-                                .devices
-                                .into_iter()
-                                .filter(|d| d.resource_name == self.resource)
-                                .flat_map(|d| d.device_ids)
-                                .collect();
-                            (c.name, ids)
-                        })
-                        .collect(),
-                })
+                .map(|p| self.listed(p))
                 .collect(),
         ))
     }

@@ -34,6 +34,7 @@ async fn main() -> Result<(), String> {
             plugin_watch_delay_ms: (0, 20),
             terminating_ms: None,
             numa_alignment: false,
+            pod_resources_get: true,
             round_interval: Duration::from_millis(5),
         },
     )

@@ -37,6 +37,8 @@ pub struct ClusterOptions {
     /// Terminating pods keep their devices this long (ms) on the node.
     pub terminating_ms: Option<(u64, u64)>,
     pub numa_alignment: bool,
+    /// The kubelets serve PodResources `Get` (1.34+), else only `List` (1.26-1.33).
+    pub pod_resources_get: bool,
     /// Pause between scheduling rounds.
     pub round_interval: Duration,
 }
@@ -116,6 +118,7 @@ impl HandshakeCluster {
             node_options.admission_delay_ms = options.admission_delay_ms;
             node_options.terminating_ms = options.terminating_ms;
             node_options.numa_alignment = options.numa_alignment;
+            node_options.serve_get = options.pod_resources_get;
             let fake = FakeNode::start(&node_dir, api.clone(), node_options).await;
             let config = Arc::new(
                 Settings {

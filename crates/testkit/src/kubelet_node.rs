@@ -57,6 +57,8 @@ pub struct NodeOptions {
     pub numa_alignment: bool,
     /// `List` shows restartable init containers (kubelets 1.28+).
     pub list_sidecars: bool,
+    /// PodResources `Get` is served (kubelets 1.34+); off, it is Unimplemented (1.26).
+    pub serve_get: bool,
 }
 
 impl NodeOptions {
@@ -69,6 +71,7 @@ impl NodeOptions {
             terminating_ms: None,
             numa_alignment: false,
             list_sidecars: true,
+            serve_get: true,
         }
     }
 }
@@ -97,6 +100,7 @@ impl FakeNode {
             state: state.clone(),
             resource: options.resource.clone(),
             list_sidecars: options.list_sidecars,
+            serve_get: options.serve_get,
         };
         let mut server_stop = stop_rx.clone();
         let server = tokio::spawn(async move {

@@ -69,6 +69,41 @@ pub(crate) struct Lister {
     pub(crate) state: Arc<Mutex<NodeState>>,
     pub(crate) resource: String,
     pub(crate) list_sidecars: bool,
+    /// Serve `Get` (kubelets 1.34+ by default); `false` answers Unimplemented as 1.26 does.
+    pub(crate) serve_get: bool,
+}
+
+impl Lister {
+    fn pod(&self, e: &Entry) -> PodResources {
+        PodResources {
+            name: e.name.clone(),
+            namespace: e.namespace.clone(),
+            containers: e
+                .kinds
+                .iter()
+                .filter(|(_, k)| match k {
+                    ContainerKind::App => true,
+                    ContainerKind::Sidecar => self.list_sidecars,
+                    ContainerKind::Init => false,
+                })
+                .map(|(name, _)| ContainerResources {
+                    name: name.clone(),
+                    devices: e
+                        .devices
+                        .get(name)
+                        .map(|ids| {
+                            vec![ContainerDevices {
+                                resource_name: self.resource.clone(),
+                                device_ids: ids.clone(),
+                                topology: None,
+                            }]
+                        })
+                        .unwrap_or_default(),
+                    ..Default::default()
+                })
+                .collect(),
+        }
+    }
 }
 
 #[tonic::async_trait]
@@ -78,38 +113,7 @@ impl PodResourcesLister for Lister {
         _request: Request<ListPodResourcesRequest>,
     ) -> Result<Response<ListPodResourcesResponse>, Status> {
         let state = lock(&self.state);
-        let pod_resources = state
-            .active
-            .values()
-            .map(|e| PodResources {
-                name: e.name.clone(),
-                namespace: e.namespace.clone(),
-                containers: e
-                    .kinds
-                    .iter()
-                    .filter(|(_, k)| match k {
-                        ContainerKind::App => true,
-                        ContainerKind::Sidecar => self.list_sidecars,
-                        ContainerKind::Init => false,
-                    })
-                    .map(|(name, _)| ContainerResources {
-                        name: name.clone(),
-                        devices: e
-                            .devices
-                            .get(name)
-                            .map(|ids| {
-                                vec![ContainerDevices {
-                                    resource_name: self.resource.clone(),
-                                    device_ids: ids.clone(),
-                                    topology: None,
-                                }]
-                            })
-                            .unwrap_or_default(),
-                        ..Default::default()
-                    })
-                    .collect(),
-            })
-            .collect();
+        let pod_resources = state.active.values().map(|e| self.pod(e)).collect();
         Ok(Response::new(ListPodResourcesResponse { pod_resources }))
     }
 
@@ -122,8 +126,26 @@ impl PodResourcesLister for Lister {
 
     async fn get(
         &self,
-        _request: Request<GetPodResourcesRequest>,
+        request: Request<GetPodResourcesRequest>,
     ) -> Result<Response<GetPodResourcesResponse>, Status> {
-        Err(Status::unimplemented("Get is not served by this kubelet"))
+        if !self.serve_get {
+            return Err(Status::unimplemented("unknown method Get"));
+        }
+        let request = request.into_inner();
+        let state = lock(&self.state);
+        // Like the kubelet: only pods in its pod manager (active); others are an error.
+        match state
+            .active
+            .values()
+            .find(|e| e.name == request.pod_name && e.namespace == request.pod_namespace)
+        {
+            Some(e) => Ok(Response::new(GetPodResourcesResponse {
+                pod_resources: Some(self.pod(e)),
+            })),
+            None => Err(Status::unknown(format!(
+                "pod {} in namespace {} not found",
+                request.pod_name, request.pod_namespace
+            ))),
+        }
     }
 }

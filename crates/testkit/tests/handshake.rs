@@ -75,6 +75,7 @@ fn options(seed: u64) -> ClusterOptions {
         plugin_watch_delay_ms: (0, 15),
         terminating_ms: None,
         numa_alignment: false,
+        pod_resources_get: true,
         round_interval: Duration::from_millis(2),
     }
 }
@@ -106,9 +107,11 @@ async fn every_container_gets_the_scheduled_devices_under_random_admission_order
 async fn terminating_pods_keep_their_devices_and_the_scheduler_waits_for_them() {
     // Graceful deletion: the pod stays (deletionTimestamp) while the kubelet stops it and
     // holds its devices; the scheduler counts it until it is gone, so plans stay true.
+    // Kubelets without PodResources Get (1.26-1.33): identification by List alone.
     let total = (pods() / 5).max(200);
     let mut o = options(11);
     o.terminating_ms = Some((5, 60));
+    o.pod_resources_get = false;
     let report = run(o, total, Deletion::Graceful, 11).await;
     assert_refusals_rare(&report);
     assert_eq!(report.double_use, 0);
