@@ -15,7 +15,9 @@ pub enum BenchCommand {
     /// Replay one seed per policy and time every placement decision.
     Placement(PlacementArgs),
     /// Schedule pending pods against the in-memory API: pods bound per second end to end,
-    /// where the time goes, the core alone, and the scheduler's memory.
+    /// where the time goes, the core alone, and the scheduler's memory (built with
+    /// `--features bench-fakes`).
+    #[cfg(feature = "bench-fakes")]
     Scheduler(crate::bench_scheduler::SchedulerBenchArgs),
 }
 
@@ -44,6 +46,7 @@ pub struct PlacementArgs {
 pub fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Placement(args) => placement(args),
+        #[cfg(feature = "bench-fakes")]
         BenchCommand::Scheduler(args) => crate::bench_scheduler::run(args),
     }
 }

@@ -1,8 +1,10 @@
 //! `gpuplace`: the one binary of the gpuplace GPU scheduling stack.
 
 mod bench;
+#[cfg(feature = "bench-fakes")]
 mod bench_scheduler;
 mod device_plugin;
+#[cfg(feature = "bench-fakes")]
 mod heap;
 mod logging;
 mod scheduler;
@@ -13,6 +15,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+#[cfg(feature = "bench-fakes")]
 #[global_allocator]
 static ALLOCATOR: heap::CountingAllocator = heap::CountingAllocator;
 

@@ -64,6 +64,7 @@ fn scheduler_refuses_bad_settings_clearly() {
     }
 }
 
+#[cfg(feature = "bench-fakes")]
 #[test]
 fn bench_scheduler_reports_throughput_phases_and_memory() {
     let out = Command::cargo_bin("gpuplace")
