@@ -10,6 +10,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tracing::{info, warn};
 
@@ -24,7 +25,7 @@ pub struct DeviceLabel {
 }
 
 /// Every metric the plugin exports.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Metrics {
     pub allocations: Counter,
     pub allocation_errors: Family<ReasonLabel, Counter>,
@@ -39,6 +40,39 @@ pub struct Metrics {
     pub mismatches: Counter,
     /// 1 while registered with the kubelet.
     pub registered: Gauge,
+    /// GetPreferredAllocation time in the plugin, by whether it waited for the pod watch.
+    pub preferred_seconds: Family<WaitedLabel, Histogram>,
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics {
+            allocations: Counter::default(),
+            allocation_errors: Family::default(),
+            preferred_allocations: Counter::default(),
+            registrations: Counter::default(),
+            registration_failures: Counter::default(),
+            device_healthy: Family::default(),
+            devices: Gauge::default(),
+            handshake: Family::default(),
+            mismatches: Counter::default(),
+            registered: Gauge::default(),
+            preferred_seconds: Family::new_with_constructor(|| {
+                Histogram::new(PREFERRED_BUCKETS.iter().copied())
+            }),
+        }
+    }
+}
+
+/// Upper bounds of the GetPreferredAllocation histogram, in seconds.
+pub const PREFERRED_BUCKETS: [f64; 12] = [
+    0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.002, 0.005, 0.01, 0.05, 0.25, 1.0, 5.0,
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WaitedLabel {
+    /// "true" when the call waited for the pod watch to deliver the pod being admitted.
+    pub waited_for_watch: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -96,6 +130,11 @@ impl Metrics {
             self.mismatches.clone(),
         );
         sub.register(
+            "preferred_allocation_seconds",
+            "GetPreferredAllocation time in the plugin (identification and answer), by whether it waited for the pod watch",
+            self.preferred_seconds.clone(),
+        );
+        sub.register(
             "registered",
             "1 while the plugin is registered with the kubelet",
             self.registered.clone(),
@@ -108,6 +147,14 @@ impl Metrics {
                 result: result.to_string(),
             })
             .inc();
+    }
+
+    pub fn preferred_seconds(&self, waited_for_watch: bool, seconds: f64) {
+        self.preferred_seconds
+            .get_or_create(&WaitedLabel {
+                waited_for_watch: waited_for_watch.to_string(),
+            })
+            .observe(seconds);
     }
 
     pub fn error(&self, reason: &str) {

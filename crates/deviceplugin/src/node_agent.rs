@@ -112,6 +112,15 @@ fn physical_ids(table: &DeviceTable, ids: &[String]) -> Vec<String> {
     out
 }
 
+/// Whether every device planned for `container` of `pod` is offered by the request.
+fn offered(pod: &NodePod, container: &str, ask: &Ask<'_>) -> bool {
+    let planned = pod.planned(container);
+    planned.len() == ask.size
+        && planned
+            .iter()
+            .all(|id| ask.must_include.contains(id) || ask.available.contains(id))
+}
+
 fn same_set(a: &[String], b: &[String]) -> bool {
     a.len() == b.len() && a.iter().all(|x| b.contains(x))
 }
@@ -175,6 +184,7 @@ impl Handshake {
         available: &[String],
         must: &[String],
         size: usize,
+        waited: &mut bool,
     ) -> Identified {
         let available: HashSet<String> = physical_ids(table, available).into_iter().collect();
         let must: HashSet<String> = physical_ids(table, must).into_iter().collect();
@@ -183,7 +193,8 @@ impl Handshake {
             must_include: &must,
             size,
         };
-        if let Some(found) = self.confirm_by_get(&ask).await {
+        let deadline = Instant::now() + self.config.wait_for_watch;
+        if let Some(found) = self.confirm_by_get(&ask, deadline, waited).await {
             return found;
         }
         let list = match self.listed(size).await {
@@ -195,11 +206,11 @@ impl Handshake {
             }
         };
         let mut changes = self.pods.subscribe();
-        let deadline = Instant::now() + self.config.wait_for_watch;
         loop {
             let found = identify(&self.pods, &list, &self.state().served, &ask);
             match found {
                 Identified::NotYetKnown(pods) => {
+                    *waited = true;
                     self.metrics.handshake("waited_for_watch");
                     let woke = tokio::time::timeout_at(deadline, changes.changed()).await;
                     if !matches!(woke, Ok(Ok(()))) {
@@ -231,28 +242,32 @@ impl Handshake {
     /// with every planned device on offer, each confirmed with `Get`. The kubelet adds a pod
     /// to its active pods just before admitting it, one pod at a time, so an active candidate
     /// without devices for that container is the one being admitted. Exactly one confirmed:
-    /// the answer, without listing every pod on the node; anything else (none, several, a
-    /// pod the watch has not delivered, `Get` not served): `None`, and `List` decides.
-    async fn confirm_by_get(&self, ask: &Ask<'_>) -> Option<Identified> {
+    /// the answer, without listing every pod on the node; anything else (several, a pod
+    /// without a plan that could be the one, `Get` not served): `None`, and `List` decides.
+    ///
+    /// When the store holds no pod at all that could be admitted, the pod watch is behind
+    /// the kubelet's: wait for it (until `deadline`) rather than list every pod on the node.
+    async fn confirm_by_get(
+        &self,
+        ask: &Ask<'_>,
+        deadline: Instant,
+        waited: &mut bool,
+    ) -> Option<Identified> {
         if !self.podres.get_served() {
             return None;
         }
-        let nobody = ListedPod::default();
-        let offered = |pod: &NodePod, container: &str| {
-            let planned = pod.planned(container);
-            planned.len() == ask.size
-                && planned
-                    .iter()
-                    .all(|id| ask.must_include.contains(id) || ask.available.contains(id))
-        };
-        let candidates = {
-            let state = self.state();
-            self.pods.matching(|p| {
-                !p.finished
-                    && p.assignment().is_some()
-                    && next_container(p, &nobody, &state.served)
-                        .is_some_and(|n| n.count as usize == ask.size && offered(p, &n.name))
-            })
+        let mut changes = self.pods.subscribe();
+        let candidates = loop {
+            let (candidates, others) = self.get_candidates(ask);
+            if !candidates.is_empty() || others {
+                break candidates;
+            }
+            *waited = true;
+            self.metrics.handshake("waited_for_watch");
+            let woke = tokio::time::timeout_at(deadline, changes.changed()).await;
+            if !matches!(woke, Ok(Ok(()))) {
+                return None;
+            }
         };
         if candidates.is_empty() || candidates.len() > 3 {
             return None;
@@ -265,7 +280,7 @@ impl Handshake {
                     let next = {
                         let state = self.state();
                         next_container(&pod, &listed, &state.served)
-                            .filter(|n| n.count as usize == ask.size && offered(&pod, &n.name))
+                            .filter(|n| n.count as usize == ask.size && offered(&pod, &n.name, ask))
                             .map(|n| n.name.clone())
                     };
                     if let Some(container) = next {
@@ -288,6 +303,28 @@ impl Handshake {
         }))
     }
 
+    /// The store's pods with a plan that `Get` may confirm as the one being admitted, and
+    /// whether another pod (no plan, or planned devices not on offer) could be it.
+    fn get_candidates(&self, ask: &Ask<'_>) -> (Vec<Arc<NodePod>>, bool) {
+        let nobody = ListedPod::default();
+        let state = self.state();
+        let others = std::cell::Cell::new(false);
+        let candidates = self.pods.matching(|p| {
+            if p.finished {
+                return false;
+            }
+            let Some(next) =
+                next_container(p, &nobody, &state.served).filter(|n| n.count as usize == ask.size)
+            else {
+                return false;
+            };
+            let planned = p.assignment().is_some() && offered(p, &next.name, ask);
+            others.set(others.get() || !planned);
+            planned
+        });
+        (candidates, others.get())
+    }
+
     fn remember(&self, list: Vec<ListedPod>, found: &Identified) {
         if let Identified::Planned(a) = found {
             let mut state = self.state();
@@ -303,13 +340,32 @@ impl Handshake {
     }
 
     /// GetPreferredAllocation for one container: the plan of the container being admitted
-    /// when it can be found, else the topology-aware choice.
+    /// when it can be found, else the topology-aware choice. Its time is observed, apart
+    /// for the calls that had to wait for the pod watch.
     pub async fn preferred(
         &self,
         table: &DeviceTable,
         available: &[String],
         must_include: &[String],
         size: i64,
+    ) -> Result<Vec<String>, PreferenceError> {
+        let started = Instant::now();
+        let mut waited = false;
+        let answer = self
+            .preferred_answer(table, available, must_include, size, &mut waited)
+            .await;
+        self.metrics
+            .preferred_seconds(waited, started.elapsed().as_secs_f64());
+        answer
+    }
+
+    async fn preferred_answer(
+        &self,
+        table: &DeviceTable,
+        available: &[String],
+        must_include: &[String],
+        size: i64,
+        waited: &mut bool,
     ) -> Result<Vec<String>, PreferenceError> {
         let fallback = |result: &str| {
             self.metrics.handshake(result);
@@ -326,7 +382,7 @@ impl Handshake {
             return fallback("no_plan");
         }
         match self
-            .identify(table, available, must_include, size as usize)
+            .identify(table, available, must_include, size as usize, waited)
             .await
         {
             Identified::Planned(a) => {
@@ -359,7 +415,7 @@ impl Handshake {
             Some(p) if p.answer.len() == ids.len() => p.pod,
             // No GetPreferredAllocation before (devices reused from init containers, or
             // an exactly aligned NUMA set): find the container by state.
-            _ => match self.identify(table, ids, &[], ids.len()).await {
+            _ => match self.identify(table, ids, &[], ids.len(), &mut false).await {
                 Identified::Planned(a) => Some((a.pod, a.container)),
                 _ => None,
             },

@@ -55,10 +55,15 @@ pub struct NodeRig {
 
 impl NodeRig {
     /// The plugin's handshake counters, one `name{result=..} value` line each.
-    pub fn handshake_counters(&self) -> Vec<String> {
+    /// The plugin's metrics in the Prometheus text format.
+    pub fn metrics_text(&self) -> String {
         let mut registry = prometheus_client::registry::Registry::default();
         self.metrics.register(&mut registry);
         gpuplace_deviceplugin::metrics::render(&registry)
+    }
+
+    pub fn handshake_counters(&self) -> Vec<String> {
+        self.metrics_text()
             .lines()
             .filter(|l| l.starts_with("gpuplace_deviceplugin_handshake_total"))
             .map(str::to_string)
