@@ -71,15 +71,58 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_chain(&e));
             ExitCode::FAILURE
         }
     }
 }
 
+/// The error and its causes, each said once: a cause whose text its parent's message
+/// already contains (thiserror messages that show their source) is not repeated.
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    let mut previous = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !previous.is_empty() && previous.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+        previous = text;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use clap::Parser;
+
+    #[test]
+    fn each_cause_is_said_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "No such file or directory");
+        #[derive(Debug)]
+        struct Read {
+            source: std::io::Error,
+        }
+        impl std::fmt::Display for Read {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "nodes.csv: cannot read: {}", self.source)
+            }
+        }
+        impl std::error::Error for Read {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.source)
+            }
+        }
+        let e = anyhow::Error::new(Read { source: io }).context("cannot load the trace");
+        assert_eq!(
+            super::error_chain(&e),
+            "cannot load the trace: nodes.csv: cannot read: No such file or directory"
+        );
+    }
 
     #[test]
     fn a_repeated_flag_takes_its_last_value() {

@@ -102,6 +102,26 @@ fn bad_input_names_file_line_and_column() {
 }
 
 #[test]
+fn a_pod_list_without_gpu_pods_fails_at_once() {
+    let nodes = csv("sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,T4\n");
+    let pods = csv("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,10,0,0\np1,2000,20,0,0\n");
+    let out = gpuplace()
+        .args(["simulate", "--seeds", "2", "--nodes"])
+        .arg(nodes.path())
+        .arg("--pods")
+        .arg(pods.path())
+        .timeout(std::time::Duration::from_secs(60))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no pod in the pod list asks for a GPU"),
+        "{err}"
+    );
+}
+
+#[test]
 fn bad_arguments_are_refused_clearly() {
     let out = gpuplace()
         .args(["simulate", "--policies", "fgd,magic"])
@@ -130,7 +150,10 @@ fn bad_arguments_are_refused_clearly() {
         .output()
         .unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/nodes.csv: cannot read"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/nonexistent/nodes.csv: cannot read"), "{err}");
+    // Each cause once.
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
     // --nodes without --pods is a usage error.
     gpuplace()
         .args(["simulate", "--nodes", "x.csv"])

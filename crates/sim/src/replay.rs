@@ -36,6 +36,14 @@ pub enum SimError {
     NoGpus,
     #[error("the pod list is empty")]
     NoPods,
+    #[error(
+        "no pod in the pod list asks for a GPU: the replay measures GPU allocation and inflates the workload by its GPU requests"
+    )]
+    NoGpuPods,
+    #[error(
+        "inflating to {inflate} would take about {expected} arrivals (GPU pods are too rare in this pod list); the limit is {MAX_ARRIVALS}"
+    )]
+    TooManyArrivals { inflate: f64, expected: u64 },
     #[error("inflate must be between 0.01 and 10, got {0}")]
     BadInflate(f64),
     #[error("no policies to run")]
@@ -112,7 +120,24 @@ pub fn bucket_count(inflate: f64) -> usize {
     (inflate * 100.0).round() as usize + 1
 }
 
-/// The arrival order for one seed: indexes into `pods`.
+/// The most arrivals one replay may take: bounds time and memory for any input.
+pub const MAX_ARRIVALS: u64 = 5_000_000;
+
+/// About how many arrivals inflating `pods` to `inflate` times the capacity takes (the
+/// original pods, then random picks until the GPU request reaches the target); `None` when
+/// no pod asks for a GPU, so the target is never reached.
+pub fn expected_arrivals(pods: &[TracePod], capacity_milli: u64, inflate: f64) -> Option<u64> {
+    let total: u64 = pods.iter().map(|p| p.request.total_gpu_milli()).sum();
+    if total == 0 {
+        return None;
+    }
+    let mean = total as f64 / pods.len() as f64;
+    let missing = (inflate * capacity_milli as f64 - total as f64).max(0.0);
+    Some(pods.len() as u64 + (missing / mean).ceil() as u64)
+}
+
+/// The arrival order for one seed: indexes into `pods`. Never longer than
+/// [`MAX_ARRIVALS`] (and the original pods), whatever the input.
 pub fn arrival_order(
     pods: &[TracePod],
     capacity_milli: u64,
@@ -127,10 +152,11 @@ pub fn arrival_order(
     }
     let target = inflate * capacity_milli as f64;
     let mut total: u64 = pods.iter().map(|p| p.request.total_gpu_milli()).sum();
-    if pods.is_empty() {
+    if pods.is_empty() || total == 0 {
         return order;
     }
-    loop {
+    let limit = (MAX_ARRIVALS as usize).max(pods.len());
+    while order.len() < limit {
         let pick = rng.random_range(0..pods.len());
         let request = &pods[pick].request;
         if (total + u64::from(request.gpu_milli)) as f64 > target {
@@ -158,6 +184,13 @@ impl Prepared {
         if workload.pods.is_empty() {
             return Err(SimError::NoPods);
         }
+        if workload
+            .pods
+            .iter()
+            .all(|p| p.request.total_gpu_milli() == 0)
+        {
+            return Err(SimError::NoGpuPods);
+        }
         let target = TargetWorkload::from_requests(workload.pods.iter().map(|p| &p.request), 0.95);
         base.set_workload(Arc::new(target));
         Ok(Prepared { base, workload })
@@ -165,6 +198,21 @@ impl Prepared {
 
     pub fn workload(&self) -> &Workload {
         &self.workload
+    }
+
+    /// Whether `inflate` is in range and reachable within [`MAX_ARRIVALS`] arrivals.
+    pub fn check_inflate(&self, inflate: f64) -> Result<(), SimError> {
+        if !(0.01..=10.0).contains(&inflate) {
+            return Err(SimError::BadInflate(inflate));
+        }
+        let capacity = self.base.gpu_capacity_milli();
+        match expected_arrivals(&self.workload.pods, capacity, inflate) {
+            None => Err(SimError::NoGpuPods),
+            Some(expected) if expected > MAX_ARRIVALS => {
+                Err(SimError::TooManyArrivals { inflate, expected })
+            }
+            Some(_) => Ok(()),
+        }
     }
 
     pub fn gpu_count(&self) -> usize {
@@ -220,9 +268,7 @@ pub fn run_all(
     inflate: f64,
     done: &(dyn Fn(&RunResult) + Sync),
 ) -> Result<Vec<RunResult>, SimError> {
-    if !(0.01..=10.0).contains(&inflate) {
-        return Err(SimError::BadInflate(inflate));
-    }
+    prepared.check_inflate(inflate)?;
     if policies.is_empty() {
         return Err(SimError::NoPolicies);
     }
@@ -308,5 +354,45 @@ mod tests {
         assert!(run_all(&prepared, &[Policy::Fgd], &[1], 0.0, &none).is_err());
         assert!(run_all(&prepared, &[], &[1], 1.3, &none).is_err());
         assert!(run_all(&prepared, &[Policy::Fgd], &[], 1.3, &none).is_err());
+    }
+
+    #[test]
+    fn pod_lists_without_gpu_pods_fail_and_rare_gpu_pods_stay_bounded() {
+        // No GPU pod: the inflation never reaches its target; refused, and the order
+        // alone stays the original pods.
+        let mut w = small();
+        w.pods.retain(|p| p.request.total_gpu_milli() == 0);
+        assert!(!w.pods.is_empty());
+        let capacity: u64 = w.nodes.iter().map(|n| n.gpus.len() as u64 * 1000).sum();
+        assert_eq!(arrival_order(&w.pods, capacity, 1, 1.3).len(), w.pods.len());
+        let err = Prepared::new(w).err().map(|e| e.to_string());
+        assert!(err.is_some_and(|e| e.contains("no pod in the pod list asks for a GPU")));
+        // One GPU pod among many CPU pods on a large cluster: far too many arrivals to
+        // reach 10x.
+        let mut w = small();
+        w.nodes = crate::builtin::cluster(1);
+        let capacity: u64 = w.nodes.iter().map(|n| n.gpus.len() as u64 * 1000).sum();
+        let smallest = w
+            .pods
+            .iter()
+            .map(|p| p.request.total_gpu_milli())
+            .filter(|&m| m > 0)
+            .min();
+        let mut kept_gpu = false;
+        w.pods.retain(|p| {
+            let milli = p.request.total_gpu_milli();
+            let keep = milli == 0 || (!kept_gpu && Some(milli) == smallest);
+            kept_gpu |= milli > 0 && keep;
+            keep
+        });
+        let prepared = Prepared::new(w).unwrap();
+        let none = |_: &RunResult| {};
+        let err = run_all(&prepared, &[Policy::Fgd], &[1], 10.0, &none).err();
+        assert!(
+            matches!(err, Some(SimError::TooManyArrivals { .. })),
+            "{err:?}"
+        );
+        let order = arrival_order(&prepared.workload().pods, capacity, 1, 10.0);
+        assert_eq!(order.len() as u64, MAX_ARRIVALS);
     }
 }
