@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod};
-use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::utils::Backoff;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -31,7 +31,22 @@ pub struct KubeApi {
     nodes: Store<Node>,
     pods: Arc<Mutex<PodCache>>,
     groups: Store<PodGroup>,
-    reporting_instance: String,
+    recorder: Recorder,
+}
+
+/// The API server refuses an Event whose note is longer than 1 KiB.
+const MAX_NOTE_BYTES: usize = 1024;
+
+/// The longest prefix of `text` of at most `max` bytes that ends on a character boundary.
+fn truncate_bytes(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 fn api_error(e: kube::Error) -> ApiError {
@@ -235,12 +250,16 @@ impl KubeApi {
             .wait_for(|listed| *listed)
             .await
             .map_err(|e| ApiError::Other(format!("pod watch: {e}")))?;
+        let reporter = Reporter {
+            controller: "gpuplace.io/scheduler".into(),
+            instance: Some(reporting_instance),
+        };
         Ok(KubeApi {
+            recorder: Recorder::new(client.clone(), reporter),
             client,
             nodes,
             pods,
             groups,
-            reporting_instance,
         })
     }
 
@@ -307,38 +326,36 @@ impl ClusterApi for KubeApi {
     }
 
     async fn event(&self, event: EventRecord) -> Result<(), ApiError> {
-        let api = Api::<Event>::namespaced(self.client.clone(), &event.pod.namespace);
+        // kube-rs's recorder names the Event `<pod>.<hex time>` (a valid name, where a
+        // `generateName` of `<pod>.` is refused by the API server) and folds repeats into
+        // an Event series, as kube's own recorders do.
         let action = if event.reason == "Scheduled" {
             "Binding"
         } else {
             "Scheduling"
         };
-        let record = Event {
-            metadata: ObjectMeta {
-                generate_name: Some(format!("{}.", event.pod.name)),
-                namespace: Some(event.pod.namespace.clone()),
-                ..Default::default()
-            },
-            event_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
-            action: Some(action.into()),
-            reason: Some(event.reason),
-            note: Some(event.message.chars().take(1024).collect()),
-            type_: Some(event.kind),
-            regarding: Some(ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Pod".into()),
-                name: Some(event.pod.name.clone()),
-                namespace: Some(event.pod.namespace.clone()),
-                uid: Some(event.pod.uid.clone()),
-                ..Default::default()
-            }),
-            reporting_controller: Some("gpuplace.io/scheduler".into()),
-            reporting_instance: Some(self.reporting_instance.clone()),
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some(event.pod.name.clone()),
+            namespace: Some(event.pod.namespace.clone()),
+            uid: Some(event.pod.uid.clone()),
             ..Default::default()
         };
-        api.create(&PostParams::default(), &record)
+        let record = Event {
+            type_: if event.kind == "Warning" {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: event.reason,
+            note: Some(truncate_bytes(&event.message, MAX_NOTE_BYTES).to_string()),
+            action: action.into(),
+            secondary: None,
+        };
+        self.recorder
+            .publish(&record, &reference)
             .await
-            .map(|_| ())
             .map_err(api_error)
     }
 

@@ -86,6 +86,71 @@ fn respond(code: u16, body: &Value) -> Response<Body> {
         .expect("response")
 }
 
+/// A DNS-1123 subdomain, as the API server requires of most object names.
+fn dns_subdomain(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+/// Why the API server would refuse this events.k8s.io/v1 Event (its name, or a
+/// `generateName` checked as a name prefix with a trailing dash allowed; the required
+/// fields and their sizes), if it would.
+fn event_invalid(body: &Value) -> Option<String> {
+    let meta = &body["metadata"];
+    match (meta["name"].as_str(), meta["generateName"].as_str()) {
+        (Some(name), _) if !dns_subdomain(name) => {
+            return Some(format!("metadata.name: Invalid value: {name:?}"));
+        }
+        (None, Some(prefix)) => {
+            let masked = match prefix.strip_suffix('-') {
+                Some(rest) => format!("{rest}a"),
+                None => prefix.to_string(),
+            };
+            if !dns_subdomain(&masked) {
+                return Some(format!(
+                    "metadata.generateName: Invalid value: {prefix:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"
+                ));
+            }
+        }
+        (None, None) => return Some("metadata.name: Required value".into()),
+        _ => {}
+    }
+    for field in [
+        "eventTime",
+        "reportingController",
+        "reportingInstance",
+        "action",
+        "reason",
+    ] {
+        if body[field].as_str().is_none_or(str::is_empty) {
+            return Some(format!("{field}: Required value"));
+        }
+    }
+    for field in ["reportingInstance", "action", "reason"] {
+        if body[field].as_str().is_some_and(|v| v.len() > 128) {
+            return Some(format!("{field}: Too long: may not be more than 128 bytes"));
+        }
+    }
+    if body["note"].as_str().is_some_and(|n| n.len() > 1024) {
+        return Some("note: Too long: may not be more than 1024 bytes".into());
+    }
+    if !matches!(body["type"].as_str(), Some("Normal" | "Warning")) {
+        return Some("type: Unsupported value".into());
+    }
+    if body["regarding"].is_null() {
+        return Some("regarding: Required value".into());
+    }
+    None
+}
+
 /// Answers what the adapter asks, as an API server would.
 async fn answer(server: &Mutex<Server>, method: &str, uri: &str, body: &Value) -> (u16, Value) {
     let path = uri.split('?').next().unwrap_or("");
@@ -138,10 +203,19 @@ async fn answer(server: &Mutex<Server>, method: &str, uri: &str, body: &Value) -
         ("POST", "/api/v1/namespaces/ml/pods/gone/binding") => {
             (404, status(404, "NotFound", "pods \"gone\" not found"))
         }
-        ("POST", "/apis/events.k8s.io/v1/namespaces/ml/events") => {
-            let mut event = body.clone();
-            event["metadata"]["name"] = json!("train-0.1");
-            (201, event)
+        ("POST", "/apis/events.k8s.io/v1/namespaces/ml/events") => match event_invalid(body) {
+            Some(why) => (422, status(422, "Invalid", &why)),
+            None => {
+                let mut event = body.clone();
+                if event["metadata"]["name"].is_null() {
+                    let prefix = event["metadata"]["generateName"].as_str().unwrap_or("");
+                    event["metadata"]["name"] = json!(format!("{prefix}x7k2p"));
+                }
+                (201, event)
+            }
+        },
+        ("PATCH", p) if p.starts_with("/apis/events.k8s.io/v1/namespaces/ml/events/") => {
+            (200, body.clone())
         }
         ("PATCH", "/apis/gpuplace.io/v1alpha1/namespaces/ml/podgroups/g/status") => (
             200,
@@ -288,6 +362,16 @@ async fn writes_go_over_the_wire_as_the_api_server_expects() {
     })
     .await
     .unwrap();
+    // A long note of multi-byte characters is cut to the API server's 1 KiB, and a
+    // repeat of the same event becomes a series (a PATCH), not a second Event.
+    let failed = EventRecord {
+        pod: key(),
+        kind: "Warning".into(),
+        reason: "FailedScheduling".into(),
+        message: "0/3 nodes are available: ".to_string() + &"é".repeat(900),
+    };
+    api.event(failed.clone()).await.unwrap();
+    api.event(failed).await.unwrap();
     api.group_status(
         "ml",
         "g",
@@ -326,6 +410,23 @@ async fn writes_go_over_the_wire_as_the_api_server_expects() {
     assert_eq!(event.body["regarding"]["uid"], "uid-train-0");
     assert_eq!(event.body["reportingController"], "gpuplace.io/scheduler");
     assert_eq!(event.body["reportingInstance"], "test-instance");
+    let name = event.body["metadata"]["name"].as_str().unwrap();
+    assert!(
+        name.starts_with("train-0.") && dns_subdomain(name),
+        "{name}"
+    );
+    let events: Vec<&Seen> = seen
+        .iter()
+        .filter(|s| s.uri.starts_with("/apis/events.k8s.io/v1/"))
+        .collect();
+    assert_eq!(
+        events.len(),
+        3,
+        "Scheduled, FailedScheduling, then its series"
+    );
+    assert!(events[1].body["note"].as_str().unwrap().len() <= 1024);
+    assert_eq!(events[2].method, "PATCH");
+    assert_eq!(events[2].body["series"]["count"], 2);
     let status = seen.last().unwrap();
     assert_eq!(
         status.uri,
