@@ -88,6 +88,8 @@ pub struct Scheduler<A> {
     backoff: HashMap<String, (Instant, Duration)>,
     /// Pod groups first seen waiting, for their timeout.
     gang_since: HashMap<String, Instant>,
+    /// Object problems already logged: each is logged once while it lasts, not every round.
+    warned: std::collections::HashSet<String>,
     /// Node and pod count of the last view, to retry backed-off pods when the cluster changes.
     last_shape: (usize, usize),
 }
@@ -239,6 +241,7 @@ impl<A: ClusterApi> Scheduler<A> {
             placer,
             backoff: HashMap::new(),
             gang_since: HashMap::new(),
+            warned: std::collections::HashSet::new(),
             last_shape: (0, 0),
         }
     }
@@ -286,8 +289,11 @@ impl<A: ClusterApi> Scheduler<A> {
         self.last_shape = shape;
         let mut snapshot = build(&view.nodes, &view.pods, &self.config.gpu_resource);
         for w in &snapshot.warnings {
-            warn!("{w}");
+            if !self.warned.contains(w) {
+                warn!("{w}");
+            }
         }
+        self.warned = snapshot.warnings.iter().cloned().collect();
         // FGD measures fragmentation against the shapes of the pods the cluster runs and
         // is asked to run.
         let shapes: Vec<gpuplace_model::Request> = view

@@ -43,8 +43,10 @@ fn allocatable(node: &Node, name: &str) -> i128 {
 }
 
 /// The node's inventory: CPU and memory from allocatable; GPUs from the device plugin's
-/// annotation when it is valid and agrees with the GPU count, else `count` plain GPUs
-/// named `<node>-gpu<i>` with the GFD product label as model.
+/// annotation when it is valid and its healthy GPUs are as many as the kubelet's
+/// allocatable count (the kubelet counts healthy devices only; an unhealthy GPU stays in
+/// the inventory with no capacity, so the others keep their real IDs), else `count` plain
+/// GPUs named `<node>-gpu<i>` with the GFD product label as model.
 pub fn inventory_of(node: &Node, gpu_resource: &str) -> (NodeInventory, Option<String>) {
     let name = node.metadata.name.clone().unwrap_or_default();
     let cpu_milli = u64::try_from(allocatable(node, "cpu")).unwrap_or(0);
@@ -59,7 +61,7 @@ pub fn inventory_of(node: &Node, gpu_resource: &str) -> (NodeInventory, Option<S
         .and_then(|a| a.get(INVENTORY_ANNOTATION))
     {
         match NodeInventory::from_json(text) {
-            Ok(mut inv) if inv.gpus.len() as u32 == count || count == 0 && inv.gpus.is_empty() => {
+            Ok(mut inv) if inv.gpus.iter().filter(|g| g.healthy).count() as u32 == count => {
                 inv.name = name;
                 inv.cpu_milli = cpu_milli;
                 inv.memory_mib = memory_mib;
@@ -67,8 +69,8 @@ pub fn inventory_of(node: &Node, gpu_resource: &str) -> (NodeInventory, Option<S
             }
             Ok(inv) => {
                 warning = Some(format!(
-                    "node {name}: {INVENTORY_ANNOTATION} lists {} GPUs but {gpu_resource} allocatable is {count}; using the count",
-                    inv.gpus.len()
+                    "node {name}: {INVENTORY_ANNOTATION} lists {} healthy GPUs but {gpu_resource} allocatable is {count}; using the count",
+                    inv.gpus.iter().filter(|g| g.healthy).count()
                 ))
             }
             Err(e) => {
@@ -251,5 +253,42 @@ impl Snapshot {
                 extended: demand.extended,
             },
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn node(allocatable: &str, healthy: &[bool]) -> Node {
+        let gpus: Vec<_> = healthy
+            .iter()
+            .enumerate()
+            .map(|(i, h)| json!({"id": format!("GPU-{i}"), "index": i, "model": "A100", "healthy": h}))
+            .collect();
+        let inventory = json!({"name": "n1", "cpu_milli": 1000, "memory_mib": 1024, "gpus": gpus});
+        serde_json::from_value(json!({
+            "metadata": {"name": "n1", "annotations": {INVENTORY_ANNOTATION: inventory.to_string()}},
+            "status": {"allocatable": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": allocatable}}
+        }))
+        .expect("node")
+    }
+
+    #[test]
+    fn an_unhealthy_gpu_keeps_the_others_real_ids() {
+        // The kubelet counts 3 of 4 GPUs (one unhealthy): the inventory still applies.
+        let (inv, warning) = inventory_of(&node("3", &[true, false, true, true]), "nvidia.com/gpu");
+        assert_eq!(warning, None);
+        assert_eq!(inv.gpus.len(), 4);
+        assert_eq!(inv.gpus[2].id, "GPU-2");
+        assert!(!inv.gpus[1].healthy);
+        // Counts that disagree fall back to plain GPUs, with a warning.
+        let (inv, warning) = inventory_of(&node("4", &[true, false, true, true]), "nvidia.com/gpu");
+        assert!(warning.is_some_and(|w| w.contains("3 healthy GPUs")));
+        assert_eq!(inv.gpus[0].id, "n1-gpu0");
+        // No plugin registered yet: nothing to place on.
+        let (inv, _) = inventory_of(&node("0", &[true, true]), "nvidia.com/gpu");
+        assert!(inv.gpus.is_empty());
     }
 }
