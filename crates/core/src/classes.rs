@@ -237,6 +237,7 @@ mod tests {
             gpu_count: count,
             gpu_milli: milli,
             allowed_models: vec![],
+            need: Default::default(),
         }
     }
 

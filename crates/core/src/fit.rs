@@ -17,21 +17,44 @@ pub enum FitFailure {
     InsufficientGpus,
     /// No single GPU has the fractional share free.
     NoGpuWithShare,
+    /// No GPU of an allowed model has the memory the pod requires.
+    GpuMemoryTooSmall,
+    /// Enough GPUs are free, but no set of them meets the pod's topology requirement.
+    TopologyUnavailable,
 }
 
 impl FitFailure {
     /// All reasons, in the order messages list them.
-    pub const ALL: [FitFailure; 6] = [
+    pub const ALL: [FitFailure; 8] = [
         FitFailure::InsufficientCpu,
         FitFailure::InsufficientMemory,
         FitFailure::NoGpus,
         FitFailure::ModelNotAllowed,
         FitFailure::InsufficientGpus,
         FitFailure::NoGpuWithShare,
+        FitFailure::GpuMemoryTooSmall,
+        FitFailure::TopologyUnavailable,
     ];
 
     fn slot(self) -> usize {
         self as usize
+    }
+
+    /// Phrase in kube-scheduler's style, for `resource` (e.g. `nvidia.com/gpu`) and the
+    /// request's requirements.
+    pub fn phrase_for(self, resource: &str, ask: &Asked) -> String {
+        match self {
+            FitFailure::GpuMemoryTooSmall => format!(
+                "node(s) had no GPU with {} of memory",
+                mebibytes(ask.min_memory_mib)
+            ),
+            FitFailure::TopologyUnavailable => format!(
+                "node(s) had no {} GPUs {}",
+                ask.gpu_count,
+                ask.topology.phrase()
+            ),
+            other => other.phrase(resource),
+        }
     }
 
     /// Phrase in kube-scheduler's style, for `resource` (e.g. `nvidia.com/gpu`).
@@ -45,6 +68,37 @@ impl FitFailure {
             FitFailure::NoGpuWithShare => {
                 "node(s) had no single GPU with the requested share free".into()
             }
+            FitFailure::GpuMemoryTooSmall => "node(s) had no GPU with the requested memory".into(),
+            FitFailure::TopologyUnavailable => {
+                "node(s) had no GPU set with the requested topology".into()
+            }
+        }
+    }
+}
+
+/// `40Gi` for whole GiB, else `1536Mi`.
+fn mebibytes(mib: u64) -> String {
+    if mib > 0 && mib.is_multiple_of(1024) {
+        format!("{}Gi", mib / 1024)
+    } else {
+        format!("{mib}Mi")
+    }
+}
+
+/// What the explained request asked, for the phrases that name it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Asked {
+    pub gpu_count: u32,
+    pub topology: gpuplace_model::GpuTopology,
+    pub min_memory_mib: u64,
+}
+
+impl Asked {
+    pub fn of(request: &gpuplace_model::Request) -> Asked {
+        Asked {
+            gpu_count: request.gpu_count,
+            topology: request.need.topology,
+            min_memory_mib: request.need.min_memory_mib,
         }
     }
 }
@@ -57,6 +111,8 @@ pub struct Unschedulable {
     counts: [usize; FitFailure::ALL.len()],
     /// Extra node counts for reasons decided outside core (taints, selectors...), by phrase.
     pub other: Vec<(String, usize)>,
+    /// What the request asked, for phrases that name it.
+    pub asked: Asked,
 }
 
 impl Unschedulable {
@@ -83,7 +139,7 @@ impl Unschedulable {
         let mut parts: Vec<(usize, String)> = FitFailure::ALL
             .iter()
             .filter(|r| self.count(**r) > 0)
-            .map(|r| (self.count(*r), r.phrase(resource)))
+            .map(|r| (self.count(*r), r.phrase_for(resource, &self.asked)))
             .collect();
         parts.extend(self.other.iter().map(|(p, n)| (*n, p.clone())));
         // kube-scheduler sorts the reasons alphabetically by phrase.

@@ -6,14 +6,16 @@
 //! seed gives the same decisions, so what the simulator measures is what production runs.
 
 mod classes;
+mod devices;
 mod fit;
 mod frag;
 mod placer;
 mod policy;
+pub mod require;
 mod state;
 pub mod topology;
 
-pub use fit::{FitFailure, Unschedulable};
+pub use fit::{Asked, FitFailure, Unschedulable};
 pub use frag::{Shape, TargetWorkload};
 pub use placer::{Decision, Placer, TieBreak, WeightError};
 pub use policy::{Policy, UnknownPolicy};

@@ -8,11 +8,11 @@ use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::classes::NodeClasses;
+use crate::devices::{choose_gpus, first_fitting, preference_bonus};
 use crate::fit::Unschedulable;
 use crate::frag::Shape;
 use crate::policy::{Policy, simple_score};
-use crate::state::{ClusterState, NodeState};
-use crate::topology;
+use crate::state::ClusterState;
 
 /// Where a request goes: node index, GPUs as (position, milli), and the winning score.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -204,7 +204,11 @@ impl Placer {
         // the request is reported unschedulable rather than corrupting the state.
         match state.apply(decision.node, request, &decision.gpus) {
             Ok(()) => Ok(decision),
-            Err(_) => Err(Unschedulable::new(state.len())),
+            Err(_) => {
+                let mut why = Unschedulable::new(state.len());
+                why.asked = crate::fit::Asked::of(request);
+                Err(why)
+            }
         }
     }
 
@@ -222,7 +226,7 @@ impl Placer {
         // When nothing fits, the scan below finds the reason on every node.
         if indexable && let Some((score, node, hint)) = self.choose_indexed(state, request, allowed)
         {
-            let gpus = self.choose_gpus(state, node, request, hint);
+            let gpus = choose_gpus(self.policy, &mut self.rng, state, node, request, hint);
             return Ok(Decision { node, gpus, score });
         }
         let shape = match self.policy {
@@ -233,6 +237,7 @@ impl Placer {
             self.cache.resize(state.len(), Vec::new());
         }
         let mut why = Unschedulable::new(state.len());
+        why.asked = crate::fit::Asked::of(request);
         let mut best: Option<(i64, usize, u32)> = None;
         let mut ties = 0u32;
         let uniform = self.tie_break == TieBreak::Uniform || self.policy == Policy::Random;
@@ -252,6 +257,7 @@ impl Placer {
                     0,
                 ),
             };
+            let score = score + preference_bonus(state, n, request);
             match best {
                 Some((top, _, _)) if score < top => {}
                 Some((top, held, _)) if score == top => {
@@ -280,7 +286,7 @@ impl Placer {
                 return Err(why);
             }
         };
-        let gpus = self.choose_gpus(state, node, request, hint);
+        let gpus = choose_gpus(self.policy, &mut self.rng, state, node, request, hint);
         Ok(Decision { node, gpus, score })
     }
 
@@ -353,6 +359,7 @@ impl Placer {
                     computed
                 }
             };
+            let score = score + preference_bonus(state, representative, request);
             let better = match best {
                 None => true,
                 Some((top, rank, _)) => score > top || (score == top && member < rank),
@@ -453,44 +460,6 @@ impl Placer {
             (fgd_points(before, after), 0)
         }
     }
-
-    fn choose_gpus(
-        &mut self,
-        state: &ClusterState,
-        n: usize,
-        request: &Request,
-        hint: u32,
-    ) -> Vec<(usize, u32)> {
-        let node = state.node(n);
-        if request.gpu_count == 0 {
-            return Vec::new();
-        }
-        if request.is_fractional() {
-            let g = match self.policy {
-                Policy::Fgd => hint as usize,
-                Policy::Random => {
-                    let fitting: Vec<usize> = (0..node.gpu_free.len())
-                        .filter(|&g| node.gpu_free[g] >= request.gpu_milli)
-                        .collect();
-                    fitting[self.rng.random_range(0..fitting.len())]
-                }
-                Policy::WorstFit | Policy::Spread => most_free_fitting(node, request.gpu_milli),
-                _ => least_free_fitting(node, request.gpu_milli),
-            };
-            return vec![(g, request.gpu_milli)];
-        }
-        let available: Vec<usize> = (0..node.gpu_free.len())
-            .filter(|&g| node.gpu_free[g] >= request.gpu_milli)
-            .collect();
-        let set = topology::select(state.links(n), &available, &[], request.gpu_count as usize);
-        set.map(|s| {
-            s.positions
-                .into_iter()
-                .map(|g| (g, request.gpu_milli))
-                .collect()
-        })
-        .unwrap_or_default()
-    }
 }
 
 /// A 64-bit mix (splitmix64's finaliser): a fixed, well-spread order from any key.
@@ -499,26 +468,6 @@ fn splitmix64(mut x: u64) -> u64 {
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     x ^ (x >> 31)
-}
-
-fn first_fitting(node: &NodeState, milli: u32) -> usize {
-    node.gpu_free.iter().position(|&f| f >= milli).unwrap_or(0)
-}
-
-/// The fitting GPU with the least free milli (lowest index on ties).
-fn least_free_fitting(node: &NodeState, milli: u32) -> usize {
-    (0..node.gpu_free.len())
-        .filter(|&g| node.gpu_free[g] >= milli)
-        .min_by_key(|&g| (node.gpu_free[g], g))
-        .unwrap_or(0)
-}
-
-/// The fitting GPU with the most free milli (lowest index on ties).
-fn most_free_fitting(node: &NodeState, milli: u32) -> usize {
-    (0..node.gpu_free.len())
-        .filter(|&g| node.gpu_free[g] >= milli)
-        .min_by_key(|&g| (std::cmp::Reverse(node.gpu_free[g]), g))
-        .unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -535,6 +484,7 @@ mod tests {
             gpu_count: count,
             gpu_milli: milli,
             allowed_models: vec![],
+            need: Default::default(),
         }
     }
 

@@ -8,6 +8,7 @@ use gpuplace_model::{NodeInventory, Request};
 
 use crate::fit::FitFailure;
 use crate::frag::TargetWorkload;
+use crate::require::{self, PairRules};
 use crate::topology::LinkMatrix;
 
 /// Dynamic state of one node.
@@ -100,6 +101,7 @@ pub struct ClusterState {
     nodes: Vec<NodeInventory>,
     state: Vec<NodeState>,
     links: Vec<LinkMatrix>,
+    rules: Vec<PairRules>,
     /// FNV-1a of each node name, the stable key of seeded node orders.
     name_hash: Vec<u64>,
     /// Node index by name.
@@ -163,6 +165,7 @@ impl ClusterState {
             })
             .collect();
         let links: Vec<LinkMatrix> = nodes.iter().map(LinkMatrix::from_inventory).collect();
+        let rules = nodes.iter().map(PairRules::from_inventory).collect();
         let name_hash = nodes.iter().map(|n| fnv1a(&n.name)).collect();
         let mut types: HashMap<NodeTypeKey, u32> = HashMap::new();
         let node_type = nodes
@@ -189,6 +192,7 @@ impl ClusterState {
             nodes,
             state,
             links,
+            rules,
             name_hash,
             by_name,
             node_type,
@@ -243,6 +247,25 @@ impl ClusterState {
 
     pub fn links(&self, n: usize) -> &LinkMatrix {
         &self.links[n]
+    }
+
+    /// What decides whether two GPUs of node `n` meet a topology requirement together.
+    pub fn pair_rules(&self, n: usize) -> &PairRules {
+        &self.rules[n]
+    }
+
+    /// Positions of node `n`'s GPUs that `request` may use right now: enough free milli,
+    /// and the model and memory its requirements allow.
+    pub fn usable_gpus(&self, n: usize, request: &Request) -> Vec<usize> {
+        let s = &self.state[n];
+        let gpus = &self.nodes[n].gpus;
+        (0..s.gpu_free.len())
+            .filter(|&g| {
+                s.gpu_free[g] >= request.gpu_milli
+                    && request.need.allows_memory(gpus[g].memory_mib)
+                    && request.need.allows_model(&gpus[g].model)
+            })
+            .collect()
     }
 
     /// A stable hash of node `n`'s name.
@@ -325,13 +348,51 @@ impl ClusterState {
         if !request.allowed_models.is_empty() && !request.allows_model(self.nodes[n].gpu_model()) {
             return Err(FitFailure::ModelNotAllowed);
         }
-        if fitting >= request.gpu_count as usize {
-            Ok(())
-        } else if request.is_fractional() {
-            Err(FitFailure::NoGpuWithShare)
-        } else {
-            Err(FitFailure::InsufficientGpus)
+        if request.need.is_empty() {
+            return if fitting >= request.gpu_count as usize {
+                Ok(())
+            } else if request.is_fractional() {
+                Err(FitFailure::NoGpuWithShare)
+            } else {
+                Err(FitFailure::InsufficientGpus)
+            };
         }
+        self.fit_need(n, request)
+    }
+
+    /// The checks of a request with requirements: model, memory per GPU, then a set that
+    /// meets the topology requirement among the usable GPUs.
+    fn fit_need(&self, n: usize, request: &Request) -> Result<(), FitFailure> {
+        let gpus = &self.nodes[n].gpus;
+        let need = &request.need;
+        if !gpus.iter().any(|g| need.allows_model(&g.model)) {
+            return Err(FitFailure::ModelNotAllowed);
+        }
+        if !gpus
+            .iter()
+            .any(|g| need.allows_model(&g.model) && need.allows_memory(g.memory_mib))
+        {
+            return Err(FitFailure::GpuMemoryTooSmall);
+        }
+        let usable = self.usable_gpus(n, request);
+        let count = request.gpu_count as usize;
+        if usable.len() < count {
+            return Err(if request.is_fractional() {
+                FitFailure::NoGpuWithShare
+            } else {
+                FitFailure::InsufficientGpus
+            });
+        }
+        if !require::exists(
+            &self.links[n],
+            &self.rules[n],
+            need.topology,
+            &usable,
+            count,
+        ) {
+            return Err(FitFailure::TopologyUnavailable);
+        }
+        Ok(())
     }
 
     fn check_gpus(&self, n: usize, gpus: &[(usize, u32)]) -> Result<(), StateError> {
@@ -469,6 +530,7 @@ mod tests {
             gpu_count: count,
             gpu_milli: milli,
             allowed_models: vec![],
+            need: Default::default(),
         }
     }
 

@@ -40,6 +40,7 @@ fn request_strategy() -> impl Strategy<Value = Request> {
             gpu_count,
             gpu_milli,
             allowed_models: models,
+            need: Default::default(),
         }
     })
 }

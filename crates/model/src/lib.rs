@@ -6,6 +6,7 @@
 
 mod assignment;
 mod inventory;
+mod need;
 mod request;
 
 pub use assignment::{
@@ -13,6 +14,7 @@ pub use assignment::{
     ContainerAssignment, ContainerKind, ContainerNeed, fresh_devices, plan_containers,
 };
 pub use inventory::{Gpu, INVENTORY_ANNOTATION, InventoryError, Link, NodeInventory, PcieLevel};
+pub use need::{GpuNeed, GpuTopology, NeedError, UnknownTopology};
 pub use request::{DeviceShare, Placement, Request, RequestError};
 
 /// Milli-GPU units in one whole GPU.

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::MILLI_PER_GPU;
+use crate::need::GpuNeed;
 
 /// A pod's resource request as placement sees it.
 ///
@@ -18,6 +19,9 @@ pub struct Request {
     /// GPU models the pod accepts; empty means any.
     #[serde(default)]
     pub allowed_models: Vec<String>,
+    /// Requirements on each GPU and on how a container's GPUs are linked.
+    #[serde(default, skip_serializing_if = "GpuNeed::is_empty")]
+    pub need: GpuNeed,
 }
 
 /// Why a request cannot be placed anywhere, whatever the cluster.

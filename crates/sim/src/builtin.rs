@@ -133,6 +133,7 @@ pub fn pods(nodes: &[NodeInventory]) -> Vec<TracePod> {
             gpu_count: count,
             gpu_milli: milli,
             allowed_models: Vec::new(),
+            need: Default::default(),
         };
         requested += request.total_gpu_milli();
         pods.push(TracePod {

@@ -244,6 +244,7 @@ pub fn load_pods(path: &Path) -> Result<Vec<TracePod>, TraceError> {
             gpu_count,
             gpu_milli,
             allowed_models,
+            need: Default::default(),
         };
         request
             .validate()

@@ -1,0 +1,114 @@
+//! Which GPUs of the chosen node a request gets: the policy's GPU for a share, the best
+//! linked set for whole GPUs, within the pod's requirements; and the score tier of nodes
+//! that can meet a topology preference.
+
+use gpuplace_model::{GpuTopology, Request};
+use rand::RngExt;
+use rand_chacha::ChaCha8Rng;
+
+use crate::policy::Policy;
+use crate::state::{ClusterState, NodeState};
+use crate::{require, topology};
+
+/// The GPUs (position, milli) for `request` on node `n`; `hint` is the policy's GPU for a
+/// share when it has one.
+pub(crate) fn choose_gpus(
+    policy: Policy,
+    rng: &mut ChaCha8Rng,
+    state: &ClusterState,
+    n: usize,
+    request: &Request,
+    hint: u32,
+) -> Vec<(usize, u32)> {
+    let node = state.node(n);
+    if request.gpu_count == 0 {
+        return Vec::new();
+    }
+    let need = &request.need;
+    if request.is_fractional() {
+        let mut g = match policy {
+            Policy::Fgd => hint as usize,
+            Policy::Random => {
+                let fitting: Vec<usize> = (0..node.gpu_free.len())
+                    .filter(|&g| node.gpu_free[g] >= request.gpu_milli)
+                    .collect();
+                fitting[rng.random_range(0..fitting.len())]
+            }
+            Policy::WorstFit | Policy::Spread => most_free_fitting(node, request.gpu_milli),
+            _ => least_free_fitting(node, request.gpu_milli),
+        };
+        if !need.is_empty() {
+            // A GPU the requirements rule out is replaced by the fullest one they allow.
+            let usable = state.usable_gpus(n, request);
+            if !usable.contains(&g)
+                && let Some(&u) = usable.iter().min_by_key(|&&u| (node.gpu_free[u], u))
+            {
+                g = u;
+            }
+        }
+        return vec![(g, request.gpu_milli)];
+    }
+    let available = state.usable_gpus(n, request);
+    let count = request.gpu_count as usize;
+    let (links, rules) = (state.links(n), state.pair_rules(n));
+    let set = match (need.topology, need.prefer) {
+        (GpuTopology::Any, GpuTopology::Any) => topology::select(links, &available, &[], count),
+        (GpuTopology::Any, preferred) => {
+            require::select(links, rules, preferred, &available, count)
+                .or_else(|| topology::select(links, &available, &[], count))
+        }
+        (required, _) => require::select(links, rules, required, &available, count),
+    };
+    set.map(|s| {
+        s.positions
+            .into_iter()
+            .map(|g| (g, request.gpu_milli))
+            .collect()
+    })
+    .unwrap_or_default()
+}
+
+/// Nodes that can give a multi-GPU request its preferred topology rank above every node
+/// that cannot (a tier on top of the policy's score).
+pub(crate) fn preference_bonus(state: &ClusterState, n: usize, request: &Request) -> i64 {
+    let need = &request.need;
+    if need.prefer == GpuTopology::Any || need.topology != GpuTopology::Any || request.gpu_count < 2
+    {
+        return 0;
+    }
+    let usable = state.usable_gpus(n, request);
+    if require::exists(
+        state.links(n),
+        state.pair_rules(n),
+        need.prefer,
+        &usable,
+        request.gpu_count as usize,
+    ) {
+        PREFERENCE_TIER
+    } else {
+        0
+    }
+}
+
+/// Above any policy's own score range.
+const PREFERENCE_TIER: i64 = 1 << 40;
+
+pub(crate) fn first_fitting(node: &NodeState, milli: u32) -> usize {
+    node.gpu_free.iter().position(|&f| f >= milli).unwrap_or(0)
+}
+
+/// The fitting GPU with the least free milli (lowest index on ties).
+fn least_free_fitting(node: &NodeState, milli: u32) -> usize {
+    (0..node.gpu_free.len())
+        .filter(|&g| node.gpu_free[g] >= milli)
+        .min_by_key(|&g| (node.gpu_free[g], g))
+        .unwrap_or(0)
+}
+
+/// The fitting GPU with the most free milli (lowest index on ties).
+fn most_free_fitting(node: &NodeState, milli: u32) -> usize {
+    (0..node.gpu_free.len())
+        .filter(|&g| node.gpu_free[g] >= milli)
+        .min_by_key(|&g| (std::cmp::Reverse(node.gpu_free[g]), g))
+        .unwrap_or(0)
+}
