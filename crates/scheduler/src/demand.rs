@@ -259,7 +259,7 @@ pub fn pod_demand(pod: &Pod, gpu_resource: &str) -> Result<PodDemand, DemandErro
             gpu_count,
             gpu_milli,
             allowed_models: Vec::new(),
-            need: Default::default(),
+            need: crate::need::gpu_need(pod.metadata.annotations.as_ref())?,
         },
         containers: all_gpu,
         extended,

@@ -25,6 +25,10 @@ pub struct PodGroupSpec {
     /// After this long without fitting, members get a FailedScheduling event and back off.
     #[serde(default)]
     pub schedule_timeout_seconds: Option<u64>,
+    /// A node label (e.g. a rack or NVSwitch-domain label): every member lands on nodes
+    /// sharing one value of it, or none binds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology_key: Option<String>,
 }
 
 /// Where a gang stands.

@@ -9,6 +9,7 @@ pub mod gang;
 pub mod kube_api;
 pub mod lease;
 pub mod metrics;
+pub mod need;
 pub mod pod_info;
 pub mod scheduler;
 pub mod snapshot;

@@ -71,6 +71,9 @@ pub struct PodInfo {
     pub created: Option<Timestamp>,
     /// The `gpuplace.io/pod-group` label.
     pub group: Option<String>,
+    /// The `gpuplace.io/topology-key` annotation (the gang's topology key when its
+    /// PodGroup names none).
+    pub topology_key: Option<String>,
     /// The raw `gpuplace.io/assignment` annotation.
     pub assignment: Option<String>,
     /// The raw `gpuplace.io/allocated` annotation (the node's truth).
@@ -104,6 +107,12 @@ impl PodInfo {
                 .as_ref()
                 .and_then(|l| l.get(POD_GROUP_LABEL))
                 .cloned(),
+            topology_key: meta
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get("gpuplace.io/topology-key"))
+                .map(|k| k.trim().to_string())
+                .filter(|k| !k.is_empty()),
             assignment: meta
                 .annotations
                 .as_ref()

@@ -3,7 +3,6 @@
 //! pod (guarded by its resourceVersion), binds, and explains failures in an Event.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use gpuplace_core::{Decision, Placer, Policy, Unschedulable};
@@ -12,7 +11,6 @@ use tracing::{debug, info, warn};
 use crate::api::{ApiError, ClusterApi, EventRecord, PodKey};
 use crate::demand::{Assignment, ContainerDemand, PodDemand, split_devices};
 use crate::filters::{NodeRejection, check_node};
-use crate::gang::PodGroupStatus;
 use crate::pod_info::PodInfo;
 use crate::snapshot::{Held, Snapshot, build};
 
@@ -494,148 +492,9 @@ impl<A: ClusterApi> Scheduler<A> {
         .await;
         true
     }
-
-    /// All-or-nothing: place every waiting member on a copy; commit only when at least
-    /// `minMember` members (bound ones included) fit.
-    async fn schedule_gang(
-        &mut self,
-        snapshot: &mut Snapshot,
-        (pods, groups): (&[Arc<PodInfo>], &[Arc<crate::gang::PodGroup>]),
-        (namespace, group): (&str, &str),
-        members: Vec<(&PodInfo, Verdicts)>,
-        now: Instant,
-        report: &mut RoundReport,
-    ) {
-        let spec = groups
-            .iter()
-            .find(|g| {
-                g.metadata.namespace.as_deref() == Some(namespace)
-                    && g.metadata.name.as_deref() == Some(group)
-            })
-            .map(|g| g.spec.clone());
-        let gang_id = format!("{namespace}/{group}");
-        let Some(spec) = spec else {
-            for (pod, _) in &members {
-                let key = pod.key.clone();
-                self.back_off(&key.uid, now);
-                self.emit(
-                    &key,
-                    "Warning",
-                    "FailedScheduling",
-                    format!("pod group {gang_id} does not exist"),
-                )
-                .await;
-            }
-            report.unschedulable += members.len();
-            return;
-        };
-        let bound = pods
-            .iter()
-            .filter(|p| {
-                p.key.namespace == namespace
-                    && p.group.as_deref() == Some(group)
-                    && p.is_active_bound()
-            })
-            .count() as u32;
-        // Try all members on a copy of the state.
-        let mut trial = snapshot.state.clone();
-        let mut planned: Vec<(&PodInfo, PodDemand, Decision)> = Vec::new();
-        let mut failure = None;
-        for (pod, verdicts) in &members {
-            let demand = match &pod.demand {
-                Ok(d) => d.clone(),
-                Err(e) => {
-                    failure = Some(e.clone());
-                    continue;
-                }
-            };
-            let filtered = filter_nodes(snapshot, verdicts, &demand);
-            match self.placer.choose(&trial, &demand.request, filtered.mask()) {
-                Ok(d) if trial.apply(d.node, &demand.request, &d.gpus).is_ok() => {
-                    planned.push((*pod, demand, d))
-                }
-                Ok(_) => failure = Some("placement could not be applied".into()),
-                Err(why) => {
-                    failure = Some(explain(
-                        why,
-                        &filtered.rejected,
-                        snapshot.nodes.len(),
-                        &self.config.gpu_resource,
-                    ))
-                }
-            }
-        }
-        let fits = bound + planned.len() as u32 >= spec.min_member;
-        if fits {
-            let mut scheduled = bound;
-            for (pod, demand, decision) in &planned {
-                if self.commit(snapshot, pod, demand, decision).await {
-                    scheduled += 1;
-                    report.bound += 1;
-                } else {
-                    report.conflicts += 1;
-                }
-            }
-            self.gang_since.remove(&gang_id);
-            let status = PodGroupStatus {
-                phase: "Scheduled".into(),
-                scheduled,
-            };
-            let _ = self.api.group_status(namespace, group, status).await;
-            return;
-        }
-        // Not enough members fit: hold nothing, wait, and after the timeout say why.
-        report.waiting_gangs += 1;
-        let since = *self.gang_since.entry(gang_id.clone()).or_insert(now);
-        let timeout = Duration::from_secs(spec.schedule_timeout_seconds.unwrap_or(60));
-        let present = bound + members.len() as u32;
-        let reason = if present < spec.min_member {
-            format!(
-                "pod group {gang_id} has {present} of {} members",
-                spec.min_member
-            )
-        } else {
-            format!(
-                "pod group {gang_id}: only {} of {} members fit at once{}",
-                bound + planned.len() as u32,
-                spec.min_member,
-                failure.map(|f| format!("; {f}")).unwrap_or_default()
-            )
-        };
-        let _ = self
-            .api
-            .group_status(
-                namespace,
-                group,
-                PodGroupStatus {
-                    phase: "Pending".into(),
-                    scheduled: bound,
-                },
-            )
-            .await;
-        if now.duration_since(since) >= timeout {
-            for (pod, _) in &members {
-                let key = pod.key.clone();
-                self.back_off(&key.uid, now);
-                self.emit(&key, "Warning", "FailedScheduling", reason.clone())
-                    .await;
-            }
-            report.unschedulable += members.len();
-            self.gang_since.insert(gang_id, now);
-            let _ = self
-                .api
-                .group_status(
-                    namespace,
-                    group,
-                    PodGroupStatus {
-                        phase: "Unschedulable".into(),
-                        scheduled: bound,
-                    },
-                )
-                .await;
-        }
-    }
 }
+
+mod gang_permit;
 
 #[cfg(test)]
 mod tests {

@@ -171,6 +171,7 @@ pub async fn run(
                     PodGroupSpec {
                         min_member: 2,
                         schedule_timeout_seconds: Some(60),
+                        topology_key: None,
                     },
                 );
                 let mut pg = pg;

@@ -1,0 +1,317 @@
+//! The gang stage (kube-scheduler's Permit, done as one trial): every waiting member is
+//! placed on a copy of the state; nothing binds unless `minMember` members fit at once.
+//! With a topology key (`spec.topologyKey`, or the members' annotation
+//! `gpuplace.io/topology-key`), every member lands on nodes sharing one value of that node
+//! label, chosen among the values where the gang fits as the one leaving the least
+//! fragmentation.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpuplace_core::Decision;
+
+use super::{RoundReport, Scheduler, Verdicts, explain, filter_nodes};
+use crate::api::ClusterApi;
+use crate::demand::PodDemand;
+use crate::gang::{PodGroupSpec, PodGroupStatus};
+use crate::pod_info::PodInfo;
+use crate::snapshot::Snapshot;
+
+/// The members' annotation naming the gang's topology key when the PodGroup has none.
+pub const TOPOLOGY_KEY_ANNOTATION: &str = "gpuplace.io/topology-key";
+
+/// One domain's trial: the members placed, why the others were not, and the cluster's
+/// fragmentation after it.
+#[derive(Default)]
+struct Trial<'a> {
+    planned: Vec<(&'a PodInfo, PodDemand, Decision)>,
+    failure: Option<String>,
+    frag: f64,
+}
+
+fn best_len(best: &Option<Trial<'_>>) -> usize {
+    best.as_ref().map_or(0, |b| b.planned.len())
+}
+
+impl<A: ClusterApi> Scheduler<A> {
+    /// All-or-nothing: place every waiting member on a copy; commit only when at least
+    /// `minMember` members (bound ones included) fit.
+    pub(super) async fn schedule_gang(
+        &mut self,
+        snapshot: &mut Snapshot,
+        (pods, groups): (&[Arc<PodInfo>], &[Arc<crate::gang::PodGroup>]),
+        (namespace, group): (&str, &str),
+        members: Vec<(&PodInfo, Verdicts)>,
+        now: Instant,
+        report: &mut RoundReport,
+    ) {
+        let spec = groups
+            .iter()
+            .find(|g| {
+                g.metadata.namespace.as_deref() == Some(namespace)
+                    && g.metadata.name.as_deref() == Some(group)
+            })
+            .map(|g| g.spec.clone());
+        let gang_id = format!("{namespace}/{group}");
+        let Some(spec) = spec else {
+            for (pod, _) in &members {
+                let key = pod.key.clone();
+                self.back_off(&key.uid, now);
+                self.emit(
+                    &key,
+                    "Warning",
+                    "FailedScheduling",
+                    format!("pod group {gang_id} does not exist"),
+                )
+                .await;
+            }
+            report.unschedulable += members.len();
+            return;
+        };
+        let bound = pods
+            .iter()
+            .filter(|p| {
+                p.key.namespace == namespace
+                    && p.group.as_deref() == Some(group)
+                    && p.is_active_bound()
+            })
+            .count() as u32;
+        // Try all members on a copy of the state, in each allowed domain (one value of
+        // the gang's topology key, or the whole cluster), and keep the domain where enough
+        // fit leaving the least fragmentation.
+        let domains = match self.domains(snapshot, pods, (namespace, group), &spec, &members) {
+            Ok(d) => d,
+            Err(reason) => {
+                self.refuse_gang(&members, reason, now, report).await;
+                return;
+            }
+        };
+        let mut best: Option<Trial> = None;
+        let mut failure = None;
+        for domain in &domains {
+            let trial = self.try_members(snapshot, &members, domain.as_deref());
+            let enough = bound + trial.planned.len() as u32 >= spec.min_member;
+            if !enough {
+                if failure.is_none() || trial.planned.len() > best_len(&best) {
+                    failure = trial.failure.clone();
+                }
+                if best.as_ref().is_none_or(|b| {
+                    bound + (b.planned.len() as u32) < spec.min_member
+                        && trial.planned.len() > b.planned.len()
+                }) {
+                    best = Some(trial);
+                }
+                continue;
+            }
+            let better = match &best {
+                Some(b) if bound + b.planned.len() as u32 >= spec.min_member => trial.frag < b.frag,
+                _ => true,
+            };
+            if better {
+                best = Some(trial);
+            }
+        }
+        let Trial { planned, .. } = best.unwrap_or_default();
+        let failure = failure.or_else(|| {
+            (domains.is_empty()).then(|| "no node has the gang's topology key".to_string())
+        });
+        let fits = bound + planned.len() as u32 >= spec.min_member;
+        if fits {
+            let mut scheduled = bound;
+            for (pod, demand, decision) in &planned {
+                if self.commit(snapshot, pod, demand, decision).await {
+                    scheduled += 1;
+                    report.bound += 1;
+                } else {
+                    report.conflicts += 1;
+                }
+            }
+            self.gang_since.remove(&gang_id);
+            let status = PodGroupStatus {
+                phase: "Scheduled".into(),
+                scheduled,
+            };
+            let _ = self.api.group_status(namespace, group, status).await;
+            return;
+        }
+        // Not enough members fit: hold nothing, wait, and after the timeout say why.
+        report.waiting_gangs += 1;
+        let since = *self.gang_since.entry(gang_id.clone()).or_insert(now);
+        let timeout = Duration::from_secs(spec.schedule_timeout_seconds.unwrap_or(60));
+        let present = bound + members.len() as u32;
+        let reason = if present < spec.min_member {
+            format!(
+                "pod group {gang_id} has {present} of {} members",
+                spec.min_member
+            )
+        } else {
+            format!(
+                "pod group {gang_id}: only {} of {} members fit at once{}",
+                bound + planned.len() as u32,
+                spec.min_member,
+                failure.map(|f| format!("; {f}")).unwrap_or_default()
+            )
+        };
+        let _ = self
+            .api
+            .group_status(
+                namespace,
+                group,
+                PodGroupStatus {
+                    phase: "Pending".into(),
+                    scheduled: bound,
+                },
+            )
+            .await;
+        if now.duration_since(since) >= timeout {
+            for (pod, _) in &members {
+                let key = pod.key.clone();
+                self.back_off(&key.uid, now);
+                self.emit(&key, "Warning", "FailedScheduling", reason.clone())
+                    .await;
+            }
+            report.unschedulable += members.len();
+            self.gang_since.insert(gang_id, now);
+            let _ = self
+                .api
+                .group_status(
+                    namespace,
+                    group,
+                    PodGroupStatus {
+                        phase: "Unschedulable".into(),
+                        scheduled: bound,
+                    },
+                )
+                .await;
+        }
+    }
+
+    /// The node masks to try: one per value of the topology key (nodes without the label
+    /// are in none), or the whole cluster when the gang has no key. Members already bound
+    /// fix the value.
+    fn domains(
+        &self,
+        snapshot: &Snapshot,
+        pods: &[Arc<PodInfo>],
+        (namespace, group): (&str, &str),
+        spec: &PodGroupSpec,
+        members: &[(&PodInfo, Verdicts)],
+    ) -> Result<Vec<Option<Vec<bool>>>, String> {
+        let key = match &spec.topology_key {
+            Some(k) if !k.is_empty() => Some(k.clone()),
+            _ => {
+                let mut keys: Vec<&String> = members
+                    .iter()
+                    .filter_map(|(p, _)| p.topology_key.as_ref())
+                    .collect();
+                keys.sort();
+                keys.dedup();
+                if keys.len() > 1 {
+                    return Err(format!(
+                        "pod group {namespace}/{group}: members name different {TOPOLOGY_KEY_ANNOTATION} values {keys:?}"
+                    ));
+                }
+                keys.first().map(|k| (*k).clone())
+            }
+        };
+        let Some(key) = key else {
+            return Ok(vec![None]);
+        };
+        let value_of = |n: usize| {
+            snapshot.nodes[n]
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(&key))
+                .cloned()
+        };
+        let bound_values: std::collections::BTreeSet<Option<String>> = pods
+            .iter()
+            .filter(|p| {
+                p.key.namespace == namespace
+                    && p.group.as_deref() == Some(group)
+                    && p.is_active_bound()
+            })
+            .filter_map(|p| snapshot.held.get(&p.key.uid).map(|h| value_of(h.node)))
+            .collect();
+        let mut values: std::collections::BTreeSet<String> =
+            (0..snapshot.nodes.len()).filter_map(value_of).collect();
+        if let Some(fixed) = bound_values.iter().next() {
+            if bound_values.len() > 1 || fixed.is_none() {
+                return Err(format!(
+                    "pod group {namespace}/{group}: members already bound span more than one {key} value"
+                ));
+            }
+            values.retain(|v| Some(v) == fixed.as_ref());
+        }
+        Ok(values
+            .into_iter()
+            .map(|v| {
+                Some(
+                    (0..snapshot.nodes.len())
+                        .map(|n| value_of(n).as_ref() == Some(&v))
+                        .collect(),
+                )
+            })
+            .collect())
+    }
+
+    /// Places the members one by one on a copy of the state, within `domain`.
+    fn try_members<'a>(
+        &mut self,
+        snapshot: &Snapshot,
+        members: &[(&'a PodInfo, Verdicts)],
+        domain: Option<&[bool]>,
+    ) -> Trial<'a> {
+        let mut trial = snapshot.state.clone();
+        let mut out = Trial::default();
+        for (pod, verdicts) in members {
+            let demand = match &pod.demand {
+                Ok(d) => d.clone(),
+                Err(e) => {
+                    out.failure = Some(e.clone());
+                    continue;
+                }
+            };
+            let filtered = filter_nodes(snapshot, verdicts, &demand);
+            let mask: Option<Vec<bool>> = match (filtered.mask(), domain) {
+                (None, None) => None,
+                (Some(m), None) | (None, Some(m)) => Some(m.to_vec()),
+                (Some(a), Some(b)) => Some(a.iter().zip(b).map(|(x, y)| *x && *y).collect()),
+            };
+            match self.placer.choose(&trial, &demand.request, mask.as_deref()) {
+                Ok(d) if trial.apply(d.node, &demand.request, &d.gpus).is_ok() => {
+                    out.planned.push((*pod, demand, d))
+                }
+                Ok(_) => out.failure = Some("placement could not be applied".into()),
+                Err(why) => {
+                    out.failure = Some(explain(
+                        why,
+                        &filtered.rejected,
+                        snapshot.nodes.len(),
+                        &self.config.gpu_resource,
+                    ))
+                }
+            }
+        }
+        out.frag = trial.total_frag();
+        out
+    }
+
+    /// Every member is told `reason` and backs off.
+    async fn refuse_gang(
+        &mut self,
+        members: &[(&PodInfo, Verdicts)],
+        reason: String,
+        now: Instant,
+        report: &mut RoundReport,
+    ) {
+        for (pod, _) in members {
+            let key = pod.key.clone();
+            self.back_off(&key.uid, now);
+            self.emit(&key, "Warning", "FailedScheduling", reason.clone())
+                .await;
+        }
+        report.unschedulable += members.len();
+    }
+}

@@ -1,0 +1,141 @@
+//! Helpers shared by the scheduler's end-to-end tests on the in-memory API.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use gpuplace_core::Policy;
+use gpuplace_model::{Link, NodeInventory, PcieLevel};
+use gpuplace_scheduler::SchedulerConfig;
+use gpuplace_scheduler::demand::{ASSIGNMENT_ANNOTATION, Assignment};
+use gpuplace_scheduler::gang::{PodGroup, PodGroupSpec};
+use gpuplace_testkit::MemoryApi;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use serde_json::json;
+
+pub fn node(name: &str, gpus: u32, extra: serde_json::Value) -> Node {
+    let mut v = json!({
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "status": {
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "allocatable": {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": gpus.to_string(), "pods": "110"}
+        }
+    });
+    merge(&mut v, extra);
+    serde_json::from_value(v).unwrap()
+}
+
+pub fn merge(a: &mut serde_json::Value, b: serde_json::Value) {
+    if let (Some(a), serde_json::Value::Object(b)) = (a.as_object_mut(), b) {
+        for (k, v) in b {
+            match a.get_mut(&k) {
+                Some(e) if e.is_object() && v.is_object() => merge(e, v),
+                _ => {
+                    a.insert(k, v);
+                }
+            }
+        }
+    }
+}
+
+/// An 8-GPU node whose inventory annotation has NVLink pairs (0-1, 2-3, ...).
+pub fn nvlink_node(name: &str) -> Node {
+    let mut inv = NodeInventory::uniform(name, 0, 0, 8, "A100");
+    for g in &mut inv.gpus {
+        g.id = format!("GPU-{name}-{}", g.index);
+        g.uuid = g.id.clone();
+    }
+    for a in 0..8u32 {
+        for b in a + 1..8 {
+            inv.links.push(Link {
+                a,
+                b,
+                nvlinks: if a / 2 == b / 2 { 12 } else { 0 },
+                pcie: if a / 4 == b / 4 {
+                    PcieLevel::SameCpu
+                } else {
+                    PcieLevel::CrossCpu
+                },
+            });
+        }
+    }
+    node(
+        name,
+        8,
+        json!({"metadata": {"annotations": {"gpuplace.io/inventory": inv.to_json()}}}),
+    )
+}
+
+pub fn pod(name: &str, gpus: u32, extra: serde_json::Value) -> Pod {
+    let mut v = json!({
+        "metadata": {"name": name, "namespace": "ml"},
+        "spec": {
+            "schedulerName": "gpuplace",
+            "containers": [{"name": "main", "resources": {"requests": {"cpu": "2", "memory": "8Gi"},
+                "limits": {"nvidia.com/gpu": gpus.to_string()}}}]
+        },
+        "status": {"phase": "Pending"}
+    });
+    merge(&mut v, extra);
+    serde_json::from_value(v).unwrap()
+}
+
+pub fn config() -> SchedulerConfig {
+    SchedulerConfig {
+        policy: Policy::Fgd,
+        initial_backoff: Duration::from_secs(1),
+        ..Default::default()
+    }
+}
+
+pub fn assignment(api: &MemoryApi, name: &str) -> Option<Assignment> {
+    let p = api.pod("ml", name)?;
+    let text = p.metadata.annotations?.get(ASSIGNMENT_ANNOTATION)?.clone();
+    Some(Assignment::from_json(&text).unwrap())
+}
+
+pub fn bound_node(api: &MemoryApi, name: &str) -> Option<String> {
+    api.pod("ml", name)?.spec?.node_name
+}
+
+/// No device is given more than 1000 milli across all bound pods.
+pub fn assert_no_double_booking(api: &MemoryApi) {
+    let mut used: HashMap<(String, String), u32> = HashMap::new();
+    for p in api.pods() {
+        let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+            continue;
+        };
+        let Some(text) = p
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ASSIGNMENT_ANNOTATION))
+        else {
+            continue;
+        };
+        let a = Assignment::from_json(text).unwrap();
+        assert_eq!(a.node, node, "assignment and binding agree");
+        let mut seen = std::collections::HashSet::new();
+        for d in a.devices() {
+            if seen.insert(d.id.clone()) {
+                *used.entry((node.clone(), d.id.clone())).or_default() += d.milli;
+            }
+        }
+    }
+    for ((node, dev), milli) in used {
+        assert!(milli <= 1000, "{node}/{dev} booked {milli} milli");
+    }
+}
+
+pub fn group(name: &str, min: u32, timeout: u64) -> PodGroup {
+    let mut g = PodGroup::new(
+        name,
+        PodGroupSpec {
+            min_member: min,
+            schedule_timeout_seconds: Some(timeout),
+            topology_key: None,
+        },
+    );
+    g.metadata.namespace = Some("ml".into());
+    g
+}
