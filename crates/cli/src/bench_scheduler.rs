@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Args;
 use gpuplace_core::{Placer, Policy, TargetWorkload};
+use gpuplace_model::{INVENTORY_ANNOTATION, Link, NodeInventory, PcieLevel};
 use gpuplace_scheduler::snapshot::build;
 use gpuplace_scheduler::{ClusterApi, RoundTimings, Scheduler, SchedulerConfig};
 use gpuplace_testkit::MemoryApi;
@@ -35,11 +36,55 @@ pub struct SchedulerBenchArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Fraction of pods (0-1) carrying GPU requirements (topology required or preferred,
+    /// model, memory); nodes then publish inventories with links (V100 hybrid cube mesh and
+    /// A100 NVSwitch, alternating), and the core is also timed on the same pods without them.
+    #[arg(long, default_value_t = 0.0)]
+    requirements: f64,
 }
 
-fn node(i: usize, gpus: u32) -> anyhow::Result<Node> {
+/// The inventory of a node with links: even nodes V100 32 GB in a hybrid cube mesh (halves
+/// fully NVLinked, plus g <-> g + half), odd ones A100 80 GB all NVLinked (NVSwitch).
+fn linked_inventory(name: &str, i: usize, gpus: u32) -> String {
+    let v100 = i % 2 == 0;
+    let (model, memory) = if v100 {
+        ("Tesla-V100-SXM2-32GB", 32_768)
+    } else {
+        ("NVIDIA-A100-SXM4-80GB", 81_920)
+    };
+    let mut inv = NodeInventory::uniform(name, 0, 0, gpus, model);
+    let half = (gpus / 2).max(1);
+    for g in &mut inv.gpus {
+        g.memory_mib = memory;
+        g.numa_node = Some(g.index / half);
+    }
+    for a in 0..gpus {
+        for b in a + 1..gpus {
+            let linked = !v100 || a / half == b / half || b == a + half;
+            inv.links.push(Link {
+                a,
+                b,
+                nvlinks: if linked { 2 } else { 0 },
+                pcie: if a / half == b / half {
+                    PcieLevel::SingleSwitch
+                } else {
+                    PcieLevel::CrossCpu
+                },
+            });
+        }
+    }
+    inv.to_json()
+}
+
+fn node(i: usize, gpus: u32, linked: bool) -> anyhow::Result<Node> {
+    let name = format!("node-{i:05}");
+    let annotations = if linked {
+        json!({INVENTORY_ANNOTATION: linked_inventory(&name, i, gpus)})
+    } else {
+        json!({})
+    };
     Ok(serde_json::from_value(json!({
-        "metadata": {"name": format!("node-{i:05}"), "labels": {"nvidia.com/gpu.product": "A100"}},
+        "metadata": {"name": name, "labels": {"nvidia.com/gpu.product": "A100"}, "annotations": annotations},
         "status": {
             "conditions": [{"type": "Ready", "status": "True"}],
             "allocatable": {"cpu": "128", "memory": "1Ti", "nvidia.com/gpu": gpus.to_string(), "pods": "250"}
@@ -48,7 +93,10 @@ fn node(i: usize, gpus: u32) -> anyhow::Result<Node> {
 }
 
 /// By pods: 13% CPU-only, 38% GPU shares, 45% one GPU, 4% 2, 4 or 8 GPUs (openb-like).
-fn pod(i: usize) -> anyhow::Result<Pod> {
+/// With `requirements` (0-1), that fraction of pods carries GPU requirements: multi-GPU
+/// pods NVLink (required or preferred) or NUMA; one-GPU pods a model, an exclusion or a
+/// memory minimum.
+fn pod(i: usize, requirements: f64) -> anyhow::Result<Pod> {
     let r = (i * 7919) % 100;
     let (gpus, milli) = match r {
         0..=12 => (0, None),
@@ -61,6 +109,18 @@ fn pod(i: usize) -> anyhow::Result<Pod> {
     let mut annotations = serde_json::Map::new();
     if let Some(m) = milli {
         annotations.insert("gpuplace.io/gpu-milli".into(), json!(m.to_string()));
+    }
+    let picked = (((i * 37) % 1000) as f64) < requirements * 1000.0;
+    if picked && gpus > 0 {
+        let (key, value) = match (gpus, i % 3) {
+            (1, 0) => ("gpuplace.io/gpu-model", "A100"),
+            (1, 1) => ("nvidia.com/nouse-gputype", "V100"),
+            (1, _) => ("gpuplace.io/gpu-memory-min", "40Gi"),
+            (_, 0) => ("gpuplace.io/topology", "nvlink"),
+            (_, 1) => ("gpuplace.io/topology-preference", "nvlink"),
+            (_, _) => ("gpuplace.io/topology", "numa"),
+        };
+        annotations.insert(key.into(), json!(value));
     }
     Ok(serde_json::from_value(json!({
         "metadata": {"name": format!("pod-{i:06}"), "namespace": "bench", "annotations": annotations},
@@ -78,10 +138,10 @@ fn pod(i: usize) -> anyhow::Result<Pod> {
 fn populated(args: &SchedulerBenchArgs) -> anyhow::Result<MemoryApi> {
     let api = MemoryApi::new();
     for i in 0..args.nodes {
-        api.put_node(node(i, args.gpus_per_node)?);
+        api.put_node(node(i, args.gpus_per_node, args.requirements > 0.0)?);
     }
     for i in 0..args.pods {
-        api.put_pod(pod(i)?);
+        api.put_pod(pod(i, args.requirements)?);
     }
     Ok(api)
 }
@@ -103,14 +163,26 @@ fn mib(bytes: usize) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
 }
 
-/// Decisions per second of the core alone on the empty cluster, every pod in turn.
-async fn core_alone(api: &MemoryApi, policy: Policy, index: bool) -> anyhow::Result<(f64, usize)> {
+/// Decisions per second of the core alone on the empty cluster, every pod in turn;
+/// `strip` drops the pods' GPU requirements (the unconstrained rate of the same pods).
+async fn core_alone(
+    api: &MemoryApi,
+    policy: Policy,
+    index: bool,
+    strip: bool,
+) -> anyhow::Result<(f64, usize, usize)> {
     let view = api.view().await?;
     let requests: Vec<_> = view
         .pods
         .iter()
         .filter_map(|p| p.demand.as_ref().ok())
-        .map(|d| d.request.clone())
+        .map(|d| {
+            let mut r = d.request.clone();
+            if strip {
+                r.need = Default::default();
+            }
+            r
+        })
         .collect();
     let mut state = build(&view.nodes, &[], "nvidia.com/gpu").state;
     state.set_workload(std::sync::Arc::new(TargetWorkload::from_requests(
@@ -118,13 +190,19 @@ async fn core_alone(api: &MemoryApi, policy: Policy, index: bool) -> anyhow::Res
     )));
     let mut placer = Placer::new(policy, 42).with_index(index);
     let started = Instant::now();
+    let mut classes = 0usize;
     let placed = requests
         .iter()
-        .filter(|r| placer.place(&mut state, r).is_ok())
+        .filter(|r| {
+            let ok = placer.place(&mut state, r).is_ok();
+            classes += placer.class_count();
+            ok
+        })
         .count();
     Ok((
         requests.len() as f64 / started.elapsed().as_secs_f64(),
         placed,
+        classes / requests.len().max(1),
     ))
 }
 
@@ -149,17 +227,21 @@ async fn bench(args: SchedulerBenchArgs) -> anyhow::Result<()> {
     let before_objects = heap::live();
     let api = MemoryApi::new();
     for i in 0..args.nodes {
-        api.put_node(node(i, args.gpus_per_node)?);
+        api.put_node(node(i, args.gpus_per_node, args.requirements > 0.0)?);
     }
     let node_objects = heap::live().saturating_sub(before_objects);
     for i in 0..args.pods {
-        api.put_pod(pod(i)?);
+        api.put_pod(pod(i, args.requirements)?);
     }
     let objects = heap::live().saturating_sub(before_objects);
 
-    let (core_rate, core_placed) = core_alone(&api, args.policy, true).await?;
+    let (core_rate, core_placed, core_classes) = core_alone(&api, args.policy, true, false).await?;
     let scan_rate = match args.compare_scan {
-        true => Some(core_alone(&api, args.policy, false).await?.0),
+        true => Some(core_alone(&api, args.policy, false, false).await?.0),
+        false => None,
+    };
+    let unconstrained = match args.requirements > 0.0 {
+        true => Some(core_alone(&api, args.policy, true, true).await?),
         false => None,
     };
 
@@ -200,7 +282,10 @@ async fn bench(args: SchedulerBenchArgs) -> anyhow::Result<()> {
                     "seconds_by_phase": {"view": timings.view.as_secs_f64(), "snapshot": timings.snapshot.as_secs_f64(),
                         "filter": timings.filter.as_secs_f64(), "core": timings.core.as_secs_f64(),
                         "api": timings.api.as_secs_f64(), "gangs": timings.gangs.as_secs_f64()}},
-                "core_alone": {"decisions_per_s": core_rate, "placed": core_placed, "scan_decisions_per_s": scan_rate},
+                "core_alone": {"decisions_per_s": core_rate, "placed": core_placed, "scan_decisions_per_s": scan_rate,
+                    "requirements_fraction": args.requirements,
+                    "classes_per_decision": core_classes,
+                    "without_requirements": unconstrained.map(|(r, p, c)| json!({"decisions_per_s": r, "placed": p, "classes_per_decision": c}))},
                 "memory_mib": {"scheduler_peak_heap": mib(scheduler_peak), "api_objects_heap": mib(objects), "api_node_objects_heap": mib(node_objects),
                     "process_peak_rss": peak_rss_mib()},
             })
@@ -236,6 +321,13 @@ async fn bench(args: SchedulerBenchArgs) -> anyhow::Result<()> {
             .map(|r| format!("; without the node-class index {r:.0} decisions/s"))
             .unwrap_or_default()
     );
+    if let Some((rate, placed, classes)) = unconstrained {
+        println!(
+            "  {:.0}% of pods with GPU requirements: {core_rate:.0} decisions/s ({core_classes} node classes scanned per decision); the same pods without them: {rate:.0} decisions/s ({placed} placed, {classes} classes per decision); ratio {:.2}",
+            args.requirements * 100.0,
+            core_rate / rate
+        );
+    }
     println!(
         "memory: scheduler peak heap {:.0} MiB (pod cache, snapshots, queue, events it wrote); in-memory API objects {:.0} MiB, of which Nodes {:.0} MiB (the API server's; a scheduler in a cluster caches the Nodes too); process peak RSS {:.0} MiB",
         mib(scheduler_peak),

@@ -30,12 +30,27 @@ impl ClassKey {
         let node = state.node(n);
         let mut pod_classes = node.classes.clone();
         pod_classes.sort_unstable();
+        let (gpu_free, gpu_capacity) = if state.is_symmetric(n) {
+            // Interchangeable GPUs: nodes whose free shares are a permutation of each
+            // other are in one class (scores and fits are the same; the GPUs are chosen on
+            // the member itself).
+            let mut pairs: Vec<(u32, u32)> = node
+                .gpu_free
+                .iter()
+                .copied()
+                .zip(node.gpu_capacity.iter().copied())
+                .collect();
+            pairs.sort_unstable();
+            pairs.into_iter().unzip()
+        } else {
+            (node.gpu_free.clone(), node.gpu_capacity.clone())
+        };
         ClassKey {
             node_type: state.node_type(n),
             cpu_free: node.cpu_free,
             memory_free: node.memory_free,
-            gpu_free: node.gpu_free.clone(),
-            gpu_capacity: node.gpu_capacity.clone(),
+            gpu_free,
+            gpu_capacity,
             pod_classes,
         }
     }

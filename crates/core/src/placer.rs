@@ -184,6 +184,11 @@ impl Placer {
         (total, hint)
     }
 
+    /// Classes of identical nodes the index holds (benchmarks report it).
+    pub fn class_count(&self) -> usize {
+        self.classes.live().len()
+    }
+
     pub fn policy(&self) -> Policy {
         self.policy
     }
@@ -223,11 +228,13 @@ impl Placer {
         let indexable = self.index_enabled
             && self.tie_break == TieBreak::NodeOrder
             && !matches!(self.policy, Policy::FirstFit | Policy::Random);
-        // When nothing fits, the scan below finds the reason on every node.
-        if indexable && let Some((score, node, hint)) = self.choose_indexed(state, request, allowed)
-        {
-            let gpus = choose_gpus(self.policy, &mut self.rng, state, node, request, hint);
-            return Ok(Decision { node, gpus, score });
+        if indexable {
+            if let Some((score, node, hint)) = self.choose_indexed(state, request, allowed) {
+                let gpus = choose_gpus(self.policy, &mut self.rng, state, node, request, hint);
+                return Ok(Decision { node, gpus, score });
+            }
+            // Nothing fits: the reason of each class of identical nodes, once per class.
+            return Err(self.explain_indexed(state, request, allowed));
         }
         let shape = match self.policy {
             Policy::Fgd if self.cache_enabled && self.weights.is_empty() => self.shape_id(request),
@@ -365,11 +372,66 @@ impl Placer {
                 Some((top, rank, _)) => score > top || (score == top && member < rank),
             };
             if better {
+                // The hint is a GPU of the representative; on the member (the same shares,
+                // perhaps in other positions) it is the first GPU with the same free share.
+                let gpu = if member.1 as usize == representative {
+                    gpu
+                } else {
+                    let free = state
+                        .node(representative)
+                        .gpu_free
+                        .get(gpu as usize)
+                        .copied();
+                    state
+                        .node(member.1 as usize)
+                        .gpu_free
+                        .iter()
+                        .position(|&f| Some(f) == free)
+                        .map_or(gpu, |g| g as u32)
+                };
                 best = Some((score, member, gpu));
             }
         }
         self.classes = classes;
         best.map(|(score, (_, n), gpu)| (score, n as usize, gpu))
+    }
+
+    /// Why no node fits, as the scan would find it, with one fit check per class: the
+    /// members of a class are identical, so they fail for the same reason.
+    fn explain_indexed(
+        &mut self,
+        state: &ClusterState,
+        request: &Request,
+        allowed: Option<&[bool]>,
+    ) -> Unschedulable {
+        let mut why = Unschedulable::new(state.len());
+        why.asked = crate::fit::Asked::of(request);
+        if let Some(mask) = allowed {
+            why.nodes = why.nodes.min(mask.len());
+        }
+        for &id in self.classes.live() {
+            let class = self.classes.class(id);
+            let Some(&(_, any)) = class.members.first() else {
+                continue;
+            };
+            let members = match allowed {
+                None => class.members.len(),
+                Some(mask) => class
+                    .members
+                    .iter()
+                    .filter(|(_, n)| mask.get(*n as usize).copied().unwrap_or(false))
+                    .count(),
+            };
+            if members == 0 {
+                continue;
+            }
+            if let Err(reason) = state.fit(any as usize, request) {
+                for _ in 0..members {
+                    why.add(reason);
+                }
+            }
+        }
+        why
     }
 
     fn shape_id(&mut self, request: &Request) -> Option<u32> {

@@ -108,6 +108,9 @@ pub struct ClusterState {
     by_name: HashMap<String, usize>,
     /// Interned [`NodeTypeKey`] of each node.
     node_type: Vec<u32>,
+    /// Whether a node's GPUs are interchangeable (same model, memory and capacity, every
+    /// pair linked alike, one NUMA domain): then only the multiset of free shares matters.
+    symmetric: Vec<bool>,
     /// Nodes in the order their state changed (one entry per apply or release).
     journal: Vec<u32>,
     /// Bumped whenever a new workload is bound (scores against the old one are stale).
@@ -186,6 +189,25 @@ impl ClusterState {
                 *types.entry(key).or_insert(next)
             })
             .collect();
+        let symmetric = nodes
+            .iter()
+            .zip(&links)
+            .map(|(node, links)| {
+                let first = node.gpus.first();
+                let same_gpus = node.gpus.iter().all(|g| {
+                    first.is_some_and(|f| {
+                        g.model == f.model
+                            && g.memory_mib == f.memory_mib
+                            && g.milli_capacity == f.milli_capacity
+                            && g.numa_node == f.numa_node
+                    })
+                });
+                let n = node.gpus.len();
+                let pair = if n > 1 { links.pair(0, 1) } else { 0 };
+                let same_links = (0..n).all(|a| (0..n).all(|b| a == b || links.pair(a, b) == pair));
+                same_gpus && same_links
+            })
+            .collect();
         let gpu_capacity_milli = state.iter().map(NodeState::gpu_idle).sum();
         Ok(ClusterState {
             id: InstanceId::fresh(),
@@ -196,6 +218,7 @@ impl ClusterState {
             name_hash,
             by_name,
             node_type,
+            symmetric,
             journal: Vec::new(),
             workload_generation: 0,
             workload: None,
@@ -277,6 +300,11 @@ impl ClusterState {
     /// which follows from the rest) are interchangeable for fit and scoring.
     pub fn node_type(&self, n: usize) -> u32 {
         self.node_type[n]
+    }
+
+    /// Whether node `n`'s GPUs are interchangeable (see the field).
+    pub fn is_symmetric(&self, n: usize) -> bool {
+        self.symmetric[n]
     }
 
     /// This state value's identity; clones get their own.
@@ -374,23 +402,33 @@ impl ClusterState {
         {
             return Err(FitFailure::GpuMemoryTooSmall);
         }
-        let usable = self.usable_gpus(n, request);
         let count = request.gpu_count as usize;
-        if usable.len() < count {
+        let s = &self.state[n];
+        let usable = (0..s.gpu_free.len())
+            .filter(|&g| {
+                s.gpu_free[g] >= request.gpu_milli
+                    && need.allows_memory(gpus[g].memory_mib)
+                    && need.allows_model(&gpus[g].model)
+            })
+            .count();
+        if usable < count {
             return Err(if request.is_fractional() {
                 FitFailure::NoGpuWithShare
             } else {
                 FitFailure::InsufficientGpus
             });
         }
-        if !require::exists(
-            &self.links[n],
-            &self.rules[n],
-            need.topology,
-            &usable,
-            count,
-        ) {
-            return Err(FitFailure::TopologyUnavailable);
+        if need.topology != gpuplace_model::GpuTopology::Any && count > 1 {
+            let usable = self.usable_gpus(n, request);
+            if !require::exists(
+                &self.links[n],
+                &self.rules[n],
+                need.topology,
+                &usable,
+                count,
+            ) {
+                return Err(FitFailure::TopologyUnavailable);
+            }
         }
         Ok(())
     }

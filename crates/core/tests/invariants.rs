@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use gpuplace_core::{ClusterState, Placer, Policy, TargetWorkload};
-use gpuplace_model::{Link, NodeInventory, PcieLevel, Request};
+use gpuplace_model::{GpuNeed, GpuTopology, Link, NodeInventory, PcieLevel, Request};
 use proptest::prelude::*;
 
 fn node_strategy() -> impl Strategy<Value = (u64, u64, u32, bool)> {
@@ -33,16 +33,31 @@ fn request_strategy() -> impl Strategy<Value = Request> {
         1 => Just(vec!["T4".to_string()]),
         1 => Just(vec!["A100".to_string(), "V100".to_string()]),
     ];
-    (cpu, mem, gpu, models).prop_map(|(cpu_milli, memory_mib, (gpu_count, gpu_milli), models)| {
-        Request {
+    let topologies = [
+        GpuTopology::Any,
+        GpuTopology::Nvlink,
+        GpuTopology::PcieSwitch,
+        GpuTopology::Numa,
+    ];
+    let need = prop_oneof![
+        4 => Just(GpuNeed::default()),
+        1 => (0usize..4, 0usize..4, any::<bool>()).prop_map(move |(t, p, exclude)| GpuNeed {
+            topology: topologies[t],
+            prefer: topologies[p],
+            exclude_models: if exclude { vec!["t4".into()] } else { vec![] },
+            ..Default::default()
+        }),
+    ];
+    (cpu, mem, gpu, models, need).prop_map(
+        |(cpu_milli, memory_mib, (gpu_count, gpu_milli), models, need)| Request {
             cpu_milli,
             memory_mib,
             gpu_count,
             gpu_milli,
             allowed_models: models,
-            need: Default::default(),
-        }
-    })
+            need,
+        },
+    )
 }
 
 fn build(nodes: &[(u64, u64, u32, bool)], requests: &[Request]) -> ClusterState {
