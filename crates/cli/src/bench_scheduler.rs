@@ -46,7 +46,7 @@ pub struct SchedulerBenchArgs {
 /// The inventory of a node with links: even nodes V100 32 GB in a hybrid cube mesh (halves
 /// fully NVLinked, plus g <-> g + half), odd ones A100 80 GB all NVLinked (NVSwitch).
 fn linked_inventory(name: &str, i: usize, gpus: u32) -> String {
-    let v100 = i % 2 == 0;
+    let v100 = i.is_multiple_of(2);
     let (model, memory) = if v100 {
         ("Tesla-V100-SXM2-32GB", 32_768)
     } else {
