@@ -7,6 +7,8 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use clap::Args;
 use gpuplace_core::Policy;
+use gpuplace_model::GpuTopology;
+use gpuplace_sim::asks::{self, TopologyAsk};
 use gpuplace_sim::report::{self, ClusterSize, Summary};
 use gpuplace_sim::{Prepared, RunResult, builtin_workload, load_workload, run_all};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -43,6 +45,16 @@ pub struct SimulateArgs {
     /// Built-in workload only: shrink the openb-like cluster to 1/SCALE of its size.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     scale: u32,
+    /// Fraction (0-1) of multi-GPU pods that require `--topology` (nodes without links get
+    /// an assumed layout by model: see README).
+    #[arg(long, default_value_t = 0.0)]
+    require_topology: f64,
+    /// Fraction (0-1) of the other multi-GPU pods that prefer `--topology`.
+    #[arg(long, default_value_t = 0.0)]
+    prefer_topology: f64,
+    /// The topology asked by `--require-topology` and `--prefer-topology`.
+    #[arg(long, default_value = "nvlink")]
+    topology: GpuTopology,
 }
 
 pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
@@ -56,9 +68,21 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
             args.inflate
         );
     }
-    let workload = match (&args.nodes, &args.pods) {
+    let mut workload = match (&args.nodes, &args.pods) {
         (Some(nodes), Some(pods)) => load_workload(nodes, pods)?,
         _ => builtin_workload(args.scale),
+    };
+    let topology_asks = if args.require_topology > 0.0 || args.prefer_topology > 0.0 {
+        Some(asks::apply(
+            &mut workload,
+            TopologyAsk {
+                topology: args.topology,
+                required: args.require_topology,
+                preferred: args.prefer_topology,
+            },
+        )?)
+    } else {
+        None
     };
     let prepared = Prepared::new(workload).context("cannot replay this workload")?;
     let seeds: Vec<u64> = (0..args.seeds).map(|i| args.seed_start + i).collect();
@@ -94,6 +118,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         seeds,
         policies: report::summarize(&policies, &results),
         wall_s: started.elapsed().as_secs_f64(),
+        topology_asks,
     };
     if let Some(dir) = &args.out {
         let files = report::write_report(&summary, dir)?;

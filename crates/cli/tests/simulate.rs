@@ -122,6 +122,58 @@ fn a_pod_list_without_gpu_pods_fails_at_once() {
 }
 
 #[test]
+fn topology_asks_are_applied_and_reported() {
+    let out = gpuplace()
+        .args([
+            "simulate",
+            "--scale",
+            "16",
+            "--seeds",
+            "1",
+            "--policies",
+            "fgd",
+            "--require-topology",
+            "0.5",
+            "--prefer-topology",
+            "0.2",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let asks = v["topology_asks"].as_str().unwrap_or_default();
+    assert!(asks.contains("require nvlink"), "{v}");
+    let out = gpuplace()
+        .args([
+            "simulate",
+            "--require-topology",
+            "0.8",
+            "--prefer-topology",
+            "0.5",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("sum to at most 1"));
+    let out = gpuplace()
+        .args([
+            "simulate",
+            "--require-topology",
+            "0.1",
+            "--topology",
+            "nvswitch",
+        ])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown value \"nvswitch\""));
+}
+
+#[test]
 fn bad_arguments_are_refused_clearly() {
     let out = gpuplace()
         .args(["simulate", "--policies", "fgd,magic"])

@@ -372,28 +372,25 @@ impl Placer {
                 Some((top, rank, _)) => score > top || (score == top && member < rank),
             };
             if better {
-                // The hint is a GPU of the representative; on the member (the same shares,
-                // perhaps in other positions) it is the first GPU with the same free share.
-                let gpu = if member.1 as usize == representative {
-                    gpu
-                } else {
-                    let free = state
-                        .node(representative)
-                        .gpu_free
-                        .get(gpu as usize)
-                        .copied();
-                    state
-                        .node(member.1 as usize)
-                        .gpu_free
-                        .iter()
-                        .position(|&f| Some(f) == free)
-                        .map_or(gpu, |g| g as u32)
-                };
                 best = Some((score, member, gpu));
             }
         }
         self.classes = classes;
-        best.map(|(score, (_, n), gpu)| (score, n as usize, gpu))
+        let (score, (_, n), gpu) = best?;
+        let n = n as usize;
+        // A class of interchangeable GPUs holds nodes with the same shares in other
+        // positions, and its cached hint may come from another member: the GPU of a share is
+        // found again on the chosen node, as a scan would find it there.
+        let gpu = if request.is_fractional() && state.is_symmetric(n) {
+            match self.policy {
+                _ if !self.weights.is_empty() => self.weighted_score(state, n, request).1,
+                Policy::Fgd => self.fgd_score(state, n, request).1,
+                _ => gpu,
+            }
+        } else {
+            gpu
+        };
+        Some((score, n, gpu))
     }
 
     /// Why no node fits, as the scan would find it, with one fit check per class: the

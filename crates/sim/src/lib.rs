@@ -1,6 +1,7 @@
 //! Trace replay of gpuplace's placement policies: the openb CSV loader, the built-in
 //! workload, the paper's replay method, metrics per arrived GPU %, and reports.
 
+pub mod asks;
 pub mod builtin;
 mod plot;
 pub mod replay;

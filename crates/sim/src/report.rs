@@ -82,6 +82,9 @@ pub struct Summary {
     pub policies: Vec<PolicySummary>,
     /// Wall time of the whole experiment.
     pub wall_s: f64,
+    /// Topology asked of multi-GPU pods (`--require-topology`, `--prefer-topology`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub topology_asks: Option<String>,
 }
 
 fn point(runs: &[&RunResult], pick: impl Fn(&RunResult) -> Option<f64>) -> Option<Stat> {
@@ -157,6 +160,9 @@ pub fn table(summary: &Summary) -> String {
         summary.seeds.first().copied().unwrap_or(0),
         summary.inflate
     );
+    if let Some(asks) = &summary.topology_asks {
+        let _ = writeln!(out, "topology: {asks}");
+    }
     let _ = writeln!(
         out,
         "{:<15} {:>15} {:>15} {:>15} {:>10} {:>9}",

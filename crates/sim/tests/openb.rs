@@ -70,3 +70,34 @@ fn slice_replay_ranks_fgd_above_random() {
     assert!(fgd.curves.unallocated[100] < random.curves.unallocated[100]);
     assert!(fgd.curves.frag_capacity[80] < random.curves.frag_capacity[80]);
 }
+
+/// On the real trace the node-class index decides exactly as a scan of every node (node
+/// and GPUs), FGD's shares included: a class holds nodes whose interchangeable GPUs have
+/// the same shares in other positions, and a share's GPU is found on the chosen node.
+#[test]
+fn the_index_decides_as_the_scan_on_the_trace() {
+    use gpuplace_core::{ClusterState, Placer, TargetWorkload};
+    use gpuplace_sim::replay::arrival_order;
+    let Some(dir) = trace_dir() else { return };
+    let nodes = load_nodes(&dir.join("openb_node_list_gpu_node.csv")).unwrap();
+    let pods = load_pods(&dir.join("openb_pod_list_default.csv")).unwrap();
+    let requests: Vec<_> = pods.iter().map(|p| p.request.clone()).collect();
+    for policy in [Policy::Fgd, Policy::BestFit] {
+        let mut state = ClusterState::new(nodes.clone()).unwrap();
+        state.set_workload(std::sync::Arc::new(TargetWorkload::from_requests(
+            &requests, 0.95,
+        )));
+        let order = arrival_order(&pods, state.gpu_capacity_milli(), 42, 1.3);
+        let mut indexed = Placer::new(policy, 42);
+        let mut scan = Placer::new(policy, 42).with_index(false);
+        for (i, &p) in order.iter().take(6000).enumerate() {
+            let request = &pods[p].request;
+            let a = indexed.choose(&state, request, None).ok();
+            let b = scan.choose(&state, request, None).ok();
+            assert_eq!(a, b, "{policy}: arrival {i}");
+            if let Some(d) = a {
+                state.apply(d.node, request, &d.gpus).unwrap();
+            }
+        }
+    }
+}
