@@ -111,6 +111,8 @@ pub struct ClusterState {
     /// Whether a node's GPUs are interchangeable (same model, memory and capacity, every
     /// pair linked alike, one NUMA domain): then only the multiset of free shares matters.
     symmetric: Vec<bool>,
+    /// Whether all of a node's GPUs are of one model.
+    one_model: Vec<bool>,
     /// Nodes in the order their state changed (one entry per apply or release).
     journal: Vec<u32>,
     /// Bumped whenever a new workload is bound (scores against the old one are stale).
@@ -208,6 +210,10 @@ impl ClusterState {
                 same_gpus && same_links
             })
             .collect();
+        let one_model = nodes
+            .iter()
+            .map(|node| node.gpus.windows(2).all(|w| w[0].model == w[1].model))
+            .collect();
         let gpu_capacity_milli = state.iter().map(NodeState::gpu_idle).sum();
         Ok(ClusterState {
             id: InstanceId::fresh(),
@@ -219,6 +225,7 @@ impl ClusterState {
             by_name,
             node_type,
             symmetric,
+            one_model,
             journal: Vec::new(),
             workload_generation: 0,
             workload: None,
@@ -393,12 +400,18 @@ impl ClusterState {
     fn fit_need(&self, n: usize, request: &Request) -> Result<(), FitFailure> {
         let gpus = &self.nodes[n].gpus;
         let need = &request.need;
-        if !gpus.iter().any(|g| need.allows_model(&g.model)) {
+        // Most nodes hold one model: its name is matched once, not once per GPU.
+        let one_model = self.one_model[n];
+        let model_ok = |g: &gpuplace_model::Gpu| one_model || need.allows_model(&g.model);
+        if one_model && gpus.first().is_some_and(|g| !need.allows_model(&g.model)) {
+            return Err(FitFailure::ModelNotAllowed);
+        }
+        if !gpus.iter().any(model_ok) {
             return Err(FitFailure::ModelNotAllowed);
         }
         if !gpus
             .iter()
-            .any(|g| need.allows_model(&g.model) && need.allows_memory(g.memory_mib))
+            .any(|g| model_ok(g) && need.allows_memory(g.memory_mib))
         {
             return Err(FitFailure::GpuMemoryTooSmall);
         }
@@ -408,7 +421,7 @@ impl ClusterState {
             .filter(|&g| {
                 s.gpu_free[g] >= request.gpu_milli
                     && need.allows_memory(gpus[g].memory_mib)
-                    && need.allows_model(&gpus[g].model)
+                    && model_ok(&gpus[g])
             })
             .count();
         if usable < count {
