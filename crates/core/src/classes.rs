@@ -26,9 +26,15 @@ struct ClassKey {
 }
 
 impl ClassKey {
-    fn of(state: &ClusterState, n: usize) -> Self {
+    /// `with_pods`: whether the pods' GPU classes on the node are part of its state (only
+    /// gpu-clustering scores them; for other policies they would only split classes).
+    fn of(state: &ClusterState, n: usize, with_pods: bool) -> Self {
         let node = state.node(n);
-        let mut pod_classes = node.classes.clone();
+        let mut pod_classes = if with_pods {
+            node.classes.clone()
+        } else {
+            Vec::new()
+        };
         pod_classes.sort_unstable();
         let (gpu_free, gpu_capacity) = if state.is_symmetric(n) {
             // Interchangeable GPUs: nodes whose free shares are a permutation of each
@@ -124,10 +130,18 @@ pub(crate) struct NodeClasses {
     live: Vec<u32>,
     /// `summaries[i]` describes class `live[i]`.
     summaries: Vec<FitSummary>,
+    /// Whether the pods' GPU classes on a node are part of its key.
+    with_pods: bool,
 }
 
 impl NodeClasses {
     /// Brings the index up to date with `state`; `rank` is the placer's seeded node order.
+    /// Keys classes by the pods' GPU classes on each node too (for gpu-clustering).
+    pub fn with_pod_classes(mut self, with: bool) -> Self {
+        self.with_pods = with;
+        self
+    }
+
     pub fn sync(&mut self, state: &ClusterState, rank: impl Fn(usize) -> u64) {
         if self.instance != state.instance() || self.of_node.len() != state.len() {
             self.rebuild(state, &rank);
@@ -150,17 +164,18 @@ impl NodeClasses {
             instance: state.instance(),
             workload_generation: state.workload_generation(),
             of_node: Vec::with_capacity(state.len()),
+            with_pods: self.with_pods,
             ..NodeClasses::default()
         };
         for n in 0..state.len() {
-            let class = self.join(ClassKey::of(state, n), n, rank(n));
+            let class = self.join(ClassKey::of(state, n, self.with_pods), n, rank(n));
             self.of_node.push(class);
         }
     }
 
     /// Moves node `n` to the class of its current state.
     fn moved(&mut self, state: &ClusterState, n: usize, rank: &impl Fn(usize) -> u64) {
-        let key = ClassKey::of(state, n);
+        let key = ClassKey::of(state, n, self.with_pods);
         let old = self.of_node[n];
         if self.classes[old as usize].key == key {
             return;

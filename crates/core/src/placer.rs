@@ -121,7 +121,8 @@ impl Placer {
             cache: Vec::new(),
             scratch: Vec::new(),
             cache_enabled: true,
-            classes: NodeClasses::default(),
+            classes: NodeClasses::default()
+                .with_pod_classes(matches!(policy, Policy::GpuClustering)),
             index_enabled: true,
             weights: Vec::new(),
         }
@@ -161,6 +162,9 @@ impl Placer {
             }
         }
         self.weights = weights.to_vec();
+        let clustering = self.policy == Policy::GpuClustering
+            || weights.iter().any(|(p, _)| *p == Policy::GpuClustering);
+        self.classes = NodeClasses::default().with_pod_classes(clustering);
         Ok(self)
     }
 
