@@ -54,18 +54,8 @@ impl<A: ClusterApi> Scheduler<A> {
             .map(|g| g.spec.clone());
         let gang_id = format!("{namespace}/{group}");
         let Some(spec) = spec else {
-            for (pod, _) in &members {
-                let key = pod.key.clone();
-                self.back_off(&key.uid, now);
-                self.emit(
-                    &key,
-                    "Warning",
-                    "FailedScheduling",
-                    format!("pod group {gang_id} does not exist"),
-                )
-                .await;
-            }
-            report.unschedulable += members.len();
+            let reason = format!("pod group {gang_id} does not exist");
+            self.refuse_gang(&members, reason, now, report).await;
             return;
         };
         let bound = pods
@@ -164,13 +154,7 @@ impl<A: ClusterApi> Scheduler<A> {
             )
             .await;
         if now.duration_since(since) >= timeout {
-            for (pod, _) in &members {
-                let key = pod.key.clone();
-                self.back_off(&key.uid, now);
-                self.emit(&key, "Warning", "FailedScheduling", reason.clone())
-                    .await;
-            }
-            report.unschedulable += members.len();
+            self.refuse_gang(&members, reason, now, report).await;
             self.gang_since.insert(gang_id, now);
             let _ = self
                 .api
