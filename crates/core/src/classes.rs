@@ -132,7 +132,15 @@ pub(crate) struct NodeClasses {
     summaries: Vec<FitSummary>,
     /// Whether the pods' GPU classes on a node are part of its key.
     with_pods: bool,
+    /// Bumped whenever the index is rebuilt or the workload changes: positions in
+    /// `touched` and rankings of older epochs mean nothing.
+    epoch: u64,
+    /// Classes that gained or lost a member, in order (a class id may repeat).
+    touched: Vec<u32>,
 }
+
+/// Above this many entries the touched log is cleared and the epoch bumped.
+const TOUCHED_LIMIT: usize = 1 << 20;
 
 impl NodeClasses {
     /// Brings the index up to date with `state`; `rank` is the placer's seeded node order.
@@ -156,7 +164,28 @@ impl NodeClasses {
             for class in &mut self.classes {
                 class.scores.clear();
             }
+            self.epoch += 1;
         }
+        if self.touched.len() > TOUCHED_LIMIT {
+            self.touched.clear();
+            self.epoch += 1;
+        }
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Classes touched since position `pos` of the log, and the log's end.
+    pub fn touched_since(&self, pos: usize) -> (&[u32], usize) {
+        (self.touched.get(pos..).unwrap_or(&[]), self.touched.len())
+    }
+
+    /// Whether class `id` has members.
+    pub fn is_live(&self, id: u32) -> bool {
+        self.classes
+            .get(id as usize)
+            .is_some_and(|c| !c.members.is_empty())
     }
 
     fn rebuild(&mut self, state: &ClusterState, rank: &impl Fn(usize) -> u64) {
@@ -165,6 +194,7 @@ impl NodeClasses {
             workload_generation: state.workload_generation(),
             of_node: Vec::with_capacity(state.len()),
             with_pods: self.with_pods,
+            epoch: self.epoch + 1,
             ..NodeClasses::default()
         };
         for n in 0..state.len() {
@@ -181,6 +211,7 @@ impl NodeClasses {
             return;
         }
         let r = rank(n);
+        self.touched.push(old);
         let emptied = {
             let class = &mut self.classes[old as usize];
             class.members.remove(&(r, n as u32));
@@ -190,6 +221,7 @@ impl NodeClasses {
             self.retire(old);
         }
         self.of_node[n] = self.join(key, n, r);
+        self.touched.push(self.of_node[n]);
     }
 
     fn join(&mut self, key: ClassKey, n: usize, rank: u64) -> u32 {

@@ -13,6 +13,7 @@ use crate::fit::Unschedulable;
 use crate::frag::Shape;
 use crate::policy::{Policy, simple_score};
 use crate::state::ClusterState;
+use ranking::Ranking;
 
 /// Where a request goes: node index, GPUs as (position, milli), and the winning score.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -89,6 +90,8 @@ pub struct Placer {
     index_enabled: bool,
     /// A weighted sum of policies' scores instead of `policy` alone (empty: `policy`).
     weights: Vec<(Policy, i64)>,
+    /// Per request: the best classes found last time, kept true across placements.
+    rankings: HashMap<Request, Ranking>,
 }
 
 /// Why a set of policy weights is refused.
@@ -125,6 +128,7 @@ impl Placer {
                 .with_pod_classes(matches!(policy, Policy::GpuClustering)),
             index_enabled: true,
             weights: Vec::new(),
+            rankings: HashMap::new(),
         }
     }
 
@@ -316,69 +320,14 @@ impl Placer {
             Policy::Fgd if self.cache_enabled && self.weights.is_empty() => self.shape_id(request),
             _ => None,
         };
-        let mut best: Option<(i64, (u64, u32), u32)> = None;
-        for i in 0..classes.live().len() {
-            if !classes.summaries()[i].may_fit(request) {
-                continue;
+        let best = match allowed {
+            None => self.ranked_best(&mut classes, state, request, shape),
+            Some(_) => {
+                let (top, _) = self.scan_classes(&mut classes, state, request, allowed, shape, 1);
+                top.first()
+                    .map(|&((score, std::cmp::Reverse(member)), gpu, _)| (score, member, gpu))
             }
-            let id = classes.live()[i];
-            let class = classes.class(id);
-            let Some(&(_, any)) = class.members.first() else {
-                continue;
-            };
-            let representative = any as usize;
-            if state.fit(representative, request).is_err() {
-                continue;
-            }
-            let member = match allowed {
-                None => class.members.first(),
-                Some(mask) => class
-                    .members
-                    .iter()
-                    .find(|(_, n)| mask.get(*n as usize).copied().unwrap_or(false)),
-            };
-            let Some(&member) = member else {
-                continue;
-            };
-            let cached = shape.and_then(|s| class.scores.get(s as usize).copied().flatten());
-            let (score, gpu) = match cached {
-                Some(hit) => hit,
-                None => {
-                    let computed = match self.policy {
-                        _ if !self.weights.is_empty() => {
-                            self.weighted_score(state, representative, request)
-                        }
-                        Policy::Fgd => self.fgd_score(state, representative, request),
-                        policy => (
-                            simple_score(
-                                policy,
-                                representative,
-                                state.inventory(representative),
-                                state.node(representative),
-                                request,
-                            ),
-                            0,
-                        ),
-                    };
-                    if let Some(s) = shape {
-                        let scores = &mut classes.class_mut(id).scores;
-                        if scores.len() <= s as usize {
-                            scores.resize(s as usize + 1, None);
-                        }
-                        scores[s as usize] = Some(computed);
-                    }
-                    computed
-                }
-            };
-            let score = score + preference_bonus(state, representative, request);
-            let better = match best {
-                None => true,
-                Some((top, rank, _)) => score > top || (score == top && member < rank),
-            };
-            if better {
-                best = Some((score, member, gpu));
-            }
-        }
+        };
         self.classes = classes;
         let (score, (_, n), gpu) = best?;
         let n = n as usize;
@@ -395,44 +344,6 @@ impl Placer {
             gpu
         };
         Some((score, n, gpu))
-    }
-
-    /// Why no node fits, as the scan would find it, with one fit check per class: the
-    /// members of a class are identical, so they fail for the same reason.
-    fn explain_indexed(
-        &mut self,
-        state: &ClusterState,
-        request: &Request,
-        allowed: Option<&[bool]>,
-    ) -> Unschedulable {
-        let mut why = Unschedulable::new(state.len());
-        why.asked = crate::fit::Asked::of(request);
-        if let Some(mask) = allowed {
-            why.nodes = why.nodes.min(mask.len());
-        }
-        for &id in self.classes.live() {
-            let class = self.classes.class(id);
-            let Some(&(_, any)) = class.members.first() else {
-                continue;
-            };
-            let members = match allowed {
-                None => class.members.len(),
-                Some(mask) => class
-                    .members
-                    .iter()
-                    .filter(|(_, n)| mask.get(*n as usize).copied().unwrap_or(false))
-                    .count(),
-            };
-            if members == 0 {
-                continue;
-            }
-            if let Err(reason) = state.fit(any as usize, request) {
-                for _ in 0..members {
-                    why.add(reason);
-                }
-            }
-        }
-        why
     }
 
     fn shape_id(&mut self, request: &Request) -> Option<u32> {
@@ -532,6 +443,8 @@ fn splitmix64(mut x: u64) -> u64 {
     x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     x ^ (x >> 31)
 }
+
+mod ranking;
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,234 @@
+//! The node-class index's passes: every class evaluated once per decision, or a ranking of
+//! the best classes per request kept across decisions (only classes touched since are
+//! evaluated again), and the explanation when nothing fits. Both give exactly the decision
+//! a scan of every node gives (see the invariants proptest and the trace test).
+
+use gpuplace_model::Request;
+
+use super::Placer;
+use crate::classes::NodeClasses;
+use crate::devices::preference_bonus;
+use crate::fit::Unschedulable;
+use crate::policy::{Policy, simple_score};
+use crate::state::ClusterState;
+
+/// A class's standing for a request: (score, member), higher wins; the member is the
+/// (seeded rank, node) a scan would take, and a lower one wins ties.
+pub(super) type Standing = (i64, std::cmp::Reverse<(u64, u32)>);
+
+/// The best classes for one request: `top` holds (standing, GPU hint, class) best first;
+/// every class not in `top` either stands below `bound` or (with no bound) does not fit.
+/// Classes touched since `pos` of the index's log are evaluated again before use.
+pub(super) struct Ranking {
+    epoch: u64,
+    pos: usize,
+    top: Vec<(Standing, u32, u32)>,
+    bound: Option<Standing>,
+}
+
+/// How many of the best classes a ranking keeps after a full pass.
+const RANKED: usize = 16;
+/// Rankings kept at most (one per distinct request).
+const RANKINGS: usize = 4096;
+
+impl Placer {
+    /// Class `id`'s standing for `request` and its GPU hint; `None` when it does not fit or
+    /// no member is allowed.
+    fn eval_class(
+        &mut self,
+        classes: &mut NodeClasses,
+        state: &ClusterState,
+        request: &Request,
+        allowed: Option<&[bool]>,
+        shape: Option<u32>,
+        id: u32,
+    ) -> Option<(Standing, u32)> {
+        let class = classes.class(id);
+        let &(_, any) = class.members.first()?;
+        let representative = any as usize;
+        state.fit(representative, request).ok()?;
+        let member = *match allowed {
+            None => class.members.first(),
+            Some(mask) => class
+                .members
+                .iter()
+                .find(|(_, n)| mask.get(*n as usize).copied().unwrap_or(false)),
+        }?;
+        let cached = shape.and_then(|s| class.scores.get(s as usize).copied().flatten());
+        let (score, gpu) = match cached {
+            Some(hit) => hit,
+            None => {
+                let computed = match self.policy {
+                    _ if !self.weights.is_empty() => {
+                        self.weighted_score(state, representative, request)
+                    }
+                    Policy::Fgd => self.fgd_score(state, representative, request),
+                    policy => (
+                        simple_score(
+                            policy,
+                            representative,
+                            state.inventory(representative),
+                            state.node(representative),
+                            request,
+                        ),
+                        0,
+                    ),
+                };
+                if let Some(s) = shape {
+                    let scores = &mut classes.class_mut(id).scores;
+                    if scores.len() <= s as usize {
+                        scores.resize(s as usize + 1, None);
+                    }
+                    scores[s as usize] = Some(computed);
+                }
+                computed
+            }
+        };
+        let score = score + preference_bonus(state, representative, request);
+        Some(((score, std::cmp::Reverse(member)), gpu))
+    }
+
+    /// Every live class evaluated; the `keep` best (best first), and whether those are all
+    /// the classes that fit.
+    pub(super) fn scan_classes(
+        &mut self,
+        classes: &mut NodeClasses,
+        state: &ClusterState,
+        request: &Request,
+        allowed: Option<&[bool]>,
+        shape: Option<u32>,
+        keep: usize,
+    ) -> (Vec<(Standing, u32, u32)>, bool) {
+        let mut top: Vec<(Standing, u32, u32)> = Vec::with_capacity(keep + 1);
+        let mut fitting = 0usize;
+        for i in 0..classes.live().len() {
+            if !classes.summaries()[i].may_fit(request) {
+                continue;
+            }
+            let id = classes.live()[i];
+            let Some((standing, gpu)) =
+                self.eval_class(classes, state, request, allowed, shape, id)
+            else {
+                continue;
+            };
+            fitting += 1;
+            if top.len() == keep && top.last().is_some_and(|l| l.0 >= standing) {
+                continue;
+            }
+            let at = top.partition_point(|e| e.0 > standing);
+            top.insert(at, (standing, gpu, id));
+            top.truncate(keep);
+        }
+        (top, fitting <= keep)
+    }
+
+    /// The best class for `request` with no mask, from the ranking kept since the last
+    /// decision for the same request: only the classes touched since are evaluated again.
+    /// Exact: every class outside the ranking stands below its bound (or does not fit).
+    pub(super) fn ranked_best(
+        &mut self,
+        classes: &mut NodeClasses,
+        state: &ClusterState,
+        request: &Request,
+        shape: Option<u32>,
+    ) -> Option<(i64, (u64, u32), u32)> {
+        let epoch = classes.epoch();
+        let kept = self.rankings.remove(request).filter(|r| r.epoch == epoch);
+        let mut ranking = match kept {
+            Some(mut r) => {
+                let (touched, end) = classes.touched_since(r.pos);
+                let mut ids = touched.to_vec();
+                ids.sort_unstable();
+                ids.dedup();
+                r.pos = end;
+                if ids.len() * 4 > classes.live().len() {
+                    None
+                } else {
+                    r.top.retain(|e| ids.binary_search(&e.2).is_err());
+                    for id in ids {
+                        if !classes.is_live(id) {
+                            continue;
+                        }
+                        let Some((standing, gpu)) =
+                            self.eval_class(classes, state, request, None, shape, id)
+                        else {
+                            continue;
+                        };
+                        if r.bound.is_some_and(|b| standing < b) {
+                            continue;
+                        }
+                        let at = r.top.partition_point(|e| e.0 > standing);
+                        r.top.insert(at, (standing, gpu, id));
+                    }
+                    if r.top.len() > 4 * RANKED {
+                        r.top.truncate(RANKED);
+                        r.bound = r.top.last().map(|e| e.0);
+                    }
+                    (!r.top.is_empty() || r.bound.is_none()).then_some(r)
+                }
+            }
+            None => None,
+        };
+        if ranking.is_none() {
+            let (top, complete) = self.scan_classes(classes, state, request, None, shape, RANKED);
+            ranking = Some(Ranking {
+                epoch,
+                pos: classes.touched_since(usize::MAX).1,
+                bound: if complete {
+                    None
+                } else {
+                    top.last().map(|e| e.0)
+                },
+                top,
+            });
+        }
+        let ranking = ranking?;
+        let best = ranking
+            .top
+            .first()
+            .map(|&((score, std::cmp::Reverse(member)), gpu, _)| (score, member, gpu));
+        if self.rankings.len() >= RANKINGS {
+            self.rankings.clear();
+        }
+        self.rankings.insert(request.clone(), ranking);
+        best
+    }
+
+    /// Why no node fits, as the scan would find it, with one fit check per class: the
+    /// members of a class are identical, so they fail for the same reason.
+    pub(super) fn explain_indexed(
+        &mut self,
+        state: &ClusterState,
+        request: &Request,
+        allowed: Option<&[bool]>,
+    ) -> Unschedulable {
+        let mut why = Unschedulable::new(state.len());
+        why.asked = crate::fit::Asked::of(request);
+        if let Some(mask) = allowed {
+            why.nodes = why.nodes.min(mask.len());
+        }
+        for &id in self.classes.live() {
+            let class = self.classes.class(id);
+            let Some(&(_, any)) = class.members.first() else {
+                continue;
+            };
+            let members = match allowed {
+                None => class.members.len(),
+                Some(mask) => class
+                    .members
+                    .iter()
+                    .filter(|(_, n)| mask.get(*n as usize).copied().unwrap_or(false))
+                    .count(),
+            };
+            if members == 0 {
+                continue;
+            }
+            if let Err(reason) = state.fit(any as usize, request) {
+                for _ in 0..members {
+                    why.add(reason);
+                }
+            }
+        }
+        why
+    }
+}
