@@ -92,6 +92,8 @@ pub struct Placer {
     weights: Vec<(Policy, i64)>,
     /// Per request: the best classes found last time, kept true across placements.
     rankings: HashMap<Request, Ranking>,
+    /// Scratch for the classes touched since a ranking was made.
+    touched_ids: Vec<u32>,
 }
 
 /// Why a set of policy weights is refused.
@@ -129,6 +131,7 @@ impl Placer {
             index_enabled: true,
             weights: Vec::new(),
             rankings: HashMap::new(),
+            touched_ids: Vec::new(),
         }
     }
 

@@ -133,19 +133,25 @@ impl Placer {
         shape: Option<u32>,
     ) -> Option<(i64, (u64, u32), u32)> {
         let epoch = classes.epoch();
-        let kept = self.rankings.remove(request).filter(|r| r.epoch == epoch);
+        // The kept key is put back with the ranking: no clone of the request per decision.
+        let (key, kept) = match self.rankings.remove_entry(request) {
+            Some((key, r)) => (Some(key), Some(r).filter(|r| r.epoch == epoch)),
+            None => (None, None),
+        };
         let mut ranking = match kept {
             Some(mut r) => {
                 let (touched, end) = classes.touched_since(r.pos);
-                let mut ids = touched.to_vec();
+                let mut ids = std::mem::take(&mut self.touched_ids);
+                ids.clear();
+                ids.extend_from_slice(touched);
                 ids.sort_unstable();
                 ids.dedup();
                 r.pos = end;
-                if ids.len() * 4 > classes.live().len() {
+                let kept = if ids.len() * 4 > classes.live().len() {
                     None
                 } else {
                     r.top.retain(|e| ids.binary_search(&e.2).is_err());
-                    for id in ids {
+                    for &id in &ids {
                         if !classes.is_live(id) {
                             continue;
                         }
@@ -165,7 +171,9 @@ impl Placer {
                         r.bound = r.top.last().map(|e| e.0);
                     }
                     (!r.top.is_empty() || r.bound.is_none()).then_some(r)
-                }
+                };
+                self.touched_ids = ids;
+                kept
             }
             None => None,
         };
@@ -190,7 +198,8 @@ impl Placer {
         if self.rankings.len() >= RANKINGS {
             self.rankings.clear();
         }
-        self.rankings.insert(request.clone(), ranking);
+        self.rankings
+            .insert(key.unwrap_or_else(|| request.clone()), ranking);
         best
     }
 
