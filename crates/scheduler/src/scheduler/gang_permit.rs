@@ -142,30 +142,11 @@ impl<A: ClusterApi> Scheduler<A> {
                 failure.map(|f| format!("; {f}")).unwrap_or_default()
             )
         };
-        let _ = self
-            .api
-            .group_status(
-                namespace,
-                group,
-                PodGroupStatus {
-                    phase: "Pending".into(),
-                    scheduled: bound,
-                },
-            )
-            .await;
+        self.set_phase(namespace, group, "Pending", bound).await;
         if now.duration_since(since) >= timeout {
             self.refuse_gang(&members, reason, now, report).await;
             self.gang_since.insert(gang_id, now);
-            let _ = self
-                .api
-                .group_status(
-                    namespace,
-                    group,
-                    PodGroupStatus {
-                        phase: "Unschedulable".into(),
-                        scheduled: bound,
-                    },
-                )
+            self.set_phase(namespace, group, "Unschedulable", bound)
                 .await;
         }
     }
@@ -280,6 +261,15 @@ impl<A: ClusterApi> Scheduler<A> {
         }
         out.frag = trial.total_frag();
         out
+    }
+
+    /// Writes the PodGroup's status (failures are retried by the next round).
+    async fn set_phase(&self, namespace: &str, group: &str, phase: &str, scheduled: u32) {
+        let status = PodGroupStatus {
+            phase: phase.into(),
+            scheduled,
+        };
+        let _ = self.api.group_status(namespace, group, status).await;
     }
 
     /// Every member is told `reason` and backs off.
