@@ -3,17 +3,18 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
 use gpuplace_core::Policy;
 use gpuplace_scheduler::kube_api::KubeApi;
-use gpuplace_scheduler::lease::LeaderElection;
-use gpuplace_scheduler::metrics::{self, Metrics};
+use gpuplace_scheduler::leader::{ElectionConfig, Elector, Ended, Gate, KubeLeases};
+use gpuplace_scheduler::metrics::{self, Health, Metrics};
+use gpuplace_scheduler::scheduler::run::{Heartbeat, LoopConfig};
 use gpuplace_scheduler::{Scheduler, SchedulerConfig};
 use serde::Deserialize;
-use tracing::{error, info};
+use tracing::info;
 
 /// Settings from the optional YAML file (keys as the flags); flags win.
 #[derive(Debug, Default, Deserialize)]
@@ -29,6 +30,7 @@ struct FileSettings {
     leader_elect: Option<bool>,
     lease_namespace: Option<String>,
     interval_ms: Option<u64>,
+    max_in_flight: Option<usize>,
 }
 
 #[derive(Args, Debug)]
@@ -47,7 +49,7 @@ pub struct SchedulerArgs {
     #[arg(long, env = "GPUPLACE_WEIGHTS")]
     weights: Option<String>,
     /// YAML config file (scheduler-name, policy, weights, resource, seed, metrics-addr,
-    /// leader-elect, lease-namespace, interval-ms).
+    /// leader-elect, lease-namespace, interval-ms, max-in-flight).
     #[arg(long, env = "GPUPLACE_CONFIG")]
     config: Option<PathBuf>,
     /// Serve /metrics, /healthz and /readyz here.
@@ -62,9 +64,14 @@ pub struct SchedulerArgs {
     /// Namespace of the Lease [default: kube-system].
     #[arg(long, env = "GPUPLACE_LEASE_NAMESPACE")]
     lease_namespace: Option<String>,
-    /// Pause between scheduling rounds, in ms [default: 200].
+    /// The longest wait between two looks at the cluster, in ms; rounds otherwise run
+    /// as soon as a watch event, a write's outcome or a backoff's end calls for one
+    /// [default: 1000].
     #[arg(long, env = "GPUPLACE_INTERVAL_MS")]
     interval_ms: Option<u64>,
+    /// Bindings in flight at once [default: 16].
+    #[arg(long, env = "GPUPLACE_MAX_IN_FLIGHT")]
+    max_in_flight: Option<usize>,
     /// Seed of the node order that breaks ties [default: 42].
     #[arg(long, env = "GPUPLACE_SEED")]
     seed: Option<u64>,
@@ -111,6 +118,11 @@ pub fn run(args: SchedulerArgs) -> anyhow::Result<()> {
             .or(file.resource)
             .unwrap_or_else(|| "nvidia.com/gpu".into()),
         seed: args.seed.or(file.seed).unwrap_or(42),
+        max_in_flight: args
+            .max_in_flight
+            .or(file.max_in_flight)
+            .unwrap_or(16)
+            .max(1),
         ..Default::default()
     };
     let metrics_addr = args.metrics_addr.or(file.metrics_addr);
@@ -119,8 +131,12 @@ pub fn run(args: SchedulerArgs) -> anyhow::Result<()> {
         .lease_namespace
         .or(file.lease_namespace)
         .unwrap_or_else(|| "kube-system".into());
-    let interval =
-        Duration::from_millis(args.interval_ms.or(file.interval_ms).unwrap_or(200).max(10));
+    let interval = Duration::from_millis(
+        args.interval_ms
+            .or(file.interval_ms)
+            .unwrap_or(1000)
+            .max(10),
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -166,59 +182,91 @@ async fn serve(
         std::env::var("HOSTNAME").unwrap_or_else(|_| std::process::id().to_string())
     );
     let metrics = Metrics::default();
+    let heartbeat = Heartbeat::default();
+    let health = Health::new(heartbeat.clone(), Duration::from_secs(60));
     if let Some(addr) = metrics_addr {
         let mut registry = prometheus_client::registry::Registry::default();
         metrics.register(&mut registry);
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("cannot serve metrics on {addr}"))?;
-        tokio::spawn(metrics::serve(
-            listener,
-            Arc::new(registry),
-            metrics.ready.clone(),
-        ));
+        tokio::spawn(metrics::serve(listener, Arc::new(registry), health.clone()));
     }
+    info!(scheduler = %config.scheduler_name, policy = %config.policy, "starting watches");
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        crate::signals::shutdown().await;
+        let _ = stop.send(true);
+    });
+    let until_stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let api = tokio::select! {
+        api = KubeApi::start(client.clone(), identity.clone(), &config.gpu_resource) => api?,
+        _ = until_stopped(stopped.clone()) => return Ok(()),
+    };
+    // Standbys are ready too: their caches are synced, so a rolling update proceeds.
+    health.set_ready();
+    let gate = if leader_elect {
+        Gate::closed()
+    } else {
+        Gate::always_open()
+    };
     let election = leader_elect.then(|| {
-        LeaderElection::new(
+        let leases = KubeLeases::new(
             kube::Api::namespaced(client.clone(), &lease_namespace),
             &config.scheduler_name,
-            &identity,
-            Duration::from_secs(15),
-        )
+        );
+        let elector = Elector::new(
+            leases,
+            ElectionConfig::new(&config.scheduler_name, &identity),
+            gate.clone(),
+        );
+        tokio::spawn(elector.run(until_stopped(stopped.clone())))
     });
-    info!(scheduler = %config.scheduler_name, policy = %config.policy, "starting watches");
-    let shutdown = crate::signals::shutdown();
-    tokio::pin!(shutdown);
-    let api = tokio::select! {
-        api = KubeApi::start(client, identity.clone(), &config.gpu_resource) => api?,
-        _ = &mut shutdown => return Ok(()),
+    let scheduler = Scheduler::with_gate(api, config, gate.clone());
+    let leader_metric = metrics.leader.clone();
+    let observe = |report: &gpuplace_scheduler::RoundReport, took: Duration| {
+        leader_metric.set(i64::from(gate.is_open()));
+        metrics.observe(report, took.as_secs_f64());
     };
-    let mut scheduler = Scheduler::new(api, config);
-    let mut leader = election.is_none();
-    let mut last_renew = Instant::now() - Duration::from_secs(3600);
-    loop {
-        if let Some(election) = &election
-            && last_renew.elapsed() >= election.renew_every()
-        {
-            let now_leader = election.try_hold().await;
-            if now_leader != leader {
-                info!(leader = now_leader, "leadership changed");
+    let loop_config = LoopConfig {
+        tick: interval,
+        ..LoopConfig::default()
+    };
+    let Some(mut election) = election else {
+        scheduler
+            .run(loop_config, heartbeat, until_stopped(stopped), observe)
+            .await;
+        return Ok(());
+    };
+    // The loop stops with the election: on shutdown (lease released), or at once when
+    // the lease is lost (the gate is already closed: nothing more is decided or written).
+    let (lost_tx, lost_rx) = tokio::sync::watch::channel(false);
+    let loop_stop = {
+        let stopped = stopped.clone();
+        async move {
+            let mut lost = lost_rx;
+            tokio::select! {
+                _ = until_stopped(stopped) => {}
+                _ = lost.wait_for(|l| *l) => {}
             }
-            leader = now_leader;
-            last_renew = Instant::now();
-            metrics.leader.set(i64::from(leader));
         }
-        if leader {
-            let started = Instant::now();
-            match scheduler.round(started).await {
-                Ok(report) => metrics.observe(&report, started.elapsed().as_secs_f64()),
-                Err(e) => error!(error = %e, "scheduling round failed"),
-            }
+    };
+    let run = scheduler.run(loop_config, heartbeat, loop_stop, observe);
+    tokio::pin!(run);
+    let ended = tokio::select! {
+        ended = &mut election => ended,
+        _ = &mut run => return Ok(()),
+    };
+    let _ = lost_tx.send(true);
+    run.await;
+    match ended {
+        Ok(Ended::Stopped) => Ok(()),
+        Ok(Ended::Lost) => {
+            anyhow::bail!("lost the scheduler lease; exiting so the pod restarts as a standby")
         }
-        tokio::select! {
-            _ = &mut shutdown => return Ok(()),
-            _ = tokio::time::sleep(interval) => {}
-        }
+        Err(e) => anyhow::bail!("leader election task failed: {e}"),
     }
 }
 

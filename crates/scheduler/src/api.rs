@@ -41,7 +41,7 @@ impl std::fmt::Display for PodKey {
 }
 
 /// What an API call can answer besides success.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error, PartialEq, Eq, Clone)]
 pub enum ApiError {
     /// 409: the object changed (stale resourceVersion) or the pod is already bound.
     #[error("conflict: {0}")]
@@ -49,18 +49,37 @@ pub enum ApiError {
     /// 404: the object is gone.
     #[error("not found: {0}")]
     NotFound(String),
+    /// 422 and 400: the server refused the object as invalid; sending it again cannot help.
+    #[error("invalid: {0}")]
+    Invalid(String),
+    /// Anything else (500, a time-out, a reset connection): the write may or may not have
+    /// happened.
     #[error("api server: {0}")]
     Other(String),
 }
 
 /// The objects the scheduler reads, shared with the caches they come from (a view costs
 /// a pointer per object, not a copy). Pods are kept as [`PodInfo`], a few hundred bytes
-/// each instead of a decoded Pod's ~6 KB.
+/// each instead of a decoded Pod's ~6 KB, sorted by namespace and name.
 #[derive(Clone, Debug, Default)]
 pub struct ClusterView {
     pub nodes: Vec<Arc<Node>>,
     pub pods: Vec<Arc<PodInfo>>,
     pub groups: Vec<Arc<crate::gang::PodGroup>>,
+    /// Grows with every watch event the view reflects: equal generations, equal views.
+    pub generation: u64,
+}
+
+impl ClusterView {
+    /// The pod `namespace/name`, found by binary search (pods are sorted).
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<&Arc<PodInfo>> {
+        self.pods
+            .binary_search_by(|p| {
+                (p.key.namespace.as_str(), p.key.name.as_str()).cmp(&(namespace, name))
+            })
+            .ok()
+            .map(|i| &self.pods[i])
+    }
 }
 
 /// An Event about a pod, in kube-scheduler's reasons (`Scheduled`, `FailedScheduling`).
@@ -73,22 +92,47 @@ pub struct EventRecord {
     pub message: String,
 }
 
-/// Reads and writes the scheduler needs.
-pub trait ClusterApi: Send + Sync {
+/// One Binding: the pod (its UID and the resourceVersion the decision saw, both sent as
+/// preconditions), the node, and the annotations the API server merges into the pod in
+/// the same update that sets `spec.nodeName` (kube-apiserver's BindingREST), so the
+/// assignment and the bind are one atomic write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BindRequest {
+    pub pod: PodKey,
+    pub resource_version: String,
+    pub node: String,
+    pub annotations: std::collections::BTreeMap<String, String>,
+}
+
+/// What a fresh read of a pod says (to settle a write whose outcome is unknown).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodState {
+    pub uid: String,
+    pub resource_version: String,
+    pub node_name: Option<String>,
+    /// The assignment annotation, to tell our Binding from another writer's.
+    pub assignment: Option<String>,
+}
+
+/// Reads and writes the scheduler needs. Clones share one connection and one cache.
+pub trait ClusterApi: Clone + Send + Sync + 'static {
     /// Current nodes, pods and pod groups (from watch-fed caches in production).
     fn view(&self) -> impl Future<Output = Result<ClusterView, ApiError>> + Send;
 
-    /// Sets (or with `None` removes) the assignment annotation, only if the pod still has
-    /// `resource_version`.
-    fn patch_assignment(
+    /// The generation the next view would have (cheap: no view is taken).
+    fn generation(&self) -> u64;
+
+    /// Resolves once the view's generation is past `since` (a watch event arrived).
+    fn changed(&self, since: u64) -> impl Future<Output = ()> + Send;
+
+    /// Creates the pod's Binding (with the assignment annotation) in one write.
+    fn bind(&self, request: &BindRequest) -> impl Future<Output = Result<(), ApiError>> + Send;
+
+    /// Reads the pod from the server (not the cache); `None` when it does not exist.
+    fn get_pod(
         &self,
         pod: &PodKey,
-        resource_version: &str,
-        assignment: Option<&str>,
-    ) -> impl Future<Output = Result<(), ApiError>> + Send;
-
-    /// Creates the pod's Binding to `node`.
-    fn bind(&self, pod: &PodKey, node: &str) -> impl Future<Output = Result<(), ApiError>> + Send;
+    ) -> impl Future<Output = Result<Option<PodState>, ApiError>> + Send;
 
     /// Records an Event.
     fn event(&self, event: EventRecord) -> impl Future<Output = Result<(), ApiError>> + Send;

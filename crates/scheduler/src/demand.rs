@@ -139,7 +139,10 @@ pub struct PodDemand {
     pub request: Request,
     /// GPU-using containers in admission order (init containers first).
     pub containers: Vec<ContainerDemand>,
-    /// Other extended resources, in their units (e.g. `example.com/fpga: 1`).
+    /// Scalar resources besides CPU, memory and GPUs, as kube-scheduler's NodeResourcesFit
+    /// counts them: extended resources in their units (e.g. `example.com/fpga: 1`),
+    /// `ephemeral-storage` and `hugepages-*` in bytes, and `pods: 1` (every pod takes one
+    /// of the node's pod slots).
     pub extended: BTreeMap<String, i64>,
 }
 
@@ -245,13 +248,21 @@ pub fn pod_demand(pod: &Pod, gpu_resource: &str) -> Result<PodDemand, DemandErro
         (_, Some(m)) => m,
         (_, None) => 1000,
     };
-    let extended = sums
+    let mut extended: BTreeMap<String, i64> = sums
         .iter()
         .filter(|(k, _)| {
-            k.contains('/') && k.as_str() != gpu_resource && !k.starts_with("hugepages-")
+            !matches!(k.as_str(), "cpu" | "memory" | "pods") && k.as_str() != gpu_resource
         })
-        .map(|(k, v)| (k.clone(), i64::try_from(*v / 1000).unwrap_or(i64::MAX)))
+        .filter(|(_, v)| **v > 0)
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                i64::try_from(v.div_euclid(1000) + i128::from(v.rem_euclid(1000) != 0))
+                    .unwrap_or(i64::MAX),
+            )
+        })
         .collect();
+    extended.insert("pods".to_string(), 1);
     Ok(PodDemand {
         request: Request {
             cpu_milli: u64::try_from(sums.get("cpu").copied().unwrap_or(0)).unwrap_or(u64::MAX),

@@ -30,6 +30,7 @@ impl NodeRejection {
             NodeRejection::Affinity => {
                 "node(s) didn't match Pod's node affinity/selector".to_string()
             }
+            NodeRejection::Extended(r) if r == "pods" => "Too many pods".to_string(),
             NodeRejection::Extended(r) => format!("Insufficient {r}"),
         }
     }

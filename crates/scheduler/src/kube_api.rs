@@ -1,7 +1,9 @@
 //! [`ClusterApi`] over a real API server with kube-rs: watch-fed caches for the view (a
 //! [`PodCache`] of compact pods; reflector stores of Nodes, stripped of what the scheduler
-//! never reads, and PodGroups); a JSON merge patch carrying `metadata.resourceVersion` (the API server answers 409
-//! when it is stale) for the assignment; the `binding` subresource; events.k8s.io/v1 Events;
+//! never reads, and PodGroups); one `binding` subresource write per pod carrying the
+//! assignment annotation, with the pod's UID and resourceVersion as preconditions (a stale
+//! resourceVersion is a 409; the API server merges the Binding's annotations into the pod
+//! in the update that sets `spec.nodeName`); events.k8s.io/v1 Events;
 //! the PodGroup status subresource. Only stable APIs are used (core/v1, events.k8s.io/v1,
 //! coordination.k8s.io/v1 for the lease, and our CRD), so any cluster from 1.26 on works.
 
@@ -19,7 +21,7 @@ use kube::{Api, Client};
 use serde_json::json;
 use tracing::{info, warn};
 
-use crate::api::{ApiError, ClusterApi, ClusterView, EventRecord, PodKey};
+use crate::api::{ApiError, BindRequest, ClusterApi, ClusterView, EventRecord, PodKey, PodState};
 use crate::cache::PodCache;
 use crate::demand::ASSIGNMENT_ANNOTATION;
 use crate::gang::{PodGroup, PodGroupStatus};
@@ -32,6 +34,15 @@ pub struct KubeApi {
     pods: Arc<Mutex<PodCache>>,
     groups: Store<PodGroup>,
     recorder: Recorder,
+    /// Counts watch events of all three caches: the view's generation.
+    changes: Changes,
+}
+
+/// A counter of watch events that waiters can wait on.
+pub type Changes = Arc<tokio::sync::watch::Sender<u64>>;
+
+fn bump(changes: &Changes) {
+    changes.send_modify(|g| *g += 1);
 }
 
 /// The API server refuses an Event whose note is longer than 1 KiB.
@@ -56,6 +67,9 @@ fn api_error(e: kube::Error) -> ApiError {
         }
         kube::Error::Api(status) if status.code == 404 => {
             ApiError::NotFound(status.message.clone())
+        }
+        kube::Error::Api(status) if status.code == 422 || status.code == 400 => {
+            ApiError::Invalid(status.message.clone())
         }
         _ => ApiError::Other(e.to_string()),
     }
@@ -82,6 +96,7 @@ fn strip_node(node: &mut Node) {
 fn run_pod_cache(
     api: Api<Pod>,
     gpu_resource: &str,
+    changes: Changes,
 ) -> (Arc<Mutex<PodCache>>, tokio::sync::watch::Receiver<bool>) {
     let cache = Arc::new(Mutex::new(PodCache::new(gpu_resource)));
     let (listed, ready) = tokio::sync::watch::channel(false);
@@ -91,6 +106,12 @@ fn run_pod_cache(
         let mut stream = std::pin::pin!(stream);
         while let Some(event) = stream.next().await {
             let mut cache = writer.lock().unwrap_or_else(|p| p.into_inner());
+            if matches!(
+                event,
+                Ok(watcher::Event::InitDone | watcher::Event::Apply(_) | watcher::Event::Delete(_))
+            ) {
+                bump(&changes);
+            }
             match event {
                 Ok(watcher::Event::Init) => cache.begin_relist(),
                 Ok(watcher::Event::InitApply(pod)) => cache.relisted(&pod),
@@ -182,7 +203,12 @@ impl Backoff for PatientBackoff {
     fn reset(&mut self) {}
 }
 
-fn run_reflector<K>(api: Api<K>, strip: fn(&mut K), missing_hint: &'static str) -> Store<K>
+fn run_reflector<K>(
+    api: Api<K>,
+    strip: fn(&mut K),
+    missing_hint: &'static str,
+    changes: Changes,
+) -> Store<K>
 where
     K: kube::Resource
         + Clone
@@ -208,7 +234,12 @@ where
                 Err(e) => Some(is_missing_resource(e)),
                 // A list begins: no evidence yet that the resource exists.
                 Ok(watcher::Event::Init) => continue,
-                Ok(_) => None,
+                // One object of a list: the list's end counts as the change.
+                Ok(watcher::Event::InitApply(_)) => None,
+                Ok(_) => {
+                    bump(&changes);
+                    None
+                }
             };
             match (log.note(missing), event) {
                 (WatchNote::Missing, _) => warn!("{missing_hint}"),
@@ -230,17 +261,24 @@ impl KubeApi {
         reporting_instance: String,
         gpu_resource: &str,
     ) -> Result<KubeApi, ApiError> {
+        let changes: Changes = Arc::new(tokio::sync::watch::channel(0).0);
         let nodes = run_reflector(
             Api::<Node>::all(client.clone()),
             strip_node,
             "nodes cannot be listed (RBAC?)",
+            changes.clone(),
         );
-        let (pods, mut pods_listed) = run_pod_cache(Api::<Pod>::all(client.clone()), gpu_resource);
+        let (pods, mut pods_listed) = run_pod_cache(
+            Api::<Pod>::all(client.clone()),
+            gpu_resource,
+            changes.clone(),
+        );
         // The CRD may be absent; gangs then stay unresolved until it is installed.
         let groups = run_reflector(
             Api::<PodGroup>::all(client.clone()),
             |g| g.metadata.managed_fields = None,
             "gangs disabled until the PodGroup CRD is installed: `gpuplace crd | kubectl apply -f -`",
+            changes.clone(),
         );
         nodes
             .wait_until_ready()
@@ -260,6 +298,7 @@ impl KubeApi {
             nodes,
             pods,
             groups,
+            changes,
         })
     }
 
@@ -270,47 +309,43 @@ impl KubeApi {
 
 impl ClusterApi for KubeApi {
     async fn view(&self) -> Result<ClusterView, ApiError> {
+        // The generation is read first: a change landing while the view is copied makes
+        // the next generation differ, so it is never missed.
+        let generation = *self.changes.borrow();
         Ok(ClusterView {
             nodes: self.nodes.state(),
             pods: self.pods.lock().unwrap_or_else(|p| p.into_inner()).view(),
             groups: self.groups.state(),
+            generation,
         })
     }
 
-    async fn patch_assignment(
-        &self,
-        pod: &PodKey,
-        resource_version: &str,
-        assignment: Option<&str>,
-    ) -> Result<(), ApiError> {
-        let api = Api::<Pod>::namespaced(self.client.clone(), &pod.namespace);
-        let mut metadata = json!({"annotations": {ASSIGNMENT_ANNOTATION: assignment}});
-        if !resource_version.is_empty() {
-            metadata["resourceVersion"] = json!(resource_version);
-        }
-        api.patch(
-            &pod.name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": metadata})),
-        )
-        .await
-        .map(|_| ())
-        .map_err(api_error)
+    fn generation(&self) -> u64 {
+        *self.changes.borrow()
     }
 
-    async fn bind(&self, pod: &PodKey, node: &str) -> Result<(), ApiError> {
+    async fn changed(&self, since: u64) {
+        let mut rx = self.changes.subscribe();
+        let _ = rx.wait_for(|g| *g > since).await;
+    }
+
+    async fn bind(&self, request: &BindRequest) -> Result<(), ApiError> {
+        let pod = &request.pod;
         let api = Api::<Pod>::namespaced(self.client.clone(), &pod.namespace);
         let binding = Binding {
             metadata: ObjectMeta {
                 name: Some(pod.name.clone()),
                 namespace: Some(pod.namespace.clone()),
                 uid: Some(pod.uid.clone()),
+                resource_version: Some(request.resource_version.clone())
+                    .filter(|rv| !rv.is_empty()),
+                annotations: Some(request.annotations.clone()).filter(|a| !a.is_empty()),
                 ..Default::default()
             },
             target: ObjectReference {
                 api_version: Some("v1".into()),
                 kind: Some("Node".into()),
-                name: Some(node.to_string()),
+                name: Some(request.node.clone()),
                 ..Default::default()
             },
         };
@@ -323,6 +358,26 @@ impl ClusterApi for KubeApi {
         .await
         .map(|_| ())
         .map_err(api_error)
+    }
+
+    async fn get_pod(&self, pod: &PodKey) -> Result<Option<PodState>, ApiError> {
+        let api = Api::<Pod>::namespaced(self.client.clone(), &pod.namespace);
+        let found = api.get_opt(&pod.name).await.map_err(api_error)?;
+        Ok(found.map(|p| PodState {
+            uid: p.metadata.uid.clone().unwrap_or_default(),
+            resource_version: p.metadata.resource_version.clone().unwrap_or_default(),
+            node_name: p
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .filter(|n| !n.is_empty()),
+            assignment: p
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ASSIGNMENT_ANNOTATION))
+                .cloned(),
+        }))
     }
 
     async fn event(&self, event: EventRecord) -> Result<(), ApiError> {

@@ -7,7 +7,7 @@ pub mod demand;
 pub mod filters;
 pub mod gang;
 pub mod kube_api;
-pub mod lease;
+pub mod leader;
 pub mod metrics;
 pub mod need;
 pub mod pod_info;

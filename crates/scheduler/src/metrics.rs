@@ -14,6 +14,8 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::scheduler::RoundReport;
+use crate::scheduler::run::Heartbeat;
+use std::time::Duration;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
@@ -30,7 +32,38 @@ pub struct Metrics {
     pub gpus_allocated: Gauge,
     pub fragmentation_gpus: Gauge,
     pub leader: Gauge,
-    pub ready: Arc<AtomicBool>,
+}
+
+/// What `/readyz` and `/healthz` answer: ready once the caches are synced (standbys too,
+/// so a rolling update of the replicas completes); healthy while the scheduling loop beats.
+#[derive(Clone, Debug)]
+pub struct Health {
+    ready: Arc<AtomicBool>,
+    heartbeat: Heartbeat,
+    stuck_after: Duration,
+}
+
+impl Health {
+    pub fn new(heartbeat: Heartbeat, stuck_after: Duration) -> Health {
+        Health {
+            ready: Arc::default(),
+            heartbeat,
+            stuck_after,
+        }
+    }
+
+    pub fn set_ready(&self) {
+        self.ready.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+
+    /// Healthy until ready (starting), then while the loop's last beat is recent.
+    pub fn is_healthy(&self) -> bool {
+        !self.is_ready() || self.heartbeat.age() < self.stuck_after
+    }
 }
 
 impl Default for Metrics {
@@ -43,7 +76,6 @@ impl Default for Metrics {
             gpus_allocated: Gauge::default(),
             fragmentation_gpus: Gauge::default(),
             leader: Gauge::default(),
-            ready: Arc::new(AtomicBool::new(false)),
         }
     }
 }
@@ -97,6 +129,10 @@ impl Metrics {
                 })
                 .inc_by(n as u64);
         }
+        if report.idle || seconds == 0.0 {
+            // An idle look or settled writes: no round to time, no new picture.
+            return;
+        }
         self.round_seconds.observe(seconds);
         self.pending.set(report.pending as i64);
         self.gpus_total
@@ -105,16 +141,12 @@ impl Metrics {
             .set((report.gpu_allocated_milli / 1000) as i64);
         self.fragmentation_gpus
             .set((report.fragmentation_milli / 1000) as i64);
-        self.ready.store(true, Ordering::Relaxed);
     }
 }
 
-/// Serves `/metrics`, `/healthz` and `/readyz` (ready after the first round).
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    registry: Arc<Registry>,
-    ready: Arc<AtomicBool>,
-) {
+/// Serves `/metrics`, `/healthz` and `/readyz`.
+pub async fn serve(listener: tokio::net::TcpListener, registry: Arc<Registry>, health: Health) {
+    let live = health.clone();
     let app = Router::new()
         .route(
             "/metrics",
@@ -133,13 +165,25 @@ pub async fn serve(
                 }
             }),
         )
-        .route("/healthz", get(|| async { (StatusCode::OK, "ok") }))
+        .route(
+            "/healthz",
+            get(move || {
+                let live = live.clone();
+                async move {
+                    if live.is_healthy() {
+                        (StatusCode::OK, "ok")
+                    } else {
+                        (StatusCode::SERVICE_UNAVAILABLE, "scheduling loop stuck")
+                    }
+                }
+            }),
+        )
         .route(
             "/readyz",
             get(move || {
-                let ready = ready.clone();
+                let health = health.clone();
                 async move {
-                    if ready.load(Ordering::Relaxed) {
+                    if health.is_ready() {
                         (StatusCode::OK, "ready")
                     } else {
                         (StatusCode::SERVICE_UNAVAILABLE, "not ready")

@@ -67,6 +67,8 @@ pub struct PodInfo {
     pub phase: Option<String>,
     /// `metadata.deletionTimestamp` is set.
     pub deleting: bool,
+    /// `spec.schedulingGates` is not empty: not to be scheduled until they are removed.
+    pub gated: bool,
     pub priority: i32,
     pub created: Option<Timestamp>,
     /// The `gpuplace.io/pod-group` label.
@@ -100,6 +102,9 @@ impl PodInfo {
                 .filter(|n| !n.is_empty()),
             phase: pod.status.as_ref().and_then(|s| s.phase.clone()),
             deleting: meta.deletion_timestamp.is_some(),
+            gated: spec
+                .and_then(|s| s.scheduling_gates.as_ref())
+                .is_some_and(|g| !g.is_empty()),
             priority: spec.and_then(|s| s.priority).unwrap_or(0),
             created: meta.creation_timestamp.as_ref().map(|t| t.0),
             group: meta
@@ -136,11 +141,12 @@ impl PodInfo {
         self.node_name.is_some() && !matches!(self.phase.as_deref(), Some("Succeeded" | "Failed"))
     }
 
-    /// Waits for `scheduler_name`: not bound, not being deleted, still Pending.
+    /// Waits for `scheduler_name`: not bound, not being deleted, not gated, still Pending.
     pub fn is_pending_for(&self, scheduler_name: &str) -> bool {
         self.scheduler_name.as_deref() == Some(scheduler_name)
             && self.node_name.is_none()
             && !self.deleting
+            && !self.gated
             && self.phase.as_deref().is_none_or(|p| p == "Pending")
     }
 }

@@ -21,12 +21,54 @@ pub struct Held {
     pub extended: BTreeMap<String, i64>,
 }
 
+/// Scalar resources still free per node besides CPU, memory and GPUs (extended resources,
+/// the pod count, ephemeral storage, hugepages), in the units of [`PodDemand::extended`].
+///
+/// [`PodDemand::extended`]: crate::demand::PodDemand
+#[derive(Clone, Debug, Default)]
+pub struct Scalars {
+    pub free: Vec<BTreeMap<String, i64>>,
+    /// Nodes with no pod slot left: while none is full, a pod asking only for its slot
+    /// needs no per-node check.
+    pods_full: usize,
+}
+
+impl Scalars {
+    fn new(free: Vec<BTreeMap<String, i64>>) -> Scalars {
+        let pods_full = free
+            .iter()
+            .filter(|m| m.get("pods").is_some_and(|f| *f < 1))
+            .count();
+        Scalars { free, pods_full }
+    }
+
+    /// Takes `amounts` on node `n`.
+    pub fn take(&mut self, n: usize, amounts: &BTreeMap<String, i64>) {
+        let Some(free) = self.free.get_mut(n) else {
+            return;
+        };
+        for (k, v) in amounts {
+            let entry = free.entry(k.clone()).or_default();
+            let was_open = *entry >= 1;
+            *entry -= v;
+            if k == "pods" && was_open && *entry < 1 {
+                self.pods_full += 1;
+            }
+        }
+    }
+
+    /// Whether `amounts` must be checked node by node.
+    pub fn must_check(&self, amounts: &BTreeMap<String, i64>) -> bool {
+        amounts.keys().any(|k| k != "pods") || self.pods_full > 0
+    }
+}
+
 /// The cluster as the scheduler sees it at the start of a round.
 pub struct Snapshot {
     pub state: ClusterState,
     pub nodes: Vec<Arc<Node>>,
-    /// Extended resources still free per node (besides GPUs).
-    pub extended_free: Vec<BTreeMap<String, i64>>,
+    /// Scalar resources still free per node.
+    pub scalars: Scalars,
     /// Pod UID -> what it holds.
     pub held: HashMap<String, Held>,
     /// Problems found in objects (malformed annotations); nothing was lost because of them.
@@ -115,7 +157,7 @@ pub fn build(nodes: &[Arc<Node>], pods: &[Arc<PodInfo>], gpu_resource: &str) -> 
         inventories.push(inv);
         kept.push(Arc::clone(node));
     }
-    let extended_free = kept
+    let extended_free: Vec<BTreeMap<String, i64>> = kept
         .iter()
         .map(|node| {
             node.status
@@ -123,7 +165,9 @@ pub fn build(nodes: &[Arc<Node>], pods: &[Arc<PodInfo>], gpu_resource: &str) -> 
                 .and_then(|s| s.allocatable.as_ref())
                 .map(|a| {
                     a.iter()
-                        .filter(|(k, _)| k.contains('/') && k.as_str() != gpu_resource)
+                        .filter(|(k, _)| {
+                            !matches!(k.as_str(), "cpu" | "memory") && k.as_str() != gpu_resource
+                        })
                         .map(|(k, q)| (k.clone(), (milli_value(q).unwrap_or(0) / 1000) as i64))
                         .collect()
                 })
@@ -137,7 +181,7 @@ pub fn build(nodes: &[Arc<Node>], pods: &[Arc<PodInfo>], gpu_resource: &str) -> 
     let mut snapshot = Snapshot {
         state,
         nodes: kept,
-        extended_free,
+        scalars: Scalars::new(extended_free),
         held: HashMap::new(),
         warnings,
     };
@@ -241,9 +285,7 @@ impl Snapshot {
             warn!(pod = %pod_name, error = %e, "cannot account a bound pod");
             return;
         }
-        for (k, v) in &demand.extended {
-            *self.extended_free[n].entry(k.clone()).or_default() -= v;
-        }
+        self.scalars.take(n, &demand.extended);
         self.held.insert(
             uid,
             Held {

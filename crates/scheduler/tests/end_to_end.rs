@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use gpuplace_scheduler::api::{BindRequest, PodState};
 use gpuplace_scheduler::{
     ApiError, ClusterApi, ClusterView, EventRecord, PodKey, Scheduler, SchedulerConfig,
 };
@@ -91,7 +92,8 @@ async fn failures_are_explained_like_kube_scheduler() {
     }
     api.put_pod(pod("big", 4, json!({})));
     let mut scheduler = Scheduler::new(api.clone(), config());
-    let report = scheduler.round(Instant::now()).await.unwrap();
+    let t0 = Instant::now();
+    let report = scheduler.round(t0).await.unwrap();
     assert_eq!(report.unschedulable, 1);
     let event = api.events().pop().unwrap();
     assert_eq!(event.reason, "FailedScheduling");
@@ -100,15 +102,23 @@ async fn failures_are_explained_like_kube_scheduler() {
         event.message,
         "0/5 nodes are available: 3 Insufficient nvidia.com/gpu, 2 node(s) had untolerated taint {gpu: true}."
     );
-    // Backoff: the next round right away does not retry; a new node makes it retry at once.
-    let report = scheduler.round(Instant::now()).await.unwrap();
+    // Parked: with nothing changed, later rounds do not even look (no retry, no Event),
+    // however long it waits.
+    let report = scheduler.round(t0 + Duration::from_secs(30)).await.unwrap();
+    assert!(report.idle, "{report:?}");
+    assert_eq!(api.events().len(), 1);
+    // A new node wakes it; it is tried once its backoff (1 s) is over.
+    api.put_node(node("big-node", 8, json!({})));
+    let report = scheduler
+        .round(t0 + Duration::from_millis(500))
+        .await
+        .unwrap();
     assert_eq!(
         (report.bound, report.unschedulable, report.pending),
         (0, 0, 1)
     );
-    assert_eq!(report.gpu_capacity_milli, 19_000);
-    api.put_node(node("big-node", 8, json!({})));
-    let report = scheduler.round(Instant::now()).await.unwrap();
+    assert_eq!(report.gpu_capacity_milli, 27_000);
+    let report = scheduler.round(t0 + Duration::from_secs(1)).await.unwrap();
     assert_eq!(report.bound, 1);
     assert_eq!(bound_node(&api, "big").as_deref(), Some("big-node"));
     // Bad input: a malformed share annotation is explained, not a crash.
@@ -127,6 +137,7 @@ async fn failures_are_explained_like_kube_scheduler() {
 }
 
 /// Wraps the API to change the world between the view and the writes.
+#[derive(Clone)]
 struct Meddling {
     inner: MemoryApi,
     action: fn(&MemoryApi),
@@ -138,16 +149,17 @@ impl ClusterApi for Meddling {
         (self.action)(&self.inner);
         view
     }
-    async fn patch_assignment(
-        &self,
-        pod: &PodKey,
-        rv: &str,
-        a: Option<&str>,
-    ) -> Result<(), ApiError> {
-        self.inner.patch_assignment(pod, rv, a).await
+    fn generation(&self) -> u64 {
+        self.inner.generation()
     }
-    async fn bind(&self, pod: &PodKey, node: &str) -> Result<(), ApiError> {
-        self.inner.bind(pod, node).await
+    async fn changed(&self, since: u64) {
+        self.inner.changed(since).await
+    }
+    async fn bind(&self, request: &BindRequest) -> Result<(), ApiError> {
+        self.inner.bind(request).await
+    }
+    async fn get_pod(&self, pod: &PodKey) -> Result<Option<PodState>, ApiError> {
+        self.inner.get_pod(pod).await
     }
     async fn event(&self, event: EventRecord) -> Result<(), ApiError> {
         self.inner.event(event).await
@@ -164,7 +176,8 @@ impl ClusterApi for Meddling {
 
 #[tokio::test]
 async fn conflicts_and_deletions_leave_nothing_reserved() {
-    // The pod is updated after the view: the guarded patch gets a 409, nothing binds.
+    // The pod is updated after the view: the Binding's resourceVersion precondition gets a
+    // 409, nothing binds.
     let api = MemoryApi::new();
     api.put_node(node("n", 2, json!({})));
     api.put_pod(pod("p", 2, json!({})));
@@ -198,7 +211,8 @@ async fn conflicts_and_deletions_leave_nothing_reserved() {
     assert_eq!(report.bound, 0);
     assert!(api.bindings().is_empty());
 
-    // A failed bind removes the recorded assignment, and the GPUs go to the next pod.
+    // A refused Binding writes nothing (the assignment travels in the Binding), forgets
+    // its reservation, and the GPU goes to a pod after the backoff.
     let api = MemoryApi::new();
     api.put_node(node("n", 1, json!({})));
     api.put_pod(pod("first", 1, json!({})));
@@ -209,13 +223,16 @@ async fn conflicts_and_deletions_leave_nothing_reserved() {
     ));
     api.fail_next_binds(1);
     let mut scheduler = Scheduler::new(api.clone(), config());
-    let report = scheduler.round(Instant::now()).await.unwrap();
-    assert_eq!(report.conflicts, 1);
+    let t0 = Instant::now();
+    let report = scheduler.round(t0).await.unwrap();
+    assert_eq!((report.conflicts, report.bound), (1, 0));
+    assert!(assignment(&api, "first").is_none(), "no half-written plan");
+    assert!(scheduler.reservations().is_empty());
+    let report = scheduler.round(t0 + Duration::from_secs(2)).await.unwrap();
     assert_eq!(
         report.bound, 1,
         "the GPU was not left reserved for the failed pod"
     );
-    assert!(assignment(&api, "first").is_none() || bound_node(&api, "first").is_some());
     assert_no_double_booking(&api);
 }
 
@@ -311,10 +328,10 @@ async fn gangs_are_all_or_nothing() {
         api.group("ml", "train").unwrap().status.unwrap().phase,
         "Unschedulable"
     );
-    // Capacity arrives: all three bind in one round.
+    // Capacity arrives: all three bind in one round (once their backoff is over).
     api.put_node(node("c", 4, json!({})));
     let report = scheduler
-        .round(start + Duration::from_secs(32))
+        .round(start + Duration::from_secs(34))
         .await
         .unwrap();
     assert_eq!(report.bound, 3);

@@ -9,6 +9,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use gpuplace_scheduler::api::BindRequest;
 use gpuplace_scheduler::gang::PodGroupStatus;
 use gpuplace_scheduler::kube_api::KubeApi;
 use gpuplace_scheduler::{ApiError, ClusterApi, EventRecord, PodKey, Scheduler, SchedulerConfig};
@@ -22,6 +23,7 @@ use tower_test::mock;
 struct Seen {
     method: String,
     uri: String,
+    #[allow(dead_code)]
     content_type: String,
     body: Value,
 }
@@ -29,9 +31,11 @@ struct Seen {
 #[derive(Default)]
 struct Server {
     seen: Vec<Seen>,
-    /// The pod's current resourceVersion; patches with another one are refused.
+    /// The pod's current resourceVersion; Bindings with another one are refused.
     pod_rv: u64,
     bound_to: Option<String>,
+    /// Annotations the Binding merged into the pod.
+    annotations: serde_json::Map<String, Value>,
 }
 
 fn node() -> Value {
@@ -61,11 +65,12 @@ fn inventory() -> String {
     .to_string()
 }
 
-fn pod(rv: u64, node: Option<&str>) -> Value {
+fn pod(rv: u64, node: Option<&str>, annotations: &serde_json::Map<String, Value>) -> Value {
     json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "train-0", "namespace": "ml", "uid": "uid-train-0",
-            "resourceVersion": rv.to_string(), "creationTimestamp": "2026-11-01T00:00:00Z"},
+            "resourceVersion": rv.to_string(), "creationTimestamp": "2026-11-01T00:00:00Z",
+            "annotations": annotations},
         "spec": {"schedulerName": "gpuplace", "nodeName": node,
             "containers": [{"name": "main", "image": "trainer:1", "resources": {
                 "requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"nvidia.com/gpu": "1"}}}]},
@@ -162,7 +167,7 @@ async fn answer(server: &Mutex<Server>, method: &str, uri: &str, body: &Value) -
             json!({"kind": "NodeList", "apiVersion": "v1", "metadata": {"resourceVersion": "10"}, "items": [node()]}),
         ),
         ("GET", "/api/v1/pods") if !watch => {
-            let items = vec![pod(s.pod_rv, s.bound_to.as_deref())];
+            let items = vec![pod(s.pod_rv, s.bound_to.as_deref(), &s.annotations)];
             (
                 200,
                 json!({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "10"}, "items": items}),
@@ -185,15 +190,40 @@ async fn answer(server: &Mutex<Server>, method: &str, uri: &str, body: &Value) -
                 );
             }
             s.pod_rv += 1;
-            (200, pod(s.pod_rv, s.bound_to.as_deref()))
+            (200, pod(s.pod_rv, s.bound_to.as_deref(), &s.annotations))
+        }
+        ("GET", "/api/v1/namespaces/ml/pods/train-0") => {
+            (200, pod(s.pod_rv, s.bound_to.as_deref(), &s.annotations))
         }
         ("POST", "/api/v1/namespaces/ml/pods/train-0/binding") => {
+            // kube-apiserver's BindingREST: the resourceVersion is a precondition (the UID
+            // is not checked: measured on a real server); annotations are merged into the
+            // pod in the same update that sets spec.nodeName.
+            if let Some(rv) = body["metadata"]["resourceVersion"].as_str()
+                && rv != s.pod_rv.to_string()
+            {
+                return (
+                    409,
+                    status(
+                        409,
+                        "Conflict",
+                        &format!(
+                            "Operation cannot be fulfilled on pods \"train-0\": StorageError: invalid object, Code: 4, AdditionalErrorMsg: Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                            s.pod_rv
+                        ),
+                    ),
+                );
+            }
             if s.bound_to.is_some() {
                 return (
                     409,
                     status(409, "Conflict", "pod train-0 is already assigned to node"),
                 );
             }
+            if let Some(a) = body["metadata"]["annotations"].as_object() {
+                s.annotations.extend(a.clone());
+            }
+            s.pod_rv += 1;
             s.bound_to = body["target"]["name"].as_str().map(String::from);
             (
                 201,
@@ -338,22 +368,36 @@ async fn writes_go_over_the_wire_as_the_api_server_expects() {
     let api = started(&server).await;
 
     // A stale resourceVersion is a conflict, not a silent overwrite.
-    let stale = api.patch_assignment(&key(), "4", Some("{}")).await;
-    assert!(matches!(stale, Err(ApiError::Conflict(m)) if m.contains("has been modified")));
-    api.patch_assignment(&key(), "5", Some("{\"node\":\"n1\"}"))
-        .await
-        .unwrap();
-    api.bind(&key(), "n1").await.unwrap();
-    let twice = api.bind(&key(), "n1").await;
+    let request = |rv: &str, pod: PodKey| BindRequest {
+        pod,
+        resource_version: rv.into(),
+        node: "n1".into(),
+        annotations: [(
+            "gpuplace.io/assignment".to_string(),
+            "{\"node\":\"n1\"}".to_string(),
+        )]
+        .into(),
+    };
+    let stale = api.bind(&request("4", key())).await;
+    assert!(
+        matches!(&stale, Err(ApiError::Conflict(m)) if m.contains("Precondition failed")),
+        "{stale:?}"
+    );
+    api.bind(&request("5", key())).await.unwrap();
+    let twice = api.bind(&request("6", key())).await;
     assert!(matches!(twice, Err(ApiError::Conflict(_))));
     let gone = PodKey {
         name: "gone".into(),
         ..key()
     };
     assert!(matches!(
-        api.bind(&gone, "n1").await,
+        api.bind(&request("", gone)).await,
         Err(ApiError::NotFound(_))
     ));
+    // A fresh read settles an ambiguous write: bound, with our assignment.
+    let state = api.get_pod(&key()).await.unwrap().unwrap();
+    assert_eq!(state.node_name.as_deref(), Some("n1"));
+    assert_eq!(state.assignment.as_deref(), Some("{\"node\":\"n1\"}"));
     api.event(EventRecord {
         pod: key(),
         kind: "Normal".into(),
@@ -384,18 +428,15 @@ async fn writes_go_over_the_wire_as_the_api_server_expects() {
     .unwrap();
 
     let seen = writes(&server);
-    let patch = &seen[1];
-    assert_eq!(patch.method, "PATCH");
-    assert_eq!(patch.content_type, "application/merge-patch+json");
-    assert_eq!(patch.body["metadata"]["resourceVersion"], "5");
-    assert_eq!(
-        patch.body["metadata"]["annotations"]["gpuplace.io/assignment"],
-        "{\"node\":\"n1\"}"
-    );
-    let binding = &seen[2];
+    let binding = &seen[1];
     assert_eq!(binding.uri, "/api/v1/namespaces/ml/pods/train-0/binding?");
     assert_eq!(binding.body["kind"], "Binding");
     assert_eq!(binding.body["metadata"]["uid"], "uid-train-0");
+    assert_eq!(binding.body["metadata"]["resourceVersion"], "5");
+    assert_eq!(
+        binding.body["metadata"]["annotations"]["gpuplace.io/assignment"],
+        "{\"node\":\"n1\"}"
+    );
     assert_eq!(
         binding.body["target"],
         json!({"apiVersion": "v1", "kind": "Node", "name": "n1"})
@@ -454,11 +495,10 @@ async fn the_scheduling_loop_runs_over_the_kube_adapter() {
     assert_eq!(
         order,
         vec![
-            ("PATCH", "/api/v1/namespaces/ml/pods/train-0"),
             ("POST", "/api/v1/namespaces/ml/pods/train-0/binding"),
             ("POST", "/apis/events.k8s.io/v1/namespaces/ml/events"),
         ],
-        "assignment first, then the Binding, then the Event"
+        "one write per pod (the Binding carries the assignment), then the Event"
     );
     // The assignment names exact devices from the published inventory, guarded by the
     // resourceVersion the cache saw.

@@ -1,7 +1,14 @@
-//! An in-memory Kubernetes API for the scheduler's tests, with the API server's rules that
-//! the scheduler relies on: every write bumps a cluster-wide resourceVersion; a patch with a
-//! stale resourceVersion is a 409 Conflict; binding a pod that is already bound (or whose
-//! UID differs) is a 409; a deleted pod is a 404.
+//! An in-memory Kubernetes API for the scheduler's tests, as strict and as slow as the
+//! real one where the scheduler can tell:
+//!
+//! - the rules: every write bumps a cluster-wide resourceVersion; a Binding whose
+//!   resourceVersion precondition is stale, or for a pod already bound, is a 409; a deleted
+//!   pod is a 404; the Binding's annotations are merged into the pod in the same write, and
+//!   are validated as kube-apiserver validates them (qualified-name keys, 256 KiB in all);
+//!   like kube-apiserver (measured), the Binding's UID is not checked;
+//! - the costs ([`ServerCosts`]): a latency per request, a limit of requests in flight,
+//!   watch events delivered late (in order, each after a random delay), and injected
+//!   409s, 500s and time-outs (a time-out may or may not have applied the write).
 //!
 //! Its view goes through the scheduler's own [`PodCache`] fed the way a watch feeds it: a
 //! full list first, then the pods changed since the resourceVersion it last saw (each at its
@@ -10,12 +17,41 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use gpuplace_scheduler::api::{BindRequest, PodState};
 use gpuplace_scheduler::cache::PodCache;
 use gpuplace_scheduler::gang::{PodGroup, PodGroupStatus};
 use gpuplace_scheduler::{ApiError, ClusterApi, ClusterView, EventRecord, PodKey};
 use k8s_openapi::api::core::v1::{Node, Pod};
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tokio::time::Instant;
 
+/// Faults injected into the scheduler's requests, as probabilities per request.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Faults {
+    /// 409 Conflict (another writer won).
+    pub conflict: f64,
+    /// 500 Internal Server Error (nothing written).
+    pub error: f64,
+    /// A time-out: the write is applied or not (even odds), the caller cannot tell.
+    pub timeout: f64,
+}
+
+/// What the server charges the scheduler's requests.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ServerCosts {
+    /// Time each request takes.
+    pub latency: Duration,
+    /// Requests served at once (0: no limit).
+    pub max_in_flight: usize,
+    /// Each watch event arrives after a delay drawn from this range (events stay in
+    /// order: one never overtakes an earlier one).
+    pub watch_delay: (Duration, Duration),
+    pub faults: Faults,
+    pub seed: u64,
+}
 struct Store {
     version: u64,
     nodes: BTreeMap<String, Arc<Node>>,
@@ -25,10 +61,22 @@ struct Store {
     bindings: Vec<(PodKey, String)>,
     /// Faults to inject: the next N binds fail with a conflict.
     fail_binds: usize,
+    /// PodGroup status writes accepted.
+    status_writes: usize,
     /// The scheduler's side: pods as its watch cache holds them.
     cache: PodCache,
-    /// Pods changed at each resourceVersion (the watch history), oldest first.
-    pod_log: std::collections::VecDeque<(u64, (String, String))>,
+    /// Pods changed at each resourceVersion (the watch history), oldest first, with the
+    /// time the watch delivers each.
+    pod_log: std::collections::VecDeque<(u64, (String, String), Instant)>,
+    /// Delivery time of the latest change (later ones are never delivered before it).
+    last_delivery: Option<Instant>,
+    /// Watch events delivered to the cache, node and group changes: the view's generation.
+    generation: u64,
+    /// Each undelivered change's pod as it was written (`None`: deleted), so a late watch
+    /// event shows that version, not a later one.
+    history: std::collections::HashMap<u64, Option<Arc<Pod>>>,
+    costs: ServerCosts,
+    rng: ChaCha8Rng,
     /// History at or below this resourceVersion is compacted: a watch from there is Gone.
     compacted: u64,
     /// The resourceVersion the cache has caught up to (0: never listed).
@@ -48,8 +96,14 @@ impl Default for Store {
             events: Vec::new(),
             bindings: Vec::new(),
             fail_binds: 0,
+            status_writes: 0,
             cache: PodCache::new("nvidia.com/gpu"),
             pod_log: std::collections::VecDeque::new(),
+            last_delivery: None,
+            history: std::collections::HashMap::new(),
+            generation: 0,
+            costs: ServerCosts::default(),
+            rng: ChaCha8Rng::seed_from_u64(0),
             compacted: 0,
             cache_rv: 0,
             relists: 0,
@@ -67,7 +121,15 @@ impl Store {
     /// Bumps the resourceVersion for a change of pod `key` and records it in the history.
     fn bump_pod(&mut self, key: &(String, String)) -> String {
         let rv = self.bump();
-        self.pod_log.push_back((self.version, key.clone()));
+        let (low, high) = self.costs.watch_delay;
+        let delay = if high > low {
+            low + Duration::from_nanos(self.rng.random_range(0..(high - low).as_nanos() as u64))
+        } else {
+            low
+        };
+        let at = (Instant::now() + delay).max(self.last_delivery.unwrap_or_else(Instant::now));
+        self.last_delivery = Some(at);
+        self.pod_log.push_back((self.version, key.clone(), at));
         self.changes.push((self.version, key.clone()));
         rv
     }
@@ -80,11 +142,21 @@ impl Store {
             change(pod);
             pod.metadata.resource_version = Some(rv);
         }
+        self.remember(key);
+    }
+
+    /// Keeps pod `key` as it is now as the version of the latest change.
+    fn remember(&mut self, key: &(String, String)) {
+        let pod = self.pods.get(key).cloned();
+        self.history.insert(self.version, pod);
     }
 
     /// Brings the pod cache up to date: a watch from its resourceVersion, or a relist when
     /// that part of the history is gone. History the cache has seen is then compacted.
+    /// Watch events are delivered once their time has come, in order; a delivered event
+    /// carries the pod's state at that point of the history, as a watch does.
     fn sync_cache(&mut self) {
+        let now = Instant::now();
         if self.cache_rv == 0 || self.cache_rv < self.compacted {
             self.cache.begin_relist();
             for pod in self.pods.values() {
@@ -92,32 +164,81 @@ impl Store {
             }
             self.cache.relist_done();
             self.relists += 1;
+            self.generation += 1;
+            self.cache_rv = self.version;
+            self.history.clear();
         } else {
-            for (rv, key) in &self.pod_log {
-                if *rv <= self.cache_rv {
+            while let Some((rv, key, at)) = self.pod_log.front().cloned() {
+                if at > now {
+                    break;
+                }
+                self.pod_log.pop_front();
+                if rv <= self.cache_rv {
                     continue;
                 }
-                match self.pods.get(key) {
-                    Some(pod) => self.cache.apply(pod),
-                    None => self.cache.delete_key(&key.0, &key.1),
+                match self.history.remove(&rv) {
+                    Some(Some(pod)) => self.cache.apply(&pod),
+                    Some(None) | None => self.cache.delete_key(&key.0, &key.1),
                 }
+                self.cache_rv = rv;
+                self.generation += 1;
             }
         }
-        self.cache_rv = self.version;
         while self
             .pod_log
             .front()
-            .is_some_and(|(rv, _)| *rv <= self.cache_rv)
+            .is_some_and(|(rv, _, _)| *rv <= self.cache_rv)
         {
             self.pod_log.pop_front();
         }
+        if self.pod_log.is_empty() {
+            self.cache_rv = self.cache_rv.max(self.version);
+        }
+        self.history.retain(|rv, _| *rv > self.cache_rv);
         self.compacted = self.compacted.max(self.cache_rv);
     }
+
+    /// When the next undelivered watch event arrives.
+    fn next_delivery(&self) -> Option<Instant> {
+        self.pod_log.front().map(|(_, _, at)| *at)
+    }
+
+    /// Draws the fault for one request.
+    fn fault(&mut self) -> Option<Fault> {
+        let f = self.costs.faults;
+        if f.conflict + f.error + f.timeout <= 0.0 {
+            return None;
+        }
+        let x: f64 = self.rng.random();
+        if x < f.conflict {
+            Some(Fault::Conflict)
+        } else if x < f.conflict + f.error {
+            Some(Fault::Error)
+        } else if x < f.conflict + f.error + f.timeout {
+            Some(if self.rng.random::<bool>() {
+                Fault::TimeoutApplied
+            } else {
+                Fault::TimeoutLost
+            })
+        } else {
+            None
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fault {
+    Conflict,
+    Error,
+    TimeoutApplied,
+    TimeoutLost,
 }
 
 /// The API server, shared by clones.
 #[derive(Clone)]
 pub struct MemoryApi {
+    /// Requests served at once, when limited.
+    slots: Option<Arc<tokio::sync::Semaphore>>,
     store: Arc<Mutex<Store>>,
     /// The resourceVersion of the last pod change, for watchers to wait on.
     pod_version: tokio::sync::watch::Sender<u64>,
@@ -128,6 +249,7 @@ pub struct MemoryApi {
 impl Default for MemoryApi {
     fn default() -> Self {
         MemoryApi {
+            slots: None,
             store: Arc::default(),
             pod_version: tokio::sync::watch::channel(0).0,
             node_version: tokio::sync::watch::channel(0).0,
@@ -155,9 +277,40 @@ impl MemoryApi {
         api
     }
 
+    /// Charges the scheduler's requests `costs` from now on.
+    pub fn with_costs(mut self, costs: ServerCosts) -> Self {
+        self.slots = (costs.max_in_flight > 0)
+            .then(|| Arc::new(tokio::sync::Semaphore::new(costs.max_in_flight)));
+        let mut s = lock(&self.store);
+        s.costs = costs;
+        s.rng = ChaCha8Rng::seed_from_u64(costs.seed);
+        drop(s);
+        self
+    }
+
+    /// Changes the injected faults (e.g. none after a chaotic phase).
+    pub fn set_faults(&self, faults: Faults) {
+        lock(&self.store).costs.faults = faults;
+    }
+
+    /// Waits for a request slot and the latency; then draws the request's fault.
+    async fn charge(&self) -> (Option<tokio::sync::OwnedSemaphorePermit>, Option<Fault>) {
+        let permit = match &self.slots {
+            Some(slots) => Arc::clone(slots).acquire_owned().await.ok(),
+            None => None,
+        };
+        let latency = lock(&self.store).costs.latency;
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+        let fault = lock(&self.store).fault();
+        (permit, fault)
+    }
+
     /// Creates or replaces a node (resourceVersion assigned).
     pub fn put_node(&self, mut node: Node) {
         let mut s = lock(&self.store);
+        s.generation += 1;
         node.metadata.resource_version = Some(s.bump());
         let name = node.metadata.name.clone().unwrap_or_default();
         s.nodes.insert(name, Arc::new(node));
@@ -170,6 +323,7 @@ impl MemoryApi {
     /// creator writes (no annotations or labels of other writers survive).
     pub fn delete_node(&self, name: &str) {
         let mut s = lock(&self.store);
+        s.generation += 1;
         s.nodes.remove(name);
         s.bump();
         let v = s.version;
@@ -189,6 +343,7 @@ impl MemoryApi {
         labels: &BTreeMap<String, String>,
     ) -> Result<Node, ApiError> {
         let mut s = lock(&self.store);
+        s.generation += 1;
         let rv = s.bump();
         let node = s
             .nodes
@@ -239,7 +394,8 @@ impl MemoryApi {
         pod.metadata
             .uid
             .get_or_insert_with(|| format!("uid-{ns}-{name}-{rv}"));
-        s.pods.insert((ns, name), Arc::new(pod));
+        s.pods.insert((ns.clone(), name.clone()), Arc::new(pod));
+        s.remember(&(ns, name));
         let v = s.version;
         drop(s);
         self.pod_version.send_replace(v);
@@ -250,6 +406,7 @@ impl MemoryApi {
         let key = (namespace.to_string(), name.to_string());
         if s.pods.remove(&key).is_some() {
             s.bump_pod(&key);
+            s.remember(&key);
         }
         let v = s.version;
         drop(s);
@@ -363,6 +520,7 @@ impl MemoryApi {
 
     pub fn put_group(&self, mut group: PodGroup) {
         let mut s = lock(&self.store);
+        s.generation += 1;
         group.metadata.resource_version = Some(s.bump());
         let ns = group
             .metadata
@@ -411,6 +569,11 @@ impl MemoryApi {
         s.pod_log.clear();
     }
 
+    /// PodGroup status writes accepted so far.
+    pub fn status_writes(&self) -> usize {
+        lock(&self.store).status_writes
+    }
+
     /// How many full lists the pod cache has needed.
     pub fn relists(&self) -> usize {
         lock(&self.store).relists
@@ -420,6 +583,62 @@ impl MemoryApi {
     pub fn fail_next_binds(&self, n: usize) {
         lock(&self.store).fail_binds = n;
     }
+
+    /// Whether every watch event has been delivered to the scheduler's cache.
+    pub fn watch_caught_up(&self) -> bool {
+        let mut s = lock(&self.store);
+        s.sync_cache();
+        s.pod_log.is_empty()
+    }
+}
+
+/// A qualified name as kube-apiserver requires of annotation keys: an optional DNS
+/// subdomain prefix and `/`, then 1-63 alphanumerics, `-`, `_`, `.`, starting and ending
+/// alphanumeric.
+pub fn is_qualified_name(key: &str) -> bool {
+    let (prefix, name) = match key.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    let name_ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+    let prefix_ok = prefix.is_none_or(|p| {
+        !p.is_empty()
+            && p.len() <= 253
+            && p.split('.').all(|label| {
+                !label.is_empty()
+                    && label.len() <= 63
+                    && label
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                    && !label.starts_with('-')
+                    && !label.ends_with('-')
+            })
+    });
+    name_ok && prefix_ok
+}
+
+/// kube-apiserver's limit on a pod's annotations, keys and values together.
+pub const MAX_ANNOTATIONS_BYTES: usize = 256 * 1024;
+
+fn validate_annotations(annotations: &BTreeMap<String, String>) -> Result<(), ApiError> {
+    if let Some(bad) = annotations.keys().find(|k| !is_qualified_name(k)) {
+        return Err(ApiError::Invalid(format!(
+            "metadata.annotations: Invalid value: {bad:?}: name part must consist of alphanumeric characters, '-', '_' or '.'"
+        )));
+    }
+    let size: usize = annotations.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if size > MAX_ANNOTATIONS_BYTES {
+        return Err(ApiError::Invalid(format!(
+            "metadata.annotations: Too long: must have at most {MAX_ANNOTATIONS_BYTES} bytes"
+        )));
+    }
+    Ok(())
 }
 
 impl ClusterApi for MemoryApi {
@@ -431,88 +650,136 @@ impl ClusterApi for MemoryApi {
             nodes: s.nodes.values().cloned().collect(),
             pods: s.cache.view(),
             groups: s.groups.values().cloned().collect(),
+            generation: s.generation,
         })
     }
 
-    async fn patch_assignment(
-        &self,
-        pod: &PodKey,
-        resource_version: &str,
-        assignment: Option<&str>,
-    ) -> Result<(), ApiError> {
+    fn generation(&self) -> u64 {
         let mut s = lock(&self.store);
-        let key = (pod.namespace.clone(), pod.name.clone());
-        let current = s
-            .pods
-            .get(&key)
-            .ok_or_else(|| ApiError::NotFound(pod.to_string()))?;
-        if current.metadata.uid.as_deref() != Some(pod.uid.as_str()) {
-            return Err(ApiError::NotFound(format!("{pod} (uid changed)")));
-        }
-        if !resource_version.is_empty()
-            && current.metadata.resource_version.as_deref() != Some(resource_version)
-        {
-            return Err(ApiError::Conflict(format!(
-                "{pod}: the object has been modified; please apply your changes to the latest version and try again"
-            )));
-        }
-        s.write_pod(&key, |p| {
-            let annotations = p.metadata.annotations.get_or_insert_with(Default::default);
-            match assignment {
-                Some(text) => {
-                    annotations.insert(
-                        gpuplace_scheduler::demand::ASSIGNMENT_ANNOTATION.into(),
-                        text.into(),
-                    );
-                }
-                None => {
-                    annotations.remove(gpuplace_scheduler::demand::ASSIGNMENT_ANNOTATION);
-                }
-            }
-        });
-        let v = s.version;
-        drop(s);
-        self.pod_version.send_replace(v);
-        Ok(())
+        s.sync_cache();
+        s.generation
     }
 
-    async fn bind(&self, pod: &PodKey, node: &str) -> Result<(), ApiError> {
+    async fn changed(&self, since: u64) {
+        let mut pods = self.pod_version.subscribe();
+        let mut nodes = self.node_version.subscribe();
+        loop {
+            let next = {
+                let mut s = lock(&self.store);
+                s.sync_cache();
+                if s.generation > since {
+                    return;
+                }
+                s.next_delivery()
+            };
+            let delivery = async {
+                match next {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = pods.changed() => {}
+                _ = nodes.changed() => {}
+                _ = delivery => {}
+            }
+        }
+    }
+
+    async fn bind(&self, request: &BindRequest) -> Result<(), ApiError> {
+        let (_permit, fault) = self.charge().await;
+        let pod = &request.pod;
         let mut s = lock(&self.store);
         if s.fail_binds > 0 {
             s.fail_binds -= 1;
             return Err(ApiError::Conflict(format!("{pod}: injected conflict")));
         }
+        match fault {
+            Some(Fault::Conflict) => {
+                return Err(ApiError::Conflict(format!("{pod}: injected conflict")));
+            }
+            Some(Fault::Error) => return Err(ApiError::Other("injected 500".into())),
+            Some(Fault::TimeoutLost) => return Err(ApiError::Other("injected time-out".into())),
+            _ => {}
+        }
+        if request.node.is_empty() {
+            return Err(ApiError::Invalid("target.name: Required value".into()));
+        }
+        validate_annotations(&request.annotations)?;
         let key = (pod.namespace.clone(), pod.name.clone());
         let current = s
             .pods
             .get(&key)
             .ok_or_else(|| ApiError::NotFound(pod.to_string()))?;
-        if current.metadata.uid.as_deref() != Some(pod.uid.as_str()) {
+        if !request.resource_version.is_empty()
+            && current.metadata.resource_version.as_deref()
+                != Some(request.resource_version.as_str())
+        {
             return Err(ApiError::Conflict(format!(
-                "{pod}: uid precondition failed"
+                "{pod}: Precondition failed: ResourceVersion in precondition: {}",
+                request.resource_version
             )));
         }
-        if current
+        if let Some(node) = current
             .spec
             .as_ref()
             .and_then(|s| s.node_name.as_deref())
-            .is_some_and(|n| !n.is_empty())
+            .filter(|n| !n.is_empty())
         {
             return Err(ApiError::Conflict(format!(
-                "{pod} is already assigned to a node"
+                "pod {pod} is already assigned to node {node:?}"
             )));
         }
+        let mut merged = current.metadata.annotations.clone().unwrap_or_default();
+        merged.extend(request.annotations.clone());
+        validate_annotations(&merged)?;
         s.write_pod(&key, |p| {
-            p.spec.get_or_insert_with(Default::default).node_name = Some(node.to_string());
+            p.spec.get_or_insert_with(Default::default).node_name = Some(request.node.clone());
+            p.metadata.annotations = Some(merged);
         });
-        s.bindings.push((pod.clone(), node.to_string()));
+        s.bindings.push((pod.clone(), request.node.clone()));
         let v = s.version;
         drop(s);
         self.pod_version.send_replace(v);
-        Ok(())
+        match fault {
+            Some(Fault::TimeoutApplied) => Err(ApiError::Other("injected time-out".into())),
+            _ => Ok(()),
+        }
+    }
+
+    async fn get_pod(&self, pod: &PodKey) -> Result<Option<PodState>, ApiError> {
+        let (_permit, fault) = self.charge().await;
+        if matches!(
+            fault,
+            Some(Fault::Error | Fault::TimeoutLost | Fault::TimeoutApplied)
+        ) {
+            return Err(ApiError::Other("injected 500".into()));
+        }
+        let s = lock(&self.store);
+        Ok(s.pods
+            .get(&(pod.namespace.clone(), pod.name.clone()))
+            .map(|p| PodState {
+                uid: p.metadata.uid.clone().unwrap_or_default(),
+                resource_version: p.metadata.resource_version.clone().unwrap_or_default(),
+                node_name: p
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.clone())
+                    .filter(|n| !n.is_empty()),
+                assignment: p
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(gpuplace_scheduler::demand::ASSIGNMENT_ANNOTATION))
+                    .cloned(),
+            }))
     }
 
     async fn event(&self, event: EventRecord) -> Result<(), ApiError> {
+        let (_permit, fault) = self.charge().await;
+        if fault.is_some() {
+            return Err(ApiError::Other("injected 500".into()));
+        }
         let mut s = lock(&self.store);
         s.bump();
         s.events.push(event);
@@ -525,7 +792,12 @@ impl ClusterApi for MemoryApi {
         name: &str,
         status: PodGroupStatus,
     ) -> Result<(), ApiError> {
+        let (_permit, fault) = self.charge().await;
+        if fault.is_some() {
+            return Err(ApiError::Other("injected 500".into()));
+        }
         let mut s = lock(&self.store);
+        s.generation += 1;
         let rv = s.bump();
         let g = s
             .groups
@@ -534,6 +806,7 @@ impl ClusterApi for MemoryApi {
             .ok_or_else(|| ApiError::NotFound(format!("podgroup {namespace}/{name}")))?;
         g.status = Some(status);
         g.metadata.resource_version = Some(rv);
+        s.status_writes += 1;
         Ok(())
     }
 }
@@ -566,18 +839,9 @@ mod tests {
         // Changes arrive as watch events: no relist.
         api.delete_pod("ns", "a");
         api.put_pod(pod("c"));
-        let key = PodKey {
-            namespace: "ns".into(),
-            name: "b".into(),
-            uid: api.pod("ns", "b").unwrap().metadata.uid.unwrap(),
-        };
-        let rv = api
-            .pod("ns", "b")
-            .unwrap()
-            .metadata
-            .resource_version
+        let uid = api.pod("ns", "b").unwrap().metadata.uid.unwrap();
+        api.set_annotation("ns", "b", &uid, "gpuplace.io/assignment", "{}")
             .unwrap();
-        api.patch_assignment(&key, &rv, Some("{}")).await.unwrap();
         let view = api.view().await.unwrap();
         assert_eq!(names(&view), ["b", "c"]);
         assert_eq!(view.pods[0].assignment.as_deref(), Some("{}"));

@@ -201,8 +201,11 @@ impl HandshakeCluster {
             scheduler_api,
             SchedulerConfig {
                 seed: options.seed,
-                initial_backoff: Duration::from_millis(5),
-                max_backoff: Duration::from_millis(20),
+                queue: gpuplace_scheduler::scheduler::QueueConfig {
+                    initial_backoff: Duration::from_millis(5),
+                    max_backoff: Duration::from_millis(20),
+                    ..Default::default()
+                },
                 ..SchedulerConfig::default()
             },
         );

@@ -5,13 +5,13 @@
 //! label, chosen among the values where the gang fits as the one leaving the least
 //! fragmentation.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpuplace_core::Decision;
 
-use super::{RoundReport, Scheduler, Verdicts, explain, filter_nodes};
-use crate::api::ClusterApi;
+use super::filter_stage::{Verdicts, explain, filter_nodes};
+use super::{GangWrites, RoundReport, Scheduler};
+use crate::api::{ClusterApi, ClusterView};
 use crate::demand::PodDemand;
 use crate::gang::{PodGroupSpec, PodGroupStatus};
 use crate::pod_info::PodInfo;
@@ -34,18 +34,21 @@ fn best_len(best: &Option<Trial<'_>>) -> usize {
 }
 
 impl<A: ClusterApi> Scheduler<A> {
-    /// All-or-nothing: place every waiting member on a copy; commit only when at least
-    /// `minMember` members (bound ones included) fit.
+    /// All-or-nothing: place every waiting member on a copy; reserve them all only when
+    /// at least `minMember` members (bound and reserved ones included) fit, and only then
+    /// hand their Bindings to the bind stage.
     pub(super) async fn schedule_gang(
         &mut self,
         snapshot: &mut Snapshot,
-        (pods, groups): (&[Arc<PodInfo>], &[Arc<crate::gang::PodGroup>]),
+        view: &ClusterView,
         (namespace, group): (&str, &str),
         members: Vec<(&PodInfo, Verdicts)>,
         now: Instant,
         report: &mut RoundReport,
     ) {
-        let spec = groups
+        let pods = &view.pods;
+        let spec = view
+            .groups
             .iter()
             .find(|g| {
                 g.metadata.namespace.as_deref() == Some(namespace)
@@ -65,7 +68,8 @@ impl<A: ClusterApi> Scheduler<A> {
                     && p.group.as_deref() == Some(group)
                     && p.is_active_bound()
             })
-            .count() as u32;
+            .count() as u32
+            + self.reservations.of_gang(&gang_id).count() as u32;
         // Try all members on a copy of the state, in each allowed domain (one value of
         // the gang's topology key, or the whole cluster), and keep the domain where enough
         // fit leaving the least fragmentation.
@@ -107,21 +111,24 @@ impl<A: ClusterApi> Scheduler<A> {
         });
         let fits = bound + planned.len() as u32 >= spec.min_member;
         if fits {
-            let mut scheduled = bound;
-            for (pod, demand, decision) in &planned {
-                if self.commit(snapshot, pod, demand, decision).await {
-                    scheduled += 1;
-                    report.bound += 1;
-                } else {
-                    report.conflicts += 1;
-                }
-            }
+            // Permit: every member is reserved before any Binding is sent.
+            let requests: Vec<_> = planned
+                .iter()
+                .map(|(pod, demand, decision)| {
+                    self.assume(snapshot, pod, demand, decision, Some(gang_id.clone()))
+                })
+                .collect();
+            report.assumed += requests.len();
             self.gang_since.remove(&gang_id);
-            let status = PodGroupStatus {
-                phase: "Scheduled".into(),
-                scheduled,
-            };
-            let _ = self.api.group_status(namespace, group, status).await;
+            let writes = self.gang_writes.entry(gang_id.clone()).or_default();
+            writes.namespace = namespace.to_string();
+            writes.name = group.to_string();
+            writes.waiting += requests.len() as u32;
+            writes.bound = writes.bound.max(bound);
+            let attempts = self.config.gang_bind_attempts;
+            for request in requests {
+                self.binder.dispatch(request, attempts, true).await;
+            }
             return;
         }
         // Not enough members fit: hold nothing, wait, and after the timeout say why.
@@ -142,12 +149,49 @@ impl<A: ClusterApi> Scheduler<A> {
                 failure.map(|f| format!("; {f}")).unwrap_or_default()
             )
         };
-        self.set_phase(namespace, group, "Pending", bound).await;
         if now.duration_since(since) >= timeout {
             self.refuse_gang(&members, reason, now, report).await;
             self.gang_since.insert(gang_id, now);
             self.set_phase(namespace, group, "Unschedulable", bound)
                 .await;
+        } else {
+            self.set_phase(namespace, group, "Pending", bound).await;
+            // Try again after a backoff (and on any event), until the timeout.
+            for (pod, _) in &members {
+                self.queue.retry_later(&pod.key.uid, now);
+            }
+        }
+    }
+
+    /// One member's Binding ended; when the gang's last one does, its status says so.
+    pub(super) async fn gang_member_written(&mut self, gang_id: &str, ok: bool) {
+        let Some(writes) = self.gang_writes.get_mut(gang_id) else {
+            return;
+        };
+        writes.waiting = writes.waiting.saturating_sub(1);
+        if ok {
+            writes.bound += 1;
+        } else {
+            writes.failed += 1;
+        }
+        if writes.waiting > 0 {
+            return;
+        }
+        let Some(GangWrites {
+            namespace,
+            name,
+            bound,
+            failed,
+            ..
+        }) = self.gang_writes.remove(gang_id)
+        else {
+            return;
+        };
+        if failed > 0 {
+            tracing::warn!(gang = %gang_id, bound, failed, "gang members not bound after retries; they go back to the queue");
+            self.set_phase(&namespace, &name, "Pending", bound).await;
+        } else {
+            self.set_phase(&namespace, &name, "Scheduled", bound).await;
         }
     }
 
@@ -157,7 +201,7 @@ impl<A: ClusterApi> Scheduler<A> {
     fn domains(
         &self,
         snapshot: &Snapshot,
-        pods: &[Arc<PodInfo>],
+        pods: &[std::sync::Arc<PodInfo>],
         (namespace, group): (&str, &str),
         spec: &PodGroupSpec,
         members: &[(&PodInfo, Verdicts)],
@@ -197,7 +241,13 @@ impl<A: ClusterApi> Scheduler<A> {
                     && p.group.as_deref() == Some(group)
                     && p.is_active_bound()
             })
-            .filter_map(|p| snapshot.held.get(&p.key.uid).map(|h| value_of(h.node)))
+            .map(|p| p.key.uid.as_str())
+            .chain(
+                self.reservations
+                    .of_gang(&format!("{namespace}/{group}"))
+                    .map(|r| r.key.uid.as_str()),
+            )
+            .filter_map(|uid| snapshot.held.get(uid).map(|h| value_of(h.node)))
             .collect();
         let mut values: std::collections::BTreeSet<String> =
             (0..snapshot.nodes.len()).filter_map(value_of).collect();
@@ -229,6 +279,7 @@ impl<A: ClusterApi> Scheduler<A> {
         domain: Option<&[bool]>,
     ) -> Trial<'a> {
         let mut trial = snapshot.state.clone();
+        let mut scalars = snapshot.scalars.clone();
         let mut out = Trial::default();
         for (pod, verdicts) in members {
             let demand = match &pod.demand {
@@ -238,7 +289,7 @@ impl<A: ClusterApi> Scheduler<A> {
                     continue;
                 }
             };
-            let filtered = filter_nodes(snapshot, verdicts, &demand);
+            let filtered = filter_nodes(&scalars, verdicts, &demand);
             let mask: Option<Vec<bool>> = match (filtered.mask(), domain) {
                 (None, None) => None,
                 (Some(m), None) | (None, Some(m)) => Some(m.to_vec()),
@@ -246,6 +297,7 @@ impl<A: ClusterApi> Scheduler<A> {
             };
             match self.placer.choose(&trial, &demand.request, mask.as_deref()) {
                 Ok(d) if trial.apply(d.node, &demand.request, &d.gpus).is_ok() => {
+                    scalars.take(d.node, &demand.extended);
                     out.planned.push((*pod, demand, d))
                 }
                 Ok(_) => out.failure = Some("placement could not be applied".into()),
@@ -263,13 +315,28 @@ impl<A: ClusterApi> Scheduler<A> {
         out
     }
 
-    /// Writes the PodGroup's status (failures are retried by the next round).
-    async fn set_phase(&self, namespace: &str, group: &str, phase: &str, scheduled: u32) {
+    /// Writes the PodGroup's status when it differs from the one last written.
+    async fn set_phase(&mut self, namespace: &str, group: &str, phase: &str, scheduled: u32) {
         let status = PodGroupStatus {
             phase: phase.into(),
             scheduled,
         };
-        let _ = self.api.group_status(namespace, group, status).await;
+        let id = format!("{namespace}/{group}");
+        if self.gang_status.get(&id) == Some(&status) || !self.gate.is_open() {
+            return;
+        }
+        match self
+            .api
+            .group_status(namespace, group, status.clone())
+            .await
+        {
+            Ok(()) => {
+                self.gang_status.insert(id, status);
+            }
+            Err(e) => {
+                tracing::info!(gang = %id, error = %e, "pod group status not written; retried later")
+            }
+        }
     }
 
     /// Every member is told `reason` and backs off.
@@ -281,10 +348,9 @@ impl<A: ClusterApi> Scheduler<A> {
         report: &mut RoundReport,
     ) {
         for (pod, _) in members {
-            let key = pod.key.clone();
-            self.back_off(&key.uid, now);
-            self.emit(&key, "Warning", "FailedScheduling", reason.clone())
-                .await;
+            self.queue.unschedulable(&pod.key.uid, now);
+            self.binder
+                .emit(&pod.key, "Warning", "FailedScheduling", reason.clone());
         }
         report.unschedulable += members.len();
     }

@@ -2,7 +2,6 @@
 #![allow(dead_code)]
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use gpuplace_core::Policy;
 use gpuplace_model::{Link, NodeInventory, PcieLevel};
@@ -83,7 +82,6 @@ pub fn pod(name: &str, gpus: u32, extra: serde_json::Value) -> Pod {
 pub fn config() -> SchedulerConfig {
     SchedulerConfig {
         policy: Policy::Fgd,
-        initial_backoff: Duration::from_secs(1),
         ..Default::default()
     }
 }

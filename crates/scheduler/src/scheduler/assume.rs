@@ -1,0 +1,147 @@
+//! Assumed pods (kube-scheduler's assume/forget): a decision reserves its node and GPUs
+//! at once; until the watch shows the pod bound, every round applies the reservation to
+//! the state it builds, so no later decision can be given the same GPUs, however late the
+//! watch is. The watch's confirmation (the pod bound, its assignment accounted from the
+//! annotation the Binding wrote) replaces the reservation; a refused write forgets it.
+
+use std::collections::{BTreeMap, HashMap};
+
+use gpuplace_model::Request;
+
+use crate::api::{ClusterView, PodKey};
+use crate::snapshot::{Held, Snapshot};
+
+/// What one assumed pod holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    pub key: PodKey,
+    pub node: String,
+    pub request: Request,
+    /// GPU IDs and the milli-GPU taken on each.
+    pub gpus: Vec<(String, u32)>,
+    pub extended: BTreeMap<String, i64>,
+    /// `namespace/name` of the pod's gang.
+    pub gang: Option<String>,
+    /// The Binding was written (it succeeded); the reservation now only waits for the watch.
+    pub written: bool,
+}
+
+/// Reservations by pod UID.
+#[derive(Debug, Default)]
+pub struct Reservations {
+    by_uid: HashMap<String, Reservation>,
+}
+
+impl Reservations {
+    pub fn assume(&mut self, reservation: Reservation) {
+        self.by_uid.insert(reservation.key.uid.clone(), reservation);
+    }
+
+    pub fn forget(&mut self, uid: &str) -> Option<Reservation> {
+        self.by_uid.remove(uid)
+    }
+
+    pub fn get(&self, uid: &str) -> Option<&Reservation> {
+        self.by_uid.get(uid)
+    }
+
+    /// The write succeeded: keep reserving until the watch shows it.
+    pub fn written(&mut self, uid: &str) {
+        if let Some(r) = self.by_uid.get_mut(uid) {
+            r.written = true;
+        }
+    }
+
+    pub fn contains(&self, uid: &str) -> bool {
+        self.by_uid.contains_key(uid)
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_uid.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_uid.is_empty()
+    }
+
+    /// Members of `gang` reserved and not yet seen bound.
+    pub fn of_gang<'a>(&'a self, gang: &'a str) -> impl Iterator<Item = &'a Reservation> + 'a {
+        self.by_uid
+            .values()
+            .filter(move |r| r.gang.as_deref() == Some(gang))
+    }
+
+    /// Drops what `view` confirms (bound) or shows gone after the write, and applies the
+    /// rest to `snapshot`. Returns the reservations dropped because their node is gone
+    /// (their pods go back to the queue).
+    pub fn reconcile(&mut self, view: &ClusterView, snapshot: &mut Snapshot) -> Vec<Reservation> {
+        let mut lost = Vec::new();
+        self.by_uid.retain(|uid, r| {
+            let seen = view
+                .pod(&r.key.namespace, &r.key.name)
+                .filter(|p| p.key.uid == *uid);
+            match seen {
+                // Confirmed: the state built from the view accounts it.
+                Some(p) if p.node_name.is_some() => false,
+                // Deleted after the Binding: nothing to hold any more.
+                None if r.written => false,
+                // Pending in the view (watch lag), or the write still in flight.
+                _ => {
+                    if apply(snapshot, uid, r) {
+                        true
+                    } else {
+                        lost.push(r.clone());
+                        false
+                    }
+                }
+            }
+        });
+        lost
+    }
+}
+
+/// Applies one reservation to the state; false when its node is gone.
+pub fn apply(snapshot: &mut Snapshot, uid: &str, r: &Reservation) -> bool {
+    let Some(n) = snapshot.node_index(&r.node) else {
+        return false;
+    };
+    let inventory = snapshot.state.inventory(n);
+    let gpus: Vec<(usize, u32)> = r
+        .gpus
+        .iter()
+        .filter_map(|(id, milli)| {
+            inventory
+                .gpus
+                .iter()
+                .position(|g| g.id == *id)
+                .map(|p| (p, *milli))
+        })
+        .collect();
+    if gpus.len() != r.gpus.len() {
+        return false;
+    }
+    // A node that changed under the reservation (a pod bound outside gpuplace) is still
+    // held as far as it goes: clamp rather than lose the reservation.
+    let free = snapshot.state.node(n);
+    let mut request = r.request.clone();
+    request.cpu_milli = request.cpu_milli.min(free.cpu_free);
+    request.memory_mib = request.memory_mib.min(free.memory_free);
+    let gpus: Vec<(usize, u32)> = gpus
+        .into_iter()
+        .filter(|&(g, m)| free.gpu_free[g] >= m)
+        .collect();
+    if snapshot.state.apply(n, &request, &gpus).is_err() {
+        return false;
+    }
+    snapshot.scalars.take(n, &r.extended);
+    snapshot.held.insert(
+        uid.to_string(),
+        Held {
+            node: n,
+            request,
+            gpus,
+            extended: r.extended.clone(),
+        },
+    );
+    true
+}

@@ -1,0 +1,217 @@
+//! The bind stage: writes run off the decision path, at most `max_in_flight` Bindings at
+//! once, each one write (the Binding carries the assignment annotation). Events go out on
+//! their own slots and never hold up a Binding; when too many are queued, new ones are
+//! dropped (and counted), as kube's event broadcaster does.
+//!
+//! A write whose outcome is unknown (a 500, a time-out, a reset) or refused with a 409 is
+//! settled by reading the pod again: bound to our node with our assignment is success;
+//! bound elsewhere, gone or recreated is a refusal; still unbound is retried (gang members,
+//! whose gang is already reserved, with the pod's fresh resourceVersion).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio::time::Duration;
+
+use crate::api::{ApiError, BindRequest, ClusterApi, EventRecord, PodKey};
+use crate::leader::Gate;
+
+/// Why a Binding did not land.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WriteFailure {
+    /// The server said no for good (the pod is gone, bound elsewhere, or invalid).
+    #[error("refused: {0}")]
+    Refused(ApiError),
+    /// Still failing after the retries.
+    #[error("failed after {attempts} attempts: {last}")]
+    Failed { attempts: u32, last: ApiError },
+    /// Leadership was lost before the write was sent.
+    #[error("not the leader any more")]
+    NotLeader,
+}
+
+/// The end of one Binding.
+#[derive(Debug)]
+pub struct WriteOutcome {
+    pub request: BindRequest,
+    pub result: Result<(), WriteFailure>,
+}
+
+/// Bindings and Events in flight.
+pub struct Binder<A> {
+    api: A,
+    gate: Gate,
+    slots: Arc<Semaphore>,
+    writes: JoinSet<WriteOutcome>,
+    events: JoinSet<()>,
+    event_slots: Arc<Semaphore>,
+    dropped_events: Arc<AtomicU64>,
+}
+
+/// Events waiting or in flight beyond which new ones are dropped.
+const MAX_QUEUED_EVENTS: usize = 1024;
+
+impl<A: ClusterApi> Binder<A> {
+    pub fn new(api: A, gate: Gate, max_in_flight: usize) -> Self {
+        let max_in_flight = max_in_flight.max(1);
+        Binder {
+            api,
+            gate,
+            slots: Arc::new(Semaphore::new(max_in_flight)),
+            writes: JoinSet::new(),
+            events: JoinSet::new(),
+            event_slots: Arc::new(Semaphore::new(max_in_flight.min(16))),
+            dropped_events: Arc::default(),
+        }
+    }
+
+    /// Sends `request` once a slot is free (waiting here is the loop's backpressure).
+    /// `retries` bounds the attempts; `refresh` lets a 409 on an unbound pod be retried
+    /// with its new resourceVersion.
+    pub async fn dispatch(&mut self, request: BindRequest, retries: u32, refresh: bool) {
+        let Ok(permit) = Arc::clone(&self.slots).acquire_owned().await else {
+            return;
+        };
+        let api = self.api.clone();
+        let gate = self.gate.clone();
+        self.writes.spawn(async move {
+            let result = write(&api, &gate, request.clone(), retries, refresh).await;
+            drop(permit);
+            WriteOutcome { request, result }
+        });
+    }
+
+    /// Queues an Event; dropped when too many are waiting.
+    pub fn emit(&mut self, pod: &PodKey, kind: &str, reason: &str, message: String) {
+        while self.events.try_join_next().is_some() {}
+        if self.events.len() >= MAX_QUEUED_EVENTS {
+            self.dropped_events.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let event = EventRecord {
+            pod: pod.clone(),
+            kind: kind.to_string(),
+            reason: reason.to_string(),
+            message,
+        };
+        let api = self.api.clone();
+        let slots = Arc::clone(&self.event_slots);
+        self.events.spawn(async move {
+            let Ok(_permit) = slots.acquire_owned().await else {
+                return;
+            };
+            if let Err(e) = api.event(event.clone()).await {
+                tracing::warn!(pod = %event.pod, error = %e, "cannot record event");
+            }
+        });
+    }
+
+    /// Outcomes already finished, without waiting.
+    pub fn finished(&mut self) -> Vec<WriteOutcome> {
+        let mut out = Vec::new();
+        while let Some(done) = self.writes.try_join_next() {
+            if let Ok(outcome) = done {
+                out.push(outcome);
+            }
+        }
+        out
+    }
+
+    /// Waits for the next outcome; `None` when nothing is in flight.
+    pub async fn next(&mut self) -> Option<WriteOutcome> {
+        loop {
+            match self.writes.join_next().await? {
+                Ok(outcome) => return Some(outcome),
+                Err(_) => continue,
+            }
+        }
+    }
+
+    /// Waits until every queued Event is sent.
+    pub async fn flush_events(&mut self) {
+        while self.events.join_next().await.is_some() {}
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.writes.len()
+    }
+
+    pub fn dropped_events(&self) -> u64 {
+        self.dropped_events.load(Ordering::Relaxed)
+    }
+}
+
+async fn write<A: ClusterApi>(
+    api: &A,
+    gate: &Gate,
+    mut request: BindRequest,
+    retries: u32,
+    refresh: bool,
+) -> Result<(), WriteFailure> {
+    let mut last = ApiError::Other("not sent".into());
+    let attempts = retries.max(1);
+    for attempt in 0..attempts {
+        if attempt > 0 {
+            let wait = Duration::from_millis(10u64 << attempt.min(7)).min(Duration::from_secs(1));
+            tokio::time::sleep(wait).await;
+        }
+        if !gate.is_open() {
+            return Err(WriteFailure::NotLeader);
+        }
+        let error = match api.bind(&request).await {
+            Ok(()) => return Ok(()),
+            Err(e @ ApiError::Invalid(_)) => return Err(WriteFailure::Refused(e)),
+            Err(e) => e,
+        };
+        // Where does the pod stand?
+        let state = match api.get_pod(&request.pod).await {
+            Ok(state) => state,
+            Err(e) => {
+                last = e;
+                continue;
+            }
+        };
+        match state {
+            None => {
+                return Err(WriteFailure::Refused(ApiError::NotFound(
+                    request.pod.to_string(),
+                )));
+            }
+            Some(s) if s.uid != request.pod.uid => {
+                return Err(WriteFailure::Refused(ApiError::NotFound(format!(
+                    "{} (recreated)",
+                    request.pod
+                ))));
+            }
+            Some(s)
+                if s.node_name.as_deref() == Some(request.node.as_str())
+                    && s.assignment.as_ref()
+                        == request
+                            .annotations
+                            .get(crate::demand::ASSIGNMENT_ANNOTATION) =>
+            {
+                // The ambiguous write landed.
+                return Ok(());
+            }
+            Some(s) if s.node_name.is_some() => {
+                return Err(WriteFailure::Refused(ApiError::Conflict(format!(
+                    "{} is already bound to {}",
+                    request.pod,
+                    s.node_name.unwrap_or_default()
+                ))));
+            }
+            Some(s) => {
+                if matches!(error, ApiError::Conflict(_)) {
+                    if !refresh {
+                        return Err(WriteFailure::Refused(error));
+                    }
+                    request.resource_version = s.resource_version;
+                }
+                last = error;
+            }
+        }
+    }
+    Err(WriteFailure::Failed { attempts, last })
+}

@@ -1,0 +1,121 @@
+//! The filter stage: per-node verdicts of the filters outside core (taints, selectors,
+//! affinity, readiness), computed once per round for each distinct set of pod terms, and
+//! the mask core places within (extended resources checked against what is still free).
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
+use std::rc::Rc;
+
+use gpuplace_core::Unschedulable;
+
+use crate::filters::{NodeRejection, check_node};
+use crate::pod_info::PodInfo;
+use crate::snapshot::{Scalars, Snapshot};
+
+/// Per-node verdicts and the mask core places within.
+#[derive(Clone)]
+pub struct Filtered {
+    allowed: Vec<bool>,
+    pub rejected: BTreeMap<String, usize>,
+}
+
+impl Filtered {
+    /// The mask for core; none when every node is allowed.
+    pub fn mask(&self) -> Option<&[bool]> {
+        (!self.rejected.is_empty()).then_some(&self.allowed[..])
+    }
+}
+
+/// The verdicts for one filter key (see [`crate::pod_info::SchedulingTerms::key`]) and the
+/// mask they give a pod without extended resources.
+pub struct NodeFilter {
+    verdicts: Vec<Result<(), NodeRejection>>,
+    plain: Filtered,
+}
+
+pub type Verdicts = Rc<NodeFilter>;
+
+fn mask_of<'a>(verdicts: impl Iterator<Item = Result<(), &'a NodeRejection>>) -> Filtered {
+    let mut allowed = Vec::new();
+    let mut rejected: BTreeMap<String, usize> = BTreeMap::new();
+    for verdict in verdicts {
+        match verdict {
+            Ok(()) => allowed.push(true),
+            Err(r) => {
+                allowed.push(false);
+                *rejected.entry(r.phrase()).or_default() += 1;
+            }
+        }
+    }
+    Filtered { allowed, rejected }
+}
+
+/// The mask for `demand`: the cached one, unless it asks for scalar resources (extended
+/// resources, the pod count, ephemeral storage, hugepages), whose free amounts change as
+/// pods are placed.
+pub fn filter_nodes<'a>(
+    scalars: &Scalars,
+    filter: &'a NodeFilter,
+    demand: &crate::demand::PodDemand,
+) -> Cow<'a, Filtered> {
+    if !scalars.must_check(&demand.extended) {
+        return Cow::Borrowed(&filter.plain);
+    }
+    let shortfall = |n: usize| {
+        demand
+            .extended
+            .iter()
+            .find(|(resource, want)| match scalars.free[n].get(*resource) {
+                Some(free) => free < *want,
+                // A node that declares no pod limit is not limited.
+                None => resource.as_str() != "pods" && **want > 0,
+            })
+            .map(|(resource, _)| NodeRejection::Extended(resource.clone()))
+    };
+    let verdicts: Vec<Result<(), NodeRejection>> = filter
+        .verdicts
+        .iter()
+        .enumerate()
+        .map(|(n, verdict)| match verdict {
+            Err(r) => Err(r.clone()),
+            Ok(()) => shortfall(n).map_or(Ok(()), Err),
+        })
+        .collect();
+    Cow::Owned(mask_of(verdicts.iter().map(|v| v.as_ref().map(|_| ()))))
+}
+
+/// Node verdicts per filter key, computed once per round.
+#[derive(Default)]
+pub struct VerdictCache {
+    by_key: HashMap<String, Verdicts>,
+}
+
+impl VerdictCache {
+    pub fn get(&mut self, snapshot: &Snapshot, pod: &PodInfo) -> Verdicts {
+        if let Some(hit) = self.by_key.get(&pod.filter_key) {
+            return hit.clone();
+        }
+        let terms = pod.terms.as_deref();
+        let verdicts: Vec<_> = snapshot
+            .nodes
+            .iter()
+            .map(|n| check_node(n, terms))
+            .collect();
+        let plain = mask_of(verdicts.iter().map(|v| v.as_ref().map(|_| ())));
+        let filter = Rc::new(NodeFilter { verdicts, plain });
+        self.by_key.insert(pod.filter_key.clone(), filter.clone());
+        filter
+    }
+}
+
+/// kube-scheduler's "0/N nodes are available: ..." for a pod that fits nowhere.
+pub fn explain(
+    mut why: Unschedulable,
+    rejected: &BTreeMap<String, usize>,
+    nodes: usize,
+    resource: &str,
+) -> String {
+    why.nodes = nodes;
+    why.other = rejected.iter().map(|(p, n)| (p.clone(), *n)).collect();
+    why.message(resource)
+}

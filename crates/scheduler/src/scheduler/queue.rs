@@ -1,0 +1,206 @@
+//! The scheduling queue, as kube-scheduler keeps it: a pod is active until an attempt
+//! fails; then it backs off (per pod, 1 s doubling to 60 s, never reset by other pods'
+//! events). A pod that did not fit is also parked: it is not tried again, whatever its
+//! backoff, until an event that could make it fit (a node added or changed, a pod on a
+//! node gone or finished, a pod group changed) or until it has been parked for the flush
+//! interval. A failed write backs off without parking (the cluster did not refuse the pod;
+//! the server did).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// Backoff and parking settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueConfig {
+    pub initial_backoff: Duration,
+    pub max_backoff: Duration,
+    /// A parked pod is tried again after this long even if nothing happened
+    /// (kube-scheduler's podMaxInUnschedulablePodsDuration, 5 minutes).
+    pub unschedulable_flush: Duration,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        QueueConfig {
+            initial_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(60),
+            unschedulable_flush: Duration::from_secs(300),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    attempts: u32,
+    not_before: Instant,
+    parked_at: Option<Instant>,
+}
+
+/// Per-pod attempt state, by pod UID. Pods without an entry are active.
+#[derive(Debug, Default)]
+pub struct Queue {
+    config: QueueConfig,
+    entries: HashMap<String, Entry>,
+}
+
+impl Queue {
+    pub fn new(config: QueueConfig) -> Queue {
+        Queue {
+            config,
+            entries: HashMap::new(),
+        }
+    }
+
+    /// The wait after `attempts` failed attempts.
+    pub fn backoff(&self, attempts: u32) -> Duration {
+        let doublings = attempts.saturating_sub(1).min(30);
+        self.config
+            .initial_backoff
+            .saturating_mul(1 << doublings)
+            .min(self.config.max_backoff)
+    }
+
+    /// Whether the pod may be tried at `now`.
+    pub fn is_due(&self, uid: &str, now: Instant) -> bool {
+        self.entries
+            .get(uid)
+            .is_none_or(|e| e.parked_at.is_none() && e.not_before <= now)
+    }
+
+    fn fail(&mut self, uid: &str, now: Instant, park: bool) {
+        let attempts = self.entries.get(uid).map_or(0, |e| e.attempts) + 1;
+        let not_before = now + self.backoff(attempts);
+        self.entries.insert(
+            uid.to_string(),
+            Entry {
+                attempts,
+                not_before,
+                parked_at: park.then_some(now),
+            },
+        );
+    }
+
+    /// The pod fits nowhere now: back off and wait for a cluster event.
+    pub fn unschedulable(&mut self, uid: &str, now: Instant) {
+        self.fail(uid, now, true);
+    }
+
+    /// The attempt failed for a reason outside the cluster's shape (a write, a gang still
+    /// short of members): back off only.
+    pub fn retry_later(&mut self, uid: &str, now: Instant) {
+        self.fail(uid, now, false);
+    }
+
+    /// The pod is bound or gone.
+    pub fn forget(&mut self, uid: &str) {
+        self.entries.remove(uid);
+    }
+
+    /// Something happened that could make parked pods fit: they wait out their backoff
+    /// only.
+    pub fn wake_all(&mut self) {
+        for entry in self.entries.values_mut() {
+            entry.parked_at = None;
+        }
+    }
+
+    /// Unparks pods parked for longer than the flush interval.
+    pub fn flush(&mut self, now: Instant) {
+        let flush = self.config.unschedulable_flush;
+        for entry in self.entries.values_mut() {
+            if entry
+                .parked_at
+                .is_some_and(|at| now.saturating_duration_since(at) >= flush)
+            {
+                entry.parked_at = None;
+            }
+        }
+    }
+
+    /// Drops the entries of pods no longer waiting.
+    pub fn retain(&mut self, mut waiting: impl FnMut(&str) -> bool) {
+        self.entries.retain(|uid, _| waiting(uid));
+    }
+
+    /// The earliest time after `after` at which a pod becomes due (its backoff ends, or its
+    /// parking is flushed), for the loop to sleep until.
+    pub fn next_due(&self, after: Instant) -> Option<Instant> {
+        self.entries
+            .values()
+            .map(|e| match e.parked_at {
+                Some(at) => (at + self.config.unschedulable_flush).max(e.not_before),
+                None => e.not_before,
+            })
+            .filter(|t| *t > after)
+            .min()
+    }
+
+    /// Whether a pod became due in `(since, now]`: a round is needed even if nothing in
+    /// the cluster changed.
+    pub fn became_due(&self, since: Instant, now: Instant) -> bool {
+        self.next_due(since).is_some_and(|t| t <= now)
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Attempts made so far for the pod.
+    pub fn attempts(&self, uid: &str) -> u32 {
+        self.entries.get(uid).map_or(0, |e| e.attempts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    #[test]
+    fn backoff_doubles_to_the_cap_per_pod() {
+        let mut q = Queue::new(QueueConfig::default());
+        let t0 = Instant::now();
+        let waits: Vec<_> = (1..=8).map(|a| q.backoff(a).as_secs()).collect();
+        assert_eq!(waits, [1, 2, 4, 8, 16, 32, 60, 60]);
+        q.retry_later("a", t0);
+        assert!(!q.is_due("a", t0));
+        assert!(q.is_due("a", t0 + secs(1)));
+        assert!(q.is_due("b", t0), "other pods are untouched");
+        q.retry_later("a", t0 + secs(1));
+        assert!(!q.is_due("a", t0 + secs(2)));
+        assert!(q.is_due("a", t0 + secs(3)));
+        assert_eq!(q.attempts("a"), 2);
+    }
+
+    #[test]
+    fn parked_pods_wait_for_an_event_or_the_flush() {
+        let mut q = Queue::new(QueueConfig::default());
+        let t0 = Instant::now();
+        q.unschedulable("a", t0);
+        assert!(!q.is_due("a", t0 + secs(100)), "no event: still parked");
+        assert!(!q.became_due(t0, t0 + secs(100)));
+        assert_eq!(q.next_due(t0), Some(t0 + secs(300)));
+        q.flush(t0 + secs(300));
+        assert!(q.is_due("a", t0 + secs(300)));
+
+        q.unschedulable("b", t0);
+        q.wake_all();
+        assert!(!q.is_due("b", t0), "an event does not cut the backoff");
+        assert!(q.is_due("b", t0 + secs(1)));
+        assert!(q.became_due(t0, t0 + secs(1)));
+        // Waking never resets the attempt count.
+        q.unschedulable("b", t0 + secs(1));
+        assert_eq!(q.attempts("b"), 2);
+        q.forget("b");
+        assert!(q.is_due("b", t0));
+        q.retain(|uid| uid != "a");
+        assert!(q.is_empty());
+    }
+}

@@ -1,0 +1,358 @@
+//! One round: take the view if something changed, wake parked pods on the changes that
+//! could help them, build the state with every reservation applied, and decide each due
+//! unit (a pod, or a gang at its highest member's priority) in queue order.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Instant, SystemTime};
+
+use gpuplace_core::Decision;
+use k8s_openapi::jiff::Timestamp;
+use tracing::{debug, info, warn};
+
+use super::assume::Reservation;
+use super::bind::{WriteFailure, WriteOutcome};
+use super::filter_stage::{VerdictCache, Verdicts, explain, filter_nodes};
+use super::{RoundReport, RoundTimings, Scheduler, Seen};
+use crate::api::{ApiError, BindRequest, ClusterApi, ClusterView, PodKey};
+use crate::demand::{ASSIGNMENT_ANNOTATION, Assignment, PodDemand, split_devices};
+use crate::pod_info::PodInfo;
+use crate::snapshot::{Snapshot, build};
+
+/// What the queue orders: one pod, or a gang (decided as one unit).
+enum Unit<'a> {
+    Single(&'a PodInfo),
+    Gang((String, String), Vec<&'a PodInfo>),
+}
+
+impl Unit<'_> {
+    /// Priority (highest member's for a gang), then creation time, then name.
+    fn order(&self) -> (Reverse<i32>, Option<Timestamp>, String) {
+        match self {
+            Unit::Single(p) => (Reverse(p.priority), p.created, p.key.to_string()),
+            Unit::Gang((ns, g), members) => (
+                Reverse(members.iter().map(|p| p.priority).max().unwrap_or(0)),
+                members.iter().filter_map(|p| p.created).min(),
+                format!("{ns}/{g}"),
+            ),
+        }
+    }
+}
+
+impl<A: ClusterApi> Scheduler<A> {
+    /// Whether nothing changed since the last round: no watch event, no write outcome,
+    /// no backoff ended, and the gate as it was.
+    fn is_idle(&self, now: Instant) -> bool {
+        !self.dirty
+            && self.seen.generation == Some(self.api.generation())
+            && self
+                .last_round
+                .is_some_and(|last| !self.queue.became_due(last, now))
+    }
+
+    /// Compares `view` with the last one: parked pods wake on a node added or changed, a
+    /// pod on a node gone or finished, or a pod group changed.
+    fn observe(&mut self, view: &ClusterView) {
+        let nodes: HashMap<String, String> = view
+            .nodes
+            .iter()
+            .map(|n| {
+                (
+                    n.metadata.name.clone().unwrap_or_default(),
+                    n.metadata.resource_version.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        let active: HashSet<String> = view
+            .pods
+            .iter()
+            .filter(|p| p.is_active_bound())
+            .map(|p| p.key.uid.clone())
+            .collect();
+        let groups: HashMap<String, String> = view
+            .groups
+            .iter()
+            .map(|g| {
+                (
+                    format!(
+                        "{}/{}",
+                        g.metadata.namespace.as_deref().unwrap_or_default(),
+                        g.metadata.name.as_deref().unwrap_or_default()
+                    ),
+                    g.metadata.resource_version.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        let freed = self.seen.active.iter().any(|uid| !active.contains(uid));
+        if nodes != self.seen.nodes || groups != self.seen.groups || freed {
+            self.queue.wake_all();
+        }
+        self.seen = Seen {
+            generation: Some(view.generation),
+            nodes,
+            active,
+            groups,
+        };
+    }
+
+    /// Decides every due unit; writes go to the bind stage (not waited for).
+    pub async fn schedule(&mut self, now: Instant) -> Result<RoundReport, ApiError> {
+        let mut report = self.absorb(now).await;
+        if self.is_idle(now) {
+            report.idle = true;
+            return Ok(report);
+        }
+        let started = Instant::now();
+        let view = self.api.view().await?;
+        report.timings.view = started.elapsed();
+        let started = Instant::now();
+        self.dirty = false;
+        self.last_round = Some(now);
+        self.observe(&view);
+        self.queue.flush(now);
+        let mut snapshot = build(&view.nodes, &view.pods, &self.config.gpu_resource);
+        for w in &snapshot.warnings {
+            if !self.warned.contains(w) {
+                warn!("{w}");
+            }
+        }
+        self.warned = snapshot.warnings.iter().cloned().collect();
+        for lost in self.reservations.reconcile(&view, &mut snapshot) {
+            info!(pod = %lost.key, node = %lost.node, "node gone under a reservation; deciding again");
+        }
+        // FGD measures fragmentation against the shapes of the pods the cluster runs and
+        // is asked to run.
+        let shapes: Vec<gpuplace_model::Request> = view
+            .pods
+            .iter()
+            .filter_map(|p| p.demand.as_ref().ok())
+            .map(|d| d.request.clone())
+            .collect();
+        snapshot.state.set_workload(std::sync::Arc::new(
+            gpuplace_core::TargetWorkload::from_requests(&shapes, 0.95),
+        ));
+        let waiting: Vec<&PodInfo> = view
+            .pods
+            .iter()
+            .map(|p| &**p)
+            .filter(|p| {
+                p.is_pending_for(&self.config.scheduler_name)
+                    && !self.reservations.contains(&p.key.uid)
+            })
+            .collect();
+        let waiting_uids: HashSet<&str> = waiting.iter().map(|p| p.key.uid.as_str()).collect();
+        self.queue.retain(|uid| waiting_uids.contains(uid));
+        let units = self.units(&waiting, now);
+        report.timings.snapshot = started.elapsed();
+        let mut verdicts = VerdictCache::default();
+        for unit in units {
+            if !self.gate.is_open() {
+                // Leadership lost mid-round: stop deciding at once.
+                self.dirty = true;
+                break;
+            }
+            match unit {
+                Unit::Single(pod) => {
+                    let started = Instant::now();
+                    let v = verdicts.get(&snapshot, pod);
+                    report.timings.filter += started.elapsed();
+                    self.schedule_one(&mut snapshot, &v, pod, now, &mut report)
+                        .await;
+                }
+                Unit::Gang((namespace, group), members) => {
+                    let started = Instant::now();
+                    let members: Vec<(&PodInfo, Verdicts)> = members
+                        .into_iter()
+                        .map(|p| (p, verdicts.get(&snapshot, p)))
+                        .collect();
+                    self.schedule_gang(
+                        &mut snapshot,
+                        &view,
+                        (&namespace, &group),
+                        members,
+                        now,
+                        &mut report,
+                    )
+                    .await;
+                    report.timings.gangs += started.elapsed();
+                }
+            }
+        }
+        report.pending = waiting.len().saturating_sub(report.assumed);
+        report.gpu_capacity_milli = snapshot.state.gpu_capacity_milli();
+        report.gpu_allocated_milli = snapshot.state.gpu_allocated_milli();
+        report.fragmentation_milli = snapshot.state.total_frag() as u64;
+        Ok(report)
+    }
+
+    /// The due units in queue order. A gang is due when any member is.
+    fn units<'a>(&self, waiting: &[&'a PodInfo], now: Instant) -> Vec<Unit<'a>> {
+        let mut gangs: BTreeMap<(String, String), Vec<&PodInfo>> = BTreeMap::new();
+        let mut units = Vec::new();
+        for pod in waiting {
+            match &pod.group {
+                Some(g) => gangs
+                    .entry((pod.key.namespace.clone(), g.clone()))
+                    .or_default()
+                    .push(pod),
+                None if self.queue.is_due(&pod.key.uid, now) => units.push(Unit::Single(pod)),
+                None => {}
+            }
+        }
+        for (id, members) in gangs {
+            if members.iter().any(|p| self.queue.is_due(&p.key.uid, now)) {
+                units.push(Unit::Gang(id, members));
+            }
+        }
+        units.sort_by_cached_key(Unit::order);
+        units
+    }
+
+    /// Filters and places one pod on `snapshot` without committing.
+    fn decide(
+        &mut self,
+        snapshot: &Snapshot,
+        verdicts: &Verdicts,
+        pod: &PodInfo,
+        timings: &mut RoundTimings,
+    ) -> Result<(PodDemand, Decision), String> {
+        let started = Instant::now();
+        let demand = pod.demand.clone()?;
+        let filtered = filter_nodes(&snapshot.scalars, verdicts, &demand);
+        let decided = Instant::now();
+        timings.filter += decided - started;
+        let choice = self
+            .placer
+            .choose(&snapshot.state, &demand.request, filtered.mask());
+        timings.core += decided.elapsed();
+        choice.map(|d| (demand, d)).map_err(|why| {
+            explain(
+                why,
+                &filtered.rejected,
+                snapshot.nodes.len(),
+                &self.config.gpu_resource,
+            )
+        })
+    }
+
+    async fn schedule_one(
+        &mut self,
+        snapshot: &mut Snapshot,
+        verdicts: &Verdicts,
+        pod: &PodInfo,
+        now: Instant,
+        report: &mut RoundReport,
+    ) {
+        match self.decide(snapshot, verdicts, pod, &mut report.timings) {
+            Ok((demand, decision)) => {
+                let request = self.assume(snapshot, pod, &demand, &decision, None);
+                report.assumed += 1;
+                let started = Instant::now();
+                let attempts = self.config.bind_attempts;
+                self.binder.dispatch(request, attempts, false).await;
+                report.timings.api += started.elapsed();
+            }
+            Err(message) => {
+                report.unschedulable += 1;
+                self.queue.unschedulable(&pod.key.uid, now);
+                debug!(pod = %pod.key, %message, "unschedulable");
+                self.binder
+                    .emit(&pod.key, "Warning", "FailedScheduling", message);
+            }
+        }
+    }
+
+    /// Reserves the decision in the state and among the reservations; returns the
+    /// Binding that carries it (the assignment annotation, the pod's resourceVersion).
+    pub(super) fn assume(
+        &mut self,
+        snapshot: &mut Snapshot,
+        pod: &PodInfo,
+        demand: &PodDemand,
+        decision: &Decision,
+        gang: Option<String>,
+    ) -> BindRequest {
+        let placement = decision.to_placement(&snapshot.state);
+        let assignment = Assignment {
+            node: placement.node.clone(),
+            containers: split_devices(&demand.containers, &placement.devices),
+            policy: self.config.policy.to_string(),
+            time: super::rfc3339(SystemTime::now()),
+        };
+        let inventory = snapshot.state.inventory(decision.node);
+        let reservation = Reservation {
+            key: pod.key.clone(),
+            node: placement.node.clone(),
+            request: demand.request.clone(),
+            gpus: decision
+                .gpus
+                .iter()
+                .map(|&(g, m)| (inventory.gpus[g].id.clone(), m))
+                .collect(),
+            extended: demand.extended.clone(),
+            gang,
+            written: false,
+        };
+        if !super::assume::apply(snapshot, &pod.key.uid, &reservation) {
+            warn!(pod = %pod.key, "a decision could not be reserved");
+        }
+        self.reservations.assume(reservation);
+        self.queue.forget(&pod.key.uid);
+        BindRequest {
+            pod: pod.key.clone(),
+            resource_version: pod.resource_version.clone(),
+            node: placement.node,
+            annotations: BTreeMap::from([(
+                ASSIGNMENT_ANNOTATION.to_string(),
+                assignment.to_json(),
+            )]),
+        }
+    }
+
+    /// A Binding ended: success keeps the reservation until the watch shows the pod bound
+    /// and says so in an Event; failure forgets it and sends the pod back to the queue.
+    pub(super) async fn take_outcome(
+        &mut self,
+        outcome: WriteOutcome,
+        now: Instant,
+        report: &mut RoundReport,
+    ) {
+        let WriteOutcome { request, result } = outcome;
+        let key: &PodKey = &request.pod;
+        self.dirty = true;
+        let gang = self.reservations.get(&key.uid).and_then(|r| r.gang.clone());
+        match &result {
+            Ok(()) => {
+                report.bound += 1;
+                self.reservations.written(&key.uid);
+                let devices: Vec<String> = request
+                    .annotations
+                    .get(ASSIGNMENT_ANNOTATION)
+                    .and_then(|a| Assignment::from_json(a).ok())
+                    .map(|a| a.devices().map(|d| d.id.clone()).collect())
+                    .unwrap_or_default();
+                let message = format!(
+                    "Successfully assigned {key} to {} (GPUs: {})",
+                    request.node,
+                    if devices.is_empty() {
+                        "none".to_string()
+                    } else {
+                        devices.join(",")
+                    }
+                );
+                self.binder.emit(key, "Normal", "Scheduled", message);
+            }
+            Err(failure) => {
+                report.conflicts += 1;
+                self.reservations.forget(&key.uid);
+                if !matches!(failure, WriteFailure::NotLeader) {
+                    self.queue.retry_later(&key.uid, now);
+                }
+                info!(pod = %key, node = %request.node, error = %failure, "binding not written; the pod goes back to the queue");
+            }
+        }
+        if let Some(gang) = gang {
+            self.gang_member_written(&gang, result.is_ok()).await;
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! The production loop: a round whenever something happened (a watch event, a write's
+//! outcome, a backoff that ended; at least once a second to beat the heartbeat), only
+//! while the leadership gate is open. Writes overlap the next rounds. On shutdown the
+//! Bindings in flight are waited for (bounded), so no decision is left half known.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tracing::{error, warn};
+
+use super::{RoundReport, Scheduler};
+use crate::api::ClusterApi;
+
+/// The loop's heartbeat, for `/healthz`: the loop beats at least once a tick; a loop
+/// stuck (in a round, or waiting on a write slot) stops beating.
+#[derive(Clone, Debug)]
+pub struct Heartbeat {
+    base: Instant,
+    last_ms: Arc<AtomicU64>,
+}
+
+impl Default for Heartbeat {
+    fn default() -> Self {
+        Heartbeat {
+            base: Instant::now(),
+            last_ms: Arc::default(),
+        }
+    }
+}
+
+impl Heartbeat {
+    pub fn beat(&self) {
+        let ms = self.base.elapsed().as_millis() as u64;
+        self.last_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Time since the last beat.
+    pub fn age(&self) -> Duration {
+        let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+        self.base.elapsed().saturating_sub(last)
+    }
+}
+
+/// How the loop runs.
+#[derive(Clone, Debug)]
+pub struct LoopConfig {
+    /// The longest sleep between two looks at the cluster.
+    pub tick: Duration,
+    /// How long shutdown waits for Bindings in flight.
+    pub drain: Duration,
+}
+
+impl Default for LoopConfig {
+    fn default() -> Self {
+        LoopConfig {
+            tick: Duration::from_secs(1),
+            drain: Duration::from_secs(10),
+        }
+    }
+}
+
+impl<A: ClusterApi> Scheduler<A> {
+    /// Runs rounds until `shutdown` resolves; `observe` sees every round and every
+    /// settled write (for metrics).
+    pub async fn run(
+        mut self,
+        config: LoopConfig,
+        heartbeat: Heartbeat,
+        shutdown: impl Future<Output = ()>,
+        mut observe: impl FnMut(&RoundReport, Duration),
+    ) {
+        tokio::pin!(shutdown);
+        let api = self.api.clone();
+        loop {
+            heartbeat.beat();
+            let now = Instant::now();
+            // Wake on watch events only after a round that saw the cluster; a standby or a
+            // failed round waits for the tick.
+            let mut listen = false;
+            if self.gate.is_open() {
+                match self.schedule(now).await {
+                    Ok(report) => {
+                        listen = true;
+                        observe(&report, now.elapsed());
+                    }
+                    Err(e) => {
+                        error!(error = %e, "scheduling round failed");
+                        self.dirty = true;
+                    }
+                }
+            }
+            let seen = self.seen.generation.unwrap_or(0);
+            let wake = self
+                .next_due(now)
+                .map_or(now + config.tick, |t| t.min(now + config.tick));
+            let in_flight = self.in_flight() > 0;
+            tokio::select! {
+                _ = &mut shutdown => break,
+                _ = api.changed(seen), if listen => {}
+                Some(report) = self.next_outcome(Instant::now()), if in_flight => {
+                    observe(&report, Duration::ZERO);
+                }
+                _ = tokio::time::sleep_until(wake.into()) => {}
+            }
+        }
+        match tokio::time::timeout(config.drain, self.settle(Instant::now())).await {
+            Ok(report) => observe(&report, Duration::ZERO),
+            Err(_) => warn!(
+                in_flight = self.in_flight(),
+                "shutting down with Bindings still in flight"
+            ),
+        }
+    }
+}
