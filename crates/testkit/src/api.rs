@@ -63,6 +63,9 @@ struct Store {
     fail_binds: usize,
     /// PodGroup status writes accepted.
     status_writes: usize,
+    in_flight: usize,
+    peak_in_flight: usize,
+    requests: usize,
     /// The scheduler's side: pods as its watch cache holds them.
     cache: PodCache,
     /// Pods changed at each resourceVersion (the watch history), oldest first, with the
@@ -97,6 +100,9 @@ impl Default for Store {
             bindings: Vec::new(),
             fail_binds: 0,
             status_writes: 0,
+            in_flight: 0,
+            peak_in_flight: 0,
+            requests: 0,
             cache: PodCache::new("nvidia.com/gpu"),
             pod_log: std::collections::VecDeque::new(),
             last_delivery: None,
@@ -226,6 +232,32 @@ impl Store {
     }
 }
 
+/// One request being served; counted while it lives.
+struct InFlight {
+    store: Arc<Mutex<Store>>,
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl InFlight {
+    fn enter(store: &Arc<Mutex<Store>>, permit: Option<tokio::sync::OwnedSemaphorePermit>) -> Self {
+        let mut s = lock(store);
+        s.in_flight += 1;
+        s.requests += 1;
+        s.peak_in_flight = s.peak_in_flight.max(s.in_flight);
+        drop(s);
+        InFlight {
+            store: Arc::clone(store),
+            _permit: permit,
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        lock(&self.store).in_flight -= 1;
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fault {
     Conflict,
@@ -294,17 +326,33 @@ impl MemoryApi {
     }
 
     /// Waits for a request slot and the latency; then draws the request's fault.
-    async fn charge(&self) -> (Option<tokio::sync::OwnedSemaphorePermit>, Option<Fault>) {
+    async fn charge(&self) -> (InFlight, Option<Fault>) {
         let permit = match &self.slots {
             Some(slots) => Arc::clone(slots).acquire_owned().await.ok(),
             None => None,
         };
+        let in_flight = InFlight::enter(&self.store, permit);
         let latency = lock(&self.store).costs.latency;
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
         }
         let fault = lock(&self.store).fault();
-        (permit, fault)
+        (in_flight, fault)
+    }
+
+    /// The most requests of the scheduler's served at once so far.
+    pub fn peak_in_flight(&self) -> usize {
+        lock(&self.store).peak_in_flight
+    }
+
+    /// Requests of the scheduler's served so far (Bindings, reads, Events, statuses).
+    pub fn requests(&self) -> usize {
+        lock(&self.store).requests
+    }
+
+    /// A new client starts: its first view is a fresh list, not the lagging watch.
+    pub fn relist(&self) {
+        self.compact_history();
     }
 
     /// Creates or replaces a node (resourceVersion assigned).
