@@ -75,7 +75,8 @@ impl<A: ClusterApi> Scheduler<A> {
         let api = self.api.clone();
         loop {
             heartbeat.beat();
-            let now = Instant::now();
+            // tokio's clock (std's outside tests), so paused-time tests see one clock.
+            let now = tokio::time::Instant::now().into_std();
             // Wake on watch events only after a round that saw the cluster; a standby or a
             // failed round waits for the tick.
             let mut listen = false;
@@ -99,13 +100,14 @@ impl<A: ClusterApi> Scheduler<A> {
             tokio::select! {
                 _ = &mut shutdown => break,
                 _ = api.changed(seen), if listen => {}
-                Some(report) = self.next_outcome(Instant::now()), if in_flight => {
+                Some(report) = self.next_outcome(now), if in_flight => {
                     observe(&report, Duration::ZERO);
                 }
-                _ = tokio::time::sleep_until(wake.into()) => {}
+                _ = tokio::time::sleep_until(tokio::time::Instant::from_std(wake)) => {}
             }
         }
-        match tokio::time::timeout(config.drain, self.settle(Instant::now())).await {
+        let now = tokio::time::Instant::now().into_std();
+        match tokio::time::timeout(config.drain, self.settle(now)).await {
             Ok(report) => observe(&report, Duration::ZERO),
             Err(_) => warn!(
                 in_flight = self.in_flight(),
