@@ -15,6 +15,7 @@ use gpuplace_model::{INVENTORY_ANNOTATION, Link, NodeInventory, PcieLevel};
 use gpuplace_scheduler::snapshot::build;
 use gpuplace_scheduler::{ClusterApi, RoundTimings, Scheduler, SchedulerConfig};
 use gpuplace_testkit::MemoryApi;
+use gpuplace_testkit::api::ServerCosts;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::json;
 
@@ -44,6 +45,19 @@ pub struct SchedulerBenchArgs {
     /// Time the core alone (no end-to-end loop), e.g. under a profiler.
     #[arg(long)]
     core_only: bool,
+    /// The in-memory API server's cost per request of the scheduler's (Bindings, Events),
+    /// in ms (fractions allowed), so the loop pays for its writes as on a server.
+    #[arg(long, default_value_t = 0.0)]
+    write_latency_ms: f64,
+    /// Requests the server serves at once (0: no limit).
+    #[arg(long, default_value_t = 0)]
+    server_concurrency: usize,
+    /// Watch events reach the scheduler this many ms late.
+    #[arg(long, default_value_t = 0)]
+    watch_delay_ms: u64,
+    /// Bindings the scheduler keeps in flight (its `--max-in-flight`).
+    #[arg(long, default_value_t = 16)]
+    in_flight: usize,
 }
 
 /// The inventory of a node with links: even nodes V100 32 GB in a hybrid cube mesh (halves
@@ -261,11 +275,18 @@ async fn bench(args: SchedulerBenchArgs) -> anyhow::Result<()> {
     // The scheduler starts cold (its pod cache is built by its first view), on an API that
     // the core-alone pass above has not touched.
     drop(api);
-    let fresh = populated(&args)?;
+    let delay = Duration::from_millis(args.watch_delay_ms);
+    let fresh = populated(&args)?.with_costs(ServerCosts {
+        latency: Duration::from_secs_f64(args.write_latency_ms.max(0.0) / 1000.0),
+        max_in_flight: args.server_concurrency,
+        watch_delay: (delay, delay),
+        ..Default::default()
+    });
     let baseline = heap::live();
     heap::reset_peak();
     let config = SchedulerConfig {
         policy: args.policy,
+        max_in_flight: args.in_flight.max(1),
         ..SchedulerConfig::default()
     };
     let mut scheduler = Scheduler::new(fresh.clone(), config);
@@ -277,8 +298,12 @@ async fn bench(args: SchedulerBenchArgs) -> anyhow::Result<()> {
         rounds += 1;
         bound += report.bound;
         add(&mut timings, &report.timings);
-        if report.bound == 0 {
+        if report.bound == 0 && report.assumed == 0 && !report.idle {
             break;
+        }
+        if report.idle {
+            // Waiting for the watch to show the writes.
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }
     let total = started.elapsed();
@@ -291,6 +316,7 @@ async fn bench(args: SchedulerBenchArgs) -> anyhow::Result<()> {
             json!({
                 "nodes": args.nodes, "gpus_per_node": args.gpus_per_node, "pods": args.pods,
                 "policy": args.policy.to_string(),
+                "fake_server": {"ms_per_request": args.write_latency_ms, "concurrency": args.server_concurrency, "watch_delay_ms": args.watch_delay_ms, "in_flight": args.in_flight},
                 "end_to_end": {"bound": bound, "seconds": total.as_secs_f64(), "pods_per_s": rate, "rounds": rounds,
                     "seconds_by_phase": {"view": timings.view.as_secs_f64(), "snapshot": timings.snapshot.as_secs_f64(),
                         "filter": timings.filter.as_secs_f64(), "core": timings.core.as_secs_f64(),
@@ -306,8 +332,15 @@ async fn bench(args: SchedulerBenchArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "{} nodes x {} GPUs, {} pending pods, policy {}",
-        args.nodes, args.gpus_per_node, args.pods, args.policy
+        "{} nodes x {} GPUs, {} pending pods, policy {}; in-memory API (in process, not a server): {} ms per request, {} at once, watch {} ms late; {} Bindings in flight",
+        args.nodes,
+        args.gpus_per_node,
+        args.pods,
+        args.policy,
+        args.write_latency_ms,
+        if args.server_concurrency == 0 { "any".to_string() } else { args.server_concurrency.to_string() },
+        args.watch_delay_ms,
+        args.in_flight
     );
     println!(
         "end to end: {bound} pods bound in {:.2} s = {rate:.0} pods/s ({rounds} rounds)",
