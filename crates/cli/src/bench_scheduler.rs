@@ -338,7 +338,11 @@ async fn bench(args: SchedulerBenchArgs) -> anyhow::Result<()> {
         args.pods,
         args.policy,
         args.write_latency_ms,
-        if args.server_concurrency == 0 { "any".to_string() } else { args.server_concurrency.to_string() },
+        if args.server_concurrency == 0 {
+            "any".to_string()
+        } else {
+            args.server_concurrency.to_string()
+        },
         args.watch_delay_ms,
         args.in_flight
     );

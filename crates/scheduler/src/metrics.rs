@@ -32,6 +32,9 @@ pub struct Metrics {
     pub gpus_allocated: Gauge,
     pub fragmentation_gpus: Gauge,
     pub leader: Gauge,
+    pub in_flight: Gauge,
+    pub reservations: Gauge,
+    pub events_dropped: Gauge,
 }
 
 /// What `/readyz` and `/healthz` answer: ready once the caches are synced (standbys too,
@@ -76,6 +79,9 @@ impl Default for Metrics {
             gpus_allocated: Gauge::default(),
             fragmentation_gpus: Gauge::default(),
             leader: Gauge::default(),
+            in_flight: Gauge::default(),
+            reservations: Gauge::default(),
+            events_dropped: Gauge::default(),
         }
     }
 }
@@ -114,6 +120,21 @@ impl Metrics {
             "1 while this instance holds the lease",
             self.leader.clone(),
         );
+        r.register(
+            "bindings_in_flight",
+            "Bindings sent and not yet answered",
+            self.in_flight.clone(),
+        );
+        r.register(
+            "reservations",
+            "Pods assumed and not yet seen bound by the watch",
+            self.reservations.clone(),
+        );
+        r.register(
+            "events_dropped",
+            "Events dropped because too many were queued",
+            self.events_dropped.clone(),
+        );
     }
 
     /// Records one round.
@@ -135,6 +156,9 @@ impl Metrics {
         }
         self.round_seconds.observe(seconds);
         self.pending.set(report.pending as i64);
+        self.in_flight.set(report.in_flight as i64);
+        self.reservations.set(report.reservations as i64);
+        self.events_dropped.set(report.events_dropped as i64);
         self.gpus_total
             .set((report.gpu_capacity_milli / 1000) as i64);
         self.gpus_allocated

@@ -68,6 +68,10 @@ impl Default for SchedulerConfig {
 /// What one round (or one settling of writes) did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RoundReport {
+    /// Bindings in flight, reservations held and Events dropped so far, when it ended.
+    pub in_flight: usize,
+    pub reservations: usize,
+    pub events_dropped: u64,
     /// Nothing changed since the last round: no view was built.
     pub idle: bool,
     /// Decisions made (reservations taken, Bindings handed to the bind stage).

@@ -50,8 +50,9 @@ pub struct Binder<A> {
     dropped_events: Arc<AtomicU64>,
 }
 
-/// Events waiting or in flight beyond which new ones are dropped.
-const MAX_QUEUED_EVENTS: usize = 1024;
+/// Events waiting or in flight beyond which new ones are dropped (a few hundred bytes
+/// each: a burst of 10,000 bindings keeps all its Events).
+const MAX_QUEUED_EVENTS: usize = 16_384;
 
 impl<A: ClusterApi> Binder<A> {
     pub fn new(api: A, gate: Gate, max_in_flight: usize) -> Self {

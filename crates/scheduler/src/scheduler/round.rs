@@ -102,6 +102,13 @@ impl<A: ClusterApi> Scheduler<A> {
             report.idle = true;
             return Ok(report);
         }
+        debug!(
+            dirty = self.dirty,
+            seen = ?self.seen.generation,
+            generation = self.api.generation(),
+            due = self.last_round.is_none_or(|last| self.queue.became_due(last, now)),
+            "round"
+        );
         let started = Instant::now();
         let view = self.api.view().await?;
         report.timings.view = started.elapsed();
@@ -179,6 +186,9 @@ impl<A: ClusterApi> Scheduler<A> {
             }
         }
         report.pending = waiting.len().saturating_sub(report.assumed);
+        report.in_flight = self.binder.in_flight();
+        report.reservations = self.reservations.len();
+        report.events_dropped = self.binder.dropped_events();
         report.gpu_capacity_milli = snapshot.state.gpu_capacity_milli();
         report.gpu_allocated_milli = snapshot.state.gpu_allocated_milli();
         report.fragmentation_milli = snapshot.state.total_frag() as u64;
