@@ -1,5 +1,8 @@
-//! Node filters that Kubernetes applies before resources: readiness, cordons, taints and
-//! tolerations, nodeSelector and required node affinity. Each failure carries the phrase
+//! Node filters that Kubernetes applies before resources: cordons, taints and tolerations
+//! (readiness included: as in kube-scheduler, a node that is not ready or unreachable is
+//! refused through the `node.kubernetes.io/not-ready` and `/unreachable` taints the node
+//! lifecycle controller puts on it, so pods that tolerate them may still land there),
+//! nodeSelector and required node affinity. Each failure carries the phrase
 //! kube-scheduler uses, so `FailedScheduling` events read the same.
 
 use std::collections::BTreeMap;
@@ -13,7 +16,6 @@ use crate::pod_info::SchedulingTerms;
 /// Why a node was filtered out before resources were looked at.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum NodeRejection {
-    NotReady,
     Unschedulable,
     Taint(String),
     Affinity,
@@ -24,7 +26,6 @@ impl NodeRejection {
     /// The phrase after the count in `0/N nodes are available: ...`.
     pub fn phrase(&self) -> String {
         match self {
-            NodeRejection::NotReady => "node(s) were not ready".to_string(),
             NodeRejection::Unschedulable => "node(s) were unschedulable".to_string(),
             NodeRejection::Taint(t) => format!("node(s) had untolerated taint {{{t}}}"),
             NodeRejection::Affinity => {
@@ -40,15 +41,6 @@ static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
 
 fn labels(node: &Node) -> &BTreeMap<String, String> {
     node.metadata.labels.as_ref().unwrap_or(&NO_LABELS)
-}
-
-/// True when the node's Ready condition is True.
-pub fn is_ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
-        .is_some_and(|c| c.status == "True")
 }
 
 fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
@@ -153,9 +145,6 @@ pub fn check_node(node: &Node, terms: Option<&SchedulingTerms>) -> Result<(), No
         .unwrap_or(false)
     {
         return Err(NodeRejection::Unschedulable);
-    }
-    if !is_ready(node) {
-        return Err(NodeRejection::NotReady);
     }
     if !matches_affinity(node, terms) {
         return Err(NodeRejection::Affinity);
@@ -293,10 +282,18 @@ mod tests {
             check_node(&cordoned, terms(&p)),
             Err(NodeRejection::Unschedulable)
         );
-        let down = node(
-            serde_json::json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}}),
-        );
-        assert_eq!(check_node(&down, terms(&p)), Err(NodeRejection::NotReady));
+        // Readiness is judged through the lifecycle controller's taints, as kube-scheduler
+        // does: a not-ready node is refused unless the pod tolerates the taint.
+        let down = node(serde_json::json!({
+            "spec": {"taints": [{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]},
+            "status": {"conditions": [{"type": "Ready", "status": "False"}]}}));
+        assert!(matches!(
+            check_node(&down, terms(&p)),
+            Err(NodeRejection::Taint(t)) if t.contains("not-ready")
+        ));
+        let tolerant = pod(serde_json::json!({"containers": [], "tolerations": [
+            {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoSchedule"}]}));
+        assert_eq!(check_node(&down, terms(&tolerant)), Ok(()));
         assert_eq!(
             NodeRejection::Unschedulable.phrase(),
             "node(s) were unschedulable"

@@ -6,6 +6,7 @@ pub mod cache;
 pub mod demand;
 pub mod filters;
 pub mod gang;
+pub mod interpod;
 pub mod kube_api;
 pub mod leader;
 pub mod metrics;

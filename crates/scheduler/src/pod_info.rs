@@ -85,6 +85,10 @@ pub struct PodInfo {
     pub terms: Option<Box<SchedulingTerms>>,
     /// [`SchedulingTerms::key`], empty for a pod without terms.
     pub filter_key: String,
+    /// The pod's labels (other pods' affinity and spread constraints select on them).
+    pub labels: BTreeMap<String, String>,
+    /// Host ports, pod (anti-)affinity and spread constraints, if any.
+    pub placement: Option<Box<crate::interpod::PodTerms>>,
 }
 
 impl PodInfo {
@@ -130,6 +134,8 @@ impl PodInfo {
                 .cloned(),
             demand: pod_demand(pod, gpu_resource).map_err(|e| e.to_string()),
             filter_key: terms.as_ref().map(SchedulingTerms::key).unwrap_or_default(),
+            labels: meta.labels.clone().unwrap_or_default(),
+            placement: crate::interpod::PodTerms::of(pod).map(Box::new),
             terms: terms.map(Box::new),
         }
     }

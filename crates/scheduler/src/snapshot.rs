@@ -71,6 +71,11 @@ pub struct Snapshot {
     pub scalars: Scalars,
     /// Pod UID -> what it holds.
     pub held: HashMap<String, Held>,
+    /// The pods on each node (bound, or reserved), for filters about other pods.
+    pub placed: Vec<Vec<Arc<PodInfo>>>,
+    /// Placed pods with anti-affinity terms: while there are none, pods without terms of
+    /// their own skip the inter-pod filters.
+    pub anti_affinity_pods: usize,
     /// Problems found in objects (malformed annotations); nothing was lost because of them.
     pub warnings: Vec<String>,
 }
@@ -178,20 +183,44 @@ pub fn build(nodes: &[Arc<Node>], pods: &[Arc<PodInfo>], gpu_resource: &str) -> 
     let state = ClusterState::new(inventories).unwrap_or_else(|_| {
         ClusterState::new(Vec::new()).unwrap_or_else(|_| unreachable!("empty state is valid"))
     });
+    let node_count = kept.len();
     let mut snapshot = Snapshot {
         state,
         nodes: kept,
         scalars: Scalars::new(extended_free),
         held: HashMap::new(),
+        placed: vec![Vec::new(); node_count],
+        anti_affinity_pods: 0,
         warnings,
     };
     for pod in pods.iter().filter(|p| p.is_active_bound()) {
         snapshot.account(pod);
+        if let Some(n) = pod
+            .node_name
+            .as_deref()
+            .and_then(|n| snapshot.node_index(n))
+        {
+            snapshot.place(n, pod);
+        }
     }
     snapshot
 }
 
 impl Snapshot {
+    /// Records `pod` as placed on node `n` for the inter-pod filters.
+    pub fn place(&mut self, n: usize, pod: &Arc<PodInfo>) {
+        if pod
+            .placement
+            .as_ref()
+            .is_some_and(|t| !t.anti_affinity.is_empty())
+        {
+            self.anti_affinity_pods += 1;
+        }
+        if let Some(list) = self.placed.get_mut(n) {
+            list.push(Arc::clone(pod));
+        }
+    }
+
     /// Node index by name.
     pub fn node_index(&self, name: &str) -> Option<usize> {
         self.state.find(name)

@@ -369,7 +369,9 @@ async fn event_messages_snapshot() {
     api.put_node(node(
         "down",
         8,
-        json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}}),
+        // Not ready: the node lifecycle controller taints it (readiness is judged by taints).
+        json!({"spec": {"taints": [{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]},
+            "status": {"conditions": [{"type": "Ready", "status": "False"}]}}),
     ));
     api.put_node(node(
         "tainted",

@@ -87,7 +87,7 @@ impl Reservations {
                 None if r.written => false,
                 // Pending in the view (watch lag), or the write still in flight.
                 _ => {
-                    if apply(snapshot, uid, r) {
+                    if apply(snapshot, uid, r, seen) {
                         true
                     } else {
                         lost.push(r.clone());
@@ -100,8 +100,14 @@ impl Reservations {
     }
 }
 
-/// Applies one reservation to the state; false when its node is gone.
-pub fn apply(snapshot: &mut Snapshot, uid: &str, r: &Reservation) -> bool {
+/// Applies one reservation to the state (and the pod, when known, to the inter-pod
+/// filters' index); false when its node is gone.
+pub fn apply(
+    snapshot: &mut Snapshot,
+    uid: &str,
+    r: &Reservation,
+    pod: Option<&std::sync::Arc<crate::pod_info::PodInfo>>,
+) -> bool {
     let Some(n) = snapshot.node_index(&r.node) else {
         return false;
     };
@@ -134,6 +140,9 @@ pub fn apply(snapshot: &mut Snapshot, uid: &str, r: &Reservation) -> bool {
         return false;
     }
     snapshot.scalars.take(n, &r.extended);
+    if let Some(pod) = pod {
+        snapshot.place(n, pod);
+    }
     snapshot.held.insert(
         uid.to_string(),
         Held {

@@ -9,6 +9,7 @@ use std::rc::Rc;
 use gpuplace_core::Unschedulable;
 
 use crate::filters::{NodeRejection, check_node};
+use crate::interpod::Placed;
 use crate::pod_info::PodInfo;
 use crate::snapshot::{Scalars, Snapshot};
 
@@ -82,6 +83,51 @@ pub fn filter_nodes<'a>(
         })
         .collect();
     Cow::Owned(mask_of(verdicts.iter().map(|v| v.as_ref().map(|_| ()))))
+}
+
+/// Adds the filters about other pods (host ports, pod affinity and anti-affinity, topology
+/// spread) to `filtered`, when the pod has such terms or a placed pod has anti-affinity.
+/// `extra` are pods placed in a trial (a gang's members).
+pub fn with_interpod<'a>(
+    filtered: Cow<'a, Filtered>,
+    snapshot: &Snapshot,
+    pod: &PodInfo,
+    extra: &[(usize, std::sync::Arc<PodInfo>)],
+) -> Cow<'a, Filtered> {
+    let anti = snapshot.anti_affinity_pods > 0
+        || extra.iter().any(|(_, p)| {
+            p.placement
+                .as_ref()
+                .is_some_and(|t| !t.anti_affinity.is_empty())
+        });
+    if pod.placement.is_none() && !anti {
+        return filtered;
+    }
+    let n_nodes = snapshot.nodes.len();
+    let eligible: Vec<bool> = if filtered.allowed.len() == n_nodes {
+        filtered.allowed.clone()
+    } else {
+        vec![true; n_nodes]
+    };
+    let placed = Placed {
+        nodes: &snapshot.nodes,
+        pods: &snapshot.placed,
+        extra,
+    };
+    let verdicts = placed.check(pod, &eligible);
+    let mut out = filtered.into_owned();
+    if out.allowed.len() != n_nodes {
+        out.allowed = vec![true; n_nodes];
+    }
+    for (n, verdict) in verdicts.into_iter().enumerate() {
+        if let Err(why) = verdict
+            && out.allowed[n]
+        {
+            out.allowed[n] = false;
+            *out.rejected.entry(why.phrase().to_string()).or_default() += 1;
+        }
+    }
+    Cow::Owned(out)
 }
 
 /// Node verdicts per filter key, computed once per round.

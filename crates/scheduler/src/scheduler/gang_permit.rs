@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use gpuplace_core::Decision;
 
-use super::filter_stage::{Verdicts, explain, filter_nodes};
+use std::sync::Arc;
+
+use super::filter_stage::{Verdicts, explain, filter_nodes, with_interpod};
 use super::{GangWrites, RoundReport, Scheduler};
 use crate::api::{ClusterApi, ClusterView};
 use crate::demand::PodDemand;
@@ -24,7 +26,7 @@ pub const TOPOLOGY_KEY_ANNOTATION: &str = "gpuplace.io/topology-key";
 /// fragmentation after it.
 #[derive(Default)]
 struct Trial<'a> {
-    planned: Vec<(&'a PodInfo, PodDemand, Decision)>,
+    planned: Vec<(&'a Arc<PodInfo>, PodDemand, Decision)>,
     failure: Option<String>,
     frag: f64,
 }
@@ -42,7 +44,7 @@ impl<A: ClusterApi> Scheduler<A> {
         snapshot: &mut Snapshot,
         view: &ClusterView,
         (namespace, group): (&str, &str),
-        members: Vec<(&PodInfo, Verdicts)>,
+        members: Vec<(&Arc<PodInfo>, Verdicts)>,
         now: Instant,
         report: &mut RoundReport,
     ) {
@@ -204,7 +206,7 @@ impl<A: ClusterApi> Scheduler<A> {
         pods: &[std::sync::Arc<PodInfo>],
         (namespace, group): (&str, &str),
         spec: &PodGroupSpec,
-        members: &[(&PodInfo, Verdicts)],
+        members: &[(&Arc<PodInfo>, Verdicts)],
     ) -> Result<Vec<Option<Vec<bool>>>, String> {
         let key = match &spec.topology_key {
             Some(k) if !k.is_empty() => Some(k.clone()),
@@ -275,11 +277,12 @@ impl<A: ClusterApi> Scheduler<A> {
     fn try_members<'a>(
         &mut self,
         snapshot: &Snapshot,
-        members: &[(&'a PodInfo, Verdicts)],
+        members: &[(&'a Arc<PodInfo>, Verdicts)],
         domain: Option<&[bool]>,
     ) -> Trial<'a> {
         let mut trial = snapshot.state.clone();
         let mut scalars = snapshot.scalars.clone();
+        let mut extra: Vec<(usize, Arc<PodInfo>)> = Vec::new();
         let mut out = Trial::default();
         for (pod, verdicts) in members {
             let demand = match &pod.demand {
@@ -290,6 +293,7 @@ impl<A: ClusterApi> Scheduler<A> {
                 }
             };
             let filtered = filter_nodes(&scalars, verdicts, &demand);
+            let filtered = with_interpod(filtered, snapshot, pod, &extra);
             let mask: Option<Vec<bool>> = match (filtered.mask(), domain) {
                 (None, None) => None,
                 (Some(m), None) | (None, Some(m)) => Some(m.to_vec()),
@@ -298,6 +302,7 @@ impl<A: ClusterApi> Scheduler<A> {
             match self.placer.choose(&trial, &demand.request, mask.as_deref()) {
                 Ok(d) if trial.apply(d.node, &demand.request, &d.gpus).is_ok() => {
                     scalars.take(d.node, &demand.extended);
+                    extra.push((d.node, Arc::clone(pod)));
                     out.planned.push((*pod, demand, d))
                 }
                 Ok(_) => out.failure = Some("placement could not be applied".into()),
@@ -342,7 +347,7 @@ impl<A: ClusterApi> Scheduler<A> {
     /// Every member is told `reason` and backs off.
     async fn refuse_gang(
         &mut self,
-        members: &[(&PodInfo, Verdicts)],
+        members: &[(&Arc<PodInfo>, Verdicts)],
         reason: String,
         now: Instant,
         report: &mut RoundReport,

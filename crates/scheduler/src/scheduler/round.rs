@@ -4,6 +4,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use gpuplace_core::Decision;
@@ -12,7 +13,7 @@ use tracing::{debug, info, warn};
 
 use super::assume::Reservation;
 use super::bind::{WriteFailure, WriteOutcome};
-use super::filter_stage::{VerdictCache, Verdicts, explain, filter_nodes};
+use super::filter_stage::{VerdictCache, Verdicts, explain, filter_nodes, with_interpod};
 use super::{RoundReport, RoundTimings, Scheduler, Seen};
 use crate::api::{ApiError, BindRequest, ClusterApi, ClusterView, PodKey};
 use crate::demand::{ASSIGNMENT_ANNOTATION, Assignment, PodDemand, split_devices};
@@ -21,8 +22,8 @@ use crate::snapshot::{Snapshot, build};
 
 /// What the queue orders: one pod, or a gang (decided as one unit).
 enum Unit<'a> {
-    Single(&'a PodInfo),
-    Gang((String, String), Vec<&'a PodInfo>),
+    Single(&'a Arc<PodInfo>),
+    Gang((String, String), Vec<&'a Arc<PodInfo>>),
 }
 
 impl Unit<'_> {
@@ -138,10 +139,9 @@ impl<A: ClusterApi> Scheduler<A> {
         snapshot.state.set_workload(std::sync::Arc::new(
             gpuplace_core::TargetWorkload::from_requests(&shapes, 0.95),
         ));
-        let waiting: Vec<&PodInfo> = view
+        let waiting: Vec<&Arc<PodInfo>> = view
             .pods
             .iter()
-            .map(|p| &**p)
             .filter(|p| {
                 p.is_pending_for(&self.config.scheduler_name)
                     && !self.reservations.contains(&p.key.uid)
@@ -168,7 +168,7 @@ impl<A: ClusterApi> Scheduler<A> {
                 }
                 Unit::Gang((namespace, group), members) => {
                     let started = Instant::now();
-                    let members: Vec<(&PodInfo, Verdicts)> = members
+                    let members: Vec<(&Arc<PodInfo>, Verdicts)> = members
                         .into_iter()
                         .map(|p| (p, verdicts.get(&snapshot, p)))
                         .collect();
@@ -196,8 +196,8 @@ impl<A: ClusterApi> Scheduler<A> {
     }
 
     /// The due units in queue order. A gang is due when any member is.
-    fn units<'a>(&self, waiting: &[&'a PodInfo], now: Instant) -> Vec<Unit<'a>> {
-        let mut gangs: BTreeMap<(String, String), Vec<&PodInfo>> = BTreeMap::new();
+    fn units<'a>(&self, waiting: &[&'a Arc<PodInfo>], now: Instant) -> Vec<Unit<'a>> {
+        let mut gangs: BTreeMap<(String, String), Vec<&Arc<PodInfo>>> = BTreeMap::new();
         let mut units = Vec::new();
         for pod in waiting {
             match &pod.group {
@@ -229,6 +229,7 @@ impl<A: ClusterApi> Scheduler<A> {
         let started = Instant::now();
         let demand = pod.demand.clone()?;
         let filtered = filter_nodes(&snapshot.scalars, verdicts, &demand);
+        let filtered = with_interpod(filtered, snapshot, pod, &[]);
         let decided = Instant::now();
         timings.filter += decided - started;
         let choice = self
@@ -249,7 +250,7 @@ impl<A: ClusterApi> Scheduler<A> {
         &mut self,
         snapshot: &mut Snapshot,
         verdicts: &Verdicts,
-        pod: &PodInfo,
+        pod: &Arc<PodInfo>,
         now: Instant,
         report: &mut RoundReport,
     ) {
@@ -277,7 +278,7 @@ impl<A: ClusterApi> Scheduler<A> {
     pub(super) fn assume(
         &mut self,
         snapshot: &mut Snapshot,
-        pod: &PodInfo,
+        pod: &Arc<PodInfo>,
         demand: &PodDemand,
         decision: &Decision,
         gang: Option<String>,
@@ -303,7 +304,7 @@ impl<A: ClusterApi> Scheduler<A> {
             gang,
             written: false,
         };
-        if !super::assume::apply(snapshot, &pod.key.uid, &reservation) {
+        if !super::assume::apply(snapshot, &pod.key.uid, &reservation, Some(pod)) {
             warn!(pod = %pod.key, "a decision could not be reserved");
         }
         self.reservations.assume(reservation);

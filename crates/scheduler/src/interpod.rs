@@ -1,0 +1,303 @@
+//! Filters that depend on the pods already placed, as kube-scheduler's NodePorts,
+//! InterPodAffinity and PodTopologySpread plugins judge them: host ports; required pod
+//! affinity and anti-affinity, the incoming pod's and (symmetrically) existing pods'
+//! anti-affinity; topology spread constraints with `whenUnsatisfiable: DoNotSchedule`.
+//!
+//! Namespaces of a term: its `namespaces`, else the owner's namespace; a
+//! `namespaceSelector` of `{}` means every namespace (other selectors are read as the
+//! owner's namespace: the scheduler does not watch Namespaces).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Node, Pod, PodAffinityTerm, TopologySpreadConstraint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+use crate::pod_info::PodInfo;
+
+/// A host port a container binds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostPort {
+    pub protocol: String,
+    pub ip: String,
+    pub port: i32,
+}
+
+impl HostPort {
+    fn conflicts(&self, other: &HostPort) -> bool {
+        let any = |ip: &str| ip.is_empty() || ip == "0.0.0.0" || ip == "::";
+        self.port == other.port
+            && self.protocol == other.protocol
+            && (self.ip == other.ip || any(&self.ip) || any(&other.ip))
+    }
+}
+
+/// A pod's terms about other pods; absent when it has none.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PodTerms {
+    pub host_ports: Vec<HostPort>,
+    pub affinity: Vec<PodAffinityTerm>,
+    pub anti_affinity: Vec<PodAffinityTerm>,
+    /// Only `DoNotSchedule` constraints (`ScheduleAnyway` ones are preferences).
+    pub spread: Vec<TopologySpreadConstraint>,
+}
+
+impl PodTerms {
+    pub fn of(pod: &Pod) -> Option<PodTerms> {
+        let spec = pod.spec.as_ref()?;
+        let host_ports = spec
+            .containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+            .flat_map(|c| c.ports.iter().flatten())
+            .filter_map(|p| {
+                p.host_port.filter(|hp| *hp > 0).map(|port| HostPort {
+                    protocol: p.protocol.clone().unwrap_or_else(|| "TCP".into()),
+                    ip: p.host_ip.clone().unwrap_or_default(),
+                    port,
+                })
+            })
+            .collect();
+        let affinity = spec.affinity.as_ref();
+        let required = |terms: Option<&Vec<PodAffinityTerm>>| terms.cloned().unwrap_or_default();
+        let terms = PodTerms {
+            host_ports,
+            affinity: required(
+                affinity
+                    .and_then(|a| a.pod_affinity.as_ref())
+                    .and_then(|a| {
+                        a.required_during_scheduling_ignored_during_execution
+                            .as_ref()
+                    }),
+            ),
+            anti_affinity: required(
+                affinity
+                    .and_then(|a| a.pod_anti_affinity.as_ref())
+                    .and_then(|a| {
+                        a.required_during_scheduling_ignored_during_execution
+                            .as_ref()
+                    }),
+            ),
+            spread: spec
+                .topology_spread_constraints
+                .iter()
+                .flatten()
+                .filter(|c| c.when_unsatisfiable == "DoNotSchedule")
+                .cloned()
+                .collect(),
+        };
+        (terms != PodTerms::default()).then_some(terms)
+    }
+}
+
+/// Why a node was refused because of other pods, in kube-scheduler's phrases.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InterPodRejection {
+    Ports,
+    Affinity,
+    AntiAffinity,
+    ExistingAntiAffinity,
+    Spread,
+    SpreadMissingLabel,
+}
+
+impl InterPodRejection {
+    pub fn phrase(&self) -> &'static str {
+        match self {
+            InterPodRejection::Ports => {
+                "node(s) didn't have free ports for the requested pod ports"
+            }
+            InterPodRejection::Affinity => "node(s) didn't match pod affinity rules",
+            InterPodRejection::AntiAffinity => "node(s) didn't match pod anti-affinity rules",
+            InterPodRejection::ExistingAntiAffinity => {
+                "node(s) didn't satisfy existing pods anti-affinity rules"
+            }
+            InterPodRejection::Spread => "node(s) didn't match pod topology spread constraints",
+            InterPodRejection::SpreadMissingLabel => {
+                "node(s) didn't match pod topology spread constraints (missing required label)"
+            }
+        }
+    }
+}
+
+/// Whether `selector` selects `labels` (a missing selector selects nothing).
+pub fn selects(selector: Option<&LabelSelector>, labels: &BTreeMap<String, String>) -> bool {
+    let Some(selector) = selector else {
+        return false;
+    };
+    let by_labels = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    by_labels
+        && selector.match_expressions.iter().flatten().all(|e| {
+            let values = e.values.as_deref().unwrap_or_default();
+            match e.operator.as_str() {
+                "In" => labels.get(&e.key).is_some_and(|v| values.contains(v)),
+                "NotIn" => labels.get(&e.key).is_none_or(|v| !values.contains(v)),
+                "Exists" => labels.contains_key(&e.key),
+                "DoesNotExist" => !labels.contains_key(&e.key),
+                _ => false,
+            }
+        })
+}
+
+/// Whether `term`, owned by a pod in `owner_namespace`, selects `pod`.
+fn term_selects(term: &PodAffinityTerm, owner_namespace: &str, pod: &PodInfo) -> bool {
+    let all_namespaces = term.namespace_selector.as_ref().is_some_and(|s| {
+        s.match_labels.as_ref().is_none_or(|m| m.is_empty())
+            && s.match_expressions.as_ref().is_none_or(|e| e.is_empty())
+    });
+    let in_namespace = match term.namespaces.as_deref() {
+        Some(list) if !list.is_empty() => list.contains(&pod.key.namespace),
+        _ => all_namespaces || pod.key.namespace == owner_namespace,
+    };
+    in_namespace && selects(term.label_selector.as_ref(), &pod.labels)
+}
+
+/// The pods placed per node (bound, or reserved by this scheduler) and the nodes.
+pub struct Placed<'a> {
+    pub nodes: &'a [Arc<Node>],
+    pub pods: &'a [Vec<Arc<PodInfo>>],
+    /// Pods placed in a trial not yet in `pods` (a gang's members), with their node.
+    pub extra: &'a [(usize, Arc<PodInfo>)],
+}
+
+impl Placed<'_> {
+    fn label(&self, n: usize, key: &str) -> Option<&String> {
+        self.nodes[n].metadata.labels.as_ref()?.get(key)
+    }
+
+    fn each(&self) -> impl Iterator<Item = (usize, &Arc<PodInfo>)> {
+        self.pods
+            .iter()
+            .enumerate()
+            .flat_map(|(n, pods)| pods.iter().map(move |p| (n, p)))
+            .chain(self.extra.iter().map(|(n, p)| (*n, p)))
+    }
+
+    /// Whether any placed pod has anti-affinity terms (then every pod must be checked).
+    pub fn any_anti_affinity(&self) -> bool {
+        self.each().any(|(_, p)| {
+            p.placement
+                .as_ref()
+                .is_some_and(|t| !t.anti_affinity.is_empty())
+        })
+    }
+
+    /// Per-node verdicts for `pod`; `eligible` marks the nodes its node affinity and
+    /// selector allow (the domains topology spread counts).
+    pub fn check(&self, pod: &PodInfo, eligible: &[bool]) -> Vec<Result<(), InterPodRejection>> {
+        let n_nodes = self.nodes.len();
+        let mut out = vec![Ok(()); n_nodes];
+        let fail = |out: &mut Vec<Result<(), InterPodRejection>>, n: usize, why| {
+            if out[n].is_ok() {
+                out[n] = Err(why);
+            }
+        };
+        let terms = pod.placement.as_deref();
+        // Host ports.
+        if let Some(ports) = terms.map(|t| &t.host_ports).filter(|p| !p.is_empty()) {
+            for (n, q) in self.each() {
+                let taken = q
+                    .placement
+                    .as_ref()
+                    .map(|t| &t.host_ports[..])
+                    .unwrap_or_default();
+                if taken.iter().any(|a| ports.iter().any(|b| a.conflicts(b))) {
+                    fail(&mut out, n, InterPodRejection::Ports);
+                }
+            }
+        }
+        // Existing pods' anti-affinity against this pod.
+        let mut blocked: Vec<(String, String)> = Vec::new();
+        for (m, q) in self.each() {
+            for term in q.placement.iter().flat_map(|t| &t.anti_affinity) {
+                if term_selects(term, &q.key.namespace, pod)
+                    && let Some(v) = self.label(m, &term.topology_key)
+                {
+                    blocked.push((term.topology_key.clone(), v.clone()));
+                }
+            }
+        }
+        if !blocked.is_empty() {
+            for n in 0..n_nodes {
+                if blocked.iter().any(|(k, v)| self.label(n, k) == Some(v)) {
+                    fail(&mut out, n, InterPodRejection::ExistingAntiAffinity);
+                }
+            }
+        }
+        let Some(terms) = terms else {
+            return out;
+        };
+        let ns = pod.key.namespace.as_str();
+        // The topology values where pods a term selects run.
+        let domains = |term: &PodAffinityTerm| -> Vec<String> {
+            self.each()
+                .filter(|(_, q)| term_selects(term, ns, q))
+                .filter_map(|(m, _)| self.label(m, &term.topology_key).cloned())
+                .collect()
+        };
+        for term in &terms.anti_affinity {
+            let taken = domains(term);
+            for n in 0..n_nodes {
+                if self
+                    .label(n, &term.topology_key)
+                    .is_some_and(|v| taken.contains(v))
+                {
+                    fail(&mut out, n, InterPodRejection::AntiAffinity);
+                }
+            }
+        }
+        if !terms.affinity.is_empty() {
+            let per_term: Vec<Vec<String>> = terms.affinity.iter().map(domains).collect();
+            // The first pod of a group that selects itself may go anywhere with the keys.
+            let first = per_term.iter().all(Vec::is_empty)
+                && terms.affinity.iter().all(|t| term_selects(t, ns, pod));
+            for n in 0..n_nodes {
+                let ok = terms.affinity.iter().zip(&per_term).all(|(t, found)| {
+                    self.label(n, &t.topology_key)
+                        .is_some_and(|v| first || found.contains(v))
+                });
+                if !ok {
+                    fail(&mut out, n, InterPodRejection::Affinity);
+                }
+            }
+        }
+        for c in &terms.spread {
+            let mut counts: HashMap<&String, i32> = HashMap::new();
+            for n in 0..n_nodes {
+                if eligible.get(n).copied().unwrap_or(true)
+                    && let Some(v) = self.label(n, &c.topology_key)
+                {
+                    counts.entry(v).or_default();
+                }
+            }
+            for (m, q) in self.each() {
+                if q.key.namespace == ns
+                    && selects(c.label_selector.as_ref(), &q.labels)
+                    && eligible.get(m).copied().unwrap_or(true)
+                    && let Some(v) = self.label(m, &c.topology_key)
+                    && let Some(count) = counts.get_mut(v)
+                {
+                    *count += 1;
+                }
+            }
+            let min = counts.values().copied().min().unwrap_or(0);
+            let own = i32::from(selects(c.label_selector.as_ref(), &pod.labels));
+            for n in 0..n_nodes {
+                match self.label(n, &c.topology_key) {
+                    None => fail(&mut out, n, InterPodRejection::SpreadMissingLabel),
+                    Some(v) => {
+                        let here = counts.get(v).copied().unwrap_or(0);
+                        if here + own - min > c.max_skew {
+                            fail(&mut out, n, InterPodRejection::Spread);
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+}
