@@ -15,6 +15,7 @@ mod gang_permit;
 mod queue;
 mod round;
 pub mod run;
+mod state_cache;
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant, SystemTime};
@@ -143,6 +144,7 @@ pub struct Scheduler<A: ClusterApi> {
     placer: Placer,
     queue: Queue,
     reservations: Reservations,
+    cache: state_cache::StateCache,
     binder: bind::Binder<A>,
     gate: Gate,
     seen: Seen,
@@ -190,6 +192,7 @@ impl<A: ClusterApi> Scheduler<A> {
             config,
             placer,
             reservations: Reservations::default(),
+            cache: state_cache::StateCache::default(),
             gate,
             seen: Seen::default(),
             dirty: true,
@@ -208,6 +211,39 @@ impl<A: ClusterApi> Scheduler<A> {
     /// Pods assumed and not yet seen bound by the watch.
     pub fn reservations(&self) -> &Reservations {
         &self.reservations
+    }
+
+    /// The generation of the view the last round saw.
+    pub fn seen_generation(&self) -> Option<u64> {
+        self.seen.generation
+    }
+
+    /// Full builds of the cluster state and in-place updates so far.
+    pub fn state_builds(&self) -> (usize, usize) {
+        (self.cache.builds, self.cache.updates)
+    }
+
+    /// Compares the state kept across rounds with one built afresh from `view` (with the
+    /// same reservations): `Err` names the first node whose free resources differ. For
+    /// tests of the incremental cache.
+    pub fn verify_state(&mut self, view: &crate::api::ClusterView) -> Result<(), String> {
+        let Some(kept) = self.cache.snapshot_mut().map(|s| s.free_by_node()) else {
+            return Ok(());
+        };
+        let mut fresh = crate::snapshot::build(&view.nodes, &view.pods, &self.config.gpu_resource);
+        let mut copy = Reservations::default();
+        for uid in self.reservations.uids() {
+            if let Some(r) = self.reservations.get(&uid) {
+                copy.assume(r.clone());
+            }
+        }
+        copy.reconcile(view, &mut fresh);
+        let fresh = fresh.free_by_node();
+        match kept.iter().zip(&fresh).find(|(a, b)| a != b) {
+            None if kept.len() == fresh.len() => Ok(()),
+            None => Err(format!("{} nodes kept, {} built", kept.len(), fresh.len())),
+            Some((a, b)) => Err(format!("kept {a:?}, built {b:?}")),
+        }
     }
 
     /// Bindings in flight.

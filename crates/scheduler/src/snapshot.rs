@@ -57,6 +57,21 @@ impl Scalars {
         }
     }
 
+    /// Gives back what [`take`](Self::take) took.
+    pub fn give(&mut self, n: usize, amounts: &BTreeMap<String, i64>) {
+        let Some(free) = self.free.get_mut(n) else {
+            return;
+        };
+        for (k, v) in amounts {
+            let entry = free.entry(k.clone()).or_default();
+            let was_full = *entry < 1;
+            *entry += v;
+            if k == "pods" && was_full && *entry >= 1 {
+                self.pods_full = self.pods_full.saturating_sub(1);
+            }
+        }
+    }
+
     /// Whether `amounts` must be checked node by node.
     pub fn must_check(&self, amounts: &BTreeMap<String, i64>) -> bool {
         amounts.keys().any(|k| k != "pods") || self.pods_full > 0
@@ -219,6 +234,47 @@ impl Snapshot {
         if let Some(list) = self.placed.get_mut(n) {
             list.push(Arc::clone(pod));
         }
+    }
+
+    /// Gives back everything pod `uid` holds (bound or reserved); false when it holds
+    /// nothing.
+    pub fn release(&mut self, uid: &str) -> bool {
+        let Some(held) = self.held.remove(uid) else {
+            return false;
+        };
+        if let Err(e) = self.state.release(held.node, &held.request, &held.gpus) {
+            warn!(pod = %uid, error = %e, "cannot give back what a pod held");
+        }
+        self.scalars.give(held.node, &held.extended);
+        if let Some(list) = self.placed.get_mut(held.node)
+            && let Some(i) = list.iter().position(|p| p.key.uid == uid)
+        {
+            let pod = list.swap_remove(i);
+            if pod
+                .placement
+                .as_ref()
+                .is_some_and(|t| !t.anti_affinity.is_empty())
+            {
+                self.anti_affinity_pods = self.anti_affinity_pods.saturating_sub(1);
+            }
+        }
+        true
+    }
+
+    /// What the state holds per node (free CPU, memory, milli-GPU per GPU), to compare two
+    /// states built different ways.
+    pub fn free_by_node(&self) -> Vec<(String, u64, u64, Vec<u32>)> {
+        (0..self.state.len())
+            .map(|n| {
+                let s = self.state.node(n);
+                (
+                    self.state.inventory(n).name.clone(),
+                    s.cpu_free,
+                    s.memory_free,
+                    s.gpu_free.clone(),
+                )
+            })
+            .collect()
     }
 
     /// Node index by name.

@@ -52,6 +52,11 @@ impl Reservations {
         }
     }
 
+    /// The UIDs reserved.
+    pub fn uids(&self) -> Vec<String> {
+        self.by_uid.keys().cloned().collect()
+    }
+
     pub fn contains(&self, uid: &str) -> bool {
         self.by_uid.contains_key(uid)
     }
@@ -69,6 +74,25 @@ impl Reservations {
         self.by_uid
             .values()
             .filter(move |r| r.gang.as_deref() == Some(gang))
+    }
+
+    /// For a state kept across rounds (whose changed pods were already given back and
+    /// accounted again): drops the reservations `view` confirms, and those whose pod is gone
+    /// after the write, giving back what they still hold.
+    pub fn settle(&mut self, view: &ClusterView, snapshot: &mut Snapshot) {
+        self.by_uid.retain(|uid, r| {
+            let seen = view
+                .pod(&r.key.namespace, &r.key.name)
+                .filter(|p| p.key.uid == *uid);
+            match seen {
+                Some(p) if p.node_name.is_some() => false,
+                None if r.written => {
+                    snapshot.release(uid);
+                    false
+                }
+                _ => true,
+            }
+        });
     }
 
     /// Drops what `view` confirms (bound) or shows gone after the write, and applies the

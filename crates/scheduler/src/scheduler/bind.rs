@@ -214,5 +214,60 @@ async fn write<A: ClusterApi>(
             }
         }
     }
+    if matches!(last, ApiError::Other(_)) {
+        // The last answer left it open whether the Binding landed: the reservation must
+        // not be given back before a read says the pod is unbound.
+        return resolve(api, gate, &request, attempts, last).await;
+    }
     Err(WriteFailure::Failed { attempts, last })
+}
+
+/// Reads the pod until it says where it stands (backing off to 5 s between reads; the
+/// reservation stays while this runs).
+async fn resolve<A: ClusterApi>(
+    api: &A,
+    gate: &Gate,
+    request: &BindRequest,
+    attempts: u32,
+    last: ApiError,
+) -> Result<(), WriteFailure> {
+    let mut wait = Duration::from_millis(50);
+    loop {
+        if !gate.is_open() {
+            return Err(WriteFailure::NotLeader);
+        }
+        match api.get_pod(&request.pod).await {
+            Ok(None) => {
+                return Err(WriteFailure::Refused(ApiError::NotFound(
+                    request.pod.to_string(),
+                )));
+            }
+            Ok(Some(s)) if s.uid != request.pod.uid => {
+                return Err(WriteFailure::Refused(ApiError::NotFound(format!(
+                    "{} (recreated)",
+                    request.pod
+                ))));
+            }
+            Ok(Some(s))
+                if s.node_name.as_deref() == Some(request.node.as_str())
+                    && s.assignment.as_ref()
+                        == request
+                            .annotations
+                            .get(crate::demand::ASSIGNMENT_ANNOTATION) =>
+            {
+                return Ok(());
+            }
+            Ok(Some(s)) if s.node_name.is_some() => {
+                return Err(WriteFailure::Refused(ApiError::Conflict(format!(
+                    "{} is already bound elsewhere",
+                    request.pod
+                ))));
+            }
+            Ok(Some(_)) => return Err(WriteFailure::Failed { attempts, last }),
+            Err(_) => {
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
 }

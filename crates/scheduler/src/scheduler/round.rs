@@ -18,7 +18,7 @@ use super::{RoundReport, RoundTimings, Scheduler, Seen};
 use crate::api::{ApiError, BindRequest, ClusterApi, ClusterView, PodKey};
 use crate::demand::{ASSIGNMENT_ANNOTATION, Assignment, PodDemand, split_devices};
 use crate::pod_info::PodInfo;
-use crate::snapshot::{Snapshot, build};
+use crate::snapshot::Snapshot;
 
 /// What the queue orders: one pod, or a gang (decided as one unit).
 enum Unit<'a> {
@@ -118,14 +118,18 @@ impl<A: ClusterApi> Scheduler<A> {
         self.last_round = Some(now);
         self.observe(&view);
         self.queue.flush(now);
-        let mut snapshot = build(&view.nodes, &view.pods, &self.config.gpu_resource);
-        for w in &snapshot.warnings {
-            if !self.warned.contains(w) {
+        let (mut snapshot, lost, rebuilt) =
+            self.cache
+                .update(&view, &mut self.reservations, &self.config.gpu_resource);
+        if rebuilt {
+            self.warned.clear();
+        }
+        for w in snapshot.warnings.drain(..) {
+            if self.warned.insert(w.clone()) {
                 warn!("{w}");
             }
         }
-        self.warned = snapshot.warnings.iter().cloned().collect();
-        for lost in self.reservations.reconcile(&view, &mut snapshot) {
+        for lost in lost {
             info!(pod = %lost.key, node = %lost.node, "node gone under a reservation; deciding again");
         }
         // FGD measures fragmentation against the shapes of the pods the cluster runs and
@@ -192,6 +196,7 @@ impl<A: ClusterApi> Scheduler<A> {
         report.gpu_capacity_milli = snapshot.state.gpu_capacity_milli();
         report.gpu_allocated_milli = snapshot.state.gpu_allocated_milli();
         report.fragmentation_milli = snapshot.state.total_frag() as u64;
+        self.cache.keep(snapshot);
         Ok(report)
     }
 
@@ -355,7 +360,15 @@ impl<A: ClusterApi> Scheduler<A> {
             }
             Err(failure) => {
                 report.conflicts += 1;
-                self.reservations.forget(&key.uid);
+                // Give back what the reservation holds; once the watch confirmed the pod
+                // bound (the reservation is gone), what it holds is the bound pod's.
+                if self.reservations.forget(&key.uid).is_some()
+                    && let Some(snapshot) = self.cache.snapshot_mut()
+                {
+                    snapshot.release(&key.uid);
+                }
+                // What it held is free again: parked pods may fit.
+                self.queue.wake_all();
                 if !matches!(failure, WriteFailure::NotLeader) {
                     self.queue.retry_later(&key.uid, now);
                 }

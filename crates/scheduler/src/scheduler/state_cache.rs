@@ -1,0 +1,140 @@
+//! The cluster state kept across rounds and updated in place from the watch.
+//!
+//! The pod cache hands out the same `Arc<PodInfo>` until a pod changes, so a round finds
+//! what changed by walking the new view against the last one (both sorted by key) and
+//! comparing pointers; only changed pods are given back and accounted again. A change of
+//! any node (added, removed, its inventory, labels, taints or capacity) builds the state
+//! anew: rare, and the node-class index is rebuilt with it.
+//!
+//! Reservations live in the same state: applied once when a decision is made, kept while
+//! the watch still shows the pod pending, replaced by the bound pod's own accounting when
+//! the watch confirms it, given back when the write fails or the pod is gone.
+
+use std::cmp::Ordering;
+use std::sync::Arc;
+
+use super::assume::Reservations;
+use crate::api::ClusterView;
+use crate::pod_info::PodInfo;
+use crate::snapshot::{Snapshot, build};
+
+/// The persistent state and the view it reflects.
+#[derive(Default)]
+pub struct StateCache {
+    snapshot: Option<Snapshot>,
+    pods: Vec<Arc<PodInfo>>,
+    nodes: Vec<(String, String)>,
+    /// Full builds and in-place updates so far.
+    pub builds: usize,
+    pub updates: usize,
+}
+
+fn node_signature(view: &ClusterView) -> Vec<(String, String)> {
+    view.nodes
+        .iter()
+        .map(|n| {
+            (
+                n.metadata.name.clone().unwrap_or_default(),
+                n.metadata.resource_version.clone().unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+fn key(p: &PodInfo) -> (&str, &str) {
+    (p.key.namespace.as_str(), p.key.name.as_str())
+}
+
+impl StateCache {
+    pub fn snapshot_mut(&mut self) -> Option<&mut Snapshot> {
+        self.snapshot.as_mut()
+    }
+
+    /// Brings the state to `view`, with `reservations` applied (and those the view
+    /// confirms, or that lost their node, dropped; the latter are returned).
+    /// The round takes the state out and gives it back with [`keep`](Self::keep); a round
+    /// that fails before giving it back makes the next one build it anew.
+    pub fn update(
+        &mut self,
+        view: &ClusterView,
+        reservations: &mut Reservations,
+        gpu_resource: &str,
+    ) -> (Snapshot, Vec<super::Reservation>, bool) {
+        let nodes = node_signature(view);
+        let kept = self.snapshot.take().filter(|_| nodes == self.nodes);
+        let (snapshot, lost, rebuilt) = match kept {
+            Some(mut snapshot) => {
+                self.updates += 1;
+                apply_changes(&mut snapshot, &self.pods, &view.pods, reservations);
+                reservations.settle(view, &mut snapshot);
+                (snapshot, Vec::new(), false)
+            }
+            None => {
+                self.builds += 1;
+                let mut snapshot = build(&view.nodes, &view.pods, gpu_resource);
+                let lost = reservations.reconcile(view, &mut snapshot);
+                (snapshot, lost, true)
+            }
+        };
+        self.nodes = nodes;
+        self.pods = view.pods.clone();
+        (snapshot, lost, rebuilt)
+    }
+
+    /// Gives the state back after a round.
+    pub fn keep(&mut self, snapshot: Snapshot) {
+        self.snapshot = Some(snapshot);
+    }
+}
+
+/// Gives back and accounts again the pods that changed between `old` and `new`.
+fn apply_changes(
+    snapshot: &mut Snapshot,
+    old: &[Arc<PodInfo>],
+    new: &[Arc<PodInfo>],
+    reservations: &Reservations,
+) {
+    let (mut i, mut j) = (0, 0);
+    while i < old.len() || j < new.len() {
+        let order = match (old.get(i), new.get(j)) {
+            (Some(a), Some(b)) => key(a).cmp(&key(b)),
+            (Some(_), None) => Ordering::Less,
+            (None, _) => Ordering::Greater,
+        };
+        let (before, after) = match order {
+            Ordering::Less => {
+                i += 1;
+                (Some(&old[i - 1]), None)
+            }
+            Ordering::Greater => {
+                j += 1;
+                (None, Some(&new[j - 1]))
+            }
+            Ordering::Equal => {
+                i += 1;
+                j += 1;
+                if Arc::ptr_eq(&old[i - 1], &new[j - 1]) {
+                    continue;
+                }
+                (Some(&old[i - 1]), Some(&new[j - 1]))
+            }
+        };
+        if let Some(before) = before {
+            // A reserved pod the watch still shows pending keeps its reservation.
+            let still_reserved = reservations.contains(&before.key.uid)
+                && after.is_some_and(|a| a.key.uid == before.key.uid && a.node_name.is_none());
+            if !still_reserved {
+                snapshot.release(&before.key.uid);
+            }
+        }
+        if let Some(after) = after
+            && after.is_active_bound()
+            && !snapshot.held.contains_key(&after.key.uid)
+        {
+            snapshot.account(after);
+            if let Some(n) = snapshot.held.get(&after.key.uid).map(|h| h.node) {
+                snapshot.place(n, after);
+            }
+        }
+    }
+}
