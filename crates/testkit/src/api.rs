@@ -15,44 +15,24 @@
 //! latest version, deletions by key), and a fresh list when that resourceVersion has been
 //! compacted away (the API server's 410 Gone).
 
+mod cluster_api;
+mod costs;
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gpuplace_scheduler::api::{BindRequest, PodState};
+use costs::{Fault, InFlight};
+pub use costs::{Faults, MAX_ANNOTATIONS_BYTES, ServerCosts, is_qualified_name};
 use gpuplace_scheduler::cache::PodCache;
-use gpuplace_scheduler::gang::{PodGroup, PodGroupStatus};
-use gpuplace_scheduler::{ApiError, ClusterApi, ClusterView, EventRecord, PodKey};
+use gpuplace_scheduler::gang::PodGroup;
+use gpuplace_scheduler::{ApiError, EventRecord, PodKey};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tokio::time::Instant;
 
-/// Faults injected into the scheduler's requests, as probabilities per request.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Faults {
-    /// 409 Conflict (another writer won).
-    pub conflict: f64,
-    /// 500 Internal Server Error (nothing written).
-    pub error: f64,
-    /// A time-out: the write is applied or not (even odds), the caller cannot tell.
-    pub timeout: f64,
-}
-
-/// What the server charges the scheduler's requests.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct ServerCosts {
-    /// Time each request takes.
-    pub latency: Duration,
-    /// Requests served at once (0: no limit).
-    pub max_in_flight: usize,
-    /// Each watch event arrives after a delay drawn from this range (events stay in
-    /// order: one never overtakes an earlier one).
-    pub watch_delay: (Duration, Duration),
-    pub faults: Faults,
-    pub seed: u64,
-}
-struct Store {
+pub(super) struct Store {
     version: u64,
     nodes: BTreeMap<String, Arc<Node>>,
     pods: BTreeMap<(String, String), Arc<Pod>>,
@@ -232,40 +212,6 @@ impl Store {
     }
 }
 
-/// One request being served; counted while it lives.
-struct InFlight {
-    store: Arc<Mutex<Store>>,
-    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
-}
-
-impl InFlight {
-    fn enter(store: &Arc<Mutex<Store>>, permit: Option<tokio::sync::OwnedSemaphorePermit>) -> Self {
-        let mut s = lock(store);
-        s.in_flight += 1;
-        s.requests += 1;
-        s.peak_in_flight = s.peak_in_flight.max(s.in_flight);
-        drop(s);
-        InFlight {
-            store: Arc::clone(store),
-            _permit: permit,
-        }
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        lock(&self.store).in_flight -= 1;
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Fault {
-    Conflict,
-    Error,
-    TimeoutApplied,
-    TimeoutLost,
-}
-
 /// The API server, shared by clones.
 #[derive(Clone)]
 pub struct MemoryApi {
@@ -293,7 +239,7 @@ impl Default for MemoryApi {
 /// `None` once it is deleted.
 pub type PodChange = ((String, String), Option<Arc<Pod>>);
 
-fn lock(store: &Mutex<Store>) -> std::sync::MutexGuard<'_, Store> {
+pub(super) fn lock(store: &Mutex<Store>) -> std::sync::MutexGuard<'_, Store> {
     store.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -640,228 +586,10 @@ impl MemoryApi {
     }
 }
 
-/// A qualified name as kube-apiserver requires of annotation keys: an optional DNS
-/// subdomain prefix and `/`, then 1-63 alphanumerics, `-`, `_`, `.`, starting and ending
-/// alphanumeric.
-pub fn is_qualified_name(key: &str) -> bool {
-    let (prefix, name) = match key.rsplit_once('/') {
-        Some((p, n)) => (Some(p), n),
-        None => (None, key),
-    };
-    let name_ok = !name.is_empty()
-        && name.len() <= 63
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
-    let prefix_ok = prefix.is_none_or(|p| {
-        !p.is_empty()
-            && p.len() <= 253
-            && p.split('.').all(|label| {
-                !label.is_empty()
-                    && label.len() <= 63
-                    && label
-                        .chars()
-                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-                    && !label.starts_with('-')
-                    && !label.ends_with('-')
-            })
-    });
-    name_ok && prefix_ok
-}
-
-/// kube-apiserver's limit on a pod's annotations, keys and values together.
-pub const MAX_ANNOTATIONS_BYTES: usize = 256 * 1024;
-
-fn validate_annotations(annotations: &BTreeMap<String, String>) -> Result<(), ApiError> {
-    if let Some(bad) = annotations.keys().find(|k| !is_qualified_name(k)) {
-        return Err(ApiError::Invalid(format!(
-            "metadata.annotations: Invalid value: {bad:?}: name part must consist of alphanumeric characters, '-', '_' or '.'"
-        )));
-    }
-    let size: usize = annotations.iter().map(|(k, v)| k.len() + v.len()).sum();
-    if size > MAX_ANNOTATIONS_BYTES {
-        return Err(ApiError::Invalid(format!(
-            "metadata.annotations: Too long: must have at most {MAX_ANNOTATIONS_BYTES} bytes"
-        )));
-    }
-    Ok(())
-}
-
-impl ClusterApi for MemoryApi {
-    async fn view(&self) -> Result<ClusterView, ApiError> {
-        let mut guard = lock(&self.store);
-        let s = &mut *guard;
-        s.sync_cache();
-        Ok(ClusterView {
-            nodes: s.nodes.values().cloned().collect(),
-            pods: s.cache.view(),
-            groups: s.groups.values().cloned().collect(),
-            generation: s.generation,
-        })
-    }
-
-    fn generation(&self) -> u64 {
-        let mut s = lock(&self.store);
-        s.sync_cache();
-        s.generation
-    }
-
-    async fn changed(&self, since: u64) {
-        let mut pods = self.pod_version.subscribe();
-        let mut nodes = self.node_version.subscribe();
-        loop {
-            let next = {
-                let mut s = lock(&self.store);
-                s.sync_cache();
-                if s.generation > since {
-                    return;
-                }
-                s.next_delivery()
-            };
-            let delivery = async {
-                match next {
-                    Some(at) => tokio::time::sleep_until(at).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                _ = pods.changed() => {}
-                _ = nodes.changed() => {}
-                _ = delivery => {}
-            }
-        }
-    }
-
-    async fn bind(&self, request: &BindRequest) -> Result<(), ApiError> {
-        let (_permit, fault) = self.charge().await;
-        let pod = &request.pod;
-        let mut s = lock(&self.store);
-        if s.fail_binds > 0 {
-            s.fail_binds -= 1;
-            return Err(ApiError::Conflict(format!("{pod}: injected conflict")));
-        }
-        match fault {
-            Some(Fault::Conflict) => {
-                return Err(ApiError::Conflict(format!("{pod}: injected conflict")));
-            }
-            Some(Fault::Error) => return Err(ApiError::Other("injected 500".into())),
-            Some(Fault::TimeoutLost) => return Err(ApiError::Other("injected time-out".into())),
-            _ => {}
-        }
-        if request.node.is_empty() {
-            return Err(ApiError::Invalid("target.name: Required value".into()));
-        }
-        validate_annotations(&request.annotations)?;
-        let key = (pod.namespace.clone(), pod.name.clone());
-        let current = s
-            .pods
-            .get(&key)
-            .ok_or_else(|| ApiError::NotFound(pod.to_string()))?;
-        if !request.resource_version.is_empty()
-            && current.metadata.resource_version.as_deref()
-                != Some(request.resource_version.as_str())
-        {
-            return Err(ApiError::Conflict(format!(
-                "{pod}: Precondition failed: ResourceVersion in precondition: {}",
-                request.resource_version
-            )));
-        }
-        if let Some(node) = current
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.as_deref())
-            .filter(|n| !n.is_empty())
-        {
-            return Err(ApiError::Conflict(format!(
-                "pod {pod} is already assigned to node {node:?}"
-            )));
-        }
-        let mut merged = current.metadata.annotations.clone().unwrap_or_default();
-        merged.extend(request.annotations.clone());
-        validate_annotations(&merged)?;
-        s.write_pod(&key, |p| {
-            p.spec.get_or_insert_with(Default::default).node_name = Some(request.node.clone());
-            p.metadata.annotations = Some(merged);
-        });
-        s.bindings.push((pod.clone(), request.node.clone()));
-        let v = s.version;
-        drop(s);
-        self.pod_version.send_replace(v);
-        match fault {
-            Some(Fault::TimeoutApplied) => Err(ApiError::Other("injected time-out".into())),
-            _ => Ok(()),
-        }
-    }
-
-    async fn get_pod(&self, pod: &PodKey) -> Result<Option<PodState>, ApiError> {
-        let (_permit, fault) = self.charge().await;
-        if matches!(
-            fault,
-            Some(Fault::Error | Fault::TimeoutLost | Fault::TimeoutApplied)
-        ) {
-            return Err(ApiError::Other("injected 500".into()));
-        }
-        let s = lock(&self.store);
-        Ok(s.pods
-            .get(&(pod.namespace.clone(), pod.name.clone()))
-            .map(|p| PodState {
-                uid: p.metadata.uid.clone().unwrap_or_default(),
-                resource_version: p.metadata.resource_version.clone().unwrap_or_default(),
-                node_name: p
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.node_name.clone())
-                    .filter(|n| !n.is_empty()),
-                assignment: p
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get(gpuplace_scheduler::demand::ASSIGNMENT_ANNOTATION))
-                    .cloned(),
-            }))
-    }
-
-    async fn event(&self, event: EventRecord) -> Result<(), ApiError> {
-        let (_permit, fault) = self.charge().await;
-        if fault.is_some() {
-            return Err(ApiError::Other("injected 500".into()));
-        }
-        let mut s = lock(&self.store);
-        s.bump();
-        s.events.push(event);
-        Ok(())
-    }
-
-    async fn group_status(
-        &self,
-        namespace: &str,
-        name: &str,
-        status: PodGroupStatus,
-    ) -> Result<(), ApiError> {
-        let (_permit, fault) = self.charge().await;
-        if fault.is_some() {
-            return Err(ApiError::Other("injected 500".into()));
-        }
-        let mut s = lock(&self.store);
-        s.generation += 1;
-        let rv = s.bump();
-        let g = s
-            .groups
-            .get_mut(&(namespace.to_string(), name.to_string()))
-            .map(Arc::make_mut)
-            .ok_or_else(|| ApiError::NotFound(format!("podgroup {namespace}/{name}")))?;
-        g.status = Some(status);
-        g.metadata.resource_version = Some(rv);
-        s.status_writes += 1;
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpuplace_scheduler::{ClusterApi, ClusterView};
     use serde_json::json;
 
     fn pod(name: &str) -> Pod {

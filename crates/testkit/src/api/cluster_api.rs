@@ -1,0 +1,181 @@
+//! The scheduler's side of the in-memory API: its watch-fed view (late when the costs say
+//! so) and its writes, charged and validated as a server would.
+
+use std::sync::Arc;
+
+use gpuplace_scheduler::api::{BindRequest, PodState};
+use gpuplace_scheduler::gang::PodGroupStatus;
+use gpuplace_scheduler::{ApiError, ClusterApi, ClusterView, EventRecord, PodKey};
+
+use super::costs::{Fault, validate_annotations};
+use super::{MemoryApi, lock};
+
+impl ClusterApi for MemoryApi {
+    async fn view(&self) -> Result<ClusterView, ApiError> {
+        let mut guard = lock(&self.store);
+        let s = &mut *guard;
+        s.sync_cache();
+        Ok(ClusterView {
+            nodes: s.nodes.values().cloned().collect(),
+            pods: s.cache.view(),
+            groups: s.groups.values().cloned().collect(),
+            generation: s.generation,
+        })
+    }
+
+    fn generation(&self) -> u64 {
+        let mut s = lock(&self.store);
+        s.sync_cache();
+        s.generation
+    }
+
+    async fn changed(&self, since: u64) {
+        let mut pods = self.pod_version.subscribe();
+        let mut nodes = self.node_version.subscribe();
+        loop {
+            let next = {
+                let mut s = lock(&self.store);
+                s.sync_cache();
+                if s.generation > since {
+                    return;
+                }
+                s.next_delivery()
+            };
+            let delivery = async {
+                match next {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = pods.changed() => {}
+                _ = nodes.changed() => {}
+                _ = delivery => {}
+            }
+        }
+    }
+
+    async fn bind(&self, request: &BindRequest) -> Result<(), ApiError> {
+        let (_permit, fault) = self.charge().await;
+        let pod = &request.pod;
+        let mut s = lock(&self.store);
+        if s.fail_binds > 0 {
+            s.fail_binds -= 1;
+            return Err(ApiError::Conflict(format!("{pod}: injected conflict")));
+        }
+        match fault {
+            Some(Fault::Conflict) => {
+                return Err(ApiError::Conflict(format!("{pod}: injected conflict")));
+            }
+            Some(Fault::Error) => return Err(ApiError::Other("injected 500".into())),
+            Some(Fault::TimeoutLost) => return Err(ApiError::Other("injected time-out".into())),
+            _ => {}
+        }
+        if request.node.is_empty() {
+            return Err(ApiError::Invalid("target.name: Required value".into()));
+        }
+        validate_annotations(&request.annotations)?;
+        let key = (pod.namespace.clone(), pod.name.clone());
+        let current = s
+            .pods
+            .get(&key)
+            .ok_or_else(|| ApiError::NotFound(pod.to_string()))?;
+        if !request.resource_version.is_empty()
+            && current.metadata.resource_version.as_deref()
+                != Some(request.resource_version.as_str())
+        {
+            return Err(ApiError::Conflict(format!(
+                "{pod}: Precondition failed: ResourceVersion in precondition: {}",
+                request.resource_version
+            )));
+        }
+        if let Some(node) = current
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref())
+            .filter(|n| !n.is_empty())
+        {
+            return Err(ApiError::Conflict(format!(
+                "pod {pod} is already assigned to node {node:?}"
+            )));
+        }
+        let mut merged = current.metadata.annotations.clone().unwrap_or_default();
+        merged.extend(request.annotations.clone());
+        validate_annotations(&merged)?;
+        s.write_pod(&key, |p| {
+            p.spec.get_or_insert_with(Default::default).node_name = Some(request.node.clone());
+            p.metadata.annotations = Some(merged);
+        });
+        s.bindings.push((pod.clone(), request.node.clone()));
+        let v = s.version;
+        drop(s);
+        self.pod_version.send_replace(v);
+        match fault {
+            Some(Fault::TimeoutApplied) => Err(ApiError::Other("injected time-out".into())),
+            _ => Ok(()),
+        }
+    }
+
+    async fn get_pod(&self, pod: &PodKey) -> Result<Option<PodState>, ApiError> {
+        let (_permit, fault) = self.charge().await;
+        if matches!(
+            fault,
+            Some(Fault::Error | Fault::TimeoutLost | Fault::TimeoutApplied)
+        ) {
+            return Err(ApiError::Other("injected 500".into()));
+        }
+        let s = lock(&self.store);
+        Ok(s.pods
+            .get(&(pod.namespace.clone(), pod.name.clone()))
+            .map(|p| PodState {
+                uid: p.metadata.uid.clone().unwrap_or_default(),
+                resource_version: p.metadata.resource_version.clone().unwrap_or_default(),
+                node_name: p
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.clone())
+                    .filter(|n| !n.is_empty()),
+                assignment: p
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(gpuplace_scheduler::demand::ASSIGNMENT_ANNOTATION))
+                    .cloned(),
+            }))
+    }
+
+    async fn event(&self, event: EventRecord) -> Result<(), ApiError> {
+        let (_permit, fault) = self.charge().await;
+        if fault.is_some() {
+            return Err(ApiError::Other("injected 500".into()));
+        }
+        let mut s = lock(&self.store);
+        s.bump();
+        s.events.push(event);
+        Ok(())
+    }
+
+    async fn group_status(
+        &self,
+        namespace: &str,
+        name: &str,
+        status: PodGroupStatus,
+    ) -> Result<(), ApiError> {
+        let (_permit, fault) = self.charge().await;
+        if fault.is_some() {
+            return Err(ApiError::Other("injected 500".into()));
+        }
+        let mut s = lock(&self.store);
+        s.generation += 1;
+        let rv = s.bump();
+        let g = s
+            .groups
+            .get_mut(&(namespace.to_string(), name.to_string()))
+            .map(Arc::make_mut)
+            .ok_or_else(|| ApiError::NotFound(format!("podgroup {namespace}/{name}")))?;
+        g.status = Some(status);
+        g.metadata.resource_version = Some(rv);
+        s.status_writes += 1;
+        Ok(())
+    }
+}
