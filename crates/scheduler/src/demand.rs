@@ -141,8 +141,8 @@ pub struct PodDemand {
     pub containers: Vec<ContainerDemand>,
     /// Scalar resources besides CPU, memory and GPUs, as kube-scheduler's NodeResourcesFit
     /// counts them: extended resources in their units (e.g. `example.com/fpga: 1`),
-    /// `ephemeral-storage` and `hugepages-*` in bytes, and `pods: 1` (every pod takes one
-    /// of the node's pod slots).
+    /// `ephemeral-storage` and `hugepages-*` in bytes. (Every pod also takes one of the
+    /// node's `pods` slots; that is counted per pod, not stored here.)
     pub extended: BTreeMap<String, i64>,
 }
 
@@ -248,7 +248,7 @@ pub fn pod_demand(pod: &Pod, gpu_resource: &str) -> Result<PodDemand, DemandErro
         (_, Some(m)) => m,
         (_, None) => 1000,
     };
-    let mut extended: BTreeMap<String, i64> = sums
+    let extended: BTreeMap<String, i64> = sums
         .iter()
         .filter(|(k, _)| {
             !matches!(k.as_str(), "cpu" | "memory" | "pods") && k.as_str() != gpu_resource
@@ -262,7 +262,6 @@ pub fn pod_demand(pod: &Pod, gpu_resource: &str) -> Result<PodDemand, DemandErro
             )
         })
         .collect();
-    extended.insert("pods".to_string(), 1);
     Ok(PodDemand {
         request: Request {
             cpu_milli: u64::try_from(sums.get("cpu").copied().unwrap_or(0)).unwrap_or(u64::MAX),

@@ -42,16 +42,17 @@ impl Scalars {
         Scalars { free, pods_full }
     }
 
-    /// Takes `amounts` on node `n`.
+    /// Takes one pod's `amounts` (and its pod slot) on node `n`.
     pub fn take(&mut self, n: usize, amounts: &BTreeMap<String, i64>) {
         let Some(free) = self.free.get_mut(n) else {
             return;
         };
         for (k, v) in amounts {
-            let entry = free.entry(k.clone()).or_default();
-            let was_open = *entry >= 1;
-            *entry -= v;
-            if k == "pods" && was_open && *entry < 1 {
+            *free.entry(k.clone()).or_default() -= v;
+        }
+        if let Some(slots) = free.get_mut("pods") {
+            *slots -= 1;
+            if *slots == 0 {
                 self.pods_full += 1;
             }
         }
@@ -63,18 +64,19 @@ impl Scalars {
             return;
         };
         for (k, v) in amounts {
-            let entry = free.entry(k.clone()).or_default();
-            let was_full = *entry < 1;
-            *entry += v;
-            if k == "pods" && was_full && *entry >= 1 {
+            *free.entry(k.clone()).or_default() += v;
+        }
+        if let Some(slots) = free.get_mut("pods") {
+            *slots += 1;
+            if *slots == 1 {
                 self.pods_full = self.pods_full.saturating_sub(1);
             }
         }
     }
 
-    /// Whether `amounts` must be checked node by node.
+    /// Whether `amounts` (and a pod slot) must be checked node by node.
     pub fn must_check(&self, amounts: &BTreeMap<String, i64>) -> bool {
-        amounts.keys().any(|k| k != "pods") || self.pods_full > 0
+        !amounts.is_empty() || self.pods_full > 0
     }
 }
 

@@ -63,13 +63,16 @@ pub fn filter_nodes<'a>(
         return Cow::Borrowed(&filter.plain);
     }
     let shortfall = |n: usize| {
+        // A node that declares no pod limit is not limited.
+        if scalars.free[n].get("pods").is_some_and(|slots| *slots < 1) {
+            return Some(NodeRejection::Extended("pods".into()));
+        }
         demand
             .extended
             .iter()
             .find(|(resource, want)| match scalars.free[n].get(*resource) {
                 Some(free) => free < *want,
-                // A node that declares no pod limit is not limited.
-                None => resource.as_str() != "pods" && **want > 0,
+                None => **want > 0,
             })
             .map(|(resource, _)| NodeRejection::Extended(resource.clone()))
     };
