@@ -203,11 +203,30 @@ impl Backoff for PatientBackoff {
     fn reset(&mut self) {}
 }
 
+/// What of a Node scheduling reads, hashed: a Node update that changes none of it (a
+/// status heartbeat) is not a change the scheduler needs to look at.
+fn node_fingerprint(node: &Node) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let spec = node.spec.as_ref();
+    serde_json::json!([
+        node.metadata.labels,
+        node.metadata.annotations,
+        spec.map(|s| &s.taints),
+        spec.map(|s| s.unschedulable),
+        node.status.as_ref().map(|s| &s.allocatable),
+    ])
+    .to_string()
+    .hash(&mut h);
+    h.finish()
+}
+
 fn run_reflector<K>(
     api: Api<K>,
     strip: fn(&mut K),
     missing_hint: &'static str,
     changes: Changes,
+    fingerprint: Option<fn(&K) -> u64>,
 ) -> Store<K>
 where
     K: kube::Resource
@@ -229,14 +248,36 @@ where
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         let mut log = WatchLog::default();
+        let mut seen: std::collections::HashMap<String, u64> = Default::default();
         while let Some(event) = stream.next().await {
             let missing = match &event {
                 Err(e) => Some(is_missing_resource(e)),
                 // A list begins: no evidence yet that the resource exists.
                 Ok(watcher::Event::Init) => continue,
                 // One object of a list: the list's end counts as the change.
-                Ok(watcher::Event::InitApply(_)) => None,
-                Ok(_) => {
+                Ok(watcher::Event::InitApply(obj)) => {
+                    if let Some(f) = fingerprint {
+                        seen.insert(obj.meta().name.clone().unwrap_or_default(), f(obj));
+                    }
+                    None
+                }
+                Ok(watcher::Event::Apply(obj)) => {
+                    let name = obj.meta().name.clone().unwrap_or_default();
+                    let same = fingerprint.is_some_and(|f| {
+                        let print = f(obj);
+                        seen.insert(name, print) == Some(print)
+                    });
+                    if !same {
+                        bump(&changes);
+                    }
+                    None
+                }
+                Ok(watcher::Event::Delete(obj)) => {
+                    seen.remove(obj.meta().name.as_deref().unwrap_or_default());
+                    bump(&changes);
+                    None
+                }
+                Ok(watcher::Event::InitDone) => {
                     bump(&changes);
                     None
                 }
@@ -267,6 +308,7 @@ impl KubeApi {
             strip_node,
             "nodes cannot be listed (RBAC?)",
             changes.clone(),
+            Some(node_fingerprint),
         );
         let (pods, mut pods_listed) = run_pod_cache(
             Api::<Pod>::all(client.clone()),
@@ -279,6 +321,7 @@ impl KubeApi {
             |g| g.metadata.managed_fields = None,
             "gangs disabled until the PodGroup CRD is installed: `gpuplace crd | kubectl apply -f -`",
             changes.clone(),
+            None,
         );
         nodes
             .wait_until_ready()

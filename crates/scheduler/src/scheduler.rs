@@ -122,7 +122,7 @@ pub struct RoundTimings {
 #[derive(Debug, Default)]
 struct Seen {
     generation: Option<u64>,
-    nodes: HashMap<String, String>,
+    nodes: Vec<std::sync::Arc<k8s_openapi::api::core::v1::Node>>,
     active: HashSet<String>,
     groups: HashMap<String, String>,
 }

@@ -54,16 +54,7 @@ impl<A: ClusterApi> Scheduler<A> {
     /// Compares `view` with the last one: parked pods wake on a node added or changed, a
     /// pod on a node gone or finished, or a pod group changed.
     fn observe(&mut self, view: &ClusterView) {
-        let nodes: HashMap<String, String> = view
-            .nodes
-            .iter()
-            .map(|n| {
-                (
-                    n.metadata.name.clone().unwrap_or_default(),
-                    n.metadata.resource_version.clone().unwrap_or_default(),
-                )
-            })
-            .collect();
+        let nodes = super::state_cache::sorted_nodes(view);
         let active: HashSet<String> = view
             .pods
             .iter()
@@ -85,7 +76,8 @@ impl<A: ClusterApi> Scheduler<A> {
             })
             .collect();
         let freed = self.seen.active.iter().any(|uid| !active.contains(uid));
-        if nodes != self.seen.nodes || groups != self.seen.groups || freed {
+        let nodes_changed = super::state_cache::nodes_differ(&self.seen.nodes, &nodes);
+        if nodes_changed || groups != self.seen.groups || freed {
             self.queue.wake_all();
         }
         self.seen = Seen {

@@ -14,6 +14,8 @@ use std::cmp::Ordering;
 use std::sync::Arc;
 
 use super::assume::Reservations;
+use k8s_openapi::api::core::v1::Node;
+
 use crate::api::ClusterView;
 use crate::pod_info::PodInfo;
 use crate::snapshot::{Snapshot, build};
@@ -23,22 +25,44 @@ use crate::snapshot::{Snapshot, build};
 pub struct StateCache {
     snapshot: Option<Snapshot>,
     pods: Vec<Arc<PodInfo>>,
-    nodes: Vec<(String, String)>,
+    nodes: Vec<Arc<Node>>,
     /// Full builds and in-place updates so far.
     pub builds: usize,
     pub updates: usize,
 }
 
-fn node_signature(view: &ClusterView) -> Vec<(String, String)> {
-    view.nodes
-        .iter()
-        .map(|n| {
-            (
-                n.metadata.name.clone().unwrap_or_default(),
-                n.metadata.resource_version.clone().unwrap_or_default(),
-            )
-        })
-        .collect()
+/// The nodes sorted by name.
+pub fn sorted_nodes(view: &ClusterView) -> Vec<Arc<Node>> {
+    let mut nodes = view.nodes.clone();
+    nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    nodes
+}
+
+/// Whether two nodes differ in what scheduling reads: name, labels, gpuplace's
+/// annotations, taints, the cordon, allocatable. Status heartbeats and conditions do not
+/// count (readiness reaches the scheduler as taints).
+pub fn node_differs(a: &Node, b: &Node) -> bool {
+    let spec = |n: &Node| {
+        n.spec
+            .as_ref()
+            .map(|s| (s.taints.clone(), s.unschedulable))
+            .unwrap_or_default()
+    };
+    let allocatable = |n: &Node| n.status.as_ref().and_then(|s| s.allocatable.clone());
+    a.metadata.name != b.metadata.name
+        || a.metadata.labels != b.metadata.labels
+        || a.metadata.annotations != b.metadata.annotations
+        || spec(a) != spec(b)
+        || allocatable(a) != allocatable(b)
+}
+
+/// Whether the node sets (sorted by name) differ in what scheduling reads.
+pub fn nodes_differ(old: &[Arc<Node>], new: &[Arc<Node>]) -> bool {
+    old.len() != new.len()
+        || old
+            .iter()
+            .zip(new)
+            .any(|(a, b)| !Arc::ptr_eq(a, b) && node_differs(a, b))
 }
 
 fn key(p: &PodInfo) -> (&str, &str) {
@@ -60,8 +84,11 @@ impl StateCache {
         reservations: &mut Reservations,
         gpu_resource: &str,
     ) -> (Snapshot, Vec<super::Reservation>, bool) {
-        let nodes = node_signature(view);
-        let kept = self.snapshot.take().filter(|_| nodes == self.nodes);
+        let nodes = sorted_nodes(view);
+        let kept = self
+            .snapshot
+            .take()
+            .filter(|_| !nodes_differ(&self.nodes, &nodes));
         let (snapshot, lost, rebuilt) = match kept {
             Some(mut snapshot) => {
                 self.updates += 1;
