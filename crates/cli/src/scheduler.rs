@@ -257,7 +257,16 @@ async fn serve(
     tokio::pin!(run);
     let ended = tokio::select! {
         ended = &mut election => ended,
-        _ = &mut run => return Ok(()),
+        _ = &mut run => {
+            // Shut down: the loop has drained its Bindings; the election releases the lease
+            // (it saw the same signal) before the process ends.
+            match tokio::time::timeout(Duration::from_secs(5), &mut election).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "leader election task failed"),
+                Err(_) => tracing::warn!("the lease was not released within 5 s"),
+            }
+            return Ok(());
+        }
     };
     let _ = lost_tx.send(true);
     run.await;
