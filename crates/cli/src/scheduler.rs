@@ -31,6 +31,8 @@ struct FileSettings {
     lease_namespace: Option<String>,
     interval_ms: Option<u64>,
     max_in_flight: Option<usize>,
+    kube_api_qps: Option<f64>,
+    kube_api_burst: Option<u32>,
 }
 
 #[derive(Args, Debug)]
@@ -49,7 +51,8 @@ pub struct SchedulerArgs {
     #[arg(long, env = "GPUPLACE_WEIGHTS")]
     weights: Option<String>,
     /// YAML config file (scheduler-name, policy, weights, resource, seed, metrics-addr,
-    /// leader-elect, lease-namespace, interval-ms, max-in-flight).
+    /// leader-elect, lease-namespace, interval-ms, max-in-flight, kube-api-qps,
+    /// kube-api-burst).
     #[arg(long, env = "GPUPLACE_CONFIG")]
     config: Option<PathBuf>,
     /// Serve /metrics, /healthz and /readyz here.
@@ -72,6 +75,13 @@ pub struct SchedulerArgs {
     /// Bindings in flight at once [default: 16].
     #[arg(long, env = "GPUPLACE_MAX_IN_FLIGHT")]
     max_in_flight: Option<usize>,
+    /// The scheduler's requests per second to the API server (Bindings, Events, reads,
+    /// statuses), after a burst [default: 0, no limit].
+    #[arg(long, env = "GPUPLACE_KUBE_API_QPS")]
+    kube_api_qps: Option<f64>,
+    /// Requests allowed at once before the QPS limit applies [default: 100].
+    #[arg(long, env = "GPUPLACE_KUBE_API_BURST")]
+    kube_api_burst: Option<u32>,
     /// Seed of the node order that breaks ties [default: 42].
     #[arg(long, env = "GPUPLACE_SEED")]
     seed: Option<u64>,
@@ -137,6 +147,16 @@ pub fn run(args: SchedulerArgs) -> anyhow::Result<()> {
             .unwrap_or(1000)
             .max(10),
     );
+    let rate = (
+        args.kube_api_qps.or(file.kube_api_qps).unwrap_or(0.0),
+        args.kube_api_burst.or(file.kube_api_burst).unwrap_or(100),
+    );
+    if !(rate.0 >= 0.0 && rate.0.is_finite()) {
+        anyhow::bail!(
+            "kube-api-qps {} is not a number of requests per second",
+            rate.0
+        );
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -149,6 +169,7 @@ pub fn run(args: SchedulerArgs) -> anyhow::Result<()> {
         leader_elect,
         lease_namespace,
         interval,
+        rate,
     ))
 }
 
@@ -174,6 +195,7 @@ async fn serve(
     leader_elect: bool,
     lease_namespace: String,
     interval: Duration,
+    (qps, burst): (f64, u32),
 ) -> anyhow::Result<()> {
     let client = client(kubeconfig).await?;
     let identity = format!(
@@ -202,7 +224,9 @@ async fn serve(
         let _ = rx.wait_for(|s| *s).await;
     };
     let api = tokio::select! {
-        api = KubeApi::start(client.clone(), identity.clone(), &config.gpu_resource) => api?,
+        api = KubeApi::start(client.clone(), identity.clone(), &config.gpu_resource) => {
+            api?.with_rate_limit(qps, burst)
+        }
         _ = until_stopped(stopped.clone()) => return Ok(()),
     };
     // Standbys are ready too: their caches are synced, so a rolling update proceeds.

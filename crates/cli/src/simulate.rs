@@ -121,7 +121,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         topology_asks,
     };
     if let Some(dir) = &args.out {
-        let files = report::write_report(&summary, dir)?;
+        let files = gpuplace_sim::output::write_report(&summary, dir)?;
         if !args.json {
             println!(
                 "wrote {} files to {}: {}",

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use gpuplace_model::{NodeInventory, Request};
 
-use crate::state::NodeState;
+use crate::node_state::NodeState;
 
 /// A pod shape as fragmentation sees it: memory is left out, as in the paper.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -9,6 +9,7 @@ mod classes;
 mod devices;
 mod fit;
 mod frag;
+mod node_state;
 mod placer;
 mod policy;
 pub mod require;

@@ -8,37 +8,10 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 
 use crate::pod_info::PodInfo;
-
-/// Identity of a pod.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct PodKey {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
-}
-
-impl PodKey {
-    pub fn of(pod: &Pod) -> PodKey {
-        PodKey {
-            namespace: pod
-                .metadata
-                .namespace
-                .clone()
-                .unwrap_or_else(|| "default".into()),
-            name: pod.metadata.name.clone().unwrap_or_default(),
-            uid: pod.metadata.uid.clone().unwrap_or_default(),
-        }
-    }
-}
-
-impl std::fmt::Display for PodKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
+pub use crate::pod_info::PodKey;
 
 /// What an API call can answer besides success.
 #[derive(Debug, thiserror::Error, PartialEq, Eq, Clone)]

@@ -36,6 +36,8 @@ pub struct KubeApi {
     recorder: Recorder,
     /// Counts watch events of all three caches: the view's generation.
     changes: Changes,
+    /// The client's own request rate limit (`--kube-api-qps`, `--kube-api-burst`).
+    limit: Option<Arc<crate::rate::TokenBucket>>,
 }
 
 /// A counter of watch events that waiters can wait on.
@@ -342,7 +344,21 @@ impl KubeApi {
             pods,
             groups,
             changes,
+            limit: None,
         })
+    }
+
+    /// Limits the scheduler's writes and reads to `qps` a second after a burst of `burst`
+    /// (no limit when `qps` is 0).
+    pub fn with_rate_limit(mut self, qps: f64, burst: u32) -> KubeApi {
+        self.limit = crate::rate::TokenBucket::new(qps, burst).map(Arc::new);
+        self
+    }
+
+    async fn throttle(&self) {
+        if let Some(limit) = &self.limit {
+            limit.acquire().await;
+        }
     }
 
     pub fn client(&self) -> &Client {
@@ -373,6 +389,7 @@ impl ClusterApi for KubeApi {
     }
 
     async fn bind(&self, request: &BindRequest) -> Result<(), ApiError> {
+        self.throttle().await;
         let pod = &request.pod;
         let api = Api::<Pod>::namespaced(self.client.clone(), &pod.namespace);
         let binding = Binding {
@@ -404,6 +421,7 @@ impl ClusterApi for KubeApi {
     }
 
     async fn get_pod(&self, pod: &PodKey) -> Result<Option<PodState>, ApiError> {
+        self.throttle().await;
         let api = Api::<Pod>::namespaced(self.client.clone(), &pod.namespace);
         let found = api.get_opt(&pod.name).await.map_err(api_error)?;
         Ok(found.map(|p| PodState {
@@ -424,6 +442,7 @@ impl ClusterApi for KubeApi {
     }
 
     async fn event(&self, event: EventRecord) -> Result<(), ApiError> {
+        self.throttle().await;
         // kube-rs's recorder names the Event `<pod>.<hex time>` (a valid name, where a
         // `generateName` of `<pod>.` is refused by the API server) and folds repeats into
         // an Event series, as kube's own recorders do.
@@ -463,6 +482,7 @@ impl ClusterApi for KubeApi {
         name: &str,
         status: PodGroupStatus,
     ) -> Result<(), ApiError> {
+        self.throttle().await;
         let api = Api::<PodGroup>::namespaced(self.client.clone(), namespace);
         api.patch_status(
             name,

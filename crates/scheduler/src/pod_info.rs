@@ -11,10 +11,37 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{NodeSelector, Pod, Toleration};
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::PodKey;
 use crate::demand::{
     ALLOCATED_ANNOTATION, ASSIGNMENT_ANNOTATION, POD_GROUP_LABEL, PodDemand, pod_demand,
 };
+
+/// Identity of a pod.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PodKey {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+impl PodKey {
+    pub fn of(pod: &Pod) -> PodKey {
+        PodKey {
+            namespace: pod
+                .metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| "default".into()),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
+        }
+    }
+}
+
+impl std::fmt::Display for PodKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
 
 /// The pod fields the node filters read; absent when the pod has none of them.
 #[derive(Clone, Debug, Default, PartialEq)]

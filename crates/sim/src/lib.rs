@@ -3,6 +3,7 @@
 
 pub mod asks;
 pub mod builtin;
+pub mod output;
 mod plot;
 pub mod replay;
 pub mod report;

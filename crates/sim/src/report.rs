@@ -222,32 +222,14 @@ pub enum ReportError {
     Plot { path: String, message: String },
 }
 
-fn write(path: &Path, text: &str) -> Result<(), ReportError> {
+pub(crate) fn write(path: &Path, text: &str) -> Result<(), ReportError> {
     std::fs::write(path, text).map_err(|source| ReportError::Write {
         path: path.display().to_string(),
         source,
     })
 }
 
-/// Writes summary.json, curves.csv, the plots (SVG and PNG) and index.html into `dir`.
-pub fn write_report(summary: &Summary, dir: &Path) -> Result<Vec<String>, ReportError> {
-    std::fs::create_dir_all(dir).map_err(|source| ReportError::Write {
-        path: dir.display().to_string(),
-        source,
-    })?;
-    let json = serde_json::to_string_pretty(summary).unwrap_or_default();
-    write(&dir.join("summary.json"), &json)?;
-    write(&dir.join("curves.csv"), &curves_csv(summary))?;
-    let mut files = vec!["summary.json".to_string(), "curves.csv".to_string()];
-    for chart in crate::plot::CHARTS {
-        files.extend(crate::plot::draw(summary, chart, dir)?);
-    }
-    write(&dir.join("index.html"), &html(summary))?;
-    files.push("index.html".to_string());
-    Ok(files)
-}
-
-fn html(summary: &Summary) -> String {
+pub(crate) fn html(summary: &Summary) -> String {
     let mut rows = String::new();
     for p in &summary.policies {
         let _ = writeln!(

@@ -83,7 +83,7 @@ impl StateCache {
         view: &ClusterView,
         reservations: &mut Reservations,
         gpu_resource: &str,
-    ) -> (Snapshot, Vec<super::Reservation>, bool) {
+    ) -> (Snapshot, Vec<super::assume::Reservation>, bool) {
         let nodes = sorted_nodes(view);
         let kept = self
             .snapshot
