@@ -183,7 +183,13 @@ async fn serve(config: Arc<gpuplace_deviceplugin::Config>) -> anyhow::Result<()>
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("cannot serve metrics on {addr}"))?;
-        tokio::spawn(metrics::serve(listener, registry, metrics.clone()));
+        let registered = metrics.clone();
+        let probe: crate::ops::Probe = Arc::new(move || metrics::health(&registered));
+        let probes = crate::ops::Probes {
+            healthz: probe.clone(),
+            readyz: probe,
+        };
+        tokio::spawn(crate::ops::serve(listener, registry, probes));
     }
     let wants_api = config.publish_inventory || config.handshake;
     let client = if wants_api {

@@ -7,6 +7,7 @@ mod device_plugin;
 #[cfg(feature = "bench-fakes")]
 mod heap;
 mod logging;
+mod ops;
 mod scheduler;
 mod signals;
 mod simulate;

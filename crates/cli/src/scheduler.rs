@@ -10,7 +10,7 @@ use clap::Args;
 use gpuplace_core::Policy;
 use gpuplace_scheduler::kube_api::KubeApi;
 use gpuplace_scheduler::leader::{ElectionConfig, Elector, Ended, Gate, KubeLeases};
-use gpuplace_scheduler::metrics::{self, Health, Metrics};
+use gpuplace_scheduler::metrics::{Health, Metrics};
 use gpuplace_scheduler::scheduler::run::{Heartbeat, LoopConfig};
 use gpuplace_scheduler::{Scheduler, SchedulerConfig};
 use serde::Deserialize;
@@ -212,7 +212,24 @@ async fn serve(
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("cannot serve metrics on {addr}"))?;
-        tokio::spawn(metrics::serve(listener, Arc::new(registry), health.clone()));
+        let (live, ready) = (health.clone(), health.clone());
+        let probes = crate::ops::Probes {
+            healthz: Arc::new(move || {
+                if live.is_healthy() {
+                    Ok("ok")
+                } else {
+                    Err("scheduling loop stuck")
+                }
+            }),
+            readyz: Arc::new(move || {
+                if ready.is_ready() {
+                    Ok("ready")
+                } else {
+                    Err("caches not synced")
+                }
+            }),
+        };
+        tokio::spawn(crate::ops::serve(listener, Arc::new(registry), probes));
     }
     info!(scheduler = %config.scheduler_name, policy = %config.policy, "starting watches");
     let (stop, stopped) = tokio::sync::watch::channel(false);

@@ -1,18 +1,11 @@
 //! Prometheus metrics of the device plugin, served on `--metrics-addr` with `/healthz`.
 
-use std::sync::Arc;
-
-use axum::Router;
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
-use axum::routing::get;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use tracing::{info, warn};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
@@ -176,48 +169,11 @@ pub fn render(registry: &Registry) -> String {
 
 /// `/healthz`: 200 while registered with the kubelet; 503 otherwise (the kubelet's socket
 /// is gone or refuses us), so a probe can tell a plugin the kubelet does not hear.
-pub fn health(metrics: &Metrics) -> (StatusCode, &'static str) {
+pub fn health(metrics: &Metrics) -> Result<&'static str, &'static str> {
     if metrics.registered.get() > 0 {
-        (StatusCode::OK, "ok: registered with the kubelet")
+        Ok("ok: registered with the kubelet")
     } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not registered with the kubelet",
-        )
-    }
-}
-
-/// Serves `/metrics` and `/healthz` on `listener` until the task is dropped.
-pub async fn serve(listener: tokio::net::TcpListener, registry: Arc<Registry>, metrics: Metrics) {
-    let app = Router::new()
-        .route(
-            "/metrics",
-            get(move || {
-                let registry = registry.clone();
-                async move {
-                    (
-                        [(
-                            header::CONTENT_TYPE,
-                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                        )],
-                        render(&registry),
-                    )
-                }
-            }),
-        )
-        .route(
-            "/healthz",
-            get(move || {
-                let metrics = metrics.clone();
-                async move { health(&metrics) }
-            }),
-        )
-        .fallback(|| async { StatusCode::NOT_FOUND.into_response() });
-    if let Ok(addr) = listener.local_addr() {
-        info!(%addr, "serving metrics");
-    }
-    if let Err(e) = axum::serve(listener, app).await {
-        warn!(error = %e, "metrics server stopped");
+        Err("not registered with the kubelet")
     }
 }
 
@@ -228,10 +184,10 @@ mod tests {
     #[test]
     fn health_follows_the_registration() {
         let m = Metrics::default();
-        assert_eq!(health(&m).0, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(health(&m).is_err());
         m.registered.set(1);
-        assert_eq!(health(&m).0, StatusCode::OK);
+        assert!(health(&m).is_ok());
         m.registered.set(0);
-        assert_eq!(health(&m).0, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(health(&m).is_err());
     }
 }

@@ -87,6 +87,27 @@ pub struct PodState {
     pub assignment: Option<String>,
 }
 
+impl PodState {
+    /// What a read of `pod` says.
+    pub fn of(pod: &k8s_openapi::api::core::v1::Pod) -> PodState {
+        PodState {
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
+            resource_version: pod.metadata.resource_version.clone().unwrap_or_default(),
+            node_name: pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .filter(|n| !n.is_empty()),
+            assignment: pod
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(crate::demand::ASSIGNMENT_ANNOTATION))
+                .cloned(),
+        }
+    }
+}
+
 /// Reads and writes the scheduler needs. Clones share one connection and one cache.
 pub trait ClusterApi: Clone + Send + Sync + 'static {
     /// Current nodes, pods and pod groups (from watch-fed caches in production).

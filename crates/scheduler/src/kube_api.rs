@@ -23,7 +23,7 @@ use tracing::{info, warn};
 
 use crate::api::{ApiError, BindRequest, ClusterApi, ClusterView, EventRecord, PodKey, PodState};
 use crate::cache::PodCache;
-use crate::demand::ASSIGNMENT_ANNOTATION;
+
 use crate::gang::{PodGroup, PodGroupStatus};
 
 /// The API server, seen through reflector caches.
@@ -424,21 +424,7 @@ impl ClusterApi for KubeApi {
         self.throttle().await;
         let api = Api::<Pod>::namespaced(self.client.clone(), &pod.namespace);
         let found = api.get_opt(&pod.name).await.map_err(api_error)?;
-        Ok(found.map(|p| PodState {
-            uid: p.metadata.uid.clone().unwrap_or_default(),
-            resource_version: p.metadata.resource_version.clone().unwrap_or_default(),
-            node_name: p
-                .spec
-                .as_ref()
-                .and_then(|s| s.node_name.clone())
-                .filter(|n| !n.is_empty()),
-            assignment: p
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(ASSIGNMENT_ANNOTATION))
-                .cloned(),
-        }))
+        Ok(found.as_ref().map(PodState::of))
     }
 
     async fn event(&self, event: EventRecord) -> Result<(), ApiError> {

@@ -3,9 +3,6 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use axum::Router;
-use axum::http::{StatusCode, header};
-use axum::routing::get;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -166,54 +163,4 @@ impl Metrics {
         self.fragmentation_gpus
             .set((report.fragmentation_milli / 1000) as i64);
     }
-}
-
-/// Serves `/metrics`, `/healthz` and `/readyz`.
-pub async fn serve(listener: tokio::net::TcpListener, registry: Arc<Registry>, health: Health) {
-    let live = health.clone();
-    let app = Router::new()
-        .route(
-            "/metrics",
-            get(move || {
-                let registry = registry.clone();
-                async move {
-                    let mut out = String::new();
-                    let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
-                    (
-                        [(
-                            header::CONTENT_TYPE,
-                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                        )],
-                        out,
-                    )
-                }
-            }),
-        )
-        .route(
-            "/healthz",
-            get(move || {
-                let live = live.clone();
-                async move {
-                    if live.is_healthy() {
-                        (StatusCode::OK, "ok")
-                    } else {
-                        (StatusCode::SERVICE_UNAVAILABLE, "scheduling loop stuck")
-                    }
-                }
-            }),
-        )
-        .route(
-            "/readyz",
-            get(move || {
-                let health = health.clone();
-                async move {
-                    if health.is_ready() {
-                        (StatusCode::OK, "ready")
-                    } else {
-                        (StatusCode::SERVICE_UNAVAILABLE, "not ready")
-                    }
-                }
-            }),
-        );
-    let _ = axum::serve(listener, app).await;
 }

@@ -174,41 +174,14 @@ async fn write<A: ClusterApi>(
                 continue;
             }
         };
-        match state {
-            None => {
-                return Err(WriteFailure::Refused(ApiError::NotFound(
-                    request.pod.to_string(),
-                )));
-            }
-            Some(s) if s.uid != request.pod.uid => {
-                return Err(WriteFailure::Refused(ApiError::NotFound(format!(
-                    "{} (recreated)",
-                    request.pod
-                ))));
-            }
-            Some(s)
-                if s.node_name.as_deref() == Some(request.node.as_str())
-                    && s.assignment.as_ref()
-                        == request
-                            .annotations
-                            .get(crate::demand::ASSIGNMENT_ANNOTATION) =>
-            {
-                // The ambiguous write landed.
-                return Ok(());
-            }
-            Some(s) if s.node_name.is_some() => {
-                return Err(WriteFailure::Refused(ApiError::Conflict(format!(
-                    "{} is already bound to {}",
-                    request.pod,
-                    s.node_name.unwrap_or_default()
-                ))));
-            }
-            Some(s) => {
+        match stands(state, &request) {
+            Stands::Done(result) => return result,
+            Stands::Unbound(resource_version) => {
                 if matches!(error, ApiError::Conflict(_)) {
                     if !refresh {
                         return Err(WriteFailure::Refused(error));
                     }
-                    request.resource_version = s.resource_version;
+                    request.resource_version = resource_version;
                 }
                 last = error;
             }
@@ -220,6 +193,37 @@ async fn write<A: ClusterApi>(
         return resolve(api, gate, &request, attempts, last).await;
     }
     Err(WriteFailure::Failed { attempts, last })
+}
+
+/// Where a pod stands after a Binding that may or may not have landed.
+enum Stands {
+    /// Bound by our write, or beyond our reach (gone, recreated, bound elsewhere).
+    Done(Result<(), WriteFailure>),
+    /// Still unbound, at this resourceVersion.
+    Unbound(String),
+}
+
+fn stands(state: Option<crate::api::PodState>, request: &BindRequest) -> Stands {
+    let pod = &request.pod;
+    let refused = |e| Stands::Done(Err(WriteFailure::Refused(e)));
+    match state {
+        None => refused(ApiError::NotFound(pod.to_string())),
+        Some(s) if s.uid != pod.uid => refused(ApiError::NotFound(format!("{pod} (recreated)"))),
+        Some(s)
+            if s.node_name.as_deref() == Some(request.node.as_str())
+                && s.assignment.as_ref()
+                    == request
+                        .annotations
+                        .get(crate::demand::ASSIGNMENT_ANNOTATION) =>
+        {
+            Stands::Done(Ok(()))
+        }
+        Some(s) if s.node_name.is_some() => refused(ApiError::Conflict(format!(
+            "{pod} is already bound to {}",
+            s.node_name.unwrap_or_default()
+        ))),
+        Some(s) => Stands::Unbound(s.resource_version),
+    }
 }
 
 /// Reads the pod until it says where it stands (backing off to 5 s between reads; the
@@ -237,33 +241,12 @@ async fn resolve<A: ClusterApi>(
             return Err(WriteFailure::NotLeader);
         }
         match api.get_pod(&request.pod).await {
-            Ok(None) => {
-                return Err(WriteFailure::Refused(ApiError::NotFound(
-                    request.pod.to_string(),
-                )));
+            Ok(state) => {
+                return match stands(state, request) {
+                    Stands::Done(result) => result,
+                    Stands::Unbound(_) => Err(WriteFailure::Failed { attempts, last }),
+                };
             }
-            Ok(Some(s)) if s.uid != request.pod.uid => {
-                return Err(WriteFailure::Refused(ApiError::NotFound(format!(
-                    "{} (recreated)",
-                    request.pod
-                ))));
-            }
-            Ok(Some(s))
-                if s.node_name.as_deref() == Some(request.node.as_str())
-                    && s.assignment.as_ref()
-                        == request
-                            .annotations
-                            .get(crate::demand::ASSIGNMENT_ANNOTATION) =>
-            {
-                return Ok(());
-            }
-            Ok(Some(s)) if s.node_name.is_some() => {
-                return Err(WriteFailure::Refused(ApiError::Conflict(format!(
-                    "{} is already bound elsewhere",
-                    request.pod
-                ))));
-            }
-            Ok(Some(_)) => return Err(WriteFailure::Failed { attempts, last }),
             Err(_) => {
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(Duration::from_secs(5));

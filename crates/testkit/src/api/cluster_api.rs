@@ -127,21 +127,7 @@ impl ClusterApi for MemoryApi {
         let s = lock(&self.store);
         Ok(s.pods
             .get(&(pod.namespace.clone(), pod.name.clone()))
-            .map(|p| PodState {
-                uid: p.metadata.uid.clone().unwrap_or_default(),
-                resource_version: p.metadata.resource_version.clone().unwrap_or_default(),
-                node_name: p
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.node_name.clone())
-                    .filter(|n| !n.is_empty()),
-                assignment: p
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get(gpuplace_scheduler::demand::ASSIGNMENT_ANNOTATION))
-                    .cloned(),
-            }))
+            .map(|p| PodState::of(p)))
     }
 
     async fn event(&self, event: EventRecord) -> Result<(), ApiError> {
