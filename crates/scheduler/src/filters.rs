@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Node, NodeSelectorRequirement, NodeSelectorTerm, Taint, Toleration,
+    Node, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Taint, Toleration,
 };
 
 use crate::pod_info::SchedulingTerms;
@@ -39,11 +39,11 @@ impl NodeRejection {
 
 static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
 
-fn labels(node: &Node) -> &BTreeMap<String, String> {
+pub fn labels(node: &Node) -> &BTreeMap<String, String> {
     node.metadata.labels.as_ref().unwrap_or(&NO_LABELS)
 }
 
-fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
+pub fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
     if let Some(effect) = toleration.effect.as_deref()
         && !effect.is_empty()
         && effect != taint.effect
@@ -98,7 +98,11 @@ fn requirement_matches(req: &NodeSelectorRequirement, value: Option<&str>) -> bo
     }
 }
 
-fn term_matches(term: &NodeSelectorTerm, node: &Node, labels: &BTreeMap<String, String>) -> bool {
+pub fn term_matches(
+    term: &NodeSelectorTerm,
+    node: &Node,
+    labels: &BTreeMap<String, String>,
+) -> bool {
     let exprs = term.match_expressions.as_deref().unwrap_or(&[]);
     let fields = term.match_fields.as_deref().unwrap_or(&[]);
     if exprs.is_empty() && fields.is_empty() {
@@ -116,6 +120,16 @@ fn term_matches(term: &NodeSelectorTerm, node: &Node, labels: &BTreeMap<String, 
         })
 }
 
+/// Whether `node` matches `selector` (terms ORed, expressions ANDed), as a required node
+/// affinity or a PersistentVolume's node affinity reads it.
+pub fn matches_selector(node: &Node, selector: &NodeSelector) -> bool {
+    let labels = labels(node);
+    selector
+        .node_selector_terms
+        .iter()
+        .any(|term| term_matches(term, node, labels))
+}
+
 /// nodeSelector and required node affinity (terms ORed, expressions ANDed).
 pub fn matches_affinity(node: &Node, terms: Option<&SchedulingTerms>) -> bool {
     let labels = labels(node);
@@ -128,10 +142,7 @@ pub fn matches_affinity(node: &Node, terms: Option<&SchedulingTerms>) -> bool {
         return false;
     }
     match &terms.required_node_affinity {
-        Some(selector) => selector
-            .node_selector_terms
-            .iter()
-            .any(|term| term_matches(term, node, labels)),
+        Some(selector) => matches_selector(node, selector),
         None => true,
     }
 }

@@ -10,7 +10,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, Pod, PodAffinityTerm, TopologySpreadConstraint};
+use k8s_openapi::api::core::v1::{
+    Node, Pod, PodAffinityTerm, TopologySpreadConstraint, WeightedPodAffinityTerm,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use crate::pod_info::PodInfo;
@@ -40,6 +42,32 @@ pub struct PodTerms {
     pub anti_affinity: Vec<PodAffinityTerm>,
     /// Only `DoNotSchedule` constraints (`ScheduleAnyway` ones are preferences).
     pub spread: Vec<TopologySpreadConstraint>,
+    /// Preferred pod affinity and anti-affinity terms (scored, see `preference`).
+    pub preferred_affinity: Vec<WeightedPodAffinityTerm>,
+    pub preferred_anti_affinity: Vec<WeightedPodAffinityTerm>,
+    /// `ScheduleAnyway` spread constraints (scored).
+    pub soft_spread: Vec<TopologySpreadConstraint>,
+}
+
+impl PodTerms {
+    /// Whether the pod has terms that score nodes for other pods (preferred pod affinity
+    /// or anti-affinity: kube-scheduler scores existing pods' terms symmetrically).
+    pub fn scores_others(&self) -> bool {
+        !self.preferred_affinity.is_empty() || !self.preferred_anti_affinity.is_empty()
+    }
+
+    /// Whether the pod has terms that filter nodes (ports, required terms, hard spread).
+    pub fn has_requirements(&self) -> bool {
+        !self.host_ports.is_empty()
+            || !self.affinity.is_empty()
+            || !self.anti_affinity.is_empty()
+            || !self.spread.is_empty()
+    }
+
+    /// Whether the pod has preferences of its own about other pods.
+    pub fn has_preferences(&self) -> bool {
+        self.scores_others() || !self.soft_spread.is_empty()
+    }
 }
 
 impl PodTerms {
@@ -60,6 +88,16 @@ impl PodTerms {
             .collect();
         let affinity = spec.affinity.as_ref();
         let required = |terms: Option<&Vec<PodAffinityTerm>>| terms.cloned().unwrap_or_default();
+        let preferred =
+            |terms: Option<&Vec<WeightedPodAffinityTerm>>| terms.cloned().unwrap_or_default();
+        let constraints = |when: &str| -> Vec<TopologySpreadConstraint> {
+            spec.topology_spread_constraints
+                .iter()
+                .flatten()
+                .filter(|c| c.when_unsatisfiable == when)
+                .cloned()
+                .collect()
+        };
         let terms = PodTerms {
             host_ports,
             affinity: required(
@@ -78,13 +116,22 @@ impl PodTerms {
                             .as_ref()
                     }),
             ),
-            spread: spec
-                .topology_spread_constraints
-                .iter()
-                .flatten()
-                .filter(|c| c.when_unsatisfiable == "DoNotSchedule")
-                .cloned()
-                .collect(),
+            spread: constraints("DoNotSchedule"),
+            preferred_affinity: preferred(affinity.and_then(|a| a.pod_affinity.as_ref()).and_then(
+                |a| {
+                    a.preferred_during_scheduling_ignored_during_execution
+                        .as_ref()
+                },
+            )),
+            preferred_anti_affinity: preferred(
+                affinity
+                    .and_then(|a| a.pod_anti_affinity.as_ref())
+                    .and_then(|a| {
+                        a.preferred_during_scheduling_ignored_during_execution
+                            .as_ref()
+                    }),
+            ),
+            soft_spread: constraints("ScheduleAnyway"),
         };
         (terms != PodTerms::default()).then_some(terms)
     }
@@ -144,7 +191,7 @@ pub fn selects(selector: Option<&LabelSelector>, labels: &BTreeMap<String, Strin
 }
 
 /// Whether `term`, owned by a pod in `owner_namespace`, selects `pod`.
-fn term_selects(term: &PodAffinityTerm, owner_namespace: &str, pod: &PodInfo) -> bool {
+pub fn term_selects(term: &PodAffinityTerm, owner_namespace: &str, pod: &PodInfo) -> bool {
     let all_namespaces = term.namespace_selector.as_ref().is_some_and(|s| {
         s.match_labels.as_ref().is_none_or(|m| m.is_empty())
             && s.match_expressions.as_ref().is_none_or(|e| e.is_empty())
@@ -165,11 +212,11 @@ pub struct Placed<'a> {
 }
 
 impl Placed<'_> {
-    fn label(&self, n: usize, key: &str) -> Option<&String> {
+    pub fn label(&self, n: usize, key: &str) -> Option<&String> {
         self.nodes[n].metadata.labels.as_ref()?.get(key)
     }
 
-    fn each(&self) -> impl Iterator<Item = (usize, &Arc<PodInfo>)> {
+    pub fn each(&self) -> impl Iterator<Item = (usize, &Arc<PodInfo>)> {
         self.pods
             .iter()
             .enumerate()

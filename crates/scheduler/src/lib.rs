@@ -12,6 +12,7 @@ pub mod leader;
 pub mod metrics;
 pub mod need;
 pub mod pod_info;
+pub mod preference;
 pub mod rate;
 pub mod scheduler;
 pub mod snapshot;

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{NodeSelector, Pod, Toleration};
+use k8s_openapi::api::core::v1::{NodeSelector, Pod, PreferredSchedulingTerm, Toleration};
 use k8s_openapi::jiff::Timestamp;
 
 use crate::demand::{
@@ -50,6 +50,8 @@ pub struct SchedulingTerms {
     /// `affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution`.
     pub required_node_affinity: Option<NodeSelector>,
     pub tolerations: Option<Vec<Toleration>>,
+    /// `affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution` (scored).
+    pub preferred_node_affinity: Option<Vec<PreferredSchedulingTerm>>,
 }
 
 impl SchedulingTerms {
@@ -67,6 +69,15 @@ impl SchedulingTerms {
                         .clone()
                 }),
             tolerations: spec.tolerations.clone().filter(|t| !t.is_empty()),
+            preferred_node_affinity: spec
+                .affinity
+                .as_ref()
+                .and_then(|a| a.node_affinity.as_ref())
+                .and_then(|na| {
+                    na.preferred_during_scheduling_ignored_during_execution
+                        .clone()
+                })
+                .filter(|p| !p.is_empty()),
         };
         (terms != SchedulingTerms::default()).then_some(terms)
     }

@@ -93,6 +93,10 @@ pub struct Snapshot {
     /// Placed pods with anti-affinity terms: while there are none, pods without terms of
     /// their own skip the inter-pod filters.
     pub anti_affinity_pods: usize,
+    /// Placed pods with preferred pod (anti-)affinity terms, which score other pods' nodes.
+    pub preferring_pods: usize,
+    /// Nodes with a `PreferNoSchedule` taint (while there are some, every pod is scored).
+    pub soft_taint_nodes: usize,
     /// Problems found in objects (malformed annotations); nothing was lost because of them.
     pub warnings: Vec<String>,
 }
@@ -208,8 +212,15 @@ pub fn build(nodes: &[Arc<Node>], pods: &[Arc<PodInfo>], gpu_resource: &str) -> 
         held: HashMap::new(),
         placed: vec![Vec::new(); node_count],
         anti_affinity_pods: 0,
+        preferring_pods: 0,
+        soft_taint_nodes: 0,
         warnings,
     };
+    snapshot.soft_taint_nodes = snapshot
+        .nodes
+        .iter()
+        .filter(|n| crate::preference::has_soft_taint(n))
+        .count();
     for pod in pods.iter().filter(|p| p.is_active_bound()) {
         snapshot.account(pod);
         if let Some(n) = pod
@@ -232,6 +243,9 @@ impl Snapshot {
             .is_some_and(|t| !t.anti_affinity.is_empty())
         {
             self.anti_affinity_pods += 1;
+        }
+        if pod.placement.as_ref().is_some_and(|t| t.scores_others()) {
+            self.preferring_pods += 1;
         }
         if let Some(list) = self.placed.get_mut(n) {
             list.push(Arc::clone(pod));
@@ -258,6 +272,9 @@ impl Snapshot {
                 .is_some_and(|t| !t.anti_affinity.is_empty())
             {
                 self.anti_affinity_pods = self.anti_affinity_pods.saturating_sub(1);
+            }
+            if pod.placement.as_ref().is_some_and(|t| t.scores_others()) {
+                self.preferring_pods = self.preferring_pods.saturating_sub(1);
             }
         }
         true

@@ -135,3 +135,67 @@ async fn host_ports_affinity_and_spread() {
     assert!(bound_node(&api, "follower").is_some());
     assert_no_double_booking(&api);
 }
+
+#[tokio::test]
+async fn preferences_are_honoured_when_they_can_be_and_never_block() {
+    let api = MemoryApi::new();
+    for i in 0..3 {
+        api.put_node(node(&format!("n{i}"), 8, json!({})));
+    }
+    // FGD alone would pack 1-GPU replicas onto one node; preferred anti-affinity spreads them.
+    for i in 0..4 {
+        api.put_pod(pod(
+            &format!("r{i}"),
+            1,
+            json!({"metadata": {"labels": {"app": "db"},
+                    "creationTimestamp": format!("2030-01-01T00:00:0{i}Z")},
+                "spec": {"affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                    {"weight": 100, "podAffinityTerm": {"labelSelector": {"matchLabels": {"app": "db"}},
+                        "topologyKey": "kubernetes.io/hostname"}}]}}}}),
+        ));
+    }
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    let report = scheduler.round(Instant::now()).await.unwrap();
+    assert_eq!(report.bound, 4, "a preference never leaves a pod pending");
+    let mut first_three: Vec<String> = (0..3)
+        .filter_map(|i| bound_node(&api, &format!("r{i}")))
+        .collect();
+    first_three.sort();
+    assert_eq!(first_three, ["n0", "n1", "n2"]);
+
+    // ScheduleAnyway spread over zones, and a PreferNoSchedule node used only when needed.
+    let api = MemoryApi::new();
+    api.put_node(zoned("a1", "a"));
+    api.put_node(node(
+        "b1",
+        8,
+        json!({"metadata": {"labels": {"zone": "b"}},
+            "spec": {"taints": [{"key": "spot", "effect": "PreferNoSchedule"}]}}),
+    ));
+    api.put_node(zoned("b2", "b"));
+    for i in 0..2 {
+        api.put_pod(pod(
+            &format!("s{i}"),
+            1,
+            json!({"metadata": {"labels": {"job": "s"},
+                    "creationTimestamp": format!("2030-01-01T00:00:0{i}Z")},
+                "spec": {"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone",
+                    "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": {"job": "s"}}}]}}),
+        ));
+    }
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    scheduler.round(Instant::now()).await.unwrap();
+    let mut zones: Vec<String> = nodes_of(&api, "s");
+    zones.sort();
+    assert_eq!(zones.len(), 2);
+    assert!(zones.contains(&"a1".to_string()), "{zones:?}");
+    assert!(
+        zones.contains(&"b2".to_string()),
+        "the soft-tainted node is avoided: {zones:?}"
+    );
+    // Whole-node pods: b2 and a1 have room left for none, so the tainted node takes it.
+    api.put_pod(pod("big", 8, json!({})));
+    scheduler.round(Instant::now()).await.unwrap();
+    assert_eq!(bound_node(&api, "big").as_deref(), Some("b1"));
+    assert_no_double_booking(&api);
+}

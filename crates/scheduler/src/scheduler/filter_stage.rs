@@ -18,12 +18,25 @@ use crate::snapshot::{Scalars, Snapshot};
 pub struct Filtered {
     allowed: Vec<bool>,
     pub rejected: BTreeMap<String, usize>,
+    /// Narrowed to the nodes the pod's preferences rank best (see [`with_preferences`]).
+    narrowed: bool,
 }
 
 impl Filtered {
     /// The mask for core; none when every node is allowed.
     pub fn mask(&self) -> Option<&[bool]> {
-        (!self.rejected.is_empty()).then_some(&self.allowed[..])
+        (!self.rejected.is_empty() || self.narrowed).then_some(&self.allowed[..])
+    }
+
+    /// Keeps only the nodes `within` allows (a gang's topology domain).
+    pub fn restrict(&mut self, within: &[bool]) {
+        if self.allowed.len() != within.len() {
+            self.allowed = vec![true; within.len()];
+        }
+        for (a, w) in self.allowed.iter_mut().zip(within) {
+            *a &= *w;
+        }
+        self.narrowed = true;
     }
 }
 
@@ -48,7 +61,11 @@ fn mask_of<'a>(verdicts: impl Iterator<Item = Result<(), &'a NodeRejection>>) ->
             }
         }
     }
-    Filtered { allowed, rejected }
+    Filtered {
+        allowed,
+        rejected,
+        narrowed: false,
+    }
 }
 
 /// The mask for `demand`: the cached one, unless it asks for scalar resources (extended
@@ -103,7 +120,7 @@ pub fn with_interpod<'a>(
                 .as_ref()
                 .is_some_and(|t| !t.anti_affinity.is_empty())
         });
-    if pod.placement.is_none() && !anti {
+    if !pod.placement.as_ref().is_some_and(|t| t.has_requirements()) && !anti {
         return filtered;
     }
     let n_nodes = snapshot.nodes.len();
@@ -130,6 +147,47 @@ pub fn with_interpod<'a>(
             *out.rejected.entry(why.phrase().to_string()).or_default() += 1;
         }
     }
+    Cow::Owned(out)
+}
+
+/// Narrows `filtered` to the nodes where the pod fits on `state` with the best preference
+/// sum (preferred node and pod affinity, soft taints, `ScheduleAnyway` spread: see
+/// [`crate::preference`]), when the pod or the cluster has preferences and they tell
+/// fitting nodes apart. Unchanged when nothing fits, so core explains the failure.
+pub fn with_preferences<'a>(
+    filtered: Cow<'a, Filtered>,
+    snapshot: &Snapshot,
+    state: &gpuplace_core::ClusterState,
+    pod: &PodInfo,
+    request: &gpuplace_model::Request,
+    extra: &[(usize, std::sync::Arc<PodInfo>)],
+) -> Cow<'a, Filtered> {
+    let placed_prefer = snapshot.preferring_pods > 0
+        || extra
+            .iter()
+            .any(|(_, p)| p.placement.as_ref().is_some_and(|t| t.scores_others()));
+    if !crate::preference::wanted(pod, placed_prefer, snapshot.soft_taint_nodes > 0) {
+        return filtered;
+    }
+    let n_nodes = snapshot.nodes.len();
+    let allowed: Vec<bool> = match filtered.mask() {
+        Some(mask) if mask.len() == n_nodes => mask.to_vec(),
+        _ => vec![true; n_nodes],
+    };
+    let placed = Placed {
+        nodes: &snapshot.nodes,
+        pods: &snapshot.placed,
+        extra,
+    };
+    let scores = crate::preference::scores(&placed, pod, &allowed);
+    let Some(best) =
+        crate::preference::best_nodes(&scores, &allowed, |n| state.fit(n, request).is_ok())
+    else {
+        return filtered;
+    };
+    let mut out = filtered.into_owned();
+    out.allowed = best;
+    out.narrowed = true;
     Cow::Owned(out)
 }
 

@@ -11,13 +11,14 @@ use gpuplace_core::Decision;
 
 use std::sync::Arc;
 
-use super::filter_stage::{Verdicts, explain, filter_nodes, with_interpod};
+use super::filter_stage::{Verdicts, explain, filter_nodes, with_interpod, with_preferences};
 use super::{GangWrites, RoundReport, Scheduler};
 use crate::api::{ClusterApi, ClusterView};
 use crate::demand::PodDemand;
 use crate::gang::{PodGroupSpec, PodGroupStatus};
 use crate::pod_info::PodInfo;
 use crate::snapshot::Snapshot;
+use std::borrow::Cow;
 
 /// The members' annotation naming the gang's topology key when the PodGroup has none.
 pub const TOPOLOGY_KEY_ANNOTATION: &str = "gpuplace.io/topology-key";
@@ -294,6 +295,17 @@ impl<A: ClusterApi> Scheduler<A> {
             };
             let filtered = filter_nodes(&scalars, verdicts, &demand);
             let filtered = with_interpod(filtered, snapshot, pod, &extra);
+            let filtered = match domain {
+                // Within the gang's domain first: preferences then rank inside it.
+                Some(d) => {
+                    let mut within = filtered.into_owned();
+                    within.restrict(d);
+                    Cow::Owned(within)
+                }
+                None => filtered,
+            };
+            let filtered =
+                with_preferences(filtered, snapshot, &trial, pod, &demand.request, &extra);
             let mask: Option<Vec<bool>> = match (filtered.mask(), domain) {
                 (None, None) => None,
                 (Some(m), None) | (None, Some(m)) => Some(m.to_vec()),

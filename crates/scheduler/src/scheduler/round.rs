@@ -13,7 +13,9 @@ use tracing::{debug, info, warn};
 
 use super::assume::Reservation;
 use super::bind::{WriteFailure, WriteOutcome};
-use super::filter_stage::{VerdictCache, Verdicts, explain, filter_nodes, with_interpod};
+use super::filter_stage::{
+    VerdictCache, Verdicts, explain, filter_nodes, with_interpod, with_preferences,
+};
 use super::{RoundReport, RoundTimings, Scheduler, Seen};
 use crate::api::{ApiError, BindRequest, ClusterApi, ClusterView, PodKey};
 use crate::demand::{ASSIGNMENT_ANNOTATION, Assignment, PodDemand, split_devices};
@@ -227,6 +229,14 @@ impl<A: ClusterApi> Scheduler<A> {
         let demand = pod.demand.clone()?;
         let filtered = filter_nodes(&snapshot.scalars, verdicts, &demand);
         let filtered = with_interpod(filtered, snapshot, pod, &[]);
+        let filtered = with_preferences(
+            filtered,
+            snapshot,
+            &snapshot.state,
+            pod,
+            &demand.request,
+            &[],
+        );
         let decided = Instant::now();
         timings.filter += decided - started;
         let choice = self
