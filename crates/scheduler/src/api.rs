@@ -8,7 +8,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 
 use crate::pod_info::PodInfo;
 pub use crate::pod_info::PodKey;
@@ -39,6 +39,9 @@ pub struct ClusterView {
     pub nodes: Vec<Arc<Node>>,
     pub pods: Vec<Arc<PodInfo>>,
     pub groups: Vec<Arc<crate::gang::PodGroup>>,
+    /// PersistentVolumeClaims and PersistentVolumes (stripped to what volume checks read).
+    pub claims: Vec<Arc<PersistentVolumeClaim>>,
+    pub volumes: Vec<Arc<PersistentVolume>>,
     /// Grows with every watch event the view reflects: equal generations, equal views.
     pub generation: u64,
 }

@@ -10,7 +10,9 @@
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{
+    Binding, Node, ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -33,6 +35,8 @@ pub struct KubeApi {
     nodes: Store<Node>,
     pods: Arc<Mutex<PodCache>>,
     groups: Store<PodGroup>,
+    claims: Store<PersistentVolumeClaim>,
+    volumes: Store<PersistentVolume>,
     recorder: Recorder,
     /// Counts watch events of all three caches: the view's generation.
     changes: Changes,
@@ -223,6 +227,38 @@ fn node_fingerprint(node: &Node) -> u64 {
     h.finish()
 }
 
+/// What volume checks read of a claim: its volume and whether it is being deleted.
+fn claim_fingerprint(claim: &PersistentVolumeClaim) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (
+        &claim.metadata.namespace,
+        claim.spec.as_ref().map(|s| &s.volume_name),
+        claim.metadata.deletion_timestamp.is_some(),
+    )
+        .hash(&mut h);
+    h.finish()
+}
+
+/// What volume checks read of a volume: its node affinity.
+fn volume_fingerprint(volume: &PersistentVolume) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    serde_json::to_string(&volume.spec.as_ref().map(|s| &s.node_affinity))
+        .unwrap_or_default()
+        .hash(&mut h);
+    h.finish()
+}
+
+/// `namespace/name` (`/name` for cluster-wide objects).
+fn object_key(meta: &ObjectMeta) -> String {
+    format!(
+        "{}/{}",
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default()
+    )
+}
+
 fn run_reflector<K>(
     api: Api<K>,
     strip: fn(&mut K),
@@ -259,12 +295,12 @@ where
                 // One object of a list: the list's end counts as the change.
                 Ok(watcher::Event::InitApply(obj)) => {
                     if let Some(f) = fingerprint {
-                        seen.insert(obj.meta().name.clone().unwrap_or_default(), f(obj));
+                        seen.insert(object_key(obj.meta()), f(obj));
                     }
                     None
                 }
                 Ok(watcher::Event::Apply(obj)) => {
-                    let name = obj.meta().name.clone().unwrap_or_default();
+                    let name = object_key(obj.meta());
                     let same = fingerprint.is_some_and(|f| {
                         let print = f(obj);
                         seen.insert(name, print) == Some(print)
@@ -275,7 +311,7 @@ where
                     None
                 }
                 Ok(watcher::Event::Delete(obj)) => {
-                    seen.remove(obj.meta().name.as_deref().unwrap_or_default());
+                    seen.remove(&object_key(obj.meta()));
                     bump(&changes);
                     None
                 }
@@ -325,10 +361,33 @@ impl KubeApi {
             changes.clone(),
             None,
         );
+        let claims = run_reflector(
+            Api::<PersistentVolumeClaim>::all(client.clone()),
+            crate::volumes::strip_claim,
+            "persistentvolumeclaims cannot be listed (RBAC?)",
+            changes.clone(),
+            Some(claim_fingerprint),
+        );
+        let volumes = run_reflector(
+            Api::<PersistentVolume>::all(client.clone()),
+            crate::volumes::strip_volume,
+            "persistentvolumes cannot be listed (RBAC?)",
+            changes.clone(),
+            Some(volume_fingerprint),
+        );
         nodes
             .wait_until_ready()
             .await
             .map_err(|e| ApiError::Other(format!("node watch: {e}")))?;
+        // Without them, a pod's claims would look missing.
+        claims
+            .wait_until_ready()
+            .await
+            .map_err(|e| ApiError::Other(format!("claim watch: {e}")))?;
+        volumes
+            .wait_until_ready()
+            .await
+            .map_err(|e| ApiError::Other(format!("volume watch: {e}")))?;
         pods_listed
             .wait_for(|listed| *listed)
             .await
@@ -343,6 +402,8 @@ impl KubeApi {
             nodes,
             pods,
             groups,
+            claims,
+            volumes,
             changes,
             limit: None,
         })
@@ -375,6 +436,8 @@ impl ClusterApi for KubeApi {
             nodes: self.nodes.state(),
             pods: self.pods.lock().unwrap_or_else(|p| p.into_inner()).view(),
             groups: self.groups.state(),
+            claims: self.claims.state(),
+            volumes: self.volumes.state(),
             generation,
         })
     }

@@ -16,6 +16,7 @@ pub mod preference;
 pub mod rate;
 pub mod scheduler;
 pub mod snapshot;
+pub mod volumes;
 
 pub use api::{ApiError, ClusterApi, ClusterView, EventRecord, PodKey};
 pub use pod_info::{PodInfo, SchedulingTerms};

@@ -127,6 +127,8 @@ pub struct PodInfo {
     pub labels: BTreeMap<String, String>,
     /// Host ports, pod (anti-)affinity and spread constraints, if any.
     pub placement: Option<Box<crate::interpod::PodTerms>>,
+    /// The PersistentVolumeClaims it mounts (see [`crate::volumes`]).
+    pub claims: Vec<crate::volumes::ClaimRef>,
 }
 
 impl PodInfo {
@@ -174,6 +176,7 @@ impl PodInfo {
             filter_key: terms.as_ref().map(SchedulingTerms::key).unwrap_or_default(),
             labels: meta.labels.clone().unwrap_or_default(),
             placement: crate::interpod::PodTerms::of(pod).map(Box::new),
+            claims: crate::volumes::claims_of(pod),
             terms: terms.map(Box::new),
         }
     }

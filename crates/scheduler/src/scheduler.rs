@@ -125,6 +125,8 @@ struct Seen {
     nodes: Vec<std::sync::Arc<k8s_openapi::api::core::v1::Node>>,
     active: HashSet<String>,
     groups: HashMap<String, String>,
+    /// [`crate::volumes::digest`] of the claims and volumes.
+    volumes: u64,
 }
 
 /// A gang whose Bindings are in flight.
@@ -158,6 +160,8 @@ pub struct Scheduler<A: ClusterApi> {
     gang_status: HashMap<String, PodGroupStatus>,
     /// Object problems already logged: each is logged once while it lasts.
     warned: HashSet<String>,
+    /// Claims and volumes this round (built only when a waiting pod has claims).
+    volumes: crate::volumes::VolumeIndex,
 }
 
 /// RFC 3339 UTC time of `t` (seconds precision).
@@ -201,6 +205,7 @@ impl<A: ClusterApi> Scheduler<A> {
             gang_writes: HashMap::new(),
             gang_status: HashMap::new(),
             warned: HashSet::new(),
+            volumes: Default::default(),
         }
     }
 

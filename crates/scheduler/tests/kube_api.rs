@@ -173,6 +173,26 @@ async fn answer(server: &Mutex<Server>, method: &str, uri: &str, body: &Value) -
                 json!({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "10"}, "items": items}),
             )
         }
+        ("GET", "/api/v1/persistentvolumeclaims") if !watch => (
+            200,
+            json!({"kind": "PersistentVolumeClaimList", "apiVersion": "v1", "metadata": {"resourceVersion": "10"},
+                "items": [{"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                    "metadata": {"name": "data", "namespace": "ml", "resourceVersion": "4",
+                        "annotations": {"pv.kubernetes.io/bind-completed": "yes"}},
+                    "spec": {"volumeName": "nvme-n1", "accessModes": ["ReadWriteOnce"],
+                        "resources": {"requests": {"storage": "100Gi"}}},
+                    "status": {"phase": "Bound"}}]}),
+        ),
+        ("GET", "/api/v1/persistentvolumes") if !watch => (
+            200,
+            json!({"kind": "PersistentVolumeList", "apiVersion": "v1", "metadata": {"resourceVersion": "10"},
+                "items": [{"apiVersion": "v1", "kind": "PersistentVolume",
+                    "metadata": {"name": "nvme-n1", "resourceVersion": "4"},
+                    "spec": {"capacity": {"storage": "100Gi"}, "local": {"path": "/mnt/nvme"},
+                        "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                            {"key": "kubernetes.io/hostname", "operator": "In", "values": ["n1"]}]}]}}},
+                    "status": {"phase": "Bound"}}]}),
+        ),
         ("GET", "/apis/gpuplace.io/v1alpha1/podgroups") if !watch => (
             200,
             json!({"kind": "PodGroupList", "apiVersion": "gpuplace.io/v1alpha1", "metadata": {"resourceVersion": "10"}, "items": []}),
@@ -357,6 +377,16 @@ async fn view_holds_compact_pods_and_stripped_nodes() {
     assert_eq!(pod.resource_version, "5");
     assert_eq!(pod.demand.as_ref().unwrap().request.gpu_count, 1);
     assert!(pod.is_pending_for("gpuplace"));
+    // Claims and volumes, stripped to what volume checks read.
+    assert_eq!(view.claims.len(), 1);
+    let claim = &view.claims[0];
+    assert!(claim.metadata.annotations.is_none() && claim.status.is_none());
+    assert_eq!(
+        claim.spec.as_ref().unwrap().volume_name.as_deref(),
+        Some("nvme-n1")
+    );
+    let volume = view.volumes[0].spec.as_ref().unwrap();
+    assert!(volume.local.is_none() && volume.node_affinity.is_some());
 }
 
 #[tokio::test]

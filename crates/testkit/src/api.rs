@@ -27,7 +27,7 @@ pub use costs::{Faults, MAX_ANNOTATIONS_BYTES, ServerCosts, is_qualified_name};
 use gpuplace_scheduler::cache::PodCache;
 use gpuplace_scheduler::gang::PodGroup;
 use gpuplace_scheduler::{ApiError, EventRecord, PodKey};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tokio::time::Instant;
@@ -37,6 +37,8 @@ pub(super) struct Store {
     nodes: BTreeMap<String, Arc<Node>>,
     pods: BTreeMap<(String, String), Arc<Pod>>,
     groups: BTreeMap<(String, String), Arc<PodGroup>>,
+    claims: BTreeMap<(String, String), Arc<PersistentVolumeClaim>>,
+    volumes: BTreeMap<String, Arc<PersistentVolume>>,
     events: Vec<EventRecord>,
     bindings: Vec<(PodKey, String)>,
     /// Faults to inject: the next N binds fail with a conflict.
@@ -76,6 +78,8 @@ impl Default for Store {
             nodes: BTreeMap::new(),
             pods: BTreeMap::new(),
             groups: BTreeMap::new(),
+            claims: BTreeMap::new(),
+            volumes: BTreeMap::new(),
             events: Vec::new(),
             bindings: Vec::new(),
             fail_binds: 0,
@@ -510,6 +514,35 @@ impl MemoryApi {
         let mut s = lock(&self.store);
         s.bump();
         s.events.push(event);
+    }
+
+    /// Creates or replaces a PersistentVolumeClaim (seen by the next view, like a node).
+    pub fn put_claim(&self, mut claim: PersistentVolumeClaim) {
+        let mut s = lock(&self.store);
+        s.generation += 1;
+        claim.metadata.resource_version = Some(s.bump());
+        let ns = claim
+            .metadata
+            .namespace
+            .get_or_insert_with(|| "default".into())
+            .clone();
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        s.claims.insert((ns, name), Arc::new(claim));
+        let v = s.version;
+        drop(s);
+        self.node_version.send_replace(v);
+    }
+
+    /// Creates or replaces a PersistentVolume.
+    pub fn put_volume(&self, mut volume: PersistentVolume) {
+        let mut s = lock(&self.store);
+        s.generation += 1;
+        volume.metadata.resource_version = Some(s.bump());
+        let name = volume.metadata.name.clone().unwrap_or_default();
+        s.volumes.insert(name, Arc::new(volume));
+        let v = s.version;
+        drop(s);
+        self.node_version.send_replace(v);
     }
 
     pub fn put_group(&self, mut group: PodGroup) {

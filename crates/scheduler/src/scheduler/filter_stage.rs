@@ -150,6 +150,44 @@ pub fn with_interpod<'a>(
     Cow::Owned(out)
 }
 
+/// Adds the volume checks: the pod's claims must exist and be bound (else `Err`, in
+/// kube-scheduler's `0/N nodes are available: ...` form), and nodes its bound volumes'
+/// node affinity excludes are refused.
+pub fn with_volumes<'a>(
+    filtered: Cow<'a, Filtered>,
+    snapshot: &Snapshot,
+    volumes: &crate::volumes::VolumeIndex,
+    pod: &PodInfo,
+) -> Result<Cow<'a, Filtered>, String> {
+    if pod.claims.is_empty() {
+        return Ok(filtered);
+    }
+    let n_nodes = snapshot.nodes.len();
+    let selectors = volumes
+        .check(pod)
+        .map_err(|why| format!("0/{n_nodes} nodes are available: {why}."))?;
+    if selectors.is_empty() {
+        return Ok(filtered);
+    }
+    let mut out = filtered.into_owned();
+    if out.allowed.len() != n_nodes {
+        out.allowed = vec![true; n_nodes];
+    }
+    for (n, node) in snapshot.nodes.iter().enumerate() {
+        if out.allowed[n]
+            && !selectors
+                .iter()
+                .all(|s| crate::filters::matches_selector(node, s))
+        {
+            out.allowed[n] = false;
+            *out.rejected
+                .entry(crate::volumes::NODE_CONFLICT.to_string())
+                .or_default() += 1;
+        }
+    }
+    Ok(Cow::Owned(out))
+}
+
 /// Narrows `filtered` to the nodes where the pod fits on `state` with the best preference
 /// sum (preferred node and pod affinity, soft taints, `ScheduleAnyway` spread: see
 /// [`crate::preference`]), when the pod or the cluster has preferences and they tell

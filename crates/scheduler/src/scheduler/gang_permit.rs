@@ -11,7 +11,9 @@ use gpuplace_core::Decision;
 
 use std::sync::Arc;
 
-use super::filter_stage::{Verdicts, explain, filter_nodes, with_interpod, with_preferences};
+use super::filter_stage::{
+    Verdicts, explain, filter_nodes, with_interpod, with_preferences, with_volumes,
+};
 use super::{GangWrites, RoundReport, Scheduler};
 use crate::api::{ClusterApi, ClusterView};
 use crate::demand::PodDemand;
@@ -294,6 +296,13 @@ impl<A: ClusterApi> Scheduler<A> {
                 }
             };
             let filtered = filter_nodes(&scalars, verdicts, &demand);
+            let filtered = match with_volumes(filtered, snapshot, &self.volumes, pod) {
+                Ok(f) => f,
+                Err(why) => {
+                    out.failure = Some(why);
+                    continue;
+                }
+            };
             let filtered = with_interpod(filtered, snapshot, pod, &extra);
             let filtered = match domain {
                 // Within the gang's domain first: preferences then rank inside it.

@@ -14,7 +14,7 @@ use tracing::{debug, info, warn};
 use super::assume::Reservation;
 use super::bind::{WriteFailure, WriteOutcome};
 use super::filter_stage::{
-    VerdictCache, Verdicts, explain, filter_nodes, with_interpod, with_preferences,
+    VerdictCache, Verdicts, explain, filter_nodes, with_interpod, with_preferences, with_volumes,
 };
 use super::{RoundReport, RoundTimings, Scheduler, Seen};
 use crate::api::{ApiError, BindRequest, ClusterApi, ClusterView, PodKey};
@@ -79,7 +79,8 @@ impl<A: ClusterApi> Scheduler<A> {
             .collect();
         let freed = self.seen.active.iter().any(|uid| !active.contains(uid));
         let nodes_changed = super::state_cache::nodes_differ(&self.seen.nodes, &nodes);
-        if nodes_changed || groups != self.seen.groups || freed {
+        let volumes = crate::volumes::digest(&view.claims, &view.volumes);
+        if nodes_changed || groups != self.seen.groups || freed || volumes != self.seen.volumes {
             self.queue.wake_all();
         }
         self.seen = Seen {
@@ -87,6 +88,7 @@ impl<A: ClusterApi> Scheduler<A> {
             nodes,
             active,
             groups,
+            volumes,
         };
     }
 
@@ -146,6 +148,11 @@ impl<A: ClusterApi> Scheduler<A> {
             })
             .collect();
         let waiting_uids: HashSet<&str> = waiting.iter().map(|p| p.key.uid.as_str()).collect();
+        self.volumes = if waiting.iter().any(|p| !p.claims.is_empty()) {
+            crate::volumes::VolumeIndex::new(&view.claims, &view.volumes)
+        } else {
+            Default::default()
+        };
         self.queue.retain(|uid| waiting_uids.contains(uid));
         let units = self.units(&waiting, now);
         report.timings.snapshot = started.elapsed();
@@ -228,6 +235,7 @@ impl<A: ClusterApi> Scheduler<A> {
         let started = Instant::now();
         let demand = pod.demand.clone()?;
         let filtered = filter_nodes(&snapshot.scalars, verdicts, &demand);
+        let filtered = with_volumes(filtered, snapshot, &self.volumes, pod)?;
         let filtered = with_interpod(filtered, snapshot, pod, &[]);
         let filtered = with_preferences(
             filtered,

@@ -19,6 +19,8 @@ impl ClusterApi for MemoryApi {
             nodes: s.nodes.values().cloned().collect(),
             pods: s.cache.view(),
             groups: s.groups.values().cloned().collect(),
+            claims: s.claims.values().cloned().collect(),
+            volumes: s.volumes.values().cloned().collect(),
             generation: s.generation,
         })
     }
