@@ -17,6 +17,7 @@
 
 mod cluster_api;
 mod costs;
+mod objects;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -305,72 +306,6 @@ impl MemoryApi {
         self.compact_history();
     }
 
-    /// Creates or replaces a node (resourceVersion assigned).
-    pub fn put_node(&self, mut node: Node) {
-        let mut s = lock(&self.store);
-        s.generation += 1;
-        node.metadata.resource_version = Some(s.bump());
-        let name = node.metadata.name.clone().unwrap_or_default();
-        s.nodes.insert(name, Arc::new(node));
-        let v = s.version;
-        drop(s);
-        self.node_version.send_replace(v);
-    }
-
-    /// Deletes a Node; a Node created again under the name starts with only what its
-    /// creator writes (no annotations or labels of other writers survive).
-    pub fn delete_node(&self, name: &str) {
-        let mut s = lock(&self.store);
-        s.generation += 1;
-        s.nodes.remove(name);
-        s.bump();
-        let v = s.version;
-        drop(s);
-        self.node_version.send_replace(v);
-    }
-
-    pub fn node(&self, name: &str) -> Option<Node> {
-        lock(&self.store).nodes.get(name).map(|n| (**n).clone())
-    }
-
-    /// Merges annotations and labels into a Node (a JSON merge patch of metadata).
-    pub fn merge_node_metadata(
-        &self,
-        name: &str,
-        annotations: &BTreeMap<String, String>,
-        labels: &BTreeMap<String, String>,
-    ) -> Result<Node, ApiError> {
-        let mut s = lock(&self.store);
-        s.generation += 1;
-        let rv = s.bump();
-        let node = s
-            .nodes
-            .get_mut(name)
-            .map(Arc::make_mut)
-            .ok_or_else(|| ApiError::NotFound(format!("node {name}")))?;
-        node.metadata
-            .annotations
-            .get_or_insert_with(Default::default)
-            .extend(annotations.iter().map(|(k, v)| (k.clone(), v.clone())));
-        node.metadata
-            .labels
-            .get_or_insert_with(Default::default)
-            .extend(labels.iter().map(|(k, v)| (k.clone(), v.clone())));
-        node.metadata.resource_version = Some(rv);
-        let out = node.clone();
-        let v = s.version;
-        drop(s);
-        self.node_version.send_replace(v);
-        Ok(out)
-    }
-
-    /// Waits until a Node changes after version `since`; returns the version now.
-    pub async fn wait_node_change(&self, since: u64) -> u64 {
-        let mut rx = self.node_version.subscribe();
-        let _ = rx.wait_for(|v| *v > since).await;
-        *rx.borrow()
-    }
-
     /// Creates or replaces a pod; a missing UID, namespace or timestamp is filled in.
     pub fn put_pod(&self, mut pod: Pod) {
         let mut s = lock(&self.store);
@@ -514,48 +449,6 @@ impl MemoryApi {
         let mut s = lock(&self.store);
         s.bump();
         s.events.push(event);
-    }
-
-    /// Creates or replaces a PersistentVolumeClaim (seen by the next view, like a node).
-    pub fn put_claim(&self, mut claim: PersistentVolumeClaim) {
-        let mut s = lock(&self.store);
-        s.generation += 1;
-        claim.metadata.resource_version = Some(s.bump());
-        let ns = claim
-            .metadata
-            .namespace
-            .get_or_insert_with(|| "default".into())
-            .clone();
-        let name = claim.metadata.name.clone().unwrap_or_default();
-        s.claims.insert((ns, name), Arc::new(claim));
-        let v = s.version;
-        drop(s);
-        self.node_version.send_replace(v);
-    }
-
-    /// Creates or replaces a PersistentVolume.
-    pub fn put_volume(&self, mut volume: PersistentVolume) {
-        let mut s = lock(&self.store);
-        s.generation += 1;
-        volume.metadata.resource_version = Some(s.bump());
-        let name = volume.metadata.name.clone().unwrap_or_default();
-        s.volumes.insert(name, Arc::new(volume));
-        let v = s.version;
-        drop(s);
-        self.node_version.send_replace(v);
-    }
-
-    pub fn put_group(&self, mut group: PodGroup) {
-        let mut s = lock(&self.store);
-        s.generation += 1;
-        group.metadata.resource_version = Some(s.bump());
-        let ns = group
-            .metadata
-            .namespace
-            .get_or_insert_with(|| "default".into())
-            .clone();
-        let name = group.metadata.name.clone().unwrap_or_default();
-        s.groups.insert((ns, name), Arc::new(group));
     }
 
     pub fn pod(&self, namespace: &str, name: &str) -> Option<Pod> {
