@@ -237,6 +237,37 @@ proptest! {
     }
 }
 
+proptest! {
+    /// The extender ranks nodes with `score_nodes`: a node fits there exactly when the
+    /// state says so, and the node `choose` picks has the highest score.
+    #[test]
+    fn node_scores_agree_with_choose(
+        nodes in proptest::collection::vec(node_strategy(), 1..12),
+        requests in proptest::collection::vec(request_strategy(), 1..30),
+        seed in any::<u64>(),
+    ) {
+        for policy in Policy::ALL.iter().copied().filter(|p| *p != Policy::Random) {
+            let mut state = build(&nodes, &[]);
+            let mut placer = Placer::new(policy, seed);
+            let all: Vec<usize> = (0..state.len()).collect();
+            for request in &requests {
+                let scores = placer.score_nodes(&state, request, &all);
+                for (n, s) in scores.iter().enumerate() {
+                    prop_assert_eq!(s.is_ok(), state.fit(n, request).is_ok());
+                }
+                if let Ok(d) = placer.choose(&state, request, None) {
+                    let best = scores.iter().filter_map(|s| s.as_ref().ok()).max().copied();
+                    prop_assert_eq!(Some(d.score), best, "policy {}", policy);
+                    prop_assert_eq!(scores[d.node].as_ref().ok().copied(), best);
+                    state.apply(d.node, request, &d.gpus).unwrap();
+                } else {
+                    prop_assert!(scores.iter().all(|s| s.is_err()));
+                }
+            }
+        }
+    }
+}
+
 /// A 16-GPU box of eight NVLinked pairs: an 8-GPU request must take four whole pairs, and
 /// the search must stay exact.
 #[test]

@@ -4,6 +4,7 @@
 pub mod api;
 pub mod cache;
 pub mod demand;
+pub mod extender;
 pub mod filters;
 pub mod gang;
 pub mod interpod;

@@ -8,14 +8,14 @@
 //! outcome, a backoff that ended); it decides pod after pod, each decision reserving its
 //! GPUs in the state before the next one is made, and hands the Bindings to the bind stage.
 
-mod assume;
-mod bind;
-mod filter_stage;
+pub(crate) mod assume;
+pub(crate) mod bind;
+pub(crate) mod filter_stage;
 mod gang_permit;
 mod queue;
 mod round;
 pub mod run;
-mod state_cache;
+pub(crate) mod state_cache;
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant, SystemTime};

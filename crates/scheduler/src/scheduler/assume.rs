@@ -178,3 +178,48 @@ pub fn apply(
     );
     true
 }
+
+/// Reserves `decision` for `pod` in `snapshot` at once and returns the reservation and the
+/// Binding that carries it (the assignment annotation, the pod's resourceVersion as the
+/// precondition). The scheduler's loop and the extender's bind both decide through here.
+pub fn reserve(
+    snapshot: &mut Snapshot,
+    pod: &std::sync::Arc<crate::pod_info::PodInfo>,
+    demand: &crate::demand::PodDemand,
+    decision: &gpuplace_core::Decision,
+    policy: &str,
+    gang: Option<String>,
+) -> (Reservation, crate::api::BindRequest) {
+    use crate::demand::{ASSIGNMENT_ANNOTATION, Assignment, split_devices};
+    let placement = decision.to_placement(&snapshot.state);
+    let assignment = Assignment {
+        node: placement.node.clone(),
+        containers: split_devices(&demand.containers, &placement.devices),
+        policy: policy.to_string(),
+        time: super::rfc3339(std::time::SystemTime::now()),
+    };
+    let inventory = snapshot.state.inventory(decision.node);
+    let reservation = Reservation {
+        key: pod.key.clone(),
+        node: placement.node.clone(),
+        request: demand.request.clone(),
+        gpus: decision
+            .gpus
+            .iter()
+            .map(|&(g, m)| (inventory.gpus[g].id.clone(), m))
+            .collect(),
+        extended: demand.extended.clone(),
+        gang,
+        written: false,
+    };
+    if !apply(snapshot, &pod.key.uid, &reservation, Some(pod)) {
+        tracing::warn!(pod = %pod.key, "a decision could not be reserved");
+    }
+    let request = crate::api::BindRequest {
+        pod: pod.key.clone(),
+        resource_version: pod.resource_version.clone(),
+        node: placement.node,
+        annotations: BTreeMap::from([(ASSIGNMENT_ANNOTATION.to_string(), assignment.to_json())]),
+    };
+    (reservation, request)
+}

@@ -144,7 +144,7 @@ impl<A: ClusterApi> Binder<A> {
     }
 }
 
-async fn write<A: ClusterApi>(
+pub(crate) async fn write<A: ClusterApi>(
     api: &A,
     gate: &Gate,
     mut request: BindRequest,

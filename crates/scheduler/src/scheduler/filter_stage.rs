@@ -4,7 +4,7 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
-use std::rc::Rc;
+use std::sync::Arc;
 
 use gpuplace_core::Unschedulable;
 
@@ -18,6 +18,9 @@ use crate::snapshot::{Scalars, Snapshot};
 pub struct Filtered {
     allowed: Vec<bool>,
     pub rejected: BTreeMap<String, usize>,
+    /// Per node: 0 when not rejected, else 1 + the index of its phrase in `phrases`.
+    why: Vec<u16>,
+    phrases: Vec<String>,
     /// Narrowed to the nodes the pod's preferences rank best (see [`with_preferences`]).
     narrowed: bool,
 }
@@ -28,10 +31,62 @@ impl Filtered {
         (!self.rejected.is_empty() || self.narrowed).then_some(&self.allowed[..])
     }
 
+    /// Whether node `n` may be used.
+    pub fn allows(&self, n: usize) -> bool {
+        self.allowed.get(n).copied().unwrap_or(true)
+    }
+
+    /// Why node `n` was rejected, in kube-scheduler's phrase.
+    pub fn why(&self, n: usize) -> Option<&str> {
+        match self.why.get(n).copied().unwrap_or(0) {
+            0 => None,
+            i => self.phrases.get(usize::from(i) - 1).map(String::as_str),
+        }
+    }
+
+    /// Rejects node `n` for `phrase` (counted once per node).
+    fn reject(&mut self, n: usize, phrase: &str) {
+        if n >= self.allowed.len() || !self.allowed[n] {
+            return;
+        }
+        if self.why.len() < self.allowed.len() {
+            self.why.resize(self.allowed.len(), 0);
+        }
+        self.allowed[n] = false;
+        let i = match self.phrases.iter().position(|p| p == phrase) {
+            Some(i) => i,
+            None => {
+                self.phrases.push(phrase.to_string());
+                self.phrases.len() - 1
+            }
+        };
+        self.why[n] = u16::try_from(i + 1).unwrap_or(u16::MAX);
+        *self.rejected.entry(phrase.to_string()).or_default() += 1;
+    }
+
+    /// The same verdicts over exactly `n_nodes` nodes (a mask of another length is reset).
+    fn sized(mut self, n_nodes: usize) -> Filtered {
+        if self.allowed.len() != n_nodes {
+            self = Filtered::all(n_nodes);
+        }
+        self
+    }
+
+    /// Every node allowed, none rejected.
+    fn all(n_nodes: usize) -> Filtered {
+        Filtered {
+            allowed: vec![true; n_nodes],
+            rejected: BTreeMap::new(),
+            why: vec![0; n_nodes],
+            phrases: Vec::new(),
+            narrowed: false,
+        }
+    }
+
     /// Keeps only the nodes `within` allows (a gang's topology domain).
     pub fn restrict(&mut self, within: &[bool]) {
         if self.allowed.len() != within.len() {
-            self.allowed = vec![true; within.len()];
+            *self = Filtered::all(within.len());
         }
         for (a, w) in self.allowed.iter_mut().zip(within) {
             *a &= *w;
@@ -47,25 +102,16 @@ pub struct NodeFilter {
     plain: Filtered,
 }
 
-pub type Verdicts = Rc<NodeFilter>;
+pub type Verdicts = Arc<NodeFilter>;
 
-fn mask_of<'a>(verdicts: impl Iterator<Item = Result<(), &'a NodeRejection>>) -> Filtered {
-    let mut allowed = Vec::new();
-    let mut rejected: BTreeMap<String, usize> = BTreeMap::new();
-    for verdict in verdicts {
-        match verdict {
-            Ok(()) => allowed.push(true),
-            Err(r) => {
-                allowed.push(false);
-                *rejected.entry(r.phrase()).or_default() += 1;
-            }
+fn mask_of<'a>(verdicts: impl ExactSizeIterator<Item = Result<(), &'a NodeRejection>>) -> Filtered {
+    let mut out = Filtered::all(verdicts.len());
+    for (n, verdict) in verdicts.enumerate() {
+        if let Err(r) = verdict {
+            out.reject(n, &r.phrase());
         }
     }
-    Filtered {
-        allowed,
-        rejected,
-        narrowed: false,
-    }
+    out
 }
 
 /// The mask for `demand`: the cached one, unless it asks for scalar resources (extended
@@ -135,16 +181,10 @@ pub fn with_interpod<'a>(
         extra,
     };
     let verdicts = placed.check(pod, &eligible);
-    let mut out = filtered.into_owned();
-    if out.allowed.len() != n_nodes {
-        out.allowed = vec![true; n_nodes];
-    }
+    let mut out = filtered.into_owned().sized(n_nodes);
     for (n, verdict) in verdicts.into_iter().enumerate() {
-        if let Err(why) = verdict
-            && out.allowed[n]
-        {
-            out.allowed[n] = false;
-            *out.rejected.entry(why.phrase().to_string()).or_default() += 1;
+        if let Err(why) = verdict {
+            out.reject(n, why.phrase());
         }
     }
     Cow::Owned(out)
@@ -169,20 +209,14 @@ pub fn with_volumes<'a>(
     if selectors.is_empty() {
         return Ok(filtered);
     }
-    let mut out = filtered.into_owned();
-    if out.allowed.len() != n_nodes {
-        out.allowed = vec![true; n_nodes];
-    }
+    let mut out = filtered.into_owned().sized(n_nodes);
     for (n, node) in snapshot.nodes.iter().enumerate() {
         if out.allowed[n]
             && !selectors
                 .iter()
                 .all(|s| crate::filters::matches_selector(node, s))
         {
-            out.allowed[n] = false;
-            *out.rejected
-                .entry(crate::volumes::NODE_CONFLICT.to_string())
-                .or_default() += 1;
+            out.reject(n, crate::volumes::NODE_CONFLICT);
         }
     }
     Ok(Cow::Owned(out))
@@ -247,7 +281,7 @@ impl VerdictCache {
             .map(|n| check_node(n, terms))
             .collect();
         let plain = mask_of(verdicts.iter().map(|v| v.as_ref().map(|_| ())));
-        let filter = Rc::new(NodeFilter { verdicts, plain });
+        let filter = Arc::new(NodeFilter { verdicts, plain });
         self.by_key.insert(pod.filter_key.clone(), filter.clone());
         filter
     }

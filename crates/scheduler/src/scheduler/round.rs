@@ -5,20 +5,19 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use gpuplace_core::Decision;
 use k8s_openapi::jiff::Timestamp;
 use tracing::{debug, info, warn};
 
-use super::assume::Reservation;
 use super::bind::{WriteFailure, WriteOutcome};
 use super::filter_stage::{
     VerdictCache, Verdicts, explain, filter_nodes, with_interpod, with_preferences, with_volumes,
 };
 use super::{RoundReport, RoundTimings, Scheduler, Seen};
 use crate::api::{ApiError, BindRequest, ClusterApi, ClusterView, PodKey};
-use crate::demand::{ASSIGNMENT_ANNOTATION, Assignment, PodDemand, split_devices};
+use crate::demand::{ASSIGNMENT_ANNOTATION, Assignment, PodDemand};
 use crate::pod_info::PodInfo;
 use crate::snapshot::Snapshot;
 
@@ -298,41 +297,12 @@ impl<A: ClusterApi> Scheduler<A> {
         decision: &Decision,
         gang: Option<String>,
     ) -> BindRequest {
-        let placement = decision.to_placement(&snapshot.state);
-        let assignment = Assignment {
-            node: placement.node.clone(),
-            containers: split_devices(&demand.containers, &placement.devices),
-            policy: self.config.policy.to_string(),
-            time: super::rfc3339(SystemTime::now()),
-        };
-        let inventory = snapshot.state.inventory(decision.node);
-        let reservation = Reservation {
-            key: pod.key.clone(),
-            node: placement.node.clone(),
-            request: demand.request.clone(),
-            gpus: decision
-                .gpus
-                .iter()
-                .map(|&(g, m)| (inventory.gpus[g].id.clone(), m))
-                .collect(),
-            extended: demand.extended.clone(),
-            gang,
-            written: false,
-        };
-        if !super::assume::apply(snapshot, &pod.key.uid, &reservation, Some(pod)) {
-            warn!(pod = %pod.key, "a decision could not be reserved");
-        }
+        let policy = self.config.policy.to_string();
+        let (reservation, request) =
+            super::assume::reserve(snapshot, pod, demand, decision, &policy, gang);
         self.reservations.assume(reservation);
         self.queue.forget(&pod.key.uid);
-        BindRequest {
-            pod: pod.key.clone(),
-            resource_version: pod.resource_version.clone(),
-            node: placement.node,
-            annotations: BTreeMap::from([(
-                ASSIGNMENT_ANNOTATION.to_string(),
-                assignment.to_json(),
-            )]),
-        }
+        request
     }
 
     /// A Binding ended: success keeps the reservation until the watch shows the pod bound

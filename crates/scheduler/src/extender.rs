@@ -1,0 +1,615 @@
+//! gpuplace inside the stock kube-scheduler, as an HTTP extender: `filter`, `prioritize`
+//! and `bind` decided on the same watch-fed state, filters, placement policy and
+//! reservations as the standalone scheduler (the code is shared, not copied).
+//!
+//! - **filter** runs the scheduler's filters (node filters, extended resources, volumes,
+//!   filters about other pods, then core's fit) on the candidate nodes and says why each
+//!   other node fails, split by whether preemption could help. In [`FilterMode::Best`] only
+//!   the node gpuplace would choose passes (kube-scheduler's own scores cannot undo the
+//!   placement); in [`FilterMode::All`] every fitting node passes.
+//! - **prioritize** ranks the candidates by preferences first, then the placement policy
+//!   (as the scheduler chooses), spread over 0-10 so the best node gets 10.
+//! - **bind** chooses the exact GPUs on the node kube-scheduler picked (which may differ
+//!   from gpuplace's), reserves them at once, so the next pod's filter already sees them, and
+//!   writes one Binding that carries the assignment annotation; a failed write gives the
+//!   reservation back. The watch's confirmation replaces the reservation, as in the
+//!   scheduler.
+//!
+//! Gangs are not held together here (kube-scheduler binds pod by pod): use the standalone
+//! scheduler, or kube's coscheduling plugin, for all-or-nothing groups.
+
+pub mod http;
+pub mod wire;
+
+use std::borrow::Cow;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use gpuplace_core::{Placer, Policy, TargetWorkload};
+
+use crate::api::{ApiError, ClusterApi, ClusterView};
+use crate::leader::Gate;
+use crate::pod_info::PodInfo;
+use crate::scheduler::assume::{Reservations, reserve};
+use crate::scheduler::filter_stage::{
+    Filtered, VerdictCache, filter_nodes, with_interpod, with_preferences, with_volumes,
+};
+use crate::scheduler::state_cache::StateCache;
+use crate::snapshot::Snapshot;
+use crate::volumes::VolumeIndex;
+use wire::{BindingArgs, ExtenderArgs, FilterResult, HostPriority};
+
+/// Which nodes `filter` lets through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum FilterMode {
+    /// Every node where the pod fits; kube-scheduler's scores (with ours) choose.
+    All,
+    /// Only the node gpuplace would choose.
+    #[default]
+    Best,
+}
+
+impl std::str::FromStr for FilterMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "all" => Ok(FilterMode::All),
+            "best" => Ok(FilterMode::Best),
+            other => Err(format!("filter mode {other:?}: expected all or best")),
+        }
+    }
+}
+
+/// What the extender is configured with.
+#[derive(Clone, Debug)]
+pub struct ExtenderConfig {
+    pub policy: Policy,
+    pub weights: Vec<(Policy, i64)>,
+    pub seed: u64,
+    pub gpu_resource: String,
+    pub filter_mode: FilterMode,
+    /// Attempts per Binding before the bind call fails.
+    pub bind_attempts: u32,
+}
+
+impl Default for ExtenderConfig {
+    fn default() -> Self {
+        ExtenderConfig {
+            policy: Policy::Fgd,
+            weights: Vec::new(),
+            seed: 42,
+            gpu_resource: "nvidia.com/gpu".into(),
+            filter_mode: FilterMode::Best,
+            bind_attempts: 5,
+        }
+    }
+}
+
+/// Pods seen in filter requests, for bind (which names the pod only): the newest
+/// [`PODS_REMEMBERED`], by UID.
+const PODS_REMEMBERED: usize = 16_384;
+
+/// The FGD workload is recomputed from the cluster's pods at most this often.
+const WORKLOAD_EVERY: Duration = Duration::from_secs(1);
+
+struct Inner {
+    placer: Placer,
+    cache: StateCache,
+    reservations: Reservations,
+    verdicts: VerdictCache,
+    volumes: VolumeIndex,
+    generation: Option<u64>,
+    workload: Option<(Instant, Arc<TargetWorkload>)>,
+    pods: HashMap<String, Arc<PodInfo>>,
+    order: VecDeque<String>,
+}
+
+/// The extender's decisions; cheap to share between HTTP handlers.
+pub struct Extender<A: ClusterApi> {
+    api: A,
+    config: ExtenderConfig,
+    gate: Gate,
+    inner: Mutex<Inner>,
+}
+
+/// Why a bind did not happen (sent back in `ExtenderBindingResult.Error`).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BindError {
+    #[error("pod {0} is not known to gpuplace yet (no filter call, not in the watch cache)")]
+    UnknownPod(String),
+    #[error("node {0} is not in gpuplace's cache")]
+    UnknownNode(String),
+    #[error("pod {pod} no longer fits on node {node}: {why}")]
+    NoLongerFits {
+        pod: String,
+        node: String,
+        why: String,
+    },
+    #[error("pod {0}: {1}")]
+    BadPod(String, String),
+    #[error("pod {0} is already bound, or being bound, to node {1}")]
+    Elsewhere(String, String),
+    #[error("binding pod {0}: {1}")]
+    Write(String, String),
+    #[error("api server: {0}")]
+    Api(#[from] ApiError),
+}
+
+impl<A: ClusterApi> Extender<A> {
+    pub fn new(api: A, config: ExtenderConfig) -> Self {
+        let placer = Placer::new(config.policy, config.seed)
+            .with_weights(&config.weights)
+            .unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "weights refused; scoring with the policy alone");
+                Placer::new(config.policy, config.seed)
+            });
+        Extender {
+            api,
+            config,
+            gate: Gate::always_open(),
+            inner: Mutex::new(Inner {
+                placer,
+                cache: StateCache::default(),
+                reservations: Reservations::default(),
+                verdicts: VerdictCache::default(),
+                volumes: VolumeIndex::default(),
+                generation: None,
+                workload: None,
+                pods: HashMap::new(),
+                order: VecDeque::new(),
+            }),
+        }
+    }
+
+    pub fn api(&self) -> &A {
+        &self.api
+    }
+
+    /// Reservations whose Binding the watch has not confirmed yet.
+    pub fn reservations(&self) -> usize {
+        self.lock().reservations.len()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The state brought up to the cache's latest view (taken only when it changed).
+    async fn fresh(&self) -> Result<MutexGuard<'_, Inner>, ApiError> {
+        let generation = self.api.generation();
+        let current = {
+            let mut inner = self.lock();
+            inner.generation == Some(generation) && inner.cache_ready()
+        };
+        if current {
+            return Ok(self.lock());
+        }
+        let view = self.api.view().await?;
+        let mut inner = self.lock();
+        if inner.generation != Some(view.generation) || !inner.cache_ready() {
+            inner.take_view(&view, &self.config.gpu_resource);
+        }
+        Ok(inner)
+    }
+
+    /// `filter`: the candidates where the pod fits (all, or gpuplace's choice), and why
+    /// the others fail.
+    pub async fn filter(&self, args: ExtenderArgs) -> Result<FilterResult, ApiError> {
+        let pod = Arc::new(PodInfo::from_pod(&args.pod, &self.config.gpu_resource));
+        let names = args.names();
+        let mut guard = self.fresh().await?;
+        let inner = &mut *guard;
+        inner.remember(&pod);
+        let verdicts = inner.evaluate(&pod, &names, &self.config.gpu_resource);
+        let mut result = FilterResult::default();
+        let mut passing: Vec<usize> = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            match &verdicts.nodes[i] {
+                Verdict::Fits(_) => passing.push(i),
+                Verdict::Fails(why) => {
+                    result.failed_nodes.insert(name.clone(), why.clone());
+                }
+                Verdict::Unresolvable(why) => {
+                    result
+                        .failed_and_unresolvable_nodes
+                        .insert(name.clone(), why.clone());
+                }
+            }
+        }
+        if self.config.filter_mode == FilterMode::Best
+            && let Some(best) = verdicts.best
+        {
+            for &i in passing.iter().filter(|&&i| i != best) {
+                result.failed_nodes.insert(
+                    names[i].clone(),
+                    format!(
+                        "gpuplace placed the pod on {} (filter mode best)",
+                        names[best]
+                    ),
+                );
+            }
+            passing = vec![best];
+        }
+        drop(guard);
+        match args.nodes {
+            Some(mut nodes) if args.node_names.is_none() => {
+                let mut keep = vec![false; nodes.len()];
+                for &i in &passing {
+                    if let Some(k) = keep.get_mut(i) {
+                        *k = true;
+                    }
+                }
+                let mut flags = keep.into_iter();
+                nodes.retain(|_| flags.next().unwrap_or(false));
+                result.nodes = Some(wire::node_list(nodes));
+            }
+            _ => result.node_names = Some(passing.iter().map(|&i| names[i].clone()).collect()),
+        }
+        Ok(result)
+    }
+
+    /// `prioritize`: every candidate scored 0-10, preferences first, then the policy; the
+    /// best node gets 10, nodes where the pod does not fit 0.
+    pub async fn prioritize(&self, args: ExtenderArgs) -> Result<Vec<HostPriority>, ApiError> {
+        let pod = Arc::new(PodInfo::from_pod(&args.pod, &self.config.gpu_resource));
+        let names = args.names();
+        let mut guard = self.fresh().await?;
+        let inner = &mut *guard;
+        inner.remember(&pod);
+        let verdicts = inner.evaluate(&pod, &names, &self.config.gpu_resource);
+        let keys: Vec<Option<(i64, i64)>> = verdicts
+            .nodes
+            .iter()
+            .map(|v| match v {
+                Verdict::Fits(key) => Some(*key),
+                _ => None,
+            })
+            .collect();
+        Ok(names
+            .iter()
+            .zip(spread_scores(&keys))
+            .map(|(host, score)| HostPriority {
+                host: host.clone(),
+                score,
+            })
+            .collect())
+    }
+
+    /// `bind`: the exact GPUs on the node kube-scheduler chose, reserved, then one Binding
+    /// with the assignment annotation.
+    pub async fn bind(&self, args: BindingArgs) -> Result<(), BindError> {
+        let id = format!("{}/{}", args.pod_namespace, args.pod_name);
+        let known = self.lock().pods.get(&args.pod_uid).cloned();
+        let pod = match known {
+            Some(pod) => pod,
+            None => {
+                let view = self.api.view().await?;
+                view.pod(&args.pod_namespace, &args.pod_name)
+                    .filter(|p| p.key.uid == args.pod_uid)
+                    .cloned()
+                    .ok_or_else(|| BindError::UnknownPod(id.clone()))?
+            }
+        };
+        let request = {
+            let mut guard = self.fresh().await?;
+            let inner = &mut *guard;
+            if let Some(r) = inner.reservations.get(&args.pod_uid) {
+                if r.node == args.node && r.written {
+                    // kube-scheduler retried a bind that already landed.
+                    return Ok(());
+                }
+                return Err(BindError::Elsewhere(id.clone(), r.node.clone()));
+            }
+            let demand = pod
+                .demand
+                .clone()
+                .map_err(|e| BindError::BadPod(id.clone(), e))?;
+            let Some(snapshot) = inner.cache.snapshot_mut() else {
+                return Err(BindError::UnknownNode(args.node.clone()));
+            };
+            if let Some(held) = snapshot.held.get(&args.pod_uid) {
+                let on = snapshot.state.inventory(held.node).name.clone();
+                // Bound already (the watch has shown it): the same node is a retry.
+                return if on == args.node {
+                    Ok(())
+                } else {
+                    Err(BindError::Elsewhere(id.clone(), on))
+                };
+            }
+            let n = snapshot
+                .node_index(&args.node)
+                .ok_or_else(|| BindError::UnknownNode(args.node.clone()))?;
+            let mut only = vec![false; snapshot.nodes.len()];
+            only[n] = true;
+            let decision = inner
+                .placer
+                .choose(&snapshot.state, &demand.request, Some(&only))
+                .map_err(|mut why| {
+                    why.nodes = 1;
+                    BindError::NoLongerFits {
+                        pod: id.clone(),
+                        node: args.node.clone(),
+                        why: why.message(&self.config.gpu_resource),
+                    }
+                })?;
+            let policy = self.config.policy.to_string();
+            let (reservation, request) = reserve(snapshot, &pod, &demand, &decision, &policy, None);
+            inner.reservations.assume(reservation);
+            request
+        };
+        let written = crate::scheduler::bind::write(
+            &self.api,
+            &self.gate,
+            request,
+            self.config.bind_attempts,
+            true,
+        )
+        .await;
+        let mut inner = self.lock();
+        match written {
+            Ok(()) => {
+                inner.reservations.written(&args.pod_uid);
+                Ok(())
+            }
+            Err(e) => {
+                if inner.reservations.forget(&args.pod_uid).is_some()
+                    && let Some(snapshot) = inner.cache.snapshot_mut()
+                {
+                    snapshot.release(&args.pod_uid);
+                }
+                Err(BindError::Write(id, e.to_string()))
+            }
+        }
+    }
+}
+
+/// One candidate's verdict.
+enum Verdict {
+    /// Fits, ranked by (preference sum, policy score).
+    Fits((i64, i64)),
+    /// Fails where preemption could help (resources).
+    Fails(String),
+    /// Fails where no preemption helps (taints, selectors, volumes, models, unknown).
+    Unresolvable(String),
+}
+
+struct Verdicts {
+    nodes: Vec<Verdict>,
+    /// The candidate gpuplace would choose.
+    best: Option<usize>,
+}
+
+impl Inner {
+    fn cache_ready(&mut self) -> bool {
+        self.cache.snapshot_mut().is_some()
+    }
+
+    fn take_view(&mut self, view: &ClusterView, gpu_resource: &str) {
+        let (mut snapshot, _lost, _rebuilt) =
+            self.cache
+                .update(view, &mut self.reservations, gpu_resource);
+        let stale = self
+            .workload
+            .as_ref()
+            .is_none_or(|(at, _)| at.elapsed() >= WORKLOAD_EVERY);
+        if stale {
+            let shapes: Vec<gpuplace_model::Request> = view
+                .pods
+                .iter()
+                .filter_map(|p| p.demand.as_ref().ok())
+                .map(|d| d.request.clone())
+                .collect();
+            let workload = Arc::new(TargetWorkload::from_requests(&shapes, 0.95));
+            self.workload = Some((Instant::now(), workload));
+        }
+        if let Some((_, workload)) = &self.workload {
+            snapshot.state.set_workload(Arc::clone(workload));
+        }
+        self.cache.keep(snapshot);
+        self.verdicts = VerdictCache::default();
+        self.volumes = VolumeIndex::new(&view.claims, &view.volumes);
+        self.generation = Some(view.generation);
+    }
+
+    fn remember(&mut self, pod: &Arc<PodInfo>) {
+        let uid = pod.key.uid.clone();
+        if self.pods.insert(uid.clone(), Arc::clone(pod)).is_none() {
+            self.order.push_back(uid);
+            while self.order.len() > PODS_REMEMBERED {
+                if let Some(old) = self.order.pop_front() {
+                    self.pods.remove(&old);
+                }
+            }
+        }
+    }
+
+    /// The verdict on each named candidate, and the one gpuplace would choose.
+    fn evaluate(&mut self, pod: &Arc<PodInfo>, names: &[String], resource: &str) -> Verdicts {
+        let Some(snapshot) = self.cache.snapshot_mut() else {
+            return Verdicts {
+                nodes: names
+                    .iter()
+                    .map(|_| Verdict::Unresolvable("gpuplace's cache is not synced yet".into()))
+                    .collect(),
+                best: None,
+            };
+        };
+        let snapshot: &Snapshot = snapshot;
+        let index: Vec<Option<usize>> = names.iter().map(|n| snapshot.node_index(n)).collect();
+        let demand = match &pod.demand {
+            Ok(d) => d,
+            Err(e) => {
+                return Verdicts {
+                    nodes: names
+                        .iter()
+                        .map(|_| Verdict::Unresolvable(e.clone()))
+                        .collect(),
+                    best: None,
+                };
+            }
+        };
+        let node_filter = self.verdicts.get(snapshot, pod);
+        let filtered = filter_nodes(&snapshot.scalars, &node_filter, demand);
+        let filtered = match with_volumes(filtered, snapshot, &self.volumes, pod) {
+            Ok(f) => f,
+            Err(why) => {
+                return Verdicts {
+                    nodes: names
+                        .iter()
+                        .map(|_| Verdict::Unresolvable(why.clone()))
+                        .collect(),
+                    best: None,
+                };
+            }
+        };
+        let mut filtered: Filtered = with_interpod(filtered, snapshot, pod, &[]).into_owned();
+        // Only the candidates kube-scheduler sent are ours to choose among.
+        let mut candidates = vec![false; snapshot.nodes.len()];
+        for n in index.iter().flatten() {
+            candidates[*n] = true;
+        }
+        let (rejected_why, allowed): (Vec<Option<String>>, Vec<bool>) = index
+            .iter()
+            .map(|n| match n {
+                Some(n) => (filtered.why(*n).map(String::from), filtered.allows(*n)),
+                None => (None, false),
+            })
+            .unzip();
+        filtered.restrict(&candidates);
+        let ranked = with_preferences(
+            Cow::Borrowed(&filtered),
+            snapshot,
+            &snapshot.state,
+            pod,
+            &demand.request,
+            &[],
+        );
+        let preference = crate::preference::wanted(
+            pod,
+            snapshot.preferring_pods > 0,
+            snapshot.soft_taint_nodes > 0,
+        )
+        .then(|| {
+            let placed = crate::interpod::Placed {
+                nodes: &snapshot.nodes,
+                pods: &snapshot.placed,
+                extra: &[],
+            };
+            let mask: Vec<bool> = (0..snapshot.nodes.len())
+                .map(|n| filtered.allows(n))
+                .collect();
+            crate::preference::scores(&placed, pod, &mask)
+        });
+        let present: Vec<usize> = index.iter().flatten().copied().collect();
+        let scores = self
+            .placer
+            .score_nodes(&snapshot.state, &demand.request, &present);
+        let mut score_of: HashMap<usize, Result<i64, gpuplace_core::FitFailure>> =
+            present.iter().copied().zip(scores).collect();
+        let best = self
+            .placer
+            .choose(&snapshot.state, &demand.request, ranked.mask())
+            .ok()
+            .and_then(|d| index.iter().position(|n| *n == Some(d.node)));
+        let asked = gpuplace_core::Asked::of(&demand.request);
+        let nodes = index
+            .iter()
+            .zip(rejected_why.into_iter().zip(allowed))
+            .map(|(n, (why, allowed))| {
+                let Some(n) = n else {
+                    return Verdict::Unresolvable("node is not in gpuplace's cache".into());
+                };
+                if !allowed {
+                    let why = why.unwrap_or_else(|| "node(s) were filtered out".into());
+                    return if unresolvable(&why) {
+                        Verdict::Unresolvable(why)
+                    } else {
+                        Verdict::Fails(why)
+                    };
+                }
+                match score_of.remove(n) {
+                    Some(Ok(score)) => {
+                        let pref = preference.as_ref().map_or(0, |p| p[*n]);
+                        Verdict::Fits((pref, score))
+                    }
+                    Some(Err(failure)) => {
+                        let why = failure.phrase_for(resource, &asked);
+                        if unresolvable_fit(failure) {
+                            Verdict::Unresolvable(why)
+                        } else {
+                            Verdict::Fails(why)
+                        }
+                    }
+                    None => Verdict::Unresolvable("node is not in gpuplace's cache".into()),
+                }
+            })
+            .collect();
+        Verdicts { nodes, best }
+    }
+}
+
+/// Scores 0-10 for ranked keys (preference sum, then policy score): the best key gets 10,
+/// the worst 0, the others in between by rank of preference then linearly by policy score;
+/// `None` (does not fit) gets 0.
+pub fn spread_scores(keys: &[Option<(i64, i64)>]) -> Vec<i64> {
+    let fitting: Vec<(i64, i64)> = keys.iter().flatten().copied().collect();
+    let (Some(&best), Some(&worst)) = (fitting.iter().max(), fitting.iter().min()) else {
+        return vec![0; keys.len()];
+    };
+    if best == worst {
+        return keys
+            .iter()
+            .map(|k| if k.is_some() { 10 } else { 0 })
+            .collect();
+    }
+    // Distinct preference levels, best first; within one level the policy score decides.
+    let mut levels: Vec<i64> = fitting.iter().map(|k| k.0).collect();
+    levels.sort_unstable_by(|a, b| b.cmp(a));
+    levels.dedup();
+    let (lo, hi) = fitting.iter().fold((i64::MAX, i64::MIN), |(lo, hi), k| {
+        (lo.min(k.1), hi.max(k.1))
+    });
+    keys.iter()
+        .map(|k| {
+            let Some((pref, score)) = *k else {
+                return 0;
+            };
+            if (pref, score) == best {
+                return 10;
+            }
+            // Position in [0, 1]: preference level first, the policy's score within it.
+            let level = levels.iter().position(|l| *l == pref).unwrap_or(0) as f64;
+            let within = if hi > lo {
+                (score - lo) as f64 / (hi - lo) as f64
+            } else {
+                1.0
+            };
+            let position = (levels.len() as f64 - 1.0 - level + within) / levels.len() as f64;
+            (position * 9.0).floor().clamp(0.0, 9.0) as i64
+        })
+        .collect()
+}
+
+/// Whether a filter's rejection is beyond what preemption could change: the node's
+/// taints, labels, cordon or a volume's node affinity (resources, ports and other pods'
+/// terms could be freed by evicting pods).
+fn unresolvable(phrase: &str) -> bool {
+    phrase.starts_with("node(s) had untolerated taint")
+        || phrase.starts_with("node(s) didn't match Pod's node affinity")
+        || phrase.starts_with("node(s) were unschedulable")
+        || phrase == crate::volumes::NODE_CONFLICT
+        || phrase.contains("missing required label")
+}
+
+/// Whether a fit failure is beyond what preemption could change (the node's GPUs are not
+/// what the pod needs, whatever runs there).
+fn unresolvable_fit(failure: gpuplace_core::FitFailure) -> bool {
+    use gpuplace_core::FitFailure::*;
+    matches!(failure, NoGpus | ModelNotAllowed | GpuMemoryTooSmall)
+}
+
+#[cfg(test)]
+#[path = "extender/tests.rs"]
+mod tests;

@@ -1,0 +1,122 @@
+use proptest::prelude::*;
+use serde_json::json;
+
+use super::*;
+
+const LIMIT: usize = 1 << 20;
+
+fn args_body() -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "Pod": {"metadata": {"name": "p", "namespace": "ml", "uid": "u1"},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}},
+        "NodeNames": ["n1", "n2"]
+    }))
+    .unwrap()
+}
+
+#[test]
+fn keys_are_read_in_any_case() {
+    let args = decode_args(&args_body(), LIMIT).unwrap();
+    assert_eq!(args.pod.metadata.name.as_deref(), Some("p"));
+    assert_eq!(args.names(), ["n1", "n2"]);
+    let lower = br#"{"pod": {"metadata": {"name": "q"}}, "nodes": {"items": [{"metadata": {"name": "a"}}]}}"#;
+    let args = decode_args(lower, LIMIT).unwrap();
+    assert_eq!(args.names(), ["a"]);
+    assert!(args.node_names.is_none());
+    let binding = decode_binding(
+        br#"{"podName": "p", "PODNAMESPACE": "ml", "PodUID": "u1", "Node": "n1"}"#,
+        LIMIT,
+    )
+    .unwrap();
+    assert_eq!(
+        binding,
+        BindingArgs {
+            pod_name: "p".into(),
+            pod_namespace: "ml".into(),
+            pod_uid: "u1".into(),
+            node: "n1".into()
+        }
+    );
+}
+
+#[test]
+fn bad_bodies_are_named() {
+    assert!(matches!(
+        decode_args(b"{nope", LIMIT),
+        Err(WireError::NotJson(_))
+    ));
+    assert_eq!(
+        decode_args(b"[1]", LIMIT).unwrap_err(),
+        WireError::NotObject
+    );
+    assert_eq!(
+        decode_args(b"{}", LIMIT).unwrap_err(),
+        WireError::Missing("Pod")
+    );
+    assert_eq!(
+        decode_args(&args_body(), 10).unwrap_err(),
+        WireError::TooLarge(10)
+    );
+    let wrong = decode_args(br#"{"Pod": {}, "NodeNames": "n1"}"#, LIMIT).unwrap_err();
+    assert!(wrong.to_string().starts_with("field NodeNames:"), "{wrong}");
+    let wrong = decode_args(br#"{"Pod": {"spec": {"containers": 3}}}"#, LIMIT).unwrap_err();
+    assert!(wrong.to_string().starts_with("field Pod:"), "{wrong}");
+    let missing = decode_binding(
+        br#"{"PodName": "p", "PodNamespace": "ml", "PodUID": "u"}"#,
+        LIMIT,
+    );
+    assert_eq!(missing.unwrap_err(), WireError::Missing("Node"));
+}
+
+#[test]
+fn replies_are_pascal_case() {
+    let reply = FilterResult {
+        node_names: Some(vec!["n1".into()]),
+        failed_nodes: [("n2".to_string(), "Insufficient nvidia.com/gpu".to_string())].into(),
+        ..Default::default()
+    };
+    let text = serde_json::to_value(&reply).unwrap();
+    assert_eq!(
+        text,
+        json!({"Nodes": null, "NodeNames": ["n1"], "FailedNodes": {"n2": "Insufficient nvidia.com/gpu"},
+            "FailedAndUnresolvableNodes": {}, "Error": ""})
+    );
+    let p = serde_json::to_value(HostPriority {
+        host: "n1".into(),
+        score: 10,
+    })
+    .unwrap();
+    assert_eq!(p, json!({"Host": "n1", "Score": 10}));
+}
+
+proptest! {
+    /// Arbitrary bytes: an answer or a named error, never a panic.
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+        let _ = decode_args(&bytes, LIMIT);
+        let _ = decode_binding(&bytes, LIMIT);
+    }
+
+    /// Valid bodies with bytes overwritten, cut or inserted.
+    #[test]
+    fn mutated_bodies_never_panic(
+        edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0u8..3), 1..8)
+    ) {
+        let mut body = args_body();
+        for (at, byte, kind) in edits {
+            if body.is_empty() {
+                break;
+            }
+            let i = at.index(body.len());
+            match kind {
+                0 => body[i] = byte,
+                1 => body.truncate(i),
+                _ => body.insert(i, byte),
+            }
+        }
+        match decode_args(&body, LIMIT) {
+            Ok(args) => { let _ = args.names(); }
+            Err(e) => prop_assert!(!e.to_string().is_empty()),
+        }
+    }
+}

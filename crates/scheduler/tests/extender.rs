@@ -1,0 +1,269 @@
+//! The extender over HTTP against the in-memory API (with watch lag), with kube-scheduler's
+//! side simulated: filter, prioritize, then bind on the node kube-scheduler would pick
+//! (the first passing node, a random one, or the best-scored one). No GPU is ever given
+//! twice, and every bound pod carries an assignment for the node it was bound to.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use gpuplace_scheduler::extender::http::{ExtenderMetrics, router};
+use gpuplace_scheduler::extender::{Extender, ExtenderConfig, FilterMode};
+use gpuplace_testkit::MemoryApi;
+use gpuplace_testkit::api::ServerCosts;
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+mod common;
+use common::*;
+
+async fn call(app: &Router, verb: &str, body: Vec<u8>) -> (StatusCode, Value, String) {
+    let response = app
+        .clone()
+        .oneshot(
+            Request::post(format!("/{verb}"))
+                .header("content-type", "application/json")
+                .body(Body::from(body))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let status = response.status();
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&bytes).to_string();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        text,
+    )
+}
+
+fn app(api: &MemoryApi, mode: FilterMode) -> Router {
+    let config = ExtenderConfig {
+        filter_mode: mode,
+        ..Default::default()
+    };
+    router(
+        Arc::new(Extender::new(api.clone(), config)),
+        ExtenderMetrics::default(),
+        1 << 20,
+    )
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Pick {
+    First,
+    Random,
+    Best,
+}
+
+/// kube-scheduler's side for one pod: the node it binds, or None when nothing passes.
+async fn schedule(
+    app: &Router,
+    pod: &k8s_openapi::api::core::v1::Pod,
+    nodes: &[String],
+    pick: Pick,
+    rng: &mut ChaCha8Rng,
+) -> Option<String> {
+    let args =
+        |names: &[String]| serde_json::to_vec(&json!({"Pod": pod, "NodeNames": names})).unwrap();
+    let (status, filtered, text) = call(app, "filter", args(nodes)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(filtered["Error"], "", "{text}");
+    let passing: Vec<String> = serde_json::from_value(filtered["NodeNames"].clone()).unwrap();
+    for name in &passing {
+        assert!(
+            nodes.contains(name),
+            "filter returned a node it was not given"
+        );
+    }
+    if passing.is_empty() {
+        return None;
+    }
+    let (status, scores, text) = call(app, "prioritize", args(&passing)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let scores: Vec<(String, i64)> = scores
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| {
+            (
+                h["Host"].as_str().unwrap().to_string(),
+                h["Score"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert!(scores.iter().all(|(_, s)| (0..=10).contains(s)));
+    assert!(
+        scores.iter().any(|(_, s)| *s == 10),
+        "the best node gets 10: {scores:?}"
+    );
+    let node = match pick {
+        Pick::First => passing[0].clone(),
+        Pick::Random => passing[rng.random_range(0..passing.len())].clone(),
+        Pick::Best => scores.iter().max_by_key(|(_, s)| *s).unwrap().0.clone(),
+    };
+    let meta = &pod.metadata;
+    let bind = json!({"PodName": meta.name, "PodNamespace": meta.namespace, "PodUID": meta.uid, "Node": node});
+    let (status, result, text) = call(app, "bind", serde_json::to_vec(&bind).unwrap()).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(result["Error"], "", "{text}");
+    Some(node)
+}
+
+fn shaped(name: &str, rng: &mut ChaCha8Rng) -> k8s_openapi::api::core::v1::Pod {
+    let mut pod = match rng.random_range(0..4) {
+        0 => pod(name, [1, 2, 4, 8][rng.random_range(0..4)], json!({})),
+        1 => pod(
+            name,
+            1,
+            json!({"metadata": {"annotations": {"gpuplace.io/gpu-milli": "500"}}}),
+        ),
+        2 => pod(
+            name,
+            2,
+            json!({"metadata": {"annotations": {"gpuplace.io/topology": "nvlink"}}}),
+        ),
+        _ => pod(name, 1, json!({})),
+    };
+    pod.metadata.uid = Some(format!("uid-{name}"));
+    pod
+}
+
+#[tokio::test]
+async fn mixed_workload_never_double_books_whatever_kube_scheduler_picks() {
+    for (mode, pick) in [
+        (FilterMode::All, Pick::First),
+        (FilterMode::All, Pick::Random),
+        (FilterMode::All, Pick::Best),
+        (FilterMode::Best, Pick::First),
+    ] {
+        let api = MemoryApi::new().with_costs(ServerCosts {
+            watch_delay: (Duration::ZERO, Duration::from_millis(30)),
+            seed: 7,
+            ..ServerCosts::default()
+        });
+        let mut names = Vec::new();
+        for i in 0..6 {
+            let name = format!("n{i}");
+            if i % 2 == 0 {
+                api.put_node(nvlink_node(&name));
+            } else {
+                api.put_node(node(&name, 4, json!({})));
+            }
+            names.push(name);
+        }
+        let app = app(&api, mode);
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        let mut bound = 0;
+        for i in 0..40 {
+            let p = shaped(&format!("p{i}"), &mut rng);
+            api.put_pod(p.clone());
+            if let Some(node) = schedule(&app, &p, &names, pick, &mut rng).await {
+                bound += 1;
+                assert_eq!(
+                    bound_node(&api, &format!("p{i}")).as_deref(),
+                    Some(node.as_str())
+                );
+                let a = assignment(&api, &format!("p{i}")).expect("assignment with the Binding");
+                assert_eq!(
+                    a.node, node,
+                    "the assignment is for the node kube-scheduler picked"
+                );
+            }
+            assert_no_double_booking(&api);
+        }
+        assert!(bound >= 20, "{mode:?} {pick:?}: only {bound} bound");
+    }
+}
+
+#[tokio::test]
+async fn verbs_answer_as_kube_scheduler_expects() {
+    let api = MemoryApi::new();
+    api.put_node(nvlink_node("big"));
+    api.put_node(node("small", 1, json!({})));
+    api.put_node(node(
+        "tainted",
+        8,
+        json!({"spec": {"taints": [{"key": "gpu", "value": "true", "effect": "NoSchedule"}]}}),
+    ));
+    let mut p = pod("train", 2, json!({}));
+    p.metadata.uid = Some("uid-train".into());
+    api.put_pod(p.clone());
+    let app = app(&api, FilterMode::All);
+    let names = ["big", "small", "tainted", "ghost"];
+    let args = serde_json::to_vec(&json!({"Pod": p, "NodeNames": names})).unwrap();
+    let (_, filtered, _) = call(&app, "filter", args.clone()).await;
+    let (_, scores, _) = call(&app, "prioritize", args).await;
+    // Full Node objects in, full Node objects out (nodeCacheCapable: false).
+    let list = json!({"Pod": p, "Nodes": {"items": [api.node("big"), api.node("small")]}});
+    let (_, by_objects, _) = call(&app, "filter", serde_json::to_vec(&list).unwrap()).await;
+    assert_eq!(by_objects["Nodes"]["items"].as_array().unwrap().len(), 1);
+    assert_eq!(by_objects["Nodes"]["items"][0]["metadata"]["name"], "big");
+    let bind =
+        json!({"PodName": "train", "PodNamespace": "ml", "PodUID": "uid-train", "Node": "big"});
+    let (_, bound, _) = call(&app, "bind", serde_json::to_vec(&bind).unwrap()).await;
+    let (_, again, _) = call(
+        &app,
+        "bind",
+        serde_json::to_vec(&json!({"PodName": "train",
+        "PodNamespace": "ml", "PodUID": "uid-train", "Node": "small"}))
+        .unwrap(),
+    )
+    .await;
+    let pretty = |v: &Value| serde_json::to_string_pretty(v).unwrap();
+    insta::assert_snapshot!(
+        [
+            format!("filter:\n{}", pretty(&filtered)),
+            format!("prioritize:\n{}", pretty(&scores)),
+            format!("bind:\n{}", pretty(&bound)),
+            format!("bind again elsewhere:\n{}", pretty(&again)),
+        ]
+        .join("\n")
+    );
+}
+
+#[tokio::test]
+async fn bad_bodies_get_400_with_the_reason() {
+    let api = MemoryApi::new();
+    api.put_node(node("n1", 8, json!({})));
+    let config = ExtenderConfig::default();
+    let app = router(
+        Arc::new(Extender::new(api.clone(), config)),
+        ExtenderMetrics::default(),
+        256,
+    );
+    for (verb, body, expect) in [
+        ("filter", b"not json".to_vec(), "request body is not JSON"),
+        ("prioritize", b"[]".to_vec(), "must be a JSON object"),
+        (
+            "filter",
+            b"{\"NodeNames\": []}".to_vec(),
+            "missing field Pod",
+        ),
+        (
+            "bind",
+            b"{\"PodName\": \"p\"}".to_vec(),
+            "missing field PodNamespace",
+        ),
+        ("filter", vec![b' '; 1000], "larger than 256 bytes"),
+    ] {
+        let (status, _, text) = call(&app, verb, body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{verb}: {text}");
+        assert!(text.contains(expect), "{verb}: {text}");
+    }
+    // A bind for a pod nobody filtered and the cache does not hold is refused, not a panic.
+    let bind = json!({"PodName": "ghost", "PodNamespace": "ml", "PodUID": "u", "Node": "n1"});
+    let (status, result, _) = call(&app, "bind", serde_json::to_vec(&bind).unwrap()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        result["Error"].as_str().unwrap().contains("not known"),
+        "{result}"
+    );
+}
