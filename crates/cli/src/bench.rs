@@ -19,6 +19,10 @@ pub enum BenchCommand {
     /// `--features bench-fakes`).
     #[cfg(feature = "bench-fakes")]
     Scheduler(crate::bench_scheduler::SchedulerBenchArgs),
+    /// Time the extender's filter + prioritize per pod at scale, through its HTTP router
+    /// against the in-memory API (built with `--features bench-fakes`).
+    #[cfg(feature = "bench-fakes")]
+    Extender(crate::bench_extender::ExtenderBenchArgs),
 }
 
 #[derive(Args, Debug)]
@@ -48,6 +52,8 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Placement(args) => placement(args),
         #[cfg(feature = "bench-fakes")]
         BenchCommand::Scheduler(args) => crate::bench_scheduler::run(args),
+        #[cfg(feature = "bench-fakes")]
+        BenchCommand::Extender(args) => crate::bench_extender::run(args),
     }
 }
 

@@ -93,7 +93,7 @@ fn linked_inventory(name: &str, i: usize, gpus: u32) -> String {
     inv.to_json()
 }
 
-fn node(i: usize, gpus: u32, linked: bool) -> anyhow::Result<Node> {
+pub(crate) fn node(i: usize, gpus: u32, linked: bool) -> anyhow::Result<Node> {
     let name = format!("node-{i:05}");
     let annotations = if linked {
         json!({INVENTORY_ANNOTATION: linked_inventory(&name, i, gpus)})
@@ -113,7 +113,7 @@ fn node(i: usize, gpus: u32, linked: bool) -> anyhow::Result<Node> {
 /// With `requirements` (0-1), that fraction of pods carries GPU requirements: multi-GPU
 /// pods NVLink (required or preferred) or NUMA; one-GPU pods a model, an exclusion or a
 /// memory minimum.
-fn pod(i: usize, requirements: f64) -> anyhow::Result<Pod> {
+pub(crate) fn pod(i: usize, requirements: f64) -> anyhow::Result<Pod> {
     let r = (i * 7919) % 100;
     let (gpus, milli) = match r {
         0..=12 => (0, None),

@@ -2,8 +2,11 @@
 
 mod bench;
 #[cfg(feature = "bench-fakes")]
+mod bench_extender;
+#[cfg(feature = "bench-fakes")]
 mod bench_scheduler;
 mod device_plugin;
+mod extender;
 #[cfg(feature = "bench-fakes")]
 mod heap;
 mod logging;
@@ -45,6 +48,10 @@ enum Command {
     /// Schedule pods (spec.schedulerName) onto nodes and exact GPUs.
     #[command(args_override_self = true)]
     Scheduler(scheduler::SchedulerArgs),
+    /// Serve kube-scheduler's extender API (filter, prioritize, bind) with gpuplace's
+    /// placement.
+    #[command(args_override_self = true)]
+    Extender(extender::ExtenderArgs),
     /// Print the PodGroup CustomResourceDefinition (YAML).
     Crd,
     /// List the placement policies.
@@ -61,6 +68,7 @@ fn main() -> ExitCode {
         Command::Bench(command) => bench::run(command),
         Command::DevicePlugin(args) => device_plugin::run(args),
         Command::Scheduler(args) => scheduler::run(args),
+        Command::Extender(args) => extender::run(args),
         Command::Crd => scheduler::print_crd(),
         Command::Policies => {
             for p in gpuplace_core::Policy::ALL {

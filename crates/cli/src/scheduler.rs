@@ -173,7 +173,7 @@ pub fn run(args: SchedulerArgs) -> anyhow::Result<()> {
     ))
 }
 
-async fn client(kubeconfig: Option<PathBuf>) -> anyhow::Result<kube::Client> {
+pub(crate) async fn client(kubeconfig: Option<PathBuf>) -> anyhow::Result<kube::Client> {
     let config = match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(&path)
@@ -331,7 +331,7 @@ pub fn print_crd() -> anyhow::Result<()> {
 }
 
 /// `fgd=2,best-fit=1` -> [(Fgd, 2), (BestFit, 1)].
-fn parse_weights(text: &str) -> anyhow::Result<Vec<(Policy, i64)>> {
+pub(crate) fn parse_weights(text: &str) -> anyhow::Result<Vec<(Policy, i64)>> {
     text.split(',')
         .filter(|entry| !entry.trim().is_empty())
         .map(|entry| {

@@ -19,12 +19,12 @@ fn crd_prints_the_podgroup_definition() {
     // The committed manifest is what the command prints.
     let committed = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../deploy/podgroup-crd.yaml"
+        "/../../deploy/base/crd/podgroup-crd.yaml"
     ))
     .unwrap();
     assert_eq!(
         text, committed,
-        "regenerate deploy/podgroup-crd.yaml with `gpuplace crd`"
+        "regenerate deploy/base/crd/podgroup-crd.yaml with `gpuplace crd`"
     );
 }
 

@@ -196,13 +196,18 @@ impl<A: ClusterApi> Extender<A> {
 
     /// `filter`: the candidates where the pod fits (all, or gpuplace's choice), and why
     /// the others fail.
-    pub async fn filter(&self, args: ExtenderArgs) -> Result<FilterResult, ApiError> {
+    pub async fn filter(&self, mut args: ExtenderArgs) -> Result<FilterResult, ApiError> {
         let pod = Arc::new(PodInfo::from_pod(&args.pod, &self.config.gpu_resource));
-        let names = args.names();
+        let by_name = args.node_names.is_some();
+        let mut names = args.take_names();
         let mut guard = self.fresh().await?;
         let inner = &mut *guard;
         inner.remember(&pod);
-        let verdicts = inner.evaluate(&pod, &names, &self.config.gpu_resource);
+        let need = Need {
+            scores: false,
+            best: self.config.filter_mode == FilterMode::Best,
+        };
+        let verdicts = inner.evaluate(&pod, &names, &self.config.gpu_resource, need);
         let mut result = FilterResult::default();
         let mut passing: Vec<usize> = Vec::new();
         for (i, name) in names.iter().enumerate() {
@@ -234,7 +239,7 @@ impl<A: ClusterApi> Extender<A> {
         }
         drop(guard);
         match args.nodes {
-            Some(mut nodes) if args.node_names.is_none() => {
+            Some(mut nodes) if !by_name => {
                 let mut keep = vec![false; nodes.len()];
                 for &i in &passing {
                     if let Some(k) = keep.get_mut(i) {
@@ -245,20 +250,31 @@ impl<A: ClusterApi> Extender<A> {
                 nodes.retain(|_| flags.next().unwrap_or(false));
                 result.nodes = Some(wire::node_list(nodes));
             }
-            _ => result.node_names = Some(passing.iter().map(|&i| names[i].clone()).collect()),
+            _ => {
+                result.node_names = Some(
+                    passing
+                        .iter()
+                        .map(|&i| std::mem::take(&mut names[i]))
+                        .collect(),
+                )
+            }
         }
         Ok(result)
     }
 
     /// `prioritize`: every candidate scored 0-10, preferences first, then the policy; the
     /// best node gets 10, nodes where the pod does not fit 0.
-    pub async fn prioritize(&self, args: ExtenderArgs) -> Result<Vec<HostPriority>, ApiError> {
+    pub async fn prioritize(&self, mut args: ExtenderArgs) -> Result<Vec<HostPriority>, ApiError> {
         let pod = Arc::new(PodInfo::from_pod(&args.pod, &self.config.gpu_resource));
-        let names = args.names();
+        let names = args.take_names();
         let mut guard = self.fresh().await?;
         let inner = &mut *guard;
         inner.remember(&pod);
-        let verdicts = inner.evaluate(&pod, &names, &self.config.gpu_resource);
+        let need = Need {
+            scores: true,
+            best: false,
+        };
+        let verdicts = inner.evaluate(&pod, &names, &self.config.gpu_resource, need);
         let keys: Vec<Option<(i64, i64)>> = verdicts
             .nodes
             .iter()
@@ -268,12 +284,9 @@ impl<A: ClusterApi> Extender<A> {
             })
             .collect();
         Ok(names
-            .iter()
+            .into_iter()
             .zip(spread_scores(&keys))
-            .map(|(host, score)| HostPriority {
-                host: host.clone(),
-                score,
-            })
+            .map(|(host, score)| HostPriority { host, score })
             .collect())
     }
 
@@ -375,6 +388,15 @@ enum Verdict {
     Unresolvable(String),
 }
 
+/// What a verb needs computed.
+#[derive(Clone, Copy)]
+struct Need {
+    /// The policy's score of each fitting candidate (prioritize).
+    scores: bool,
+    /// The candidate gpuplace would choose (filter in mode best).
+    best: bool,
+}
+
 struct Verdicts {
     nodes: Vec<Verdict>,
     /// The candidate gpuplace would choose.
@@ -387,7 +409,7 @@ impl Inner {
     }
 
     fn take_view(&mut self, view: &ClusterView, gpu_resource: &str) {
-        let (mut snapshot, _lost, _rebuilt) =
+        let (mut snapshot, _lost, rebuilt) =
             self.cache
                 .update(view, &mut self.reservations, gpu_resource);
         let stale = self
@@ -404,11 +426,18 @@ impl Inner {
             let workload = Arc::new(TargetWorkload::from_requests(&shapes, 0.95));
             self.workload = Some((Instant::now(), workload));
         }
-        if let Some((_, workload)) = &self.workload {
+        // Setting the workload scores every node's fragmentation again: only when it or
+        // the state is new.
+        if (stale || rebuilt)
+            && let Some((_, workload)) = &self.workload
+        {
             snapshot.state.set_workload(Arc::clone(workload));
         }
         self.cache.keep(snapshot);
-        self.verdicts = VerdictCache::default();
+        if rebuilt {
+            // Node verdicts depend on the nodes only.
+            self.verdicts = VerdictCache::default();
+        }
         self.volumes = VolumeIndex::new(&view.claims, &view.volumes);
         self.generation = Some(view.generation);
     }
@@ -426,7 +455,13 @@ impl Inner {
     }
 
     /// The verdict on each named candidate, and the one gpuplace would choose.
-    fn evaluate(&mut self, pod: &Arc<PodInfo>, names: &[String], resource: &str) -> Verdicts {
+    fn evaluate(
+        &mut self,
+        pod: &Arc<PodInfo>,
+        names: &[String],
+        resource: &str,
+        need: Need,
+    ) -> Verdicts {
         let Some(snapshot) = self.cache.snapshot_mut() else {
             return Verdicts {
                 nodes: names
@@ -477,7 +512,11 @@ impl Inner {
                 None => (None, false),
             })
             .unzip();
-        filtered.restrict(&candidates);
+        // Usually every node is a candidate: then no mask is needed, and core answers from
+        // its ranking of node classes instead of scanning them.
+        if candidates.iter().any(|c| !c) {
+            filtered.restrict(&candidates);
+        }
         let ranked = with_preferences(
             Cow::Borrowed(&filtered),
             snapshot,
@@ -502,17 +541,26 @@ impl Inner {
                 .collect();
             crate::preference::scores(&placed, pod, &mask)
         });
+        // Per candidate: the policy's score (prioritize) or only whether it fits (filter).
         let present: Vec<usize> = index.iter().flatten().copied().collect();
-        let scores = self
-            .placer
-            .score_nodes(&snapshot.state, &demand.request, &present);
-        let mut score_of: HashMap<usize, Result<i64, gpuplace_core::FitFailure>> =
-            present.iter().copied().zip(scores).collect();
-        let best = self
-            .placer
-            .choose(&snapshot.state, &demand.request, ranked.mask())
-            .ok()
-            .and_then(|d| index.iter().position(|n| *n == Some(d.node)));
+        let mut fits: std::vec::IntoIter<Result<i64, gpuplace_core::FitFailure>> = if need.scores {
+            self.placer
+                .score_nodes(&snapshot.state, &demand.request, &present)
+        } else {
+            present
+                .iter()
+                .map(|&n| snapshot.state.fit(n, &demand.request).map(|()| 0))
+                .collect()
+        }
+        .into_iter();
+        let best = if need.best {
+            self.placer
+                .choose(&snapshot.state, &demand.request, ranked.mask())
+                .ok()
+                .and_then(|d| index.iter().position(|n| *n == Some(d.node)))
+        } else {
+            None
+        };
         let asked = gpuplace_core::Asked::of(&demand.request);
         let nodes = index
             .iter()
@@ -521,6 +569,7 @@ impl Inner {
                 let Some(n) = n else {
                     return Verdict::Unresolvable("node is not in gpuplace's cache".into());
                 };
+                let fit = fits.next();
                 if !allowed {
                     let why = why.unwrap_or_else(|| "node(s) were filtered out".into());
                     return if unresolvable(&why) {
@@ -529,7 +578,7 @@ impl Inner {
                         Verdict::Fails(why)
                     };
                 }
-                match score_of.remove(n) {
+                match fit {
                     Some(Ok(score)) => {
                         let pref = preference.as_ref().map_or(0, |p| p[*n]);
                         Verdict::Fits((pref, score))

@@ -241,7 +241,7 @@ async fn bad_bodies_get_400_with_the_reason() {
     );
     for (verb, body, expect) in [
         ("filter", b"not json".to_vec(), "request body is not JSON"),
-        ("prioritize", b"[]".to_vec(), "must be a JSON object"),
+        ("prioritize", b"[]".to_vec(), "expected a JSON object"),
         (
             "filter",
             b"{\"NodeNames\": []}".to_vec(),

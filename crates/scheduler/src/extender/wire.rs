@@ -10,21 +10,18 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::Serialize;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 /// Why a request body was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum WireError {
     #[error("request body is not JSON: {0}")]
     NotJson(String),
-    #[error("request body must be a JSON object")]
-    NotObject,
     #[error("request body is larger than {0} bytes")]
     TooLarge(usize),
-    #[error("missing field {0}")]
-    Missing(&'static str),
-    #[error("field {field}: {error}")]
-    Field { field: &'static str, error: String },
+    /// JSON of the wrong shape (not an object, a missing field, a field of the wrong type).
+    #[error("{0}")]
+    Invalid(String),
 }
 
 /// `ExtenderArgs`: the pod, and the candidate nodes as full objects (`Nodes`, when the
@@ -37,10 +34,11 @@ pub struct ExtenderArgs {
 }
 
 impl ExtenderArgs {
-    /// The candidate node names, in the order given.
-    pub fn names(&self) -> Vec<String> {
-        match (&self.node_names, &self.nodes) {
-            (Some(names), _) => names.clone(),
+    /// The candidate node names, in the order given (taken from `NodeNames`, else read
+    /// from the Node objects).
+    pub fn take_names(&mut self) -> Vec<String> {
+        match (self.node_names.take(), &self.nodes) {
+            (Some(names), _) => names,
             (None, Some(nodes)) => nodes
                 .iter()
                 .map(|n| n.metadata.name.clone().unwrap_or_default())
@@ -86,84 +84,137 @@ pub struct BindingResult {
     pub error: String,
 }
 
-/// The top-level object of `body`, with its keys lower-cased (Go's case-insensitive match).
-fn object(body: &[u8], limit: usize) -> Result<Map<String, Value>, WireError> {
-    if body.len() > limit {
-        return Err(WireError::TooLarge(limit));
-    }
-    let value: Value =
-        serde_json::from_slice(body).map_err(|e| WireError::NotJson(e.to_string()))?;
-    match value {
-        Value::Object(map) => Ok(map
-            .into_iter()
-            .map(|(k, v)| (k.to_ascii_lowercase(), v))
-            .collect()),
-        _ => Err(WireError::NotObject),
+/// The `items` of a NodeList (the rest of it is not needed).
+#[derive(serde::Deserialize)]
+struct NodeItems {
+    #[serde(default)]
+    items: Vec<Node>,
+}
+
+fn custom<E: serde::de::Error>(field: &str, e: impl std::fmt::Display) -> E {
+    E::custom(format_args!("field {field}: {e}"))
+}
+
+impl<'de> serde::Deserialize<'de> for ExtenderArgs {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = ExtenderArgs;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object (ExtenderArgs: Pod, Nodes or NodeNames)")
+            }
+
+            fn visit_map<M: serde::de::MapAccess<'de>>(
+                self,
+                mut map: M,
+            ) -> Result<ExtenderArgs, M::Error> {
+                let (mut pod, mut nodes, mut names) = (None, None, None);
+                while let Some(key) = map.next_key::<String>()? {
+                    // Go matches field names case-insensitively.
+                    match key.to_ascii_lowercase().as_str() {
+                        "pod" => {
+                            pod = map
+                                .next_value::<Option<Pod>>()
+                                .map_err(|e| custom::<M::Error>("Pod", e))?
+                        }
+                        "nodes" => {
+                            nodes = map
+                                .next_value::<Option<NodeItems>>()
+                                .map_err(|e| custom::<M::Error>("Nodes", e))?
+                                .map(|l| l.items)
+                        }
+                        "nodenames" => {
+                            names = map
+                                .next_value::<Option<Vec<String>>>()
+                                .map_err(|e| custom::<M::Error>("NodeNames", e))?
+                        }
+                        _ => {
+                            map.next_value::<serde::de::IgnoredAny>()?;
+                        }
+                    }
+                }
+                let pod = pod.ok_or_else(|| serde::de::Error::custom("missing field Pod"))?;
+                Ok(ExtenderArgs {
+                    pod,
+                    nodes,
+                    node_names: names,
+                })
+            }
+        }
+        d.deserialize_map(Visit)
     }
 }
 
-fn field<T: serde::de::DeserializeOwned>(
-    map: &mut Map<String, Value>,
-    key: &str,
-    name: &'static str,
-) -> Result<Option<T>, WireError> {
-    match map.remove(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => serde_json::from_value(v)
-            .map(Some)
-            .map_err(|e| WireError::Field {
-                field: name,
-                error: e.to_string(),
-            }),
+impl<'de> serde::Deserialize<'de> for BindingArgs {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = BindingArgs;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str(
+                    "a JSON object (ExtenderBindingArgs: PodName, PodNamespace, PodUID, Node)",
+                )
+            }
+
+            fn visit_map<M: serde::de::MapAccess<'de>>(
+                self,
+                mut map: M,
+            ) -> Result<BindingArgs, M::Error> {
+                let mut fields: [Option<String>; 4] = Default::default();
+                const NAMES: [&str; 4] = ["PodName", "PodNamespace", "PodUID", "Node"];
+                while let Some(key) = map.next_key::<String>()? {
+                    let lower = key.to_ascii_lowercase();
+                    match NAMES.iter().position(|n| n.to_ascii_lowercase() == lower) {
+                        Some(i) => {
+                            fields[i] = map
+                                .next_value::<Option<String>>()
+                                .map_err(|e| custom::<M::Error>(NAMES[i], e))?
+                        }
+                        None => {
+                            map.next_value::<serde::de::IgnoredAny>()?;
+                        }
+                    }
+                }
+                let mut take = |i: usize| {
+                    fields[i].take().filter(|s| !s.is_empty()).ok_or_else(|| {
+                        serde::de::Error::custom(format_args!("missing field {}", NAMES[i]))
+                    })
+                };
+                Ok(BindingArgs {
+                    pod_name: take(0)?,
+                    pod_namespace: take(1)?,
+                    pod_uid: take(2)?,
+                    node: take(3)?,
+                })
+            }
+        }
+        d.deserialize_map(Visit)
     }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(body: &[u8], limit: usize) -> Result<T, WireError> {
+    if body.len() > limit {
+        return Err(WireError::TooLarge(limit));
+    }
+    serde_json::from_slice(body).map_err(|e| {
+        if e.is_data() {
+            WireError::Invalid(e.to_string())
+        } else {
+            WireError::NotJson(e.to_string())
+        }
+    })
 }
 
 /// Decodes `ExtenderArgs` (filter and prioritize).
 pub fn decode_args(body: &[u8], limit: usize) -> Result<ExtenderArgs, WireError> {
-    let mut map = object(body, limit)?;
-    let pod: Pod = field(&mut map, "pod", "Pod")?.ok_or(WireError::Missing("Pod"))?;
-    let nodes = match map.remove("nodes") {
-        None | Some(Value::Null) => None,
-        Some(Value::Object(list)) => {
-            let items = list
-                .get("items")
-                .cloned()
-                .unwrap_or(Value::Array(Vec::new()));
-            let nodes: Vec<Node> = serde_json::from_value(items).map_err(|e| WireError::Field {
-                field: "Nodes",
-                error: e.to_string(),
-            })?;
-            Some(nodes)
-        }
-        Some(_) => {
-            return Err(WireError::Field {
-                field: "Nodes",
-                error: "expected a NodeList object".into(),
-            });
-        }
-    };
-    let node_names: Option<Vec<String>> = field(&mut map, "nodenames", "NodeNames")?;
-    Ok(ExtenderArgs {
-        pod,
-        nodes,
-        node_names,
-    })
+    decode(body, limit)
 }
 
 /// Decodes `ExtenderBindingArgs`.
 pub fn decode_binding(body: &[u8], limit: usize) -> Result<BindingArgs, WireError> {
-    let mut map = object(body, limit)?;
-    let mut text = |key: &str, name: &'static str| -> Result<String, WireError> {
-        field::<String>(&mut map, key, name)?
-            .filter(|s| !s.is_empty())
-            .ok_or(WireError::Missing(name))
-    };
-    Ok(BindingArgs {
-        pod_name: text("podname", "PodName")?,
-        pod_namespace: text("podnamespace", "PodNamespace")?,
-        pod_uid: text("poduid", "PodUID")?,
-        node: text("node", "Node")?,
-    })
+    decode(body, limit)
 }
 
 /// The NodeList of `nodes` kept in the order given, for a filter reply to a request that

@@ -34,7 +34,11 @@ pub struct StateCache {
 /// The nodes sorted by name.
 pub fn sorted_nodes(view: &ClusterView) -> Vec<Arc<Node>> {
     let mut nodes = view.nodes.clone();
-    nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    let by_name = |a: &Arc<Node>, b: &Arc<Node>| a.metadata.name.cmp(&b.metadata.name);
+    // Caches that keep nodes in name order (and views taken twice) need no sort.
+    if !nodes.is_sorted_by(|a, b| by_name(a, b).is_le()) {
+        nodes.sort_by(by_name);
+    }
     nodes
 }
 
@@ -123,6 +127,14 @@ fn apply_changes(
 ) {
     let (mut i, mut j) = (0, 0);
     while i < old.len() || j < new.len() {
+        // Most pods are the same entry of the pod cache: no key comparison needed.
+        if let (Some(a), Some(b)) = (old.get(i), new.get(j))
+            && Arc::ptr_eq(a, b)
+        {
+            i += 1;
+            j += 1;
+            continue;
+        }
         let order = match (old.get(i), new.get(j)) {
             (Some(a), Some(b)) => key(a).cmp(&key(b)),
             (Some(_), None) => Ordering::Less,

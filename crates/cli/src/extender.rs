@@ -1,0 +1,161 @@
+//! `gpuplace extender`: gpuplace's placement inside the stock kube-scheduler, as its HTTP
+//! extender (filter, prioritize, bind), with /metrics, /healthz and /readyz on the same
+//! listener.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::Context;
+use axum::serve::ListenerExt;
+use clap::Args;
+use gpuplace_core::Policy;
+use gpuplace_scheduler::extender::http::{DEFAULT_MAX_BODY_BYTES, ExtenderMetrics, router};
+use gpuplace_scheduler::extender::{Extender, ExtenderConfig, FilterMode};
+use gpuplace_scheduler::kube_api::KubeApi;
+use tracing::info;
+
+#[derive(Args, Debug)]
+pub struct ExtenderArgs {
+    /// Kubeconfig file [default: in-cluster config, or $KUBECONFIG, or ~/.kube/config].
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Serve the extender verbs (POST /filter, /prioritize, /bind) here; also /metrics,
+    /// /healthz and /readyz unless --metrics-addr is given. Beside kube-scheduler in one
+    /// pod, keep it on 127.0.0.1 so nothing else can ask for a bind.
+    #[arg(long, env = "GPUPLACE_LISTEN", default_value = "127.0.0.1:8888")]
+    listen: SocketAddr,
+    /// Serve /metrics, /healthz and /readyz on their own address.
+    #[arg(long, env = "GPUPLACE_METRICS_ADDR")]
+    metrics_addr: Option<SocketAddr>,
+    /// `best`: filter passes only the node gpuplace would choose (kube-scheduler's own
+    /// scores cannot undo the placement); `all`: every fitting node passes and prioritize
+    /// ranks them.
+    #[arg(long, env = "GPUPLACE_FILTER_MODE", default_value = "best")]
+    filter_mode: FilterMode,
+    /// Placement policy (`gpuplace policies`).
+    #[arg(long, env = "GPUPLACE_POLICY", default_value = "fgd")]
+    policy: Policy,
+    /// Score by a weighted sum of policies, e.g. `fgd=2,best-fit=1` (weights 1-100).
+    #[arg(long, env = "GPUPLACE_WEIGHTS")]
+    weights: Option<String>,
+    /// GPU extended resource.
+    #[arg(long, env = "GPUPLACE_RESOURCE", default_value = "nvidia.com/gpu")]
+    resource: String,
+    /// Seed of the node order that breaks ties.
+    #[arg(long, env = "GPUPLACE_SEED", default_value_t = 42)]
+    seed: u64,
+    /// Largest request body accepted (larger ones get 400).
+    #[arg(long, env = "GPUPLACE_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
+    max_body_bytes: usize,
+    /// The extender's own requests per second to the API server (Bindings, reads), after
+    /// a burst [default: 0, no limit].
+    #[arg(long, env = "GPUPLACE_KUBE_API_QPS", default_value_t = 0.0)]
+    kube_api_qps: f64,
+    #[arg(long, env = "GPUPLACE_KUBE_API_BURST", default_value_t = 100)]
+    kube_api_burst: u32,
+    /// JSON log lines.
+    #[arg(long)]
+    log_json: bool,
+}
+
+pub fn run(args: ExtenderArgs) -> anyhow::Result<()> {
+    crate::logging::init(args.log_json);
+    let weights = match &args.weights {
+        Some(text) => crate::scheduler::parse_weights(text)?,
+        None => Vec::new(),
+    };
+    gpuplace_core::Placer::new(args.policy, 0).with_weights(&weights)?;
+    if !(args.kube_api_qps >= 0.0 && args.kube_api_qps.is_finite()) {
+        anyhow::bail!(
+            "kube-api-qps {} is not a number of requests per second",
+            args.kube_api_qps
+        );
+    }
+    let config = ExtenderConfig {
+        policy: args.policy,
+        weights,
+        seed: args.seed,
+        gpu_resource: args.resource.clone(),
+        filter_mode: args.filter_mode,
+        ..Default::default()
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(serve(args, config))
+}
+
+async fn serve(args: ExtenderArgs, config: ExtenderConfig) -> anyhow::Result<()> {
+    let client = crate::scheduler::client(args.kubeconfig.clone()).await?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    // kube-scheduler waits for each filter answer: never let Nagle hold one back.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    let ready = Arc::new(AtomicBool::new(false));
+    let metrics = ExtenderMetrics::default();
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    let is_ready = Arc::clone(&ready);
+    let probes = crate::ops::Probes {
+        healthz: Arc::new(|| Ok("ok")),
+        readyz: Arc::new(move || {
+            if is_ready.load(Ordering::Relaxed) {
+                Ok("ready")
+            } else {
+                Err("caches not synced")
+            }
+        }),
+    };
+    let registry = Arc::new(registry);
+    // Health and metrics on their own address answer from the start (not ready until the
+    // caches are synced); otherwise they join the extender's routes.
+    let ops = match args.metrics_addr {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot serve metrics on {addr}"))?;
+            tokio::spawn(crate::ops::serve(listener, registry, probes));
+            None
+        }
+        None => Some((registry, probes)),
+    };
+    let identity = format!(
+        "gpuplace-extender-{}",
+        std::env::var("HOSTNAME").unwrap_or_else(|_| std::process::id().to_string())
+    );
+    info!(listen = %args.listen, mode = ?config.filter_mode, policy = %config.policy, "starting watches");
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let signals = crate::signals::shutdown();
+    tokio::spawn(async move {
+        signals.await;
+        let _ = stop.send(true);
+    });
+    let until_stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let api = tokio::select! {
+        api = KubeApi::start(client, identity, &config.gpu_resource) => {
+            api?.with_rate_limit(args.kube_api_qps, args.kube_api_burst)
+        }
+        _ = until_stopped(stopped.clone()) => return Ok(()),
+    };
+    ready.store(true, Ordering::Relaxed);
+    let extender = Arc::new(Extender::new(api, config));
+    let app = router(extender, metrics, args.max_body_bytes);
+    let app = match ops {
+        Some((registry, probes)) => app.merge(crate::ops::router(registry, probes)),
+        None => app,
+    };
+    info!(listen = %args.listen, "serving the extender");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(until_stopped(stopped))
+        .await
+        .context("extender server failed")
+}
