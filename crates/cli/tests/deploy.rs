@@ -113,12 +113,19 @@ fn name(object: &Value) -> String {
 
 #[test]
 fn every_overlay_renders_into_typed_objects() {
-    if Command::new("kubectl").arg("version").arg("--client").output().is_err() {
+    if Command::new("kubectl")
+        .arg("version")
+        .arg("--client")
+        .output()
+        .is_err()
+    {
         assert!(
             std::env::var_os("GPUPLACE_REQUIRE_KUBECTL").is_none(),
             "GPUPLACE_REQUIRE_KUBECTL is set but kubectl is not installed"
         );
-        println!("skipped: kubectl is not installed (apt-get install kubectl), so the overlays cannot be rendered");
+        println!(
+            "skipped: kubectl is not installed (apt-get install kubectl), so the overlays cannot be rendered"
+        );
         return;
     }
     let overlays = deploy().join("overlays");
@@ -138,19 +145,34 @@ fn every_overlay_renders_into_typed_objects() {
         );
         let text = String::from_utf8(output.stdout).expect("UTF-8");
         let objects = objects(&text);
-        assert!(objects.len() >= 10, "{}: {} objects", dir.display(), objects.len());
+        assert!(
+            objects.len() >= 10,
+            "{}: {} objects",
+            dir.display(),
+            objects.len()
+        );
         for object in &objects {
             if let Err(e) = check(object) {
                 panic!("{}: {}: {e}", dir.display(), name(object));
             }
         }
         let kinds: Vec<String> = objects.iter().map(name).collect();
-        for wanted in ["CustomResourceDefinition podgroups.gpuplace.io", "DaemonSet gpuplace-device-plugin"] {
-            assert!(kinds.iter().any(|k| k == wanted), "{}: no {wanted}", dir.display());
+        for wanted in [
+            "CustomResourceDefinition podgroups.gpuplace.io",
+            "DaemonSet gpuplace-device-plugin",
+        ] {
+            assert!(
+                kinds.iter().any(|k| k == wanted),
+                "{}: no {wanted}",
+                dir.display()
+            );
         }
         rendered += 1;
     }
-    assert!(rendered >= 3, "standalone, extender and standalone-1.30 at least");
+    assert!(
+        rendered >= 3,
+        "standalone, extender and standalone-1.30 at least"
+    );
 }
 
 #[test]
@@ -231,13 +253,20 @@ fn the_kube_scheduler_configuration_calls_the_extender() {
     assert_eq!(config.api_version, "kubescheduler.config.k8s.io/v1");
     assert_eq!(config.kind, "KubeSchedulerConfiguration");
     assert!(config.leader_election.leader_elect);
-    assert_eq!(config.leader_election.resource_name, "gpuplace-kube-scheduler");
+    assert_eq!(
+        config.leader_election.resource_name,
+        "gpuplace-kube-scheduler"
+    );
     assert_eq!(config.leader_election.resource_namespace, "kube-system");
     assert_eq!(config.profiles[0].scheduler_name, "gpuplace");
     let ext = &config.extenders[0];
     assert_eq!(ext.url_prefix, "http://127.0.0.1:8888");
     assert_eq!(
-        (ext.filter_verb.as_str(), ext.prioritize_verb.as_str(), ext.bind_verb.as_str()),
+        (
+            ext.filter_verb.as_str(),
+            ext.prioritize_verb.as_str(),
+            ext.bind_verb.as_str()
+        ),
         ("filter", "prioritize", "bind")
     );
     assert!(ext.node_cache_capable && !ext.enable_https && !ext.ignorable);

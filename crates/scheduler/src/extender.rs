@@ -91,8 +91,9 @@ impl Default for ExtenderConfig {
 /// [`PODS_REMEMBERED`], by UID.
 const PODS_REMEMBERED: usize = 16_384;
 
-/// The FGD workload is recomputed from the cluster's pods at most this often.
-const WORKLOAD_EVERY: Duration = Duration::from_secs(1);
+/// The FGD workload (the mix of pod shapes, which moves slowly) is recomputed from the
+/// cluster's pods at most this often: each new one rescores every node.
+const WORKLOAD_EVERY: Duration = Duration::from_secs(10);
 
 struct Inner {
     placer: Placer,
@@ -189,7 +190,7 @@ impl<A: ClusterApi> Extender<A> {
         let view = self.api.view().await?;
         let mut inner = self.lock();
         if inner.generation != Some(view.generation) || !inner.cache_ready() {
-            inner.take_view(&view, &self.config.gpu_resource);
+            inner.take_view(view, &self.config.gpu_resource);
         }
         Ok(inner)
     }
@@ -210,31 +211,23 @@ impl<A: ClusterApi> Extender<A> {
         let verdicts = inner.evaluate(&pod, &names, &self.config.gpu_resource, need);
         let mut result = FilterResult::default();
         let mut passing: Vec<usize> = Vec::new();
-        for (i, name) in names.iter().enumerate() {
-            match &verdicts.nodes[i] {
+        for (i, verdict) in verdicts.nodes.into_iter().enumerate() {
+            match verdict {
                 Verdict::Fits(_) => passing.push(i),
-                Verdict::Fails(why) => {
-                    result.failed_nodes.insert(name.clone(), why.clone());
-                }
-                Verdict::Unresolvable(why) => {
-                    result
-                        .failed_and_unresolvable_nodes
-                        .insert(name.clone(), why.clone());
-                }
+                // Failed names are not needed again: moved, not copied.
+                Verdict::Fails(why) => result
+                    .failed_nodes
+                    .insert(std::mem::take(&mut names[i]), why),
+                Verdict::Unresolvable(why) => result
+                    .failed_and_unresolvable_nodes
+                    .insert(std::mem::take(&mut names[i]), why),
             }
         }
         if self.config.filter_mode == FilterMode::Best
             && let Some(best) = verdicts.best
         {
-            for &i in passing.iter().filter(|&&i| i != best) {
-                result.failed_nodes.insert(
-                    names[i].clone(),
-                    format!(
-                        "gpuplace placed the pod on {} (filter mode best)",
-                        names[best]
-                    ),
-                );
-            }
+            // The other fitting nodes are left out, not failed: they fit, and kube-scheduler
+            // keeps no status for nodes an extender drops.
             passing = vec![best];
         }
         drop(guard);
@@ -383,9 +376,9 @@ enum Verdict {
     /// Fits, ranked by (preference sum, policy score).
     Fits((i64, i64)),
     /// Fails where preemption could help (resources).
-    Fails(String),
+    Fails(Arc<str>),
     /// Fails where no preemption helps (taints, selectors, volumes, models, unknown).
-    Unresolvable(String),
+    Unresolvable(Arc<str>),
 }
 
 /// What a verb needs computed.
@@ -408,10 +401,9 @@ impl Inner {
         self.cache.snapshot_mut().is_some()
     }
 
-    fn take_view(&mut self, view: &ClusterView, gpu_resource: &str) {
-        let (mut snapshot, _lost, rebuilt) =
-            self.cache
-                .update(view, &mut self.reservations, gpu_resource);
+    fn take_view(&mut self, view: ClusterView, gpu_resource: &str) {
+        self.volumes = VolumeIndex::new(&view.claims, &view.volumes);
+        self.generation = Some(view.generation);
         let stale = self
             .workload
             .as_ref()
@@ -426,6 +418,9 @@ impl Inner {
             let workload = Arc::new(TargetWorkload::from_requests(&shapes, 0.95));
             self.workload = Some((Instant::now(), workload));
         }
+        let (mut snapshot, _lost, rebuilt) =
+            self.cache
+                .update_owned(view, &mut self.reservations, gpu_resource);
         // Setting the workload scores every node's fragmentation again: only when it or
         // the state is new.
         if (stale || rebuilt)
@@ -438,8 +433,6 @@ impl Inner {
             // Node verdicts depend on the nodes only.
             self.verdicts = VerdictCache::default();
         }
-        self.volumes = VolumeIndex::new(&view.claims, &view.volumes);
-        self.generation = Some(view.generation);
     }
 
     fn remember(&mut self, pod: &Arc<PodInfo>) {
@@ -466,7 +459,7 @@ impl Inner {
             return Verdicts {
                 nodes: names
                     .iter()
-                    .map(|_| Verdict::Unresolvable("gpuplace's cache is not synced yet".into()))
+                    .map(|_| Verdict::Unresolvable(Arc::from("gpuplace's cache is not synced yet")))
                     .collect(),
                 best: None,
             };
@@ -479,7 +472,7 @@ impl Inner {
                 return Verdicts {
                     nodes: names
                         .iter()
-                        .map(|_| Verdict::Unresolvable(e.clone()))
+                        .map(|_| Verdict::Unresolvable(Arc::from(e.as_str())))
                         .collect(),
                     best: None,
                 };
@@ -493,7 +486,7 @@ impl Inner {
                 return Verdicts {
                     nodes: names
                         .iter()
-                        .map(|_| Verdict::Unresolvable(why.clone()))
+                        .map(|_| Verdict::Unresolvable(Arc::from(why.as_str())))
                         .collect(),
                     best: None,
                 };
@@ -512,6 +505,7 @@ impl Inner {
                 None => (None, false),
             })
             .unzip();
+        let rejected_why: Vec<Option<&str>> = rejected_why.iter().map(|w| w.as_deref()).collect();
         // Usually every node is a candidate: then no mask is needed, and core answers from
         // its ranking of node classes instead of scanning them.
         if candidates.iter().any(|c| !c) {
@@ -562,20 +556,32 @@ impl Inner {
             None
         };
         let asked = gpuplace_core::Asked::of(&demand.request);
+        // Thousands of nodes fail for a handful of reasons: one shared text per reason.
+        let mut texts: Vec<Arc<str>> = Vec::new();
+        let mut text = |phrase: &str| -> Arc<str> {
+            match texts.iter().find(|t| &***t == phrase) {
+                Some(t) => Arc::clone(t),
+                None => {
+                    let t: Arc<str> = Arc::from(phrase);
+                    texts.push(Arc::clone(&t));
+                    t
+                }
+            }
+        };
         let nodes = index
             .iter()
             .zip(rejected_why.into_iter().zip(allowed))
             .map(|(n, (why, allowed))| {
                 let Some(n) = n else {
-                    return Verdict::Unresolvable("node is not in gpuplace's cache".into());
+                    return Verdict::Unresolvable(text(NOT_CACHED));
                 };
                 let fit = fits.next();
                 if !allowed {
-                    let why = why.unwrap_or_else(|| "node(s) were filtered out".into());
-                    return if unresolvable(&why) {
-                        Verdict::Unresolvable(why)
+                    let why = why.unwrap_or("node(s) were filtered out");
+                    return if unresolvable(why) {
+                        Verdict::Unresolvable(text(why))
                     } else {
-                        Verdict::Fails(why)
+                        Verdict::Fails(text(why))
                     };
                 }
                 match fit {
@@ -584,14 +590,14 @@ impl Inner {
                         Verdict::Fits((pref, score))
                     }
                     Some(Err(failure)) => {
-                        let why = failure.phrase_for(resource, &asked);
+                        let why = text(&failure.phrase_for(resource, &asked));
                         if unresolvable_fit(failure) {
                             Verdict::Unresolvable(why)
                         } else {
                             Verdict::Fails(why)
                         }
                     }
-                    None => Verdict::Unresolvable("node is not in gpuplace's cache".into()),
+                    None => Verdict::Unresolvable(text(NOT_CACHED)),
                 }
             })
             .collect();
@@ -640,6 +646,8 @@ pub fn spread_scores(keys: &[Option<(i64, i64)>]) -> Vec<i64> {
         })
         .collect()
 }
+
+const NOT_CACHED: &str = "node is not in gpuplace's cache";
 
 /// Whether a filter's rejection is beyond what preemption could change: the node's
 /// taints, labels, cordon or a volume's node affinity (resources, ports and other pods'

@@ -6,8 +6,6 @@
 //! Decoding never panics: a body that is not JSON, not an object, or whose fields have the
 //! wrong shape is refused with a [`WireError`] that names the problem (HTTP 400).
 
-use std::collections::BTreeMap;
-
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::Serialize;
 use serde_json::Value;
@@ -64,9 +62,45 @@ pub struct BindingArgs {
 pub struct FilterResult {
     pub nodes: Option<Value>,
     pub node_names: Option<Vec<String>>,
-    pub failed_nodes: BTreeMap<String, String>,
-    pub failed_and_unresolvable_nodes: BTreeMap<String, String>,
+    pub failed_nodes: Reasons,
+    pub failed_and_unresolvable_nodes: Reasons,
     pub error: String,
+}
+
+/// Node name -> why it failed, in the order the nodes were given, written as a JSON
+/// object (`map[string]string` in Go). Reasons are shared: thousands of nodes failing for
+/// one reason hold one text.
+#[derive(Debug, Default, PartialEq)]
+pub struct Reasons(pub Vec<(String, std::sync::Arc<str>)>);
+
+impl Reasons {
+    pub fn insert(&mut self, node: String, why: std::sync::Arc<str>) {
+        self.0.push((node, why));
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The reason given for `node`, if any.
+    pub fn get(&self, node: &str) -> Option<&str> {
+        self.0.iter().find(|(n, _)| n == node).map(|(_, w)| &**w)
+    }
+}
+
+impl Serialize for Reasons {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(Some(self.0.len()))?;
+        for (node, why) in &self.0 {
+            map.serialize_entry(node, &**why)?;
+        }
+        map.end()
+    }
 }
 
 /// One entry of `HostPriorityList`.

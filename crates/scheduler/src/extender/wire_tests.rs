@@ -75,7 +75,10 @@ fn bad_bodies_are_named() {
 fn replies_are_pascal_case() {
     let reply = FilterResult {
         node_names: Some(vec!["n1".into()]),
-        failed_nodes: [("n2".to_string(), "Insufficient nvidia.com/gpu".to_string())].into(),
+        failed_nodes: Reasons(vec![(
+            "n2".to_string(),
+            "Insufficient nvidia.com/gpu".into(),
+        )]),
         ..Default::default()
     };
     let text = serde_json::to_value(&reply).unwrap();

@@ -26,6 +26,9 @@ pub struct StateCache {
     snapshot: Option<Snapshot>,
     pods: Vec<Arc<PodInfo>>,
     nodes: Vec<Arc<Node>>,
+    /// The nodes as the last view listed them (before sorting): an equal list needs no
+    /// sort and no comparison.
+    listed: Vec<Arc<Node>>,
     /// Full builds and in-place updates so far.
     pub builds: usize,
     pub updates: usize,
@@ -88,12 +91,47 @@ impl StateCache {
         reservations: &mut Reservations,
         gpu_resource: &str,
     ) -> (Snapshot, Vec<super::assume::Reservation>, bool) {
-        let nodes = sorted_nodes(view);
-        let kept = self
-            .snapshot
-            .take()
-            .filter(|_| !nodes_differ(&self.nodes, &nodes));
-        let (snapshot, lost, rebuilt) = match kept {
+        let out = self.bring(view, reservations, gpu_resource);
+        self.pods = view.pods.clone();
+        out
+    }
+
+    /// [`update`](Self::update) from a view the caller gives up: its pod list is kept
+    /// without a copy.
+    pub fn update_owned(
+        &mut self,
+        mut view: ClusterView,
+        reservations: &mut Reservations,
+        gpu_resource: &str,
+    ) -> (Snapshot, Vec<super::assume::Reservation>, bool) {
+        let out = self.bring(&view, reservations, gpu_resource);
+        self.pods = std::mem::take(&mut view.pods);
+        out
+    }
+
+    fn bring(
+        &mut self,
+        view: &ClusterView,
+        reservations: &mut Reservations,
+        gpu_resource: &str,
+    ) -> (Snapshot, Vec<super::assume::Reservation>, bool) {
+        let same_list = self.listed.len() == view.nodes.len()
+            && self
+                .listed
+                .iter()
+                .zip(&view.nodes)
+                .all(|(a, b)| Arc::ptr_eq(a, b));
+        let nodes_changed = if same_list {
+            false
+        } else {
+            let nodes = sorted_nodes(view);
+            let changed = nodes_differ(&self.nodes, &nodes);
+            self.nodes = nodes;
+            self.listed = view.nodes.clone();
+            changed
+        };
+        let kept = self.snapshot.take().filter(|_| !nodes_changed);
+        match kept {
             Some(mut snapshot) => {
                 self.updates += 1;
                 apply_changes(&mut snapshot, &self.pods, &view.pods, reservations);
@@ -106,10 +144,7 @@ impl StateCache {
                 let lost = reservations.reconcile(view, &mut snapshot);
                 (snapshot, lost, true)
             }
-        };
-        self.nodes = nodes;
-        self.pods = view.pods.clone();
-        (snapshot, lost, rebuilt)
+        }
     }
 
     /// Gives the state back after a round.
