@@ -1,3 +1,4 @@
+use super::evaluate::unresolvable;
 use super::*;
 
 #[test]

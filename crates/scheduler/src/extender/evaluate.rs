@@ -1,0 +1,226 @@
+//! The extender's judgement of the candidate nodes for one pod: the scheduler's filter
+//! stage (node filters, extended resources, volumes, filters about other pods), then core's
+//! fit or score per candidate, preferences, and the node gpuplace would choose.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use gpuplace_core::Placer;
+
+use crate::pod_info::PodInfo;
+use crate::scheduler::filter_stage::{
+    Filtered, VerdictCache, filter_nodes, with_interpod, with_preferences, with_volumes,
+};
+use crate::snapshot::Snapshot;
+use crate::volumes::VolumeIndex;
+
+/// One candidate's verdict.
+pub(super) enum Verdict {
+    /// Fits, ranked by (preference sum, policy score).
+    Fits((i64, i64)),
+    /// Fails where preemption could help (resources).
+    Fails(Arc<str>),
+    /// Fails where no preemption helps (taints, selectors, volumes, models, unknown).
+    Unresolvable(Arc<str>),
+}
+
+/// What a verb needs computed.
+#[derive(Clone, Copy)]
+pub(super) struct Need {
+    /// The policy's score of each fitting candidate (prioritize).
+    pub scores: bool,
+    /// The candidate gpuplace would choose (filter in mode best).
+    pub best: bool,
+}
+
+pub(super) struct Verdicts {
+    pub nodes: Vec<Verdict>,
+    /// The candidate gpuplace would choose.
+    pub best: Option<usize>,
+}
+
+/// What a judgement reads and the caches it keeps.
+pub(super) struct Parts<'a> {
+    pub snapshot: Option<&'a Snapshot>,
+    pub placer: &'a mut Placer,
+    pub verdicts: &'a mut VerdictCache,
+    pub volumes: &'a VolumeIndex,
+}
+
+impl Parts<'_> {
+    /// The verdict on each named candidate, and the one gpuplace would choose.
+    pub(super) fn evaluate(
+        &mut self,
+        pod: &Arc<PodInfo>,
+        names: &[String],
+        resource: &str,
+        need: Need,
+    ) -> Verdicts {
+        let Some(snapshot) = self.snapshot else {
+            return Verdicts {
+                nodes: names
+                    .iter()
+                    .map(|_| Verdict::Unresolvable(Arc::from("gpuplace's cache is not synced yet")))
+                    .collect(),
+                best: None,
+            };
+        };
+        let index: Vec<Option<usize>> = names.iter().map(|n| snapshot.node_index(n)).collect();
+        let demand = match &pod.demand {
+            Ok(d) => d,
+            Err(e) => {
+                return Verdicts {
+                    nodes: names
+                        .iter()
+                        .map(|_| Verdict::Unresolvable(Arc::from(e.as_str())))
+                        .collect(),
+                    best: None,
+                };
+            }
+        };
+        let node_filter = self.verdicts.get(snapshot, pod);
+        let filtered = filter_nodes(&snapshot.scalars, &node_filter, demand);
+        let filtered = match with_volumes(filtered, snapshot, &self.volumes, pod) {
+            Ok(f) => f,
+            Err(why) => {
+                return Verdicts {
+                    nodes: names
+                        .iter()
+                        .map(|_| Verdict::Unresolvable(Arc::from(why.as_str())))
+                        .collect(),
+                    best: None,
+                };
+            }
+        };
+        let mut filtered: Filtered = with_interpod(filtered, snapshot, pod, &[]).into_owned();
+        // Only the candidates kube-scheduler sent are ours to choose among.
+        let mut candidates = vec![false; snapshot.nodes.len()];
+        for n in index.iter().flatten() {
+            candidates[*n] = true;
+        }
+        let (rejected_why, allowed): (Vec<Option<String>>, Vec<bool>) = index
+            .iter()
+            .map(|n| match n {
+                Some(n) => (filtered.why(*n).map(String::from), filtered.allows(*n)),
+                None => (None, false),
+            })
+            .unzip();
+        let rejected_why: Vec<Option<&str>> = rejected_why.iter().map(|w| w.as_deref()).collect();
+        // Usually every node is a candidate: then no mask is needed, and core answers from
+        // its ranking of node classes instead of scanning them.
+        if candidates.iter().any(|c| !c) {
+            filtered.restrict(&candidates);
+        }
+        let ranked = with_preferences(
+            Cow::Borrowed(&filtered),
+            snapshot,
+            &snapshot.state,
+            pod,
+            &demand.request,
+            &[],
+        );
+        let preference = crate::preference::wanted(
+            pod,
+            snapshot.preferring_pods > 0,
+            snapshot.soft_taint_nodes > 0,
+        )
+        .then(|| {
+            let placed = crate::interpod::Placed {
+                nodes: &snapshot.nodes,
+                pods: &snapshot.placed,
+                extra: &[],
+            };
+            let mask: Vec<bool> = (0..snapshot.nodes.len())
+                .map(|n| filtered.allows(n))
+                .collect();
+            crate::preference::scores(&placed, pod, &mask)
+        });
+        // Per candidate: the policy's score (prioritize) or only whether it fits (filter).
+        let present: Vec<usize> = index.iter().flatten().copied().collect();
+        let mut fits: std::vec::IntoIter<Result<i64, gpuplace_core::FitFailure>> = if need.scores {
+            self.placer
+                .score_nodes(&snapshot.state, &demand.request, &present)
+        } else {
+            present
+                .iter()
+                .map(|&n| snapshot.state.fit(n, &demand.request).map(|()| 0))
+                .collect()
+        }
+        .into_iter();
+        let best = if need.best {
+            self.placer
+                .choose(&snapshot.state, &demand.request, ranked.mask())
+                .ok()
+                .and_then(|d| index.iter().position(|n| *n == Some(d.node)))
+        } else {
+            None
+        };
+        let asked = gpuplace_core::Asked::of(&demand.request);
+        // Thousands of nodes fail for a handful of reasons: one shared text per reason.
+        let mut texts: Vec<Arc<str>> = Vec::new();
+        let mut text = |phrase: &str| -> Arc<str> {
+            match texts.iter().find(|t| &***t == phrase) {
+                Some(t) => Arc::clone(t),
+                None => {
+                    let t: Arc<str> = Arc::from(phrase);
+                    texts.push(Arc::clone(&t));
+                    t
+                }
+            }
+        };
+        let nodes = index
+            .iter()
+            .zip(rejected_why.into_iter().zip(allowed))
+            .map(|(n, (why, allowed))| {
+                let Some(n) = n else {
+                    return Verdict::Unresolvable(text(NOT_CACHED));
+                };
+                let fit = fits.next();
+                if !allowed {
+                    let why = why.unwrap_or("node(s) were filtered out");
+                    return if unresolvable(why) {
+                        Verdict::Unresolvable(text(why))
+                    } else {
+                        Verdict::Fails(text(why))
+                    };
+                }
+                match fit {
+                    Some(Ok(score)) => {
+                        let pref = preference.as_ref().map_or(0, |p| p[*n]);
+                        Verdict::Fits((pref, score))
+                    }
+                    Some(Err(failure)) => {
+                        let why = text(&failure.phrase_for(resource, &asked));
+                        if unresolvable_fit(failure) {
+                            Verdict::Unresolvable(why)
+                        } else {
+                            Verdict::Fails(why)
+                        }
+                    }
+                    None => Verdict::Unresolvable(text(NOT_CACHED)),
+                }
+            })
+            .collect();
+        Verdicts { nodes, best }
+    }
+}
+
+const NOT_CACHED: &str = "node is not in gpuplace's cache";
+
+/// Whether a filter's rejection is beyond what preemption could change: the node's
+/// taints, labels, cordon or a volume's node affinity (resources, ports and other pods'
+/// terms could be freed by evicting pods).
+pub(super) fn unresolvable(phrase: &str) -> bool {
+    phrase.starts_with("node(s) had untolerated taint")
+        || phrase.starts_with("node(s) didn't match Pod's node affinity")
+        || phrase.starts_with("node(s) were unschedulable")
+        || phrase == crate::volumes::NODE_CONFLICT
+        || phrase.contains("missing required label")
+}
+
+/// Whether a fit failure is beyond what preemption could change (the node's GPUs are not
+/// what the pod needs, whatever runs there).
+fn unresolvable_fit(failure: gpuplace_core::FitFailure) -> bool {
+    use gpuplace_core::FitFailure::*;
+    matches!(failure, NoGpus | ModelNotAllowed | GpuMemoryTooSmall)
+}
