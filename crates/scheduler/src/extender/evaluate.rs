@@ -80,7 +80,7 @@ impl Parts<'_> {
         };
         let node_filter = self.verdicts.get(snapshot, pod);
         let filtered = filter_nodes(&snapshot.scalars, &node_filter, demand);
-        let filtered = match with_volumes(filtered, snapshot, &self.volumes, pod) {
+        let filtered = match with_volumes(filtered, snapshot, self.volumes, pod) {
             Ok(f) => f,
             Err(why) => {
                 return Verdicts {
