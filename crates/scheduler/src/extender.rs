@@ -382,13 +382,7 @@ impl Inner {
             .as_ref()
             .is_none_or(|(at, _)| at.elapsed() >= WORKLOAD_EVERY);
         if stale {
-            let shapes: Vec<gpuplace_model::Request> = view
-                .pods
-                .iter()
-                .filter_map(|p| p.demand.as_ref().ok())
-                .map(|d| d.request.clone())
-                .collect();
-            let workload = Arc::new(TargetWorkload::from_requests(&shapes, 0.95));
+            let workload = crate::snapshot::workload_of(&view.pods);
             self.workload = Some((Instant::now(), workload));
         }
         let (mut snapshot, _lost, rebuilt) =

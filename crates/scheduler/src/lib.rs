@@ -13,6 +13,7 @@ pub mod leader;
 pub mod metrics;
 pub mod need;
 pub mod pod_info;
+pub mod pod_terms;
 pub mod preference;
 pub mod rate;
 pub mod scheduler;

@@ -126,7 +126,7 @@ pub struct PodInfo {
     /// The pod's labels (other pods' affinity and spread constraints select on them).
     pub labels: BTreeMap<String, String>,
     /// Host ports, pod (anti-)affinity and spread constraints, if any.
-    pub placement: Option<Box<crate::interpod::PodTerms>>,
+    pub placement: Option<Box<crate::pod_terms::PodTerms>>,
     /// The PersistentVolumeClaims it mounts (see [`crate::volumes`]).
     pub claims: Vec<crate::volumes::ClaimRef>,
 }
@@ -175,7 +175,7 @@ impl PodInfo {
             demand: pod_demand(pod, gpu_resource).map_err(|e| e.to_string()),
             filter_key: terms.as_ref().map(SchedulingTerms::key).unwrap_or_default(),
             labels: meta.labels.clone().unwrap_or_default(),
-            placement: crate::interpod::PodTerms::of(pod).map(Box::new),
+            placement: crate::pod_terms::PodTerms::of(pod).map(Box::new),
             claims: crate::volumes::claims_of(pod),
             terms: terms.map(Box::new),
         }

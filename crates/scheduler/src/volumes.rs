@@ -12,8 +12,6 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{NodeSelector, PersistentVolume, PersistentVolumeClaim, Pod};
 
-use crate::pod_info::PodInfo;
-
 /// The phrase for nodes a bound volume cannot reach, as kube-scheduler says it.
 pub const NODE_CONFLICT: &str = "node(s) had volume node affinity conflict";
 
@@ -125,12 +123,16 @@ impl VolumeIndex {
         VolumeIndex { claims, volumes }
     }
 
-    /// The node selectors every node must match for `pod`'s volumes (all of them), or why
-    /// the pod cannot be placed anywhere now.
-    pub fn check(&self, pod: &PodInfo) -> Result<Vec<&NodeSelector>, String> {
+    /// The node selectors every node must match for the volumes of a pod in `namespace`
+    /// that mounts `claims` (all of them), or why the pod cannot be placed anywhere now.
+    pub fn check(
+        &self,
+        namespace: &str,
+        claims: &[ClaimRef],
+    ) -> Result<Vec<&NodeSelector>, String> {
         let mut selectors = Vec::new();
-        for claim in &pod.claims {
-            let key = (pod.key.namespace.clone(), claim.name.clone());
+        for claim in claims {
+            let key = (namespace.to_string(), claim.name.clone());
             let volume = match self.claims.get(&key) {
                 None if claim.ephemeral => {
                     return Err(format!(
@@ -197,13 +199,13 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn pod(volumes: serde_json::Value) -> PodInfo {
+    fn pod(volumes: serde_json::Value) -> Vec<ClaimRef> {
         let pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": "train", "namespace": "ml", "uid": "u"},
             "spec": {"containers": [], "volumes": volumes}
         }))
         .unwrap();
-        PodInfo::from_pod(&pod, "nvidia.com/gpu")
+        claims_of(&pod)
     }
 
     fn claim(name: &str, volume: Option<&str>) -> Arc<PersistentVolumeClaim> {
@@ -233,24 +235,24 @@ mod tests {
             {"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {}}}},
             {"name": "shm", "emptyDir": {}}]),
         );
-        assert_eq!(p.claims.len(), 2);
-        assert_eq!(p.claims[1].name, "train-scratch");
+        assert_eq!(p.len(), 2);
+        assert_eq!(p[1].name, "train-scratch");
         let none = VolumeIndex::new(&[], &[]);
         assert_eq!(
-            none.check(&p).unwrap_err(),
+            none.check("ml", &p).unwrap_err(),
             "persistentvolumeclaim \"data\" not found"
         );
         let unbound = VolumeIndex::new(&[claim("data", None)], &[]);
         assert!(
             unbound
-                .check(&p)
+                .check("ml", &p)
                 .unwrap_err()
                 .contains("does not provision WaitForFirstConsumer")
         );
         let no_ephemeral = VolumeIndex::new(&[claim("data", Some("pv1"))], &[volume("pv1", None)]);
         assert!(
             no_ephemeral
-                .check(&p)
+                .check("ml", &p)
                 .unwrap_err()
                 .starts_with("waiting for ephemeral volume controller")
         );
@@ -261,7 +263,7 @@ mod tests {
             ],
             &[volume("pv2", None)],
         );
-        assert!(lost.check(&p).unwrap_err().contains("\"pv1\""));
+        assert!(lost.check("ml", &p).unwrap_err().contains("\"pv1\""));
         let ready = VolumeIndex::new(
             &[
                 claim("data", Some("pv1")),
@@ -269,10 +271,10 @@ mod tests {
             ],
             &[volume("pv1", Some("n3")), volume("pv2", None)],
         );
-        let selectors = ready.check(&p).unwrap();
+        let selectors = ready.check("ml", &p).unwrap();
         assert_eq!(selectors.len(), 1);
         let plain = pod(json!([]));
-        assert!(plain.claims.is_empty() && none.check(&plain).unwrap().is_empty());
+        assert!(plain.is_empty() && none.check("ml", &plain).unwrap().is_empty());
     }
 
     #[test]

@@ -39,6 +39,19 @@ pub(super) struct Verdicts {
     pub best: Option<usize>,
 }
 
+impl Verdicts {
+    /// Every candidate fails for one reason no preemption can change.
+    fn all_unresolvable(count: usize, why: &str) -> Verdicts {
+        let why: Arc<str> = Arc::from(why);
+        Verdicts {
+            nodes: (0..count)
+                .map(|_| Verdict::Unresolvable(Arc::clone(&why)))
+                .collect(),
+            best: None,
+        }
+    }
+}
+
 /// What a judgement reads and the caches it keeps.
 pub(super) struct Parts<'a> {
     pub snapshot: Option<&'a Snapshot>,
@@ -57,25 +70,13 @@ impl Parts<'_> {
         need: Need,
     ) -> Verdicts {
         let Some(snapshot) = self.snapshot else {
-            return Verdicts {
-                nodes: names
-                    .iter()
-                    .map(|_| Verdict::Unresolvable(Arc::from("gpuplace's cache is not synced yet")))
-                    .collect(),
-                best: None,
-            };
+            return Verdicts::all_unresolvable(names.len(), "gpuplace's cache is not synced yet");
         };
         let index: Vec<Option<usize>> = names.iter().map(|n| snapshot.node_index(n)).collect();
         let demand = match &pod.demand {
             Ok(d) => d,
             Err(e) => {
-                return Verdicts {
-                    nodes: names
-                        .iter()
-                        .map(|_| Verdict::Unresolvable(Arc::from(e.as_str())))
-                        .collect(),
-                    best: None,
-                };
+                return Verdicts::all_unresolvable(names.len(), e);
             }
         };
         let node_filter = self.verdicts.get(snapshot, pod);
@@ -83,13 +84,7 @@ impl Parts<'_> {
         let filtered = match with_volumes(filtered, snapshot, self.volumes, pod) {
             Ok(f) => f,
             Err(why) => {
-                return Verdicts {
-                    nodes: names
-                        .iter()
-                        .map(|_| Verdict::Unresolvable(Arc::from(why.as_str())))
-                        .collect(),
-                    best: None,
-                };
+                return Verdicts::all_unresolvable(names.len(), &why);
             }
         };
         let mut filtered: Filtered = with_interpod(filtered, snapshot, pod, &[]).into_owned();

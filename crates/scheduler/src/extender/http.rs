@@ -105,17 +105,31 @@ async fn body_of(request: Request, limit: usize) -> Result<axum::body::Bytes, wi
         .map_err(|_| wire::WireError::TooLarge(limit))
 }
 
+/// The request's body decoded by `decode`, or the 400 answer (counted under `verb`).
+async fn decoded<A: ClusterApi, T>(
+    s: &Shared<A>,
+    request: Request,
+    verb: &str,
+    started: Instant,
+    decode: fn(&[u8], usize) -> Result<T, wire::WireError>,
+) -> Result<T, Response> {
+    match body_of(request, s.limit)
+        .await
+        .and_then(|b| decode(&b, s.limit))
+    {
+        Ok(args) => Ok(args),
+        Err(e) => {
+            s.metrics.observe(verb, "bad_request", started);
+            Err(bad_request(e))
+        }
+    }
+}
+
 async fn filter<A: ClusterApi>(State(s): State<Arc<Shared<A>>>, request: Request) -> Response {
     let started = Instant::now();
-    let args = match body_of(request, s.limit)
-        .await
-        .and_then(|b| wire::decode_args(&b, s.limit))
-    {
+    let args = match decoded(&s, request, "filter", started, wire::decode_args).await {
         Ok(args) => args,
-        Err(e) => {
-            s.metrics.observe("filter", "bad_request", started);
-            return bad_request(e);
-        }
+        Err(answer) => return answer,
     };
     let (result, answer) = match s.extender.filter(args).await {
         Ok(r) => ("ok", r),
@@ -133,15 +147,9 @@ async fn filter<A: ClusterApi>(State(s): State<Arc<Shared<A>>>, request: Request
 
 async fn prioritize<A: ClusterApi>(State(s): State<Arc<Shared<A>>>, request: Request) -> Response {
     let started = Instant::now();
-    let args = match body_of(request, s.limit)
-        .await
-        .and_then(|b| wire::decode_args(&b, s.limit))
-    {
+    let args = match decoded(&s, request, "prioritize", started, wire::decode_args).await {
         Ok(args) => args,
-        Err(e) => {
-            s.metrics.observe("prioritize", "bad_request", started);
-            return bad_request(e);
-        }
+        Err(answer) => return answer,
     };
     match s.extender.prioritize(args).await {
         Ok(list) => {
@@ -157,15 +165,9 @@ async fn prioritize<A: ClusterApi>(State(s): State<Arc<Shared<A>>>, request: Req
 
 async fn bind<A: ClusterApi>(State(s): State<Arc<Shared<A>>>, request: Request) -> Response {
     let started = Instant::now();
-    let args = match body_of(request, s.limit)
-        .await
-        .and_then(|b| wire::decode_binding(&b, s.limit))
-    {
+    let args = match decoded(&s, request, "bind", started, wire::decode_binding).await {
         Ok(args) => args,
-        Err(e) => {
-            s.metrics.observe("bind", "bad_request", started);
-            return bad_request(e);
-        }
+        Err(answer) => return answer,
     };
     let (result, answer) = match s.extender.bind(args).await {
         Ok(()) => ("ok", BindingResult::default()),

@@ -204,7 +204,7 @@ pub fn with_volumes<'a>(
     }
     let n_nodes = snapshot.nodes.len();
     let selectors = volumes
-        .check(pod)
+        .check(&pod.key.namespace, &pod.claims)
         .map_err(|why| format!("0/{n_nodes} nodes are available: {why}."))?;
     if selectors.is_empty() {
         return Ok(filtered);

@@ -129,15 +129,9 @@ impl<A: ClusterApi> Scheduler<A> {
         }
         // FGD measures fragmentation against the shapes of the pods the cluster runs and
         // is asked to run.
-        let shapes: Vec<gpuplace_model::Request> = view
-            .pods
-            .iter()
-            .filter_map(|p| p.demand.as_ref().ok())
-            .map(|d| d.request.clone())
-            .collect();
-        snapshot.state.set_workload(std::sync::Arc::new(
-            gpuplace_core::TargetWorkload::from_requests(&shapes, 0.95),
-        ));
+        snapshot
+            .state
+            .set_workload(crate::snapshot::workload_of(&view.pods));
         let waiting: Vec<&Arc<PodInfo>> = view
             .pods
             .iter()
