@@ -161,30 +161,21 @@ fn inter_pod(placed: &Placed, pod: &PodInfo) -> Vec<i64> {
                     .or_default() += sign * i64::from(term.weight);
             }
         };
-        for term in like
-            .iter()
-            .filter(|t| term_selects(&t.pod_affinity_term, ns, q))
-        {
-            credit(term, 1);
-        }
-        for term in unlike
-            .iter()
-            .filter(|t| term_selects(&t.pod_affinity_term, ns, q))
-        {
-            credit(term, -1);
-        }
+        // The pod's terms select placed pods; placed pods' terms select the pod.
         let owner = q.key.namespace.as_str();
-        for term in their_like
-            .iter()
-            .filter(|t| term_selects(&t.pod_affinity_term, owner, pod))
-        {
-            credit(term, 1);
-        }
-        for term in their_unlike
-            .iter()
-            .filter(|t| term_selects(&t.pod_affinity_term, owner, pod))
-        {
-            credit(term, -1);
+        let passes: [(&[WeightedPodAffinityTerm], &str, &PodInfo, i64); 4] = [
+            (like, ns, q, 1),
+            (unlike, ns, q, -1),
+            (their_like, owner, pod, 1),
+            (their_unlike, owner, pod, -1),
+        ];
+        for (terms, term_owner, selected, sign) in passes {
+            for term in terms
+                .iter()
+                .filter(|t| term_selects(&t.pod_affinity_term, term_owner, selected))
+            {
+                credit(term, sign);
+            }
         }
     }
     (0..placed.nodes.len())

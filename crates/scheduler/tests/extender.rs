@@ -267,3 +267,48 @@ async fn bad_bodies_get_400_with_the_reason() {
         "{result}"
     );
 }
+
+#[tokio::test]
+async fn preferences_decide_first_in_both_modes() {
+    let api = MemoryApi::new();
+    for i in 0..3 {
+        api.put_node(node(&format!("n{i}"), 8, json!({})));
+    }
+    // FGD alone would pack the replica next to the running one on n0.
+    api.put_pod(pod(
+        "db-0",
+        1,
+        json!({"metadata": {"labels": {"app": "db"}, "uid": "u0"},
+            "spec": {"nodeName": "n0"}, "status": {"phase": "Running"}}),
+    ));
+    let mut replica = pod(
+        "db-1",
+        1,
+        json!({"metadata": {"labels": {"app": "db"}},
+            "spec": {"affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 100, "podAffinityTerm": {"labelSelector": {"matchLabels": {"app": "db"}},
+                    "topologyKey": "kubernetes.io/hostname"}}]}}}}),
+    );
+    replica.metadata.uid = Some("u1".into());
+    api.put_pod(replica.clone());
+    let names = ["n0", "n1", "n2"];
+    let args = serde_json::to_vec(&json!({"Pod": replica, "NodeNames": names})).unwrap();
+    let (_, best, _) = call(&app(&api, FilterMode::Best), "filter", args.clone()).await;
+    let chosen = best["NodeNames"][0].as_str().unwrap().to_string();
+    assert_ne!(chosen, "n0", "mode best honours the preference: {best}");
+    let (_, scores, _) = call(&app(&api, FilterMode::All), "prioritize", args).await;
+    let score = |host: &str| {
+        scores
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|h| h["Host"] == host)
+            .unwrap()["Score"]
+            .as_i64()
+            .unwrap()
+    };
+    assert!(
+        score("n0") < score("n1") && score("n0") < score("n2"),
+        "{scores}"
+    );
+}

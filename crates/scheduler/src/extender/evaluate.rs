@@ -2,14 +2,13 @@
 //! stage (node filters, extended resources, volumes, filters about other pods), then core's
 //! fit or score per candidate, preferences, and the node gpuplace would choose.
 
-use std::borrow::Cow;
 use std::sync::Arc;
 
 use gpuplace_core::Placer;
 
 use crate::pod_info::PodInfo;
 use crate::scheduler::filter_stage::{
-    Filtered, VerdictCache, filter_nodes, with_interpod, with_preferences, with_volumes,
+    Filtered, VerdictCache, filter_nodes, with_interpod, with_volumes,
 };
 use crate::snapshot::Snapshot;
 use crate::volumes::VolumeIndex;
@@ -106,14 +105,9 @@ impl Parts<'_> {
         if candidates.iter().any(|c| !c) {
             filtered.restrict(&candidates);
         }
-        let ranked = with_preferences(
-            Cow::Borrowed(&filtered),
-            snapshot,
-            &snapshot.state,
-            pod,
-            &demand.request,
-            &[],
-        );
+        // Preference sums, computed once: prioritize ranks by them, and mode best chooses
+        // among the fitting candidates with the best sum (as the scheduler's own
+        // `with_preferences` narrows).
         let preference = crate::preference::wanted(
             pod,
             snapshot.preferring_pods > 0,
@@ -128,7 +122,7 @@ impl Parts<'_> {
             let mask: Vec<bool> = (0..snapshot.nodes.len())
                 .map(|n| filtered.allows(n))
                 .collect();
-            crate::preference::scores(&placed, pod, &mask)
+            (crate::preference::scores(&placed, pod, &mask), mask)
         });
         // Per candidate: the policy's score (prioritize) or only whether it fits (filter).
         let present: Vec<usize> = index.iter().flatten().copied().collect();
@@ -143,8 +137,14 @@ impl Parts<'_> {
         }
         .into_iter();
         let best = if need.best {
+            let narrowed = preference.as_ref().and_then(|(scores, mask)| {
+                crate::preference::best_nodes(scores, mask, |n| {
+                    snapshot.state.fit(n, &demand.request).is_ok()
+                })
+            });
+            let mask = narrowed.as_deref().or(filtered.mask());
             self.placer
-                .choose(&snapshot.state, &demand.request, ranked.mask())
+                .choose(&snapshot.state, &demand.request, mask)
                 .ok()
                 .and_then(|d| index.iter().position(|n| *n == Some(d.node)))
         } else {
@@ -181,7 +181,7 @@ impl Parts<'_> {
                 }
                 match fit {
                     Some(Ok(score)) => {
-                        let pref = preference.as_ref().map_or(0, |p| p[*n]);
+                        let pref = preference.as_ref().map_or(0, |(p, _)| p[*n]);
                         Verdict::Fits((pref, score))
                     }
                     Some(Err(failure)) => {
