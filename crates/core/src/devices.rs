@@ -20,7 +20,19 @@ pub(crate) fn choose_gpus(
     request: &Request,
     hint: u32,
 ) -> Vec<(usize, u32)> {
-    let node = state.node(n);
+    choose_gpus_on(policy, rng, state, n, state.node(n), request, hint)
+}
+
+/// [`choose_gpus`] on node `n` were it in state `node`.
+pub(crate) fn choose_gpus_on(
+    policy: Policy,
+    rng: &mut ChaCha8Rng,
+    state: &ClusterState,
+    n: usize,
+    node: &NodeState,
+    request: &Request,
+    hint: u32,
+) -> Vec<(usize, u32)> {
     if request.gpu_count == 0 {
         return Vec::new();
     }
@@ -39,7 +51,7 @@ pub(crate) fn choose_gpus(
         };
         if !need.is_empty() {
             // A GPU the requirements rule out is replaced by the fullest one they allow.
-            let usable = state.usable_gpus(n, request);
+            let usable = state.usable_gpus_on(n, node, request);
             if !usable.contains(&g)
                 && let Some(&u) = usable.iter().min_by_key(|&&u| (node.gpu_free[u], u))
             {
@@ -48,7 +60,7 @@ pub(crate) fn choose_gpus(
         }
         return vec![(g, request.gpu_milli)];
     }
-    let available = state.usable_gpus(n, request);
+    let available = state.usable_gpus_on(n, node, request);
     let count = request.gpu_count as usize;
     let (links, rules) = (state.links(n), state.pair_rules(n));
     let set = match (need.topology, need.prefer) {

@@ -12,6 +12,7 @@ mod frag;
 mod node_state;
 mod placer;
 mod policy;
+pub mod preempt;
 pub mod require;
 mod state;
 pub mod topology;

@@ -256,7 +256,12 @@ impl ClusterState {
     /// Positions of node `n`'s GPUs that `request` may use right now: enough free milli,
     /// and the model and memory its requirements allow.
     pub fn usable_gpus(&self, n: usize, request: &Request) -> Vec<usize> {
-        let s = &self.state[n];
+        self.usable_gpus_on(n, &self.state[n], request)
+    }
+
+    /// [`usable_gpus`](Self::usable_gpus) of node `n` were it in state `s` (a state being
+    /// considered, e.g. with preemption victims gone).
+    pub fn usable_gpus_on(&self, n: usize, s: &NodeState, request: &Request) -> Vec<usize> {
         let gpus = &self.nodes[n].gpus;
         (0..s.gpu_free.len())
             .filter(|&g| {
@@ -330,7 +335,11 @@ impl ClusterState {
 
     /// Whether `request` fits node `n` right now; the first failing check otherwise.
     pub fn fit(&self, n: usize, request: &Request) -> Result<(), FitFailure> {
-        let s = &self.state[n];
+        self.fit_on(n, &self.state[n], request)
+    }
+
+    /// [`fit`](Self::fit) on node `n` were it in state `s`.
+    pub fn fit_on(&self, n: usize, s: &NodeState, request: &Request) -> Result<(), FitFailure> {
         if s.cpu_free < request.cpu_milli {
             return Err(FitFailure::InsufficientCpu);
         }
@@ -361,12 +370,12 @@ impl ClusterState {
                 Err(FitFailure::InsufficientGpus)
             };
         }
-        self.fit_need(n, request)
+        self.fit_need(n, s, request)
     }
 
     /// The checks of a request with requirements: model, memory per GPU, then a set that
     /// meets the topology requirement among the usable GPUs.
-    fn fit_need(&self, n: usize, request: &Request) -> Result<(), FitFailure> {
+    fn fit_need(&self, n: usize, s: &NodeState, request: &Request) -> Result<(), FitFailure> {
         let gpus = &self.nodes[n].gpus;
         let need = &request.need;
         // Most nodes hold one model: its name is matched once, not once per GPU.
@@ -385,7 +394,6 @@ impl ClusterState {
             return Err(FitFailure::GpuMemoryTooSmall);
         }
         let count = request.gpu_count as usize;
-        let s = &self.state[n];
         let usable = (0..s.gpu_free.len())
             .filter(|&g| {
                 s.gpu_free[g] >= request.gpu_milli
@@ -401,7 +409,7 @@ impl ClusterState {
             });
         }
         if need.topology != gpuplace_model::GpuTopology::Any && count > 1 {
-            let usable = self.usable_gpus(n, request);
+            let usable = self.usable_gpus_on(n, s, request);
             if !require::exists(
                 &self.links[n],
                 &self.rules[n],
@@ -536,66 +544,5 @@ impl ClusterState {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn cluster() -> ClusterState {
-        ClusterState::new(vec![NodeInventory::uniform("a", 8000, 1000, 2, "T4")]).unwrap()
-    }
-
-    fn req(cpu: u64, count: u32, milli: u32) -> Request {
-        Request {
-            cpu_milli: cpu,
-            memory_mib: 10,
-            gpu_count: count,
-            gpu_milli: milli,
-            allowed_models: vec![],
-            need: Default::default(),
-        }
-    }
-
-    #[test]
-    fn apply_and_release_round_trip() {
-        let mut c = cluster();
-        let r = req(1000, 1, 300);
-        c.apply(0, &r, &[(1, 300)]).unwrap();
-        assert_eq!(c.node(0).gpu_free, vec![1000, 700]);
-        assert_eq!(c.gpu_allocated_milli(), 300);
-        c.release(0, &r, &[(1, 300)]).unwrap();
-        assert_eq!(c.node(0).gpu_free, vec![1000, 1000]);
-        assert_eq!(c.node(0).cpu_free, 8000);
-        assert!(c.node(0).classes.is_empty());
-    }
-
-    #[test]
-    fn overcommit_is_refused_and_state_kept() {
-        let mut c = cluster();
-        c.apply(0, &req(0, 1, 800), &[(0, 800)]).unwrap();
-        let err = c.apply(0, &req(0, 1, 300), &[(0, 300)]).unwrap_err();
-        assert_eq!(err.to_string(), "node a: gpu 0 would be over capacity");
-        assert_eq!(c.node(0).gpu_free, vec![200, 1000]);
-        assert!(c.apply(0, &req(9000, 0, 0), &[]).is_err());
-        assert!(
-            c.apply(0, &req(0, 2, 1000), &[(1, 1000), (1, 1000)])
-                .is_err()
-        );
-        assert!(c.release(0, &req(0, 1, 900), &[(0, 900)]).is_err());
-        assert_eq!(c.node(0).gpu_free, vec![200, 1000]);
-    }
-
-    #[test]
-    fn fit_reasons() {
-        let c = cluster();
-        assert_eq!(c.fit(0, &req(9000, 0, 0)), Err(FitFailure::InsufficientCpu));
-        assert_eq!(
-            c.fit(0, &req(0, 3, 1000)),
-            Err(FitFailure::InsufficientGpus)
-        );
-        let mut r = req(0, 1, 1000);
-        r.allowed_models = vec!["A100".into()];
-        assert_eq!(c.fit(0, &r), Err(FitFailure::ModelNotAllowed));
-        let cpu_only =
-            ClusterState::new(vec![NodeInventory::uniform("c", 8000, 1000, 0, "")]).unwrap();
-        assert_eq!(cpu_only.fit(0, &req(0, 1, 500)), Err(FitFailure::NoGpus));
-    }
-}
+#[path = "state_tests.rs"]
+mod tests;

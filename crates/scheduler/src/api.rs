@@ -9,6 +9,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 
 use crate::pod_info::PodInfo;
 pub use crate::pod_info::PodKey;
@@ -42,6 +43,8 @@ pub struct ClusterView {
     /// PersistentVolumeClaims and PersistentVolumes (stripped to what volume checks read).
     pub claims: Vec<Arc<PersistentVolumeClaim>>,
     pub volumes: Vec<Arc<PersistentVolume>>,
+    /// PodDisruptionBudgets (policy/v1), which preemption tries not to break.
+    pub budgets: Vec<Arc<PodDisruptionBudget>>,
     /// Grows with every watch event the view reflects: equal generations, equal views.
     pub generation: u64,
 }
@@ -133,6 +136,22 @@ pub trait ClusterApi: Clone + Send + Sync + 'static {
 
     /// Records an Event.
     fn event(&self, event: EventRecord) -> impl Future<Output = Result<(), ApiError>> + Send;
+
+    /// Evicts a preemption victim: marks it with the `DisruptionTarget` condition (where
+    /// the server supports it) and deletes it with its own grace period, the UID as a
+    /// precondition (a pod recreated under the name is not touched).
+    fn evict(
+        &self,
+        victim: &PodKey,
+        message: &str,
+    ) -> impl Future<Output = Result<(), ApiError>> + Send;
+
+    /// Sets (or with `None` clears) the pod's `status.nominatedNodeName`.
+    fn nominate(
+        &self,
+        pod: &PodKey,
+        node: Option<&str>,
+    ) -> impl Future<Output = Result<(), ApiError>> + Send;
 
     /// Writes a pod group's status.
     fn group_status(

@@ -13,20 +13,26 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{
     Binding, Node, ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod,
 };
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::utils::Backoff;
+use kube::runtime::reflector::Store;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use serde_json::json;
-use tracing::{info, warn};
+use tracing::warn;
 
 use crate::api::{ApiError, BindRequest, ClusterApi, ClusterView, EventRecord, PodKey, PodState};
 use crate::cache::PodCache;
 
 use crate::gang::{PodGroup, PodGroupStatus};
+
+mod watch;
+pub use watch::{WatchLog, WatchNote, is_missing_resource};
+use watch::{
+    budget_fingerprint, claim_fingerprint, node_fingerprint, run_reflector, volume_fingerprint,
+};
 
 /// The API server, seen through reflector caches.
 #[derive(Clone)]
@@ -37,6 +43,7 @@ pub struct KubeApi {
     groups: Store<PodGroup>,
     claims: Store<PersistentVolumeClaim>,
     volumes: Store<PersistentVolume>,
+    budgets: Store<PodDisruptionBudget>,
     recorder: Recorder,
     /// Counts watch events of all three caches: the view's generation.
     changes: Changes,
@@ -134,205 +141,6 @@ fn run_pod_cache(
     (cache, ready)
 }
 
-/// Whether a watch error says the resource type does not exist (a CRD not installed).
-pub fn is_missing_resource(e: &watcher::Error) -> bool {
-    let code = match e {
-        watcher::Error::InitialListFailed(kube::Error::Api(s))
-        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
-        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.code,
-        watcher::Error::WatchError(s) => s.code,
-        _ => 0,
-    };
-    code == 404
-}
-
-/// What a watch tells its operator about errors: a missing resource type once, with
-/// `missing_hint`, then quietly until it appears (the watch keeps retrying with backoff);
-/// other errors each time.
-#[derive(Debug, Default)]
-pub struct WatchLog {
-    missing: bool,
-}
-
-/// How to log one watch outcome.
-#[derive(Debug, PartialEq, Eq)]
-pub enum WatchNote {
-    /// Nothing to say.
-    Quiet,
-    /// The resource is missing (said once).
-    Missing,
-    /// The resource is back after being missing.
-    Found,
-    /// Another error.
-    Error,
-}
-
-impl WatchLog {
-    pub fn note(&mut self, missing: Option<bool>) -> WatchNote {
-        match missing {
-            None if self.missing => {
-                self.missing = false;
-                WatchNote::Found
-            }
-            None => WatchNote::Quiet,
-            Some(true) if self.missing => WatchNote::Quiet,
-            Some(true) => {
-                self.missing = true;
-                WatchNote::Missing
-            }
-            Some(false) => WatchNote::Error,
-        }
-    }
-}
-
-/// kube's default watch backoff (800 ms doubling to 30 s, starting over after 120 s
-/// without errors), except that no event resets it early: kube resets on every non-error
-/// item, and a watch whose list keeps failing yields `Init` before each failure, so a
-/// missing CRD would be retried about once a second forever.
-struct PatientBackoff(watcher::DefaultBackoff);
-
-impl PatientBackoff {
-    fn new() -> PatientBackoff {
-        PatientBackoff(watcher::DefaultBackoff::default())
-    }
-}
-
-impl Iterator for PatientBackoff {
-    type Item = std::time::Duration;
-
-    fn next(&mut self) -> Option<std::time::Duration> {
-        self.0.next()
-    }
-}
-
-impl Backoff for PatientBackoff {
-    fn reset(&mut self) {}
-}
-
-/// What of a Node scheduling reads, hashed: a Node update that changes none of it (a
-/// status heartbeat) is not a change the scheduler needs to look at.
-fn node_fingerprint(node: &Node) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    let spec = node.spec.as_ref();
-    serde_json::json!([
-        node.metadata.labels,
-        node.metadata.annotations,
-        spec.map(|s| &s.taints),
-        spec.map(|s| s.unschedulable),
-        node.status.as_ref().map(|s| &s.allocatable),
-    ])
-    .to_string()
-    .hash(&mut h);
-    h.finish()
-}
-
-/// What volume checks read of a claim: its volume and whether it is being deleted.
-fn claim_fingerprint(claim: &PersistentVolumeClaim) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    (
-        &claim.metadata.namespace,
-        claim.spec.as_ref().map(|s| &s.volume_name),
-        claim.metadata.deletion_timestamp.is_some(),
-    )
-        .hash(&mut h);
-    h.finish()
-}
-
-/// What volume checks read of a volume: its node affinity.
-fn volume_fingerprint(volume: &PersistentVolume) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    serde_json::to_string(&volume.spec.as_ref().map(|s| &s.node_affinity))
-        .unwrap_or_default()
-        .hash(&mut h);
-    h.finish()
-}
-
-/// `namespace/name` (`/name` for cluster-wide objects).
-fn object_key(meta: &ObjectMeta) -> String {
-    format!(
-        "{}/{}",
-        meta.namespace.as_deref().unwrap_or_default(),
-        meta.name.as_deref().unwrap_or_default()
-    )
-}
-
-fn run_reflector<K>(
-    api: Api<K>,
-    strip: fn(&mut K),
-    missing_hint: &'static str,
-    changes: Changes,
-    fingerprint: Option<fn(&K) -> u64>,
-) -> Store<K>
-where
-    K: kube::Resource
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
-{
-    let (store, writer) = reflector::store();
-    let stream = reflector::reflector(
-        writer,
-        watcher(api, watcher::Config::default())
-            .backoff(PatientBackoff::new())
-            .modify(strip),
-    );
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        let mut log = WatchLog::default();
-        let mut seen: std::collections::HashMap<String, u64> = Default::default();
-        while let Some(event) = stream.next().await {
-            let missing = match &event {
-                Err(e) => Some(is_missing_resource(e)),
-                // A list begins: no evidence yet that the resource exists.
-                Ok(watcher::Event::Init) => continue,
-                // One object of a list: the list's end counts as the change.
-                Ok(watcher::Event::InitApply(obj)) => {
-                    if let Some(f) = fingerprint {
-                        seen.insert(object_key(obj.meta()), f(obj));
-                    }
-                    None
-                }
-                Ok(watcher::Event::Apply(obj)) => {
-                    let name = object_key(obj.meta());
-                    let same = fingerprint.is_some_and(|f| {
-                        let print = f(obj);
-                        seen.insert(name, print) == Some(print)
-                    });
-                    if !same {
-                        bump(&changes);
-                    }
-                    None
-                }
-                Ok(watcher::Event::Delete(obj)) => {
-                    seen.remove(&object_key(obj.meta()));
-                    bump(&changes);
-                    None
-                }
-                Ok(watcher::Event::InitDone) => {
-                    bump(&changes);
-                    None
-                }
-            };
-            match (log.note(missing), event) {
-                (WatchNote::Missing, _) => warn!("{missing_hint}"),
-                (WatchNote::Found, _) => info!("the resource is there now: watching it"),
-                (WatchNote::Error, Err(e)) => {
-                    warn!(error = %e, "watch error (retrying with backoff)")
-                }
-                _ => {}
-            }
-        }
-    });
-    store
-}
-
 impl KubeApi {
     /// Starts the watches and waits until nodes and pods are listed.
     pub async fn start(
@@ -375,6 +183,13 @@ impl KubeApi {
             changes.clone(),
             Some(volume_fingerprint),
         );
+        let budgets = run_reflector(
+            Api::<PodDisruptionBudget>::all(client.clone()),
+            |b| b.metadata.managed_fields = None,
+            "poddisruptionbudgets cannot be listed (RBAC?): preemption counts no budget",
+            changes.clone(),
+            Some(budget_fingerprint),
+        );
         nodes
             .wait_until_ready()
             .await
@@ -404,6 +219,7 @@ impl KubeApi {
             groups,
             claims,
             volumes,
+            budgets,
             changes,
             limit: None,
         })
@@ -438,6 +254,7 @@ impl ClusterApi for KubeApi {
             groups: self.groups.state(),
             claims: self.claims.state(),
             volumes: self.volumes.state(),
+            budgets: self.budgets.state(),
             generation,
         })
     }
@@ -495,10 +312,10 @@ impl ClusterApi for KubeApi {
         // kube-rs's recorder names the Event `<pod>.<hex time>` (a valid name, where a
         // `generateName` of `<pod>.` is refused by the API server) and folds repeats into
         // an Event series, as kube's own recorders do.
-        let action = if event.reason == "Scheduled" {
-            "Binding"
-        } else {
-            "Scheduling"
+        let action = match event.reason.as_str() {
+            "Scheduled" => "Binding",
+            "Preempted" => "Preempting",
+            _ => "Scheduling",
         };
         let reference = ObjectReference {
             api_version: Some("v1".into()),
@@ -525,6 +342,59 @@ impl ClusterApi for KubeApi {
             .map_err(api_error)
     }
 
+    async fn evict(&self, victim: &PodKey, message: &str) -> Result<(), ApiError> {
+        self.throttle().await;
+        let api = Api::<Pod>::namespaced(self.client.clone(), &victim.namespace);
+        // As kube-scheduler does: say why first (the DisruptionTarget condition), then
+        // delete. The condition is best effort; the delete is what frees the devices.
+        let condition = json!({"status": {"conditions": [{
+            "type": "DisruptionTarget",
+            "status": "True",
+            "reason": "PreemptionByScheduler",
+            "message": truncate_bytes(message, MAX_NOTE_BYTES),
+            "lastTransitionTime": crate::scheduler::rfc3339(std::time::SystemTime::now()),
+        }]}});
+        if let Err(e) = api
+            .patch_status(
+                &victim.name,
+                &PatchParams::default(),
+                &Patch::Strategic(condition),
+            )
+            .await
+        {
+            let e = api_error(e);
+            if matches!(e, ApiError::NotFound(_)) {
+                return Err(e);
+            }
+            tracing::debug!(pod = %victim, error = %e, "DisruptionTarget condition not written");
+        }
+        self.throttle().await;
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(victim.uid.clone()).filter(|u| !u.is_empty()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        api.delete(&victim.name, &params)
+            .await
+            .map(|_| ())
+            .map_err(api_error)
+    }
+
+    async fn nominate(&self, pod: &PodKey, node: Option<&str>) -> Result<(), ApiError> {
+        self.throttle().await;
+        let api = Api::<Pod>::namespaced(self.client.clone(), &pod.namespace);
+        api.patch_status(
+            &pod.name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"nominatedNodeName": node}})),
+        )
+        .await
+        .map(|_| ())
+        .map_err(api_error)
+    }
+
     async fn group_status(
         &self,
         namespace: &str,
@@ -541,50 +411,5 @@ impl ClusterApi for KubeApi {
         .await
         .map(|_| ())
         .map_err(api_error)
-    }
-}
-
-#[cfg(test)]
-mod watch_log_tests {
-    use super::*;
-
-    #[test]
-    fn a_missing_crd_is_said_once_and_its_arrival_once() {
-        let mut log = WatchLog::default();
-        assert_eq!(log.note(Some(true)), WatchNote::Missing);
-        for _ in 0..100 {
-            assert_eq!(
-                log.note(Some(true)),
-                WatchNote::Quiet,
-                "backing off quietly"
-            );
-        }
-        assert_eq!(log.note(None), WatchNote::Found);
-        assert_eq!(log.note(None), WatchNote::Quiet);
-        assert_eq!(log.note(Some(false)), WatchNote::Error);
-        assert_eq!(
-            log.note(Some(false)),
-            WatchNote::Error,
-            "other errors each time"
-        );
-    }
-
-    #[test]
-    fn not_found_is_a_missing_resource() {
-        let status = |code| {
-            Box::new(kube::core::Status {
-                code,
-                ..Default::default()
-            })
-        };
-        assert!(is_missing_resource(&watcher::Error::InitialListFailed(
-            kube::Error::Api(status(404))
-        )));
-        assert!(!is_missing_resource(&watcher::Error::InitialListFailed(
-            kube::Error::Api(status(403))
-        )));
-        assert!(is_missing_resource(&watcher::Error::WatchError(status(
-            404
-        ))));
     }
 }

@@ -2,6 +2,7 @@
 //! recorded on the pod before it is bound, with failures explained in kube-scheduler's words.
 
 pub mod api;
+pub mod budgets;
 pub mod cache;
 pub mod demand;
 pub mod extender;

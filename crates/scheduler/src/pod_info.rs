@@ -108,6 +108,10 @@ pub struct PodInfo {
     /// `spec.schedulingGates` is not empty: not to be scheduled until they are removed.
     pub gated: bool,
     pub priority: i32,
+    /// `spec.preemptionPolicy: Never`: the pod waits instead of evicting others.
+    pub never_preempts: bool,
+    /// `status.nominatedNodeName`: a node where it preempted and waits for room.
+    pub nominated: Option<String>,
     pub created: Option<Timestamp>,
     /// The `gpuplace.io/pod-group` label.
     pub group: Option<String>,
@@ -150,6 +154,12 @@ impl PodInfo {
                 .and_then(|s| s.scheduling_gates.as_ref())
                 .is_some_and(|g| !g.is_empty()),
             priority: spec.and_then(|s| s.priority).unwrap_or(0),
+            never_preempts: spec.and_then(|s| s.preemption_policy.as_deref()) == Some("Never"),
+            nominated: pod
+                .status
+                .as_ref()
+                .and_then(|s| s.nominated_node_name.clone())
+                .filter(|n| !n.is_empty()),
             created: meta.creation_timestamp.as_ref().map(|t| t.0),
             group: meta
                 .labels

@@ -12,6 +12,8 @@ pub(crate) mod assume;
 pub(crate) mod bind;
 pub(crate) mod filter_stage;
 mod gang_permit;
+mod post_filter;
+pub mod preempt;
 mod queue;
 mod round;
 pub mod run;
@@ -80,6 +82,10 @@ pub struct RoundReport {
     /// Bindings the server accepted.
     pub bound: usize,
     pub unschedulable: usize,
+    /// Pods evicted by preemption.
+    pub preempted: usize,
+    /// Preemptors waiting for their victims to go (nominations held).
+    pub nominated: usize,
     /// Bindings refused or failed (their pods went back to the queue).
     pub conflicts: usize,
     pub waiting_gangs: usize,
@@ -162,6 +168,10 @@ pub struct Scheduler<A: ClusterApi> {
     warned: HashSet<String>,
     /// Claims and volumes this round (built only when a waiting pod has claims).
     volumes: crate::volumes::VolumeIndex,
+    /// Preemptors waiting for their victims, and the devices held for them.
+    nominations: preempt::Nominations,
+    /// How long each preemption search took (taken by [`Scheduler::take_preemption_times`]).
+    preemption_times: Vec<Duration>,
 }
 
 /// RFC 3339 UTC time of `t` (seconds precision).
@@ -206,7 +216,20 @@ impl<A: ClusterApi> Scheduler<A> {
             gang_status: HashMap::new(),
             warned: HashSet::new(),
             volumes: Default::default(),
+            nominations: Default::default(),
+            preemption_times: Vec::new(),
         }
+    }
+
+    /// Preemptors waiting for their victims.
+    pub fn nominations(&self) -> &preempt::Nominations {
+        &self.nominations
+    }
+
+    /// The durations of the preemption searches since the last call (victim search and
+    /// plan, not the evictions' writes).
+    pub fn take_preemption_times(&mut self) -> Vec<Duration> {
+        std::mem::take(&mut self.preemption_times)
     }
 
     pub fn api(&self) -> &A {

@@ -100,7 +100,9 @@ async fn failures_are_explained_like_kube_scheduler() {
     assert_eq!(event.kind, "Warning");
     assert_eq!(
         event.message,
-        "0/5 nodes are available: 3 Insufficient nvidia.com/gpu, 2 node(s) had untolerated taint {gpu: true}."
+        "0/5 nodes are available: 3 Insufficient nvidia.com/gpu, 2 node(s) had untolerated taint {gpu: true}. \
+         preemption: 0/5 nodes are available: 3 No preemption victims found for incoming pod, \
+         2 Preemption is not helpful for scheduling."
     );
     // Parked: with nothing changed, later rounds do not even look (no retry, no Event),
     // however long it waits.
@@ -163,6 +165,12 @@ impl ClusterApi for Meddling {
     }
     async fn event(&self, event: EventRecord) -> Result<(), ApiError> {
         self.inner.event(event).await
+    }
+    async fn evict(&self, victim: &PodKey, message: &str) -> Result<(), ApiError> {
+        self.inner.evict(victim, message).await
+    }
+    async fn nominate(&self, pod: &PodKey, node: Option<&str>) -> Result<(), ApiError> {
+        self.inner.nominate(pod, node).await
     }
     async fn group_status(
         &self,

@@ -161,11 +161,13 @@ async fn requirements_are_met_or_explained() {
     };
     assert_eq!(
         message("quad-v100"),
-        "0/2 nodes are available: 1 node(s) had a GPU model the pod does not allow, 1 node(s) had no 4 GPUs linked by NVLink."
+        "0/2 nodes are available: 1 node(s) had a GPU model the pod does not allow, 1 node(s) had no 4 GPUs linked by NVLink. \
+         preemption: 0/2 nodes are available: 2 No preemption victims found for incoming pod."
     );
     assert_eq!(
         message("too-big"),
-        "0/2 nodes are available: 2 node(s) had no GPU with 100Gi of memory."
+        "0/2 nodes are available: 2 node(s) had no GPU with 100Gi of memory. \
+         preemption: 0/2 nodes are available: 2 No preemption victims found for incoming pod."
     );
     assert_eq!(
         message("typo"),

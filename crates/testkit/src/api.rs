@@ -29,6 +29,7 @@ use gpuplace_scheduler::cache::PodCache;
 use gpuplace_scheduler::gang::PodGroup;
 use gpuplace_scheduler::{ApiError, EventRecord, PodKey};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tokio::time::Instant;
@@ -40,6 +41,7 @@ pub(super) struct Store {
     groups: BTreeMap<(String, String), Arc<PodGroup>>,
     claims: BTreeMap<(String, String), Arc<PersistentVolumeClaim>>,
     volumes: BTreeMap<String, Arc<PersistentVolume>>,
+    budgets: BTreeMap<(String, String), Arc<PodDisruptionBudget>>,
     events: Vec<EventRecord>,
     bindings: Vec<(PodKey, String)>,
     /// Faults to inject: the next N binds fail with a conflict.
@@ -81,6 +83,7 @@ impl Default for Store {
             groups: BTreeMap::new(),
             claims: BTreeMap::new(),
             volumes: BTreeMap::new(),
+            budgets: BTreeMap::new(),
             events: Vec::new(),
             bindings: Vec::new(),
             fail_binds: 0,

@@ -85,6 +85,10 @@ impl<A: ClusterApi> Scheduler<A> {
                 return;
             }
         };
+        // Members that preempted are tried with the devices held for them free.
+        for (pod, _) in &members {
+            self.nominations.release(&pod.key.uid, snapshot);
+        }
         let mut best: Option<Trial> = None;
         let mut failure = None;
         for domain in &domains {
@@ -116,6 +120,17 @@ impl<A: ClusterApi> Scheduler<A> {
         });
         let fits = bound + planned.len() as u32 >= spec.min_member;
         if fits {
+            let mut moved = Vec::new();
+            for (pod, _, decision) in &planned {
+                if let Some(n) = self.nominations.remove(&pod.key.uid)
+                    && n.node != snapshot.state.inventory(decision.node).name
+                {
+                    moved.push(pod.key.clone());
+                }
+            }
+            if !moved.is_empty() {
+                self.clear_nominations(moved).await;
+            }
             // Permit: every member is reserved before any Binding is sent.
             let requests: Vec<_> = planned
                 .iter()
@@ -136,11 +151,51 @@ impl<A: ClusterApi> Scheduler<A> {
             }
             return;
         }
-        // Not enough members fit: hold nothing, wait, and after the timeout say why.
+        // Not enough members fit: preempt for them all if that can help; else hold
+        // nothing, wait, and after the timeout say why.
+        let present = bound + members.len() as u32;
+        let mut preemption = None;
+        if present >= spec.min_member {
+            let outcome = self
+                .preempt_gang(snapshot, view, &members, &domains, report)
+                .await;
+            for (pod, _) in &members {
+                self.nominations.restore(&pod.key.uid, snapshot);
+            }
+            if matches!(
+                outcome,
+                super::post_filter::Outcome::Nominated { .. }
+                    | super::post_filter::Outcome::Waiting
+            ) {
+                let reason = format!(
+                    "pod group {gang_id}: only {} of {} members fit at once",
+                    bound + planned.len() as u32,
+                    spec.min_member
+                );
+                let message = outcome.message(&format!("{reason}."), snapshot.nodes.len());
+                report.waiting_gangs += 1;
+                if matches!(outcome, super::post_filter::Outcome::Nominated { .. }) {
+                    for (pod, _) in &members {
+                        self.binder
+                            .emit(&pod.key, "Warning", "FailedScheduling", message.clone());
+                    }
+                }
+                for (pod, _) in &members {
+                    self.queue.unschedulable(&pod.key.uid, now);
+                }
+                self.gang_since.remove(&gang_id);
+                self.set_phase(namespace, group, "Pending", bound).await;
+                return;
+            }
+            preemption = Some(outcome);
+        } else {
+            for (pod, _) in &members {
+                self.nominations.restore(&pod.key.uid, snapshot);
+            }
+        }
         report.waiting_gangs += 1;
         let since = *self.gang_since.entry(gang_id.clone()).or_insert(now);
         let timeout = Duration::from_secs(spec.schedule_timeout_seconds.unwrap_or(60));
-        let present = bound + members.len() as u32;
         let reason = if present < spec.min_member {
             format!(
                 "pod group {gang_id} has {present} of {} members",
@@ -153,6 +208,10 @@ impl<A: ClusterApi> Scheduler<A> {
                 spec.min_member,
                 failure.map(|f| format!("; {f}")).unwrap_or_default()
             )
+        };
+        let reason = match preemption {
+            Some(p) => p.message(&format!("{reason}."), snapshot.nodes.len()),
+            None => reason,
         };
         if now.duration_since(since) >= timeout {
             self.refuse_gang(&members, reason, now, report).await;

@@ -132,6 +132,11 @@ impl<A: ClusterApi> Scheduler<A> {
         snapshot
             .state
             .set_workload(crate::snapshot::workload_of(&view.pods));
+        // Preemptors' devices, as far as their victims have freed them, are theirs.
+        let clear = self.nominations.hold(&view, &mut snapshot);
+        if !clear.is_empty() {
+            self.clear_nominations(clear).await;
+        }
         let waiting: Vec<&Arc<PodInfo>> = view
             .pods
             .iter()
@@ -161,7 +166,7 @@ impl<A: ClusterApi> Scheduler<A> {
                     let started = Instant::now();
                     let v = verdicts.get(&snapshot, pod);
                     report.timings.filter += started.elapsed();
-                    self.schedule_one(&mut snapshot, &v, pod, now, &mut report)
+                    self.schedule_one(&mut snapshot, &view, &v, pod, now, &mut report)
                         .await;
                 }
                 Unit::Gang((namespace, group), members) => {
@@ -183,6 +188,8 @@ impl<A: ClusterApi> Scheduler<A> {
                 }
             }
         }
+        self.nominations.release_all(&mut snapshot);
+        report.nominated = self.nominations.len();
         report.pending = waiting.len().saturating_sub(report.assumed);
         report.in_flight = self.binder.in_flight();
         report.reservations = self.reservations.len();
@@ -257,13 +264,21 @@ impl<A: ClusterApi> Scheduler<A> {
     async fn schedule_one(
         &mut self,
         snapshot: &mut Snapshot,
+        view: &ClusterView,
         verdicts: &Verdicts,
         pod: &Arc<PodInfo>,
         now: Instant,
         report: &mut RoundReport,
     ) {
+        // A preemptor is decided with the devices held for it free.
+        self.nominations.release(&pod.key.uid, snapshot);
         match self.decide(snapshot, verdicts, pod, &mut report.timings) {
             Ok((demand, decision)) => {
+                if let Some(n) = self.nominations.remove(&pod.key.uid)
+                    && n.node != snapshot.state.inventory(decision.node).name
+                {
+                    self.clear_nominations(vec![pod.key.clone()]).await;
+                }
                 let request = self.assume(snapshot, pod, &demand, &decision, None);
                 report.assumed += 1;
                 let started = Instant::now();
@@ -272,6 +287,13 @@ impl<A: ClusterApi> Scheduler<A> {
                 report.timings.api += started.elapsed();
             }
             Err(message) => {
+                self.nominations.restore(&pod.key.uid, snapshot);
+                let started = Instant::now();
+                let outcome = self
+                    .preempt_one(snapshot, view, verdicts, pod, report)
+                    .await;
+                report.timings.api += started.elapsed();
+                let message = outcome.message(&message, snapshot.nodes.len());
                 report.unschedulable += 1;
                 self.queue.unschedulable(&pod.key.uid, now);
                 debug!(pod = %pod.key, %message, "unschedulable");

@@ -21,6 +21,7 @@ impl ClusterApi for MemoryApi {
             groups: s.groups.values().cloned().collect(),
             claims: s.claims.values().cloned().collect(),
             volumes: s.volumes.values().cloned().collect(),
+            budgets: s.budgets.values().cloned().collect(),
             generation: s.generation,
         })
     }
@@ -140,6 +141,72 @@ impl ClusterApi for MemoryApi {
         let mut s = lock(&self.store);
         s.bump();
         s.events.push(event);
+        Ok(())
+    }
+
+    async fn evict(&self, victim: &PodKey, message: &str) -> Result<(), ApiError> {
+        let (_permit, fault) = self.charge().await;
+        match fault {
+            Some(Fault::Conflict) => return Err(ApiError::Conflict("injected conflict".into())),
+            Some(Fault::Error | Fault::TimeoutLost) => {
+                return Err(ApiError::Other("injected 500".into()));
+            }
+            _ => {}
+        }
+        {
+            let mut s = lock(&self.store);
+            let key = (victim.namespace.clone(), victim.name.clone());
+            let current = s
+                .pods
+                .get(&key)
+                .ok_or_else(|| ApiError::NotFound(victim.to_string()))?;
+            if current.metadata.uid.as_deref() != Some(victim.uid.as_str()) {
+                return Err(ApiError::Conflict(format!(
+                    "{victim}: Precondition failed: UID in precondition: {}",
+                    victim.uid
+                )));
+            }
+            // The DisruptionTarget condition, one write, as kube-scheduler patches it.
+            let message = message.to_string();
+            s.write_pod(&key, |p| {
+                let status = p.status.get_or_insert_with(Default::default);
+                let conditions = status.conditions.get_or_insert_with(Vec::new);
+                conditions.retain(|c| c.type_ != "DisruptionTarget");
+                conditions.push(k8s_openapi::api::core::v1::PodCondition {
+                    type_: "DisruptionTarget".into(),
+                    status: "True".into(),
+                    reason: Some("PreemptionByScheduler".into()),
+                    message: Some(message),
+                    ..Default::default()
+                });
+            });
+        }
+        self.delete_pod_gracefully(&victim.namespace, &victim.name);
+        match fault {
+            Some(Fault::TimeoutApplied) => Err(ApiError::Other("injected time-out".into())),
+            _ => Ok(()),
+        }
+    }
+
+    async fn nominate(&self, pod: &PodKey, node: Option<&str>) -> Result<(), ApiError> {
+        let (_permit, fault) = self.charge().await;
+        if fault.is_some() {
+            return Err(ApiError::Other("injected 500".into()));
+        }
+        let mut s = lock(&self.store);
+        let key = (pod.namespace.clone(), pod.name.clone());
+        if !s.pods.contains_key(&key) {
+            return Err(ApiError::NotFound(pod.to_string()));
+        }
+        let node = node.map(str::to_string);
+        s.write_pod(&key, |p| {
+            p.status
+                .get_or_insert_with(Default::default)
+                .nominated_node_name = node;
+        });
+        let v = s.version;
+        drop(s);
+        self.pod_version.send_replace(v);
         Ok(())
     }
 

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use gpuplace_scheduler::ApiError;
 use gpuplace_scheduler::gang::PodGroup;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 
 use super::{MemoryApi, lock};
 
@@ -118,5 +119,23 @@ impl MemoryApi {
             .clone();
         let name = group.metadata.name.clone().unwrap_or_default();
         s.groups.insert((ns, name), Arc::new(group));
+    }
+
+    /// Creates or replaces a PodDisruptionBudget (its status as the disruption controller
+    /// would have written it).
+    pub fn put_budget(&self, mut budget: PodDisruptionBudget) {
+        let mut s = lock(&self.store);
+        s.generation += 1;
+        budget.metadata.resource_version = Some(s.bump());
+        let ns = budget
+            .metadata
+            .namespace
+            .get_or_insert_with(|| "default".into())
+            .clone();
+        let name = budget.metadata.name.clone().unwrap_or_default();
+        s.budgets.insert((ns, name), Arc::new(budget));
+        let v = s.version;
+        drop(s);
+        self.node_version.send_replace(v);
     }
 }

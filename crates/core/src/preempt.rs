@@ -1,0 +1,338 @@
+//! Preemption's victim search (kube-scheduler's DefaultPreemption, for GPUs): which
+//! lower-priority pods to evict, on which node, so that a request fits with the exact
+//! devices it needs (its topology requirement included), at the least cost.
+//!
+//! Per node, as kube-scheduler does: every candidate victim is taken off; if the request
+//! still does not fit, the node cannot help. Otherwise victims are given back one unit at
+//! a time (those whose eviction would violate a disruption budget first, then the others,
+//! highest priority first) as long as the request still fits; what cannot be given back
+//! is evicted. A unit is a pod or a whole gang: a gang member is never evicted unless its
+//! whole gang is. Pods already terminating free what they hold at no cost.
+//!
+//! Among the nodes that can help, the plan with the least [`Cost`] wins: disruption budget
+//! violations, then the highest victim priority, then the number of victims, then GPU
+//! freed beyond the need, then fragmentation after the request is placed.
+
+use gpuplace_model::Request;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use crate::devices::choose_gpus_on;
+use crate::policy::Policy;
+use crate::state::{ClusterState, NodeState};
+
+/// What one pod holds on its node (as applied to the state).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Holder {
+    pub node: usize,
+    pub request: Request,
+    pub gpus: Vec<(usize, u32)>,
+    /// Indices into [`Candidates::budgets`] of the disruption budgets covering the pod.
+    pub budgets: Vec<usize>,
+}
+
+/// Pods evicted together or not at all: one pod, or every member of a gang.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unit {
+    /// The highest priority of its members.
+    pub priority: i32,
+    pub members: Vec<Holder>,
+}
+
+/// What the search may evict, and what frees itself.
+#[derive(Clone, Debug, Default)]
+pub struct Candidates {
+    /// Units the preemptor may evict (all of lower priority than it).
+    pub units: Vec<Unit>,
+    /// Pods already terminating: what they hold comes free without evicting anything.
+    pub freeing: Vec<Holder>,
+    /// Disruptions each budget still allows (a PodDisruptionBudget's `disruptionsAllowed`).
+    pub budgets: Vec<i32>,
+}
+
+/// What a plan costs, compared in field order (less is better).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Cost {
+    /// Victims whose eviction goes past a disruption budget.
+    pub budget_violations: u32,
+    /// The highest victim priority (`None`: no victim, only terminating pods to wait for).
+    pub top_priority: Option<i32>,
+    /// Pods evicted (every member of an evicted gang counts).
+    pub victims: u32,
+    /// Milli-GPU the victims hold beyond what the request needs.
+    pub excess_milli: u64,
+    /// Fragmentation of the node after the request is placed (milli-GPU, FGD's measure).
+    pub frag_milli: u64,
+}
+
+/// Where the preemptor goes and whom it evicts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Preemption {
+    pub node: usize,
+    /// Indices into [`Candidates::units`].
+    pub units: Vec<usize>,
+    /// The GPUs (position, milli) the request gets once the victims are gone.
+    pub gpus: Vec<(usize, u32)>,
+    pub cost: Cost,
+}
+
+/// Which node each candidate unit and terminating pod touches.
+struct ByNode {
+    units: Vec<Vec<usize>>,
+    freeing: Vec<Vec<usize>>,
+}
+
+impl ByNode {
+    fn new(state: &ClusterState, candidates: &Candidates, taken: &[bool]) -> ByNode {
+        let mut by = ByNode {
+            units: vec![Vec::new(); state.len()],
+            freeing: vec![Vec::new(); state.len()],
+        };
+        for (u, unit) in candidates.units.iter().enumerate() {
+            if taken.get(u).copied().unwrap_or(false) {
+                continue;
+            }
+            for m in &unit.members {
+                if let Some(list) = by.units.get_mut(m.node)
+                    && list.last() != Some(&u)
+                {
+                    list.push(u);
+                }
+            }
+        }
+        for (i, h) in candidates.freeing.iter().enumerate() {
+            if let Some(list) = by.freeing.get_mut(h.node) {
+                list.push(i);
+            }
+        }
+        by
+    }
+}
+
+fn give(s: &mut NodeState, h: &Holder) {
+    s.cpu_free += h.request.cpu_milli;
+    s.memory_free += h.request.memory_mib;
+    for &(g, m) in &h.gpus {
+        if let (Some(free), Some(cap)) = (s.gpu_free.get_mut(g), s.gpu_capacity.get(g)) {
+            *free = (*free + m).min(*cap);
+        }
+    }
+}
+
+fn take(s: &mut NodeState, h: &Holder) {
+    s.cpu_free = s.cpu_free.saturating_sub(h.request.cpu_milli);
+    s.memory_free = s.memory_free.saturating_sub(h.request.memory_mib);
+    for &(g, m) in &h.gpus {
+        if let Some(free) = s.gpu_free.get_mut(g) {
+            *free = free.saturating_sub(m);
+        }
+    }
+}
+
+/// Which of `units` (in the order given) would violate a budget: each member takes one
+/// disruption from every budget covering it; a member past zero violates.
+fn violations(candidates: &Candidates, units: &[usize]) -> Vec<u32> {
+    let mut left = candidates.budgets.clone();
+    units
+        .iter()
+        .map(|&u| {
+            let mut count = 0;
+            for m in &candidates.units[u].members {
+                let mut violated = false;
+                for &b in &m.budgets {
+                    if let Some(l) = left.get_mut(b) {
+                        *l -= 1;
+                        violated |= *l < 0;
+                    }
+                }
+                count += u32::from(violated);
+            }
+            count
+        })
+        .collect()
+}
+
+/// The best plan for `request` on one node `n`, if evicting can make it fit there.
+fn on_node(
+    state: &ClusterState,
+    n: usize,
+    request: &Request,
+    candidates: &Candidates,
+    by: &ByNode,
+) -> Option<Preemption> {
+    let mut scratch = state.node(n).clone();
+    for &i in &by.freeing[n] {
+        give(&mut scratch, &candidates.freeing[i]);
+    }
+    let mut units = by.units[n].clone();
+    if state.fit_on(n, &scratch, request).is_ok() {
+        // Terminating pods make room: nothing to evict, only to wait for.
+        units.clear();
+    } else {
+        let here = |u: usize| {
+            candidates.units[u]
+                .members
+                .iter()
+                .filter(move |m| m.node == n)
+        };
+        for &u in &units {
+            here(u).for_each(|m| give(&mut scratch, m));
+        }
+        if state.fit_on(n, &scratch, request).is_err() {
+            return None;
+        }
+        // Most important first; those whose eviction violates a budget get their chance
+        // to stay before the others.
+        units.sort_by_key(|&u| (std::cmp::Reverse(candidates.units[u].priority), u));
+        let violating = violations(candidates, &units);
+        let order: Vec<usize> = (0..units.len())
+            .filter(|&i| violating[i] > 0)
+            .chain((0..units.len()).filter(|&i| violating[i] == 0))
+            .map(|i| units[i])
+            .collect();
+        let mut victims = Vec::new();
+        for u in order {
+            here(u).for_each(|m| take(&mut scratch, m));
+            if state.fit_on(n, &scratch, request).is_err() {
+                here(u).for_each(|m| give(&mut scratch, m));
+                victims.push(u);
+            }
+        }
+        victims.sort_by_key(|&u| (std::cmp::Reverse(candidates.units[u].priority), u));
+        units = victims;
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
+    let gpus = choose_gpus_on(Policy::BestFit, &mut rng, state, n, &scratch, request, 0);
+    if gpus.len() != request.gpu_count as usize {
+        return None;
+    }
+    let cost = cost_of(state, n, request, candidates, &units, &scratch, &gpus);
+    Some(Preemption {
+        node: n,
+        units,
+        gpus,
+        cost,
+    })
+}
+
+fn cost_of(
+    state: &ClusterState,
+    n: usize,
+    request: &Request,
+    candidates: &Candidates,
+    units: &[usize],
+    scratch: &NodeState,
+    gpus: &[(usize, u32)],
+) -> Cost {
+    let members = || units.iter().flat_map(|&u| &candidates.units[u].members);
+    let held: u64 = members()
+        .flat_map(|m| &m.gpus)
+        .map(|&(_, milli)| u64::from(milli))
+        .sum();
+    let mut after = scratch.gpu_free.clone();
+    for &(g, m) in gpus {
+        after[g] = after[g].saturating_sub(m);
+    }
+    let frag = state.workload().map_or(0.0, |w| {
+        w.fragmentation_of(
+            state.inventory(n).gpu_model(),
+            scratch.cpu_free.saturating_sub(request.cpu_milli),
+            &after,
+        )
+    });
+    Cost {
+        budget_violations: violations(candidates, units).iter().sum(),
+        top_priority: units.iter().map(|&u| candidates.units[u].priority).max(),
+        victims: members().count() as u32,
+        excess_milli: held.saturating_sub(request.total_gpu_milli()),
+        frag_milli: frag.round().max(0.0) as u64,
+    }
+}
+
+/// The least costly plan for `request` among the nodes `allowed` (all when `None`), not
+/// using the units marked in `taken`; `None` when no eviction lets it fit anywhere.
+pub fn find(
+    state: &ClusterState,
+    request: &Request,
+    candidates: &Candidates,
+    allowed: Option<&[bool]>,
+    taken: &[bool],
+) -> Option<Preemption> {
+    let by = ByNode::new(state, candidates, taken);
+    let mut best: Option<Preemption> = None;
+    for n in 0..state.len() {
+        if allowed.is_some_and(|mask| !mask.get(n).copied().unwrap_or(false)) {
+            continue;
+        }
+        if by.units[n].is_empty() && by.freeing[n].is_empty() {
+            continue;
+        }
+        if let Some(plan) = on_node(state, n, request, candidates, &by)
+            && best.as_ref().is_none_or(|b| plan.cost < b.cost)
+        {
+            best = Some(plan);
+        }
+    }
+    best
+}
+
+/// A gang's plan: where each member goes (in the order asked) and whom they evict.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GangPreemption {
+    /// Per member: node and GPUs.
+    pub placements: Vec<(usize, Vec<(usize, u32)>)>,
+    pub units: Vec<usize>,
+    /// Summed over members (the highest priority for `top_priority`); `frag_milli` is the
+    /// cluster's fragmentation after.
+    pub cost: Cost,
+}
+
+/// Plans every member of a gang at once: members that fit are placed by `placer`, the
+/// others each evict victims (the cheapest plan given what earlier members took); all
+/// members or none. `members` are requests with their allowed nodes.
+pub fn find_for_all(
+    placer: &mut crate::Placer,
+    state: &ClusterState,
+    members: &[(&Request, Option<&[bool]>)],
+    candidates: &Candidates,
+) -> Option<GangPreemption> {
+    let mut trial = state.clone();
+    let mut taken = vec![false; candidates.units.len()];
+    let mut freed = vec![false; candidates.freeing.len()];
+    let mut placements = Vec::with_capacity(members.len());
+    let mut cost = Cost::default();
+    let mut units = Vec::new();
+    for (request, allowed) in members {
+        if let Ok(d) = placer.choose(&trial, request, *allowed) {
+            trial.apply(d.node, request, &d.gpus).ok()?;
+            placements.push((d.node, d.gpus));
+            continue;
+        }
+        let plan = find(&trial, request, candidates, *allowed, &taken)?;
+        for (i, h) in candidates.freeing.iter().enumerate() {
+            if h.node == plan.node && !freed[i] {
+                freed[i] = true;
+                trial.release(h.node, &h.request, &h.gpus).ok()?;
+            }
+        }
+        for &u in &plan.units {
+            taken[u] = true;
+            for m in &candidates.units[u].members {
+                trial.release(m.node, &m.request, &m.gpus).ok()?;
+            }
+        }
+        trial.apply(plan.node, request, &plan.gpus).ok()?;
+        cost.budget_violations += plan.cost.budget_violations;
+        cost.top_priority = cost.top_priority.max(plan.cost.top_priority);
+        cost.victims += plan.cost.victims;
+        cost.excess_milli += plan.cost.excess_milli;
+        units.extend(plan.units);
+        placements.push((plan.node, plan.gpus));
+    }
+    cost.frag_milli = trial.total_frag().round() as u64;
+    Some(GangPreemption {
+        placements,
+        units,
+        cost,
+    })
+}

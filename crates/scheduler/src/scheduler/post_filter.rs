@@ -1,0 +1,293 @@
+//! Preemption for one pod and for a gang, on the round's state: the search, then the
+//! evictions, nominations and holds (see [`super::preempt`]).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use gpuplace_core::preempt;
+
+use super::filter_stage::{Verdicts, filter_nodes, with_interpod, with_volumes};
+use super::preempt::{Nomination, candidates, no_victims, victim_list, waiting_for_victims};
+use super::{RoundReport, Scheduler};
+use crate::api::{ClusterApi, ClusterView, PodKey};
+use crate::pod_info::PodInfo;
+use crate::snapshot::Snapshot;
+
+/// What preemption did for a pod that fits nowhere.
+pub(super) enum Outcome {
+    /// Not tried (the pod's requests or volumes are what is wrong).
+    NotTried,
+    /// `preemptionPolicy: Never`.
+    Never,
+    /// Its earlier victims are still terminating.
+    Waiting,
+    /// No eviction can help; so many nodes were rejected for reasons eviction cannot
+    /// change.
+    NoVictims(usize),
+    /// Victims evicted; nominated to the node.
+    Nominated { node: String, victims: Vec<PodKey> },
+}
+
+impl Outcome {
+    /// The failure message with preemption's part, in kube-scheduler's form.
+    pub(super) fn message(&self, failure: &str, nodes: usize) -> String {
+        match self {
+            Outcome::NotTried => failure.to_string(),
+            Outcome::Never => {
+                format!("{failure} preemption: not eligible due to preemptionPolicy=Never.")
+            }
+            Outcome::Waiting => format!(
+                "{failure} preemption: waiting for the pods preempted earlier to terminate."
+            ),
+            Outcome::NoVictims(not_helpful) => {
+                format!("{failure} {}", no_victims(nodes, *not_helpful))
+            }
+            Outcome::Nominated { node, victims } => format!(
+                "{failure} preemption: nominated node {node}; preempting {} pod(s) of lower priority: {}.",
+                victims.len(),
+                victim_list(victims)
+            ),
+        }
+    }
+}
+
+impl<A: ClusterApi> Scheduler<A> {
+    /// The node of each pod among `units`' members, for the victims' Events.
+    fn nodes_of(snapshot: &Snapshot, keys: &[&PodKey]) -> HashMap<String, String> {
+        keys.iter()
+            .filter_map(|k| {
+                let held = snapshot.held.get(&k.uid)?;
+                Some((
+                    k.uid.clone(),
+                    snapshot.state.inventory(held.node).name.clone(),
+                ))
+            })
+            .collect()
+    }
+
+    /// Preemption for `pod`, which fits nowhere.
+    pub(super) async fn preempt_one(
+        &mut self,
+        snapshot: &mut Snapshot,
+        view: &ClusterView,
+        verdicts: &Verdicts,
+        pod: &Arc<PodInfo>,
+        report: &mut RoundReport,
+    ) -> Outcome {
+        let Ok(demand) = pod.demand.clone() else {
+            return Outcome::NotTried;
+        };
+        if pod.never_preempts {
+            return Outcome::Never;
+        }
+        if waiting_for_victims(pod, self.nominations.get(&pod.key.uid), view, snapshot) {
+            return Outcome::Waiting;
+        }
+        let filtered = filter_nodes(&snapshot.scalars, verdicts, &demand);
+        let Ok(filtered) = with_volumes(filtered, snapshot, &self.volumes, pod) else {
+            return Outcome::NotTried;
+        };
+        let filtered = with_interpod(filtered, snapshot, pod, &[]);
+        let not_helpful = filtered
+            .mask()
+            .map_or(0, |m| m.iter().filter(|a| !**a).count());
+        let started = std::time::Instant::now();
+        let reservations = &self.reservations;
+        let promised = self.nominations.victims();
+        let (cands, keys) = candidates(
+            snapshot,
+            view,
+            pod.priority,
+            &|uid| reservations.contains(uid),
+            &promised,
+        );
+        if cands.units.is_empty() && cands.freeing.is_empty() {
+            return Outcome::NoVictims(not_helpful);
+        }
+        let plan = preempt::find(
+            &snapshot.state,
+            &demand.request,
+            &cands,
+            filtered.mask(),
+            &[],
+        );
+        self.preemption_times.push(started.elapsed());
+        let Some(plan) = plan else {
+            return Outcome::NoVictims(not_helpful);
+        };
+        let victims: Vec<PodKey> = plan
+            .units
+            .iter()
+            .flat_map(|&u| keys[u].iter().cloned())
+            .collect();
+        let node = snapshot.state.inventory(plan.node).name.clone();
+        let inventory = snapshot.state.inventory(plan.node);
+        let nomination = Nomination {
+            key: pod.key.clone(),
+            priority: pod.priority,
+            node: node.clone(),
+            request: demand.request.clone(),
+            gpus: plan
+                .gpus
+                .iter()
+                .map(|&(g, m)| (inventory.gpus[g].id.clone(), m))
+                .collect(),
+            extended: demand.extended.clone(),
+            victims: victims.clone(),
+        };
+        let where_ = Self::nodes_of(snapshot, &victims.iter().collect::<Vec<_>>());
+        let evicted = self
+            .carry_out(
+                &pod.key,
+                &where_,
+                &victims,
+                &[(pod.key.clone(), node.clone())],
+            )
+            .await;
+        report.preempted += evicted;
+        self.nominations.insert(nomination);
+        self.nominations.restore(&pod.key.uid, snapshot);
+        tracing::info!(pod = %pod.key, %node, victims = victims.len(), "preempting");
+        Outcome::Nominated { node, victims }
+    }
+
+    /// Preemption for a gang whose waiting `members` do not fit at once: every member is
+    /// planned (members that fit placed as they are, the others each evicting), within
+    /// one of `domains`; all members nominated, or nothing evicted.
+    pub(super) async fn preempt_gang(
+        &mut self,
+        snapshot: &mut Snapshot,
+        view: &ClusterView,
+        members: &[(&Arc<PodInfo>, Verdicts)],
+        domains: &[Option<Vec<bool>>],
+        report: &mut RoundReport,
+    ) -> Outcome {
+        if members.iter().any(|(p, _)| p.demand.is_err()) {
+            return Outcome::NotTried;
+        }
+        if members.iter().any(|(p, _)| p.never_preempts) {
+            return Outcome::Never;
+        }
+        if members
+            .iter()
+            .any(|(p, _)| waiting_for_victims(p, self.nominations.get(&p.key.uid), view, snapshot))
+        {
+            return Outcome::Waiting;
+        }
+        // A gang evicts only what every member outranks.
+        let priority = members.iter().map(|(p, _)| p.priority).min().unwrap_or(0);
+        let reservations = &self.reservations;
+        let promised = self.nominations.victims();
+        let (cands, keys) = candidates(
+            snapshot,
+            view,
+            priority,
+            &|uid| reservations.contains(uid),
+            &promised,
+        );
+        let started = std::time::Instant::now();
+        // Largest members first; masks from each member's filters, within the domain.
+        let mut order: Vec<usize> = (0..members.len()).collect();
+        let demand = |i: usize| members[i].0.demand.as_ref().ok();
+        order.sort_by_key(|&i| {
+            std::cmp::Reverse(demand(i).map_or(0, |d| d.request.total_gpu_milli()))
+        });
+        let masks: Vec<Option<Vec<bool>>> = members
+            .iter()
+            .map(|(p, v)| {
+                let d = p.demand.as_ref().ok()?;
+                let f = filter_nodes(&snapshot.scalars, v, d);
+                let f = with_volumes(f, snapshot, &self.volumes, p).ok()?;
+                let f = with_interpod(f, snapshot, p, &[]);
+                Some(
+                    f.mask()
+                        .map_or_else(|| vec![true; snapshot.nodes.len()], <[bool]>::to_vec),
+                )
+            })
+            .collect();
+        let not_helpful = masks
+            .iter()
+            .flatten()
+            .map(|m| m.iter().filter(|a| !**a).count())
+            .min()
+            .unwrap_or(0);
+        if cands.units.is_empty() && cands.freeing.is_empty() {
+            return Outcome::NoVictims(not_helpful);
+        }
+        let mut best: Option<(preempt::GangPreemption, Vec<usize>)> = None;
+        for domain in domains {
+            let within: Vec<Vec<bool>> = order
+                .iter()
+                .map(|&i| {
+                    let mut m = masks[i].clone().unwrap_or_default();
+                    if let Some(d) = domain {
+                        m.iter_mut().zip(d).for_each(|(a, b)| *a &= *b);
+                    }
+                    m
+                })
+                .collect();
+            let asks: Vec<(&gpuplace_model::Request, Option<&[bool]>)> = order
+                .iter()
+                .zip(&within)
+                .filter_map(|(&i, m)| Some((&demand(i)?.request, Some(m.as_slice()))))
+                .collect();
+            if asks.len() != members.len() {
+                return Outcome::NotTried;
+            }
+            let plan = preempt::find_for_all(&mut self.placer, &snapshot.state, &asks, &cands);
+            if let Some(plan) = plan
+                && best.as_ref().is_none_or(|(b, _)| plan.cost < b.cost)
+            {
+                best = Some((plan, order.clone()));
+            }
+        }
+        self.preemption_times.push(started.elapsed());
+        let Some((plan, order)) = best else {
+            return Outcome::NoVictims(not_helpful);
+        };
+        let victims: Vec<PodKey> = plan
+            .units
+            .iter()
+            .flat_map(|&u| keys[u].iter().cloned())
+            .collect();
+        let mut nominate = Vec::new();
+        let mut noms = Vec::new();
+        for (&i, (n, gpus)) in order.iter().zip(&plan.placements) {
+            let (pod, _) = &members[i];
+            let Some(d) = demand(i) else { continue };
+            let inventory = snapshot.state.inventory(*n);
+            let node = inventory.name.clone();
+            nominate.push((pod.key.clone(), node.clone()));
+            noms.push(Nomination {
+                key: pod.key.clone(),
+                priority: pod.priority,
+                node,
+                request: d.request.clone(),
+                gpus: gpus
+                    .iter()
+                    .map(|&(g, m)| (inventory.gpus[g].id.clone(), m))
+                    .collect(),
+                extended: d.extended.clone(),
+                victims: victims.clone(),
+            });
+        }
+        let where_ = Self::nodes_of(snapshot, &victims.iter().collect::<Vec<_>>());
+        let by = &members[order[0]].0.key;
+        let evicted = self.carry_out(by, &where_, &victims, &nominate).await;
+        report.preempted += evicted;
+        for n in noms {
+            let uid = n.key.uid.clone();
+            self.nominations.insert(n);
+            self.nominations.restore(&uid, snapshot);
+        }
+        let node = nominate
+            .iter()
+            .map(|(_, n)| n.as_str())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect::<Vec<_>>()
+            .join(",");
+        tracing::info!(gang = %by, nodes = %node, victims = victims.len(), "gang preempting");
+        Outcome::Nominated { node, victims }
+    }
+}

@@ -1,0 +1,385 @@
+//! The PostFilter stage: priority preemption for GPUs (kube-scheduler's DefaultPreemption,
+//! with core's victim search choosing the exact devices that come free).
+//!
+//! A pod (or a gang) that fits nowhere may evict pods of lower priority: the candidates
+//! are bound pods of lower priority, a gang only whole; the search ([`gpuplace_core::
+//! preempt`]) picks the node and victims at least cost (disruption budgets, victim
+//! priority, count, GPU freed beyond the need, fragmentation after). The victims are
+//! evicted with their own grace period, the preemptor's `status.nominatedNodeName` is set,
+//! and while the victims terminate the GPUs they free are held for it: each round applies
+//! the part of the planned devices already free to the state, so no other pod takes them.
+//! The nomination ends when the pod is bound (cleared on the server if bound elsewhere) or
+//! deleted. A pod with `preemptionPolicy: Never` never evicts; a pod whose victims are
+//! still terminating waits for them instead of evicting more.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use gpuplace_core::preempt::{Candidates, Holder, Unit};
+use gpuplace_model::Request;
+
+use crate::api::{ClusterApi, ClusterView, PodKey};
+use crate::pod_info::PodInfo;
+use crate::snapshot::{Held, Snapshot};
+
+/// A preemptor waiting for its victims to go, and the devices it will take then.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Nomination {
+    pub key: PodKey,
+    pub priority: i32,
+    pub node: String,
+    pub request: Request,
+    /// GPU IDs and milli planned on the node.
+    pub gpus: Vec<(String, u32)>,
+    pub extended: BTreeMap<String, i64>,
+    pub victims: Vec<PodKey>,
+}
+
+/// Nominations by pod UID.
+#[derive(Debug, Default)]
+pub struct Nominations {
+    by_uid: HashMap<String, Nomination>,
+}
+
+/// The key under which a nomination's hold sits among the snapshot's holdings.
+fn hold_key(uid: &str) -> String {
+    format!("nominated/{uid}")
+}
+
+impl Nominations {
+    pub fn get(&self, uid: &str) -> Option<&Nomination> {
+        self.by_uid.get(uid)
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_uid.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_uid.is_empty()
+    }
+
+    pub fn insert(&mut self, nomination: Nomination) {
+        self.by_uid.insert(nomination.key.uid.clone(), nomination);
+    }
+
+    pub fn remove(&mut self, uid: &str) -> Option<Nomination> {
+        self.by_uid.remove(uid)
+    }
+
+    /// UIDs of every victim some nomination waits for (not offered to other preemptors,
+    /// and what they free is promised).
+    pub fn victims(&self) -> HashSet<&str> {
+        self.by_uid
+            .values()
+            .flat_map(|n| n.victims.iter().map(|v| v.uid.as_str()))
+            .collect()
+    }
+
+    /// Ends the nominations whose pod is gone or bound; returns the pods bound elsewhere
+    /// than nominated (their `nominatedNodeName` is to be cleared), then applies the others'
+    /// holds to `snapshot`.
+    pub fn hold(&mut self, view: &ClusterView, snapshot: &mut Snapshot) -> Vec<PodKey> {
+        let mut clear = Vec::new();
+        self.by_uid.retain(|uid, n| {
+            let Some(pod) = view
+                .pod(&n.key.namespace, &n.key.name)
+                .filter(|p| p.key.uid == *uid)
+            else {
+                return false;
+            };
+            match &pod.node_name {
+                Some(node) => {
+                    if *node != n.node {
+                        clear.push(n.key.clone());
+                    }
+                    false
+                }
+                None => true,
+            }
+        });
+        for n in self.by_uid.values() {
+            apply_hold(snapshot, n);
+        }
+        clear
+    }
+
+    /// Gives back every hold (before the state is kept for the next round).
+    pub fn release_all(&self, snapshot: &mut Snapshot) {
+        for uid in self.by_uid.keys() {
+            snapshot.release(&hold_key(uid));
+        }
+    }
+
+    /// Gives back the hold of pod `uid` (to decide it with its own devices free).
+    pub fn release(&self, uid: &str, snapshot: &mut Snapshot) {
+        if self.by_uid.contains_key(uid) {
+            snapshot.release(&hold_key(uid));
+        }
+    }
+
+    /// Applies the hold of pod `uid` again (its decision failed).
+    pub fn restore(&self, uid: &str, snapshot: &mut Snapshot) {
+        if let Some(n) = self.by_uid.get(uid) {
+            apply_hold(snapshot, n);
+        }
+    }
+}
+
+/// Holds, of what `n` planned, the part already free (CPU and memory as far as they go).
+fn apply_hold(snapshot: &mut Snapshot, n: &Nomination) {
+    let key = hold_key(&n.key.uid);
+    if snapshot.held.contains_key(&key) {
+        return;
+    }
+    let Some(node) = snapshot.node_index(&n.node) else {
+        return;
+    };
+    let inventory = snapshot.state.inventory(node);
+    let free = snapshot.state.node(node);
+    let gpus: Vec<(usize, u32)> = n
+        .gpus
+        .iter()
+        .filter_map(|(id, milli)| {
+            let g = inventory.gpus.iter().position(|g| g.id == *id)?;
+            (free.gpu_free[g] >= *milli).then_some((g, *milli))
+        })
+        .collect();
+    let mut request = n.request.clone();
+    request.cpu_milli = request.cpu_milli.min(free.cpu_free);
+    request.memory_mib = request.memory_mib.min(free.memory_free);
+    if snapshot.state.apply(node, &request, &gpus).is_err() {
+        return;
+    }
+    snapshot.scalars.take(node, &n.extended);
+    snapshot.held.insert(
+        key,
+        Held {
+            node,
+            request,
+            gpus,
+            extended: n.extended.clone(),
+        },
+    );
+}
+
+/// The candidates for a preemptor of `priority`: units of lower priority (a gang only
+/// when every member is a candidate), pods terminating (free at no cost), the budgets.
+/// `reserved` pods (decided, Binding in flight) and victims already promised to another
+/// preemptor are neither. Returns the candidates and each unit's pods.
+pub fn candidates(
+    snapshot: &Snapshot,
+    view: &ClusterView,
+    priority: i32,
+    reserved: &dyn Fn(&str) -> bool,
+    promised: &HashSet<&str>,
+) -> (Candidates, Vec<Vec<PodKey>>) {
+    let budgets = crate::budgets::Budgets::new(&view.budgets);
+    let mut out = Candidates {
+        budgets: budgets.allowed(),
+        ..Default::default()
+    };
+    let mut keys: Vec<Vec<PodKey>> = Vec::new();
+    let mut gangs: BTreeMap<(String, String), Option<usize>> = BTreeMap::new();
+    let holder = |pod: &PodInfo, held: &Held| Holder {
+        node: held.node,
+        request: held.request.clone(),
+        gpus: held.gpus.clone(),
+        budgets: budgets.covering(pod),
+    };
+    for list in &snapshot.placed {
+        for pod in list {
+            let uid = pod.key.uid.as_str();
+            let Some(held) = snapshot.held.get(uid) else {
+                continue;
+            };
+            if promised.contains(uid) || reserved(uid) {
+                continue;
+            }
+            if pod.deleting {
+                out.freeing.push(holder(pod, held));
+                continue;
+            }
+            match &pod.group {
+                None if pod.priority < priority => {
+                    out.units.push(Unit {
+                        priority: pod.priority,
+                        members: vec![holder(pod, held)],
+                    });
+                    keys.push(vec![pod.key.clone()]);
+                }
+                None => {}
+                Some(group) => {
+                    let id = (pod.key.namespace.clone(), group.clone());
+                    if gangs.contains_key(&id) {
+                        continue;
+                    }
+                    let unit =
+                        gang_unit(snapshot, view, &id, priority, reserved, promised, &holder);
+                    gangs.insert(id, unit.as_ref().map(|_| out.units.len()));
+                    if let Some((unit, members)) = unit {
+                        out.units.push(unit);
+                        keys.push(members);
+                    }
+                }
+            }
+        }
+    }
+    (out, keys)
+}
+
+/// A gang as one unit: every active member bound, none terminating, reserved or of the
+/// preemptor's priority or above; else `None` (it cannot be evicted).
+fn gang_unit(
+    snapshot: &Snapshot,
+    view: &ClusterView,
+    (namespace, group): &(String, String),
+    priority: i32,
+    reserved: &dyn Fn(&str) -> bool,
+    promised: &HashSet<&str>,
+    holder: &dyn Fn(&PodInfo, &Held) -> Holder,
+) -> Option<(Unit, Vec<PodKey>)> {
+    let members: Vec<&Arc<PodInfo>> = view
+        .pods
+        .iter()
+        .filter(|p| {
+            p.key.namespace == *namespace
+                && p.group.as_deref() == Some(group.as_str())
+                && p.is_active_bound()
+        })
+        .collect();
+    let mut unit = Unit {
+        priority: i32::MIN,
+        members: Vec::new(),
+    };
+    let mut keys = Vec::new();
+    for p in members {
+        let uid = p.key.uid.as_str();
+        let held = snapshot.held.get(uid)?;
+        if p.priority >= priority || p.deleting || reserved(uid) || promised.contains(uid) {
+            return None;
+        }
+        unit.priority = unit.priority.max(p.priority);
+        unit.members.push(holder(p, held));
+        keys.push(p.key.clone());
+    }
+    (!unit.members.is_empty()).then_some((unit, keys))
+}
+
+/// Whether a pod that preempted before (ours, or by `status.nominatedNodeName` after a
+/// restart) should wait for its victims rather than evict more: kube-scheduler's rule, a
+/// pod nominated to a node where lower-priority pods are still terminating waits.
+pub fn waiting_for_victims(
+    pod: &PodInfo,
+    nomination: Option<&Nomination>,
+    view: &ClusterView,
+    snapshot: &Snapshot,
+) -> bool {
+    if let Some(n) = nomination {
+        // Every victim is gone or terminating: wait; one still running means an eviction
+        // failed, and preemption is tried again.
+        return n.victims.iter().all(|v| {
+            view.pod(&v.namespace, &v.name)
+                .filter(|p| p.key.uid == v.uid)
+                .is_none_or(|p| p.deleting || !p.is_active_bound())
+        }) && n.victims.iter().any(|v| {
+            view.pod(&v.namespace, &v.name)
+                .is_some_and(|p| p.key.uid == v.uid && p.is_active_bound())
+        });
+    }
+    let Some(node) = pod
+        .nominated
+        .as_deref()
+        .and_then(|n| snapshot.node_index(n))
+    else {
+        return false;
+    };
+    snapshot.placed[node]
+        .iter()
+        .any(|p| p.deleting && p.priority < pod.priority)
+}
+
+/// kube-scheduler's words when no eviction can help: nodes its filters rejected for
+/// reasons eviction cannot change, and the others.
+pub fn no_victims(nodes: usize, not_helpful: usize) -> String {
+    let searched = nodes.saturating_sub(not_helpful);
+    let mut parts = Vec::new();
+    if searched > 0 {
+        parts.push(format!(
+            "{searched} No preemption victims found for incoming pod"
+        ));
+    }
+    if not_helpful > 0 {
+        parts.push(format!(
+            "{not_helpful} Preemption is not helpful for scheduling"
+        ));
+    }
+    format!(
+        "preemption: 0/{nodes} nodes are available: {}.",
+        parts.join(", ")
+    )
+}
+
+/// The names of `victims` for a message (the first few, then a count).
+pub fn victim_list(victims: &[PodKey]) -> String {
+    let mut names: Vec<String> = victims.iter().take(5).map(|v| v.to_string()).collect();
+    if victims.len() > 5 {
+        names.push(format!("and {} more", victims.len() - 5));
+    }
+    names.join(", ")
+}
+
+impl<A: ClusterApi> super::Scheduler<A> {
+    /// Evicts `victims` (at once, each with its Event) and nominates `pods` (pod, node).
+    pub(super) async fn carry_out(
+        &mut self,
+        by: &PodKey,
+        node_of_victims: &HashMap<String, String>,
+        victims: &[PodKey],
+        nominate: &[(PodKey, String)],
+    ) -> usize {
+        if !self.gate.is_open() {
+            return 0;
+        }
+        let evictions = victims.iter().map(|v| {
+            let node = node_of_victims.get(&v.uid).cloned().unwrap_or_default();
+            let message = format!("Preempted by {by} on node {node}");
+            let api = self.api.clone();
+            async move { (v, api.evict(v, &message).await, message) }
+        });
+        let mut evicted = 0;
+        for (victim, result, message) in futures::future::join_all(evictions).await {
+            match result {
+                Ok(()) | Err(crate::api::ApiError::NotFound(_)) => {
+                    evicted += 1;
+                    self.binder.emit(victim, "Normal", "Preempted", message);
+                }
+                Err(e) => {
+                    tracing::warn!(victim = %victim, preemptor = %by, error = %e, "victim not evicted; preemption is tried again later");
+                }
+            }
+        }
+        let writes = nominate.iter().map(|(pod, node)| {
+            let api = self.api.clone();
+            async move { (pod, api.nominate(pod, Some(node)).await) }
+        });
+        for (pod, result) in futures::future::join_all(writes).await {
+            if let Err(e) = result {
+                tracing::info!(pod = %pod, error = %e, "nominatedNodeName not written");
+            }
+        }
+        evicted
+    }
+
+    /// Clears `status.nominatedNodeName` of pods bound elsewhere.
+    pub(super) async fn clear_nominations(&self, pods: Vec<PodKey>) {
+        if !self.gate.is_open() {
+            return;
+        }
+        for pod in pods {
+            if let Err(e) = self.api.nominate(&pod, None).await {
+                tracing::info!(pod = %pod, error = %e, "nominatedNodeName not cleared");
+            }
+        }
+    }
+}

@@ -1,0 +1,223 @@
+//! Preemption through the scheduler's rounds on the in-memory API (no kubelet: the test
+//! deletes terminating victims for good when it wants them gone): `preemptionPolicy:
+//! Never`, disruption budgets, gangs as victims only whole, the freed devices held for the
+//! preemptor while other victims terminate, and the nomination cleared when the pod is
+//! bound elsewhere.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use gpuplace_scheduler::{ClusterApi, Scheduler};
+use gpuplace_testkit::MemoryApi;
+use serde_json::json;
+
+mod common;
+use common::*;
+
+fn prio(
+    name: &str,
+    gpus: u32,
+    priority: i32,
+    extra: serde_json::Value,
+) -> k8s_openapi::api::core::v1::Pod {
+    let mut p = pod(name, gpus, extra);
+    p.spec.as_mut().unwrap().priority = Some(priority);
+    p
+}
+
+/// Rounds until nothing changes (each a little later, past any backoff).
+async fn settle(scheduler: &mut Scheduler<MemoryApi>, t: &mut Instant) {
+    for _ in 0..6 {
+        *t += Duration::from_secs(5);
+        scheduler.round(*t).await.unwrap();
+    }
+}
+
+fn deleting(api: &MemoryApi, name: &str) -> bool {
+    api.pod("ml", name)
+        .is_some_and(|p| p.metadata.deletion_timestamp.is_some())
+}
+
+fn nominated(api: &MemoryApi, name: &str) -> Option<String> {
+    api.pod("ml", name)?.status?.nominated_node_name
+}
+
+fn last_message(api: &MemoryApi, name: &str) -> String {
+    api.events()
+        .into_iter()
+        .rev()
+        .find(|e| e.pod.name == name && e.reason == "FailedScheduling")
+        .map(|e| e.message)
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn never_and_equal_priority_pods_do_not_preempt() {
+    let api = MemoryApi::new();
+    api.put_node(node("n", 2, json!({})));
+    api.put_pod(prio("low", 2, 0, json!({})));
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    let mut t = Instant::now();
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(bound_node(&api, "low").as_deref(), Some("n"));
+    api.put_pod(prio(
+        "never",
+        2,
+        100,
+        json!({"spec": {"preemptionPolicy": "Never"}}),
+    ));
+    api.put_pod(prio("equal", 2, 0, json!({})));
+    settle(&mut scheduler, &mut t).await;
+    assert!(!deleting(&api, "low"));
+    assert!(
+        last_message(&api, "never")
+            .ends_with("preemption: not eligible due to preemptionPolicy=Never."),
+        "{}",
+        last_message(&api, "never")
+    );
+    assert!(
+        last_message(&api, "equal").ends_with(
+            "preemption: 0/1 nodes are available: 1 No preemption victims found for incoming pod."
+        ),
+        "{}",
+        last_message(&api, "equal")
+    );
+}
+
+#[tokio::test]
+async fn freed_devices_wait_for_the_preemptor_while_other_victims_terminate() {
+    let api = MemoryApi::new();
+    api.put_node(nvlink_node("n"));
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    let mut t = Instant::now();
+    for (name, gpus, priority) in [("a", 1, 0), ("b", 1, 0), ("c", 2, 5), ("d", 4, 5)] {
+        api.put_pod(prio(name, gpus, priority, json!({})));
+        settle(&mut scheduler, &mut t).await;
+    }
+    let held = |name: &str| -> BTreeSet<String> {
+        assignment(&api, name)
+            .map(|a| a.devices().map(|d| d.id.clone()).collect())
+            .unwrap_or_default()
+    };
+    let freed: BTreeSet<String> = held("a").union(&held("b")).cloned().collect();
+    // hi (2 GPUs) evicts a and b (priority 0), not c or d (priority 5).
+    api.put_pod(prio("hi", 2, 10, json!({})));
+    settle(&mut scheduler, &mut t).await;
+    assert!(deleting(&api, "a") && deleting(&api, "b"));
+    assert!(!deleting(&api, "c") && !deleting(&api, "d"));
+    assert_eq!(nominated(&api, "hi").as_deref(), Some("n"));
+    assert!(last_message(&api, "hi").contains("preemption: nominated node n; preempting 2 pod(s)"));
+    let preempted: Vec<String> = api
+        .events()
+        .into_iter()
+        .filter(|e| e.reason == "Preempted")
+        .map(|e| format!("{}: {}", e.pod.name, e.message))
+        .collect();
+    assert_eq!(
+        preempted,
+        vec![
+            "a: Preempted by ml/hi on node n".to_string(),
+            "b: Preempted by ml/hi on node n".to_string()
+        ]
+    );
+    // a is gone, b still terminating: a's GPU is free but held for hi. A lower-priority
+    // pod arriving now does not get it, and does not evict b again.
+    api.delete_pod("ml", "a");
+    api.put_pod(prio("mid", 1, 1, json!({})));
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(bound_node(&api, "mid"), None, "a's GPU is held for hi");
+    assert_eq!(bound_node(&api, "hi"), None, "b still holds its GPU");
+    assert_eq!(scheduler.nominations().len(), 1);
+    // b is gone: hi runs on exactly the GPUs a and b held.
+    api.delete_pod("ml", "b");
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(bound_node(&api, "hi").as_deref(), Some("n"));
+    assert_eq!(held("hi"), freed);
+    assert_eq!(bound_node(&api, "mid"), None);
+    assert!(scheduler.nominations().is_empty());
+    assert_no_double_booking(&api);
+}
+
+#[tokio::test]
+async fn a_disruption_budget_steers_the_victim_choice() {
+    let api = MemoryApi::new();
+    api.put_node(node("n1", 2, json!({})));
+    api.put_node(node("n2", 2, json!({})));
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    let mut t = Instant::now();
+    api.put_pod(prio(
+        "guarded",
+        2,
+        0,
+        json!({"metadata": {"labels": {"app": "serve"}}}),
+    ));
+    api.put_pod(prio("plain", 2, 1, json!({})));
+    settle(&mut scheduler, &mut t).await;
+    api.put_budget(
+        serde_json::from_value(json!({
+            "metadata": {"name": "serve", "namespace": "ml"},
+            "spec": {"selector": {"matchLabels": {"app": "serve"}}, "minAvailable": 1},
+            "status": {"disruptionsAllowed": 0, "currentHealthy": 1, "desiredHealthy": 1,
+                "expectedPods": 1}
+        }))
+        .unwrap(),
+    );
+    // The guarded pod has the lower priority, but its budget allows no disruption.
+    api.put_pod(prio("hi", 2, 10, json!({})));
+    settle(&mut scheduler, &mut t).await;
+    assert!(deleting(&api, "plain"));
+    assert!(!deleting(&api, "guarded"));
+}
+
+#[tokio::test]
+async fn a_gang_is_evicted_whole_or_not_at_all() {
+    let api = MemoryApi::new();
+    api.put_node(node("g", 2, json!({})));
+    api.put_node(node("s", 2, json!({})));
+    api.put_group(group("pair", 2, 60));
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    let mut t = Instant::now();
+    let member = json!({"metadata": {"labels": {"gpuplace.io/pod-group": "pair"}}});
+    api.put_pod(prio("pair-0", 1, 0, member.clone()));
+    api.put_pod(prio("pair-1", 1, 0, member));
+    settle(&mut scheduler, &mut t).await;
+    api.put_pod(prio("single", 2, 0, json!({})));
+    settle(&mut scheduler, &mut t).await;
+    let gang_node = bound_node(&api, "pair-0").unwrap();
+    assert_eq!(bound_node(&api, "pair-1"), Some(gang_node.clone()));
+    // One GPU would do, but a member goes only with its gang (two victims): the single
+    // pod is the cheaper victim.
+    api.put_pod(prio("hi", 1, 10, json!({})));
+    settle(&mut scheduler, &mut t).await;
+    assert!(deleting(&api, "single"));
+    assert!(!deleting(&api, "pair-0") && !deleting(&api, "pair-1"));
+    api.delete_pod("ml", "single");
+    settle(&mut scheduler, &mut t).await;
+    assert!(bound_node(&api, "hi").is_some());
+    // Now a 2-GPU pod can only evict the gang, both members at once.
+    api.put_pod(prio("hi2", 2, 10, json!({})));
+    settle(&mut scheduler, &mut t).await;
+    assert!(deleting(&api, "pair-0") && deleting(&api, "pair-1"));
+}
+
+#[tokio::test]
+async fn the_nomination_is_cleared_when_the_pod_is_bound_elsewhere() {
+    let api = MemoryApi::new();
+    api.put_node(node("n1", 2, json!({})));
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    let mut t = Instant::now();
+    api.put_pod(prio("low", 2, 0, json!({})));
+    settle(&mut scheduler, &mut t).await;
+    api.put_pod(prio("hi", 2, 10, json!({})));
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(nominated(&api, "hi").as_deref(), Some("n1"));
+    // Another node comes before the victim is gone: hi goes there, the nomination ends.
+    api.put_node(node("n2", 2, json!({})));
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(bound_node(&api, "hi").as_deref(), Some("n2"));
+    assert_eq!(nominated(&api, "hi"), None);
+    assert!(scheduler.nominations().is_empty());
+    // The view agrees (nothing left reserved for hi on n1).
+    let view = api.view().await.unwrap();
+    scheduler.verify_state(&view).unwrap();
+}
