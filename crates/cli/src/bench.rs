@@ -23,6 +23,10 @@ pub enum BenchCommand {
     /// against the in-memory API (built with `--features bench-fakes`).
     #[cfg(feature = "bench-fakes")]
     Extender(crate::bench_extender::ExtenderBenchArgs),
+    /// Time preemption's decisions at scale: a full cluster of low-priority pods, then
+    /// high-priority pods that must evict (built with `--features bench-fakes`).
+    #[cfg(feature = "bench-fakes")]
+    Preemption(crate::bench_preemption::PreemptionBenchArgs),
 }
 
 #[derive(Args, Debug)]
@@ -54,6 +58,8 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Scheduler(args) => crate::bench_scheduler::run(args),
         #[cfg(feature = "bench-fakes")]
         BenchCommand::Extender(args) => crate::bench_extender::run(args),
+        #[cfg(feature = "bench-fakes")]
+        BenchCommand::Preemption(args) => crate::bench_preemption::run(args),
     }
 }
 

@@ -4,6 +4,8 @@ mod bench;
 #[cfg(feature = "bench-fakes")]
 mod bench_extender;
 #[cfg(feature = "bench-fakes")]
+mod bench_preemption;
+#[cfg(feature = "bench-fakes")]
 mod bench_scheduler;
 mod device_plugin;
 mod extender;

@@ -55,6 +55,14 @@ pub struct SimulateArgs {
     /// The topology asked by `--require-topology` and `--prefer-topology`.
     #[arg(long, default_value = "nvlink")]
     topology: GpuTopology,
+    /// A pod that fits nowhere evicts pods of lower priority (the scheduler's victim
+    /// search); priorities from the trace's `qos` column (LS 2, Burstable 1, BE 0).
+    #[arg(long)]
+    preempt: bool,
+    /// With --preempt: give this fraction (0-1) of pods, chosen by name, priority 3 (for
+    /// traces without a `qos` column).
+    #[arg(long, default_value_t = 0.0, requires = "preempt")]
+    high_priority: f64,
 }
 
 pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
@@ -84,7 +92,26 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
     } else {
         None
     };
-    let prepared = Prepared::new(workload).context("cannot replay this workload")?;
+    let preemption = if args.preempt {
+        let raised = gpuplace_sim::preemption::raise_priority(&mut workload, args.high_priority)
+            .map_err(anyhow::Error::msg)?;
+        let mut levels: Vec<i32> = workload.pods.iter().map(|p| p.priority).collect();
+        levels.sort_unstable();
+        levels.dedup();
+        Some(format!(
+            "on; priorities from qos{}; levels {levels:?}",
+            if raised > 0 {
+                format!(" and {raised} pods raised to 3 by --high-priority")
+            } else {
+                String::new()
+            }
+        ))
+    } else {
+        None
+    };
+    let prepared = Prepared::new(workload)
+        .context("cannot replay this workload")?
+        .with_preemption(args.preempt);
     let seeds: Vec<u64> = (0..args.seeds).map(|i| args.seed_start + i).collect();
     let jobs = (policies.len() * seeds.len()) as u64;
     let bar = if std::io::stderr().is_terminal() {
@@ -119,6 +146,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         policies: report::summarize(&policies, &results),
         wall_s: started.elapsed().as_secs_f64(),
         topology_asks,
+        preemption,
     };
     if let Some(dir) = &args.out {
         let files = gpuplace_sim::output::write_report(&summary, dir)?;

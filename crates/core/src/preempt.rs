@@ -21,12 +21,13 @@ use crate::devices::choose_gpus_on;
 use crate::policy::Policy;
 use crate::state::{ClusterState, NodeState};
 
-/// What one pod holds on its node (as applied to the state).
+/// What one pod holds on its node (as applied to the state), borrowed from the caller's
+/// records (a search over tens of thousands of pods copies none of them).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Holder {
+pub struct Holder<'a> {
     pub node: usize,
-    pub request: Request,
-    pub gpus: Vec<(usize, u32)>,
+    pub request: &'a Request,
+    pub gpus: &'a [(usize, u32)],
     /// Indices into [`Candidates::budgets`] of the disruption budgets covering the pod.
     pub budgets: Vec<usize>,
 }
@@ -36,18 +37,40 @@ pub struct Holder {
 pub struct Unit {
     /// The highest priority of its members.
     pub priority: i32,
-    pub members: Vec<Holder>,
+    /// Its members: a range of [`Candidates::holders`].
+    pub members: std::ops::Range<usize>,
 }
 
 /// What the search may evict, and what frees itself.
 #[derive(Clone, Debug, Default)]
-pub struct Candidates {
+pub struct Candidates<'a> {
+    /// Every candidate pod; a unit's members are consecutive.
+    pub holders: Vec<Holder<'a>>,
     /// Units the preemptor may evict (all of lower priority than it).
     pub units: Vec<Unit>,
     /// Pods already terminating: what they hold comes free without evicting anything.
-    pub freeing: Vec<Holder>,
+    pub freeing: Vec<Holder<'a>>,
     /// Disruptions each budget still allows (a PodDisruptionBudget's `disruptionsAllowed`).
     pub budgets: Vec<i32>,
+}
+
+impl<'a> Candidates<'a> {
+    /// Adds a unit of `members` (one pod, or a whole gang).
+    pub fn push_unit(&mut self, priority: i32, members: impl IntoIterator<Item = Holder<'a>>) {
+        let start = self.holders.len();
+        self.holders.extend(members);
+        if self.holders.len() > start {
+            self.units.push(Unit {
+                priority,
+                members: start..self.holders.len(),
+            });
+        }
+    }
+
+    /// The members of unit `u`.
+    pub fn members(&self, u: usize) -> &[Holder<'a>] {
+        &self.holders[self.units[u].members.clone()]
+    }
 }
 
 /// What a plan costs, compared in field order (less is better).
@@ -83,16 +106,16 @@ struct ByNode {
 }
 
 impl ByNode {
-    fn new(state: &ClusterState, candidates: &Candidates, taken: &[bool]) -> ByNode {
+    fn new(state: &ClusterState, candidates: &Candidates<'_>, taken: &[bool]) -> ByNode {
         let mut by = ByNode {
             units: vec![Vec::new(); state.len()],
             freeing: vec![Vec::new(); state.len()],
         };
-        for (u, unit) in candidates.units.iter().enumerate() {
+        for u in 0..candidates.units.len() {
             if taken.get(u).copied().unwrap_or(false) {
                 continue;
             }
-            for m in &unit.members {
+            for m in candidates.members(u) {
                 if let Some(list) = by.units.get_mut(m.node)
                     && list.last() != Some(&u)
                 {
@@ -109,20 +132,20 @@ impl ByNode {
     }
 }
 
-fn give(s: &mut NodeState, h: &Holder) {
+fn give(s: &mut NodeState, h: &Holder<'_>) {
     s.cpu_free += h.request.cpu_milli;
     s.memory_free += h.request.memory_mib;
-    for &(g, m) in &h.gpus {
+    for &(g, m) in h.gpus {
         if let (Some(free), Some(cap)) = (s.gpu_free.get_mut(g), s.gpu_capacity.get(g)) {
             *free = (*free + m).min(*cap);
         }
     }
 }
 
-fn take(s: &mut NodeState, h: &Holder) {
+fn take(s: &mut NodeState, h: &Holder<'_>) {
     s.cpu_free = s.cpu_free.saturating_sub(h.request.cpu_milli);
     s.memory_free = s.memory_free.saturating_sub(h.request.memory_mib);
-    for &(g, m) in &h.gpus {
+    for &(g, m) in h.gpus {
         if let Some(free) = s.gpu_free.get_mut(g) {
             *free = free.saturating_sub(m);
         }
@@ -131,13 +154,13 @@ fn take(s: &mut NodeState, h: &Holder) {
 
 /// Which of `units` (in the order given) would violate a budget: each member takes one
 /// disruption from every budget covering it; a member past zero violates.
-fn violations(candidates: &Candidates, units: &[usize]) -> Vec<u32> {
+fn violations(candidates: &Candidates<'_>, units: &[usize]) -> Vec<u32> {
     let mut left = candidates.budgets.clone();
     units
         .iter()
         .map(|&u| {
             let mut count = 0;
-            for m in &candidates.units[u].members {
+            for m in candidates.members(u) {
                 let mut violated = false;
                 for &b in &m.budgets {
                     if let Some(l) = left.get_mut(b) {
@@ -152,101 +175,123 @@ fn violations(candidates: &Candidates, units: &[usize]) -> Vec<u32> {
         .collect()
 }
 
-/// The best plan for `request` on one node `n`, if evicting can make it fit there.
-fn on_node(
-    state: &ClusterState,
-    n: usize,
-    request: &Request,
-    candidates: &Candidates,
-    by: &ByNode,
-) -> Option<Preemption> {
-    let mut scratch = state.node(n).clone();
-    for &i in &by.freeing[n] {
-        give(&mut scratch, &candidates.freeing[i]);
-    }
-    let mut units = by.units[n].clone();
-    if state.fit_on(n, &scratch, request).is_ok() {
-        // Terminating pods make room: nothing to evict, only to wait for.
-        units.clear();
-    } else {
-        let here = |u: usize| {
-            candidates.units[u]
-                .members
-                .iter()
-                .filter(move |m| m.node == n)
-        };
-        for &u in &units {
-            here(u).for_each(|m| give(&mut scratch, m));
-        }
-        if state.fit_on(n, &scratch, request).is_err() {
-            return None;
-        }
-        // Most important first; those whose eviction violates a budget get their chance
-        // to stay before the others.
-        units.sort_by_key(|&u| (std::cmp::Reverse(candidates.units[u].priority), u));
-        let violating = violations(candidates, &units);
-        let order: Vec<usize> = (0..units.len())
-            .filter(|&i| violating[i] > 0)
-            .chain((0..units.len()).filter(|&i| violating[i] == 0))
-            .map(|i| units[i])
-            .collect();
-        let mut victims = Vec::new();
-        for u in order {
-            here(u).for_each(|m| take(&mut scratch, m));
-            if state.fit_on(n, &scratch, request).is_err() {
-                here(u).for_each(|m| give(&mut scratch, m));
-                victims.push(u);
-            }
-        }
-        victims.sort_by_key(|&u| (std::cmp::Reverse(candidates.units[u].priority), u));
-        units = victims;
-    }
-    let mut rng = ChaCha8Rng::seed_from_u64(0);
-    let gpus = choose_gpus_on(Policy::BestFit, &mut rng, state, n, &scratch, request, 0);
-    if gpus.len() != request.gpu_count as usize {
-        return None;
-    }
-    let cost = cost_of(state, n, request, candidates, &units, &scratch, &gpus);
-    Some(Preemption {
-        node: n,
-        units,
-        gpus,
-        cost,
-    })
+/// Buffers reused from node to node (the search visits thousands).
+struct Scratch {
+    node: NodeState,
+    units: Vec<usize>,
+    order: Vec<usize>,
 }
 
-fn cost_of(
+/// Copies `from` into `into` reusing its buffers (what fit checks and device choice read).
+fn copy_state(into: &mut NodeState, from: &NodeState) {
+    into.cpu_free = from.cpu_free;
+    into.memory_free = from.memory_free;
+    into.gpu_free.clone_from(&from.gpu_free);
+    into.gpu_capacity.clone_from(&from.gpu_capacity);
+}
+
+/// The victims on node `n` (in `scratch.units`, most important first) and the node's state
+/// once they and the terminating pods are gone (in `scratch.node`); false when evicting
+/// cannot make `request` fit there.
+fn victims_on(
     state: &ClusterState,
     n: usize,
     request: &Request,
-    candidates: &Candidates,
-    units: &[usize],
-    scratch: &NodeState,
-    gpus: &[(usize, u32)],
-) -> Cost {
-    let members = || units.iter().flat_map(|&u| &candidates.units[u].members);
+    candidates: &Candidates<'_>,
+    by: &ByNode,
+    scratch: &mut Scratch,
+) -> bool {
+    copy_state(&mut scratch.node, state.node(n));
+    for &i in &by.freeing[n] {
+        give(&mut scratch.node, &candidates.freeing[i]);
+    }
+    scratch.units.clear();
+    if state.fit_on(n, &scratch.node, request).is_ok() {
+        // Terminating pods make room: nothing to evict, only to wait for.
+        return true;
+    }
+    let here = |u: usize| candidates.members(u).iter().filter(move |m| m.node == n);
+    for &u in &by.units[n] {
+        here(u).for_each(|m| give(&mut scratch.node, m));
+    }
+    if state.fit_on(n, &scratch.node, request).is_err() {
+        return false;
+    }
+    // Most important first; those whose eviction violates a budget get their chance to
+    // stay before the others.
+    scratch.order.clear();
+    scratch.order.extend_from_slice(&by.units[n]);
+    scratch
+        .order
+        .sort_by_key(|&u| (std::cmp::Reverse(candidates.units[u].priority), u));
+    if !candidates.budgets.is_empty() {
+        let violating = violations(candidates, &scratch.order);
+        // Stable: violators first, each group in the order above.
+        let mut ranked: Vec<(bool, usize)> = scratch
+            .order
+            .iter()
+            .zip(violating)
+            .map(|(&u, v)| (v == 0, u))
+            .collect();
+        ranked.sort_by_key(|&(good, _)| good);
+        scratch.order.clear();
+        scratch.order.extend(ranked.into_iter().map(|(_, u)| u));
+    }
+    for i in 0..scratch.order.len() {
+        let u = scratch.order[i];
+        here(u).for_each(|m| take(&mut scratch.node, m));
+        if state.fit_on(n, &scratch.node, request).is_err() {
+            here(u).for_each(|m| give(&mut scratch.node, m));
+            scratch.units.push(u);
+        }
+    }
+    scratch
+        .units
+        .sort_by_key(|&u| (std::cmp::Reverse(candidates.units[u].priority), u));
+    true
+}
+
+/// The cost of evicting `units` for `request`, without the fragmentation after.
+fn cheap_cost(request: &Request, candidates: &Candidates<'_>, units: &[usize]) -> Cost {
+    let members = || units.iter().flat_map(|&u| candidates.members(u));
     let held: u64 = members()
-        .flat_map(|m| &m.gpus)
+        .flat_map(|m| m.gpus)
         .map(|&(_, milli)| u64::from(milli))
         .sum();
-    let mut after = scratch.gpu_free.clone();
-    for &(g, m) in gpus {
-        after[g] = after[g].saturating_sub(m);
-    }
-    let frag = state.workload().map_or(0.0, |w| {
-        w.fragmentation_of(
-            state.inventory(n).gpu_model(),
-            scratch.cpu_free.saturating_sub(request.cpu_milli),
-            &after,
-        )
-    });
     Cost {
-        budget_violations: violations(candidates, units).iter().sum(),
+        budget_violations: if candidates.budgets.is_empty() {
+            0
+        } else {
+            violations(candidates, units).iter().sum()
+        },
         top_priority: units.iter().map(|&u| candidates.units[u].priority).max(),
         victims: members().count() as u32,
         excess_milli: held.saturating_sub(request.total_gpu_milli()),
-        frag_milli: frag.round().max(0.0) as u64,
+        frag_milli: 0,
     }
+}
+
+/// FGD's fragmentation of node `n` in state `after_victims` once `request` takes `gpus`.
+fn frag_after(
+    state: &ClusterState,
+    n: usize,
+    request: &Request,
+    after_victims: &NodeState,
+    gpus: &[(usize, u32)],
+) -> u64 {
+    let Some(w) = state.workload() else {
+        return 0;
+    };
+    let mut after = after_victims.gpu_free.clone();
+    for &(g, m) in gpus {
+        after[g] = after[g].saturating_sub(m);
+    }
+    let frag = w.fragmentation_of(
+        state.inventory(n).gpu_model(),
+        after_victims.cpu_free.saturating_sub(request.cpu_milli),
+        &after,
+    );
+    frag.round().max(0.0) as u64
 }
 
 /// The least costly plan for `request` among the nodes `allowed` (all when `None`), not
@@ -254,11 +299,25 @@ fn cost_of(
 pub fn find(
     state: &ClusterState,
     request: &Request,
-    candidates: &Candidates,
+    candidates: &Candidates<'_>,
     allowed: Option<&[bool]>,
     taken: &[bool],
 ) -> Option<Preemption> {
     let by = ByNode::new(state, candidates, taken);
+    let mut scratch = Scratch {
+        node: NodeState {
+            cpu_free: 0,
+            memory_free: 0,
+            gpu_free: Vec::new(),
+            gpu_capacity: Vec::new(),
+            version: 0,
+            classes: Vec::new(),
+            frag: 0.0,
+        },
+        units: Vec::new(),
+        order: Vec::new(),
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
     let mut best: Option<Preemption> = None;
     for n in 0..state.len() {
         if allowed.is_some_and(|mask| !mask.get(n).copied().unwrap_or(false)) {
@@ -267,10 +326,38 @@ pub fn find(
         if by.units[n].is_empty() && by.freeing[n].is_empty() {
             continue;
         }
-        if let Some(plan) = on_node(state, n, request, candidates, &by)
-            && best.as_ref().is_none_or(|b| plan.cost < b.cost)
-        {
-            best = Some(plan);
+        if !victims_on(state, n, request, candidates, &by, &mut scratch) {
+            continue;
+        }
+        let mut cost = cheap_cost(request, candidates, &scratch.units);
+        // Fragmentation only breaks ties: a plan already worse is not finished.
+        if best.as_ref().is_some_and(|b| {
+            let mut bound = b.cost;
+            bound.frag_milli = 0;
+            cost > bound
+        }) {
+            continue;
+        }
+        let gpus = choose_gpus_on(
+            Policy::BestFit,
+            &mut rng,
+            state,
+            n,
+            &scratch.node,
+            request,
+            0,
+        );
+        if gpus.len() != request.gpu_count as usize {
+            continue;
+        }
+        cost.frag_milli = frag_after(state, n, request, &scratch.node, &gpus);
+        if best.as_ref().is_none_or(|b| cost < b.cost) {
+            best = Some(Preemption {
+                node: n,
+                units: scratch.units.clone(),
+                gpus,
+                cost,
+            });
         }
     }
     best
@@ -294,7 +381,7 @@ pub fn find_for_all(
     placer: &mut crate::Placer,
     state: &ClusterState,
     members: &[(&Request, Option<&[bool]>)],
-    candidates: &Candidates,
+    candidates: &Candidates<'_>,
 ) -> Option<GangPreemption> {
     let mut trial = state.clone();
     let mut taken = vec![false; candidates.units.len()];
@@ -312,13 +399,13 @@ pub fn find_for_all(
         for (i, h) in candidates.freeing.iter().enumerate() {
             if h.node == plan.node && !freed[i] {
                 freed[i] = true;
-                trial.release(h.node, &h.request, &h.gpus).ok()?;
+                trial.release(h.node, h.request, h.gpus).ok()?;
             }
         }
         for &u in &plan.units {
             taken[u] = true;
-            for m in &candidates.units[u].members {
-                trial.release(m.node, &m.request, &m.gpus).ok()?;
+            for m in candidates.members(u) {
+                trial.release(m.node, m.request, m.gpus).ok()?;
             }
         }
         trial.apply(plan.node, request, &plan.gpus).ok()?;

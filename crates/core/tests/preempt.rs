@@ -2,7 +2,7 @@
 //! already terminating, and (proptest) that every plan fits and evicts no unit it could
 //! spare.
 
-use gpuplace_core::preempt::{Candidates, Holder, Unit, find, find_for_all};
+use gpuplace_core::preempt::{Candidates, Holder, find, find_for_all};
 use gpuplace_core::{ClusterState, Placer, Policy};
 use gpuplace_model::{GpuNeed, GpuTopology, Link, NodeInventory, PcieLevel, Request};
 use proptest::prelude::*;
@@ -43,11 +43,31 @@ fn dgx1(name: &str) -> NodeInventory {
     inv
 }
 
+/// What a placed pod holds (the records candidates borrow from).
+#[derive(Clone, Debug)]
+struct Held {
+    node: usize,
+    request: Request,
+    gpus: Vec<(usize, u32)>,
+    budgets: Vec<usize>,
+}
+
+impl Held {
+    fn holder(&self) -> Holder<'_> {
+        Holder {
+            node: self.node,
+            request: &self.request,
+            gpus: &self.gpus,
+            budgets: self.budgets.clone(),
+        }
+    }
+}
+
 /// Places `request` on `node` with `positions` and returns what it holds.
-fn hold(state: &mut ClusterState, node: usize, request: Request, positions: &[usize]) -> Holder {
+fn hold(state: &mut ClusterState, node: usize, request: Request, positions: &[usize]) -> Held {
     let gpus: Vec<(usize, u32)> = positions.iter().map(|&g| (g, request.gpu_milli)).collect();
     state.apply(node, &request, &gpus).expect("fits");
-    Holder {
+    Held {
         node,
         request,
         gpus,
@@ -55,11 +75,21 @@ fn hold(state: &mut ClusterState, node: usize, request: Request, positions: &[us
     }
 }
 
-fn single(priority: i32, h: Holder) -> Unit {
-    Unit {
-        priority,
-        members: vec![h],
+/// Candidates of units (priority, members), terminating pods and budgets.
+fn cands<'a>(
+    units: &[(i32, Vec<&'a Held>)],
+    freeing: &[&'a Held],
+    budgets: &[i32],
+) -> Candidates<'a> {
+    let mut c = Candidates {
+        budgets: budgets.to_vec(),
+        freeing: freeing.iter().map(|h| h.holder()).collect(),
+        ..Default::default()
+    };
+    for (priority, members) in units {
+        c.push_unit(*priority, members.iter().map(|h| h.holder()));
     }
+    c
 }
 
 #[test]
@@ -67,10 +97,7 @@ fn evicts_the_lowest_priority_pods_it_needs_and_no_more() {
     let mut state = ClusterState::new(vec![node("a")]).unwrap();
     let low = hold(&mut state, 0, gpus(4, 1000), &[0, 1, 2, 3]);
     let mid = hold(&mut state, 0, gpus(4, 1000), &[4, 5, 6, 7]);
-    let candidates = Candidates {
-        units: vec![single(5, mid), single(1, low)],
-        ..Default::default()
-    };
+    let candidates = cands(&[(5, vec![&mid]), (1, vec![&low])], &[], &[]);
     let plan = find(&state, &gpus(4, 1000), &candidates, None, &[]).expect("a plan");
     assert_eq!(
         plan.units,
@@ -99,20 +126,13 @@ fn prefers_the_node_where_no_disruption_budget_is_broken() {
     let mut covered = hold(&mut state, 0, gpus(8, 1000), &[0, 1, 2, 3, 4, 5, 6, 7]);
     covered.budgets = vec![0];
     let free = hold(&mut state, 1, gpus(8, 1000), &[0, 1, 2, 3, 4, 5, 6, 7]);
-    let candidates = Candidates {
-        // The covered pod has the lower priority, but its budget allows no disruption.
-        units: vec![single(1, covered), single(2, free)],
-        budgets: vec![0],
-        ..Default::default()
-    };
+    // The covered pod has the lower priority, but its budget allows no disruption.
+    let candidates = cands(&[(1, vec![&covered]), (2, vec![&free])], &[], &[0]);
     let plan = find(&state, &gpus(8, 1000), &candidates, None, &[]).unwrap();
     assert_eq!((plan.node, plan.units.clone()), (1, vec![1]));
     assert_eq!(plan.cost.budget_violations, 0);
     // With one disruption allowed, the lower priority wins again.
-    let candidates = Candidates {
-        budgets: vec![1],
-        ..candidates
-    };
+    let candidates = cands(&[(1, vec![&covered]), (2, vec![&free])], &[], &[1]);
     let plan = find(&state, &gpus(8, 1000), &candidates, None, &[]).unwrap();
     assert_eq!(plan.node, 0);
 }
@@ -124,16 +144,7 @@ fn a_gang_member_goes_only_with_its_whole_gang_and_counts_as_all_of_them() {
     let m1 = hold(&mut state, 0, gpus(8, 1000), &[0, 1, 2, 3, 4, 5, 6, 7]);
     let m2 = hold(&mut state, 1, gpus(8, 1000), &[0, 1, 2, 3, 4, 5, 6, 7]);
     let lone = hold(&mut state, 2, gpus(8, 1000), &[0, 1, 2, 3, 4, 5, 6, 7]);
-    let candidates = Candidates {
-        units: vec![
-            Unit {
-                priority: 1,
-                members: vec![m1, m2],
-            },
-            single(1, lone),
-        ],
-        ..Default::default()
-    };
+    let candidates = cands(&[(1, vec![&m1, &m2]), (1, vec![&lone])], &[], &[]);
     let plan = find(&state, &gpus(8, 1000), &candidates, None, &[]).unwrap();
     assert_eq!((plan.node, plan.units.clone()), (2, vec![1]));
     // Without the lone pod, the whole gang goes (two victims).
@@ -148,13 +159,11 @@ fn a_topology_requirement_chooses_victims_that_free_a_linked_set() {
     // Eight one-GPU pods; the ones on GPUs 0, 1, 5, 6 have the lowest priority, but no
     // four of 0, 1, 5, 6 are all NVLinked (1-5 and 0-6 are not). GPUs 4-7 are a quad.
     let priorities = [1, 1, 3, 3, 2, 1, 1, 2];
-    let units: Vec<Unit> = (0..8)
-        .map(|g| single(priorities[g], hold(&mut state, 0, gpus(1, 1000), &[g])))
+    let held: Vec<Held> = (0..8)
+        .map(|g| hold(&mut state, 0, gpus(1, 1000), &[g]))
         .collect();
-    let candidates = Candidates {
-        units,
-        ..Default::default()
-    };
+    let units: Vec<(i32, Vec<&Held>)> = (0..8).map(|g| (priorities[g], vec![&held[g]])).collect();
+    let candidates = cands(&units, &[], &[]);
     let mut request = gpus(4, 1000);
     request.need.topology = GpuTopology::Nvlink;
     let plan = find(&state, &request, &candidates, None, &[]).unwrap();
@@ -180,11 +189,7 @@ fn pods_already_terminating_make_room_without_victims() {
     let mut state = ClusterState::new(vec![node("a"), node("b")]).unwrap();
     let going = hold(&mut state, 0, gpus(8, 1000), &[0, 1, 2, 3, 4, 5, 6, 7]);
     let victim = hold(&mut state, 1, gpus(8, 1000), &[0, 1, 2, 3, 4, 5, 6, 7]);
-    let candidates = Candidates {
-        units: vec![single(0, victim)],
-        freeing: vec![going],
-        budgets: vec![],
-    };
+    let candidates = cands(&[(0, vec![&victim])], &[&going], &[]);
     let plan = find(&state, &gpus(8, 1000), &candidates, None, &[]).unwrap();
     assert_eq!(plan.node, 0);
     assert!(plan.units.is_empty());
@@ -207,10 +212,7 @@ fn a_gang_preempts_for_all_its_members_or_not_at_all() {
     let a = hold(&mut state, 0, gpus(8, 1000), &[0, 1, 2, 3, 4, 5, 6, 7]);
     let b = hold(&mut state, 1, gpus(4, 1000), &[0, 1, 2, 3]);
     let c = hold(&mut state, 2, gpus(8, 1000), &[0, 1, 2, 3, 4, 5, 6, 7]);
-    let candidates = Candidates {
-        units: vec![single(1, a), single(1, b), single(9, c)],
-        ..Default::default()
-    };
+    let candidates = cands(&[(1, vec![&a]), (1, vec![&b]), (9, vec![&c])], &[], &[]);
     let mut placer = Placer::new(Policy::BestFit, 1);
     let eight = gpus(8, 1000);
     let four = gpus(4, 1000);
@@ -270,7 +272,7 @@ proptest! {
         let inventories: Vec<NodeInventory> =
             (0..nodes.len()).map(|i| dgx1(&format!("n{i}"))).collect();
         let mut state = ClusterState::new(inventories).unwrap();
-        let mut units = Vec::new();
+        let mut held = Vec::new();
         for (n, pods) in nodes.iter().enumerate() {
             for &(k, milli, priority) in pods {
                 let request = if milli < 1000 { gpus(1, milli) } else { gpus(u32::from(k), 1000) };
@@ -278,10 +280,11 @@ proptest! {
                     let mut m = vec![false; nodes.len()]; m[n] = true; m
                 })) else { continue };
                 let h = hold(&mut state, d.node, request, &d.gpus.iter().map(|&(g, _)| g).collect::<Vec<_>>());
-                units.push(single(priority, h));
+                held.push((priority, h));
             }
         }
-        let candidates = Candidates { units, ..Default::default() };
+        let units: Vec<(i32, Vec<&Held>)> = held.iter().map(|(p, h)| (*p, vec![h])).collect();
+        let candidates = cands(&units, &[], &[]);
         let mut request = gpus(count, 1000);
         if nvlink {
             request.need.topology = GpuTopology::Nvlink;
@@ -294,10 +297,8 @@ proptest! {
             // No plan: then not even evicting everything on a node lets it fit.
             for n in 0..state.len() {
                 let mut s = state.clone();
-                for u in &candidates.units {
-                    for m in u.members.iter().filter(|m| m.node == n) {
-                        s.release(m.node, &m.request, &m.gpus).unwrap();
-                    }
+                for m in candidates.holders.iter().filter(|m| m.node == n) {
+                    s.release(m.node, m.request, m.gpus).unwrap();
                 }
                 prop_assert!(s.fit(n, &request).is_err());
             }
@@ -306,8 +307,8 @@ proptest! {
         let evicted = |spare: Option<usize>| {
             let mut s = state.clone();
             for &u in plan.units.iter().filter(|&&u| Some(u) != spare) {
-                for m in &candidates.units[u].members {
-                    s.release(m.node, &m.request, &m.gpus).unwrap();
+                for m in candidates.members(u) {
+                    s.release(m.node, m.request, m.gpus).unwrap();
                 }
             }
             s

@@ -97,6 +97,8 @@ pub struct Snapshot {
     pub preferring_pods: usize,
     /// Nodes with a `PreferNoSchedule` taint (while there are some, every pod is scored).
     pub soft_taint_nodes: usize,
+    /// Placed pods per priority: a preemptor with nothing below it needs no search.
+    pub priorities: BTreeMap<i32, usize>,
     /// Problems found in objects (malformed annotations); nothing was lost because of them.
     pub warnings: Vec<String>,
 }
@@ -224,6 +226,7 @@ pub fn build(nodes: &[Arc<Node>], pods: &[Arc<PodInfo>], gpu_resource: &str) -> 
         anti_affinity_pods: 0,
         preferring_pods: 0,
         soft_taint_nodes: 0,
+        priorities: BTreeMap::new(),
         warnings,
     };
     snapshot.soft_taint_nodes = snapshot
@@ -257,6 +260,7 @@ impl Snapshot {
         if pod.placement.as_ref().is_some_and(|t| t.scores_others()) {
             self.preferring_pods += 1;
         }
+        *self.priorities.entry(pod.priority).or_default() += 1;
         if let Some(list) = self.placed.get_mut(n) {
             list.push(Arc::clone(pod));
         }
@@ -286,6 +290,9 @@ impl Snapshot {
             if pod.placement.as_ref().is_some_and(|t| t.scores_others()) {
                 self.preferring_pods = self.preferring_pods.saturating_sub(1);
             }
+            if let Some(count) = self.priorities.get_mut(&pod.priority) {
+                *count = count.saturating_sub(1);
+            }
         }
         true
     }
@@ -304,6 +311,11 @@ impl Snapshot {
                 )
             })
             .collect()
+    }
+
+    /// Whether some placed pod has a priority below `priority`.
+    pub fn has_priority_below(&self, priority: i32) -> bool {
+        self.priorities.range(..priority).any(|(_, n)| *n > 0)
     }
 
     /// Node index by name.

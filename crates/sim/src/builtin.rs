@@ -138,6 +138,7 @@ pub fn pods(nodes: &[NodeInventory]) -> Vec<TracePod> {
         requested += request.total_gpu_milli();
         pods.push(TracePod {
             name: format!("builtin-pod-{:05}", pods.len()),
+            priority: 0,
             request,
         });
     }

@@ -5,6 +5,7 @@ pub mod asks;
 pub mod builtin;
 pub mod output;
 mod plot;
+pub mod preemption;
 pub mod replay;
 pub mod report;
 pub mod trace;

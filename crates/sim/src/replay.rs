@@ -72,7 +72,24 @@ pub struct RunResult {
     pub pods_arrived: usize,
     pub pods_placed: usize,
     pub pods_failed: usize,
+    /// With preemption: what it cost (see [`crate::preemption`]).
+    pub preemption: Option<crate::preemption::PreemptionCost>,
+    /// Ticks (arrivals) the replay lasted and the GPU capacity in milli, to scale the cost.
+    pub ticks: u64,
+    pub capacity_milli: u64,
     pub elapsed: Duration,
+}
+
+impl RunResult {
+    /// Work lost to preemption as % of the replay's GPU time (0 without preemption).
+    pub fn work_lost_pct(&self) -> f64 {
+        match self.preemption {
+            Some(c) if self.ticks > 0 && self.capacity_milli > 0 => {
+                100.0 * c.lost as f64 / (self.capacity_milli as f64 * self.ticks as f64)
+            }
+            _ => 0.0,
+        }
+    }
 }
 
 /// Sums of samples per arrived percent.
@@ -172,6 +189,8 @@ pub fn arrival_order(
 pub struct Prepared {
     base: ClusterState,
     workload: Workload,
+    /// A pod that fits nowhere evicts lower-priority pods (`--preempt`).
+    preempt: bool,
 }
 
 impl Prepared {
@@ -193,7 +212,17 @@ impl Prepared {
         }
         let target = TargetWorkload::from_requests(workload.pods.iter().map(|p| &p.request), 0.95);
         base.set_workload(Arc::new(target));
-        Ok(Prepared { base, workload })
+        Ok(Prepared {
+            base,
+            workload,
+            preempt: false,
+        })
+    }
+
+    /// Lets a pod that fits nowhere evict pods of lower priority.
+    pub fn with_preemption(mut self, enabled: bool) -> Self {
+        self.preempt = enabled;
+        self
     }
 
     pub fn workload(&self) -> &Workload {
@@ -231,11 +260,24 @@ impl Prepared {
         let mut buckets = Buckets::new(bucket_count(inflate));
         let mut arrived = 0u64;
         let mut placed = 0usize;
-        for &i in &order {
-            let request = &pods[i].request;
+        let mut ledger = crate::preemption::Ledger::default();
+        for (tick, &i) in order.iter().enumerate() {
+            let (request, priority) = (&pods[i].request, pods[i].priority);
+            let tick = tick as u64;
             arrived += request.total_gpu_milli();
-            if placer.place(&mut state, request).is_ok() {
-                placed += 1;
+            match placer.place(&mut state, request) {
+                Ok(d) => {
+                    placed += 1;
+                    if self.preempt {
+                        ledger.record(d.node, request, &d.gpus, priority, tick);
+                    }
+                }
+                Err(_) if self.preempt => {
+                    if ledger.preempt(&mut state, request, priority, tick) {
+                        placed += 1;
+                    }
+                }
+                Err(_) => {}
             }
             let percent = (arrived * 100 / capacity) as usize;
             let cap = capacity as f64;
@@ -255,6 +297,9 @@ impl Prepared {
             pods_arrived: order.len(),
             pods_placed: placed,
             pods_failed: order.len() - placed,
+            preemption: self.preempt.then_some(ledger.cost),
+            ticks: order.len() as u64,
+            capacity_milli: capacity,
             elapsed: started.elapsed(),
         }
     }

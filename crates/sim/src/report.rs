@@ -61,8 +61,19 @@ pub struct PolicySummary {
     /// Mean fragmentation (% of idle GPU) per arrived %.
     pub fragmentation_idle_curve: Vec<f64>,
     pub pods_failed_mean: f64,
+    /// With preemption: pods and GPUs evicted, and the work lost (% of GPU time), means.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preempted: Option<PreemptedMeans>,
     /// Sum of this policy's run times (seconds of one core).
     pub elapsed_s: f64,
+}
+
+/// What preemption cost a policy, mean over seeds.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct PreemptedMeans {
+    pub pods: f64,
+    pub gpus: f64,
+    pub work_lost_pct: f64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -85,6 +96,9 @@ pub struct Summary {
     /// Topology asked of multi-GPU pods (`--require-topology`, `--prefer-topology`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub topology_asks: Option<String>,
+    /// Preemption (`--preempt`) and where the priorities came from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preemption: Option<String>,
 }
 
 fn point(runs: &[&RunResult], pick: impl Fn(&RunResult) -> Option<f64>) -> Option<Stat> {
@@ -124,6 +138,16 @@ pub fn summarize_policy(policy: Policy, runs: &[&RunResult]) -> PolicySummary {
         fragmentation_curve,
         fragmentation_idle_curve,
         pods_failed_mean: Stat::of(&failed).mean,
+        preempted: runs.iter().any(|r| r.preemption.is_some()).then(|| {
+            let mean = |f: &dyn Fn(&RunResult) -> f64| {
+                Stat::of(&runs.iter().map(|r| f(r)).collect::<Vec<_>>()).mean
+            };
+            PreemptedMeans {
+                pods: mean(&|r| r.preemption.map_or(0.0, |c| c.pods as f64)),
+                gpus: mean(&|r| r.preemption.map_or(0.0, |c| c.gpu_milli as f64 / 1000.0)),
+                work_lost_pct: mean(&|r| r.work_lost_pct()),
+            }
+        }),
         elapsed_s: runs.iter().map(|r| r.elapsed.as_secs_f64()).sum(),
     }
 }
@@ -163,6 +187,9 @@ pub fn table(summary: &Summary) -> String {
     if let Some(asks) = &summary.topology_asks {
         let _ = writeln!(out, "topology: {asks}");
     }
+    if let Some(preemption) = &summary.preemption {
+        let _ = writeln!(out, "preemption: {preemption}");
+    }
     let _ = writeln!(
         out,
         "{:<15} {:>15} {:>15} {:>15} {:>10} {:>9}",
@@ -179,6 +206,22 @@ pub fn table(summary: &Summary) -> String {
             p.pods_failed_mean,
             p.elapsed_s
         );
+    }
+    if summary.policies.iter().any(|p| p.preempted.is_some()) {
+        let _ = writeln!(
+            out,
+            "{:<15} {:>15} {:>15} {:>15}",
+            "policy", "pods preempted", "GPUs preempted", "work lost %"
+        );
+        for p in &summary.policies {
+            if let Some(m) = p.preempted {
+                let _ = writeln!(
+                    out,
+                    "{:<15} {:>15.1} {:>15.1} {:>15.3}",
+                    p.policy, m.pods, m.gpus, m.work_lost_pct
+                );
+            }
+        }
     }
     let _ = writeln!(
         out,

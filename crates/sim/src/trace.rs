@@ -43,6 +43,8 @@ pub enum TraceError {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TracePod {
     pub name: String,
+    /// From the `qos` column (see [`crate::preemption::qos_priority`]); 0 without one.
+    pub priority: i32,
     pub request: Request,
 }
 
@@ -225,6 +227,7 @@ pub fn load_pods(path: &Path) -> Result<Vec<TracePod>, TraceError> {
         table.column("gpu_milli")?,
     );
     let spec = table.optional_column("gpu_spec");
+    let qos = table.optional_column("qos");
     let mut pods = Vec::new();
     table.rows(|row| {
         let gpu_count = row.number(num, "num_gpu", 64)? as u32;
@@ -249,8 +252,14 @@ pub fn load_pods(path: &Path) -> Result<Vec<TracePod>, TraceError> {
         request
             .validate()
             .map_err(|e| row.bad("gpu_milli", &e.to_string()))?;
+        let priority = match qos {
+            Some(i) => crate::preemption::qos_priority(row.text(i, "qos")?)
+                .map_err(|e| row.bad("qos", &e))?,
+            None => 0,
+        };
         pods.push(TracePod {
             name: row.text(name, "name")?.to_string(),
+            priority,
             request,
         });
         Ok(())

@@ -98,8 +98,9 @@ impl<A: ClusterApi> Scheduler<A> {
             snapshot,
             view,
             pod.priority,
-            &|uid| reservations.contains(uid),
+            &|uid| !reservations.is_empty() && reservations.contains(uid),
             &promised,
+            filtered.mask(),
         );
         if cands.units.is_empty() && cands.freeing.is_empty() {
             return Outcome::NoVictims(not_helpful);
@@ -118,8 +119,13 @@ impl<A: ClusterApi> Scheduler<A> {
         let victims: Vec<PodKey> = plan
             .units
             .iter()
-            .flat_map(|&u| keys[u].iter().cloned())
+            .flat_map(|&u| {
+                keys[cands.units[u].members.clone()]
+                    .iter()
+                    .map(|p| p.key.clone())
+            })
             .collect();
+        drop(cands);
         let node = snapshot.state.inventory(plan.node).name.clone();
         let inventory = snapshot.state.inventory(plan.node);
         let nomination = Nomination {
@@ -182,8 +188,9 @@ impl<A: ClusterApi> Scheduler<A> {
             snapshot,
             view,
             priority,
-            &|uid| reservations.contains(uid),
+            &|uid| !reservations.is_empty() && reservations.contains(uid),
             &promised,
+            None,
         );
         let started = std::time::Instant::now();
         // Largest members first; masks from each member's filters, within the domain.
@@ -248,8 +255,13 @@ impl<A: ClusterApi> Scheduler<A> {
         let victims: Vec<PodKey> = plan
             .units
             .iter()
-            .flat_map(|&u| keys[u].iter().cloned())
+            .flat_map(|&u| {
+                keys[cands.units[u].members.clone()]
+                    .iter()
+                    .map(|p| p.key.clone())
+            })
             .collect();
+        drop(cands);
         let mut nominate = Vec::new();
         let mut noms = Vec::new();
         for (&i, (n, gpus)) in order.iter().zip(&plan.placements) {

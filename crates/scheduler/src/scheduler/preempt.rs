@@ -15,7 +15,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use gpuplace_core::preempt::{Candidates, Holder, Unit};
+use gpuplace_core::preempt::{Candidates, Holder};
 use gpuplace_model::Request;
 
 use crate::api::{ClusterApi, ClusterView, PodKey};
@@ -163,37 +163,44 @@ fn apply_hold(snapshot: &mut Snapshot, n: &Nomination) {
     );
 }
 
-/// The candidates for a preemptor of `priority`: units of lower priority (a gang only
-/// when every member is a candidate), pods terminating (free at no cost), the budgets.
-/// `reserved` pods (decided, Binding in flight) and victims already promised to another
-/// preemptor are neither. Returns the candidates and each unit's pods.
-pub fn candidates(
-    snapshot: &Snapshot,
+/// The candidates for a preemptor of `priority` on the nodes `allowed` lets it use: units
+/// of lower priority (a gang only when every member is a candidate), pods of lower
+/// priority already terminating (free at no cost), the budgets. `reserved` pods (decided,
+/// Binding in flight) and victims already promised to another preemptor are neither.
+/// Returns the candidates (borrowing what the state holds) and the pod of each holder.
+pub fn candidates<'a>(
+    snapshot: &'a Snapshot,
     view: &ClusterView,
     priority: i32,
     reserved: &dyn Fn(&str) -> bool,
     promised: &HashSet<&str>,
-) -> (Candidates, Vec<Vec<PodKey>>) {
+    allowed: Option<&[bool]>,
+) -> (Candidates<'a>, Vec<Arc<PodInfo>>) {
+    let mut out = Candidates::default();
+    let mut keys: Vec<Arc<PodInfo>> = Vec::new();
+    if !snapshot.has_priority_below(priority) {
+        return (out, keys);
+    }
     let budgets = crate::budgets::Budgets::new(&view.budgets);
-    let mut out = Candidates {
-        budgets: budgets.allowed(),
-        ..Default::default()
-    };
-    let mut keys: Vec<Vec<PodKey>> = Vec::new();
-    let mut gangs: BTreeMap<(String, String), Option<usize>> = BTreeMap::new();
-    let holder = |pod: &PodInfo, held: &Held| Holder {
+    out.budgets = budgets.allowed();
+    let mut gangs: HashSet<(&str, &str)> = HashSet::new();
+    let holder = |pod: &PodInfo, held: &'a Held| Holder {
         node: held.node,
-        request: held.request.clone(),
-        gpus: held.gpus.clone(),
+        request: &held.request,
+        gpus: &held.gpus,
         budgets: budgets.covering(pod),
     };
-    for list in &snapshot.placed {
-        for pod in list {
+    let skip = |uid: &str| (!promised.is_empty() && promised.contains(uid)) || reserved(uid);
+    for (n, list) in snapshot.placed.iter().enumerate() {
+        if allowed.is_some_and(|m| !m.get(n).copied().unwrap_or(false)) {
+            continue;
+        }
+        for pod in list.iter().filter(|p| p.priority < priority) {
             let uid = pod.key.uid.as_str();
             let Some(held) = snapshot.held.get(uid) else {
                 continue;
             };
-            if promised.contains(uid) || reserved(uid) {
+            if skip(uid) {
                 continue;
             }
             if pod.deleting {
@@ -201,26 +208,20 @@ pub fn candidates(
                 continue;
             }
             match &pod.group {
-                None if pod.priority < priority => {
-                    out.units.push(Unit {
-                        priority: pod.priority,
-                        members: vec![holder(pod, held)],
-                    });
-                    keys.push(vec![pod.key.clone()]);
+                None => {
+                    out.push_unit(pod.priority, [holder(pod, held)]);
+                    keys.push(Arc::clone(pod));
                 }
-                None => {}
                 Some(group) => {
-                    let id = (pod.key.namespace.clone(), group.clone());
-                    if gangs.contains_key(&id) {
+                    if !gangs.insert((pod.key.namespace.as_str(), group.as_str())) {
                         continue;
                     }
-                    let unit =
-                        gang_unit(snapshot, view, &id, priority, reserved, promised, &holder);
-                    gangs.insert(id, unit.as_ref().map(|_| out.units.len()));
-                    if let Some((unit, members)) = unit {
-                        out.units.push(unit);
-                        keys.push(members);
-                    }
+                    let Some(members) = gang_members(snapshot, view, pod, priority, &skip) else {
+                        continue;
+                    };
+                    let top = members.iter().map(|(p, _)| p.priority).max().unwrap_or(0);
+                    out.push_unit(top, members.iter().map(|(p, h)| holder(p, h)));
+                    keys.extend(members.into_iter().map(|(p, _)| p));
                 }
             }
         }
@@ -228,42 +229,27 @@ pub fn candidates(
     (out, keys)
 }
 
-/// A gang as one unit: every active member bound, none terminating, reserved or of the
-/// preemptor's priority or above; else `None` (it cannot be evicted).
-fn gang_unit(
-    snapshot: &Snapshot,
+/// A gang (of `member`) as one unit: every active member bound, none terminating, reserved,
+/// promised or of the preemptor's priority or above; else `None` (it cannot be evicted).
+fn gang_members<'a>(
+    snapshot: &'a Snapshot,
     view: &ClusterView,
-    (namespace, group): &(String, String),
+    member: &PodInfo,
     priority: i32,
-    reserved: &dyn Fn(&str) -> bool,
-    promised: &HashSet<&str>,
-    holder: &dyn Fn(&PodInfo, &Held) -> Holder,
-) -> Option<(Unit, Vec<PodKey>)> {
-    let members: Vec<&Arc<PodInfo>> = view
-        .pods
-        .iter()
-        .filter(|p| {
-            p.key.namespace == *namespace
-                && p.group.as_deref() == Some(group.as_str())
-                && p.is_active_bound()
-        })
-        .collect();
-    let mut unit = Unit {
-        priority: i32::MIN,
-        members: Vec::new(),
-    };
-    let mut keys = Vec::new();
-    for p in members {
+    skip: &dyn Fn(&str) -> bool,
+) -> Option<Vec<(Arc<PodInfo>, &'a Held)>> {
+    let mut out = Vec::new();
+    for p in view.pods.iter().filter(|p| {
+        p.key.namespace == member.key.namespace && p.group == member.group && p.is_active_bound()
+    }) {
         let uid = p.key.uid.as_str();
         let held = snapshot.held.get(uid)?;
-        if p.priority >= priority || p.deleting || reserved(uid) || promised.contains(uid) {
+        if p.priority >= priority || p.deleting || skip(uid) {
             return None;
         }
-        unit.priority = unit.priority.max(p.priority);
-        unit.members.push(holder(p, held));
-        keys.push(p.key.clone());
+        out.push((Arc::clone(p), held));
     }
-    (!unit.members.is_empty()).then_some((unit, keys))
+    (!out.is_empty()).then_some(out)
 }
 
 /// Whether a pod that preempted before (ours, or by `status.nominatedNodeName` after a
