@@ -162,6 +162,9 @@ pub struct Scheduler<A: ClusterApi> {
     /// Pod groups first seen waiting, for their timeout.
     gang_since: HashMap<String, Instant>,
     gang_writes: HashMap<String, GangWrites>,
+    /// The gang of each member whose Binding is in flight (its reservation may be gone by
+    /// the time the outcome is taken: the watch can confirm the pod bound first).
+    gang_of: HashMap<String, String>,
     /// The status last written per pod group: written again only when it changes.
     gang_status: HashMap<String, PodGroupStatus>,
     /// Object problems already logged: each is logged once while it lasts.
@@ -213,6 +216,7 @@ impl<A: ClusterApi> Scheduler<A> {
             last_round: None,
             gang_since: HashMap::new(),
             gang_writes: HashMap::new(),
+            gang_of: HashMap::new(),
             gang_status: HashMap::new(),
             warned: HashSet::new(),
             volumes: Default::default(),

@@ -146,6 +146,10 @@ impl<A: ClusterApi> Scheduler<A> {
             writes.waiting += requests.len() as u32;
             writes.bound = writes.bound.max(bound);
             let attempts = self.config.gang_bind_attempts;
+            for request in &requests {
+                self.gang_of
+                    .insert(request.pod.uid.clone(), gang_id.clone());
+            }
             for request in requests {
                 self.binder.dispatch(request, attempts, true).await;
             }

@@ -332,7 +332,7 @@ impl<A: ClusterApi> Scheduler<A> {
         let WriteOutcome { request, result } = outcome;
         let key: &PodKey = &request.pod;
         self.dirty = true;
-        let gang = self.reservations.get(&key.uid).and_then(|r| r.gang.clone());
+        let gang = self.gang_of.remove(&key.uid);
         match &result {
             Ok(()) => {
                 report.bound += 1;
