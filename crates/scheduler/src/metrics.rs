@@ -32,6 +32,10 @@ pub struct Metrics {
     pub in_flight: Gauge,
     pub reservations: Gauge,
     pub events_dropped: Gauge,
+    /// Pods evicted by preemption.
+    pub preempted: Counter,
+    /// Preemptors waiting for their victims.
+    pub nominated: Gauge,
 }
 
 /// What `/readyz` and `/healthz` answer: ready once the caches are synced (standbys too,
@@ -79,6 +83,8 @@ impl Default for Metrics {
             in_flight: Gauge::default(),
             reservations: Gauge::default(),
             events_dropped: Gauge::default(),
+            preempted: Counter::default(),
+            nominated: Gauge::default(),
         }
     }
 }
@@ -132,6 +138,16 @@ impl Metrics {
             "Events dropped because too many were queued",
             self.events_dropped.clone(),
         );
+        r.register(
+            "preemption_victims",
+            "Pods evicted by preemption",
+            self.preempted.clone(),
+        );
+        r.register(
+            "nominated_pods",
+            "Preemptors waiting for their victims to terminate",
+            self.nominated.clone(),
+        );
     }
 
     /// Records one round.
@@ -147,6 +163,7 @@ impl Metrics {
                 })
                 .inc_by(n as u64);
         }
+        self.preempted.inc_by(report.preempted as u64);
         if report.idle || seconds == 0.0 {
             // An idle look or settled writes: no round to time, no new picture.
             return;
@@ -156,6 +173,7 @@ impl Metrics {
         self.in_flight.set(report.in_flight as i64);
         self.reservations.set(report.reservations as i64);
         self.events_dropped.set(report.events_dropped as i64);
+        self.nominated.set(report.nominated as i64);
         self.gpus_total
             .set((report.gpu_capacity_milli / 1000) as i64);
         self.gpus_allocated

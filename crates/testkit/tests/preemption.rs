@@ -144,11 +144,8 @@ async fn a_high_priority_pod_and_gang_take_exactly_what_their_victims_free() {
             "{name}: only hi8's victims go"
         );
     }
-    let hi8 = cluster.api.pod("ml", "hi8").unwrap();
-    assert_eq!(
-        hi8.status.and_then(|s| s.nominated_node_name).as_deref(),
-        Some(node8.as_str())
-    );
+    // (Its nominatedNodeName is not checked here: a real kubelet's first status write drops
+    // it once the pod runs; the Event below names the nominated node.)
 
     // A gang of four 8-GPU members, priority 1000.
     let mut group = PodGroup::new(
