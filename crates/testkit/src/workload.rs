@@ -255,8 +255,7 @@ pub async fn run(
         report.untrue_records = 0;
         report.overlapping_records = 0;
         check_records(cluster, &mut report);
-        if report.untrue_records + report.overlapping_records == 0 || Instant::now() >= deadline
-        {
+        if report.untrue_records + report.overlapping_records == 0 || Instant::now() >= deadline {
             break;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
