@@ -122,7 +122,7 @@ pub(crate) struct NodeClasses {
     instance: u64,
     consumed: usize,
     workload_generation: u64,
-    ids: HashMap<ClassKey, u32>,
+    ids: HashMap<ClassKey, u32, foldhash::fast::RandomState>,
     of_node: Vec<u32>,
     classes: Vec<Class>,
     free: Vec<u32>,

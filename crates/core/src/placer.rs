@@ -79,7 +79,7 @@ pub struct Placer {
     tie_break: TieBreak,
     seed: u64,
     rng: ChaCha8Rng,
-    shape_ids: HashMap<Shape, u32>,
+    shape_ids: HashMap<Shape, u32, foldhash::fast::RandomState>,
     /// `cache[node][shape]`, valid while the node's version matches.
     cache: Vec<Vec<CachedScore>>,
     scratch: Vec<u32>,
@@ -91,9 +91,13 @@ pub struct Placer {
     /// A weighted sum of policies' scores instead of `policy` alone (empty: `policy`).
     weights: Vec<(Policy, i64)>,
     /// Per request: the best classes found last time, kept true across placements.
-    rankings: HashMap<Request, Ranking>,
+    rankings: HashMap<Request, Ranking, foldhash::fast::RandomState>,
     /// Scratch for the classes touched since a ranking was made.
     touched_ids: Vec<u32>,
+    /// Per class id, the generation in which it was last seen touched (deduplicates the
+    /// touched ids without sorting them).
+    touched_mark: Vec<u32>,
+    touched_gen: u32,
 }
 
 /// Why a set of policy weights is refused.
@@ -122,7 +126,7 @@ impl Placer {
             tie_break: TieBreak::default(),
             seed,
             rng: ChaCha8Rng::seed_from_u64(seed),
-            shape_ids: HashMap::new(),
+            shape_ids: HashMap::default(),
             cache: Vec::new(),
             scratch: Vec::new(),
             cache_enabled: true,
@@ -130,8 +134,10 @@ impl Placer {
                 .with_pod_classes(matches!(policy, Policy::GpuClustering)),
             index_enabled: true,
             weights: Vec::new(),
-            rankings: HashMap::new(),
+            rankings: HashMap::default(),
             touched_ids: Vec::new(),
+            touched_mark: Vec::new(),
+            touched_gen: 0,
         }
     }
 
@@ -326,7 +332,13 @@ impl Placer {
         let best = match allowed {
             None => self.ranked_best(&mut classes, state, request, shape),
             Some(_) => {
-                let (top, _) = self.scan_classes(&mut classes, state, request, allowed, shape, 1);
+                let mut statics = Vec::new();
+                let ask = ranking::Ask {
+                    request,
+                    allowed,
+                    shape,
+                };
+                let (top, _) = self.scan_classes(&mut classes, state, &ask, 1, &mut statics);
                 top.first()
                     .map(|&((score, std::cmp::Reverse(member)), gpu, _)| (score, member, gpu))
             }

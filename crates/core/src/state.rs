@@ -340,6 +340,28 @@ impl ClusterState {
 
     /// [`fit`](Self::fit) on node `n` were it in state `s`.
     pub fn fit_on(&self, n: usize, s: &NodeState, request: &Request) -> Result<(), FitFailure> {
+        self.fit_given(n, s, request, || self.need_static(n, request))
+    }
+
+    /// [`fit`](Self::fit) on node `n` now, with the verdict of
+    /// [`fit_static`](Self::fit_static) given (e.g. remembered per node type): the same
+    /// answer and the same reason as `fit`.
+    pub fn fit_with_static(
+        &self,
+        n: usize,
+        request: &Request,
+        static_verdict: Result<(), FitFailure>,
+    ) -> Result<(), FitFailure> {
+        self.fit_given(n, &self.state[n], request, || static_verdict)
+    }
+
+    fn fit_given(
+        &self,
+        n: usize,
+        s: &NodeState,
+        request: &Request,
+        static_verdict: impl FnOnce() -> Result<(), FitFailure>,
+    ) -> Result<(), FitFailure> {
         if s.cpu_free < request.cpu_milli {
             return Err(FitFailure::InsufficientCpu);
         }
@@ -370,35 +392,57 @@ impl ClusterState {
                 Err(FitFailure::InsufficientGpus)
             };
         }
-        self.fit_need(n, s, request)
+        static_verdict()?;
+        self.need_dynamic(n, s, request)
     }
 
-    /// The checks of a request with requirements: model, memory per GPU, then a set that
-    /// meets the topology requirement among the usable GPUs.
-    fn fit_need(&self, n: usize, s: &NodeState, request: &Request) -> Result<(), FitFailure> {
+    /// The part of a request's requirements that depends on the node's hardware alone (its
+    /// GPU models and memory): the same for every node of one [`node_type`](Self::node_type)
+    /// whatever is free, so callers may remember it per type.
+    pub fn fit_static(&self, n: usize, request: &Request) -> Result<(), FitFailure> {
+        if request.need.is_empty() || request.gpu_count == 0 {
+            return Ok(());
+        }
+        self.need_static(n, request)
+    }
+
+    fn need_static(&self, n: usize, request: &Request) -> Result<(), FitFailure> {
         let gpus = &self.nodes[n].gpus;
         let need = &request.need;
         // Most nodes hold one model: its name is matched once, not once per GPU.
-        let one_model = self.one_model[n];
-        let model_ok = |g: &gpuplace_model::Gpu| one_model || need.allows_model(&g.model);
-        if one_model && gpus.first().is_some_and(|g| !need.allows_model(&g.model)) {
-            return Err(FitFailure::ModelNotAllowed);
+        if self.one_model[n] {
+            return match gpus.first() {
+                Some(g) if !need.allows_model(&g.model) => Err(FitFailure::ModelNotAllowed),
+                _ if !gpus.iter().any(|g| need.allows_memory(g.memory_mib)) => {
+                    Err(FitFailure::GpuMemoryTooSmall)
+                }
+                _ => Ok(()),
+            };
         }
-        if !gpus.iter().any(model_ok) {
+        if !gpus.iter().any(|g| need.allows_model(&g.model)) {
             return Err(FitFailure::ModelNotAllowed);
         }
         if !gpus
             .iter()
-            .any(|g| model_ok(g) && need.allows_memory(g.memory_mib))
+            .any(|g| need.allows_model(&g.model) && need.allows_memory(g.memory_mib))
         {
             return Err(FitFailure::GpuMemoryTooSmall);
         }
+        Ok(())
+    }
+
+    /// Enough usable GPUs (free, allowed, large enough), and a set meeting the topology.
+    fn need_dynamic(&self, n: usize, s: &NodeState, request: &Request) -> Result<(), FitFailure> {
+        let gpus = &self.nodes[n].gpus;
+        let need = &request.need;
+        // On a one-model node the model passed the static check.
+        let one_model = self.one_model[n];
         let count = request.gpu_count as usize;
         let usable = (0..s.gpu_free.len())
             .filter(|&g| {
                 s.gpu_free[g] >= request.gpu_milli
                     && need.allows_memory(gpus[g].memory_mib)
-                    && model_ok(&gpus[g])
+                    && (one_model || need.allows_model(&gpus[g].model))
             })
             .count();
         if usable < count {

@@ -102,6 +102,26 @@ pub fn select(
         let score = links.set_score(&positions);
         return Some(DeviceSet { positions, score });
     }
+    if base.is_empty() && wanted == 1 {
+        // One GPU: every choice scores 0 inside the set, so the exact search keeps the one
+        // with the smallest cut to the others (the first on ties); found directly.
+        let cut = |a: usize| -> u64 {
+            optional
+                .iter()
+                .filter(|&&b| b != a)
+                .map(|&b| u64::from(links.pair(a, b)))
+                .sum()
+        };
+        let pick = optional
+            .iter()
+            .copied()
+            .min_by_key(|&a| (cut(a), a))
+            .unwrap_or_default();
+        return Some(DeviceSet {
+            positions: vec![pick],
+            score: links.set_score(&[pick]),
+        });
+    }
     let pool: Vec<usize> = base.iter().chain(&optional).copied().collect();
     let chosen = if optional.len() <= EXACT_LIMIT {
         exact(links, &base, &optional, wanted)

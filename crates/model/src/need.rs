@@ -98,10 +98,11 @@ pub enum NeedError {
     ModelBothWays(String),
 }
 
+/// Whether `pattern` occurs in `model`, ASCII case ignored (no allocation: fit checks call
+/// it once per node class and decision).
 fn contains_ci(model: &str, pattern: &str) -> bool {
-    model
-        .to_ascii_lowercase()
-        .contains(&pattern.to_ascii_lowercase())
+    let (m, p) = (model.as_bytes(), pattern.as_bytes());
+    p.is_empty() || m.windows(p.len()).any(|w| w.eq_ignore_ascii_case(p))
 }
 
 impl GpuNeed {

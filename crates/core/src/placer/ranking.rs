@@ -24,12 +24,45 @@ pub(super) struct Ranking {
     pos: usize,
     top: Vec<(Standing, u32, u32)>,
     bound: Option<Standing>,
+    /// Per node type, the request's hardware verdict (see [`Statics`]).
+    statics: Statics,
+}
+
+/// A request's verdict per node type on what depends on the hardware alone (GPU models and
+/// memory: [`ClusterState::fit_static`]), `None` until known. Requests without
+/// requirements need none.
+pub(super) type Statics = Vec<Option<Result<(), crate::fit::FitFailure>>>;
+
+/// `request`'s fit on node `n`, its hardware verdict remembered in `statics` per node type.
+pub(super) fn fit_remembered(
+    state: &ClusterState,
+    n: usize,
+    request: &Request,
+    statics: &mut Statics,
+) -> Result<(), crate::fit::FitFailure> {
+    if request.need.is_empty() {
+        return state.fit(n, request);
+    }
+    let t = state.node_type(n) as usize;
+    if statics.len() <= t {
+        statics.resize(t + 1, None);
+    }
+    let verdict = *statics[t].get_or_insert_with(|| state.fit_static(n, request));
+    state.fit_with_static(n, request, verdict)
 }
 
 /// How many of the best classes a ranking keeps after a full pass.
 const RANKED: usize = 16;
 /// Rankings kept at most (one per distinct request).
 const RANKINGS: usize = 4096;
+
+/// What one decision asks of the classes: the request, the nodes allowed (all when
+/// `None`), and the request's shape id for the score cache.
+pub(super) struct Ask<'a> {
+    pub request: &'a Request,
+    pub allowed: Option<&'a [bool]>,
+    pub shape: Option<u32>,
+}
 
 impl Placer {
     /// Class `id`'s standing for `request` and its GPU hint; `None` when it does not fit or
@@ -38,15 +71,15 @@ impl Placer {
         &mut self,
         classes: &mut NodeClasses,
         state: &ClusterState,
-        request: &Request,
-        allowed: Option<&[bool]>,
-        shape: Option<u32>,
+        ask: &Ask<'_>,
         id: u32,
+        statics: &mut Statics,
     ) -> Option<(Standing, u32)> {
+        let (request, allowed, shape) = (ask.request, ask.allowed, ask.shape);
         let class = classes.class(id);
         let &(_, any) = class.members.first()?;
         let representative = any as usize;
-        state.fit(representative, request).ok()?;
+        fit_remembered(state, representative, request, statics).ok()?;
         let member = *match allowed {
             None => class.members.first(),
             Some(mask) => class
@@ -94,11 +127,11 @@ impl Placer {
         &mut self,
         classes: &mut NodeClasses,
         state: &ClusterState,
-        request: &Request,
-        allowed: Option<&[bool]>,
-        shape: Option<u32>,
+        ask: &Ask<'_>,
         keep: usize,
+        statics: &mut Statics,
     ) -> (Vec<(Standing, u32, u32)>, bool) {
+        let request = ask.request;
         let mut top: Vec<(Standing, u32, u32)> = Vec::with_capacity(keep + 1);
         let mut fitting = 0usize;
         for i in 0..classes.live().len() {
@@ -106,9 +139,7 @@ impl Placer {
                 continue;
             }
             let id = classes.live()[i];
-            let Some((standing, gpu)) =
-                self.eval_class(classes, state, request, allowed, shape, id)
-            else {
+            let Some((standing, gpu)) = self.eval_class(classes, state, ask, id, statics) else {
                 continue;
             };
             fitting += 1;
@@ -132,31 +163,55 @@ impl Placer {
         request: &Request,
         shape: Option<u32>,
     ) -> Option<(i64, (u64, u32), u32)> {
+        let ask = Ask {
+            request,
+            allowed: None,
+            shape,
+        };
         let epoch = classes.epoch();
         // The kept key is put back with the ranking: no clone of the request per decision.
         let (key, kept) = match self.rankings.remove_entry(request) {
             Some((key, r)) => (Some(key), Some(r).filter(|r| r.epoch == epoch)),
             None => (None, None),
         };
+        // What the hardware allows does not change: kept even when the ranking is rebuilt.
+        let mut statics = Statics::new();
         let mut ranking = match kept {
             Some(mut r) => {
                 let (touched, end) = classes.touched_since(r.pos);
                 let mut ids = std::mem::take(&mut self.touched_ids);
                 ids.clear();
-                ids.extend_from_slice(touched);
-                ids.sort_unstable();
-                ids.dedup();
+                self.touched_gen = self.touched_gen.wrapping_add(1);
+                if self.touched_gen == 0 {
+                    // Wrapped: forget every mark (0 is never a live generation).
+                    self.touched_mark.iter_mut().for_each(|m| *m = 0);
+                    self.touched_gen = 1;
+                }
+                let generation = self.touched_gen;
+                for &id in touched {
+                    let i = id as usize;
+                    if self.touched_mark.len() <= i {
+                        self.touched_mark.resize(i + 1, 0);
+                    }
+                    if self.touched_mark[i] != generation {
+                        self.touched_mark[i] = generation;
+                        ids.push(id);
+                    }
+                }
                 r.pos = end;
                 let kept = if ids.len() * 4 > classes.live().len() {
+                    statics = std::mem::take(&mut r.statics);
                     None
                 } else {
-                    r.top.retain(|e| ids.binary_search(&e.2).is_err());
+                    let mark = &self.touched_mark;
+                    r.top
+                        .retain(|e| mark.get(e.2 as usize) != Some(&generation));
                     for &id in &ids {
                         if !classes.is_live(id) {
                             continue;
                         }
                         let Some((standing, gpu)) =
-                            self.eval_class(classes, state, request, None, shape, id)
+                            self.eval_class(classes, state, &ask, id, &mut r.statics)
                         else {
                             continue;
                         };
@@ -178,8 +233,9 @@ impl Placer {
             None => None,
         };
         if ranking.is_none() {
-            let (top, complete) = self.scan_classes(classes, state, request, None, shape, RANKED);
+            let (top, complete) = self.scan_classes(classes, state, &ask, RANKED, &mut statics);
             ranking = Some(Ranking {
+                statics,
                 epoch,
                 pos: classes.touched_since(usize::MAX).1,
                 bound: if complete {
@@ -216,6 +272,7 @@ impl Placer {
         if let Some(mask) = allowed {
             why.nodes = why.nodes.min(mask.len());
         }
+        let mut statics = Statics::new();
         for &id in self.classes.live() {
             let class = self.classes.class(id);
             let Some(&(_, any)) = class.members.first() else {
@@ -232,7 +289,7 @@ impl Placer {
             if members == 0 {
                 continue;
             }
-            if let Err(reason) = state.fit(any as usize, request) {
+            if let Err(reason) = fit_remembered(state, any as usize, request, &mut statics) {
                 for _ in 0..members {
                     why.add(reason);
                 }
