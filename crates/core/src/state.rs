@@ -263,11 +263,19 @@ impl ClusterState {
     /// considered, e.g. with preemption victims gone).
     pub fn usable_gpus_on(&self, n: usize, s: &NodeState, request: &Request) -> Vec<usize> {
         let gpus = &self.nodes[n].gpus;
+        let need = &request.need;
+        // A node of one model: its name is matched once, not once per GPU.
+        let one_model = self.one_model[n];
+        let model_ok = one_model && gpus.first().is_none_or(|g| need.allows_model(&g.model));
         (0..s.gpu_free.len())
             .filter(|&g| {
                 s.gpu_free[g] >= request.gpu_milli
-                    && request.need.allows_memory(gpus[g].memory_mib)
-                    && request.need.allows_model(&gpus[g].model)
+                    && need.allows_memory(gpus[g].memory_mib)
+                    && if one_model {
+                        model_ok
+                    } else {
+                        need.allows_model(&gpus[g].model)
+                    }
             })
             .collect()
     }
