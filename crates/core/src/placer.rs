@@ -2,6 +2,7 @@
 //! (seeded), then choose the exact GPUs on the winner.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use gpuplace_model::{DeviceShare, Placement, Request};
 use rand::{RngExt, SeedableRng};
@@ -91,7 +92,12 @@ pub struct Placer {
     /// A weighted sum of policies' scores instead of `policy` alone (empty: `policy`).
     weights: Vec<(Policy, i64)>,
     /// Per request: the best classes found last time, kept true across placements.
-    rankings: HashMap<Request, Ranking, foldhash::fast::RandomState>,
+    rankings: HashMap<(Request, Option<Arc<[u64]>>), Ranking, foldhash::fast::RandomState>,
+    /// Per request with hardware-only requirements (models, memory): the same request
+    /// without them and the node types they allow, when they allow every GPU of a type or
+    /// none (`None` otherwise); for the state instance `reduced_for`.
+    reduced: HashMap<Request, Option<(Request, Arc<[u64]>)>, foldhash::fast::RandomState>,
+    reduced_for: u64,
     /// Scratch for the classes touched since a ranking was made.
     touched_ids: Vec<u32>,
     /// Per class id, the generation in which it was last seen touched (deduplicates the
@@ -135,6 +141,8 @@ impl Placer {
             index_enabled: true,
             weights: Vec::new(),
             rankings: HashMap::default(),
+            reduced: HashMap::default(),
+            reduced_for: 0,
             touched_ids: Vec::new(),
             touched_mark: Vec::new(),
             touched_gen: 0,
@@ -330,13 +338,21 @@ impl Placer {
             _ => None,
         };
         let best = match allowed {
-            None => self.ranked_best(&mut classes, state, request, shape),
+            None => match self.reduce(state, request) {
+                // Requests that differ only in which node types their requirements allow
+                // share one ranking, with the unconstrained request's evaluation.
+                Some((plain, types)) => {
+                    self.ranked_best(&mut classes, state, &plain, shape, Some(&types))
+                }
+                None => self.ranked_best(&mut classes, state, request, shape, None),
+            },
             Some(_) => {
                 let mut statics = Vec::new();
                 let ask = ranking::Ask {
                     request,
                     allowed,
                     shape,
+                    types: None,
                 };
                 let (top, _) = self.scan_classes(&mut classes, state, &ask, 1, &mut statics);
                 top.first()
@@ -359,6 +375,66 @@ impl Placer {
             gpu
         };
         Some((score, n, gpu))
+    }
+
+    /// `request` as the same request without its requirements plus the node types they
+    /// allow, when its requirements are about hardware alone (models, memory; no topology)
+    /// and allow either every GPU of a node type or none: then it fits and scores on every
+    /// node exactly as the unconstrained request does on the allowed types.
+    fn reduce(&mut self, state: &ClusterState, request: &Request) -> Option<(Request, Arc<[u64]>)> {
+        let need = &request.need;
+        if need.is_empty()
+            || request.gpu_count == 0
+            || need.topology != gpuplace_model::GpuTopology::Any
+            || need.prefer != gpuplace_model::GpuTopology::Any
+        {
+            return None;
+        }
+        if self.reduced_for != state.instance() {
+            self.reduced.clear();
+            self.reduced_for = state.instance();
+        }
+        if let Some(hit) = self.reduced.get(request) {
+            return hit.clone();
+        }
+        let mut verdict: Vec<u8> = Vec::new();
+        let mut mixed = false;
+        for n in 0..state.len() {
+            let t = state.node_type(n) as usize;
+            if verdict.len() <= t {
+                verdict.resize(t + 1, 0);
+            }
+            if verdict[t] != 0 {
+                continue;
+            }
+            let gpus = &state.inventory(n).gpus;
+            let ok = |g: &gpuplace_model::Gpu| {
+                need.allows_model(&g.model) && need.allows_memory(g.memory_mib)
+            };
+            let allowed = gpus.iter().filter(|g| ok(g)).count();
+            if allowed != 0 && allowed != gpus.len() {
+                mixed = true;
+                break;
+            }
+            // A node without GPUs fails a GPU request either way.
+            verdict[t] = if allowed == gpus.len() { 1 } else { 2 };
+        }
+        let out = (!mixed).then(|| {
+            let mut types = vec![0u64; verdict.len().div_ceil(64)];
+            for (t, v) in verdict.iter().enumerate() {
+                if *v == 1 {
+                    types[t / 64] |= 1 << (t % 64);
+                }
+            }
+            let mut plain = request.clone();
+            plain.need = Default::default();
+            (plain, Arc::from(types))
+        });
+        if self.reduced.len() >= 4096 {
+            self.reduced.clear();
+        }
+        self.reduced.insert(request.clone(), out.clone());
+        out
     }
 
     fn shape_id(&mut self, request: &Request) -> Option<u32> {

@@ -62,6 +62,16 @@ pub(super) struct Ask<'a> {
     pub request: &'a Request,
     pub allowed: Option<&'a [bool]>,
     pub shape: Option<u32>,
+    /// Node types allowed (a bit per type), for a request whose requirements were reduced
+    /// to the node types they allow (see `Placer::reduce`); `None`: every type.
+    pub types: Option<&'a [u64]>,
+}
+
+/// Whether node type `t` is in `types`.
+pub(super) fn type_allowed(types: &[u64], t: u32) -> bool {
+    types
+        .get(t as usize / 64)
+        .is_some_and(|w| w & (1 << (t % 64)) != 0)
 }
 
 impl Placer {
@@ -79,6 +89,12 @@ impl Placer {
         let class = classes.class(id);
         let &(_, any) = class.members.first()?;
         let representative = any as usize;
+        if ask
+            .types
+            .is_some_and(|types| !type_allowed(types, state.node_type(representative)))
+        {
+            return None;
+        }
         fit_remembered(state, representative, request, statics).ok()?;
         let member = *match allowed {
             None => class.members.first(),
@@ -162,17 +178,21 @@ impl Placer {
         state: &ClusterState,
         request: &Request,
         shape: Option<u32>,
+        types: Option<&std::sync::Arc<[u64]>>,
     ) -> Option<(i64, (u64, u32), u32)> {
         let ask = Ask {
             request,
             allowed: None,
             shape,
+            types: types.map(|t| &t[..]),
         };
         let epoch = classes.epoch();
-        // The kept key is put back with the ranking: no clone of the request per decision.
-        let (key, kept) = match self.rankings.remove_entry(request) {
-            Some((key, r)) => (Some(key), Some(r).filter(|r| r.epoch == epoch)),
-            None => (None, None),
+        // The kept key is put back with the ranking (requests without requirements clone
+        // no heap data).
+        let key = (request.clone(), types.cloned());
+        let (key, kept) = match self.rankings.remove_entry(&key) {
+            Some((key, r)) => (key, Some(r).filter(|r| r.epoch == epoch)),
+            None => (key, None),
         };
         // What the hardware allows does not change: kept even when the ranking is rebuilt.
         let mut statics = Statics::new();
@@ -254,8 +274,7 @@ impl Placer {
         if self.rankings.len() >= RANKINGS {
             self.rankings.clear();
         }
-        self.rankings
-            .insert(key.unwrap_or_else(|| request.clone()), ranking);
+        self.rankings.insert(key, ranking);
         best
     }
 
