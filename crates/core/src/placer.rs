@@ -74,6 +74,13 @@ pub enum TieBreak {
     Uniform,
 }
 
+/// A request without its hardware-only requirements and the node types they allow (a bit
+/// per type).
+type Reduced = (Request, Arc<[u64]>);
+
+/// A ranking's key: the request, and the node types allowed when it was reduced.
+type RankKey = (Request, Option<Arc<[u64]>>);
+
 /// Places requests on a [`ClusterState`] with one policy and a seeded tie-break.
 pub struct Placer {
     policy: Policy,
@@ -92,11 +99,11 @@ pub struct Placer {
     /// A weighted sum of policies' scores instead of `policy` alone (empty: `policy`).
     weights: Vec<(Policy, i64)>,
     /// Per request: the best classes found last time, kept true across placements.
-    rankings: HashMap<(Request, Option<Arc<[u64]>>), Ranking, foldhash::fast::RandomState>,
+    rankings: HashMap<RankKey, Ranking, foldhash::fast::RandomState>,
     /// Per request with hardware-only requirements (models, memory): the same request
     /// without them and the node types they allow, when they allow every GPU of a type or
     /// none (`None` otherwise); for the state instance `reduced_for`.
-    reduced: HashMap<Request, Option<(Request, Arc<[u64]>)>, foldhash::fast::RandomState>,
+    reduced: HashMap<Request, Option<Reduced>, foldhash::fast::RandomState>,
     reduced_for: u64,
     /// Scratch for the classes touched since a ranking was made.
     touched_ids: Vec<u32>,
@@ -377,66 +384,6 @@ impl Placer {
         Some((score, n, gpu))
     }
 
-    /// `request` as the same request without its requirements plus the node types they
-    /// allow, when its requirements are about hardware alone (models, memory; no topology)
-    /// and allow either every GPU of a node type or none: then it fits and scores on every
-    /// node exactly as the unconstrained request does on the allowed types.
-    fn reduce(&mut self, state: &ClusterState, request: &Request) -> Option<(Request, Arc<[u64]>)> {
-        let need = &request.need;
-        if need.is_empty()
-            || request.gpu_count == 0
-            || need.topology != gpuplace_model::GpuTopology::Any
-            || need.prefer != gpuplace_model::GpuTopology::Any
-        {
-            return None;
-        }
-        if self.reduced_for != state.instance() {
-            self.reduced.clear();
-            self.reduced_for = state.instance();
-        }
-        if let Some(hit) = self.reduced.get(request) {
-            return hit.clone();
-        }
-        let mut verdict: Vec<u8> = Vec::new();
-        let mut mixed = false;
-        for n in 0..state.len() {
-            let t = state.node_type(n) as usize;
-            if verdict.len() <= t {
-                verdict.resize(t + 1, 0);
-            }
-            if verdict[t] != 0 {
-                continue;
-            }
-            let gpus = &state.inventory(n).gpus;
-            let ok = |g: &gpuplace_model::Gpu| {
-                need.allows_model(&g.model) && need.allows_memory(g.memory_mib)
-            };
-            let allowed = gpus.iter().filter(|g| ok(g)).count();
-            if allowed != 0 && allowed != gpus.len() {
-                mixed = true;
-                break;
-            }
-            // A node without GPUs fails a GPU request either way.
-            verdict[t] = if allowed == gpus.len() { 1 } else { 2 };
-        }
-        let out = (!mixed).then(|| {
-            let mut types = vec![0u64; verdict.len().div_ceil(64)];
-            for (t, v) in verdict.iter().enumerate() {
-                if *v == 1 {
-                    types[t / 64] |= 1 << (t % 64);
-                }
-            }
-            let mut plain = request.clone();
-            plain.need = Default::default();
-            (plain, Arc::from(types))
-        });
-        if self.reduced.len() >= 4096 {
-            self.reduced.clear();
-        }
-        self.reduced.insert(request.clone(), out.clone());
-        out
-    }
-
     fn shape_id(&mut self, request: &Request) -> Option<u32> {
         let next = self.shape_ids.len() as u32;
         let id = *self.shape_ids.entry(Shape::of(request)).or_insert(next);
@@ -539,148 +486,4 @@ mod ranking;
 mod scores;
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::TargetWorkload;
-    use gpuplace_model::NodeInventory;
-    use std::sync::Arc;
-
-    fn req(cpu: u64, count: u32, milli: u32) -> Request {
-        Request {
-            cpu_milli: cpu,
-            memory_mib: 0,
-            gpu_count: count,
-            gpu_milli: milli,
-            allowed_models: vec![],
-            need: Default::default(),
-        }
-    }
-
-    #[test]
-    fn fgd_prefers_the_gpu_that_leaves_no_fragment() {
-        let mut state =
-            ClusterState::new(vec![NodeInventory::uniform("a", 64_000, 1024, 2, "T4")]).unwrap();
-        // Half the pods want half a GPU, half want a whole one.
-        let workload = TargetWorkload::from_requests(&[req(1000, 1, 500), req(1000, 1, 1000)], 1.0);
-        state.set_workload(Arc::new(workload));
-        state.apply(0, &req(0, 1, 500), &[(1, 500)]).unwrap();
-        let mut placer = Placer::new(Policy::Fgd, 1);
-        let d = placer.place(&mut state, &req(1000, 1, 500)).unwrap();
-        // Taking the half-used GPU 1 leaves GPU 0 whole for the whole-GPU shape.
-        assert_eq!(d.gpus, vec![(1, 500)]);
-        assert!(d.score > 50);
-        assert_eq!(state.total_frag(), 0.0);
-    }
-
-    #[test]
-    fn node_order_ties_pack_and_uniform_ties_spread() {
-        let nodes: Vec<NodeInventory> = (0..16)
-            .map(|i| NodeInventory::uniform(&format!("n{i}"), 64_000, 1024, 0, ""))
-            .collect();
-        let tiny = req(100, 0, 0);
-        let used_nodes = |tie_break| {
-            let mut state = ClusterState::new(nodes.clone()).unwrap();
-            let mut placer = Placer::new(Policy::GpuPacking, 3).with_tie_break(tie_break);
-            let mut used: Vec<usize> = (0..8)
-                .map(|_| placer.place(&mut state, &tiny).unwrap().node)
-                .collect();
-            used.sort_unstable();
-            used.dedup();
-            used.len()
-        };
-        // GPU packing scores CPU-only pods 0 everywhere: every node ties.
-        assert_eq!(used_nodes(TieBreak::NodeOrder), 1);
-        assert!(used_nodes(TieBreak::Uniform) > 1);
-        // The order depends on the seed.
-        let mut firsts: Vec<usize> = (0..8)
-            .map(|seed| {
-                let mut state = ClusterState::new(nodes.clone()).unwrap();
-                Placer::new(Policy::GpuPacking, seed)
-                    .place(&mut state, &tiny)
-                    .unwrap()
-                    .node
-            })
-            .collect();
-        firsts.dedup();
-        assert!(firsts.len() > 1);
-    }
-
-    #[test]
-    fn unschedulable_counts_reasons() {
-        let mut state = ClusterState::new(vec![
-            NodeInventory::uniform("a", 1000, 1024, 1, "T4"),
-            NodeInventory::uniform("b", 64_000, 1024, 1, "T4"),
-        ])
-        .unwrap();
-        let mut placer = Placer::new(Policy::BestFit, 1);
-        let err = placer.place(&mut state, &req(2000, 2, 1000)).unwrap_err();
-        assert_eq!(
-            err.message("nvidia.com/gpu"),
-            "0/2 nodes are available: 1 Insufficient cpu, 1 Insufficient nvidia.com/gpu."
-        );
-    }
-
-    #[test]
-    fn weights_mix_policies_and_bad_weights_are_refused() {
-        let nodes = vec![
-            NodeInventory::uniform("busy", 64_000, 1024, 4, "T4"),
-            NodeInventory::uniform("idle", 64_000, 1024, 4, "T4"),
-        ];
-        let mut state = ClusterState::new(nodes).unwrap();
-        state
-            .apply(0, &req(1000, 2, 1000), &[(0, 1000), (1, 1000)])
-            .unwrap();
-        // Binpack alone joins the busy node; spread weighted higher moves to the idle one.
-        let one = req(1000, 1, 1000);
-        let packed = Placer::new(Policy::Binpack, 1)
-            .choose(&state, &one, None)
-            .unwrap();
-        assert_eq!(packed.node, 0);
-        let mut mixed = Placer::new(Policy::Binpack, 1)
-            .with_weights(&[(Policy::Binpack, 1), (Policy::Spread, 3)])
-            .unwrap();
-        assert_eq!(mixed.choose(&state, &one, None).unwrap().node, 1);
-        let err = |w: &[(Policy, i64)]| {
-            Placer::new(Policy::Fgd, 1)
-                .with_weights(w)
-                .err()
-                .map(|e| e.to_string())
-        };
-        assert!(
-            err(&[(Policy::Random, 1)])
-                .unwrap()
-                .contains("cannot be weighted")
-        );
-        assert!(
-            err(&[(Policy::Fgd, 0)])
-                .unwrap()
-                .contains("between 1 and 100")
-        );
-        assert!(
-            err(&[(Policy::Fgd, 1), (Policy::Fgd, 2)])
-                .unwrap()
-                .contains("twice")
-        );
-    }
-
-    #[test]
-    fn mask_limits_the_candidates() {
-        let mut state = ClusterState::new(vec![
-            NodeInventory::uniform("a", 8000, 1024, 1, "T4"),
-            NodeInventory::uniform("b", 8000, 1024, 1, "T4"),
-        ])
-        .unwrap();
-        let mut placer = Placer::new(Policy::FirstFit, 1);
-        let d = placer
-            .choose(&state, &req(1, 1, 1000), Some(&[false, true]))
-            .unwrap();
-        assert_eq!(d.node, 1);
-        assert_eq!(d.to_placement(&state).devices[0].id, "b-gpu0");
-        state.apply(1, &req(1, 1, 1000), &d.gpus).unwrap();
-        assert!(
-            placer
-                .choose(&state, &req(1, 1, 1000), Some(&[false, true]))
-                .is_err()
-        );
-    }
-}
+mod tests;

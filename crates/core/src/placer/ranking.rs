@@ -317,3 +317,69 @@ impl Placer {
         why
     }
 }
+
+impl Placer {
+    /// `request` as the same request without its requirements plus the node types they
+    /// allow, when its requirements are about hardware alone (models, memory; no topology)
+    /// and allow either every GPU of a node type or none: then it fits and scores on every
+    /// node exactly as the unconstrained request does on the allowed types.
+    pub(super) fn reduce(
+        &mut self,
+        state: &ClusterState,
+        request: &Request,
+    ) -> Option<super::Reduced> {
+        let need = &request.need;
+        if need.is_empty()
+            || request.gpu_count == 0
+            || need.topology != gpuplace_model::GpuTopology::Any
+            || need.prefer != gpuplace_model::GpuTopology::Any
+        {
+            return None;
+        }
+        if self.reduced_for != state.instance() {
+            self.reduced.clear();
+            self.reduced_for = state.instance();
+        }
+        if let Some(hit) = self.reduced.get(request) {
+            return hit.clone();
+        }
+        let mut verdict: Vec<u8> = Vec::new();
+        let mut mixed = false;
+        for n in 0..state.len() {
+            let t = state.node_type(n) as usize;
+            if verdict.len() <= t {
+                verdict.resize(t + 1, 0);
+            }
+            if verdict[t] != 0 {
+                continue;
+            }
+            let gpus = &state.inventory(n).gpus;
+            let ok = |g: &gpuplace_model::Gpu| {
+                need.allows_model(&g.model) && need.allows_memory(g.memory_mib)
+            };
+            let allowed = gpus.iter().filter(|g| ok(g)).count();
+            if allowed != 0 && allowed != gpus.len() {
+                mixed = true;
+                break;
+            }
+            // A node without GPUs fails a GPU request either way.
+            verdict[t] = if allowed == gpus.len() { 1 } else { 2 };
+        }
+        let out = (!mixed).then(|| {
+            let mut types = vec![0u64; verdict.len().div_ceil(64)];
+            for (t, v) in verdict.iter().enumerate() {
+                if *v == 1 {
+                    types[t / 64] |= 1 << (t % 64);
+                }
+            }
+            let mut plain = request.clone();
+            plain.need = Default::default();
+            (plain, std::sync::Arc::from(types))
+        });
+        if self.reduced.len() >= 4096 {
+            self.reduced.clear();
+        }
+        self.reduced.insert(request.clone(), out.clone());
+        out
+    }
+}
