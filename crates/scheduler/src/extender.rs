@@ -339,7 +339,10 @@ impl<A: ClusterApi> Extender<A> {
                     }
                 })?;
             let policy = self.config.policy.to_string();
-            let (reservation, request) = reserve(snapshot, &pod, &demand, &decision, &policy, None);
+            let (mut reservation, request) =
+                reserve(snapshot, &pod, &demand, &decision, &policy, None);
+            // kube-scheduler sent the pod: the lagging watch may not have shown it yet.
+            reservation.seen = false;
             inner.reservations.assume(reservation);
             request
         };

@@ -24,6 +24,22 @@ pub struct Reservation {
     pub gang: Option<String>,
     /// The Binding was written (it succeeded); the reservation now only waits for the watch.
     pub written: bool,
+    /// The view has shown the pod since the reservation was made. The extender reserves
+    /// pods kube-scheduler sent, which a lagging watch may not have shown yet: their absence
+    /// from the view means "not seen yet", not "deleted".
+    pub seen: bool,
+    pub made: std::time::Instant,
+}
+
+/// A written reservation whose pod the view never showed is given up after this long (the
+/// pod was deleted before the watch delivered it).
+const UNSEEN_FOR: std::time::Duration = std::time::Duration::from_secs(120);
+
+impl Reservation {
+    /// Whether its pod's absence from the view means it is gone after the write.
+    fn gone(&self) -> bool {
+        self.written && (self.seen || self.made.elapsed() > UNSEEN_FOR)
+    }
 }
 
 /// Reservations by pod UID.
@@ -86,7 +102,11 @@ impl Reservations {
                 .filter(|p| p.key.uid == *uid);
             match seen {
                 Some(p) if p.node_name.is_some() => false,
-                None if r.written => {
+                Some(_) => {
+                    r.seen = true;
+                    true
+                }
+                None if r.gone() => {
                     snapshot.release(uid);
                     false
                 }
@@ -108,9 +128,10 @@ impl Reservations {
                 // Confirmed: the state built from the view accounts it.
                 Some(p) if p.node_name.is_some() => false,
                 // Deleted after the Binding: nothing to hold any more.
-                None if r.written => false,
-                // Pending in the view (watch lag), or the write still in flight.
+                None if r.gone() => false,
+                // Pending in the view (watch lag), not shown yet, or the write in flight.
                 _ => {
+                    r.seen |= seen.is_some();
                     if apply(snapshot, uid, r, seen) {
                         true
                     } else {
@@ -211,6 +232,9 @@ pub fn reserve(
         extended: demand.extended.clone(),
         gang,
         written: false,
+        // The scheduler's loop decides pods from the view; the extender says otherwise.
+        seen: true,
+        made: std::time::Instant::now(),
     };
     if !apply(snapshot, &pod.key.uid, &reservation, Some(pod)) {
         tracing::warn!(pod = %pod.key, "a decision could not be reserved");
