@@ -51,6 +51,46 @@ impl Outcome {
     }
 }
 
+/// The pods of `units` (whole gangs included).
+fn victims_of(
+    cands: &preempt::Candidates<'_>,
+    keys: &[Arc<PodInfo>],
+    units: &[usize],
+) -> Vec<PodKey> {
+    units
+        .iter()
+        .flat_map(|&u| {
+            keys[cands.units[u].members.clone()]
+                .iter()
+                .map(|p| p.key.clone())
+        })
+        .collect()
+}
+
+/// What `pod` will take on node `n` once `victims` are gone.
+fn nomination(
+    snapshot: &Snapshot,
+    pod: &PodInfo,
+    demand: &crate::demand::PodDemand,
+    n: usize,
+    gpus: &[(usize, u32)],
+    victims: &[PodKey],
+) -> Nomination {
+    let inventory = snapshot.state.inventory(n);
+    Nomination {
+        key: pod.key.clone(),
+        priority: pod.priority,
+        node: inventory.name.clone(),
+        request: demand.request.clone(),
+        gpus: gpus
+            .iter()
+            .map(|&(g, m)| (inventory.gpus[g].id.clone(), m))
+            .collect(),
+        extended: demand.extended.clone(),
+        victims: victims.to_vec(),
+    }
+}
+
 impl<A: ClusterApi> Scheduler<A> {
     /// The node of each pod among `units`' members, for the victims' Events.
     fn nodes_of(snapshot: &Snapshot, keys: &[&PodKey]) -> HashMap<String, String> {
@@ -116,31 +156,10 @@ impl<A: ClusterApi> Scheduler<A> {
         let Some(plan) = plan else {
             return Outcome::NoVictims(not_helpful);
         };
-        let victims: Vec<PodKey> = plan
-            .units
-            .iter()
-            .flat_map(|&u| {
-                keys[cands.units[u].members.clone()]
-                    .iter()
-                    .map(|p| p.key.clone())
-            })
-            .collect();
+        let victims = victims_of(&cands, &keys, &plan.units);
         drop(cands);
         let node = snapshot.state.inventory(plan.node).name.clone();
-        let inventory = snapshot.state.inventory(plan.node);
-        let nomination = Nomination {
-            key: pod.key.clone(),
-            priority: pod.priority,
-            node: node.clone(),
-            request: demand.request.clone(),
-            gpus: plan
-                .gpus
-                .iter()
-                .map(|&(g, m)| (inventory.gpus[g].id.clone(), m))
-                .collect(),
-            extended: demand.extended.clone(),
-            victims: victims.clone(),
-        };
+        let nomination = nomination(snapshot, pod, &demand, plan.node, &plan.gpus, &victims);
         let where_ = Self::nodes_of(snapshot, &victims.iter().collect::<Vec<_>>());
         let evicted = self
             .carry_out(
@@ -252,36 +271,16 @@ impl<A: ClusterApi> Scheduler<A> {
         let Some((plan, order)) = best else {
             return Outcome::NoVictims(not_helpful);
         };
-        let victims: Vec<PodKey> = plan
-            .units
-            .iter()
-            .flat_map(|&u| {
-                keys[cands.units[u].members.clone()]
-                    .iter()
-                    .map(|p| p.key.clone())
-            })
-            .collect();
+        let victims = victims_of(&cands, &keys, &plan.units);
         drop(cands);
         let mut nominate = Vec::new();
         let mut noms = Vec::new();
         for (&i, (n, gpus)) in order.iter().zip(&plan.placements) {
             let (pod, _) = &members[i];
             let Some(d) = demand(i) else { continue };
-            let inventory = snapshot.state.inventory(*n);
-            let node = inventory.name.clone();
-            nominate.push((pod.key.clone(), node.clone()));
-            noms.push(Nomination {
-                key: pod.key.clone(),
-                priority: pod.priority,
-                node,
-                request: d.request.clone(),
-                gpus: gpus
-                    .iter()
-                    .map(|&(g, m)| (inventory.gpus[g].id.clone(), m))
-                    .collect(),
-                extended: d.extended.clone(),
-                victims: victims.clone(),
-            });
+            let node = snapshot.state.inventory(*n).name.clone();
+            nominate.push((pod.key.clone(), node));
+            noms.push(nomination(snapshot, pod, d, *n, gpus, &victims));
         }
         let where_ = Self::nodes_of(snapshot, &victims.iter().collect::<Vec<_>>());
         let by = &members[order[0]].0.key;
