@@ -4,8 +4,11 @@
 
 use gpuplace_core::preempt::{Candidates, Holder, find, find_for_all};
 use gpuplace_core::{ClusterState, Placer, Policy};
-use gpuplace_model::{GpuNeed, GpuTopology, Link, NodeInventory, PcieLevel, Request};
+use gpuplace_model::{GpuNeed, GpuTopology, NodeInventory, Request};
 use proptest::prelude::*;
+
+mod common;
+use common::dgx1;
 
 fn gpus(count: u32, milli: u32) -> Request {
     Request {
@@ -20,27 +23,6 @@ fn gpus(count: u32, milli: u32) -> Request {
 
 fn node(name: &str) -> NodeInventory {
     NodeInventory::uniform(name, 64_000, 1 << 18, 8, "A100")
-}
-
-/// DGX-1 (V100) hybrid cube mesh: GPUs 0-3 and 4-7 fully NVLinked, plus i <-> i+4.
-fn dgx1(name: &str) -> NodeInventory {
-    let mut inv = NodeInventory::uniform(name, 80_000, 1 << 19, 8, "V100");
-    for a in 0..8u32 {
-        for b in a + 1..8 {
-            let linked = (a / 4 == b / 4) || b == a + 4;
-            inv.links.push(Link {
-                a,
-                b,
-                nvlinks: u32::from(linked),
-                pcie: if a / 4 == b / 4 {
-                    PcieLevel::SameCpu
-                } else {
-                    PcieLevel::CrossCpu
-                },
-            });
-        }
-    }
-    inv
 }
 
 /// What a placed pod holds (the records candidates borrow from).

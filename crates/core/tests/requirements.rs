@@ -7,6 +7,9 @@ use gpuplace_core::{ClusterState, FitFailure, Placer, Policy};
 use gpuplace_model::{GpuNeed, GpuTopology, Link, NodeInventory, PcieLevel, Request};
 use proptest::prelude::*;
 
+mod common;
+use common::dgx1;
+
 const LEVELS: [PcieLevel; 6] = [
     PcieLevel::CrossCpu,
     PcieLevel::SameCpu,
@@ -168,27 +171,6 @@ proptest! {
     }
 }
 
-/// DGX-1 (V100) hybrid cube mesh: GPUs 0-3 and 4-7 fully NVLinked, plus i <-> i+4.
-fn dgx1() -> NodeInventory {
-    let mut inv = NodeInventory::uniform("dgx", 80_000, 1 << 19, 8, "Tesla-V100-SXM2-32GB");
-    for a in 0..8u32 {
-        for b in a + 1..8 {
-            let linked = (a / 4 == b / 4) || b == a + 4;
-            inv.links.push(Link {
-                a,
-                b,
-                nvlinks: u32::from(linked),
-                pcie: if a / 4 == b / 4 {
-                    PcieLevel::SameCpu
-                } else {
-                    PcieLevel::CrossCpu
-                },
-            });
-        }
-    }
-    inv
-}
-
 #[test]
 fn a_four_gpu_nvlink_pod_gets_a_fully_linked_quad_or_an_exact_reason() {
     let nvlink4 = Request {
@@ -201,7 +183,7 @@ fn a_four_gpu_nvlink_pod_gets_a_fully_linked_quad_or_an_exact_reason() {
         },
         ..Default::default()
     };
-    let mut state = ClusterState::new(vec![dgx1()]).unwrap();
+    let mut state = ClusterState::new(vec![dgx1("dgx")]).unwrap();
     let mut placer = Placer::new(Policy::Fgd, 1);
     let d = placer.place(&mut state, &nvlink4).unwrap();
     assert_eq!(
@@ -210,7 +192,7 @@ fn a_four_gpu_nvlink_pod_gets_a_fully_linked_quad_or_an_exact_reason() {
     );
 
     // GPUs 0 and 5 taken: six are free but no quad is fully linked.
-    let mut state = ClusterState::new(vec![dgx1()]).unwrap();
+    let mut state = ClusterState::new(vec![dgx1("dgx")]).unwrap();
     let one = Request {
         cpu_milli: 1000,
         gpu_count: 1,
