@@ -71,10 +71,12 @@ pub(crate) struct FitSummary {
     /// The largest free milli per GPU, descending (the first eight GPUs' worth).
     top: [u32; 8],
     gpus: usize,
+    /// Time-slicing replicas of the class's nodes (a one-GPU pod takes one replica).
+    replicas: u32,
 }
 
 impl FitSummary {
-    fn of(key: &ClassKey) -> Self {
+    fn of(key: &ClassKey, replicas: u32) -> Self {
         let mut free = key.gpu_free.clone();
         free.sort_unstable_by(|a, b| b.cmp(a));
         let mut top = [0; 8];
@@ -86,6 +88,7 @@ impl FitSummary {
             memory_free: key.memory_free,
             top,
             gpus: free.len(),
+            replicas,
         }
     }
 
@@ -99,6 +102,9 @@ impl FitSummary {
             0 => true,
             _ if count > self.gpus => false,
             _ if count > self.top.len() => true,
+            1 if self.replicas > 1 && request.gpu_milli == gpuplace_model::MILLI_PER_GPU => {
+                self.top[0] >= gpuplace_model::MILLI_PER_GPU / self.replicas
+            }
             _ => self.top[count - 1] >= request.gpu_milli,
         }
     }
@@ -198,7 +204,8 @@ impl NodeClasses {
             ..NodeClasses::default()
         };
         for n in 0..state.len() {
-            let class = self.join(ClassKey::of(state, n, self.with_pods), n, rank(n));
+            let replicas = state.inventory(n).replicas;
+            let class = self.join(ClassKey::of(state, n, self.with_pods), n, rank(n), replicas);
             self.of_node.push(class);
         }
     }
@@ -220,11 +227,11 @@ impl NodeClasses {
         if emptied {
             self.retire(old);
         }
-        self.of_node[n] = self.join(key, n, r);
+        self.of_node[n] = self.join(key, n, r, state.inventory(n).replicas);
         self.touched.push(self.of_node[n]);
     }
 
-    fn join(&mut self, key: ClassKey, n: usize, rank: u64) -> u32 {
+    fn join(&mut self, key: ClassKey, n: usize, rank: u64, replicas: u32) -> u32 {
         let id = match self.ids.get(&key) {
             Some(&id) => id,
             None => {
@@ -245,7 +252,7 @@ impl NodeClasses {
                     }
                 };
                 self.live.push(id);
-                self.summaries.push(FitSummary::of(&key));
+                self.summaries.push(FitSummary::of(&key, replicas));
                 self.ids.insert(key, id);
                 id
             }

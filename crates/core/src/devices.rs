@@ -33,6 +33,7 @@ pub(crate) fn choose_gpus_on(
     request: &Request,
     hint: u32,
 ) -> Vec<(usize, u32)> {
+    let request = &*state.effective(n, request);
     if request.gpu_count == 0 {
         return Vec::new();
     }

@@ -13,6 +13,7 @@ mod node_state;
 mod placer;
 mod policy;
 pub mod preempt;
+pub mod replicas;
 pub mod require;
 mod state;
 pub mod topology;

@@ -198,6 +198,7 @@ impl Placer {
 
     /// The weighted score of node `n`, with the GPU hint of the FGD term if there is one.
     fn weighted_score(&mut self, state: &ClusterState, n: usize, request: &Request) -> (i64, u32) {
+        let request = &*state.effective(n, request);
         let mut total = 0;
         let mut hint = None;
         for i in 0..self.weights.len() {
@@ -421,6 +422,7 @@ impl Placer {
 
     /// FGD score of node `n` and, for a fractional request, the best GPU position.
     fn fgd_score(&mut self, state: &ClusterState, n: usize, request: &Request) -> (i64, u32) {
+        let request = &*state.effective(n, request);
         let Some(workload) = state.workload() else {
             return (0, first_fitting(state.node(n), request.gpu_milli) as u32);
         };

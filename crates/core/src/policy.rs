@@ -179,6 +179,7 @@ pub(crate) fn simple_score(
     state: &NodeState,
     request: &Request,
 ) -> i64 {
+    let request = &*crate::replicas::effective_on(node, request);
     match policy {
         Policy::FirstFit => -(n as i64),
         Policy::BestFit => ((1.0 - leftover_after(state, request)) * 100.0) as i64,

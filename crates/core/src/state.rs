@@ -1,5 +1,6 @@
 //! What is free on every node, updated one placement at a time.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,6 +60,7 @@ impl Clone for InstanceId {
 struct NodeTypeKey {
     cpu_milli: u64,
     memory_mib: u64,
+    replicas: u32,
     gpus: Vec<(String, u64, u32)>,
     links: Vec<u32>,
 }
@@ -149,6 +151,7 @@ impl ClusterState {
                 let key = NodeTypeKey {
                     cpu_milli: node.cpu_milli,
                     memory_mib: node.memory_mib,
+                    replicas: node.replicas,
                     gpus: node
                         .gpus
                         .iter()
@@ -253,6 +256,14 @@ impl ClusterState {
         &self.rules[n]
     }
 
+    /// What `request` takes on node `n`: itself, except on a node whose GPUs are
+    /// time-sliced into replicas, where one whole GPU is one replica, a share of
+    /// ⌊1000 / replicas⌋ milli of one GPU (NVIDIA's time-slicing, with gpuplace packing the
+    /// replicas). Every per-node decision (fit, scores, the GPUs chosen) goes through it.
+    pub fn effective<'r>(&self, n: usize, request: &'r Request) -> Cow<'r, Request> {
+        crate::replicas::effective_on(&self.nodes[n], request)
+    }
+
     /// Positions of node `n`'s GPUs that `request` may use right now: enough free milli,
     /// and the model and memory its requirements allow.
     pub fn usable_gpus(&self, n: usize, request: &Request) -> Vec<usize> {
@@ -262,6 +273,7 @@ impl ClusterState {
     /// [`usable_gpus`](Self::usable_gpus) of node `n` were it in state `s` (a state being
     /// considered, e.g. with preemption victims gone).
     pub fn usable_gpus_on(&self, n: usize, s: &NodeState, request: &Request) -> Vec<usize> {
+        let request = &*self.effective(n, request);
         let gpus = &self.nodes[n].gpus;
         let need = &request.need;
         // A node of one model: its name is matched once, not once per GPU.
@@ -370,6 +382,7 @@ impl ClusterState {
         request: &Request,
         static_verdict: impl FnOnce() -> Result<(), FitFailure>,
     ) -> Result<(), FitFailure> {
+        let request = &*self.effective(n, request);
         if s.cpu_free < request.cpu_milli {
             return Err(FitFailure::InsufficientCpu);
         }

@@ -119,8 +119,36 @@ impl Allocated {
 pub struct ContainerNeed {
     pub name: String,
     pub kind: ContainerKind,
-    /// Devices of the resource it asks for.
+    /// Devices of the resource it asks for (1 for a share).
     pub count: u32,
+    /// Milli-GPU of one GPU it asks for as a share (the resource [`SHARE_RESOURCE`]);
+    /// 0 for whole devices.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub milli: u32,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
+}
+
+/// The extended resource a share of one GPU is asked with, in milli-GPU
+/// (`gpuplace.io/gpu-milli: 250`); the device plugin advertises 1000 slices per GPU.
+pub const SHARE_RESOURCE: &str = "gpuplace.io/gpu-milli";
+
+impl ContainerNeed {
+    /// Whether it asks for a share of one GPU rather than whole devices.
+    pub fn is_share(&self) -> bool {
+        self.milli > 0
+    }
+
+    /// How many devices the kubelet allocates it: slices for a share, else whole devices.
+    pub fn kubelet_size(&self) -> usize {
+        if self.is_share() {
+            self.milli as usize
+        } else {
+            self.count as usize
+        }
+    }
 }
 
 /// How many distinct devices the kubelet gives a pod whose device-using containers are
@@ -179,6 +207,11 @@ pub fn plan_containers(
                 pool.retain(|p| !mine.iter().any(|m| m.id == p.id));
             }
         }
+        if c.is_share() {
+            for d in &mut mine {
+                d.milli = c.milli;
+            }
+        }
         out.push(ContainerAssignment {
             name: c.name.clone(),
             devices: mine,
@@ -196,6 +229,7 @@ mod tests {
             name: name.into(),
             kind,
             count,
+            milli: 0,
         }
     }
 

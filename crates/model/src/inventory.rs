@@ -124,6 +124,19 @@ pub struct NodeInventory {
     pub links: Vec<Link>,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// Time-slicing replicas per GPU its device plugin advertises (NVIDIA's time-slicing):
+    /// a pod asking one whole GPU gets one replica, a share of ⌊1000 / replicas⌋ milli of
+    /// one GPU. 1 without time-slicing.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub replicas: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(v: &u32) -> bool {
+    *v == 1
 }
 
 /// Why an inventory is not acceptable.
@@ -145,6 +158,8 @@ pub enum InventoryError {
     UnknownLinkEnd { a: u32, b: u32 },
     #[error("link {0}-{0} joins a gpu to itself")]
     SelfLink(u32),
+    #[error("replicas must be between 1 and 64, got {0}")]
+    BadReplicas(u32),
     #[error("link {a}-{b} is listed more than once")]
     DuplicateLink { a: u32, b: u32 },
 }
@@ -168,6 +183,9 @@ impl NodeInventory {
     pub fn validate(&self) -> Result<(), InventoryError> {
         if self.name.is_empty() {
             return Err(InventoryError::EmptyName);
+        }
+        if !(1..=64).contains(&self.replicas) {
+            return Err(InventoryError::BadReplicas(self.replicas));
         }
         let mut indexes = std::collections::BTreeSet::new();
         let mut ids = std::collections::BTreeSet::new();
@@ -234,6 +252,7 @@ impl NodeInventory {
             cpu_milli,
             memory_mib,
             gpus,
+            replicas: 1,
             links: Vec::new(),
             labels: BTreeMap::new(),
         }

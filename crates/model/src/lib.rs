@@ -11,7 +11,8 @@ mod request;
 
 pub use assignment::{
     ALLOCATED_ANNOTATION, ASSIGNMENT_ANNOTATION, Allocated, AnnotationError, Assignment,
-    ContainerAssignment, ContainerKind, ContainerNeed, fresh_devices, plan_containers,
+    ContainerAssignment, ContainerKind, ContainerNeed, SHARE_RESOURCE, fresh_devices,
+    plan_containers,
 };
 pub use inventory::{Gpu, INVENTORY_ANNOTATION, InventoryError, Link, NodeInventory, PcieLevel};
 pub use need::{GpuNeed, GpuTopology, NeedError, UnknownTopology};
