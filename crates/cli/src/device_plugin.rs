@@ -45,6 +45,10 @@ pub struct DevicePluginArgs {
     /// Time-slicing: advertise each GPU this many times as <uuid>::<n> [default: 1].
     #[arg(long, env = "GPUPLACE_REPLICAS")]
     replicas: Option<u32>,
+    /// Also advertise GPU shares as gpuplace.io/gpu-milli, 1000 slices per GPU
+    /// [default: true, false with --replicas above 1].
+    #[arg(long, env = "GPUPLACE_SHARES")]
+    shares: Option<bool>,
     /// Name devices to the runtime by uuid or index [default: uuid].
     #[arg(long, env = "GPUPLACE_DEVICE_ID_STRATEGY")]
     device_id_strategy: Option<DeviceIdStrategy>,
@@ -100,6 +104,7 @@ impl DevicePluginArgs {
             inventory: self.inventory.clone(),
             node_name: self.node_name.clone(),
             replicas: self.replicas,
+            shares: self.shares,
             device_id_strategy: self.device_id_strategy,
             device_list_strategy: self.device_list_strategy,
             cdi_kind: self.cdi_kind.clone(),
@@ -222,7 +227,7 @@ async fn serve(config: Arc<gpuplace_deviceplugin::Config>) -> anyhow::Result<()>
             config.replicas,
         )));
     }
-    let tables = service::device_tables(inventory, config.replicas, metrics.clone());
+    let tables = service::device_tables(inventory, config.replicas, config.shares, metrics.clone());
     let handshake = match (&client, config.handshake) {
         (Some(client), true) => {
             let pods = NodePods::new(&config.resource, &config.node_name);

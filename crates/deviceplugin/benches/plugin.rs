@@ -68,7 +68,7 @@ async fn run() {
     );
     let backend = FakeBackend::start(&inv, "bench", Duration::from_millis(200)).expect("backend");
     let metrics = Metrics::default();
-    let tables = device_tables(backend.watch(), 1, metrics.clone());
+    let tables = device_tables(backend.watch(), 1, false, metrics.clone());
     let task = tokio::spawn(plugin::run(
         config,
         tables,

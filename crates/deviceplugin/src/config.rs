@@ -87,6 +87,8 @@ pub struct Settings {
     pub inventory: Option<PathBuf>,
     pub node_name: Option<String>,
     pub replicas: Option<u32>,
+    /// Also advertise GPU shares (`gpuplace.io/gpu-milli`, 1000 slices per GPU).
+    pub shares: Option<bool>,
     pub device_id_strategy: Option<DeviceIdStrategy>,
     pub device_list_strategy: Option<DeviceListStrategy>,
     pub cdi_kind: Option<String>,
@@ -120,6 +122,10 @@ pub enum ConfigError {
     BadResource(String),
     #[error("replicas must be between 1 and 64, got {0}")]
     BadReplicas(u32),
+    #[error(
+        "shares (gpuplace.io/gpu-milli) and time-slicing replicas ({0}) cannot be combined: the kubelet would count one GPU three ways; choose one"
+    )]
+    SharesWithReplicas(u32),
     #[error("the fake backend needs an inventory file (--inventory)")]
     MissingInventory,
     #[error("poll interval must be between 50 and 60000 ms, got {0}")]
@@ -138,6 +144,8 @@ pub struct Config {
     /// This node's name; empty when not given (then nothing is published or watched).
     pub node_name: String,
     pub replicas: u32,
+    /// Shares are advertised as a second resource, [`gpuplace_model::SHARE_RESOURCE`].
+    pub shares: bool,
     pub device_id_strategy: DeviceIdStrategy,
     pub device_list_strategy: DeviceListStrategy,
     pub cdi_kind: String,
@@ -187,6 +195,7 @@ impl Settings {
             inventory: self.inventory.or(lower.inventory),
             node_name: self.node_name.or(lower.node_name),
             replicas: self.replicas.or(lower.replicas),
+            shares: self.shares.or(lower.shares),
             device_id_strategy: self.device_id_strategy.or(lower.device_id_strategy),
             device_list_strategy: self.device_list_strategy.or(lower.device_list_strategy),
             cdi_kind: self.cdi_kind.or(lower.cdi_kind),
@@ -218,6 +227,15 @@ impl Settings {
         if !(1..=64).contains(&replicas) {
             return Err(ConfigError::BadReplicas(replicas));
         }
+        // Shares are on by default, but not beside time-slicing replicas.
+        let shares = match self.shares {
+            Some(true) if replicas > 1 => return Err(ConfigError::SharesWithReplicas(replicas)),
+            Some(on) => on,
+            None => replicas == 1,
+        };
+        if shares && resource == gpuplace_model::SHARE_RESOURCE {
+            return Err(ConfigError::BadResource(resource));
+        }
         let backend = self.backend.unwrap_or(BackendKind::Nvml);
         if backend == BackendKind::Fake && self.inventory.is_none() {
             return Err(ConfigError::MissingInventory);
@@ -244,6 +262,7 @@ impl Settings {
                 .or_else(|| std::env::var("NODE_NAME").ok())
                 .unwrap_or_default(),
             replicas,
+            shares,
             device_id_strategy: self.device_id_strategy.unwrap_or(DeviceIdStrategy::Uuid),
             device_list_strategy: self
                 .device_list_strategy

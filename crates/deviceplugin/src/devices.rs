@@ -1,7 +1,10 @@
 //! The devices the plugin advertises, and the way back from a device ID to a physical GPU.
 //!
 //! With time-slicing replicas each GPU is advertised `replicas` times as `<uuid>::<n>`;
-//! without, as its UUID. Every decision about device IDs goes through [`DeviceTable`].
+//! without, as its UUID. With shares on, each GPU is also advertised as 1000 slices
+//! `<uuid>::m<k>` of the share resource (`gpuplace.io/gpu-milli`): a pod asking 250 milli
+//! gets 250 slices of one GPU, and the kubelet counts them. Every decision about device IDs
+//! goes through [`DeviceTable`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,6 +16,14 @@ use gpuplace_model::{Gpu, NodeInventory};
 
 /// Separator between a GPU's UUID and its replica number.
 pub const REPLICA_SEPARATOR: &str = "::";
+/// Separator between a GPU's UUID and its slice number (milli-GPU shares).
+pub const SLICE_SEPARATOR: &str = "::m";
+
+/// The GPU ID of a share slice's device ID (`GPU-0::m17` -> `GPU-0`), `None` for others.
+pub fn slice_gpu(id: &str) -> Option<&str> {
+    let (gpu, k) = id.rsplit_once(SLICE_SEPARATOR)?;
+    (!k.is_empty() && k.bytes().all(|b| b.is_ascii_digit())).then_some(gpu)
+}
 
 /// One advertised device.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -21,6 +32,8 @@ pub struct Advertised {
     /// Position of the physical GPU in the inventory.
     pub gpu: usize,
     pub replica: u32,
+    /// A milli-GPU slice of the share resource, not a whole device.
+    pub slice: bool,
 }
 
 /// A device ID the plugin refuses, with the reason.
@@ -34,6 +47,8 @@ pub enum DeviceIdError {
     Unhealthy(String),
     #[error("no device IDs in the request")]
     Empty,
+    #[error("device {0:?} belongs to the other resource (whole GPUs vs. milli-GPU slices)")]
+    WrongResource(String),
 }
 
 /// Why a preferred allocation cannot be computed.
@@ -56,10 +71,17 @@ pub struct DeviceTable {
     devices: Vec<Advertised>,
     by_id: HashMap<String, usize>,
     links: LinkMatrix,
+    /// Where the slices start in `devices` (all of them when shares are off).
+    first_slice: usize,
 }
 
 impl DeviceTable {
     pub fn new(inventory: Arc<NodeInventory>, replicas: u32) -> Self {
+        Self::with_shares(inventory, replicas, false)
+    }
+
+    /// The table, with 1000 slices per GPU of the share resource when `shares` is on.
+    pub fn with_shares(inventory: Arc<NodeInventory>, replicas: u32, shares: bool) -> Self {
         let mut devices = Vec::new();
         for (gpu, g) in inventory.gpus.iter().enumerate() {
             if replicas <= 1 {
@@ -67,6 +89,7 @@ impl DeviceTable {
                     id: g.id.clone(),
                     gpu,
                     replica: 0,
+                    slice: false,
                 });
             } else {
                 for replica in 0..replicas {
@@ -74,6 +97,20 @@ impl DeviceTable {
                         id: format!("{}{REPLICA_SEPARATOR}{replica}", g.id),
                         gpu,
                         replica,
+                        slice: false,
+                    });
+                }
+            }
+        }
+        let first_slice = devices.len();
+        if shares {
+            for (gpu, g) in inventory.gpus.iter().enumerate() {
+                for k in 0..gpuplace_model::MILLI_PER_GPU {
+                    devices.push(Advertised {
+                        id: format!("{}{SLICE_SEPARATOR}{k}", g.id),
+                        gpu,
+                        replica: 0,
+                        slice: true,
                     });
                 }
             }
@@ -89,7 +126,13 @@ impl DeviceTable {
             devices,
             by_id,
             links,
+            first_slice,
         }
+    }
+
+    /// Whether the share resource is advertised.
+    pub fn shares(&self) -> bool {
+        self.first_slice < self.devices.len()
     }
 
     pub fn inventory(&self) -> &NodeInventory {
@@ -100,9 +143,23 @@ impl DeviceTable {
         &self.inventory.gpus[position]
     }
 
-    /// The ListAndWatch view: every device with health and NUMA node.
+    /// The ListAndWatch view of whole devices (or replicas): health and NUMA node.
     pub fn list(&self) -> Vec<Device> {
-        self.devices
+        self.list_of(false)
+    }
+
+    /// The ListAndWatch view of the share resource's slices (empty when shares are off).
+    pub fn list_slices(&self) -> Vec<Device> {
+        self.list_of(true)
+    }
+
+    fn list_of(&self, slices: bool) -> Vec<Device> {
+        let range = if slices {
+            self.first_slice..self.devices.len()
+        } else {
+            0..self.first_slice
+        };
+        self.devices[range]
             .iter()
             .map(|d| {
                 let gpu = self.gpu(d.gpu);
@@ -147,6 +204,142 @@ impl DeviceTable {
         Ok(out)
     }
 
+    /// [`resolve`](Self::resolve), every ID also of the resource served: slices when
+    /// `slices`, else whole devices.
+    pub fn resolve_kind(
+        &self,
+        ids: &[String],
+        need_healthy: bool,
+        slices: bool,
+    ) -> Result<Vec<&Advertised>, DeviceIdError> {
+        let devices = self.resolve(ids, need_healthy)?;
+        if let Some(d) = devices.iter().find(|d| d.slice != slices) {
+            return Err(DeviceIdError::WrongResource(d.id.clone()));
+        }
+        Ok(devices)
+    }
+
+    /// Milli-GPU in use per GPU (inventory order) when `in_use` are the device IDs held by
+    /// pods: a whole device (or replica) counts 1000, a slice 1. Unknown IDs are skipped.
+    pub fn usage<'a>(&self, in_use: impl IntoIterator<Item = &'a str>) -> Vec<u32> {
+        let mut whole = vec![false; self.inventory.gpus.len()];
+        let mut slices = vec![0u32; self.inventory.gpus.len()];
+        let mut seen = std::collections::HashSet::new();
+        for id in in_use {
+            let Some(d) = self.by_id.get(id).map(|&i| &self.devices[i]) else {
+                continue;
+            };
+            if !seen.insert(id) {
+                continue;
+            }
+            if d.slice {
+                slices[d.gpu] += 1;
+            } else {
+                whole[d.gpu] = true;
+            }
+        }
+        whole
+            .iter()
+            .zip(&slices)
+            .map(|(&w, &s)| {
+                if w {
+                    gpuplace_model::MILLI_PER_GPU + s
+                } else {
+                    s
+                }
+            })
+            .collect()
+    }
+
+    /// `size` slices of one GPU for a share, from the kubelet's `available` slices,
+    /// including `must_include` (slices reused from an init container, which fix the GPU).
+    /// The GPU is `planned` (a GPU ID) when the kubelet offers enough of its slices: the
+    /// scheduler's plan is trusted, since it counts every pod the node's record shows and
+    /// the plugin's own view of other pods may lag. Otherwise (no plan, or its slices still
+    /// held) the fullest healthy GPU with room by `usage` (milli held by pods, see
+    /// [`usage`](Self::usage)): no whole use, and the share within 1000 (packing).
+    /// Returns the IDs and whether the choice had room (`false`: no GPU had; the kubelet's
+    /// own choice would not either, and the record will say what was given).
+    pub fn slices_for(
+        &self,
+        available: &[String],
+        must_include: &[String],
+        size: i64,
+        usage: &[u32],
+        planned: Option<&str>,
+    ) -> Result<(Vec<String>, bool), PreferenceError> {
+        let available = self.resolve_kind(available, false, true)?;
+        let must = if must_include.is_empty() {
+            Vec::new()
+        } else {
+            self.resolve_kind(must_include, false, true)?
+        };
+        let wanted = usize::try_from(size).unwrap_or(0);
+        if wanted < 1 || wanted > available.len() + must.len() {
+            return Err(PreferenceError::Size {
+                size,
+                available: available.len(),
+            });
+        }
+        if must.len() > wanted {
+            return Err(PreferenceError::MustExceedsSize {
+                must: must.len(),
+                size: wanted,
+            });
+        }
+        let rest = wanted - must.len();
+        let mut free = vec![0usize; self.inventory.gpus.len()];
+        for d in &available {
+            if !must.iter().any(|m| m.id == d.id) {
+                free[d.gpu] += 1;
+            }
+        }
+        let room = |g: usize| {
+            let used = usage.get(g).copied().unwrap_or(0) as usize;
+            used + rest <= gpuplace_model::MILLI_PER_GPU as usize && free[g] >= rest
+        };
+        let must_gpu = must.first().map(|m| m.gpu);
+        let planned_gpu =
+            planned.and_then(|id| self.inventory.gpus.iter().position(|g| g.id == id));
+        let healthy = |g: usize| self.gpu(g).healthy;
+        let fullest = (0..free.len())
+            .filter(|&g| healthy(g) && room(g))
+            .max_by_key(|&g| (usage.get(g).copied().unwrap_or(0), std::cmp::Reverse(g)));
+        let (gpu, fits) = match (must_gpu, planned_gpu) {
+            (Some(g), _) => (g, room(g)),
+            (None, Some(g)) if healthy(g) && free[g] >= rest => (g, true),
+            _ => match fullest {
+                Some(g) => (g, true),
+                // No GPU has room: the one with the most free slices (kubelet-like).
+                None => match (0..free.len())
+                    .filter(|&g| free[g] >= rest)
+                    .max_by_key(|&g| free[g])
+                {
+                    Some(g) => (g, false),
+                    None => (0, false),
+                },
+            },
+        };
+        let mut ids: Vec<String> = must.iter().map(|d| d.id.clone()).collect();
+        ids.extend(
+            available
+                .iter()
+                .filter(|d| d.gpu == gpu && !must.iter().any(|m| m.id == d.id))
+                .take(rest)
+                .map(|d| d.id.clone()),
+        );
+        // Too few on that GPU (only when nothing fits): top up from any GPU.
+        for d in &available {
+            if ids.len() >= wanted {
+                break;
+            }
+            if !ids.contains(&d.id) {
+                ids.push(d.id.clone());
+            }
+        }
+        Ok((ids, fits))
+    }
+
     /// Distinct physical GPUs behind `devices`, in first-seen order.
     pub fn physical(&self, devices: &[&Advertised]) -> Vec<usize> {
         let mut gpus: Vec<usize> = Vec::new();
@@ -174,8 +367,9 @@ impl DeviceTable {
         available: &[String],
         must_include: &[String],
         size: i64,
+        usage: &[u32],
     ) -> Result<Vec<String>, PreferenceError> {
-        let offered = self.resolve(available, false)?;
+        let offered = self.resolve_kind(available, false, false)?;
         let mut chosen: Vec<&Advertised> = if must_include.is_empty() {
             Vec::new()
         } else {
@@ -200,7 +394,8 @@ impl DeviceTable {
         if ids.len() >= wanted {
             return Ok(ids);
         }
-        self.preferred(available, &ids, size).map(|(ids, _)| ids)
+        self.preferred_avoiding(available, &ids, size, usage)
+            .map(|(ids, _)| ids)
     }
 
     /// The best `size` device IDs from `available`, including all of `must_include`.
@@ -215,7 +410,19 @@ impl DeviceTable {
         must_include: &[String],
         size: i64,
     ) -> Result<(Vec<String>, u64), PreferenceError> {
-        let available = self.resolve(available, false)?;
+        self.preferred_avoiding(available, must_include, size, &[])
+    }
+
+    /// [`preferred`](Self::preferred) without the GPUs whose `usage` is not 0 (shares in
+    /// use: a GPU with a share is never handed out whole), unless too few GPUs are left.
+    pub fn preferred_avoiding(
+        &self,
+        available: &[String],
+        must_include: &[String],
+        size: i64,
+        usage: &[u32],
+    ) -> Result<(Vec<String>, u64), PreferenceError> {
+        let available = self.resolve_kind(available, false, false)?;
         let must = if must_include.is_empty() {
             Vec::new()
         } else {
@@ -241,11 +448,19 @@ impl DeviceTable {
             return Err(PreferenceError::MustNotAvailable(missing.id.clone()));
         }
         let must_gpus = self.physical(&must);
-        let candidate_gpus: Vec<usize> = self
+        let busy = |g: usize| usage.get(g).is_some_and(|&u| u > 0) && !must_gpus.contains(&g);
+        let mut candidate_gpus: Vec<usize> = self
             .physical(&available)
             .into_iter()
-            .filter(|&g| self.gpu(g).healthy || must_gpus.contains(&g))
+            .filter(|&g| (self.gpu(g).healthy || must_gpus.contains(&g)) && !busy(g))
             .collect();
+        if candidate_gpus.len() < size {
+            candidate_gpus.extend(
+                self.physical(&available)
+                    .into_iter()
+                    .filter(|&g| self.gpu(g).healthy && busy(g)),
+            );
+        }
         let wanted = size.min(candidate_gpus.len()).max(must_gpus.len());
         let set = topology::select(&self.links, &candidate_gpus, &must_gpus, wanted)
             .unwrap_or_else(|| topology::DeviceSet {
@@ -287,118 +502,4 @@ impl DeviceTable {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use gpuplace_model::{Link, PcieLevel};
-
-    fn four() -> Arc<NodeInventory> {
-        let mut node = NodeInventory::uniform("n", 1, 1, 4, "A100");
-        for (i, g) in node.gpus.iter_mut().enumerate() {
-            g.id = format!("GPU-{i}");
-            g.uuid = g.id.clone();
-            g.numa_node = Some(i as u32 / 2);
-        }
-        for a in 0..4u32 {
-            for b in a + 1..4 {
-                let pair = a / 2 == b / 2;
-                node.links.push(Link {
-                    a,
-                    b,
-                    nvlinks: if pair { 4 } else { 0 },
-                    pcie: if pair {
-                        PcieLevel::SameCpu
-                    } else {
-                        PcieLevel::CrossCpu
-                    },
-                });
-            }
-        }
-        Arc::new(node)
-    }
-
-    fn ids(v: &[&str]) -> Vec<String> {
-        v.iter().map(|s| s.to_string()).collect()
-    }
-
-    #[test]
-    fn replicas_are_advertised_and_map_back() {
-        let table = DeviceTable::new(four(), 2);
-        let list = table.list();
-        assert_eq!(list.len(), 8);
-        assert_eq!(list[1].id, "GPU-0::1");
-        assert_eq!(list[2].topology.as_ref().unwrap().nodes[0].id, 0);
-        let devices = table
-            .resolve(&ids(&["GPU-0::1", "GPU-0::0", "GPU-3::0"]), true)
-            .unwrap();
-        assert_eq!(table.physical(&devices), vec![0, 3]);
-    }
-
-    #[test]
-    fn bad_ids_are_named() {
-        let mut inv = (*four()).clone();
-        inv.gpus[2].healthy = false;
-        let table = DeviceTable::new(Arc::new(inv), 1);
-        assert_eq!(
-            table
-                .resolve(&ids(&["GPU-9"]), true)
-                .unwrap_err()
-                .to_string(),
-            "unknown device ID \"GPU-9\""
-        );
-        assert_eq!(
-            table.resolve(&ids(&["GPU-0", "GPU-0"]), true).unwrap_err(),
-            DeviceIdError::Duplicate("GPU-0".into())
-        );
-        assert_eq!(
-            table.resolve(&ids(&["GPU-2"]), true).unwrap_err(),
-            DeviceIdError::Unhealthy("GPU-2".into())
-        );
-        assert_eq!(table.resolve(&[], true).unwrap_err(), DeviceIdError::Empty);
-    }
-
-    #[test]
-    fn preferred_keeps_pairs_and_honours_must_include() {
-        let table = DeviceTable::new(four(), 1);
-        let all = ids(&["GPU-0", "GPU-1", "GPU-2", "GPU-3"]);
-        let (set, score) = table.preferred(&all, &[], 2).unwrap();
-        assert_eq!(set, ids(&["GPU-0", "GPU-1"]));
-        assert_eq!(score, 420);
-        let (set, _) = table.preferred(&all, &ids(&["GPU-3"]), 2).unwrap();
-        assert_eq!(set, ids(&["GPU-3", "GPU-2"]));
-        // One GPU out of 1, 2, 3: take 1, whose partner is gone, not half of 2-3.
-        let (set, _) = table
-            .preferred(&ids(&["GPU-1", "GPU-2", "GPU-3"]), &[], 1)
-            .unwrap();
-        assert_eq!(set, ids(&["GPU-1"]));
-        assert!(matches!(
-            table.preferred(&all, &[], 5),
-            Err(PreferenceError::Size { .. })
-        ));
-        assert!(matches!(
-            table.preferred(&all, &[], 0),
-            Err(PreferenceError::Size { .. })
-        ));
-        assert!(matches!(
-            table.preferred(&ids(&["GPU-0"]), &ids(&["GPU-1"]), 1),
-            Err(PreferenceError::MustNotAvailable(_))
-        ));
-        assert!(matches!(
-            table.preferred(&all, &ids(&["GPU-0", "GPU-1"]), 1),
-            Err(PreferenceError::MustExceedsSize { .. })
-        ));
-    }
-
-    #[test]
-    fn preferred_spreads_replicas_over_good_gpus() {
-        let table = DeviceTable::new(four(), 2);
-        let all: Vec<String> = table.list().into_iter().map(|d| d.id).collect();
-        let (set, _) = table.preferred(&all, &[], 5).unwrap();
-        // One replica on each of the four GPUs before any GPU gets a second.
-        assert_eq!(
-            set,
-            ids(&["GPU-0::0", "GPU-1::0", "GPU-2::0", "GPU-3::0", "GPU-0::1"])
-        );
-        let (set, _) = table.preferred(&all, &[], 2).unwrap();
-        assert_eq!(set, ids(&["GPU-0::0", "GPU-1::0"]));
-    }
-}
+mod tests;

@@ -50,6 +50,11 @@ impl Served {
         self.pods.get(uid).and_then(|c| c.get(container))
     }
 
+    /// Every pod's record: UID -> container -> device IDs.
+    pub fn pods(&self) -> impl Iterator<Item = (&String, &HashMap<String, Vec<String>>)> {
+        self.pods.iter()
+    }
+
     pub fn pod(&self, uid: &str) -> Option<&HashMap<String, Vec<String>>> {
         self.pods.get(uid)
     }
@@ -75,8 +80,17 @@ pub struct Ask<'a> {
     pub available: &'a HashSet<String>,
     /// Physical GPU IDs the kubelet already chose (reused from init containers).
     pub must_include: &'a HashSet<String>,
-    /// Devices the container needs in all.
+    /// Devices the container needs in all (slices for a share).
     pub size: usize,
+    /// The kubelet asks for the share resource's slices, not whole devices.
+    pub share: bool,
+}
+
+impl Ask<'_> {
+    /// Whether `need` is what this ask is for: the same resource and size.
+    pub fn matches(&self, need: &gpuplace_model::ContainerNeed) -> bool {
+        need.is_share() == self.share && need.kubelet_size() == self.size
+    }
 }
 
 /// The container being admitted and its plan.
@@ -148,7 +162,7 @@ pub fn identify(
         let Some(next) = next_container(&pod, l, served) else {
             continue;
         };
-        if next.count as usize != ask.size {
+        if !ask.matches(next) {
             continue;
         }
         if pod.assignment().is_none() {
@@ -156,7 +170,7 @@ pub fn identify(
             continue;
         }
         let planned = pod.planned(&next.name);
-        if planned.len() != ask.size {
+        if planned.len() != next.count as usize {
             // A plan that does not cover the container cannot be answered verbatim.
             unplanned += 1;
             continue;
@@ -210,6 +224,7 @@ mod tests {
                     name: n.to_string(),
                     kind: *k,
                     count: d.len() as u32,
+                    milli: 0,
                 })
                 .collect(),
             plan: Some(Ok(Assignment {
@@ -272,6 +287,7 @@ mod tests {
             available: &available,
             must_include: &none,
             size: 2,
+            share: false,
         };
         match identify(&pods, &list, &Served::default(), &ask) {
             Identified::Planned(a) => {
@@ -302,6 +318,7 @@ mod tests {
             available: &available,
             must_include: &must,
             size: 1,
+            share: false,
         };
         // Without the record the init container looks next.
         assert!(matches!(
@@ -332,6 +349,7 @@ mod tests {
             available: &available,
             must_include: &none,
             size: 1,
+            share: false,
         };
         assert!(matches!(
             identify(&pods, &list, &Served::default(), &ask),
@@ -357,6 +375,7 @@ mod tests {
             available: &available,
             must_include: &none,
             size: 2,
+            share: false,
         };
         // g0 is still held by a terminating pod: still this pod, flagged as not offered.
         let list = [listed("p", &[("a", &[])])];

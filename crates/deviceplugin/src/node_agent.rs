@@ -13,16 +13,18 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gpuplace_model::{Allocated, ContainerAssignment, ContainerKind, DeviceShare};
+use gpuplace_model::{ContainerKind, ContainerNeed};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use crate::devices::{DeviceTable, PreferenceError};
 use crate::handshake::{Admitting, Ask, Identified, ListedPod, Served, identify, next_container};
 use crate::metrics::Metrics;
 use crate::node_pods::{NodePod, NodePods};
 use crate::podresources::{PodResources, Priority};
+
+mod reconcile;
 
 /// A failed write to the API server (retried on the next pass).
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +74,8 @@ struct State {
     reported: HashSet<(String, String)>,
     /// The annotation last written per pod UID (the watch may not show it yet).
     written: HashMap<String, String>,
+    /// The last `List` read during an admission, and when.
+    fresh: Option<(Instant, Vec<ListedPod>)>,
 }
 
 /// A container whose devices differ from the plan: name, planned and real GPU IDs.
@@ -112,13 +116,20 @@ fn physical_ids(table: &DeviceTable, ids: &[String]) -> Vec<String> {
     out
 }
 
-/// Whether every device planned for `container` of `pod` is offered by the request.
-fn offered(pod: &NodePod, container: &str, ask: &Ask<'_>) -> bool {
-    let planned = pod.planned(container);
-    planned.len() == ask.size
+/// Whether every device planned for the container `need` of `pod` is offered.
+fn offered(pod: &NodePod, need: &ContainerNeed, ask: &Ask<'_>) -> bool {
+    let planned = pod.planned(&need.name);
+    planned.len() == need.count as usize
         && planned
             .iter()
             .all(|id| ask.must_include.contains(id) || ask.available.contains(id))
+}
+
+/// Whether `ids` are slices of the share resource.
+fn is_share(table: &DeviceTable, ids: &[String]) -> bool {
+    ids.first()
+        .and_then(|id| table.resolve(std::slice::from_ref(id), false).ok())
+        .is_some_and(|d| d[0].slice)
 }
 
 fn same_set(a: &[String], b: &[String]) -> bool {
@@ -151,7 +162,7 @@ impl Handshake {
     /// The kubelet's active pods: from the cache when the rate limit has no token free
     /// and the pod whose admission the cache follows still has a container of this size
     /// to go (the kubelet is still admitting it), else fresh.
-    async fn listed(&self, size: usize) -> Result<Vec<ListedPod>, String> {
+    async fn listed(&self, ask: &Ask<'_>) -> Result<Vec<ListedPod>, String> {
         if !self.podres.token_free() {
             let state = self.state();
             if let Some(c) = state.cache.as_ref()
@@ -162,7 +173,7 @@ impl Handshake {
                         .filter(|p| p.uid == c.uid)
                         .map(|p| (l, p))
                 })
-                && next_container(&pod, l, &state.served).is_some_and(|n| n.count as usize == size)
+                && next_container(&pod, l, &state.served).is_some_and(|n| ask.matches(n))
             {
                 self.metrics.handshake("list_cached");
                 return Ok(c.list.clone());
@@ -170,7 +181,10 @@ impl Handshake {
         }
         self.metrics.handshake("list");
         match self.podres.list(Priority::Admission).await {
-            Ok(Some(list)) => Ok(list),
+            Ok(Some(list)) => {
+                self.state().fresh = Some((Instant::now(), list.clone()));
+                Ok(list)
+            }
             Ok(None) => Err("no PodResources token".into()),
             Err(e) => Err(e.to_string()),
         }
@@ -184,6 +198,7 @@ impl Handshake {
         available: &[String],
         must: &[String],
         size: usize,
+        share: bool,
         waited: &mut bool,
     ) -> Identified {
         let available: HashSet<String> = physical_ids(table, available).into_iter().collect();
@@ -192,12 +207,13 @@ impl Handshake {
             available: &available,
             must_include: &must,
             size,
+            share,
         };
         let deadline = Instant::now() + self.config.wait_for_watch;
         if let Some(found) = self.confirm_by_get(&ask, deadline, waited).await {
             return found;
         }
-        let list = match self.listed(size).await {
+        let list = match self.listed(&ask).await {
             Ok(list) => list,
             Err(e) => {
                 warn!(error = %e, "cannot read the kubelet's pod resources: answering without the plan");
@@ -280,7 +296,7 @@ impl Handshake {
                     let next = {
                         let state = self.state();
                         next_container(&pod, &listed, &state.served)
-                            .filter(|n| n.count as usize == ask.size && offered(&pod, &n.name, ask))
+                            .filter(|n| ask.matches(n) && offered(&pod, n, ask))
                             .map(|n| n.name.clone())
                     };
                     if let Some(container) = next {
@@ -313,12 +329,11 @@ impl Handshake {
             if p.finished {
                 return false;
             }
-            let Some(next) =
-                next_container(p, &nobody, &state.served).filter(|n| n.count as usize == ask.size)
+            let Some(next) = next_container(p, &nobody, &state.served).filter(|n| ask.matches(n))
             else {
                 return false;
             };
-            let planned = p.assignment().is_some() && offered(p, &next.name, ask);
+            let planned = p.assignment().is_some() && offered(p, next, ask);
             others.set(others.get() || !planned);
             planned
         });
@@ -345,6 +360,7 @@ impl Handshake {
     pub async fn preferred(
         &self,
         table: &DeviceTable,
+        share: bool,
         available: &[String],
         must_include: &[String],
         size: i64,
@@ -352,7 +368,7 @@ impl Handshake {
         let started = Instant::now();
         let mut waited = false;
         let answer = self
-            .preferred_answer(table, available, must_include, size, &mut waited)
+            .preferred_answer(table, share, available, must_include, size, &mut waited)
             .await;
         self.metrics
             .preferred_seconds(waited, started.elapsed().as_secs_f64());
@@ -362,6 +378,7 @@ impl Handshake {
     async fn preferred_answer(
         &self,
         table: &DeviceTable,
+        share: bool,
         available: &[String],
         must_include: &[String],
         size: i64,
@@ -369,9 +386,18 @@ impl Handshake {
     ) -> Result<Vec<String>, PreferenceError> {
         let fallback = |result: &str| {
             self.metrics.handshake(result);
-            let answer = table
-                .preferred(available, must_include, size)
-                .map(|(ids, _)| ids)?;
+            let usage = self.usage(table);
+            let answer = if share {
+                let (ids, fits) = table.slices_for(available, must_include, size, &usage, None)?;
+                if !fits {
+                    self.metrics.handshake("share_without_room");
+                }
+                ids
+            } else {
+                table
+                    .preferred_avoiding(available, must_include, size, &usage)
+                    .map(|(ids, _)| ids)?
+            };
             self.state().pending = Some(Pending {
                 pod: None,
                 answer: answer.clone(),
@@ -382,11 +408,27 @@ impl Handshake {
             return fallback("no_plan");
         }
         match self
-            .identify(table, available, must_include, size as usize, waited)
+            .identify(table, available, must_include, size as usize, share, waited)
             .await
         {
             Identified::Planned(a) => {
-                let answer = table.ids_for_plan(&a.planned, available, must_include, size)?;
+                let usage = self.usage(table);
+                let answer = if share {
+                    let (ids, fits) = table.slices_for(
+                        available,
+                        must_include,
+                        size,
+                        &usage,
+                        a.planned.first().map(String::as_str),
+                    )?;
+                    if !fits {
+                        self.metrics.handshake("share_without_room");
+                        warn!(pod = %a.pod.name, container = %a.container, "no GPU has room for the planned share");
+                    }
+                    ids
+                } else {
+                    table.ids_for_plan(&a.planned, available, must_include, size, &usage)?
+                };
                 debug!(pod = %a.pod.name, container = %a.container, ?answer, "answering the plan");
                 self.metrics
                     .handshake(if a.offered { "planned" } else { "planned_busy" });
@@ -415,7 +457,10 @@ impl Handshake {
             Some(p) if p.answer.len() == ids.len() => p.pod,
             // No GetPreferredAllocation before (devices reused from init containers, or
             // an exactly aligned NUMA set): find the container by state.
-            _ => match self.identify(table, ids, &[], ids.len(), &mut false).await {
+            _ => match self
+                .identify(table, ids, &[], ids.len(), is_share(table, ids), &mut false)
+                .await
+            {
                 Identified::Planned(a) => Some((a.pod, a.container)),
                 _ => None,
             },
@@ -455,164 +500,40 @@ impl Handshake {
         self.dirty.notify_one();
     }
 
-    /// Keeps every pod's record true until `shutdown`: reads `List` (in the background
-    /// share of the rate limit) after each admission, on pod changes and every `resync`.
-    pub async fn reconcile_loop<A: NodeApi>(
-        self: Arc<Self>,
-        api: A,
-        shutdown: impl Future<Output = ()>,
-    ) {
-        tokio::pin!(shutdown);
-        let mut changes = self.pods.subscribe();
-        loop {
-            tokio::select! {
-                _ = &mut shutdown => return,
-                _ = self.dirty.notified() => {}
-                _ = changes.changed() => {}
-                _ = tokio::time::sleep(self.config.resync) => {}
-            }
-            // Let an admission's remaining containers go first.
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            loop {
-                match self.podres.list(Priority::Background).await {
-                    Ok(Some(list)) => {
-                        self.reconcile(&api, &list).await;
-                        break;
-                    }
-                    Ok(None) => tokio::time::sleep(Duration::from_millis(100)).await,
-                    Err(e) => {
-                        warn!(error = %e, "reconcile: cannot read the kubelet's pod resources");
-                        break;
-                    }
-                }
-            }
-        }
-    }
-
-    /// One reconciliation pass over `list`; returns how many pods were written.
-    pub async fn reconcile<A: NodeApi>(&self, api: &A, list: &[ListedPod]) -> usize {
-        let table = self.tables.borrow().clone();
+    /// Milli-GPU in use per GPU, by the devices of the node's live pods: what the plugin
+    /// served (pods still in the store and not finished) and, when one was read in the
+    /// last second, the kubelet's `List` (its record, for pods served before a restart).
+    /// A GPU with shares is never handed out whole, and a wholly used GPU gives no shares.
+    fn usage(&self, table: &DeviceTable) -> Vec<u32> {
         let pods = self.pods.snapshot();
+        let live: HashSet<&str> = pods
+            .values()
+            .filter(|p| !p.finished)
+            .map(|p| p.uid.as_str())
+            .collect();
+        let state = self.state();
+        let mut ids: Vec<&str> = Vec::new();
+        for (uid, containers) in state.served.pods() {
+            if live.contains(uid.as_str()) {
+                ids.extend(containers.values().flatten().map(String::as_str));
+            }
+        }
+        if let Some((at, list)) = state.fresh.as_ref()
+            && at.elapsed() < Duration::from_secs(1)
         {
-            let mut state = self.state();
-            let live: HashSet<&str> = pods.values().map(|p| p.uid.as_str()).collect();
-            state.served.retain(|uid| live.contains(uid));
-            state.written.retain(|uid, _| live.contains(uid.as_str()));
-            state
-                .reported
-                .retain(|(uid, _)| live.contains(uid.as_str()));
-        }
-        let mut writes = 0;
-        for l in list {
-            let Some(pod) = pods.get(&(l.namespace.clone(), l.name.clone())) else {
-                continue;
-            };
-            if pod.containers.is_empty() || pod.finished {
-                continue;
-            }
-            let Some((real, differs)) = self.truth(&table, pod, l) else {
-                continue;
-            };
-            for (container, planned, got) in &differs {
-                let first = self
-                    .state()
-                    .reported
-                    .insert((pod.uid.clone(), container.clone()));
-                if first {
-                    self.metrics.mismatches.inc();
-                    let note = format!(
-                        "container {container}: the kubelet allocated {got:?} instead of the scheduler's {planned:?}; the pod keeps them and gpuplace.io/allocated records them"
-                    );
-                    if let Err(e) = api.warn(pod, "GPUAllocationDiffers", note).await {
-                        warn!(error = %e, "cannot record an Event");
-                    }
-                }
-            }
-            let desired =
-                if pod.assignment().is_some() && differs.is_empty() && pod.allocated.is_none() {
-                    continue;
-                } else {
-                    Allocated {
-                        node: self.config.node.clone(),
-                        containers: real,
-                    }
-                    .to_json()
-                };
-            let already = pod.allocated.as_deref() == Some(desired.as_str())
-                || self.state().written.get(&pod.uid) == Some(&desired);
-            if already {
-                continue;
-            }
-            match api.set_allocated(pod, &desired).await {
-                Ok(()) => {
-                    writes += 1;
-                    self.metrics.handshake("allocated_written");
-                    self.state().written.insert(pod.uid.clone(), desired);
-                    info!(pod = %format!("{}/{}", pod.namespace, pod.name), "recorded the kubelet's devices on the pod");
-                }
-                Err(e) => warn!(error = %e, "cannot record the kubelet's devices on the pod"),
-            }
-        }
-        writes
-    }
-
-    /// What each container of `pod` really holds, and the containers that differ from the
-    /// plan; `None` while a container that `List` shows has no devices yet.
-    fn truth(
-        &self,
-        table: &DeviceTable,
-        pod: &NodePod,
-        listed: &ListedPod,
-    ) -> Option<(Vec<ContainerAssignment>, Vec<Difference>)> {
-        let served = self
-            .state()
-            .served
-            .pod(&pod.uid)
-            .cloned()
-            .unwrap_or_default();
-        let mut real = Vec::new();
-        let mut differs = Vec::new();
-        for c in &pod.containers {
-            let listed_ids = listed
-                .containers
-                .iter()
-                .find(|(n, d)| *n == c.name && !d.is_empty())
-                .map(|(_, d)| d.clone());
-            let ids = match (listed_ids, served.get(&c.name)) {
-                (Some(ids), _) => ids,
-                (None, Some(ids)) => ids.clone(),
-                // A regular init container from before a plugin restart: never listed.
-                (None, None) if c.kind == ContainerKind::Init => continue,
-                (None, None) => return None,
-            };
-            let got = physical_ids(table, &ids);
-            let planned = pod.planned(&c.name);
-            if pod.assignment().is_some() && !same_set(&got, &planned) {
-                differs.push((c.name.clone(), planned.clone(), got.clone()));
-            }
-            let milli = |id: &str| {
-                pod.assignment()
-                    .and_then(|a| a.devices().find(|d| d.id == id).map(|d| d.milli))
-                    .unwrap_or(gpuplace_model::MILLI_PER_GPU)
-            };
-            real.push(ContainerAssignment {
-                name: c.name.clone(),
-                devices: got
-                    .iter()
-                    .map(|id| DeviceShare {
-                        index: table
-                            .inventory()
-                            .gpus
+            for l in list {
+                if pods
+                    .get(&(l.namespace.clone(), l.name.clone()))
+                    .is_some_and(|p| !p.finished)
+                {
+                    ids.extend(
+                        l.containers
                             .iter()
-                            .find(|g| g.id == *id)
-                            .map(|g| g.index)
-                            .unwrap_or_default(),
-                        id: id.clone(),
-                        milli: milli(id),
-                    })
-                    .collect(),
-            });
+                            .flat_map(|(_, d)| d.iter().map(String::as_str)),
+                    );
+                }
+            }
         }
-        Some((real, differs))
+        table.usage(ids)
     }
 }

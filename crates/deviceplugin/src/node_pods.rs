@@ -100,26 +100,37 @@ impl NodePod {
     }
 }
 
-/// Whole devices of `resource` a container asks for (requests, else limits).
+/// What a container asks of `resource` (whole devices) or of the share resource (slices,
+/// as milli-GPU of one GPU); requests, else limits. A container asking both is kept with
+/// its whole devices (the scheduler never places such a pod).
 fn push_need(out: &mut Vec<ContainerNeed>, c: &Container, resource: &str, kind: ContainerKind) {
-    let resources = c.resources.as_ref();
-    let quantity = resources
-        .and_then(|r| r.requests.as_ref())
-        .and_then(|r| r.get(resource))
-        .or_else(|| {
-            resources
-                .and_then(|r| r.limits.as_ref())
-                .and_then(|l| l.get(resource))
-        });
-    // Extended resources are whole numbers; the API server refuses anything else.
-    let count = quantity
-        .and_then(|q| q.0.trim().parse::<u32>().ok())
-        .unwrap_or(0);
-    if count > 0 {
+    let amount = |name: &str| {
+        let resources = c.resources.as_ref();
+        let quantity = resources
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|r| r.get(name))
+            .or_else(|| {
+                resources
+                    .and_then(|r| r.limits.as_ref())
+                    .and_then(|l| l.get(name))
+            });
+        // Extended resources are whole numbers; the API server refuses anything else.
+        quantity
+            .and_then(|q| q.0.trim().parse::<u32>().ok())
+            .unwrap_or(0)
+    };
+    let count = amount(resource);
+    let milli = if count == 0 {
+        amount(gpuplace_model::SHARE_RESOURCE).min(gpuplace_model::MILLI_PER_GPU)
+    } else {
+        0
+    };
+    if count > 0 || milli > 0 {
         out.push(ContainerNeed {
             name: c.name.clone(),
             kind,
-            count,
+            count: count.max(1),
+            milli,
         });
     }
 }

@@ -84,6 +84,7 @@ impl Instance {
         config: Arc<Config>,
         metrics: Metrics,
         handshake: Option<Arc<Handshake>>,
+        share: bool,
     ) -> std::io::Result<Instance> {
         match std::fs::remove_file(socket) {
             Ok(()) => info!(socket = %socket.display(), "removed a stale socket"),
@@ -93,7 +94,11 @@ impl Instance {
         let listener = UnixListener::bind(socket)?;
         let identity = identity(socket);
         let (stop, stop_rx) = watch::channel(false);
-        let service = DevicePluginService::new(tables, config, metrics, stop_rx.clone(), handshake);
+        let mut service =
+            DevicePluginService::new(tables, config, metrics, stop_rx.clone(), handshake);
+        if share {
+            service = service.for_shares();
+        }
         let mut shutdown = stop_rx;
         let task = tokio::spawn(async move {
             let signal = async move {
@@ -151,7 +156,12 @@ impl Instance {
 }
 
 /// Calls `Register` on the kubelet socket.
-async fn register(kubelet: &Path, config: &Config, socket_file: &str) -> Result<(), String> {
+async fn register(
+    kubelet: &Path,
+    config: &Config,
+    resource: &str,
+    socket_file: &str,
+) -> Result<(), String> {
     let channel = connect_unix(kubelet, Duration::from_secs(2))
         .await
         .map_err(|e| format!("cannot connect to {}: {e}", kubelet.display()))?;
@@ -159,7 +169,7 @@ async fn register(kubelet: &Path, config: &Config, socket_file: &str) -> Result<
     let request = RegisterRequest {
         version: VERSION.to_string(),
         endpoint: socket_file.to_string(),
-        resource_name: config.resource.clone(),
+        resource_name: resource.to_string(),
         options: Some(DevicePluginOptions {
             pre_start_required: config.pre_start_required,
             get_preferred_allocation_available: true,
@@ -179,7 +189,8 @@ async fn register(kubelet: &Path, config: &Config, socket_file: &str) -> Result<
 /// Kicks `tx` on any change in `dir`; `None` when inotify is unavailable (polling only).
 fn watch_dir(dir: &Path, tx: mpsc::Sender<()>) -> Option<notify::RecommendedWatcher> {
     let handler = move |event: notify::Result<notify::Event>| {
-        if event.is_ok() {
+        // Sockets created, replaced or removed matter; opens and reads do not.
+        if event.is_ok_and(|e| !matches!(e.kind, notify::EventKind::Access(_))) {
             let _ = tx.try_send(());
         }
     };
@@ -209,7 +220,9 @@ pub async fn run(
     run_with_handshake(config, tables, metrics, None, shutdown).await
 }
 
-/// [`run`], answering the kubelet with the scheduler's plans through `handshake`.
+/// [`run`], answering the kubelet with the scheduler's plans through `handshake`. With
+/// shares on, a second endpoint serves the share resource (`gpuplace.io/gpu-milli`) from
+/// the same table and handshake, so one record covers both.
 pub async fn run_with_handshake(
     config: Arc<Config>,
     tables: watch::Receiver<Arc<DeviceTable>>,
@@ -221,11 +234,61 @@ pub async fn run_with_handshake(
     if !dir.is_dir() {
         return Err(PluginError::NoPluginDir(dir));
     }
-    let socket_file = socket_name(&config.resource);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let whole = run_resource(
+        config.clone(),
+        config.resource.clone(),
+        false,
+        tables.clone(),
+        metrics.clone(),
+        handshake.clone(),
+        stopped(stop_rx.clone()),
+    );
+    let shares = async {
+        if config.shares {
+            run_resource(
+                config.clone(),
+                gpuplace_model::SHARE_RESOURCE.to_string(),
+                true,
+                tables,
+                metrics,
+                handshake,
+                stopped(stop_rx.clone()),
+            )
+            .await
+        } else {
+            Ok(())
+        }
+    };
+    let signal = async {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    };
+    let (a, b, ()) = tokio::join!(whole, shares, signal);
+    a.and(b)
+}
+
+/// Serves and registers one resource until `shutdown` completes.
+async fn run_resource(
+    config: Arc<Config>,
+    resource: String,
+    share: bool,
+    tables: watch::Receiver<Arc<DeviceTable>>,
+    metrics: Metrics,
+    handshake: Option<Arc<Handshake>>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), PluginError> {
+    let dir = config.plugin_dir.clone();
+    let socket_file = socket_name(&resource);
     let socket = dir.join(&socket_file);
     let kubelet = dir.join(KUBELET_SOCKET);
     let (kick_tx, mut kick) = mpsc::channel::<()>(64);
-    let _watcher = watch_dir(&dir, kick_tx);
+    // The loop keeps a sender: without a watcher (no inotify) the channel must stay open,
+    // or every `recv` would return at once and the loop would spin.
+    let _watcher = watch_dir(&dir, kick_tx.clone());
     tokio::pin!(shutdown);
     let mut backoff = Backoff::new();
     loop {
@@ -235,6 +298,7 @@ pub async fn run_with_handshake(
             config.clone(),
             metrics.clone(),
             handshake.clone(),
+            share,
         ) {
             Ok(instance) => instance,
             Err(e) => {
@@ -253,7 +317,7 @@ pub async fn run_with_handshake(
             }
             while kick.try_recv().is_ok() {}
             let before = identity(&kubelet);
-            match register(&kubelet, &config, &socket_file).await {
+            match register(&kubelet, &config, &resource, &socket_file).await {
                 Ok(()) => {
                     metrics.registrations.inc();
                     metrics.registered.set(1);
@@ -292,7 +356,7 @@ pub async fn run_with_handshake(
             instance.retire();
             continue;
         };
-        info!(resource = %config.resource, "registered with the kubelet");
+        info!(%resource, "registered with the kubelet");
         loop {
             tokio::select! {
                 _ = &mut shutdown => {

@@ -179,7 +179,10 @@ impl PodResources {
                     let ids = c
                         .devices
                         .into_iter()
-                        .filter(|d| d.resource_name == self.resource)
+                        .filter(|d| {
+                            d.resource_name == self.resource
+                                || d.resource_name == gpuplace_model::SHARE_RESOURCE
+                        })
                         .flat_map(|d| d.device_ids)
                         .collect();
                     (c.name, ids)

@@ -27,6 +27,14 @@ pub const VISIBLE_DEVICES_ENV: &str = "NVIDIA_VISIBLE_DEVICES";
 pub const DEVICE_IDS_ENV: &str = "GPUPLACE_DEVICE_IDS";
 /// Annotation with the kubelet device IDs of a container's allocation.
 pub const DEVICE_IDS_ANNOTATION: &str = "gpuplace.io/device-ids";
+/// Milli-GPU of the container's share (shares only).
+pub const SHARE_MILLI_ENV: &str = "GPUPLACE_GPU_MILLI";
+/// The share's part of the GPU's memory, in MiB (shares only; a limiter may enforce it).
+pub const SHARE_MEMORY_ENV: &str = "GPUPLACE_GPU_MEMORY_LIMIT_MIB";
+/// MPS: the share as a percentage of the GPU's threads.
+pub const MPS_THREADS_ENV: &str = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE";
+/// MPS: the share's device memory limit (`0=<MiB>M`, the one visible GPU).
+pub const MPS_MEMORY_ENV: &str = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT";
 /// Control device nodes every GPU container needs.
 pub const CONTROL_DEVICES: [&str; 3] = ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"];
 
@@ -34,10 +42,11 @@ pub const CONTROL_DEVICES: [&str; 3] = ["nvidiactl", "nvidia-uvm", "nvidia-uvm-t
 pub fn device_tables(
     mut inventory: watch::Receiver<Arc<NodeInventory>>,
     replicas: u32,
+    shares: bool,
     metrics: Metrics,
 ) -> watch::Receiver<Arc<DeviceTable>> {
     let build = move |inv: Arc<NodeInventory>, metrics: &Metrics| {
-        let table = DeviceTable::new(inv, replicas);
+        let table = DeviceTable::with_shares(inv, replicas, shares);
         for gpu in &table.inventory().gpus {
             metrics
                 .device_healthy
@@ -78,6 +87,8 @@ pub struct DevicePluginService {
     metrics: Metrics,
     stop: watch::Receiver<bool>,
     handshake: Option<Arc<Handshake>>,
+    /// Serves the share resource's slices instead of whole devices.
+    share: bool,
 }
 
 impl DevicePluginService {
@@ -94,7 +105,14 @@ impl DevicePluginService {
             metrics,
             stop,
             handshake,
+            share: false,
         }
+    }
+
+    /// The same service for the share resource (`gpuplace.io/gpu-milli` slices).
+    pub fn for_shares(mut self) -> Self {
+        self.share = true;
+        self
     }
 
     fn table(&self) -> Arc<DeviceTable> {
@@ -114,6 +132,7 @@ fn id_reason(e: &DeviceIdError) -> &'static str {
         DeviceIdError::Duplicate(_) => "duplicate_device",
         DeviceIdError::Unhealthy(_) => "unhealthy_device",
         DeviceIdError::Empty => "empty_request",
+        DeviceIdError::WrongResource(_) => "wrong_resource",
     }
 }
 
@@ -135,8 +154,34 @@ pub fn container_response(
             DeviceIdStrategy::Index => g.index.to_string(),
         })
         .collect();
-    let ids: Vec<&str> = devices.iter().map(|d| d.id.as_str()).collect();
+    let slices = devices.iter().filter(|d| d.slice).count() as u64;
+    // A share's slice IDs are many: named as `<gpu>:<milli>` instead of one by one.
+    let ids: Vec<String> = if slices > 0 {
+        gpus.iter()
+            .map(|g| {
+                let n = devices
+                    .iter()
+                    .filter(|d| d.slice && table.gpu(d.gpu).id == g.id)
+                    .count();
+                format!("{}:{n}", g.id)
+            })
+            .collect()
+    } else {
+        devices.iter().map(|d| d.id.clone()).collect()
+    };
     let mut envs = HashMap::new();
+    if slices > 0 {
+        let memory = gpus.first().map_or(0, |g| g.memory_mib) * slices / 1000;
+        envs.insert(SHARE_MILLI_ENV.to_string(), slices.to_string());
+        envs.insert(SHARE_MEMORY_ENV.to_string(), memory.to_string());
+        envs.insert(
+            MPS_THREADS_ENV.to_string(),
+            slices.div_ceil(10).max(1).to_string(),
+        );
+        if memory > 0 {
+            envs.insert(MPS_MEMORY_ENV.to_string(), format!("0={memory}M"));
+        }
+    }
     match config.device_list_strategy {
         DeviceListStrategy::Envvar | DeviceListStrategy::Both => {
             envs.insert(VISIBLE_DEVICES_ENV.to_string(), names.join(","));
@@ -210,10 +255,12 @@ impl DevicePlugin for DevicePluginService {
         _request: Request<Empty>,
     ) -> Result<Response<Self::ListAndWatchStream>, Status> {
         let (tx, rx) = mpsc::channel(4);
+        let share = self.share;
         let mut tables = self.tables.clone();
         let mut stop = self.stop.clone();
         tokio::spawn(async move {
-            let first = tables.borrow_and_update().list();
+            let list = move |t: &DeviceTable| if share { t.list_slices() } else { t.list() };
+            let first = list(&tables.borrow_and_update());
             if tx
                 .send(Ok(ListAndWatchResponse { devices: first }))
                 .await
@@ -227,7 +274,7 @@ impl DevicePlugin for DevicePluginService {
                         if changed.is_err() {
                             break;
                         }
-                        let devices = tables.borrow_and_update().list();
+                        let devices = list(&tables.borrow_and_update());
                         if tx.send(Ok(ListAndWatchResponse { devices })).await.is_err() {
                             break;
                         }
@@ -272,7 +319,13 @@ impl DevicePlugin for DevicePluginService {
             let must = &container.must_include_device_i_ds;
             let size = i64::from(container.allocation_size);
             let answer = match &self.handshake {
-                Some(h) => h.preferred(&table, &available, must, size).await,
+                Some(h) => {
+                    h.preferred(&table, self.share, &available, must, size)
+                        .await
+                }
+                None if self.share => table
+                    .slices_for(&available, must, size, &[], None)
+                    .map(|(ids, _)| ids),
                 None => table.preferred(&available, must, size).map(|(ids, _)| ids),
             };
             let ids = answer.map_err(|e| {
@@ -304,14 +357,18 @@ impl DevicePlugin for DevicePluginService {
             .enumerate()
         {
             let devices = table
-                .resolve(&container.devices_ids, true)
+                .resolve_kind(&container.devices_ids, true, self.share)
                 .map_err(|e| self.refuse(id_reason(&e), format!("container request {i}: {e}")))?;
             if let Some(h) = &self.handshake {
                 h.allocated(&table, &container.devices_ids).await;
             }
             container_responses.push(container_response(&table, &devices, &self.config));
             self.metrics.allocations.inc();
-            info!(devices = ?container.devices_ids, "allocated");
+            if self.share {
+                info!(gpus = ?table.physical(&devices), slices = devices.len(), "allocated a share");
+            } else {
+                info!(devices = ?container.devices_ids, "allocated");
+            }
         }
         if container_responses.is_empty() {
             return Err(self.refuse("empty_request", "no container requests".to_string()));
@@ -327,9 +384,43 @@ impl DevicePlugin for DevicePluginService {
     ) -> Result<Response<PreStartContainerResponse>, Status> {
         let ids = request.into_inner().devices_ids;
         self.table()
-            .resolve(&ids, false)
+            .resolve_kind(&ids, false, self.share)
             .map_err(|e| self.refuse(id_reason(&e), e.to_string()))?;
         debug!(?ids, "pre-start");
         Ok(Response::new(PreStartContainerResponse {}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Settings;
+
+    #[test]
+    fn a_share_gets_its_gpu_and_hints_of_its_size() {
+        let mut inv = NodeInventory::uniform("n", 1, 1, 2, "A100");
+        for g in &mut inv.gpus {
+            g.id = format!("GPU-{}", g.index);
+            g.uuid = g.id.clone();
+            g.memory_mib = 40_960;
+        }
+        let table = DeviceTable::with_shares(Arc::new(inv), 1, true);
+        let config = Settings::default().resolve().unwrap();
+        let ids: Vec<String> = (0..250).map(|k| format!("GPU-1::m{k}")).collect();
+        let devices = table.resolve_kind(&ids, true, true).unwrap();
+        let r = container_response(&table, &devices, &config);
+        assert_eq!(r.envs[VISIBLE_DEVICES_ENV], "GPU-1");
+        assert_eq!(r.envs[SHARE_MILLI_ENV], "250");
+        assert_eq!(r.envs[SHARE_MEMORY_ENV], "10240");
+        assert_eq!(r.envs[MPS_THREADS_ENV], "25");
+        assert_eq!(r.envs[MPS_MEMORY_ENV], "0=10240M");
+        assert_eq!(r.envs[DEVICE_IDS_ENV], "GPU-1:250");
+        // Whole devices get no share hints.
+        let whole = table
+            .resolve_kind(&["GPU-0".to_string()], true, false)
+            .unwrap();
+        let r = container_response(&table, &whole, &config);
+        assert_eq!(r.envs[VISIBLE_DEVICES_ENV], "GPU-0");
+        assert!(!r.envs.contains_key(SHARE_MILLI_ENV));
     }
 }

@@ -54,6 +54,8 @@ async fn start(file: &str, tweak: impl FnOnce(&mut Settings)) -> Running {
         inventory: Some(inv.clone()),
         node_name: Some("node-1".into()),
         poll_interval_ms: Some(100),
+        // One resource unless a test asks for shares (they register a second one).
+        shares: Some(false),
         ..Default::default()
     };
     tweak(&mut settings);
@@ -76,7 +78,12 @@ fn spawn_plugin(
 ) -> (oneshot::Sender<()>, tokio::task::JoinHandle<()>, Metrics) {
     let backend = FakeBackend::start(inv, "node-a", Duration::from_millis(50)).unwrap();
     let metrics = Metrics::default();
-    let tables = device_tables(backend.watch(), config.replicas, metrics.clone());
+    let tables = device_tables(
+        backend.watch(),
+        config.replicas,
+        config.shares,
+        metrics.clone(),
+    );
     let (stop, stopped) = oneshot::channel::<()>();
     let m = metrics.clone();
     let task = tokio::spawn(async move {
@@ -504,6 +511,65 @@ async fn allocate_in_every_strategy() {
     assert_eq!(
         c.cdi_devices[0].name,
         format!("nvidia.com/gpu={}", uuid(4, 0))
+    );
+    run.shutdown().await;
+}
+
+/// With shares on, a second endpoint registers `gpuplace.io/gpu-milli` with 1000 slices per
+/// GPU; Allocate of 300 slices of one GPU hands out that GPU with the share's hints, and
+/// each endpoint refuses the other's devices.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shares_register_as_a_second_resource_of_slices() {
+    let run = start("two-gpu.yaml", |s| s.shares = Some(true)).await;
+    run.kubelet.wait_for_registrations(2, WAIT).await.unwrap();
+    let regs = run.kubelet.registrations();
+    let share = regs
+        .iter()
+        .find(|r| r.request.resource_name == "gpuplace.io/gpu-milli")
+        .expect("share resource registered");
+    assert_eq!(
+        share.request.endpoint,
+        "gpuplace-gpuplace.io_gpu-milli.sock"
+    );
+    assert!(
+        regs.iter()
+            .any(|r| r.request.resource_name == "nvidia.com/gpu")
+    );
+    let mut devices = share.devices.clone();
+    let list = wait_for_devices(&mut devices, WAIT, |d| d.len() == 2000)
+        .await
+        .unwrap();
+    assert_eq!(list[1001].id, format!("{}::m1", uuid(4, 1)));
+    let mut client = gpuplace_kubelet_api::v1beta1::device_plugin_client::DevicePluginClient::new(
+        gpuplace_kubelet_api::unix_channel(run.config.plugin_dir.join(&share.request.endpoint)),
+    );
+    let slices: Vec<String> = (0..300).map(|k| format!("{}::m{k}", uuid(4, 1))).collect();
+    let c = client
+        .allocate(AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: slices,
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .container_responses
+        .remove(0);
+    assert_eq!(c.envs["NVIDIA_VISIBLE_DEVICES"], uuid(4, 1));
+    assert_eq!(c.envs["GPUPLACE_GPU_MILLI"], "300");
+    assert_eq!(c.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "30");
+    let wrong = client
+        .allocate(AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: vec![uuid(4, 0)],
+            }],
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        wrong.message().contains("other resource"),
+        "{}",
+        wrong.message()
     );
     run.shutdown().await;
 }

@@ -96,9 +96,9 @@ pub fn parse_inventory(
         if gpu.uuid.is_empty() {
             return Err(bad(format!("gpu {} has an empty uuid", gpu.index)));
         }
-        if gpu.uuid.len() + 4 > 63 {
+        if gpu.uuid.len() + 6 > 63 {
             return Err(bad(format!(
-                "gpu uuid {:?} is too long for a device ID (63 characters with replica suffix)",
+                "gpu uuid {:?} is too long for a device ID (63 characters with a replica or slice suffix)",
                 gpu.uuid
             )));
         }
@@ -123,6 +123,7 @@ pub fn parse_inventory(
             })
             .collect(),
         links: file.links,
+        replicas: 1,
         labels: Default::default(),
     };
     inventory.validate().map_err(|e| bad(e.to_string()))?;
@@ -188,7 +189,10 @@ fn watch_file(path: &Path, kick: mpsc::Sender<()>) -> Option<notify::Recommended
     let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
     let name = path.file_name().map(|n| n.to_os_string());
     let handler = move |event: notify::Result<notify::Event>| {
+        // Reading the file (ours included) raises access events: only a change may kick
+        // a reload, or every reload would kick the next.
         if let Ok(event) = event
+            && !matches!(event.kind, notify::EventKind::Access(_))
             && event
                 .paths
                 .iter()

@@ -164,6 +164,7 @@ fn discover(nvml: &Nvml, node_name: &str) -> Result<NodeInventory, BackendError>
         gpus,
         links,
         labels: Default::default(),
+        replicas: 1,
     };
     inventory
         .validate()
