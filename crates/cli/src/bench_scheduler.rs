@@ -104,7 +104,8 @@ pub(crate) fn node(i: usize, gpus: u32, linked: bool) -> anyhow::Result<Node> {
         "metadata": {"name": name, "labels": {"nvidia.com/gpu.product": "A100"}, "annotations": annotations},
         "status": {
             "conditions": [{"type": "Ready", "status": "True"}],
-            "allocatable": {"cpu": "128", "memory": "1Ti", "nvidia.com/gpu": gpus.to_string(), "pods": "250"}
+            "allocatable": {"cpu": "128", "memory": "1Ti", "nvidia.com/gpu": gpus.to_string(),
+                "gpuplace.io/gpu-milli": (gpus * 1000).to_string(), "pods": "250"}
         }
     }))?)
 }
@@ -124,9 +125,11 @@ pub(crate) fn pod(i: usize, requirements: f64) -> anyhow::Result<Pod> {
         _ => (8, None),
     };
     let mut annotations = serde_json::Map::new();
-    if let Some(m) = milli {
-        annotations.insert("gpuplace.io/gpu-milli".into(), json!(m.to_string()));
-    }
+    // A share asks the share resource instead of whole GPUs.
+    let limits = match milli {
+        Some(m) => json!({"gpuplace.io/gpu-milli": m.to_string()}),
+        None => json!({"nvidia.com/gpu": gpus.to_string()}),
+    };
     let picked = (((i * 37) % 1000) as f64) < requirements * 1000.0;
     if picked && gpus > 0 {
         let (key, value) = match (gpus, i % 3) {
@@ -145,7 +148,7 @@ pub(crate) fn pod(i: usize, requirements: f64) -> anyhow::Result<Pod> {
             "schedulerName": "gpuplace",
             "containers": [{"name": "main", "resources": {
                 "requests": {"cpu": "4", "memory": "16Gi"},
-                "limits": {"nvidia.com/gpu": gpus.to_string()}}}]
+                "limits": limits}}]
         },
         "status": {"phase": "Pending"}
     }))?)

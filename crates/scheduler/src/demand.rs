@@ -12,8 +12,11 @@ pub use gpuplace_model::{
     ALLOCATED_ANNOTATION, ASSIGNMENT_ANNOTATION, Allocated, Assignment, ContainerAssignment,
     ContainerKind,
 };
-/// Pod annotation asking for a share of one GPU, in milli-GPU (with `<resource>: 1`).
+/// The former way to ask for a share (a pod annotation beside `nvidia.com/gpu: 1`), refused
+/// with a message saying what to write instead: the kubelet hands such a pod a whole GPU and
+/// refuses a second share of it. Shares are the resource [`SHARE_RESOURCE`].
 pub const GPU_MILLI_ANNOTATION: &str = "gpuplace.io/gpu-milli";
+pub use gpuplace_model::SHARE_RESOURCE;
 /// Pod label naming the pod's gang (a PodGroup in the same namespace).
 pub const POD_GROUP_LABEL: &str = "gpuplace.io/pod-group";
 
@@ -30,13 +33,17 @@ pub enum DemandError {
         message: String,
     },
     #[error(
-        "container {container:?} asks for a fractional {resource} share of {count} GPUs; a share is of one GPU"
+        "container {container:?} asks for both {resource} and {SHARE_RESOURCE}; a container asks for whole GPUs or a share of one"
     )]
-    FractionalMulti {
-        container: String,
-        resource: String,
-        count: u32,
-    },
+    MixedShare { container: String, resource: String },
+    #[error(
+        "the pod asks for whole GPUs ({resource}) in one container and a share ({SHARE_RESOURCE}) in another; a pod asks for one or the other"
+    )]
+    MixedPod { resource: String },
+    #[error(
+        "the pod's {SHARE_RESOURCE} totals {0} (counted as Kubernetes counts requests); a share is of one GPU, at most 1000"
+    )]
+    ShareTooLarge(i128),
 }
 
 /// A quantity in thousandths of its unit (`500m` CPU is 500; `1Gi` memory is 1073741824000).
@@ -120,6 +127,9 @@ pub struct ContainerDemand {
     pub kind: ContainerKind,
     pub gpu_count: u32,
     pub gpu_milli: u32,
+    /// Asked as the share resource (slices of one GPU), not whole devices.
+    #[serde(default)]
+    pub share: bool,
 }
 
 impl ContainerDemand {
@@ -128,7 +138,13 @@ impl ContainerDemand {
             name: self.name.clone(),
             kind: self.kind,
             count: self.gpu_count,
+            milli: if self.is_share() { self.gpu_milli } else { 0 },
         }
+    }
+
+    /// A share of one GPU (the share resource), not whole devices.
+    pub fn is_share(&self) -> bool {
+        self.share
     }
 }
 
@@ -146,6 +162,13 @@ pub struct PodDemand {
     pub extended: BTreeMap<String, i64>,
 }
 
+impl PodDemand {
+    /// Whether the pod asks for a share of one GPU (the share resource).
+    pub fn is_share(&self) -> bool {
+        self.containers.iter().any(ContainerDemand::is_share)
+    }
+}
+
 /// Computes a pod's demand as Kubernetes does (1.29+ rules): per resource, the larger of
 /// the app containers' and sidecars' sum and the largest init container plus the sidecars
 /// started before it, plus pod overhead. The GPU count is the distinct devices the kubelet
@@ -158,27 +181,20 @@ pub fn pod_demand(pod: &Pod, gpu_resource: &str) -> Result<PodDemand, DemandErro
     let inits = spec
         .and_then(|s| s.init_containers.as_ref())
         .unwrap_or(&empty);
-    let share = match pod
+    if let Some(text) = pod
         .metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(GPU_MILLI_ANNOTATION))
     {
-        Some(text) => {
-            let milli: u32 = text.trim().parse().map_err(|_| DemandError::Annotation {
-                annotation: GPU_MILLI_ANNOTATION,
-                message: format!("{text:?} is not a whole number of milli-GPU"),
-            })?;
-            if !(1..=1000).contains(&milli) {
-                return Err(DemandError::Annotation {
-                    annotation: GPU_MILLI_ANNOTATION,
-                    message: format!("{milli} is outside 1..=1000"),
-                });
-            }
-            Some(milli)
-        }
-        None => None,
-    };
+        return Err(DemandError::Annotation {
+            annotation: GPU_MILLI_ANNOTATION,
+            message: format!(
+                "{text:?}: a share is asked as the container resource {SHARE_RESOURCE} (e.g. limits {{{SHARE_RESOURCE}: {}}}) instead of {gpu_resource}: 1 with this annotation, which the kubelet would count as a whole GPU",
+                text.trim()
+            ),
+        });
+    }
     let mut sums: BTreeMap<String, i128> = BTreeMap::new();
     let mut gpu_containers = Vec::new();
     for c in containers {
@@ -186,14 +202,7 @@ pub fn pod_demand(pod: &Pod, gpu_resource: &str) -> Result<PodDemand, DemandErro
         for (k, v) in &r {
             *sums.entry(k.clone()).or_default() += v;
         }
-        push_gpu(
-            &mut gpu_containers,
-            c,
-            &r,
-            gpu_resource,
-            share,
-            ContainerKind::App,
-        )?;
+        push_gpu(&mut gpu_containers, c, &r, gpu_resource, ContainerKind::App)?;
     }
     let mut init_max: BTreeMap<String, i128> = BTreeMap::new();
     let mut sidecars: BTreeMap<String, i128> = BTreeMap::new();
@@ -223,7 +232,7 @@ pub fn pod_demand(pod: &Pod, gpu_resource: &str) -> Result<PodDemand, DemandErro
         } else {
             ContainerKind::Init
         };
-        push_gpu(&mut init_gpu, c, &r, gpu_resource, share, kind)?;
+        push_gpu(&mut init_gpu, c, &r, gpu_resource, kind)?;
     }
     for (k, v) in sidecars {
         *sums.entry(k).or_default() += v;
@@ -240,18 +249,34 @@ pub fn pod_demand(pod: &Pod, gpu_resource: &str) -> Result<PodDemand, DemandErro
     let whole = |milli: i128| u64::try_from(milli / 1000).unwrap_or(u64::MAX);
     let mut all_gpu = init_gpu;
     all_gpu.extend(gpu_containers);
-    let needs: Vec<gpuplace_model::ContainerNeed> =
-        all_gpu.iter().map(ContainerDemand::need).collect();
-    let gpu_count = gpuplace_model::fresh_devices(&needs);
-    let gpu_milli = match (gpu_count, share) {
-        (0, _) => 0,
-        (_, Some(m)) => m,
-        (_, None) => 1000,
+    let shares = all_gpu.iter().filter(|c| c.is_share()).count();
+    if shares > 0 && shares < all_gpu.len() {
+        return Err(DemandError::MixedPod {
+            resource: gpu_resource.to_string(),
+        });
+    }
+    let (gpu_count, gpu_milli) = if shares > 0 {
+        // One GPU, shared by the pod's containers: the share is the pod's effective
+        // request of the share resource, which is what the kubelet's slices add up to.
+        let total = sums.get(SHARE_RESOURCE).copied().unwrap_or(0) / 1000;
+        if !(1..=1000).contains(&total) {
+            return Err(DemandError::ShareTooLarge(total));
+        }
+        (1, total as u32)
+    } else {
+        let needs: Vec<gpuplace_model::ContainerNeed> =
+            all_gpu.iter().map(ContainerDemand::need).collect();
+        match gpuplace_model::fresh_devices(&needs) {
+            0 => (0, 0),
+            n => (n, 1000),
+        }
     };
     let extended: BTreeMap<String, i64> = sums
         .iter()
         .filter(|(k, _)| {
-            !matches!(k.as_str(), "cpu" | "memory" | "pods") && k.as_str() != gpu_resource
+            // GPUs and shares are placed on the node's inventory, not counted.
+            !matches!(k.as_str(), "cpu" | "memory" | "pods" | SHARE_RESOURCE)
+                && k.as_str() != gpu_resource
         })
         .filter(|(_, v)| **v > 0)
         .map(|(k, v)| {
@@ -281,25 +306,30 @@ fn push_gpu(
     c: &Container,
     r: &BTreeMap<String, i128>,
     gpu_resource: &str,
-    share: Option<u32>,
     kind: ContainerKind,
 ) -> Result<(), DemandError> {
-    let count = u32::try_from(r.get(gpu_resource).copied().unwrap_or(0) / 1000).unwrap_or(u32::MAX);
-    if count == 0 {
-        return Ok(());
-    }
-    if share.is_some() && count > 1 {
-        return Err(DemandError::FractionalMulti {
+    let amount =
+        |name: &str| u32::try_from(r.get(name).copied().unwrap_or(0) / 1000).unwrap_or(u32::MAX);
+    let count = amount(gpu_resource);
+    let milli = amount(SHARE_RESOURCE);
+    if count > 0 && milli > 0 {
+        return Err(DemandError::MixedShare {
             container: c.name.clone(),
             resource: gpu_resource.to_string(),
-            count,
         });
+    }
+    if milli > 1000 {
+        return Err(DemandError::ShareTooLarge(i128::from(milli)));
+    }
+    if count == 0 && milli == 0 {
+        return Ok(());
     }
     out.push(ContainerDemand {
         name: c.name.clone(),
         kind,
-        gpu_count: count,
-        gpu_milli: share.unwrap_or(1000),
+        gpu_count: count.max(1),
+        gpu_milli: if milli > 0 { milli } else { 1000 },
+        share: milli > 0,
     });
     Ok(())
 }
@@ -311,6 +341,23 @@ pub fn split_devices(
     containers: &[ContainerDemand],
     devices: &[gpuplace_model::DeviceShare],
 ) -> Vec<ContainerAssignment> {
+    if containers.iter().any(ContainerDemand::is_share) {
+        // Every container of a share pod uses the one GPU, with its own part of the share.
+        return containers
+            .iter()
+            .map(|c| ContainerAssignment {
+                name: c.name.clone(),
+                devices: devices
+                    .first()
+                    .map(|d| gpuplace_model::DeviceShare {
+                        milli: c.gpu_milli,
+                        ..d.clone()
+                    })
+                    .into_iter()
+                    .collect(),
+            })
+            .collect();
+    }
     let needs: Vec<gpuplace_model::ContainerNeed> =
         containers.iter().map(ContainerDemand::need).collect();
     gpuplace_model::plan_containers(&needs, devices)
@@ -384,28 +431,67 @@ mod tests {
     }
 
     #[test]
-    fn fractional_shares_and_bad_annotations() {
-        let mut p = pod(serde_json::json!({
+    fn shares_are_a_resource_and_bad_asks_are_named() {
+        let share = |containers: serde_json::Value| {
+            pod(serde_json::json!({"metadata": {"name": "p"}, "spec": containers}))
+        };
+        let p = share(serde_json::json!({
+            "initContainers": [{"name": "i", "resources": {"limits": {"gpuplace.io/gpu-milli": "300"}}}],
+            "containers": [
+                {"name": "a", "resources": {"limits": {"gpuplace.io/gpu-milli": "250"}}},
+                {"name": "b", "resources": {"limits": {"gpuplace.io/gpu-milli": "100"}}}
+            ]
+        }));
+        let d = pod_demand(&p, "nvidia.com/gpu").unwrap();
+        // max(250 + 100 of the apps, 300 of the init container), on one GPU.
+        assert_eq!((d.request.gpu_count, d.request.gpu_milli), (1, 350));
+        assert!(!d.extended.contains_key("nvidia.com/gpu"));
+        let gpu = gpuplace_model::DeviceShare {
+            index: 3,
+            id: "g3".into(),
+            milli: 350,
+        };
+        let split = split_devices(&d.containers, &[gpu]);
+        let parts: Vec<(String, u32)> = split
+            .iter()
+            .map(|c| (c.devices[0].id.clone(), c.devices[0].milli))
+            .collect();
+        assert_eq!(
+            parts,
+            vec![("g3".into(), 300), ("g3".into(), 250), ("g3".into(), 100)]
+        );
+        let mixed = share(serde_json::json!({"containers": [
+            {"name": "a", "resources": {"limits": {"gpuplace.io/gpu-milli": "250", "nvidia.com/gpu": "1"}}}
+        ]}));
+        assert!(matches!(
+            pod_demand(&mixed, "nvidia.com/gpu"),
+            Err(DemandError::MixedShare { .. })
+        ));
+        let mixed = share(serde_json::json!({"containers": [
+            {"name": "a", "resources": {"limits": {"gpuplace.io/gpu-milli": "250"}}},
+            {"name": "b", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+        ]}));
+        assert!(matches!(
+            pod_demand(&mixed, "nvidia.com/gpu"),
+            Err(DemandError::MixedPod { .. })
+        ));
+        let big = share(serde_json::json!({"containers": [
+            {"name": "a", "resources": {"limits": {"gpuplace.io/gpu-milli": "700"}}},
+            {"name": "b", "resources": {"limits": {"gpuplace.io/gpu-milli": "700"}}}
+        ]}));
+        assert_eq!(
+            pod_demand(&big, "nvidia.com/gpu").unwrap_err().to_string(),
+            "the pod's gpuplace.io/gpu-milli totals 1400 (counted as Kubernetes counts requests); a share is of one GPU, at most 1000"
+        );
+        let old = pod(serde_json::json!({
             "metadata": {"name": "p", "annotations": {"gpuplace.io/gpu-milli": "250"}},
             "spec": {"containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
         }));
-        let d = pod_demand(&p, "nvidia.com/gpu").unwrap();
-        assert_eq!((d.request.gpu_count, d.request.gpu_milli), (1, 250));
-        p.metadata
-            .annotations
-            .as_mut()
-            .unwrap()
-            .insert(GPU_MILLI_ANNOTATION.into(), "lots".into());
-        assert_eq!(
-            pod_demand(&p, "nvidia.com/gpu").unwrap_err().to_string(),
-            "annotation gpuplace.io/gpu-milli: \"lots\" is not a whole number of milli-GPU"
+        let e = pod_demand(&old, "nvidia.com/gpu").unwrap_err().to_string();
+        assert!(
+            e.starts_with("annotation gpuplace.io/gpu-milli: \"250\": a share is asked as the container resource gpuplace.io/gpu-milli"),
+            "{e}"
         );
-        p.metadata
-            .annotations
-            .as_mut()
-            .unwrap()
-            .insert(GPU_MILLI_ANNOTATION.into(), "2000".into());
-        assert!(pod_demand(&p, "nvidia.com/gpu").is_err());
         assert!(
             Assignment::from_json("{\"node\": 1}")
                 .unwrap_err()

@@ -112,16 +112,32 @@ fn allocatable(node: &Node, name: &str) -> i128 {
         .unwrap_or(0)
 }
 
-/// The node's inventory: CPU and memory from allocatable; GPUs from the device plugin's
-/// annotation when it is valid and its healthy GPUs are as many as the kubelet's
-/// allocatable count (the kubelet counts healthy devices only; an unhealthy GPU stays in
-/// the inventory with no capacity, so the others keep their real IDs), else `count` plain
-/// GPUs named `<node>-gpu<i>` with the GFD product label as model.
+/// Time-slicing replicas per GPU the node's device plugin advertises (`nvidia.com/gpu.replicas`,
+/// set by gpuplace's plugin and by GFD); 1 without.
+pub fn replicas_of(node: &Node) -> u32 {
+    node.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get("nvidia.com/gpu.replicas"))
+        .and_then(|r| r.trim().parse::<u32>().ok())
+        .filter(|r| (1..=64).contains(r))
+        .unwrap_or(1)
+}
+
+/// The node's inventory: CPU and memory from allocatable; GPUs, links and health from the
+/// device plugin's annotation whenever it is valid, so one unhealthy GPU never costs the
+/// node its topology. The kubelet's allocatable count (healthy devices, divided by the
+/// time-slicing replicas) says how many GPUs it will admit pods to: while it is lower than
+/// the annotation's healthy GPUs (a GPU back to health that the kubelet's node status, sent
+/// every 10 s, does not show yet; 0 before the plugin registered), the last healthy GPUs
+/// beyond it get no capacity. Without a valid annotation: `count` plain GPUs named
+/// `<node>-gpu<i>` with the GFD product label as model.
 pub fn inventory_of(node: &Node, gpu_resource: &str) -> (NodeInventory, Option<String>) {
     let name = node.metadata.name.clone().unwrap_or_default();
     let cpu_milli = u64::try_from(allocatable(node, "cpu")).unwrap_or(0);
     let memory_mib = (u64::try_from(allocatable(node, "memory")).unwrap_or(0) / 1000) >> 20;
-    let count = u32::try_from(allocatable(node, gpu_resource) / 1000).unwrap_or(0);
+    let replicas = replicas_of(node);
+    let count = u32::try_from(allocatable(node, gpu_resource) / 1000).unwrap_or(0) / replicas;
     let labels = node.metadata.labels.clone().unwrap_or_default();
     let mut warning = None;
     if let Some(text) = node
@@ -131,17 +147,29 @@ pub fn inventory_of(node: &Node, gpu_resource: &str) -> (NodeInventory, Option<S
         .and_then(|a| a.get(INVENTORY_ANNOTATION))
     {
         match NodeInventory::from_json(text) {
-            Ok(mut inv) if inv.gpus.iter().filter(|g| g.healthy).count() as u32 == count => {
+            Ok(mut inv) => {
+                let healthy = inv.gpus.iter().filter(|g| g.healthy).count() as u32;
+                if count < healthy {
+                    if count > 0 {
+                        warning = Some(format!(
+                            "node {name}: {INVENTORY_ANNOTATION} lists {healthy} healthy GPUs but {gpu_resource} allocatable is {count}; the last {} are not used until the kubelet counts them",
+                            healthy - count
+                        ));
+                    }
+                    let mut keep = count;
+                    for gpu in inv.gpus.iter_mut().filter(|g| g.healthy) {
+                        if keep == 0 {
+                            gpu.healthy = false;
+                        } else {
+                            keep -= 1;
+                        }
+                    }
+                }
                 inv.name = name;
                 inv.cpu_milli = cpu_milli;
                 inv.memory_mib = memory_mib;
-                return (inv, None);
-            }
-            Ok(inv) => {
-                warning = Some(format!(
-                    "node {name}: {INVENTORY_ANNOTATION} lists {} healthy GPUs but {gpu_resource} allocatable is {count}; using the count",
-                    inv.gpus.iter().filter(|g| g.healthy).count()
-                ))
+                inv.replicas = replicas;
+                return (inv, warning);
             }
             Err(e) => {
                 warning = Some(format!(
@@ -163,6 +191,7 @@ pub fn inventory_of(node: &Node, gpu_resource: &str) -> (NodeInventory, Option<S
         gpu.memory_mib = gpu_memory;
     }
     inv.labels = labels;
+    inv.replicas = replicas;
     (inv, warning)
 }
 
@@ -346,6 +375,8 @@ impl Snapshot {
             }
         };
         let inventory = self.state.inventory(n);
+        // What the pod holds of each of its GPUs (a replica on a time-sliced node).
+        let milli = self.state.effective(n, &demand.request).gpu_milli.max(1);
         let mut gpus: Vec<(usize, u32)> = Vec::new();
         let position = |id: &str| inventory.gpus.iter().position(|g| g.id == id);
         // The node's record of what the kubelet really gave the pod wins over the plan.
@@ -356,7 +387,7 @@ impl Snapshot {
                     if let Some(pos) = position(&share.id)
                         && !gpus.iter().any(|(p, _)| *p == pos)
                     {
-                        gpus.push((pos, demand.request.gpu_milli.max(1)));
+                        gpus.push((pos, milli));
                     }
                 }
             }
@@ -373,10 +404,11 @@ impl Snapshot {
             match Assignment::from_json(text) {
                 Ok(a) if a.node == node_name => {
                     for share in a.devices() {
+                        // The pod's share, not one container's part of it.
                         if let Some(pos) = position(&share.id)
                             && !gpus.iter().any(|(p, _)| *p == pos)
                         {
-                            gpus.push((pos, share.milli));
+                            gpus.push((pos, milli));
                         }
                     }
                 }
@@ -395,8 +427,8 @@ impl Snapshot {
                 if gpus.len() == demand.request.gpu_count as usize {
                     break;
                 }
-                if free >= demand.request.gpu_milli {
-                    gpus.push((pos, demand.request.gpu_milli));
+                if free >= milli {
+                    gpus.push((pos, milli));
                 }
             }
         }
@@ -445,18 +477,35 @@ mod tests {
 
     #[test]
     fn an_unhealthy_gpu_keeps_the_others_real_ids() {
-        // The kubelet counts 3 of 4 GPUs (one unhealthy): the inventory still applies.
+        let healthy =
+            |inv: &NodeInventory| -> Vec<bool> { inv.gpus.iter().map(|g| g.healthy).collect() };
+        // The kubelet counts 3 of 4 GPUs (one unhealthy): the inventory applies.
         let (inv, warning) = inventory_of(&node("3", &[true, false, true, true]), "nvidia.com/gpu");
         assert_eq!(warning, None);
         assert_eq!(inv.gpus.len(), 4);
         assert_eq!(inv.gpus[2].id, "GPU-2");
-        assert!(!inv.gpus[1].healthy);
-        // Counts that disagree fall back to plain GPUs, with a warning.
+        assert_eq!(healthy(&inv), vec![true, false, true, true]);
+        // The kubelet's status still counts a GPU the plugin found unhealthy: the topology
+        // and the health stay the plugin's.
         let (inv, warning) = inventory_of(&node("4", &[true, false, true, true]), "nvidia.com/gpu");
-        assert!(warning.is_some_and(|w| w.contains("3 healthy GPUs")));
-        assert_eq!(inv.gpus[0].id, "n1-gpu0");
-        // No plugin registered yet: nothing to place on.
-        let (inv, _) = inventory_of(&node("0", &[true, true]), "nvidia.com/gpu");
-        assert!(inv.gpus.is_empty());
+        assert_eq!(warning, None);
+        assert_eq!(healthy(&inv), vec![true, false, true, true]);
+        // The kubelet counts fewer than the plugin: the last GPUs wait, the topology stays.
+        let (inv, warning) = inventory_of(&node("2", &[true, true, true, true]), "nvidia.com/gpu");
+        assert!(warning.is_some_and(|w| w.contains("the last 2")));
+        assert_eq!(inv.gpus[3].id, "GPU-3");
+        assert_eq!(healthy(&inv), vec![true, true, false, false]);
+        // No plugin registered yet: the GPUs are known, none takes a pod.
+        let (inv, warning) = inventory_of(&node("0", &[true, true]), "nvidia.com/gpu");
+        assert_eq!(warning, None);
+        assert_eq!(healthy(&inv), vec![false, false]);
+        // Time-slicing replicas: 4 GPUs advertised 4 times each are 4 GPUs.
+        let mut replicated = node("16", &[true, true, true, true]);
+        replicated.metadata.labels =
+            Some([("nvidia.com/gpu.replicas".to_string(), "4".to_string())].into());
+        let (inv, warning) = inventory_of(&replicated, "nvidia.com/gpu");
+        assert_eq!(warning, None);
+        assert_eq!((inv.gpus.len(), replicas_of(&replicated)), (4, 4));
+        assert!(inv.gpus.iter().all(|g| g.healthy));
     }
 }

@@ -20,16 +20,8 @@ async fn mixed_workload_gets_exact_devices() {
     api.put_node(node("t4", 2, json!({"metadata": {"labels": {"nvidia.com/gpu.product": "Tesla-T4", "nvidia.com/gpu.memory": "15360"}}})));
     api.put_node(node("cpu", 0, json!({})));
     api.put_pod(pod("pair", 2, json!({})));
-    api.put_pod(pod(
-        "half-a",
-        1,
-        json!({"metadata": {"annotations": {"gpuplace.io/gpu-milli": "500"}}}),
-    ));
-    api.put_pod(pod(
-        "half-b",
-        1,
-        json!({"metadata": {"annotations": {"gpuplace.io/gpu-milli": "500"}}}),
-    ));
+    api.put_pod(pod("half-a", 1, share("500")));
+    api.put_pod(pod("half-b", 1, share("500")));
     api.put_pod(pod("cpu-only", 0, json!({})));
     api.put_pod(pod(
         "two-containers",
@@ -253,16 +245,10 @@ async fn restart_mid_stream_never_double_books() {
     }
     for i in 0..40 {
         let (gpus, extra) = match i % 4 {
-            0 => (
-                1,
-                json!({"metadata": {"annotations": {"gpuplace.io/gpu-milli": "300"}}}),
-            ),
+            0 => (1, share("300")),
             1 => (1, json!({})),
             2 => (2, json!({})),
-            _ => (
-                1,
-                json!({"metadata": {"annotations": {"gpuplace.io/gpu-milli": "700"}}}),
-            ),
+            _ => (1, share("700")),
         };
         api.put_pod(pod(&format!("p{i:02}"), gpus, extra));
         if i == 19 {
@@ -403,11 +389,7 @@ async fn event_messages_snapshot() {
         json!({"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
             {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["H100"]}]}]}}}}}),
     ));
-    api.put_pod(pod(
-        "bad-share",
-        1,
-        json!({"metadata": {"annotations": {"gpuplace.io/gpu-milli": "1500"}}}),
-    ));
+    api.put_pod(pod("bad-share", 1, share("1500")));
     api.put_pod(pod(
         "bad-cpu",
         0,
@@ -432,4 +414,43 @@ async fn event_messages_snapshot() {
         .collect();
     lines.sort();
     insta::assert_snapshot!(lines.join("\n"));
+}
+
+/// A node whose device plugin time-slices its 2 GPUs into 4 replicas each (allocatable
+/// `nvidia.com/gpu: 8`, label `nvidia.com/gpu.replicas: 4`): the scheduler keeps its two
+/// real GPUs and places eight one-GPU pods, each a quarter of one GPU, four per GPU; a
+/// ninth stays Pending.
+#[tokio::test]
+async fn time_sliced_replicas_keep_the_real_gpus_and_pack_one_gpu_pods() {
+    let api = MemoryApi::new();
+    let mut inv = gpuplace_model::NodeInventory::uniform("ts", 0, 0, 2, "A100");
+    for g in &mut inv.gpus {
+        g.id = format!("GPU-ts-{}", g.index);
+    }
+    api.put_node(node(
+        "ts",
+        8,
+        json!({"metadata": {"labels": {"nvidia.com/gpu.replicas": "4"},
+            "annotations": {"gpuplace.io/inventory": inv.to_json()}}}),
+    ));
+    for i in 0..9 {
+        api.put_pod(pod(&format!("r{i}"), 1, json!({})));
+    }
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    let report = scheduler.round(Instant::now()).await.unwrap();
+    assert_eq!(report.bound, 8, "{report:?}");
+    let mut per_gpu: std::collections::HashMap<String, u32> = Default::default();
+    for i in 0..9 {
+        if let Some(a) = assignment(&api, &format!("r{i}")) {
+            let d = &a.containers[0].devices[0];
+            assert_eq!(d.milli, 250);
+            *per_gpu.entry(d.id.clone()).or_default() += d.milli;
+        }
+    }
+    assert_eq!(per_gpu.len(), 2, "{per_gpu:?}");
+    assert!(per_gpu.values().all(|m| *m == 1000), "{per_gpu:?}");
+    // A restarted scheduler counts the bound replicas the same way: still full.
+    let mut again = Scheduler::new(api.clone(), config());
+    let report = again.round(Instant::now()).await.unwrap();
+    assert_eq!(report.bound, 0, "{report:?}");
 }

@@ -120,11 +120,7 @@ async fn schedule(
 fn shaped(name: &str, rng: &mut ChaCha8Rng) -> k8s_openapi::api::core::v1::Pod {
     let mut pod = match rng.random_range(0..4) {
         0 => pod(name, [1, 2, 4, 8][rng.random_range(0..4)], json!({})),
-        1 => pod(
-            name,
-            1,
-            json!({"metadata": {"annotations": {"gpuplace.io/gpu-milli": "500"}}}),
-        ),
+        1 => pod(name, 1, share("500")),
         2 => pod(
             name,
             2,

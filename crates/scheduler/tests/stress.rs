@@ -53,15 +53,17 @@ fn gpu_pod(name: &str, containers: &[u32], milli: Option<u32>, priority: i32) ->
         .iter()
         .enumerate()
         .map(|(i, g)| {
+            // A share asks the share resource instead of whole GPUs.
+            let limits = match milli {
+                Some(m) => json!({"gpuplace.io/gpu-milli": m.to_string()}),
+                None => json!({"nvidia.com/gpu": g.to_string()}),
+            };
             json!({"name": format!("c{i}"), "resources": {
                 "requests": {"cpu": "1", "memory": "2Gi"},
-                "limits": {"nvidia.com/gpu": g.to_string()}}})
+                "limits": limits}})
         })
         .collect();
-    let mut annotations = serde_json::Map::new();
-    if let Some(m) = milli {
-        annotations.insert("gpuplace.io/gpu-milli".into(), json!(m.to_string()));
-    }
+    let annotations = serde_json::Map::new();
     json!({
         "metadata": {"name": name, "namespace": "ml", "annotations": annotations},
         "spec": {"schedulerName": "gpuplace", "priority": priority, "containers": containers},

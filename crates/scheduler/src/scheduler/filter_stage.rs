@@ -100,6 +100,16 @@ impl Filtered {
 pub struct NodeFilter {
     verdicts: Vec<Result<(), NodeRejection>>,
     plain: Filtered,
+    /// `plain` without the nodes whose device plugin advertises no shares (made on first
+    /// use by a share pod).
+    shares: std::sync::OnceLock<Filtered>,
+}
+
+/// Whether node `n` advertises the share resource (`gpuplace.io/gpu-milli`).
+fn has_shares(scalars: &Scalars, n: usize) -> bool {
+    scalars.free[n]
+        .get(crate::demand::SHARE_RESOURCE)
+        .is_some_and(|slices| *slices > 0)
 }
 
 pub type Verdicts = Arc<NodeFilter>;
@@ -122,13 +132,33 @@ pub fn filter_nodes<'a>(
     filter: &'a NodeFilter,
     demand: &crate::demand::PodDemand,
 ) -> Cow<'a, Filtered> {
+    let share = demand.is_share();
     if !scalars.must_check(&demand.extended) {
+        if share {
+            let mask = filter.shares.get_or_init(|| {
+                let verdicts = filter.verdicts.iter().enumerate().map(|(n, v)| match v {
+                    Err(r) => Err(r.clone()),
+                    Ok(()) if has_shares(scalars, n) => Ok(()),
+                    Ok(()) => Err(NodeRejection::Extended(
+                        crate::demand::SHARE_RESOURCE.to_string(),
+                    )),
+                });
+                let verdicts: Vec<Result<(), NodeRejection>> = verdicts.collect();
+                mask_of(verdicts.iter().map(|v| v.as_ref().map(|_| ())))
+            });
+            return Cow::Borrowed(mask);
+        }
         return Cow::Borrowed(&filter.plain);
     }
     let shortfall = |n: usize| {
         // A node that declares no pod limit is not limited.
         if scalars.free[n].get("pods").is_some_and(|slots| *slots < 1) {
             return Some(NodeRejection::Extended("pods".into()));
+        }
+        if share && !has_shares(scalars, n) {
+            return Some(NodeRejection::Extended(
+                crate::demand::SHARE_RESOURCE.to_string(),
+            ));
         }
         demand
             .extended
@@ -281,7 +311,11 @@ impl VerdictCache {
             .map(|n| check_node(n, terms))
             .collect();
         let plain = mask_of(verdicts.iter().map(|v| v.as_ref().map(|_| ())));
-        let filter = Arc::new(NodeFilter { verdicts, plain });
+        let filter = Arc::new(NodeFilter {
+            verdicts,
+            plain,
+            shares: std::sync::OnceLock::new(),
+        });
         self.by_key.insert(pod.filter_key.clone(), filter.clone());
         filter
     }

@@ -17,7 +17,8 @@ pub fn node(name: &str, gpus: u32, extra: serde_json::Value) -> Node {
         "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
         "status": {
             "conditions": [{"type": "Ready", "status": "True"}],
-            "allocatable": {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": gpus.to_string(), "pods": "110"}
+            "allocatable": {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": gpus.to_string(),
+                "gpuplace.io/gpu-milli": (gpus * 1000).to_string(), "pods": "110"}
         }
     });
     merge(&mut v, extra);
@@ -77,6 +78,13 @@ pub fn pod(name: &str, gpus: u32, extra: serde_json::Value) -> Pod {
     });
     merge(&mut v, extra);
     serde_json::from_value(v).unwrap()
+}
+
+/// The `extra` of [`pod`] for a share of one GPU: its one container asks
+/// `gpuplace.io/gpu-milli: milli` instead of whole GPUs.
+pub fn share(milli: &str) -> serde_json::Value {
+    json!({"spec": {"containers": [{"name": "main", "resources": {"requests": {"cpu": "2", "memory": "8Gi"},
+        "limits": {"gpuplace.io/gpu-milli": milli}}}]}})
 }
 
 pub fn config() -> SchedulerConfig {
