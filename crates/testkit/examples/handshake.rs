@@ -36,6 +36,9 @@ async fn main() -> Result<(), String> {
             numa_alignment: false,
             pod_resources_get: true,
             round_interval: Duration::from_millis(5),
+            policy: None,
+            placer_seed: None,
+            exact_resources: false,
         },
     )
     .await?;

@@ -18,8 +18,9 @@
 mod cluster_api;
 mod costs;
 mod objects;
+mod watches;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -71,7 +72,13 @@ pub(super) struct Store {
     cache_rv: u64,
     relists: usize,
     /// Every pod change ever (resourceVersion, key), for node-side watches.
-    changes: Vec<(u64, (String, String))>,
+    changes: ChangeLog,
+    /// The same per node (the node a pod is bound to, or was when deleted).
+    node_changes: HashMap<String, ChangeLog>,
+    /// The node each bound pod is on, to tell its node of its deletion.
+    pod_node: HashMap<(String, String), String>,
+    /// Per node, the resourceVersion of its pods' last change, for watchers to wait on.
+    node_watchers: HashMap<String, tokio::sync::watch::Sender<u64>>,
 }
 
 impl Default for Store {
@@ -102,6 +109,9 @@ impl Default for Store {
             cache_rv: 0,
             relists: 0,
             changes: Vec::new(),
+            node_changes: HashMap::new(),
+            pod_node: HashMap::new(),
+            node_watchers: HashMap::new(),
         }
     }
 }
@@ -139,9 +149,30 @@ impl Store {
         self.remember(key);
     }
 
-    /// Keeps pod `key` as it is now as the version of the latest change.
+    /// Keeps pod `key` as it is now as the version of the latest change, and tells the
+    /// watchers of its node (the node it is bound to, or was before it was deleted).
     fn remember(&mut self, key: &(String, String)) {
         let pod = self.pods.get(key).cloned();
+        let node = pod
+            .as_ref()
+            .and_then(|p| p.spec.as_ref().and_then(|s| s.node_name.clone()));
+        let node = match node {
+            Some(node) => {
+                self.pod_node.insert(key.clone(), node.clone());
+                Some(node)
+            }
+            None => self.pod_node.remove(key),
+        };
+        if let Some(node) = node {
+            let version = self.version;
+            self.node_changes
+                .entry(node.clone())
+                .or_default()
+                .push((version, key.clone()));
+            if let Some(tx) = self.node_watchers.get(&node) {
+                tx.send_replace(version);
+            }
+        }
         self.history.insert(self.version, pod);
     }
 
@@ -246,6 +277,9 @@ impl Default for MemoryApi {
 /// A pod change as a watch on some pods delivers it: the pod at its latest version, or
 /// `None` once it is deleted.
 pub type PodChange = ((String, String), Option<Arc<Pod>>);
+
+/// Pod changes in order: (resourceVersion, namespace and name).
+type ChangeLog = Vec<(u64, (String, String))>;
 
 pub(super) fn lock(store: &Mutex<Store>) -> std::sync::MutexGuard<'_, Store> {
     store.lock().unwrap_or_else(|p| p.into_inner())
@@ -374,33 +408,6 @@ impl MemoryApi {
         self.pod_version.send_replace(v);
     }
 
-    /// Pod changes after resourceVersion `since` (each key once, at its latest version)
-    /// and the resourceVersion they reach.
-    pub fn pod_changes_since(&self, since: u64) -> (Vec<PodChange>, u64) {
-        let s = lock(&self.store);
-        let start = s.changes.partition_point(|(rv, _)| *rv <= since);
-        let mut seen = std::collections::HashSet::new();
-        let mut out = Vec::new();
-        for (_, key) in &s.changes[start..] {
-            if seen.insert(key.clone()) {
-                out.push((key.clone(), s.pods.get(key).cloned()));
-            }
-        }
-        let reached = s
-            .changes
-            .last()
-            .map(|(rv, _)| *rv)
-            .unwrap_or(since)
-            .max(since);
-        (out, reached)
-    }
-
-    /// Waits until a pod changes after resourceVersion `since`.
-    pub async fn wait_pod_change(&self, since: u64) {
-        let mut rx = self.pod_version.subscribe();
-        let _ = rx.wait_for(|v| *v > since).await;
-    }
-
     /// Sets one annotation on a pod whose UID is `uid` (a merge patch guarded by the UID).
     pub fn set_annotation(
         &self,
@@ -478,6 +485,18 @@ impl MemoryApi {
 
     pub fn events(&self) -> Vec<EventRecord> {
         lock(&self.store).events.clone()
+    }
+
+    /// The events from position `from` on, and how many there are in all.
+    pub fn events_since(&self, from: usize) -> (Vec<EventRecord>, usize) {
+        let store = lock(&self.store);
+        let all = &store.events;
+        (
+            all.get(from..)
+                .map(<[EventRecord]>::to_vec)
+                .unwrap_or_default(),
+            all.len(),
+        )
     }
 
     pub fn bindings(&self) -> Vec<(PodKey, String)> {

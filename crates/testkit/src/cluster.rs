@@ -41,6 +41,12 @@ pub struct ClusterOptions {
     pub pod_resources_get: bool,
     /// Pause between scheduling rounds.
     pub round_interval: Duration,
+    /// The scheduler's policy and tie-break seed (`None`: its defaults and `seed`).
+    pub policy: Option<gpuplace_core::Policy>,
+    pub placer_seed: Option<u64>,
+    /// Nodes' allocatable CPU and memory are exactly their inventory's (else at least
+    /// 64 cores and 256 GiB, so example inventories without them take any pod).
+    pub exact_resources: bool,
 }
 
 /// One node's parts.
@@ -82,15 +88,24 @@ pub struct HandshakeCluster {
 
 /// The Node object a kubelet and the device plugin would make for `inventory`.
 pub fn node_object(name: &str, inventory: &NodeInventory) -> Node {
+    let mut inventory = inventory.clone();
+    inventory.cpu_milli = inventory.cpu_milli.max(64_000);
+    inventory.memory_mib = inventory.memory_mib.max(262_144);
+    exact_node_object(name, &inventory)
+}
+
+/// [`node_object`] with the inventory's CPU and memory as they are.
+pub fn exact_node_object(name: &str, inventory: &NodeInventory) -> Node {
     serde_json::from_value(json!({
         "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name},
             "annotations": {INVENTORY_ANNOTATION: inventory.to_json()}},
         "status": {
             "conditions": [{"type": "Ready", "status": "True"}],
             "allocatable": {
-                "cpu": format!("{}m", inventory.cpu_milli.max(64_000)),
-                "memory": format!("{}Mi", inventory.memory_mib.max(262_144)),
-                "nvidia.com/gpu": inventory.gpus.len().to_string(),
+                "cpu": format!("{}m", inventory.cpu_milli),
+                "memory": format!("{}Mi", inventory.memory_mib),
+                "nvidia.com/gpu": inventory.gpus.iter().filter(|g| g.healthy).count().to_string(),
+                gpuplace_model::SHARE_RESOURCE: (inventory.gpus.iter().filter(|g| g.healthy).count() * 1000).to_string(),
                 "pods": "110"
             }
         }
@@ -114,10 +129,18 @@ impl HandshakeCluster {
         for (i, (name, file)) in options.nodes.iter().enumerate() {
             let node_dir = dir.join(name);
             std::fs::create_dir_all(&node_dir).map_err(|e| e.to_string())?;
-            let backend = FakeBackend::start(file, name, Duration::from_millis(200))
-                .map_err(|e| e.to_string())?;
+            // Each node polls files and lists its kubelet on its own: on a large cluster
+            // in one process they poll less often, or the polling is all the machine does.
+            let big = options.nodes.len() > 100;
+            let slow = |fast: u64, slow: u64| Duration::from_millis(if big { slow } else { fast });
+            let backend =
+                FakeBackend::start(file, name, slow(200, 10_000)).map_err(|e| e.to_string())?;
             let inventory = backend.watch().borrow().clone();
-            api.put_node(node_object(name, &inventory));
+            api.put_node(if options.exact_resources {
+                exact_node_object(name, &inventory)
+            } else {
+                node_object(name, &inventory)
+            });
             let mut node_options = NodeOptions::new(name);
             node_options.seed = options.seed.wrapping_add(i as u64 * 1000 + 1);
             node_options.admission_delay_ms = options.admission_delay_ms;
@@ -135,21 +158,21 @@ impl HandshakeCluster {
                     publish_inventory: Some(false),
                     handshake: Some(true),
                     pod_resources_socket: Some(fake.pod_resources_socket().to_path_buf()),
-                    poll_interval_ms: Some(100),
+                    poll_interval_ms: Some(slow(100, 5_000).as_millis() as u64),
                     ..Settings::default()
                 }
                 .resolve()
                 .map_err(|e| e.to_string())?,
             );
             let metrics = Metrics::default();
-            let tables = service::device_tables(backend.watch(), 1, metrics.clone());
+            let tables = service::device_tables(backend.watch(), 1, config.shares, metrics.clone());
             let pods = NodePods::new(&config.resource, name);
             let handshake = Handshake::new(
                 HandshakeConfig {
                     node: name.clone(),
                     // Longer than production's 2 s: test machines run five clusters on 2 cores.
                     wait_for_watch: Duration::from_secs(5),
-                    resync: Duration::from_millis(500),
+                    resync: slow(500, 10_000),
                 },
                 pods.clone(),
                 PodResources::new(fake.pod_resources_socket(), &config.resource),
@@ -181,7 +204,7 @@ impl HandshakeCluster {
             }));
             if fake
                 .kubelet
-                .wait_for_registrations(1, Duration::from_secs(10))
+                .wait_for_registrations(2, Duration::from_secs(10))
                 .await
                 .is_none()
             {
@@ -200,7 +223,8 @@ impl HandshakeCluster {
         let mut scheduler = Scheduler::new(
             scheduler_api,
             SchedulerConfig {
-                seed: options.seed,
+                seed: options.placer_seed.unwrap_or(options.seed),
+                policy: options.policy.unwrap_or(SchedulerConfig::default().policy),
                 queue: gpuplace_scheduler::scheduler::QueueConfig {
                     initial_backoff: Duration::from_millis(5),
                     max_backoff: Duration::from_millis(20),

@@ -22,12 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gpuplace_kubelet_api::HEALTHY;
 use gpuplace_kubelet_api::podresources::pod_resources_lister_server::PodResourcesListerServer;
-use gpuplace_kubelet_api::v1beta1::{
-    AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, Device,
-    PreferredAllocationRequest,
-};
 use gpuplace_model::{ASSIGNMENT_ANNOTATION, ContainerKind};
 use k8s_openapi::api::core::v1::Pod;
 use rand::seq::SliceRandom;
@@ -41,6 +36,8 @@ use tokio_stream::wrappers::UnixListenerStream;
 pub use crate::kubelet_record::Admission;
 use crate::kubelet_record::{Entry, Lister, NodeState, lock};
 use crate::{FakeKubelet, MemoryApi};
+
+mod allocate;
 
 /// How the fake node behaves.
 #[derive(Clone, Debug)]
@@ -161,6 +158,37 @@ impl FakeNode {
         lock(&self.state).double_use
     }
 
+    /// Milli-GPU per GPU ID by the record: a whole device is 1000, a slice of the share
+    /// resource 1 (time-slicing replicas count 1000 each).
+    pub fn gpu_milli(&self) -> HashMap<String, u32> {
+        let mut out: HashMap<String, u32> = HashMap::new();
+        for pod in self.record().values() {
+            // A device reused by a later container is the pod's once.
+            let ids: std::collections::HashSet<&String> = pod.values().flatten().collect();
+            for id in ids {
+                match gpuplace_deviceplugin::devices::slice_gpu(id) {
+                    Some(gpu) => *out.entry(gpu.to_string()).or_default() += 1,
+                    None => {
+                        let gpu = id.split("::").next().unwrap_or(id);
+                        *out.entry(gpu.to_string()).or_default() += 1000;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// GPUs over 1000 milli by the record (whole use plus shares, or shares beyond 1000).
+    pub fn overcommitted(&self) -> Vec<(String, u32)> {
+        let mut over: Vec<(String, u32)> = self
+            .gpu_milli()
+            .into_iter()
+            .filter(|(_, m)| *m > 1000)
+            .collect();
+        over.sort();
+        over
+    }
+
     pub async fn stop(mut self) {
         let _ = self.stop.send(true);
         for t in self.tasks.drain(..) {
@@ -182,21 +210,32 @@ struct Admitter {
     kubelet_shared: crate::KubeletHandle,
 }
 
-/// The GPU containers of a pod in admission order.
-fn gpu_containers(pod: &Pod, resource: &str) -> Vec<(String, ContainerKind, usize)> {
+/// What one container asks of each device plugin resource: (resource, devices).
+type Asks = Vec<(String, usize)>;
+
+/// The containers of a pod in admission order, with what they ask of `resources`.
+fn gpu_containers(pod: &Pod, resources: &[&str]) -> Vec<(String, ContainerKind, Asks)> {
     let Some(spec) = pod.spec.as_ref() else {
         return Vec::new();
     };
-    let count = |c: &k8s_openapi::api::core::v1::Container| {
+    let count = |c: &k8s_openapi::api::core::v1::Container| -> Asks {
         let r = c.resources.as_ref();
-        r.and_then(|r| r.requests.as_ref())
-            .and_then(|m| m.get(resource))
-            .or_else(|| {
-                r.and_then(|r| r.limits.as_ref())
-                    .and_then(|m| m.get(resource))
+        resources
+            .iter()
+            .map(|resource| {
+                let n = r
+                    .and_then(|r| r.requests.as_ref())
+                    .and_then(|m| m.get(*resource))
+                    .or_else(|| {
+                        r.and_then(|r| r.limits.as_ref())
+                            .and_then(|m| m.get(*resource))
+                    })
+                    .and_then(|q| q.0.parse::<usize>().ok())
+                    .unwrap_or(0);
+                (resource.to_string(), n)
             })
-            .and_then(|q| q.0.parse::<usize>().ok())
-            .unwrap_or(0)
+            .filter(|(_, n)| *n > 0)
+            .collect()
     };
     let mut out = Vec::new();
     for c in spec.init_containers.iter().flatten() {
@@ -224,7 +263,7 @@ impl Admitter {
             let next_release = terminating.iter().map(|(t, _, _)| *t).min();
             tokio::select! {
                 _ = stop.wait_for(|s| *s) => return,
-                _ = self.api.wait_pod_change(since) => {}
+                _ = self.api.wait_node_pod_change(&self.options.node, since) => {}
                 _ = async {
                     match next_release {
                         Some(t) => tokio::time::sleep_until(t).await,
@@ -248,7 +287,7 @@ impl Admitter {
             if hi > 0 {
                 tokio::time::sleep(Duration::from_millis(rng.random_range(lo..=hi))).await;
             }
-            let (changes, reached) = self.api.pod_changes_since(since);
+            let (changes, reached) = self.api.node_pod_changes_since(&self.options.node, since);
             if reached == since {
                 continue;
             }
@@ -316,9 +355,25 @@ impl Admitter {
         lock(&self.state).active.retain(|_, e| e.uid != uid);
     }
 
+    /// The resource a device ID belongs to: slices are the share resource's.
+    fn resource_of(&self, id: &str) -> &str {
+        if gpuplace_deviceplugin::devices::slice_gpu(id).is_some() {
+            gpuplace_model::SHARE_RESOURCE
+        } else {
+            &self.options.resource
+        }
+    }
+
     async fn admit(&self, pod: &Pod, rng: &mut ChaCha8Rng) {
         let meta = &pod.metadata;
-        let containers = gpu_containers(pod, &self.options.resource);
+        let mut containers = gpu_containers(
+            pod,
+            &[&self.options.resource, gpuplace_model::SHARE_RESOURCE],
+        );
+        // Several extended resources of one container are visited in random order.
+        for (_, _, asks) in &mut containers {
+            asks.shuffle(rng);
+        }
         let mut admission = Admission {
             namespace: meta.namespace.clone().unwrap_or_else(|| "default".into()),
             name: meta.name.clone().unwrap_or_default(),
@@ -343,39 +398,50 @@ impl Admitter {
                     namespace: admission.namespace.clone(),
                     name: admission.name.clone(),
                     uid: admission.uid.clone(),
-                    kinds: containers.iter().map(|(n, k, _)| (n.clone(), *k)).collect(),
+                    kinds: containers
+                        .iter()
+                        .filter(|(_, _, asks)| !asks.is_empty())
+                        .map(|(n, k, _)| (n.clone(), *k))
+                        .collect(),
                     devices: HashMap::new(),
                 },
             );
             seq
         };
         let mut reuse: Vec<String> = Vec::new();
-        for (name, kind, count) in &containers {
-            if *count == 0 {
+        'containers: for (name, kind, asks) in &containers {
+            let mut got: Vec<String> = Vec::new();
+            for (resource, count) in asks {
+                let pool: Vec<String> = reuse
+                    .iter()
+                    .filter(|d| self.resource_of(d) == resource)
+                    .cloned()
+                    .collect();
+                match self
+                    .allocate_container(seq, name, resource, *count, &pool, rng, &mut admission)
+                    .await
+                {
+                    Ok(ids) => got.extend(ids),
+                    Err(e) => {
+                        admission.error = Some(e);
+                        break 'containers;
+                    }
+                }
+            }
+            if got.is_empty() {
                 continue;
             }
-            match self
-                .allocate_container(seq, name, *count, &reuse, rng, &mut admission)
-                .await
-            {
-                Ok(ids) => {
-                    match kind {
-                        ContainerKind::Init => {
-                            for d in &ids {
-                                if !reuse.contains(d) {
-                                    reuse.push(d.clone());
-                                }
-                            }
+            match kind {
+                ContainerKind::Init => {
+                    for d in &got {
+                        if !reuse.contains(d) {
+                            reuse.push(d.clone());
                         }
-                        _ => reuse.retain(|d| !ids.contains(d)),
                     }
-                    admission.containers.push((name.clone(), *kind, ids));
                 }
-                Err(e) => {
-                    admission.error = Some(e);
-                    break;
-                }
+                _ => reuse.retain(|d| !got.contains(d)),
             }
+            admission.containers.push((name.clone(), *kind, got));
         }
         if admission.error.is_some() {
             // Refused: the pod is Failed and its devices are freed at the next cleanup.
@@ -384,194 +450,5 @@ impl Admitter {
                 .set_phase(&admission.namespace, &admission.name, "Failed");
         }
         lock(&self.state).log.push(admission);
-    }
-
-    /// `devicesToAllocate` and Allocate for one container.
-    async fn allocate_container(
-        &self,
-        seq: u64,
-        container: &str,
-        needed: usize,
-        reuse: &[String],
-        rng: &mut ChaCha8Rng,
-        admission: &mut Admission,
-    ) -> Result<Vec<String>, String> {
-        let resource = &self.options.resource;
-        let mut allocated: Vec<String> = Vec::new();
-        let take = |allocated: &mut Vec<String>, from: &[String], rng: &mut ChaCha8Rng| {
-            let mut pool: Vec<String> = from
-                .iter()
-                .filter(|d| !allocated.contains(d))
-                .cloned()
-                .collect();
-            pool.shuffle(rng);
-            for d in pool {
-                if allocated.len() >= needed {
-                    break;
-                }
-                allocated.push(d);
-            }
-            allocated.len() == needed
-        };
-        let done = take(&mut allocated, reuse, rng);
-        if !done {
-            let devices: Vec<Device> = self.kubelet_shared.devices();
-            let in_use = lock(&self.state).in_use();
-            let available: Vec<&Device> = devices
-                .iter()
-                .filter(|d| d.health == HEALTHY && !in_use.contains(&d.id))
-                .collect();
-            let remaining = needed - allocated.len();
-            if available.len() < remaining {
-                return Err(format!(
-                    "UnexpectedAdmissionError: requested number of devices unavailable for {resource}. Requested: {remaining}, Available: {}",
-                    available.len()
-                ));
-            }
-            let ids = |v: &[&Device]| v.iter().map(|d| d.id.clone()).collect::<Vec<_>>();
-            let numa = |d: &Device| {
-                d.topology
-                    .as_ref()
-                    .and_then(|t| t.nodes.first())
-                    .map(|n| n.id)
-            };
-            let (aligned, unaligned, no_affinity): (Vec<&Device>, Vec<&Device>, Vec<&Device>) =
-                if self.options.numa_alignment {
-                    // The narrowest mask: the lowest NUMA node that can hold the rest alone,
-                    // else every node.
-                    let mut nodes: Vec<i64> = available.iter().filter_map(|d| numa(d)).collect();
-                    nodes.sort_unstable();
-                    nodes.dedup();
-                    let one = nodes.iter().copied().find(|n| {
-                        available.iter().filter(|d| numa(d) == Some(*n)).count() >= remaining
-                    });
-                    let in_mask = |d: &Device| match (one, numa(d)) {
-                        (Some(n), Some(m)) => n == m,
-                        (None, Some(_)) => true,
-                        _ => false,
-                    };
-                    (
-                        available.iter().copied().filter(|d| in_mask(d)).collect(),
-                        available
-                            .iter()
-                            .copied()
-                            .filter(|d| numa(d).is_some() && !in_mask(d))
-                            .collect(),
-                        available
-                            .iter()
-                            .copied()
-                            .filter(|d| numa(d).is_none())
-                            .collect(),
-                    )
-                } else {
-                    (Vec::new(), Vec::new(), available.clone())
-                };
-            let aligned_ids = ids(&aligned);
-            let available_ids = ids(&available);
-            let full = if remaining < aligned.len() {
-                let preferred = self
-                    .preferred(&aligned_ids, &allocated, needed, admission)
-                    .await?;
-                let offered: Vec<String> = preferred
-                    .into_iter()
-                    .filter(|d| aligned_ids.contains(d))
-                    .collect();
-                take(&mut allocated, &offered, rng) || take(&mut allocated, &aligned_ids, rng)
-            } else if take(&mut allocated, &aligned_ids, rng) {
-                true
-            } else {
-                let preferred = self
-                    .preferred(&available_ids, &allocated, needed, admission)
-                    .await?;
-                let offered: Vec<String> = preferred
-                    .into_iter()
-                    .filter(|d| available_ids.contains(d))
-                    .collect();
-                take(&mut allocated, &offered, rng)
-                    || take(&mut allocated, &ids(&unaligned), rng)
-                    || take(&mut allocated, &ids(&no_affinity), rng)
-            };
-            if !full {
-                return Err(format!(
-                    "unexpectedly allocated less resources than required. Requested: {needed}, Got: {}",
-                    allocated.len()
-                ));
-            }
-        }
-        let mut client = self
-            .kubelet_shared
-            .client(&self.dir)
-            .ok_or("no device plugin registered")?;
-        let reply = client
-            .allocate(AllocateRequest {
-                container_requests: vec![ContainerAllocateRequest {
-                    devices_ids: allocated.clone(),
-                }],
-            })
-            .await
-            .map_err(|s| format!("UnexpectedAdmissionError: Allocate failed: {}", s.message()))?;
-        if reply.into_inner().container_responses.is_empty() {
-            return Err("UnexpectedAdmissionError: empty Allocate response".into());
-        }
-        // The record and the checkpoint: the devices show in List from now on.
-        let mut state = lock(&self.state);
-        let others = state.in_use();
-        if allocated.iter().any(|d| {
-            others.contains(d)
-                && !state
-                    .active
-                    .get(&seq)
-                    .is_some_and(|e| e.devices.values().flatten().any(|x| x == d))
-        }) {
-            state.double_use += 1;
-        }
-        if let Some(e) = state.active.get_mut(&seq) {
-            e.devices.insert(container.to_string(), allocated.clone());
-        }
-        Ok(allocated)
-    }
-
-    async fn preferred(
-        &self,
-        available: &[String],
-        must: &[String],
-        size: usize,
-        admission: &mut Admission,
-    ) -> Result<Vec<String>, String> {
-        let mut client = self
-            .kubelet_shared
-            .client(&self.dir)
-            .ok_or("no device plugin registered")?;
-        admission.preferred_calls += 1;
-        let mut offered: Vec<String> = available.to_vec();
-        for m in must {
-            if !offered.contains(m) {
-                offered.push(m.clone());
-            }
-        }
-        let started = std::time::Instant::now();
-        let reply = client
-            .get_preferred_allocation(PreferredAllocationRequest {
-                container_requests: vec![ContainerPreferredAllocationRequest {
-                    available_device_i_ds: offered,
-                    must_include_device_i_ds: must.to_vec(),
-                    allocation_size: size as i32,
-                }],
-            })
-            .await
-            .map_err(|s| {
-                format!(
-                    "UnexpectedAdmissionError: GetPreferredAllocation failed: {}",
-                    s.message()
-                )
-            })?;
-        admission.preferred_latency.push(started.elapsed());
-        Ok(reply
-            .into_inner()
-            .container_responses
-            .into_iter()
-            .next()
-            .map(|r| r.device_i_ds)
-            .unwrap_or_default())
     }
 }

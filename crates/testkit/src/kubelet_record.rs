@@ -92,11 +92,23 @@ impl Lister {
                         .devices
                         .get(name)
                         .map(|ids| {
-                            vec![ContainerDevices {
-                                resource_name: self.resource.clone(),
-                                device_ids: ids.clone(),
+                            // One entry per resource, as the kubelet lists them.
+                            let (slices, whole): (Vec<String>, Vec<String>) =
+                                ids.iter().cloned().partition(|id| {
+                                    gpuplace_deviceplugin::devices::slice_gpu(id).is_some()
+                                });
+                            [
+                                (self.resource.clone(), whole),
+                                (gpuplace_model::SHARE_RESOURCE.to_string(), slices),
+                            ]
+                            .into_iter()
+                            .filter(|(_, ids)| !ids.is_empty())
+                            .map(|(resource_name, device_ids)| ContainerDevices {
+                                resource_name,
+                                device_ids,
                                 topology: None,
-                            }]
+                            })
+                            .collect()
                         })
                         .unwrap_or_default(),
                     ..Default::default()

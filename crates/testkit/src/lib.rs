@@ -11,6 +11,7 @@ pub mod cluster;
 pub mod kubelet_node;
 mod kubelet_record;
 pub mod node_feed;
+pub mod replay;
 pub mod workload;
 
 pub use api::MemoryApi;
@@ -224,11 +225,14 @@ impl FakeKubelet {
         lock(&self.shared).registrations.last().cloned()
     }
 
-    /// A client to the newest registered plugin's socket.
+    /// A client to the socket of the newest registered plugin of whole devices (not the
+    /// share resource's).
     pub fn plugin_client(&self) -> Option<DevicePluginClient<Channel>> {
         let endpoint = lock(&self.shared)
             .registrations
-            .last()?
+            .iter()
+            .rev()
+            .find(|r| r.request.resource_name != gpuplace_model::SHARE_RESOURCE)?
             .request
             .endpoint
             .clone();
@@ -255,35 +259,47 @@ impl FakeKubelet {
 #[derive(Clone)]
 pub struct KubeletHandle {
     shared: Arc<Mutex<Shared>>,
-    client: Arc<Mutex<Option<CachedClient>>>,
+    client: Arc<Mutex<std::collections::HashMap<String, CachedClient>>>,
 }
 
-/// A client and the registration count it was made for.
+/// A client and the registration it was made for (its position).
 type CachedClient = (usize, DevicePluginClient<Channel>);
 
 impl KubeletHandle {
-    /// The newest device list from ListAndWatch.
-    pub fn devices(&self) -> Vec<Device> {
-        lock(&self.shared)
+    /// The newest registration for `resource` and its position.
+    fn newest(&self, resource: &str) -> Option<(usize, Registered)> {
+        let shared = lock(&self.shared);
+        shared
             .registrations
-            .last()
-            .map(|r| r.devices.borrow().clone())
+            .iter()
+            .enumerate()
+            .rev()
+            .find(|(_, r)| r.request.resource_name == resource)
+            .map(|(i, r)| (i, r.clone()))
+    }
+
+    /// The newest device list from ListAndWatch of the plugin for `resource`.
+    pub fn devices(&self, resource: &str) -> Vec<Device> {
+        self.newest(resource)
+            .map(|(_, r)| r.devices.borrow().clone())
             .unwrap_or_default()
     }
 
-    /// The connection to the newest registered plugin (made again after a re-registration).
-    pub fn client(&self, dir: &Path) -> Option<DevicePluginClient<Channel>> {
-        let (count, endpoint) = {
-            let shared = lock(&self.shared);
-            let r = shared.registrations.last()?;
-            (shared.registrations.len(), r.request.endpoint.clone())
-        };
+    /// Whether a plugin for `resource` registered.
+    pub fn serves(&self, resource: &str) -> bool {
+        self.newest(resource).is_some()
+    }
+
+    /// The connection to the newest plugin registered for `resource` (made again after a
+    /// re-registration).
+    pub fn client(&self, dir: &Path, resource: &str) -> Option<DevicePluginClient<Channel>> {
+        let (position, r) = self.newest(resource)?;
         let mut cached = self.client.lock().unwrap_or_else(|p| p.into_inner());
-        match cached.as_ref() {
-            Some((n, c)) if *n == count => Some(c.clone()),
+        match cached.get(resource) {
+            Some((n, c)) if *n == position => Some(c.clone()),
             _ => {
-                let c = DevicePluginClient::new(unix_channel(dir.join(endpoint)));
-                *cached = Some((count, c.clone()));
+                let c = DevicePluginClient::new(unix_channel(dir.join(&r.request.endpoint)));
+                cached.insert(resource.to_string(), (position, c.clone()));
                 Some(c)
             }
         }

@@ -33,7 +33,7 @@ pub async fn feed_node_pods(
     loop {
         tokio::select! {
             _ = stop.wait_for(|s| *s) => return,
-            _ = api.wait_pod_change(since) => {}
+            _ = api.wait_node_pod_change(&node, since) => {}
         }
         if delay_ms.1 > 0 {
             tokio::time::sleep(Duration::from_millis(
@@ -41,7 +41,7 @@ pub async fn feed_node_pods(
             ))
             .await;
         }
-        let (changes, reached) = api.pod_changes_since(since);
+        let (changes, reached) = api.node_pod_changes_since(&node, since);
         since = reached;
         for ((namespace, name), pod) in changes {
             match pod {

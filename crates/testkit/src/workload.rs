@@ -31,6 +31,10 @@ pub enum Shape {
     Injected(u32),
     /// A gang member (two pods of 1 GPU, minMember 2).
     Gang,
+    /// A share of one GPU (`gpuplace.io/gpu-milli`), in milli-GPU.
+    Share(u32),
+    /// Two app containers sharing one GPU (milli each).
+    ShareTwo(u32, u32),
 }
 
 fn container(name: &str, gpus: u32) -> Value {
@@ -40,6 +44,12 @@ fn container(name: &str, gpus: u32) -> Value {
         c["resources"]["limits"] = json!({"nvidia.com/gpu": gpus.to_string()});
     }
     c
+}
+
+fn share_container(name: &str, milli: u32) -> Value {
+    json!({"name": name, "image": "busybox",
+        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"},
+            "limits": {gpuplace_model::SHARE_RESOURCE: milli.to_string()}}})
 }
 
 /// The pod (and for a gang its group) of one shape.
@@ -62,6 +72,11 @@ pub fn pod_of(name: &str, shape: Shape, group: Option<&str>) -> Pod {
             vec![container("main", n), container("istio-proxy", 0)],
         ),
         Shape::Gang => (vec![], vec![container("worker", 1)]),
+        Shape::Share(m) => (vec![], vec![share_container("main", m)]),
+        Shape::ShareTwo(a, b) => (
+            vec![],
+            vec![share_container("a", a), share_container("b", b)],
+        ),
     };
     let mut meta = json!({"name": name, "namespace": "ml",
         "creationTimestamp": jiff_now()});
@@ -82,6 +97,20 @@ fn jiff_now() -> String {
 
 /// Draws a shape: mostly whole-GPU pods, a quarter of multi-container kinds, a few gangs.
 pub fn draw(rng: &mut ChaCha8Rng) -> Shape {
+    draw_mix(rng, 0)
+}
+
+/// [`draw`] with `share_percent` of the pods asking for a share of one GPU (100-900 milli;
+/// one in five of them with two containers sharing it).
+pub fn draw_mix(rng: &mut ChaCha8Rng, share_percent: u32) -> Shape {
+    if share_percent > 0 && rng.random_range(0..100) < share_percent {
+        return if rng.random_range(0..5) == 0 {
+            let a = rng.random_range(50..=450);
+            Shape::ShareTwo(a, rng.random_range(50..=450))
+        } else {
+            Shape::Share(rng.random_range(100..=900))
+        };
+    }
     match rng.random_range(0..100) {
         0..=29 => Shape::Whole(1),
         30..=44 => Shape::Whole(2),
@@ -116,8 +145,13 @@ pub struct RunReport {
     pub double_use: usize,
     /// Live pods whose record (allocated, else assignment) differs from the kubelet's.
     pub untrue_records: usize,
-    /// Live pods whose recorded devices overlap another live pod's on the same node.
+    /// Live pods whose recorded whole devices overlap another live pod's on the same node.
     pub overlapping_records: usize,
+    /// GPUs found over 1000 milli by a kubelet's record (whole use plus shares, or shares
+    /// beyond 1000), checked after every admission batch.
+    pub overcommitted: usize,
+    /// Share pods admitted.
+    pub shares_admitted: usize,
     pub elapsed: Duration,
     /// A few mismatches outside the random reuse, for the reader.
     pub examples: Vec<String>,
@@ -126,6 +160,18 @@ pub struct RunReport {
 
 fn ids(devices: &[gpuplace_model::DeviceShare]) -> HashSet<String> {
     devices.iter().map(|d| d.id.clone()).collect()
+}
+
+/// The GPUs behind kubelet device IDs (a share's slices are of one GPU).
+fn gpus_of(devices: &[String]) -> HashSet<String> {
+    devices
+        .iter()
+        .map(|d| {
+            gpuplace_deviceplugin::devices::slice_gpu(d)
+                .unwrap_or(d)
+                .to_string()
+        })
+        .collect()
 }
 
 /// Creates `total` pods (at most `inflight` alive), deletes each some time after its
@@ -149,6 +195,31 @@ pub async fn run(
     seed: u64,
     deadline: Duration,
 ) -> RunReport {
+    run_mix(
+        cluster,
+        total,
+        inflight,
+        lifetime_ms,
+        deletion,
+        seed,
+        deadline,
+        0,
+    )
+    .await
+}
+
+/// [`run`] with `share_percent` of the pods asking for shares (see [`draw_mix`]).
+#[allow(clippy::too_many_arguments)]
+pub async fn run_mix(
+    cluster: &HandshakeCluster,
+    total: usize,
+    inflight: usize,
+    lifetime_ms: (u64, u64),
+    deletion: Deletion,
+    seed: u64,
+    deadline: Duration,
+    share_percent: u32,
+) -> RunReport {
     let api = &cluster.api;
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let start = Instant::now();
@@ -162,7 +233,7 @@ pub async fn run(
         && start.elapsed() < deadline
     {
         while report.created < total && alive.len() < inflight {
-            let shape = draw(&mut rng);
+            let shape = draw_mix(&mut rng, share_percent);
             if shape == Shape::Gang {
                 gang_no += 1;
                 let group = format!("gang-{gang_no}");
@@ -216,17 +287,37 @@ pub async fn run(
                 if let Some(error) = &a.error {
                     report.refused += 1;
                     if report.examples.len() < 8 {
+                        let so_far: Vec<(&String, HashSet<String>)> = a
+                            .containers
+                            .iter()
+                            .map(|(n, _, d)| (n, gpus_of(d)))
+                            .collect();
                         report.examples.push(format!(
-                            "{} refused: {error}; admitted so far {:?}; plan {:?}",
-                            a.name, a.containers, a.assignment
+                            "{} refused: {error}; admitted so far {so_far:?}; plan {:?}",
+                            a.name, a.assignment
                         ));
                     }
                 } else {
                     report.admitted += 1;
+                    if alive
+                        .get(&a.name)
+                        .is_some_and(|(s, _, _)| matches!(s, Shape::Share(_) | Shape::ShareTwo(..)))
+                    {
+                        report.shares_admitted += 1;
+                    }
                 }
                 compare(a, &mut report);
             }
             seen[i] += log.len();
+            if !log.is_empty() {
+                let over = node.fake.overcommitted();
+                if !over.is_empty() && report.examples.len() < 8 {
+                    report
+                        .examples
+                        .push(format!("{}: GPUs over 1000 milli: {over:?}", node.name));
+                }
+                report.overcommitted += over.len();
+            }
         }
         // Keep the last pods alive for the record checks at the end.
         let finishing = report.created >= total && alive.values().all(|(_, at, _)| at.is_some());
@@ -280,6 +371,7 @@ fn compare(a: &crate::Admission, report: &mut RunReport) {
     let mut picked_at_random = false;
     for (name, kind, got) in &a.containers {
         let got: HashSet<String> = got.iter().cloned().collect();
+        let gpus = gpus_of(&got.iter().cloned().collect::<Vec<_>>());
         // All from the pool: at random when the pool was larger, or the rest of a pool an
         // earlier container picked from at random.
         let from_pool = !got.is_empty() && got.is_subset(&pool);
@@ -293,17 +385,22 @@ fn compare(a: &crate::Admission, report: &mut RunReport) {
             continue;
         };
         report.compared += 1;
-        if got != ids(&planned.devices) {
+        if gpus != ids(&planned.devices) {
             report.mismatches += 1;
             if random_pick {
                 report.mismatches_random_reuse += 1;
             } else if report.examples.len() < 5 {
+                let all: Vec<(&String, HashSet<String>)> = a
+                    .containers
+                    .iter()
+                    .map(|(n, _, d)| (n, gpus_of(d)))
+                    .collect();
                 report.examples.push(format!(
-                    "{} container {name}: planned {:?}, got {:?}; all containers {:?}; plan {:?}",
+                    "{} container {name}: planned {:?}, got {:?} ({} devices); all containers {all:?}; plan {:?}",
                     a.name,
                     ids(&planned.devices),
-                    got,
-                    a.containers,
+                    gpus,
+                    got.len(),
                     plan.containers
                 ));
             }
@@ -347,18 +444,22 @@ fn check_records(cluster: &HandshakeCluster, report: &mut RunReport) {
                 continue;
             };
             let truthful = recorded.iter().all(|(name, devices)| {
-                kubelet
-                    .get(name)
-                    .is_none_or(|got| got.iter().cloned().collect::<HashSet<_>>() == *devices)
+                kubelet.get(name).is_none_or(|got| gpus_of(got) == *devices)
             }) && kubelet
                 .iter()
                 .all(|(name, _)| recorded.iter().any(|(n, _)| n == name));
             if !truthful {
                 report.untrue_records += 1;
             }
+            // Whole devices only: shares of one GPU are meant to meet.
             let mut mine: HashSet<String> = HashSet::new();
-            for (_, devices) in &recorded {
-                mine.extend(devices.iter().cloned());
+            for ids in kubelet.values() {
+                if ids
+                    .iter()
+                    .all(|d| gpuplace_deviceplugin::devices::slice_gpu(d).is_none())
+                {
+                    mine.extend(recorded.iter().flat_map(|(_, d)| d.iter().cloned()));
+                }
             }
             for d in mine {
                 if let Some(other) = used.insert(d, uid.clone())

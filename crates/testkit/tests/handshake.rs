@@ -26,9 +26,19 @@ fn pods() -> usize {
 }
 
 async fn run(options: ClusterOptions, total: usize, deletion: Deletion, seed: u64) -> RunReport {
+    run_mix(options, total, deletion, seed, 0).await
+}
+
+async fn run_mix(
+    options: ClusterOptions,
+    total: usize,
+    deletion: Deletion,
+    seed: u64,
+    share_percent: u32,
+) -> RunReport {
     let dir = tempfile::tempdir().unwrap();
     let cluster = HandshakeCluster::start(dir.path(), options).await.unwrap();
-    let report = workload::run(
+    let report = workload::run_mix(
         &cluster,
         total,
         24,
@@ -36,6 +46,7 @@ async fn run(options: ClusterOptions, total: usize, deletion: Deletion, seed: u6
         deletion,
         seed,
         Duration::from_secs(600),
+        share_percent,
     )
     .await;
     let handshake: Vec<String> = cluster
@@ -77,6 +88,9 @@ fn options(seed: u64) -> ClusterOptions {
         numa_alignment: false,
         pod_resources_get: true,
         round_interval: Duration::from_millis(2),
+        policy: None,
+        placer_seed: None,
+        exact_resources: false,
     }
 }
 
@@ -95,6 +109,32 @@ async fn every_container_gets_the_scheduled_devices_under_random_admission_order
     // Only the kubelet's own random split of one init container's devices between two app
     // containers (it calls no GetPreferredAllocation there) may differ, and the node's
     // record then tells the truth.
+    assert_eq!(
+        report.mismatches, report.mismatches_random_reuse,
+        "mismatches outside the kubelet's random reuse: {report:?}"
+    );
+    assert_eq!(report.untrue_records, 0, "{report:?}");
+    assert_eq!(report.overlapping_records, 0, "{report:?}");
+}
+
+/// Shares mixed in (30% of the pods ask 100-900 milli of one GPU as `gpuplace.io/gpu-milli`,
+/// some with two containers sharing it): the kubelets admit every pod the scheduler
+/// placed, no GPU ever holds more than 1000 milli by a kubelet's record (checked after
+/// every admission), and each container gets the GPU the scheduler chose.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shares_run_on_the_planned_gpu_and_no_gpu_goes_over_1000_milli() {
+    let total = pods();
+    let report = run_mix(options(11), total, Deletion::Graceful, 11, 30).await;
+    assert!(report.created >= total, "{report:?}");
+    assert_eq!(
+        report.admitted + report.refused,
+        report.created,
+        "{report:?}"
+    );
+    assert_eq!(report.refused, 0, "{report:?}");
+    assert!(report.shares_admitted * 5 >= report.created, "{report:?}");
+    assert_eq!(report.overcommitted, 0, "{report:?}");
+    assert_eq!(report.double_use, 0);
     assert_eq!(
         report.mismatches, report.mismatches_random_reuse,
         "mismatches outside the kubelet's random reuse: {report:?}"
