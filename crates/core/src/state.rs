@@ -84,6 +84,8 @@ pub struct ClusterState {
     symmetric: Vec<bool>,
     /// Whether all of a node's GPUs are of one model.
     one_model: Vec<bool>,
+    /// Per node: its GPUs are time-sliced (replicas above 1), read on every decision.
+    time_sliced: Vec<bool>,
     /// Nodes in the order their state changed (one entry per apply or release).
     journal: Vec<u32>,
     /// Bumped whenever a new workload is bound (scores against the old one are stale).
@@ -186,6 +188,7 @@ impl ClusterState {
             .iter()
             .map(|node| node.gpus.windows(2).all(|w| w[0].model == w[1].model))
             .collect();
+        let time_sliced = nodes.iter().map(|n| n.replicas > 1).collect();
         let gpu_capacity_milli = state.iter().map(NodeState::gpu_idle).sum();
         Ok(ClusterState {
             id: InstanceId::fresh(),
@@ -198,6 +201,7 @@ impl ClusterState {
             node_type,
             symmetric,
             one_model,
+            time_sliced,
             journal: Vec::new(),
             workload_generation: 0,
             workload: None,
@@ -261,7 +265,11 @@ impl ClusterState {
     /// ⌊1000 / replicas⌋ milli of one GPU (NVIDIA's time-slicing, with gpuplace packing the
     /// replicas). Every per-node decision (fit, scores, the GPUs chosen) goes through it.
     pub fn effective<'r>(&self, n: usize, request: &'r Request) -> Cow<'r, Request> {
-        crate::replicas::effective_on(&self.nodes[n], request)
+        if self.time_sliced[n] {
+            crate::replicas::effective_on(&self.nodes[n], request)
+        } else {
+            Cow::Borrowed(request)
+        }
     }
 
     /// Positions of node `n`'s GPUs that `request` may use right now: enough free milli,

@@ -4,22 +4,11 @@
 
 use gpuplace_core::preempt::{Candidates, Holder, find, find_for_all};
 use gpuplace_core::{ClusterState, Placer, Policy};
-use gpuplace_model::{GpuNeed, GpuTopology, NodeInventory, Request};
+use gpuplace_model::{GpuTopology, NodeInventory, Request};
 use proptest::prelude::*;
 
 mod common;
-use common::dgx1;
-
-fn gpus(count: u32, milli: u32) -> Request {
-    Request {
-        cpu_milli: 1000,
-        memory_mib: 1024,
-        gpu_count: count,
-        gpu_milli: milli,
-        allowed_models: vec![],
-        need: GpuNeed::default(),
-    }
-}
+use common::{dgx1, gpus};
 
 fn node(name: &str) -> NodeInventory {
     NodeInventory::uniform(name, 64_000, 1 << 18, 8, "A100")

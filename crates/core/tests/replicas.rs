@@ -2,18 +2,10 @@
 //! ⌊1000 / replicas⌋ milli, and gpuplace packs the replicas; bigger pods take whole GPUs.
 
 use gpuplace_core::{ClusterState, Placer, Policy};
-use gpuplace_model::{NodeInventory, Request};
+use gpuplace_model::NodeInventory;
 
-fn gpus(count: u32, milli: u32) -> Request {
-    Request {
-        cpu_milli: 1000,
-        memory_mib: 1024,
-        gpu_count: count,
-        gpu_milli: milli,
-        allowed_models: Vec::new(),
-        need: Default::default(),
-    }
-}
+mod common;
+use common::gpus;
 
 fn sliced(name: &str, gpus: u32, replicas: u32) -> NodeInventory {
     let mut node = NodeInventory::uniform(name, 64_000, 1 << 18, gpus, "A100");

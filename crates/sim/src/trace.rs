@@ -267,6 +267,23 @@ pub fn load_pods(path: &Path) -> Result<Vec<TracePod>, TraceError> {
     Ok(pods)
 }
 
+/// Where the shared openb trace is for tests and examples: `$GPUPLACE_OPENB_DIR`, else
+/// `../shared/traces/openb` beside the repository (`manifest_dir` is a crate's
+/// `CARGO_MANIFEST_DIR`, two levels below the repository). `Err` says why it is absent.
+pub fn shared_openb_dir(manifest_dir: &Path) -> Result<PathBuf, String> {
+    let dir = std::env::var_os("GPUPLACE_OPENB_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| manifest_dir.join("../../../shared/traces/openb"));
+    if dir.join("openb_node_list_gpu_node.csv").is_file() {
+        Ok(dir)
+    } else {
+        Err(format!(
+            "openb trace not found at {} (set GPUPLACE_OPENB_DIR)",
+            dir.display()
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,20 +6,9 @@ use gpuplace_core::Policy;
 use gpuplace_sim::{Prepared, Workload, load_nodes, load_pods};
 
 fn trace_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("GPUPLACE_OPENB_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces/openb")
-        });
-    if dir.join("openb_node_list_gpu_node.csv").is_file() {
-        Some(dir)
-    } else {
-        println!(
-            "skipped: openb trace not found at {} (set GPUPLACE_OPENB_DIR)",
-            dir.display()
-        );
-        None
-    }
+    gpuplace_sim::trace::shared_openb_dir(std::path::Path::new(env!("CARGO_MANIFEST_DIR")))
+        .map_err(|why| println!("skipped: {why}"))
+        .ok()
 }
 
 #[test]

@@ -1,8 +1,9 @@
 //! Inventories shared by the core's integration tests.
 
-use gpuplace_model::{Link, NodeInventory, PcieLevel};
+use gpuplace_model::{GpuNeed, Link, NodeInventory, PcieLevel, Request};
 
 /// DGX-1 (V100) hybrid cube mesh: GPUs 0-3 and 4-7 fully NVLinked, plus i <-> i+4.
+#[allow(dead_code)]
 pub fn dgx1(name: &str) -> NodeInventory {
     let mut inv = NodeInventory::uniform(name, 80_000, 1 << 19, 8, "Tesla-V100-SXM2-32GB");
     for a in 0..8u32 {
@@ -21,4 +22,17 @@ pub fn dgx1(name: &str) -> NodeInventory {
         }
     }
     inv
+}
+
+/// A pod of `count` GPUs of `milli` each, 1 CPU core and 1 GiB.
+#[allow(dead_code)]
+pub fn gpus(count: u32, milli: u32) -> Request {
+    Request {
+        cpu_milli: 1000,
+        memory_mib: 1024,
+        gpu_count: count,
+        gpu_milli: milli,
+        allowed_models: vec![],
+        need: GpuNeed::default(),
+    }
 }
