@@ -85,6 +85,11 @@ pub struct SchedulerArgs {
     /// Seed of the node order that breaks ties [default: 42].
     #[arg(long, env = "GPUPLACE_SEED")]
     seed: Option<u64>,
+    /// FGD's target workload from a pod list (the simulator's CSV: name, cpu_milli,
+    /// memory_mib, num_gpu, gpu_milli[, gpu_spec]), e.g. the cluster's history
+    /// [default: the pods the cluster runs and is asked to run].
+    #[arg(long, env = "GPUPLACE_FGD_WORKLOAD")]
+    fgd_workload: Option<PathBuf>,
     /// JSON log lines.
     #[arg(long)]
     log_json: bool,
@@ -128,6 +133,19 @@ pub fn run(args: SchedulerArgs) -> anyhow::Result<()> {
             .or(file.resource)
             .unwrap_or_else(|| "nvidia.com/gpu".into()),
         seed: args.seed.or(file.seed).unwrap_or(42),
+        workload: match &args.fgd_workload {
+            Some(path) => {
+                let pods = gpuplace_sim::load_pods(path)
+                    .with_context(|| format!("--fgd-workload {}", path.display()))?;
+                Some(std::sync::Arc::new(
+                    gpuplace_core::TargetWorkload::from_requests(
+                        pods.iter().map(|p| &p.request),
+                        0.95,
+                    ),
+                ))
+            }
+            None => None,
+        },
         max_in_flight: args
             .max_in_flight
             .or(file.max_in_flight)

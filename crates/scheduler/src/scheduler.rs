@@ -50,6 +50,10 @@ pub struct SchedulerConfig {
     pub bind_attempts: u32,
     /// Attempts at a gang member's Binding (its gang is reserved whole: keep trying).
     pub gang_bind_attempts: u32,
+    /// FGD's target workload as the operator declares it (e.g. the shapes of a pod list of
+    /// the cluster's history); `None`: the shapes of the pods the cluster runs and is asked
+    /// to run, recomputed every round.
+    pub workload: Option<std::sync::Arc<gpuplace_core::TargetWorkload>>,
 }
 
 impl Default for SchedulerConfig {
@@ -64,6 +68,7 @@ impl Default for SchedulerConfig {
             max_in_flight: 16,
             bind_attempts: 3,
             gang_bind_attempts: 30,
+            workload: None,
         }
     }
 }

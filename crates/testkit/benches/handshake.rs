@@ -51,6 +51,7 @@ async fn main() -> Result<(), String> {
             policy: None,
             placer_seed: None,
             exact_resources: false,
+            workload: None,
         },
     )
     .await?;

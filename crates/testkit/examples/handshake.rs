@@ -39,6 +39,7 @@ async fn main() -> Result<(), String> {
             policy: None,
             placer_seed: None,
             exact_resources: false,
+            workload: None,
         },
     )
     .await?;

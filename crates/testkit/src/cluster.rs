@@ -47,6 +47,8 @@ pub struct ClusterOptions {
     /// Nodes' allocatable CPU and memory are exactly their inventory's (else at least
     /// 64 cores and 256 GiB, so example inventories without them take any pod).
     pub exact_resources: bool,
+    /// FGD's target workload for the scheduler (`None`: the pods it sees).
+    pub workload: Option<Arc<gpuplace_core::TargetWorkload>>,
 }
 
 /// One node's parts.
@@ -225,6 +227,7 @@ impl HandshakeCluster {
             SchedulerConfig {
                 seed: options.placer_seed.unwrap_or(options.seed),
                 policy: options.policy.unwrap_or(SchedulerConfig::default().policy),
+                workload: options.workload.clone(),
                 queue: gpuplace_scheduler::scheduler::QueueConfig {
                     initial_backoff: Duration::from_millis(5),
                     max_backoff: Duration::from_millis(20),

@@ -99,6 +99,9 @@ pub struct ReplayOptions {
     pub until_percent: usize,
     /// Longest wait for one pod's outcome.
     pub per_pod_timeout: Duration,
+    /// FGD's target workload for the scheduler, as the simulator binds it (`None`: the
+    /// pods the scheduler has seen).
+    pub workload: Option<std::sync::Arc<gpuplace_core::TargetWorkload>>,
 }
 
 /// Replays `arrivals` (requests in arrival order) on `nodes`; sockets and inventory files
@@ -135,6 +138,7 @@ pub async fn replay(
             policy: Some(options.policy),
             placer_seed: Some(options.placer_seed),
             exact_resources: true,
+            workload: options.workload.clone(),
         },
     )
     .await?;

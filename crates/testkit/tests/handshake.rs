@@ -91,6 +91,7 @@ fn options(seed: u64) -> ClusterOptions {
         policy: None,
         placer_seed: None,
         exact_resources: false,
+        workload: None,
     }
 }
 

@@ -30,6 +30,7 @@ fn options() -> ClusterOptions {
         policy: None,
         placer_seed: None,
         exact_resources: false,
+        workload: None,
     }
 }
 

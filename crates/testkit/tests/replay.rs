@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use gpuplace_core::Policy;
+use gpuplace_core::{Policy, TargetWorkload};
 use gpuplace_sim::replay::arrival_order;
 use gpuplace_sim::{Prepared, Workload, load_nodes, load_pods};
 use gpuplace_testkit::replay::{ReplayOptions, replay};
@@ -27,7 +27,11 @@ async fn openb_through_scheduler_and_kubelets_matches_the_simulator() {
     let Some(dir) = trace_dir() else { return };
     let nodes = load_nodes(&dir.join("openb_node_list_gpu_node.csv")).unwrap();
     let pods = load_pods(&dir.join("openb_pod_list_default.csv")).unwrap();
-    let seed = 42;
+    // `GPUPLACE_REPLAY_SEED` replays another arrival order (default 42).
+    let seed = std::env::var("GPUPLACE_REPLAY_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(42);
     let policy = Policy::Fgd;
     let prepared = Prepared::new(Workload {
         name: "default".into(),
@@ -51,6 +55,13 @@ async fn openb_through_scheduler_and_kubelets_matches_the_simulator() {
             placer_seed: placer_seed(seed),
             until_percent: 100,
             per_pod_timeout: Duration::from_secs(20),
+            // FGD's target workload as `simulate` binds it: the whole trace's shapes (the
+            // scheduler's `--fgd-workload`); without it the scheduler measures against the
+            // pods it has seen so far, and seeds differ by up to 0.9 points.
+            workload: Some(std::sync::Arc::new(TargetWorkload::from_requests(
+                pods.iter().map(|p| &p.request),
+                0.95,
+            ))),
         },
     )
     .await

@@ -127,11 +127,13 @@ impl<A: ClusterApi> Scheduler<A> {
         for lost in lost {
             info!(pod = %lost.key, node = %lost.node, "node gone under a reservation; deciding again");
         }
-        // FGD measures fragmentation against the shapes of the pods the cluster runs and
-        // is asked to run.
-        snapshot
-            .state
-            .set_workload(crate::snapshot::workload_of(&view.pods));
+        // FGD measures fragmentation against the declared workload, else the shapes of the
+        // pods the cluster runs and is asked to run.
+        let workload = match &self.config.workload {
+            Some(declared) => std::sync::Arc::clone(declared),
+            None => crate::snapshot::workload_of(&view.pods),
+        };
+        snapshot.state.set_workload(workload);
         // Preemptors' devices, as far as their victims have freed them, are theirs.
         let clear = self.nominations.hold(&view, &mut snapshot);
         if !clear.is_empty() {
