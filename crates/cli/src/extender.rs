@@ -46,6 +46,10 @@ pub struct ExtenderArgs {
     /// Seed of the node order that breaks ties.
     #[arg(long, env = "GPUPLACE_SEED", default_value_t = 42)]
     seed: u64,
+    /// FGD's target workload from a pod list (the simulator's CSV), e.g. the cluster's
+    /// history [default: the pods' shapes, every 10 s].
+    #[arg(long, env = "GPUPLACE_FGD_WORKLOAD")]
+    fgd_workload: Option<std::path::PathBuf>,
     /// Largest request body accepted (larger ones get 400).
     #[arg(long, env = "GPUPLACE_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
     max_body_bytes: usize,
@@ -79,6 +83,11 @@ pub fn run(args: ExtenderArgs) -> anyhow::Result<()> {
         seed: args.seed,
         gpu_resource: args.resource.clone(),
         filter_mode: args.filter_mode,
+        workload: args
+            .fgd_workload
+            .as_deref()
+            .map(crate::scheduler::fgd_workload)
+            .transpose()?,
         ..Default::default()
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -133,19 +133,7 @@ pub fn run(args: SchedulerArgs) -> anyhow::Result<()> {
             .or(file.resource)
             .unwrap_or_else(|| "nvidia.com/gpu".into()),
         seed: args.seed.or(file.seed).unwrap_or(42),
-        workload: match &args.fgd_workload {
-            Some(path) => {
-                let pods = gpuplace_sim::load_pods(path)
-                    .with_context(|| format!("--fgd-workload {}", path.display()))?;
-                Some(std::sync::Arc::new(
-                    gpuplace_core::TargetWorkload::from_requests(
-                        pods.iter().map(|p| &p.request),
-                        0.95,
-                    ),
-                ))
-            }
-            None => None,
-        },
+        workload: args.fgd_workload.as_deref().map(fgd_workload).transpose()?,
         max_in_flight: args
             .max_in_flight
             .or(file.max_in_flight)
@@ -363,4 +351,16 @@ pub(crate) fn parse_weights(text: &str) -> anyhow::Result<Vec<(Policy, i64)>> {
             Ok((name.trim().parse::<Policy>()?, weight))
         })
         .collect()
+}
+
+/// FGD's target workload from a pod list in the simulator's CSV format (`--fgd-workload`),
+/// bound as `gpuplace simulate` binds a trace's shapes.
+pub(crate) fn fgd_workload(
+    path: &std::path::Path,
+) -> anyhow::Result<std::sync::Arc<gpuplace_core::TargetWorkload>> {
+    let pods = gpuplace_sim::load_pods(path)
+        .with_context(|| format!("--fgd-workload {}", path.display()))?;
+    Ok(std::sync::Arc::new(
+        gpuplace_core::TargetWorkload::from_requests(pods.iter().map(|p| &p.request), 0.95),
+    ))
 }

@@ -70,6 +70,9 @@ pub struct ExtenderConfig {
     pub filter_mode: FilterMode,
     /// Attempts per Binding before the bind call fails.
     pub bind_attempts: u32,
+    /// FGD's target workload as declared (see `SchedulerConfig::workload`); `None`: the
+    /// pods' shapes, recomputed every 10 s.
+    pub workload: Option<Arc<TargetWorkload>>,
 }
 
 impl Default for ExtenderConfig {
@@ -81,6 +84,7 @@ impl Default for ExtenderConfig {
             gpu_resource: "nvidia.com/gpu".into(),
             filter_mode: FilterMode::Best,
             bind_attempts: 5,
+            workload: None,
         }
     }
 }
@@ -188,7 +192,11 @@ impl<A: ClusterApi> Extender<A> {
         let view = self.api.view().await?;
         let mut inner = self.lock();
         if inner.generation != Some(view.generation) || !inner.cache_ready() {
-            inner.take_view(view, &self.config.gpu_resource);
+            inner.take_view(
+                view,
+                &self.config.gpu_resource,
+                self.config.workload.as_ref(),
+            );
         }
         Ok(inner)
     }
@@ -377,15 +385,24 @@ impl Inner {
         self.cache.snapshot_mut().is_some()
     }
 
-    fn take_view(&mut self, view: ClusterView, gpu_resource: &str) {
+    /// `declared`: FGD's target workload as configured, else the pods' shapes.
+    fn take_view(
+        &mut self,
+        view: ClusterView,
+        gpu_resource: &str,
+        declared: Option<&Arc<TargetWorkload>>,
+    ) {
         self.volumes = VolumeIndex::new(&view.claims, &view.volumes);
         self.generation = Some(view.generation);
         let stale = self
             .workload
             .as_ref()
-            .is_none_or(|(at, _)| at.elapsed() >= WORKLOAD_EVERY);
+            .is_none_or(|(at, _)| declared.is_none() && at.elapsed() >= WORKLOAD_EVERY);
         if stale {
-            let workload = crate::snapshot::workload_of(&view.pods);
+            let workload = match declared {
+                Some(declared) => Arc::clone(declared),
+                None => crate::snapshot::workload_of(&view.pods),
+            };
             self.workload = Some((Instant::now(), workload));
         }
         let (mut snapshot, _lost, rebuilt) =
