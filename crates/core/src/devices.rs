@@ -40,7 +40,7 @@ pub(crate) fn choose_gpus_on(
     let need = &request.need;
     if request.is_fractional() {
         let mut g = match policy {
-            Policy::Fgd => hint as usize,
+            Policy::Fgd | Policy::Gpuplace(_) => hint as usize,
             Policy::Random => {
                 let fitting: Vec<usize> = (0..node.gpu_free.len())
                     .filter(|&g| node.gpu_free[g] >= request.gpu_milli)

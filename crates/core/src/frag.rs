@@ -39,6 +39,14 @@ impl Shape {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TargetWorkload {
     shapes: Vec<(Shape, f64)>,
+    /// The GPU shapes as (per-GPU milli, CPU milli, shape index), smallest milli first: what
+    /// [`TargetWorkload::stranded_of`] searches.
+    by_milli: Vec<(u32, u64, usize)>,
+    /// The smallest per-GPU milli a kept share shape asks (`None`: no shares in the
+    /// workload).
+    share_floor: Option<u32>,
+    /// CPU milli the GPU shapes ask per milli-GPU, weighted by probability.
+    cpu_per_gpu_milli: f64,
 }
 
 /// Shapes are kept in batches of this many until coverage is reached (the paper's
@@ -74,7 +82,40 @@ impl TargetWorkload {
             .iter()
             .map(|(s, c)| (s.clone(), *c as f64 / covered.max(1) as f64))
             .collect();
-        TargetWorkload { shapes }
+        Self::indexed(shapes)
+    }
+
+    /// The workload with its lookups built.
+    fn indexed(shapes: Vec<(Shape, f64)>) -> Self {
+        let mut by_milli: Vec<(u32, u64, usize)> = shapes
+            .iter()
+            .enumerate()
+            .filter(|(_, (s, _))| s.gpu_count > 0)
+            .map(|(i, (s, _))| (s.gpu_milli, s.cpu_milli, i))
+            .collect();
+        by_milli.sort_unstable();
+        let share_floor = shapes
+            .iter()
+            .filter(|(s, _)| s.gpu_count == 1 && s.gpu_milli < 1000)
+            .map(|(s, _)| s.gpu_milli)
+            .min();
+        let (cpu, gpu) =
+            shapes
+                .iter()
+                .filter(|(s, _)| s.gpu_count > 0)
+                .fold((0.0, 0.0), |(c, g), (s, p)| {
+                    (
+                        c + p * s.cpu_milli as f64,
+                        g + p * f64::from(s.gpu_count) * f64::from(s.gpu_milli),
+                    )
+                });
+        TargetWorkload {
+            shapes,
+            by_milli,
+
+            cpu_per_gpu_milli: if gpu > 0.0 { cpu / gpu } else { 0.0 },
+            share_floor,
+        }
     }
 
     /// A workload from explicit shapes and weights (weights are renormalised).
@@ -84,11 +125,44 @@ impl TargetWorkload {
             .into_iter()
             .map(|(s, w)| (s, if sum > 0.0 { w / sum } else { 0.0 }))
             .collect();
-        TargetWorkload { shapes }
+        Self::indexed(shapes)
     }
 
     pub fn shapes(&self) -> &[(Shape, f64)] {
         &self.shapes
+    }
+
+    /// The smallest per-GPU milli a share of the workload asks: a partly used GPU with less
+    /// free is not expected to be used again (shapes the coverage dropped are rare).
+    pub fn share_floor(&self) -> Option<u32> {
+        self.share_floor
+    }
+
+    /// CPU milli the workload's GPU pods ask per milli-GPU (probability-weighted).
+    pub fn cpu_per_gpu_milli(&self) -> f64 {
+        self.cpu_per_gpu_milli
+    }
+
+    /// Idle GPU milli on a node of GPU `model` with `cpu_free` and per-GPU free milli
+    /// `gpu_free` that no GPU shape of the workload can use any more: the GPU's free milli
+    /// is below every shape's share, or every shape small enough needs more CPU than is
+    /// left, or is not allowed on the model. Unlike F_n(M) it does not depend on how likely
+    /// a shape is, only on whether any shape could still take the GPU (a GPU counts alone:
+    /// multi-GPU shapes need whole GPUs, which a single fitting shape covers).
+    pub fn stranded_of(&self, model: &str, cpu_free: u64, gpu_free: &[u32]) -> u64 {
+        gpu_free
+            .iter()
+            .filter(|&&free| free > 0 && !self.usable(model, cpu_free, free))
+            .map(|&free| u64::from(free))
+            .sum()
+    }
+
+    /// Whether some GPU shape fits `free` milli of one GPU with `cpu_free` on `model`.
+    fn usable(&self, model: &str, cpu_free: u64, free: u32) -> bool {
+        self.by_milli
+            .iter()
+            .take_while(|(milli, _, _)| *milli <= free)
+            .any(|&(_, cpu, i)| cpu <= cpu_free && self.shapes[i].0.allows(model))
     }
 
     /// F_n(M) for a node in state `state`, in milli-GPU.
@@ -178,6 +252,32 @@ mod tests {
     }
 
     #[test]
+    fn stranded_milli_counts_what_no_shape_can_use() {
+        let mut v100 = req(2000, 1, 1000);
+        v100.allowed_models = vec!["V100M16".into()];
+        let m = TargetWorkload::from_shapes(vec![
+            (Shape::of(&req(4000, 1, 300)), 1.0),
+            (Shape::of(&req(1000, 1, 500)), 1.0),
+            (Shape::of(&v100), 1.0),
+            (Shape::of(&req(8000, 0, 0)), 1.0),
+        ]);
+        assert_eq!(m.share_floor(), Some(300));
+        // 200 free is below every share; 400 takes the 300 share with 4 cores.
+        assert_eq!(m.stranded_of("T4", 4000, &[200, 400, 0]), 200);
+        // With 3 cores the 300 share no longer fits: 400 is stranded too; 600 still takes
+        // the 500 share (1 core). A whole GPU of T4 is usable by the 500 share.
+        assert_eq!(m.stranded_of("T4", 3000, &[200, 400, 600, 1000]), 600);
+        // With no CPU nothing is usable.
+        assert_eq!(m.stranded_of("T4", 0, &[1000, 600]), 1600);
+        // The V100-only shape is the only one that fits 2 cores and a whole GPU.
+        assert_eq!(m.stranded_of("V100M16", 900, &[1000]), 1000);
+        assert_eq!(m.stranded_of("V100M16", 2000, &[1000]), 0);
+        let per = (4000.0 + 1000.0 + 2000.0) / (300.0 + 500.0 + 1000.0);
+        assert!((m.cpu_per_gpu_milli() - per).abs() < 1e-9);
+        assert_eq!(TargetWorkload::default().share_floor(), None);
+    }
+
+    #[test]
     fn coverage_keeps_the_most_popular_shapes() {
         // 100 pods: 90 of one shape, 2 of another, then 8 singles; 95% coverage needs
         // 90 + 2 + 3 singles, so five shapes.
@@ -191,5 +291,11 @@ mod tests {
         let sum: f64 = m.shapes().iter().map(|(_, p)| p).sum();
         assert!((sum - 1.0).abs() < 1e-9);
         assert_eq!(m.shapes()[0].0.cpu_milli, 1000);
+        // The share floor is the kept shapes' smallest share: rare shapes do not count.
+        let mut shares = vec![req(1000, 1, 500); 99];
+        shares.push(req(1000, 1, 110));
+        let m = TargetWorkload::from_requests(&shares, 0.95);
+        assert_eq!(m.shapes().len(), 1);
+        assert_eq!(m.share_floor(), Some(500));
     }
 }

@@ -9,6 +9,7 @@ mod classes;
 mod devices;
 mod fit;
 mod frag;
+mod gaps;
 mod node_state;
 mod placer;
 mod policy;
@@ -20,6 +21,7 @@ pub mod topology;
 
 pub use fit::{Asked, FitFailure, Unschedulable};
 pub use frag::{Shape, TargetWorkload};
+pub use gaps::GapCounts;
 pub use placer::{Decision, Placer, TieBreak, WeightError};
-pub use policy::{Policy, UnknownPolicy};
+pub use policy::{Ideas, Policy, UnknownPolicy};
 pub use state::{ClusterState, NodeState, StateError};

@@ -120,6 +120,10 @@ pub enum WeightError {
         "policy {0} cannot be weighted (its score depends on the node's position or on chance)"
     )]
     NotWeightable(Policy),
+    #[error(
+        "policy {0} cannot be weighted (it scores a share by the whole cluster's gaps, not by one node)"
+    )]
+    ClusterWide(Policy),
     #[error("weight of policy {0} must be between 1 and 100")]
     OutOfRange(Policy),
     #[error("policy {0} is weighted twice")]
@@ -181,6 +185,9 @@ impl Placer {
         for (i, &(policy, weight)) in weights.iter().enumerate() {
             if matches!(policy, Policy::FirstFit | Policy::Random) {
                 return Err(WeightError::NotWeightable(policy));
+            }
+            if matches!(policy, Policy::Gpuplace(_)) {
+                return Err(WeightError::ClusterWide(policy));
             }
             if !(1..=100).contains(&weight) {
                 return Err(WeightError::OutOfRange(policy));
@@ -292,6 +299,7 @@ impl Placer {
             let (score, gpu) = match self.policy {
                 _ if !self.weights.is_empty() => self.weighted_score(state, n, request),
                 Policy::Fgd => self.fgd_cached(state, n, request, shape),
+                Policy::Gpuplace(ideas) => self.gpuplace_score(ideas, state, n, request),
                 policy => (
                     simple_score(policy, n, state.inventory(n), state.node(n), request),
                     0,
@@ -341,12 +349,20 @@ impl Placer {
         let mut classes = std::mem::take(&mut self.classes);
         let seed = self.seed;
         classes.sync(state, |n| splitmix64(state.name_hash(n) ^ seed));
+        // A share's `gpuplace` score depends on the cluster's gap counts, which every share
+        // placed anywhere changes: such requests are evaluated afresh on every class (no
+        // cached score, no kept ranking); the class index still spares identical nodes.
+        let global = self.global_score(request);
         let shape = match self.policy {
-            Policy::Fgd if self.cache_enabled && self.weights.is_empty() => self.shape_id(request),
+            Policy::Fgd | Policy::Gpuplace(_)
+                if self.cache_enabled && self.weights.is_empty() && !global =>
+            {
+                self.shape_id(request)
+            }
             _ => None,
         };
         let best = match allowed {
-            None => match self.reduce(state, request) {
+            None if !global => match self.reduce(state, request) {
                 // Requests that differ only in which node types their requirements allow
                 // share one ranking, with the unconstrained request's evaluation.
                 Some((plain, types)) => {
@@ -354,7 +370,7 @@ impl Placer {
                 }
                 None => self.ranked_best(&mut classes, state, request, shape, None),
             },
-            Some(_) => {
+            _ => {
                 let mut statics = Vec::new();
                 let ask = ranking::Ask {
                     request,
@@ -377,12 +393,19 @@ impl Placer {
             match self.policy {
                 _ if !self.weights.is_empty() => self.weighted_score(state, n, request).1,
                 Policy::Fgd => self.fgd_score(state, n, request).1,
+                Policy::Gpuplace(ideas) => self.gpuplace_score(ideas, state, n, request).1,
                 _ => gpu,
             }
         } else {
             gpu
         };
         Some((score, n, gpu))
+    }
+
+    /// Whether `request`'s score depends on more than its node's state (a share under
+    /// `gpuplace`'s gap balance).
+    fn global_score(&self, request: &Request) -> bool {
+        matches!(self.policy, Policy::Gpuplace(ideas) if ideas.balance) && request.is_fractional()
     }
 
     fn shape_id(&mut self, request: &Request) -> Option<u32> {
@@ -484,6 +507,7 @@ fn splitmix64(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
+mod gpuplace;
 mod ranking;
 mod scores;
 

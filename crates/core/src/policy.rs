@@ -39,6 +39,36 @@ pub enum Policy {
     GpuClustering,
     /// Fragmentation gradient descent: the node whose fragmentation grows least.
     Fgd,
+    /// gpuplace's own policy: FGD's fragmentation drop, minus the GPU milli the placement
+    /// strands, with shares kept balanced across gap sizes (see [`Ideas`] and the README).
+    /// `Ideas::ALL` is the policy; the others are its ablations.
+    Gpuplace(Ideas),
+}
+
+/// The ideas the `gpuplace` policy adds to FGD, each of which an ablation turns off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Ideas {
+    /// Subtract the GPU milli a placement leaves that no shape of the workload can use any
+    /// more (below every share, or without the CPU any shape needs), in milli like FGD's
+    /// drop.
+    pub stranded: bool,
+    /// For shares: keep the cluster's partly used GPUs balanced across free sizes (change
+    /// of the sum of squared gap counts, Csirik et al.'s Sum-of-Squares rule).
+    pub balance: bool,
+    /// A ten times finer score (1000 points instead of FGD's 100), so fewer nodes tie.
+    pub fine: bool,
+    /// CPU-only pods: among equal scores, the node with the most CPU beyond what its idle
+    /// GPUs will need.
+    pub cpu_slack: bool,
+}
+
+impl Ideas {
+    pub const ALL: Ideas = Ideas {
+        stranded: true,
+        balance: true,
+        fine: true,
+        cpu_slack: true,
+    };
 }
 
 /// A policy name that is not known.
@@ -48,7 +78,7 @@ pub struct UnknownPolicy(pub String);
 
 impl Policy {
     /// Every policy, in the order reports list them.
-    pub const ALL: [Policy; 10] = [
+    pub const ALL: [Policy; 11] = [
         Policy::Random,
         Policy::DotProd,
         Policy::GpuClustering,
@@ -59,7 +89,33 @@ impl Policy {
         Policy::WorstFit,
         Policy::Binpack,
         Policy::Spread,
+        Policy::Gpuplace(Ideas::ALL),
     ];
+
+    /// `gpuplace`, then each of its ideas turned off alone (the ablation), then FGD.
+    pub const ABLATION: [Policy; 6] = [
+        Policy::Gpuplace(Ideas::ALL),
+        Policy::Gpuplace(Ideas {
+            stranded: false,
+            ..Ideas::ALL
+        }),
+        Policy::Gpuplace(Ideas {
+            balance: false,
+            ..Ideas::ALL
+        }),
+        Policy::Gpuplace(Ideas {
+            fine: false,
+            ..Ideas::ALL
+        }),
+        Policy::Gpuplace(Ideas {
+            cpu_slack: false,
+            ..Ideas::ALL
+        }),
+        Policy::Fgd,
+    ];
+
+    /// The default of the scheduler and the extender.
+    pub const DEFAULT: Policy = Policy::Gpuplace(Ideas::ALL);
 
     /// The six policies the FGD paper compares.
     pub const PAPER: [Policy; 6] = [
@@ -83,6 +139,17 @@ impl Policy {
             Policy::GpuPacking => "gpu-packing",
             Policy::GpuClustering => "gpu-clustering",
             Policy::Fgd => "fgd",
+            Policy::Gpuplace(ideas) => match ideas {
+                Ideas {
+                    stranded: false, ..
+                } => "gpuplace-no-stranded",
+                Ideas { balance: false, .. } => "gpuplace-no-balance",
+                Ideas { fine: false, .. } => "gpuplace-coarse",
+                Ideas {
+                    cpu_slack: false, ..
+                } => "gpuplace-no-cpu-slack",
+                _ => "gpuplace",
+            },
         }
     }
 
@@ -97,6 +164,7 @@ impl Policy {
             match part {
                 "all" => out.extend(Policy::ALL),
                 "paper" => out.extend(Policy::PAPER),
+                "ablation" => out.extend(Policy::ABLATION),
                 name => out.push(name.parse()?),
             }
         }
@@ -137,6 +205,7 @@ impl FromStr for Policy {
         };
         Policy::ALL
             .into_iter()
+            .chain(Policy::ABLATION)
             .find(|p| p.name() == alias)
             .ok_or_else(|| UnknownPolicy(s.to_string()))
     }
@@ -196,7 +265,7 @@ pub(crate) fn simple_score(
         }
         Policy::GpuPacking => gpu_packing_score(state, request),
         Policy::GpuClustering => gpu_clustering_score(state, request),
-        Policy::Random | Policy::Fgd => 0,
+        Policy::Random | Policy::Fgd | Policy::Gpuplace(_) => 0,
     }
 }
 
@@ -267,6 +336,14 @@ mod tests {
             vec![Policy::Fgd, Policy::BestFit]
         );
         assert_eq!(Policy::parse_list("paper").unwrap().len(), 6);
+        for p in Policy::ABLATION {
+            assert_eq!(p.name().parse::<Policy>().unwrap(), p);
+        }
+        assert_eq!(
+            Policy::parse_list("gpuplace,ablation").unwrap(),
+            Policy::ABLATION.to_vec()
+        );
+        assert_eq!(Policy::DEFAULT.name(), "gpuplace");
         let err = Policy::parse_list("fgd,nope").unwrap_err();
         assert!(
             err.to_string()

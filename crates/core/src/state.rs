@@ -9,6 +9,7 @@ use gpuplace_model::{NodeInventory, Request};
 
 use crate::fit::FitFailure;
 use crate::frag::TargetWorkload;
+use crate::gaps::GapCounts;
 use crate::require::{self, PairRules};
 use crate::topology::LinkMatrix;
 
@@ -92,6 +93,8 @@ pub struct ClusterState {
     workload_generation: u64,
     workload: Option<Arc<TargetWorkload>>,
     total_frag: f64,
+    /// Partly used GPUs per free milli (see [`GapCounts`]).
+    gaps: GapCounts,
     gpu_capacity_milli: u64,
     gpu_free_milli: u64,
 }
@@ -206,6 +209,7 @@ impl ClusterState {
             workload_generation: 0,
             workload: None,
             total_frag: 0.0,
+            gaps: GapCounts::default(),
             gpu_capacity_milli,
             gpu_free_milli: gpu_capacity_milli,
         })
@@ -213,12 +217,23 @@ impl ClusterState {
 
     /// Binds the workload that fragmentation is measured against (FGD's M).
     pub fn set_workload(&mut self, workload: Arc<TargetWorkload>) {
+        self.gaps = GapCounts::new(workload.share_floor());
         self.workload = Some(workload);
         self.workload_generation += 1;
         self.total_frag = 0.0;
         for n in 0..self.state.len() {
             self.refresh_frag(n);
+            let s = &self.state[n];
+            for (&free, &capacity) in s.gpu_free.iter().zip(&s.gpu_capacity) {
+                self.gaps.update(capacity, capacity, free);
+            }
         }
+    }
+
+    /// Partly used GPUs per free milli, counting gaps a share of the bound workload can
+    /// still fill (none without a workload).
+    pub fn gaps(&self) -> &GapCounts {
+        &self.gaps
     }
 
     /// The bound target workload, if any.
@@ -547,7 +562,9 @@ impl ClusterState {
         s.memory_free -= request.memory_mib;
         let mut taken = 0u64;
         for &(g, milli) in gpus {
+            let before = s.gpu_free[g];
             s.gpu_free[g] -= milli;
+            self.gaps.update(s.gpu_capacity[g], before, s.gpu_free[g]);
             taken += u64::from(milli);
         }
         if let Some(class) = class_of(request) {
@@ -598,7 +615,9 @@ impl ClusterState {
         for &(g, milli) in gpus {
             // An unhealthy GPU keeps 0 usable; its share returns when it heals.
             if s.gpu_capacity[g] > 0 {
+                let before = s.gpu_free[g];
                 s.gpu_free[g] += milli;
+                self.gaps.update(s.gpu_capacity[g], before, s.gpu_free[g]);
                 given += u64::from(milli);
             }
         }

@@ -192,13 +192,13 @@ pub fn table(summary: &Summary) -> String {
     }
     let _ = writeln!(
         out,
-        "{:<15} {:>15} {:>15} {:>15} {:>10} {:>9}",
+        "{:<21} {:>15} {:>15} {:>15} {:>10} {:>9}",
         "policy", "unalloc@100%", "unalloc@130%", "frag@80%", "failed", "time(s)"
     );
     for p in &summary.policies {
         let _ = writeln!(
             out,
-            "{:<15} {:>15} {:>15} {:>15} {:>10.0} {:>9.2}",
+            "{:<21} {:>15} {:>15} {:>15} {:>10.0} {:>9.2}",
             p.policy,
             cell(p.unallocated_pct.at_100),
             cell(p.unallocated_pct.at_130),

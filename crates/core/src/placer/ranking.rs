@@ -112,6 +112,9 @@ impl Placer {
                         self.weighted_score(state, representative, request)
                     }
                     Policy::Fgd => self.fgd_score(state, representative, request),
+                    Policy::Gpuplace(ideas) => {
+                        self.gpuplace_score(ideas, state, representative, request)
+                    }
                     policy => (
                         simple_score(
                             policy,

@@ -36,6 +36,7 @@ impl Placer {
                 let score = match self.policy {
                     _ if !self.weights.is_empty() => self.weighted_score(state, n, request).0,
                     Policy::Fgd => self.fgd_cached(state, n, request, shape).0,
+                    Policy::Gpuplace(ideas) => self.gpuplace_score(ideas, state, n, request).0,
                     policy => simple_score(policy, n, state.inventory(n), state.node(n), request),
                 };
                 Ok(score + preference_bonus(state, n, request))
