@@ -35,7 +35,7 @@ pub struct ExtenderArgs {
     #[arg(long, env = "GPUPLACE_FILTER_MODE", default_value = "best")]
     filter_mode: FilterMode,
     /// Placement policy (`gpuplace policies`).
-    #[arg(long, env = "GPUPLACE_POLICY", default_value = "fgd")]
+    #[arg(long, env = "GPUPLACE_POLICY", default_value = "gpuplace")]
     policy: Policy,
     /// Score by a weighted sum of policies, e.g. `fgd=2,best-fit=1` (weights 1-100).
     #[arg(long, env = "GPUPLACE_WEIGHTS")]

@@ -109,7 +109,7 @@ pub fn run(args: SchedulerArgs) -> anyhow::Result<()> {
     let policy: Policy = args
         .policy
         .or(file.policy)
-        .unwrap_or_else(|| "fgd".into())
+        .unwrap_or_else(|| Policy::DEFAULT.name().into())
         .parse()?;
     let weights = match (args.weights, file.weights) {
         (Some(text), _) => parse_weights(&text)?,

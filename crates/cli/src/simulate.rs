@@ -21,10 +21,10 @@ pub struct SimulateArgs {
     /// Pod list CSV (openb format: name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec]).
     #[arg(long, requires = "nodes")]
     pods: Option<PathBuf>,
-    /// Comma-separated policies; `paper` = the FGD paper's six, `all` = every policy.
+    /// Comma-separated policies; `paper` = the FGD paper's six, `ablation` = gpuplace with each of its ideas off in turn (and FGD), `all` = every policy.
     #[arg(
         long,
-        default_value = "random,dotprod,gpu-clustering,gpu-packing,best-fit,fgd"
+        default_value = "random,dotprod,gpu-clustering,gpu-packing,best-fit,fgd,gpuplace"
     )]
     policies: String,
     /// Number of seeds (runs per policy).

@@ -68,7 +68,7 @@ fn out_dir_gets_every_report_file() {
         assert!(meta.len() > 100, "{f} is too small");
     }
     let csv = std::fs::read_to_string(dir.path().join("curves.csv")).unwrap();
-    assert_eq!(csv.lines().count(), 1 + 6 * 131);
+    assert_eq!(csv.lines().count(), 1 + 7 * 131);
     let png = std::fs::read(dir.path().join("unallocated.png")).unwrap();
     assert_eq!(&png[1..4], b"PNG");
 }

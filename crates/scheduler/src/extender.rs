@@ -78,7 +78,7 @@ pub struct ExtenderConfig {
 impl Default for ExtenderConfig {
     fn default() -> Self {
         ExtenderConfig {
-            policy: Policy::Fgd,
+            policy: Policy::DEFAULT,
             weights: Vec::new(),
             seed: 42,
             gpu_resource: "nvidia.com/gpu".into(),

@@ -60,7 +60,7 @@ impl Default for SchedulerConfig {
     fn default() -> Self {
         SchedulerConfig {
             scheduler_name: "gpuplace".into(),
-            policy: Policy::Fgd,
+            policy: Policy::DEFAULT,
             weights: Vec::new(),
             gpu_resource: "nvidia.com/gpu".into(),
             seed: 42,
