@@ -483,18 +483,24 @@ impl Placer {
                 None => (0, 0),
             }
         } else {
-            let mut wanted = request.gpu_count;
-            for free in self.scratch.iter_mut() {
-                if wanted == 0 {
-                    break;
-                }
-                if *free >= request.gpu_milli {
-                    *free -= request.gpu_milli;
-                    wanted -= 1;
-                }
-            }
+            take_whole(&mut self.scratch, request);
             let after = workload.fragmentation_of(model, cpu_after, &self.scratch);
             (fgd_points(before, after), 0)
+        }
+    }
+}
+
+/// Takes `request`'s GPUs from `free` as FGD scores a whole-GPU pod: the first GPUs (by
+/// position) with the share free.
+fn take_whole(free: &mut [u32], request: &Request) {
+    let mut wanted = request.gpu_count;
+    for f in free.iter_mut() {
+        if wanted == 0 {
+            break;
+        }
+        if *f >= request.gpu_milli {
+            *f -= request.gpu_milli;
+            wanted -= 1;
         }
     }
 }

@@ -71,16 +71,7 @@ impl Placer {
                 None => return (0, 0),
             }
         } else {
-            let mut wanted = request.gpu_count;
-            for free in self.scratch.iter_mut() {
-                if wanted == 0 {
-                    break;
-                }
-                if *free >= request.gpu_milli {
-                    *free -= request.gpu_milli;
-                    wanted -= 1;
-                }
-            }
+            super::take_whole(&mut self.scratch, request);
             (drop(&self.scratch), 0)
         };
         let points = if ideas.fine { 1000.0 } else { 100.0 };
