@@ -21,7 +21,7 @@ pub struct SimulateArgs {
     /// Pod list CSV (openb format: name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec]).
     #[arg(long, requires = "nodes")]
     pods: Option<PathBuf>,
-    /// Comma-separated policies; `paper` = the FGD paper's six, `ablation` = gpuplace with each of its ideas off in turn (and FGD), `all` = every policy.
+    /// Comma-separated policies; `paper` = the FGD paper's six, `ablation` = gpuplace with each of its ideas off in turn and its finer score on (and FGD), `all` = every policy.
     #[arg(
         long,
         default_value = "random,dotprod,gpu-clustering,gpu-packing,best-fit,fgd,gpuplace"
@@ -45,6 +45,13 @@ pub struct SimulateArgs {
     /// Built-in workload only: shrink the openb-like cluster to 1/SCALE of its size.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     scale: u32,
+    /// Replay on this many nodes drawn at random from the node list (small clusters of
+    /// the trace's own node types); `--sample-seed` picks the sample.
+    #[arg(long)]
+    sample_nodes: Option<usize>,
+    /// Which random sample `--sample-nodes` draws.
+    #[arg(long, default_value_t = 0, requires = "sample_nodes")]
+    sample_seed: u64,
     /// Fraction (0-1) of multi-GPU pods that require `--topology` (nodes without links get
     /// an assumed layout by model: see README).
     #[arg(long, default_value_t = 0.0)]
@@ -80,6 +87,9 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         (Some(nodes), Some(pods)) => load_workload(nodes, pods)?,
         _ => builtin_workload(args.scale),
     };
+    if let Some(count) = args.sample_nodes {
+        workload.sample_nodes(count, args.sample_seed)?;
+    }
     let topology_asks = if args.require_topology > 0.0 || args.prefer_topology > 0.0 {
         Some(asks::apply(
             &mut workload,

@@ -8,10 +8,12 @@ mod plot;
 pub mod preemption;
 pub mod replay;
 pub mod report;
+pub mod sample;
 pub mod trace;
 
 pub use replay::{Prepared, RunResult, SimError, Workload, run_all};
 pub use report::{PolicySummary, Stat, Summary, summarize};
+pub use sample::SampleError;
 pub use trace::{TraceError, TracePod, load_nodes, load_pods};
 
 use std::path::Path;
