@@ -19,8 +19,8 @@ struct ClassKey {
     node_type: u32,
     cpu_free: u64,
     memory_free: u64,
-    gpu_free: Vec<u32>,
-    gpu_capacity: Vec<u32>,
+    /// (free, capacity) milli per GPU, in the canonical order of the node's symmetries.
+    gpus: Vec<(u32, u32)>,
     /// Pod classes on the node, sorted (the state keeps them in arrival order).
     pod_classes: Vec<(u32, u32)>,
 }
@@ -36,27 +36,21 @@ impl ClassKey {
             Vec::new()
         };
         pod_classes.sort_unstable();
-        let (gpu_free, gpu_capacity) = if state.is_symmetric(n) {
-            // Interchangeable GPUs: nodes whose free shares are a permutation of each
-            // other are in one class (scores and fits are the same; the GPUs are chosen on
-            // the member itself).
-            let mut pairs: Vec<(u32, u32)> = node
-                .gpu_free
-                .iter()
-                .copied()
-                .zip(node.gpu_capacity.iter().copied())
-                .collect();
-            pairs.sort_unstable();
-            pairs.into_iter().unzip()
-        } else {
-            (node.gpu_free.clone(), node.gpu_capacity.clone())
-        };
+        // Nodes whose states differ by a symmetry of their GPUs (see [`Symmetry`]) are in
+        // one class: fits and scores are the same, and the GPUs are chosen on the member
+        // itself.
+        let mut gpus: Vec<(u32, u32)> = node
+            .gpu_free
+            .iter()
+            .copied()
+            .zip(node.gpu_capacity.iter().copied())
+            .collect();
+        state.symmetry(n).canonicalize(&mut gpus);
         ClassKey {
             node_type: state.node_type(n),
             cpu_free: node.cpu_free,
             memory_free: node.memory_free,
-            gpu_free,
-            gpu_capacity,
+            gpus,
             pod_classes,
         }
     }
@@ -77,17 +71,20 @@ pub(crate) struct FitSummary {
 
 impl FitSummary {
     fn of(key: &ClassKey, replicas: u32) -> Self {
-        let mut free = key.gpu_free.clone();
-        free.sort_unstable_by(|a, b| b.cmp(a));
-        let mut top = [0; 8];
-        for (slot, f) in top.iter_mut().zip(&free) {
-            *slot = *f;
+        // The eight largest free milli, descending, without sorting every GPU.
+        let mut top = [0u32; 8];
+        for &(f, _) in &key.gpus {
+            if f > top[7] {
+                let at = top.partition_point(|&t| t >= f);
+                top.copy_within(at..7, at + 1);
+                top[at] = f;
+            }
         }
         FitSummary {
             cpu_free: key.cpu_free,
             memory_free: key.memory_free,
             top,
-            gpus: free.len(),
+            gpus: key.gpus.len(),
             replicas,
         }
     }
@@ -268,8 +265,7 @@ impl NodeClasses {
         if let Some(&moved) = self.live.get(at) {
             self.classes[moved as usize].live_at = at;
         }
-        let key = self.classes[id as usize].key.clone();
-        self.ids.remove(&key);
+        self.ids.remove(&self.classes[id as usize].key);
         let class = &mut self.classes[id as usize];
         class.scores = Vec::new();
         self.free.push(id);

@@ -17,6 +17,7 @@ pub mod preempt;
 pub mod replicas;
 pub mod require;
 mod state;
+mod symmetry;
 pub mod topology;
 
 pub use fit::{Asked, FitFailure, Unschedulable};

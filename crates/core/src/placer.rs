@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use gpuplace_model::{DeviceShare, Placement, Request};
+use gpuplace_model::{DeviceShare, GpuNeed, Placement, Request};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -74,12 +74,15 @@ pub enum TieBreak {
     Uniform,
 }
 
-/// A request without its hardware-only requirements and the node types they allow (a bit
-/// per type).
-type Reduced = (Request, Arc<[u64]>);
+/// A request without its hardware-only requirements, the node types they allow (a bit per
+/// type), and that set of types' id (equal sets, equal ids).
+type Reduced = (Request, Arc<[u64]>, u64);
 
-/// A ranking's key: the request, and the node types allowed when it was reduced.
-type RankKey = (Request, Option<Arc<[u64]>>);
+/// Node types allowed (a bit per type) and the set's id.
+type TypeSet = (Arc<[u64]>, u64);
+
+/// A ranking's key: the request, and the id of the node types allowed when it was reduced.
+type RankKey = (Request, Option<u64>);
 
 /// Places requests on a [`ClusterState`] with one policy and a seeded tie-break.
 pub struct Placer {
@@ -100,11 +103,18 @@ pub struct Placer {
     weights: Vec<(Policy, i64)>,
     /// Per request: the best classes found last time, kept true across placements.
     rankings: HashMap<RankKey, Ranking, foldhash::fast::RandomState>,
-    /// Per request with hardware-only requirements (models, memory): the same request
-    /// without them and the node types they allow, when they allow every GPU of a type or
-    /// none (`None` otherwise); for the state instance `reduced_for`.
-    reduced: HashMap<Request, Option<Reduced>, foldhash::fast::RandomState>,
+    /// Per set of hardware-only requirements (models, memory): the node types they allow
+    /// and that set's id, when they allow every GPU of a type or none (`None` otherwise);
+    /// for the state instance `reduced_for`.
+    reduced: HashMap<GpuNeed, Option<TypeSet>, foldhash::fast::RandomState>,
     reduced_for: u64,
+    /// Ids of the sets of node types reductions allowed; ids are never reused, so a
+    /// ranking's key never names another set.
+    type_sets: HashMap<Arc<[u64]>, u64, foldhash::fast::RandomState>,
+    next_type_set: u64,
+    /// Shape ids of requests without model restrictions, by (CPU, milli, count): found
+    /// without building a [`Shape`].
+    plain_shape_ids: HashMap<(u64, u32, u32), u32, foldhash::fast::RandomState>,
     /// Scratch for the classes touched since a ranking was made.
     touched_ids: Vec<u32>,
     /// Per class id, the generation in which it was last seen touched (deduplicates the
@@ -154,6 +164,9 @@ impl Placer {
             rankings: HashMap::default(),
             reduced: HashMap::default(),
             reduced_for: 0,
+            type_sets: HashMap::default(),
+            next_type_set: 0,
+            plain_shape_ids: HashMap::default(),
             touched_ids: Vec::new(),
             touched_mark: Vec::new(),
             touched_gen: 0,
@@ -352,7 +365,7 @@ impl Placer {
         // A share's `gpuplace` score depends on the cluster's gap counts, which every share
         // placed anywhere changes: such requests are evaluated afresh on every class (no
         // cached score, no kept ranking); the class index still spares identical nodes.
-        let global = self.global_score(request);
+        let global = self.global_score(state, request);
         let shape = match self.policy {
             Policy::Fgd | Policy::Gpuplace(_)
                 if self.cache_enabled && self.weights.is_empty() && !global =>
@@ -365,8 +378,8 @@ impl Placer {
             None if !global => match self.reduce(state, request) {
                 // Requests that differ only in which node types their requirements allow
                 // share one ranking, with the unconstrained request's evaluation.
-                Some((plain, types)) => {
-                    self.ranked_best(&mut classes, state, &plain, shape, Some(&types))
+                Some((plain, types, id)) => {
+                    self.ranked_best(&mut classes, state, &plain, shape, Some((&types, id)))
                 }
                 None => self.ranked_best(&mut classes, state, request, shape, None),
             },
@@ -386,10 +399,11 @@ impl Placer {
         self.classes = classes;
         let (score, (_, n), gpu) = best?;
         let n = n as usize;
-        // A class of interchangeable GPUs holds nodes with the same shares in other
+        // A class of nodes with symmetric GPUs holds nodes with the same shares in other
         // positions, and its cached hint may come from another member: the GPU of a share is
         // found again on the chosen node, as a scan would find it there.
-        let gpu = if request.is_fractional() && state.is_symmetric(n) {
+        let gpu = if state.effective(n, request).is_fractional() && !state.symmetry(n).is_trivial()
+        {
             match self.policy {
                 _ if !self.weights.is_empty() => self.weighted_score(state, n, request).1,
                 Policy::Fgd => self.fgd_score(state, n, request).1,
@@ -403,14 +417,23 @@ impl Placer {
     }
 
     /// Whether `request`'s score depends on more than its node's state (a share under
-    /// `gpuplace`'s gap balance).
-    fn global_score(&self, request: &Request) -> bool {
-        matches!(self.policy, Policy::Gpuplace(ideas) if ideas.balance) && request.is_fractional()
+    /// `gpuplace`'s gap balance; a whole GPU is a share on a time-sliced node).
+    fn global_score(&self, state: &ClusterState, request: &Request) -> bool {
+        let share = request.is_fractional()
+            || (state.any_time_sliced()
+                && request.gpu_count == 1
+                && request.gpu_milli == gpuplace_model::MILLI_PER_GPU);
+        matches!(self.policy, Policy::Gpuplace(ideas) if ideas.balance) && share
     }
 
     fn shape_id(&mut self, request: &Request) -> Option<u32> {
-        let next = self.shape_ids.len() as u32;
-        let id = *self.shape_ids.entry(Shape::of(request)).or_insert(next);
+        let next = (self.shape_ids.len() + self.plain_shape_ids.len()) as u32;
+        let id = if request.allowed_models.is_empty() {
+            let key = (request.cpu_milli, request.gpu_milli, request.gpu_count);
+            *self.plain_shape_ids.entry(key).or_insert(next)
+        } else {
+            *self.shape_ids.entry(Shape::of(request)).or_insert(next)
+        };
         ((id as usize) < MAX_CACHED_SHAPES).then_some(id)
     }
 

@@ -11,6 +11,7 @@ use crate::fit::FitFailure;
 use crate::frag::TargetWorkload;
 use crate::gaps::GapCounts;
 use crate::require::{self, PairRules};
+use crate::symmetry::Symmetry;
 use crate::topology::LinkMatrix;
 
 pub use crate::node_state::NodeState;
@@ -64,6 +65,8 @@ struct NodeTypeKey {
     replicas: u32,
     gpus: Vec<(String, u64, u32)>,
     links: Vec<u32>,
+    /// NUMA node per GPU (the `numa` topology requirement reads it).
+    numa: Vec<Option<u32>>,
 }
 
 /// Every node's inventory and what is free on it.
@@ -80,13 +83,14 @@ pub struct ClusterState {
     by_name: HashMap<String, usize>,
     /// Interned [`NodeTypeKey`] of each node.
     node_type: Vec<u32>,
-    /// Whether a node's GPUs are interchangeable (same model, memory and capacity, every
-    /// pair linked alike, one NUMA domain): then only the multiset of free shares matters.
-    symmetric: Vec<bool>,
+    /// The symmetries of each node type's GPUs (see [`Symmetry`]), by type.
+    symmetry: Vec<Symmetry>,
     /// Whether all of a node's GPUs are of one model.
     one_model: Vec<bool>,
     /// Per node: its GPUs are time-sliced (replicas above 1), read on every decision.
     time_sliced: Vec<bool>,
+    /// Whether any node's GPUs are time-sliced.
+    any_time_sliced: bool,
     /// Nodes in the order their state changed (one entry per apply or release).
     journal: Vec<u32>,
     /// Bumped whenever a new workload is bound (scores against the old one are stale).
@@ -146,10 +150,10 @@ impl ClusterState {
             })
             .collect();
         let links: Vec<LinkMatrix> = nodes.iter().map(LinkMatrix::from_inventory).collect();
-        let rules = nodes.iter().map(PairRules::from_inventory).collect();
+        let rules: Vec<PairRules> = nodes.iter().map(PairRules::from_inventory).collect();
         let name_hash = nodes.iter().map(|n| fnv1a(&n.name)).collect();
         let mut types: HashMap<NodeTypeKey, u32> = HashMap::new();
-        let node_type = nodes
+        let node_type: Vec<u32> = nodes
             .iter()
             .zip(&links)
             .map(|(node, links)| {
@@ -163,35 +167,25 @@ impl ClusterState {
                         .map(|g| (g.model.clone(), g.memory_mib, g.milli_capacity))
                         .collect(),
                     links: links.scores().to_vec(),
+                    numa: node.gpus.iter().map(|g| g.numa_node).collect(),
                 };
                 let next = types.len() as u32;
                 *types.entry(key).or_insert(next)
             })
             .collect();
-        let symmetric = nodes
-            .iter()
-            .zip(&links)
-            .map(|(node, links)| {
-                let first = node.gpus.first();
-                let same_gpus = node.gpus.iter().all(|g| {
-                    first.is_some_and(|f| {
-                        g.model == f.model
-                            && g.memory_mib == f.memory_mib
-                            && g.milli_capacity == f.milli_capacity
-                            && g.numa_node == f.numa_node
-                    })
-                });
-                let n = node.gpus.len();
-                let pair = if n > 1 { links.pair(0, 1) } else { 0 };
-                let same_links = (0..n).all(|a| (0..n).all(|b| a == b || links.pair(a, b) == pair));
-                same_gpus && same_links
-            })
-            .collect();
+        // One node of each type stands for it (a type's inventories differ only in names).
+        let mut symmetry = vec![None; types.len()];
+        for (n, &t) in node_type.iter().enumerate() {
+            if symmetry[t as usize].is_none() {
+                symmetry[t as usize] = Some(Symmetry::of(&nodes[n], &links[n], &rules[n]));
+            }
+        }
+        let symmetry = symmetry.into_iter().flatten().collect();
         let one_model = nodes
             .iter()
             .map(|node| node.gpus.windows(2).all(|w| w[0].model == w[1].model))
             .collect();
-        let time_sliced = nodes.iter().map(|n| n.replicas > 1).collect();
+        let time_sliced: Vec<bool> = nodes.iter().map(|n| n.replicas > 1).collect();
         let gpu_capacity_milli = state.iter().map(NodeState::gpu_idle).sum();
         Ok(ClusterState {
             id: InstanceId::fresh(),
@@ -202,8 +196,9 @@ impl ClusterState {
             name_hash,
             by_name,
             node_type,
-            symmetric,
+            symmetry,
             one_model,
+            any_time_sliced: time_sliced.iter().any(|&t| t),
             time_sliced,
             journal: Vec::new(),
             workload_generation: 0,
@@ -326,9 +321,14 @@ impl ClusterState {
         self.node_type[n]
     }
 
-    /// Whether node `n`'s GPUs are interchangeable (see the field).
-    pub fn is_symmetric(&self, n: usize) -> bool {
-        self.symmetric[n]
+    /// Whether some node's GPUs are time-sliced.
+    pub fn any_time_sliced(&self) -> bool {
+        self.any_time_sliced
+    }
+
+    /// The symmetries of node `n`'s GPUs.
+    pub(crate) fn symmetry(&self, n: usize) -> &Symmetry {
+        &self.symmetry[self.node_type[n] as usize]
     }
 
     /// This state value's identity; clones get their own.

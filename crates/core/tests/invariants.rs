@@ -68,6 +68,10 @@ fn build(nodes: &[(u64, u64, u32, bool)], requests: &[Request]) -> ClusterState 
         .map(|(i, &(cpu, mem, gpus, linked))| {
             let mut node = NodeInventory::uniform(&format!("n{i}"), cpu, mem, gpus, models[i % 3]);
             if linked {
+                // Two NUMA domains, split like the PCIe levels.
+                for g in &mut node.gpus {
+                    g.numa_node = Some(u32::from(g.index < gpus / 2));
+                }
                 for a in 0..gpus {
                     for b in a + 1..gpus {
                         node.links.push(Link {

@@ -181,18 +181,18 @@ impl Placer {
         state: &ClusterState,
         request: &Request,
         shape: Option<u32>,
-        types: Option<&std::sync::Arc<[u64]>>,
+        types: Option<(&std::sync::Arc<[u64]>, u64)>,
     ) -> Option<(i64, (u64, u32), u32)> {
         let ask = Ask {
             request,
             allowed: None,
             shape,
-            types: types.map(|t| &t[..]),
+            types: types.map(|(t, _)| &t[..]),
         };
         let epoch = classes.epoch();
         // The kept key is put back with the ranking (requests without requirements clone
         // no heap data).
-        let key = (request.clone(), types.cloned());
+        let key = (request.clone(), types.map(|(_, id)| id));
         let (key, kept) = match self.rankings.remove_entry(&key) {
             Some((key, r)) => (key, Some(r).filter(|r| r.epoch == epoch)),
             None => (key, None),
@@ -341,10 +341,25 @@ impl Placer {
         }
         if self.reduced_for != state.instance() {
             self.reduced.clear();
+            self.type_sets.clear();
             self.reduced_for = state.instance();
         }
-        if let Some(hit) = self.reduced.get(request) {
-            return hit.clone();
+        // What a request's requirements allow depends on them alone: the cache is keyed by
+        // them, and the request without them is made afresh (no heap data unless the pod
+        // also names models in its node selector).
+        let plain = |(types, id): (std::sync::Arc<[u64]>, u64)| {
+            let plain = Request {
+                cpu_milli: request.cpu_milli,
+                memory_mib: request.memory_mib,
+                gpu_count: request.gpu_count,
+                gpu_milli: request.gpu_milli,
+                allowed_models: request.allowed_models.clone(),
+                need: Default::default(),
+            };
+            (plain, types, id)
+        };
+        if let Some(hit) = self.reduced.get(need) {
+            return hit.clone().map(plain);
         }
         let mut verdict: Vec<u8> = Vec::new();
         let mut mixed = false;
@@ -375,14 +390,16 @@ impl Placer {
                     types[t / 64] |= 1 << (t % 64);
                 }
             }
-            let mut plain = request.clone();
-            plain.need = Default::default();
-            (plain, std::sync::Arc::from(types))
+            let types: std::sync::Arc<[u64]> = std::sync::Arc::from(types);
+            let next = self.next_type_set;
+            let id = *self.type_sets.entry(types.clone()).or_insert(next);
+            self.next_type_set += u64::from(id == next);
+            (types, id)
         });
         if self.reduced.len() >= 4096 {
             self.reduced.clear();
         }
-        self.reduced.insert(request.clone(), out.clone());
-        out
+        self.reduced.insert(need.clone(), out.clone());
+        out.map(plain)
     }
 }
