@@ -45,6 +45,11 @@ pub struct SchedulerBenchArgs {
     /// Time the core alone (no end-to-end loop), e.g. under a profiler.
     #[arg(long)]
     core_only: bool,
+    /// Passes of the core-alone timing (with `--requirements`, the constrained and the
+    /// stripped pass alternate); the median of each is reported, and the ratio is the
+    /// median of the per-round ratios.
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
     /// The in-memory API server's cost per request of the scheduler's (Bindings, Events),
     /// in ms (fractions allowed), so the loop pays for its writes as on a server.
     #[arg(long, default_value_t = 0.0)]
@@ -226,6 +231,24 @@ async fn core_alone(
     ))
 }
 
+/// How the core-alone figures were taken, for the report.
+fn passes(repeat: usize) -> String {
+    match repeat {
+        0 | 1 => String::new(),
+        n => format!(" (median of {n} passes)"),
+    }
+}
+
+/// The median of `values` (the mean of the middle two for an even count).
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
 fn add(total: &mut RoundTimings, t: &RoundTimings) {
     total.view += t.view;
     total.snapshot += t.snapshot;
@@ -255,22 +278,34 @@ async fn bench(args: SchedulerBenchArgs) -> anyhow::Result<()> {
     }
     let objects = heap::live().saturating_sub(before_objects);
 
-    let (core_rate, core_placed, core_classes) = core_alone(&api, args.policy, true, false).await?;
+    let (mut rates, mut plain_rates, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut core_placed, mut core_classes, mut unconstrained) = (0, 0, None);
+    for _ in 0..args.repeat.max(1) {
+        let (rate, placed, classes) = core_alone(&api, args.policy, true, false).await?;
+        (core_placed, core_classes) = (placed, classes);
+        rates.push(rate);
+        if args.requirements > 0.0 {
+            let (plain, placed, classes) = core_alone(&api, args.policy, true, true).await?;
+            plain_rates.push(plain);
+            ratios.push(rate / plain);
+            unconstrained = Some((placed, classes));
+        }
+    }
+    let core_rate = median(&mut rates);
+    let unconstrained =
+        unconstrained.map(|(p, c)| (median(&mut plain_rates), p, c, median(&mut ratios)));
     let scan_rate = match args.compare_scan {
         true => Some(core_alone(&api, args.policy, false, false).await?.0),
-        false => None,
-    };
-    let unconstrained = match args.requirements > 0.0 {
-        true => Some(core_alone(&api, args.policy, true, true).await?),
         false => None,
     };
 
     if args.core_only {
         println!(
-            "core alone: {core_rate:.0} decisions/s ({core_placed} of {} placed, {core_classes} node classes per decision){}",
+            "core alone{}: {core_rate:.0} decisions/s ({core_placed} of {} placed, {core_classes} node classes per decision){}",
+            passes(args.repeat),
             args.pods,
             unconstrained
-                .map(|(r, p, c)| format!("; without requirements {r:.0} decisions/s ({p} placed, {c} classes), ratio {:.2}", core_rate / r))
+                .map(|(r, p, c, ratio)| format!("; without requirements {r:.0} decisions/s ({p} placed, {c} classes), ratio {ratio:.2}"))
                 .unwrap_or_default()
         );
         return Ok(());
@@ -327,7 +362,8 @@ async fn bench(args: SchedulerBenchArgs) -> anyhow::Result<()> {
                 "core_alone": {"decisions_per_s": core_rate, "placed": core_placed, "scan_decisions_per_s": scan_rate,
                     "requirements_fraction": args.requirements,
                     "classes_per_decision": core_classes,
-                    "without_requirements": unconstrained.map(|(r, p, c)| json!({"decisions_per_s": r, "placed": p, "classes_per_decision": c}))},
+                    "passes": args.repeat.max(1),
+                    "without_requirements": unconstrained.map(|(r, p, c, ratio)| json!({"decisions_per_s": r, "placed": p, "classes_per_decision": c, "ratio": ratio}))},
                 "memory_mib": {"scheduler_peak_heap": mib(scheduler_peak), "api_objects_heap": mib(objects), "api_node_objects_heap": mib(node_objects),
                     "process_peak_rss": peak_rss_mib()},
             })
@@ -368,17 +404,17 @@ async fn bench(args: SchedulerBenchArgs) -> anyhow::Result<()> {
         timings.gangs.as_secs_f64(),
     );
     println!(
-        "core alone: {core_rate:.0} decisions/s ({core_placed} of {} placed){}",
+        "core alone{}: {core_rate:.0} decisions/s ({core_placed} of {} placed){}",
+        passes(args.repeat),
         args.pods,
         scan_rate
             .map(|r| format!("; without the node-class index {r:.0} decisions/s"))
             .unwrap_or_default()
     );
-    if let Some((rate, placed, classes)) = unconstrained {
+    if let Some((rate, placed, classes, ratio)) = unconstrained {
         println!(
-            "  {:.0}% of pods with GPU requirements: {core_rate:.0} decisions/s ({core_classes} node classes on average); the same pods without them: {rate:.0} decisions/s ({placed} placed, {classes} classes); ratio {:.2}",
+            "  {:.0}% of pods with GPU requirements: {core_rate:.0} decisions/s ({core_classes} node classes on average); the same pods without them: {rate:.0} decisions/s ({placed} placed, {classes} classes); ratio {ratio:.2}",
             args.requirements * 100.0,
-            core_rate / rate
         );
     }
     println!(
