@@ -377,11 +377,27 @@ impl Placer {
         let best = match allowed {
             None if !global => match self.reduce(state, request) {
                 // Requests that differ only in which node types their requirements allow
-                // share one ranking, with the unconstrained request's evaluation.
+                // share one ranking, with the unconstrained request's evaluation; the
+                // unconstrained request's own ranking answers first when its best classes
+                // include an allowed one.
                 Some((plain, types, id)) => {
-                    self.ranked_best(&mut classes, state, &plain, shape, Some((&types, id)))
+                    match self.ranked_best(&mut classes, state, &plain, shape, None, Some(&types)) {
+                        Some(best) => best,
+                        None => self
+                            .ranked_best(
+                                &mut classes,
+                                state,
+                                &plain,
+                                shape,
+                                Some((&types, id)),
+                                None,
+                            )
+                            .flatten(),
+                    }
                 }
-                None => self.ranked_best(&mut classes, state, request, shape, None),
+                None => self
+                    .ranked_best(&mut classes, state, request, shape, None, None)
+                    .flatten(),
             },
             _ => {
                 let mut statics = Vec::new();

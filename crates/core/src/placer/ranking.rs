@@ -175,6 +175,11 @@ impl Placer {
     /// The best class for `request` with no mask, from the ranking kept since the last
     /// decision for the same request: only the classes touched since are evaluated again.
     /// Exact: every class outside the ranking stands below its bound (or does not fit).
+    ///
+    /// With `within`, the best class of those node types, read from the same ranking: the
+    /// first of its best classes that is of an allowed type, `Some(None)` when no class
+    /// fits at all; `None` (undecided) when the ranking's best classes hold none of those
+    /// types but others stand below its bound.
     pub(super) fn ranked_best(
         &mut self,
         classes: &mut NodeClasses,
@@ -182,7 +187,8 @@ impl Placer {
         request: &Request,
         shape: Option<u32>,
         types: Option<(&std::sync::Arc<[u64]>, u64)>,
-    ) -> Option<(i64, (u64, u32), u32)> {
+        within: Option<&[u64]>,
+    ) -> Option<Option<(i64, (u64, u32), u32)>> {
         let ask = Ask {
             request,
             allowed: None,
@@ -272,13 +278,17 @@ impl Placer {
         let ranking = ranking?;
         let best = ranking
             .top
-            .first()
+            .iter()
+            .find(|((_, std::cmp::Reverse((_, n))), _, _)| {
+                within.is_none_or(|types| type_allowed(types, state.node_type(*n as usize)))
+            })
             .map(|&((score, std::cmp::Reverse(member)), gpu, _)| (score, member, gpu));
+        let decided = best.is_some() || ranking.bound.is_none();
         if self.rankings.len() >= RANKINGS {
             self.rankings.clear();
         }
         self.rankings.insert(key, ranking);
-        best
+        decided.then_some(best)
     }
 
     /// Why no node fits, as the scan would find it, with one fit check per class: the
