@@ -381,7 +381,9 @@ impl Placer {
                 // unconstrained request's own ranking answers first when its best classes
                 // include an allowed one.
                 Some((plain, types, id)) => {
-                    match self.ranked_best(&mut classes, state, &plain, shape, None, Some(&types)) {
+                    let allowed = |n: usize| ranking::type_allowed(&types, state.node_type(n));
+                    match self.ranked_best(&mut classes, state, &plain, shape, None, Some(&allowed))
+                    {
                         Some(best) => best,
                         None => self
                             .ranked_best(
@@ -392,6 +394,26 @@ impl Placer {
                                 Some((&types, id)),
                                 None,
                             )
+                            .flatten(),
+                    }
+                }
+                // Other requirements (a topology) leave every score as it is where the
+                // request fits: the unconstrained request's best classes answer when one of
+                // them fits the request.
+                None if request.gpu_count > 0
+                    && !request.need.is_empty()
+                    && request.need.prefer == gpuplace_model::GpuTopology::Any =>
+                {
+                    let plain = Request {
+                        need: GpuNeed::default(),
+                        allowed_models: request.allowed_models.clone(),
+                        ..*request
+                    };
+                    let fits = |n: usize| state.fit(n, request).is_ok();
+                    match self.ranked_best(&mut classes, state, &plain, shape, None, Some(&fits)) {
+                        Some(best) => best,
+                        None => self
+                            .ranked_best(&mut classes, state, request, shape, None, None)
                             .flatten(),
                     }
                 }

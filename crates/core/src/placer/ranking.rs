@@ -176,10 +176,11 @@ impl Placer {
     /// decision for the same request: only the classes touched since are evaluated again.
     /// Exact: every class outside the ranking stands below its bound (or does not fit).
     ///
-    /// With `within`, the best class of those node types, read from the same ranking: the
-    /// first of its best classes that is of an allowed type, `Some(None)` when no class
-    /// fits at all; `None` (undecided) when the ranking's best classes hold none of those
-    /// types but others stand below its bound.
+    /// With `within` (a test of a class's first member), the best class that passes it,
+    /// read from the same ranking: the first of its best classes that passes, `Some(None)`
+    /// when none passes and no other class fits; `None` (undecided) when none of its best
+    /// classes passes but others stand below its bound. Exact for a request that scores as
+    /// `request` wherever it passes (its requirements only rule nodes out).
     pub(super) fn ranked_best(
         &mut self,
         classes: &mut NodeClasses,
@@ -187,7 +188,7 @@ impl Placer {
         request: &Request,
         shape: Option<u32>,
         types: Option<(&std::sync::Arc<[u64]>, u64)>,
-        within: Option<&[u64]>,
+        within: Option<&dyn Fn(usize) -> bool>,
     ) -> Option<Option<(i64, (u64, u32), u32)>> {
         let ask = Ask {
             request,
@@ -280,7 +281,7 @@ impl Placer {
             .top
             .iter()
             .find(|((_, std::cmp::Reverse((_, n))), _, _)| {
-                within.is_none_or(|types| type_allowed(types, state.node_type(*n as usize)))
+                within.is_none_or(|passes| passes(*n as usize))
             })
             .map(|&((score, std::cmp::Reverse(member)), gpu, _)| (score, member, gpu));
         let decided = best.is_some() || ranking.bound.is_none();
