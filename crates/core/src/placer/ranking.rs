@@ -51,6 +51,9 @@ pub(super) fn fit_remembered(
     state.fit_with_static(n, request, verdict)
 }
 
+/// A decision read from the classes: score, the member (seeded rank, node), GPU hint.
+pub(super) type Best = (i64, (u64, u32), u32);
+
 /// How many of the best classes a ranking keeps after a full pass.
 const RANKED: usize = 16;
 /// Rankings kept at most (one per distinct request).
@@ -189,7 +192,7 @@ impl Placer {
         shape: Option<u32>,
         types: Option<(&std::sync::Arc<[u64]>, u64)>,
         within: Option<&dyn Fn(usize) -> bool>,
-    ) -> Option<Option<(i64, (u64, u32), u32)>> {
+    ) -> Option<Option<Best>> {
         let ask = Ask {
             request,
             allowed: None,
