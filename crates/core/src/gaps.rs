@@ -3,7 +3,8 @@
 //! packing, with a GPU as the bin and milli-GPU as the size).
 
 /// Partly used GPUs per free milli, counting only gaps that a share of the workload could
-/// still fill (free milli at or above the workload's smallest share).
+/// still fill (free milli at or above the workload's share floor, see
+/// [`TargetWorkload::share_floor`](crate::TargetWorkload::share_floor)).
 #[derive(Clone, Debug, Default)]
 pub struct GapCounts {
     /// Gaps below this are dead and not counted (`u32::MAX`: nothing is counted).

@@ -57,10 +57,10 @@ pub struct Ideas {
     /// of the sum of squared gap counts, Csirik et al.'s Sum-of-Squares rule).
     pub balance: bool,
     /// A ten times finer score (1000 points instead of FGD's 100), so fewer nodes tie.
-    /// Off in the policy: on the 1,213-node traces it gains up to 0.11 points on four and
-    /// loses up to 0.05 on two, but on clusters of 8-128 nodes it loses the packing that
-    /// FGD's coarse ties give (the tied node first in the seeded order takes the pod): 0.6%
-    /// more unallocated GPU than FGD instead of 6.6% less (README, small clusters).
+    /// Off in the policy: on the 1,213-node traces it gains 0.05-0.10 points on four and
+    /// loses 0.02-0.03 on two, but on clusters of 8-128 nodes it loses the packing that
+    /// FGD's coarse ties give (the tied node first in the seeded order takes the pod): 0.7%
+    /// more unallocated GPU than FGD instead of 6.4% less (README, small clusters).
     pub fine: bool,
     /// CPU-only pods: among equal scores, the node with the most CPU beyond what its idle
     /// GPUs will need.

@@ -4,7 +4,7 @@ use std::borrow::Cow;
 
 use gpuplace_model::{NodeInventory, Request};
 
-/// [`ClusterState::effective`] for a node's inventory.
+/// [`ClusterState::effective`](crate::ClusterState::effective) for a node's inventory.
 pub fn effective_on<'r>(node: &NodeInventory, request: &'r Request) -> Cow<'r, Request> {
     if node.replicas > 1
         && request.gpu_count == 1
