@@ -3,6 +3,8 @@
 //! same node, same GPUs, same score, same reasons. Clusters here are many copies of one
 //! linked node type, so that permuted states meet often.
 
+mod common;
+
 use std::sync::Arc;
 
 use gpuplace_core::{ClusterState, Placer, Policy, TargetWorkload};
@@ -107,11 +109,7 @@ proptest! {
                 let mask = (i % 4 == 1).then(|| &masks[i][..count]);
                 let a = indexed.choose(&state, request, mask);
                 let b = scan.choose(&state, request, mask);
-                match (&a, &b) {
-                    (Ok(x), Ok(y)) => prop_assert_eq!(x, y, "policy {}", policy),
-                    (Err(x), Err(y)) => prop_assert_eq!(x.message("gpu"), y.message("gpu")),
-                    _ => prop_assert!(false, "policy {}: {:?} vs {:?}", policy, a, b),
-                }
+                common::same_answer(policy, &a, &b)?;
                 if let Ok(d) = a {
                     state.apply(d.node, request, &d.gpus).expect("chosen GPUs fit");
                     placed.push((d, request.clone()));

@@ -36,3 +36,20 @@ pub fn gpus(count: u32, milli: u32) -> Request {
         need: GpuNeed::default(),
     }
 }
+
+/// The node-class index's and the full scan's answers to one request agree: the same
+/// decision, or the same reasons.
+#[allow(dead_code)]
+pub fn same_answer(
+    policy: gpuplace_core::Policy,
+    a: &Result<gpuplace_core::Decision, gpuplace_core::Unschedulable>,
+    b: &Result<gpuplace_core::Decision, gpuplace_core::Unschedulable>,
+) -> Result<(), proptest::test_runner::TestCaseError> {
+    use proptest::{prop_assert, prop_assert_eq};
+    match (a, b) {
+        (Ok(x), Ok(y)) => prop_assert_eq!(x, y, "policy {}", policy),
+        (Err(x), Err(y)) => prop_assert_eq!(x.message("gpu"), y.message("gpu")),
+        _ => prop_assert!(false, "policy {}: {:?} vs {:?}", policy, a, b),
+    }
+    Ok(())
+}
