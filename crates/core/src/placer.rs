@@ -404,11 +404,7 @@ impl Placer {
                     && !request.need.is_empty()
                     && request.need.prefer == gpuplace_model::GpuTopology::Any =>
                 {
-                    let plain = Request {
-                        need: GpuNeed::default(),
-                        allowed_models: request.allowed_models.clone(),
-                        ..*request
-                    };
+                    let plain = without_need(request);
                     let fits = |n: usize| state.fit(n, request).is_ok();
                     match self.ranked_best(&mut classes, state, &plain, shape, None, Some(&fits)) {
                         Some(best) => best,
@@ -548,6 +544,15 @@ impl Placer {
             let after = workload.fragmentation_of(model, cpu_after, &self.scratch);
             (fgd_points(before, after), 0)
         }
+    }
+}
+
+/// `request` without its GPU requirements (its node-selector models kept).
+fn without_need(request: &Request) -> Request {
+    Request {
+        need: GpuNeed::default(),
+        allowed_models: request.allowed_models.clone(),
+        ..*request
     }
 }
 

@@ -361,17 +361,8 @@ impl Placer {
         // What a request's requirements allow depends on them alone: the cache is keyed by
         // them, and the request without them is made afresh (no heap data unless the pod
         // also names models in its node selector).
-        let plain = |(types, id): (std::sync::Arc<[u64]>, u64)| {
-            let plain = Request {
-                cpu_milli: request.cpu_milli,
-                memory_mib: request.memory_mib,
-                gpu_count: request.gpu_count,
-                gpu_milli: request.gpu_milli,
-                allowed_models: request.allowed_models.clone(),
-                need: Default::default(),
-            };
-            (plain, types, id)
-        };
+        let plain =
+            |(types, id): (std::sync::Arc<[u64]>, u64)| (super::without_need(request), types, id);
         if let Some(hit) = self.reduced.get(need) {
             return hit.clone().map(plain);
         }
