@@ -45,8 +45,6 @@ pub struct TargetWorkload {
     /// The smallest per-GPU milli a kept share shape asks (`None`: no shares in the
     /// workload).
     share_floor: Option<u32>,
-    /// CPU milli the GPU shapes ask per milli-GPU, weighted by probability.
-    cpu_per_gpu_milli: f64,
 }
 
 /// Shapes are kept in batches of this many until coverage is reached (the paper's
@@ -118,21 +116,9 @@ impl TargetWorkload {
             .map(|(i, (s, _))| (s.gpu_milli, s.cpu_milli, i))
             .collect();
         by_milli.sort_unstable();
-        let (cpu, gpu) =
-            shapes
-                .iter()
-                .filter(|(s, _)| s.gpu_count > 0)
-                .fold((0.0, 0.0), |(c, g), (s, p)| {
-                    (
-                        c + p * s.cpu_milli as f64,
-                        g + p * f64::from(s.gpu_count) * f64::from(s.gpu_milli),
-                    )
-                });
         TargetWorkload {
             shapes,
             by_milli,
-
-            cpu_per_gpu_milli: if gpu > 0.0 { cpu / gpu } else { 0.0 },
             share_floor,
         }
     }
@@ -159,11 +145,6 @@ impl TargetWorkload {
     /// share, 50 milli, left 5.2% of GPU unallocated on the default trace instead of 4.0%).
     pub fn share_floor(&self) -> Option<u32> {
         self.share_floor
-    }
-
-    /// CPU milli the workload's GPU pods ask per milli-GPU (probability-weighted).
-    pub fn cpu_per_gpu_milli(&self) -> f64 {
-        self.cpu_per_gpu_milli
     }
 
     /// Idle GPU milli on a node of GPU `model` with `cpu_free` and per-GPU free milli
@@ -295,8 +276,6 @@ mod tests {
         // The V100-only shape is the only one that fits 2 cores and a whole GPU.
         assert_eq!(m.stranded_of("V100M16", 900, &[1000]), 1000);
         assert_eq!(m.stranded_of("V100M16", 2000, &[1000]), 0);
-        let per = (4000.0 + 1000.0 + 2000.0) / (300.0 + 500.0 + 1000.0);
-        assert!((m.cpu_per_gpu_milli() - per).abs() < 1e-9);
         assert_eq!(TargetWorkload::default().share_floor(), None);
     }
 

@@ -62,9 +62,9 @@ pub struct Ideas {
     /// FGD's coarse ties give (the tied node first in the seeded order takes the pod): 0.7%
     /// more unallocated GPU than FGD instead of 6.4% less (README, small clusters).
     pub fine: bool,
-    /// CPU-only pods: among equal scores, the node with the most CPU beyond what its idle
-    /// GPUs will need.
-    pub cpu_slack: bool,
+    /// CPU-only pods: among equal scores, the node with the fewest idle GPU milli (nodes
+    /// whose GPUs are all taken first), where their CPU is least wanted by GPU pods.
+    pub cpu_fill: bool,
 }
 
 impl Ideas {
@@ -73,7 +73,7 @@ impl Ideas {
         stranded: true,
         balance: true,
         fine: false,
-        cpu_slack: true,
+        cpu_fill: true,
     };
 }
 
@@ -111,7 +111,7 @@ impl Policy {
             ..Ideas::POLICY
         }),
         Policy::Gpuplace(Ideas {
-            cpu_slack: false,
+            cpu_fill: false,
             ..Ideas::POLICY
         }),
         Policy::Gpuplace(Ideas {
@@ -157,8 +157,8 @@ impl Policy {
                 } => "gpuplace-no-stranded",
                 Ideas { balance: false, .. } => "gpuplace-no-balance",
                 Ideas {
-                    cpu_slack: false, ..
-                } => "gpuplace-no-cpu-slack",
+                    cpu_fill: false, ..
+                } => "gpuplace-no-cpu-fill",
                 Ideas { fine: true, .. } => "gpuplace-fine",
                 _ => "gpuplace",
             },

@@ -15,6 +15,8 @@ use crate::state::ClusterState;
 const BALANCE_WEIGHT: f64 = 20.0;
 /// The secondary score (CPU-only pods) stays below one point of the primary.
 const PRIMARY: i64 = 1 << 24;
+/// Idle GPU milli beyond this tie in the secondary score (a node of 16,000 GPUs).
+const MAX_IDLE_KEY: u64 = (1 << 24) - 1;
 
 impl Placer {
     /// The score of node `n` for `request` and, for a share, the best GPU position.
@@ -76,14 +78,14 @@ impl Placer {
         };
         let points = if ideas.fine { 1000.0 } else { 100.0 };
         let primary = (points / (1.0 + (-value / 1000.0).exp())) as i64;
-        let mut secondary = 0;
-        if ideas.cpu_slack && request.gpu_count == 0 {
-            // CPU left beyond what the node's idle GPUs will need, at the workload's CPU
-            // per GPU: CPU-only pods go where CPU is least needed by GPUs.
-            let need = node.gpu_idle() as f64 * workload.cpu_per_gpu_milli();
-            let slack_cores = (cpu_after as f64 - need) / 1000.0;
-            secondary = (slack_cores * 100.0).round().clamp(-8e6, 8e6) as i64;
-        }
+        // CPU-only pods: fewer idle GPU milli first (nodes whose GPUs are all taken before
+        // all others): a CPU-only pod's CPU is least wanted by GPU pods where the fewest GPUs
+        // wait.
+        let secondary = if ideas.cpu_fill && request.gpu_count == 0 {
+            -(node.gpu_idle().min(MAX_IDLE_KEY) as i64)
+        } else {
+            0
+        };
         (primary * PRIMARY + secondary, gpu as u32)
     }
 }
