@@ -45,6 +45,8 @@ pub struct TargetWorkload {
     /// The smallest per-GPU milli a kept share shape asks (`None`: no shares in the
     /// workload).
     share_floor: Option<u32>,
+    /// CPU milli the GPU shapes ask per milli-GPU, weighted by probability.
+    cpu_per_gpu_milli: f64,
 }
 
 /// Shapes are kept in batches of this many until coverage is reached (the paper's
@@ -116,10 +118,21 @@ impl TargetWorkload {
             .map(|(i, (s, _))| (s.gpu_milli, s.cpu_milli, i))
             .collect();
         by_milli.sort_unstable();
+        let (cpu, gpu) =
+            shapes
+                .iter()
+                .filter(|(s, _)| s.gpu_count > 0)
+                .fold((0.0, 0.0), |(c, g), (s, p)| {
+                    (
+                        c + p * s.cpu_milli as f64,
+                        g + p * f64::from(s.gpu_count) * f64::from(s.gpu_milli),
+                    )
+                });
         TargetWorkload {
             shapes,
             by_milli,
             share_floor,
+            cpu_per_gpu_milli: if gpu > 0.0 { cpu / gpu } else { 0.0 },
         }
     }
 
@@ -145,6 +158,23 @@ impl TargetWorkload {
     /// share, 50 milli, left 5.2% of GPU unallocated on the default trace instead of 4.0%).
     pub fn share_floor(&self) -> Option<u32> {
         self.share_floor
+    }
+
+    /// CPU milli the workload's GPU pods ask per milli-GPU (probability-weighted).
+    pub fn cpu_per_gpu_milli(&self) -> f64 {
+        self.cpu_per_gpu_milli
+    }
+
+    /// Idle GPU milli on a node with `cpu_free` and per-GPU free milli `gpu_free` that its
+    /// CPU cannot feed at the workload's CPU per GPU: idle - cpu_free / (CPU per milli-GPU),
+    /// at least 0. Unlike [`stranded_of`](Self::stranded_of) it counts GPUs the CPU left
+    /// will starve on average, before no shape at all fits.
+    pub fn unfed_of(&self, cpu_free: u64, gpu_free: &[u32]) -> f64 {
+        if self.cpu_per_gpu_milli <= 0.0 {
+            return 0.0;
+        }
+        let idle: u64 = gpu_free.iter().map(|&m| u64::from(m)).sum();
+        (idle as f64 - cpu_free as f64 / self.cpu_per_gpu_milli).max(0.0)
     }
 
     /// Idle GPU milli on a node of GPU `model` with `cpu_free` and per-GPU free milli
@@ -276,6 +306,12 @@ mod tests {
         // The V100-only shape is the only one that fits 2 cores and a whole GPU.
         assert_eq!(m.stranded_of("V100M16", 900, &[1000]), 1000);
         assert_eq!(m.stranded_of("V100M16", 2000, &[1000]), 0);
+        let per = (4000.0 + 1000.0 + 2000.0) / (300.0 + 500.0 + 1000.0);
+        assert!((m.cpu_per_gpu_milli() - per).abs() < 1e-9);
+        // 7,000 CPU milli feed 1,800 GPU milli: of 2,000 idle, 200 are unfed.
+        assert!((m.unfed_of(7000, &[1000, 1000]) - 200.0).abs() < 1e-6);
+        assert_eq!(m.unfed_of(8000, &[1000, 1000]), 0.0);
+        assert_eq!(TargetWorkload::default().unfed_of(0, &[1000]), 0.0);
         assert_eq!(TargetWorkload::default().share_floor(), None);
     }
 

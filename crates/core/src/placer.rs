@@ -451,13 +451,19 @@ impl Placer {
     }
 
     /// Whether `request`'s score depends on more than its node's state (a share under
-    /// `gpuplace`'s gap balance; a whole GPU is a share on a time-sliced node).
+    /// `gpuplace`'s gap balance, a whole GPU being a share on a time-sliced node; a GPU pod
+    /// that pays for a model's reserve, which depends on the whole cluster's free milli).
     fn global_score(&self, state: &ClusterState, request: &Request) -> bool {
+        let Policy::Gpuplace(ideas) = self.policy else {
+            return false;
+        };
         let share = request.is_fractional()
             || (state.any_time_sliced()
                 && request.gpu_count == 1
                 && request.gpu_milli == gpuplace_model::MILLI_PER_GPU);
-        matches!(self.policy, Policy::Gpuplace(ideas) if ideas.balance) && share
+        let pays =
+            request.gpu_count > 0 && request.allowed_models.len() != 1 && state.reserve().active();
+        (ideas.balance && share) || (ideas.reserve && pays)
     }
 
     fn shape_id(&mut self, request: &Request) -> Option<u32> {

@@ -53,9 +53,15 @@ pub struct Ideas {
     /// more (below every share, or without the CPU any shape needs), in milli like FGD's
     /// drop.
     pub stranded: bool,
+    /// Subtract the growth of idle GPU milli the node's CPU cannot feed at the workload's
+    /// CPU per GPU (see [`TargetWorkload::unfed_of`](crate::TargetWorkload::unfed_of)).
+    pub unfed: bool,
     /// For shares: keep the cluster's partly used GPUs balanced across free sizes (change
     /// of the sum of squared gap counts, Csirik et al.'s Sum-of-Squares rule).
     pub balance: bool,
+    /// Pods that could run on other models pay for the GPU milli they take out of a model's
+    /// reserve for pods restricted to models (see [`ModelReserve`](crate::ModelReserve)).
+    pub reserve: bool,
     /// A ten times finer score (1000 points instead of FGD's 100), so fewer nodes tie.
     /// Off in the policy: on the 1,213-node traces it gains 0.05-0.10 points on four and
     /// loses 0.02-0.03 on two, but on clusters of 8-128 nodes it loses the packing that
@@ -71,7 +77,9 @@ impl Ideas {
     /// The `gpuplace` policy.
     pub const POLICY: Ideas = Ideas {
         stranded: true,
+        unfed: true,
         balance: true,
+        reserve: true,
         fine: false,
         cpu_fill: true,
     };
@@ -100,14 +108,22 @@ impl Policy {
 
     /// `gpuplace`, then each of its ideas turned off alone and the finer score turned on
     /// (the ablation), then FGD.
-    pub const ABLATION: [Policy; 6] = [
+    pub const ABLATION: [Policy; 8] = [
         Policy::Gpuplace(Ideas::POLICY),
         Policy::Gpuplace(Ideas {
             stranded: false,
             ..Ideas::POLICY
         }),
         Policy::Gpuplace(Ideas {
+            unfed: false,
+            ..Ideas::POLICY
+        }),
+        Policy::Gpuplace(Ideas {
             balance: false,
+            ..Ideas::POLICY
+        }),
+        Policy::Gpuplace(Ideas {
+            reserve: false,
             ..Ideas::POLICY
         }),
         Policy::Gpuplace(Ideas {
@@ -155,7 +171,9 @@ impl Policy {
                 Ideas {
                     stranded: false, ..
                 } => "gpuplace-no-stranded",
+                Ideas { unfed: false, .. } => "gpuplace-no-unfed",
                 Ideas { balance: false, .. } => "gpuplace-no-balance",
+                Ideas { reserve: false, .. } => "gpuplace-no-reserve",
                 Ideas {
                     cpu_fill: false, ..
                 } => "gpuplace-no-cpu-fill",

@@ -11,6 +11,7 @@ use crate::fit::FitFailure;
 use crate::frag::TargetWorkload;
 use crate::gaps::GapCounts;
 use crate::require::{self, PairRules};
+use crate::reserve::ModelReserve;
 use crate::symmetry::Symmetry;
 use crate::topology::LinkMatrix;
 
@@ -99,6 +100,9 @@ pub struct ClusterState {
     total_frag: f64,
     /// Partly used GPUs per free milli (see [`GapCounts`]).
     gaps: GapCounts,
+    /// Free GPU milli per model and what restricted pods will need of it (see
+    /// [`ModelReserve`]).
+    reserve: ModelReserve,
     gpu_capacity_milli: u64,
     gpu_free_milli: u64,
 }
@@ -187,6 +191,7 @@ impl ClusterState {
             .collect();
         let time_sliced: Vec<bool> = nodes.iter().map(|n| n.replicas > 1).collect();
         let gpu_capacity_milli = state.iter().map(NodeState::gpu_idle).sum();
+        let reserve = ModelReserve::new(&nodes, state.iter().map(NodeState::gpu_idle));
         Ok(ClusterState {
             id: InstanceId::fresh(),
             nodes,
@@ -205,6 +210,7 @@ impl ClusterState {
             workload: None,
             total_frag: 0.0,
             gaps: GapCounts::default(),
+            reserve,
             gpu_capacity_milli,
             gpu_free_milli: gpu_capacity_milli,
         })
@@ -213,6 +219,11 @@ impl ClusterState {
     /// Binds the workload that fragmentation is measured against (FGD's M).
     pub fn set_workload(&mut self, workload: Arc<TargetWorkload>) {
         self.gaps = GapCounts::new(workload.share_floor());
+        let capacity = self
+            .state
+            .iter()
+            .map(|s| s.gpu_capacity.iter().map(|&c| u64::from(c)).sum());
+        self.reserve.bind(&workload, capacity);
         self.workload = Some(workload);
         self.workload_generation += 1;
         self.total_frag = 0.0;
@@ -229,6 +240,11 @@ impl ClusterState {
     /// still fill (none without a workload).
     pub fn gaps(&self) -> &GapCounts {
         &self.gaps
+    }
+
+    /// Free GPU milli per model and the part of it pods restricted to models will need.
+    pub fn reserve(&self) -> &ModelReserve {
+        &self.reserve
     }
 
     /// The bound target workload, if any.

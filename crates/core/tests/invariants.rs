@@ -110,6 +110,14 @@ fn check_capacity(state: &ClusterState) {
         idle += s.gpu_idle();
     }
     assert_eq!(idle, state.gpu_idle_milli());
+    // The reserve's free milli per model follow every change.
+    for (model, free) in state.reserve().free_per_model() {
+        let counted: u64 = (0..state.len())
+            .filter(|&n| state.inventory(n).gpu_model() == model)
+            .map(|n| state.node(n).gpu_idle())
+            .sum();
+        assert_eq!(free, counted, "free milli of {model}");
+    }
 }
 
 proptest! {

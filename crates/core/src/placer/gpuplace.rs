@@ -1,6 +1,7 @@
 //! The `gpuplace` policy's score: FGD's fragmentation drop, minus the GPU milli the
-//! placement strands, minus (for a share) the growth of the cluster's gap imbalance; on a
-//! sigmoid as FGD's, with ten times its points.
+//! placement strands, minus the growth of GPU milli the node's CPU cannot feed, minus the
+//! milli taken out of a model's reserve for restricted pods, minus (for a share) the growth
+//! of the cluster's gap imbalance; on FGD's sigmoid and points.
 
 use gpuplace_model::Request;
 
@@ -39,10 +40,24 @@ impl Placer {
         } else {
             0.0
         };
+        let unfed_before = if ideas.unfed {
+            workload.unfed_of(node.cpu_free, &node.gpu_free)
+        } else {
+            0.0
+        };
+        // Milli a pod that could run on other models takes out of this model's reserve.
+        let cut = if ideas.reserve && request.gpu_count > 0 {
+            state.reserve().cut(n, request, state.gpu_idle_milli())
+        } else {
+            0.0
+        };
         let drop = |after: &[u32]| {
-            let mut d = node.frag - workload.fragmentation_of(model, cpu_after, after);
+            let mut d = node.frag - workload.fragmentation_of(model, cpu_after, after) - cut;
             if ideas.stranded {
                 d -= workload.stranded_of(model, cpu_after, after) as f64 - stranded_before;
+            }
+            if ideas.unfed {
+                d -= workload.unfed_of(cpu_after, after) - unfed_before;
             }
             d
         };

@@ -51,6 +51,8 @@ impl ClusterState {
         s.version += 1;
         self.journal.push(n as u32);
         self.gpu_free_milli -= taken;
+        let idle = self.state[n].gpu_idle();
+        self.reserve.update(n, idle + taken, idle);
         self.refresh_frag(n);
         Ok(())
     }
@@ -105,6 +107,8 @@ impl ClusterState {
         s.version += 1;
         self.journal.push(n as u32);
         self.gpu_free_milli += given;
+        let idle = self.state[n].gpu_idle();
+        self.reserve.update(n, idle - given, idle);
         self.refresh_frag(n);
         Ok(())
     }
