@@ -40,7 +40,8 @@ pub enum Policy {
     /// Fragmentation gradient descent: the node whose fragmentation grows least.
     Fgd,
     /// gpuplace's own policy: FGD's fragmentation drop, minus the GPU milli the placement
-    /// strands, with shares kept balanced across gap sizes (see [`Ideas`] and the README).
+    /// strands or leaves without CPU, minus what a flexible pod takes out of a model's
+    /// reserve, with shares kept balanced across gap sizes (see [`Ideas`] and the README).
     /// `Ideas::POLICY` is the policy; the others are its ablations.
     Gpuplace(Ideas),
 }
@@ -63,14 +64,11 @@ pub struct Ideas {
     /// reserve for pods restricted to models (see [`ModelReserve`](crate::ModelReserve)).
     pub reserve: bool,
     /// A ten times finer score (1000 points instead of FGD's 100), so fewer nodes tie.
-    /// Off in the policy: on the 1,213-node traces it gains 0.05-0.10 points on four and
-    /// loses 0.02-0.03 on two, but on clusters of 8-128 nodes it loses the packing that
-    /// FGD's coarse ties give (the tied node first in the seeded order takes the pod): 0.7%
-    /// more unallocated GPU than FGD instead of 6.4% less (README, small clusters).
+    /// Off in the policy: on the 1,213-node traces it is within 0.03 points either way, but
+    /// on clusters of 8-128 nodes it loses part of the packing that FGD's coarse ties give
+    /// (the tied node first in the seeded order takes the pod): 13.0% less unallocated GPU
+    /// than FGD instead of 14.0% (README, small clusters).
     pub fine: bool,
-    /// CPU-only pods: among equal scores, the node with the fewest idle GPU milli (nodes
-    /// whose GPUs are all taken first), where their CPU is least wanted by GPU pods.
-    pub cpu_fill: bool,
 }
 
 impl Ideas {
@@ -81,7 +79,6 @@ impl Ideas {
         balance: true,
         reserve: true,
         fine: false,
-        cpu_fill: true,
     };
 }
 
@@ -108,7 +105,7 @@ impl Policy {
 
     /// `gpuplace`, then each of its ideas turned off alone and the finer score turned on
     /// (the ablation), then FGD.
-    pub const ABLATION: [Policy; 8] = [
+    pub const ABLATION: [Policy; 7] = [
         Policy::Gpuplace(Ideas::POLICY),
         Policy::Gpuplace(Ideas {
             stranded: false,
@@ -124,10 +121,6 @@ impl Policy {
         }),
         Policy::Gpuplace(Ideas {
             reserve: false,
-            ..Ideas::POLICY
-        }),
-        Policy::Gpuplace(Ideas {
-            cpu_fill: false,
             ..Ideas::POLICY
         }),
         Policy::Gpuplace(Ideas {
@@ -174,9 +167,6 @@ impl Policy {
                 Ideas { unfed: false, .. } => "gpuplace-no-unfed",
                 Ideas { balance: false, .. } => "gpuplace-no-balance",
                 Ideas { reserve: false, .. } => "gpuplace-no-reserve",
-                Ideas {
-                    cpu_fill: false, ..
-                } => "gpuplace-no-cpu-fill",
                 Ideas { fine: true, .. } => "gpuplace-fine",
                 _ => "gpuplace",
             },

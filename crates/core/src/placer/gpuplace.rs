@@ -14,10 +14,6 @@ use crate::state::ClusterState;
 /// balance decides between GPUs of different gap sizes, yet a share still goes where it
 /// strands nothing when the counts are close.
 const BALANCE_WEIGHT: f64 = 20.0;
-/// The secondary score (CPU-only pods) stays below one point of the primary.
-const PRIMARY: i64 = 1 << 24;
-/// Idle GPU milli beyond this tie in the secondary score (a node of 16,000 GPUs).
-const MAX_IDLE_KEY: u64 = (1 << 24) - 1;
 
 impl Placer {
     /// The score of node `n` for `request` and, for a share, the best GPU position.
@@ -93,14 +89,6 @@ impl Placer {
         };
         let points = if ideas.fine { 1000.0 } else { 100.0 };
         let primary = (points / (1.0 + (-value / 1000.0).exp())) as i64;
-        // CPU-only pods: fewer idle GPU milli first (nodes whose GPUs are all taken before
-        // all others): a CPU-only pod's CPU is least wanted by GPU pods where the fewest GPUs
-        // wait.
-        let secondary = if ideas.cpu_fill && request.gpu_count == 0 {
-            -(node.gpu_idle().min(MAX_IDLE_KEY) as i64)
-        } else {
-            0
-        };
-        (primary * PRIMARY + secondary, gpu as u32)
+        (primary, gpu as u32)
     }
 }

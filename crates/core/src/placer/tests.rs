@@ -145,16 +145,18 @@ fn mask_limits_the_candidates() {
 }
 
 #[test]
-fn gpuplace_puts_cpu_only_pods_where_the_fewest_gpu_milli_wait() {
-    // Three equal nodes: one with its two GPUs taken, one with one taken, one idle. The
-    // workload's GPU shape needs 8 cores, so 64 cores leave every node's score equal.
+fn gpuplace_keeps_cpu_for_idle_gpus() {
+    // Three 20-core nodes with two GPUs: node 2's GPUs are taken (by a 2-core pod), nodes 0
+    // and 1 idle. The workload's GPU pods ask 8 cores per GPU. A 12-core CPU-only pod on
+    // node 0 or 1 leaves 8 cores, which feed one of the two idle GPUs: FGD sees no fragment
+    // (the one-GPU shape still fits), nothing is stranded, but a GPU goes unfed.
     let nodes: Vec<NodeInventory> = (0..3)
-        .map(|i| NodeInventory::uniform(&format!("n{i}"), 64_000, 1024, 2, "T4"))
+        .map(|i| NodeInventory::uniform(&format!("n{i}"), 20_000, 1024, 2, "T4"))
         .collect();
-    let cpu_only = req(4000, 0, 0);
+    let cpu_only = req(12_000, 0, 0);
     let workload = TargetWorkload::from_requests(&[req(8000, 1, 1000), cpu_only.clone()], 1.0);
     let ablated = Policy::Gpuplace(Ideas {
-        cpu_fill: false,
+        unfed: false,
         ..Ideas::POLICY
     });
     let mut chosen = Vec::new();
@@ -163,9 +165,8 @@ fn gpuplace_puts_cpu_only_pods_where_the_fewest_gpu_milli_wait() {
             let mut state = ClusterState::new(nodes.clone()).unwrap();
             state.set_workload(Arc::new(workload.clone()));
             state
-                .apply(2, &req(8000, 2, 1000), &[(0, 1000), (1, 1000)])
+                .apply(2, &req(2000, 2, 1000), &[(0, 1000), (1, 1000)])
                 .unwrap();
-            state.apply(1, &req(8000, 1, 1000), &[(0, 1000)]).unwrap();
             let d = Placer::new(policy, seed)
                 .place(&mut state, &cpu_only)
                 .unwrap();
@@ -181,5 +182,52 @@ fn gpuplace_puts_cpu_only_pods_where_the_fewest_gpu_milli_wait() {
             .all(|&(_, n)| n == 2)
     );
     assert!(chosen.iter().any(|&(p, n)| p == ablated && n != 2));
-    assert_eq!("gpuplace-no-cpu-fill".parse::<Policy>(), Ok(ablated));
+    assert_eq!("gpuplace-no-unfed".parse::<Policy>(), Ok(ablated));
+}
+
+#[test]
+fn gpuplace_leaves_a_model_to_the_pods_restricted_to_it() {
+    // Two T4 GPUs and six V100s; a quarter of the workload's GPU request may run on T4
+    // only, a quarter on V100 only. For a pod that may run anywhere FGD's fragment drops
+    // equally on both nodes (each loses idle milli the other model's pods cannot use), so
+    // its seeded node order decides. gpuplace sees that the T4s' free milli (2,000) is all
+    // the T4-only pods will need (a quarter of 8,000) and sends it to the V100s.
+    let nodes = vec![
+        NodeInventory::uniform("t4", 64_000, 1024, 2, "T4"),
+        NodeInventory::uniform("v100", 64_000, 1024, 6, "V100"),
+    ];
+    let mut t4_only = req(1000, 1, 1000);
+    t4_only.allowed_models = vec!["T4".into()];
+    let mut v100_only = req(1000, 1, 1000);
+    v100_only.allowed_models = vec!["V100".into()];
+    let any = req(1000, 1, 1000);
+    let pods = [t4_only.clone(), v100_only, any.clone(), any.clone()];
+    let workload = TargetWorkload::from_requests(&pods, 1.0);
+    let ablated = Policy::Gpuplace(Ideas {
+        reserve: false,
+        ..Ideas::POLICY
+    });
+    let mut chosen = Vec::new();
+    for seed in 0..16 {
+        for policy in [Policy::GPUPLACE, ablated] {
+            let mut state = ClusterState::new(nodes.clone()).unwrap();
+            state.set_workload(Arc::new(workload.clone()));
+            assert!(state.reserve().active());
+            let d = Placer::new(policy, seed).place(&mut state, &any).unwrap();
+            chosen.push((policy, d.node));
+            // The restricted pod is never charged: it still goes to the T4.
+            let d = Placer::new(policy, seed)
+                .place(&mut state, &t4_only)
+                .unwrap();
+            assert_eq!(d.node, 0);
+        }
+    }
+    assert!(
+        chosen
+            .iter()
+            .filter(|(p, _)| *p == Policy::GPUPLACE)
+            .all(|&(_, n)| n == 1)
+    );
+    assert!(chosen.iter().any(|&(p, n)| p == ablated && n == 0));
+    assert_eq!("gpuplace-no-reserve".parse::<Policy>(), Ok(ablated));
 }
