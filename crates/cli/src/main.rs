@@ -16,6 +16,7 @@ mod ops;
 mod scheduler;
 mod signals;
 mod simulate;
+mod simulate_timeline;
 
 use std::process::ExitCode;
 

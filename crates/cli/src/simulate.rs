@@ -17,59 +17,107 @@ use indicatif::{ProgressBar, ProgressStyle};
 pub struct SimulateArgs {
     /// Node list CSV (openb format: sn,cpu_milli,memory_mib,gpu,model). Needs --pods.
     #[arg(long, requires = "pods")]
-    nodes: Option<PathBuf>,
+    pub(crate) nodes: Option<PathBuf>,
     /// Pod list CSV (openb format: name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec]).
     #[arg(long, requires = "nodes")]
-    pods: Option<PathBuf>,
+    pub(crate) pods: Option<PathBuf>,
     /// Comma-separated policies; `paper` = the FGD paper's six, `ablation` = gpuplace with each of its ideas off in turn and its finer score on (and FGD), `all` = every policy.
     #[arg(
         long,
         default_value = "random,dotprod,gpu-clustering,gpu-packing,best-fit,fgd,gpuplace"
     )]
-    policies: String,
+    pub(crate) policies: String,
     /// Number of seeds (runs per policy).
     #[arg(long, default_value_t = 10)]
-    seeds: u64,
+    pub(crate) seeds: u64,
     /// First seed; seeds are consecutive from here.
     #[arg(long, default_value_t = 42)]
-    seed_start: u64,
+    pub(crate) seed_start: u64,
     /// Inflate the pod list until its GPU request reaches this multiple of capacity.
     #[arg(long, default_value_t = 1.3)]
-    inflate: f64,
+    pub(crate) inflate: f64,
     /// Write summary.json, curves.csv, plots (SVG, PNG) and index.html here.
     #[arg(long)]
-    out: Option<PathBuf>,
+    pub(crate) out: Option<PathBuf>,
     /// Print one JSON object on stdout and nothing else there.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
     /// Built-in workload only: shrink the openb-like cluster to 1/SCALE of its size.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
-    scale: u32,
+    pub(crate) scale: u32,
     /// Replay on this many nodes drawn at random from the node list (small clusters of
     /// the trace's own node types); `--sample-seed` picks the sample.
     #[arg(long)]
-    sample_nodes: Option<usize>,
+    pub(crate) sample_nodes: Option<usize>,
     /// Which random sample `--sample-nodes` draws.
     #[arg(long, default_value_t = 0, requires = "sample_nodes")]
-    sample_seed: u64,
+    pub(crate) sample_seed: u64,
     /// Fraction (0-1) of multi-GPU pods that require `--topology` (nodes without links get
     /// an assumed layout by model: see README).
     #[arg(long, default_value_t = 0.0)]
-    require_topology: f64,
+    pub(crate) require_topology: f64,
     /// Fraction (0-1) of the other multi-GPU pods that prefer `--topology`.
     #[arg(long, default_value_t = 0.0)]
-    prefer_topology: f64,
+    pub(crate) prefer_topology: f64,
     /// The topology asked by `--require-topology` and `--prefer-topology`.
     #[arg(long, default_value = "nvlink")]
-    topology: GpuTopology,
+    pub(crate) topology: GpuTopology,
     /// A pod that fits nowhere evicts pods of lower priority (the scheduler's victim
     /// search); priorities from the trace's `qos` column (LS 2, Burstable 1, BE 0).
     #[arg(long)]
-    preempt: bool,
+    pub(crate) preempt: bool,
     /// With --preempt: give this fraction (0-1) of pods, chosen by name, priority 3 (for
     /// traces without a `qos` column).
     #[arg(long, default_value_t = 0.0, requires = "preempt")]
-    high_priority: f64,
+    pub(crate) high_priority: f64,
+    #[command(flatten)]
+    pub(crate) timeline: TimelineArgs,
+}
+
+/// The timeline replay: pods arrive at a load, wait in the scheduler's queue, run for
+/// their trace duration and leave.
+#[derive(Args, Debug)]
+pub struct TimelineArgs {
+    /// Replay the cluster over time (arrivals, queue, departures) instead of the paper's
+    /// fill-up replay.
+    #[arg(long)]
+    pub(crate) timeline: bool,
+    /// Offered load: GPU-seconds asked per second over GPU capacity.
+    #[arg(long, default_value_t = 0.95, requires = "timeline")]
+    pub(crate) load: f64,
+    /// Units (pods, or gangs) arriving after the start.
+    #[arg(long, default_value_t = 50_000, requires = "timeline")]
+    pub(crate) arrivals: usize,
+    /// Share of the arrivals left out of the metrics as warm-up.
+    #[arg(long, default_value_t = 0.2, requires = "timeline")]
+    pub(crate) warmup: f64,
+    /// Multiply every pod's run time by this.
+    #[arg(long, default_value_t = 1.0, requires = "timeline")]
+    pub(crate) duration_scale: f64,
+    /// Shortest run in seconds (zero and tiny trace durations are raised to it).
+    #[arg(long, default_value_t = 60.0, requires = "timeline")]
+    pub(crate) min_duration: f64,
+    /// Longest run in seconds (longer ones are cut); none by default.
+    #[arg(long, requires = "timeline")]
+    pub(crate) max_duration: Option<f64>,
+    /// Start from an empty cluster instead of the mix's stationary population.
+    #[arg(long, requires = "timeline")]
+    pub(crate) cold_start: bool,
+}
+
+/// A progress bar on a terminal, hidden elsewhere.
+pub(crate) fn progress(jobs: u64) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(jobs);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} runs {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar
 }
 
 pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
@@ -119,23 +167,15 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
     } else {
         None
     };
+    let seeds: Vec<u64> = (0..args.seeds).map(|i| args.seed_start + i).collect();
+    if args.timeline.timeline {
+        return crate::simulate_timeline::run(&args, workload, &policies, seeds);
+    }
     let prepared = Prepared::new(workload)
         .context("cannot replay this workload")?
         .with_preemption(args.preempt);
-    let seeds: Vec<u64> = (0..args.seeds).map(|i| args.seed_start + i).collect();
     let jobs = (policies.len() * seeds.len()) as u64;
-    let bar = if std::io::stderr().is_terminal() {
-        let bar = ProgressBar::new(jobs);
-        bar.set_style(
-            ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} runs {msg}",
-            )
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        bar
-    } else {
-        ProgressBar::hidden()
-    };
+    let bar = progress(jobs);
     let started = Instant::now();
     let done = |r: &RunResult| {
         bar.set_message(format!("{} seed {}", r.policy, r.seed));

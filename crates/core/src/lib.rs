@@ -14,6 +14,7 @@ mod node_state;
 mod placer;
 mod policy;
 pub mod preempt;
+pub mod queue;
 pub mod replicas;
 pub mod require;
 mod reserve;

@@ -14,7 +14,6 @@ pub(crate) mod filter_stage;
 mod gang_permit;
 mod post_filter;
 pub mod preempt;
-mod queue;
 mod round;
 pub mod run;
 pub(crate) mod state_cache;
@@ -27,7 +26,10 @@ use tracing::warn;
 
 pub use assume::{Reservation, Reservations};
 pub use bind::{WriteFailure, WriteOutcome};
-pub use queue::{Queue, QueueConfig};
+pub use gpuplace_core::queue::QueueConfig;
+
+/// The scheduling queue's attempt state, by pod UID (see [`gpuplace_core::queue`]).
+pub type Queue = gpuplace_core::queue::Queue<String, Instant>;
 
 use crate::api::ClusterApi;
 use crate::gang::PodGroupStatus;

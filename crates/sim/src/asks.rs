@@ -30,12 +30,6 @@ pub struct BadFractions {
     pub preferred: f64,
 }
 
-fn fnv1a(text: &str) -> u64 {
-    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
-}
-
 /// The assumed links of a node that has none (see the module's text).
 pub fn assumed_links(node: &mut NodeInventory) {
     if !node.links.is_empty() || node.gpus.len() < 2 {
@@ -107,7 +101,7 @@ pub fn apply(workload: &mut Workload, ask: TopologyAsk) -> Result<String, BadFra
             continue;
         }
         multi += 1;
-        let draw = (fnv1a(&pod.name) % 10_000) as f64 / 10_000.0;
+        let draw = (crate::trace::name_hash(&pod.name) % 10_000) as f64 / 10_000.0;
         if draw < ask.required {
             pod.request.need.topology = ask.topology;
             required += 1;

@@ -140,6 +140,8 @@ pub fn pods(nodes: &[NodeInventory]) -> Vec<TracePod> {
             name: format!("builtin-pod-{:05}", pods.len()),
             priority: 0,
             request,
+            duration_s: None,
+            gang: None,
         });
     }
     pods

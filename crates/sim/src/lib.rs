@@ -9,6 +9,7 @@ pub mod preemption;
 pub mod replay;
 pub mod report;
 pub mod sample;
+pub mod timeline;
 pub mod trace;
 
 pub use replay::{Prepared, RunResult, SimError, Workload, run_all};

@@ -9,8 +9,17 @@ use plotters::style::{FontStyle, register_font};
 use crate::report::{PolicySummary, ReportError, Summary};
 
 /// The font every chart uses, committed so output is the same on every machine.
-static FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
+pub(crate) static FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
 static REGISTER: Once = Once::new();
+
+/// Registers the committed font once (every chart draws with it).
+pub(crate) fn register() {
+    REGISTER.call_once(|| {
+        // The committed font is valid; if registering ever failed, plotters reports the
+        // missing font when drawing, which surfaces as a ReportError.
+        let _ = register_font("sans-serif", FontStyle::Normal, FONT);
+    });
+}
 
 /// Which curve a chart shows.
 #[derive(Clone, Copy, Debug)]
@@ -47,7 +56,7 @@ pub const CHARTS: [Chart; 3] = [
     },
 ];
 
-const COLORS: [RGBColor; 10] = [
+pub(crate) const COLORS: [RGBColor; 10] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),
@@ -60,7 +69,7 @@ const COLORS: [RGBColor; 10] = [
     RGBColor(23, 190, 207),
 ];
 
-fn plot_error(path: &Path, e: impl std::fmt::Display) -> ReportError {
+pub(crate) fn plot_error(path: &Path, e: impl std::fmt::Display) -> ReportError {
     ReportError::Plot {
         path: path.display().to_string(),
         message: e.to_string(),
@@ -132,11 +141,7 @@ fn render<DB: DrawingBackend>(
 
 /// Draws `chart` for every policy into `<dir>/<file>.svg` and `.png`.
 pub fn draw(summary: &Summary, chart: Chart, dir: &Path) -> Result<Vec<String>, ReportError> {
-    REGISTER.call_once(|| {
-        // The committed font is valid; if registering ever failed, plotters reports the
-        // missing font when drawing, which surfaces as a ReportError below.
-        let _ = register_font("sans-serif", FontStyle::Normal, FONT);
-    });
+    register();
     let size = (1000, 620);
     let svg = dir.join(format!("{}.svg", chart.file));
     render(

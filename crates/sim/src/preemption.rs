@@ -17,23 +17,7 @@ use gpuplace_model::Request;
 
 use crate::replay::Workload;
 
-/// The priority of a trace's `qos` value.
-pub fn qos_priority(qos: &str) -> Result<i32, String> {
-    match qos {
-        "LS" | "Guaranteed" => Ok(2),
-        "Burstable" => Ok(1),
-        "BE" | "" => Ok(0),
-        other => Err(format!(
-            "unknown qos {other:?}; expected LS, Guaranteed, Burstable or BE"
-        )),
-    }
-}
-
-fn fnv1a(text: &str) -> u64 {
-    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
-}
+pub use crate::trace::qos_priority;
 
 /// Gives a fraction (0-1) of the pods, chosen by a hash of their names, priority 3.
 pub fn raise_priority(workload: &mut Workload, fraction: f64) -> Result<usize, String> {
@@ -44,7 +28,7 @@ pub fn raise_priority(workload: &mut Workload, fraction: f64) -> Result<usize, S
     }
     let mut raised = 0;
     for pod in &mut workload.pods {
-        if (fnv1a(&pod.name) % 10_000) as f64 / 10_000.0 < fraction {
+        if (crate::trace::name_hash(&pod.name) % 10_000) as f64 / 10_000.0 < fraction {
             pod.priority = 3;
             raised += 1;
         }

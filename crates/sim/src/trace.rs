@@ -43,9 +43,36 @@ pub enum TraceError {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TracePod {
     pub name: String,
-    /// From the `qos` column (see [`crate::preemption::qos_priority`]); 0 without one.
+    /// From the `qos` column (see [`qos_priority`]); 0 without one.
     pub priority: i32,
     pub request: Request,
+    /// How long the pod ran, `deletion_time - creation_time` in seconds, when the pod list
+    /// has both columns (the timeline replay runs it that long; see
+    /// [`crate::timeline::durations`]).
+    pub duration_s: Option<u64>,
+    /// The pod's gang (optional `gang` column): pods with the same value arrive together
+    /// and are placed all or nothing.
+    pub gang: Option<String>,
+}
+
+/// A stable hash of a pod's name (FNV-1a), to pick pods by name: the same pods whatever
+/// the seed and the policy.
+pub fn name_hash(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The priority of a trace's `qos` value.
+pub fn qos_priority(qos: &str) -> Result<i32, String> {
+    match qos {
+        "LS" | "Guaranteed" => Ok(2),
+        "Burstable" => Ok(1),
+        "BE" | "" => Ok(0),
+        other => Err(format!(
+            "unknown qos {other:?}; expected LS, Guaranteed, Burstable or BE"
+        )),
+    }
 }
 
 struct Table {
@@ -228,6 +255,10 @@ pub fn load_pods(path: &Path) -> Result<Vec<TracePod>, TraceError> {
     );
     let spec = table.optional_column("gpu_spec");
     let qos = table.optional_column("qos");
+    let times = table
+        .optional_column("creation_time")
+        .zip(table.optional_column("deletion_time"));
+    let gang = table.optional_column("gang");
     let mut pods = Vec::new();
     table.rows(|row| {
         let gpu_count = row.number(num, "num_gpu", 64)? as u32;
@@ -253,18 +284,47 @@ pub fn load_pods(path: &Path) -> Result<Vec<TracePod>, TraceError> {
             .validate()
             .map_err(|e| row.bad("gpu_milli", &e.to_string()))?;
         let priority = match qos {
-            Some(i) => crate::preemption::qos_priority(row.text(i, "qos")?)
-                .map_err(|e| row.bad("qos", &e))?,
+            Some(i) => qos_priority(row.text(i, "qos")?).map_err(|e| row.bad("qos", &e))?,
             None => 0,
+        };
+        let duration_s = match times {
+            Some((created, deleted)) => duration(row, created, deleted)?,
+            None => None,
+        };
+        let gang = match gang {
+            Some(i) => Some(row.text(i, "gang")?.to_string()).filter(|g| !g.is_empty()),
+            None => None,
         };
         pods.push(TracePod {
             name: row.text(name, "name")?.to_string(),
             priority,
             request,
+            duration_s,
+            gang,
         });
         Ok(())
     })?;
     Ok(pods)
+}
+
+/// `deletion_time - creation_time`; `None` when either is empty (a pod still running when
+/// the trace ended has no deletion time).
+fn duration(row: &Row<'_>, created: usize, deleted: usize) -> Result<Option<u64>, TraceError> {
+    let present = |i: usize, column: &'static str| -> Result<bool, TraceError> {
+        Ok(!row.text(i, column)?.is_empty())
+    };
+    if !present(created, "creation_time")? || !present(deleted, "deletion_time")? {
+        return Ok(None);
+    }
+    let from = row.number(created, "creation_time", SANE_MAX)?;
+    let to = row.number(deleted, "deletion_time", SANE_MAX)?;
+    if to < from {
+        return Err(row.bad(
+            "deletion_time",
+            &format!("{to} is before the pod's creation_time {from}"),
+        ));
+    }
+    Ok(Some(to - from))
 }
 
 /// Where the shared openb trace is for tests and examples: `$GPUPLACE_OPENB_DIR`, else
@@ -311,7 +371,28 @@ mod tests {
         assert_eq!(pods[1].request.gpu_count, 0);
         // multigpu files have no gpu_spec column.
         let pods = file("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1,1,8,1000\n");
-        assert_eq!(load_pods(pods.path()).unwrap()[0].request.gpu_count, 8);
+        let pods = load_pods(pods.path()).unwrap();
+        assert_eq!(pods[0].request.gpu_count, 8);
+        assert_eq!((pods[0].duration_s, pods[0].gang.as_deref()), (None, None));
+    }
+
+    #[test]
+    fn durations_and_gangs_come_from_their_columns() {
+        let pods = file(
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli,creation_time,deletion_time,gang\np0,1,1,1,1000,10,70,\np1,1,1,1,1000,5,,g1\n",
+        );
+        let pods = load_pods(pods.path()).unwrap();
+        assert_eq!(pods[0].duration_s, Some(60));
+        assert_eq!(pods[1].duration_s, None, "no deletion time: unknown");
+        assert_eq!(pods[1].gang.as_deref(), Some("g1"));
+        let f = file(
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli,creation_time,deletion_time\np0,1,1,1,1000,70,10\n",
+        );
+        let err = load_pods(f.path()).unwrap_err().to_string();
+        assert!(
+            err.contains("column \"deletion_time\": 10 is before the pod's creation_time 70"),
+            "{err}"
+        );
     }
 
     #[test]

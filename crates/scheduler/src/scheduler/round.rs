@@ -153,7 +153,7 @@ impl<A: ClusterApi> Scheduler<A> {
         } else {
             Default::default()
         };
-        self.queue.retain(|uid| waiting_uids.contains(uid));
+        self.queue.retain(|uid| waiting_uids.contains(uid.as_str()));
         let units = self.units(&waiting, now);
         report.timings.snapshot = started.elapsed();
         let mut verdicts = VerdictCache::default();

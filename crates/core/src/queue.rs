@@ -1,13 +1,26 @@
-//! The scheduling queue, as kube-scheduler keeps it: a pod is active until an attempt
-//! fails; then it backs off (per pod, 1 s doubling to 60 s, never reset by other pods'
-//! events). A pod that did not fit is also parked: it is not tried again, whatever its
-//! backoff, until an event that could make it fit (a node added or changed, a pod on a
-//! node gone or finished, a pod group changed) or until it has been parked for the flush
+//! The scheduling queue's attempt state, as kube-scheduler keeps it: a pod is active until
+//! an attempt fails; then it backs off (per pod, 1 s doubling to 60 s, never reset by other
+//! pods' events). A pod that did not fit is also parked: it is not tried again, whatever its
+//! backoff, until an event that could make it fit (a node added or changed, a pod on a node
+//! gone or finished, a pod group changed) or until it has been parked for the flush
 //! interval. A failed write backs off without parking (the cluster did not refuse the pod;
 //! the server did).
+//!
+//! Pure: the caller says what time it is. The scheduler keys pods by UID and tells time
+//! with `Instant`; the simulator's timeline replay keys them by number and tells simulated
+//! time, so both retry a pod at exactly the same moments.
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::hash::Hash;
+use std::ops::Add;
+use std::time::Duration;
+
+/// A point in time the queue can compare and move forward (`std::time::Instant`, or a
+/// simulator's clock).
+pub trait QueueTime: Copy + Ord + Add<Duration, Output = Self> {}
+
+impl<T: Copy + Ord + Add<Duration, Output = T>> QueueTime for T {}
 
 /// Backoff and parking settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,25 +43,40 @@ impl Default for QueueConfig {
 }
 
 #[derive(Clone, Copy, Debug)]
-struct Entry {
+struct Entry<T> {
     attempts: u32,
-    not_before: Instant,
-    parked_at: Option<Instant>,
+    not_before: T,
+    parked_at: Option<T>,
 }
 
-/// Per-pod attempt state, by pod UID. Pods without an entry are active.
-#[derive(Debug, Default)]
-pub struct Queue {
+/// Per-pod attempt state, by key. Pods without an entry are active.
+#[derive(Debug)]
+pub struct Queue<K, T> {
     config: QueueConfig,
-    entries: HashMap<String, Entry>,
+    /// foldhash: rounds look every waiting pod up (SipHash measured at 13% of a timeline
+    /// replay).
+    entries: HashMap<K, Entry<T>, foldhash::fast::RandomState>,
 }
 
-impl Queue {
-    pub fn new(config: QueueConfig) -> Queue {
+impl<K, T> Default for Queue<K, T> {
+    fn default() -> Self {
+        Queue {
+            config: QueueConfig::default(),
+            entries: HashMap::default(),
+        }
+    }
+}
+
+impl<K: Hash + Eq, T: QueueTime> Queue<K, T> {
+    pub fn new(config: QueueConfig) -> Self {
         Queue {
             config,
-            entries: HashMap::new(),
+            entries: HashMap::default(),
         }
+    }
+
+    pub fn config(&self) -> QueueConfig {
+        self.config
     }
 
     /// The wait after `attempts` failed attempts.
@@ -61,39 +89,61 @@ impl Queue {
     }
 
     /// Whether the pod may be tried at `now`.
-    pub fn is_due(&self, uid: &str, now: Instant) -> bool {
+    pub fn is_due<Q>(&self, key: &Q, now: T) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         self.entries
-            .get(uid)
+            .get(key)
             .is_none_or(|e| e.parked_at.is_none() && e.not_before <= now)
     }
 
-    fn fail(&mut self, uid: &str, now: Instant, park: bool) {
-        let attempts = self.entries.get(uid).map_or(0, |e| e.attempts) + 1;
-        let not_before = now + self.backoff(attempts);
-        self.entries.insert(
-            uid.to_string(),
-            Entry {
-                attempts,
-                not_before,
-                parked_at: park.then_some(now),
-            },
-        );
+    fn fail<Q>(&mut self, key: &Q, now: T, park: bool)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let attempts = self.entries.get(key).map_or(0, |e| e.attempts) + 1;
+        let entry = Entry {
+            attempts,
+            not_before: now + self.backoff(attempts),
+            parked_at: park.then_some(now),
+        };
+        match self.entries.get_mut(key) {
+            Some(e) => *e = entry,
+            None => {
+                self.entries.insert(key.to_owned(), entry);
+            }
+        }
     }
 
     /// The pod fits nowhere now: back off and wait for a cluster event.
-    pub fn unschedulable(&mut self, uid: &str, now: Instant) {
-        self.fail(uid, now, true);
+    pub fn unschedulable<Q>(&mut self, key: &Q, now: T)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.fail(key, now, true);
     }
 
     /// The attempt failed for a reason outside the cluster's shape (a write, a gang still
     /// short of members): back off only.
-    pub fn retry_later(&mut self, uid: &str, now: Instant) {
-        self.fail(uid, now, false);
+    pub fn retry_later<Q>(&mut self, key: &Q, now: T)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.fail(key, now, false);
     }
 
     /// The pod is bound or gone.
-    pub fn forget(&mut self, uid: &str) {
-        self.entries.remove(uid);
+    pub fn forget<Q>(&mut self, key: &Q)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.entries.remove(key);
     }
 
     /// Something happened that could make parked pods fit: they wait out their backoff
@@ -105,26 +155,23 @@ impl Queue {
     }
 
     /// Unparks pods parked for longer than the flush interval.
-    pub fn flush(&mut self, now: Instant) {
+    pub fn flush(&mut self, now: T) {
         let flush = self.config.unschedulable_flush;
         for entry in self.entries.values_mut() {
-            if entry
-                .parked_at
-                .is_some_and(|at| now.saturating_duration_since(at) >= flush)
-            {
+            if entry.parked_at.is_some_and(|at| at + flush <= now) {
                 entry.parked_at = None;
             }
         }
     }
 
     /// Drops the entries of pods no longer waiting.
-    pub fn retain(&mut self, mut waiting: impl FnMut(&str) -> bool) {
-        self.entries.retain(|uid, _| waiting(uid));
+    pub fn retain(&mut self, mut waiting: impl FnMut(&K) -> bool) {
+        self.entries.retain(|key, _| waiting(key));
     }
 
     /// The earliest time after `after` at which a pod becomes due (its backoff ends, or its
     /// parking is flushed), for the loop to sleep until.
-    pub fn next_due(&self, after: Instant) -> Option<Instant> {
+    pub fn next_due(&self, after: T) -> Option<T> {
         self.entries
             .values()
             .map(|e| match e.parked_at {
@@ -137,7 +184,7 @@ impl Queue {
 
     /// Whether a pod became due in `(since, now]`: a round is needed even if nothing in
     /// the cluster changed.
-    pub fn became_due(&self, since: Instant, now: Instant) -> bool {
+    pub fn became_due(&self, since: T, now: T) -> bool {
         self.next_due(since).is_some_and(|t| t <= now)
     }
 
@@ -150,14 +197,19 @@ impl Queue {
     }
 
     /// Attempts made so far for the pod.
-    pub fn attempts(&self, uid: &str) -> u32 {
-        self.entries.get(uid).map_or(0, |e| e.attempts)
+    pub fn attempts<Q>(&self, key: &Q) -> u32
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.entries.get(key).map_or(0, |e| e.attempts)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
 
     fn secs(s: u64) -> Duration {
         Duration::from_secs(s)
@@ -165,7 +217,7 @@ mod tests {
 
     #[test]
     fn backoff_doubles_to_the_cap_per_pod() {
-        let mut q = Queue::new(QueueConfig::default());
+        let mut q: Queue<String, Instant> = Queue::new(QueueConfig::default());
         let t0 = Instant::now();
         let waits: Vec<_> = (1..=8).map(|a| q.backoff(a).as_secs()).collect();
         assert_eq!(waits, [1, 2, 4, 8, 16, 32, 60, 60]);
@@ -181,7 +233,7 @@ mod tests {
 
     #[test]
     fn parked_pods_wait_for_an_event_or_the_flush() {
-        let mut q = Queue::new(QueueConfig::default());
+        let mut q: Queue<String, Instant> = Queue::new(QueueConfig::default());
         let t0 = Instant::now();
         q.unschedulable("a", t0);
         assert!(!q.is_due("a", t0 + secs(100)), "no event: still parked");
@@ -202,5 +254,24 @@ mod tests {
         assert!(q.is_due("b", t0));
         q.retain(|uid| uid != "a");
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn numeric_keys_and_a_simulated_clock_behave_the_same() {
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+        struct Millis(u64);
+        impl Add<Duration> for Millis {
+            type Output = Millis;
+            fn add(self, d: Duration) -> Millis {
+                Millis(self.0 + d.as_millis() as u64)
+            }
+        }
+        let mut q: Queue<u32, Millis> = Queue::new(QueueConfig::default());
+        q.unschedulable(&7, Millis(0));
+        assert!(!q.is_due(&7, Millis(5_000)));
+        assert_eq!(q.next_due(Millis(0)), Some(Millis(300_000)));
+        q.wake_all();
+        assert!(q.is_due(&7, Millis(1_000)));
+        assert_eq!(q.attempts(&7), 1);
     }
 }

@@ -1,0 +1,112 @@
+//! `gpuplace simulate --timeline`: the cluster over time (see `gpuplace_sim::timeline`).
+
+use std::time::Instant;
+
+use anyhow::Context;
+use gpuplace_core::Policy;
+use gpuplace_core::queue::QueueConfig;
+use gpuplace_sim::Workload;
+use gpuplace_sim::report::ClusterSize;
+use gpuplace_sim::timeline::summary::{self, TimelineSummary};
+use gpuplace_sim::timeline::{DurationModel, Timeline, TimelineOptions, TimelineRun, run_all};
+
+use crate::simulate::{SimulateArgs, progress};
+
+pub fn run(
+    args: &SimulateArgs,
+    workload: Workload,
+    policies: &[Policy],
+    seeds: Vec<u64>,
+) -> anyhow::Result<()> {
+    let t = &args.timeline;
+    let durations = DurationModel {
+        scale: t.duration_scale,
+        min_s: t.min_duration,
+        max_s: t.max_duration,
+    };
+    let options = TimelineOptions {
+        load: t.load,
+        arrivals: t.arrivals,
+        warmup: t.warmup,
+        durations,
+        preempt: args.preempt,
+        warm_start: !t.cold_start,
+        queue: QueueConfig::default(),
+        series_points: 240,
+    };
+    let timed = workload
+        .pods
+        .iter()
+        .filter(|p| p.duration_s.is_some())
+        .count();
+    let timeline = Timeline::new(workload, options).context("cannot replay this workload")?;
+    let bar = progress((policies.len() * seeds.len()) as u64);
+    let started = Instant::now();
+    let done = |r: &TimelineRun| {
+        bar.set_message(format!("{} seed {}", r.policy, r.seed));
+        bar.inc(1);
+    };
+    let runs = run_all(&timeline, policies, &seeds, &done)?;
+    bar.finish_and_clear();
+    let workload = timeline.workload();
+    let mean =
+        |f: fn(&TimelineRun) -> f64| runs.iter().map(f).sum::<f64>() / runs.len().max(1) as f64;
+    let summary = TimelineSummary {
+        workload: workload.name.clone(),
+        cluster: ClusterSize {
+            nodes: workload.nodes.len(),
+            gpus: timeline.gpu_count(),
+        },
+        pods: workload.pods.len(),
+        load: t.load,
+        arrivals: t.arrivals,
+        warmup: t.warmup,
+        durations: describe(&durations, timed, workload.pods.len()),
+        warm_start: !t.cold_start,
+        preempt: args.preempt,
+        seeds,
+        arrivals_per_s: mean(|r| r.arrivals_per_s),
+        simulated_h: mean(|r| r.simulated_s) / 3_600.0,
+        window_h: mean(|r| r.window_s) / 3_600.0,
+        policies: summary::summarize(policies, &runs),
+        wall_s: started.elapsed().as_secs_f64(),
+    };
+    if let Some(dir) = &args.out {
+        let files = summary::write_report(&summary, dir)?;
+        if !args.json {
+            println!(
+                "wrote {} files to {}: {}",
+                files.len(),
+                dir.display(),
+                files.join(", ")
+            );
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::to_string(&summary)?);
+    } else {
+        print!("{}", summary::table(&summary));
+    }
+    Ok(())
+}
+
+/// Where the run times came from and what was done to them, for the report.
+fn describe(model: &DurationModel, timed: usize, pods: usize) -> String {
+    let source = if timed == pods {
+        "deletion_time - creation_time of each pod".to_string()
+    } else if timed == 0 {
+        "drawn per pod (by name) from the openb default list's duration quantiles".to_string()
+    } else {
+        format!(
+            "deletion_time - creation_time for {timed} of {pods} pods, the others drawn from the openb duration quantiles"
+        )
+    };
+    let cap = model
+        .max_s
+        .map(|m| format!(", at most {m} s"))
+        .unwrap_or_default();
+    format!(
+        "{source}, times {}, at least {} s{cap}",
+        model.scale, model.min_s
+    )
+}

@@ -1,0 +1,576 @@
+//! The timeline replay's event loop: arrivals, departures and the scheduler's queue in
+//! simulated time, with core deciding every placement as in the scheduler.
+//!
+//! At each moment something happens (a pod leaves, a unit arrives, a backoff ends) the
+//! departures are given back, the arrivals join the queue, and a round runs as the
+//! scheduler's does: parked units wake when something left, units parked past the flush
+//! interval wake, then every due unit is tried in queue order (priority, then arrival),
+//! each placement taken before the next is tried, so a unit that does not fit is passed by
+//! the ones behind it. A unit that fits nowhere backs off and is parked
+//! ([`gpuplace_core::queue`], the scheduler's own queue). A gang is placed whole or not at
+//! all. With preemption, a single pod that fits nowhere evicts lower-priority units chosen
+//! by the scheduler's victim search; the victims go back to the queue (their controller
+//! makes them again) and the work they had done is counted as lost.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+
+use gpuplace_core::preempt::{self, Candidates, Holder};
+use gpuplace_core::queue::Queue;
+use gpuplace_core::{ClusterState, Placer};
+
+use super::arrivals::{Mix, Schedule};
+use super::metrics::{Recorder, Values};
+use super::{Ms, TimelineOptions};
+use crate::trace::TracePod;
+
+/// One pod's life in the replay.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Job {
+    /// Index into the pod list.
+    pub pod: u32,
+    pub unit: u32,
+    pub arrival: Ms,
+    /// How long it runs once started.
+    pub run_ms: u64,
+    /// Arrived inside the measurement window.
+    pub measured: bool,
+    pub start: Option<Ms>,
+    /// When it left (finished or evicted).
+    pub end: Option<Ms>,
+    pub evicted: bool,
+    pub node: u32,
+    pub gpus: Vec<(usize, u32)>,
+}
+
+/// Where a pod was placed: the node and its GPUs (position, milli).
+struct Placed {
+    node: usize,
+    gpus: Vec<(usize, u32)>,
+}
+
+/// Queue order: higher priority first, then arrival sequence.
+type OrderKey = (Reverse<i32>, u64);
+
+struct Unit {
+    jobs: Vec<u32>,
+    key: OrderKey,
+    /// Still in the queue.
+    waiting: bool,
+    /// Failed attempts so far (tells a wake-up entry for an earlier failure from the
+    /// current one).
+    fails: u32,
+    /// In [`Engine::ready`].
+    ready: bool,
+}
+
+/// What a replay leaves behind for the metrics.
+pub struct Outcome {
+    pub jobs: Vec<Job>,
+    pub recorder: Recorder,
+    pub preempted_pods: usize,
+    pub preempted_milli: u64,
+    /// Milli-GPU times milliseconds of work evicted before it finished.
+    pub lost_milli_ms: u128,
+    pub rounds: u64,
+    pub attempts: u64,
+}
+
+/// The replay of one (policy, seed).
+pub struct Engine<'a> {
+    pods: &'a [TracePod],
+    mix: &'a Mix,
+    /// Per pod, the id of its distinct request (for the failure memo).
+    request_ids: &'a [u32],
+    preempt: bool,
+    state: ClusterState,
+    placer: Placer,
+    queue: Queue<u32, Ms>,
+    jobs: Vec<Job>,
+    units: Vec<Unit>,
+    /// Units that joined the queue and were never tried.
+    fresh: Vec<u32>,
+    /// When units that failed may become due: the end of their backoff, and the end of
+    /// their parking (the flush), as (time, unit, failure count, is-a-flush).
+    wakes: BinaryHeap<Reverse<(Ms, u32, u32, bool)>>,
+    /// Units whose backoff has ended but which were parked when last looked at: due once
+    /// something wakes them. (An index over the queue so that a round looks at the units
+    /// that can be due instead of every waiting one; which are due is still the queue's
+    /// answer.)
+    ready: Vec<u32>,
+    departures: BinaryHeap<Reverse<(Ms, u32)>>,
+    running: Vec<u32>,
+    /// Per job, its index in `running` (`u32::MAX`: not running).
+    running_at: Vec<u32>,
+    /// Running pods per priority (no victim search when none is below the preemptor).
+    by_priority: BTreeMap<i32, usize>,
+    /// Per request id, the length of `released` when it last fitted nowhere (`u32::MAX`:
+    /// never failed). Nodes nothing left since then only lost free resources, so the request
+    /// fits somewhere only if it fits one of the nodes released since: those alone are
+    /// checked. Exact: the same decisions as searching every node, without the search.
+    failed_at: Vec<u32>,
+    /// The node of every release (departure or eviction), in order.
+    released: Vec<u32>,
+    /// Whether [`Self::still_fails`] may answer (off only to check that it changes nothing).
+    memo: bool,
+    /// Scratch for [`Self::still_fails`].
+    seen_nodes: std::collections::HashSet<u32, foldhash::fast::RandomState>,
+    /// Something left since the last round: parked units wake.
+    freed: bool,
+    sequence: u64,
+    pending_milli: u64,
+    waiting_pods: usize,
+    measure_from: Ms,
+    outcome_counts: Counts,
+}
+
+#[derive(Default)]
+struct Counts {
+    preempted_pods: usize,
+    preempted_milli: u64,
+    lost_milli_ms: u128,
+    rounds: u64,
+    attempts: u64,
+}
+
+impl<'a> Engine<'a> {
+    pub fn new(
+        pods: &'a [TracePod],
+        mix: &'a Mix,
+        request_ids: &'a [u32],
+        state: ClusterState,
+        placer: Placer,
+        options: &TimelineOptions,
+    ) -> Self {
+        let distinct = request_ids.iter().max().map_or(0, |m| *m as usize + 1);
+        Engine {
+            pods,
+            mix,
+            request_ids,
+            preempt: options.preempt,
+            state,
+            placer,
+            queue: Queue::new(options.queue),
+            jobs: Vec::new(),
+            units: Vec::new(),
+            fresh: Vec::new(),
+            wakes: BinaryHeap::new(),
+            ready: Vec::new(),
+            departures: BinaryHeap::new(),
+            running: Vec::new(),
+            running_at: Vec::new(),
+            by_priority: BTreeMap::new(),
+            failed_at: vec![u32::MAX; distinct],
+            released: Vec::new(),
+            seen_nodes: Default::default(),
+            memo: true,
+            freed: false,
+            sequence: 0,
+            pending_milli: 0,
+            waiting_pods: 0,
+            measure_from: Ms(0),
+            outcome_counts: Counts::default(),
+        }
+    }
+
+    /// Searches every node on every attempt (the reference the failure memo is checked
+    /// against).
+    #[cfg(test)]
+    pub fn without_memo(mut self) -> Self {
+        self.memo = false;
+        self
+    }
+
+    /// Runs `schedule`, measuring from the arrival at index `warmup` to the last one.
+    pub fn run(mut self, schedule: &Schedule, warmup: usize, points: usize) -> Outcome {
+        let arrivals = &schedule.arrivals;
+        let end = arrivals.last().map_or(Ms(0), |a| a.at);
+        self.measure_from = arrivals
+            .get(warmup.min(arrivals.len().saturating_sub(1)))
+            .map_or(Ms(0), |a| a.at);
+        let mut recorder = Recorder::new(
+            self.measure_from,
+            end,
+            self.state.gpu_capacity_milli(),
+            points,
+        );
+        for warm in &schedule.warm {
+            self.admit(warm.template, Ms(0), Some(warm.left));
+        }
+        let mut now = Ms(0);
+        let mut next = 0;
+        if !schedule.warm.is_empty() {
+            self.round(now);
+        }
+        loop {
+            let at = [
+                arrivals.get(next).map(|a| a.at),
+                self.departures.peek().map(|d| d.0.0),
+                self.next_wake(),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
+            let Some(at) = at.filter(|t| *t <= end) else {
+                break;
+            };
+            recorder.advance(at, self.values());
+            now = at;
+            while let Some(&Reverse((t, job))) = self.departures.peek()
+                && t <= now
+            {
+                self.departures.pop();
+                self.depart(job, now, false);
+            }
+            while let Some(a) = arrivals.get(next)
+                && a.at <= now
+            {
+                self.admit(a.template, now, None);
+                next += 1;
+            }
+            self.round(now);
+            if next == arrivals.len() && now >= end {
+                break;
+            }
+        }
+        recorder.advance(end, self.values());
+        let counts = self.outcome_counts;
+        Outcome {
+            jobs: self.jobs,
+            recorder,
+            preempted_pods: counts.preempted_pods,
+            preempted_milli: counts.preempted_milli,
+            lost_milli_ms: counts.lost_milli_ms,
+            rounds: counts.rounds,
+            attempts: counts.attempts,
+        }
+    }
+
+    fn values(&self) -> Values {
+        Values {
+            allocated_milli: self.state.gpu_allocated_milli(),
+            frag_milli: self.state.total_frag(),
+            pending_milli: self.pending_milli,
+            waiting: self.waiting_pods,
+        }
+    }
+
+    /// A unit of `template` joins the queue at `now`; `left` (warm start) is the share of
+    /// its run time still to go.
+    fn admit(&mut self, template: u32, now: Ms, left: Option<f64>) {
+        let Some(t) = self.mix.templates.get(template as usize) else {
+            return;
+        };
+        let pods: Vec<(u32, u64)> = t
+            .pods
+            .iter()
+            .map(|&p| {
+                let full = self.mix.durations_ms[p];
+                let run = left.map_or(full, |f| ((full as f64 * f).round() as u64).max(1));
+                (p as u32, run)
+            })
+            .collect();
+        self.enqueue(&pods, t.priority, now, left.is_none());
+    }
+
+    /// Puts a unit of `pods` (pod, run time) in the queue.
+    fn enqueue(&mut self, pods: &[(u32, u64)], priority: i32, now: Ms, measurable: bool) {
+        let unit = self.units.len() as u32;
+        let measured = measurable && now >= self.measure_from;
+        let mut jobs = Vec::with_capacity(pods.len());
+        for &(pod, run_ms) in pods {
+            jobs.push(self.jobs.len() as u32);
+            self.pending_milli += self.pods[pod as usize].request.total_gpu_milli();
+            self.waiting_pods += 1;
+            self.running_at.push(u32::MAX);
+            self.jobs.push(Job {
+                pod,
+                unit,
+                arrival: now,
+                run_ms,
+                measured,
+                start: None,
+                end: None,
+                evicted: false,
+                node: 0,
+                gpus: Vec::new(),
+            });
+        }
+        let key = (Reverse(priority), self.sequence);
+        self.sequence += 1;
+        self.units.push(Unit {
+            jobs,
+            key,
+            waiting: true,
+            fails: 0,
+            ready: false,
+        });
+        self.fresh.push(unit);
+    }
+
+    /// The earliest time a failed unit may become due (stale entries dropped).
+    fn next_wake(&mut self) -> Option<Ms> {
+        while let Some(&Reverse((at, unit, fails, _))) = self.wakes.peek() {
+            let u = &self.units[unit as usize];
+            if u.waiting && u.fails == fails {
+                return Some(at);
+            }
+            self.wakes.pop();
+        }
+        None
+    }
+
+    /// The units due at `now`, in queue order (the queue decides; the index only narrows
+    /// whom it is asked about).
+    fn due(&mut self, now: Ms) -> Vec<u32> {
+        let mut flush = false;
+        while let Some(&Reverse((at, unit, fails, is_flush))) = self.wakes.peek()
+            && at <= now
+        {
+            self.wakes.pop();
+            let u = &mut self.units[unit as usize];
+            if u.waiting && u.fails == fails {
+                flush |= is_flush;
+                if !u.ready {
+                    u.ready = true;
+                    self.ready.push(unit);
+                }
+            }
+        }
+        if flush {
+            self.queue.flush(now);
+        }
+        let mut due: Vec<u32> = std::mem::take(&mut self.fresh);
+        let mut parked = Vec::new();
+        for unit in std::mem::take(&mut self.ready) {
+            if !self.units[unit as usize].waiting {
+                continue;
+            }
+            if self.queue.is_due(&unit, now) {
+                self.units[unit as usize].ready = false;
+                due.push(unit);
+            } else {
+                parked.push(unit);
+            }
+        }
+        self.ready = parked;
+        due.sort_unstable_by_key(|u| self.units[*u as usize].key);
+        due
+    }
+
+    /// One scheduling round at `now` (see the module's text).
+    fn round(&mut self, now: Ms) {
+        self.outcome_counts.rounds += 1;
+        if self.freed {
+            self.queue.wake_all();
+            self.freed = false;
+        }
+        for unit in self.due(now) {
+            let placed = self.try_place(unit, now) || (self.preempt && self.try_preempt(unit, now));
+            if placed {
+                self.units[unit as usize].waiting = false;
+                self.queue.forget(&unit);
+            } else {
+                self.queue.unschedulable(&unit, now);
+                let backoff = self.queue.backoff(self.queue.attempts(&unit));
+                let flush = self.queue.config().unschedulable_flush;
+                let u = &mut self.units[unit as usize];
+                u.fails += 1;
+                self.wakes
+                    .push(Reverse((now + backoff, unit, u.fails, false)));
+                self.wakes.push(Reverse((now + flush, unit, u.fails, true)));
+            }
+        }
+    }
+
+    /// Places every pod of `unit`, or none.
+    fn try_place(&mut self, unit: u32, now: Ms) -> bool {
+        self.outcome_counts.attempts += 1;
+        let jobs = self.units[unit as usize].jobs.clone();
+        if let [job] = jobs[..] {
+            let rid = self.request_ids[self.jobs[job as usize].pod as usize] as usize;
+            if self.still_fails(rid, job) {
+                return false;
+            }
+            return match self.place_one(job) {
+                Some(placed) => {
+                    self.start(job, placed, now);
+                    true
+                }
+                None => {
+                    self.failed_at[rid] = self.released.len() as u32;
+                    false
+                }
+            };
+        }
+        // A gang: members one by one on the live state, given back if one does not fit (the
+        // state is then as before, so no remembered failure is disturbed).
+        let mut members: Vec<(u32, Placed)> = Vec::new();
+        for &job in &jobs {
+            match self.place_one(job) {
+                Some(placed) => members.push((job, placed)),
+                None => {
+                    for (job, placed) in members.into_iter().rev() {
+                        let request = &self.pods[self.jobs[job as usize].pod as usize].request;
+                        // Taken a moment ago: giving it back cannot fail.
+                        let _ = self.state.release(placed.node, request, &placed.gpus);
+                    }
+                    return false;
+                }
+            }
+        }
+        for (job, placed) in members {
+            self.start(job, placed, now);
+        }
+        true
+    }
+
+    /// Whether request `rid` (of `job`) is known to fit nowhere: it failed before and no
+    /// node released since then fits it now. Remembers the answer.
+    fn still_fails(&mut self, rid: usize, job: u32) -> bool {
+        let since = self.failed_at[rid];
+        if since == u32::MAX || !self.memo {
+            return false;
+        }
+        let request = &self.pods[self.jobs[job as usize].pod as usize].request;
+        let mut seen = std::mem::take(&mut self.seen_nodes);
+        seen.clear();
+        let fits = self.released[since as usize..]
+            .iter()
+            .any(|&n| seen.insert(n) && self.state.fit(n as usize, request).is_ok());
+        self.seen_nodes = seen;
+        if !fits {
+            self.failed_at[rid] = self.released.len() as u32;
+        }
+        !fits
+    }
+
+    /// Core's decision for one pod, applied to the state.
+    fn place_one(&mut self, job: u32) -> Option<Placed> {
+        let request = &self.pods[self.jobs[job as usize].pod as usize].request;
+        let decision = self.placer.choose(&self.state, request, None).ok()?;
+        self.state
+            .apply(decision.node, request, &decision.gpus)
+            .ok()?;
+        Some(Placed {
+            node: decision.node,
+            gpus: decision.gpus,
+        })
+    }
+
+    /// `job` runs from `now` where it was placed (its GPUs already taken in the state).
+    fn start(&mut self, job: u32, placed: Placed, now: Ms) {
+        let j = &mut self.jobs[job as usize];
+        j.start = Some(now);
+        j.node = placed.node as u32;
+        j.gpus = placed.gpus;
+        let request = &self.pods[j.pod as usize];
+        self.pending_milli -= request.request.total_gpu_milli();
+        self.waiting_pods -= 1;
+        *self.by_priority.entry(request.priority).or_default() += 1;
+        self.departures.push(Reverse((Ms(now.0 + j.run_ms), job)));
+        self.running_at[job as usize] = self.running.len() as u32;
+        self.running.push(job);
+    }
+
+    /// `job` leaves at `now` (finished, or evicted); a stale departure of a job evicted
+    /// earlier is ignored.
+    fn depart(&mut self, job: u32, now: Ms, evicted: bool) {
+        let at = self.running_at[job as usize];
+        if at == u32::MAX {
+            return;
+        }
+        let last = self.running.len() - 1;
+        self.running.swap(at as usize, last);
+        self.running_at[self.running[at as usize] as usize] = at;
+        self.running.pop();
+        self.running_at[job as usize] = u32::MAX;
+        let j = &mut self.jobs[job as usize];
+        let pod = &self.pods[j.pod as usize];
+        let given = self.state.release(j.node as usize, &pod.request, &j.gpus);
+        // Each job gives back exactly what it took.
+        debug_assert!(given.is_ok(), "timeline replay: {given:?}");
+        j.end = Some(now);
+        j.evicted = evicted;
+        if let Some(count) = self.by_priority.get_mut(&pod.priority) {
+            *count = count.saturating_sub(1);
+        }
+        self.released.push(j.node);
+        self.freed = true;
+    }
+
+    /// Evicts lower-priority units so that the single pod of `unit` fits (the scheduler's
+    /// victim search); the victims go back to the queue.
+    fn try_preempt(&mut self, unit: u32, now: Ms) -> bool {
+        let [job] = self.units[unit as usize].jobs[..] else {
+            return false;
+        };
+        let pod = &self.pods[self.jobs[job as usize].pod as usize];
+        let priority = pod.priority;
+        if self.by_priority.range(..priority).all(|(_, n)| *n == 0) {
+            return false;
+        }
+        // Running victims grouped by unit (a gang is evicted whole).
+        let mut by_unit: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        for &r in &self.running {
+            let j = &self.jobs[r as usize];
+            if self.pods[j.pod as usize].priority < priority {
+                by_unit.entry(j.unit).or_default().push(r);
+            }
+        }
+        let groups: Vec<Vec<u32>> = by_unit.into_values().collect();
+        let plan = {
+            let mut candidates = Candidates::default();
+            for group in &groups {
+                let top = group
+                    .iter()
+                    .map(|&r| self.pods[self.jobs[r as usize].pod as usize].priority)
+                    .max()
+                    .unwrap_or(0);
+                candidates.push_unit(
+                    top,
+                    group.iter().map(|&r| {
+                        let j = &self.jobs[r as usize];
+                        Holder {
+                            node: j.node as usize,
+                            request: &self.pods[j.pod as usize].request,
+                            gpus: &j.gpus,
+                            budgets: Vec::new(),
+                        }
+                    }),
+                );
+            }
+            preempt::find(&self.state, &pod.request, &candidates, None, &[])
+        };
+        let Some(plan) = plan else {
+            return false;
+        };
+        for &u in &plan.units {
+            let group = &groups[u];
+            let mut again = Vec::with_capacity(group.len());
+            let mut top = i32::MIN;
+            for &victim in group {
+                let v = &self.jobs[victim as usize];
+                let milli: u64 = v.gpus.iter().map(|&(_, m)| u64::from(m)).sum();
+                let ran = now.0.saturating_sub(v.start.map_or(now.0, |s| s.0));
+                self.outcome_counts.preempted_pods += 1;
+                self.outcome_counts.preempted_milli += milli;
+                self.outcome_counts.lost_milli_ms += u128::from(milli) * u128::from(ran);
+                again.push((v.pod, v.run_ms));
+                top = top.max(self.pods[v.pod as usize].priority);
+                self.depart(victim, now, true);
+            }
+            self.enqueue(&again, top, now, true);
+        }
+        let request = &self.pods[self.jobs[job as usize].pod as usize].request;
+        if self.state.apply(plan.node, request, &plan.gpus).is_err() {
+            return false;
+        }
+        let placed = Placed {
+            node: plan.node,
+            gpus: plan.gpus,
+        };
+        self.start(job, placed, now);
+        true
+    }
+}

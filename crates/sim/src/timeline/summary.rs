@@ -1,0 +1,351 @@
+//! Timeline runs summarised over seeds: `--json`, the terminal table, and the report on
+//! disk (summary.json, series.csv, plots, index.html).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use gpuplace_core::Policy;
+use serde::Serialize;
+
+use super::{Class, TimelineRun};
+use crate::report::{ClusterSize, ReportError, Stat, write};
+
+/// Waits of one class, each figure the mean over seeds (seconds).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct WaitMeans {
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub max: f64,
+    pub mean: f64,
+    /// Pods of the class per seed (mean).
+    pub count: f64,
+    /// Of those, not started by the end (mean).
+    pub never_started: f64,
+}
+
+/// One policy across seeds.
+#[derive(Clone, Debug, Serialize)]
+pub struct TimelinePolicy {
+    pub policy: String,
+    pub allocation_pct: Stat,
+    pub fragmentation_pct: Stat,
+    pub pending_gpus: Stat,
+    /// Waits per class key (`share`, `1`, `2-4`, `8`, `nvlink`); a class no pod is in is
+    /// absent.
+    pub wait_s: BTreeMap<String, WaitMeans>,
+    pub completed_gpu_hours: Stat,
+    pub busy_gpu_hours: Stat,
+    pub never_started: Stat,
+    pub preempted_pods: Stat,
+    pub work_lost_pct: Stat,
+    /// Means over seeds of the series over time.
+    pub series: super::Series,
+    /// Per class key, the mean wait (s) at each percent 0..=100.
+    pub cdf: BTreeMap<String, Vec<f64>>,
+    /// One core's seconds for all seeds.
+    pub elapsed_s: f64,
+}
+
+/// Everything `simulate --timeline --json` prints and `summary.json` holds.
+#[derive(Clone, Debug, Serialize)]
+pub struct TimelineSummary {
+    pub workload: String,
+    pub cluster: ClusterSize,
+    pub pods: usize,
+    pub load: f64,
+    pub arrivals: usize,
+    pub warmup: f64,
+    pub durations: String,
+    pub warm_start: bool,
+    pub preempt: bool,
+    pub seeds: Vec<u64>,
+    pub arrivals_per_s: f64,
+    /// Simulated hours of one run, and of its measurement window (means over seeds).
+    pub simulated_h: f64,
+    pub window_h: f64,
+    pub policies: Vec<TimelinePolicy>,
+    pub wall_s: f64,
+}
+
+fn stat(runs: &[&TimelineRun], f: impl Fn(&TimelineRun) -> f64) -> Stat {
+    Stat::of(&runs.iter().map(|r| f(r)).collect::<Vec<_>>())
+}
+
+fn mean_of(values: impl Iterator<Item = f64>) -> f64 {
+    let (sum, n) = values.fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
+    if n == 0 { 0.0 } else { sum / n as f64 }
+}
+
+/// Element-wise means of equally long vectors (the shortest length wins).
+fn mean_curve<'a>(curves: impl Iterator<Item = &'a Vec<f64>> + Clone) -> Vec<f64> {
+    let len = curves.clone().map(Vec::len).min().unwrap_or(0);
+    (0..len)
+        .map(|i| mean_of(curves.clone().map(|c| c[i])))
+        .collect()
+}
+
+/// Summarises one policy's runs.
+pub fn summarize_policy(policy: Policy, runs: &[&TimelineRun]) -> TimelinePolicy {
+    let mut wait_s = BTreeMap::new();
+    let mut cdf = BTreeMap::new();
+    for class in Class::ALL {
+        let with: Vec<&TimelineRun> = runs
+            .iter()
+            .copied()
+            .filter(|r| r.waits.contains_key(&class))
+            .collect();
+        if with.is_empty() {
+            continue;
+        }
+        let m = |f: fn(&super::Waits) -> f64| mean_of(with.iter().map(|r| f(&r.waits[&class])));
+        wait_s.insert(
+            class.key().to_string(),
+            WaitMeans {
+                p50: m(|w| w.p50),
+                p90: m(|w| w.p90),
+                p99: m(|w| w.p99),
+                max: m(|w| w.max),
+                mean: m(|w| w.mean),
+                count: m(|w| w.count as f64),
+                never_started: m(|w| w.never_started as f64),
+            },
+        );
+        cdf.insert(
+            class.key().to_string(),
+            mean_curve(with.iter().filter_map(|r| r.cdf.get(&class))),
+        );
+    }
+    TimelinePolicy {
+        policy: policy.name().to_string(),
+        allocation_pct: stat(runs, |r| r.means.allocation_pct),
+        fragmentation_pct: stat(runs, |r| r.means.fragmentation_pct),
+        pending_gpus: stat(runs, |r| r.means.pending_gpus),
+        wait_s,
+        completed_gpu_hours: stat(runs, |r| r.completed_gpu_hours),
+        busy_gpu_hours: stat(runs, |r| r.busy_gpu_hours),
+        never_started: stat(runs, |r| r.never_started as f64),
+        preempted_pods: stat(runs, |r| r.preempted_pods as f64),
+        work_lost_pct: stat(runs, |r| r.work_lost_pct),
+        series: super::Series {
+            t_s: mean_curve(runs.iter().map(|r| &r.series.t_s)),
+            allocation_pct: mean_curve(runs.iter().map(|r| &r.series.allocation_pct)),
+            fragmentation_pct: mean_curve(runs.iter().map(|r| &r.series.fragmentation_pct)),
+            pending_gpus: mean_curve(runs.iter().map(|r| &r.series.pending_gpus)),
+        },
+        cdf,
+        elapsed_s: runs.iter().map(|r| r.elapsed.as_secs_f64()).sum(),
+    }
+}
+
+/// Groups runs by policy (in the order given) and summarises each.
+pub fn summarize(policies: &[Policy], runs: &[TimelineRun]) -> Vec<TimelinePolicy> {
+    policies
+        .iter()
+        .map(|&p| {
+            let mine: Vec<&TimelineRun> = runs.iter().filter(|r| r.policy == p).collect();
+            summarize_policy(p, &mine)
+        })
+        .collect()
+}
+
+/// A wait in a short human form (`45s`, `12m`, `3.2h`).
+pub fn duration_text(seconds: f64) -> String {
+    if seconds < 90.0 {
+        format!("{seconds:.0}s")
+    } else if seconds < 5_400.0 {
+        format!("{:.0}m", seconds / 60.0)
+    } else {
+        format!("{:.1}h", seconds / 3_600.0)
+    }
+}
+
+fn wait_cell(p: &TimelinePolicy, class: &str, pick: fn(&WaitMeans) -> f64) -> String {
+    p.wait_s
+        .get(class)
+        .map_or_else(|| "-".to_string(), |w| duration_text(pick(w)))
+}
+
+/// The terminal table.
+pub fn table(summary: &TimelineSummary) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "timeline {}: {} nodes, {} GPUs, {} pods; load {}, {} arrivals ({:.3}/s, {:.1} h simulated, {:.1} h measured after a {:.0}% warm-up); {} seed(s) from {}",
+        summary.workload,
+        summary.cluster.nodes,
+        summary.cluster.gpus,
+        summary.pods,
+        summary.load,
+        summary.arrivals,
+        summary.arrivals_per_s,
+        summary.simulated_h,
+        summary.window_h,
+        summary.warmup * 100.0,
+        summary.seeds.len(),
+        summary.seeds.first().copied().unwrap_or(0),
+    );
+    let _ = writeln!(out, "durations: {}", summary.durations);
+    let _ = writeln!(
+        out,
+        "{:<16} {:>14} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}",
+        "policy",
+        "alloc %",
+        "frag %",
+        "pend GPU",
+        "1 p50",
+        "1 p99",
+        "8 p50",
+        "8 p99",
+        "share p99",
+        "unstart"
+    );
+    for p in &summary.policies {
+        let _ = writeln!(
+            out,
+            "{:<16} {:>6.2} ± {:<5.2} {:>8.2} {:>9.1} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7.0}",
+            p.policy,
+            p.allocation_pct.mean,
+            p.allocation_pct.sd,
+            p.fragmentation_pct.mean,
+            p.pending_gpus.mean,
+            wait_cell(p, "1", |w| w.p50),
+            wait_cell(p, "1", |w| w.p99),
+            wait_cell(p, "8", |w| w.p50),
+            wait_cell(p, "8", |w| w.p99),
+            wait_cell(p, "share", |w| w.p99),
+            p.never_started.mean,
+        );
+    }
+    if summary
+        .policies
+        .iter()
+        .any(|p| p.wait_s.contains_key("nvlink"))
+    {
+        for p in &summary.policies {
+            let _ = writeln!(
+                out,
+                "{:<16} nvlink-required: p50 {} p90 {} p99 {} max {}",
+                p.policy,
+                wait_cell(p, "nvlink", |w| w.p50),
+                wait_cell(p, "nvlink", |w| w.p90),
+                wait_cell(p, "nvlink", |w| w.p99),
+                wait_cell(p, "nvlink", |w| w.max),
+            );
+        }
+    }
+    if summary.preempt {
+        for p in &summary.policies {
+            let _ = writeln!(
+                out,
+                "{:<16} preempted {:.0} pods, work lost {:.3}% of GPU time",
+                p.policy, p.preempted_pods.mean, p.work_lost_pct.mean
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "(time-weighted means over the window, mean ± sd over seeds; waits are means over seeds of each seed's percentile; unstart = pods not started by the end; wall {:.2}s)",
+        summary.wall_s
+    );
+    out
+}
+
+/// `series.csv`: one row per policy and time point.
+pub fn series_csv(summary: &TimelineSummary) -> String {
+    let mut out = String::from("policy,t_s,allocation_pct,fragmentation_pct,pending_gpus\n");
+    for p in &summary.policies {
+        let s = &p.series;
+        for i in 0..s.t_s.len() {
+            let _ = writeln!(
+                out,
+                "{},{:.0},{:.4},{:.4},{:.3}",
+                p.policy, s.t_s[i], s.allocation_pct[i], s.fragmentation_pct[i], s.pending_gpus[i]
+            );
+        }
+    }
+    out
+}
+
+fn html(summary: &TimelineSummary, charts: &[String]) -> String {
+    let mut rows = String::new();
+    for p in &summary.policies {
+        let _ = writeln!(
+            rows,
+            "<tr><td>{}</td><td>{:.2} ± {:.2}</td><td>{:.2}</td><td>{:.1}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.0}</td></tr>",
+            p.policy,
+            p.allocation_pct.mean,
+            p.allocation_pct.sd,
+            p.fragmentation_pct.mean,
+            p.pending_gpus.mean,
+            wait_cell(p, "1", |w| w.p50),
+            wait_cell(p, "1", |w| w.p99),
+            wait_cell(p, "8", |w| w.p50),
+            wait_cell(p, "8", |w| w.p99),
+            wait_cell(p, "share", |w| w.p99),
+            p.never_started.mean
+        );
+    }
+    let images: String = charts
+        .iter()
+        .filter(|c| c.ends_with(".svg"))
+        .map(|c| format!("<img src=\"{c}\" alt=\"{c}\">\n"))
+        .collect();
+    format!(
+        r#"<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>gpuplace simulate --timeline: {workload}</title>
+<style>body{{font-family:sans-serif;max-width:1000px;margin:2em auto}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:4px 10px;text-align:right}}td:first-child{{text-align:left}}img{{max-width:100%}}</style>
+</head><body>
+<h1>gpuplace simulate --timeline</h1>
+<p>Workload <b>{workload}</b>: {nodes} nodes, {gpus} GPUs, {pods} pods; offered load {load}, {arrivals} arrivals
+({rate:.3}/s, {sim:.1} h simulated, the last {window:.1} h measured), {seeds} seed(s). Durations: {durations}.</p>
+<table><tr><th>policy</th><th>allocation %</th><th>fragmentation %</th><th>pending GPUs</th><th>1-GPU p50</th><th>1-GPU p99</th><th>8-GPU p50</th><th>8-GPU p99</th><th>share p99</th><th>not started</th></tr>
+{rows}</table>
+<p>Time-weighted means over the window (mean ± sd over seeds); waits are the mean over seeds of each seed's percentile, pods not started by the end counted with their wait so far.</p>
+{images}<p>Data: <a href="summary.json">summary.json</a>, <a href="series.csv">series.csv</a>.</p>
+</body></html>
+"#,
+        workload = summary.workload,
+        nodes = summary.cluster.nodes,
+        gpus = summary.cluster.gpus,
+        pods = summary.pods,
+        load = summary.load,
+        arrivals = summary.arrivals,
+        rate = summary.arrivals_per_s,
+        sim = summary.simulated_h,
+        window = summary.window_h,
+        seeds = summary.seeds.len(),
+        durations = summary.durations,
+    )
+}
+
+/// Writes summary.json, series.csv, the plots (SVG and PNG) and index.html into `dir`.
+pub fn write_report(summary: &TimelineSummary, dir: &Path) -> Result<Vec<String>, ReportError> {
+    std::fs::create_dir_all(dir).map_err(|source| ReportError::Write {
+        path: dir.display().to_string(),
+        source,
+    })?;
+    let json = serde_json::to_string_pretty(summary).unwrap_or_default();
+    write(&dir.join("summary.json"), &json)?;
+    write(&dir.join("series.csv"), &series_csv(summary))?;
+    let mut files = vec!["summary.json".to_string(), "series.csv".to_string()];
+    let charts = super::plot::draw_all(summary, dir)?;
+    files.extend(charts.iter().cloned());
+    write(&dir.join("index.html"), &html(summary, &charts))?;
+    files.push("index.html".to_string());
+    Ok(files)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_well() {
+        assert_eq!(duration_text(12.0), "12s");
+        assert_eq!(duration_text(600.0), "10m");
+        assert_eq!(duration_text(7_200.0), "2.0h");
+    }
+}

@@ -1,0 +1,213 @@
+//! The event loop on hand-made scenarios: the scheduler's queue rules, gangs, preemption,
+//! and the failure memo deciding exactly as a full search.
+
+use std::sync::Arc;
+
+use gpuplace_core::{ClusterState, Placer, Policy, TargetWorkload};
+use gpuplace_model::{NodeInventory, Request};
+
+use super::arrivals::{Arrival, Mix, Schedule};
+use super::engine::{Engine, Job};
+use super::{DurationModel, Ms, Timeline, TimelineOptions};
+use crate::trace::TracePod;
+
+fn pod(name: &str, gpus: u32, seconds: u64, priority: i32, gang: Option<&str>) -> TracePod {
+    TracePod {
+        name: name.into(),
+        priority,
+        request: Request {
+            cpu_milli: 1_000,
+            memory_mib: 1_000,
+            gpu_count: gpus,
+            gpu_milli: 1_000,
+            allowed_models: vec![],
+            need: Default::default(),
+        },
+        duration_s: Some(seconds),
+        gang: gang.map(str::to_string),
+    }
+}
+
+struct Scenario {
+    pods: Vec<TracePod>,
+    nodes: Vec<NodeInventory>,
+    preempt: bool,
+}
+
+impl Scenario {
+    /// Runs arrivals `(second, pod index)` (each pod its own unit unless in a gang).
+    fn run(&self, arrivals: &[(u64, u32)]) -> Vec<Job> {
+        self.run_with(arrivals, true)
+    }
+
+    fn run_with(&self, arrivals: &[(u64, u32)], memo: bool) -> Vec<Job> {
+        let model = DurationModel {
+            min_s: 1.0,
+            ..DurationModel::default()
+        };
+        let mix = Mix::new(&self.pods, &model);
+        let ids: Vec<u32> = (0..self.pods.len() as u32).collect();
+        let mut state = ClusterState::new(self.nodes.clone()).expect("cluster");
+        state.set_workload(Arc::new(TargetWorkload::from_requests(
+            self.pods.iter().map(|p| &p.request),
+            0.95,
+        )));
+        let options = TimelineOptions {
+            preempt: self.preempt,
+            ..TimelineOptions::default()
+        };
+        let schedule = Schedule {
+            warm: Vec::new(),
+            arrivals: arrivals
+                .iter()
+                .map(|&(s, template)| Arrival {
+                    at: Ms(s * 1000),
+                    template,
+                })
+                .collect(),
+            rate_per_s: 0.0,
+        };
+        let engine = Engine::new(
+            &self.pods,
+            &mix,
+            &ids,
+            state,
+            Placer::new(Policy::BestFit, 1),
+            &options,
+        );
+        let engine = if memo { engine } else { engine.without_memo() };
+        engine.run(&schedule, 0, 10).jobs
+    }
+}
+
+fn node(name: &str, gpus: u32) -> NodeInventory {
+    NodeInventory::uniform(name, 64_000, 1 << 20, gpus, "T4")
+}
+
+fn secs(ms: Option<Ms>) -> Option<u64> {
+    ms.map(|m| m.0 / 1000)
+}
+
+#[test]
+fn a_pod_that_fits_nowhere_waits_parked_until_something_leaves() {
+    let s = Scenario {
+        pods: vec![pod("big", 8, 100, 0, None), pod("small", 1, 50, 0, None)],
+        nodes: vec![node("n", 8)],
+        preempt: false,
+    };
+    // big runs 0..100 s; small arrives at 10 s, fails, is parked (its 1 s backoff ends at
+    // 11 s but nothing wakes it), and starts when big leaves; the run ends at the last
+    // arrival (a marker at 200 s).
+    let jobs = s.run(&[(0, 0), (10, 1), (200, 0)]);
+    assert_eq!(secs(jobs[0].start), Some(0));
+    assert_eq!(secs(jobs[0].end), Some(100));
+    assert_eq!(secs(jobs[1].start), Some(100), "woken by the departure");
+    assert_eq!(secs(jobs[1].end), Some(150));
+}
+
+#[test]
+fn a_woken_pod_still_waits_out_its_backoff() {
+    let s = Scenario {
+        pods: vec![
+            pod("a", 8, 2, 0, None),
+            pod("b", 8, 1, 0, None),
+            pod("small", 1, 50, 0, None),
+        ],
+        nodes: vec![node("n", 8)],
+        preempt: false,
+    };
+    // At 0 s: a starts; b and small fail (backoff 1 s, parked). At 2 s a leaves and wakes
+    // both: b starts (first in order), small fails again (second attempt: backoff 2 s, to
+    // 4 s). At 3 s b leaves and the node is free, but small waits out its backoff: 4 s.
+    let jobs = s.run(&[(0, 0), (0, 1), (0, 2), (300, 0)]);
+    assert_eq!(secs(jobs[1].start), Some(2));
+    assert_eq!(secs(jobs[1].end), Some(3));
+    assert_eq!(secs(jobs[2].start), Some(4));
+}
+
+#[test]
+fn pods_behind_one_that_does_not_fit_pass_it() {
+    let s = Scenario {
+        pods: vec![
+            pod("half", 4, 100, 0, None),
+            pod("eight", 8, 10, 0, None),
+            pod("one", 1, 10, 0, None),
+        ],
+        nodes: vec![node("n", 8)],
+        preempt: false,
+    };
+    let jobs = s.run(&[(0, 0), (1, 1), (1, 2), (50, 0)]);
+    assert_eq!(jobs[1].start, None, "eight does not fit while half runs");
+    assert_eq!(secs(jobs[2].start), Some(1), "one passes it");
+}
+
+#[test]
+fn a_gang_is_placed_whole_or_not_at_all() {
+    let s = Scenario {
+        pods: vec![
+            pod("g0", 4, 100, 0, Some("g")),
+            pod("g1", 4, 100, 0, Some("g")),
+            pod("blocker", 2, 20, 0, None),
+        ],
+        nodes: vec![node("a", 4), node("b", 4)],
+        preempt: false,
+    };
+    // Templates: 0 = the gang, 1 = blocker. The blocker holds half of one node until 20 s:
+    // the gang cannot place its second member, so it places neither, and starts at 20 s.
+    let jobs = s.run(&[(0, 1), (1, 0), (400, 1)]);
+    let gang: Vec<&Job> = jobs.iter().filter(|j| j.pod < 2).collect();
+    assert_eq!(gang.len(), 2);
+    assert!(gang.iter().all(|j| secs(j.start) == Some(20)), "{gang:?}");
+    assert_ne!(gang[0].node, gang[1].node);
+}
+
+#[test]
+fn preemption_evicts_lower_priority_and_the_victim_waits_again() {
+    let s = Scenario {
+        pods: vec![pod("low", 8, 1_000, 0, None), pod("high", 8, 10, 5, None)],
+        nodes: vec![node("n", 8)],
+        preempt: true,
+    };
+    let jobs = s.run(&[(0, 0), (100, 1), (500, 0)]);
+    assert!(jobs[0].evicted);
+    assert_eq!(secs(jobs[0].end), Some(100));
+    assert_eq!(secs(jobs[1].start), Some(100));
+    // The victim is made again at 100 s with its whole run ahead; it starts when high
+    // leaves at 110 s.
+    let again = &jobs[2];
+    assert_eq!((again.pod, secs(Some(again.arrival))), (0, Some(100)));
+    assert_eq!(secs(again.start), Some(110));
+    assert_eq!(again.run_ms, 1_000_000);
+}
+
+#[test]
+fn the_failure_memo_decides_exactly_as_a_full_search() {
+    let workload = crate::builtin_workload(16);
+    let timeline = Timeline::new(
+        workload,
+        TimelineOptions {
+            arrivals: 3_000,
+            load: 1.1,
+            ..TimelineOptions::default()
+        },
+    )
+    .expect("timeline");
+    for policy in [Policy::Fgd, Policy::BestFit] {
+        let schedule = timeline.schedule(7);
+        let run = |memo: bool| {
+            let engine = Engine::new(
+                &timeline.workload.pods,
+                &timeline.mix,
+                &timeline.request_ids,
+                timeline.base.clone(),
+                Placer::new(policy, 3),
+                &timeline.options,
+            );
+            let engine = if memo { engine } else { engine.without_memo() };
+            engine.run(&schedule, 600, 10).jobs
+        };
+        let (with, without) = (run(true), run(false));
+        assert!(with.iter().any(|j| j.start.is_some_and(|s| s > j.arrival)));
+        assert_eq!(with, without, "{policy}");
+    }
+}

@@ -1,0 +1,181 @@
+//! The timeline replay as an instrument: what holds by construction (Little's law, GPU time
+//! conserved, no pod running outside its life), the same seed giving the same result, and
+//! the openb trace (skipped, saying why, when it is absent).
+
+use gpuplace_core::Policy;
+use gpuplace_sim::timeline::{DurationModel, Job, Ms, Timeline, TimelineOptions, TimelineRun};
+use gpuplace_sim::{Workload, builtin_workload};
+
+fn timeline(workload: Workload, load: f64, arrivals: usize) -> Timeline {
+    Timeline::new(
+        workload,
+        TimelineOptions {
+            load,
+            arrivals,
+            // Runs of at most 4 hours: the queue reaches a steady state within the run.
+            durations: DurationModel {
+                max_s: Some(14_400.0),
+                ..DurationModel::default()
+            },
+            ..TimelineOptions::default()
+        },
+    )
+    .expect("a valid timeline")
+}
+
+/// GPU milli of each pod of the list.
+fn milli(t: &Timeline, job: &Job) -> f64 {
+    t.workload().pods[job.pod as usize]
+        .request
+        .total_gpu_milli() as f64
+}
+
+fn end_of(run: &TimelineRun) -> Ms {
+    Ms((run.simulated_s * 1e3).round() as u64)
+}
+
+#[test]
+fn littles_law_holds_over_a_long_run() {
+    // A loaded small cluster, so that pods queue: L (time-mean pods waiting) = lambda (pods
+    // arriving per second) * W (mean wait), over the measurement window. Only pods of at
+    // most one GPU: on a cluster this small at this load some multi-GPU shapes starve (their
+    // queue only grows, so pods that arrived in the warm-up still wait through the whole
+    // window), and Little's law is about a queue in a steady state.
+    let mut workload = builtin_workload(16);
+    workload.pods.retain(|p| p.request.gpu_count <= 1);
+    let t = timeline(workload, 0.97, 20_000);
+    for policy in [Policy::Fgd, Policy::DEFAULT] {
+        let run = t.run(policy, 11);
+        let l = run.little;
+        let predicted = l.arrivals_per_s * l.mean_wait_s;
+        println!(
+            "{policy}: L = {:.3}, lambda * W = {:.4}/s * {:.1}s = {predicted:.3}",
+            l.waiting, l.arrivals_per_s, l.mean_wait_s
+        );
+        assert!(
+            l.waiting > 0.5,
+            "the run must queue to test anything: {l:?}"
+        );
+        assert!(
+            (l.waiting / predicted - 1.0).abs() < 0.05,
+            "L {} vs lambda W {predicted}",
+            l.waiting
+        );
+    }
+}
+
+#[test]
+fn gpu_time_is_conserved_and_no_pod_runs_outside_its_life() {
+    let t = timeline(builtin_workload(16), 1.05, 8_000);
+    let (run, jobs) = t.run_with_jobs(Policy::Fgd, 5);
+    let end = end_of(&run);
+    let mut held = 0.0;
+    for job in &jobs {
+        let Some(start) = job.start else {
+            assert!(job.end.is_none(), "{job:?}");
+            continue;
+        };
+        assert!(start >= job.arrival, "started before it arrived: {job:?}");
+        assert!(start <= end, "{job:?}");
+        match job.end {
+            Some(stop) if job.evicted => assert!(stop.0 < start.0 + job.run_ms, "{job:?}"),
+            Some(stop) => assert_eq!(stop.0, start.0 + job.run_ms, "{job:?}"),
+            None => assert!(start.0 + job.run_ms >= end.0, "left early: {job:?}"),
+        }
+        let stop = job.end.unwrap_or(end).min(end);
+        held += milli(&t, job) * (stop.0 - start.0) as f64;
+    }
+    let held_hours = held / 1e3 / 3.6e6;
+    assert!(
+        (held_hours / run.run_busy_gpu_hours - 1.0).abs() < 1e-9,
+        "pods held {held_hours} GPU-hours, the cluster's allocation integrates to {}",
+        run.run_busy_gpu_hours
+    );
+    assert!(run.busy_gpu_hours < run.run_busy_gpu_hours);
+}
+
+#[test]
+fn the_same_seed_gives_the_same_replay() {
+    let t = timeline(builtin_workload(32), 0.9, 3_000);
+    let (a, jobs_a) = t.run_with_jobs(Policy::DEFAULT, 3);
+    let (b, jobs_b) = t.run_with_jobs(Policy::DEFAULT, 3);
+    assert_eq!(jobs_a, jobs_b);
+    assert_eq!(a.means, b.means);
+    let (_, jobs_c) = t.run_with_jobs(Policy::DEFAULT, 4);
+    assert_ne!(jobs_a, jobs_c);
+}
+
+#[test]
+fn bad_options_are_refused_with_the_flag_named() {
+    let refused = |options: TimelineOptions| {
+        Timeline::new(builtin_workload(32), options)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    };
+    let base = TimelineOptions::default();
+    assert!(
+        refused(TimelineOptions {
+            load: 0.0,
+            ..base.clone()
+        })
+        .contains("--load")
+    );
+    assert!(
+        refused(TimelineOptions {
+            arrivals: 3,
+            ..base.clone()
+        })
+        .contains("--arrivals")
+    );
+    assert!(
+        refused(TimelineOptions {
+            warmup: 1.0,
+            ..base.clone()
+        })
+        .contains("--warmup")
+    );
+    let mut cpu_only = builtin_workload(32);
+    cpu_only.pods.retain(|p| p.request.gpu_count == 0);
+    let err = Timeline::new(cpu_only, base).err().map(|e| e.to_string());
+    assert!(err.is_some_and(|e| e.contains("no pod in the pod list asks for a GPU")));
+}
+
+#[test]
+fn openb_default_trace_over_time() {
+    let dir = match gpuplace_sim::trace::shared_openb_dir(std::path::Path::new(env!(
+        "CARGO_MANIFEST_DIR"
+    ))) {
+        Ok(dir) => dir,
+        Err(why) => {
+            println!("skipped: {why}");
+            return;
+        }
+    };
+    let workload = gpuplace_sim::load_workload(
+        &dir.join("openb_node_list_gpu_node.csv"),
+        &dir.join("openb_pod_list_default.csv"),
+    )
+    .expect("trace");
+    assert!(workload.pods.iter().all(|p| p.duration_s.is_some()));
+    let t = timeline(workload, 0.95, 10_000);
+    let run = t.run(Policy::Fgd, 42);
+    println!(
+        "openb default, fgd, load 0.95, 10,000 arrivals: allocation {:.2}%, fragmentation {:.2}%, 8-GPU p50 {:?}",
+        run.means.allocation_pct,
+        run.means.fragmentation_pct,
+        run.waits
+            .get(&gpuplace_sim::timeline::Class::Eight)
+            .map(|w| w.p50)
+    );
+    // At 95% offered load the cluster is busy but not over: most GPUs are allocated, and
+    // one-GPU pods rarely wait.
+    assert!(
+        (85.0..99.0).contains(&run.means.allocation_pct),
+        "{:?}",
+        run.means
+    );
+    let one = run.waits[&gpuplace_sim::timeline::Class::One];
+    assert!(one.p50 < 1.0, "{one:?}");
+    assert!(run.arrived > 7_000);
+}
