@@ -116,8 +116,12 @@ pub fn exact_node_object(name: &str, inventory: &NodeInventory) -> Node {
 }
 
 impl HandshakeCluster {
-    /// Starts every part; sockets live under `dir` (one folder per node).
-    pub async fn start(dir: &Path, options: ClusterOptions) -> Result<HandshakeCluster, String> {
+    /// Starts the API and every node (kubelet, device plugin, handshake) but no scheduler:
+    /// the caller drives its own (the timeline replay runs rounds at simulated times).
+    pub async fn start_without_scheduler(
+        dir: &Path,
+        options: &ClusterOptions,
+    ) -> Result<HandshakeCluster, String> {
         let api = MemoryApi::new();
         let (stop, stop_rx) = watch::channel(false);
         let stopped = |rx: &watch::Receiver<bool>| {
@@ -221,9 +225,21 @@ impl HandshakeCluster {
                 _backend: backend,
             });
         }
-        let scheduler_api = api.clone();
+        Ok(HandshakeCluster {
+            api,
+            nodes,
+            stop,
+            tasks,
+            scheduler_thread: None,
+        })
+    }
+
+    /// Starts every part, the scheduler's loop included; sockets live under `dir` (one
+    /// folder per node).
+    pub async fn start(dir: &Path, options: ClusterOptions) -> Result<HandshakeCluster, String> {
+        let mut cluster = Self::start_without_scheduler(dir, &options).await?;
         let mut scheduler = Scheduler::new(
-            scheduler_api,
+            cluster.api.clone(),
             SchedulerConfig {
                 seed: options.placer_seed.unwrap_or(options.seed),
                 policy: options.policy.unwrap_or(SchedulerConfig::default().policy),
@@ -238,7 +254,7 @@ impl HandshakeCluster {
         );
         // The scheduler's round is not Send (it keeps Rc'd filters): it gets a thread and a
         // current-thread runtime of its own, as the binary runs it.
-        let mut rx = stop_rx.clone();
+        let mut rx = cluster.stop.subscribe();
         let interval = options.round_interval;
         let scheduler_thread = std::thread::spawn(move || {
             let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
@@ -257,13 +273,8 @@ impl HandshakeCluster {
                 }
             });
         });
-        Ok(HandshakeCluster {
-            api,
-            nodes,
-            stop,
-            tasks,
-            scheduler_thread: Some(scheduler_thread),
-        })
+        cluster.scheduler_thread = Some(scheduler_thread);
+        Ok(cluster)
     }
 
     /// Stops every task and node.

@@ -12,6 +12,7 @@ pub mod kubelet_node;
 mod kubelet_record;
 pub mod node_feed;
 pub mod replay;
+pub mod timeline;
 pub mod workload;
 
 pub use api::MemoryApi;

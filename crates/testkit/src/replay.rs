@@ -89,6 +89,26 @@ fn inventory_file(node: &NodeInventory) -> String {
     .to_string()
 }
 
+/// Writes each node's inventory file under `<dir>/inventories`; returns (node, file).
+pub(crate) fn inventory_files(
+    dir: &Path,
+    nodes: &[NodeInventory],
+) -> Result<Vec<(String, std::path::PathBuf)>, String> {
+    let files = dir.join("inventories");
+    std::fs::create_dir_all(&files).map_err(|e| e.to_string())?;
+    let mut listed = Vec::with_capacity(nodes.len());
+    for node in nodes {
+        // One folder each: the backend watches its file's folder, and reads of a shared
+        // folder's files would wake every node's watcher.
+        let folder = files.join(&node.name);
+        std::fs::create_dir_all(&folder).map_err(|e| e.to_string())?;
+        let path = folder.join("inventory.json");
+        std::fs::write(&path, inventory_file(node)).map_err(|e| e.to_string())?;
+        listed.push((node.name.clone(), path));
+    }
+    Ok(listed)
+}
+
 /// How a replay runs.
 #[derive(Clone, Debug)]
 pub struct ReplayOptions {
@@ -112,18 +132,7 @@ pub async fn replay(
     arrivals: &[Request],
     options: &ReplayOptions,
 ) -> Result<ReplayReport, String> {
-    let files = dir.join("inventories");
-    std::fs::create_dir_all(&files).map_err(|e| e.to_string())?;
-    let mut listed = Vec::with_capacity(nodes.len());
-    for node in nodes {
-        // One folder each: the backend watches its file's folder, and reads of a shared
-        // folder's files would wake every node's watcher.
-        let folder = files.join(&node.name);
-        std::fs::create_dir_all(&folder).map_err(|e| e.to_string())?;
-        let path = folder.join("inventory.json");
-        std::fs::write(&path, inventory_file(node)).map_err(|e| e.to_string())?;
-        listed.push((node.name.clone(), path));
-    }
+    let listed = inventory_files(dir, nodes)?;
     let cluster = HandshakeCluster::start(
         &dir.join("nodes"),
         ClusterOptions {

@@ -53,7 +53,9 @@ impl<A: ClusterApi> Scheduler<A> {
     }
 
     /// Compares `view` with the last one: parked pods wake on a node added or changed, a
-    /// pod on a node gone or finished, or a pod group changed.
+    /// pod on a node gone or finished (one the last view showed bound, or one this
+    /// scheduler bound since: a pod bound and deleted between two views held GPUs too), or
+    /// a pod group changed.
     fn observe(&mut self, view: &ClusterView) {
         let nodes = super::state_cache::sorted_nodes(view);
         let active: HashSet<String> = view
@@ -76,7 +78,8 @@ impl<A: ClusterApi> Scheduler<A> {
                 )
             })
             .collect();
-        let freed = self.seen.active.iter().any(|uid| !active.contains(uid));
+        let freed = self.seen.active.iter().any(|uid| !active.contains(uid))
+            || self.reservations.any_gone(view);
         let nodes_changed = super::state_cache::nodes_differ(&self.seen.nodes, &nodes);
         let volumes = crate::volumes::digest(&view.claims, &view.volumes);
         if nodes_changed || groups != self.seen.groups || freed || volumes != self.seen.volumes {
