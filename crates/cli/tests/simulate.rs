@@ -232,3 +232,95 @@ fn policies_lists_every_policy() {
         assert!(text.lines().any(|l| l == p), "{p} missing");
     }
 }
+
+#[test]
+fn timeline_json_has_the_stable_shape_and_the_report_its_plots() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = gpuplace()
+        .args([
+            "simulate",
+            "--timeline",
+            "--scale",
+            "16",
+            "--seeds",
+            "2",
+            "--arrivals",
+            "3000",
+            "--load",
+            "1.0",
+            "--policies",
+            "fgd,gpuplace",
+            "--require-topology",
+            "0.5",
+            "--json",
+            "--out",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("stdout is one JSON object");
+    assert_eq!(v["load"], 1.0);
+    assert_eq!(v["arrivals"], 3000);
+    let policies = v["policies"].as_array().unwrap();
+    assert_eq!(policies.len(), 2);
+    for p in policies {
+        assert!(p["allocation_pct"]["mean"].is_f64());
+        assert!(p["allocation_pct"]["sd"].is_f64());
+        for class in ["share", "1", "2-4", "8", "nvlink"] {
+            for key in ["p50", "p90", "p99", "max"] {
+                assert!(p["wait_s"][class][key].is_f64(), "{class} {key}: {p}");
+            }
+        }
+        assert_eq!(p["series"]["t_s"].as_array().unwrap().len(), 240);
+    }
+    for f in [
+        "summary.json",
+        "series.csv",
+        "index.html",
+        "allocation.svg",
+        "pending.png",
+        "fragmentation.svg",
+        "wait_cdf_8.svg",
+        "wait_cdf_nvlink.png",
+    ] {
+        assert!(dir.path().join(f).is_file(), "{f} missing");
+    }
+}
+
+#[test]
+fn timeline_flags_are_checked() {
+    for (args, expected) in [
+        (vec!["--timeline", "--load", "0"], "--load must be between"),
+        (vec!["--timeline", "--warmup", "1.5"], "--warmup must be"),
+        (
+            vec!["--timeline", "--duration-scale=-1"],
+            "--duration-scale must be a positive number",
+        ),
+        (
+            vec![
+                "--timeline",
+                "--min-duration",
+                "100",
+                "--max-duration",
+                "10",
+            ],
+            "--max-duration (10) must be at least --min-duration (100)",
+        ),
+        (vec!["--load", "0.5"], "--timeline"),
+    ] {
+        let out = gpuplace()
+            .args(["simulate", "--scale", "32", "--seeds", "1"])
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(expected), "{args:?}: {err}");
+    }
+}

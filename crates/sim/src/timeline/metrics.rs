@@ -41,6 +41,17 @@ impl Class {
         }
     }
 
+    /// How charts name the class.
+    pub fn title(self) -> &'static str {
+        match self {
+            Class::Share => "GPU-share pods",
+            Class::One => "1-GPU pods",
+            Class::TwoToFour => "2-4 GPU pods",
+            Class::Eight => "8-GPU pods",
+            Class::Nvlink => "NVLink-required pods",
+        }
+    }
+
     /// The classes of `request` (none for a CPU-only pod).
     pub fn of(request: &Request) -> Vec<Class> {
         let mut out = Vec::new();

@@ -187,9 +187,9 @@ impl Timeline {
         {
             return Err(SimError::NoGpuPods.into());
         }
+        let mix = Mix::new(&workload.pods, &options.durations);
         let target = TargetWorkload::from_requests(workload.pods.iter().map(|p| &p.request), 0.95);
         base.set_workload(Arc::new(target));
-        let mix = Mix::new(&workload.pods, &options.durations);
         let mut ids: std::collections::HashMap<&gpuplace_model::Request, u32> = Default::default();
         let request_ids = workload
             .pods

@@ -115,7 +115,15 @@ fn render<DB: DrawingBackend>(
     root.fill(&WHITE).map_err(|e| e.to_string())?;
     let points = chart.lines.iter().flat_map(|(_, p)| p.iter());
     let x_max = points.clone().map(|p| p.0).fold(1.0f64, f64::max).max(2.0);
-    let y_max = points.map(|p| p.1).fold(0.0f64, f64::max).max(1e-3) * 1.05;
+    let y_max = points.clone().map(|p| p.1).fold(0.0f64, f64::max).max(1e-3) * 1.05;
+    // Over time the policies differ by points, not tens of points: the axis starts a
+    // little below the lowest line.
+    let y_min = if chart.log_x {
+        0.0
+    } else {
+        let low = points.map(|p| p.1).fold(f64::INFINITY, f64::min);
+        (low - 0.1 * (y_max - low)).max(0.0).floor()
+    };
     let mut builder = ChartBuilder::on(&root);
     builder
         .caption(&chart.title, ("sans-serif", 20))
@@ -153,7 +161,7 @@ fn render<DB: DrawingBackend>(
     if chart.log_x {
         finish!(builder.build_cartesian_2d((1.0..x_max).log_scale(), 0.0..1.0f64));
     } else {
-        finish!(builder.build_cartesian_2d(0.0..x_max, 0.0..y_max));
+        finish!(builder.build_cartesian_2d(0.0..x_max, y_min..y_max));
     }
     root.present().map_err(|e| e.to_string())
 }

@@ -189,7 +189,7 @@ pub fn table(summary: &TimelineSummary) -> String {
     let _ = writeln!(out, "durations: {}", summary.durations);
     let _ = writeln!(
         out,
-        "{:<16} {:>14} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}",
+        "{:<21} {:>14} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}",
         "policy",
         "alloc %",
         "frag %",
@@ -204,7 +204,7 @@ pub fn table(summary: &TimelineSummary) -> String {
     for p in &summary.policies {
         let _ = writeln!(
             out,
-            "{:<16} {:>6.2} ± {:<5.2} {:>8.2} {:>9.1} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7.0}",
+            "{:<21} {:>6.2} ± {:<5.2} {:>8.2} {:>9.1} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7.0}",
             p.policy,
             p.allocation_pct.mean,
             p.allocation_pct.sd,
@@ -226,7 +226,7 @@ pub fn table(summary: &TimelineSummary) -> String {
         for p in &summary.policies {
             let _ = writeln!(
                 out,
-                "{:<16} nvlink-required: p50 {} p90 {} p99 {} max {}",
+                "{:<21} nvlink-required: p50 {} p90 {} p99 {} max {}",
                 p.policy,
                 wait_cell(p, "nvlink", |w| w.p50),
                 wait_cell(p, "nvlink", |w| w.p90),
@@ -239,7 +239,7 @@ pub fn table(summary: &TimelineSummary) -> String {
         for p in &summary.policies {
             let _ = writeln!(
                 out,
-                "{:<16} preempted {:.0} pods, work lost {:.3}% of GPU time",
+                "{:<21} preempted {:.0} pods, work lost {:.3}% of GPU time",
                 p.policy, p.preempted_pods.mean, p.work_lost_pct.mean
             );
         }
