@@ -47,6 +47,10 @@ pub struct TargetWorkload {
     share_floor: Option<u32>,
     /// CPU milli the GPU shapes ask per milli-GPU, weighted by probability.
     cpu_per_gpu_milli: f64,
+    /// Every multi-GPU shape seen (the coverage cut's rare ones too), with the weight the
+    /// `gpuplace` policy adds to FGD's: counted once per GPU it asks instead of once per
+    /// pod (see [`TargetWorkload::multi_fragmentation_of`]).
+    multi: Vec<(Shape, f64)>,
 }
 
 /// Shapes are kept in batches of this many until coverage is reached (the paper's
@@ -100,13 +104,28 @@ impl TargetWorkload {
             covered += ranked[kept..upto].iter().map(|(_, c)| *c).sum::<u64>();
             kept = upto;
         }
-        let shapes = ranked[..kept]
+        let covered = covered.max(1) as f64;
+        let shapes: Vec<(Shape, f64)> = ranked[..kept]
             .iter()
-            .map(|(s, c)| (s.clone(), *c as f64 / covered.max(1) as f64))
+            .map(|(s, c)| (s.clone(), *c as f64 / covered))
             .collect();
         // The floor is read from every share seen, the rare ones the coverage drops too.
         let floor = share_floor(ranked.iter().map(|(s, c)| (s, *c as f64)));
-        Self::indexed(shapes, floor)
+        // A k-GPU shape weighs k times its pods on the same scale; what FGD already counts
+        // of it (once per pod, if the cut kept it) is not added twice.
+        let multi = ranked
+            .iter()
+            .enumerate()
+            .filter(|(_, (s, _))| s.gpu_count > 1)
+            .map(|(i, (s, c))| {
+                let counted = if i < kept { 1.0 } else { 0.0 };
+                let weight = (f64::from(s.gpu_count) - counted) * *c as f64 / covered;
+                (s.clone(), weight)
+            })
+            .collect();
+        let mut workload = Self::indexed(shapes, floor);
+        workload.multi = multi;
+        workload
     }
 
     /// The workload with its lookups built.
@@ -133,6 +152,7 @@ impl TargetWorkload {
             by_milli,
             share_floor,
             cpu_per_gpu_milli: if gpu > 0.0 { cpu / gpu } else { 0.0 },
+            multi: Vec::new(),
         }
     }
 
@@ -206,34 +226,55 @@ impl TargetWorkload {
 
     /// F_n(M) for a node of GPU `model` with `cpu_free` and per-GPU free milli `gpu_free`.
     pub fn fragmentation_of(&self, model: &str, cpu_free: u64, gpu_free: &[u32]) -> f64 {
-        let idle: u64 = gpu_free.iter().map(|&m| u64::from(m)).sum();
-        if idle == 0 {
-            return 0.0;
-        }
-        let idle = idle as f64;
-        let mut frag = 0.0;
-        for (shape, p) in &self.shapes {
-            if shape.gpu_count == 0 || !shape.allows(model) {
-                frag += p * idle;
-                continue;
-            }
-            let mut fitting = 0u32;
-            let mut below = 0u64;
-            for &free in gpu_free {
-                if free >= shape.gpu_milli {
-                    fitting += 1;
-                } else {
-                    below += u64::from(free);
-                }
-            }
-            if fitting >= shape.gpu_count && cpu_free >= shape.cpu_milli {
-                frag += p * below as f64;
-            } else {
-                frag += p * idle;
-            }
-        }
-        frag
+        weighted_fragmentation(&self.shapes, model, cpu_free, gpu_free)
     }
+
+    /// What the `gpuplace` policy adds to F_n(M) on a node of GPU `model` with `cpu_free`
+    /// and per-GPU free milli `gpu_free`: every multi-GPU shape of the pods seen, weighted
+    /// by the GPUs it asks (a 1-GPU pod counts once, an 8-GPU pod eight times), less what
+    /// F_n(M) already counts of it. FGD's per-pod probabilities and coverage cut leave rare
+    /// multi-GPU shapes out, so it sees no difference between filling a partly used node
+    /// and breaking a free one; over time the pods it strands that way are the 8-GPU ones.
+    pub fn multi_fragmentation_of(&self, model: &str, cpu_free: u64, gpu_free: &[u32]) -> f64 {
+        weighted_fragmentation(&self.multi, model, cpu_free, gpu_free)
+    }
+}
+
+/// sum over `shapes` of weight * f_n(shape): the idle GPU milli each shape could not use
+/// (all of it where the shape does not fit, else the GPUs too small for its share).
+fn weighted_fragmentation(
+    shapes: &[(Shape, f64)],
+    model: &str,
+    cpu_free: u64,
+    gpu_free: &[u32],
+) -> f64 {
+    let idle: u64 = gpu_free.iter().map(|&m| u64::from(m)).sum();
+    if idle == 0 || shapes.is_empty() {
+        return 0.0;
+    }
+    let idle = idle as f64;
+    let mut frag = 0.0;
+    for (shape, p) in shapes {
+        if shape.gpu_count == 0 || !shape.allows(model) {
+            frag += p * idle;
+            continue;
+        }
+        let mut fitting = 0u32;
+        let mut below = 0u64;
+        for &free in gpu_free {
+            if free >= shape.gpu_milli {
+                fitting += 1;
+            } else {
+                below += u64::from(free);
+            }
+        }
+        if fitting >= shape.gpu_count && cpu_free >= shape.cpu_milli {
+            frag += p * below as f64;
+        } else {
+            frag += p * idle;
+        }
+    }
+    frag
 }
 
 #[cfg(test)]

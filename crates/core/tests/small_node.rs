@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{dgx1, gpus};
-use gpuplace_core::{ClusterState, Placer, Policy, TargetWorkload};
+use gpuplace_core::{ClusterState, Ideas, Placer, Policy, TargetWorkload};
 use gpuplace_model::Request;
 
 /// The GPUs the eight shares end on, with `seen` pods known before them.
@@ -35,9 +35,18 @@ fn shares_open_no_more_gpus_than_fgd() {
     );
     assert!(ours <= fgd, "gpuplace {ours} GPUs, fgd {fgd}");
     assert_eq!(fgd, 8);
-    // With whole-GPU pods seen, a partly used GPU is a fragment for them: both pack the
-    // eight shares on four GPUs, the fewest that hold 3,160 milli.
+    // With whole-GPU pods seen, a partly used GPU is a fragment for them: FGD packs the
+    // eight shares on four GPUs, the fewest that hold 3,160 milli, and so does gpuplace
+    // without its multi-GPU weighting. With it, the 2-GPU shape weighs twice: the sixth
+    // share fills GPU 2 instead of opening GPU 3, and the eighth (320) then opens a fifth
+    // GPU rather than leave a 210-milli gap on GPU 3 that no seen share fits (the stranded
+    // rule): one GPU more here, for what it gains over time (README, the timeline).
     let whole = vec![gpus(1, 1000), gpus(2, 1000)];
-    assert_eq!(gpus_used(Policy::GPUPLACE, whole.clone()), 4);
+    let without_multi = Policy::Gpuplace(Ideas {
+        multi: false,
+        ..Ideas::POLICY
+    });
+    assert_eq!(gpus_used(without_multi, whole.clone()), 4);
+    assert_eq!(gpus_used(Policy::GPUPLACE, whole.clone()), 5);
     assert_eq!(gpus_used(Policy::Fgd, whole), 4);
 }

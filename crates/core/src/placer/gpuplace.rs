@@ -1,7 +1,8 @@
-//! The `gpuplace` policy's score: FGD's fragmentation drop, minus the GPU milli the
-//! placement strands, minus the growth of GPU milli the node's CPU cannot feed, minus the
-//! milli taken out of a model's reserve for restricted pods, minus (for a share) the growth
-//! of the cluster's gap imbalance; on FGD's sigmoid and points.
+//! The `gpuplace` policy's score: FGD's fragmentation drop (with multi-GPU shapes counted
+//! once per GPU they ask), minus the GPU milli the placement strands, minus the growth of
+//! GPU milli the node's CPU cannot feed, minus the milli taken out of a model's reserve for
+//! restricted pods, minus (for a share) the growth of the cluster's gap imbalance; on FGD's
+//! sigmoid and points.
 
 use gpuplace_model::Request;
 
@@ -41,6 +42,11 @@ impl Placer {
         } else {
             0.0
         };
+        let multi_before = if ideas.multi {
+            workload.multi_fragmentation_of(model, node.cpu_free, &node.gpu_free)
+        } else {
+            0.0
+        };
         // Milli a pod that could run on other models takes out of this model's reserve.
         let cut = if ideas.reserve && request.gpu_count > 0 {
             state.reserve().cut(n, request, state.gpu_idle_milli())
@@ -54,6 +60,9 @@ impl Placer {
             }
             if ideas.unfed {
                 d -= workload.unfed_of(cpu_after, after) - unfed_before;
+            }
+            if ideas.multi {
+                d -= workload.multi_fragmentation_of(model, cpu_after, after) - multi_before;
             }
             d
         };
