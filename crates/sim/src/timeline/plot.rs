@@ -150,7 +150,11 @@ fn render<DB: DrawingBackend>(
                     });
             }
             ctx.configure_series_labels()
-                .position(SeriesLabelPosition::LowerRight)
+                .position(if chart.log_x {
+                    SeriesLabelPosition::LowerRight
+                } else {
+                    SeriesLabelPosition::UpperLeft
+                })
                 .background_style(WHITE.mix(0.85))
                 .border_style(BLACK)
                 .label_font(("sans-serif", 14))
