@@ -13,6 +13,7 @@ mod extender;
 mod heap;
 mod logging;
 mod ops;
+mod progress;
 mod scheduler;
 mod signals;
 mod simulate;

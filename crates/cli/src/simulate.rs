@@ -1,6 +1,5 @@
 //! `gpuplace simulate`: replay a trace against policies and report.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -11,7 +10,6 @@ use gpuplace_model::GpuTopology;
 use gpuplace_sim::asks::{self, TopologyAsk};
 use gpuplace_sim::report::{self, ClusterSize, Summary};
 use gpuplace_sim::{Prepared, RunResult, builtin_workload, load_workload, run_all};
-use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Args, Debug)]
 pub struct SimulateArgs {
@@ -71,53 +69,7 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = 0.0, requires = "preempt")]
     pub(crate) high_priority: f64,
     #[command(flatten)]
-    pub(crate) timeline: TimelineArgs,
-}
-
-/// The timeline replay: pods arrive at a load, wait in the scheduler's queue, run for
-/// their trace duration and leave.
-#[derive(Args, Debug)]
-pub struct TimelineArgs {
-    /// Replay the cluster over time (arrivals, queue, departures) instead of the paper's
-    /// fill-up replay.
-    #[arg(long)]
-    pub(crate) timeline: bool,
-    /// Offered load: GPU-seconds asked per second over GPU capacity.
-    #[arg(long, default_value_t = 0.95, requires = "timeline")]
-    pub(crate) load: f64,
-    /// Units (pods, or gangs) arriving after the start.
-    #[arg(long, default_value_t = 50_000, requires = "timeline")]
-    pub(crate) arrivals: usize,
-    /// Share of the arrivals left out of the metrics as warm-up.
-    #[arg(long, default_value_t = 0.2, requires = "timeline")]
-    pub(crate) warmup: f64,
-    /// Multiply every pod's run time by this.
-    #[arg(long, default_value_t = 1.0, requires = "timeline")]
-    pub(crate) duration_scale: f64,
-    /// Shortest run in seconds (zero and tiny trace durations are raised to it).
-    #[arg(long, default_value_t = 60.0, requires = "timeline")]
-    pub(crate) min_duration: f64,
-    /// Longest run in seconds (longer ones are cut); none by default.
-    #[arg(long, requires = "timeline")]
-    pub(crate) max_duration: Option<f64>,
-    /// Start from an empty cluster instead of the mix's stationary population.
-    #[arg(long, requires = "timeline")]
-    pub(crate) cold_start: bool,
-}
-
-/// A progress bar on a terminal, hidden elsewhere.
-pub(crate) fn progress(jobs: u64) -> ProgressBar {
-    if !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(jobs);
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} runs {msg}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    bar
+    pub(crate) timeline: crate::simulate_timeline::TimelineArgs,
 }
 
 pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
@@ -169,13 +121,18 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
     };
     let seeds: Vec<u64> = (0..args.seeds).map(|i| args.seed_start + i).collect();
     if args.timeline.timeline {
-        return crate::simulate_timeline::run(&args, workload, &policies, seeds);
+        let run = crate::simulate_timeline::Run {
+            preempt: args.preempt,
+            out: args.out.as_deref(),
+            json: args.json,
+        };
+        return crate::simulate_timeline::run(&args.timeline, run, workload, &policies, seeds);
     }
     let prepared = Prepared::new(workload)
         .context("cannot replay this workload")?
         .with_preemption(args.preempt);
     let jobs = (policies.len() * seeds.len()) as u64;
-    let bar = progress(jobs);
+    let bar = crate::progress::bar(jobs);
     let started = Instant::now();
     let done = |r: &RunResult| {
         bar.set_message(format!("{} seed {}", r.policy, r.seed));

@@ -7,18 +7,57 @@ use gpuplace_core::Policy;
 use gpuplace_core::queue::QueueConfig;
 use gpuplace_sim::Workload;
 use gpuplace_sim::report::ClusterSize;
+use gpuplace_sim::timeline::report;
 use gpuplace_sim::timeline::summary::{self, TimelineSummary};
 use gpuplace_sim::timeline::{DurationModel, Timeline, TimelineOptions, TimelineRun, run_all};
 
-use crate::simulate::{SimulateArgs, progress};
+use clap::Args;
+
+/// The timeline replay: pods arrive at a load, wait in the scheduler's queue, run for
+/// their trace duration and leave.
+#[derive(Args, Debug)]
+pub struct TimelineArgs {
+    /// Replay the cluster over time (arrivals, queue, departures) instead of the paper's
+    /// fill-up replay.
+    #[arg(long)]
+    pub(crate) timeline: bool,
+    /// Offered load: GPU-seconds asked per second over GPU capacity.
+    #[arg(long, default_value_t = 0.95, requires = "timeline")]
+    pub(crate) load: f64,
+    /// Units (pods, or gangs) arriving after the start.
+    #[arg(long, default_value_t = 50_000, requires = "timeline")]
+    pub(crate) arrivals: usize,
+    /// Share of the arrivals left out of the metrics as warm-up.
+    #[arg(long, default_value_t = 0.2, requires = "timeline")]
+    pub(crate) warmup: f64,
+    /// Multiply every pod's run time by this.
+    #[arg(long, default_value_t = 1.0, requires = "timeline")]
+    pub(crate) duration_scale: f64,
+    /// Shortest run in seconds (zero and tiny trace durations are raised to it).
+    #[arg(long, default_value_t = 60.0, requires = "timeline")]
+    pub(crate) min_duration: f64,
+    /// Longest run in seconds (longer ones are cut); none by default.
+    #[arg(long, requires = "timeline")]
+    pub(crate) max_duration: Option<f64>,
+    /// Start from an empty cluster instead of the mix's stationary population.
+    #[arg(long, requires = "timeline")]
+    pub(crate) cold_start: bool,
+}
+
+/// What the rest of `simulate`'s flags say to a timeline replay.
+pub struct Run<'a> {
+    pub preempt: bool,
+    pub out: Option<&'a std::path::Path>,
+    pub json: bool,
+}
 
 pub fn run(
-    args: &SimulateArgs,
+    t: &TimelineArgs,
+    args: Run<'_>,
     workload: Workload,
     policies: &[Policy],
     seeds: Vec<u64>,
 ) -> anyhow::Result<()> {
-    let t = &args.timeline;
     let durations = DurationModel {
         scale: t.duration_scale,
         min_s: t.min_duration,
@@ -40,7 +79,7 @@ pub fn run(
         .filter(|p| p.duration_s.is_some())
         .count();
     let timeline = Timeline::new(workload, options).context("cannot replay this workload")?;
-    let bar = progress((policies.len() * seeds.len()) as u64);
+    let bar = crate::progress::bar((policies.len() * seeds.len()) as u64);
     let started = Instant::now();
     let done = |r: &TimelineRun| {
         bar.set_message(format!("{} seed {}", r.policy, r.seed));
@@ -71,8 +110,8 @@ pub fn run(
         policies: summary::summarize(policies, &runs),
         wall_s: started.elapsed().as_secs_f64(),
     };
-    if let Some(dir) = &args.out {
-        let files = summary::write_report(&summary, dir)?;
+    if let Some(dir) = args.out {
+        let files = report::write_report(&summary, dir)?;
         if !args.json {
             println!(
                 "wrote {} files to {}: {}",

@@ -8,7 +8,7 @@
 
 use gpuplace_model::{GpuTopology, Link, NodeInventory, PcieLevel};
 
-use crate::replay::Workload;
+use crate::workload::Workload;
 
 /// Which pods get what.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -11,6 +11,7 @@ pub mod report;
 pub mod sample;
 pub mod timeline;
 pub mod trace;
+pub mod workload;
 
 pub use replay::{Prepared, RunResult, SimError, Workload, run_all};
 pub use report::{PolicySummary, Stat, Summary, summarize};

@@ -15,7 +15,7 @@ use gpuplace_core::ClusterState;
 use gpuplace_core::preempt::{Candidates, Holder, find};
 use gpuplace_model::Request;
 
-use crate::replay::Workload;
+use crate::workload::Workload;
 
 pub use crate::trace::qos_priority;
 

@@ -11,21 +11,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpuplace_core::{ClusterState, Placer, Policy, StateError, TargetWorkload};
-use gpuplace_model::NodeInventory;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 
 use crate::trace::TracePod;
-
-/// A cluster and the pods to replay on it.
-#[derive(Clone, Debug)]
-pub struct Workload {
-    /// What the workload is (a file name, or `builtin`).
-    pub name: String,
-    pub nodes: Vec<NodeInventory>,
-    pub pods: Vec<TracePod>,
-}
+pub use crate::workload::Workload;
 
 /// Why a replay could not start.
 #[derive(Debug, thiserror::Error)]

@@ -4,7 +4,7 @@
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::replay::Workload;
+use crate::workload::Workload;
 
 /// Why a node sample cannot be drawn.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

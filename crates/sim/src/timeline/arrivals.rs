@@ -16,7 +16,7 @@
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::Ms;
+use super::options::Ms;
 use crate::trace::TracePod;
 
 /// One arrival unit of the pod list.
@@ -43,7 +43,7 @@ pub struct Mix {
 impl Mix {
     /// Groups `pods` into units (gangs by name, in order of first appearance) with run
     /// times from `model`.
-    pub fn new(pods: &[TracePod], model: &super::DurationModel) -> Mix {
+    pub fn new(pods: &[TracePod], model: &super::durations::DurationModel) -> Mix {
         let durations_ms: Vec<u64> = pods
             .iter()
             .map(|p| model.millis(&p.name, p.duration_s))
@@ -250,7 +250,7 @@ mod tests {
             pod("b", 0, 100, None),
             pod("g1", 2, 300, Some("g")),
         ];
-        let mix = Mix::new(&pods, &super::super::DurationModel::default());
+        let mix = Mix::new(&pods, &super::super::durations::DurationModel::default());
         assert_eq!(mix.templates.len(), 3);
         assert_eq!(mix.templates[1].pods, vec![1, 3]);
         assert_eq!(mix.templates[1].longest_ms, 300_000);
@@ -266,7 +266,7 @@ mod tests {
         let pods: Vec<TracePod> = (0..50)
             .map(|i| pod(&format!("p{i}"), 1, 60, None))
             .collect();
-        let mix = Mix::new(&pods, &super::super::DurationModel::default());
+        let mix = Mix::new(&pods, &super::super::durations::DurationModel::default());
         let s = schedule(&mix, 10_000, 0.9, 20_000, 7, true);
         assert_eq!(s.arrivals.len(), 20_000);
         // Each block of 50 arrivals is a permutation of the list.
@@ -289,7 +289,7 @@ mod tests {
         // Two shapes, equally common; one runs 9 times longer: in the stationary
         // population it is 9 times as common.
         let pods = vec![pod("short", 1, 100, None), pod("long", 1, 900, None)];
-        let mix = Mix::new(&pods, &super::super::DurationModel::default());
+        let mix = Mix::new(&pods, &super::super::durations::DurationModel::default());
         let warm = warm_population(&mix, 1.0, 3);
         let long = warm.iter().filter(|w| w.template == 1).count() as f64;
         let ratio = long / (warm.len() as f64 - long);

@@ -21,7 +21,7 @@ use gpuplace_core::{ClusterState, Placer};
 
 use super::arrivals::{Mix, Schedule};
 use super::metrics::{Recorder, Values};
-use super::{Ms, TimelineOptions};
+use super::options::{Ms, TimelineOptions};
 use crate::trace::TracePod;
 
 /// One pod's life in the replay.

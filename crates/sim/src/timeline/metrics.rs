@@ -4,7 +4,7 @@
 use gpuplace_model::{GpuTopology, Request};
 use serde::Serialize;
 
-use super::Ms;
+use super::options::Ms;
 
 /// The shape classes waits are reported by (a pod can be in two: `8` and `nvlink`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]

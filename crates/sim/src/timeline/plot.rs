@@ -75,7 +75,7 @@ fn charts(summary: &TimelineSummary) -> Vec<Lines<'static>> {
             |p| &p.series.fragmentation_pct,
         ),
     ];
-    for class in super::Class::ALL {
+    for class in super::metrics::Class::ALL {
         let key = class.key();
         let lines: Vec<(String, Vec<(f64, f64)>)> = summary
             .policies

@@ -3,13 +3,13 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::Path;
 
 use gpuplace_core::Policy;
 use serde::Serialize;
 
-use super::{Class, TimelineRun};
-use crate::report::{ClusterSize, ReportError, Stat, write};
+use super::metrics::{Class, Series, Waits};
+use super::run::TimelineRun;
+use crate::report::{ClusterSize, Stat};
 
 /// Waits of one class, each figure the mean over seeds (seconds).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
@@ -41,7 +41,7 @@ pub struct TimelinePolicy {
     pub preempted_pods: Stat,
     pub work_lost_pct: Stat,
     /// Means over seeds of the series over time.
-    pub series: super::Series,
+    pub series: Series,
     /// Per class key, the mean wait (s) at each percent 0..=100.
     pub cdf: BTreeMap<String, Vec<f64>>,
     /// One core's seconds for all seeds.
@@ -99,7 +99,7 @@ pub fn summarize_policy(policy: Policy, runs: &[&TimelineRun]) -> TimelinePolicy
         if with.is_empty() {
             continue;
         }
-        let m = |f: fn(&super::Waits) -> f64| mean_of(with.iter().map(|r| f(&r.waits[&class])));
+        let m = |f: fn(&Waits) -> f64| mean_of(with.iter().map(|r| f(&r.waits[&class])));
         wait_s.insert(
             class.key().to_string(),
             WaitMeans {
@@ -128,7 +128,7 @@ pub fn summarize_policy(policy: Policy, runs: &[&TimelineRun]) -> TimelinePolicy
         never_started: stat(runs, |r| r.never_started as f64),
         preempted_pods: stat(runs, |r| r.preempted_pods as f64),
         work_lost_pct: stat(runs, |r| r.work_lost_pct),
-        series: super::Series {
+        series: Series {
             t_s: mean_curve(runs.iter().map(|r| &r.series.t_s)),
             allocation_pct: mean_curve(runs.iter().map(|r| &r.series.allocation_pct)),
             fragmentation_pct: mean_curve(runs.iter().map(|r| &r.series.fragmentation_pct)),
@@ -268,7 +268,7 @@ pub fn series_csv(summary: &TimelineSummary) -> String {
     out
 }
 
-fn html(summary: &TimelineSummary, charts: &[String]) -> String {
+pub(super) fn html(summary: &TimelineSummary, charts: &[String]) -> String {
     let mut rows = String::new();
     for p in &summary.policies {
         let _ = writeln!(
@@ -319,23 +319,6 @@ td,th{{border:1px solid #ccc;padding:4px 10px;text-align:right}}td:first-child{{
         seeds = summary.seeds.len(),
         durations = summary.durations,
     )
-}
-
-/// Writes summary.json, series.csv, the plots (SVG and PNG) and index.html into `dir`.
-pub fn write_report(summary: &TimelineSummary, dir: &Path) -> Result<Vec<String>, ReportError> {
-    std::fs::create_dir_all(dir).map_err(|source| ReportError::Write {
-        path: dir.display().to_string(),
-        source,
-    })?;
-    let json = serde_json::to_string_pretty(summary).unwrap_or_default();
-    write(&dir.join("summary.json"), &json)?;
-    write(&dir.join("series.csv"), &series_csv(summary))?;
-    let mut files = vec!["summary.json".to_string(), "series.csv".to_string()];
-    let charts = super::plot::draw_all(summary, dir)?;
-    files.extend(charts.iter().cloned());
-    write(&dir.join("index.html"), &html(summary, &charts))?;
-    files.push("index.html".to_string());
-    Ok(files)
 }
 
 #[cfg(test)]
