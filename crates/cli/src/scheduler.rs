@@ -131,7 +131,7 @@ pub fn run(args: SchedulerArgs) -> anyhow::Result<()> {
         gpu_resource: args
             .resource
             .or(file.resource)
-            .unwrap_or_else(|| "nvidia.com/gpu".into()),
+            .unwrap_or_else(|| gpuplace_model::keys::GPU_RESOURCE.into()),
         seed: args.seed.or(file.seed).unwrap_or(42),
         workload: args.fgd_workload.as_deref().map(fgd_workload).transpose()?,
         max_in_flight: args

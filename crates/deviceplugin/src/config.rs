@@ -219,7 +219,7 @@ impl Settings {
     pub fn resolve(self) -> Result<Config, ConfigError> {
         let resource = self
             .resource
-            .unwrap_or_else(|| "nvidia.com/gpu".to_string());
+            .unwrap_or_else(|| gpuplace_model::keys::GPU_RESOURCE.to_string());
         if !is_extended_resource(&resource) {
             return Err(ConfigError::BadResource(resource));
         }
@@ -246,7 +246,7 @@ impl Settings {
         }
         let cdi_kind = self
             .cdi_kind
-            .unwrap_or_else(|| "nvidia.com/gpu".to_string());
+            .unwrap_or_else(|| gpuplace_model::keys::GPU_RESOURCE.to_string());
         if !is_extended_resource(&cdi_kind) {
             return Err(ConfigError::BadCdiKind(cdi_kind));
         }

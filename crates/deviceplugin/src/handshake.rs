@@ -13,7 +13,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::node_pods::{NodePod, PodName};
+use crate::node_pods::{NodePod, NodePods, PodName};
 
 /// One pod as PodResources `List` shows it: our resource's device IDs per container.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -131,6 +131,12 @@ pub fn next_container<'a>(
 /// Looks a pod up by namespace and name (the node's pod store, a map in tests).
 pub trait PodLookup {
     fn lookup(&self, namespace: &str, name: &str) -> Option<Arc<NodePod>>;
+}
+
+impl PodLookup for NodePods {
+    fn lookup(&self, namespace: &str, name: &str) -> Option<Arc<NodePod>> {
+        self.get_or_deleted(namespace, name)
+    }
 }
 
 impl PodLookup for HashMap<PodName, Arc<NodePod>> {

@@ -11,6 +11,7 @@ use std::sync::{Arc, RwLock};
 
 use gpuplace_model::{
     ALLOCATED_ANNOTATION, ASSIGNMENT_ANNOTATION, Assignment, ContainerKind, ContainerNeed,
+    MILLI_PER_GPU, NeedOfContainerError, SHARE_RESOURCE, need_of_container,
 };
 use k8s_openapi::api::core::v1::{Container, Pod};
 use tokio::sync::watch;
@@ -101,38 +102,38 @@ impl NodePod {
 }
 
 /// What a container asks of `resource` (whole devices) or of the share resource (slices,
-/// as milli-GPU of one GPU); requests, else limits. A container asking both is kept with
-/// its whole devices (the scheduler never places such a pod).
+/// as milli-GPU of one GPU), read as the scheduler reads it
+/// ([`gpuplace_model::need_of_container`]). The scheduler never places a container that asks
+/// both, or a share above one GPU; another scheduler may, and the kubelet then hands it
+/// whole devices (or at most one GPU's slices), which is what is kept.
 fn push_need(out: &mut Vec<ContainerNeed>, c: &Container, resource: &str, kind: ContainerKind) {
-    let amount = |name: &str| {
-        let resources = c.resources.as_ref();
-        let quantity = resources
-            .and_then(|r| r.requests.as_ref())
+    let quantity = |name: &str| {
+        let resources = c.resources.as_ref()?;
+        resources
+            .requests
+            .as_ref()
             .and_then(|r| r.get(name))
-            .or_else(|| {
-                resources
-                    .and_then(|r| r.limits.as_ref())
-                    .and_then(|l| l.get(name))
-            });
-        // Extended resources are whole numbers; the API server refuses anything else.
-        quantity
-            .and_then(|q| q.0.trim().parse::<u32>().ok())
-            .unwrap_or(0)
+            .or_else(|| resources.limits.as_ref().and_then(|l| l.get(name)))
+            .map(|q| q.0.as_str())
     };
-    let count = amount(resource);
-    let milli = if count == 0 {
-        amount(gpuplace_model::SHARE_RESOURCE).min(gpuplace_model::MILLI_PER_GPU)
-    } else {
-        0
-    };
-    if count > 0 || milli > 0 {
-        out.push(ContainerNeed {
+    let need = match need_of_container(&c.name, kind, resource, quantity) {
+        Ok(need) => need,
+        Err(NeedOfContainerError::MixedShare { .. }) => {
+            let whole = |name: &str| (name != SHARE_RESOURCE).then(|| quantity(name)).flatten();
+            need_of_container(&c.name, kind, resource, whole)
+                .ok()
+                .flatten()
+        }
+        Err(NeedOfContainerError::ShareTooLarge(_)) => Some(ContainerNeed {
             name: c.name.clone(),
             kind,
-            count: count.max(1),
-            milli,
-        });
-    }
+            count: 1,
+            milli: MILLI_PER_GPU,
+        }),
+        // The API server refuses such quantities: nothing the kubelet would hand out.
+        Err(_) => None,
+    };
+    out.extend(need);
 }
 
 #[derive(Default)]
@@ -275,12 +276,6 @@ impl NodePods {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-}
-
-impl crate::handshake::PodLookup for NodePods {
-    fn lookup(&self, namespace: &str, name: &str) -> Option<Arc<NodePod>> {
-        self.get_or_deleted(namespace, name)
     }
 }
 

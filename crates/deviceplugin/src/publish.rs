@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use gpuplace_model::{INVENTORY_ANNOTATION, NodeInventory};
+use gpuplace_model::{INVENTORY_ANNOTATION, NodeInventory, keys};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -42,21 +42,18 @@ pub fn label_value(text: &str) -> String {
 pub fn node_patch(inventory: &NodeInventory, replicas: u32) -> Value {
     let mut labels = serde_json::Map::new();
     labels.insert(
-        "nvidia.com/gpu.count".into(),
+        keys::GPU_COUNT_LABEL.into(),
         json!(inventory.gpus.len().to_string()),
     );
-    labels.insert(
-        "nvidia.com/gpu.replicas".into(),
-        json!(replicas.to_string()),
-    );
+    labels.insert(keys::GPU_REPLICAS_LABEL.into(), json!(replicas.to_string()));
     if let Some(gpu) = inventory.gpus.first() {
         let product = label_value(&gpu.model);
         if !product.is_empty() {
-            labels.insert("nvidia.com/gpu.product".into(), json!(product));
+            labels.insert(keys::GPU_PRODUCT_LABEL.into(), json!(product));
         }
         if gpu.memory_mib > 0 {
             labels.insert(
-                "nvidia.com/gpu.memory".into(),
+                keys::GPU_MEMORY_LABEL.into(),
                 json!(gpu.memory_mib.to_string()),
             );
         }
@@ -69,7 +66,7 @@ pub fn node_patch(inventory: &NodeInventory, replicas: u32) -> Value {
 
 /// GPU Feature Discovery's own label: when the Node has it, GFD owns the `nvidia.com/gpu.*`
 /// labels and gpuplace writes only its annotation.
-pub const GFD_TIMESTAMP_LABEL: &str = "nvidia.com/gfd.timestamp";
+pub use gpuplace_model::keys::GFD_TIMESTAMP_LABEL;
 
 /// Whether GPU Feature Discovery labels this node.
 pub fn gfd_present(node: &Node) -> bool {

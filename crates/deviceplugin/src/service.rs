@@ -26,7 +26,7 @@ pub const VISIBLE_DEVICES_ENV: &str = "NVIDIA_VISIBLE_DEVICES";
 /// Environment variable with the kubelet device IDs, for debugging inside the container.
 pub const DEVICE_IDS_ENV: &str = "GPUPLACE_DEVICE_IDS";
 /// Annotation with the kubelet device IDs of a container's allocation.
-pub const DEVICE_IDS_ANNOTATION: &str = "gpuplace.io/device-ids";
+pub use gpuplace_model::keys::DEVICE_IDS_ANNOTATION;
 /// Milli-GPU of the container's share (shares only).
 pub const SHARE_MILLI_ENV: &str = "GPUPLACE_GPU_MILLI";
 /// The share's part of the GPU's memory, in MiB (shares only; a limiter may enforce it).

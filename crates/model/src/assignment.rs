@@ -11,14 +11,14 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::DeviceShare;
+use crate::request::DeviceShare;
 
-/// Pod annotation with the scheduler's exact choice (JSON [`Assignment`]).
-pub const ASSIGNMENT_ANNOTATION: &str = "gpuplace.io/assignment";
 /// Pod annotation with the devices the kubelet really gave each container (JSON
 /// [`Allocated`]), written by the node when they differ from the assignment or when there is
 /// none. The scheduler counts it instead of the assignment: node truth wins.
-pub const ALLOCATED_ANNOTATION: &str = "gpuplace.io/allocated";
+pub use crate::keys::ALLOCATED_ANNOTATION;
+/// Pod annotation with the scheduler's exact choice (JSON [`Assignment`]).
+pub use crate::keys::ASSIGNMENT_ANNOTATION;
 
 /// How the kubelet runs a container, which decides what happens to its devices.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -133,7 +133,7 @@ fn is_zero(v: &u32) -> bool {
 
 /// The extended resource a share of one GPU is asked with, in milli-GPU
 /// (`gpuplace.io/gpu-milli: 250`); the device plugin advertises 1000 slices per GPU.
-pub const SHARE_RESOURCE: &str = "gpuplace.io/gpu-milli";
+pub use crate::keys::SHARE_RESOURCE;
 
 impl ContainerNeed {
     /// Whether it asks for a share of one GPU rather than whole devices.

@@ -17,10 +17,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::MILLI_PER_GPU;
+use crate::request::MILLI_PER_GPU;
 
 /// Node annotation that carries a JSON [`NodeInventory`].
-pub const INVENTORY_ANNOTATION: &str = "gpuplace.io/inventory";
+pub use crate::keys::INVENTORY_ANNOTATION;
 
 /// One physical GPU on a node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -5,7 +5,9 @@
 //! simulator is the same value the production adapters carry out.
 
 mod assignment;
+mod container;
 mod inventory;
+pub mod keys;
 mod need;
 mod request;
 
@@ -14,9 +16,7 @@ pub use assignment::{
     ContainerAssignment, ContainerKind, ContainerNeed, SHARE_RESOURCE, fresh_devices,
     plan_containers,
 };
+pub use container::{NeedOfContainerError, need_of_container, quantity_milli};
 pub use inventory::{Gpu, INVENTORY_ANNOTATION, InventoryError, Link, NodeInventory, PcieLevel};
 pub use need::{GpuNeed, GpuTopology, NeedError, UnknownTopology};
-pub use request::{DeviceShare, Placement, Request, RequestError};
-
-/// Milli-GPU units in one whole GPU.
-pub const MILLI_PER_GPU: u32 = 1000;
+pub use request::{DeviceShare, MILLI_PER_GPU, Placement, Request, RequestError};

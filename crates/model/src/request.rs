@@ -2,8 +2,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::MILLI_PER_GPU;
 use crate::need::GpuNeed;
+
+/// Milli-GPU units in one whole GPU.
+pub const MILLI_PER_GPU: u32 = 1000;
 
 /// A pod's resource request as placement sees it.
 ///

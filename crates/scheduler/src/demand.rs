@@ -5,102 +5,21 @@ use std::collections::BTreeMap;
 
 use gpuplace_model::Request;
 use k8s_openapi::api::core::v1::{Container, Pod};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde::{Deserialize, Serialize};
 
+use gpuplace_model::need_of_container;
 pub use gpuplace_model::{
     ALLOCATED_ANNOTATION, ASSIGNMENT_ANNOTATION, Allocated, Assignment, ContainerAssignment,
     ContainerKind,
 };
+
+pub use crate::demand_error::{DemandError, milli_value};
+pub use gpuplace_model::SHARE_RESOURCE;
 /// The former way to ask for a share (a pod annotation beside `nvidia.com/gpu: 1`), refused
 /// with a message saying what to write instead: the kubelet hands such a pod a whole GPU and
 /// refuses a second share of it. Shares are the resource [`SHARE_RESOURCE`].
-pub const GPU_MILLI_ANNOTATION: &str = "gpuplace.io/gpu-milli";
-pub use gpuplace_model::SHARE_RESOURCE;
-/// Pod label naming the pod's gang (a PodGroup in the same namespace).
-pub const POD_GROUP_LABEL: &str = "gpuplace.io/pod-group";
-
-/// A malformed quantity, annotation or request.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum DemandError {
-    #[error("quantity {0:?} is not a valid Kubernetes quantity")]
-    Quantity(String),
-    #[error("quantity {0:?} is negative")]
-    Negative(String),
-    #[error("annotation {annotation}: {message}")]
-    Annotation {
-        annotation: &'static str,
-        message: String,
-    },
-    #[error(
-        "container {container:?} asks for both {resource} and {SHARE_RESOURCE}; a container asks for whole GPUs or a share of one"
-    )]
-    MixedShare { container: String, resource: String },
-    #[error(
-        "the pod asks for whole GPUs ({resource}) in one container and a share ({SHARE_RESOURCE}) in another; a pod asks for one or the other"
-    )]
-    MixedPod { resource: String },
-    #[error(
-        "the pod's {SHARE_RESOURCE} totals {0} (counted as Kubernetes counts requests); a share is of one GPU, at most 1000"
-    )]
-    ShareTooLarge(i128),
-}
-
-/// A quantity in thousandths of its unit (`500m` CPU is 500; `1Gi` memory is 1073741824000).
-pub fn milli_value(q: &Quantity) -> Result<i128, DemandError> {
-    let text = q.0.trim();
-    let bad = || DemandError::Quantity(q.0.clone());
-    if text.is_empty() {
-        return Err(bad());
-    }
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
-        .unwrap_or(text.len());
-    let (number, suffix) = text.split_at(split);
-    // Exponent forms like 1e3 / 1E3.
-    let (number, exp10): (&str, i32) = if let Some(rest) = suffix.strip_prefix(['e', 'E'])
-        && !rest.is_empty()
-        && rest
-            .trim_start_matches(['+', '-'])
-            .chars()
-            .all(|c| c.is_ascii_digit())
-    {
-        (number, rest.parse().map_err(|_| bad())?)
-    } else {
-        (number, 0)
-    };
-    let (multiplier, exp10) = if exp10 != 0 {
-        (1.0, exp10)
-    } else {
-        match suffix {
-            "" => (1.0, 0),
-            "m" => (1.0, -3),
-            "k" => (1.0, 3),
-            "M" => (1.0, 6),
-            "G" => (1.0, 9),
-            "T" => (1.0, 12),
-            "P" => (1.0, 15),
-            "E" => (1.0, 18),
-            "Ki" => (1024f64, 0),
-            "Mi" => (1024f64.powi(2), 0),
-            "Gi" => (1024f64.powi(3), 0),
-            "Ti" => (1024f64.powi(4), 0),
-            "Pi" => (1024f64.powi(5), 0),
-            "Ei" => (1024f64.powi(6), 0),
-            _ => return Err(bad()),
-        }
-    };
-    let value: f64 = number.parse().map_err(|_| bad())?;
-    if !value.is_finite() {
-        return Err(bad());
-    }
-    if value < 0.0 {
-        return Err(DemandError::Negative(q.0.clone()));
-    }
-    let milli = value * multiplier * 10f64.powi(exp10 + 3);
-    // Kubernetes rounds fractional milli-units up.
-    Ok(milli.ceil() as i128)
-}
+pub use gpuplace_model::keys::GPU_MILLI_ANNOTATION;
+pub use gpuplace_model::keys::POD_GROUP_LABEL;
 
 /// Resources of one container, as a map from resource name to milli-units.
 fn container_requests(c: &Container) -> Result<BTreeMap<String, i128>, DemandError> {
@@ -202,7 +121,7 @@ pub fn pod_demand(pod: &Pod, gpu_resource: &str) -> Result<PodDemand, DemandErro
         for (k, v) in &r {
             *sums.entry(k.clone()).or_default() += v;
         }
-        push_gpu(&mut gpu_containers, c, &r, gpu_resource, ContainerKind::App)?;
+        push_gpu(&mut gpu_containers, c, gpu_resource, ContainerKind::App)?;
     }
     let mut init_max: BTreeMap<String, i128> = BTreeMap::new();
     let mut sidecars: BTreeMap<String, i128> = BTreeMap::new();
@@ -232,7 +151,7 @@ pub fn pod_demand(pod: &Pod, gpu_resource: &str) -> Result<PodDemand, DemandErro
         } else {
             ContainerKind::Init
         };
-        push_gpu(&mut init_gpu, c, &r, gpu_resource, kind)?;
+        push_gpu(&mut init_gpu, c, gpu_resource, kind)?;
     }
     for (k, v) in sidecars {
         *sums.entry(k).or_default() += v;
@@ -301,37 +220,36 @@ pub fn pod_demand(pod: &Pod, gpu_resource: &str) -> Result<PodDemand, DemandErro
     })
 }
 
+/// Adds `c`'s GPU need, read as the device plugin reads it ([`need_of_container`]).
 fn push_gpu(
     out: &mut Vec<ContainerDemand>,
     c: &Container,
-    r: &BTreeMap<String, i128>,
     gpu_resource: &str,
     kind: ContainerKind,
 ) -> Result<(), DemandError> {
-    let amount =
-        |name: &str| u32::try_from(r.get(name).copied().unwrap_or(0) / 1000).unwrap_or(u32::MAX);
-    let count = amount(gpu_resource);
-    let milli = amount(SHARE_RESOURCE);
-    if count > 0 && milli > 0 {
-        return Err(DemandError::MixedShare {
-            container: c.name.clone(),
-            resource: gpu_resource.to_string(),
+    let quantity = |resource: &str| quantity_of(c, resource);
+    if let Some(need) = need_of_container(&c.name, kind, gpu_resource, quantity)? {
+        out.push(ContainerDemand {
+            name: need.name,
+            kind,
+            gpu_count: need.count,
+            gpu_milli: if need.milli > 0 { need.milli } else { 1000 },
+            share: need.milli > 0,
         });
     }
-    if milli > 1000 {
-        return Err(DemandError::ShareTooLarge(i128::from(milli)));
-    }
-    if count == 0 && milli == 0 {
-        return Ok(());
-    }
-    out.push(ContainerDemand {
-        name: c.name.clone(),
-        kind,
-        gpu_count: count.max(1),
-        gpu_milli: if milli > 0 { milli } else { 1000 },
-        share: milli > 0,
-    });
     Ok(())
+}
+
+/// The container's request of `resource`, else its limit (Kubernetes defaults a missing
+/// request to the limit).
+pub fn quantity_of<'c>(c: &'c Container, resource: &str) -> Option<&'c str> {
+    let resources = c.resources.as_ref()?;
+    resources
+        .requests
+        .as_ref()
+        .and_then(|r| r.get(resource))
+        .or_else(|| resources.limits.as_ref().and_then(|l| l.get(resource)))
+        .map(|q| q.0.as_str())
 }
 
 /// Splits a placement's devices over the containers that use GPUs by the kubelet's rules
@@ -366,6 +284,7 @@ pub fn split_devices(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
     fn q(s: &str) -> Quantity {
         Quantity(s.to_string())

@@ -81,7 +81,7 @@ impl Default for ExtenderConfig {
             policy: Policy::DEFAULT,
             weights: Vec::new(),
             seed: 42,
-            gpu_resource: "nvidia.com/gpu".into(),
+            gpu_resource: gpuplace_model::keys::GPU_RESOURCE.into(),
             filter_mode: FilterMode::Best,
             bind_attempts: 5,
             workload: None,

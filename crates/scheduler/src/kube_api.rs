@@ -93,7 +93,7 @@ fn api_error(e: kube::Error) -> ApiError {
 fn strip_node(node: &mut Node) {
     node.metadata.managed_fields = None;
     if let Some(annotations) = node.metadata.annotations.as_mut() {
-        annotations.retain(|k, _| k.starts_with("gpuplace.io/"));
+        annotations.retain(|k, _| k.starts_with(gpuplace_model::keys::ANNOTATION_PREFIX));
     }
     if let Some(status) = node.status.as_mut() {
         status.images = None;

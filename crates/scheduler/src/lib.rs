@@ -5,6 +5,7 @@ pub mod api;
 pub mod budgets;
 pub mod cache;
 pub mod demand;
+pub mod demand_error;
 pub mod extender;
 pub mod filters;
 pub mod gang;

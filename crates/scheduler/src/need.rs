@@ -16,16 +16,13 @@ use std::collections::BTreeMap;
 use gpuplace_model::{GpuNeed, GpuTopology};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use crate::demand::{DemandError, milli_value};
+use crate::demand_error::{DemandError, milli_value};
 
-pub const TOPOLOGY_ANNOTATION: &str = "gpuplace.io/topology";
-pub const TOPOLOGY_PREFERENCE_ANNOTATION: &str = "gpuplace.io/topology-preference";
-pub const NVIDIA_TOPOLOGY_ANNOTATION: &str = "nvidia.com/gpu-topology";
-pub const MODEL_ANNOTATION: &str = "gpuplace.io/gpu-model";
-pub const MODEL_EXCLUDE_ANNOTATION: &str = "gpuplace.io/gpu-model-exclude";
-pub const HAMI_USE_ANNOTATION: &str = "nvidia.com/use-gputype";
-pub const HAMI_NOUSE_ANNOTATION: &str = "nvidia.com/nouse-gputype";
-pub const MEMORY_MIN_ANNOTATION: &str = "gpuplace.io/gpu-memory-min";
+pub use gpuplace_model::keys::{
+    HAMI_NOUSE_ANNOTATION, HAMI_USE_ANNOTATION, MEMORY_MIN_ANNOTATION, MODEL_ANNOTATION,
+    MODEL_EXCLUDE_ANNOTATION, NVIDIA_TOPOLOGY_ANNOTATION, TOPOLOGY_ANNOTATION,
+    TOPOLOGY_PREFERENCE_ANNOTATION,
+};
 
 fn bad(annotation: &'static str, message: String) -> DemandError {
     DemandError::Annotation {

@@ -169,7 +169,7 @@ impl PodInfo {
             topology_key: meta
                 .annotations
                 .as_ref()
-                .and_then(|a| a.get("gpuplace.io/topology-key"))
+                .and_then(|a| a.get(gpuplace_model::keys::TOPOLOGY_KEY_ANNOTATION))
                 .map(|k| k.trim().to_string())
                 .filter(|k| !k.is_empty()),
             assignment: meta

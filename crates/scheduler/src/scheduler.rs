@@ -64,7 +64,7 @@ impl Default for SchedulerConfig {
             scheduler_name: "gpuplace".into(),
             policy: Policy::DEFAULT,
             weights: Vec::new(),
-            gpu_resource: "nvidia.com/gpu".into(),
+            gpu_resource: gpuplace_model::keys::GPU_RESOURCE.into(),
             seed: 42,
             queue: QueueConfig::default(),
             max_in_flight: 16,

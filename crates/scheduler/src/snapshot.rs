@@ -118,7 +118,7 @@ pub fn replicas_of(node: &Node) -> u32 {
     node.metadata
         .labels
         .as_ref()
-        .and_then(|l| l.get("nvidia.com/gpu.replicas"))
+        .and_then(|l| l.get(gpuplace_model::keys::GPU_REPLICAS_LABEL))
         .and_then(|r| r.trim().parse::<u32>().ok())
         .filter(|r| (1..=64).contains(r))
         .unwrap_or(1)
@@ -179,12 +179,12 @@ pub fn inventory_of(node: &Node, gpu_resource: &str) -> (NodeInventory, Option<S
         }
     }
     let model = labels
-        .get("nvidia.com/gpu.product")
+        .get(gpuplace_model::keys::GPU_PRODUCT_LABEL)
         .cloned()
         .unwrap_or_default();
     let mut inv = NodeInventory::uniform(&name, cpu_milli, memory_mib, count, &model);
     let gpu_memory = labels
-        .get("nvidia.com/gpu.memory")
+        .get(gpuplace_model::keys::GPU_MEMORY_LABEL)
         .and_then(|m| m.parse().ok())
         .unwrap_or(0);
     for gpu in &mut inv.gpus {

@@ -21,8 +21,9 @@ use serde_json::json;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::api::MemoryApi;
+use crate::kubelet_node::{FakeNode, NodeOptions};
 use crate::node_feed::feed_node_pods;
-use crate::{FakeNode, MemoryApi, NodeOptions};
 
 /// How the cluster behaves.
 #[derive(Clone, Debug)]

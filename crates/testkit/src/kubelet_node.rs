@@ -33,9 +33,10 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnixListenerStream;
 
+use crate::api::MemoryApi;
+use crate::kubelet::FakeKubelet;
 pub use crate::kubelet_record::Admission;
 use crate::kubelet_record::{Entry, Lister, NodeState, lock};
-use crate::{FakeKubelet, MemoryApi};
 
 mod allocate;
 
@@ -207,7 +208,7 @@ struct Admitter {
     options: NodeOptions,
     state: Arc<Mutex<NodeState>>,
     dir: PathBuf,
-    kubelet_shared: crate::KubeletHandle,
+    kubelet_shared: crate::kubelet::KubeletHandle,
 }
 
 /// What one container asks of each device plugin resource: (resource, devices).

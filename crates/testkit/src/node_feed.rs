@@ -16,7 +16,7 @@ use rand_chacha::ChaCha8Rng;
 use tokio::sync::mpsc;
 use tokio::sync::watch;
 
-use crate::MemoryApi;
+use crate::api::MemoryApi;
 
 /// Keeps `store` equal to the pods bound to `node`, each batch of changes delivered after
 /// a random delay of `delay_ms` (lo..=hi), until `stop` turns true.

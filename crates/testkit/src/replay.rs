@@ -229,7 +229,7 @@ async fn drive(
     // Every bound pod admitted by its kubelet (or refused), then the kubelets' records.
     let wait_until = Instant::now() + Duration::from_secs(120);
     loop {
-        let admissions: Vec<crate::Admission> = cluster
+        let admissions: Vec<crate::kubelet_node::Admission> = cluster
             .nodes
             .iter()
             .flat_map(|n| n.fake.admissions())

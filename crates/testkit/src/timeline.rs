@@ -272,7 +272,7 @@ async fn settle_admissions(
     let names: std::collections::HashSet<String> = bound.iter().map(|&i| job_name(i)).collect();
     let deadline = Instant::now() + timeout;
     loop {
-        let admitted: Vec<crate::Admission> = cluster
+        let admitted: Vec<crate::kubelet_node::Admission> = cluster
             .nodes
             .iter()
             .flat_map(|n| n.fake.admissions())

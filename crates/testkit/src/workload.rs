@@ -355,7 +355,7 @@ pub async fn run_mix(
     report
 }
 
-fn compare(a: &crate::Admission, report: &mut RunReport) {
+fn compare(a: &crate::kubelet_node::Admission, report: &mut RunReport) {
     let Some(plan) = a
         .assignment
         .as_deref()

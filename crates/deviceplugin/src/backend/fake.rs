@@ -24,7 +24,7 @@ use serde::Deserialize;
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
-use super::{Backend, BackendError};
+use super::source::{Backend, BackendError, is_device_node};
 
 /// One GPU of an inventory file.
 #[derive(Clone, Debug, Deserialize)]
@@ -70,7 +70,7 @@ pub struct InventoryFile {
 /// A GPU whose inventory names a device file that is missing is kept unhealthy (logged).
 fn device_file_ok(gpu: &GpuEntry) -> bool {
     match &gpu.device_file {
-        Some(path) if !super::is_device_node(path) => {
+        Some(path) if !is_device_node(path) => {
             warn!(gpu = %gpu.uuid, path = %path.display(), "the GPU's device file is missing: unhealthy, not handed out");
             false
         }
@@ -294,8 +294,8 @@ mod tests {
         let inv = parse_inventory(&text, "x.yaml", "n").unwrap();
         let health: Vec<bool> = inv.gpus.iter().map(|g| g.healthy).collect();
         assert_eq!(health, [true, false, true], "no file named: none expected");
-        assert!(super::super::device_file_present(dir.path(), 0));
-        assert!(!super::super::device_file_present(dir.path(), 1));
+        assert!(super::super::source::device_file_present(dir.path(), 0));
+        assert!(!super::super::source::device_file_present(dir.path(), 1));
     }
 
     #[test]

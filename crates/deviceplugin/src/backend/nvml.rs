@@ -16,7 +16,8 @@ use nvml_wrapper::error::NvmlError;
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
-use super::{Backend, BackendError, HealthTracker};
+use super::health::HealthTracker;
+use super::source::{Backend, BackendError, device_file_present};
 
 /// Links NVML can report per GPU (NVML_NVLINK_MAX_LINKS).
 const MAX_NVLINKS: u32 = 18;
@@ -199,7 +200,7 @@ fn health_loop(
     let file_present = |uuid: &str| {
         minors
             .get(uuid)
-            .is_none_or(|&m| super::device_file_present(&dev_root, m))
+            .is_none_or(|&m| device_file_present(&dev_root, m))
     };
     let check_files = |tracker: &mut HealthTracker, now: Instant| {
         for uuid in &uuids {

@@ -22,8 +22,7 @@ use crate::pod_info::PodInfo;
 use crate::snapshot::Snapshot;
 use std::borrow::Cow;
 
-/// The members' annotation naming the gang's topology key when the PodGroup has none.
-pub const TOPOLOGY_KEY_ANNOTATION: &str = "gpuplace.io/topology-key";
+pub use gpuplace_model::keys::TOPOLOGY_KEY_ANNOTATION;
 
 /// One domain's trial: the members placed, why the others were not, and the cluster's
 /// fragmentation after it.
