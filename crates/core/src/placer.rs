@@ -14,7 +14,7 @@ use crate::fit::Unschedulable;
 use crate::frag::Shape;
 use crate::policy::{Policy, simple_score};
 use crate::state::ClusterState;
-use ranking::Ranking;
+use ranked::Ranking;
 
 /// Where a request goes: node index, GPUs as (position, milli), and the winning score.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -381,7 +381,7 @@ impl Placer {
                 // unconstrained request's own ranking answers first when its best classes
                 // include an allowed one.
                 Some((plain, types, id)) => {
-                    let allowed = |n: usize| ranking::type_allowed(&types, state.node_type(n));
+                    let allowed = |n: usize| ranked::type_allowed(&types, state.node_type(n));
                     match self.ranked_best(&mut classes, state, &plain, shape, None, Some(&allowed))
                     {
                         Some(best) => best,
@@ -419,7 +419,7 @@ impl Placer {
             },
             _ => {
                 let mut statics = Vec::new();
-                let ask = ranking::Ask {
+                let ask = ranked::Ask {
                     request,
                     allowed,
                     shape,
@@ -586,6 +586,7 @@ fn splitmix64(mut x: u64) -> u64 {
 }
 
 mod gpuplace;
+mod ranked;
 mod ranking;
 mod scores;
 

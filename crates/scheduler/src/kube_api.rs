@@ -352,7 +352,7 @@ impl ClusterApi for KubeApi {
             "status": "True",
             "reason": "PreemptionByScheduler",
             "message": truncate_bytes(message, MAX_NOTE_BYTES),
-            "lastTransitionTime": crate::scheduler::rfc3339(std::time::SystemTime::now()),
+            "lastTransitionTime": crate::clock::rfc3339(std::time::SystemTime::now()),
         }]}});
         if let Err(e) = api
             .patch_status(

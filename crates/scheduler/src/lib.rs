@@ -4,6 +4,7 @@
 pub mod api;
 pub mod budgets;
 pub mod cache;
+pub mod clock;
 pub mod demand;
 pub mod demand_error;
 pub mod extender;

@@ -19,7 +19,7 @@ pub mod run;
 pub(crate) mod state_cache;
 
 use std::collections::{HashMap, HashSet};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use gpuplace_core::{Placer, Policy};
 use tracing::warn;
@@ -184,16 +184,7 @@ pub struct Scheduler<A: ClusterApi> {
     preemption_times: Vec<Duration>,
 }
 
-/// RFC 3339 UTC time of `t` (seconds precision).
-pub fn rfc3339(t: SystemTime) -> String {
-    let nanos = t
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0) as i64;
-    k8s_openapi::jiff::Timestamp::from_second(nanos)
-        .map(|ts| ts.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
-        .unwrap_or_else(|_| "1970-01-01T00:00:00Z".into())
-}
+pub use crate::clock::rfc3339;
 
 impl<A: ClusterApi> Scheduler<A> {
     /// A scheduler that always decides (no leader election).
@@ -337,17 +328,5 @@ impl<A: ClusterApi> Scheduler<A> {
     /// When the next pod comes out of backoff or parking (for the loop to wake then).
     pub fn next_due(&self, after: Instant) -> Option<Instant> {
         self.queue.next_due(after)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rfc3339_formats_utc() {
-        assert_eq!(rfc3339(SystemTime::UNIX_EPOCH), "1970-01-01T00:00:00Z");
-        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_795_000_000);
-        assert_eq!(rfc3339(t), "2026-11-18T11:06:40Z");
     }
 }

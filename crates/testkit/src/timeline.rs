@@ -85,12 +85,51 @@ pub async fn replay_timeline(
         },
     )
     .await?;
+    devices_advertised(&cluster, nodes, options.settle_timeout).await?;
     let (calls, scheduler_thread) = scheduler_thread(&cluster, options);
     let outcome = drive(&cluster, jobs, options, &calls).await;
     drop(calls);
     let _ = tokio::task::spawn_blocking(move || scheduler_thread.join()).await;
     cluster.stop().await;
     outcome
+}
+
+/// Waits until every kubelet holds its plugin's devices of both resources (registered is
+/// not enough: under load the device list can arrive after the first admission).
+async fn devices_advertised(
+    cluster: &HandshakeCluster,
+    nodes: &[NodeInventory],
+    timeout: Duration,
+) -> Result<(), String> {
+    let deadline = Instant::now() + timeout;
+    for (rig, node) in cluster.nodes.iter().zip(nodes) {
+        let gpus = node.gpus.iter().filter(|g| g.healthy).count();
+        loop {
+            let whole = rig
+                .fake
+                .kubelet
+                .handle()
+                .devices(gpuplace_model::keys::GPU_RESOURCE)
+                .len();
+            let slices = rig
+                .fake
+                .kubelet
+                .handle()
+                .devices(gpuplace_model::SHARE_RESOURCE)
+                .len();
+            if whole >= gpus && (gpus == 0 || slices > 0) {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "{}: the kubelet has {whole} devices of {gpus} and {slices} slices",
+                    rig.name
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    Ok(())
 }
 
 /// The scheduler on its own thread (its round is not Send), running a round at each time

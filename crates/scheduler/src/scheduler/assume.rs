@@ -231,7 +231,7 @@ pub fn reserve(
         node: placement.node.clone(),
         containers: split_devices(&demand.containers, &placement.devices),
         policy: policy.to_string(),
-        time: super::rfc3339(std::time::SystemTime::now()),
+        time: crate::clock::rfc3339(std::time::SystemTime::now()),
     };
     let inventory = snapshot.state.inventory(decision.node);
     let reservation = Reservation {

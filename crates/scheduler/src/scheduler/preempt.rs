@@ -18,7 +18,7 @@ use std::sync::Arc;
 use gpuplace_core::preempt::{Candidates, Holder};
 use gpuplace_model::Request;
 
-use crate::api::{ClusterApi, ClusterView, PodKey};
+use crate::api::{ClusterView, PodKey};
 use crate::pod_info::PodInfo;
 use crate::snapshot::{Held, Snapshot};
 
@@ -313,59 +313,4 @@ pub fn victim_list(victims: &[PodKey]) -> String {
         names.push(format!("and {} more", victims.len() - 5));
     }
     names.join(", ")
-}
-
-impl<A: ClusterApi> super::Scheduler<A> {
-    /// Evicts `victims` (at once, each with its Event) and nominates `pods` (pod, node).
-    pub(super) async fn carry_out(
-        &mut self,
-        by: &PodKey,
-        node_of_victims: &HashMap<String, String>,
-        victims: &[PodKey],
-        nominate: &[(PodKey, String)],
-    ) -> usize {
-        if !self.gate.is_open() {
-            return 0;
-        }
-        let evictions = victims.iter().map(|v| {
-            let node = node_of_victims.get(&v.uid).cloned().unwrap_or_default();
-            let message = format!("Preempted by {by} on node {node}");
-            let api = self.api.clone();
-            async move { (v, api.evict(v, &message).await, message) }
-        });
-        let mut evicted = 0;
-        for (victim, result, message) in futures::future::join_all(evictions).await {
-            match result {
-                Ok(()) | Err(crate::api::ApiError::NotFound(_)) => {
-                    evicted += 1;
-                    self.binder.emit(victim, "Normal", "Preempted", message);
-                }
-                Err(e) => {
-                    tracing::warn!(victim = %victim, preemptor = %by, error = %e, "victim not evicted; preemption is tried again later");
-                }
-            }
-        }
-        let writes = nominate.iter().map(|(pod, node)| {
-            let api = self.api.clone();
-            async move { (pod, api.nominate(pod, Some(node)).await) }
-        });
-        for (pod, result) in futures::future::join_all(writes).await {
-            if let Err(e) = result {
-                tracing::info!(pod = %pod, error = %e, "nominatedNodeName not written");
-            }
-        }
-        evicted
-    }
-
-    /// Clears `status.nominatedNodeName` of pods bound elsewhere.
-    pub(super) async fn clear_nominations(&self, pods: Vec<PodKey>) {
-        if !self.gate.is_open() {
-            return;
-        }
-        for pod in pods {
-            if let Err(e) = self.api.nominate(&pod, None).await {
-                tracing::info!(pod = %pod, error = %e, "nominatedNodeName not cleared");
-            }
-        }
-    }
 }
