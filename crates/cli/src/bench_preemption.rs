@@ -82,7 +82,6 @@ async fn bench(args: PreemptionBenchArgs) -> anyhow::Result<()> {
         }
     }
     let fill_s = started.elapsed().as_secs_f64();
-    let _ = scheduler.take_preemption_times();
     let mut times = Vec::new();
     let (mut victims, mut placed, mut failed) = (0usize, 0usize, 0usize);
     for i in 0..args.preemptors {
@@ -90,8 +89,7 @@ async fn bench(args: PreemptionBenchArgs) -> anyhow::Result<()> {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         api.put_pod(pod);
         t += Duration::from_secs(1);
-        scheduler.round(t).await?;
-        times.extend(scheduler.take_preemption_times());
+        times.extend(scheduler.round(t).await?.preemption_searches);
         let Some(nomination) = scheduler.nominations().get(&uid).cloned() else {
             failed += 1;
             continue;

@@ -43,7 +43,7 @@ pub struct SchedulerArgs {
     /// Schedule pods whose spec.schedulerName is this [default: gpuplace].
     #[arg(long, env = "GPUPLACE_SCHEDULER_NAME")]
     scheduler_name: Option<String>,
-    /// Placement policy (`gpuplace policies`) [default: fgd, the best measured].
+    /// Placement policy (`gpuplace policies`) [default: gpuplace, the best measured].
     #[arg(long, env = "GPUPLACE_POLICY")]
     policy: Option<String>,
     /// Score by a weighted sum of policies, e.g. `fgd=2,best-fit=1` (weights 1-100); the

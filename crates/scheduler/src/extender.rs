@@ -29,10 +29,10 @@ use std::time::{Duration, Instant};
 use gpuplace_core::{Placer, Policy, TargetWorkload};
 
 use crate::api::{ApiError, ClusterApi, ClusterView};
+use crate::framework::filter::VerdictCache;
 use crate::leader::Gate;
 use crate::pod_info::PodInfo;
 use crate::scheduler::assume::{Reservations, reserve};
-use crate::scheduler::filter_stage::VerdictCache;
 use crate::scheduler::state_cache::StateCache;
 use crate::volumes::VolumeIndex;
 use evaluate::{Need, Verdict, Verdicts};

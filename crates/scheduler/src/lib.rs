@@ -9,6 +9,7 @@ pub mod demand;
 pub mod demand_error;
 pub mod extender;
 pub mod filters;
+pub mod framework;
 pub mod gang;
 pub mod interpod;
 pub mod kube_api;

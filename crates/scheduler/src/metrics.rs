@@ -36,6 +36,8 @@ pub struct Metrics {
     pub preempted: Counter,
     /// Preemptors waiting for their victims.
     pub nominated: Gauge,
+    /// Duration of one preemption search (candidates, victim search, plan).
+    pub preemption_search_seconds: Histogram,
 }
 
 /// What `/readyz` and `/healthz` answer: ready once the caches are synced (standbys too,
@@ -85,6 +87,7 @@ impl Default for Metrics {
             events_dropped: Gauge::default(),
             preempted: Counter::default(),
             nominated: Gauge::default(),
+            preemption_search_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
         }
     }
 }
@@ -148,6 +151,11 @@ impl Metrics {
             "Preemptors waiting for their victims to terminate",
             self.nominated.clone(),
         );
+        r.register(
+            "preemption_search_seconds",
+            "Duration of one preemption search (candidates, victim search, plan)",
+            self.preemption_search_seconds.clone(),
+        );
     }
 
     /// Records one round.
@@ -164,6 +172,9 @@ impl Metrics {
                 .inc_by(n as u64);
         }
         self.preempted.inc_by(report.preempted as u64);
+        for search in &report.preemption_searches {
+            self.preemption_search_seconds.observe(search.as_secs_f64());
+        }
         if report.idle || seconds == 0.0 {
             // An idle look or settled writes: no round to time, no new picture.
             return;

@@ -1,5 +1,5 @@
 //! The scheduler, staged as kube-scheduler's framework: a [`queue`] of pods (active,
-//! backoff, parked until a cluster event), the [`filter_stage`], core's decision of the
+//! backoff, parked until a cluster event), the filter stage ([`crate::framework`]), core's decision of the
 //! node and exact GPUs, an [`assume`]d reservation made at once, the gang stage
 //! ([`gang_permit`]), and the [`bind`] stage that writes off the decision path. The loop
 //! that drives rounds on watch events and owns leadership is in [`run`].
@@ -10,7 +10,6 @@
 
 pub(crate) mod assume;
 pub(crate) mod bind;
-pub(crate) mod filter_stage;
 mod gang_permit;
 mod post_filter;
 pub mod preempt;
@@ -104,6 +103,9 @@ pub struct RoundReport {
     pub fragmentation_milli: u64,
     /// Where the round's time went.
     pub timings: RoundTimings,
+    /// How long each of the round's preemption searches took (candidates, victim search
+    /// and plan; not the evictions' writes).
+    pub preemption_searches: Vec<Duration>,
 }
 
 impl RoundReport {
@@ -180,7 +182,7 @@ pub struct Scheduler<A: ClusterApi> {
     volumes: crate::volumes::VolumeIndex,
     /// Preemptors waiting for their victims, and the devices held for them.
     nominations: preempt::Nominations,
-    /// How long each preemption search took (taken by [`Scheduler::take_preemption_times`]).
+    /// How long each preemption search of the current round took (handed to its report).
     preemption_times: Vec<Duration>,
 }
 
@@ -228,12 +230,6 @@ impl<A: ClusterApi> Scheduler<A> {
         &self.nominations
     }
 
-    /// The durations of the preemption searches since the last call (victim search and
-    /// plan, not the evictions' writes).
-    pub fn take_preemption_times(&mut self) -> Vec<Duration> {
-        std::mem::take(&mut self.preemption_times)
-    }
-
     pub fn api(&self) -> &A {
         &self.api
     }
@@ -255,7 +251,8 @@ impl<A: ClusterApi> Scheduler<A> {
 
     /// Compares the state kept across rounds with one built afresh from `view` (with the
     /// same reservations): `Err` names the first node whose free resources differ. For
-    /// tests of the incremental cache.
+    /// tests of the incremental cache (feature `bench-hooks`).
+    #[cfg(feature = "bench-hooks")]
     pub fn verify_state(&mut self, view: &crate::api::ClusterView) -> Result<(), String> {
         let Some(kept) = self.cache.snapshot_mut().map(|s| s.free_by_node()) else {
             return Ok(());
@@ -288,7 +285,8 @@ impl<A: ClusterApi> Scheduler<A> {
 
     /// One round whose writes are then waited for: decisions, Bindings, their outcomes
     /// and Events, all done when it returns (tests and benchmarks; the production loop
-    /// overlaps rounds and writes, see [`run`]).
+    /// overlaps rounds and writes, see [`run`]; feature `bench-hooks`).
+    #[cfg(feature = "bench-hooks")]
     pub async fn round(&mut self, now: Instant) -> Result<RoundReport, crate::api::ApiError> {
         let mut report = self.schedule(now).await?;
         let started = Instant::now();

@@ -6,10 +6,9 @@ use std::sync::Arc;
 
 use gpuplace_core::Placer;
 
+use crate::framework::filter::{Filtered, VerdictCache};
+use crate::framework::{FilterInput, Profile};
 use crate::pod_info::PodInfo;
-use crate::scheduler::filter_stage::{
-    Filtered, VerdictCache, filter_nodes, with_interpod, with_volumes,
-};
 use crate::snapshot::Snapshot;
 use crate::volumes::VolumeIndex;
 
@@ -79,14 +78,25 @@ impl Parts<'_> {
             }
         };
         let node_filter = self.verdicts.get(snapshot, pod);
-        let filtered = filter_nodes(&snapshot.scalars, &node_filter, demand);
-        let filtered = match with_volumes(filtered, snapshot, self.volumes, pod) {
-            Ok(f) => f,
+        let profile = Profile {
+            volumes: self.volumes,
+        };
+        let filtered = profile.filter(
+            &node_filter,
+            &FilterInput {
+                snapshot,
+                scalars: &snapshot.scalars,
+                pod,
+                demand,
+                planned: &[],
+            },
+        );
+        let mut filtered: Filtered = match filtered {
+            Ok(f) => f.into_owned(),
             Err(why) => {
                 return Verdicts::all_unresolvable(names.len(), &why);
             }
         };
-        let mut filtered: Filtered = with_interpod(filtered, snapshot, pod, &[]).into_owned();
         // Only the candidates kube-scheduler sent are ours to choose among.
         let mut candidates = vec![false; snapshot.nodes.len()];
         for n in index.iter().flatten() {

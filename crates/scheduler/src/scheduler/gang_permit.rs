@@ -11,12 +11,11 @@ use gpuplace_core::Decision;
 
 use std::sync::Arc;
 
-use super::filter_stage::{
-    Verdicts, explain, filter_nodes, with_interpod, with_preferences, with_volumes,
-};
 use super::{GangWrites, RoundReport, Scheduler};
 use crate::api::{ClusterApi, ClusterView};
 use crate::demand::PodDemand;
+use crate::framework::filter::{Verdicts, explain};
+use crate::framework::{FilterInput, Profile};
 use crate::gang::{PodGroupSpec, PodGroupStatus};
 use crate::pod_info::PodInfo;
 use crate::snapshot::Snapshot;
@@ -357,15 +356,23 @@ impl<A: ClusterApi> Scheduler<A> {
                     continue;
                 }
             };
-            let filtered = filter_nodes(&scalars, verdicts, &demand);
-            let filtered = match with_volumes(filtered, snapshot, &self.volumes, pod) {
+            let profile = Profile {
+                volumes: &self.volumes,
+            };
+            let input = FilterInput {
+                snapshot,
+                scalars: &scalars,
+                pod,
+                demand: &demand,
+                planned: &extra,
+            };
+            let filtered = match profile.filter(verdicts, &input) {
                 Ok(f) => f,
                 Err(why) => {
                     out.failure = Some(why);
                     continue;
                 }
             };
-            let filtered = with_interpod(filtered, snapshot, pod, &extra);
             let filtered = match domain {
                 // Within the gang's domain first: preferences then rank inside it.
                 Some(d) => {
@@ -375,8 +382,7 @@ impl<A: ClusterApi> Scheduler<A> {
                 }
                 None => filtered,
             };
-            let filtered =
-                with_preferences(filtered, snapshot, &trial, pod, &demand.request, &extra);
+            let filtered = profile.prefer(filtered, &input, &trial);
             let mask: Option<Vec<bool>> = match (filtered.mask(), domain) {
                 (None, None) => None,
                 (Some(m), None) | (None, Some(m)) => Some(m.to_vec()),

@@ -6,10 +6,11 @@ use std::sync::Arc;
 
 use gpuplace_core::preempt;
 
-use super::filter_stage::{Verdicts, filter_nodes, with_interpod, with_volumes};
 use super::preempt::{Nomination, candidates, no_victims, victim_list, waiting_for_victims};
 use super::{RoundReport, Scheduler};
 use crate::api::{ClusterApi, ClusterView, PodKey};
+use crate::framework::filter::Verdicts;
+use crate::framework::{FilterInput, Profile};
 use crate::pod_info::PodInfo;
 use crate::snapshot::Snapshot;
 
@@ -123,11 +124,21 @@ impl<A: ClusterApi> Scheduler<A> {
         if waiting_for_victims(pod, self.nominations.get(&pod.key.uid), view, snapshot) {
             return Outcome::Waiting;
         }
-        let filtered = filter_nodes(&snapshot.scalars, verdicts, &demand);
-        let Ok(filtered) = with_volumes(filtered, snapshot, &self.volumes, pod) else {
+        let profile = Profile {
+            volumes: &self.volumes,
+        };
+        let Ok(filtered) = profile.filter(
+            verdicts,
+            &FilterInput {
+                snapshot,
+                scalars: &snapshot.scalars,
+                pod,
+                demand: &demand,
+                planned: &[],
+            },
+        ) else {
             return Outcome::NotTried;
         };
-        let filtered = with_interpod(filtered, snapshot, pod, &[]);
         let not_helpful = filtered
             .mask()
             .map_or(0, |m| m.iter().filter(|a| !**a).count());
@@ -221,10 +232,21 @@ impl<A: ClusterApi> Scheduler<A> {
         let masks: Vec<Option<Vec<bool>>> = members
             .iter()
             .map(|(p, v)| {
-                let d = p.demand.as_ref().ok()?;
-                let f = filter_nodes(&snapshot.scalars, v, d);
-                let f = with_volumes(f, snapshot, &self.volumes, p).ok()?;
-                let f = with_interpod(f, snapshot, p, &[]);
+                let profile = Profile {
+                    volumes: &self.volumes,
+                };
+                let f = profile
+                    .filter(
+                        v,
+                        &FilterInput {
+                            snapshot,
+                            scalars: &snapshot.scalars,
+                            pod: p,
+                            demand: p.demand.as_ref().ok()?,
+                            planned: &[],
+                        },
+                    )
+                    .ok()?;
                 Some(
                     f.mask()
                         .map_or_else(|| vec![true; snapshot.nodes.len()], <[bool]>::to_vec),

@@ -12,12 +12,11 @@ use k8s_openapi::jiff::Timestamp;
 use tracing::{debug, info, warn};
 
 use super::bind::{WriteFailure, WriteOutcome};
-use super::filter_stage::{
-    VerdictCache, Verdicts, explain, filter_nodes, with_interpod, with_preferences, with_volumes,
-};
 use super::{RoundReport, RoundTimings, Scheduler, Seen};
 use crate::api::{ApiError, BindRequest, ClusterApi, ClusterView, PodKey};
 use crate::demand::{ASSIGNMENT_ANNOTATION, Assignment, PodDemand};
+use crate::framework::filter::{VerdictCache, Verdicts, explain};
+use crate::framework::{FilterInput, Profile};
 use crate::pod_info::PodInfo;
 use crate::snapshot::Snapshot;
 
@@ -202,6 +201,7 @@ impl<A: ClusterApi> Scheduler<A> {
         report.gpu_capacity_milli = snapshot.state.gpu_capacity_milli();
         report.gpu_allocated_milli = snapshot.state.gpu_allocated_milli();
         report.fragmentation_milli = snapshot.state.total_frag() as u64;
+        report.preemption_searches = std::mem::take(&mut self.preemption_times);
         self.cache.keep(snapshot);
         Ok(report)
     }
@@ -239,17 +239,18 @@ impl<A: ClusterApi> Scheduler<A> {
     ) -> Result<(PodDemand, Decision), String> {
         let started = Instant::now();
         let demand = pod.demand.clone()?;
-        let filtered = filter_nodes(&snapshot.scalars, verdicts, &demand);
-        let filtered = with_volumes(filtered, snapshot, &self.volumes, pod)?;
-        let filtered = with_interpod(filtered, snapshot, pod, &[]);
-        let filtered = with_preferences(
-            filtered,
+        let profile = Profile {
+            volumes: &self.volumes,
+        };
+        let input = FilterInput {
             snapshot,
-            &snapshot.state,
+            scalars: &snapshot.scalars,
             pod,
-            &demand.request,
-            &[],
-        );
+            demand: &demand,
+            planned: &[],
+        };
+        let filtered = profile.filter(verdicts, &input)?;
+        let filtered = profile.prefer(filtered, &input, &snapshot.state);
         let decided = Instant::now();
         timings.filter += decided - started;
         let choice = self

@@ -1,0 +1,22 @@
+//! The scheduling framework: the stages one pending pod goes through, each in its own module,
+//! and the [`Profile`] that strings them together for every driver (the loop, gangs,
+//! preemption and the extender), as kube-scheduler's framework does.
+//!
+//! | stage | where |
+//! |---|---|
+//! | QueueSort | `gpuplace_core::Queue` (priority, then arrival; backoff and parking) |
+//! | PreFilter / Filter | [`filter`] (node verdicts, extended resources) with [`crate::filters`], [`crate::volumes`], [`crate::interpod`] |
+//! | Score (narrowing) | [`crate::preference`], through [`Profile::prefer`] |
+//! | Score (placement) | `gpuplace_core::Placer` (node and exact GPUs) |
+//! | Reserve | `scheduler/assume.rs` (assume/forget on the cluster cache) |
+//! | Permit | `scheduler/gang_permit.rs` (gangs all or nothing) |
+//! | PostFilter | `scheduler/post_filter.rs` (preemption; nominations in `scheduler/preempt.rs`) |
+//! | Bind | `scheduler/bind.rs` (Bindings and Events) |
+//!
+//! A new filter is one new function in [`filter`] called from [`Profile::filter`]; a new
+//! driver calls the profile instead of writing the chain out again.
+
+pub mod filter;
+pub mod profile;
+
+pub use profile::{FilterInput, Profile};
