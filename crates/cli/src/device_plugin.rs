@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
-use gpuplace_deviceplugin::backend::{Backend, FakeBackend, NvmlBackend};
+use gpuplace_deviceplugin::backend::{Backend, FileBackend, NvmlBackend};
 use gpuplace_deviceplugin::config::{
     BackendKind, DeviceIdStrategy, DeviceListStrategy, LogFormat, Settings,
 };
@@ -35,7 +35,7 @@ pub struct DevicePluginArgs {
     /// Where GPUs come from: nvml or fake [default: nvml].
     #[arg(long, env = "GPUPLACE_BACKEND")]
     backend: Option<BackendKind>,
-    /// Inventory file for the fake backend (see deploy/inventories).
+    /// Inventory file for the file backend (see deploy/inventories).
     #[arg(long, env = "GPUPLACE_INVENTORY")]
     inventory: Option<PathBuf>,
     /// This node's name, from the downward API (`spec.nodeName`) [default: $NODE_NAME];
@@ -165,12 +165,12 @@ async fn serve(config: Arc<gpuplace_deviceplugin::Config>) -> anyhow::Result<()>
             config.health_recovery,
             config.dev_root.clone(),
         )?),
-        BackendKind::Fake => {
+        BackendKind::File => {
             let path = config
                 .inventory
                 .as_ref()
-                .context("the fake backend needs --inventory")?;
-            Box::new(FakeBackend::start(path, &name, config.poll_interval)?)
+                .context("the file backend needs --inventory")?;
+            Box::new(FileBackend::start(path, &name, config.poll_interval)?)
         }
     };
     let inventory = backend.watch();

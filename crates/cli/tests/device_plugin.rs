@@ -20,7 +20,7 @@ async fn runs_registers_and_stops_cleanly_on_sigterm() {
     let config = dir.path().join("plugin.yaml");
     std::fs::write(&config, "replicas: 2\ndevice-list-strategy: both\n").unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_gpuplace"))
-        .args(["device-plugin", "--backend", "fake", "--log-format", "json"])
+        .args(["device-plugin", "--backend", "file", "--log-format", "json"])
         .arg("--inventory")
         .arg(inventory("pcie-4.yaml"))
         .arg("--plugin-dir")
@@ -88,7 +88,7 @@ fn bad_settings_are_refused() {
     )
     .unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_gpuplace"))
-        .args(["device-plugin", "--backend", "fake", "--inventory"])
+        .args(["device-plugin", "--backend", "file", "--inventory"])
         .arg(&bad)
         .arg("--plugin-dir")
         .arg(dir.path())

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpuplace_core::topology::{LinkMatrix, select};
-use gpuplace_deviceplugin::backend::{Backend, FakeBackend};
+use gpuplace_deviceplugin::backend::{Backend, FileBackend};
 use gpuplace_deviceplugin::config::{BackendKind, Settings};
 use gpuplace_deviceplugin::metrics::Metrics;
 use gpuplace_deviceplugin::plugin;
@@ -59,14 +59,14 @@ async fn run() {
     let config = Arc::new(
         Settings {
             plugin_dir: Some(plugin_dir),
-            backend: Some(BackendKind::Fake),
+            backend: Some(BackendKind::File),
             inventory: Some(inv.clone()),
             ..Default::default()
         }
         .resolve()
         .expect("config"),
     );
-    let backend = FakeBackend::start(&inv, "bench", Duration::from_millis(200)).expect("backend");
+    let backend = FileBackend::start(&inv, "bench", Duration::from_millis(200)).expect("backend");
     let metrics = Metrics::default();
     let tables = device_tables(backend.watch(), 1, false, metrics.clone());
     let task = tokio::spawn(plugin::run(

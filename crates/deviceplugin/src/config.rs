@@ -17,8 +17,9 @@ use serde::Deserialize;
 pub enum BackendKind {
     /// NVML from the NVIDIA driver, loaded at run time.
     Nvml,
-    /// An inventory file (tests, demos, non-NVIDIA devices).
-    Fake,
+    /// An inventory file (tests, demos, non-NVIDIA devices); `fake` is its old name.
+    #[serde(alias = "fake")]
+    File,
 }
 
 /// How devices are named to the container runtime.
@@ -71,7 +72,9 @@ macro_rules! parse_choice {
     };
 }
 
-parse_choice!(BackendKind, "nvml, fake", "nvml" => BackendKind::Nvml, "fake" => BackendKind::Fake);
+// `fake` is the file backend's old name, kept so existing manifests and scripts still work.
+parse_choice!(BackendKind, "nvml, file", "nvml" => BackendKind::Nvml, "file" => BackendKind::File,
+    "fake" => BackendKind::File);
 parse_choice!(DeviceIdStrategy, "uuid, index", "uuid" => DeviceIdStrategy::Uuid, "index" => DeviceIdStrategy::Index);
 parse_choice!(DeviceListStrategy, "envvar, cdi, both",
     "envvar" => DeviceListStrategy::Envvar, "cdi" => DeviceListStrategy::Cdi, "both" => DeviceListStrategy::Both);
@@ -126,7 +129,7 @@ pub enum ConfigError {
         "shares (gpuplace.io/gpu-milli) and time-slicing replicas ({0}) cannot be combined: the kubelet would count one GPU three ways; choose one"
     )]
     SharesWithReplicas(u32),
-    #[error("the fake backend needs an inventory file (--inventory)")]
+    #[error("the file backend needs an inventory file (--inventory)")]
     MissingInventory,
     #[error("poll interval must be between 50 and 60000 ms, got {0}")]
     BadPollInterval(u64),
@@ -237,7 +240,7 @@ impl Settings {
             return Err(ConfigError::BadResource(resource));
         }
         let backend = self.backend.unwrap_or(BackendKind::Nvml);
-        if backend == BackendKind::Fake && self.inventory.is_none() {
+        if backend == BackendKind::File && self.inventory.is_none() {
             return Err(ConfigError::MissingInventory);
         }
         let poll = self.poll_interval_ms.unwrap_or(500);
@@ -367,6 +370,13 @@ mod tests {
         assert!(err.contains("colour"), "{err}");
         std::fs::write(&path, "replicas: many\n").unwrap();
         assert!(Settings::from_file(&path).is_err());
+        // The file backend answers to its old name too, in the file and as a flag.
+        for word in ["file", "fake"] {
+            std::fs::write(&path, format!("backend: {word}\n")).unwrap();
+            let s = Settings::from_file(&path).unwrap();
+            assert_eq!(s.backend, Some(BackendKind::File));
+            assert_eq!(word.parse::<BackendKind>().ok(), Some(BackendKind::File));
+        }
     }
 
     #[test]
@@ -388,7 +398,7 @@ mod tests {
         );
         assert!(
             bad(Settings {
-                backend: Some(BackendKind::Fake),
+                backend: Some(BackendKind::File),
                 ..Default::default()
             })
             .contains("inventory")

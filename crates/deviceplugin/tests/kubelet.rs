@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpuplace_deviceplugin::backend::{Backend, FakeBackend};
+use gpuplace_deviceplugin::backend::{Backend, FileBackend};
 use gpuplace_deviceplugin::config::{DeviceIdStrategy, DeviceListStrategy, Settings};
 use gpuplace_deviceplugin::metrics::Metrics;
 use gpuplace_deviceplugin::service::device_tables;
@@ -50,7 +50,7 @@ async fn start(file: &str, tweak: impl FnOnce(&mut Settings)) -> Running {
     let kubelet = FakeKubelet::start(&plugin_dir).await;
     let mut settings = Settings {
         plugin_dir: Some(plugin_dir),
-        backend: Some(gpuplace_deviceplugin::config::BackendKind::Fake),
+        backend: Some(gpuplace_deviceplugin::config::BackendKind::File),
         inventory: Some(inv.clone()),
         node_name: Some("node-1".into()),
         poll_interval_ms: Some(100),
@@ -76,7 +76,7 @@ fn spawn_plugin(
     config: Arc<Config>,
     inv: &Path,
 ) -> (oneshot::Sender<()>, tokio::task::JoinHandle<()>, Metrics) {
-    let backend = FakeBackend::start(inv, "node-a", Duration::from_millis(50)).unwrap();
+    let backend = FileBackend::start(inv, "node-a", Duration::from_millis(50)).unwrap();
     let metrics = Metrics::default();
     let tables = device_tables(
         backend.watch(),

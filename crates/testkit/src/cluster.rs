@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpuplace_deviceplugin::backend::{Backend, FakeBackend};
+use gpuplace_deviceplugin::backend::{Backend, FileBackend};
 use gpuplace_deviceplugin::config::{BackendKind, Settings};
 use gpuplace_deviceplugin::metrics::Metrics;
 use gpuplace_deviceplugin::node_agent::{Handshake, HandshakeConfig};
@@ -59,7 +59,7 @@ pub struct NodeRig {
     pub fake: FakeNode,
     pub handshake: Arc<Handshake>,
     pub metrics: Metrics,
-    _backend: FakeBackend,
+    _backend: FileBackend,
 }
 
 impl NodeRig {
@@ -141,7 +141,7 @@ impl HandshakeCluster {
             let big = options.nodes.len() > 100;
             let slow = |fast: u64, slow: u64| Duration::from_millis(if big { slow } else { fast });
             let backend =
-                FakeBackend::start(file, name, slow(200, 10_000)).map_err(|e| e.to_string())?;
+                FileBackend::start(file, name, slow(200, 10_000)).map_err(|e| e.to_string())?;
             let inventory = backend.watch().borrow().clone();
             api.put_node(if options.exact_resources {
                 exact_node_object(name, &inventory)
@@ -158,7 +158,7 @@ impl HandshakeCluster {
             let config = Arc::new(
                 Settings {
                     plugin_dir: Some(node_dir.clone()),
-                    backend: Some(BackendKind::Fake),
+                    backend: Some(BackendKind::File),
                     inventory: Some(file.clone()),
                     node_name: Some(name.clone()),
                     pass_device_specs: Some(false),

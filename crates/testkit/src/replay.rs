@@ -74,7 +74,7 @@ pub fn trace_pod(name: &str, request: &Request) -> Pod {
     .unwrap_or_default()
 }
 
-/// The fake backend's inventory file for `node` (its GPU IDs are the UUIDs).
+/// The file backend's inventory file for `node` (its GPU IDs are the UUIDs).
 fn inventory_file(node: &NodeInventory) -> String {
     let gpus: Vec<serde_json::Value> = node
         .gpus

@@ -1,12 +1,12 @@
 //! Where the GPUs come from: one small trait ([`Backend`]), two implementations (NVML, and a
 //! file-backed inventory for machines without a GPU), and the health tracking they share.
 
-mod fake;
+mod file;
 mod health;
 mod nvml;
 mod source;
 
-pub use fake::{FakeBackend, InventoryFile, parse_inventory};
+pub use file::{FileBackend, InventoryFile, parse_inventory};
 pub use health::HealthTracker;
 pub use nvml::NvmlBackend;
 pub use source::{Backend, BackendError, device_file_present, is_device_node};

@@ -1,4 +1,5 @@
-//! The `fake` backend: GPUs from an inventory file, reloaded when it changes.
+//! The `file` backend (`--backend file`, formerly `fake`): GPUs from an inventory file,
+//! reloaded when it changes. For nodes without NVML, tests and clusters of simulated GPUs.
 //!
 //! ```yaml
 //! gpus:
@@ -43,7 +44,7 @@ pub struct GpuEntry {
     pub numa_node: Option<u32>,
     #[serde(default = "yes")]
     pub healthy: bool,
-    /// The GPU's device file, when this node has one (the fake backend expects none
+    /// The GPU's device file, when this node has one (the file backend expects none
     /// otherwise); a named file that is missing keeps the GPU unhealthy.
     #[serde(default)]
     pub device_file: Option<PathBuf>,
@@ -138,12 +139,12 @@ fn read_text(path: &Path) -> Result<String, BackendError> {
 }
 
 /// GPUs from an inventory file.
-pub struct FakeBackend {
+pub struct FileBackend {
     rx: watch::Receiver<Arc<NodeInventory>>,
     _watcher: Option<notify::RecommendedWatcher>,
 }
 
-impl FakeBackend {
+impl FileBackend {
     /// Reads the file (an unreadable or invalid file is an error) and starts watching it.
     /// Must run inside a tokio runtime.
     pub fn start(path: &Path, node_name: &str, poll: Duration) -> Result<Self, BackendError> {
@@ -171,14 +172,14 @@ impl FakeBackend {
                 }
             }
         });
-        Ok(FakeBackend {
+        Ok(FileBackend {
             rx,
             _watcher: watcher,
         })
     }
 }
 
-impl Backend for FakeBackend {
+impl Backend for FileBackend {
     fn watch(&self) -> watch::Receiver<Arc<NodeInventory>> {
         self.rx.clone()
     }
@@ -323,7 +324,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("inv.yaml");
         std::fs::write(&path, TWO).unwrap();
-        let backend = FakeBackend::start(&path, "n", Duration::from_millis(50)).unwrap();
+        let backend = FileBackend::start(&path, "n", Duration::from_millis(50)).unwrap();
         let mut rx = backend.watch();
         assert!(!rx.borrow().gpus[1].healthy);
         std::fs::write(&path, TWO.replace("healthy: false", "healthy: true")).unwrap();
