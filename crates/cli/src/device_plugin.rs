@@ -10,12 +10,12 @@ use gpuplace_deviceplugin::backend::{Backend, FileBackend, NvmlBackend};
 use gpuplace_deviceplugin::config::{
     BackendKind, DeviceIdStrategy, DeviceListStrategy, LogFormat, Settings,
 };
-use gpuplace_deviceplugin::kube_node::{self, KubeNodeApi};
+use gpuplace_deviceplugin::kubelet::podresources::PodResources;
+use gpuplace_deviceplugin::kubelet::{registration, service};
 use gpuplace_deviceplugin::metrics::{self, Metrics};
-use gpuplace_deviceplugin::node_agent::{Handshake, HandshakeConfig};
-use gpuplace_deviceplugin::node_pods::NodePods;
-use gpuplace_deviceplugin::podresources::PodResources;
-use gpuplace_deviceplugin::{plugin, service};
+use gpuplace_deviceplugin::plan::handshake::{Handshake, HandshakeConfig};
+use gpuplace_deviceplugin::plan::kube::{self as node_kube, KubeNodeApi};
+use gpuplace_deviceplugin::plan::store::NodePods;
 use std::time::Duration;
 use tracing::{info, warn};
 
@@ -220,7 +220,7 @@ async fn serve(config: Arc<gpuplace_deviceplugin::Config>) -> anyhow::Result<()>
     if config.publish_inventory
         && let Some(client) = &client
     {
-        tasks.push(tokio::spawn(gpuplace_deviceplugin::publish::run(
+        tasks.push(tokio::spawn(gpuplace_deviceplugin::publish::kube::run(
             client.clone(),
             config.node_name.clone(),
             inventory.clone(),
@@ -231,7 +231,7 @@ async fn serve(config: Arc<gpuplace_deviceplugin::Config>) -> anyhow::Result<()>
     let handshake = match (&client, config.handshake) {
         (Some(client), true) => {
             let pods = NodePods::new(&config.resource, &config.node_name);
-            tasks.push(tokio::spawn(kube_node::watch_pods(
+            tasks.push(tokio::spawn(node_kube::watch_pods(
                 client.clone(),
                 config.node_name.clone(),
                 pods.clone(),
@@ -260,7 +260,7 @@ async fn serve(config: Arc<gpuplace_deviceplugin::Config>) -> anyhow::Result<()>
         }
         _ => None,
     };
-    plugin::run_with_handshake(
+    registration::run_with_handshake(
         config,
         tables,
         metrics,

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use gpuplace_core::topology::{LinkMatrix, select};
 use gpuplace_deviceplugin::backend::{Backend, FileBackend};
 use gpuplace_deviceplugin::config::{BackendKind, Settings};
+use gpuplace_deviceplugin::kubelet::registration;
+use gpuplace_deviceplugin::kubelet::service::device_tables;
 use gpuplace_deviceplugin::metrics::Metrics;
-use gpuplace_deviceplugin::plugin;
-use gpuplace_deviceplugin::service::device_tables;
 use gpuplace_kubelet_api::UNHEALTHY;
 use gpuplace_kubelet_api::v1beta1::{
     AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest,
@@ -69,7 +69,7 @@ async fn run() {
     let backend = FileBackend::start(&inv, "bench", Duration::from_millis(200)).expect("backend");
     let metrics = Metrics::default();
     let tables = device_tables(backend.watch(), 1, false, metrics.clone());
-    let task = tokio::spawn(plugin::run(
+    let task = tokio::spawn(registration::run(
         config,
         tables,
         metrics,

@@ -6,11 +6,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use gpuplace_deviceplugin::Config;
 use gpuplace_deviceplugin::backend::{Backend, FileBackend};
 use gpuplace_deviceplugin::config::{DeviceIdStrategy, DeviceListStrategy, Settings};
+use gpuplace_deviceplugin::kubelet::registration;
+use gpuplace_deviceplugin::kubelet::service::device_tables;
 use gpuplace_deviceplugin::metrics::Metrics;
-use gpuplace_deviceplugin::service::device_tables;
-use gpuplace_deviceplugin::{Config, plugin};
 use gpuplace_kubelet_api::v1beta1::{
     AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest,
     PreStartContainerRequest, PreferredAllocationRequest,
@@ -88,7 +89,7 @@ fn spawn_plugin(
     let m = metrics.clone();
     let task = tokio::spawn(async move {
         let _backend = backend;
-        plugin::run(config, tables, m, async {
+        registration::run(config, tables, m, async {
             let _ = stopped.await;
         })
         .await

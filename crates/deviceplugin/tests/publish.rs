@@ -6,7 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpuplace_deviceplugin::publish::{self, KubePatcher, NodeSeen};
+use gpuplace_deviceplugin::publish::kube::KubePatcher;
+use gpuplace_deviceplugin::publish::{self, NodeSeen};
 use gpuplace_model::{INVENTORY_ANNOTATION, NodeInventory};
 use http::{Request, Response};
 use k8s_openapi::api::core::v1::Node;

@@ -77,7 +77,7 @@ async fn main() -> Result<(), String> {
         return Err("the resident pods were not admitted".into());
     }
     // The kubelet's List alone, as the plugin calls it (all resident pods active).
-    let podres = gpuplace_deviceplugin::podresources::PodResources::new(
+    let podres = gpuplace_deviceplugin::kubelet::podresources::PodResources::new(
         node.fake.pod_resources_socket(),
         "nvidia.com/gpu",
     );
@@ -85,7 +85,7 @@ async fn main() -> Result<(), String> {
     for _ in 0..200 {
         let t = Instant::now();
         let listed = podres
-            .list(gpuplace_deviceplugin::podresources::Priority::Admission)
+            .list(gpuplace_deviceplugin::kubelet::podresources::Priority::Admission)
             .await
             .map_err(|e| e.to_string())?;
         list_latency.push(t.elapsed());

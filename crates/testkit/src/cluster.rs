@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 
 use gpuplace_deviceplugin::backend::{Backend, FileBackend};
 use gpuplace_deviceplugin::config::{BackendKind, Settings};
+use gpuplace_deviceplugin::kubelet::podresources::PodResources;
+use gpuplace_deviceplugin::kubelet::{registration, service};
 use gpuplace_deviceplugin::metrics::Metrics;
-use gpuplace_deviceplugin::node_agent::{Handshake, HandshakeConfig};
-use gpuplace_deviceplugin::node_pods::NodePods;
-use gpuplace_deviceplugin::podresources::PodResources;
-use gpuplace_deviceplugin::{plugin, service};
+use gpuplace_deviceplugin::plan::handshake::{Handshake, HandshakeConfig};
+use gpuplace_deviceplugin::plan::store::NodePods;
 use gpuplace_model::{INVENTORY_ANNOTATION, NodeInventory};
 use gpuplace_scheduler::{Scheduler, SchedulerConfig};
 use k8s_openapi::api::core::v1::Node;
@@ -199,7 +199,7 @@ impl HandshakeCluster {
                     .clone()
                     .reconcile_loop(api.clone(), stopped(&stop_rx)),
             ));
-            let plugin_run = plugin::run_with_handshake(
+            let plugin_run = registration::run_with_handshake(
                 config,
                 tables,
                 metrics.clone(),

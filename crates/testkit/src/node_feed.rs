@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use gpuplace_deviceplugin::node_agent::{NodeApi, NodeApiError};
-use gpuplace_deviceplugin::node_pods::{NodePod, NodePods};
+use gpuplace_deviceplugin::plan::handshake::{NodeApi, NodeApiError};
+use gpuplace_deviceplugin::plan::store::{NodePod, NodePods};
 use gpuplace_deviceplugin::publish::{NodePatcher, NodeSeen, PublishError};
 use gpuplace_model::ALLOCATED_ANNOTATION;
 use gpuplace_scheduler::{EventRecord, PodKey};

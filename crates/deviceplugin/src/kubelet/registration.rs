@@ -27,9 +27,9 @@ use tracing::{info, warn};
 
 use crate::config::{Config, socket_name};
 use crate::devices::DeviceTable;
+use crate::kubelet::service::DevicePluginService;
 use crate::metrics::Metrics;
-use crate::node_agent::Handshake;
-use crate::service::DevicePluginService;
+use crate::plan::handshake::Handshake;
 
 /// Why the plugin stopped.
 #[derive(Debug, thiserror::Error)]

@@ -13,7 +13,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::node_pods::{NodePod, NodePods, PodName};
+use crate::plan::store::{NodePod, NodePods, PodName};
 
 /// One pod as PodResources `List` shows it: our resource's device IDs per container.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -2,7 +2,7 @@
 //! container being admitted, Allocate checks what the kubelet really chose and records it,
 //! and the reconciler writes the node's truth back on the pod.
 //!
-//! Identification is [`crate::handshake::identify`]; the kubelet's `List` is read fresh for
+//! Identification is [`crate::plan::identify::identify`]; the kubelet's `List` is read fresh for
 //! every admission step while the rate limit allows, and otherwise reused within the same
 //! pod's admission (the one case where a cached view is exact: the plugin itself recorded
 //! every change since). Differences are served, never refused: the pod runs, and the
@@ -19,10 +19,12 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::devices::{DeviceTable, PreferenceError};
-use crate::handshake::{Admitting, Ask, Identified, ListedPod, Served, identify, next_container};
+use crate::kubelet::podresources::{PodResources, Priority};
 use crate::metrics::Metrics;
-use crate::node_pods::{NodePod, NodePods};
-use crate::podresources::{PodResources, Priority};
+use crate::plan::identify::{
+    Admitting, Ask, Identified, ListedPod, Served, identify, next_container,
+};
+use crate::plan::store::{NodePod, NodePods};
 
 mod reconcile;
 

@@ -11,9 +11,9 @@ use tracing::{info, warn};
 
 use super::{Difference, Handshake, NodeApi, physical_ids, same_set};
 use crate::devices::DeviceTable;
-use crate::handshake::ListedPod;
-use crate::node_pods::NodePod;
-use crate::podresources::Priority;
+use crate::kubelet::podresources::Priority;
+use crate::plan::identify::ListedPod;
+use crate::plan::store::NodePod;
 
 impl Handshake {
     /// Keeps every pod's record true until `shutdown`: reads `List` (in the background

@@ -19,7 +19,7 @@ use tracing::{debug, info, warn};
 use crate::config::{Config, DeviceIdStrategy, DeviceListStrategy};
 use crate::devices::{Advertised, DeviceIdError, DeviceTable, PreferenceError};
 use crate::metrics::{DeviceLabel, Metrics};
-use crate::node_agent::Handshake;
+use crate::plan::handshake::Handshake;
 
 /// Environment variable the NVIDIA container runtime reads.
 pub const VISIBLE_DEVICES_ENV: &str = "NVIDIA_VISIBLE_DEVICES";

@@ -1,7 +1,7 @@
 //! The pods bound to this node, kept compactly for the handshake: identity, the containers
 //! that use our resource in the kubelet's admission order, and the scheduler's plan.
 //!
-//! Fed by a watch on pods with `spec.nodeName=<node>` ([`crate::kube_node`] in production,
+//! Fed by a watch on pods with `spec.nodeName=<node>` ([`crate::plan::kube`] in production,
 //! an in-memory feed in tests). Readers take cheap snapshots; a counter tells waiters that
 //! something changed (the handshake waits on it when the kubelet admits a pod this store has
 //! not heard of yet).

@@ -14,8 +14,8 @@ use kube::{Api, Client};
 use serde_json::json;
 use tracing::warn;
 
-use crate::node_agent::{NodeApi, NodeApiError};
-use crate::node_pods::{NodePod, NodePods};
+use crate::plan::handshake::{NodeApi, NodeApiError};
+use crate::plan::store::{NodePod, NodePods};
 
 /// Keeps `pods` equal to the pods bound to `node` until the stream ends (it retries with
 /// backoff; the caller drops the task on shutdown).

@@ -14,7 +14,7 @@ use gpuplace_kubelet_api::unix_channel;
 use tokio::time::Instant;
 use tonic::transport::Channel;
 
-use crate::handshake::ListedPod;
+use crate::plan::identify::ListedPod;
 
 /// Why the kubelet's pod resources could not be read.
 #[derive(Debug, thiserror::Error)]

@@ -1,0 +1,146 @@
+//! What gpuplace writes on its Node, computed without I/O: the inventory annotation and
+//! GFD's labels as one JSON merge patch, and whether a Node already carries them.
+
+use gpuplace_model::{INVENTORY_ANNOTATION, NodeInventory, keys};
+use k8s_openapi::api::core::v1::Node;
+use serde_json::{Value, json};
+
+/// A label value as Kubernetes accepts it: at most 63 characters of `[A-Za-z0-9_.-]`,
+/// starting and ending with an alphanumeric (GFD writes `NVIDIA-A100-SXM4-80GB`).
+pub fn label_value(text: &str) -> String {
+    let mapped: String = text
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(63)
+        .collect();
+    mapped
+        .trim_matches(|c: char| !c.is_ascii_alphanumeric())
+        .to_string()
+}
+
+/// The merge patch that publishes `inventory` (GPUs advertised `replicas` times each).
+pub fn node_patch(inventory: &NodeInventory, replicas: u32) -> Value {
+    let mut labels = serde_json::Map::new();
+    labels.insert(
+        keys::GPU_COUNT_LABEL.into(),
+        json!(inventory.gpus.len().to_string()),
+    );
+    labels.insert(keys::GPU_REPLICAS_LABEL.into(), json!(replicas.to_string()));
+    if let Some(gpu) = inventory.gpus.first() {
+        let product = label_value(&gpu.model);
+        if !product.is_empty() {
+            labels.insert(keys::GPU_PRODUCT_LABEL.into(), json!(product));
+        }
+        if gpu.memory_mib > 0 {
+            labels.insert(
+                keys::GPU_MEMORY_LABEL.into(),
+                json!(gpu.memory_mib.to_string()),
+            );
+        }
+    }
+    json!({"metadata": {
+        "annotations": {INVENTORY_ANNOTATION: inventory.to_json()},
+        "labels": labels,
+    }})
+}
+
+/// GPU Feature Discovery's own label: when the Node has it, GFD owns the `nvidia.com/gpu.*`
+/// labels and gpuplace writes only its annotation.
+pub use gpuplace_model::keys::GFD_TIMESTAMP_LABEL;
+
+/// Whether GPU Feature Discovery labels this node.
+pub fn gfd_present(node: &Node) -> bool {
+    node.metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(GFD_TIMESTAMP_LABEL))
+}
+
+/// The patch for `inventory` on `node` as last seen: without GFD's labels where GFD runs.
+pub fn desired(inventory: &NodeInventory, replicas: u32, node: Option<&Node>) -> Value {
+    let mut patch = node_patch(inventory, replicas);
+    if node.is_some_and(gfd_present)
+        && let Some(meta) = patch.get_mut("metadata").and_then(Value::as_object_mut)
+    {
+        meta.remove("labels");
+    }
+    patch
+}
+
+/// Whether every annotation and label of `patch` already holds on `node`.
+pub fn in_place(node: &Node, patch: &Value) -> bool {
+    let holds = |field: &str, have: Option<&std::collections::BTreeMap<String, String>>| {
+        patch["metadata"][field].as_object().is_none_or(|want| {
+            want.iter()
+                .all(|(k, v)| have.and_then(|h| h.get(k)).map(String::as_str) == v.as_str())
+        })
+    };
+    holds("annotations", node.metadata.annotations.as_ref())
+        && holds("labels", node.metadata.labels.as_ref())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_sanitised() {
+        assert_eq!(
+            label_value("NVIDIA A100-SXM4-80GB"),
+            "NVIDIA-A100-SXM4-80GB"
+        );
+        assert_eq!(label_value(" (Tesla) "), "Tesla");
+        assert_eq!(label_value(&"x".repeat(80)).len(), 63);
+    }
+
+    #[test]
+    fn gfd_keeps_its_labels_and_stale_values_are_found() {
+        let inv = NodeInventory::uniform("n1", 0, 0, 4, "A100");
+        let mut node: Node = serde_json::from_value(json!({"metadata": {"name": "n1",
+            "labels": {"nvidia.com/gfd.timestamp": "1", "nvidia.com/gpu.product": "GFD-NAME"}}}))
+        .unwrap();
+        let want = desired(&inv, 1, Some(&node));
+        assert!(
+            want["metadata"].get("labels").is_none(),
+            "GFD's labels stay GFD's"
+        );
+        assert!(!in_place(&node, &want), "the annotation is missing");
+        node.metadata.annotations = Some(
+            [(INVENTORY_ANNOTATION.to_string(), inv.to_json())]
+                .into_iter()
+                .collect(),
+        );
+        assert!(in_place(&node, &want));
+        // Without GFD our labels are part of it, and a stale one is found.
+        node.metadata.labels = Some(
+            [("nvidia.com/gpu.count".to_string(), "2".to_string())]
+                .into_iter()
+                .collect(),
+        );
+        let want = desired(&inv, 1, Some(&node));
+        assert_eq!(want["metadata"]["labels"]["nvidia.com/gpu.count"], "4");
+        assert!(!in_place(&node, &want));
+    }
+
+    #[test]
+    fn patch_carries_the_inventory_and_gfd_labels() {
+        let mut inv = NodeInventory::uniform("n1", 0, 0, 4, "NVIDIA A100");
+        for g in &mut inv.gpus {
+            g.memory_mib = 81920;
+        }
+        let patch = node_patch(&inv, 2);
+        let meta = &patch["metadata"];
+        let text = meta["annotations"][INVENTORY_ANNOTATION].as_str().unwrap();
+        assert_eq!(NodeInventory::from_json(text).unwrap(), inv);
+        assert_eq!(meta["labels"]["nvidia.com/gpu.product"], "NVIDIA-A100");
+        assert_eq!(meta["labels"]["nvidia.com/gpu.memory"], "81920");
+        assert_eq!(meta["labels"]["nvidia.com/gpu.count"], "4");
+        assert_eq!(meta["labels"]["nvidia.com/gpu.replicas"], "2");
+    }
+}
