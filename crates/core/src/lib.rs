@@ -15,6 +15,7 @@ mod placer;
 mod policy;
 pub mod preempt;
 pub mod queue;
+pub mod rate;
 pub mod replicas;
 pub mod require;
 mod reserve;

@@ -4,45 +4,34 @@
 
 use std::sync::Mutex;
 
-use tokio::time::{Duration, Instant};
+use tokio::time::Instant;
 
+/// Client-go's rate limit: core's bucket on tokio's clock, shared by the scheduler's tasks.
 #[derive(Debug)]
 pub struct TokenBucket {
-    qps: f64,
-    burst: f64,
-    state: Mutex<(f64, Instant)>,
+    bucket: Mutex<gpuplace_core::rate::TokenBucket<Instant>>,
 }
 
 impl TokenBucket {
     /// `None` when `qps` is not positive (no limit).
     pub fn new(qps: f64, burst: u32) -> Option<TokenBucket> {
-        (qps > 0.0 && qps.is_finite()).then(|| {
-            let burst = f64::from(burst.max(1));
-            TokenBucket {
-                qps,
-                burst,
-                state: Mutex::new((burst, Instant::now())),
-            }
+        let bucket = gpuplace_core::rate::TokenBucket::new(qps, f64::from(burst), Instant::now())?;
+        Some(TokenBucket {
+            bucket: Mutex::new(bucket),
         })
     }
 
     /// Waits for a token.
     pub async fn acquire(&self) {
         loop {
-            let wait = {
-                let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-                let now = Instant::now();
-                let (tokens, last) = *state;
-                let tokens =
-                    (tokens + now.duration_since(last).as_secs_f64() * self.qps).min(self.burst);
-                if tokens >= 1.0 {
-                    *state = (tokens - 1.0, now);
-                    return;
-                }
-                *state = (tokens, now);
-                Duration::from_secs_f64((1.0 - tokens) / self.qps)
+            let taken = {
+                let mut bucket = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
+                bucket.take(Instant::now(), 0.0)
             };
-            tokio::time::sleep(wait).await;
+            match taken {
+                Ok(()) => return,
+                Err(wait) => tokio::time::sleep(wait).await,
+            }
         }
     }
 }
@@ -50,6 +39,7 @@ impl TokenBucket {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::time::Duration;
 
     #[tokio::test(start_paused = true)]
     async fn a_burst_then_the_rate() {

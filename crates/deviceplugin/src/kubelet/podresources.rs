@@ -28,43 +28,7 @@ pub enum PodResourcesError {
     Timeout(PathBuf),
 }
 
-/// A token bucket: `burst` tokens, refilled at `rate` per second.
-#[derive(Debug)]
-struct Bucket {
-    tokens: f64,
-    burst: f64,
-    rate: f64,
-    at: Instant,
-}
-
-impl Bucket {
-    fn new(rate: f64, burst: f64) -> Bucket {
-        Bucket {
-            tokens: burst,
-            burst,
-            rate,
-            at: Instant::now(),
-        }
-    }
-
-    fn refill(&mut self, now: Instant) {
-        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
-        self.tokens = (self.tokens + elapsed * self.rate).min(self.burst);
-        self.at = now;
-    }
-
-    /// Takes a token if at least `reserve` would be left; else how long until one is.
-    fn take(&mut self, now: Instant, reserve: f64) -> Result<(), Duration> {
-        self.refill(now);
-        if self.tokens >= 1.0 + reserve {
-            self.tokens -= 1.0;
-            Ok(())
-        } else {
-            let missing = 1.0 + reserve - self.tokens;
-            Err(Duration::from_secs_f64(missing / self.rate))
-        }
-    }
-}
+type Bucket = gpuplace_core::rate::TokenBucket<Instant>;
 
 /// Reads the kubelet's `List`, rate-limited.
 #[derive(Clone)]
@@ -93,7 +57,9 @@ impl PodResources {
             client: PodResourcesListerClient::new(unix_channel(&socket)),
             socket,
             resource: resource.to_string(),
-            bucket: Arc::new(Mutex::new(Bucket::new(50.0, 10.0))),
+            bucket: Arc::new(Mutex::new(
+                Bucket::new(50.0, 10.0, Instant::now()).expect("a positive rate"),
+            )),
             get_served: Arc::new(std::sync::atomic::AtomicBool::new(true)),
         }
     }
@@ -106,7 +72,7 @@ impl PodResources {
                 let mut bucket = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
                 let reserve = match priority {
                     Priority::Admission => 0.0,
-                    Priority::Background => bucket.burst / 2.0,
+                    Priority::Background => bucket.burst() / 2.0,
                 };
                 match bucket.take(Instant::now(), reserve) {
                     Ok(()) => return Ok(()),
@@ -123,8 +89,7 @@ impl PodResources {
     /// Whether a token is free now without waiting (for the per-admission cache).
     pub fn token_free(&self) -> bool {
         let mut bucket = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
-        bucket.refill(Instant::now());
-        bucket.tokens >= 1.0
+        bucket.available(Instant::now()) >= 1.0
     }
 
     /// Whether `Get` may be tried (it is, until the kubelet answers Unimplemented).
@@ -229,8 +194,7 @@ mod tests {
     #[test]
     fn the_bucket_allows_a_burst_then_the_rate() {
         let start = Instant::now();
-        let mut b = Bucket::new(50.0, 10.0);
-        b.at = start;
+        let mut b = Bucket::new(50.0, 10.0, start).unwrap();
         for _ in 0..10 {
             assert!(b.take(start, 0.0).is_ok());
         }
@@ -238,8 +202,7 @@ mod tests {
         assert!(wait <= Duration::from_millis(21), "{wait:?}");
         assert!(b.take(start + Duration::from_millis(20), 0.0).is_ok());
         // Background callers keep half the burst for admissions.
-        let mut b = Bucket::new(50.0, 10.0);
-        b.at = start;
+        let mut b = Bucket::new(50.0, 10.0, start).unwrap();
         for _ in 0..5 {
             assert!(b.take(start, 5.0).is_ok());
         }
