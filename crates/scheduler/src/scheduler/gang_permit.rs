@@ -11,6 +11,7 @@ use gpuplace_core::Decision;
 
 use std::sync::Arc;
 
+use super::post_filter::Outcome;
 use super::{GangWrites, RoundReport, Scheduler};
 use crate::api::{ClusterApi, ClusterView};
 use crate::demand::PodDemand;
@@ -32,6 +33,33 @@ struct Trial<'a> {
     frag: f64,
 }
 
+/// A gang as this round sees it.
+struct Gang {
+    /// `namespace/name` of its PodGroup.
+    id: String,
+    namespace: String,
+    group: String,
+    spec: PodGroupSpec,
+    /// Members bound or reserved already (they count towards `minMember`).
+    bound: u32,
+}
+
+/// The trial kept over the gang's domains, and why members did not fit where too few did.
+struct BestTrial<'a> {
+    trial: Trial<'a>,
+    failure: Option<String>,
+}
+
+/// A gang round where too few members fit.
+struct GangAttempt<'g, 'a> {
+    gang: &'g Gang,
+    members: &'g [(&'a Arc<PodInfo>, Verdicts)],
+    domains: &'g [Option<Vec<bool>>],
+    /// Members the best trial placed.
+    placed: u32,
+    failure: Option<String>,
+}
+
 fn best_len(best: &Option<Trial<'_>>) -> usize {
     best.as_ref().map_or(0, |b| b.planned.len())
 }
@@ -49,34 +77,21 @@ impl<A: ClusterApi> Scheduler<A> {
         now: Instant,
         report: &mut RoundReport,
     ) {
-        let pods = &view.pods;
-        let spec = view
-            .groups
-            .iter()
-            .find(|g| {
-                g.metadata.namespace.as_deref() == Some(namespace)
-                    && g.metadata.name.as_deref() == Some(group)
-            })
-            .map(|g| g.spec.clone());
-        let gang_id = format!("{namespace}/{group}");
-        let Some(spec) = spec else {
-            let reason = format!("pod group {gang_id} does not exist");
+        let Some(gang) = self.gang_of_view(view, namespace, group) else {
+            let reason = format!("pod group {namespace}/{group} does not exist");
             self.refuse_gang(&members, reason, now, report).await;
             return;
         };
-        let bound = pods
-            .iter()
-            .filter(|p| {
-                p.key.namespace == namespace
-                    && p.group.as_deref() == Some(group)
-                    && p.is_active_bound()
-            })
-            .count() as u32
-            + self.reservations.of_gang(&gang_id).count() as u32;
         // Try all members on a copy of the state, in each allowed domain (one value of
         // the gang's topology key, or the whole cluster), and keep the domain where enough
         // fit leaving the least fragmentation.
-        let domains = match self.domains(snapshot, pods, (namespace, group), &spec, &members) {
+        let domains = match self.domains(
+            snapshot,
+            &view.pods,
+            (namespace, group),
+            &gang.spec,
+            &members,
+        ) {
             Ok(d) => d,
             Err(reason) => {
                 self.refuse_gang(&members, reason, now, report).await;
@@ -87,17 +102,76 @@ impl<A: ClusterApi> Scheduler<A> {
         for (pod, _) in &members {
             self.nominations.release(&pod.key.uid, snapshot);
         }
+        let best = self.best_trial(snapshot, &members, &domains, &gang);
+        if gang.bound + best.trial.planned.len() as u32 >= gang.spec.min_member {
+            self.permit_gang(snapshot, &gang, best.trial.planned, report)
+                .await;
+            return;
+        }
+        let attempt = GangAttempt {
+            gang: &gang,
+            members: &members,
+            domains: &domains,
+            placed: best.trial.planned.len() as u32,
+            failure: best.failure,
+        };
+        self.gang_does_not_fit(snapshot, view, attempt, now, report)
+            .await;
+    }
+
+    /// The gang's spec, identity and members already bound or reserved; `None` when its
+    /// PodGroup does not exist.
+    fn gang_of_view(&self, view: &ClusterView, namespace: &str, group: &str) -> Option<Gang> {
+        let spec = view
+            .groups
+            .iter()
+            .find(|g| {
+                g.metadata.namespace.as_deref() == Some(namespace)
+                    && g.metadata.name.as_deref() == Some(group)
+            })
+            .map(|g| g.spec.clone())?;
+        let id = format!("{namespace}/{group}");
+        let bound = view
+            .pods
+            .iter()
+            .filter(|p| {
+                p.key.namespace == namespace
+                    && p.group.as_deref() == Some(group)
+                    && p.is_active_bound()
+            })
+            .count() as u32
+            + self.reservations.of_gang(&id).count() as u32;
+        Some(Gang {
+            id,
+            namespace: namespace.to_string(),
+            group: group.to_string(),
+            spec,
+            bound,
+        })
+    }
+
+    /// The trial to keep over `domains`: among those where enough members fit, the one
+    /// leaving the least fragmentation; else the one placing the most members, with why
+    /// the others did not fit.
+    fn best_trial<'a>(
+        &mut self,
+        snapshot: &Snapshot,
+        members: &[(&'a Arc<PodInfo>, Verdicts)],
+        domains: &[Option<Vec<bool>>],
+        gang: &Gang,
+    ) -> BestTrial<'a> {
+        let (bound, min_member) = (gang.bound, gang.spec.min_member);
         let mut best: Option<Trial> = None;
         let mut failure = None;
-        for domain in &domains {
-            let trial = self.try_members(snapshot, &members, domain.as_deref());
-            let enough = bound + trial.planned.len() as u32 >= spec.min_member;
+        for domain in domains {
+            let trial = self.try_members(snapshot, members, domain.as_deref());
+            let enough = bound + trial.planned.len() as u32 >= min_member;
             if !enough {
                 if failure.is_none() || trial.planned.len() > best_len(&best) {
                     failure = trial.failure.clone();
                 }
                 if best.as_ref().is_none_or(|b| {
-                    bound + (b.planned.len() as u32) < spec.min_member
+                    bound + (b.planned.len() as u32) < min_member
                         && trial.planned.len() > b.planned.len()
                 }) {
                     best = Some(trial);
@@ -105,109 +179,131 @@ impl<A: ClusterApi> Scheduler<A> {
                 continue;
             }
             let better = match &best {
-                Some(b) if bound + b.planned.len() as u32 >= spec.min_member => trial.frag < b.frag,
+                Some(b) if bound + b.planned.len() as u32 >= min_member => trial.frag < b.frag,
                 _ => true,
             };
             if better {
                 best = Some(trial);
             }
         }
-        let Trial { planned, .. } = best.unwrap_or_default();
         let failure = failure.or_else(|| {
             (domains.is_empty()).then(|| "no node has the gang's topology key".to_string())
         });
-        let fits = bound + planned.len() as u32 >= spec.min_member;
-        if fits {
-            let mut moved = Vec::new();
-            for (pod, _, decision) in &planned {
-                if let Some(n) = self.nominations.remove(&pod.key.uid)
-                    && n.node != snapshot.state.inventory(decision.node).name
-                {
-                    moved.push(pod.key.clone());
-                }
-            }
-            if !moved.is_empty() {
-                self.clear_nominations(moved).await;
-            }
-            // Permit: every member is reserved before any Binding is sent.
-            let requests: Vec<_> = planned
-                .iter()
-                .map(|(pod, demand, decision)| {
-                    self.assume(snapshot, pod, demand, decision, Some(gang_id.clone()))
-                })
-                .collect();
-            report.assumed += requests.len();
-            self.gang_since.remove(&gang_id);
-            let writes = self.gang_writes.entry(gang_id.clone()).or_default();
-            writes.namespace = namespace.to_string();
-            writes.name = group.to_string();
-            writes.waiting += requests.len() as u32;
-            writes.bound = writes.bound.max(bound);
-            let attempts = self.config.gang_bind_attempts;
-            for request in &requests {
-                self.gang_of
-                    .insert(request.pod.uid.clone(), gang_id.clone());
-            }
-            for request in requests {
-                self.binder.dispatch(request, attempts, true).await;
-            }
-            return;
+        BestTrial {
+            trial: best.unwrap_or_default(),
+            failure,
         }
-        // Not enough members fit: preempt for them all if that can help; else hold
-        // nothing, wait, and after the timeout say why.
+    }
+
+    /// Permit: every planned member is reserved before any Binding is sent; nominations
+    /// for other nodes are cleared.
+    async fn permit_gang(
+        &mut self,
+        snapshot: &mut Snapshot,
+        gang: &Gang,
+        planned: Vec<(&Arc<PodInfo>, PodDemand, Decision)>,
+        report: &mut RoundReport,
+    ) {
+        let mut moved = Vec::new();
+        for (pod, _, decision) in &planned {
+            if let Some(n) = self.nominations.remove(&pod.key.uid)
+                && n.node != snapshot.state.inventory(decision.node).name
+            {
+                moved.push(pod.key.clone());
+            }
+        }
+        if !moved.is_empty() {
+            self.clear_nominations(moved).await;
+        }
+        let requests: Vec<_> = planned
+            .iter()
+            .map(|(pod, demand, decision)| {
+                self.assume(snapshot, pod, demand, decision, Some(gang.id.clone()))
+            })
+            .collect();
+        report.assumed += requests.len();
+        self.gang_since.remove(&gang.id);
+        let writes = self.gang_writes.entry(gang.id.clone()).or_default();
+        writes.namespace = gang.namespace.clone();
+        writes.name = gang.group.clone();
+        writes.waiting += requests.len() as u32;
+        writes.bound = writes.bound.max(gang.bound);
+        let attempts = self.config.gang_bind_attempts;
+        for request in &requests {
+            self.gang_of
+                .insert(request.pod.uid.clone(), gang.id.clone());
+        }
+        for request in requests {
+            self.binder.dispatch(request, attempts, true).await;
+        }
+    }
+
+    /// Not enough members fit: preempt for them all if that can help; else hold nothing,
+    /// wait, and after the gang's timeout say why.
+    async fn gang_does_not_fit(
+        &mut self,
+        snapshot: &mut Snapshot,
+        view: &ClusterView,
+        attempt: GangAttempt<'_, '_>,
+        now: Instant,
+        report: &mut RoundReport,
+    ) {
+        let GangAttempt {
+            gang,
+            members,
+            domains,
+            placed,
+            failure,
+        } = attempt;
+        let (bound, min_member) = (gang.bound, gang.spec.min_member);
         let present = bound + members.len() as u32;
         let mut preemption = None;
-        if present >= spec.min_member {
+        if present >= min_member {
             let outcome = self
-                .preempt_gang(snapshot, view, &members, &domains, report)
+                .preempt_gang(snapshot, view, members, domains, report)
                 .await;
-            for (pod, _) in &members {
+            for (pod, _) in members {
                 self.nominations.restore(&pod.key.uid, snapshot);
             }
-            if matches!(
-                outcome,
-                super::post_filter::Outcome::Nominated { .. }
-                    | super::post_filter::Outcome::Waiting
-            ) {
+            if matches!(outcome, Outcome::Nominated { .. } | Outcome::Waiting) {
                 let reason = format!(
-                    "pod group {gang_id}: only {} of {} members fit at once",
-                    bound + planned.len() as u32,
-                    spec.min_member
+                    "pod group {}: only {} of {min_member} members fit at once",
+                    gang.id,
+                    bound + placed
                 );
                 let message = outcome.message(&format!("{reason}."), snapshot.nodes.len());
                 report.waiting_gangs += 1;
-                if matches!(outcome, super::post_filter::Outcome::Nominated { .. }) {
-                    for (pod, _) in &members {
+                if matches!(outcome, Outcome::Nominated { .. }) {
+                    for (pod, _) in members {
                         self.binder
                             .emit(&pod.key, "Warning", "FailedScheduling", message.clone());
                     }
                 }
-                for (pod, _) in &members {
+                for (pod, _) in members {
                     self.queue.unschedulable(&pod.key.uid, now);
                 }
-                self.gang_since.remove(&gang_id);
-                self.set_phase(namespace, group, "Pending", bound).await;
+                self.gang_since.remove(&gang.id);
+                self.set_phase(&gang.namespace, &gang.group, "Pending", bound)
+                    .await;
                 return;
             }
             preemption = Some(outcome);
         } else {
-            for (pod, _) in &members {
+            for (pod, _) in members {
                 self.nominations.restore(&pod.key.uid, snapshot);
             }
         }
         report.waiting_gangs += 1;
-        let since = *self.gang_since.entry(gang_id.clone()).or_insert(now);
-        let timeout = Duration::from_secs(spec.schedule_timeout_seconds.unwrap_or(60));
-        let reason = if present < spec.min_member {
+        let reason = if present < min_member {
             format!(
-                "pod group {gang_id} has {present} of {} members",
-                spec.min_member
+                "pod group {} has {present} of {min_member} members",
+                gang.id
             )
         } else {
             format!(
-                "pod group {gang_id}: only {} of {} members fit at once{}",
-                bound + planned.len() as u32,
-                spec.min_member,
+                "pod group {}: only {} of {min_member} members fit at once{}",
+                gang.id,
+                bound + placed,
                 failure.map(|f| format!("; {f}")).unwrap_or_default()
             )
         };
@@ -215,15 +311,31 @@ impl<A: ClusterApi> Scheduler<A> {
             Some(p) => p.message(&format!("{reason}."), snapshot.nodes.len()),
             None => reason,
         };
+        self.wait_or_time_out(gang, members, reason, now, report)
+            .await;
+    }
+
+    /// Waits (members retried after a backoff and on any event) until the gang's
+    /// `scheduleTimeoutSeconds` (default 60) passes, then refuses it with `reason`.
+    async fn wait_or_time_out(
+        &mut self,
+        gang: &Gang,
+        members: &[(&Arc<PodInfo>, Verdicts)],
+        reason: String,
+        now: Instant,
+        report: &mut RoundReport,
+    ) {
+        let since = *self.gang_since.entry(gang.id.clone()).or_insert(now);
+        let timeout = Duration::from_secs(gang.spec.schedule_timeout_seconds.unwrap_or(60));
         if now.duration_since(since) >= timeout {
-            self.refuse_gang(&members, reason, now, report).await;
-            self.gang_since.insert(gang_id, now);
-            self.set_phase(namespace, group, "Unschedulable", bound)
+            self.refuse_gang(members, reason, now, report).await;
+            self.gang_since.insert(gang.id.clone(), now);
+            self.set_phase(&gang.namespace, &gang.group, "Unschedulable", gang.bound)
                 .await;
         } else {
-            self.set_phase(namespace, group, "Pending", bound).await;
-            // Try again after a backoff (and on any event), until the timeout.
-            for (pod, _) in &members {
+            self.set_phase(&gang.namespace, &gang.group, "Pending", gang.bound)
+                .await;
+            for (pod, _) in members {
                 self.queue.retry_later(&pod.key.uid, now);
             }
         }
