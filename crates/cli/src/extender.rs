@@ -13,7 +13,7 @@ use clap::Args;
 use gpuplace_core::Policy;
 use gpuplace_scheduler::extender::http::{DEFAULT_MAX_BODY_BYTES, ExtenderMetrics, router};
 use gpuplace_scheduler::extender::{Extender, ExtenderConfig, FilterMode};
-use gpuplace_scheduler::kube_api::KubeApi;
+use gpuplace_scheduler::k8s::kube_api::KubeApi;
 use tracing::info;
 
 #[derive(Args, Debug)]

@@ -8,8 +8,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use gpuplace_core::Policy;
-use gpuplace_scheduler::kube_api::KubeApi;
-use gpuplace_scheduler::leader::{ElectionConfig, Elector, Ended, Gate, KubeLeases};
+use gpuplace_scheduler::k8s::kube_api::KubeApi;
+use gpuplace_scheduler::k8s::leader::{ElectionConfig, Elector, Ended, Gate, KubeLeases};
 use gpuplace_scheduler::metrics::{Health, Metrics};
 use gpuplace_scheduler::scheduler::run::{Heartbeat, LoopConfig};
 use gpuplace_scheduler::{Scheduler, SchedulerConfig};
@@ -328,7 +328,7 @@ async fn serve(
 
 /// `gpuplace crd`: the PodGroup CustomResourceDefinition as YAML.
 pub fn print_crd() -> anyhow::Result<()> {
-    let crd = gpuplace_scheduler::gang::crd_json();
+    let crd = gpuplace_scheduler::k8s::gang::crd_json();
     print!(
         "{}",
         serde_saphyr::to_string(&crd).map_err(|e| anyhow::anyhow!("{e}"))?

@@ -89,7 +89,7 @@ fn check(object: &Value) -> Result<(), String> {
             check_as::<ValidatingAdmissionPolicyBinding>(object)
         }
         ("gpuplace.io/v1alpha1", "PodGroup") => {
-            check_as::<gpuplace_scheduler::gang::PodGroup>(object)
+            check_as::<gpuplace_scheduler::k8s::gang::PodGroup>(object)
         }
         _ => Err(format!("no typed check for {api} {kind}")),
     }

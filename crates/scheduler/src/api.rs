@@ -11,8 +11,8 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 
-use crate::pod_info::PodInfo;
-pub use crate::pod_info::PodKey;
+use crate::k8s::pod_info::PodInfo;
+pub use crate::k8s::pod_info::PodKey;
 
 /// What an API call can answer besides success.
 #[derive(Debug, thiserror::Error, PartialEq, Eq, Clone)]
@@ -39,7 +39,7 @@ pub enum ApiError {
 pub struct ClusterView {
     pub nodes: Vec<Arc<Node>>,
     pub pods: Vec<Arc<PodInfo>>,
-    pub groups: Vec<Arc<crate::gang::PodGroup>>,
+    pub groups: Vec<Arc<crate::k8s::gang::PodGroup>>,
     /// PersistentVolumeClaims and PersistentVolumes (stripped to what volume checks read).
     pub claims: Vec<Arc<PersistentVolumeClaim>>,
     pub volumes: Vec<Arc<PersistentVolume>>,
@@ -108,7 +108,7 @@ impl PodState {
                 .metadata
                 .annotations
                 .as_ref()
-                .and_then(|a| a.get(crate::demand::ASSIGNMENT_ANNOTATION))
+                .and_then(|a| a.get(crate::k8s::demand::ASSIGNMENT_ANNOTATION))
                 .cloned(),
         }
     }
@@ -158,6 +158,6 @@ pub trait ClusterApi: Clone + Send + Sync + 'static {
         &self,
         namespace: &str,
         name: &str,
-        status: crate::gang::PodGroupStatus,
+        status: crate::k8s::gang::PodGroupStatus,
     ) -> impl Future<Output = Result<(), ApiError>> + Send;
 }

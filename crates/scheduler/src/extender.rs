@@ -30,11 +30,11 @@ use gpuplace_core::{Placer, Policy, TargetWorkload};
 
 use crate::api::{ApiError, ClusterApi, ClusterView};
 use crate::framework::filter::VerdictCache;
-use crate::leader::Gate;
-use crate::pod_info::PodInfo;
+use crate::framework::volumes::VolumeIndex;
+use crate::k8s::leader::Gate;
+use crate::k8s::pod_info::PodInfo;
 use crate::scheduler::assume::{Reservations, reserve};
 use crate::scheduler::state_cache::StateCache;
-use crate::volumes::VolumeIndex;
 use evaluate::{Need, Verdict, Verdicts};
 use wire::{BindingArgs, ExtenderArgs, FilterResult, HostPriority};
 

@@ -5,8 +5,8 @@
 //! | stage | where |
 //! |---|---|
 //! | QueueSort | `gpuplace_core::Queue` (priority, then arrival; backoff and parking) |
-//! | PreFilter / Filter | [`filter`] (node verdicts, extended resources) with [`crate::filters`], [`crate::volumes`], [`crate::interpod`] |
-//! | Score (narrowing) | [`crate::preference`], through [`Profile::prefer`] |
+//! | PreFilter / Filter | [`filter`] (node verdicts, extended resources) with [`crate::framework::node_filters`], [`crate::framework::volumes`], [`crate::framework::interpod`] |
+//! | Score (narrowing) | [`crate::framework::preference`], through [`Profile::prefer`] |
 //! | Score (placement) | `gpuplace_core::Placer` (node and exact GPUs) |
 //! | Reserve | `scheduler/assume.rs` (assume/forget on the cluster cache) |
 //! | Permit | `scheduler/gang_permit.rs` (gangs all or nothing) |
@@ -17,6 +17,10 @@
 //! driver calls the profile instead of writing the chain out again.
 
 pub mod filter;
+pub mod interpod;
+pub mod node_filters;
+pub mod preference;
 pub mod profile;
+pub mod volumes;
 
 pub use profile::{FilterInput, Profile};

@@ -1,29 +1,23 @@
 //! gpuplace's Kubernetes scheduler: the node and the exact GPUs for every pending pod,
 //! recorded on the pod before it is bound, with failures explained in kube-scheduler's words.
+//!
+//! - [`framework`]: the stages a pod goes through (filters, preferences, the profile that
+//!   strings them for every driver) and where the others live;
+//! - [`scheduler`]: the standalone scheduler's state, its rounds, gangs, preemption,
+//!   reservations and Bindings, and the loop that drives it ([`scheduler::run`]);
+//! - [`extender`]: the same state and profile behind kube-scheduler's extender verbs;
+//! - [`k8s`]: Kubernetes adapters and the reading of pods, PodGroups and budgets;
+//! - [`snapshot`]: the cluster as the stages see it; [`api`]: the one boundary trait.
 
 pub mod api;
-pub mod budgets;
-pub mod cache;
 pub mod clock;
-pub mod demand;
-pub mod demand_error;
 pub mod extender;
-pub mod filters;
 pub mod framework;
-pub mod gang;
-pub mod interpod;
-pub mod kube_api;
-pub mod leader;
+pub mod k8s;
 pub mod metrics;
-pub mod need;
-pub mod pod_info;
-pub mod pod_terms;
-pub mod preference;
-pub mod rate;
 pub mod scheduler;
 pub mod snapshot;
-pub mod volumes;
 
 pub use api::{ApiError, ClusterApi, ClusterView, EventRecord, PodKey};
-pub use pod_info::{PodInfo, SchedulingTerms};
+pub use k8s::pod_info::{PodInfo, SchedulingTerms};
 pub use scheduler::{RoundReport, RoundTimings, Scheduler, SchedulerConfig};

@@ -31,8 +31,8 @@ pub use gpuplace_core::queue::QueueConfig;
 pub type Queue = gpuplace_core::queue::Queue<String, Instant>;
 
 use crate::api::ClusterApi;
-use crate::gang::PodGroupStatus;
-use crate::leader::Gate;
+use crate::k8s::gang::PodGroupStatus;
+use crate::k8s::leader::Gate;
 
 /// What the scheduler is configured with.
 #[derive(Clone, Debug)]
@@ -140,7 +140,7 @@ struct Seen {
     nodes: Vec<std::sync::Arc<k8s_openapi::api::core::v1::Node>>,
     active: HashSet<String>,
     groups: HashMap<String, String>,
-    /// [`crate::volumes::digest`] of the claims and volumes.
+    /// [`crate::framework::volumes::digest`] of the claims and volumes.
     volumes: u64,
 }
 
@@ -179,7 +179,7 @@ pub struct Scheduler<A: ClusterApi> {
     /// Object problems already logged: each is logged once while it lasts.
     warned: HashSet<String>,
     /// Claims and volumes this round (built only when a waiting pod has claims).
-    volumes: crate::volumes::VolumeIndex,
+    volumes: crate::framework::volumes::VolumeIndex,
     /// Preemptors waiting for their victims, and the devices held for them.
     nominations: preempt::Nominations,
     /// How long each preemption search of the current round took (handed to its report).

@@ -9,8 +9,8 @@ use gpuplace_model::{INVENTORY_ANNOTATION, NodeInventory, Request};
 use k8s_openapi::api::core::v1::Node;
 use tracing::warn;
 
-use crate::demand::{Allocated, Assignment, milli_value};
-use crate::pod_info::PodInfo;
+use crate::k8s::demand::{Allocated, Assignment, milli_value};
+use crate::k8s::pod_info::PodInfo;
 
 /// What a bound pod holds on its node.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -24,7 +24,7 @@ pub struct Held {
 /// Scalar resources still free per node besides CPU, memory and GPUs (extended resources,
 /// the pod count, ephemeral storage, hugepages), in the units of [`PodDemand::extended`].
 ///
-/// [`PodDemand::extended`]: crate::demand::PodDemand
+/// [`PodDemand::extended`]: crate::k8s::demand::PodDemand
 #[derive(Clone, Debug, Default)]
 pub struct Scalars {
     pub free: Vec<BTreeMap<String, i64>>,
@@ -261,7 +261,7 @@ pub fn build(nodes: &[Arc<Node>], pods: &[Arc<PodInfo>], gpu_resource: &str) -> 
     snapshot.soft_taint_nodes = snapshot
         .nodes
         .iter()
-        .filter(|n| crate::preference::has_soft_taint(n))
+        .filter(|n| crate::framework::preference::has_soft_taint(n))
         .count();
     for pod in pods.iter().filter(|p| p.is_active_bound()) {
         snapshot.account(pod);

@@ -168,7 +168,7 @@ impl ClusterApi for Meddling {
         &self,
         ns: &str,
         name: &str,
-        s: gpuplace_scheduler::gang::PodGroupStatus,
+        s: gpuplace_scheduler::k8s::gang::PodGroupStatus,
     ) -> Result<(), ApiError> {
         self.inner.group_status(ns, name, s).await
     }

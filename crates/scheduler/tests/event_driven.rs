@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use gpuplace_scheduler::leader::Gate;
+use gpuplace_scheduler::k8s::leader::Gate;
 use gpuplace_scheduler::{ClusterApi, Scheduler, SchedulerConfig};
 use gpuplace_testkit::MemoryApi;
 use gpuplace_testkit::api::{Faults, ServerCosts};

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gpuplace_scheduler::api::BindRequest;
-use gpuplace_scheduler::gang::PodGroupStatus;
-use gpuplace_scheduler::kube_api::KubeApi;
+use gpuplace_scheduler::k8s::gang::PodGroupStatus;
+use gpuplace_scheduler::k8s::kube_api::KubeApi;
 use gpuplace_scheduler::{ApiError, ClusterApi, EventRecord, PodKey, Scheduler, SchedulerConfig};
 use http::{Request, Response};
 use kube::client::Body;

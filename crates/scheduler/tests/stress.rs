@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use gpuplace_scheduler::leader::Gate;
+use gpuplace_scheduler::k8s::leader::Gate;
 use gpuplace_scheduler::scheduler::run::{Heartbeat, LoopConfig};
 use gpuplace_scheduler::{RoundReport, Scheduler, SchedulerConfig};
 use gpuplace_testkit::MemoryApi;

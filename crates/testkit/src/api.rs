@@ -26,8 +26,8 @@ use std::time::Duration;
 
 use costs::{Fault, InFlight};
 pub use costs::{Faults, MAX_ANNOTATIONS_BYTES, ServerCosts, is_qualified_name};
-use gpuplace_scheduler::cache::PodCache;
-use gpuplace_scheduler::gang::PodGroup;
+use gpuplace_scheduler::k8s::cache::PodCache;
+use gpuplace_scheduler::k8s::gang::PodGroup;
 use gpuplace_scheduler::{ApiError, EventRecord, PodKey};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;

@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use gpuplace_model::{ALLOCATED_ANNOTATION, ASSIGNMENT_ANNOTATION, Allocated, Assignment};
-use gpuplace_scheduler::gang::{PodGroup, PodGroupSpec};
+use gpuplace_scheduler::k8s::gang::{PodGroup, PodGroupSpec};
 use k8s_openapi::api::core::v1::Pod;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;

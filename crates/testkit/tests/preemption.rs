@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use gpuplace_scheduler::gang::{PodGroup, PodGroupSpec};
+use gpuplace_scheduler::k8s::gang::{PodGroup, PodGroupSpec};
 use gpuplace_testkit::cluster::{ClusterOptions, HandshakeCluster};
 use gpuplace_testkit::workload::{Shape, pod_of};
 use k8s_openapi::api::core::v1::Pod;

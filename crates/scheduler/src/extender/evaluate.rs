@@ -7,10 +7,10 @@ use std::sync::Arc;
 use gpuplace_core::Placer;
 
 use crate::framework::filter::{Filtered, VerdictCache};
+use crate::framework::volumes::VolumeIndex;
 use crate::framework::{FilterInput, Profile};
-use crate::pod_info::PodInfo;
+use crate::k8s::pod_info::PodInfo;
 use crate::snapshot::Snapshot;
-use crate::volumes::VolumeIndex;
 
 /// One candidate's verdict.
 pub(super) enum Verdict {
@@ -118,13 +118,13 @@ impl Parts<'_> {
         // Preference sums, computed once: prioritize ranks by them, and mode best chooses
         // among the fitting candidates with the best sum (as the scheduler's own
         // `with_preferences` narrows).
-        let preference = crate::preference::wanted(
+        let preference = crate::framework::preference::wanted(
             pod,
             snapshot.preferring_pods > 0,
             snapshot.soft_taint_nodes > 0,
         )
         .then(|| {
-            let placed = crate::interpod::Placed {
+            let placed = crate::framework::interpod::Placed {
                 nodes: &snapshot.nodes,
                 pods: &snapshot.placed,
                 extra: &[],
@@ -132,7 +132,10 @@ impl Parts<'_> {
             let mask: Vec<bool> = (0..snapshot.nodes.len())
                 .map(|n| filtered.allows(n))
                 .collect();
-            (crate::preference::scores(&placed, pod, &mask), mask)
+            (
+                crate::framework::preference::scores(&placed, pod, &mask),
+                mask,
+            )
         });
         // Per candidate: the policy's score (prioritize) or only whether it fits (filter).
         let present: Vec<usize> = index.iter().flatten().copied().collect();
@@ -148,7 +151,7 @@ impl Parts<'_> {
         .into_iter();
         let best = if need.best {
             let narrowed = preference.as_ref().and_then(|(scores, mask)| {
-                crate::preference::best_nodes(scores, mask, |n| {
+                crate::framework::preference::best_nodes(scores, mask, |n| {
                     snapshot.state.fit(n, &demand.request).is_ok()
                 })
             });
@@ -219,7 +222,7 @@ pub(super) fn unresolvable(phrase: &str) -> bool {
     phrase.starts_with("node(s) had untolerated taint")
         || phrase.starts_with("node(s) didn't match Pod's node affinity")
         || phrase.starts_with("node(s) were unschedulable")
-        || phrase == crate::volumes::NODE_CONFLICT
+        || phrase == crate::framework::volumes::NODE_CONFLICT
         || phrase.contains("missing required label")
 }
 

@@ -34,7 +34,7 @@ fn filter_modes_parse() {
 #[test]
 fn unresolvable_phrases() {
     assert!(unresolvable("node(s) had untolerated taint {gpu: true}"));
-    assert!(unresolvable(crate::volumes::NODE_CONFLICT));
+    assert!(unresolvable(crate::framework::volumes::NODE_CONFLICT));
     assert!(!unresolvable("Insufficient nvidia.com/gpu"));
     assert!(!unresolvable(
         "node(s) didn't have free ports for the requested pod ports"

@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use gpuplace_core::Unschedulable;
 
-use crate::filters::{NodeRejection, check_node};
-use crate::interpod::Placed;
-use crate::pod_info::PodInfo;
+use crate::framework::interpod::Placed;
+use crate::framework::node_filters::{NodeRejection, check_node};
+use crate::k8s::pod_info::PodInfo;
 use crate::snapshot::{Scalars, Snapshot};
 
 /// Per-node verdicts and the mask core places within.
@@ -95,7 +95,7 @@ impl Filtered {
     }
 }
 
-/// The verdicts for one filter key (see [`crate::pod_info::SchedulingTerms::key`]) and the
+/// The verdicts for one filter key (see [`crate::k8s::pod_info::SchedulingTerms::key`]) and the
 /// mask they give a pod without extended resources.
 pub struct NodeFilter {
     verdicts: Vec<Result<(), NodeRejection>>,
@@ -108,7 +108,7 @@ pub struct NodeFilter {
 /// Whether node `n` advertises the share resource (`gpuplace.io/gpu-milli`).
 fn has_shares(scalars: &Scalars, n: usize) -> bool {
     scalars.free[n]
-        .get(crate::demand::SHARE_RESOURCE)
+        .get(crate::k8s::demand::SHARE_RESOURCE)
         .is_some_and(|slices| *slices > 0)
 }
 
@@ -130,7 +130,7 @@ fn mask_of<'a>(verdicts: impl ExactSizeIterator<Item = Result<(), &'a NodeReject
 pub fn filter_nodes<'a>(
     scalars: &Scalars,
     filter: &'a NodeFilter,
-    demand: &crate::demand::PodDemand,
+    demand: &crate::k8s::demand::PodDemand,
 ) -> Cow<'a, Filtered> {
     let share = demand.is_share();
     if !scalars.must_check(&demand.extended) {
@@ -140,7 +140,7 @@ pub fn filter_nodes<'a>(
                     Err(r) => Err(r.clone()),
                     Ok(()) if has_shares(scalars, n) => Ok(()),
                     Ok(()) => Err(NodeRejection::Extended(
-                        crate::demand::SHARE_RESOURCE.to_string(),
+                        crate::k8s::demand::SHARE_RESOURCE.to_string(),
                     )),
                 });
                 let verdicts: Vec<Result<(), NodeRejection>> = verdicts.collect();
@@ -157,7 +157,7 @@ pub fn filter_nodes<'a>(
         }
         if share && !has_shares(scalars, n) {
             return Some(NodeRejection::Extended(
-                crate::demand::SHARE_RESOURCE.to_string(),
+                crate::k8s::demand::SHARE_RESOURCE.to_string(),
             ));
         }
         demand
@@ -226,7 +226,7 @@ pub fn with_interpod<'a>(
 pub fn with_volumes<'a>(
     filtered: Cow<'a, Filtered>,
     snapshot: &Snapshot,
-    volumes: &crate::volumes::VolumeIndex,
+    volumes: &crate::framework::volumes::VolumeIndex,
     pod: &PodInfo,
 ) -> Result<Cow<'a, Filtered>, String> {
     if pod.claims.is_empty() {
@@ -244,9 +244,9 @@ pub fn with_volumes<'a>(
         if out.allowed[n]
             && !selectors
                 .iter()
-                .all(|s| crate::filters::matches_selector(node, s))
+                .all(|s| crate::framework::node_filters::matches_selector(node, s))
         {
-            out.reject(n, crate::volumes::NODE_CONFLICT);
+            out.reject(n, crate::framework::volumes::NODE_CONFLICT);
         }
     }
     Ok(Cow::Owned(out))
@@ -254,7 +254,7 @@ pub fn with_volumes<'a>(
 
 /// Narrows `filtered` to the nodes where the pod fits on `state` with the best preference
 /// sum (preferred node and pod affinity, soft taints, `ScheduleAnyway` spread: see
-/// [`crate::preference`]), when the pod or the cluster has preferences and they tell
+/// [`crate::framework::preference`]), when the pod or the cluster has preferences and they tell
 /// fitting nodes apart. Unchanged when nothing fits, so core explains the failure.
 pub fn with_preferences<'a>(
     filtered: Cow<'a, Filtered>,
@@ -268,7 +268,7 @@ pub fn with_preferences<'a>(
         || extra
             .iter()
             .any(|(_, p)| p.placement.as_ref().is_some_and(|t| t.scores_others()));
-    if !crate::preference::wanted(pod, placed_prefer, snapshot.soft_taint_nodes > 0) {
+    if !crate::framework::preference::wanted(pod, placed_prefer, snapshot.soft_taint_nodes > 0) {
         return filtered;
     }
     let n_nodes = snapshot.nodes.len();
@@ -281,10 +281,10 @@ pub fn with_preferences<'a>(
         pods: &snapshot.placed,
         extra,
     };
-    let scores = crate::preference::scores(&placed, pod, &allowed);
-    let Some(best) =
-        crate::preference::best_nodes(&scores, &allowed, |n| state.fit(n, request).is_ok())
-    else {
+    let scores = crate::framework::preference::scores(&placed, pod, &allowed);
+    let Some(best) = crate::framework::preference::best_nodes(&scores, &allowed, |n| {
+        state.fit(n, request).is_ok()
+    }) else {
         return filtered;
     };
     let mut out = filtered.into_owned();

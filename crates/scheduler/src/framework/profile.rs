@@ -9,10 +9,10 @@ use gpuplace_core::ClusterState;
 use super::filter::{
     Filtered, Verdicts, filter_nodes, with_interpod, with_preferences, with_volumes,
 };
-use crate::demand::PodDemand;
-use crate::pod_info::PodInfo;
+use crate::framework::volumes::VolumeIndex;
+use crate::k8s::demand::PodDemand;
+use crate::k8s::pod_info::PodInfo;
 use crate::snapshot::{Scalars, Snapshot};
-use crate::volumes::VolumeIndex;
 
 /// What the filters read for one pod.
 pub struct FilterInput<'a> {

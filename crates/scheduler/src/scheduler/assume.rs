@@ -165,7 +165,7 @@ pub fn apply(
     snapshot: &mut Snapshot,
     uid: &str,
     r: &Reservation,
-    pod: Option<&std::sync::Arc<crate::pod_info::PodInfo>>,
+    pod: Option<&std::sync::Arc<crate::k8s::pod_info::PodInfo>>,
 ) -> bool {
     let Some(n) = snapshot.node_index(&r.node) else {
         return false;
@@ -219,13 +219,13 @@ pub fn apply(
 /// precondition). The scheduler's loop and the extender's bind both decide through here.
 pub fn reserve(
     snapshot: &mut Snapshot,
-    pod: &std::sync::Arc<crate::pod_info::PodInfo>,
-    demand: &crate::demand::PodDemand,
+    pod: &std::sync::Arc<crate::k8s::pod_info::PodInfo>,
+    demand: &crate::k8s::demand::PodDemand,
     decision: &gpuplace_core::Decision,
     policy: &str,
     gang: Option<String>,
 ) -> (Reservation, crate::api::BindRequest) {
-    use crate::demand::{ASSIGNMENT_ANNOTATION, Assignment, split_devices};
+    use crate::k8s::demand::{ASSIGNMENT_ANNOTATION, Assignment, split_devices};
     let placement = decision.to_placement(&snapshot.state);
     let assignment = Assignment {
         node: placement.node.clone(),

@@ -16,7 +16,7 @@ use tokio::task::JoinSet;
 use tokio::time::Duration;
 
 use crate::api::{ApiError, BindRequest, ClusterApi, EventRecord, PodKey};
-use crate::leader::Gate;
+use crate::k8s::leader::Gate;
 
 /// Why a Binding did not land.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -214,7 +214,7 @@ fn stands(state: Option<crate::api::PodState>, request: &BindRequest) -> Stands 
                 && s.assignment.as_ref()
                     == request
                         .annotations
-                        .get(crate::demand::ASSIGNMENT_ANNOTATION) =>
+                        .get(crate::k8s::demand::ASSIGNMENT_ANNOTATION) =>
         {
             Stands::Done(Ok(()))
         }

@@ -14,11 +14,11 @@ use std::sync::Arc;
 use super::post_filter::Outcome;
 use super::{GangWrites, RoundReport, Scheduler};
 use crate::api::{ClusterApi, ClusterView};
-use crate::demand::PodDemand;
 use crate::framework::filter::{Verdicts, explain};
 use crate::framework::{FilterInput, Profile};
-use crate::gang::{PodGroupSpec, PodGroupStatus};
-use crate::pod_info::PodInfo;
+use crate::k8s::demand::PodDemand;
+use crate::k8s::gang::{PodGroupSpec, PodGroupStatus};
+use crate::k8s::pod_info::PodInfo;
 use crate::snapshot::Snapshot;
 use std::borrow::Cow;
 

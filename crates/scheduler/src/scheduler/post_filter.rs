@@ -11,7 +11,7 @@ use super::{RoundReport, Scheduler};
 use crate::api::{ClusterApi, ClusterView, PodKey};
 use crate::framework::filter::Verdicts;
 use crate::framework::{FilterInput, Profile};
-use crate::pod_info::PodInfo;
+use crate::k8s::pod_info::PodInfo;
 use crate::snapshot::Snapshot;
 
 /// What preemption did for a pod that fits nowhere.
@@ -72,7 +72,7 @@ fn victims_of(
 fn nomination(
     snapshot: &Snapshot,
     pod: &PodInfo,
-    demand: &crate::demand::PodDemand,
+    demand: &crate::k8s::demand::PodDemand,
     n: usize,
     gpus: &[(usize, u32)],
     victims: &[PodKey],

@@ -19,7 +19,7 @@ use gpuplace_core::preempt::{Candidates, Holder};
 use gpuplace_model::Request;
 
 use crate::api::{ClusterView, PodKey};
-use crate::pod_info::PodInfo;
+use crate::k8s::pod_info::PodInfo;
 use crate::snapshot::{Held, Snapshot};
 
 /// A preemptor waiting for its victims to go, and the devices it will take then.
@@ -181,7 +181,7 @@ pub fn candidates<'a>(
     if !snapshot.has_priority_below(priority) {
         return (out, keys);
     }
-    let budgets = crate::budgets::Budgets::new(&view.budgets);
+    let budgets = crate::k8s::budgets::Budgets::new(&view.budgets);
     out.budgets = budgets.allowed();
     let mut gangs: HashSet<(&str, &str)> = HashSet::new();
     let holder = |pod: &PodInfo, held: &'a Held| Holder {

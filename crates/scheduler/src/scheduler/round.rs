@@ -14,10 +14,10 @@ use tracing::{debug, info, warn};
 use super::bind::{WriteFailure, WriteOutcome};
 use super::{RoundReport, RoundTimings, Scheduler, Seen};
 use crate::api::{ApiError, BindRequest, ClusterApi, ClusterView, PodKey};
-use crate::demand::{ASSIGNMENT_ANNOTATION, Assignment, PodDemand};
 use crate::framework::filter::{VerdictCache, Verdicts, explain};
 use crate::framework::{FilterInput, Profile};
-use crate::pod_info::PodInfo;
+use crate::k8s::demand::{ASSIGNMENT_ANNOTATION, Assignment, PodDemand};
+use crate::k8s::pod_info::PodInfo;
 use crate::snapshot::Snapshot;
 
 /// What the queue orders: one pod, or a gang (decided as one unit).
@@ -80,7 +80,7 @@ impl<A: ClusterApi> Scheduler<A> {
         let freed = self.seen.active.iter().any(|uid| !active.contains(uid))
             || self.reservations.any_gone(view);
         let nodes_changed = super::state_cache::nodes_differ(&self.seen.nodes, &nodes);
-        let volumes = crate::volumes::digest(&view.claims, &view.volumes);
+        let volumes = crate::framework::volumes::digest(&view.claims, &view.volumes);
         if nodes_changed || groups != self.seen.groups || freed || volumes != self.seen.volumes {
             self.queue.wake_all();
         }
@@ -151,7 +151,7 @@ impl<A: ClusterApi> Scheduler<A> {
             .collect();
         let waiting_uids: HashSet<&str> = waiting.iter().map(|p| p.key.uid.as_str()).collect();
         self.volumes = if waiting.iter().any(|p| !p.claims.is_empty()) {
-            crate::volumes::VolumeIndex::new(&view.claims, &view.volumes)
+            crate::framework::volumes::VolumeIndex::new(&view.claims, &view.volumes)
         } else {
             Default::default()
         };

@@ -17,7 +17,7 @@ use super::assume::Reservations;
 use k8s_openapi::api::core::v1::Node;
 
 use crate::api::ClusterView;
-use crate::pod_info::PodInfo;
+use crate::k8s::pod_info::PodInfo;
 use crate::snapshot::{Snapshot, build};
 
 /// The persistent state and the view it reflects.

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use gpuplace_scheduler::api::{BindRequest, PodState};
-use gpuplace_scheduler::gang::PodGroupStatus;
+use gpuplace_scheduler::k8s::gang::PodGroupStatus;
 use gpuplace_scheduler::{ApiError, ClusterApi, ClusterView, EventRecord, PodKey};
 
 use super::costs::{Fault, validate_annotations};

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use gpuplace_scheduler::ApiError;
-use gpuplace_scheduler::gang::PodGroup;
+use gpuplace_scheduler::k8s::gang::PodGroup;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 

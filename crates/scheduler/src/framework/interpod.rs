@@ -13,7 +13,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Node, PodAffinityTerm};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use crate::pod_info::PodInfo;
+use crate::k8s::pod_info::PodInfo;
 
 /// Why a node was refused because of other pods, in kube-scheduler's phrases.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

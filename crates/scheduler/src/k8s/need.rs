@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use gpuplace_model::{GpuNeed, GpuTopology};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use crate::demand_error::{DemandError, milli_value};
+use crate::k8s::demand_error::{DemandError, milli_value};
 
 pub use gpuplace_model::keys::{
     HAMI_NOUSE_ANNOTATION, HAMI_USE_ANNOTATION, MEMORY_MIN_ANNOTATION, MODEL_ANNOTATION,

@@ -1,5 +1,5 @@
 //! Why a pod's demand cannot be read: a malformed quantity, annotation or request. Shared by
-//! the demand ([`crate::demand`]) and the GPU requirements ([`crate::need`]).
+//! the demand ([`crate::k8s::demand`]) and the GPU requirements ([`crate::k8s::need`]).
 
 use gpuplace_model::{NeedOfContainerError, SHARE_RESOURCE};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;

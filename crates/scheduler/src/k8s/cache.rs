@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::pod_info::PodInfo;
+use crate::k8s::pod_info::PodInfo;
 
 type Key = (String, String);
 

@@ -24,9 +24,9 @@ use serde_json::json;
 use tracing::warn;
 
 use crate::api::{ApiError, BindRequest, ClusterApi, ClusterView, EventRecord, PodKey, PodState};
-use crate::cache::PodCache;
+use crate::k8s::cache::PodCache;
 
-use crate::gang::{PodGroup, PodGroupStatus};
+use crate::k8s::gang::{PodGroup, PodGroupStatus};
 
 mod watch;
 pub use watch::{WatchLog, WatchNote, is_missing_resource};
@@ -48,7 +48,7 @@ pub struct KubeApi {
     /// Counts watch events of all three caches: the view's generation.
     changes: Changes,
     /// The client's own request rate limit (`--kube-api-qps`, `--kube-api-burst`).
-    limit: Option<Arc<crate::rate::TokenBucket>>,
+    limit: Option<Arc<crate::k8s::rate::TokenBucket>>,
 }
 
 /// A counter of watch events that waiters can wait on.
@@ -171,14 +171,14 @@ impl KubeApi {
         );
         let claims = run_reflector(
             Api::<PersistentVolumeClaim>::all(client.clone()),
-            crate::volumes::strip_claim,
+            crate::framework::volumes::strip_claim,
             "persistentvolumeclaims cannot be listed (RBAC?)",
             changes.clone(),
             Some(claim_fingerprint),
         );
         let volumes = run_reflector(
             Api::<PersistentVolume>::all(client.clone()),
-            crate::volumes::strip_volume,
+            crate::framework::volumes::strip_volume,
             "persistentvolumes cannot be listed (RBAC?)",
             changes.clone(),
             Some(volume_fingerprint),
@@ -228,7 +228,7 @@ impl KubeApi {
     /// Limits the scheduler's writes and reads to `qps` a second after a burst of `burst`
     /// (no limit when `qps` is 0).
     pub fn with_rate_limit(mut self, qps: f64, burst: u32) -> KubeApi {
-        self.limit = crate::rate::TokenBucket::new(qps, burst).map(Arc::new);
+        self.limit = crate::k8s::rate::TokenBucket::new(qps, burst).map(Arc::new);
         self
     }
 

@@ -13,7 +13,7 @@ pub use gpuplace_model::{
     ContainerKind,
 };
 
-pub use crate::demand_error::{DemandError, milli_value};
+pub use crate::k8s::demand_error::{DemandError, milli_value};
 pub use gpuplace_model::SHARE_RESOURCE;
 /// The former way to ask for a share (a pod annotation beside `nvidia.com/gpu: 1`), refused
 /// with a message saying what to write instead: the kubelet hands such a pod a whole GPU and
@@ -213,7 +213,7 @@ pub fn pod_demand(pod: &Pod, gpu_resource: &str) -> Result<PodDemand, DemandErro
             gpu_count,
             gpu_milli,
             allowed_models: Vec::new(),
-            need: crate::need::gpu_need(pod.metadata.annotations.as_ref())?,
+            need: crate::k8s::need::gpu_need(pod.metadata.annotations.as_ref())?,
         },
         containers: all_gpu,
         extended,

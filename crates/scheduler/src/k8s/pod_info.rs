@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{NodeSelector, Pod, PreferredSchedulingTerm, Toleration};
 use k8s_openapi::jiff::Timestamp;
 
-use crate::demand::{
+use crate::k8s::demand::{
     ALLOCATED_ANNOTATION, ASSIGNMENT_ANNOTATION, POD_GROUP_LABEL, PodDemand, pod_demand,
 };
 
@@ -130,9 +130,9 @@ pub struct PodInfo {
     /// The pod's labels (other pods' affinity and spread constraints select on them).
     pub labels: BTreeMap<String, String>,
     /// Host ports, pod (anti-)affinity and spread constraints, if any.
-    pub placement: Option<Box<crate::pod_terms::PodTerms>>,
-    /// The PersistentVolumeClaims it mounts (see [`crate::volumes`]).
-    pub claims: Vec<crate::volumes::ClaimRef>,
+    pub placement: Option<Box<crate::k8s::pod_terms::PodTerms>>,
+    /// The PersistentVolumeClaims it mounts (see [`crate::framework::volumes`]).
+    pub claims: Vec<crate::framework::volumes::ClaimRef>,
 }
 
 impl PodInfo {
@@ -185,8 +185,8 @@ impl PodInfo {
             demand: pod_demand(pod, gpu_resource).map_err(|e| e.to_string()),
             filter_key: terms.as_ref().map(SchedulingTerms::key).unwrap_or_default(),
             labels: meta.labels.clone().unwrap_or_default(),
-            placement: crate::pod_terms::PodTerms::of(pod).map(Box::new),
-            claims: crate::volumes::claims_of(pod),
+            placement: crate::k8s::pod_terms::PodTerms::of(pod).map(Box::new),
+            claims: crate::framework::volumes::claims_of(pod),
             terms: terms.map(Box::new),
         }
     }

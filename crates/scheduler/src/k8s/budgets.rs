@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 
-use crate::interpod::selects;
-use crate::pod_info::PodInfo;
+use crate::framework::interpod::selects;
+use crate::k8s::pod_info::PodInfo;
 
 /// The budgets of a view, ready to match pods.
 #[derive(Debug, Default)]

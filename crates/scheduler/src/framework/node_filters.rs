@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{
     Node, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Taint, Toleration,
 };
 
-use crate::pod_info::SchedulingTerms;
+use crate::k8s::pod_info::SchedulingTerms;
 
 /// Why a node was filtered out before resources were looked at.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]

@@ -13,9 +13,9 @@ use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::{Node, Taint, TopologySpreadConstraint, WeightedPodAffinityTerm};
 
-use crate::filters::{labels, term_matches, tolerates};
-use crate::interpod::{Placed, selects, term_selects};
-use crate::pod_info::PodInfo;
+use crate::framework::interpod::{Placed, selects, term_selects};
+use crate::framework::node_filters::{labels, term_matches, tolerates};
+use crate::k8s::pod_info::PodInfo;
 
 const NODE_AFFINITY_WEIGHT: i64 = 2;
 const TAINT_WEIGHT: i64 = 3;
