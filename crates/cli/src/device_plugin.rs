@@ -6,18 +6,10 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
-use gpuplace_deviceplugin::backend::{Backend, FileBackend, NvmlBackend};
 use gpuplace_deviceplugin::config::{
     BackendKind, DeviceIdStrategy, DeviceListStrategy, LogFormat, Settings,
 };
-use gpuplace_deviceplugin::kubelet::podresources::PodResources;
-use gpuplace_deviceplugin::kubelet::{registration, service};
 use gpuplace_deviceplugin::metrics::{self, Metrics};
-use gpuplace_deviceplugin::plan::handshake::{Handshake, HandshakeConfig};
-use gpuplace_deviceplugin::plan::kube::{self as node_kube, KubeNodeApi};
-use gpuplace_deviceplugin::plan::store::NodePods;
-use std::time::Duration;
-use tracing::{info, warn};
 
 /// Every setting can come from a flag, from its environment variable, or from the config
 /// file, in that order of precedence.
@@ -143,43 +135,8 @@ pub fn run(args: DevicePluginArgs) -> anyhow::Result<()> {
     runtime.block_on(serve(config))
 }
 
-/// The name the inventory carries: the node's, else the host's (logs only).
-fn inventory_name(config: &gpuplace_deviceplugin::Config) -> String {
-    if !config.node_name.is_empty() {
-        return config.node_name.clone();
-    }
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "unnamed-node".to_string())
-}
-
 async fn serve(config: Arc<gpuplace_deviceplugin::Config>) -> anyhow::Result<()> {
     let shutdown = crate::signals::shutdown();
-    let name = inventory_name(&config);
-    let backend: Box<dyn Backend> = match config.backend {
-        BackendKind::Nvml => Box::new(NvmlBackend::start(
-            &name,
-            config.xid_ignore.clone(),
-            config.health_recovery,
-            config.dev_root.clone(),
-        )?),
-        BackendKind::File => {
-            let path = config
-                .inventory
-                .as_ref()
-                .context("the file backend needs --inventory")?;
-            Box::new(FileBackend::start(path, &name, config.poll_interval)?)
-        }
-    };
-    let inventory = backend.watch();
-    info!(
-        node = %config.node_name,
-        resource = %config.resource,
-        gpus = inventory.borrow().gpus.len(),
-        "device plugin starting"
-    );
     let metrics = Metrics::default();
     if let Some(addr) = config.metrics_addr {
         let mut registry = prometheus_client::registry::Registry::default();
@@ -196,85 +153,5 @@ async fn serve(config: Arc<gpuplace_deviceplugin::Config>) -> anyhow::Result<()>
         };
         tokio::spawn(crate::ops::serve(listener, registry, probes));
     }
-    let wants_api = config.publish_inventory || config.handshake;
-    let client = if wants_api {
-        match kube::Client::try_default().await {
-            Ok(client) => Some(client),
-            Err(e) => {
-                warn!(
-                    error = %e,
-                    "no Kubernetes API access: the inventory is not published and the scheduler's device choices are not honoured"
-                );
-                None
-            }
-        }
-    } else {
-        None
-    };
-    if client.is_some() && config.node_name.is_empty() {
-        anyhow::bail!(
-            "publishing the inventory and the handshake need this node's name: set --node-name or NODE_NAME (downward API: spec.nodeName), or turn both off with --publish-inventory false --handshake false"
-        );
-    }
-    let mut tasks = Vec::new();
-    if config.publish_inventory
-        && let Some(client) = &client
-    {
-        tasks.push(tokio::spawn(gpuplace_deviceplugin::publish::kube::run(
-            client.clone(),
-            config.node_name.clone(),
-            inventory.clone(),
-            config.replicas,
-        )));
-    }
-    let tables = service::device_tables(inventory, config.replicas, config.shares, metrics.clone());
-    let handshake = match (&client, config.handshake) {
-        (Some(client), true) => {
-            let pods = NodePods::new(&config.resource, &config.node_name);
-            tasks.push(tokio::spawn(node_kube::watch_pods(
-                client.clone(),
-                config.node_name.clone(),
-                pods.clone(),
-            )));
-            let handshake = Handshake::new(
-                HandshakeConfig {
-                    node: config.node_name.clone(),
-                    wait_for_watch: Duration::from_secs(2),
-                    resync: Duration::from_secs(10),
-                },
-                pods,
-                PodResources::new(&config.pod_resources_socket, &config.resource),
-                tables.clone(),
-                metrics.clone(),
-            );
-            let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-            let reconciler = tokio::spawn(handshake.clone().reconcile_loop(
-                KubeNodeApi::new(client.clone(), &config.node_name),
-                async move {
-                    let mut stop_rx = stop_rx;
-                    let _ = stop_rx.wait_for(|s| *s).await;
-                },
-            ));
-            info!(node = %config.node_name, "handshake on: answering the kubelet with the scheduler's devices");
-            Some((handshake, stop_tx, reconciler))
-        }
-        _ => None,
-    };
-    registration::run_with_handshake(
-        config,
-        tables,
-        metrics,
-        handshake.as_ref().map(|(h, _, _)| h.clone()),
-        shutdown,
-    )
-    .await?;
-    if let Some((_, stop, reconciler)) = handshake {
-        let _ = stop.send(true);
-        let _ = reconciler.await;
-    }
-    for task in tasks {
-        task.abort();
-    }
-    drop(backend);
-    Ok(())
+    Ok(gpuplace_deviceplugin::app::serve(config, metrics, shutdown).await?)
 }

@@ -8,13 +8,11 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use gpuplace_core::Policy;
-use gpuplace_scheduler::k8s::kube_api::KubeApi;
-use gpuplace_scheduler::k8s::leader::{ElectionConfig, Elector, Ended, Gate, KubeLeases};
+use gpuplace_scheduler::SchedulerConfig;
+use gpuplace_scheduler::app;
 use gpuplace_scheduler::metrics::{Health, Metrics};
-use gpuplace_scheduler::scheduler::run::{Heartbeat, LoopConfig};
-use gpuplace_scheduler::{Scheduler, SchedulerConfig};
+use gpuplace_scheduler::scheduler::run::Heartbeat;
 use serde::Deserialize;
-use tracing::info;
 
 /// Settings from the optional YAML file (keys as the flags); flags win.
 #[derive(Debug, Default, Deserialize)]
@@ -153,14 +151,17 @@ pub fn run(args: SchedulerArgs) -> anyhow::Result<()> {
             .unwrap_or(1000)
             .max(10),
     );
-    let rate = (
-        args.kube_api_qps.or(file.kube_api_qps).unwrap_or(0.0),
-        args.kube_api_burst.or(file.kube_api_burst).unwrap_or(100),
-    );
-    if !(rate.0 >= 0.0 && rate.0.is_finite()) {
+    let options = app::Options {
+        leader_elect,
+        lease_namespace,
+        interval,
+        kube_api_qps: args.kube_api_qps.or(file.kube_api_qps).unwrap_or(0.0),
+        kube_api_burst: args.kube_api_burst.or(file.kube_api_burst).unwrap_or(100),
+    };
+    if !(options.kube_api_qps >= 0.0 && options.kube_api_qps.is_finite()) {
         anyhow::bail!(
             "kube-api-qps {} is not a number of requests per second",
-            rate.0
+            options.kube_api_qps
         );
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -168,15 +169,7 @@ pub fn run(args: SchedulerArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(serve(
-        args.kubeconfig,
-        config,
-        metrics_addr,
-        leader_elect,
-        lease_namespace,
-        interval,
-        rate,
-    ))
+    runtime.block_on(serve(args.kubeconfig, config, metrics_addr, options))
 }
 
 pub(crate) async fn client(kubeconfig: Option<PathBuf>) -> anyhow::Result<kube::Client> {
@@ -198,17 +191,9 @@ async fn serve(
     kubeconfig: Option<PathBuf>,
     config: SchedulerConfig,
     metrics_addr: Option<SocketAddr>,
-    leader_elect: bool,
-    lease_namespace: String,
-    interval: Duration,
-    (qps, burst): (f64, u32),
+    options: app::Options,
 ) -> anyhow::Result<()> {
     let client = client(kubeconfig).await?;
-    let identity = format!(
-        "{}-{}",
-        config.scheduler_name,
-        std::env::var("HOSTNAME").unwrap_or_else(|_| std::process::id().to_string())
-    );
     let metrics = Metrics::default();
     let heartbeat = Heartbeat::default();
     let health = Health::new(heartbeat.clone(), Duration::from_secs(60));
@@ -237,93 +222,13 @@ async fn serve(
         };
         tokio::spawn(crate::ops::serve(listener, Arc::new(registry), probes));
     }
-    info!(scheduler = %config.scheduler_name, policy = %config.policy, "starting watches");
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        crate::signals::shutdown().await;
-        let _ = stop.send(true);
-    });
-    let until_stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
+    let observed = app::Observed {
+        metrics,
+        health,
+        heartbeat,
     };
-    let api = tokio::select! {
-        api = KubeApi::start(client.clone(), identity.clone(), &config.gpu_resource) => {
-            api?.with_rate_limit(qps, burst)
-        }
-        _ = until_stopped(stopped.clone()) => return Ok(()),
-    };
-    // Standbys are ready too: their caches are synced, so a rolling update proceeds.
-    health.set_ready();
-    let gate = if leader_elect {
-        Gate::closed()
-    } else {
-        Gate::always_open()
-    };
-    let election = leader_elect.then(|| {
-        let leases = KubeLeases::new(
-            kube::Api::namespaced(client.clone(), &lease_namespace),
-            &config.scheduler_name,
-        );
-        let elector = Elector::new(
-            leases,
-            ElectionConfig::new(&config.scheduler_name, &identity),
-            gate.clone(),
-        );
-        tokio::spawn(elector.run(until_stopped(stopped.clone())))
-    });
-    let scheduler = Scheduler::with_gate(api, config, gate.clone());
-    let leader_metric = metrics.leader.clone();
-    let observe = |report: &gpuplace_scheduler::RoundReport, took: Duration| {
-        leader_metric.set(i64::from(gate.is_open()));
-        metrics.observe(report, took.as_secs_f64());
-    };
-    let loop_config = LoopConfig {
-        tick: interval,
-        ..LoopConfig::default()
-    };
-    let Some(mut election) = election else {
-        scheduler
-            .run(loop_config, heartbeat, until_stopped(stopped), observe)
-            .await;
-        return Ok(());
-    };
-    // The loop stops with the election: on shutdown (lease released), or at once when
-    // the lease is lost (the gate is already closed: nothing more is decided or written).
-    let (lost_tx, lost_rx) = tokio::sync::watch::channel(false);
-    let loop_stop = {
-        let stopped = stopped.clone();
-        async move {
-            let mut lost = lost_rx;
-            tokio::select! {
-                _ = until_stopped(stopped) => {}
-                _ = lost.wait_for(|l| *l) => {}
-            }
-        }
-    };
-    let run = scheduler.run(loop_config, heartbeat, loop_stop, observe);
-    tokio::pin!(run);
-    let ended = tokio::select! {
-        ended = &mut election => ended,
-        _ = &mut run => {
-            // Shut down: the loop has drained its Bindings; the election releases the lease
-            // (it saw the same signal) before the process ends.
-            match tokio::time::timeout(Duration::from_secs(5), &mut election).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => tracing::warn!(error = %e, "leader election task failed"),
-                Err(_) => tracing::warn!("the lease was not released within 5 s"),
-            }
-            return Ok(());
-        }
-    };
-    let _ = lost_tx.send(true);
-    run.await;
-    match ended {
-        Ok(Ended::Stopped) => Ok(()),
-        Ok(Ended::Lost) => {
-            anyhow::bail!("lost the scheduler lease; exiting so the pod restarts as a standby")
-        }
-        Err(e) => anyhow::bail!("leader election task failed: {e}"),
-    }
+    let shutdown = crate::signals::shutdown();
+    Ok(app::serve(client, config, options, observed, shutdown).await?)
 }
 
 /// `gpuplace crd`: the PodGroup CustomResourceDefinition as YAML.

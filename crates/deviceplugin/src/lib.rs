@@ -8,6 +8,7 @@
 //!   (found by pod identity) and writes the node's truth back;
 //! - [`publish`] writes the node's GPUs and links on its Node object for the scheduler.
 
+pub mod app;
 pub mod backend;
 pub mod config;
 pub mod devices;

@@ -10,6 +10,7 @@
 //! - [`snapshot`]: the cluster as the stages see it; [`api`]: the one boundary trait.
 
 pub mod api;
+pub mod app;
 pub mod clock;
 pub mod extender;
 pub mod framework;

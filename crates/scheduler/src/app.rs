@@ -1,0 +1,181 @@
+//! Start-up wiring of the standalone scheduler: watches, leader election and the loop, each
+//! task with its owner and a shutdown path. The binary parses flags, serves the metrics and
+//! probes, and calls [`serve`].
+
+use std::future::Future;
+use std::time::Duration;
+
+use kube::Client;
+use tokio::sync::watch;
+use tracing::info;
+
+use crate::api::ApiError;
+use crate::k8s::kube_api::KubeApi;
+use crate::k8s::leader::{ElectionConfig, Elector, Ended, Gate, KubeLeases};
+use crate::metrics::{Health, Metrics};
+use crate::scheduler::run::{Heartbeat, LoopConfig};
+use crate::{RoundReport, Scheduler, SchedulerConfig};
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error(transparent)]
+    Api(#[from] ApiError),
+    #[error("lost the scheduler lease; exiting so the pod restarts as a standby")]
+    LeaseLost,
+    #[error("leader election task failed: {0}")]
+    Election(#[from] tokio::task::JoinError),
+}
+
+/// How the process runs, beside what the scheduler decides ([`SchedulerConfig`]).
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Only the holder of the Lease schedules.
+    pub leader_elect: bool,
+    pub lease_namespace: String,
+    /// The loop's longest sleep without an event.
+    pub interval: Duration,
+    /// The client's own rate limit (0: none) and burst, as client-go's flags.
+    pub kube_api_qps: f64,
+    pub kube_api_burst: u32,
+}
+
+/// What the process exports: the metrics, and the health the probes answer from.
+#[derive(Clone)]
+pub struct Observed {
+    pub metrics: Metrics,
+    pub health: Health,
+    pub heartbeat: Heartbeat,
+}
+
+/// Runs the scheduler until `shutdown` (or, with leader election, until the lease is lost:
+/// then `Err(LeaseLost)` so the pod restarts as a standby).
+pub async fn serve(
+    client: Client,
+    config: SchedulerConfig,
+    options: Options,
+    observed: Observed,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), AppError> {
+    let identity = format!(
+        "{}-{}",
+        config.scheduler_name,
+        std::env::var("HOSTNAME").unwrap_or_else(|_| std::process::id().to_string())
+    );
+    info!(scheduler = %config.scheduler_name, policy = %config.policy, "starting watches");
+    let (stop, stopped) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop.send(true);
+    });
+    let api = tokio::select! {
+        api = KubeApi::start(client.clone(), identity.clone(), &config.gpu_resource) => {
+            api?.with_rate_limit(options.kube_api_qps, options.kube_api_burst)
+        }
+        _ = until_stopped(stopped.clone()) => return Ok(()),
+    };
+    // Standbys are ready too: their caches are synced, so a rolling update proceeds.
+    observed.health.set_ready();
+    let gate = if options.leader_elect {
+        Gate::closed()
+    } else {
+        Gate::always_open()
+    };
+    let election = options.leader_elect.then(|| {
+        let leases = KubeLeases::new(
+            kube::Api::namespaced(client.clone(), &options.lease_namespace),
+            &config.scheduler_name,
+        );
+        let elector = Elector::new(
+            leases,
+            ElectionConfig::new(&config.scheduler_name, &identity),
+            gate.clone(),
+        );
+        tokio::spawn(elector.run(until_stopped(stopped.clone())))
+    });
+    let scheduler = Scheduler::with_gate(api, config, gate.clone());
+    let Observed {
+        metrics, heartbeat, ..
+    } = observed;
+    let leader_metric = metrics.leader.clone();
+    let observe = |report: &RoundReport, took: Duration| {
+        leader_metric.set(i64::from(gate.is_open()));
+        metrics.observe(report, took.as_secs_f64());
+    };
+    let loop_config = LoopConfig {
+        tick: options.interval,
+        ..LoopConfig::default()
+    };
+    let Some(election) = election else {
+        scheduler
+            .run(loop_config, heartbeat, until_stopped(stopped), observe)
+            .await;
+        return Ok(());
+    };
+    let led = Led {
+        scheduler,
+        loop_config,
+        heartbeat,
+        stopped,
+        election,
+    };
+    led.run(observe).await
+}
+
+async fn until_stopped(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+/// The loop under leader election: it stops with the election, on shutdown (lease
+/// released) or at once when the lease is lost (the gate is already closed: nothing more
+/// is decided or written).
+struct Led {
+    scheduler: Scheduler<KubeApi>,
+    loop_config: LoopConfig,
+    heartbeat: Heartbeat,
+    stopped: watch::Receiver<bool>,
+    election: tokio::task::JoinHandle<Ended>,
+}
+
+impl Led {
+    async fn run(self, observe: impl FnMut(&RoundReport, Duration)) -> Result<(), AppError> {
+        let Led {
+            scheduler,
+            loop_config,
+            heartbeat,
+            stopped,
+            mut election,
+        } = self;
+        let (lost_tx, lost_rx) = watch::channel(false);
+        let loop_stop = {
+            let stopped = stopped.clone();
+            async move {
+                let mut lost = lost_rx;
+                tokio::select! {
+                    _ = until_stopped(stopped) => {}
+                    _ = lost.wait_for(|l| *l) => {}
+                }
+            }
+        };
+        let run = scheduler.run(loop_config, heartbeat, loop_stop, observe);
+        tokio::pin!(run);
+        let ended = tokio::select! {
+            ended = &mut election => ended,
+            _ = &mut run => {
+                // Shut down: the loop has drained its Bindings; the election releases the
+                // lease (it saw the same signal) before the process ends.
+                match tokio::time::timeout(Duration::from_secs(5), &mut election).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => tracing::warn!(error = %e, "leader election task failed"),
+                    Err(_) => tracing::warn!("the lease was not released within 5 s"),
+                }
+                return Ok(());
+            }
+        };
+        let _ = lost_tx.send(true);
+        run.await;
+        match ended? {
+            Ended::Stopped => Ok(()),
+            Ended::Lost => Err(AppError::LeaseLost),
+        }
+    }
+}
