@@ -11,6 +11,7 @@
 pub(crate) mod assume;
 pub(crate) mod bind;
 mod gang_permit;
+mod gangs;
 mod post_filter;
 pub mod preempt;
 mod round;
@@ -31,7 +32,6 @@ pub use gpuplace_core::queue::QueueConfig;
 pub type Queue = gpuplace_core::queue::Queue<String, Instant>;
 
 use crate::api::ClusterApi;
-use crate::k8s::gang::PodGroupStatus;
 use crate::k8s::leader::Gate;
 
 /// What the scheduler is configured with.
@@ -144,16 +144,6 @@ struct Seen {
     volumes: u64,
 }
 
-/// A gang whose Bindings are in flight.
-#[derive(Debug, Default)]
-struct GangWrites {
-    namespace: String,
-    name: String,
-    waiting: u32,
-    bound: u32,
-    failed: u32,
-}
-
 /// The scheduler over any [`ClusterApi`].
 pub struct Scheduler<A: ClusterApi> {
     api: A,
@@ -168,14 +158,8 @@ pub struct Scheduler<A: ClusterApi> {
     /// A write's outcome or an unfinished round: the next round must look again.
     dirty: bool,
     last_round: Option<Instant>,
-    /// Pod groups first seen waiting, for their timeout.
-    gang_since: HashMap<String, Instant>,
-    gang_writes: HashMap<String, GangWrites>,
-    /// The gang of each member whose Binding is in flight (its reservation may be gone by
-    /// the time the outcome is taken: the watch can confirm the pod bound first).
-    gang_of: HashMap<String, String>,
-    /// The status last written per pod group: written again only when it changes.
-    gang_status: HashMap<String, PodGroupStatus>,
+    /// Gangs between rounds: waiting since, Bindings in flight, statuses written.
+    gangs: gangs::Gangs,
     /// Object problems already logged: each is logged once while it lasts.
     warned: HashSet<String>,
     /// Claims and volumes this round (built only when a waiting pod has claims).
@@ -214,10 +198,7 @@ impl<A: ClusterApi> Scheduler<A> {
             seen: Seen::default(),
             dirty: true,
             last_round: None,
-            gang_since: HashMap::new(),
-            gang_writes: HashMap::new(),
-            gang_of: HashMap::new(),
-            gang_status: HashMap::new(),
+            gangs: gangs::Gangs::default(),
             warned: HashSet::new(),
             volumes: Default::default(),
             nominations: Default::default(),

@@ -11,8 +11,9 @@ use gpuplace_core::Decision;
 
 use std::sync::Arc;
 
+use super::gangs::GangWritten;
 use super::post_filter::Outcome;
-use super::{GangWrites, RoundReport, Scheduler};
+use super::{RoundReport, Scheduler};
 use crate::api::{ClusterApi, ClusterView};
 use crate::framework::filter::{Verdicts, explain};
 use crate::framework::{FilterInput, Profile};
@@ -222,17 +223,14 @@ impl<A: ClusterApi> Scheduler<A> {
             })
             .collect();
         report.assumed += requests.len();
-        self.gang_since.remove(&gang.id);
-        let writes = self.gang_writes.entry(gang.id.clone()).or_default();
-        writes.namespace = gang.namespace.clone();
-        writes.name = gang.group.clone();
-        writes.waiting += requests.len() as u32;
-        writes.bound = writes.bound.max(gang.bound);
+        self.gangs.permitted(
+            &gang.id,
+            &gang.namespace,
+            &gang.group,
+            gang.bound,
+            requests.iter().map(|r| r.pod.uid.as_str()),
+        );
         let attempts = self.config.gang_bind_attempts;
-        for request in &requests {
-            self.gang_of
-                .insert(request.pod.uid.clone(), gang.id.clone());
-        }
         for request in requests {
             self.binder.dispatch(request, attempts, true).await;
         }
@@ -282,7 +280,7 @@ impl<A: ClusterApi> Scheduler<A> {
                 for (pod, _) in members {
                     self.queue.unschedulable(&pod.key.uid, now);
                 }
-                self.gang_since.remove(&gang.id);
+                self.gangs.stop_waiting(&gang.id);
                 self.set_phase(&gang.namespace, &gang.group, "Pending", bound)
                     .await;
                 return;
@@ -325,11 +323,11 @@ impl<A: ClusterApi> Scheduler<A> {
         now: Instant,
         report: &mut RoundReport,
     ) {
-        let since = *self.gang_since.entry(gang.id.clone()).or_insert(now);
+        let since = self.gangs.waiting_since(&gang.id, now);
         let timeout = Duration::from_secs(gang.spec.schedule_timeout_seconds.unwrap_or(60));
         if now.duration_since(since) >= timeout {
             self.refuse_gang(members, reason, now, report).await;
-            self.gang_since.insert(gang.id.clone(), now);
+            self.gangs.restart_wait(&gang.id, now);
             self.set_phase(&gang.namespace, &gang.group, "Unschedulable", gang.bound)
                 .await;
         } else {
@@ -343,25 +341,12 @@ impl<A: ClusterApi> Scheduler<A> {
 
     /// One member's Binding ended; when the gang's last one does, its status says so.
     pub(super) async fn gang_member_written(&mut self, gang_id: &str, ok: bool) {
-        let Some(writes) = self.gang_writes.get_mut(gang_id) else {
-            return;
-        };
-        writes.waiting = writes.waiting.saturating_sub(1);
-        if ok {
-            writes.bound += 1;
-        } else {
-            writes.failed += 1;
-        }
-        if writes.waiting > 0 {
-            return;
-        }
-        let Some(GangWrites {
+        let Some(GangWritten {
             namespace,
             name,
             bound,
             failed,
-            ..
-        }) = self.gang_writes.remove(gang_id)
+        }) = self.gangs.count_written(gang_id, ok)
         else {
             return;
         };
@@ -528,7 +513,7 @@ impl<A: ClusterApi> Scheduler<A> {
             scheduled,
         };
         let id = format!("{namespace}/{group}");
-        if self.gang_status.get(&id) == Some(&status) || !self.gate.is_open() {
+        if self.gangs.status_unchanged(&id, &status) || !self.gate.is_open() {
             return;
         }
         match self
@@ -537,7 +522,7 @@ impl<A: ClusterApi> Scheduler<A> {
             .await
         {
             Ok(()) => {
-                self.gang_status.insert(id, status);
+                self.gangs.status_written(id, status);
             }
             Err(e) => {
                 tracing::info!(gang = %id, error = %e, "pod group status not written; retried later")

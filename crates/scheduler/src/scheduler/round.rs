@@ -338,7 +338,7 @@ impl<A: ClusterApi> Scheduler<A> {
         let WriteOutcome { request, result } = outcome;
         let key: &PodKey = &request.pod;
         self.dirty = true;
-        let gang = self.gang_of.remove(&key.uid);
+        let gang = self.gangs.member_written(&key.uid);
         match &result {
             Ok(()) => {
                 report.bound += 1;
