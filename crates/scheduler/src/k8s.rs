@@ -1,11 +1,10 @@
 //! Kubernetes adapters and the reading of its objects: the kube-rs client and its watches
-//! ([`kube_api`]), the watch-fed pod store ([`cache`]), a pod read once into what the
+//! ([`kube_api`]), the watch-fed pod store ([`pod_store`]), a pod read once into what the
 //! stages need ([`pod_info`]: its [`demand`], GPU requirements ([`need`]) and terms about
 //! other pods ([`pod_terms`])), PodGroups ([`gang`]), disruption budgets ([`budgets`]),
 //! leader election ([`leader`]) and the client's rate limit ([`rate`]).
 
 pub mod budgets;
-pub mod cache;
 pub mod demand;
 pub mod demand_error;
 pub mod gang;
@@ -13,5 +12,6 @@ pub mod kube_api;
 pub mod leader;
 pub mod need;
 pub mod pod_info;
+pub mod pod_store;
 pub mod pod_terms;
 pub mod rate;

@@ -271,36 +271,36 @@ impl<A: ClusterApi> Scheduler<A> {
     pub async fn round(&mut self, now: Instant) -> Result<RoundReport, crate::api::ApiError> {
         let mut report = self.schedule(now).await?;
         let started = Instant::now();
-        let settled = self.settle(now).await;
+        let settled = self.drain_writes(now).await;
         report.add_outcomes(&settled);
         report.timings.api += started.elapsed();
         Ok(report)
     }
 
     /// Waits for every write in flight and every queued Event, and takes their outcomes.
-    pub async fn settle(&mut self, now: Instant) -> RoundReport {
+    pub async fn drain_writes(&mut self, now: Instant) -> RoundReport {
         let mut report = RoundReport::default();
         while let Some(outcome) = self.binder.next().await {
-            self.take_outcome(outcome, now, &mut report).await;
+            self.take_write_outcome(outcome, now, &mut report).await;
         }
         self.binder.flush_events().await;
         report
     }
 
     /// Takes the outcomes of writes that have finished, without waiting.
-    pub async fn absorb(&mut self, now: Instant) -> RoundReport {
+    pub async fn take_finished_writes(&mut self, now: Instant) -> RoundReport {
         let mut report = RoundReport::default();
         for outcome in self.binder.finished() {
-            self.take_outcome(outcome, now, &mut report).await;
+            self.take_write_outcome(outcome, now, &mut report).await;
         }
         report
     }
 
     /// Waits for the next write outcome and takes it; `None` when nothing is in flight.
-    pub async fn next_outcome(&mut self, now: Instant) -> Option<RoundReport> {
+    pub async fn next_write_outcome(&mut self, now: Instant) -> Option<RoundReport> {
         let outcome = self.binder.next().await?;
         let mut report = RoundReport::default();
-        self.take_outcome(outcome, now, &mut report).await;
+        self.take_write_outcome(outcome, now, &mut report).await;
         Some(report)
     }
 

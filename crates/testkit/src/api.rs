@@ -10,7 +10,7 @@
 //!   watch events delivered late (in order, each after a random delay), and injected
 //!   409s, 500s and time-outs (a time-out may or may not have applied the write).
 //!
-//! Its view goes through the scheduler's own [`PodCache`] fed the way a watch feeds it: a
+//! Its view goes through the scheduler's own [`PodStore`] fed the way a watch feeds it: a
 //! full list first, then the pods changed since the resourceVersion it last saw (each at its
 //! latest version, deletions by key), and a fresh list when that resourceVersion has been
 //! compacted away (the API server's 410 Gone).
@@ -26,8 +26,8 @@ use std::time::Duration;
 
 use costs::{Fault, InFlight};
 pub use costs::{Faults, MAX_ANNOTATIONS_BYTES, ServerCosts, is_qualified_name};
-use gpuplace_scheduler::k8s::cache::PodCache;
 use gpuplace_scheduler::k8s::gang::PodGroup;
+use gpuplace_scheduler::k8s::pod_store::PodStore;
 use gpuplace_scheduler::{ApiError, EventRecord, PodKey};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -53,7 +53,7 @@ pub(super) struct Store {
     peak_in_flight: usize,
     requests: usize,
     /// The scheduler's side: pods as its watch cache holds them.
-    cache: PodCache,
+    cache: PodStore,
     /// Pods changed at each resourceVersion (the watch history), oldest first, with the
     /// time the watch delivers each.
     pod_log: std::collections::VecDeque<(u64, (String, String), Instant)>,
@@ -98,7 +98,7 @@ impl Default for Store {
             in_flight: 0,
             peak_in_flight: 0,
             requests: 0,
-            cache: PodCache::new("nvidia.com/gpu"),
+            cache: PodStore::new("nvidia.com/gpu"),
             pod_log: std::collections::VecDeque::new(),
             last_delivery: None,
             history: std::collections::HashMap::new(),
@@ -293,7 +293,7 @@ impl MemoryApi {
     /// An API whose pod cache counts `gpu_resource` as the GPU resource.
     pub fn with_gpu_resource(gpu_resource: &str) -> Self {
         let api = Self::default();
-        lock(&api.store).cache = PodCache::new(gpu_resource);
+        lock(&api.store).cache = PodStore::new(gpu_resource);
         api
     }
 

@@ -1,5 +1,5 @@
 //! [`ClusterApi`] over a real API server with kube-rs: watch-fed caches for the view (a
-//! [`PodCache`] of compact pods; reflector stores of Nodes, stripped of what the scheduler
+//! [`PodStore`] of compact pods; reflector stores of Nodes, stripped of what the scheduler
 //! never reads, and PodGroups); one `binding` subresource write per pod carrying the
 //! assignment annotation, with the pod's UID and resourceVersion as preconditions (a stale
 //! resourceVersion is a 409; the API server merges the Binding's annotations into the pod
@@ -24,7 +24,7 @@ use serde_json::json;
 use tracing::warn;
 
 use crate::api::{ApiError, BindRequest, ClusterApi, ClusterView, EventRecord, PodKey, PodState};
-use crate::k8s::cache::PodCache;
+use crate::k8s::pod_store::PodStore;
 
 use crate::k8s::gang::{PodGroup, PodGroupStatus};
 
@@ -39,7 +39,7 @@ use watch::{
 pub struct KubeApi {
     client: Client,
     nodes: Store<Node>,
-    pods: Arc<Mutex<PodCache>>,
+    pods: Arc<Mutex<PodStore>>,
     groups: Store<PodGroup>,
     claims: Store<PersistentVolumeClaim>,
     volumes: Store<PersistentVolume>,
@@ -110,8 +110,8 @@ fn run_pod_cache(
     api: Api<Pod>,
     gpu_resource: &str,
     changes: Changes,
-) -> (Arc<Mutex<PodCache>>, tokio::sync::watch::Receiver<bool>) {
-    let cache = Arc::new(Mutex::new(PodCache::new(gpu_resource)));
+) -> (Arc<Mutex<PodStore>>, tokio::sync::watch::Receiver<bool>) {
+    let cache = Arc::new(Mutex::new(PodStore::new(gpu_resource)));
     let (listed, ready) = tokio::sync::watch::channel(false);
     let writer = Arc::clone(&cache);
     tokio::spawn(async move {

@@ -1,5 +1,19 @@
-//! Preemption for one pod and for a gang, on the round's state: the search, then the
-//! evictions, nominations and holds (see [`super::preempt`]).
+//! The PostFilter stage: priority preemption for GPUs, for one pod and for a gang on the
+//! round's state (kube-scheduler's DefaultPreemption,
+//! with core's victim search choosing the exact devices that come free).
+//!
+//! A pod (or a gang) that fits nowhere may evict pods of lower priority: the candidates
+//! are bound pods of lower priority, a gang only whole; the search ([`gpuplace_core::
+//! preempt`]) picks the node and victims at least cost (disruption budgets, victim
+//! priority, count, GPU freed beyond the need, fragmentation after). The victims are
+//! evicted with their own grace period, the preemptor's `status.nominatedNodeName` is set,
+//! and while the victims terminate the GPUs they free are held for it: each round applies
+//! the part of the planned devices already free to the state, so no other pod takes them.
+//! The nomination ends when the pod is bound (cleared on the server if bound elsewhere) or
+//! deleted. A pod with `preemptionPolicy: Never` never evicts; a pod whose victims are
+//! still terminating waits for them instead of evicting more.
+//!
+//! Nominations, holds, candidates and messages live in [`super::preempt`].
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -1,16 +1,6 @@
-//! The PostFilter stage: priority preemption for GPUs (kube-scheduler's DefaultPreemption,
-//! with core's victim search choosing the exact devices that come free).
-//!
-//! A pod (or a gang) that fits nowhere may evict pods of lower priority: the candidates
-//! are bound pods of lower priority, a gang only whole; the search ([`gpuplace_core::
-//! preempt`]) picks the node and victims at least cost (disruption budgets, victim
-//! priority, count, GPU freed beyond the need, fragmentation after). The victims are
-//! evicted with their own grace period, the preemptor's `status.nominatedNodeName` is set,
-//! and while the victims terminate the GPUs they free are held for it: each round applies
-//! the part of the planned devices already free to the state, so no other pod takes them.
-//! The nomination ends when the pod is bound (cleared on the server if bound elsewhere) or
-//! deleted. A pod with `preemptionPolicy: Never` never evicts; a pod whose victims are
-//! still terminating waits for them instead of evicting more.
+//! Preemption's state and helpers: the nominations (preemptors waiting for their victims)
+//! and the devices held for them, the candidates a search may evict, and the messages. The
+//! PostFilter stage that uses them is [`super::post_filter`].
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;

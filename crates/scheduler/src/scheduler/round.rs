@@ -95,7 +95,7 @@ impl<A: ClusterApi> Scheduler<A> {
 
     /// Decides every due unit; writes go to the bind stage (not waited for).
     pub async fn schedule(&mut self, now: Instant) -> Result<RoundReport, ApiError> {
-        let mut report = self.absorb(now).await;
+        let mut report = self.take_finished_writes(now).await;
         if self.is_idle(now) {
             report.idle = true;
             return Ok(report);
@@ -329,7 +329,7 @@ impl<A: ClusterApi> Scheduler<A> {
 
     /// A Binding ended: success keeps the reservation until the watch shows the pod bound
     /// and says so in an Event; failure forgets it and sends the pod back to the queue.
-    pub(super) async fn take_outcome(
+    pub(super) async fn take_write_outcome(
         &mut self,
         outcome: WriteOutcome,
         now: Instant,

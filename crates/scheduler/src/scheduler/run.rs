@@ -100,14 +100,14 @@ impl<A: ClusterApi> Scheduler<A> {
             tokio::select! {
                 _ = &mut shutdown => break,
                 _ = api.changed(seen), if listen => {}
-                Some(report) = self.next_outcome(now), if in_flight => {
+                Some(report) = self.next_write_outcome(now), if in_flight => {
                     observe(&report, Duration::ZERO);
                 }
                 _ = tokio::time::sleep_until(tokio::time::Instant::from_std(wake)) => {}
             }
         }
         let now = tokio::time::Instant::now().into_std();
-        match tokio::time::timeout(config.drain, self.settle(now)).await {
+        match tokio::time::timeout(config.drain, self.drain_writes(now)).await {
             Ok(report) => observe(&report, Duration::ZERO),
             Err(_) => warn!(
                 in_flight = self.in_flight(),

@@ -25,16 +25,16 @@ fn key_of(pod: &Pod) -> Key {
 
 /// Pods by namespace and name, plus a relist in progress.
 #[derive(Debug)]
-pub struct PodCache {
+pub struct PodStore {
     gpu_resource: String,
     pods: BTreeMap<Key, Arc<PodInfo>>,
     relist: Option<BTreeMap<Key, Arc<PodInfo>>>,
     listed: bool,
 }
 
-impl PodCache {
+impl PodStore {
     pub fn new(gpu_resource: &str) -> Self {
-        PodCache {
+        PodStore {
             gpu_resource: gpu_resource.to_string(),
             pods: BTreeMap::new(),
             relist: None,
@@ -130,7 +130,7 @@ mod tests {
 
     #[test]
     fn relist_is_swapped_in_whole_and_unchanged_pods_are_not_converted_again() {
-        let mut cache = PodCache::new("nvidia.com/gpu");
+        let mut cache = PodStore::new("nvidia.com/gpu");
         cache.begin_relist();
         cache.relisted(&pod("a", "1"));
         cache.relisted(&pod("b", "2"));
