@@ -115,9 +115,37 @@ impl<A: ClusterApi> Scheduler<A> {
         self.last_round = Some(now);
         self.observe(&view);
         self.queue.flush(now);
+        let mut snapshot = self.state_for_round(&view).await;
+        let waiting: Vec<&Arc<PodInfo>> = view
+            .pods
+            .iter()
+            .filter(|p| {
+                p.is_pending_for(&self.config.scheduler_name)
+                    && !self.reservations.contains(&p.key.uid)
+            })
+            .collect();
+        let waiting_uids: HashSet<&str> = waiting.iter().map(|p| p.key.uid.as_str()).collect();
+        self.volumes = if waiting.iter().any(|p| !p.claims.is_empty()) {
+            crate::framework::volumes::VolumeIndex::new(&view.claims, &view.volumes)
+        } else {
+            Default::default()
+        };
+        self.queue.retain(|uid| waiting_uids.contains(uid.as_str()));
+        let units = self.units(&waiting, now);
+        report.timings.snapshot = started.elapsed();
+        self.decide_units(&mut snapshot, &view, units, now, &mut report)
+            .await;
+        report.pending = waiting.len().saturating_sub(report.assumed);
+        self.finish_round(snapshot, &mut report);
+        Ok(report)
+    }
+
+    /// The kept cluster state brought up to the view: reservations reconciled, the
+    /// workload FGD measures against, and the devices held for preemptors.
+    async fn state_for_round(&mut self, view: &ClusterView) -> Snapshot {
         let (mut snapshot, lost, rebuilt) =
             self.cache
-                .update(&view, &mut self.reservations, &self.config.gpu_resource);
+                .update(view, &mut self.reservations, &self.config.gpu_resource);
         if rebuilt {
             self.warned.clear();
         }
@@ -137,27 +165,23 @@ impl<A: ClusterApi> Scheduler<A> {
         };
         snapshot.state.set_workload(workload);
         // Preemptors' devices, as far as their victims have freed them, are theirs.
-        let clear = self.nominations.hold(&view, &mut snapshot);
+        let clear = self.nominations.hold(view, &mut snapshot);
         if !clear.is_empty() {
             self.clear_nominations(clear).await;
         }
-        let waiting: Vec<&Arc<PodInfo>> = view
-            .pods
-            .iter()
-            .filter(|p| {
-                p.is_pending_for(&self.config.scheduler_name)
-                    && !self.reservations.contains(&p.key.uid)
-            })
-            .collect();
-        let waiting_uids: HashSet<&str> = waiting.iter().map(|p| p.key.uid.as_str()).collect();
-        self.volumes = if waiting.iter().any(|p| !p.claims.is_empty()) {
-            crate::framework::volumes::VolumeIndex::new(&view.claims, &view.volumes)
-        } else {
-            Default::default()
-        };
-        self.queue.retain(|uid| waiting_uids.contains(uid.as_str()));
-        let units = self.units(&waiting, now);
-        report.timings.snapshot = started.elapsed();
+        snapshot
+    }
+
+    /// Each unit in queue order: a pod through the profile, core and reserve (or
+    /// post-filter); a gang through the gang stage. Stops when leadership is lost.
+    async fn decide_units(
+        &mut self,
+        snapshot: &mut Snapshot,
+        view: &ClusterView,
+        units: Vec<Unit<'_>>,
+        now: Instant,
+        report: &mut RoundReport,
+    ) {
         let mut verdicts = VerdictCache::default();
         for unit in units {
             if !self.gate.is_open() {
@@ -168,33 +192,29 @@ impl<A: ClusterApi> Scheduler<A> {
             match unit {
                 Unit::Single(pod) => {
                     let started = Instant::now();
-                    let v = verdicts.get(&snapshot, pod);
+                    let v = verdicts.get(snapshot, pod);
                     report.timings.filter += started.elapsed();
-                    self.schedule_one(&mut snapshot, &view, &v, pod, now, &mut report)
+                    self.schedule_one(snapshot, view, &v, pod, now, report)
                         .await;
                 }
                 Unit::Gang((namespace, group), members) => {
                     let started = Instant::now();
                     let members: Vec<(&Arc<PodInfo>, Verdicts)> = members
                         .into_iter()
-                        .map(|p| (p, verdicts.get(&snapshot, p)))
+                        .map(|p| (p, verdicts.get(snapshot, p)))
                         .collect();
-                    self.schedule_gang(
-                        &mut snapshot,
-                        &view,
-                        (&namespace, &group),
-                        members,
-                        now,
-                        &mut report,
-                    )
-                    .await;
+                    self.schedule_gang(snapshot, view, (&namespace, &group), members, now, report)
+                        .await;
                     report.timings.gangs += started.elapsed();
                 }
             }
         }
+    }
+
+    /// Holds released, the round's figures taken, and the state kept for the next round.
+    fn finish_round(&mut self, mut snapshot: Snapshot, report: &mut RoundReport) {
         self.nominations.release_all(&mut snapshot);
         report.nominated = self.nominations.len();
-        report.pending = waiting.len().saturating_sub(report.assumed);
         report.in_flight = self.binder.in_flight();
         report.reservations = self.reservations.len();
         report.events_dropped = self.binder.dropped_events();
@@ -203,7 +223,6 @@ impl<A: ClusterApi> Scheduler<A> {
         report.fragmentation_milli = snapshot.state.total_frag() as u64;
         report.preemption_searches = std::mem::take(&mut self.preemption_times);
         self.cache.keep(snapshot);
-        Ok(report)
     }
 
     /// The due units in queue order. A gang is due when any member is.
