@@ -11,9 +11,9 @@ use anyhow::Context;
 use axum::serve::ListenerExt;
 use clap::Args;
 use gpuplace_core::Policy;
-use gpuplace_scheduler::extender::http::{DEFAULT_MAX_BODY_BYTES, ExtenderMetrics, router};
-use gpuplace_scheduler::extender::{Extender, ExtenderConfig, FilterMode};
-use gpuplace_scheduler::k8s::kube_api::KubeApi;
+use gpuplace_scheduler::app;
+use gpuplace_scheduler::extender::http::{DEFAULT_MAX_BODY_BYTES, ExtenderMetrics};
+use gpuplace_scheduler::extender::{ExtenderConfig, FilterMode};
 use tracing::info;
 
 #[derive(Args, Debug)]
@@ -135,36 +135,17 @@ async fn serve(args: ExtenderArgs, config: ExtenderConfig) -> anyhow::Result<()>
         }
         None => Some((registry, probes)),
     };
-    let identity = format!(
-        "gpuplace-extender-{}",
-        std::env::var("HOSTNAME").unwrap_or_else(|_| std::process::id().to_string())
-    );
-    info!(listen = %args.listen, mode = ?config.filter_mode, policy = %config.policy, "starting watches");
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let signals = crate::signals::shutdown();
-    tokio::spawn(async move {
-        signals.await;
-        let _ = stop.send(true);
-    });
-    let until_stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
+    let served = app::ServedExtender {
+        metrics,
+        ready,
+        extra: ops.map(|(registry, probes)| crate::ops::router(registry, probes)),
     };
-    let api = tokio::select! {
-        api = KubeApi::start(client, identity, &config.gpu_resource) => {
-            api?.with_rate_limit(args.kube_api_qps, args.kube_api_burst)
-        }
-        _ = until_stopped(stopped.clone()) => return Ok(()),
+    let options = app::ExtenderOptions {
+        kube_api_qps: args.kube_api_qps,
+        kube_api_burst: args.kube_api_burst,
+        max_body_bytes: args.max_body_bytes,
     };
-    ready.store(true, Ordering::Relaxed);
-    let extender = Arc::new(Extender::new(api, config));
-    let app = router(extender, metrics, args.max_body_bytes);
-    let app = match ops {
-        Some((registry, probes)) => app.merge(crate::ops::router(registry, probes)),
-        None => app,
-    };
-    info!(listen = %args.listen, "serving the extender");
-    axum::serve(listener, app)
-        .with_graceful_shutdown(until_stopped(stopped))
-        .await
-        .context("extender server failed")
+    info!(listen = %args.listen, "extender starting");
+    let shutdown = crate::signals::shutdown();
+    Ok(app::serve_extender(client, config, options, listener, served, shutdown).await?)
 }

@@ -1,6 +1,7 @@
-//! Start-up wiring of the standalone scheduler: watches, leader election and the loop, each
-//! task with its owner and a shutdown path. The binary parses flags, serves the metrics and
-//! probes, and calls [`serve`].
+//! Start-up wiring of the standalone scheduler (watches, leader election, the loop) and of
+//! the extender (watches, then its HTTP verbs), each task with its owner and a shutdown
+//! path. The binary parses flags, serves the metrics and probes, and calls [`serve`] or
+//! [`serve_extender`].
 
 use std::future::Future;
 use std::time::Duration;
@@ -10,6 +11,8 @@ use tokio::sync::watch;
 use tracing::info;
 
 use crate::api::ApiError;
+use crate::extender::http::{ExtenderMetrics, router};
+use crate::extender::{Extender, ExtenderConfig};
 use crate::k8s::kube_api::KubeApi;
 use crate::k8s::leader::{ElectionConfig, Elector, Ended, Gate, KubeLeases};
 use crate::metrics::{Health, Metrics};
@@ -24,6 +27,8 @@ pub enum AppError {
     LeaseLost,
     #[error("leader election task failed: {0}")]
     Election(#[from] tokio::task::JoinError),
+    #[error("extender server failed: {0}")]
+    Serve(#[from] std::io::Error),
 }
 
 /// How the process runs, beside what the scheduler decides ([`SchedulerConfig`]).
@@ -178,4 +183,68 @@ impl Led {
             Ended::Lost => Err(AppError::LeaseLost),
         }
     }
+}
+
+/// How the extender runs, beside what it decides ([`ExtenderConfig`]).
+#[derive(Clone, Debug)]
+pub struct ExtenderOptions {
+    pub kube_api_qps: f64,
+    pub kube_api_burst: u32,
+    /// Larger request bodies are refused with HTTP 400.
+    pub max_body_bytes: usize,
+}
+
+/// Serves the extender's verbs on `listener` until `shutdown`: watches first (`ready` is
+/// set once the caches are synced), then filter, prioritize and bind, with `extra` routes
+/// (metrics and probes, when they share the listener) merged in.
+pub async fn serve_extender<L>(
+    client: Client,
+    config: ExtenderConfig,
+    options: ExtenderOptions,
+    listener: L,
+    served: ServedExtender,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), AppError>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
+    let identity = format!(
+        "gpuplace-extender-{}",
+        std::env::var("HOSTNAME").unwrap_or_else(|_| std::process::id().to_string())
+    );
+    info!(mode = ?config.filter_mode, policy = %config.policy, "starting watches");
+    let (stop, stopped) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop.send(true);
+    });
+    let api = tokio::select! {
+        api = KubeApi::start(client, identity, &config.gpu_resource) => {
+            api?.with_rate_limit(options.kube_api_qps, options.kube_api_burst)
+        }
+        _ = until_stopped(stopped.clone()) => return Ok(()),
+    };
+    served
+        .ready
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let extender = std::sync::Arc::new(Extender::new(api, config));
+    let app = router(extender, served.metrics, options.max_body_bytes);
+    let app = match served.extra {
+        Some(extra) => app.merge(extra),
+        None => app,
+    };
+    info!("serving the extender");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(until_stopped(stopped))
+        .await?;
+    Ok(())
+}
+
+/// What the extender's caller observes and adds: its metrics, the readiness flag the
+/// probes read, and routes to serve beside the verbs.
+pub struct ServedExtender {
+    pub metrics: ExtenderMetrics,
+    pub ready: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    pub extra: Option<axum::Router>,
 }
