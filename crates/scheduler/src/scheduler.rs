@@ -10,6 +10,7 @@
 
 pub(crate) mod assume;
 pub(crate) mod bind;
+pub(crate) mod events;
 mod gang_permit;
 mod gangs;
 mod post_filter;
@@ -153,6 +154,7 @@ pub struct Scheduler<A: ClusterApi> {
     reservations: Reservations,
     cache: state_cache::StateCache,
     binder: bind::Binder<A>,
+    events: events::EventSink<A>,
     gate: Gate,
     seen: Seen,
     /// A write's outcome or an unfinished round: the next round must look again.
@@ -188,6 +190,7 @@ impl<A: ClusterApi> Scheduler<A> {
             });
         Scheduler {
             binder: bind::Binder::new(api.clone(), gate.clone(), config.max_in_flight),
+            events: events::EventSink::new(api.clone(), config.max_in_flight.min(16)),
             queue: Queue::new(config.queue),
             api,
             config,
@@ -261,7 +264,7 @@ impl<A: ClusterApi> Scheduler<A> {
 
     /// Events dropped because too many were queued.
     pub fn dropped_events(&self) -> u64 {
-        self.binder.dropped_events()
+        self.events.dropped()
     }
 
     /// One round whose writes are then waited for: decisions, Bindings, their outcomes
@@ -283,7 +286,7 @@ impl<A: ClusterApi> Scheduler<A> {
         while let Some(outcome) = self.binder.next().await {
             self.take_write_outcome(outcome, now, &mut report).await;
         }
-        self.binder.flush_events().await;
+        self.events.flush().await;
         report
     }
 

@@ -1,7 +1,6 @@
 //! The bind stage: writes run off the decision path, at most `max_in_flight` Bindings at
-//! once, each one write (the Binding carries the assignment annotation). Events go out on
-//! their own slots and never hold up a Binding; when too many are queued, new ones are
-//! dropped (and counted), as kube's event broadcaster does.
+//! once, each one write (the Binding carries the assignment annotation). Events go through
+//! their own sink ([`super::events`]) and never hold up a Binding.
 //!
 //! A write whose outcome is unknown (a 500, a time-out, a reset) or refused with a 409 is
 //! settled by reading the pod again: bound to our node with our assignment is success;
@@ -9,13 +8,12 @@
 //! whose gang is already reserved, with the pod's fresh resourceVersion).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::Duration;
 
-use crate::api::{ApiError, BindRequest, ClusterApi, EventRecord, PodKey};
+use crate::api::{ApiError, BindRequest, ClusterApi};
 use crate::k8s::leader::Gate;
 
 /// Why a Binding did not land.
@@ -39,20 +37,13 @@ pub struct WriteOutcome {
     pub result: Result<(), WriteFailure>,
 }
 
-/// Bindings and Events in flight.
+/// Bindings in flight.
 pub struct Binder<A> {
     api: A,
     gate: Gate,
     slots: Arc<Semaphore>,
     writes: JoinSet<WriteOutcome>,
-    events: JoinSet<()>,
-    event_slots: Arc<Semaphore>,
-    dropped_events: Arc<AtomicU64>,
 }
-
-/// Events waiting or in flight beyond which new ones are dropped (a few hundred bytes
-/// each: a burst of 10,000 bindings keeps all its Events).
-const MAX_QUEUED_EVENTS: usize = 16_384;
 
 impl<A: ClusterApi> Binder<A> {
     pub fn new(api: A, gate: Gate, max_in_flight: usize) -> Self {
@@ -62,9 +53,6 @@ impl<A: ClusterApi> Binder<A> {
             gate,
             slots: Arc::new(Semaphore::new(max_in_flight)),
             writes: JoinSet::new(),
-            events: JoinSet::new(),
-            event_slots: Arc::new(Semaphore::new(max_in_flight.min(16))),
-            dropped_events: Arc::default(),
         }
     }
 
@@ -81,31 +69,6 @@ impl<A: ClusterApi> Binder<A> {
             let result = write(&api, &gate, request.clone(), retries, refresh).await;
             drop(permit);
             WriteOutcome { request, result }
-        });
-    }
-
-    /// Queues an Event; dropped when too many are waiting.
-    pub fn emit(&mut self, pod: &PodKey, kind: &str, reason: &str, message: String) {
-        while self.events.try_join_next().is_some() {}
-        if self.events.len() >= MAX_QUEUED_EVENTS {
-            self.dropped_events.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        let event = EventRecord {
-            pod: pod.clone(),
-            kind: kind.to_string(),
-            reason: reason.to_string(),
-            message,
-        };
-        let api = self.api.clone();
-        let slots = Arc::clone(&self.event_slots);
-        self.events.spawn(async move {
-            let Ok(_permit) = slots.acquire_owned().await else {
-                return;
-            };
-            if let Err(e) = api.event(event.clone()).await {
-                tracing::warn!(pod = %event.pod, error = %e, "cannot record event");
-            }
         });
     }
 
@@ -130,17 +93,8 @@ impl<A: ClusterApi> Binder<A> {
         }
     }
 
-    /// Waits until every queued Event is sent.
-    pub async fn flush_events(&mut self) {
-        while self.events.join_next().await.is_some() {}
-    }
-
     pub fn in_flight(&self) -> usize {
         self.writes.len()
-    }
-
-    pub fn dropped_events(&self) -> u64 {
-        self.dropped_events.load(Ordering::Relaxed)
     }
 }
 

@@ -273,7 +273,7 @@ impl<A: ClusterApi> Scheduler<A> {
                 report.waiting_gangs += 1;
                 if matches!(outcome, Outcome::Nominated { .. }) {
                     for (pod, _) in members {
-                        self.binder
+                        self.events
                             .emit(&pod.key, "Warning", "FailedScheduling", message.clone());
                     }
                 }
@@ -540,7 +540,7 @@ impl<A: ClusterApi> Scheduler<A> {
     ) {
         for (pod, _) in members {
             self.queue.unschedulable(&pod.key.uid, now);
-            self.binder
+            self.events
                 .emit(&pod.key, "Warning", "FailedScheduling", reason.clone());
         }
         report.unschedulable += members.len();

@@ -362,7 +362,7 @@ impl<A: ClusterApi> Scheduler<A> {
             match result {
                 Ok(()) | Err(crate::api::ApiError::NotFound(_)) => {
                     evicted += 1;
-                    self.binder.emit(victim, "Normal", "Preempted", message);
+                    self.events.emit(victim, "Normal", "Preempted", message);
                 }
                 Err(e) => {
                     tracing::warn!(victim = %victim, preemptor = %by, error = %e, "victim not evicted; preemption is tried again later");

@@ -217,7 +217,7 @@ impl<A: ClusterApi> Scheduler<A> {
         report.nominated = self.nominations.len();
         report.in_flight = self.binder.in_flight();
         report.reservations = self.reservations.len();
-        report.events_dropped = self.binder.dropped_events();
+        report.events_dropped = self.events.dropped();
         report.gpu_capacity_milli = snapshot.state.gpu_capacity_milli();
         report.gpu_allocated_milli = snapshot.state.gpu_allocated_milli();
         report.fragmentation_milli = snapshot.state.total_frag() as u64;
@@ -322,7 +322,7 @@ impl<A: ClusterApi> Scheduler<A> {
                 report.unschedulable += 1;
                 self.queue.unschedulable(&pod.key.uid, now);
                 debug!(pod = %pod.key, %message, "unschedulable");
-                self.binder
+                self.events
                     .emit(&pod.key, "Warning", "FailedScheduling", message);
             }
         }
@@ -377,7 +377,7 @@ impl<A: ClusterApi> Scheduler<A> {
                         devices.join(",")
                     }
                 );
-                self.binder.emit(key, "Normal", "Scheduled", message);
+                self.events.emit(key, "Normal", "Scheduled", message);
             }
             Err(failure) => {
                 report.conflicts += 1;
