@@ -61,17 +61,9 @@ pub async fn serve(
     observed: Observed,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), AppError> {
-    let identity = format!(
-        "{}-{}",
-        config.scheduler_name,
-        std::env::var("HOSTNAME").unwrap_or_else(|_| std::process::id().to_string())
-    );
+    let identity = identity(&config.scheduler_name);
     info!(scheduler = %config.scheduler_name, policy = %config.policy, "starting watches");
-    let (stop, stopped) = watch::channel(false);
-    tokio::spawn(async move {
-        shutdown.await;
-        let _ = stop.send(true);
-    });
+    let stopped = stop_on(shutdown);
     let api = tokio::select! {
         api = KubeApi::start(client.clone(), identity.clone(), &config.gpu_resource) => {
             api?.with_rate_limit(options.kube_api_qps, options.kube_api_burst)
@@ -124,6 +116,23 @@ pub async fn serve(
         election,
     };
     led.run(observe).await
+}
+
+/// This replica's name for Events and the Lease: `prefix-` and the pod's hostname (else
+/// the process id).
+fn identity(prefix: &str) -> String {
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| std::process::id().to_string());
+    format!("{prefix}-{host}")
+}
+
+/// A flag every task can wait on, set when `shutdown` completes.
+fn stop_on(shutdown: impl Future<Output = ()> + Send + 'static) -> watch::Receiver<bool> {
+    let (stop, stopped) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop.send(true);
+    });
+    stopped
 }
 
 async fn until_stopped(mut rx: watch::Receiver<bool>) {
@@ -209,16 +218,9 @@ where
     L: axum::serve::Listener,
     L::Addr: std::fmt::Debug,
 {
-    let identity = format!(
-        "gpuplace-extender-{}",
-        std::env::var("HOSTNAME").unwrap_or_else(|_| std::process::id().to_string())
-    );
+    let identity = identity("gpuplace-extender");
     info!(mode = ?config.filter_mode, policy = %config.policy, "starting watches");
-    let (stop, stopped) = watch::channel(false);
-    tokio::spawn(async move {
-        shutdown.await;
-        let _ = stop.send(true);
-    });
+    let stopped = stop_on(shutdown);
     let api = tokio::select! {
         api = KubeApi::start(client, identity, &config.gpu_resource) => {
             api?.with_rate_limit(options.kube_api_qps, options.kube_api_burst)

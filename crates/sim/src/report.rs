@@ -265,6 +265,16 @@ pub enum ReportError {
     Plot { path: String, message: String },
 }
 
+/// Creates `dir` and writes `summary` into it as summary.json (the start of every report).
+pub(crate) fn start_report(dir: &Path, summary: &impl serde::Serialize) -> Result<(), ReportError> {
+    std::fs::create_dir_all(dir).map_err(|source| ReportError::Write {
+        path: dir.display().to_string(),
+        source,
+    })?;
+    let json = serde_json::to_string_pretty(summary).unwrap_or_default();
+    write(&dir.join("summary.json"), &json)
+}
+
 pub(crate) fn write(path: &Path, text: &str) -> Result<(), ReportError> {
     std::fs::write(path, text).map_err(|source| ReportError::Write {
         path: path.display().to_string(),

@@ -3,16 +3,11 @@
 use std::path::Path;
 
 use super::summary::TimelineSummary;
-use crate::report::{ReportError, write};
+use crate::report::{ReportError, start_report, write};
 
 /// Writes summary.json, series.csv, the plots (SVG and PNG) and index.html into `dir`.
 pub fn write_report(summary: &TimelineSummary, dir: &Path) -> Result<Vec<String>, ReportError> {
-    std::fs::create_dir_all(dir).map_err(|source| ReportError::Write {
-        path: dir.display().to_string(),
-        source,
-    })?;
-    let json = serde_json::to_string_pretty(summary).unwrap_or_default();
-    write(&dir.join("summary.json"), &json)?;
+    start_report(dir, summary)?;
     write(
         &dir.join("series.csv"),
         &super::summary::series_csv(summary),
