@@ -9,6 +9,7 @@ mod container;
 mod inventory;
 pub mod keys;
 mod need;
+pub mod relist;
 mod request;
 
 pub use assignment::{
@@ -19,4 +20,5 @@ pub use assignment::{
 pub use container::{NeedOfContainerError, need_of_container, quantity_milli};
 pub use inventory::{Gpu, INVENTORY_ANNOTATION, InventoryError, Link, NodeInventory, PcieLevel};
 pub use need::{GpuNeed, GpuTopology, NeedError, UnknownTopology};
+pub use relist::{ObjectKey, RelistStore};
 pub use request::{DeviceShare, MILLI_PER_GPU, Placement, Request, RequestError};

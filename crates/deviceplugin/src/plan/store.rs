@@ -2,22 +2,23 @@
 //! that use our resource in the kubelet's admission order, and the scheduler's plan.
 //!
 //! Fed by a watch on pods with `spec.nodeName=<node>` ([`crate::plan::kube`] in production,
-//! an in-memory feed in tests). Readers take cheap snapshots; a counter tells waiters that
+//! an in-memory feed in tests) into the one watch-fed store ([`gpuplace_model::RelistStore`],
+//! shared with the scheduler's pod store). Readers take cheap snapshots; a counter tells waiters that
 //! something changed (the handshake waits on it when the kubelet admits a pod this store has
 //! not heard of yet).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 
 use gpuplace_model::{
     ALLOCATED_ANNOTATION, ASSIGNMENT_ANNOTATION, Assignment, ContainerKind, ContainerNeed,
-    MILLI_PER_GPU, NeedOfContainerError, SHARE_RESOURCE, need_of_container,
+    MILLI_PER_GPU, NeedOfContainerError, ObjectKey, RelistStore, SHARE_RESOURCE, need_of_container,
 };
 use k8s_openapi::api::core::v1::{Container, Pod};
 use tokio::sync::watch;
 
 /// Namespace and name: how the kubelet's PodResources API names a pod.
-pub type PodName = (String, String);
+pub type PodName = ObjectKey;
 
 /// What the handshake keeps of one pod bound to this node.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -138,8 +139,7 @@ fn push_need(out: &mut Vec<ContainerNeed>, c: &Container, resource: &str, kind: 
 
 #[derive(Default)]
 struct Inner {
-    pods: HashMap<PodName, Arc<NodePod>>,
-    relist: Option<HashMap<PodName, Arc<NodePod>>>,
+    pods: RelistStore<NodePod>,
     /// Pods deleted from the API that the kubelet may still list while they terminate
     /// (kept as finished, so they are known and never taken for the pod being admitted),
     /// with the order they were deleted in, for pruning.
@@ -186,7 +186,7 @@ impl NodePods {
         let info = Arc::new(NodePod::from_pod(pod, &self.resource, &self.node));
         let mut inner = self.write();
         inner.gone.remove(&info.key());
-        inner.pods.insert(info.key(), info);
+        inner.pods.apply(info.key(), info);
         drop(inner);
         self.bump();
     }
@@ -212,23 +212,16 @@ impl NodePods {
 
     /// A relist begins: pods are collected aside and swapped in whole by [`relist_done`](Self::relist_done).
     pub fn begin_relist(&self) {
-        self.write().relist = Some(HashMap::new());
+        self.write().pods.begin_relist();
     }
 
     pub fn relisted(&self, pod: &Pod) {
         let info = Arc::new(NodePod::from_pod(pod, &self.resource, &self.node));
-        if let Some(relist) = self.write().relist.as_mut() {
-            relist.insert(info.key(), info);
-        }
+        self.write().pods.relisted(info.key(), info);
     }
 
     pub fn relist_done(&self) {
-        {
-            let mut inner = self.write();
-            if let Some(pods) = inner.relist.take() {
-                inner.pods = pods;
-            }
-        }
+        self.write().pods.relist_done();
         self.bump();
     }
 
@@ -240,8 +233,8 @@ impl NodePods {
     }
 
     /// Every pod, shared (live ones only).
-    pub fn snapshot(&self) -> HashMap<PodName, Arc<NodePod>> {
-        self.read().pods.clone()
+    pub fn snapshot(&self) -> BTreeMap<PodName, Arc<NodePod>> {
+        self.read().pods.items().clone()
     }
 
     /// A live pod or, marked finished, a recently deleted one the kubelet may still list.

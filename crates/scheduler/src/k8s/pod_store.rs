@@ -1,19 +1,17 @@
-//! The scheduler's pod cache: what a watch delivers, kept as [`PodInfo`].
+//! The scheduler's pod cache: what a watch delivers, kept as [`PodInfo`] in the one
+//! watch-fed store ([`gpuplace_model::RelistStore`], shared with the device plugin).
 //!
-//! It follows a list-then-watch stream the way kube's reflector store does (a relist is
-//! buffered and swapped in whole when it completes, so a view never mixes two lists), but
-//! converts each pod once, when its version arrives, and drops the decoded object.
+//! Each pod is converted once, when its version arrives, and the decoded object dropped;
+//! the same version again (a relist, a resync) keeps the converted one.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use gpuplace_model::{ObjectKey, RelistStore};
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::k8s::pod_info::PodInfo;
 
-type Key = (String, String);
-
-fn key_of(pod: &Pod) -> Key {
+fn key_of(pod: &Pod) -> ObjectKey {
     (
         pod.metadata
             .namespace
@@ -27,23 +25,19 @@ fn key_of(pod: &Pod) -> Key {
 #[derive(Debug)]
 pub struct PodStore {
     gpu_resource: String,
-    pods: BTreeMap<Key, Arc<PodInfo>>,
-    relist: Option<BTreeMap<Key, Arc<PodInfo>>>,
-    listed: bool,
+    pods: RelistStore<PodInfo>,
 }
 
 impl PodStore {
     pub fn new(gpu_resource: &str) -> Self {
         PodStore {
             gpu_resource: gpu_resource.to_string(),
-            pods: BTreeMap::new(),
-            relist: None,
-            listed: false,
+            pods: RelistStore::default(),
         }
     }
 
-    fn convert(&self, pod: &Pod, current: Option<&Arc<PodInfo>>) -> Arc<PodInfo> {
-        match current {
+    fn convert(&self, pod: &Pod, key: &ObjectKey) -> Arc<PodInfo> {
+        match self.pods.get(key) {
             // The same version again (a relist, a resync): keep the converted one.
             Some(info)
                 if pod.metadata.resource_version.as_deref()
@@ -59,8 +53,8 @@ impl PodStore {
     /// A pod was added or changed.
     pub fn apply(&mut self, pod: &Pod) {
         let key = key_of(pod);
-        let info = self.convert(pod, self.pods.get(&key));
-        self.pods.insert(key, info);
+        let info = self.convert(pod, &key);
+        self.pods.apply(key, info);
     }
 
     /// A pod was deleted.
@@ -75,29 +69,24 @@ impl PodStore {
 
     /// The watch restarted: a full list follows.
     pub fn begin_relist(&mut self) {
-        self.relist = Some(BTreeMap::new());
+        self.pods.begin_relist();
     }
 
     /// One pod of the list in progress.
     pub fn relisted(&mut self, pod: &Pod) {
         let key = key_of(pod);
-        let info = self.convert(pod, self.pods.get(&key));
-        self.relist
-            .get_or_insert_with(BTreeMap::new)
-            .insert(key, info);
+        let info = self.convert(pod, &key);
+        self.pods.relisted(key, info);
     }
 
     /// The list is complete: it replaces the cache (pods deleted meanwhile disappear).
     pub fn relist_done(&mut self) {
-        if let Some(pods) = self.relist.take() {
-            self.pods = pods;
-        }
-        self.listed = true;
+        self.pods.relist_done();
     }
 
     /// Whether a first full list has arrived.
     pub fn is_listed(&self) -> bool {
-        self.listed
+        self.pods.is_listed()
     }
 
     pub fn len(&self) -> usize {
