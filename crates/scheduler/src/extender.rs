@@ -33,8 +33,8 @@ use crate::framework::filter::VerdictCache;
 use crate::framework::volumes::VolumeIndex;
 use crate::k8s::leader::Gate;
 use crate::k8s::pod_info::PodInfo;
-use crate::scheduler::assume::{Reservations, reserve};
-use crate::scheduler::state_cache::StateCache;
+use crate::scheduler::assume::reserve;
+use crate::scheduler::cluster_cache::{Brought, ClusterCache};
 use evaluate::{Need, Verdict, Verdicts};
 use wire::{BindingArgs, ExtenderArgs, FilterResult, HostPriority};
 
@@ -99,8 +99,7 @@ const WORKLOAD_EVERY: Duration = Duration::from_secs(10);
 
 struct Inner {
     placer: Placer,
-    cache: StateCache,
-    reservations: Reservations,
+    cache: ClusterCache,
     verdicts: VerdictCache,
     volumes: VolumeIndex,
     generation: Option<u64>,
@@ -142,20 +141,14 @@ pub enum BindError {
 
 impl<A: ClusterApi> Extender<A> {
     pub fn new(api: A, config: ExtenderConfig) -> Self {
-        let placer = Placer::new(config.policy, config.seed)
-            .with_weights(&config.weights)
-            .unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "weights refused; scoring with the policy alone");
-                Placer::new(config.policy, config.seed)
-            });
+        let placer = crate::framework::placer(config.policy, &config.weights, config.seed);
         Extender {
             api,
             config,
             gate: Gate::always_open(),
             inner: Mutex::new(Inner {
                 placer,
-                cache: StateCache::default(),
-                reservations: Reservations::default(),
+                cache: ClusterCache::default(),
                 verdicts: VerdictCache::default(),
                 volumes: VolumeIndex::default(),
                 generation: None,
@@ -172,7 +165,7 @@ impl<A: ClusterApi> Extender<A> {
 
     /// Reservations whose Binding the watch has not confirmed yet.
     pub fn reservations(&self) -> usize {
-        self.lock().reservations.len()
+        self.lock().cache.reservations.len()
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -307,7 +300,7 @@ impl<A: ClusterApi> Extender<A> {
         let request = {
             let mut guard = self.fresh().await?;
             let inner = &mut *guard;
-            if let Some(r) = inner.reservations.get(&args.pod_uid) {
+            if let Some(r) = inner.cache.reservations.get(&args.pod_uid) {
                 if r.node == args.node && r.written {
                     // kube-scheduler retried a bind that already landed.
                     return Ok(());
@@ -351,7 +344,7 @@ impl<A: ClusterApi> Extender<A> {
                 reserve(snapshot, &pod, &demand, &decision, &policy, None);
             // kube-scheduler sent the pod: the lagging watch may not have shown it yet.
             reservation.seen = false;
-            inner.reservations.assume(reservation);
+            inner.cache.assume(reservation);
             request
         };
         let written = crate::scheduler::bind::write(
@@ -365,15 +358,11 @@ impl<A: ClusterApi> Extender<A> {
         let mut inner = self.lock();
         match written {
             Ok(()) => {
-                inner.reservations.written(&args.pod_uid);
+                inner.cache.written(&args.pod_uid);
                 Ok(())
             }
             Err(e) => {
-                if inner.reservations.forget(&args.pod_uid).is_some()
-                    && let Some(snapshot) = inner.cache.snapshot_mut()
-                {
-                    snapshot.release(&args.pod_uid);
-                }
+                inner.cache.forget(&args.pod_uid);
                 Err(BindError::Write(id, e.to_string()))
             }
         }
@@ -399,15 +388,14 @@ impl Inner {
             .as_ref()
             .is_none_or(|(at, _)| declared.is_none() && at.elapsed() >= WORKLOAD_EVERY);
         if stale {
-            let workload = match declared {
-                Some(declared) => Arc::clone(declared),
-                None => crate::snapshot::workload_of(&view.pods),
-            };
+            let workload = crate::snapshot::target_workload(declared, &view.pods);
             self.workload = Some((Instant::now(), workload));
         }
-        let (mut snapshot, _lost, rebuilt) =
-            self.cache
-                .update_owned(view, &mut self.reservations, gpu_resource);
+        let Brought {
+            mut snapshot,
+            rebuilt,
+            ..
+        } = self.cache.update_owned(view, gpu_resource);
         // Setting the workload scores every node's fragmentation again: only when it or
         // the state is new.
         if (stale || rebuilt)

@@ -7,11 +7,11 @@
 //! | QueueSort | `gpuplace_core::Queue` (priority, then arrival; backoff and parking) |
 //! | PreFilter / Filter | [`filter`] (node verdicts, extended resources) with [`crate::framework::node_filters`], [`crate::framework::volumes`], [`crate::framework::interpod`] |
 //! | Score (narrowing) | [`crate::framework::preference`], through [`Profile::prefer`] |
-//! | Score (placement) | `gpuplace_core::Placer` (node and exact GPUs) |
-//! | Reserve | `scheduler/assume.rs` (assume/forget on the cluster cache) |
+//! | Score (placement) | `gpuplace_core::Placer` (node and exact GPUs), set up by [`placer`] |
+//! | Reserve | `scheduler/assume.rs`, kept by `scheduler/cluster_cache.rs` (assume/written/forget) |
 //! | Permit | `scheduler/gang_permit.rs` (gangs all or nothing) |
 //! | PostFilter | `scheduler/post_filter.rs` (preemption; nominations in `scheduler/preempt.rs`) |
-//! | Bind | `scheduler/bind.rs` (Bindings and Events) |
+//! | Bind | `scheduler/bind.rs` (Bindings; Events in `scheduler/events.rs`) |
 //!
 //! A new filter is one new function in [`filter`] called from [`Profile::filter`]; a new
 //! driver calls the profile instead of writing the chain out again.
@@ -24,3 +24,19 @@ pub mod profile;
 pub mod volumes;
 
 pub use profile::{FilterInput, Profile};
+
+/// The placement stage for `policy`, or for a weighted sum of `weights` (a refused weight
+/// list is logged and the policy scores alone): the scheduler and the extender set up
+/// theirs here.
+pub fn placer(
+    policy: gpuplace_core::Policy,
+    weights: &[(gpuplace_core::Policy, i64)],
+    seed: u64,
+) -> gpuplace_core::Placer {
+    gpuplace_core::Placer::new(policy, seed)
+        .with_weights(weights)
+        .unwrap_or_else(|e| {
+            tracing::warn!(error = %e, %policy, "weights refused; scoring with the policy alone");
+            gpuplace_core::Placer::new(policy, seed)
+        })
+}

@@ -10,6 +10,7 @@
 
 pub(crate) mod assume;
 pub(crate) mod bind;
+pub(crate) mod cluster_cache;
 pub(crate) mod events;
 mod gang_permit;
 mod gangs;
@@ -17,13 +18,11 @@ mod post_filter;
 pub mod preempt;
 mod round;
 pub mod run;
-pub(crate) mod state_cache;
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use gpuplace_core::{Placer, Policy};
-use tracing::warn;
 
 pub use assume::{Reservation, Reservations};
 pub use bind::{WriteFailure, WriteOutcome};
@@ -151,8 +150,8 @@ pub struct Scheduler<A: ClusterApi> {
     config: SchedulerConfig,
     placer: Placer,
     queue: Queue,
-    reservations: Reservations,
-    cache: state_cache::StateCache,
+    /// The cluster state across rounds, with reservations and nominations on it.
+    cluster: cluster_cache::ClusterCache,
     binder: bind::Binder<A>,
     events: events::EventSink<A>,
     gate: Gate,
@@ -166,8 +165,6 @@ pub struct Scheduler<A: ClusterApi> {
     warned: HashSet<String>,
     /// Claims and volumes this round (built only when a waiting pod has claims).
     volumes: crate::framework::volumes::VolumeIndex,
-    /// Preemptors waiting for their victims, and the devices held for them.
-    nominations: preempt::Nominations,
     /// How long each preemption search of the current round took (handed to its report).
     preemption_times: Vec<Duration>,
 }
@@ -182,12 +179,7 @@ impl<A: ClusterApi> Scheduler<A> {
 
     /// A scheduler that decides and writes only while `gate` is open.
     pub fn with_gate(api: A, config: SchedulerConfig, gate: Gate) -> Self {
-        let placer = Placer::new(config.policy, config.seed)
-            .with_weights(&config.weights)
-            .unwrap_or_else(|e| {
-                warn!(error = %e, policy = %config.policy, "weights refused; scoring with the policy alone");
-                Placer::new(config.policy, config.seed)
-            });
+        let placer = crate::framework::placer(config.policy, &config.weights, config.seed);
         Scheduler {
             binder: bind::Binder::new(api.clone(), gate.clone(), config.max_in_flight),
             events: events::EventSink::new(api.clone(), config.max_in_flight.min(16)),
@@ -195,8 +187,7 @@ impl<A: ClusterApi> Scheduler<A> {
             api,
             config,
             placer,
-            reservations: Reservations::default(),
-            cache: state_cache::StateCache::default(),
+            cluster: cluster_cache::ClusterCache::default(),
             gate,
             seen: Seen::default(),
             dirty: true,
@@ -204,14 +195,13 @@ impl<A: ClusterApi> Scheduler<A> {
             gangs: gangs::Gangs::default(),
             warned: HashSet::new(),
             volumes: Default::default(),
-            nominations: Default::default(),
             preemption_times: Vec::new(),
         }
     }
 
     /// Preemptors waiting for their victims.
     pub fn nominations(&self) -> &preempt::Nominations {
-        &self.nominations
+        &self.cluster.nominations
     }
 
     pub fn api(&self) -> &A {
@@ -220,7 +210,7 @@ impl<A: ClusterApi> Scheduler<A> {
 
     /// Pods assumed and not yet seen bound by the watch.
     pub fn reservations(&self) -> &Reservations {
-        &self.reservations
+        &self.cluster.reservations
     }
 
     /// The generation of the view the last round saw.
@@ -230,7 +220,7 @@ impl<A: ClusterApi> Scheduler<A> {
 
     /// Full builds of the cluster state and in-place updates so far.
     pub fn state_builds(&self) -> (usize, usize) {
-        (self.cache.builds, self.cache.updates)
+        (self.cluster.builds, self.cluster.updates)
     }
 
     /// Compares the state kept across rounds with one built afresh from `view` (with the
@@ -238,13 +228,13 @@ impl<A: ClusterApi> Scheduler<A> {
     /// tests of the incremental cache (feature `bench-hooks`).
     #[cfg(feature = "bench-hooks")]
     pub fn verify_state(&mut self, view: &crate::api::ClusterView) -> Result<(), String> {
-        let Some(kept) = self.cache.snapshot_mut().map(|s| s.free_by_node()) else {
+        let Some(kept) = self.cluster.snapshot_mut().map(|s| s.free_by_node()) else {
             return Ok(());
         };
         let mut fresh = crate::snapshot::build(&view.nodes, &view.pods, &self.config.gpu_resource);
         let mut copy = Reservations::default();
-        for uid in self.reservations.uids() {
-            if let Some(r) = self.reservations.get(&uid) {
+        for uid in self.cluster.reservations.uids() {
+            if let Some(r) = self.cluster.reservations.get(&uid) {
                 copy.assume(r.clone());
             }
         }

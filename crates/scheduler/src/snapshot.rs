@@ -195,6 +195,18 @@ pub fn inventory_of(node: &Node, gpu_resource: &str) -> (NodeInventory, Option<S
     (inv, warning)
 }
 
+/// FGD's target workload: the one `declared` by the operator, else the shapes of `pods`
+/// (the scheduler's and the extender's view intake both measure against it).
+pub fn target_workload(
+    declared: Option<&Arc<gpuplace_core::TargetWorkload>>,
+    pods: &[Arc<PodInfo>],
+) -> Arc<gpuplace_core::TargetWorkload> {
+    match declared {
+        Some(declared) => Arc::clone(declared),
+        None => workload_of(pods),
+    }
+}
+
 /// FGD's target workload: the shapes of the pods the cluster runs and is asked to run.
 pub fn workload_of(pods: &[Arc<PodInfo>]) -> Arc<gpuplace_core::TargetWorkload> {
     let shapes: Vec<gpuplace_model::Request> = pods
@@ -374,51 +386,9 @@ impl Snapshot {
                 return;
             }
         };
-        let inventory = self.state.inventory(n);
         // What the pod holds of each of its GPUs (a replica on a time-sliced node).
         let milli = self.state.effective(n, &demand.request).gpu_milli.max(1);
-        let mut gpus: Vec<(usize, u32)> = Vec::new();
-        let position = |id: &str| inventory.gpus.iter().position(|g| g.id == id);
-        // The node's record of what the kubelet really gave the pod wins over the plan.
-        let truth = pod.allocated.as_deref().map(Allocated::from_json);
-        match truth {
-            Some(Ok(a)) if a.node == node_name => {
-                for share in a.devices() {
-                    if let Some(pos) = position(&share.id)
-                        && !gpus.iter().any(|(p, _)| *p == pos)
-                    {
-                        gpus.push((pos, milli));
-                    }
-                }
-            }
-            Some(Ok(a)) => self.warnings.push(format!(
-                "pod {pod_name}: allocation names node {} but the pod is bound to {node_name}",
-                a.node
-            )),
-            Some(Err(e)) => self.warnings.push(format!("pod {pod_name}: {e}")),
-            None => {}
-        }
-        if gpus.is_empty()
-            && let Some(text) = &pod.assignment
-        {
-            match Assignment::from_json(text) {
-                Ok(a) if a.node == node_name => {
-                    for share in a.devices() {
-                        // The pod's share, not one container's part of it.
-                        if let Some(pos) = position(&share.id)
-                            && !gpus.iter().any(|(p, _)| *p == pos)
-                        {
-                            gpus.push((pos, milli));
-                        }
-                    }
-                }
-                Ok(a) => self.warnings.push(format!(
-                    "pod {pod_name}: assignment names node {} but the pod is bound to {node_name}",
-                    a.node
-                )),
-                Err(e) => self.warnings.push(format!("pod {pod_name}: {e}")),
-            }
-        }
+        let mut gpus = self.recorded_gpus(pod, n, milli);
         if gpus.len() != demand.request.gpu_count as usize {
             // Unknown devices: hold the first GPUs that fit.
             gpus.clear();
@@ -453,6 +423,53 @@ impl Snapshot {
                 extended: demand.extended,
             },
         );
+    }
+
+    /// The GPUs of node `n` a bound pod holds (position, `milli` each), as recorded: the
+    /// node's record of what the kubelet gave the pod wins over the scheduler's plan. A
+    /// record naming another node, or unreadable, is warned about and not used.
+    fn recorded_gpus(&mut self, pod: &PodInfo, n: usize, milli: u32) -> Vec<(usize, u32)> {
+        let pod_name = &pod.key.name;
+        let node_name = pod.node_name.as_deref().unwrap_or_default();
+        let inventory = self.state.inventory(n);
+        let mut gpus: Vec<(usize, u32)> = Vec::new();
+        // The pod's share of each GPU, not one container's part of it.
+        let hold = |gpus: &mut Vec<(usize, u32)>, ids: Vec<&str>| {
+            for id in ids {
+                if let Some(pos) = inventory.gpus.iter().position(|g| g.id == id)
+                    && !gpus.iter().any(|(p, _)| *p == pos)
+                {
+                    gpus.push((pos, milli));
+                }
+            }
+        };
+        match pod.allocated.as_deref().map(Allocated::from_json) {
+            Some(Ok(a)) if a.node == node_name => hold(
+                &mut gpus,
+                a.devices().iter().map(|d| d.id.as_str()).collect(),
+            ),
+            Some(Ok(a)) => self.warnings.push(format!(
+                "pod {pod_name}: allocation names node {} but the pod is bound to {node_name}",
+                a.node
+            )),
+            Some(Err(e)) => self.warnings.push(format!("pod {pod_name}: {e}")),
+            None => {}
+        }
+        if !gpus.is_empty() {
+            return gpus;
+        }
+        match pod.assignment.as_deref().map(Assignment::from_json) {
+            Some(Ok(a)) if a.node == node_name => {
+                hold(&mut gpus, a.devices().map(|d| d.id.as_str()).collect())
+            }
+            Some(Ok(a)) => self.warnings.push(format!(
+                "pod {pod_name}: assignment names node {} but the pod is bound to {node_name}",
+                a.node
+            )),
+            Some(Err(e)) => self.warnings.push(format!("pod {pod_name}: {e}")),
+            None => {}
+        }
+        gpus
     }
 }
 

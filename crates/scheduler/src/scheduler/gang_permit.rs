@@ -101,7 +101,7 @@ impl<A: ClusterApi> Scheduler<A> {
         };
         // Members that preempted are tried with the devices held for them free.
         for (pod, _) in &members {
-            self.nominations.release(&pod.key.uid, snapshot);
+            self.cluster.nominations.release(&pod.key.uid, snapshot);
         }
         let best = self.best_trial(snapshot, &members, &domains, &gang);
         if gang.bound + best.trial.planned.len() as u32 >= gang.spec.min_member {
@@ -141,7 +141,7 @@ impl<A: ClusterApi> Scheduler<A> {
                     && p.is_active_bound()
             })
             .count() as u32
-            + self.reservations.of_gang(&id).count() as u32;
+            + self.cluster.reservations.of_gang(&id).count() as u32;
         Some(Gang {
             id,
             namespace: namespace.to_string(),
@@ -207,7 +207,7 @@ impl<A: ClusterApi> Scheduler<A> {
     ) {
         let mut moved = Vec::new();
         for (pod, _, decision) in &planned {
-            if let Some(n) = self.nominations.remove(&pod.key.uid)
+            if let Some(n) = self.cluster.nominations.remove(&pod.key.uid)
                 && n.node != snapshot.state.inventory(decision.node).name
             {
                 moved.push(pod.key.clone());
@@ -261,7 +261,7 @@ impl<A: ClusterApi> Scheduler<A> {
                 .preempt_gang(snapshot, view, members, domains, report)
                 .await;
             for (pod, _) in members {
-                self.nominations.restore(&pod.key.uid, snapshot);
+                self.cluster.nominations.restore(&pod.key.uid, snapshot);
             }
             if matches!(outcome, Outcome::Nominated { .. } | Outcome::Waiting) {
                 let reason = format!(
@@ -288,7 +288,7 @@ impl<A: ClusterApi> Scheduler<A> {
             preemption = Some(outcome);
         } else {
             for (pod, _) in members {
-                self.nominations.restore(&pod.key.uid, snapshot);
+                self.cluster.nominations.restore(&pod.key.uid, snapshot);
             }
         }
         report.waiting_gangs += 1;
@@ -406,7 +406,8 @@ impl<A: ClusterApi> Scheduler<A> {
             })
             .map(|p| p.key.uid.as_str())
             .chain(
-                self.reservations
+                self.cluster
+                    .reservations
                     .of_gang(&format!("{namespace}/{group}"))
                     .map(|r| r.key.uid.as_str()),
             )

@@ -135,7 +135,12 @@ impl<A: ClusterApi> Scheduler<A> {
         if pod.never_preempts {
             return Outcome::Never;
         }
-        if waiting_for_victims(pod, self.nominations.get(&pod.key.uid), view, snapshot) {
+        if waiting_for_victims(
+            pod,
+            self.cluster.nominations.get(&pod.key.uid),
+            view,
+            snapshot,
+        ) {
             return Outcome::Waiting;
         }
         let profile = Profile {
@@ -157,8 +162,8 @@ impl<A: ClusterApi> Scheduler<A> {
             .mask()
             .map_or(0, |m| m.iter().filter(|a| !**a).count());
         let started = std::time::Instant::now();
-        let reservations = &self.reservations;
-        let promised = self.nominations.victims();
+        let reservations = &self.cluster.reservations;
+        let promised = self.cluster.nominations.victims();
         let (cands, keys) = candidates(
             snapshot,
             view,
@@ -195,8 +200,8 @@ impl<A: ClusterApi> Scheduler<A> {
             )
             .await;
         report.preempted += evicted;
-        self.nominations.insert(nomination);
-        self.nominations.restore(&pod.key.uid, snapshot);
+        self.cluster.nominations.insert(nomination);
+        self.cluster.nominations.restore(&pod.key.uid, snapshot);
         tracing::info!(pod = %pod.key, %node, victims = victims.len(), "preempting");
         Outcome::Nominated { node, victims }
     }
@@ -212,22 +217,13 @@ impl<A: ClusterApi> Scheduler<A> {
         domains: &[Option<Vec<bool>>],
         report: &mut RoundReport,
     ) -> Outcome {
-        if members.iter().any(|(p, _)| p.demand.is_err()) {
-            return Outcome::NotTried;
-        }
-        if members.iter().any(|(p, _)| p.never_preempts) {
-            return Outcome::Never;
-        }
-        if members
-            .iter()
-            .any(|(p, _)| waiting_for_victims(p, self.nominations.get(&p.key.uid), view, snapshot))
-        {
-            return Outcome::Waiting;
+        if let Some(outcome) = self.gang_not_eligible(snapshot, view, members) {
+            return outcome;
         }
         // A gang evicts only what every member outranks.
         let priority = members.iter().map(|(p, _)| p.priority).min().unwrap_or(0);
-        let reservations = &self.reservations;
-        let promised = self.nominations.victims();
+        let reservations = &self.cluster.reservations;
+        let promised = self.cluster.nominations.victims();
         let (cands, keys) = candidates(
             snapshot,
             view,
@@ -237,36 +233,7 @@ impl<A: ClusterApi> Scheduler<A> {
             None,
         );
         let started = std::time::Instant::now();
-        // Largest members first; masks from each member's filters, within the domain.
-        let mut order: Vec<usize> = (0..members.len()).collect();
-        let demand = |i: usize| members[i].0.demand.as_ref().ok();
-        order.sort_by_key(|&i| {
-            std::cmp::Reverse(demand(i).map_or(0, |d| d.request.total_gpu_milli()))
-        });
-        let masks: Vec<Option<Vec<bool>>> = members
-            .iter()
-            .map(|(p, v)| {
-                let profile = Profile {
-                    volumes: &self.volumes,
-                };
-                let f = profile
-                    .filter(
-                        v,
-                        &FilterInput {
-                            snapshot,
-                            scalars: &snapshot.scalars,
-                            pod: p,
-                            demand: p.demand.as_ref().ok()?,
-                            planned: &[],
-                        },
-                    )
-                    .ok()?;
-                Some(
-                    f.mask()
-                        .map_or_else(|| vec![true; snapshot.nodes.len()], <[bool]>::to_vec),
-                )
-            })
-            .collect();
+        let masks = self.member_masks(snapshot, members);
         let not_helpful = masks
             .iter()
             .flatten()
@@ -276,12 +243,149 @@ impl<A: ClusterApi> Scheduler<A> {
         if cands.units.is_empty() && cands.freeing.is_empty() {
             return Outcome::NoVictims(not_helpful);
         }
-        let mut best: Option<(preempt::GangPreemption, Vec<usize>)> = None;
-        for domain in domains {
+        let search = GangSearch {
+            members,
+            masks: &masks,
+            domains,
+        };
+        let best = search.best(&mut self.placer, snapshot, &cands);
+        self.preemption_times.push(started.elapsed());
+        let plan = match best {
+            Err(NotPlanned) => return Outcome::NotTried,
+            Ok(None) => return Outcome::NoVictims(not_helpful),
+            Ok(Some(plan)) => plan,
+        };
+        let victims = victims_of(&cands, &keys, &plan.plan.units);
+        drop(cands);
+        self.nominate_gang(snapshot, members, &plan, victims, report)
+            .await
+    }
+
+    /// Why the gang may not preempt now, if so: a member's requests are wrong, a member
+    /// never preempts, or victims evicted earlier are still terminating.
+    fn gang_not_eligible(
+        &self,
+        snapshot: &Snapshot,
+        view: &ClusterView,
+        members: &[(&Arc<PodInfo>, Verdicts)],
+    ) -> Option<Outcome> {
+        if members.iter().any(|(p, _)| p.demand.is_err()) {
+            return Some(Outcome::NotTried);
+        }
+        if members.iter().any(|(p, _)| p.never_preempts) {
+            return Some(Outcome::Never);
+        }
+        let nominations = &self.cluster.nominations;
+        members
+            .iter()
+            .any(|(p, _)| waiting_for_victims(p, nominations.get(&p.key.uid), view, snapshot))
+            .then_some(Outcome::Waiting)
+    }
+
+    /// Each member's filter mask over every node (`None`: its filters reject everything).
+    fn member_masks(
+        &self,
+        snapshot: &Snapshot,
+        members: &[(&Arc<PodInfo>, Verdicts)],
+    ) -> Vec<Option<Vec<bool>>> {
+        let profile = Profile {
+            volumes: &self.volumes,
+        };
+        members
+            .iter()
+            .map(|(p, v)| {
+                let input = FilterInput {
+                    snapshot,
+                    scalars: &snapshot.scalars,
+                    pod: p,
+                    demand: p.demand.as_ref().ok()?,
+                    planned: &[],
+                };
+                let f = profile.filter(v, &input).ok()?;
+                Some(
+                    f.mask()
+                        .map_or_else(|| vec![true; snapshot.nodes.len()], <[bool]>::to_vec),
+                )
+            })
+            .collect()
+    }
+
+    /// Evicts the plan's victims and nominates every member to its planned place (the
+    /// devices held for it from this round on).
+    async fn nominate_gang(
+        &mut self,
+        snapshot: &mut Snapshot,
+        members: &[(&Arc<PodInfo>, Verdicts)],
+        plan: &GangPlan,
+        victims: Vec<PodKey>,
+        report: &mut RoundReport,
+    ) -> Outcome {
+        let mut nominate = Vec::new();
+        let mut noms = Vec::new();
+        for (&i, (n, gpus)) in plan.order.iter().zip(&plan.plan.placements) {
+            let (pod, _) = &members[i];
+            let Ok(d) = &pod.demand else { continue };
+            let node = snapshot.state.inventory(*n).name.clone();
+            nominate.push((pod.key.clone(), node));
+            noms.push(nomination(snapshot, pod, d, *n, gpus, &victims));
+        }
+        let where_ = Self::nodes_of(snapshot, &victims.iter().collect::<Vec<_>>());
+        let by = &members[plan.order[0]].0.key;
+        let evicted = self.carry_out(by, &where_, &victims, &nominate).await;
+        report.preempted += evicted;
+        for n in noms {
+            let uid = n.key.uid.clone();
+            self.cluster.nominations.insert(n);
+            self.cluster.nominations.restore(&uid, snapshot);
+        }
+        let node = nominate
+            .iter()
+            .map(|(_, n)| n.as_str())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect::<Vec<_>>()
+            .join(",");
+        tracing::info!(gang = %by, nodes = %node, victims = victims.len(), "gang preempting");
+        Outcome::Nominated { node, victims }
+    }
+}
+
+/// A member's requests could not be read: the gang is not planned.
+struct NotPlanned;
+
+/// The cheapest gang plan found, and the member order its placements follow.
+struct GangPlan {
+    plan: preempt::GangPreemption,
+    order: Vec<usize>,
+}
+
+/// A gang's victim search over its topology domains.
+struct GangSearch<'a, 'p> {
+    members: &'a [(&'p Arc<PodInfo>, Verdicts)],
+    masks: &'a [Option<Vec<bool>>],
+    domains: &'a [Option<Vec<bool>>],
+}
+
+impl GangSearch<'_, '_> {
+    /// The cheapest plan over the domains, largest members placed first, each within its
+    /// filter mask and the domain.
+    fn best(
+        &self,
+        placer: &mut gpuplace_core::Placer,
+        snapshot: &Snapshot,
+        cands: &preempt::Candidates<'_>,
+    ) -> Result<Option<GangPlan>, NotPlanned> {
+        let demand = |i: usize| self.members[i].0.demand.as_ref().ok();
+        let mut order: Vec<usize> = (0..self.members.len()).collect();
+        order.sort_by_key(|&i| {
+            std::cmp::Reverse(demand(i).map_or(0, |d| d.request.total_gpu_milli()))
+        });
+        let mut best: Option<GangPlan> = None;
+        for domain in self.domains {
             let within: Vec<Vec<bool>> = order
                 .iter()
                 .map(|&i| {
-                    let mut m = masks[i].clone().unwrap_or_default();
+                    let mut m = self.masks[i].clone().unwrap_or_default();
                     if let Some(d) = domain {
                         m.iter_mut().zip(d).for_each(|(a, b)| *a &= *b);
                     }
@@ -293,49 +397,20 @@ impl<A: ClusterApi> Scheduler<A> {
                 .zip(&within)
                 .filter_map(|(&i, m)| Some((&demand(i)?.request, Some(m.as_slice()))))
                 .collect();
-            if asks.len() != members.len() {
-                return Outcome::NotTried;
+            if asks.len() != self.members.len() {
+                return Err(NotPlanned);
             }
-            let plan = preempt::find_for_all(&mut self.placer, &snapshot.state, &asks, &cands);
+            let plan = preempt::find_for_all(placer, &snapshot.state, &asks, cands);
             if let Some(plan) = plan
-                && best.as_ref().is_none_or(|(b, _)| plan.cost < b.cost)
+                && best.as_ref().is_none_or(|b| plan.cost < b.plan.cost)
             {
-                best = Some((plan, order.clone()));
+                best = Some(GangPlan {
+                    plan,
+                    order: order.clone(),
+                });
             }
         }
-        self.preemption_times.push(started.elapsed());
-        let Some((plan, order)) = best else {
-            return Outcome::NoVictims(not_helpful);
-        };
-        let victims = victims_of(&cands, &keys, &plan.units);
-        drop(cands);
-        let mut nominate = Vec::new();
-        let mut noms = Vec::new();
-        for (&i, (n, gpus)) in order.iter().zip(&plan.placements) {
-            let (pod, _) = &members[i];
-            let Some(d) = demand(i) else { continue };
-            let node = snapshot.state.inventory(*n).name.clone();
-            nominate.push((pod.key.clone(), node));
-            noms.push(nomination(snapshot, pod, d, *n, gpus, &victims));
-        }
-        let where_ = Self::nodes_of(snapshot, &victims.iter().collect::<Vec<_>>());
-        let by = &members[order[0]].0.key;
-        let evicted = self.carry_out(by, &where_, &victims, &nominate).await;
-        report.preempted += evicted;
-        for n in noms {
-            let uid = n.key.uid.clone();
-            self.nominations.insert(n);
-            self.nominations.restore(&uid, snapshot);
-        }
-        let node = nominate
-            .iter()
-            .map(|(_, n)| n.as_str())
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
-            .collect::<Vec<_>>()
-            .join(",");
-        tracing::info!(gang = %by, nodes = %node, victims = victims.len(), "gang preempting");
-        Outcome::Nominated { node, victims }
+        Ok(best)
     }
 }
 

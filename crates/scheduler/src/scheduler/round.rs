@@ -12,6 +12,7 @@ use k8s_openapi::jiff::Timestamp;
 use tracing::{debug, info, warn};
 
 use super::bind::{WriteFailure, WriteOutcome};
+use super::cluster_cache::Brought;
 use super::{RoundReport, RoundTimings, Scheduler, Seen};
 use crate::api::{ApiError, BindRequest, ClusterApi, ClusterView, PodKey};
 use crate::framework::filter::{VerdictCache, Verdicts, explain};
@@ -56,7 +57,7 @@ impl<A: ClusterApi> Scheduler<A> {
     /// scheduler bound since: a pod bound and deleted between two views held GPUs too), or
     /// a pod group changed.
     fn observe(&mut self, view: &ClusterView) {
-        let nodes = super::state_cache::sorted_nodes(view);
+        let nodes = super::cluster_cache::sorted_nodes(view);
         let active: HashSet<String> = view
             .pods
             .iter()
@@ -78,8 +79,8 @@ impl<A: ClusterApi> Scheduler<A> {
             })
             .collect();
         let freed = self.seen.active.iter().any(|uid| !active.contains(uid))
-            || self.reservations.any_gone(view);
-        let nodes_changed = super::state_cache::nodes_differ(&self.seen.nodes, &nodes);
+            || self.cluster.reservations.any_gone(view);
+        let nodes_changed = super::cluster_cache::nodes_differ(&self.seen.nodes, &nodes);
         let volumes = crate::framework::volumes::digest(&view.claims, &view.volumes);
         if nodes_changed || groups != self.seen.groups || freed || volumes != self.seen.volumes {
             self.queue.wake_all();
@@ -121,7 +122,7 @@ impl<A: ClusterApi> Scheduler<A> {
             .iter()
             .filter(|p| {
                 p.is_pending_for(&self.config.scheduler_name)
-                    && !self.reservations.contains(&p.key.uid)
+                    && !self.cluster.reservations.contains(&p.key.uid)
             })
             .collect();
         let waiting_uids: HashSet<&str> = waiting.iter().map(|p| p.key.uid.as_str()).collect();
@@ -143,9 +144,11 @@ impl<A: ClusterApi> Scheduler<A> {
     /// The kept cluster state brought up to the view: reservations reconciled, the
     /// workload FGD measures against, and the devices held for preemptors.
     async fn state_for_round(&mut self, view: &ClusterView) -> Snapshot {
-        let (mut snapshot, lost, rebuilt) =
-            self.cache
-                .update(view, &mut self.reservations, &self.config.gpu_resource);
+        let Brought {
+            mut snapshot,
+            lost,
+            rebuilt,
+        } = self.cluster.update(view, &self.config.gpu_resource);
         if rebuilt {
             self.warned.clear();
         }
@@ -159,13 +162,10 @@ impl<A: ClusterApi> Scheduler<A> {
         }
         // FGD measures fragmentation against the declared workload, else the shapes of the
         // pods the cluster runs and is asked to run.
-        let workload = match &self.config.workload {
-            Some(declared) => std::sync::Arc::clone(declared),
-            None => crate::snapshot::workload_of(&view.pods),
-        };
+        let workload = crate::snapshot::target_workload(self.config.workload.as_ref(), &view.pods);
         snapshot.state.set_workload(workload);
         // Preemptors' devices, as far as their victims have freed them, are theirs.
-        let clear = self.nominations.hold(view, &mut snapshot);
+        let clear = self.cluster.nominations.hold(view, &mut snapshot);
         if !clear.is_empty() {
             self.clear_nominations(clear).await;
         }
@@ -213,16 +213,16 @@ impl<A: ClusterApi> Scheduler<A> {
 
     /// Holds released, the round's figures taken, and the state kept for the next round.
     fn finish_round(&mut self, mut snapshot: Snapshot, report: &mut RoundReport) {
-        self.nominations.release_all(&mut snapshot);
-        report.nominated = self.nominations.len();
+        self.cluster.nominations.release_all(&mut snapshot);
+        report.nominated = self.cluster.nominations.len();
         report.in_flight = self.binder.in_flight();
-        report.reservations = self.reservations.len();
+        report.reservations = self.cluster.reservations.len();
         report.events_dropped = self.events.dropped();
         report.gpu_capacity_milli = snapshot.state.gpu_capacity_milli();
         report.gpu_allocated_milli = snapshot.state.gpu_allocated_milli();
         report.fragmentation_milli = snapshot.state.total_frag() as u64;
         report.preemption_searches = std::mem::take(&mut self.preemption_times);
-        self.cache.keep(snapshot);
+        self.cluster.keep(snapshot);
     }
 
     /// The due units in queue order. A gang is due when any member is.
@@ -296,10 +296,10 @@ impl<A: ClusterApi> Scheduler<A> {
         report: &mut RoundReport,
     ) {
         // A preemptor is decided with the devices held for it free.
-        self.nominations.release(&pod.key.uid, snapshot);
+        self.cluster.nominations.release(&pod.key.uid, snapshot);
         match self.decide(snapshot, verdicts, pod, &mut report.timings) {
             Ok((demand, decision)) => {
-                if let Some(n) = self.nominations.remove(&pod.key.uid)
+                if let Some(n) = self.cluster.nominations.remove(&pod.key.uid)
                     && n.node != snapshot.state.inventory(decision.node).name
                 {
                     self.clear_nominations(vec![pod.key.clone()]).await;
@@ -312,7 +312,7 @@ impl<A: ClusterApi> Scheduler<A> {
                 report.timings.api += started.elapsed();
             }
             Err(message) => {
-                self.nominations.restore(&pod.key.uid, snapshot);
+                self.cluster.nominations.restore(&pod.key.uid, snapshot);
                 let started = Instant::now();
                 let outcome = self
                     .preempt_one(snapshot, view, verdicts, pod, report)
@@ -341,7 +341,7 @@ impl<A: ClusterApi> Scheduler<A> {
         let policy = self.config.policy.to_string();
         let (reservation, request) =
             super::assume::reserve(snapshot, pod, demand, decision, &policy, gang);
-        self.reservations.assume(reservation);
+        self.cluster.assume(reservation);
         self.queue.forget(&pod.key.uid);
         request
     }
@@ -361,7 +361,7 @@ impl<A: ClusterApi> Scheduler<A> {
         match &result {
             Ok(()) => {
                 report.bound += 1;
-                self.reservations.written(&key.uid);
+                self.cluster.written(&key.uid);
                 let devices: Vec<String> = request
                     .annotations
                     .get(ASSIGNMENT_ANNOTATION)
@@ -383,11 +383,7 @@ impl<A: ClusterApi> Scheduler<A> {
                 report.conflicts += 1;
                 // Give back what the reservation holds; once the watch confirmed the pod
                 // bound (the reservation is gone), what it holds is the bound pod's.
-                if self.reservations.forget(&key.uid).is_some()
-                    && let Some(snapshot) = self.cache.snapshot_mut()
-                {
-                    snapshot.release(&key.uid);
-                }
+                self.cluster.forget(&key.uid);
                 // What it held is free again: parked pods may fit.
                 self.queue.wake_all();
                 if !matches!(failure, WriteFailure::NotLeader) {

@@ -1,4 +1,6 @@
-//! The cluster state kept across rounds and updated in place from the watch.
+//! The cluster cache: the one owner of the cluster state kept across rounds, updated in
+//! place from the watch, with the reservations made on it (assume, written, forget) and the
+//! devices held for preemptors (nominations). The scheduler and the extender keep one each.
 //!
 //! The pod cache hands out the same `Arc<PodInfo>` until a pod changes, so a round finds
 //! what changed by walking the new view against the last one (both sorted by key) and
@@ -13,16 +15,17 @@
 use std::cmp::Ordering;
 use std::sync::Arc;
 
-use super::assume::Reservations;
+use super::assume::{Reservation, Reservations};
+use super::preempt::Nominations;
 use k8s_openapi::api::core::v1::Node;
 
 use crate::api::ClusterView;
 use crate::k8s::pod_info::PodInfo;
 use crate::snapshot::{Snapshot, build};
 
-/// The persistent state and the view it reflects.
+/// The persistent state, the view it reflects, and what is reserved and held on it.
 #[derive(Default)]
-pub struct StateCache {
+pub struct ClusterCache {
     snapshot: Option<Snapshot>,
     pods: Vec<Arc<PodInfo>>,
     nodes: Vec<Arc<Node>>,
@@ -32,6 +35,19 @@ pub struct StateCache {
     /// Full builds and in-place updates so far.
     pub builds: usize,
     pub updates: usize,
+    /// Pods assumed and not yet seen bound by the watch.
+    pub reservations: Reservations,
+    /// Preemptors waiting for their victims, and the devices held for them.
+    pub nominations: Nominations,
+}
+
+/// The state brought up to a view.
+pub struct Brought {
+    pub snapshot: Snapshot,
+    /// Reservations whose node is gone (dropped; their pods are decided again).
+    pub lost: Vec<Reservation>,
+    /// The state was built anew (a node changed, or none was kept).
+    pub rebuilt: bool,
 }
 
 /// The nodes sorted by name.
@@ -76,45 +92,31 @@ fn key(p: &PodInfo) -> (&str, &str) {
     (p.key.namespace.as_str(), p.key.name.as_str())
 }
 
-impl StateCache {
+impl ClusterCache {
     pub fn snapshot_mut(&mut self) -> Option<&mut Snapshot> {
         self.snapshot.as_mut()
     }
 
-    /// Brings the state to `view`, with `reservations` applied (and those the view
+    /// Brings the state to `view`, with the reservations applied (and those the view
     /// confirms, or that lost their node, dropped; the latter are returned).
     /// The round takes the state out and gives it back with [`keep`](Self::keep); a round
     /// that fails before giving it back makes the next one build it anew.
-    pub fn update(
-        &mut self,
-        view: &ClusterView,
-        reservations: &mut Reservations,
-        gpu_resource: &str,
-    ) -> (Snapshot, Vec<super::assume::Reservation>, bool) {
-        let out = self.bring(view, reservations, gpu_resource);
+    pub fn update(&mut self, view: &ClusterView, gpu_resource: &str) -> Brought {
+        let out = self.bring(view, gpu_resource);
         self.pods = view.pods.clone();
         out
     }
 
     /// [`update`](Self::update) from a view the caller gives up: its pod list is kept
     /// without a copy.
-    pub fn update_owned(
-        &mut self,
-        mut view: ClusterView,
-        reservations: &mut Reservations,
-        gpu_resource: &str,
-    ) -> (Snapshot, Vec<super::assume::Reservation>, bool) {
-        let out = self.bring(&view, reservations, gpu_resource);
+    pub fn update_owned(&mut self, mut view: ClusterView, gpu_resource: &str) -> Brought {
+        let out = self.bring(&view, gpu_resource);
         self.pods = std::mem::take(&mut view.pods);
         out
     }
 
-    fn bring(
-        &mut self,
-        view: &ClusterView,
-        reservations: &mut Reservations,
-        gpu_resource: &str,
-    ) -> (Snapshot, Vec<super::assume::Reservation>, bool) {
+    fn bring(&mut self, view: &ClusterView, gpu_resource: &str) -> Brought {
+        let reservations = &mut self.reservations;
         let same_list = self.listed.len() == view.nodes.len()
             && self
                 .listed
@@ -136,13 +138,21 @@ impl StateCache {
                 self.updates += 1;
                 apply_changes(&mut snapshot, &self.pods, &view.pods, reservations);
                 reservations.settle(view, &mut snapshot);
-                (snapshot, Vec::new(), false)
+                Brought {
+                    snapshot,
+                    lost: Vec::new(),
+                    rebuilt: false,
+                }
             }
             None => {
                 self.builds += 1;
                 let mut snapshot = build(&view.nodes, &view.pods, gpu_resource);
                 let lost = reservations.reconcile(view, &mut snapshot);
-                (snapshot, lost, true)
+                Brought {
+                    snapshot,
+                    lost,
+                    rebuilt: true,
+                }
             }
         }
     }
@@ -150,6 +160,28 @@ impl StateCache {
     /// Gives the state back after a round.
     pub fn keep(&mut self, snapshot: Snapshot) {
         self.snapshot = Some(snapshot);
+    }
+
+    /// A decision's reservation, already applied to the state (see [`super::assume::reserve`]).
+    pub fn assume(&mut self, reservation: Reservation) {
+        self.reservations.assume(reservation);
+    }
+
+    /// The reserved pod's Binding was written: the reservation stays until the watch shows
+    /// the pod bound.
+    pub fn written(&mut self, uid: &str) {
+        self.reservations.written(uid);
+    }
+
+    /// A reserved pod's Binding failed: the reservation is forgotten and what it holds in
+    /// the kept state given back (once the watch confirmed the pod bound, the reservation
+    /// is gone and what it holds is the bound pod's: nothing is given back).
+    pub fn forget(&mut self, uid: &str) {
+        if self.reservations.forget(uid).is_some()
+            && let Some(snapshot) = self.snapshot.as_mut()
+        {
+            snapshot.release(uid);
+        }
     }
 }
 
