@@ -9,6 +9,7 @@ use gpuplace_core::Placer;
 use crate::framework::filter::{Filtered, VerdictCache};
 use crate::framework::volumes::VolumeIndex;
 use crate::framework::{FilterInput, Profile};
+use crate::k8s::demand::PodDemand;
 use crate::k8s::pod_info::PodInfo;
 use crate::snapshot::Snapshot;
 
@@ -58,6 +59,19 @@ pub(super) struct Parts<'a> {
     pub volumes: &'a VolumeIndex,
 }
 
+/// What the filters said of one named candidate, before the restriction to the candidates.
+struct Judged {
+    /// The filters' reason for rejecting it.
+    why: Option<String>,
+    allowed: bool,
+}
+
+/// The pod's preference sums over the nodes the filters allow, and that mask.
+struct Preferences {
+    scores: Vec<i64>,
+    mask: Vec<bool>,
+}
+
 impl Parts<'_> {
     /// The verdict on each named candidate, and the one gpuplace would choose.
     pub(super) fn evaluate(
@@ -73,73 +87,39 @@ impl Parts<'_> {
         let index: Vec<Option<usize>> = names.iter().map(|n| snapshot.node_index(n)).collect();
         let demand = match &pod.demand {
             Ok(d) => d,
-            Err(e) => {
-                return Verdicts::all_unresolvable(names.len(), e);
-            }
+            Err(e) => return Verdicts::all_unresolvable(names.len(), e),
         };
-        let node_filter = self.verdicts.get(snapshot, pod);
-        let profile = Profile {
-            volumes: self.volumes,
+        let mut filtered = match self.filter(snapshot, pod, demand) {
+            Ok(f) => f,
+            Err(why) => return Verdicts::all_unresolvable(names.len(), &why),
         };
-        let filtered = profile.filter(
-            &node_filter,
-            &FilterInput {
-                snapshot,
-                scalars: &snapshot.scalars,
-                pod,
-                demand,
-                planned: &[],
-            },
-        );
-        let mut filtered: Filtered = match filtered {
-            Ok(f) => f.into_owned(),
-            Err(why) => {
-                return Verdicts::all_unresolvable(names.len(), &why);
-            }
-        };
-        // Only the candidates kube-scheduler sent are ours to choose among.
+        let judged: Vec<Judged> = index
+            .iter()
+            .map(|n| match n {
+                Some(n) => Judged {
+                    why: filtered.why(*n).map(String::from),
+                    allowed: filtered.allows(*n),
+                },
+                None => Judged {
+                    why: None,
+                    allowed: false,
+                },
+            })
+            .collect();
+        // Only the candidates kube-scheduler sent are ours to choose among. Usually every
+        // node is a candidate: then no mask is needed, and core answers from its ranking of
+        // node classes instead of scanning them.
         let mut candidates = vec![false; snapshot.nodes.len()];
         for n in index.iter().flatten() {
             candidates[*n] = true;
         }
-        let (rejected_why, allowed): (Vec<Option<String>>, Vec<bool>) = index
-            .iter()
-            .map(|n| match n {
-                Some(n) => (filtered.why(*n).map(String::from), filtered.allows(*n)),
-                None => (None, false),
-            })
-            .unzip();
-        let rejected_why: Vec<Option<&str>> = rejected_why.iter().map(|w| w.as_deref()).collect();
-        // Usually every node is a candidate: then no mask is needed, and core answers from
-        // its ranking of node classes instead of scanning them.
         if candidates.iter().any(|c| !c) {
             filtered.restrict(&candidates);
         }
-        // Preference sums, computed once: prioritize ranks by them, and mode best chooses
-        // among the fitting candidates with the best sum (as the scheduler's own
-        // `with_preferences` narrows).
-        let preference = crate::framework::preference::wanted(
-            pod,
-            snapshot.preferring_pods > 0,
-            snapshot.soft_taint_nodes > 0,
-        )
-        .then(|| {
-            let placed = crate::framework::interpod::Placed {
-                nodes: &snapshot.nodes,
-                pods: &snapshot.placed,
-                extra: &[],
-            };
-            let mask: Vec<bool> = (0..snapshot.nodes.len())
-                .map(|n| filtered.allows(n))
-                .collect();
-            (
-                crate::framework::preference::scores(&placed, pod, &mask),
-                mask,
-            )
-        });
+        let preferences = preferences(snapshot, pod, &filtered);
         // Per candidate: the policy's score (prioritize) or only whether it fits (filter).
         let present: Vec<usize> = index.iter().flatten().copied().collect();
-        let mut fits: std::vec::IntoIter<Result<i64, gpuplace_core::FitFailure>> = if need.scores {
+        let fits = if need.scores {
             self.placer
                 .score_nodes(&snapshot.state, &demand.request, &present)
         } else {
@@ -147,70 +127,143 @@ impl Parts<'_> {
                 .iter()
                 .map(|&n| snapshot.state.fit(n, &demand.request).map(|()| 0))
                 .collect()
-        }
-        .into_iter();
-        let best = if need.best {
-            let narrowed = preference.as_ref().and_then(|(scores, mask)| {
-                crate::framework::preference::best_nodes(scores, mask, |n| {
-                    snapshot.state.fit(n, &demand.request).is_ok()
-                })
-            });
-            let mask = narrowed.as_deref().or(filtered.mask());
-            self.placer
-                .choose(&snapshot.state, &demand.request, mask)
-                .ok()
-                .and_then(|d| index.iter().position(|n| *n == Some(d.node)))
-        } else {
-            None
         };
-        let asked = gpuplace_core::Asked::of(&demand.request);
-        // Thousands of nodes fail for a handful of reasons: one shared text per reason.
-        let mut texts: Vec<Arc<str>> = Vec::new();
-        let mut text = |phrase: &str| -> Arc<str> {
-            match texts.iter().find(|t| &***t == phrase) {
-                Some(t) => Arc::clone(t),
-                None => {
-                    let t: Arc<str> = Arc::from(phrase);
-                    texts.push(Arc::clone(&t));
-                    t
-                }
-            }
-        };
-        let nodes = index
-            .iter()
-            .zip(rejected_why.into_iter().zip(allowed))
-            .map(|(n, (why, allowed))| {
-                let Some(n) = n else {
-                    return Verdict::Unresolvable(text(NOT_CACHED));
-                };
-                let fit = fits.next();
-                if !allowed {
-                    let why = why.unwrap_or("node(s) were filtered out");
-                    return if unresolvable(why) {
-                        Verdict::Unresolvable(text(why))
-                    } else {
-                        Verdict::Fails(text(why))
-                    };
-                }
-                match fit {
-                    Some(Ok(score)) => {
-                        let pref = preference.as_ref().map_or(0, |(p, _)| p[*n]);
-                        Verdict::Fits((pref, score))
-                    }
-                    Some(Err(failure)) => {
-                        let why = text(&failure.phrase_for(resource, &asked));
-                        if unresolvable_fit(failure) {
-                            Verdict::Unresolvable(why)
-                        } else {
-                            Verdict::Fails(why)
-                        }
-                    }
-                    None => Verdict::Unresolvable(text(NOT_CACHED)),
-                }
-            })
-            .collect();
+        let best = need
+            .best
+            .then(|| self.best(snapshot, demand, &filtered, preferences.as_ref()))
+            .flatten()
+            .and_then(|best| index.iter().position(|n| *n == Some(best)));
+        let nodes = verdicts_of(
+            &index,
+            judged,
+            fits,
+            preferences.as_ref().map(|p| &p.scores[..]),
+            resource,
+            &gpuplace_core::Asked::of(&demand.request),
+        );
         Verdicts { nodes, best }
     }
+
+    /// The profile's filters over every node.
+    fn filter(
+        &mut self,
+        snapshot: &Snapshot,
+        pod: &Arc<PodInfo>,
+        demand: &PodDemand,
+    ) -> Result<Filtered, String> {
+        let node_filter = self.verdicts.get(snapshot, pod);
+        let profile = Profile {
+            volumes: self.volumes,
+        };
+        let input = FilterInput {
+            snapshot,
+            scalars: &snapshot.scalars,
+            pod,
+            demand,
+            planned: &[],
+        };
+        profile.filter(&node_filter, &input).map(|f| f.into_owned())
+    }
+
+    /// The node gpuplace would choose among the fitting candidates with the best
+    /// preference sum (as the scheduler's own `with_preferences` narrows).
+    fn best(
+        &mut self,
+        snapshot: &Snapshot,
+        demand: &PodDemand,
+        filtered: &Filtered,
+        preferences: Option<&Preferences>,
+    ) -> Option<usize> {
+        let narrowed = preferences.and_then(|p| {
+            crate::framework::preference::best_nodes(&p.scores, &p.mask, |n| {
+                snapshot.state.fit(n, &demand.request).is_ok()
+            })
+        });
+        let mask = narrowed.as_deref().or(filtered.mask());
+        self.placer
+            .choose(&snapshot.state, &demand.request, mask)
+            .ok()
+            .map(|d| d.node)
+    }
+}
+
+/// Preference sums, computed once when the pod or the cluster has preferences: prioritize
+/// ranks by them, and mode best chooses among the candidates with the best sum.
+fn preferences(snapshot: &Snapshot, pod: &PodInfo, filtered: &Filtered) -> Option<Preferences> {
+    let wanted = crate::framework::preference::wanted(
+        pod,
+        snapshot.preferring_pods > 0,
+        snapshot.soft_taint_nodes > 0,
+    );
+    wanted.then(|| {
+        let placed = crate::framework::interpod::Placed {
+            nodes: &snapshot.nodes,
+            pods: &snapshot.placed,
+            extra: &[],
+        };
+        let mask: Vec<bool> = (0..snapshot.nodes.len())
+            .map(|n| filtered.allows(n))
+            .collect();
+        Preferences {
+            scores: crate::framework::preference::scores(&placed, pod, &mask),
+            mask,
+        }
+    })
+}
+
+/// Each named candidate's verdict, from the filters' judgement and core's fit or score (one
+/// per candidate in the cache, in order).
+fn verdicts_of(
+    index: &[Option<usize>],
+    judged: Vec<Judged>,
+    fits: Vec<Result<i64, gpuplace_core::FitFailure>>,
+    preferences: Option<&[i64]>,
+    resource: &str,
+    asked: &gpuplace_core::Asked,
+) -> Vec<Verdict> {
+    // Thousands of nodes fail for a handful of reasons: one shared text per reason.
+    let mut texts: Vec<Arc<str>> = Vec::new();
+    let mut text = |phrase: &str| -> Arc<str> {
+        match texts.iter().find(|t| &***t == phrase) {
+            Some(t) => Arc::clone(t),
+            None => {
+                let t: Arc<str> = Arc::from(phrase);
+                texts.push(Arc::clone(&t));
+                t
+            }
+        }
+    };
+    let mut fits = fits.into_iter();
+    index
+        .iter()
+        .zip(judged)
+        .map(|(n, judged)| {
+            let Some(n) = n else {
+                return Verdict::Unresolvable(text(NOT_CACHED));
+            };
+            let fit = fits.next();
+            if !judged.allowed {
+                let why = judged.why.as_deref().unwrap_or("node(s) were filtered out");
+                return if unresolvable(why) {
+                    Verdict::Unresolvable(text(why))
+                } else {
+                    Verdict::Fails(text(why))
+                };
+            }
+            match fit {
+                Some(Ok(score)) => Verdict::Fits((preferences.map_or(0, |p| p[*n]), score)),
+                Some(Err(failure)) => {
+                    let why = text(&failure.phrase_for(resource, asked));
+                    if unresolvable_fit(failure) {
+                        Verdict::Unresolvable(why)
+                    } else {
+                        Verdict::Fails(why)
+                    }
+                }
+                None => Verdict::Unresolvable(text(NOT_CACHED)),
+            }
+        })
+        .collect()
 }
 
 const NOT_CACHED: &str = "node is not in gpuplace's cache";

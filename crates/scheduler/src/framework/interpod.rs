@@ -10,10 +10,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, PodAffinityTerm};
+use k8s_openapi::api::core::v1::{Node, PodAffinityTerm, TopologySpreadConstraint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use crate::k8s::pod_info::PodInfo;
+use crate::k8s::pod_terms::{HostPort, PodTerms};
 
 /// Why a node was refused because of other pods, in kube-scheduler's phrases.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,30 +113,45 @@ impl Placed<'_> {
     }
 
     /// Per-node verdicts for `pod`; `eligible` marks the nodes its node affinity and
-    /// selector allow (the domains topology spread counts).
+    /// selector allow (the domains topology spread counts). A node keeps the first
+    /// rejection found, in kube-scheduler's order: ports, existing pods' anti-affinity,
+    /// the pod's anti-affinity, affinity, then topology spread.
     pub fn check(&self, pod: &PodInfo, eligible: &[bool]) -> Vec<Result<(), InterPodRejection>> {
-        let n_nodes = self.nodes.len();
-        let mut out = vec![Ok(()); n_nodes];
-        let fail = |out: &mut Vec<Result<(), InterPodRejection>>, n: usize, why| {
-            if out[n].is_ok() {
-                out[n] = Err(why);
-            }
-        };
+        let mut out = Rejections(vec![Ok(()); self.nodes.len()]);
         let terms = pod.placement.as_deref();
-        // Host ports.
         if let Some(ports) = terms.map(|t| &t.host_ports).filter(|p| !p.is_empty()) {
-            for (n, q) in self.each() {
-                let taken = q
-                    .placement
-                    .as_ref()
-                    .map(|t| &t.host_ports[..])
-                    .unwrap_or_default();
-                if taken.iter().any(|a| ports.iter().any(|b| a.conflicts(b))) {
-                    fail(&mut out, n, InterPodRejection::Ports);
-                }
+            self.check_ports(ports, &mut out);
+        }
+        self.check_existing_anti_affinity(pod, &mut out);
+        let Some(terms) = terms else {
+            return out.0;
+        };
+        self.check_anti_affinity(pod, terms, &mut out);
+        if !terms.affinity.is_empty() {
+            self.check_affinity(pod, terms, &mut out);
+        }
+        for c in &terms.spread {
+            self.check_spread(pod, c, eligible, &mut out);
+        }
+        out.0
+    }
+
+    /// Nodes where a placed pod holds one of the host ports.
+    fn check_ports(&self, ports: &[HostPort], out: &mut Rejections) {
+        for (n, q) in self.each() {
+            let taken = q
+                .placement
+                .as_ref()
+                .map(|t| &t.host_ports[..])
+                .unwrap_or_default();
+            if taken.iter().any(|a| ports.iter().any(|b| a.conflicts(b))) {
+                out.fail(n, InterPodRejection::Ports);
             }
         }
-        // Existing pods' anti-affinity against this pod.
+    }
+
+    /// Existing pods' anti-affinity against this pod.
+    fn check_existing_anti_affinity(&self, pod: &PodInfo, out: &mut Rejections) {
         let mut blocked: Vec<(String, String)> = Vec::new();
         for (m, q) in self.each() {
             for term in q.placement.iter().flat_map(|t| &t.anti_affinity) {
@@ -146,83 +162,110 @@ impl Placed<'_> {
                 }
             }
         }
-        if !blocked.is_empty() {
-            for n in 0..n_nodes {
-                if blocked.iter().any(|(k, v)| self.label(n, k) == Some(v)) {
-                    fail(&mut out, n, InterPodRejection::ExistingAntiAffinity);
-                }
+        if blocked.is_empty() {
+            return;
+        }
+        for n in 0..self.nodes.len() {
+            if blocked.iter().any(|(k, v)| self.label(n, k) == Some(v)) {
+                out.fail(n, InterPodRejection::ExistingAntiAffinity);
             }
         }
-        let Some(terms) = terms else {
-            return out;
-        };
+    }
+
+    /// The topology values where pods `term` selects (from namespace `ns`) run.
+    fn domains(&self, term: &PodAffinityTerm, ns: &str) -> Vec<String> {
+        self.each()
+            .filter(|(_, q)| term_selects(term, ns, q))
+            .filter_map(|(m, _)| self.label(m, &term.topology_key).cloned())
+            .collect()
+    }
+
+    /// The pod's anti-affinity: no node in a domain where a selected pod runs.
+    fn check_anti_affinity(&self, pod: &PodInfo, terms: &PodTerms, out: &mut Rejections) {
         let ns = pod.key.namespace.as_str();
-        // The topology values where pods a term selects run.
-        let domains = |term: &PodAffinityTerm| -> Vec<String> {
-            self.each()
-                .filter(|(_, q)| term_selects(term, ns, q))
-                .filter_map(|(m, _)| self.label(m, &term.topology_key).cloned())
-                .collect()
-        };
         for term in &terms.anti_affinity {
-            let taken = domains(term);
-            for n in 0..n_nodes {
+            let taken = self.domains(term, ns);
+            for n in 0..self.nodes.len() {
                 if self
                     .label(n, &term.topology_key)
                     .is_some_and(|v| taken.contains(v))
                 {
-                    fail(&mut out, n, InterPodRejection::AntiAffinity);
+                    out.fail(n, InterPodRejection::AntiAffinity);
                 }
             }
         }
-        if !terms.affinity.is_empty() {
-            let per_term: Vec<Vec<String>> = terms.affinity.iter().map(domains).collect();
-            // The first pod of a group that selects itself may go anywhere with the keys.
-            let first = per_term.iter().all(Vec::is_empty)
-                && terms.affinity.iter().all(|t| term_selects(t, ns, pod));
-            for n in 0..n_nodes {
-                let ok = terms.affinity.iter().zip(&per_term).all(|(t, found)| {
-                    self.label(n, &t.topology_key)
-                        .is_some_and(|v| first || found.contains(v))
-                });
-                if !ok {
-                    fail(&mut out, n, InterPodRejection::Affinity);
-                }
+    }
+
+    /// The pod's affinity: every term's domain holds a selected pod (or the pod is the
+    /// first of a group that selects itself, which may go anywhere with the keys).
+    fn check_affinity(&self, pod: &PodInfo, terms: &PodTerms, out: &mut Rejections) {
+        let ns = pod.key.namespace.as_str();
+        let per_term: Vec<Vec<String>> =
+            terms.affinity.iter().map(|t| self.domains(t, ns)).collect();
+        let first = per_term.iter().all(Vec::is_empty)
+            && terms.affinity.iter().all(|t| term_selects(t, ns, pod));
+        for n in 0..self.nodes.len() {
+            let ok = terms.affinity.iter().zip(&per_term).all(|(t, found)| {
+                self.label(n, &t.topology_key)
+                    .is_some_and(|v| first || found.contains(v))
+            });
+            if !ok {
+                out.fail(n, InterPodRejection::Affinity);
             }
         }
-        for c in &terms.spread {
-            let mut counts: HashMap<&String, i32> = HashMap::new();
-            for n in 0..n_nodes {
-                if eligible.get(n).copied().unwrap_or(true)
-                    && let Some(v) = self.label(n, &c.topology_key)
-                {
-                    counts.entry(v).or_default();
-                }
+    }
+
+    /// A hard topology spread constraint: the skew after placing the pod stays within
+    /// `maxSkew`, counted over the eligible nodes' domains.
+    fn check_spread(
+        &self,
+        pod: &PodInfo,
+        c: &TopologySpreadConstraint,
+        eligible: &[bool],
+        out: &mut Rejections,
+    ) {
+        let ns = pod.key.namespace.as_str();
+        let mut counts: HashMap<&String, i32> = HashMap::new();
+        for n in 0..self.nodes.len() {
+            if eligible.get(n).copied().unwrap_or(true)
+                && let Some(v) = self.label(n, &c.topology_key)
+            {
+                counts.entry(v).or_default();
             }
-            for (m, q) in self.each() {
-                if q.key.namespace == ns
-                    && selects(c.label_selector.as_ref(), &q.labels)
-                    && eligible.get(m).copied().unwrap_or(true)
-                    && let Some(v) = self.label(m, &c.topology_key)
-                    && let Some(count) = counts.get_mut(v)
-                {
-                    *count += 1;
-                }
+        }
+        for (m, q) in self.each() {
+            if q.key.namespace == ns
+                && selects(c.label_selector.as_ref(), &q.labels)
+                && eligible.get(m).copied().unwrap_or(true)
+                && let Some(v) = self.label(m, &c.topology_key)
+                && let Some(count) = counts.get_mut(v)
+            {
+                *count += 1;
             }
-            let min = counts.values().copied().min().unwrap_or(0);
-            let own = i32::from(selects(c.label_selector.as_ref(), &pod.labels));
-            for n in 0..n_nodes {
-                match self.label(n, &c.topology_key) {
-                    None => fail(&mut out, n, InterPodRejection::SpreadMissingLabel),
-                    Some(v) => {
-                        let here = counts.get(v).copied().unwrap_or(0);
-                        if here + own - min > c.max_skew {
-                            fail(&mut out, n, InterPodRejection::Spread);
-                        }
+        }
+        let min = counts.values().copied().min().unwrap_or(0);
+        let own = i32::from(selects(c.label_selector.as_ref(), &pod.labels));
+        for n in 0..self.nodes.len() {
+            match self.label(n, &c.topology_key) {
+                None => out.fail(n, InterPodRejection::SpreadMissingLabel),
+                Some(v) => {
+                    let here = counts.get(v).copied().unwrap_or(0);
+                    if here + own - min > c.max_skew {
+                        out.fail(n, InterPodRejection::Spread);
                     }
                 }
             }
         }
-        out
+    }
+}
+
+/// Per-node verdicts being built: each node keeps its first rejection.
+struct Rejections(Vec<Result<(), InterPodRejection>>);
+
+impl Rejections {
+    fn fail(&mut self, n: usize, why: InterPodRejection) {
+        if self.0[n].is_ok() {
+            self.0[n] = Err(why);
+        }
     }
 }

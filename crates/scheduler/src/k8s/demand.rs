@@ -94,38 +94,66 @@ impl PodDemand {
 /// hands the pod's containers (see [`gpuplace_model::fresh_devices`]), which is the same
 /// number. `gpu_resource` is e.g. `nvidia.com/gpu`.
 pub fn pod_demand(pod: &Pod, gpu_resource: &str) -> Result<PodDemand, DemandError> {
+    refuse_milli_annotation(pod, gpu_resource)?;
+    let Effective { sums, containers } = effective_requests(pod, gpu_resource)?;
+    let gpus = gpus_of(&containers, &sums, gpu_resource)?;
+    let whole = |milli: i128| u64::try_from(milli / 1000).unwrap_or(u64::MAX);
+    Ok(PodDemand {
+        request: Request {
+            cpu_milli: u64::try_from(sums.get("cpu").copied().unwrap_or(0)).unwrap_or(u64::MAX),
+            memory_mib: whole(sums.get("memory").copied().unwrap_or(0)).div_ceil(1 << 20),
+            gpu_count: gpus.count,
+            gpu_milli: gpus.milli,
+            allowed_models: Vec::new(),
+            need: crate::k8s::need::gpu_need(pod.metadata.annotations.as_ref())?,
+        },
+        extended: extended_of(&sums, gpu_resource),
+        containers,
+    })
+}
+
+/// The old share annotation is refused with how to ask for a share instead.
+fn refuse_milli_annotation(pod: &Pod, gpu_resource: &str) -> Result<(), DemandError> {
+    let annotations = pod.metadata.annotations.as_ref();
+    match annotations.and_then(|a| a.get(GPU_MILLI_ANNOTATION)) {
+        None => Ok(()),
+        Some(text) => Err(DemandError::Annotation {
+            annotation: GPU_MILLI_ANNOTATION,
+            message: format!(
+                "{text:?}: a share is asked as the container resource {SHARE_RESOURCE} (e.g. limits {{{SHARE_RESOURCE}: {}}}) instead of {gpu_resource}: 1 with this annotation, which the kubelet would count as a whole GPU",
+                text.trim()
+            ),
+        }),
+    }
+}
+
+/// A pod's effective requests (milli-units by resource) and its GPU containers in the
+/// kubelet's admission order (init containers first).
+struct Effective {
+    sums: BTreeMap<String, i128>,
+    containers: Vec<ContainerDemand>,
+}
+
+/// Per resource, the larger of the app containers' and sidecars' sum and the largest init
+/// container plus the sidecars started before it, plus pod overhead.
+fn effective_requests(pod: &Pod, gpu_resource: &str) -> Result<Effective, DemandError> {
     let spec = pod.spec.as_ref();
     let empty = Vec::new();
     let containers = spec.map(|s| &s.containers).unwrap_or(&empty);
     let inits = spec
         .and_then(|s| s.init_containers.as_ref())
         .unwrap_or(&empty);
-    if let Some(text) = pod
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(GPU_MILLI_ANNOTATION))
-    {
-        return Err(DemandError::Annotation {
-            annotation: GPU_MILLI_ANNOTATION,
-            message: format!(
-                "{text:?}: a share is asked as the container resource {SHARE_RESOURCE} (e.g. limits {{{SHARE_RESOURCE}: {}}}) instead of {gpu_resource}: 1 with this annotation, which the kubelet would count as a whole GPU",
-                text.trim()
-            ),
-        });
-    }
     let mut sums: BTreeMap<String, i128> = BTreeMap::new();
     let mut gpu_containers = Vec::new();
     for c in containers {
-        let r = container_requests(c)?;
-        for (k, v) in &r {
+        for (k, v) in &container_requests(c)? {
             *sums.entry(k.clone()).or_default() += v;
         }
         push_gpu(&mut gpu_containers, c, gpu_resource, ContainerKind::App)?;
     }
     let mut init_max: BTreeMap<String, i128> = BTreeMap::new();
     let mut sidecars: BTreeMap<String, i128> = BTreeMap::new();
-    let mut init_gpu = Vec::new();
+    let mut all_gpu = Vec::new();
     for c in inits {
         let r = container_requests(c)?;
         let restartable = c.restart_policy.as_deref() == Some("Always");
@@ -151,7 +179,7 @@ pub fn pod_demand(pod: &Pod, gpu_resource: &str) -> Result<PodDemand, DemandErro
         } else {
             ContainerKind::Init
         };
-        push_gpu(&mut init_gpu, c, gpu_resource, kind)?;
+        push_gpu(&mut all_gpu, c, gpu_resource, kind)?;
     }
     for (k, v) in sidecars {
         *sums.entry(k).or_default() += v;
@@ -165,35 +193,60 @@ pub fn pod_demand(pod: &Pod, gpu_resource: &str) -> Result<PodDemand, DemandErro
             *sums.entry(k.clone()).or_default() += milli_value(q)?;
         }
     }
-    let whole = |milli: i128| u64::try_from(milli / 1000).unwrap_or(u64::MAX);
-    let mut all_gpu = init_gpu;
     all_gpu.extend(gpu_containers);
-    let shares = all_gpu.iter().filter(|c| c.is_share()).count();
-    if shares > 0 && shares < all_gpu.len() {
+    Ok(Effective {
+        sums,
+        containers: all_gpu,
+    })
+}
+
+/// GPUs a pod asks, as core places them.
+struct GpuAsk {
+    count: u32,
+    milli: u32,
+}
+
+/// Whole GPUs (the distinct devices the kubelet hands the containers), or one GPU's share
+/// (the pod's effective request of the share resource); never both.
+fn gpus_of(
+    containers: &[ContainerDemand],
+    sums: &BTreeMap<String, i128>,
+    gpu_resource: &str,
+) -> Result<GpuAsk, DemandError> {
+    let shares = containers.iter().filter(|c| c.is_share()).count();
+    if shares > 0 && shares < containers.len() {
         return Err(DemandError::MixedPod {
             resource: gpu_resource.to_string(),
         });
     }
-    let (gpu_count, gpu_milli) = if shares > 0 {
+    if shares > 0 {
         // One GPU, shared by the pod's containers: the share is the pod's effective
         // request of the share resource, which is what the kubelet's slices add up to.
         let total = sums.get(SHARE_RESOURCE).copied().unwrap_or(0) / 1000;
         if !(1..=1000).contains(&total) {
             return Err(DemandError::ShareTooLarge(total));
         }
-        (1, total as u32)
-    } else {
-        let needs: Vec<gpuplace_model::ContainerNeed> =
-            all_gpu.iter().map(ContainerDemand::need).collect();
-        match gpuplace_model::fresh_devices(&needs) {
-            0 => (0, 0),
-            n => (n, 1000),
-        }
-    };
-    let extended: BTreeMap<String, i64> = sums
-        .iter()
+        return Ok(GpuAsk {
+            count: 1,
+            milli: total as u32,
+        });
+    }
+    let needs: Vec<gpuplace_model::ContainerNeed> =
+        containers.iter().map(ContainerDemand::need).collect();
+    Ok(match gpuplace_model::fresh_devices(&needs) {
+        0 => GpuAsk { count: 0, milli: 0 },
+        n => GpuAsk {
+            count: n,
+            milli: 1000,
+        },
+    })
+}
+
+/// Extended resources other than GPUs and shares (which are placed on the node's
+/// inventory, not counted), in whole units rounded up.
+fn extended_of(sums: &BTreeMap<String, i128>, gpu_resource: &str) -> BTreeMap<String, i64> {
+    sums.iter()
         .filter(|(k, _)| {
-            // GPUs and shares are placed on the node's inventory, not counted.
             !matches!(k.as_str(), "cpu" | "memory" | "pods" | SHARE_RESOURCE)
                 && k.as_str() != gpu_resource
         })
@@ -205,19 +258,7 @@ pub fn pod_demand(pod: &Pod, gpu_resource: &str) -> Result<PodDemand, DemandErro
                     .unwrap_or(i64::MAX),
             )
         })
-        .collect();
-    Ok(PodDemand {
-        request: Request {
-            cpu_milli: u64::try_from(sums.get("cpu").copied().unwrap_or(0)).unwrap_or(u64::MAX),
-            memory_mib: whole(sums.get("memory").copied().unwrap_or(0)).div_ceil(1 << 20),
-            gpu_count,
-            gpu_milli,
-            allowed_models: Vec::new(),
-            need: crate::k8s::need::gpu_need(pod.metadata.annotations.as_ref())?,
-        },
-        containers: all_gpu,
-        extended,
-    })
+        .collect()
 }
 
 /// Adds `c`'s GPU need, read as the device plugin reads it ([`need_of_container`]).
