@@ -8,11 +8,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpuplace_model::{Gpu, Link, NodeInventory, PcieLevel};
-use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::TopologyLevel;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::struct_wrappers::event::EventData;
+use nvml_wrapper::{EventSet, Nvml};
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
@@ -191,26 +192,77 @@ fn health_loop(
     dev_root: std::path::PathBuf,
 ) {
     let uuids: Vec<String> = tx.borrow().gpus.iter().map(|g| g.uuid.clone()).collect();
-    let minors: std::collections::HashMap<String, u32> = tx
-        .borrow()
-        .gpus
-        .iter()
-        .map(|g| (g.uuid.clone(), g.device_node()))
-        .collect();
-    let file_present = |uuid: &str| {
-        minors
-            .get(uuid)
-            .is_none_or(|&m| device_file_present(&dev_root, m))
+    let files = DeviceFiles {
+        minors: tx
+            .borrow()
+            .gpus
+            .iter()
+            .map(|g| (g.uuid.clone(), g.device_node()))
+            .collect(),
+        dev_root,
     };
-    let check_files = |tracker: &mut HealthTracker, now: Instant| {
-        for uuid in &uuids {
-            if tracker.is_healthy(uuid) && !file_present(uuid) && tracker.on_lost(uuid, now) {
-                error!(gpu = %uuid, dev_root = %dev_root.display(), "the GPU's device file is missing: marked unhealthy, not handed out");
+    files.check(&uuids, &mut tracker, Instant::now());
+    publish(&tx, &tracker);
+    let events = xid_event_set(&nvml, &uuids);
+    let probe = |uuid: &str| {
+        nvml.device_by_uuid(uuid)
+            .and_then(|d| d.memory_info())
+            .is_ok()
+    };
+    let mut last_probe = Instant::now();
+    while !tx.is_closed() {
+        let now = Instant::now();
+        match events.as_ref().map(|set| set.wait(1000)) {
+            Some(Ok(event)) => on_xid_event(&event, &uuids, &mut tracker, now),
+            Some(Err(NvmlError::Timeout)) => {}
+            Some(Err(e)) => {
+                warn!(error = %e, "waiting for NVML events failed");
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            None => std::thread::sleep(Duration::from_secs(1)),
+        }
+        if now.duration_since(last_probe) >= Duration::from_secs(5) {
+            last_probe = now;
+            for uuid in &uuids {
+                if tracker.is_healthy(uuid) && !probe(uuid) && tracker.on_lost(uuid, now) {
+                    error!(gpu = %uuid, "GPU does not answer NVML: marked unhealthy");
+                }
+            }
+            files.check(&uuids, &mut tracker, now);
+            for uuid in tracker.recover(now, |u| probe(u) && files.present(u)) {
+                info!(gpu = %uuid, "GPU healthy again after the recovery period");
             }
         }
-    };
-    check_files(&mut tracker, Instant::now());
-    publish(&tx, &tracker);
+        publish(&tx, &tracker);
+    }
+}
+
+/// The GPUs' device files (`/dev/nvidiaN`): a GPU whose file is gone is unhealthy.
+struct DeviceFiles {
+    minors: HashMap<String, u32>,
+    dev_root: std::path::PathBuf,
+}
+
+impl DeviceFiles {
+    fn present(&self, uuid: &str) -> bool {
+        self.minors
+            .get(uuid)
+            .is_none_or(|&m| device_file_present(&self.dev_root, m))
+    }
+
+    /// Marks healthy GPUs whose device file is missing as lost.
+    fn check(&self, uuids: &[String], tracker: &mut HealthTracker, now: Instant) {
+        for uuid in uuids {
+            if tracker.is_healthy(uuid) && !self.present(uuid) && tracker.on_lost(uuid, now) {
+                error!(gpu = %uuid, dev_root = %self.dev_root.display(), "the GPU's device file is missing: marked unhealthy, not handed out");
+            }
+        }
+    }
+}
+
+/// An event set with critical XID events registered for every GPU that reports them;
+/// `None` when NVML gives none (health then comes from probes only).
+fn xid_event_set<'nvml>(nvml: &'nvml Nvml, uuids: &[String]) -> Option<EventSet<'nvml>> {
     let mut events = match nvml.create_event_set() {
         Ok(set) => Some(set),
         Err(e) => {
@@ -218,7 +270,7 @@ fn health_loop(
             None
         }
     };
-    for uuid in &uuids {
+    for uuid in uuids {
         let Some(set) = events.take() else { break };
         let Ok(device) = nvml.device_by_uuid(uuid.as_str()) else {
             events = Some(set);
@@ -241,53 +293,32 @@ fn health_loop(
             }
         }
     }
-    let probe = |uuid: &str| {
-        nvml.device_by_uuid(uuid)
-            .and_then(|d| d.memory_info())
-            .is_ok()
+    events
+}
+
+/// One XID event: the GPUs it names (every GPU when NVML cannot say which) are marked
+/// unhealthy if the XID is critical.
+fn on_xid_event(
+    event: &EventData<'_>,
+    uuids: &[String],
+    tracker: &mut HealthTracker,
+    now: Instant,
+) {
+    let uuid = event.device.uuid().unwrap_or_default();
+    let xid = match event.event_data {
+        Some(XidError::Value(v)) => Some(v),
+        _ => None,
     };
-    let mut last_probe = Instant::now();
-    while !tx.is_closed() {
-        let now = Instant::now();
-        match events.as_ref().map(|set| set.wait(1000)) {
-            Some(Ok(event)) => {
-                let uuid = event.device.uuid().unwrap_or_default();
-                let xid = match event.event_data {
-                    Some(XidError::Value(v)) => Some(v),
-                    _ => None,
-                };
-                let targets = super::health::xid_targets(&uuid, &uuids);
-                if targets.len() != 1 || targets[0] != uuid {
-                    error!(reported = %uuid, xid = ?xid, "XID event for a device NVML cannot identify: every GPU is affected");
-                }
-                for gpu in targets {
-                    if tracker.on_xid(gpu, xid, now) {
-                        error!(gpu = %gpu, xid = ?xid, "critical XID: GPU marked unhealthy");
-                    } else if tracker.is_healthy(gpu) {
-                        info!(gpu = %gpu, xid = ?xid, "XID ignored (application error)");
-                    }
-                }
-            }
-            Some(Err(NvmlError::Timeout)) => {}
-            Some(Err(e)) => {
-                warn!(error = %e, "waiting for NVML events failed");
-                std::thread::sleep(Duration::from_secs(1));
-            }
-            None => std::thread::sleep(Duration::from_secs(1)),
+    let targets = super::health::xid_targets(&uuid, uuids);
+    if targets.len() != 1 || targets[0] != uuid {
+        error!(reported = %uuid, xid = ?xid, "XID event for a device NVML cannot identify: every GPU is affected");
+    }
+    for gpu in targets {
+        if tracker.on_xid(gpu, xid, now) {
+            error!(gpu = %gpu, xid = ?xid, "critical XID: GPU marked unhealthy");
+        } else if tracker.is_healthy(gpu) {
+            info!(gpu = %gpu, xid = ?xid, "XID ignored (application error)");
         }
-        if now.duration_since(last_probe) >= Duration::from_secs(5) {
-            last_probe = now;
-            for uuid in &uuids {
-                if tracker.is_healthy(uuid) && !probe(uuid) && tracker.on_lost(uuid, now) {
-                    error!(gpu = %uuid, "GPU does not answer NVML: marked unhealthy");
-                }
-            }
-            check_files(&mut tracker, now);
-            for uuid in tracker.recover(now, |u| probe(u) && file_present(u)) {
-                info!(gpu = %uuid, "GPU healthy again after the recovery period");
-            }
-        }
-        publish(&tx, &tracker);
     }
 }
 

@@ -39,7 +39,7 @@ pub enum PluginError {
 }
 
 /// Identity of a file: device, inode and change time (inodes alone get reused).
-fn identity(path: &Path) -> Option<(u64, u64, i64, i64)> {
+fn identity(path: &Path) -> Option<KubeletIdentity> {
     std::fs::metadata(path)
         .ok()
         .map(|m| (m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))
@@ -271,6 +271,18 @@ pub async fn run_with_handshake(
     a.and(b)
 }
 
+/// The kubelet socket's identity (device, inode, change time): a new kubelet makes a new one.
+type KubeletIdentity = (u64, u64, i64, i64);
+
+/// How a phase of the registration loop ended.
+enum Next<T> {
+    Go(T),
+    /// The plugin socket went: serve and register again.
+    StartOver,
+    /// Shutdown was asked.
+    Stop,
+}
+
 /// Serves and registers one resource until `shutdown` completes.
 async fn run_resource(
     config: Arc<Config>,
@@ -284,13 +296,20 @@ async fn run_resource(
     let dir = config.plugin_dir.clone();
     let socket_file = socket_name(&resource);
     let socket = dir.join(&socket_file);
-    let kubelet = dir.join(KUBELET_SOCKET);
-    let (kick_tx, mut kick) = mpsc::channel::<()>(64);
+    let (kick_tx, kick) = mpsc::channel::<()>(64);
     // The loop keeps a sender: without a watcher (no inotify) the channel must stay open,
     // or every `recv` would return at once and the loop would spin.
     let _watcher = watch_dir(&dir, kick_tx.clone());
+    let mut registrar = Registrar {
+        kubelet: dir.join(KUBELET_SOCKET),
+        config: config.clone(),
+        resource,
+        socket_file,
+        kick,
+        metrics: metrics.clone(),
+        backoff: Backoff::new(),
+    };
     tokio::pin!(shutdown);
-    let mut backoff = Backoff::new();
     loop {
         let instance = match Instance::start(
             &socket,
@@ -305,78 +324,124 @@ async fn run_resource(
                 warn!(socket = %socket.display(), error = %e, "cannot serve on the plugin socket");
                 tokio::select! {
                     _ = &mut shutdown => return Ok(()),
-                    _ = tokio::time::sleep(backoff.step()) => continue,
+                    _ = tokio::time::sleep(registrar.backoff.step()) => continue,
                 }
             }
         };
         info!(socket = %socket.display(), "serving");
-        // Register, retrying while the kubelet is away; start over if our socket goes.
-        let registered = loop {
-            if !instance.socket_intact() {
-                break None;
+        let identity = match registrar.register(&instance, shutdown.as_mut()).await {
+            Next::Go(identity) => identity,
+            Next::StartOver => {
+                instance.retire();
+                continue;
             }
-            while kick.try_recv().is_ok() {}
-            let before = identity(&kubelet);
-            match register(&kubelet, &config, &resource, &socket_file).await {
-                Ok(()) => {
-                    metrics.registrations.inc();
-                    metrics.registered.set(1);
-                    backoff.reset();
-                    break identity(&kubelet);
-                }
-                Err(e) => {
-                    metrics.registration_failures.inc();
-                    // A kubelet.sock that exists belongs to a kubelet that is starting:
-                    // retry soon rather than backing off far.
-                    let mut wait = backoff.step();
-                    if before.is_some() {
-                        wait = wait.min(Duration::from_millis(400));
-                    }
-                    warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "registration failed");
-                    let deadline = tokio::time::Instant::now() + wait;
-                    loop {
-                        tokio::select! {
-                            _ = &mut shutdown => {
-                                instance.stop().await;
-                                return Ok(());
-                            }
-                            _ = tokio::time::sleep_until(deadline) => break,
-                            _ = kick.recv() => break,
-                            _ = tokio::time::sleep(config.poll_interval) => {
-                                if identity(&kubelet) != before {
-                                    break;
-                                }
-                            }
+            Next::Stop => {
+                instance.stop().await;
+                return Ok(());
+            }
+        };
+        info!(resource = %registrar.resource, "registered with the kubelet");
+        if let Next::Stop = registrar
+            .stay_registered(&instance, identity, shutdown.as_mut())
+            .await
+        {
+            info!("shutting down");
+            instance.stop().await;
+            return Ok(());
+        }
+        metrics.registered.set(0);
+        instance.retire();
+    }
+}
+
+/// One resource's registration with the kubelet.
+struct Registrar {
+    config: Arc<Config>,
+    resource: String,
+    socket_file: String,
+    /// The kubelet's registration socket.
+    kubelet: PathBuf,
+    /// Changes in the plugin directory (a kubelet restart removes our socket).
+    kick: mpsc::Receiver<()>,
+    metrics: Metrics,
+    backoff: Backoff,
+}
+
+impl Registrar {
+    /// Registers, retrying while the kubelet is away; starts over if our socket goes.
+    async fn register(
+        &mut self,
+        instance: &Instance,
+        mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
+    ) -> Next<KubeletIdentity> {
+        loop {
+            if !instance.socket_intact() {
+                return Next::StartOver;
+            }
+            while self.kick.try_recv().is_ok() {}
+            let before = identity(&self.kubelet);
+            let result = register(
+                &self.kubelet,
+                &self.config,
+                &self.resource,
+                &self.socket_file,
+            );
+            let Err(e) = result.await else {
+                self.metrics.registrations.inc();
+                self.metrics.registered.set(1);
+                self.backoff.reset();
+                return match identity(&self.kubelet) {
+                    Some(identity) => Next::Go(identity),
+                    // Registered, and the kubelet's socket is gone already: start over.
+                    None => Next::StartOver,
+                };
+            };
+            self.metrics.registration_failures.inc();
+            // A kubelet.sock that exists belongs to a kubelet that is starting: retry
+            // soon rather than backing off far.
+            let mut wait = self.backoff.step();
+            if before.is_some() {
+                wait = wait.min(Duration::from_millis(400));
+            }
+            warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "registration failed");
+            let deadline = tokio::time::Instant::now() + wait;
+            loop {
+                tokio::select! {
+                    _ = shutdown.as_mut() => return Next::Stop,
+                    _ = tokio::time::sleep_until(deadline) => break,
+                    _ = self.kick.recv() => break,
+                    _ = tokio::time::sleep(self.config.poll_interval) => {
+                        if identity(&self.kubelet) != before {
+                            break;
                         }
                     }
                 }
             }
-        };
-        let Some(kubelet_identity) = registered else {
-            instance.retire();
-            continue;
-        };
-        info!(%resource, "registered with the kubelet");
+        }
+    }
+
+    /// Waits while registered; returns when our socket is removed or the kubelet's is
+    /// replaced (a kubelet restart: register again), or on shutdown.
+    async fn stay_registered(
+        &mut self,
+        instance: &Instance,
+        registered_with: KubeletIdentity,
+        mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
+    ) -> Next<()> {
         loop {
             tokio::select! {
-                _ = &mut shutdown => {
-                    info!("shutting down");
-                    instance.stop().await;
-                    return Ok(());
-                }
-                _ = kick.recv() => {}
-                _ = tokio::time::sleep(config.poll_interval) => {}
+                _ = shutdown.as_mut() => return Next::Stop,
+                _ = self.kick.recv() => {}
+                _ = tokio::time::sleep(self.config.poll_interval) => {}
             }
             if !instance.socket_intact() {
                 info!("plugin socket removed (kubelet restart?): serving and registering again");
-                break;
+                return Next::StartOver;
             }
-            if identity(&kubelet) != Some(kubelet_identity) {
+            if identity(&self.kubelet) != Some(registered_with) {
                 info!("kubelet.sock replaced: registering again");
-                break;
+                return Next::StartOver;
             }
         }
-        metrics.registered.set(0);
-        instance.retire();
     }
 }

@@ -155,33 +155,8 @@ pub fn container_response(
         })
         .collect();
     let slices = devices.iter().filter(|d| d.slice).count() as u64;
-    // A share's slice IDs are many: named as `<gpu>:<milli>` instead of one by one.
-    let ids: Vec<String> = if slices > 0 {
-        gpus.iter()
-            .map(|g| {
-                let n = devices
-                    .iter()
-                    .filter(|d| d.slice && table.gpu(d.gpu).id == g.id)
-                    .count();
-                format!("{}:{n}", g.id)
-            })
-            .collect()
-    } else {
-        devices.iter().map(|d| d.id.clone()).collect()
-    };
-    let mut envs = HashMap::new();
-    if slices > 0 {
-        let memory = gpus.first().map_or(0, |g| g.memory_mib) * slices / 1000;
-        envs.insert(SHARE_MILLI_ENV.to_string(), slices.to_string());
-        envs.insert(SHARE_MEMORY_ENV.to_string(), memory.to_string());
-        envs.insert(
-            MPS_THREADS_ENV.to_string(),
-            slices.div_ceil(10).max(1).to_string(),
-        );
-        if memory > 0 {
-            envs.insert(MPS_MEMORY_ENV.to_string(), format!("0={memory}M"));
-        }
-    }
+    let ids = device_ids(table, devices, &gpus, slices > 0);
+    let mut envs = share_envs(&gpus, slices);
     match config.device_list_strategy {
         DeviceListStrategy::Envvar | DeviceListStrategy::Both => {
             envs.insert(VISIBLE_DEVICES_ENV.to_string(), names.join(","));
@@ -201,9 +176,66 @@ pub fn container_response(
             .collect(),
         DeviceListStrategy::Envvar => Vec::new(),
     };
-    // Only device nodes that exist on the host: a spec for an absent file fails the
-    // container (`lstat /dev/nvidia0`, or `not a device node`), e.g. while a driver is
-    // being reinstalled.
+    let mut annotations = HashMap::new();
+    annotations.insert(DEVICE_IDS_ANNOTATION.to_string(), ids.join(","));
+    ContainerAllocateResponse {
+        envs,
+        mounts: Vec::new(),
+        devices: device_specs(&gpus, config),
+        annotations,
+        cdi_devices,
+    }
+}
+
+/// The device IDs handed out: one by one for whole GPUs; a share's slice IDs are many,
+/// so named as `<gpu>:<slices>` instead.
+fn device_ids(
+    table: &DeviceTable,
+    devices: &[&Advertised],
+    gpus: &[&gpuplace_model::Gpu],
+    sliced: bool,
+) -> Vec<String> {
+    if !sliced {
+        return devices.iter().map(|d| d.id.clone()).collect();
+    }
+    gpus.iter()
+        .map(|g| {
+            let n = devices
+                .iter()
+                .filter(|d| d.slice && table.gpu(d.gpu).id == g.id)
+                .count();
+            format!("{}:{n}", g.id)
+        })
+        .collect()
+}
+
+/// A share's limits for the container (milli-GPU, memory, MPS thread and memory limits);
+/// none for whole GPUs.
+fn share_envs(gpus: &[&gpuplace_model::Gpu], slices: u64) -> HashMap<String, String> {
+    let mut envs = HashMap::new();
+    if slices == 0 {
+        return envs;
+    }
+    let memory = gpus.first().map_or(0, |g| g.memory_mib) * slices / 1000;
+    envs.insert(SHARE_MILLI_ENV.to_string(), slices.to_string());
+    envs.insert(SHARE_MEMORY_ENV.to_string(), memory.to_string());
+    envs.insert(
+        MPS_THREADS_ENV.to_string(),
+        slices.div_ceil(10).max(1).to_string(),
+    );
+    if memory > 0 {
+        envs.insert(MPS_MEMORY_ENV.to_string(), format!("0={memory}M"));
+    }
+    envs
+}
+
+/// Device nodes for the GPUs and the control devices, when specs are passed: only those
+/// that exist on the host (a spec for an absent file fails the container, `lstat
+/// /dev/nvidia0` or `not a device node`, e.g. while a driver is being reinstalled).
+fn device_specs(gpus: &[&gpuplace_model::Gpu], config: &Config) -> Vec<DeviceSpec> {
+    if !config.pass_device_specs {
+        return Vec::new();
+    }
     let spec = |name: String| {
         let host = config.dev_root.join(&name);
         if !crate::backend::is_device_node(&host) {
@@ -216,24 +248,11 @@ pub fn container_response(
             permissions: "rw".to_string(),
         })
     };
-    let devices_specs = if config.pass_device_specs {
-        gpus.iter()
-            .map(|g| format!("nvidia{}", g.device_node()))
-            .chain(CONTROL_DEVICES.iter().map(|c| c.to_string()))
-            .filter_map(spec)
-            .collect()
-    } else {
-        Vec::new()
-    };
-    let mut annotations = HashMap::new();
-    annotations.insert(DEVICE_IDS_ANNOTATION.to_string(), ids.join(","));
-    ContainerAllocateResponse {
-        envs,
-        mounts: Vec::new(),
-        devices: devices_specs,
-        annotations,
-        cdi_devices,
-    }
+    gpus.iter()
+        .map(|g| format!("nvidia{}", g.device_node()))
+        .chain(CONTROL_DEVICES.iter().map(|c| c.to_string()))
+        .filter_map(spec)
+        .collect()
 }
 
 #[tonic::async_trait]
