@@ -79,6 +79,41 @@ fn share_floor<'a>(shapes: impl Iterator<Item = (&'a Shape, f64)>) -> Option<u32
     shares.last().map(|&(milli, _)| milli)
 }
 
+/// How many pods have each shape, kept up to date pod by pod (a pod added, changed or gone
+/// costs one update), so FGD's target workload is derived in time proportional to the
+/// shapes, not the pods.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ShapeCounts {
+    counts: HashMap<Shape, u64>,
+}
+
+impl ShapeCounts {
+    pub fn add(&mut self, request: &Request) {
+        *self.counts.entry(Shape::of(request)).or_default() += 1;
+    }
+
+    /// A pod counted by [`add`](Self::add) is gone (a shape never added is ignored).
+    pub fn remove(&mut self, request: &Request) {
+        let shape = Shape::of(request);
+        if let Some(count) = self.counts.get_mut(&shape) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                self.counts.remove(&shape);
+            }
+        }
+    }
+
+    /// Pods counted.
+    pub fn total(&self) -> u64 {
+        self.counts.values().sum()
+    }
+
+    /// The workload of the pods counted, as [`TargetWorkload::from_requests`] gives it.
+    pub fn workload(&self, coverage: f64) -> TargetWorkload {
+        TargetWorkload::from_counts(&self.counts, coverage)
+    }
+}
+
 impl TargetWorkload {
     /// Most popular shapes of `requests` (CPU-only ones included) covering at least
     /// `coverage` of pods (the paper uses 0.95); probabilities renormalised over the kept
@@ -87,13 +122,21 @@ impl TargetWorkload {
         requests: impl IntoIterator<Item = &'a Request>,
         coverage: f64,
     ) -> Self {
-        let mut counts: HashMap<Shape, u64> = HashMap::new();
-        let mut total = 0u64;
+        let mut counts = ShapeCounts::default();
         for request in requests {
-            *counts.entry(Shape::of(request)).or_default() += 1;
-            total += 1;
+            counts.add(request);
         }
-        let mut ranked: Vec<(Shape, u64)> = counts.into_iter().collect();
+        counts.workload(coverage)
+    }
+
+    /// [`from_requests`](Self::from_requests) from the pods' shapes already counted.
+    fn from_counts(counts: &HashMap<Shape, u64>, coverage: f64) -> Self {
+        let total: u64 = counts.values().sum();
+        let mut ranked: Vec<(Shape, u64)> = counts
+            .iter()
+            .filter(|(_, c)| **c > 0)
+            .map(|(s, c)| (s.clone(), *c))
+            .collect();
         // Most popular first; equal counts ordered by shape, largest first (deterministic).
         ranked.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| b.0.cmp(&a.0)));
         let wanted = coverage * total as f64;

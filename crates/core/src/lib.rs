@@ -24,7 +24,7 @@ mod symmetry;
 pub mod topology;
 
 pub use fit::{Asked, FitFailure, Unschedulable};
-pub use frag::{Shape, TargetWorkload};
+pub use frag::{Shape, ShapeCounts, TargetWorkload};
 pub use gaps::GapCounts;
 pub use placer::{Decision, Placer, TieBreak, WeightError};
 pub use policy::{Ideas, Policy, UnknownPolicy};

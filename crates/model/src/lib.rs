@@ -20,5 +20,5 @@ pub use assignment::{
 pub use container::{NeedOfContainerError, need_of_container, quantity_milli};
 pub use inventory::{Gpu, INVENTORY_ANNOTATION, InventoryError, Link, NodeInventory, PcieLevel};
 pub use need::{GpuNeed, GpuTopology, NeedError, UnknownTopology};
-pub use relist::{ObjectKey, RelistStore};
+pub use relist::{Change, Cursor, ObjectKey, RelistStore};
 pub use request::{DeviceShare, MILLI_PER_GPU, Placement, Request, RequestError};

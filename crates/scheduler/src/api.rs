@@ -61,6 +61,37 @@ impl ClusterView {
     }
 }
 
+/// Finds a pod by namespace and name: in a view, or in the pods a cache follows.
+pub trait PodLookup {
+    fn pod(&self, namespace: &str, name: &str) -> Option<&Arc<PodInfo>>;
+}
+
+impl PodLookup for ClusterView {
+    fn pod(&self, namespace: &str, name: &str) -> Option<&Arc<PodInfo>> {
+        ClusterView::pod(self, namespace, name)
+    }
+}
+
+/// What changed among the pods since a reader's cursor (the pod store's change feed).
+#[derive(Debug, Default)]
+pub struct PodFeed {
+    /// Where the reader stands once it has taken these changes.
+    pub cursor: gpuplace_model::Cursor,
+    /// The pods changed, each once (its value before and now), or `None` when the feed
+    /// cannot say (a first read, a relist since, a reader further behind than the store
+    /// remembers): then the view's pods are every pod.
+    pub changes: Option<Vec<gpuplace_model::Change<PodInfo>>>,
+}
+
+/// A view taken with the pods' change feed, both at one moment of the pod store.
+#[derive(Debug, Default)]
+pub struct FedView {
+    /// Nodes, groups, volumes and budgets; the pods only when asked for or when
+    /// `feed.changes` is `None`.
+    pub view: ClusterView,
+    pub feed: PodFeed,
+}
+
 /// An Event about a pod, in kube-scheduler's reasons (`Scheduled`, `FailedScheduling`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EventRecord {
@@ -118,6 +149,16 @@ impl PodState {
 pub trait ClusterApi: Clone + Send + Sync + 'static {
     /// Current nodes, pods and pod groups (from watch-fed caches in production).
     fn view(&self) -> impl Future<Output = Result<ClusterView, ApiError>> + Send;
+
+    /// The view with the pods changed since `since` (`None`: never read) instead of every
+    /// pod, unless `with_pods` (the loop reads every pod too; the feed still spares the
+    /// state's update a walk over them). Readers that keep their own state follow the feed
+    /// and do work in proportion to the changes.
+    fn view_since(
+        &self,
+        since: Option<gpuplace_model::Cursor>,
+        with_pods: bool,
+    ) -> impl Future<Output = Result<FedView, ApiError>> + Send;
 
     /// The generation the next view would have (cheap: no view is taken).
     fn generation(&self) -> u64;

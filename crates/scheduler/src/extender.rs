@@ -28,14 +28,16 @@ use std::time::{Duration, Instant};
 
 use gpuplace_core::{Placer, Policy, TargetWorkload};
 
-use crate::api::{ApiError, ClusterApi, ClusterView};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+
+use crate::api::{ApiError, ClusterApi, ClusterView, FedView, PodLookup};
 use crate::framework::filter::VerdictCache;
 use crate::framework::volumes::VolumeIndex;
 use crate::k8s::leader::Gate;
 use crate::k8s::pod_info::PodInfo;
 use crate::scheduler::assume::reserve;
 use crate::scheduler::cluster_cache::{Brought, ClusterCache};
-use evaluate::{Need, Verdict, Verdicts};
+use evaluate::{NameIndex, Need, Verdict, Verdicts};
 use wire::{BindingArgs, ExtenderArgs, FilterResult, HostPriority};
 
 /// Which nodes `filter` lets through.
@@ -102,10 +104,28 @@ struct Inner {
     cache: ClusterCache,
     verdicts: VerdictCache,
     volumes: VolumeIndex,
+    /// The claims and volumes `volumes` was built from (unchanged lists: no rebuild).
+    volume_lists: VolumeLists,
+    names: NameIndex,
     generation: Option<u64>,
     workload: Option<(Instant, Arc<TargetWorkload>)>,
     pods: HashMap<String, Arc<PodInfo>>,
     order: VecDeque<String>,
+}
+
+#[derive(Default)]
+struct VolumeLists {
+    claims: Vec<Arc<PersistentVolumeClaim>>,
+    volumes: Vec<Arc<PersistentVolume>>,
+}
+
+impl VolumeLists {
+    fn same(&self, view: &ClusterView) -> bool {
+        fn same<T>(a: &[Arc<T>], b: &[Arc<T>]) -> bool {
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| Arc::ptr_eq(x, y))
+        }
+        same(&self.claims, &view.claims) && same(&self.volumes, &view.volumes)
+    }
 }
 
 /// The extender's decisions; cheap to share between HTTP handlers.
@@ -114,6 +134,17 @@ pub struct Extender<A: ClusterApi> {
     config: ExtenderConfig,
     gate: Gate,
     inner: Mutex<Inner>,
+}
+
+/// How the extender's kept state was brought up to date.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StateUpdates {
+    /// Built anew (the first call, a node changed).
+    pub builds: usize,
+    /// Updated from the pods' change feed.
+    pub updates: usize,
+    /// Updated by walking every pod (after a relist, or further behind than the feed).
+    pub walks: usize,
 }
 
 /// Why a bind did not happen (sent back in `ExtenderBindingResult.Error`).
@@ -151,6 +182,8 @@ impl<A: ClusterApi> Extender<A> {
                 cache: ClusterCache::default(),
                 verdicts: VerdictCache::default(),
                 volumes: VolumeIndex::default(),
+                volume_lists: VolumeLists::default(),
+                names: NameIndex::default(),
                 generation: None,
                 workload: None,
                 pods: HashMap::new(),
@@ -168,30 +201,59 @@ impl<A: ClusterApi> Extender<A> {
         self.lock().cache.reservations.len()
     }
 
+    /// Compares the state kept across calls with one built afresh from `view`, when the
+    /// state reflects `view`'s generation (`Ok(false)` otherwise). For tests of the
+    /// incremental cache (feature `bench-hooks`).
+    #[cfg(feature = "bench-hooks")]
+    pub fn verify_state(&self, view: &ClusterView) -> Result<bool, String> {
+        let mut inner = self.lock();
+        if inner.generation != Some(view.generation) {
+            return Ok(false);
+        }
+        inner
+            .cache
+            .verify(view, &self.config.gpu_resource)
+            .map(|()| true)
+    }
+
+    /// How the kept state was brought up to date so far.
+    pub fn state_updates(&self) -> StateUpdates {
+        let inner = self.lock();
+        StateUpdates {
+            builds: inner.cache.builds,
+            updates: inner.cache.updates,
+            walks: inner.cache.walks,
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The state brought up to the cache's latest view (taken only when it changed).
+    /// The state brought up to the cache's latest view (taken only when it changed): the
+    /// pods changed since the state's moment, from the pod store's feed.
     async fn fresh(&self) -> Result<MutexGuard<'_, Inner>, ApiError> {
-        let generation = self.api.generation();
-        let current = {
+        loop {
+            let generation = self.api.generation();
+            let since = {
+                let mut inner = self.lock();
+                if inner.generation == Some(generation) && inner.cache_ready() {
+                    return Ok(inner);
+                }
+                inner.cache.cursor()
+            };
+            let fed = self.api.view_since(since, false).await?;
             let mut inner = self.lock();
-            inner.generation == Some(generation) && inner.cache_ready()
-        };
-        if current {
-            return Ok(self.lock());
+            // Another call may have taken changes meanwhile: these follow only from `since`.
+            if inner.cache.cursor() == since {
+                inner.take(
+                    fed,
+                    &self.config.gpu_resource,
+                    self.config.workload.as_ref(),
+                );
+                return Ok(inner);
+            }
         }
-        let view = self.api.view().await?;
-        let mut inner = self.lock();
-        if inner.generation != Some(view.generation) || !inner.cache_ready() {
-            inner.take_view(
-                view,
-                &self.config.gpu_resource,
-                self.config.workload.as_ref(),
-            );
-        }
-        Ok(inner)
     }
 
     /// `filter`: the candidates where the pod fits (all, or gpuplace's choice), and why
@@ -289,13 +351,15 @@ impl<A: ClusterApi> Extender<A> {
         let known = self.lock().pods.get(&args.pod_uid).cloned();
         let pod = match known {
             Some(pod) => pod,
-            None => {
-                let view = self.api.view().await?;
-                view.pod(&args.pod_namespace, &args.pod_name)
-                    .filter(|p| p.key.uid == args.pod_uid)
-                    .cloned()
-                    .ok_or_else(|| BindError::UnknownPod(id.clone()))?
-            }
+            None => self
+                .fresh()
+                .await?
+                .cache
+                .pods()
+                .pod(&args.pod_namespace, &args.pod_name)
+                .filter(|p| p.key.uid == args.pod_uid)
+                .cloned()
+                .ok_or_else(|| BindError::UnknownPod(id.clone()))?,
         };
         let request = {
             let mut guard = self.fresh().await?;
@@ -374,28 +438,30 @@ impl Inner {
         self.cache.snapshot_mut().is_some()
     }
 
-    /// `declared`: FGD's target workload as configured, else the pods' shapes.
-    fn take_view(
-        &mut self,
-        view: ClusterView,
-        gpu_resource: &str,
-        declared: Option<&Arc<TargetWorkload>>,
-    ) {
-        self.volumes = VolumeIndex::new(&view.claims, &view.volumes);
+    /// Takes a view and the pods changed since the state's moment. `declared`: FGD's
+    /// target workload as configured, else the pods' shapes.
+    fn take(&mut self, fed: FedView, gpu_resource: &str, declared: Option<&Arc<TargetWorkload>>) {
+        let FedView { view, feed } = fed;
+        if !self.volume_lists.same(&view) {
+            self.volumes = VolumeIndex::new(&view.claims, &view.volumes);
+            self.volume_lists = VolumeLists {
+                claims: view.claims.clone(),
+                volumes: view.volumes.clone(),
+            };
+        }
         self.generation = Some(view.generation);
+        let Brought {
+            mut snapshot,
+            rebuilt,
+            ..
+        } = self.cache.update(&view, feed, gpu_resource);
         let stale = self
             .workload
             .as_ref()
             .is_none_or(|(at, _)| declared.is_none() && at.elapsed() >= WORKLOAD_EVERY);
         if stale {
-            let workload = crate::snapshot::target_workload(declared, &view.pods);
-            self.workload = Some((Instant::now(), workload));
+            self.workload = Some((Instant::now(), self.cache.workload(declared)));
         }
-        let Brought {
-            mut snapshot,
-            rebuilt,
-            ..
-        } = self.cache.update_owned(view, gpu_resource);
         // Setting the workload scores every node's fragmentation again: only when it or
         // the state is new.
         if (stale || rebuilt)
@@ -405,8 +471,9 @@ impl Inner {
         }
         self.cache.keep(snapshot);
         if rebuilt {
-            // Node verdicts depend on the nodes only.
+            // Node verdicts and node indices depend on the nodes only.
             self.verdicts = VerdictCache::default();
+            self.names = NameIndex::default();
         }
     }
 
@@ -423,6 +490,7 @@ impl Inner {
             placer: &mut self.placer,
             verdicts: &mut self.verdicts,
             volumes: &self.volumes,
+            names: &mut self.names,
         };
         parts.evaluate(pod, names, resource, need)
     }

@@ -14,6 +14,7 @@ pub(crate) mod cluster_cache;
 pub(crate) mod events;
 mod gang_permit;
 mod gangs;
+pub(crate) mod pod_index;
 mod post_filter;
 pub mod preempt;
 mod round;
@@ -228,23 +229,7 @@ impl<A: ClusterApi> Scheduler<A> {
     /// tests of the incremental cache (feature `bench-hooks`).
     #[cfg(feature = "bench-hooks")]
     pub fn verify_state(&mut self, view: &crate::api::ClusterView) -> Result<(), String> {
-        let Some(kept) = self.cluster.snapshot_mut().map(|s| s.free_by_node()) else {
-            return Ok(());
-        };
-        let mut fresh = crate::snapshot::build(&view.nodes, &view.pods, &self.config.gpu_resource);
-        let mut copy = Reservations::default();
-        for uid in self.cluster.reservations.uids() {
-            if let Some(r) = self.cluster.reservations.get(&uid) {
-                copy.assume(r.clone());
-            }
-        }
-        copy.reconcile(view, &mut fresh);
-        let fresh = fresh.free_by_node();
-        match kept.iter().zip(&fresh).find(|(a, b)| a != b) {
-            None if kept.len() == fresh.len() => Ok(()),
-            None => Err(format!("{} nodes kept, {} built", kept.len(), fresh.len())),
-            Some((a, b)) => Err(format!("kept {a:?}, built {b:?}")),
-        }
+        self.cluster.verify(view, &self.config.gpu_resource)
     }
 
     /// Bindings in flight.

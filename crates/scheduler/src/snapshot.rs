@@ -195,28 +195,6 @@ pub fn inventory_of(node: &Node, gpu_resource: &str) -> (NodeInventory, Option<S
     (inv, warning)
 }
 
-/// FGD's target workload: the one `declared` by the operator, else the shapes of `pods`
-/// (the scheduler's and the extender's view intake both measure against it).
-pub fn target_workload(
-    declared: Option<&Arc<gpuplace_core::TargetWorkload>>,
-    pods: &[Arc<PodInfo>],
-) -> Arc<gpuplace_core::TargetWorkload> {
-    match declared {
-        Some(declared) => Arc::clone(declared),
-        None => workload_of(pods),
-    }
-}
-
-/// FGD's target workload: the shapes of the pods the cluster runs and is asked to run.
-pub fn workload_of(pods: &[Arc<PodInfo>]) -> Arc<gpuplace_core::TargetWorkload> {
-    let shapes: Vec<gpuplace_model::Request> = pods
-        .iter()
-        .filter_map(|p| p.demand.as_ref().ok())
-        .map(|d| d.request.clone())
-        .collect();
-    Arc::new(gpuplace_core::TargetWorkload::from_requests(&shapes, 0.95))
-}
-
 /// Builds the state from every node and every pod (bound pods' holdings applied).
 pub fn build(nodes: &[Arc<Node>], pods: &[Arc<PodInfo>], gpu_resource: &str) -> Snapshot {
     let mut warnings = Vec::new();

@@ -143,6 +143,15 @@ impl ClusterApi for Meddling {
         (self.action)(&self.inner);
         view
     }
+    async fn view_since(
+        &self,
+        since: Option<gpuplace_model::Cursor>,
+        with_pods: bool,
+    ) -> Result<gpuplace_scheduler::api::FedView, ApiError> {
+        let view = self.inner.view_since(since, with_pods).await;
+        (self.action)(&self.inner);
+        view
+    }
     fn generation(&self) -> u64 {
         self.inner.generation()
     }

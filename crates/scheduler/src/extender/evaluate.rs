@@ -57,6 +57,26 @@ pub(super) struct Parts<'a> {
     pub placer: &'a mut Placer,
     pub verdicts: &'a mut VerdictCache,
     pub volumes: &'a VolumeIndex,
+    pub names: &'a mut NameIndex,
+}
+
+/// The state's index of each candidate name of the last call: kube-scheduler sends the
+/// same names call after call, so comparing them spares a hash lookup per node. Valid for
+/// one build of the state (the extender drops it when the state is built anew).
+#[derive(Default)]
+pub(super) struct NameIndex {
+    names: Vec<String>,
+    index: Vec<Option<usize>>,
+}
+
+impl NameIndex {
+    fn lookup(&mut self, snapshot: &Snapshot, names: &[String]) -> Vec<Option<usize>> {
+        if self.names != names {
+            self.index = names.iter().map(|n| snapshot.node_index(n)).collect();
+            self.names = names.to_vec();
+        }
+        self.index.clone()
+    }
 }
 
 /// What the filters said of one named candidate, before the restriction to the candidates.
@@ -84,7 +104,7 @@ impl Parts<'_> {
         let Some(snapshot) = self.snapshot else {
             return Verdicts::all_unresolvable(names.len(), "gpuplace's cache is not synced yet");
         };
-        let index: Vec<Option<usize>> = names.iter().map(|n| snapshot.node_index(n)).collect();
+        let index = self.names.lookup(snapshot, names);
         let demand = match &pod.demand {
             Ok(d) => d,
             Err(e) => return Verdicts::all_unresolvable(names.len(), e),

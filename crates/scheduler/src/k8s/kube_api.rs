@@ -23,7 +23,9 @@ use kube::{Api, Client};
 use serde_json::json;
 use tracing::warn;
 
-use crate::api::{ApiError, BindRequest, ClusterApi, ClusterView, EventRecord, PodKey, PodState};
+use crate::api::{
+    ApiError, BindRequest, ClusterApi, ClusterView, EventRecord, FedView, PodKey, PodState,
+};
 use crate::k8s::pod_store::PodStore;
 
 use crate::k8s::gang::{PodGroup, PodGroupStatus};
@@ -256,6 +258,36 @@ impl ClusterApi for KubeApi {
             volumes: self.volumes.state(),
             budgets: self.budgets.state(),
             generation,
+        })
+    }
+
+    async fn view_since(
+        &self,
+        since: Option<gpuplace_model::Cursor>,
+        with_pods: bool,
+    ) -> Result<FedView, ApiError> {
+        let generation = *self.changes.borrow();
+        let (feed, pods) = {
+            let store = self.pods.lock().unwrap_or_else(|p| p.into_inner());
+            let feed = store.feed(since);
+            let pods = if with_pods || feed.changes.is_none() {
+                store.view()
+            } else {
+                Vec::new()
+            };
+            (feed, pods)
+        };
+        Ok(FedView {
+            view: ClusterView {
+                nodes: self.nodes.state(),
+                pods,
+                groups: self.groups.state(),
+                claims: self.claims.state(),
+                volumes: self.volumes.state(),
+                budgets: self.budgets.state(),
+                generation,
+            },
+            feed,
         })
     }
 

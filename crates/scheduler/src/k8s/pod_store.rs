@@ -6,10 +6,16 @@
 
 use std::sync::Arc;
 
-use gpuplace_model::{ObjectKey, RelistStore};
+use gpuplace_model::{Cursor, ObjectKey, RelistStore};
 use k8s_openapi::api::core::v1::Pod;
 
+use crate::api::PodFeed;
 use crate::k8s::pod_info::PodInfo;
+
+/// Pod changes the store remembers for readers of its feed: a reader further behind reads
+/// every pod again. Readers take the feed on every call (the extender) or round (the
+/// loop), far more often than this many changes arrive between two.
+pub const FEED_CHANGES: usize = 16_384;
 
 fn key_of(pod: &Pod) -> ObjectKey {
     (
@@ -32,7 +38,7 @@ impl PodStore {
     pub fn new(gpu_resource: &str) -> Self {
         PodStore {
             gpu_resource: gpu_resource.to_string(),
-            pods: RelistStore::default(),
+            pods: RelistStore::journaled(FEED_CHANGES),
         }
     }
 
@@ -95,6 +101,14 @@ impl PodStore {
 
     pub fn is_empty(&self) -> bool {
         self.pods.is_empty()
+    }
+
+    /// The pods changed since `since` (see [`PodFeed`]).
+    pub fn feed(&self, since: Option<Cursor>) -> PodFeed {
+        PodFeed {
+            cursor: self.pods.cursor(),
+            changes: since.and_then(|c| self.pods.changes_since(c)),
+        }
     }
 
     /// Every pod, sorted by namespace and name.

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use gpuplace_model::Request;
 
-use crate::api::{ClusterView, PodKey};
+use crate::api::{ClusterView, PodKey, PodLookup};
 use crate::snapshot::{Held, Snapshot};
 
 /// What one assumed pod holds.
@@ -109,9 +109,9 @@ impl Reservations {
     /// For a state kept across rounds (whose changed pods were already given back and
     /// accounted again): drops the reservations `view` confirms, and those whose pod is gone
     /// after the write, giving back what they still hold.
-    pub fn settle(&mut self, view: &ClusterView, snapshot: &mut Snapshot) {
+    pub fn settle(&mut self, pods: &impl PodLookup, snapshot: &mut Snapshot) {
         self.by_uid.retain(|uid, r| {
-            let seen = view
+            let seen = pods
                 .pod(&r.key.namespace, &r.key.name)
                 .filter(|p| p.key.uid == *uid);
             match seen {
@@ -132,10 +132,14 @@ impl Reservations {
     /// Drops what `view` confirms (bound) or shows gone after the write, and applies the
     /// rest to `snapshot`. Returns the reservations dropped because their node is gone
     /// (their pods go back to the queue).
-    pub fn reconcile(&mut self, view: &ClusterView, snapshot: &mut Snapshot) -> Vec<Reservation> {
+    pub fn reconcile(
+        &mut self,
+        pods: &impl PodLookup,
+        snapshot: &mut Snapshot,
+    ) -> Vec<Reservation> {
         let mut lost = Vec::new();
         self.by_uid.retain(|uid, r| {
-            let seen = view
+            let seen = pods
                 .pod(&r.key.namespace, &r.key.name)
                 .filter(|p| p.key.uid == *uid);
             match seen {

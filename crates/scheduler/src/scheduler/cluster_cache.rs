@@ -2,11 +2,14 @@
 //! place from the watch, with the reservations made on it (assume, written, forget) and the
 //! devices held for preemptors (nominations). The scheduler and the extender keep one each.
 //!
-//! The pod cache hands out the same `Arc<PodInfo>` until a pod changes, so a round finds
-//! what changed by walking the new view against the last one (both sorted by key) and
-//! comparing pointers; only changed pods are given back and accounted again. A change of
-//! any node (added, removed, its inventory, labels, taints or capacity) builds the state
-//! anew: rare, and the node-class index is rebuilt with it.
+//! It follows the pod store's change feed: each update takes only the pods changed since
+//! the last one (their value then and now), gives back what the old value held and
+//! accounts the new one, so the work is in proportion to the changes, not to the pods.
+//! When the feed cannot say (the first update, a relist, a reader further behind than the
+//! store remembers) the new list is walked against the pods it last took (both sorted by
+//! key; unchanged pods are the same `Arc`). A change of any node (added, removed, its
+//! inventory, labels, taints or capacity) builds the state anew: rare, and the node-class
+//! index is rebuilt with it.
 //!
 //! Reservations live in the same state: applied once when a decision is made, kept while
 //! the watch still shows the pod pending, replaced by the bound pod's own accounting when
@@ -16,10 +19,13 @@ use std::cmp::Ordering;
 use std::sync::Arc;
 
 use super::assume::{Reservation, Reservations};
+use super::pod_index::PodIndex;
 use super::preempt::Nominations;
+use gpuplace_core::TargetWorkload;
+use gpuplace_model::Cursor;
 use k8s_openapi::api::core::v1::Node;
 
-use crate::api::ClusterView;
+use crate::api::{ClusterView, PodFeed};
 use crate::k8s::pod_info::PodInfo;
 use crate::snapshot::{Snapshot, build};
 
@@ -27,14 +33,17 @@ use crate::snapshot::{Snapshot, build};
 #[derive(Default)]
 pub struct ClusterCache {
     snapshot: Option<Snapshot>,
-    pods: Vec<Arc<PodInfo>>,
+    /// The pods as of `cursor`, the state's moment.
+    pods: PodIndex,
+    cursor: Option<Cursor>,
     nodes: Vec<Arc<Node>>,
     /// The nodes as the last view listed them (before sorting): an equal list needs no
     /// sort and no comparison.
     listed: Vec<Arc<Node>>,
-    /// Full builds and in-place updates so far.
+    /// Full builds, in-place updates and walks of the whole pod list so far.
     pub builds: usize,
     pub updates: usize,
+    pub walks: usize,
     /// Pods assumed and not yet seen bound by the watch.
     pub reservations: Reservations,
     /// Preemptors waiting for their victims, and the devices held for them.
@@ -97,63 +106,120 @@ impl ClusterCache {
         self.snapshot.as_mut()
     }
 
-    /// Brings the state to `view`, with the reservations applied (and those the view
-    /// confirms, or that lost their node, dropped; the latter are returned).
+    /// Where the pods taken so far stand in the pod store's feed (`None`: none taken).
+    pub fn cursor(&self) -> Option<Cursor> {
+        self.cursor
+    }
+
+    /// FGD's target workload: `declared`, else the shapes of the pods taken.
+    pub fn workload(&self, declared: Option<&Arc<TargetWorkload>>) -> Arc<TargetWorkload> {
+        match declared {
+            Some(declared) => Arc::clone(declared),
+            None => self.pods.workload(),
+        }
+    }
+
+    /// The pods as of the state's moment.
+    pub fn pods(&self) -> &PodIndex {
+        &self.pods
+    }
+
+    /// Brings the state to `view` and the pods changed in `feed` (`view.pods` holds every
+    /// pod when `feed.changes` is `None`), with the reservations applied (and those the
+    /// pods confirm, or that lost their node, dropped; the latter are returned).
     /// The round takes the state out and gives it back with [`keep`](Self::keep); a round
     /// that fails before giving it back makes the next one build it anew.
-    pub fn update(&mut self, view: &ClusterView, gpu_resource: &str) -> Brought {
-        let out = self.bring(view, gpu_resource);
-        self.pods = view.pods.clone();
-        out
-    }
-
-    /// [`update`](Self::update) from a view the caller gives up: its pod list is kept
-    /// without a copy.
-    pub fn update_owned(&mut self, mut view: ClusterView, gpu_resource: &str) -> Brought {
-        let out = self.bring(&view, gpu_resource);
-        self.pods = std::mem::take(&mut view.pods);
-        out
-    }
-
-    fn bring(&mut self, view: &ClusterView, gpu_resource: &str) -> Brought {
-        let reservations = &mut self.reservations;
-        let same_list = self.listed.len() == view.nodes.len()
-            && self
-                .listed
-                .iter()
-                .zip(&view.nodes)
-                .all(|(a, b)| Arc::ptr_eq(a, b));
-        let nodes_changed = if same_list {
-            false
-        } else {
-            let nodes = sorted_nodes(view);
-            let changed = nodes_differ(&self.nodes, &nodes);
-            self.nodes = nodes;
-            self.listed = view.nodes.clone();
-            changed
-        };
+    pub fn update(&mut self, view: &ClusterView, feed: PodFeed, gpu_resource: &str) -> Brought {
+        let nodes_changed = self.nodes_changed(view);
         let kept = self.snapshot.take().filter(|_| !nodes_changed);
-        match kept {
-            Some(mut snapshot) => {
+        self.cursor = Some(feed.cursor);
+        let reservations = &mut self.reservations;
+        match (kept, feed.changes) {
+            (Some(mut snapshot), Some(changes)) => {
                 self.updates += 1;
-                apply_changes(&mut snapshot, &self.pods, &view.pods, reservations);
-                reservations.settle(view, &mut snapshot);
+                for change in &changes {
+                    apply_change(
+                        &mut snapshot,
+                        change.before.as_ref(),
+                        change.after.as_ref(),
+                        reservations,
+                    );
+                    self.pods.apply(change);
+                }
+                reservations.settle(&self.pods, &mut snapshot);
                 Brought {
                     snapshot,
                     lost: Vec::new(),
                     rebuilt: false,
                 }
             }
-            None => {
+            (Some(mut snapshot), None) => {
+                self.walks += 1;
+                apply_changes(&mut snapshot, &self.pods.all(), &view.pods, reservations);
+                self.pods.reset(&view.pods);
+                reservations.settle(&self.pods, &mut snapshot);
+                Brought {
+                    snapshot,
+                    lost: Vec::new(),
+                    rebuilt: false,
+                }
+            }
+            (None, changes) => {
                 self.builds += 1;
-                let mut snapshot = build(&view.nodes, &view.pods, gpu_resource);
-                let lost = reservations.reconcile(view, &mut snapshot);
+                match changes {
+                    Some(changes) => changes.iter().for_each(|c| self.pods.apply(c)),
+                    None => self.pods.reset(&view.pods),
+                }
+                let mut snapshot = build(&view.nodes, &self.pods.all(), gpu_resource);
+                let lost = reservations.reconcile(&self.pods, &mut snapshot);
                 Brought {
                     snapshot,
                     lost,
                     rebuilt: true,
                 }
             }
+        }
+    }
+
+    /// Whether the nodes changed in what scheduling reads since the last update.
+    fn nodes_changed(&mut self, view: &ClusterView) -> bool {
+        let same_list = self.listed.len() == view.nodes.len()
+            && self
+                .listed
+                .iter()
+                .zip(&view.nodes)
+                .all(|(a, b)| Arc::ptr_eq(a, b));
+        if same_list {
+            return false;
+        }
+        let nodes = sorted_nodes(view);
+        let changed = nodes_differ(&self.nodes, &nodes);
+        self.nodes = nodes;
+        self.listed = view.nodes.clone();
+        changed
+    }
+
+    /// Compares the kept state with one built afresh from `view` (with the same
+    /// reservations): `Err` names the first node whose free resources differ. For tests of
+    /// the incremental cache (feature `bench-hooks`).
+    #[cfg(feature = "bench-hooks")]
+    pub fn verify(&mut self, view: &ClusterView, gpu_resource: &str) -> Result<(), String> {
+        let Some(kept) = self.snapshot.as_ref().map(|s| s.free_by_node()) else {
+            return Ok(());
+        };
+        let mut fresh = build(&view.nodes, &view.pods, gpu_resource);
+        let mut copy = Reservations::default();
+        for uid in self.reservations.uids() {
+            if let Some(r) = self.reservations.get(&uid) {
+                copy.assume(r.clone());
+            }
+        }
+        copy.reconcile(view, &mut fresh);
+        let fresh = fresh.free_by_node();
+        match kept.iter().zip(&fresh).find(|(a, b)| a != b) {
+            None if kept.len() == fresh.len() => Ok(()),
+            None => Err(format!("{} nodes kept, {} built", kept.len(), fresh.len())),
+            Some((a, b)) => Err(format!("kept {a:?}, built {b:?}")),
         }
     }
 
@@ -185,7 +251,8 @@ impl ClusterCache {
     }
 }
 
-/// Gives back and accounts again the pods that changed between `old` and `new`.
+/// Gives back and accounts again the pods that changed between `old` and `new` (both
+/// sorted by namespace and name).
 fn apply_changes(
     snapshot: &mut Snapshot,
     old: &[Arc<PodInfo>],
@@ -219,28 +286,40 @@ fn apply_changes(
             Ordering::Equal => {
                 i += 1;
                 j += 1;
-                if Arc::ptr_eq(&old[i - 1], &new[j - 1]) {
-                    continue;
-                }
                 (Some(&old[i - 1]), Some(&new[j - 1]))
             }
         };
-        if let Some(before) = before {
-            // A reserved pod the watch still shows pending keeps its reservation.
-            let still_reserved = reservations.contains(&before.key.uid)
-                && after.is_some_and(|a| a.key.uid == before.key.uid && a.node_name.is_none());
-            if !still_reserved {
-                snapshot.release(&before.key.uid);
-            }
+        apply_change(snapshot, before, after, reservations);
+    }
+}
+
+/// Gives back what one pod's old value held and accounts its new one.
+fn apply_change(
+    snapshot: &mut Snapshot,
+    before: Option<&Arc<PodInfo>>,
+    after: Option<&Arc<PodInfo>>,
+    reservations: &Reservations,
+) {
+    if let (Some(a), Some(b)) = (before, after)
+        && Arc::ptr_eq(a, b)
+    {
+        return;
+    }
+    if let Some(before) = before {
+        // A reserved pod the watch still shows pending keeps its reservation.
+        let still_reserved = reservations.contains(&before.key.uid)
+            && after.is_some_and(|a| a.key.uid == before.key.uid && a.node_name.is_none());
+        if !still_reserved {
+            snapshot.release(&before.key.uid);
         }
-        if let Some(after) = after
-            && after.is_active_bound()
-            && !snapshot.held.contains_key(&after.key.uid)
-        {
-            snapshot.account(after);
-            if let Some(n) = snapshot.held.get(&after.key.uid).map(|h| h.node) {
-                snapshot.place(n, after);
-            }
+    }
+    if let Some(after) = after
+        && after.is_active_bound()
+        && !snapshot.held.contains_key(&after.key.uid)
+    {
+        snapshot.account(after);
+        if let Some(n) = snapshot.held.get(&after.key.uid).map(|h| h.node) {
+            snapshot.place(n, after);
         }
     }
 }

@@ -14,7 +14,7 @@ use tracing::{debug, info, warn};
 use super::bind::{WriteFailure, WriteOutcome};
 use super::cluster_cache::Brought;
 use super::{RoundReport, RoundTimings, Scheduler, Seen};
-use crate::api::{ApiError, BindRequest, ClusterApi, ClusterView, PodKey};
+use crate::api::{ApiError, BindRequest, ClusterApi, ClusterView, PodFeed, PodKey};
 use crate::framework::filter::{VerdictCache, Verdicts, explain};
 use crate::framework::{FilterInput, Profile};
 use crate::k8s::demand::{ASSIGNMENT_ANNOTATION, Assignment, PodDemand};
@@ -109,14 +109,15 @@ impl<A: ClusterApi> Scheduler<A> {
             "round"
         );
         let started = Instant::now();
-        let view = self.api.view().await?;
+        let crate::api::FedView { view, feed } =
+            self.api.view_since(self.cluster.cursor(), true).await?;
         report.timings.view = started.elapsed();
         let started = Instant::now();
         self.dirty = false;
         self.last_round = Some(now);
         self.observe(&view);
         self.queue.flush(now);
-        let mut snapshot = self.state_for_round(&view).await;
+        let mut snapshot = self.state_for_round(&view, feed).await;
         let waiting: Vec<&Arc<PodInfo>> = view
             .pods
             .iter()
@@ -143,12 +144,12 @@ impl<A: ClusterApi> Scheduler<A> {
 
     /// The kept cluster state brought up to the view: reservations reconciled, the
     /// workload FGD measures against, and the devices held for preemptors.
-    async fn state_for_round(&mut self, view: &ClusterView) -> Snapshot {
+    async fn state_for_round(&mut self, view: &ClusterView, feed: PodFeed) -> Snapshot {
         let Brought {
             mut snapshot,
             lost,
             rebuilt,
-        } = self.cluster.update(view, &self.config.gpu_resource);
+        } = self.cluster.update(view, feed, &self.config.gpu_resource);
         if rebuilt {
             self.warned.clear();
         }
@@ -162,7 +163,7 @@ impl<A: ClusterApi> Scheduler<A> {
         }
         // FGD measures fragmentation against the declared workload, else the shapes of the
         // pods the cluster runs and is asked to run.
-        let workload = crate::snapshot::target_workload(self.config.workload.as_ref(), &view.pods);
+        let workload = self.cluster.workload(self.config.workload.as_ref());
         snapshot.state.set_workload(workload);
         // Preemptors' devices, as far as their victims have freed them, are theirs.
         let clear = self.cluster.nominations.hold(view, &mut snapshot);

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use gpuplace_scheduler::api::{BindRequest, PodState};
+use gpuplace_scheduler::api::{BindRequest, FedView, PodState};
 use gpuplace_scheduler::k8s::gang::PodGroupStatus;
 use gpuplace_scheduler::{ApiError, ClusterApi, ClusterView, EventRecord, PodKey};
 
@@ -23,6 +23,34 @@ impl ClusterApi for MemoryApi {
             volumes: s.volumes.values().cloned().collect(),
             budgets: s.budgets.values().cloned().collect(),
             generation: s.generation,
+        })
+    }
+
+    async fn view_since(
+        &self,
+        since: Option<gpuplace_model::Cursor>,
+        with_pods: bool,
+    ) -> Result<FedView, ApiError> {
+        let mut guard = lock(&self.store);
+        let s = &mut *guard;
+        s.sync_cache();
+        let feed = s.cache.feed(since);
+        let pods = if with_pods || feed.changes.is_none() {
+            s.cache.view()
+        } else {
+            Vec::new()
+        };
+        Ok(FedView {
+            view: ClusterView {
+                nodes: s.nodes.values().cloned().collect(),
+                pods,
+                groups: s.groups.values().cloned().collect(),
+                claims: s.claims.values().cloned().collect(),
+                volumes: s.volumes.values().cloned().collect(),
+                budgets: s.budgets.values().cloned().collect(),
+                generation: s.generation,
+            },
+            feed,
         })
     }
 

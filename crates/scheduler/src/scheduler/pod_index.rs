@@ -1,0 +1,126 @@
+//! The pods as the cluster cache last took them: followed change by change from the pod
+//! store's feed, so the reservations can be checked against the same moment the state
+//! reflects, a rebuild has every pod at hand, and FGD's workload (the pods' shapes) is
+//! counted as pods come and go instead of over every pod.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use gpuplace_core::{ShapeCounts, TargetWorkload};
+use gpuplace_model::{Change, ObjectKey};
+
+use crate::api::PodLookup;
+use crate::k8s::pod_info::PodInfo;
+
+/// The share of pods FGD's workload covers with its most popular shapes (the paper's 0.95).
+const WORKLOAD_COVERAGE: f64 = 0.95;
+
+/// Pods by namespace and name, with their shapes counted.
+#[derive(Debug, Default)]
+pub struct PodIndex {
+    pods: BTreeMap<ObjectKey, Arc<PodInfo>>,
+    shapes: ShapeCounts,
+}
+
+fn key_of(pod: &PodInfo) -> ObjectKey {
+    (pod.key.namespace.clone(), pod.key.name.clone())
+}
+
+impl PodIndex {
+    /// Every pod anew (the feed could not say what changed).
+    pub fn reset(&mut self, pods: &[Arc<PodInfo>]) {
+        self.pods = pods.iter().map(|p| (key_of(p), Arc::clone(p))).collect();
+        self.shapes = ShapeCounts::default();
+        for pod in pods {
+            if let Ok(demand) = &pod.demand {
+                self.shapes.add(&demand.request);
+            }
+        }
+    }
+
+    /// One pod changed.
+    pub fn apply(&mut self, change: &Change<PodInfo>) {
+        if let Some(Ok(demand)) = change.before.as_ref().map(|p| &p.demand) {
+            self.shapes.remove(&demand.request);
+        }
+        match &change.after {
+            Some(after) => {
+                if let Ok(demand) = &after.demand {
+                    self.shapes.add(&demand.request);
+                }
+                self.pods.insert(change.key.clone(), Arc::clone(after));
+            }
+            None => {
+                self.pods.remove(&change.key);
+            }
+        }
+    }
+
+    /// Every pod, sorted by namespace and name.
+    pub fn all(&self) -> Vec<Arc<PodInfo>> {
+        self.pods.values().cloned().collect()
+    }
+
+    /// FGD's target workload: the shapes of the pods the cluster runs and is asked to run
+    /// (as [`TargetWorkload::from_requests`] over every pod's request).
+    pub fn workload(&self) -> Arc<TargetWorkload> {
+        Arc::new(self.shapes.workload(WORKLOAD_COVERAGE))
+    }
+}
+
+impl PodLookup for PodIndex {
+    fn pod(&self, namespace: &str, name: &str) -> Option<&Arc<PodInfo>> {
+        self.pods.get(&(namespace.to_string(), name.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::k8s::pod_info::PodInfo;
+    use k8s_openapi::api::core::v1::Pod;
+    use serde_json::json;
+
+    fn pod(name: &str, gpus: u32) -> Arc<PodInfo> {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ns", "uid": format!("u-{name}")},
+            "spec": {"containers": [{"name": "c", "resources": {
+                "limits": {"nvidia.com/gpu": gpus.to_string()}}}]}
+        }))
+        .unwrap();
+        Arc::new(PodInfo::from_pod(&pod, "nvidia.com/gpu"))
+    }
+
+    #[test]
+    fn followed_changes_count_the_same_workload_as_a_fresh_count() {
+        let a = pod("a", 1);
+        let b = pod("b", 2);
+        let c = pod("c", 1);
+        let mut index = PodIndex::default();
+        index.reset(&[Arc::clone(&a), Arc::clone(&b)]);
+        index.apply(&Change {
+            key: key_of(&b),
+            before: Some(b),
+            after: Some(pod("b", 4)),
+        });
+        index.apply(&Change {
+            key: key_of(&c),
+            before: None,
+            after: Some(Arc::clone(&c)),
+        });
+        index.apply(&Change {
+            key: key_of(&a),
+            before: Some(a),
+            after: None,
+        });
+        let now = [Arc::clone(index.pod("ns", "b").unwrap()), c];
+        assert_eq!(index.all().len(), 2);
+        let requests: Vec<_> = now
+            .iter()
+            .map(|p| p.demand.as_ref().unwrap().request.clone())
+            .collect();
+        let fresh = TargetWorkload::from_requests(&requests, WORKLOAD_COVERAGE);
+        assert_eq!(*index.workload(), fresh);
+        assert!(index.pod("ns", "a").is_none());
+    }
+}
