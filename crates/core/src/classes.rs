@@ -271,6 +271,11 @@ impl NodeClasses {
         self.free.push(id);
     }
 
+    /// The class node `n` is in (as of the last [`sync`](Self::sync)).
+    pub fn of_node(&self, n: usize) -> u32 {
+        self.of_node[n]
+    }
+
     /// Classes with members, in no particular order.
     pub fn live(&self) -> &[u32] {
         &self.live

@@ -249,7 +249,8 @@ proptest! {
 
 proptest! {
     /// The extender ranks nodes with `score_nodes`: a node fits there exactly when the
-    /// state says so, and the node `choose` picks has the highest score.
+    /// state says so, the node `choose` picks has the highest score, and the scores per
+    /// class of identical nodes equal those of a scan.
     #[test]
     fn node_scores_agree_with_choose(
         nodes in proptest::collection::vec(node_strategy(), 1..12),
@@ -259,9 +260,12 @@ proptest! {
         for policy in Policy::ALL.iter().copied().filter(|p| *p != Policy::Random) {
             let mut state = build(&nodes, &[]);
             let mut placer = Placer::new(policy, seed);
+            let mut scan = Placer::new(policy, seed).with_index(false);
             let all: Vec<usize> = (0..state.len()).collect();
             for request in &requests {
                 let scores = placer.score_nodes(&state, request, &all);
+                // Scored once per class of identical nodes, exactly as node by node.
+                prop_assert_eq!(&scores, &scan.score_nodes(&state, request, &all), "policy {}", policy);
                 for (n, s) in scores.iter().enumerate() {
                     prop_assert_eq!(s.is_ok(), state.fit(n, request).is_ok());
                 }

@@ -3,7 +3,7 @@
 
 use gpuplace_model::Request;
 
-use super::Placer;
+use super::{Placer, TieBreak, splitmix64};
 use crate::devices::preference_bonus;
 use crate::fit::FitFailure;
 use crate::policy::{Policy, simple_score};
@@ -13,6 +13,10 @@ impl Placer {
     /// The policy's score of each of `nodes` for `request`, as [`Placer::choose`] ranks
     /// them (higher is better; a topology preference's bonus included), or why the node
     /// does not fit. For callers that rank nodes themselves (the scheduler extender).
+    ///
+    /// Where `choose` evaluates each class of identical nodes once (the node-class index),
+    /// so does this: thousands of candidates in a handful of states cost a handful of
+    /// evaluations.
     pub fn score_nodes(
         &mut self,
         state: &ClusterState,
@@ -26,21 +30,54 @@ impl Placer {
         if self.cache.len() < state.len() {
             self.cache.resize(state.len(), Vec::new());
         }
-        nodes
+        let indexable = self.index_enabled
+            && self.tie_break == TieBreak::NodeOrder
+            && !matches!(self.policy, Policy::FirstFit | Policy::Random);
+        if !indexable {
+            return nodes
+                .iter()
+                .map(|&n| self.score_one(state, n, request, shape))
+                .collect();
+        }
+        let mut classes = std::mem::take(&mut self.classes);
+        let seed = self.seed;
+        classes.sync(state, |n| splitmix64(state.name_hash(n) ^ seed));
+        // Per class id: its score, once a member has been evaluated.
+        let mut memo: Vec<Option<Result<i64, FitFailure>>> = Vec::new();
+        let scores = nodes
             .iter()
             .map(|&n| {
                 if n >= state.len() {
                     return Err(FitFailure::NoGpus);
                 }
-                state.fit(n, request)?;
-                let score = match self.policy {
-                    _ if !self.weights.is_empty() => self.weighted_score(state, n, request).0,
-                    Policy::Fgd => self.fgd_cached(state, n, request, shape).0,
-                    Policy::Gpuplace(ideas) => self.gpuplace_score(ideas, state, n, request).0,
-                    policy => simple_score(policy, n, state.inventory(n), state.node(n), request),
-                };
-                Ok(score + preference_bonus(state, n, request))
+                let class = classes.of_node(n) as usize;
+                if memo.len() <= class {
+                    memo.resize(class + 1, None);
+                }
+                *memo[class].get_or_insert_with(|| self.score_one(state, n, request, shape))
             })
-            .collect()
+            .collect();
+        self.classes = classes;
+        scores
+    }
+
+    fn score_one(
+        &mut self,
+        state: &ClusterState,
+        n: usize,
+        request: &Request,
+        shape: Option<u32>,
+    ) -> Result<i64, FitFailure> {
+        if n >= state.len() {
+            return Err(FitFailure::NoGpus);
+        }
+        state.fit(n, request)?;
+        let score = match self.policy {
+            _ if !self.weights.is_empty() => self.weighted_score(state, n, request).0,
+            Policy::Fgd => self.fgd_cached(state, n, request, shape).0,
+            Policy::Gpuplace(ideas) => self.gpuplace_score(ideas, state, n, request).0,
+            policy => simple_score(policy, n, state.inventory(n), state.node(n), request),
+        };
+        Ok(score + preference_bonus(state, n, request))
     }
 }

@@ -60,22 +60,55 @@ pub(super) struct Parts<'a> {
     pub names: &'a mut NameIndex,
 }
 
-/// The state's index of each candidate name of the last call: kube-scheduler sends the
-/// same names call after call, so comparing them spares a hash lookup per node. Valid for
-/// one build of the state (the extender drops it when the state is built anew).
+/// The state's index of each candidate name, remembered from the longest recent list:
+/// kube-scheduler sends its nodes in the same order call after call (all of them, a
+/// rotating window, or the ones that passed filter), so a name is usually found a step or
+/// two past the previous one by comparing strings, sparing a hash lookup per node. A name
+/// not found nearby is looked up and the walk continues from its remembered place. Valid
+/// for one build of the state (the extender drops it when the state is built anew).
 #[derive(Default)]
 pub(super) struct NameIndex {
     names: Vec<String>,
     index: Vec<Option<usize>>,
+    /// Position in `names` of each node of the state (`u32::MAX`: not in `names`).
+    position: Vec<u32>,
 }
 
+/// Places past the previous match compared before a name is looked up.
+const LOOKAHEAD: usize = 3;
+
 impl NameIndex {
-    fn lookup(&mut self, snapshot: &Snapshot, names: &[String]) -> Vec<Option<usize>> {
-        if self.names != names {
-            self.index = names.iter().map(|n| snapshot.node_index(n)).collect();
-            self.names = names.to_vec();
+    pub(super) fn lookup(&mut self, snapshot: &Snapshot, names: &[String]) -> Vec<Option<usize>> {
+        let mut out = Vec::with_capacity(names.len());
+        let mut next = 0usize;
+        let mut misses = 0usize;
+        for name in names {
+            let end = (next + LOOKAHEAD).min(self.names.len());
+            if let Some(i) = (next..end).find(|&i| self.names[i] == *name) {
+                out.push(self.index[i]);
+                next = i + 1;
+                continue;
+            }
+            misses += 1;
+            let n = snapshot.node_index(name);
+            if let Some(&at) = n.and_then(|n| self.position.get(n))
+                && at != u32::MAX
+            {
+                next = at as usize + 1;
+            }
+            out.push(n);
         }
-        self.index.clone()
+        if misses > 0 && names.len() >= self.names.len() {
+            self.names = names.to_vec();
+            self.position = vec![u32::MAX; snapshot.nodes.len()];
+            for (i, n) in out.iter().enumerate() {
+                if let Some(p) = n.and_then(|n| self.position.get_mut(n)) {
+                    *p = i as u32;
+                }
+            }
+            self.index = out.clone();
+        }
+        out
     }
 }
 
@@ -253,6 +286,7 @@ fn verdicts_of(
             }
         }
     };
+    let mut phrases: Vec<(gpuplace_core::FitFailure, Arc<str>)> = Vec::new();
     let mut fits = fits.into_iter();
     index
         .iter()
@@ -273,7 +307,15 @@ fn verdicts_of(
             match fit {
                 Some(Ok(score)) => Verdict::Fits((preferences.map_or(0, |p| p[*n]), score)),
                 Some(Err(failure)) => {
-                    let why = text(&failure.phrase_for(resource, asked));
+                    // One phrase per kind of failure: thousands of full nodes, one text.
+                    let why = match phrases.iter().find(|(f, _)| *f == failure) {
+                        Some((_, why)) => Arc::clone(why),
+                        None => {
+                            let why = text(&failure.phrase_for(resource, asked));
+                            phrases.push((failure, Arc::clone(&why)));
+                            why
+                        }
+                    };
                     if unresolvable_fit(failure) {
                         Verdict::Unresolvable(why)
                     } else {

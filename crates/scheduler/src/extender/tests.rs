@@ -40,3 +40,39 @@ fn unresolvable_phrases() {
         "node(s) didn't have free ports for the requested pod ports"
     ));
 }
+
+/// Name lookups through the remembered list equal a lookup of each name, whatever the
+/// list: the full one, subsets, rotated windows, unknown and repeated names.
+#[test]
+fn remembered_names_find_what_a_lookup_finds() {
+    use k8s_openapi::api::core::v1::Node;
+    let node = |name: &str| -> Arc<Node> {
+        let inventory = serde_json::json!({"name": name, "cpu_milli": 1000, "memory_mib": 1024,
+            "gpus": [{"id": format!("{name}-0"), "index": 0, "model": "A100", "healthy": true}]});
+        Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name,
+                    "annotations": {"gpuplace.io/inventory": inventory.to_string()}},
+                "status": {"allocatable": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "1"}}
+            }))
+            .unwrap(),
+        )
+    };
+    let all: Vec<String> = (0..40).map(|i| format!("n{i:02}")).collect();
+    let nodes: Vec<Arc<Node>> = all.iter().map(|n| node(n)).collect();
+    let snapshot = crate::snapshot::build(&nodes, &[], "nvidia.com/gpu");
+    let mut index = evaluate::NameIndex::default();
+    let lists: Vec<Vec<String>> = vec![
+        all.clone(),
+        all.iter().step_by(3).cloned().collect(),
+        all[25..].iter().chain(&all[..12]).cloned().collect(),
+        vec!["n05".into(), "ghost".into(), "n05".into(), "n39".into(), "n00".into()],
+        all.iter().rev().cloned().collect(),
+        all.clone(),
+        all[7..30].to_vec(),
+    ];
+    for names in lists {
+        let expected: Vec<Option<usize>> = names.iter().map(|n| snapshot.node_index(n)).collect();
+        assert_eq!(index.lookup(&snapshot, &names), expected, "{names:?}");
+    }
+}
