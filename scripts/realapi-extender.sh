@@ -37,10 +37,12 @@ write_config() {
   } > "$OUT/$1.yaml"
 }
 
-clean_pods() {
-  kubectl delete pods --all --grace-period=0 --force --wait=false >/dev/null 2>&1 || true
-  kubectl delete events --all >/dev/null 2>&1 || true
-  kubectl delete events.events.k8s.io --all >/dev/null 2>&1 || true
+PROXY=http://127.0.0.1:8001
+
+clean_pods() { # one deletecollection each (kubectl delete --all deletes one by one)
+  curl -sf -X DELETE "$PROXY/api/v1/namespaces/default/pods?gracePeriodSeconds=0" >/dev/null || true
+  curl -sf -X DELETE "$PROXY/api/v1/namespaces/default/events" >/dev/null || true
+  curl -sf -X DELETE "$PROXY/apis/events.k8s.io/v1/namespaces/default/events" >/dev/null || true
   for _ in $(seq 1 120); do
     [ "$(kubectl get pods --no-headers 2>/dev/null | wc -l)" = 0 ] && return 0
     sleep 1
@@ -53,25 +55,32 @@ cpu_seconds() { # utime + stime of a pid, in seconds
   awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$1/stat"
 }
 
-check_bound() {
+check_bound() { # $1: "assignments" to check gpuplace's assignments too
   kubectl get pods -o json | python3 -c '
 import json, sys
 pods = json.load(sys.stdin)["items"]
 bound = [p for p in pods if p["spec"].get("nodeName")]
 seen, bad = set(), 0
 for p in bound:
+    name = p["metadata"]["name"]
     a = json.loads(p["metadata"].get("annotations", {}).get("gpuplace.io/assignment", "null") or "null")
     if not a or a.get("node") != p["spec"]["nodeName"]:
         bad += 1
+        if sys.argv[1] == "assignments":
+            print(f"  {name} on {p['spec']['nodeName']}: assignment {a}", file=sys.stderr)
         continue
     for c in a.get("containers", []):
         for d in c.get("devices", []):
             key = (a["node"], d["id"])
             if key in seen:
                 bad += 1
+                print(f"  {name}: {key} given twice", file=sys.stderr)
             seen.add(key)
-print(f"bound {len(bound)} of {len(pods)}; without a matching assignment or on a GPU twice: {bad}")
-'
+if sys.argv[1] == "assignments":
+    print(f"bound {len(bound)} of {len(pods)}; without a matching assignment or on a GPU twice: {bad}")
+else:
+    print(f"bound {len(bound)} of {len(pods)}")
+' "$1"
 }
 
 one_run() { # $1: alone|extender, $2: run number
@@ -89,7 +98,7 @@ one_run() { # $1: alone|extender, $2: run number
     done
     cpu_before=$(cpu_seconds "$ext_pid")
     if [ -n "${PERF:-}" ] && [ "$run" = 1 ]; then
-      perf record -F 999 -g -p "$ext_pid" -o "$PERF" >/dev/null 2>&1 &
+      perf record -F 499 --call-graph dwarf,16384 -p "$ext_pid" -o "$PERF" >/dev/null 2>&1 &
     fi
   fi
   $LOAD watch "$PODS" --timeout 600 >"$OUT/watch-$kind-$run.txt" &
@@ -99,7 +108,11 @@ one_run() { # $1: alone|extender, $2: run number
     >"$OUT/kube-scheduler-$kind-$run.log" 2>&1 &
   ks_pid=$!
   wait "$watch_pid" || true
-  sleep 2
+  # The rate is measured; let the rest be bound before kube-scheduler stops (60 s at most).
+  for _ in $(seq 1 60); do
+    [ "$(kubectl get pods --field-selector spec.nodeName= --no-headers 2>/dev/null | wc -l)" = 0 ] && break
+    sleep 1
+  done
   kill "$ks_pid" 2>/dev/null || true
   wait "$ks_pid" 2>/dev/null || true
   local rate
@@ -108,15 +121,16 @@ one_run() { # $1: alone|extender, $2: run number
     local cpu
     cpu=$(awk -v a="$cpu_before" -v b="$(cpu_seconds "$ext_pid")" -v n="$PODS" \
       'BEGIN {printf "%.2f s CPU, %.2f ms per pod", b - a, 1000 * (b - a) / n}')
-    pkill -INT -f "perf record -F 999 -g -p $ext_pid" 2>/dev/null || true
+    pkill -INT -f "perf record -F 499 --call-graph dwarf,16384 -p $ext_pid" 2>/dev/null || true
+    sleep 1
     curl -s http://127.0.0.1:9399/metrics | grep -E '^gpuplace_extender_request_seconds_(sum|count)' \
       >"$OUT/verbs-$run.txt" || true
     kill -INT "$ext_pid" 2>/dev/null || true
     wait "$ext_pid" 2>/dev/null || true
-    echo "run $run with the extender ($MODE): $rate; extender $cpu; $(check_bound)"
+    echo "run $run with the extender ($MODE): $rate; extender $cpu; $(check_bound assignments)"
     sed 's/^/    /' "$OUT/verbs-$run.txt"
   else
-    echo "run $run kube-scheduler alone: $rate; $(check_bound)"
+    echo "run $run kube-scheduler alone: $rate; $(check_bound counts)"
   fi
 }
 

@@ -266,6 +266,8 @@ proptest! {
                 let scores = placer.score_nodes(&state, request, &all);
                 // Scored once per class of identical nodes, exactly as node by node.
                 prop_assert_eq!(&scores, &scan.score_nodes(&state, request, &all), "policy {}", policy);
+                let fits: Vec<_> = all.iter().map(|&n| state.fit(n, request)).collect();
+                prop_assert_eq!(&placer.fit_nodes(&state, request, &all), &fits);
                 for (n, s) in scores.iter().enumerate() {
                     prop_assert_eq!(s.is_ok(), state.fit(n, request).is_ok());
                 }

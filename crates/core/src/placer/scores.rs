@@ -23,6 +23,32 @@ impl Placer {
         request: &Request,
         nodes: &[usize],
     ) -> Vec<Result<i64, FitFailure>> {
+        self.judge_nodes(state, request, nodes, true)
+    }
+
+    /// Whether `request` fits each of `nodes` (as [`ClusterState::fit`]), each class of
+    /// identical nodes checked once.
+    pub fn fit_nodes(
+        &mut self,
+        state: &ClusterState,
+        request: &Request,
+        nodes: &[usize],
+    ) -> Vec<Result<(), FitFailure>> {
+        self.judge_nodes(state, request, nodes, false)
+            .into_iter()
+            .map(|r| r.map(|_| ()))
+            .collect()
+    }
+
+    /// Fit, and the score when `scored`, per node (one evaluation per class where the
+    /// index applies).
+    fn judge_nodes(
+        &mut self,
+        state: &ClusterState,
+        request: &Request,
+        nodes: &[usize],
+        scored: bool,
+    ) -> Vec<Result<i64, FitFailure>> {
         let shape = match self.policy {
             Policy::Fgd if self.cache_enabled && self.weights.is_empty() => self.shape_id(request),
             _ => None,
@@ -36,7 +62,7 @@ impl Placer {
         if !indexable {
             return nodes
                 .iter()
-                .map(|&n| self.score_one(state, n, request, shape))
+                .map(|&n| self.score_one(state, n, request, shape, scored))
                 .collect();
         }
         let mut classes = std::mem::take(&mut self.classes);
@@ -54,7 +80,7 @@ impl Placer {
                 if memo.len() <= class {
                     memo.resize(class + 1, None);
                 }
-                *memo[class].get_or_insert_with(|| self.score_one(state, n, request, shape))
+                *memo[class].get_or_insert_with(|| self.score_one(state, n, request, shape, scored))
             })
             .collect();
         self.classes = classes;
@@ -67,11 +93,15 @@ impl Placer {
         n: usize,
         request: &Request,
         shape: Option<u32>,
+        scored: bool,
     ) -> Result<i64, FitFailure> {
         if n >= state.len() {
             return Err(FitFailure::NoGpus);
         }
         state.fit(n, request)?;
+        if !scored {
+            return Ok(0);
+        }
         let score = match self.policy {
             _ if !self.weights.is_empty() => self.weighted_score(state, n, request).0,
             Policy::Fgd => self.fgd_cached(state, n, request, shape).0,

@@ -176,9 +176,10 @@ impl Parts<'_> {
             self.placer
                 .score_nodes(&snapshot.state, &demand.request, &present)
         } else {
-            present
-                .iter()
-                .map(|&n| snapshot.state.fit(n, &demand.request).map(|()| 0))
+            self.placer
+                .fit_nodes(&snapshot.state, &demand.request, &present)
+                .into_iter()
+                .map(|fit| fit.map(|()| 0))
                 .collect()
         };
         let best = need
