@@ -305,28 +305,48 @@ async fn gangs_are_all_or_nothing() {
         "two of three fit: none binds"
     );
     assert!(api.bindings().is_empty());
-    assert_eq!(
-        api.group("ml", "train").unwrap().status.unwrap().phase,
-        "Pending"
+    // Why is said at once: on the PodGroup and to every member, not only at the timeout.
+    let status = api.group("ml", "train").unwrap().status.unwrap();
+    assert_eq!(status.phase, "Pending");
+    let why = status
+        .unschedulable_message()
+        .unwrap_or_default()
+        .to_string();
+    assert!(why.contains("only 2 of 3 members fit at once"), "{why}");
+    assert!(!why.contains(".."), "one period: {why}");
+    let failed = |api: &MemoryApi| -> Vec<EventRecord> {
+        api.events()
+            .into_iter()
+            .filter(|e| e.reason == "FailedScheduling")
+            .collect()
+    };
+    assert_eq!(failed(&api).len(), 3, "each member told once");
+    assert!(
+        failed(&api)[0].message.contains("waits up to 30s"),
+        "{}",
+        failed(&api)[0].message
     );
-    // After the timeout the members are told why.
+    // The same reason is not repeated on every retry.
+    scheduler
+        .round(start + Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(failed(&api).len(), 3);
+    // After the timeout the members are told again and back off.
     scheduler
         .round(start + Duration::from_secs(31))
         .await
         .unwrap();
-    let failed: Vec<EventRecord> = api
-        .events()
-        .into_iter()
-        .filter(|e| e.reason == "FailedScheduling")
-        .collect();
-    assert_eq!(failed.len(), 3);
+    let failed = failed(&api);
+    assert_eq!(failed.len(), 6);
     assert!(
-        failed[0]
+        failed[5]
             .message
             .contains("only 2 of 3 members fit at once"),
         "{}",
-        failed[0].message
+        failed[5].message
     );
+    assert!(!failed[5].message.contains(".."), "{}", failed[5].message);
     assert_eq!(
         api.group("ml", "train").unwrap().status.unwrap().phase,
         "Unschedulable"
@@ -334,12 +354,16 @@ async fn gangs_are_all_or_nothing() {
     // Capacity arrives: all three bind in one round (once their backoff is over).
     api.put_node(node("c", 4, json!({})));
     let report = scheduler
-        .round(start + Duration::from_secs(34))
+        .round(start + Duration::from_secs(40))
         .await
         .unwrap();
     assert_eq!(report.bound, 3);
     let status = api.group("ml", "train").unwrap().status.unwrap();
     assert_eq!((status.phase.as_str(), status.scheduled), ("Scheduled", 3));
+    assert!(
+        status.conditions.is_empty(),
+        "scheduled: the reason is cleared"
+    );
     assert_no_double_booking(&api);
 }
 

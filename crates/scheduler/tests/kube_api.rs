@@ -452,6 +452,7 @@ async fn writes_go_over_the_wire_as_the_api_server_expects() {
         PodGroupStatus {
             phase: "Scheduled".into(),
             scheduled: 2,
+            conditions: Vec::new(),
         },
     )
     .await

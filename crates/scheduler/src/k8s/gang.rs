@@ -39,6 +39,39 @@ pub struct PodGroupStatus {
     pub phase: String,
     /// Members bound so far.
     pub scheduled: u32,
+    /// `Unschedulable` (status `True`) while the gang cannot fit, with why; none once
+    /// it is scheduled (written empty then, so a merge patch clears it).
+    #[serde(default)]
+    pub conditions: Vec<PodGroupCondition>,
+}
+
+/// A condition of a PodGroup, as Kubernetes conditions are written.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodGroupCondition {
+    /// `Unschedulable`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True` or `False`.
+    pub status: String,
+    /// `NotEnoughResources`, `MembersMissing`, `Invalid` or `Timeout`.
+    #[serde(default)]
+    pub reason: String,
+    #[serde(default)]
+    pub message: String,
+    /// When the condition last changed (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<String>,
+}
+
+impl PodGroupStatus {
+    /// Why the gang waits, when its `Unschedulable` condition says so.
+    pub fn unschedulable_message(&self) -> Option<&str> {
+        self.conditions
+            .iter()
+            .find(|c| c.type_ == "Unschedulable" && c.status == "True")
+            .map(|c| c.message.as_str())
+    }
 }
 
 /// The CRD manifest as YAML-compatible JSON (`gpuplace crd` prints it).

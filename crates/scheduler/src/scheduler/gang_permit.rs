@@ -18,7 +18,7 @@ use crate::api::{ClusterApi, ClusterView};
 use crate::framework::filter::{Verdicts, explain};
 use crate::framework::{FilterInput, Profile};
 use crate::k8s::demand::PodDemand;
-use crate::k8s::gang::{PodGroupSpec, PodGroupStatus};
+use crate::k8s::gang::{PodGroupCondition, PodGroupSpec, PodGroupStatus};
 use crate::k8s::pod_info::PodInfo;
 use crate::snapshot::Snapshot;
 use std::borrow::Cow;
@@ -32,6 +32,18 @@ struct Trial<'a> {
     planned: Vec<(&'a Arc<PodInfo>, PodDemand, Decision)>,
     failure: Option<String>,
     frag: f64,
+}
+
+/// Why a gang waits: the condition's reason and the message its members are told.
+#[derive(Clone, Copy)]
+struct Why<'m> {
+    reason: &'static str,
+    message: &'m str,
+}
+
+/// `text` ending in exactly one period (reasons are joined into sentences).
+fn sentence(text: &str) -> String {
+    format!("{}.", text.trim_end().trim_end_matches('.'))
 }
 
 /// A gang as this round sees it.
@@ -269,7 +281,7 @@ impl<A: ClusterApi> Scheduler<A> {
                     gang.id,
                     bound + placed
                 );
-                let message = outcome.message(&format!("{reason}."), snapshot.nodes.len());
+                let message = outcome.message(&sentence(&reason), snapshot.nodes.len());
                 report.waiting_gangs += 1;
                 if matches!(outcome, Outcome::Nominated { .. }) {
                     for (pod, _) in members {
@@ -281,7 +293,11 @@ impl<A: ClusterApi> Scheduler<A> {
                     self.queue.unschedulable(&pod.key.uid, now);
                 }
                 self.gangs.stop_waiting(&gang.id);
-                self.set_phase(&gang.namespace, &gang.group, "Pending", bound)
+                let why = Why {
+                    reason: "NotEnoughResources",
+                    message: &message,
+                };
+                self.set_phase(&gang.namespace, &gang.group, "Pending", bound, Some(why))
                     .await;
                 return;
             }
@@ -305,34 +321,64 @@ impl<A: ClusterApi> Scheduler<A> {
                 failure.map(|f| format!("; {f}")).unwrap_or_default()
             )
         };
-        let reason = match preemption {
-            Some(p) => p.message(&format!("{reason}."), snapshot.nodes.len()),
-            None => reason,
+        let why = if present < min_member {
+            "MembersMissing"
+        } else {
+            "NotEnoughResources"
         };
-        self.wait_or_time_out(gang, members, reason, now, report)
-            .await;
+        let reason = match preemption {
+            Some(p) => p.message(&sentence(&reason), snapshot.nodes.len()),
+            None => sentence(&reason),
+        };
+        let why = Why {
+            reason: why,
+            message: &reason,
+        };
+        self.wait_or_time_out(gang, members, why, now, report).await;
     }
 
     /// Waits (members retried after a backoff and on any event) until the gang's
-    /// `scheduleTimeoutSeconds` (default 60) passes, then refuses it with `reason`.
+    /// `scheduleTimeoutSeconds` (default 60) passes, then refuses it with `why`. The
+    /// reason is said at once all the same: on the PodGroup (its `Unschedulable`
+    /// condition) and in one Event per member whenever it changes.
     async fn wait_or_time_out(
         &mut self,
         gang: &Gang,
         members: &[(&Arc<PodInfo>, Verdicts)],
-        reason: String,
+        why: Why<'_>,
         now: Instant,
         report: &mut RoundReport,
     ) {
         let since = self.gangs.waiting_since(&gang.id, now);
         let timeout = Duration::from_secs(gang.spec.schedule_timeout_seconds.unwrap_or(60));
         if now.duration_since(since) >= timeout {
-            self.refuse_gang(members, reason, now, report).await;
+            self.refuse_gang(members, why.message.to_string(), now, report)
+                .await;
             self.gangs.restart_wait(&gang.id, now);
-            self.set_phase(&gang.namespace, &gang.group, "Unschedulable", gang.bound)
+            self.gangs.told(&gang.id, why.message);
+            let phase = "Unschedulable";
+            self.set_phase(&gang.namespace, &gang.group, phase, gang.bound, Some(why))
                 .await;
         } else {
-            self.set_phase(&gang.namespace, &gang.group, "Pending", gang.bound)
-                .await;
+            if self.gangs.told(&gang.id, why.message) {
+                let message = format!(
+                    "{} The gang waits up to {}s for its members to fit at once.",
+                    why.message,
+                    timeout.as_secs()
+                );
+                for (pod, _) in members {
+                    self.events
+                        .emit(&pod.key, "Warning", "FailedScheduling", message.clone());
+                }
+            }
+            self.set_phase(
+                &gang.namespace,
+                &gang.group,
+                "Pending",
+                gang.bound,
+                Some(why),
+            )
+            .await;
             for (pod, _) in members {
                 self.queue.retry_later(&pod.key.uid, now);
             }
@@ -352,9 +398,11 @@ impl<A: ClusterApi> Scheduler<A> {
         };
         if failed > 0 {
             tracing::warn!(gang = %gang_id, bound, failed, "gang members not bound after retries; they go back to the queue");
-            self.set_phase(&namespace, &name, "Pending", bound).await;
+            self.set_phase(&namespace, &name, "Pending", bound, None)
+                .await;
         } else {
-            self.set_phase(&namespace, &name, "Scheduled", bound).await;
+            self.set_phase(&namespace, &name, "Scheduled", bound, None)
+                .await;
         }
     }
 
@@ -507,21 +555,40 @@ impl<A: ClusterApi> Scheduler<A> {
         out
     }
 
-    /// Writes the PodGroup's status when it differs from the one last written.
-    async fn set_phase(&mut self, namespace: &str, group: &str, phase: &str, scheduled: u32) {
+    /// Writes the PodGroup's status (with an `Unschedulable` condition saying `why`, when
+    /// it waits) when it differs from the one last written.
+    async fn set_phase(
+        &mut self,
+        namespace: &str,
+        group: &str,
+        phase: &str,
+        scheduled: u32,
+        why: Option<Why<'_>>,
+    ) {
         let status = PodGroupStatus {
             phase: phase.into(),
             scheduled,
+            conditions: why
+                .map(|w| PodGroupCondition {
+                    type_: "Unschedulable".into(),
+                    status: "True".into(),
+                    reason: w.reason.into(),
+                    message: w.message.into(),
+                    last_transition_time: None,
+                })
+                .into_iter()
+                .collect(),
         };
         let id = format!("{namespace}/{group}");
         if self.gangs.status_unchanged(&id, &status) || !self.gate.is_open() {
             return;
         }
-        match self
-            .api
-            .group_status(namespace, group, status.clone())
-            .await
-        {
+        let mut stamped = status.clone();
+        let now = crate::clock::rfc3339(std::time::SystemTime::now());
+        for c in &mut stamped.conditions {
+            c.last_transition_time = Some(now.clone());
+        }
+        match self.api.group_status(namespace, group, stamped).await {
             Ok(()) => {
                 self.gangs.status_written(id, status);
             }

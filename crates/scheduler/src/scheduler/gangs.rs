@@ -35,6 +35,8 @@ pub(super) struct Gangs {
     of_member: HashMap<String, String>,
     /// The status last written per pod group: written again only when it changes.
     status: HashMap<String, PodGroupStatus>,
+    /// The reason each waiting gang's members were last told.
+    told: HashMap<String, String>,
 }
 
 impl Gangs {
@@ -50,6 +52,16 @@ impl Gangs {
 
     pub fn stop_waiting(&mut self, id: &str) {
         self.since.remove(id);
+        self.told.remove(id);
+    }
+
+    /// Records that the gang's members are told `reason`; whether it is news to them.
+    pub fn told(&mut self, id: &str, reason: &str) -> bool {
+        if self.told.get(id).is_some_and(|r| r == reason) {
+            return false;
+        }
+        self.told.insert(id.to_string(), reason.to_string());
+        true
     }
 
     /// The gang's members (`uids`) were reserved and their Bindings go out; `bound`
@@ -63,6 +75,7 @@ impl Gangs {
         uids: impl Iterator<Item = &'u str>,
     ) {
         self.since.remove(id);
+        self.told.remove(id);
         let writes = self.writes.entry(id.to_string()).or_default();
         writes.namespace = namespace.to_string();
         writes.name = name.to_string();
