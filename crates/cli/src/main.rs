@@ -18,6 +18,7 @@ mod scheduler;
 mod signals;
 mod simulate;
 mod simulate_timeline;
+mod status;
 
 use std::process::ExitCode;
 
@@ -56,6 +57,9 @@ enum Command {
     /// placement.
     #[command(args_override_self = true)]
     Extender(extender::ExtenderArgs),
+    /// Show the fleet's GPUs: use, holders, fragmentation, pending pods and why.
+    #[command(args_override_self = true)]
+    Status(status::StatusArgs),
     /// Print the PodGroup CustomResourceDefinition (YAML).
     Crd,
     /// List the placement policies.
@@ -73,6 +77,7 @@ fn main() -> ExitCode {
         Command::DevicePlugin(args) => device_plugin::run(args),
         Command::Scheduler(args) => scheduler::run(args),
         Command::Extender(args) => extender::run(args),
+        Command::Status(args) => status::run(args),
         Command::Crd => scheduler::print_crd(),
         Command::Policies => {
             for p in gpuplace_core::Policy::ALL {

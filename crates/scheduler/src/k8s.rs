@@ -2,7 +2,8 @@
 //! ([`kube_api`]), the watch-fed pod store ([`pod_store`]), a pod read once into what the
 //! stages need ([`pod_info`]: its [`demand`], GPU requirements ([`need`]) and terms about
 //! other pods ([`pod_terms`])), PodGroups ([`gang`]), disruption budgets ([`budgets`]),
-//! leader election ([`leader`]) and the client's rate limit ([`rate`]).
+//! leader election ([`leader`]), the client's rate limit ([`rate`]) and the one read
+//! behind `gpuplace status` ([`status_read`]).
 
 pub mod budgets;
 pub mod demand;
@@ -15,3 +16,4 @@ pub mod pod_info;
 pub mod pod_store;
 pub mod pod_terms;
 pub mod rate;
+pub mod status_read;

@@ -7,7 +7,8 @@
 //!   reservations and Bindings, and the loop that drives it ([`scheduler::run`]);
 //! - [`extender`]: the same state and profile behind kube-scheduler's extender verbs;
 //! - [`k8s`]: Kubernetes adapters and the reading of pods, PodGroups and budgets;
-//! - [`snapshot`]: the cluster as the stages see it; [`api`]: the one boundary trait.
+//! - [`snapshot`]: the cluster as the stages see it; [`api`]: the one boundary trait;
+//! - [`status`]: the fleet at a glance (`gpuplace status`).
 
 pub mod api;
 pub mod app;
@@ -18,6 +19,7 @@ pub mod k8s;
 pub mod metrics;
 pub mod scheduler;
 pub mod snapshot;
+pub mod status;
 
 pub use api::{ApiError, ClusterApi, ClusterView, EventRecord, PodKey};
 pub use k8s::pod_info::{PodInfo, SchedulingTerms};

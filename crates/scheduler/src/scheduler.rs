@@ -209,6 +209,11 @@ impl<A: ClusterApi> Scheduler<A> {
         &self.api
     }
 
+    /// The latest scheduling failure of each waiting pod (shared: the live map reads it).
+    pub fn reasons(&self) -> crate::status::PendingReasons {
+        self.events.reasons()
+    }
+
     /// Pods assumed and not yet seen bound by the watch.
     pub fn reservations(&self) -> &Reservations {
         &self.cluster.reservations

@@ -9,6 +9,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::api::{ClusterApi, EventRecord, PodKey};
+use crate::status::PendingReasons;
 
 /// Events waiting or in flight beyond which new ones are dropped (a few hundred bytes
 /// each: a burst of 10,000 bindings keeps all its Events).
@@ -20,6 +21,8 @@ pub struct EventSink<A> {
     events: JoinSet<()>,
     slots: Arc<Semaphore>,
     dropped: Arc<AtomicU64>,
+    /// The latest `FailedScheduling` message per waiting pod, sent or dropped.
+    reasons: PendingReasons,
 }
 
 impl<A: ClusterApi> EventSink<A> {
@@ -30,11 +33,22 @@ impl<A: ClusterApi> EventSink<A> {
             events: JoinSet::new(),
             slots: Arc::new(Semaphore::new(concurrency.max(1))),
             dropped: Arc::default(),
+            reasons: PendingReasons::default(),
         }
+    }
+
+    /// The reasons of the pods told `FailedScheduling` and not scheduled since.
+    pub fn reasons(&self) -> PendingReasons {
+        self.reasons.clone()
     }
 
     /// Queues an Event; dropped when too many are waiting.
     pub fn emit(&mut self, pod: &PodKey, kind: &str, reason: &str, message: String) {
+        match reason {
+            "FailedScheduling" => self.reasons.failed(&pod.uid, &message),
+            "Scheduled" => self.reasons.clear(&pod.uid),
+            _ => {}
+        }
         while self.events.try_join_next().is_some() {}
         if self.events.len() >= MAX_QUEUED_EVENTS {
             self.dropped.fetch_add(1, Ordering::Relaxed);

@@ -1,0 +1,117 @@
+//! One read of the cluster for `gpuplace status` (no watches): Nodes, Pods, PodGroups and
+//! the `FailedScheduling` Events, listed page by page with stable APIs only.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{ListParams, ObjectList};
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+
+use crate::api::ClusterView;
+use crate::k8s::gang::PodGroup;
+use crate::k8s::pod_info::PodInfo;
+use crate::status::{Reason, reasons};
+
+/// Objects per page of a list.
+const PAGE: u32 = 500;
+
+/// Why the cluster could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("cannot list {what}: {source}")]
+    List {
+        what: &'static str,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// What `gpuplace status` shows: the view and the pods' latest scheduling failures.
+pub struct Read {
+    pub view: ClusterView,
+    pub reasons: HashMap<String, Reason>,
+}
+
+async fn list_all<K>(
+    api: &Api<K>,
+    params: ListParams,
+    what: &'static str,
+) -> Result<Vec<K>, ReadError>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let mut out = Vec::new();
+    let mut params = params.limit(PAGE);
+    loop {
+        let page: ObjectList<K> = api
+            .list(&params)
+            .await
+            .map_err(|source| ReadError::List { what, source })?;
+        out.extend(page.items);
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(out),
+        }
+    }
+}
+
+fn missing(e: &ReadError) -> bool {
+    matches!(e, ReadError::List { source: kube::Error::Api(s), .. } if s.code == 404)
+}
+
+/// Reads the cluster once. Every pod is read (a node's use counts every namespace); Events
+/// only of `namespace` when given. A cluster without the PodGroup CRD has no gangs.
+pub async fn read(
+    client: Client,
+    gpu_resource: &str,
+    namespace: Option<&str>,
+) -> Result<Read, ReadError> {
+    let (nodes_api, pods_api) = (
+        Api::<Node>::all(client.clone()),
+        Api::<Pod>::all(client.clone()),
+    );
+    let groups_api = Api::<PodGroup>::all(client.clone());
+    let nodes = list_all(&nodes_api, ListParams::default(), "nodes");
+    let pods = list_all(&pods_api, ListParams::default(), "pods");
+    let groups = list_all(&groups_api, ListParams::default(), "podgroups.gpuplace.io");
+    let events_api: Api<Event> = match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let failed = ListParams::default().fields("reason=FailedScheduling");
+    let events = list_all(&events_api, failed, "events");
+    let (nodes, pods, groups, events) = futures::join!(nodes, pods, groups, events);
+    let groups = match groups {
+        Err(e) if missing(&e) => Vec::new(),
+        other => other?,
+    };
+    let events = match events {
+        Ok(e) => e,
+        // A server that cannot select Events by reason: every Event, sorted out here.
+        Err(ReadError::List {
+            source: kube::Error::Api(s),
+            ..
+        }) if s.code == 400 => list_all(&events_api, ListParams::default(), "events").await?,
+        Err(e) => return Err(e),
+    };
+    let mut pods: Vec<Arc<PodInfo>> = pods?
+        .iter()
+        .map(|p| Arc::new(PodInfo::from_pod(p, gpu_resource)))
+        .collect();
+    pods.sort_by(|a, b| (&a.key.namespace, &a.key.name).cmp(&(&b.key.namespace, &b.key.name)));
+    let mut nodes: Vec<Arc<Node>> = nodes?.into_iter().map(Arc::new).collect();
+    nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    let view = ClusterView {
+        nodes,
+        pods,
+        groups: groups.into_iter().map(Arc::new).collect(),
+        ..ClusterView::default()
+    };
+    Ok(Read {
+        view,
+        reasons: reasons::from_events(&events),
+    })
+}
