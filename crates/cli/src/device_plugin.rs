@@ -151,7 +151,7 @@ async fn serve(config: Arc<gpuplace_deviceplugin::Config>) -> anyhow::Result<()>
             healthz: probe.clone(),
             readyz: probe,
         };
-        tokio::spawn(crate::ops::serve(listener, registry, probes));
+        tokio::spawn(crate::ops::serve(listener, registry, probes, None));
     }
     Ok(gpuplace_deviceplugin::app::serve(config, metrics, shutdown).await?)
 }

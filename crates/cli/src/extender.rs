@@ -130,7 +130,7 @@ async fn serve(args: ExtenderArgs, config: ExtenderConfig) -> anyhow::Result<()>
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("cannot serve metrics on {addr}"))?;
-            tokio::spawn(crate::ops::serve(listener, registry, probes));
+            tokio::spawn(crate::ops::serve(listener, registry, probes, None));
             None
         }
         None => Some((registry, probes)),

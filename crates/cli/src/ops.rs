@@ -67,12 +67,22 @@ pub fn router(registry: Arc<Registry>, probes: Probes) -> Router {
         .fallback(|| async { StatusCode::NOT_FOUND.into_response() })
 }
 
-/// Serves until the task is dropped.
-pub async fn serve(listener: tokio::net::TcpListener, registry: Arc<Registry>, probes: Probes) {
+/// Serves (with `extra` routes beside, such as the scheduler's map) until the task is
+/// dropped.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    registry: Arc<Registry>,
+    probes: Probes,
+    extra: Option<Router>,
+) {
     if let Ok(addr) = listener.local_addr() {
         info!(%addr, "serving metrics and health");
     }
-    if let Err(e) = axum::serve(listener, router(registry, probes)).await {
+    let app = match extra {
+        Some(extra) => router(registry, probes).merge(extra),
+        None => router(registry, probes),
+    };
+    if let Err(e) = axum::serve(listener, app).await {
         warn!(error = %e, "metrics server stopped");
     }
 }

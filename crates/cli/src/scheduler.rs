@@ -31,6 +31,7 @@ struct FileSettings {
     max_in_flight: Option<usize>,
     kube_api_qps: Option<f64>,
     kube_api_burst: Option<u32>,
+    ui: Option<bool>,
 }
 
 #[derive(Args, Debug)]
@@ -48,14 +49,17 @@ pub struct SchedulerArgs {
     /// policy above still picks the GPU of a fractional request.
     #[arg(long, env = "GPUPLACE_WEIGHTS")]
     weights: Option<String>,
-    /// YAML config file (scheduler-name, policy, weights, resource, seed, metrics-addr,
+    /// YAML config file (scheduler-name, policy, weights, resource, seed, metrics-addr, ui,
     /// leader-elect, lease-namespace, interval-ms, max-in-flight, kube-api-qps,
     /// kube-api-burst).
     #[arg(long, env = "GPUPLACE_CONFIG")]
     config: Option<PathBuf>,
-    /// Serve /metrics, /healthz and /readyz here.
+    /// Serve /metrics, /healthz, /readyz and the live GPU map (/ui) here.
     #[arg(long, env = "GPUPLACE_METRICS_ADDR")]
     metrics_addr: Option<SocketAddr>,
+    /// Serve the read-only GPU map at /ui on the metrics address [default: true].
+    #[arg(long, env = "GPUPLACE_UI")]
+    ui: Option<bool>,
     /// GPU extended resource [default: nvidia.com/gpu].
     #[arg(long, env = "GPUPLACE_RESOURCE")]
     resource: Option<String>,
@@ -140,6 +144,7 @@ pub fn run(args: SchedulerArgs) -> anyhow::Result<()> {
         ..Default::default()
     };
     let metrics_addr = args.metrics_addr.or(file.metrics_addr);
+    let ui = args.ui.or(file.ui).unwrap_or(true);
     let leader_elect = args.leader_elect.or(file.leader_elect).unwrap_or(false);
     let lease_namespace = args
         .lease_namespace
@@ -169,7 +174,8 @@ pub fn run(args: SchedulerArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(serve(args.kubeconfig, config, metrics_addr, options))
+    let served = Served { metrics_addr, ui };
+    runtime.block_on(serve(args.kubeconfig, config, served, options))
 }
 
 pub(crate) async fn client(kubeconfig: Option<PathBuf>) -> anyhow::Result<kube::Client> {
@@ -187,17 +193,26 @@ pub(crate) async fn client(kubeconfig: Option<PathBuf>) -> anyhow::Result<kube::
     Ok(kube::Client::try_from(config)?)
 }
 
+/// What the metrics address serves.
+struct Served {
+    metrics_addr: Option<SocketAddr>,
+    /// The live GPU map beside the metrics.
+    ui: bool,
+}
+
 async fn serve(
     kubeconfig: Option<PathBuf>,
     config: SchedulerConfig,
-    metrics_addr: Option<SocketAddr>,
+    served: Served,
     options: app::Options,
 ) -> anyhow::Result<()> {
     let client = client(kubeconfig).await?;
     let metrics = Metrics::default();
     let heartbeat = Heartbeat::default();
     let health = Health::new(heartbeat.clone(), Duration::from_secs(60));
-    if let Some(addr) = metrics_addr {
+    let ui = (served.ui && served.metrics_addr.is_some())
+        .then(|| Arc::new(gpuplace_scheduler::ui::Ui::new(&config.gpu_resource)));
+    if let Some(addr) = served.metrics_addr {
         let mut registry = prometheus_client::registry::Registry::default();
         metrics.register(&mut registry);
         let listener = tokio::net::TcpListener::bind(addr)
@@ -220,12 +235,19 @@ async fn serve(
                 }
             }),
         };
-        tokio::spawn(crate::ops::serve(listener, Arc::new(registry), probes));
+        let extra = ui.clone().map(gpuplace_scheduler::ui::router);
+        tokio::spawn(crate::ops::serve(
+            listener,
+            Arc::new(registry),
+            probes,
+            extra,
+        ));
     }
     let observed = app::Observed {
         metrics,
         health,
         heartbeat,
+        ui,
     };
     let shutdown = crate::signals::shutdown();
     Ok(app::serve(client, config, options, observed, shutdown).await?)

@@ -50,6 +50,9 @@ pub struct Observed {
     pub metrics: Metrics,
     pub health: Health,
     pub heartbeat: Heartbeat,
+    /// The live GPU map, when served: attached to the view once the caches are synced,
+    /// fed every round.
+    pub ui: Option<std::sync::Arc<crate::ui::Ui<KubeApi>>>,
 }
 
 /// Runs the scheduler until `shutdown` (or, with leader election, until the lease is lost:
@@ -89,14 +92,23 @@ pub async fn serve(
         );
         tokio::spawn(elector.run(until_stopped(stopped.clone())))
     });
-    let scheduler = Scheduler::with_gate(api, config, gate.clone());
     let Observed {
-        metrics, heartbeat, ..
+        metrics,
+        heartbeat,
+        ui,
+        ..
     } = observed;
+    let scheduler = Scheduler::with_gate(api.clone(), config, gate.clone());
+    if let Some(ui) = &ui {
+        ui.attach(api, scheduler.reasons());
+    }
     let leader_metric = metrics.leader.clone();
     let observe = |report: &RoundReport, took: Duration| {
         leader_metric.set(i64::from(gate.is_open()));
         metrics.observe(report, took.as_secs_f64());
+        if let Some(ui) = &ui {
+            ui.history().record_round(report, took);
+        }
     };
     let loop_config = LoopConfig {
         tick: options.interval,

@@ -8,7 +8,7 @@
 //! - [`extender`]: the same state and profile behind kube-scheduler's extender verbs;
 //! - [`k8s`]: Kubernetes adapters and the reading of pods, PodGroups and budgets;
 //! - [`snapshot`]: the cluster as the stages see it; [`api`]: the one boundary trait;
-//! - [`status`]: the fleet at a glance (`gpuplace status`).
+//! - [`status`]: the fleet at a glance (`gpuplace status`), [`ui`]: the live GPU map.
 
 pub mod api;
 pub mod app;
@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod scheduler;
 pub mod snapshot;
 pub mod status;
+pub mod ui;
 
 pub use api::{ApiError, ClusterApi, ClusterView, EventRecord, PodKey};
 pub use k8s::pod_info::{PodInfo, SchedulingTerms};

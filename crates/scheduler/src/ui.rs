@@ -1,0 +1,344 @@
+//! The live GPU map (`/ui`), served by the scheduler on its metrics port: a page, its
+//! script and style (embedded in the binary, no external assets) and the JSON it polls.
+//! Read-only. The page writes every name and message as text (never as markup) and the
+//! responses carry a Content-Security-Policy that allows only the page's own script.
+//!
+//! - `GET /ui`: the page; `/ui/app.js`, `/ui/app.css`;
+//! - `GET /ui/api/fleet?q=&sort=&limit=`: totals, models, the matching nodes' GPU cells
+//!   (at most `limit`, so 5,000 nodes stay light), pending pods and gangs, the last hour;
+//! - `GET /ui/api/node?name=`: one node's GPUs, holders and NVLink topology.
+
+pub mod history;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use axum::Router;
+use axum::extract::{Query, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde::{Deserialize, Serialize};
+
+use crate::api::ClusterApi;
+use crate::status::text::cell;
+use crate::status::{self, FleetStatus, GroupStatus, NodeStatus, PendingPod, PendingReasons};
+pub use history::{History, Sample};
+
+const PAGE: &str = include_str!("ui/page.html");
+const SCRIPT: &str = include_str!("ui/app.js");
+const STYLE: &str = include_str!("ui/app.css");
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
+                   connect-src 'self'; img-src 'self' data:; base-uri 'none'; \
+                   form-action 'none'; frame-ancestors 'none'";
+
+/// Nodes sent at most per answer unless asked otherwise (and never more than 2,000).
+const DEFAULT_LIMIT: usize = 300;
+const MAX_LIMIT: usize = 2_000;
+/// Pending pods sent at most per answer.
+const MAX_PENDING: usize = 200;
+
+/// What the map reads: the scheduler's view and reasons (attached once the watches are
+/// synced; until then it answers 503) and the last hour's history.
+pub struct Ui<A> {
+    source: OnceLock<Source<A>>,
+    gpu_resource: String,
+    history: History,
+    /// The status last built, by view generation and reasons' version.
+    cached: Mutex<Option<(u64, u64, Arc<FleetStatus>)>>,
+}
+
+struct Source<A> {
+    api: A,
+    reasons: PendingReasons,
+}
+
+impl<A: ClusterApi> Ui<A> {
+    pub fn new(gpu_resource: &str) -> Self {
+        Ui {
+            source: OnceLock::new(),
+            gpu_resource: gpu_resource.to_string(),
+            history: History::default(),
+            cached: Mutex::new(None),
+        }
+    }
+
+    /// The map reads `api`'s view and the scheduler's `reasons` from now on (the first
+    /// attach holds).
+    pub fn attach(&self, api: A, reasons: PendingReasons) {
+        let _ = self.source.set(Source { api, reasons });
+    }
+
+    /// Where the loop records each round for the charts.
+    pub fn history(&self) -> &History {
+        &self.history
+    }
+
+    /// The fleet now (built again only when the view or the reasons changed).
+    async fn status(&self) -> Result<Arc<FleetStatus>, String> {
+        let Some(source) = self.source.get() else {
+            return Err("the scheduler's caches are not synced yet".into());
+        };
+        let generation = source.api.generation();
+        let version = source.reasons.version();
+        if let Ok(cached) = self.cached.lock()
+            && let Some((g, v, status)) = cached.as_ref()
+            && *g == generation
+            && *v == version
+        {
+            return Ok(Arc::clone(status));
+        }
+        let view = source.api.view().await.map_err(|e| e.to_string())?;
+        let reasons = source.reasons.snapshot();
+        let status = Arc::new(status::fleet(
+            &view,
+            &self.gpu_resource,
+            &reasons,
+            &status::Filter::default(),
+        ));
+        if let Ok(mut cached) = self.cached.lock() {
+            *cached = Some((view.generation, version, Arc::clone(&status)));
+        }
+        Ok(status)
+    }
+}
+
+/// The map's routes, to merge into the metrics server's.
+pub fn router<A: ClusterApi>(ui: Arc<Ui<A>>) -> Router {
+    Router::new()
+        .route(
+            "/ui",
+            get(|| async { asset(PAGE, "text/html; charset=utf-8") }),
+        )
+        .route(
+            "/ui/",
+            get(|| async { asset(PAGE, "text/html; charset=utf-8") }),
+        )
+        .route(
+            "/ui/app.js",
+            get(|| async { asset(SCRIPT, "text/javascript; charset=utf-8") }),
+        )
+        .route(
+            "/ui/app.css",
+            get(|| async { asset(STYLE, "text/css; charset=utf-8") }),
+        )
+        .route("/ui/api/fleet", get(fleet::<A>))
+        .route("/ui/api/node", get(node::<A>))
+        .with_state(ui)
+}
+
+fn secured(mut response: Response) -> Response {
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CSP),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+fn asset(body: &'static str, kind: &'static str) -> Response {
+    secured(([(header::CONTENT_TYPE, kind)], body).into_response())
+}
+
+fn json<T: Serialize>(value: &T) -> Response {
+    secured(axum::Json(value).into_response())
+}
+
+fn unavailable(e: String) -> Response {
+    let body = format!("cluster view unavailable: {e}");
+    secured((StatusCode::SERVICE_UNAVAILABLE, body).into_response())
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct FleetQuery {
+    /// Part of a node's name or of a pod's `namespace/name`, any case.
+    q: String,
+    /// `name` (default), `free`, `used` or `frag`.
+    sort: String,
+    limit: Option<usize>,
+}
+
+/// One node as a card: a character per GPU (as `gpuplace status` prints it) and each
+/// GPU's holders as text.
+#[derive(Debug, Serialize)]
+struct NodeCard {
+    name: String,
+    model: String,
+    cells: String,
+    free: usize,
+    frag: f64,
+    tips: Vec<String>,
+}
+
+/// Nodes, GPUs and use per GPU model.
+#[derive(Debug, Default, Serialize)]
+struct ModelTotals {
+    model: String,
+    nodes: usize,
+    gpus: usize,
+    free: usize,
+    allocated_milli: u64,
+    capacity_milli: u64,
+}
+
+#[derive(Debug, Serialize)]
+struct FleetAnswer<'s> {
+    totals: &'s status::Totals,
+    models: Vec<ModelTotals>,
+    /// Nodes matching the search (of which `nodes` are sent).
+    matched: usize,
+    nodes: Vec<NodeCard>,
+    pending_total: usize,
+    pending: Vec<&'s PendingPod>,
+    groups: &'s [GroupStatus],
+    history: Vec<history::Point>,
+    warnings: &'s [String],
+}
+
+async fn fleet<A: ClusterApi>(
+    State(ui): State<Arc<Ui<A>>>,
+    Query(query): Query<FleetQuery>,
+) -> Response {
+    let status = match ui.status().await {
+        Ok(s) => s,
+        Err(e) => return unavailable(e),
+    };
+    let q = query.q.trim().to_lowercase();
+    let mut matched: Vec<&NodeStatus> = status
+        .nodes
+        .iter()
+        .filter(|n| q.is_empty() || node_matches(n, &q))
+        .collect();
+    let free = |n: &NodeStatus| {
+        n.gpus
+            .iter()
+            .filter(|g| g.healthy && g.used_milli == 0)
+            .count()
+    };
+    let used = |n: &NodeStatus| n.gpus.iter().map(|g| u64::from(g.used_milli)).sum::<u64>();
+    match query.sort.as_str() {
+        "free" => matched.sort_by_key(|n| std::cmp::Reverse(free(n))),
+        "used" => matched.sort_by_key(|n| std::cmp::Reverse(used(n))),
+        "frag" => matched.sort_by(|a, b| b.fragmentation_gpus.total_cmp(&a.fragmentation_gpus)),
+        _ => {}
+    }
+    let limit = query.limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT);
+    let nodes = matched.iter().take(limit).map(|n| card(n)).collect();
+    let pending: Vec<&PendingPod> = status
+        .pending
+        .iter()
+        .filter(|p| q.is_empty() || format!("{}/{}", p.namespace, p.name).contains(&q))
+        .collect();
+    let answer = FleetAnswer {
+        totals: &status.totals,
+        models: models(&status.nodes),
+        matched: matched.len(),
+        nodes,
+        pending_total: pending.len(),
+        pending: pending.into_iter().take(MAX_PENDING).collect(),
+        groups: &status.groups,
+        history: ui.history.points(),
+        warnings: &status.warnings,
+    };
+    json(&answer)
+}
+
+fn node_matches(node: &NodeStatus, q: &str) -> bool {
+    node.name.to_lowercase().contains(q)
+        || node.gpus.iter().any(|g| {
+            g.holders
+                .iter()
+                .any(|h| format!("{}/{}", h.namespace, h.name).contains(q))
+        })
+}
+
+fn card(node: &NodeStatus) -> NodeCard {
+    NodeCard {
+        name: node.name.clone(),
+        model: node.model.clone(),
+        cells: node.gpus.iter().map(cell).collect(),
+        free: node
+            .gpus
+            .iter()
+            .filter(|g| g.healthy && g.used_milli == 0)
+            .count(),
+        frag: node.fragmentation_gpus,
+        tips: node
+            .gpus
+            .iter()
+            .map(|g| {
+                let holders: Vec<String> = g
+                    .holders
+                    .iter()
+                    .map(|h| {
+                        format!(
+                            "{}/{} ({})",
+                            h.namespace,
+                            h.name,
+                            status::gpus_text(1, h.milli)
+                        )
+                    })
+                    .collect();
+                let state = if !g.healthy {
+                    "unhealthy".to_string()
+                } else if holders.is_empty() {
+                    "free".to_string()
+                } else {
+                    holders.join(", ")
+                };
+                format!("GPU {}: {state}", g.index)
+            })
+            .collect(),
+    }
+}
+
+fn models(nodes: &[NodeStatus]) -> Vec<ModelTotals> {
+    let mut by: BTreeMap<&str, ModelTotals> = BTreeMap::new();
+    for node in nodes {
+        let m = by
+            .entry(node.model.as_str())
+            .or_insert_with(|| ModelTotals {
+                model: node.model.clone(),
+                ..ModelTotals::default()
+            });
+        m.nodes += 1;
+        for g in &node.gpus {
+            m.gpus += 1;
+            if g.healthy {
+                m.capacity_milli += u64::from(g.capacity_milli);
+                m.allocated_milli += u64::from(g.used_milli);
+                m.free += usize::from(g.used_milli == 0);
+            }
+        }
+    }
+    by.into_values().collect()
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct NodeQuery {
+    name: String,
+}
+
+async fn node<A: ClusterApi>(
+    State(ui): State<Arc<Ui<A>>>,
+    Query(query): Query<NodeQuery>,
+) -> Response {
+    let status = match ui.status().await {
+        Ok(s) => s,
+        Err(e) => return unavailable(e),
+    };
+    match status.nodes.iter().find(|n| n.name == query.name) {
+        Some(node) => json(node),
+        None => {
+            let body = format!("no GPU node named {:?}", query.name);
+            secured((StatusCode::NOT_FOUND, body).into_response())
+        }
+    }
+}
