@@ -226,8 +226,11 @@ impl ClusterState {
         self.reserve.bind(&workload, capacity);
         self.workload = Some(workload);
         self.workload_generation += 1;
+        // Every node measured afresh (a node's old figure is not subtracted from the new
+        // total: binding the same workload again must not zero the total).
         self.total_frag = 0.0;
         for n in 0..self.state.len() {
+            self.state[n].frag = 0.0;
             self.refresh_frag(n);
             let s = &self.state[n];
             for (&free, &capacity) in s.gpu_free.iter().zip(&s.gpu_capacity) {

@@ -60,3 +60,25 @@ fn fit_reasons() {
     let cpu_only = ClusterState::new(vec![NodeInventory::uniform("c", 8000, 1000, 0, "")]).unwrap();
     assert_eq!(cpu_only.fit(0, &req(0, 1, 500)), Err(FitFailure::NoGpus));
 }
+
+#[test]
+fn binding_the_workload_again_keeps_the_total_fragmentation() {
+    let mut c = cluster();
+    c.apply(0, &req(1000, 1, 300), &[(1, 300)]).unwrap();
+    let workload = Arc::new(crate::TargetWorkload::from_requests(
+        [req(1000, 1, 1000), req(1000, 2, 1000)].iter(),
+        1.0,
+    ));
+    c.set_workload(Arc::clone(&workload));
+    let once = c.total_frag();
+    assert!(
+        once > 0.0,
+        "a partly used GPU fragments for 1- and 2-GPU pods"
+    );
+    c.set_workload(workload);
+    assert_eq!(
+        c.total_frag(),
+        once,
+        "the same workload again: the same total"
+    );
+}
