@@ -214,12 +214,26 @@ pub fn fleet(
         }
         nodes.push(node_status(state, n, gpu_holders, filter));
     }
-    let pending = pending_pods(view, reasons, filter);
+    nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    let groups = groups(view, filter);
+    let mut pending = pending_pods(view, reasons, filter);
+    // A gang member's freshest reason is its PodGroup's (a member in backoff missed the
+    // latest Event).
+    for p in &mut pending {
+        if let Some(message) = p.group.as_ref().and_then(|g| {
+            groups
+                .iter()
+                .find(|s| s.namespace == p.namespace && &s.name == g)
+                .and_then(|s| s.message.clone())
+        }) {
+            p.reason = Some(message);
+        }
+    }
     FleetStatus {
         totals: totals(state, &nodes, pending.len()),
         nodes,
         pending,
-        groups: groups(view, filter),
+        groups,
         warnings: snapshot.warnings,
     }
 }

@@ -12,6 +12,7 @@ pub mod history;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::{Query, State};
@@ -44,8 +45,18 @@ pub struct Ui<A> {
     source: OnceLock<Source<A>>,
     gpu_resource: String,
     history: History,
-    /// The status last built, by view generation and reasons' version.
-    cached: Mutex<Option<(u64, u64, Arc<FleetStatus>)>>,
+    /// The status last built.
+    cached: Mutex<Option<Built>>,
+}
+
+/// A status built from the view of `generation` and the reasons of `version`, at `at`,
+/// in `took`.
+struct Built {
+    generation: u64,
+    version: u64,
+    at: Instant,
+    took: Duration,
+    status: Arc<FleetStatus>,
 }
 
 struct Source<A> {
@@ -74,7 +85,9 @@ impl<A: ClusterApi> Ui<A> {
         &self.history
     }
 
-    /// The fleet now (built again only when the view or the reasons changed).
+    /// The fleet now: built again when the view or the reasons changed, but not sooner
+    /// than twice its last build time after it (at 5,000 nodes a build takes ~0.35 s here:
+    /// however many pages poll, the map takes at most a third of a core from the loop).
     async fn status(&self) -> Result<Arc<FleetStatus>, String> {
         let Some(source) = self.source.get() else {
             return Err("the scheduler's caches are not synced yet".into());
@@ -82,12 +95,13 @@ impl<A: ClusterApi> Ui<A> {
         let generation = source.api.generation();
         let version = source.reasons.version();
         if let Ok(cached) = self.cached.lock()
-            && let Some((g, v, status)) = cached.as_ref()
-            && *g == generation
-            && *v == version
+            && let Some(built) = cached.as_ref()
+            && ((built.generation == generation && built.version == version)
+                || built.at.elapsed() < built.took * 2)
         {
-            return Ok(Arc::clone(status));
+            return Ok(Arc::clone(&built.status));
         }
+        let start = Instant::now();
         let view = source.api.view().await.map_err(|e| e.to_string())?;
         let reasons = source.reasons.snapshot();
         let status = Arc::new(status::fleet(
@@ -97,7 +111,13 @@ impl<A: ClusterApi> Ui<A> {
             &status::Filter::default(),
         ));
         if let Ok(mut cached) = self.cached.lock() {
-            *cached = Some((view.generation, version, Arc::clone(&status)));
+            *cached = Some(Built {
+                generation: view.generation,
+                version,
+                at: Instant::now(),
+                took: start.elapsed(),
+                status: Arc::clone(&status),
+            });
         }
         Ok(status)
     }

@@ -92,7 +92,7 @@ fn api_error(e: kube::Error) -> ApiError {
 
 /// Drops what node filters and inventories never read (images, volumes, managed fields,
 /// other tools' annotations): real Node objects carry kilobytes of it.
-fn strip_node(node: &mut Node) {
+pub(crate) fn strip_node(node: &mut Node) {
     node.metadata.managed_fields = None;
     if let Some(annotations) = node.metadata.annotations.as_mut() {
         annotations.retain(|k, _| k.starts_with(gpuplace_model::keys::ANNOTATION_PREFIX));

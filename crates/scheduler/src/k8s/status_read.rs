@@ -43,6 +43,20 @@ async fn list_all<K>(
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
+    list_map(api, params, what, |k| k).await
+}
+
+/// Every object, each made into a `T` as its page arrives (a page of Pods is dropped once
+/// read: 20,000 decoded Pods would take ~120 MB).
+async fn list_map<K, T>(
+    api: &Api<K>,
+    params: ListParams,
+    what: &'static str,
+    f: impl Fn(K) -> T,
+) -> Result<Vec<T>, ReadError>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
     let mut out = Vec::new();
     let mut params = params.limit(PAGE);
     loop {
@@ -50,7 +64,7 @@ where
             .list(&params)
             .await
             .map_err(|source| ReadError::List { what, source })?;
-        out.extend(page.items);
+        out.extend(page.items.into_iter().map(&f));
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(token) => params = params.continue_token(&token),
             None => return Ok(out),
@@ -74,8 +88,13 @@ pub async fn read(
         Api::<Pod>::all(client.clone()),
     );
     let groups_api = Api::<PodGroup>::all(client.clone());
-    let nodes = list_all(&nodes_api, ListParams::default(), "nodes");
-    let pods = list_all(&pods_api, ListParams::default(), "pods");
+    let nodes = list_map(&nodes_api, ListParams::default(), "nodes", |mut n| {
+        crate::k8s::kube_api::strip_node(&mut n);
+        Arc::new(n)
+    });
+    let pods = list_map(&pods_api, ListParams::default(), "pods", |p| {
+        Arc::new(PodInfo::from_pod(&p, gpu_resource))
+    });
     let groups = list_all(&groups_api, ListParams::default(), "podgroups.gpuplace.io");
     let events_api: Api<Event> = match namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
@@ -97,12 +116,9 @@ pub async fn read(
         }) if s.code == 400 => list_all(&events_api, ListParams::default(), "events").await?,
         Err(e) => return Err(e),
     };
-    let mut pods: Vec<Arc<PodInfo>> = pods?
-        .iter()
-        .map(|p| Arc::new(PodInfo::from_pod(p, gpu_resource)))
-        .collect();
+    let mut pods: Vec<Arc<PodInfo>> = pods?;
     pods.sort_by(|a, b| (&a.key.namespace, &a.key.name).cmp(&(&b.key.namespace, &b.key.name)));
-    let mut nodes: Vec<Arc<Node>> = nodes?.into_iter().map(Arc::new).collect();
+    let mut nodes: Vec<Arc<Node>> = nodes?;
     nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     let view = ClusterView {
         nodes,

@@ -199,9 +199,25 @@ fn node_detail(out: &mut String, node: &NodeStatus) {
         } else {
             holders.join(", ")
         };
+        let mut peers: Vec<u32> = node
+            .links
+            .iter()
+            .filter_map(|l| match (l.a == g.index, l.b == g.index) {
+                (true, _) => Some(l.b),
+                (_, true) => Some(l.a),
+                _ => None,
+            })
+            .collect();
+        peers.sort_unstable();
+        let peers = if peers.is_empty() {
+            String::new()
+        } else {
+            let ids: Vec<String> = peers.iter().map(u32::to_string).collect();
+            format!("  nvlink {}", ids.join(","))
+        };
         let _ = writeln!(
             out,
-            "    gpu {:>2} {} {} {} MiB  {state}",
+            "    gpu {:>2} {} {} {} MiB{peers}  {state}",
             g.index,
             cell(g),
             g.model,

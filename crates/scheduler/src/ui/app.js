@@ -177,6 +177,7 @@ async function refreshDetail() {
 
 function select(name) {
   state.selected = name;
+  history.replaceState(null, "", "#node=" + encodeURIComponent(name));
   for (const c of document.querySelectorAll(".card")) c.classList.toggle("selected", c.getAttribute("data-node") === name);
   refreshDetail().catch(showError);
 }
@@ -213,5 +214,6 @@ async function poll() {
 
 document.getElementById("search").addEventListener("input", (e) => { state.query = e.target.value; poll(); });
 document.getElementById("sort").addEventListener("change", (e) => { state.sort = e.target.value; poll(); });
+if (location.hash.startsWith("#node=")) state.selected = decodeURIComponent(location.hash.slice(6));
 poll();
 setInterval(poll, POLL_MS);
