@@ -27,7 +27,8 @@ pub struct Metrics {
     pub pending: Gauge,
     pub gpus_total: Gauge,
     pub gpus_allocated: Gauge,
-    pub fragmentation_gpus: Gauge,
+    /// Fractional: a cluster's fragmentation is often under one GPU.
+    pub fragmentation_gpus: Gauge<f64, std::sync::atomic::AtomicU64>,
     pub leader: Gauge,
     pub in_flight: Gauge,
     pub reservations: Gauge,
@@ -190,6 +191,6 @@ impl Metrics {
         self.gpus_allocated
             .set((report.gpu_allocated_milli / 1000) as i64);
         self.fragmentation_gpus
-            .set((report.fragmentation_milli / 1000) as i64);
+            .set(report.fragmentation_milli as f64 / 1000.0);
     }
 }
