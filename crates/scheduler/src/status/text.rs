@@ -104,7 +104,8 @@ fn milli_text(milli: u64) -> String {
     if milli.is_multiple_of(1000) {
         (milli / 1000).to_string()
     } else {
-        format!("{:.1}", milli as f64 / 1000.0)
+        let text = format!("{:.3}", milli as f64 / 1000.0);
+        text.trim_end_matches('0').to_string()
     }
 }
 
