@@ -13,6 +13,7 @@ pub(crate) mod bind;
 pub(crate) mod cluster_cache;
 pub(crate) mod events;
 mod gang_permit;
+mod gang_status;
 mod gangs;
 pub(crate) mod pod_index;
 mod post_filter;
