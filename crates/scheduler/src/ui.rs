@@ -87,7 +87,8 @@ impl<A: ClusterApi> Ui<A> {
 
     /// The fleet now: built again when the view or the reasons changed, but not sooner
     /// than twice its last build time after it (at 5,000 nodes a build takes ~0.35 s here:
-    /// however many pages poll, the map takes at most a third of a core from the loop).
+    /// polls arriving one at a time cost at most a third of a core; polls racing one build
+    /// may each build once).
     async fn status(&self) -> Result<Arc<FleetStatus>, String> {
         let Some(source) = self.source.get() else {
             return Err("the scheduler's caches are not synced yet".into());
