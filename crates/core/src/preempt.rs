@@ -132,7 +132,7 @@ impl ByNode {
     }
 }
 
-fn give(s: &mut NodeState, h: &Holder<'_>) {
+pub(crate) fn give(s: &mut NodeState, h: &Holder<'_>) {
     s.cpu_free += h.request.cpu_milli;
     s.memory_free += h.request.memory_mib;
     for &(g, m) in h.gpus {
@@ -142,7 +142,7 @@ fn give(s: &mut NodeState, h: &Holder<'_>) {
     }
 }
 
-fn take(s: &mut NodeState, h: &Holder<'_>) {
+pub(crate) fn take(s: &mut NodeState, h: &Holder<'_>) {
     s.cpu_free = s.cpu_free.saturating_sub(h.request.cpu_milli);
     s.memory_free = s.memory_free.saturating_sub(h.request.memory_mib);
     for &(g, m) in h.gpus {
@@ -154,7 +154,7 @@ fn take(s: &mut NodeState, h: &Holder<'_>) {
 
 /// Which of `units` (in the order given) would violate a budget: each member takes one
 /// disruption from every budget covering it; a member past zero violates.
-fn violations(candidates: &Candidates<'_>, units: &[usize]) -> Vec<u32> {
+pub(crate) fn violations(candidates: &Candidates<'_>, units: &[usize]) -> Vec<u32> {
     let mut left = candidates.budgets.clone();
     units
         .iter()

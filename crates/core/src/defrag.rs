@@ -1,0 +1,395 @@
+//! Defragmentation's plans: which pods to move, and where, so that a pending pod (or gang)
+//! that fits nowhere can run ("make room"), or so that the fleet's fragmentation falls
+//! ([`rebalance`]).
+//!
+//! The pods that may move are the caller's [`Movables`]: pods a controller re-creates that
+//! opted in and are old enough, a gang only whole, each with the nodes it may be placed on
+//! again. A move is only planned when the moved pod has a place: after the pending pod
+//! takes its devices, every moved pod is placed again by the caller's placer (on another
+//! node, or on other GPUs of the same node); if one cannot be, the plan is not made.
+//! Disruption budgets are hard limits here: a move past a budget is never planned (unlike
+//! priority preemption, nobody outranks anybody).
+//!
+//! Make room, per node, as the victim search does: every movable unit on the node is taken
+//! off; if the pending pod still does not fit, the node cannot help. Otherwise units are
+//! given back, the ones holding most GPU first, as long as the pod still fits; what cannot
+//! be given back moves. The nodes' plans are ranked by [`MoveCost`] (GPUs moved, then pods
+//! moved) and the cheapest whose moved pods all find a place wins, fragmentation after
+//! breaking ties.
+
+mod rebalance;
+
+use gpuplace_model::Request;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use crate::devices::choose_gpus_on;
+use crate::placer::Placer;
+use crate::policy::Policy;
+use crate::preempt::{Candidates, Holder, give, take, violations};
+use crate::state::{ClusterState, NodeState};
+
+pub use rebalance::{Rebalance, rebalance};
+
+/// The pods that may move: units (one pod, or a whole gang) of holders, and per holder the
+/// nodes it may be placed on again (`None`: any node).
+#[derive(Clone, Debug, Default)]
+pub struct Movables<'a> {
+    /// Units, holders and disruption budgets (a unit's priority and `freeing` are not
+    /// used: what terminating pods free is the scheduler's to wait for).
+    pub candidates: Candidates<'a>,
+    /// Per holder (index into `candidates.holders`), where it may go.
+    pub allowed: Vec<Option<Vec<bool>>>,
+}
+
+impl<'a> Movables<'a> {
+    /// Adds a unit of `members`, each with the nodes it may be placed on again.
+    pub fn push_unit(
+        &mut self,
+        members: impl IntoIterator<Item = (Holder<'a>, Option<Vec<bool>>)>,
+    ) {
+        let (holders, allowed): (Vec<Holder<'a>>, Vec<Option<Vec<bool>>>) =
+            members.into_iter().unzip();
+        self.allowed.extend(allowed);
+        self.candidates.push_unit(0, holders);
+    }
+
+    pub fn units(&self) -> usize {
+        self.candidates.units.len()
+    }
+
+    fn unit_milli(&self, u: usize) -> u64 {
+        self.candidates
+            .members(u)
+            .iter()
+            .flat_map(|m| m.gpus)
+            .map(|&(_, m)| u64::from(m))
+            .sum()
+    }
+}
+
+/// How much one plan may move.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Pods moved at most.
+    pub max_pods: usize,
+    /// Milli-GPU moved at most.
+    pub max_milli: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_pods: 8,
+            max_milli: u64::MAX,
+        }
+    }
+}
+
+/// What a plan costs, compared in field order (less is better).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct MoveCost {
+    /// Milli-GPU held by the moved pods.
+    pub milli_moved: u64,
+    /// Pods moved (every member of a moved gang counts).
+    pub pods_moved: u32,
+    /// The cluster's fragmentation after the plan (milli-GPU, FGD's measure).
+    pub frag_milli: u64,
+}
+
+/// One pod's move: holder `holder` goes to node `to`, GPUs `gpus` (position, milli).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Move {
+    pub holder: usize,
+    pub to: usize,
+    pub gpus: Vec<(usize, u32)>,
+}
+
+/// Where a pending pod goes once the moves are made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placement {
+    pub node: usize,
+    pub gpus: Vec<(usize, u32)>,
+}
+
+/// A plan to make room: per pending member (in the order asked) its place, the units that
+/// move and each moved pod's new place.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RoomPlan {
+    pub placements: Vec<Placement>,
+    /// Indices into the movables' units.
+    pub units: Vec<usize>,
+    pub moves: Vec<Move>,
+    pub cost: MoveCost,
+}
+
+/// Nodes whose plans are checked for places for their moved pods, cheapest first (each
+/// check copies the cluster's state).
+const VERIFIED_NODES: usize = 8;
+
+/// Plans room for `request` on the nodes `allowed` lets it use; `None` when no set of moves
+/// within `limits` lets it fit with every moved pod placed again.
+pub fn make_room(
+    placer: &mut Placer,
+    state: &ClusterState,
+    request: &Request,
+    allowed: Option<&[bool]>,
+    movables: &Movables<'_>,
+    limits: Limits,
+) -> Option<RoomPlan> {
+    make_room_for_all(placer, state, &[(request, allowed)], movables, limits)
+}
+
+/// Plans room for every member of a gang at once (members that fit are placed as they
+/// are, each other one makes room given what the earlier ones took); all or nothing.
+pub fn make_room_for_all(
+    placer: &mut Placer,
+    state: &ClusterState,
+    members: &[(&Request, Option<&[bool]>)],
+    movables: &Movables<'_>,
+    limits: Limits,
+) -> Option<RoomPlan> {
+    let mut trial = state.clone();
+    let mut taken = vec![false; movables.units()];
+    let mut plan = RoomPlan {
+        placements: Vec::with_capacity(members.len()),
+        units: Vec::new(),
+        moves: Vec::new(),
+        cost: MoveCost::default(),
+    };
+    for &(request, allowed) in members {
+        if let Ok(d) = placer.choose(&trial, request, allowed) {
+            trial.apply(d.node, request, &d.gpus).ok()?;
+            plan.placements.push(Placement {
+                node: d.node,
+                gpus: d.gpus,
+            });
+            continue;
+        }
+        let left = Limits {
+            max_pods: limits
+                .max_pods
+                .saturating_sub(plan.cost.pods_moved as usize),
+            max_milli: limits.max_milli.saturating_sub(plan.cost.milli_moved),
+        };
+        let ranked = rank_nodes(
+            &trial,
+            request,
+            allowed,
+            movables,
+            &taken,
+            &plan.units,
+            left,
+        );
+        let found = ranked
+            .iter()
+            .take(VERIFIED_NODES)
+            .find_map(|c| place_moved(placer, &trial, request, movables, c))?;
+        trial = found.state;
+        for &u in &found.units {
+            taken[u] = true;
+        }
+        plan.units.extend(found.units);
+        plan.moves.extend(found.moves);
+        plan.placements.push(found.placement);
+        plan.cost.milli_moved += found.cost.milli_moved;
+        plan.cost.pods_moved += found.cost.pods_moved;
+    }
+    plan.cost.frag_milli = trial.total_frag().round() as u64;
+    Some(plan)
+}
+
+/// A node whose movable units, once gone, let the request fit.
+struct NodeCandidate {
+    node: usize,
+    units: Vec<usize>,
+    cost: MoveCost,
+}
+
+/// Per node allowed, the units that would have to move for `request` to fit there, ranked
+/// by cost; nodes over `limits` or whose moves break a disruption budget are left out.
+fn rank_nodes(
+    state: &ClusterState,
+    request: &Request,
+    allowed: Option<&[bool]>,
+    movables: &Movables<'_>,
+    taken: &[bool],
+    already: &[usize],
+    limits: Limits,
+) -> Vec<NodeCandidate> {
+    let cands = &movables.candidates;
+    let mut by_node: Vec<Vec<usize>> = vec![Vec::new(); state.len()];
+    for u in (0..cands.units.len()).filter(|&u| !taken[u]) {
+        for m in cands.members(u) {
+            if let Some(list) = by_node.get_mut(m.node)
+                && list.last() != Some(&u)
+            {
+                list.push(u);
+            }
+        }
+    }
+    let mut scratch = NodeState {
+        cpu_free: 0,
+        memory_free: 0,
+        gpu_free: Vec::new(),
+        gpu_capacity: Vec::new(),
+        version: 0,
+        classes: Vec::new(),
+        frag: 0.0,
+    };
+    let mut out = Vec::new();
+    for (n, units) in by_node.iter().enumerate() {
+        if units.is_empty() || allowed.is_some_and(|m| !m.get(n).copied().unwrap_or(false)) {
+            continue;
+        }
+        let Some(chosen) = units_to_move(state, n, request, movables, units, &mut scratch) else {
+            continue;
+        };
+        let cost = MoveCost {
+            milli_moved: chosen.iter().map(|&u| movables.unit_milli(u)).sum(),
+            pods_moved: chosen.iter().map(|&u| cands.members(u).len() as u32).sum(),
+            frag_milli: 0,
+        };
+        if cost.pods_moved as usize > limits.max_pods || cost.milli_moved > limits.max_milli {
+            continue;
+        }
+        if !cands.budgets.is_empty() {
+            let all: Vec<usize> = already.iter().chain(&chosen).copied().collect();
+            if violations(cands, &all).iter().any(|&v| v > 0) {
+                continue;
+            }
+        }
+        out.push(NodeCandidate {
+            node: n,
+            units: chosen,
+            cost,
+        });
+    }
+    out.sort_by_key(|c| (c.cost, c.node));
+    out
+}
+
+/// The fewest GPUs' worth of `units` (on node `n`) that must move for `request` to fit
+/// there; `None` when moving them all is not enough (or the request fits already).
+fn units_to_move(
+    state: &ClusterState,
+    n: usize,
+    request: &Request,
+    movables: &Movables<'_>,
+    units: &[usize],
+    scratch: &mut NodeState,
+) -> Option<Vec<usize>> {
+    let cands = &movables.candidates;
+    let from = state.node(n);
+    scratch.cpu_free = from.cpu_free;
+    scratch.memory_free = from.memory_free;
+    scratch.gpu_free.clone_from(&from.gpu_free);
+    scratch.gpu_capacity.clone_from(&from.gpu_capacity);
+    if state.fit_on(n, scratch, request).is_ok() {
+        return None;
+    }
+    let here = |u: usize| cands.members(u).iter().filter(move |m| m.node == n);
+    for &u in units {
+        here(u).for_each(|m| give(scratch, m));
+    }
+    if state.fit_on(n, scratch, request).is_err() {
+        return None;
+    }
+    // Keep the largest in place first (moving them costs most).
+    let mut order = units.to_vec();
+    order.sort_by_key(|&u| (std::cmp::Reverse(movables.unit_milli(u)), u));
+    let mut chosen = Vec::new();
+    for u in order {
+        here(u).for_each(|m| take(scratch, m));
+        if state.fit_on(n, scratch, request).is_err() {
+            here(u).for_each(|m| give(scratch, m));
+            chosen.push(u);
+        }
+    }
+    Some(chosen)
+}
+
+/// A node's plan whose moved pods all found a place: the state after it.
+struct Found {
+    state: ClusterState,
+    placement: Placement,
+    units: Vec<usize>,
+    moves: Vec<Move>,
+    cost: MoveCost,
+}
+
+/// Applies candidate `c` to a copy of `state`: its units leave, `request` takes its devices, then every moved pod is placed again,
+/// largest first. `None` when the request's devices cannot be chosen or a pod has no place.
+fn place_moved(
+    placer: &mut Placer,
+    state: &ClusterState,
+    request: &Request,
+    movables: &Movables<'_>,
+    c: &NodeCandidate,
+) -> Option<Found> {
+    let cands = &movables.candidates;
+    let mut trial = state.clone();
+    let mut moved: Vec<usize> = Vec::new();
+    for &u in &c.units {
+        for i in cands.units[u].members.clone() {
+            let h = &cands.holders[i];
+            trial.release(h.node, h.request, h.gpus).ok()?;
+            moved.push(i);
+        }
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
+    let node = trial.node(c.node).clone();
+    let gpus = choose_gpus_on(Policy::BestFit, &mut rng, &trial, c.node, &node, request, 0);
+    if gpus.len() != request.gpu_count as usize {
+        return None;
+    }
+    trial.apply(c.node, request, &gpus).ok()?;
+    moved.sort_by_key(|&i| {
+        let h = &cands.holders[i];
+        (std::cmp::Reverse(h.request.total_gpu_milli()), i)
+    });
+    let mut moves = Vec::with_capacity(moved.len());
+    for i in moved {
+        let h = &cands.holders[i];
+        let allowed = movables.allowed.get(i).and_then(|a| a.as_deref());
+        let d = placer.choose(&trial, h.request, allowed).ok()?;
+        trial.apply(d.node, h.request, &d.gpus).ok()?;
+        moves.push(Move {
+            holder: i,
+            to: d.node,
+            gpus: d.gpus,
+        });
+    }
+    Some(Found {
+        state: trial,
+        placement: Placement { node: c.node, gpus },
+        units: c.units.clone(),
+        moves,
+        cost: c.cost,
+    })
+}
+
+/// Applies `plan` to `state` (for checks and for the simulator): the moved units leave, the
+/// pending members take their places (`members` as given to the planner), the moved pods
+/// take theirs, in the order planned.
+pub fn apply_plan(
+    state: &mut ClusterState,
+    members: &[&Request],
+    movables: &Movables<'_>,
+    plan: &RoomPlan,
+) -> Result<(), crate::StateError> {
+    let cands = &movables.candidates;
+    for &u in &plan.units {
+        for h in cands.members(u) {
+            state.release(h.node, h.request, h.gpus)?;
+        }
+    }
+    for (request, p) in members.iter().zip(&plan.placements) {
+        state.apply(p.node, request, &p.gpus)?;
+    }
+    for m in &plan.moves {
+        let h = &cands.holders[m.holder];
+        state.apply(m.to, h.request, &m.gpus)?;
+    }
+    Ok(())
+}
