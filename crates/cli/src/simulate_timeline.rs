@@ -7,6 +7,7 @@ use gpuplace_core::Policy;
 use gpuplace_core::queue::QueueConfig;
 use gpuplace_sim::Workload;
 use gpuplace_sim::report::ClusterSize;
+use gpuplace_sim::timeline::options::{DefragMode, DefragSim};
 use gpuplace_sim::timeline::report;
 use gpuplace_sim::timeline::summary::{self, TimelineSummary};
 use gpuplace_sim::timeline::{DurationModel, Timeline, TimelineOptions, TimelineRun, run_all};
@@ -42,6 +43,95 @@ pub struct TimelineArgs {
     /// Start from an empty cluster instead of the mix's stationary population.
     #[arg(long, requires = "timeline")]
     pub(crate) cold_start: bool,
+    /// Move pods: to make room for a unit that fits nowhere, to lower fragmentation in the
+    /// background, or both.
+    #[arg(long, value_enum, default_value_t = DefragArg::Off, requires = "timeline")]
+    pub(crate) defrag: DefragArg,
+    /// Share of pods that may be moved (opted in).
+    #[arg(long, default_value_t = 0.5, requires = "timeline")]
+    pub(crate) movable: f64,
+    /// Moved pods resume where they were instead of starting over (no work lost).
+    #[arg(long, requires = "timeline")]
+    pub(crate) checkpointed: bool,
+    /// Seconds a pod must have run before it may move.
+    #[arg(long, default_value_t = 300.0, requires = "timeline")]
+    pub(crate) defrag_min_age: f64,
+    /// Pods one plan may move.
+    #[arg(long, default_value_t = 8, requires = "timeline")]
+    pub(crate) defrag_max_moves: usize,
+    /// GPUs per hour rebalancing may move.
+    #[arg(long, default_value_t = 64.0, requires = "timeline")]
+    pub(crate) defrag_budget: f64,
+}
+
+/// `--defrag`'s values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum DefragArg {
+    Off,
+    MakeRoom,
+    Rebalance,
+    Both,
+}
+
+impl TimelineArgs {
+    fn defrag(&self) -> anyhow::Result<DefragSim> {
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&self.movable),
+            "--movable must be between 0 and 1, got {}",
+            self.movable
+        );
+        anyhow::ensure!(
+            self.defrag_min_age.is_finite() && self.defrag_min_age >= 0.0,
+            "--defrag-min-age must be a number of seconds of at least 0, got {}",
+            self.defrag_min_age
+        );
+        anyhow::ensure!(
+            self.defrag_budget.is_finite() && self.defrag_budget >= 0.0,
+            "--defrag-budget must be GPUs per hour, at least 0, got {}",
+            self.defrag_budget
+        );
+        anyhow::ensure!(
+            (1..=1000).contains(&self.defrag_max_moves),
+            "--defrag-max-moves must be between 1 and 1000, got {}",
+            self.defrag_max_moves
+        );
+        Ok(DefragSim {
+            mode: match self.defrag {
+                DefragArg::Off => DefragMode::Off,
+                DefragArg::MakeRoom => DefragMode::MakeRoom,
+                DefragArg::Rebalance => DefragMode::Rebalance,
+                DefragArg::Both => DefragMode::Both,
+            },
+            movable: self.movable,
+            checkpointed: self.checkpointed,
+            min_age: std::time::Duration::from_secs_f64(self.defrag_min_age),
+            max_moves: self.defrag_max_moves,
+            budget_gpus_per_hour: self.defrag_budget,
+            ..DefragSim::default()
+        })
+    }
+
+    /// How the summary names the defragmentation settings.
+    fn defrag_label(&self, d: &DefragSim) -> String {
+        if d.mode == DefragMode::Off {
+            return "off".to_string();
+        }
+        let mode = match d.mode {
+            DefragMode::MakeRoom => "make-room",
+            DefragMode::Rebalance => "rebalance",
+            _ => "both",
+        };
+        format!(
+            "{mode} ({:.0}% movable, min age {:.0}s, {})",
+            d.movable * 100.0,
+            self.defrag_min_age,
+            if d.checkpointed {
+                "checkpointed"
+            } else {
+                "moved pods start over"
+            }
+        )
+    }
 }
 
 /// What the rest of `simulate`'s flags say to a timeline replay.
@@ -72,7 +162,9 @@ pub fn run(
         warm_start: !t.cold_start,
         queue: QueueConfig::default(),
         series_points: 240,
+        defrag: t.defrag()?,
     };
+    let defrag = t.defrag_label(&options.defrag);
     let timed = workload
         .pods
         .iter()
@@ -103,6 +195,7 @@ pub fn run(
         durations: describe(&durations, timed, workload.pods.len()),
         warm_start: !t.cold_start,
         preempt: args.preempt,
+        defrag,
         seeds,
         arrivals_per_s: mean(|r| r.arrivals_per_s),
         simulated_h: mean(|r| r.simulated_s) / 3_600.0,

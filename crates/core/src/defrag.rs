@@ -124,14 +124,15 @@ pub struct RoomPlan {
 }
 
 /// Nodes whose plans are checked for places for their moved pods, cheapest first (each
-/// check copies the cluster's state).
+/// check places every moved pod again).
 const VERIFIED_NODES: usize = 8;
 
 /// Plans room for `request` on the nodes `allowed` lets it use; `None` when no set of moves
-/// within `limits` lets it fit with every moved pod placed again.
+/// within `limits` lets it fit with every moved pod placed again. `state` is used to try
+/// the plan and is left as it was.
 pub fn make_room(
     placer: &mut Placer,
-    state: &ClusterState,
+    state: &mut ClusterState,
     request: &Request,
     allowed: Option<&[bool]>,
     movables: &Movables<'_>,
@@ -142,14 +143,28 @@ pub fn make_room(
 
 /// Plans room for every member of a gang at once (members that fit are placed as they
 /// are, each other one makes room given what the earlier ones took); all or nothing.
+/// `state` is used to try the plan and is left as it was.
 pub fn make_room_for_all(
     placer: &mut Placer,
-    state: &ClusterState,
+    state: &mut ClusterState,
     members: &[(&Request, Option<&[bool]>)],
     movables: &Movables<'_>,
     limits: Limits,
 ) -> Option<RoomPlan> {
-    let mut trial = state.clone();
+    let mut log = Vec::new();
+    let plan = plan_all(placer, state, members, movables, limits, &mut log);
+    undo(state, &mut log, 0);
+    plan
+}
+
+fn plan_all<'r>(
+    placer: &mut Placer,
+    trial: &mut ClusterState,
+    members: &[(&'r Request, Option<&[bool]>)],
+    movables: &'r Movables<'_>,
+    limits: Limits,
+    log: &mut Vec<Change<'r>>,
+) -> Option<RoomPlan> {
     let mut taken = vec![false; movables.units()];
     let mut plan = RoomPlan {
         placements: Vec::with_capacity(members.len()),
@@ -158,13 +173,18 @@ pub fn make_room_for_all(
         cost: MoveCost::default(),
     };
     for &(request, allowed) in members {
-        if let Ok(d) = placer.choose(&trial, request, allowed) {
+        if let Ok(d) = placer.choose(trial, request, allowed) {
             trial.apply(d.node, request, &d.gpus).ok()?;
+            log.push(Change::Applied(d.node, request, d.gpus.clone()));
             plan.placements.push(Placement {
                 node: d.node,
                 gpus: d.gpus,
             });
             continue;
+        }
+        // After the plan the cluster holds the request on top of what it holds now.
+        if request.total_gpu_milli() > trial.gpu_idle_milli() {
+            return None;
         }
         let left = Limits {
             max_pods: limits
@@ -172,20 +192,11 @@ pub fn make_room_for_all(
                 .saturating_sub(plan.cost.pods_moved as usize),
             max_milli: limits.max_milli.saturating_sub(plan.cost.milli_moved),
         };
-        let ranked = rank_nodes(
-            &trial,
-            request,
-            allowed,
-            movables,
-            &taken,
-            &plan.units,
-            left,
-        );
+        let ranked = rank_nodes(trial, request, allowed, movables, &taken, &plan.units, left);
         let found = ranked
             .iter()
             .take(VERIFIED_NODES)
-            .find_map(|c| place_moved(placer, &trial, request, movables, c))?;
-        trial = found.state;
+            .find_map(|c| place_moved(placer, trial, request, movables, c, log))?;
         for &u in &found.units {
             taken[u] = true;
         }
@@ -218,16 +229,13 @@ fn rank_nodes(
     limits: Limits,
 ) -> Vec<NodeCandidate> {
     let cands = &movables.candidates;
-    let mut by_node: Vec<Vec<usize>> = vec![Vec::new(); state.len()];
-    for u in (0..cands.units.len()).filter(|&u| !taken[u]) {
-        for m in cands.members(u) {
-            if let Some(list) = by_node.get_mut(m.node)
-                && list.last() != Some(&u)
-            {
-                list.push(u);
-            }
-        }
-    }
+    let mut pairs: Vec<(usize, usize)> = (0..cands.units.len())
+        .filter(|&u| !taken[u])
+        .flat_map(|u| cands.members(u).iter().map(move |m| (m.node, u)))
+        .filter(|&(n, _)| n < state.len())
+        .collect();
+    pairs.sort_unstable();
+    pairs.dedup();
     let mut scratch = NodeState {
         cpu_free: 0,
         memory_free: 0,
@@ -238,11 +246,15 @@ fn rank_nodes(
         frag: 0.0,
     };
     let mut out = Vec::new();
-    for (n, units) in by_node.iter().enumerate() {
-        if units.is_empty() || allowed.is_some_and(|m| !m.get(n).copied().unwrap_or(false)) {
+    let mut units: Vec<usize> = Vec::new();
+    for group in pairs.chunk_by(|a, b| a.0 == b.0) {
+        let n = group[0].0;
+        if allowed.is_some_and(|m| !m.get(n).copied().unwrap_or(false)) {
             continue;
         }
-        let Some(chosen) = units_to_move(state, n, request, movables, units, &mut scratch) else {
+        units.clear();
+        units.extend(group.iter().map(|&(_, u)| u));
+        let Some(chosen) = units_to_move(state, n, request, movables, &units, &mut scratch) else {
             continue;
         };
         let cost = MoveCost {
@@ -309,41 +321,77 @@ fn units_to_move(
     Some(chosen)
 }
 
-/// A node's plan whose moved pods all found a place: the state after it.
+/// A node's plan whose moved pods all found a place (already applied to the trial state).
 struct Found {
-    state: ClusterState,
     placement: Placement,
     units: Vec<usize>,
     moves: Vec<Move>,
     cost: MoveCost,
 }
 
-/// Applies candidate `c` to a copy of `state`: its units leave, `request` takes its devices, then every moved pod is placed again,
-/// largest first. `None` when the request's devices cannot be chosen or a pod has no place.
-fn place_moved(
+/// One change made to the trial state, to undo it if the plan fails.
+enum Change<'r> {
+    Released(usize, &'r Request, Vec<(usize, u32)>),
+    Applied(usize, &'r Request, Vec<(usize, u32)>),
+}
+
+/// Undoes the changes in `log` from `from` on (latest first): what was done a moment ago
+/// undoes exactly.
+fn undo(trial: &mut ClusterState, log: &mut Vec<Change<'_>>, from: usize) {
+    for c in log.drain(from..).rev() {
+        let _ = match c {
+            Change::Released(n, r, g) => trial.apply(n, r, &g),
+            Change::Applied(n, r, g) => trial.release(n, r, &g),
+        };
+    }
+}
+
+/// Applies candidate `c` to `trial`: its units leave, `request` takes its devices, then
+/// every moved pod is placed again, largest first; each change is logged. When the
+/// request's devices cannot be chosen or a pod has no place, this candidate's changes are
+/// undone and `None` returned.
+fn place_moved<'r>(
     placer: &mut Placer,
-    state: &ClusterState,
-    request: &Request,
-    movables: &Movables<'_>,
+    trial: &mut ClusterState,
+    request: &'r Request,
+    movables: &'r Movables<'_>,
     c: &NodeCandidate,
+    log: &mut Vec<Change<'r>>,
+) -> Option<Found> {
+    let from = log.len();
+    let found = try_place_moved(placer, trial, request, movables, c, log);
+    if found.is_none() {
+        undo(trial, log, from);
+    }
+    found
+}
+
+fn try_place_moved<'r>(
+    placer: &mut Placer,
+    trial: &mut ClusterState,
+    request: &'r Request,
+    movables: &'r Movables<'_>,
+    c: &NodeCandidate,
+    changes: &mut Vec<Change<'r>>,
 ) -> Option<Found> {
     let cands = &movables.candidates;
-    let mut trial = state.clone();
     let mut moved: Vec<usize> = Vec::new();
     for &u in &c.units {
         for i in cands.units[u].members.clone() {
             let h = &cands.holders[i];
             trial.release(h.node, h.request, h.gpus).ok()?;
+            changes.push(Change::Released(h.node, h.request, h.gpus.to_vec()));
             moved.push(i);
         }
     }
     let mut rng = ChaCha8Rng::seed_from_u64(0);
     let node = trial.node(c.node).clone();
-    let gpus = choose_gpus_on(Policy::BestFit, &mut rng, &trial, c.node, &node, request, 0);
+    let gpus = choose_gpus_on(Policy::BestFit, &mut rng, trial, c.node, &node, request, 0);
     if gpus.len() != request.gpu_count as usize {
         return None;
     }
     trial.apply(c.node, request, &gpus).ok()?;
+    changes.push(Change::Applied(c.node, request, gpus.clone()));
     moved.sort_by_key(|&i| {
         let h = &cands.holders[i];
         (std::cmp::Reverse(h.request.total_gpu_milli()), i)
@@ -352,8 +400,9 @@ fn place_moved(
     for i in moved {
         let h = &cands.holders[i];
         let allowed = movables.allowed.get(i).and_then(|a| a.as_deref());
-        let d = placer.choose(&trial, h.request, allowed).ok()?;
+        let d = placer.choose(trial, h.request, allowed).ok()?;
         trial.apply(d.node, h.request, &d.gpus).ok()?;
+        changes.push(Change::Applied(d.node, h.request, d.gpus.clone()));
         moves.push(Move {
             holder: i,
             to: d.node,
@@ -361,7 +410,6 @@ fn place_moved(
         });
     }
     Some(Found {
-        state: trial,
         placement: Placement { node: c.node, gpus },
         units: c.units.clone(),
         moves,

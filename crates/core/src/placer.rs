@@ -173,6 +173,11 @@ impl Placer {
         }
     }
 
+    /// The seed of the tie-break order.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
     /// Uses `tie_break` for equal top scores (the `random` policy always picks uniformly).
     pub fn with_tie_break(mut self, tie_break: TieBreak) -> Self {
         self.tie_break = tie_break;

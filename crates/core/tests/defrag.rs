@@ -74,7 +74,8 @@ fn one_small_pod_per_node_moves_onto_another_to_free_a_whole_node() {
     assert!((0..2).all(|n| state.fit(n, &eight).is_err()));
     let (m, _) = movables(&pods, None);
     let mut placer = Placer::new(Policy::BestFit, 0);
-    let plan = defrag::make_room(&mut placer, &state, &eight, None, &m, Limits::default()).unwrap();
+    let plan =
+        defrag::make_room(&mut placer, &mut state, &eight, None, &m, Limits::default()).unwrap();
     assert_eq!(plan.cost.pods_moved, 1);
     assert_eq!(plan.cost.milli_moved, 1000);
     assert_eq!(plan.moves.len(), 1);
@@ -95,7 +96,7 @@ fn a_budget_with_no_disruption_left_moves_nothing() {
     let mut placer = Placer::new(Policy::BestFit, 0);
     let plan = defrag::make_room(
         &mut placer,
-        &state,
+        &mut state,
         &gpus(8, 1000),
         None,
         &m,
@@ -113,7 +114,7 @@ fn nothing_is_planned_when_a_moved_pod_would_have_no_place() {
     let mut placer = Placer::new(Policy::BestFit, 0);
     let plan = defrag::make_room(
         &mut placer,
-        &state,
+        &mut state,
         &gpus(8, 1000),
         None,
         &m,
@@ -137,10 +138,10 @@ fn limits_bound_the_pods_moved() {
         max_pods: 1,
         max_milli: u64::MAX,
     };
-    assert!(defrag::make_room(&mut placer, &state, &gpus(8, 1000), None, &m, one).is_none());
+    assert!(defrag::make_room(&mut placer, &mut state, &gpus(8, 1000), None, &m, one).is_none());
     let plan = defrag::make_room(
         &mut placer,
-        &state,
+        &mut state,
         &gpus(8, 1000),
         None,
         &m,
@@ -228,7 +229,12 @@ proptest! {
         let (m, index) = movables(&pods, None);
         let limits = Limits { max_pods, max_milli: u64::MAX };
         let mut placer = Placer::new(Policy::BestFit, 1);
-        let Some(plan) = defrag::make_room(&mut placer, &state, &request, None, &m, limits) else {
+        let (allocated, frag) = (state.gpu_allocated_milli(), state.total_frag());
+        let plan = defrag::make_room(&mut placer, &mut state, &request, None, &m, limits);
+        // Trying plans leaves the state as it was.
+        prop_assert_eq!(state.gpu_allocated_milli(), allocated);
+        prop_assert!((state.total_frag() - frag).abs() < 1e-6);
+        let Some(plan) = plan else {
             return Ok(());
         };
         prop_assert!(plan.cost.pods_moved as usize <= max_pods);

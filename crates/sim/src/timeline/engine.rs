@@ -12,6 +12,8 @@
 //! by the scheduler's victim search; the victims go back to the queue (their controller
 //! makes them again) and the work they had done is counted as lost.
 
+mod defrag;
+
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 
@@ -23,6 +25,8 @@ use super::arrivals::{Mix, Schedule};
 use super::metrics::{Recorder, Values};
 use super::options::{Ms, TimelineOptions};
 use crate::trace::TracePod;
+
+pub use defrag::DefragCounts;
 
 /// One pod's life in the replay.
 #[derive(Clone, Debug, PartialEq)]
@@ -74,6 +78,7 @@ pub struct Outcome {
     pub lost_milli_ms: u128,
     pub rounds: u64,
     pub attempts: u64,
+    pub defrag: DefragCounts,
 }
 
 /// The replay of one (policy, seed).
@@ -122,6 +127,7 @@ pub struct Engine<'a> {
     waiting_pods: usize,
     measure_from: Ms,
     outcome_counts: Counts,
+    defrag: defrag::DefragState,
 }
 
 #[derive(Default)]
@@ -143,6 +149,7 @@ impl<'a> Engine<'a> {
         options: &TimelineOptions,
     ) -> Self {
         let distinct = request_ids.iter().max().map_or(0, |m| *m as usize + 1);
+        let placer_seed = placer.seed();
         Engine {
             pods,
             mix,
@@ -170,6 +177,7 @@ impl<'a> Engine<'a> {
             waiting_pods: 0,
             measure_from: Ms(0),
             outcome_counts: Counts::default(),
+            defrag: defrag::DefragState::new(options.defrag.clone(), distinct, placer_seed),
         }
     }
 
@@ -243,6 +251,7 @@ impl<'a> Engine<'a> {
             lost_milli_ms: counts.lost_milli_ms,
             rounds: counts.rounds,
             attempts: counts.attempts,
+            defrag: self.defrag.counts,
         }
     }
 
@@ -365,8 +374,12 @@ impl<'a> Engine<'a> {
             self.queue.wake_all();
             self.freed = false;
         }
+        self.maybe_rebalance(now);
+        let makes_room = self.defrag.settings.mode.makes_room();
         for unit in self.due(now) {
-            let placed = self.try_place(unit, now) || (self.preempt && self.try_preempt(unit, now));
+            let placed = self.try_place(unit, now)
+                || (self.preempt && self.try_preempt(unit, now))
+                || (makes_room && self.try_make_room(unit, now));
             if placed {
                 self.units[unit as usize].waiting = false;
                 self.queue.forget(&unit);

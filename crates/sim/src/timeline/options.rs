@@ -40,6 +40,64 @@ pub struct TimelineOptions {
     pub queue: QueueConfig,
     /// Points of the series over time.
     pub series_points: usize,
+    /// Moving pods to make room or to rebalance (`--defrag`).
+    pub defrag: DefragSim,
+}
+
+/// Which defragmentation runs in a timeline replay.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DefragMode {
+    #[default]
+    Off,
+    /// A unit that fits nowhere moves movable pods out of its way.
+    MakeRoom,
+    /// Movable pods are moved in the background to lower fragmentation.
+    Rebalance,
+    /// Both.
+    Both,
+}
+
+impl DefragMode {
+    pub fn makes_room(self) -> bool {
+        matches!(self, DefragMode::MakeRoom | DefragMode::Both)
+    }
+
+    pub fn rebalances(self) -> bool {
+        matches!(self, DefragMode::Rebalance | DefragMode::Both)
+    }
+}
+
+/// Defragmentation's settings in a timeline replay.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DefragSim {
+    pub mode: DefragMode,
+    /// Share of pods that may move (chosen by a hash of the pod, the same in every run).
+    pub movable: f64,
+    /// A moved pod resumes where it was (nothing lost) instead of starting over.
+    pub checkpointed: bool,
+    /// A pod moves only after running this long.
+    pub min_age: Duration,
+    /// Pods one plan may move.
+    pub max_moves: usize,
+    /// Rebalancing moves at most this many GPUs per hour.
+    pub budget_gpus_per_hour: f64,
+    /// How often rebalancing looks at the fleet.
+    pub rebalance_every: Duration,
+}
+
+impl Default for DefragSim {
+    fn default() -> Self {
+        DefragSim {
+            mode: DefragMode::Off,
+            movable: 0.5,
+            checkpointed: false,
+            min_age: Duration::from_secs(300),
+            max_moves: 8,
+            budget_gpus_per_hour: 64.0,
+            rebalance_every: Duration::from_secs(60),
+        }
+    }
 }
 
 impl Default for TimelineOptions {
@@ -53,6 +111,7 @@ impl Default for TimelineOptions {
             warm_start: true,
             queue: QueueConfig::default(),
             series_points: 240,
+            defrag: DefragSim::default(),
         }
     }
 }

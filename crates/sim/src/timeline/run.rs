@@ -41,6 +41,11 @@ pub struct TimelineRun {
     pub preempted_gpus: f64,
     /// Work evicted before it finished, % of the GPU time of the whole run.
     pub work_lost_pct: f64,
+    /// Defragmentation: pods moved, GPUs moved per simulated hour, and the work the moves
+    /// threw away, % of the GPU time of the whole run (0 when checkpointed).
+    pub moved_pods: u64,
+    pub moved_gpus_per_hour: f64,
+    pub move_lost_pct: f64,
     /// Simulated time: the window, and the whole run (s).
     pub window_s: f64,
     pub simulated_s: f64,
@@ -148,6 +153,9 @@ pub(super) fn measure(
         preempted_pods: outcome.preempted_pods,
         preempted_gpus: outcome.preempted_milli as f64 / 1e3,
         work_lost_pct: 100.0 * outcome.lost_milli_ms as f64 / (capacity * run_ms),
+        moved_pods: outcome.defrag.moved_pods,
+        moved_gpus_per_hour: outcome.defrag.moved_milli as f64 / 1e3 / (run_ms / 3.6e6),
+        move_lost_pct: 100.0 * outcome.defrag.lost_milli_ms as f64 / (capacity * run_ms),
         window_s,
         simulated_s: end.0 as f64 / 1e3,
         arrivals_per_s: schedule.rate_per_s,

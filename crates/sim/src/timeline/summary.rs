@@ -40,6 +40,9 @@ pub struct TimelinePolicy {
     pub never_started: Stat,
     pub preempted_pods: Stat,
     pub work_lost_pct: Stat,
+    pub moved_pods: Stat,
+    pub moved_gpus_per_hour: Stat,
+    pub move_lost_pct: Stat,
     /// Means over seeds of the series over time.
     pub series: Series,
     /// Per class key, the mean wait (s) at each percent 0..=100.
@@ -60,6 +63,8 @@ pub struct TimelineSummary {
     pub durations: String,
     pub warm_start: bool,
     pub preempt: bool,
+    /// Defragmentation: `off`, or the mode with its movable share and cost model.
+    pub defrag: String,
     pub seeds: Vec<u64>,
     pub arrivals_per_s: f64,
     /// Simulated hours of one run, and of its measurement window (means over seeds).
@@ -128,6 +133,9 @@ pub fn summarize_policy(policy: Policy, runs: &[&TimelineRun]) -> TimelinePolicy
         never_started: stat(runs, |r| r.never_started as f64),
         preempted_pods: stat(runs, |r| r.preempted_pods as f64),
         work_lost_pct: stat(runs, |r| r.work_lost_pct),
+        moved_pods: stat(runs, |r| r.moved_pods as f64),
+        moved_gpus_per_hour: stat(runs, |r| r.moved_gpus_per_hour),
+        move_lost_pct: stat(runs, |r| r.move_lost_pct),
         series: Series {
             t_s: mean_curve(runs.iter().map(|r| &r.series.t_s)),
             allocation_pct: mean_curve(runs.iter().map(|r| &r.series.allocation_pct)),
@@ -241,6 +249,19 @@ pub fn table(summary: &TimelineSummary) -> String {
                 out,
                 "{:<21} preempted {:.0} pods, work lost {:.3}% of GPU time",
                 p.policy, p.preempted_pods.mean, p.work_lost_pct.mean
+            );
+        }
+    }
+    if summary.defrag != "off" {
+        for p in &summary.policies {
+            let _ = writeln!(
+                out,
+                "{:<21} defrag {}: moved {:.0} pods, {:.2} GPUs/h, work lost to moves {:.3}% of GPU time",
+                p.policy,
+                summary.defrag,
+                p.moved_pods.mean,
+                p.moved_gpus_per_hour.mean,
+                p.move_lost_pct.mean
             );
         }
     }

@@ -8,6 +8,7 @@ use gpuplace_model::{NodeInventory, Request};
 
 use super::arrivals::{Arrival, Mix, Schedule};
 use super::engine::{Engine, Job};
+use super::options::{DefragMode, DefragSim};
 use super::{DurationModel, Ms, Timeline, TimelineOptions};
 use crate::trace::TracePod;
 
@@ -41,6 +42,10 @@ impl Scenario {
     }
 
     fn run_with(&self, arrivals: &[(u64, u32)], memo: bool) -> Vec<Job> {
+        self.run_options(arrivals, memo, DefragSim::default())
+    }
+
+    fn run_options(&self, arrivals: &[(u64, u32)], memo: bool, defrag: DefragSim) -> Vec<Job> {
         let model = DurationModel {
             min_s: 1.0,
             ..DurationModel::default()
@@ -54,6 +59,7 @@ impl Scenario {
         )));
         let options = TimelineOptions {
             preempt: self.preempt,
+            defrag,
             ..TimelineOptions::default()
         };
         let schedule = Schedule {
@@ -209,5 +215,46 @@ fn the_failure_memo_decides_exactly_as_a_full_search() {
         let (with, without) = (run(true), run(false));
         assert!(with.iter().any(|j| j.start.is_some_and(|s| s > j.arrival)));
         assert_eq!(with, without, "{policy}");
+    }
+}
+
+#[test]
+fn make_room_moves_a_pod_so_that_an_eight_gpu_pod_starts_at_once() {
+    let s = Scenario {
+        pods: vec![
+            pod("x", 4, 10_000, 0, None),
+            pod("y", 4, 50, 0, None),
+            pod("z", 4, 10_000, 0, None),
+            pod("big", 8, 100, 0, None),
+        ],
+        nodes: vec![node("a", 8), node("b", 8)],
+        preempt: false,
+    };
+    let arrivals = [(0, 0), (0, 1), (1, 2), (400, 3), (1_000, 1)];
+    let defrag = |checkpointed| DefragSim {
+        mode: DefragMode::MakeRoom,
+        movable: 1.0,
+        checkpointed,
+        ..DefragSim::default()
+    };
+    // Without moves the 8-GPU pod waits for x or z to finish (10,000 s).
+    let jobs = s.run(&arrivals);
+    assert!(jobs[3].start.is_none_or(|t| t.0 >= 10_000_000), "{jobs:?}");
+    for checkpointed in [false, true] {
+        let jobs = s.run_options(&arrivals, true, defrag(checkpointed));
+        assert_eq!(secs(jobs[3].start), Some(400), "{jobs:?}");
+        let moved: Vec<&Job> = jobs.iter().filter(|j| j.evicted).collect();
+        assert_eq!(moved.len(), 1, "{jobs:?}");
+        assert_eq!(secs(moved[0].end), Some(400));
+        // Its replacement starts at once elsewhere, unmeasured, with its run again or
+        // what was left of it.
+        let again = jobs
+            .iter()
+            .find(|j| j.pod == moved[0].pod && j.start == moved[0].end && !j.measured)
+            .expect("replacement");
+        assert_ne!(again.node, jobs[3].node);
+        let ran = 400 - secs(moved[0].start).unwrap_or(0);
+        let expected = if checkpointed { 10_000 - ran } else { 10_000 };
+        assert_eq!(again.run_ms, expected * 1000);
     }
 }

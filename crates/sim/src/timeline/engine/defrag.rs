@@ -1,0 +1,314 @@
+//! Defragmentation in the timeline replay: core's make-room and rebalance plans, carried
+//! out at once. A moved pod leaves its place and its replacement starts on the planned
+//! place at the same moment (the scheduler steers the controller's new pod there); unless
+//! the replay is checkpointed the replacement starts its run over and the time the pod had
+//! run counts as lost.
+//!
+//! A pod may move when the hash of its trace index puts it in the movable share and it
+//! has run at least the minimum age; a gang moves only whole and only when every member
+//! may. Make-room runs for a unit that fits nowhere (after priority preemption, if on); a
+//! request whose make-room failed is not planned again for a simulated minute. Rebalancing looks at the fleet every `rebalance_every` while pods wait, within
+//! its GPUs-per-hour budget.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use gpuplace_core::defrag::{self, Limits, Movables, RoomPlan};
+use gpuplace_core::preempt::Holder;
+use gpuplace_core::{Placer, Policy};
+
+use super::{Engine, Job, Placed};
+use crate::timeline::options::{DefragSim, Ms};
+use crate::trace::TracePod;
+
+/// What defragmentation did in one replay.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DefragCounts {
+    /// Plans carried out (make-room and rebalance steps).
+    pub plans: u64,
+    pub moved_pods: u64,
+    pub moved_milli: u64,
+    /// Milli-GPU times milliseconds of work lost by moves.
+    pub lost_milli_ms: u128,
+}
+
+/// Defragmentation's settings and state in one replay.
+pub(super) struct DefragState {
+    pub(super) settings: DefragSim,
+    pub(super) counts: DefragCounts,
+    /// Per request id, when its make-room last failed.
+    failed: Vec<Option<Ms>>,
+    last_rebalance: Ms,
+    /// Rebalance moves in the last hour: (when, milli).
+    recent: VecDeque<(Ms, u64)>,
+    /// Chooses where rebalanced pods go (least fragmentation growth).
+    fgd: Placer,
+}
+
+/// A make-room failure for a request is remembered this long (the scheduler, too, plans
+/// for a pod at most once per backoff; pods leave every few seconds at this scale, so
+/// waiting for a change would not bound the searches).
+const RETRY_MS: u64 = 60_000;
+
+impl DefragState {
+    pub(super) fn new(settings: DefragSim, distinct: usize, seed: u64) -> Self {
+        DefragState {
+            settings,
+            counts: DefragCounts::default(),
+            failed: vec![None; distinct],
+            last_rebalance: Ms(0),
+            recent: VecDeque::new(),
+            fgd: Placer::new(Policy::Fgd, seed),
+        }
+    }
+}
+
+/// Whether trace pod `pod` is in the movable share `share` (a fixed hash of its index).
+fn movable_pod(pod: u32, share: f64) -> bool {
+    let h = u64::from(pod)
+        .wrapping_add(1)
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    ((h >> 11) as f64 / (1u64 << 53) as f64) < share
+}
+
+/// The movable `groups` (running jobs) as core's movables.
+fn movables<'s>(jobs: &'s [Job], pods: &'s [TracePod], groups: &[Vec<u32>]) -> Movables<'s> {
+    let mut m = Movables::default();
+    for group in groups {
+        m.push_unit(group.iter().map(|&r| {
+            let j = &jobs[r as usize];
+            let holder = Holder {
+                node: j.node as usize,
+                request: &pods[j.pod as usize].request,
+                gpus: &j.gpus,
+                budgets: Vec::new(),
+            };
+            (holder, None)
+        }));
+    }
+    m
+}
+
+impl Engine<'_> {
+    /// Running units that may move at `now` (each as its running jobs).
+    fn movable_units(&self, now: Ms) -> Vec<Vec<u32>> {
+        let s = &self.defrag.settings;
+        let min_age = s.min_age.as_millis() as u64;
+        let eligible = |r: u32| {
+            let j = &self.jobs[r as usize];
+            let age = now.0.saturating_sub(j.start.map_or(now.0, |t| t.0));
+            movable_pod(j.pod, s.movable) && age >= min_age
+        };
+        let mut singles = Vec::new();
+        let mut gangs: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        for &r in &self.running {
+            let unit = self.jobs[r as usize].unit;
+            if self.units[unit as usize].jobs.len() == 1 {
+                if eligible(r) {
+                    singles.push(vec![r]);
+                }
+            } else {
+                gangs.entry(unit).or_default().push(r);
+            }
+        }
+        singles.sort_unstable();
+        singles.extend(gangs.into_iter().filter_map(|(u, jobs)| {
+            (jobs.len() == self.units[u as usize].jobs.len() && jobs.iter().all(|&r| eligible(r)))
+                .then_some(jobs)
+        }));
+        singles
+    }
+
+    /// Makes room for `unit`, which fits nowhere; true when it was placed.
+    pub(super) fn try_make_room(&mut self, unit: u32, now: Ms) -> bool {
+        let jobs = self.units[unit as usize].jobs.clone();
+        let single_rid = match jobs[..] {
+            [job] => Some(self.request_ids[self.jobs[job as usize].pod as usize] as usize),
+            _ => None,
+        };
+        if let Some(rid) = single_rid
+            && let Some(at) = self.defrag.failed[rid]
+            && now.0 < at.0 + RETRY_MS
+        {
+            return false;
+        }
+        // Moved pods take back what they free: the unit needs idle GPUs of its size.
+        let asked: u64 = jobs
+            .iter()
+            .map(|&j| {
+                self.pods[self.jobs[j as usize].pod as usize]
+                    .request
+                    .total_gpu_milli()
+            })
+            .sum();
+        if asked > self.state.gpu_idle_milli() {
+            return false;
+        }
+        let groups = self.movable_units(now);
+        if groups.is_empty() {
+            return false;
+        }
+        let limits = Limits {
+            max_pods: self.defrag.settings.max_moves,
+            max_milli: u64::MAX,
+        };
+        let plan = {
+            let m = movables(&self.jobs, self.pods, &groups);
+            let asks: Vec<(&gpuplace_model::Request, Option<&[bool]>)> = jobs
+                .iter()
+                .map(|&j| (&self.pods[self.jobs[j as usize].pod as usize].request, None))
+                .collect();
+            defrag::make_room_for_all(&mut self.placer, &mut self.state, &asks, &m, limits)
+        };
+        let Some(plan) = plan else {
+            if let Some(rid) = single_rid {
+                self.defrag.failed[rid] = Some(now);
+            }
+            return false;
+        };
+        self.carry_out(&groups, &plan, &jobs, now)
+    }
+
+    /// Moves the plan's pods and starts `jobs` on their places.
+    fn carry_out(&mut self, groups: &[Vec<u32>], plan: &RoomPlan, jobs: &[u32], now: Ms) -> bool {
+        let holders: Vec<u32> = groups.iter().flatten().copied().collect();
+        let moved: Vec<u32> = plan
+            .units
+            .iter()
+            .flat_map(|&u| groups[u].iter().copied())
+            .collect();
+        for &job in &moved {
+            self.leave_for_move(job, now);
+        }
+        for (&job, p) in jobs.iter().zip(&plan.placements) {
+            let request = &self.pods[self.jobs[job as usize].pod as usize].request;
+            if self.state.apply(p.node, request, &p.gpus).is_err() {
+                debug_assert!(false, "make-room placement refused");
+                return false;
+            }
+            let placed = Placed {
+                node: p.node,
+                gpus: p.gpus.clone(),
+            };
+            self.start(job, placed, now);
+        }
+        for mv in &plan.moves {
+            self.restart(holders[mv.holder], mv.to, &mv.gpus, now);
+        }
+        self.defrag.counts.plans += 1;
+        true
+    }
+
+    /// `job` leaves its place to move: counted, and its work lost unless checkpointed.
+    fn leave_for_move(&mut self, job: u32, now: Ms) {
+        let j = &self.jobs[job as usize];
+        let milli: u64 = j.gpus.iter().map(|&(_, m)| u64::from(m)).sum();
+        let ran = now.0.saturating_sub(j.start.map_or(now.0, |s| s.0));
+        let c = &mut self.defrag.counts;
+        c.moved_pods += 1;
+        c.moved_milli += milli;
+        if !self.defrag.settings.checkpointed {
+            c.lost_milli_ms += u128::from(milli) * u128::from(ran);
+        }
+        self.depart(job, now, true);
+    }
+
+    /// The replacement of moved `job` starts on node `to`, GPUs `gpus`, at `now`: its whole
+    /// run again, or what was left of it when checkpointed. Not measured (its pod's wait
+    /// was measured when it first arrived).
+    fn restart(&mut self, job: u32, to: usize, gpus: &[(usize, u32)], now: Ms) {
+        let old = &self.jobs[job as usize];
+        let ran = now.0.saturating_sub(old.start.map_or(now.0, |s| s.0));
+        let run_ms = if self.defrag.settings.checkpointed {
+            old.run_ms.saturating_sub(ran).max(1)
+        } else {
+            old.run_ms
+        };
+        let (pod, unit) = (old.pod, old.unit);
+        let request = &self.pods[pod as usize].request;
+        if self.state.apply(to, request, gpus).is_err() {
+            debug_assert!(false, "planned move refused");
+            return;
+        }
+        self.pending_milli += request.total_gpu_milli();
+        self.waiting_pods += 1;
+        let new = self.jobs.len() as u32;
+        self.running_at.push(u32::MAX);
+        self.jobs.push(Job {
+            pod,
+            unit,
+            arrival: now,
+            run_ms,
+            measured: false,
+            start: None,
+            end: None,
+            evicted: false,
+            node: 0,
+            gpus: Vec::new(),
+        });
+        let placed = Placed {
+            node: to,
+            gpus: gpus.to_vec(),
+        };
+        self.start(new, placed, now);
+    }
+
+    /// Rebalances when it is time, pods wait and the hour's budget allows.
+    pub(super) fn maybe_rebalance(&mut self, now: Ms) {
+        let s = &self.defrag.settings;
+        if !s.mode.rebalances()
+            || self.waiting_pods == 0
+            || now.0 < self.defrag.last_rebalance.0 + s.rebalance_every.as_millis() as u64
+        {
+            return;
+        }
+        self.defrag.last_rebalance = now;
+        while let Some(&(at, _)) = self.defrag.recent.front()
+            && now.0 >= at.0 + 3_600_000
+        {
+            self.defrag.recent.pop_front();
+        }
+        let spent: u64 = self.defrag.recent.iter().map(|&(_, m)| m).sum();
+        let budget = (s.budget_gpus_per_hour * 1000.0) as u64;
+        let limits = Limits {
+            max_pods: s.max_moves,
+            max_milli: budget.saturating_sub(spent),
+        };
+        if limits.max_milli == 0 {
+            return;
+        }
+        let groups = self.movable_units(now);
+        let moves = {
+            let m = movables(&self.jobs, self.pods, &groups);
+            defrag::rebalance(&mut self.defrag.fgd, &self.state, &m, limits, 100.0).moves
+        };
+        if moves.is_empty() {
+            return;
+        }
+        let holders: Vec<u32> = groups.iter().flatten().copied().collect();
+        for mv in &moves {
+            let job = holders[mv.holder];
+            let milli: u64 = self.jobs[job as usize]
+                .gpus
+                .iter()
+                .map(|&(_, m)| u64::from(m))
+                .sum();
+            self.defrag.recent.push_back((now, milli));
+            self.leave_for_move(job, now);
+            self.restart(job, mv.to, &mv.gpus, now);
+        }
+        self.defrag.counts.plans += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::movable_pod;
+
+    #[test]
+    fn the_movable_share_is_about_what_was_asked() {
+        let n = (0..10_000).filter(|&p| movable_pod(p, 0.3)).count();
+        assert!((2_700..3_300).contains(&n), "{n}");
+        assert_eq!((0..100).filter(|&p| movable_pod(p, 0.0)).count(), 0);
+        assert_eq!((0..100).filter(|&p| movable_pod(p, 1.0)).count(), 100);
+    }
+}
