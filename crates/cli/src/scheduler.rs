@@ -32,6 +32,10 @@ struct FileSettings {
     kube_api_qps: Option<f64>,
     kube_api_burst: Option<u32>,
     ui: Option<bool>,
+    defrag: Option<String>,
+    defrag_min_age: Option<String>,
+    defrag_budget: Option<f64>,
+    defrag_max_moves: Option<usize>,
 }
 
 #[derive(Args, Debug)]
@@ -51,7 +55,7 @@ pub struct SchedulerArgs {
     weights: Option<String>,
     /// YAML config file (scheduler-name, policy, weights, resource, seed, metrics-addr, ui,
     /// leader-elect, lease-namespace, interval-ms, max-in-flight, kube-api-qps,
-    /// kube-api-burst).
+    /// kube-api-burst, defrag, defrag-min-age, defrag-budget, defrag-max-moves).
     #[arg(long, env = "GPUPLACE_CONFIG")]
     config: Option<PathBuf>,
     /// Serve /metrics, /healthz, /readyz and the live GPU map (/ui) here.
@@ -92,9 +96,57 @@ pub struct SchedulerArgs {
     /// [default: the pods the cluster runs and is asked to run].
     #[arg(long, env = "GPUPLACE_FGD_WORKLOAD")]
     fgd_workload: Option<PathBuf>,
+    /// Move pods that opted in (`gpuplace.io/movable: "true"`, owned by a ReplicaSet,
+    /// StatefulSet or Job): `make-room` for a pod that fits nowhere, `rebalance` to lower
+    /// fragmentation in the background, `all`, or `off` [default: make-room].
+    #[arg(long, env = "GPUPLACE_DEFRAG")]
+    defrag: Option<String>,
+    /// How long a pod must have run before it may move, e.g. 5m, 90s, 0s [default: 5m].
+    #[arg(long, env = "GPUPLACE_DEFRAG_MIN_AGE")]
+    defrag_min_age: Option<String>,
+    /// GPUs rebalancing may move per hour [default: 16].
+    #[arg(long, env = "GPUPLACE_DEFRAG_BUDGET")]
+    defrag_budget: Option<f64>,
+    /// Pods one plan may move (and rebalancing moves in flight) [default: 4].
+    #[arg(long, env = "GPUPLACE_DEFRAG_MAX_MOVES")]
+    defrag_max_moves: Option<usize>,
     /// JSON log lines.
     #[arg(long)]
     log_json: bool,
+}
+
+/// `--defrag*` from the flags, else the file, else the defaults.
+fn defrag_config(
+    args: &SchedulerArgs,
+    file: &FileSettings,
+) -> anyhow::Result<gpuplace_scheduler::scheduler::defrag::DefragConfig> {
+    use gpuplace_scheduler::scheduler::defrag::{DefragConfig, parse_duration};
+    let mut d = DefragConfig::default();
+    if let Some(mode) = args.defrag.as_ref().or(file.defrag.as_ref()) {
+        d.mode = mode.parse()?;
+    }
+    if let Some(age) = args
+        .defrag_min_age
+        .as_ref()
+        .or(file.defrag_min_age.as_ref())
+    {
+        d.min_age = parse_duration(age)?;
+    }
+    if let Some(budget) = args.defrag_budget.or(file.defrag_budget) {
+        anyhow::ensure!(
+            budget.is_finite() && budget >= 0.0,
+            "--defrag-budget must be GPUs per hour, at least 0, got {budget}"
+        );
+        d.budget_gpus_per_hour = budget;
+    }
+    if let Some(moves) = args.defrag_max_moves.or(file.defrag_max_moves) {
+        anyhow::ensure!(
+            (1..=1000).contains(&moves),
+            "--defrag-max-moves must be between 1 and 1000, got {moves}"
+        );
+        d.max_moves = moves;
+    }
+    Ok(d)
 }
 
 pub fn run(args: SchedulerArgs) -> anyhow::Result<()> {
@@ -108,6 +160,7 @@ pub fn run(args: SchedulerArgs) -> anyhow::Result<()> {
         }
         None => FileSettings::default(),
     };
+    let defrag = defrag_config(&args, &file)?;
     let policy: Policy = args
         .policy
         .or(file.policy)
@@ -124,6 +177,7 @@ pub fn run(args: SchedulerArgs) -> anyhow::Result<()> {
     // Refuse bad weights here, with the reason, rather than inside the loop.
     gpuplace_core::Placer::new(policy, 0).with_weights(&weights)?;
     let config = SchedulerConfig {
+        defrag,
         weights,
         scheduler_name: args
             .scheduler_name

@@ -35,6 +35,8 @@ pub const DEVICE_IDS_ANNOTATION: &str = "gpuplace.io/device-ids";
 /// Pod label naming the pod's gang (a PodGroup in the same namespace).
 pub const POD_GROUP_LABEL: &str = "gpuplace.io/pod-group";
 /// Members' annotation naming the gang's topology key when the PodGroup has none.
+/// `"true"` on a pod (from its template) lets defragmentation move it (label or annotation).
+pub const MOVABLE_KEY: &str = "gpuplace.io/movable";
 pub const TOPOLOGY_KEY_ANNOTATION: &str = "gpuplace.io/topology-key";
 /// Required topology of a container's GPUs: `nvlink`, `pcie-switch`, `numa` or `any`.
 pub const TOPOLOGY_ANNOTATION: &str = "gpuplace.io/topology";

@@ -26,6 +26,9 @@ pub enum ApiError {
     /// 422 and 400: the server refused the object as invalid; sending it again cannot help.
     #[error("invalid: {0}")]
     Invalid(String),
+    /// 429 from the Eviction API: a PodDisruptionBudget allows no disruption now.
+    #[error("blocked: {0}")]
+    Blocked(String),
     /// Anything else (500, a time-out, a reset connection): the write may or may not have
     /// happened.
     #[error("api server: {0}")]
@@ -186,6 +189,11 @@ pub trait ClusterApi: Clone + Send + Sync + 'static {
         victim: &PodKey,
         message: &str,
     ) -> impl Future<Output = Result<(), ApiError>> + Send;
+
+    /// Evicts a pod that defragmentation moves, through the Eviction API (policy/v1), so
+    /// that the server checks its PodDisruptionBudgets (`Blocked` when one allows no
+    /// disruption), with the UID as a precondition.
+    fn evict_to_move(&self, pod: &PodKey) -> impl Future<Output = Result<(), ApiError>> + Send;
 
     /// Sets (or with `None` clears) the pod's `status.nominatedNodeName`.
     fn nominate(

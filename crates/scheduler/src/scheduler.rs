@@ -11,10 +11,12 @@
 pub(crate) mod assume;
 pub(crate) mod bind;
 pub(crate) mod cluster_cache;
+pub mod defrag;
 pub(crate) mod events;
 mod gang_permit;
 mod gang_status;
 mod gangs;
+mod make_room;
 pub(crate) mod pod_index;
 mod post_filter;
 pub mod preempt;
@@ -57,6 +59,8 @@ pub struct SchedulerConfig {
     /// the cluster's history); `None`: the shapes of the pods the cluster runs and is asked
     /// to run, recomputed every round.
     pub workload: Option<std::sync::Arc<gpuplace_core::TargetWorkload>>,
+    /// Moving pods that opted in (see [`defrag`]).
+    pub defrag: defrag::DefragConfig,
 }
 
 impl Default for SchedulerConfig {
@@ -72,6 +76,7 @@ impl Default for SchedulerConfig {
             bind_attempts: 3,
             gang_bind_attempts: 30,
             workload: None,
+            defrag: defrag::DefragConfig::default(),
         }
     }
 }
@@ -169,6 +174,10 @@ pub struct Scheduler<A: ClusterApi> {
     volumes: crate::framework::volumes::VolumeIndex,
     /// How long each preemption search of the current round took (handed to its report).
     preemption_times: Vec<Duration>,
+    /// Places planned for moved pods' replacements.
+    steers: defrag::Steers,
+    /// Why the last move was refused (for the pod's message).
+    last_move_error: Option<String>,
 }
 
 pub use crate::clock::rfc3339;
@@ -198,6 +207,8 @@ impl<A: ClusterApi> Scheduler<A> {
             warned: HashSet::new(),
             volumes: Default::default(),
             preemption_times: Vec::new(),
+            steers: defrag::Steers::default(),
+            last_move_error: None,
         }
     }
 

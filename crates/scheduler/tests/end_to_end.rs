@@ -170,6 +170,9 @@ impl ClusterApi for Meddling {
     async fn evict(&self, victim: &PodKey, message: &str) -> Result<(), ApiError> {
         self.inner.evict(victim, message).await
     }
+    async fn evict_to_move(&self, pod: &PodKey) -> Result<(), ApiError> {
+        self.inner.evict_to_move(pod).await
+    }
     async fn nominate(&self, pod: &PodKey, node: Option<&str>) -> Result<(), ApiError> {
         self.inner.nominate(pod, node).await
     }

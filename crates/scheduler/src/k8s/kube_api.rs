@@ -86,6 +86,7 @@ fn api_error(e: kube::Error) -> ApiError {
         kube::Error::Api(status) if status.code == 422 || status.code == 400 => {
             ApiError::Invalid(status.message.clone())
         }
+        kube::Error::Api(status) if status.code == 429 => ApiError::Blocked(status.message.clone()),
         _ => ApiError::Other(e.to_string()),
     }
 }
@@ -409,6 +410,32 @@ impl ClusterApi for KubeApi {
             ..DeleteParams::default()
         };
         api.delete(&victim.name, &params)
+            .await
+            .map(|_| ())
+            .map_err(api_error)
+    }
+
+    async fn evict_to_move(&self, pod: &PodKey) -> Result<(), ApiError> {
+        self.throttle().await;
+        // The body as policy/v1 defines it (kube's own helper sends `delete_options`, which
+        // the server does not read, so the UID precondition would be lost).
+        let body = json!({
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": pod.name, "namespace": pod.namespace},
+            "deleteOptions": {"preconditions": {"uid": pod.uid}},
+        });
+        let url = format!(
+            "/api/v1/namespaces/{}/pods/{}/eviction",
+            pod.namespace, pod.name
+        );
+        let bytes = serde_json::to_vec(&body).map_err(|e| ApiError::Invalid(e.to_string()))?;
+        let request = http::Request::post(url)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(bytes)
+            .map_err(|e| ApiError::Invalid(e.to_string()))?;
+        self.client
+            .request::<serde_json::Value>(request)
             .await
             .map(|_| ())
             .map_err(api_error)

@@ -133,6 +133,50 @@ pub struct PodInfo {
     pub placement: Option<Box<crate::k8s::pod_terms::PodTerms>>,
     /// The PersistentVolumeClaims it mounts (see [`crate::framework::volumes`]).
     pub claims: Vec<crate::framework::volumes::ClaimRef>,
+    /// Its controller, when one that makes pods again owns it (ReplicaSet, StatefulSet,
+    /// Job): what defragmentation may move.
+    pub controller: Option<Box<Controller>>,
+    /// `gpuplace.io/movable: "true"` as a label or an annotation.
+    pub movable: bool,
+    /// `status.startTime`: when the kubelet took it.
+    pub started: Option<Timestamp>,
+}
+
+/// A pod's controlling owner that re-creates its pods.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Controller {
+    pub kind: String,
+    pub name: String,
+    pub uid: String,
+}
+
+/// Kinds whose controller makes a deleted pod again.
+const RECREATING_KINDS: [&str; 3] = ["ReplicaSet", "StatefulSet", "Job"];
+
+fn controller_of(pod: &Pod) -> Option<Box<Controller>> {
+    let owner = pod
+        .metadata
+        .owner_references
+        .as_ref()?
+        .iter()
+        .find(|o| o.controller == Some(true))?;
+    RECREATING_KINDS.contains(&owner.kind.as_str()).then(|| {
+        Box::new(Controller {
+            kind: owner.kind.clone(),
+            name: owner.name.clone(),
+            uid: owner.uid.clone(),
+        })
+    })
+}
+
+fn movable_of(pod: &Pod) -> bool {
+    let key = gpuplace_model::keys::MOVABLE_KEY;
+    let meta = &pod.metadata;
+    let yes = |m: Option<&BTreeMap<String, String>>| {
+        m.and_then(|m| m.get(key))
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+    };
+    yes(meta.labels.as_ref()) || yes(meta.annotations.as_ref())
 }
 
 impl PodInfo {
@@ -188,6 +232,13 @@ impl PodInfo {
             placement: crate::k8s::pod_terms::PodTerms::of(pod).map(Box::new),
             claims: crate::framework::volumes::claims_of(pod),
             terms: terms.map(Box::new),
+            controller: controller_of(pod),
+            movable: movable_of(pod),
+            started: pod
+                .status
+                .as_ref()
+                .and_then(|s| s.start_time.as_ref())
+                .map(|t| t.0),
         }
     }
 

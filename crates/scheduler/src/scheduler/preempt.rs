@@ -118,16 +118,39 @@ impl Nominations {
 
 /// Holds, of what `n` planned, the part already free (CPU and memory as far as they go).
 fn apply_hold(snapshot: &mut Snapshot, n: &Nomination) {
-    let key = hold_key(&n.key.uid);
+    hold_planned(
+        snapshot,
+        hold_key(&n.key.uid),
+        &Planned {
+            node: &n.node,
+            request: &n.request,
+            gpus: &n.gpus,
+            extended: &n.extended,
+        },
+    );
+}
+
+/// A place planned for a pod that is not there yet.
+pub(super) struct Planned<'a> {
+    pub node: &'a str,
+    pub request: &'a Request,
+    /// GPU IDs and milli.
+    pub gpus: &'a [(String, u32)],
+    pub extended: &'a BTreeMap<String, i64>,
+}
+
+/// Holds under `key`, of what `p` plans, the part already free (CPU and memory as far as
+/// they go): no other pod is placed there meanwhile.
+pub(super) fn hold_planned(snapshot: &mut Snapshot, key: String, p: &Planned<'_>) {
     if snapshot.held.contains_key(&key) {
         return;
     }
-    let Some(node) = snapshot.node_index(&n.node) else {
+    let Some(node) = snapshot.node_index(p.node) else {
         return;
     };
     let inventory = snapshot.state.inventory(node);
     let free = snapshot.state.node(node);
-    let gpus: Vec<(usize, u32)> = n
+    let gpus: Vec<(usize, u32)> = p
         .gpus
         .iter()
         .filter_map(|(id, milli)| {
@@ -135,20 +158,20 @@ fn apply_hold(snapshot: &mut Snapshot, n: &Nomination) {
             (free.gpu_free[g] >= *milli).then_some((g, *milli))
         })
         .collect();
-    let mut request = n.request.clone();
+    let mut request = p.request.clone();
     request.cpu_milli = request.cpu_milli.min(free.cpu_free);
     request.memory_mib = request.memory_mib.min(free.memory_free);
     if snapshot.state.apply(node, &request, &gpus).is_err() {
         return;
     }
-    snapshot.scalars.take(node, &n.extended);
+    snapshot.scalars.take(node, p.extended);
     snapshot.held.insert(
         key,
         Held {
             node,
             request,
             gpus,
-            extended: n.extended.clone(),
+            extended: p.extended.clone(),
         },
     );
 }

@@ -170,6 +170,9 @@ impl<A: ClusterApi> Scheduler<A> {
         if !clear.is_empty() {
             self.clear_nominations(clear).await;
         }
+        // So are the places planned for moved pods' replacements.
+        let ttl = self.config.defrag.steer_ttl;
+        self.steers.hold(&mut snapshot, Instant::now(), ttl);
         snapshot
     }
 
@@ -215,6 +218,7 @@ impl<A: ClusterApi> Scheduler<A> {
     /// Holds released, the round's figures taken, and the state kept for the next round.
     fn finish_round(&mut self, mut snapshot: Snapshot, report: &mut RoundReport) {
         self.cluster.nominations.release_all(&mut snapshot);
+        self.steers.release_all(&mut snapshot);
         report.nominated = self.cluster.nominations.len();
         report.in_flight = self.binder.in_flight();
         report.reservations = self.cluster.reservations.len();
@@ -255,6 +259,7 @@ impl<A: ClusterApi> Scheduler<A> {
         snapshot: &Snapshot,
         verdicts: &Verdicts,
         pod: &PodInfo,
+        only: Option<usize>,
         timings: &mut RoundTimings,
     ) -> Result<(PodDemand, Decision), String> {
         let started = Instant::now();
@@ -273,9 +278,16 @@ impl<A: ClusterApi> Scheduler<A> {
         let filtered = profile.prefer(filtered, &input, &snapshot.state);
         let decided = Instant::now();
         timings.filter += decided - started;
-        let choice = self
-            .placer
-            .choose(&snapshot.state, &demand.request, filtered.mask());
+        // A moved pod's replacement goes to the node planned for it.
+        let steered: Option<Vec<bool>> = only.map(|n| {
+            let mut m = filtered
+                .mask()
+                .map_or_else(|| vec![true; snapshot.nodes.len()], <[bool]>::to_vec);
+            m.iter_mut().enumerate().for_each(|(i, a)| *a &= i == n);
+            m
+        });
+        let mask = steered.as_deref().or(filtered.mask());
+        let choice = self.placer.choose(&snapshot.state, &demand.request, mask);
         timings.core += decided.elapsed();
         choice.map(|d| (demand, d)).map_err(|why| {
             explain(
@@ -298,7 +310,18 @@ impl<A: ClusterApi> Scheduler<A> {
     ) {
         // A preemptor is decided with the devices held for it free.
         self.cluster.nominations.release(&pod.key.uid, snapshot);
-        match self.decide(snapshot, verdicts, pod, &mut report.timings) {
+        // A moved pod's replacement is decided on its planned place (held for it until
+        // now), else as any pod.
+        let mut decided = Err(String::new());
+        if let Some(steer) = self.steers.take_for(pod, snapshot) {
+            let only = snapshot.node_index(&steer.node);
+            decided = self.decide(snapshot, verdicts, pod, only, &mut report.timings);
+            debug!(pod = %pod.key, node = %steer.node, placed = decided.is_ok(), "replacement of a moved pod");
+        }
+        if decided.is_err() {
+            decided = self.decide(snapshot, verdicts, pod, None, &mut report.timings);
+        }
+        match decided {
             Ok((demand, decision)) => {
                 if let Some(n) = self.cluster.nominations.remove(&pod.key.uid)
                     && n.node != snapshot.state.inventory(decision.node).name
@@ -318,8 +341,16 @@ impl<A: ClusterApi> Scheduler<A> {
                 let outcome = self
                     .preempt_one(snapshot, view, verdicts, pod, report)
                     .await;
+                let mut message = outcome.message(&message, snapshot.nodes.len());
+                if matches!(outcome, super::post_filter::Outcome::NoVictims(_))
+                    && self.config.defrag.mode.makes_room()
+                {
+                    let made = self.make_room(snapshot, view, verdicts, pod, report).await;
+                    if let Some(more) = made.message() {
+                        message = format!("{message} {more}");
+                    }
+                }
                 report.timings.api += started.elapsed();
-                let message = outcome.message(&message, snapshot.nodes.len());
                 report.unschedulable += 1;
                 self.queue.unschedulable(&pod.key.uid, now);
                 debug!(pod = %pod.key, %message, "unschedulable");

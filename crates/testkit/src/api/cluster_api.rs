@@ -172,6 +172,16 @@ impl ClusterApi for MemoryApi {
         Ok(())
     }
 
+    async fn evict_to_move(&self, pod: &PodKey) -> Result<(), ApiError> {
+        let (_permit, fault) = self.charge().await;
+        if fault.is_some() {
+            return Err(ApiError::Other("injected 500".into()));
+        }
+        self.evict_through_budgets(pod)?;
+        self.delete_pod_gracefully(&pod.namespace, &pod.name);
+        Ok(())
+    }
+
     async fn evict(&self, victim: &PodKey, message: &str) -> Result<(), ApiError> {
         let (_permit, fault) = self.charge().await;
         match fault {

@@ -5,8 +5,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use gpuplace_scheduler::ApiError;
+use gpuplace_scheduler::framework::interpod::selects;
 use gpuplace_scheduler::k8s::gang::PodGroup;
+use gpuplace_scheduler::{ApiError, PodKey};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 
@@ -137,5 +138,59 @@ impl MemoryApi {
         let v = s.version;
         drop(s);
         self.node_version.send_replace(v);
+    }
+
+    /// The Eviction API's budget check, as the server makes it: the pod must exist with
+    /// this UID; every budget of its namespace selecting it must allow a disruption, and
+    /// each then allows one fewer and lists the pod as disrupted.
+    pub fn evict_through_budgets(&self, pod: &PodKey) -> Result<(), ApiError> {
+        let mut s = lock(&self.store);
+        let current = s
+            .pods
+            .get(&(pod.namespace.clone(), pod.name.clone()))
+            .ok_or_else(|| ApiError::NotFound(pod.to_string()))?;
+        if current.metadata.uid.as_deref() != Some(pod.uid.as_str()) {
+            return Err(ApiError::Conflict(format!(
+                "{pod}: Precondition failed: UID in precondition: {}",
+                pod.uid
+            )));
+        }
+        let labels = current.metadata.labels.clone().unwrap_or_default();
+        let covering: Vec<(String, String)> = s
+            .budgets
+            .iter()
+            .filter(|((ns, _), b)| {
+                *ns == pod.namespace
+                    && selects(b.spec.as_ref().and_then(|s| s.selector.as_ref()), &labels)
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        let allowed =
+            |b: &PodDisruptionBudget| b.status.as_ref().map_or(0, |s| s.disruptions_allowed);
+        if covering.iter().any(|k| allowed(&s.budgets[k]) <= 0) {
+            return Err(ApiError::Blocked(
+                "Cannot evict pod as it would violate the pod's disruption budget.".into(),
+            ));
+        }
+        let version = s.bump();
+        for k in covering {
+            let mut b = (*s.budgets[&k]).clone();
+            if let Some(status) = b.status.as_mut() {
+                status.disruptions_allowed -= 1;
+                status
+                    .disrupted_pods
+                    .get_or_insert_with(Default::default)
+                    .insert(
+                        pod.name.clone(),
+                        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                            k8s_openapi::jiff::Timestamp::now(),
+                        ),
+                    );
+            }
+            b.metadata.resource_version = Some(version.clone());
+            s.budgets.insert(k, Arc::new(b));
+        }
+        s.generation += 1;
+        Ok(())
     }
 }

@@ -1,0 +1,407 @@
+//! Defragmentation's state and helpers: the settings, which pods may move, and the places
+//! planned for moved pods' replacements ("steers"). The stage that makes room is
+//! [`super::make_room`]; the plans are core's ([`gpuplace_core::defrag`]).
+//!
+//! A pod may move when its controller makes it again (a ReplicaSet, StatefulSet or Job owns
+//! it), it opted in (`gpuplace.io/movable: "true"`, a label or annotation from its
+//! template), it has run at least the minimum age, it is not terminating, reserved,
+//! promised to a preemptor or itself the replacement of a move still being steered; a gang
+//! member only with its whole gang. Disruption budgets count as the Eviction API will.
+//!
+//! A moved pod is evicted; its controller makes a new pod with the same owner and the same
+//! requests. The place planned for it is held (the part already free, every round) until
+//! such a pod is decided: it is placed on the planned node (the planned GPUs held for it
+//! are free then) rather than wherever the policy would put it. A steer nobody claims is
+//! dropped after [`DefragConfig::steer_ttl`].
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpuplace_core::defrag::Movables;
+use gpuplace_core::preempt::Holder;
+use gpuplace_model::Request;
+
+use super::preempt::{Planned, hold_planned};
+use crate::api::{ClusterView, PodKey};
+use crate::framework::filter::VerdictCache;
+use crate::framework::{FilterInput, Profile};
+use crate::k8s::pod_info::PodInfo;
+use crate::snapshot::{Held, Snapshot};
+
+/// Which defragmentation the scheduler does (`--defrag`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DefragMode {
+    Off,
+    /// Move pods that opted in when a pod fits nowhere and preemption cannot help.
+    #[default]
+    MakeRoom,
+    /// Move pods in the background to lower fragmentation.
+    Rebalance,
+    /// Both.
+    All,
+}
+
+impl DefragMode {
+    pub fn makes_room(self) -> bool {
+        matches!(self, DefragMode::MakeRoom | DefragMode::All)
+    }
+
+    pub fn rebalances(self) -> bool {
+        matches!(self, DefragMode::Rebalance | DefragMode::All)
+    }
+}
+
+/// A defragmentation setting that cannot be read.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DefragSettingError {
+    #[error("--defrag must be off, make-room, rebalance or all, got {0:?}")]
+    Mode(String),
+    #[error("{0:?} is not a duration (a number with ms, s, m or h, e.g. 5m, 90s, 1h30m, 0s)")]
+    Duration(String),
+}
+
+impl std::str::FromStr for DefragMode {
+    type Err = DefragSettingError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "off" => Ok(DefragMode::Off),
+            "make-room" => Ok(DefragMode::MakeRoom),
+            "rebalance" => Ok(DefragMode::Rebalance),
+            "all" => Ok(DefragMode::All),
+            other => Err(DefragSettingError::Mode(other.to_string())),
+        }
+    }
+}
+
+/// Reads a duration as Kubernetes tools write them: `5m`, `90s`, `1h30m`, `250ms`, `0s`.
+pub fn parse_duration(text: &str) -> Result<Duration, DefragSettingError> {
+    let bad = || DefragSettingError::Duration(text.to_string());
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    let mut total = Duration::ZERO;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(bad)?;
+        let value: f64 = rest[..digits].parse().map_err(|_| bad())?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let seconds = match &rest[..unit_len] {
+            "ms" => value / 1000.0,
+            "s" => value,
+            "m" => value * 60.0,
+            "h" => value * 3600.0,
+            _ => return Err(bad()),
+        };
+        rest = &rest[unit_len..];
+        if !(seconds.is_finite() && seconds < 1e9) {
+            return Err(bad());
+        }
+        total += Duration::from_secs_f64(seconds);
+    }
+    Ok(total)
+}
+
+/// Defragmentation's settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DefragConfig {
+    pub mode: DefragMode,
+    /// A pod moves only after running this long (`--defrag-min-age`).
+    pub min_age: Duration,
+    /// GPUs rebalancing may move per hour (`--defrag-budget`).
+    pub budget_gpus_per_hour: f64,
+    /// Pods one plan may move, and rebalancing moves in flight at most
+    /// (`--defrag-max-moves`).
+    pub max_moves: usize,
+    /// How often rebalancing looks at the fleet.
+    pub rebalance_every: Duration,
+    /// Rebalancing runs while the fleet's fragmentation is above this share of its GPUs
+    /// (FGD's measure) and some pod waits.
+    pub rebalance_threshold: f64,
+    /// How long a moved pod's planned place waits for its replacement.
+    pub steer_ttl: Duration,
+}
+
+impl Default for DefragConfig {
+    fn default() -> Self {
+        DefragConfig {
+            mode: DefragMode::MakeRoom,
+            min_age: Duration::from_secs(300),
+            budget_gpus_per_hour: 16.0,
+            max_moves: 4,
+            rebalance_every: Duration::from_secs(60),
+            rebalance_threshold: 0.02,
+            steer_ttl: Duration::from_secs(300),
+        }
+    }
+}
+
+/// The place planned for the replacement of a moved pod.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Steer {
+    /// The pod that moved.
+    pub moved: PodKey,
+    /// Its controller's UID: the replacement has the same.
+    pub owner: String,
+    pub request: Request,
+    pub node: String,
+    /// GPU IDs and milli.
+    pub gpus: Vec<(String, u32)>,
+    pub extended: BTreeMap<String, i64>,
+    /// Whom it moved for (`None`: rebalancing).
+    pub for_pod: Option<PodKey>,
+    pub since: Instant,
+}
+
+/// Steers in flight.
+#[derive(Debug, Default)]
+pub struct Steers {
+    list: Vec<Steer>,
+}
+
+fn hold_key(moved_uid: &str) -> String {
+    format!("moved/{moved_uid}")
+}
+
+impl Steers {
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    pub fn push(&mut self, steer: Steer) {
+        self.list.push(steer);
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Steer> {
+        self.list.iter()
+    }
+
+    /// Drops the steers older than `ttl`, then holds the others' places in `snapshot`.
+    pub fn hold(&mut self, snapshot: &mut Snapshot, now: Instant, ttl: Duration) {
+        self.list.retain(|s| now.duration_since(s.since) < ttl);
+        for s in &self.list {
+            hold_planned(
+                snapshot,
+                hold_key(&s.moved.uid),
+                &Planned {
+                    node: &s.node,
+                    request: &s.request,
+                    gpus: &s.gpus,
+                    extended: &s.extended,
+                },
+            );
+        }
+    }
+
+    /// Gives back every hold (before the state is kept for the next round).
+    pub fn release_all(&self, snapshot: &mut Snapshot) {
+        for s in &self.list {
+            snapshot.release(&hold_key(&s.moved.uid));
+        }
+    }
+
+    /// The steer `pod` is the replacement for (same namespace, owner and requests), taken
+    /// out with its hold given back.
+    pub fn take_for(&mut self, pod: &PodInfo, snapshot: &mut Snapshot) -> Option<Steer> {
+        let owner = pod.controller.as_ref()?;
+        let request = &pod.demand.as_ref().ok()?.request;
+        let i = self.list.iter().position(|s| {
+            s.owner == owner.uid && s.moved.namespace == pod.key.namespace && s.request == *request
+        })?;
+        let steer = self.list.swap_remove(i);
+        snapshot.release(&hold_key(&steer.moved.uid));
+        Some(steer)
+    }
+
+    /// Puts back a steer whose replacement could not be placed there.
+    pub fn restore(&mut self, steer: Steer, snapshot: &mut Snapshot) {
+        hold_planned(
+            snapshot,
+            hold_key(&steer.moved.uid),
+            &Planned {
+                node: &steer.node,
+                request: &steer.request,
+                gpus: &steer.gpus,
+                extended: &steer.extended,
+            },
+        );
+        self.list.push(steer);
+    }
+}
+
+/// Pods that may move now, for a plan: core's movables and the pod of each holder.
+pub struct MovableSet<'a> {
+    pub movables: Movables<'a>,
+    pub pods: Vec<Arc<PodInfo>>,
+}
+
+/// What decides which pods may move, besides the pods themselves.
+pub struct Eligibility<'a> {
+    pub min_age: Duration,
+    /// The wall clock now (ages are measured from `status.startTime`).
+    pub now: k8s_openapi::jiff::Timestamp,
+    /// Decided pods whose Binding is in flight, and victims promised to a preemptor.
+    pub skip: &'a dyn Fn(&str) -> bool,
+}
+
+impl Eligibility<'_> {
+    fn old_enough(&self, pod: &PodInfo) -> bool {
+        if self.min_age.is_zero() {
+            return true;
+        }
+        let Some(started) = pod.started else {
+            return false;
+        };
+        let age = self.now.duration_since(started);
+        age.as_secs_f64() >= self.min_age.as_secs_f64()
+    }
+
+    /// Whether `pod` itself may move (its gang aside).
+    pub fn allows(&self, pod: &PodInfo) -> bool {
+        pod.movable
+            && pod.controller.is_some()
+            && !pod.deleting
+            && pod.is_active_bound()
+            && self.old_enough(pod)
+            && !(self.skip)(&pod.key.uid)
+    }
+}
+
+/// The pods of `snapshot` that may move, each with the nodes its own filters allow
+/// (its current node included); a gang only whole.
+pub fn movable_set<'a>(
+    snapshot: &'a Snapshot,
+    view: &ClusterView,
+    profile: &Profile<'_>,
+    rules: &Eligibility<'_>,
+) -> MovableSet<'a> {
+    let budgets = crate::k8s::budgets::Budgets::new(&view.budgets);
+    let mut out = MovableSet {
+        movables: Movables::default(),
+        pods: Vec::new(),
+    };
+    out.movables.candidates.budgets = budgets.allowed();
+    let mut verdicts = VerdictCache::default();
+    let mut gangs: HashSet<(&str, &str)> = HashSet::new();
+    let mut unit: Vec<(Arc<PodInfo>, &'a Held)> = Vec::new();
+    for list in &snapshot.placed {
+        for pod in list {
+            let Some(held) = snapshot.held.get(&pod.key.uid) else {
+                continue;
+            };
+            if !rules.allows(pod) {
+                continue;
+            }
+            unit.clear();
+            match &pod.group {
+                None => unit.push((Arc::clone(pod), held)),
+                Some(group) => {
+                    if !gangs.insert((pod.key.namespace.as_str(), group.as_str())) {
+                        continue;
+                    }
+                    let Some(members) = whole_gang(snapshot, view, pod, rules) else {
+                        continue;
+                    };
+                    unit.extend(members);
+                }
+            }
+            out.movables.push_unit(unit.iter().map(|(p, h)| {
+                let holder = Holder {
+                    node: h.node,
+                    request: &h.request,
+                    gpus: &h.gpus,
+                    budgets: budgets.covering(p),
+                };
+                (
+                    holder,
+                    allowed_nodes(snapshot, profile, &mut verdicts, p, h.node),
+                )
+            }));
+            out.pods.extend(unit.drain(..).map(|(p, _)| p));
+        }
+    }
+    out
+}
+
+/// Every active member of `member`'s gang, when each may move.
+fn whole_gang<'a>(
+    snapshot: &'a Snapshot,
+    view: &ClusterView,
+    member: &PodInfo,
+    rules: &Eligibility<'_>,
+) -> Option<Vec<(Arc<PodInfo>, &'a Held)>> {
+    let mut out = Vec::new();
+    for p in view.pods.iter().filter(|p| {
+        p.key.namespace == member.key.namespace && p.group == member.group && p.is_active_bound()
+    }) {
+        let held = snapshot.held.get(&p.key.uid)?;
+        if !rules.allows(p) {
+            return None;
+        }
+        out.push((Arc::clone(p), held));
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+/// The nodes `pod`'s filters allow (its own node always), `None` when every node does.
+fn allowed_nodes(
+    snapshot: &Snapshot,
+    profile: &Profile<'_>,
+    verdicts: &mut VerdictCache,
+    pod: &PodInfo,
+    here: usize,
+) -> Option<Vec<bool>> {
+    let demand = pod.demand.as_ref().ok()?;
+    let v = verdicts.get(snapshot, pod);
+    let input = FilterInput {
+        snapshot,
+        scalars: &snapshot.scalars,
+        pod,
+        demand,
+        planned: &[],
+    };
+    match profile.filter(&v, &input) {
+        Ok(f) => f.mask().map(|m| {
+            let mut m = m.to_vec();
+            if let Some(a) = m.get_mut(here) {
+                *a = true;
+            }
+            m
+        }),
+        Err(_) => {
+            let mut m = vec![false; snapshot.nodes.len()];
+            if let Some(a) = m.get_mut(here) {
+                *a = true;
+            }
+            Some(m)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_as_kubernetes_writes_them() {
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        for bad in ["", "5", "m", "5x", "-1s", "1e99h"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+        assert_eq!("all".parse(), Ok(DefragMode::All));
+        assert!("sometimes".parse::<DefragMode>().is_err());
+    }
+}

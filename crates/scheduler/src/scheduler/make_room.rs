@@ -1,0 +1,236 @@
+//! The make-room stage, after preemption in PostFilter: a pod that fits nowhere, for which
+//! no priority preemption exists, may have pods that opted in moved out of its way
+//! (core's [`gpuplace_core::defrag::make_room`]: the fewest GPUs moved, then pods; every
+//! moved pod has a planned place; budgets never broken).
+//!
+//! Carried out as preemption is: each moved pod is evicted through the Eviction API (a
+//! budget that now refuses stops the plan there), told why in an Event (`Moved to make
+//! room for ml/train-8`), and its place is planned for the replacement its controller makes
+//! ([`super::defrag::Steers`]); the pending pod is nominated to the node with the freed
+//! devices held for it, exactly as a preemptor waits for its victims, and told in an Event.
+
+use std::sync::Arc;
+
+use gpuplace_core::defrag::{self, Limits};
+
+use super::defrag::{Eligibility, Steer, movable_set};
+use super::preempt::{Nomination, victim_list};
+use super::{RoundReport, Scheduler};
+use crate::api::{ApiError, ClusterApi, ClusterView, PodKey};
+use crate::framework::filter::Verdicts;
+use crate::framework::{FilterInput, Profile};
+use crate::k8s::pod_info::PodInfo;
+use crate::snapshot::Snapshot;
+
+/// What make-room did.
+pub(super) enum Made {
+    /// Pods moved (evicted, their places planned); the pod is nominated to `node`.
+    Moving { node: String, moved: Vec<PodKey> },
+    /// A plan was found but a disruption budget refused the first eviction.
+    Blocked(String),
+    /// No plan: nothing that may move makes room.
+    Nothing,
+}
+
+impl Made {
+    /// The part of the failure message that says what defragmentation did.
+    pub(super) fn message(&self) -> Option<String> {
+        match self {
+            Made::Moving { node, moved } => Some(format!(
+                "defragmentation: moving {} pod(s) to make room on node {node}: {}.",
+                moved.len(),
+                victim_list(moved)
+            )),
+            Made::Blocked(why) => Some(format!(
+                "defragmentation: a disruption budget refused the move ({why})."
+            )),
+            Made::Nothing => None,
+        }
+    }
+}
+
+impl<A: ClusterApi> Scheduler<A> {
+    /// Plans and starts moves so that `pod`, which fits nowhere, can run.
+    pub(super) async fn make_room(
+        &mut self,
+        snapshot: &mut Snapshot,
+        view: &ClusterView,
+        verdicts: &Verdicts,
+        pod: &Arc<PodInfo>,
+        report: &mut RoundReport,
+    ) -> Made {
+        let Ok(demand) = pod.demand.clone() else {
+            return Made::Nothing;
+        };
+        let profile = Profile {
+            volumes: &self.volumes,
+        };
+        let input = FilterInput {
+            snapshot,
+            scalars: &snapshot.scalars,
+            pod,
+            demand: &demand,
+            planned: &[],
+        };
+        let Ok(filtered) = profile.filter(verdicts, &input) else {
+            return Made::Nothing;
+        };
+        let mask = filtered.mask().map(<[bool]>::to_vec);
+        let started = std::time::Instant::now();
+        let reservations = &self.cluster.reservations;
+        let promised = self.cluster.nominations.victims();
+        let skip = |uid: &str| {
+            (!reservations.is_empty() && reservations.contains(uid)) || promised.contains(uid)
+        };
+        let rules = Eligibility {
+            min_age: self.config.defrag.min_age,
+            now: k8s_openapi::jiff::Timestamp::now(),
+            skip: &skip,
+        };
+        // A plan is tried on a copy (the snapshot's holders are borrowed by the movables).
+        let mut trial = snapshot.state.clone();
+        let set = movable_set(snapshot, view, &profile, &rules);
+        if set.movables.units() == 0 {
+            return Made::Nothing;
+        }
+        let limits = Limits {
+            max_pods: self.config.defrag.max_moves,
+            max_milli: u64::MAX,
+        };
+        let plan = defrag::make_room(
+            &mut self.placer,
+            &mut trial,
+            &demand.request,
+            mask.as_deref(),
+            &set.movables,
+            limits,
+        );
+        self.preemption_times.push(started.elapsed());
+        let Some(plan) = plan else {
+            return Made::Nothing;
+        };
+        let moves: Vec<PlannedMove> = plan
+            .moves
+            .iter()
+            .map(|m| {
+                let h = &set.movables.candidates.holders[m.holder];
+                let inventory = snapshot.state.inventory(m.to);
+                let p = &set.pods[m.holder];
+                PlannedMove {
+                    pod: Arc::clone(p),
+                    from: snapshot.state.inventory(h.node).name.clone(),
+                    to: inventory.name.clone(),
+                    request: h.request.clone(),
+                    gpus: m
+                        .gpus
+                        .iter()
+                        .map(|&(g, milli)| (inventory.gpus[g].id.clone(), milli))
+                        .collect(),
+                }
+            })
+            .collect();
+        let place = &plan.placements[0];
+        let inventory = snapshot.state.inventory(place.node);
+        let node = inventory.name.clone();
+        let gpus: Vec<(String, u32)> = place
+            .gpus
+            .iter()
+            .map(|&(g, m)| (inventory.gpus[g].id.clone(), m))
+            .collect();
+        drop(set);
+        let moved = self.start_moves(&pod.key, &moves).await;
+        if moved.is_empty() {
+            return Made::Blocked(self.last_move_error.take().unwrap_or_default());
+        }
+        report.preempted += moved.len();
+        self.cluster.nominations.insert(Nomination {
+            key: pod.key.clone(),
+            priority: pod.priority,
+            node: node.clone(),
+            request: demand.request.clone(),
+            gpus,
+            extended: demand.extended.clone(),
+            victims: moved.clone(),
+        });
+        self.cluster.nominations.restore(&pod.key.uid, snapshot);
+        if self.gate.is_open()
+            && let Err(e) = self.api.nominate(&pod.key, Some(&node)).await
+        {
+            tracing::info!(pod = %pod.key, error = %e, "nominatedNodeName not written");
+        }
+        self.events.emit(
+            &pod.key,
+            "Normal",
+            "MakingRoom",
+            format!(
+                "Moving {} pod(s) to make room on node {node}: {}",
+                moved.len(),
+                victim_list(&moved)
+            ),
+        );
+        tracing::info!(pod = %pod.key, %node, moved = moved.len(), "making room");
+        Made::Moving { node, moved }
+    }
+
+    /// Evicts the moved pods one by one through the Eviction API, each told why, each
+    /// replacement's place planned; stops at the first refusal. Returns the pods moved.
+    pub(super) async fn start_moves(
+        &mut self,
+        for_pod: &PodKey,
+        moves: &[PlannedMove],
+    ) -> Vec<PodKey> {
+        let mut moved = Vec::new();
+        if !self.gate.is_open() {
+            return moved;
+        }
+        for m in moves {
+            let key = &m.pod.key;
+            match self.api.evict_to_move(key).await {
+                Ok(()) | Err(ApiError::NotFound(_)) => {}
+                Err(e) => {
+                    tracing::info!(pod = %key, error = %e, "move refused; the plan stops here");
+                    self.last_move_error = Some(e.to_string());
+                    break;
+                }
+            }
+            let Some(owner) = m.pod.controller.as_ref() else {
+                continue;
+            };
+            self.events.emit(
+                key,
+                "Normal",
+                "Moved",
+                format!(
+                    "Moved to make room for {for_pod} (from node {} to node {})",
+                    m.from, m.to
+                ),
+            );
+            self.steers.push(Steer {
+                moved: key.clone(),
+                owner: owner.uid.clone(),
+                request: m.request.clone(),
+                node: m.to.clone(),
+                gpus: m.gpus.clone(),
+                extended: m
+                    .pod
+                    .demand
+                    .as_ref()
+                    .map(|d| d.extended.clone())
+                    .unwrap_or_default(),
+                for_pod: Some(for_pod.clone()),
+                since: std::time::Instant::now(),
+            });
+            moved.push(key.clone());
+        }
+        moved
+    }
+}
+
+/// One move as planned: the pod, where it is and where its replacement goes.
+pub(super) struct PlannedMove {
+    pub pod: Arc<PodInfo>,
+    pub from: String,
+    pub to: String,
+    pub request: gpuplace_model::Request,
+    pub gpus: Vec<(String, u32)>,
+}

@@ -1,0 +1,231 @@
+//! Make-room through the scheduler's rounds on the in-memory API (no kubelet or
+//! controllers: the test deletes moved pods for good and makes their replacements): the
+//! fewest pods move, only pods that opted in and whose controller makes them again, old
+//! enough, within their disruption budgets; the replacement lands on its planned place and
+//! the pod that waited on the freed devices.
+
+use std::time::{Duration, Instant};
+
+use gpuplace_scheduler::scheduler::defrag::{DefragConfig, DefragMode};
+use gpuplace_scheduler::{Scheduler, SchedulerConfig};
+use gpuplace_testkit::MemoryApi;
+use serde_json::json;
+
+mod common;
+use common::*;
+
+async fn settle(scheduler: &mut Scheduler<MemoryApi>, t: &mut Instant) {
+    for _ in 0..6 {
+        *t += Duration::from_secs(5);
+        scheduler.round(*t).await.unwrap();
+    }
+}
+
+fn defrag_config(min_age: Duration) -> SchedulerConfig {
+    SchedulerConfig {
+        defrag: DefragConfig {
+            mode: DefragMode::MakeRoom,
+            min_age,
+            ..DefragConfig::default()
+        },
+        ..config()
+    }
+}
+
+/// A pod of ReplicaSet `rs` (labels `app: rs`), movable or not.
+fn replica(
+    name: &str,
+    rs: &str,
+    gpus: u32,
+    movable: bool,
+    extra: serde_json::Value,
+) -> k8s_openapi::api::core::v1::Pod {
+    let mut labels = json!({"app": rs});
+    if movable {
+        labels["gpuplace.io/movable"] = json!("true");
+    }
+    let mut p = pod(
+        name,
+        gpus,
+        json!({"metadata": {"labels": labels, "ownerReferences": [{
+            "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs,
+            "uid": format!("{rs}-uid"), "controller": true}]}}),
+    );
+    let mut v = serde_json::to_value(&p).unwrap();
+    merge(&mut v, extra);
+    p = serde_json::from_value(v).unwrap();
+    p
+}
+
+fn on(node: &str) -> serde_json::Value {
+    json!({"spec": {"nodeSelector": {"kubernetes.io/hostname": node}}})
+}
+
+fn deleting(api: &MemoryApi, name: &str) -> bool {
+    api.pod("ml", name)
+        .is_some_and(|p| p.metadata.deletion_timestamp.is_some())
+}
+
+fn messages(api: &MemoryApi, name: &str, reason: &str) -> Vec<String> {
+    api.events()
+        .into_iter()
+        .filter(|e| e.pod.name == name && e.reason == reason)
+        .map(|e| e.message)
+        .collect()
+}
+
+/// n1 holds `a` (1 GPU, may go anywhere), n2 holds `b` (1 GPU, only n2): an 8-GPU pod
+/// fits nowhere until `a` moves to n2.
+async fn fragmented(
+    api: &MemoryApi,
+    scheduler: &mut Scheduler<MemoryApi>,
+    t: &mut Instant,
+    movable: bool,
+) {
+    api.put_node(node("n1", 8, json!({})));
+    api.put_pod(replica("a", "rs-a", 1, movable, json!({})));
+    settle(scheduler, t).await;
+    assert_eq!(bound_node(api, "a").as_deref(), Some("n1"));
+    api.put_node(node("n2", 8, json!({})));
+    api.put_pod(replica("b", "rs-b", 1, movable, on("n2")));
+    settle(scheduler, t).await;
+    assert_eq!(bound_node(api, "b").as_deref(), Some("n2"));
+    api.put_pod(pod("big", 8, json!({})));
+    settle(scheduler, t).await;
+}
+
+#[tokio::test]
+async fn the_fewest_pods_move_and_their_replacements_land_where_planned() {
+    let api = MemoryApi::new();
+    let mut scheduler = Scheduler::new(api.clone(), defrag_config(Duration::ZERO));
+    let mut t = Instant::now();
+    fragmented(&api, &mut scheduler, &mut t, true).await;
+    assert!(deleting(&api, "a"), "a moves to make room");
+    assert!(!deleting(&api, "b"), "b may only run on n2");
+    assert_eq!(
+        messages(&api, "a", "Moved"),
+        vec!["Moved to make room for ml/big (from node n1 to node n2)".to_string()]
+    );
+    assert_eq!(
+        messages(&api, "big", "MakingRoom"),
+        vec!["Moving 1 pod(s) to make room on node n1: ml/a".to_string()]
+    );
+    let failed = messages(&api, "big", "FailedScheduling");
+    assert!(
+        failed[0].ends_with("defragmentation: moving 1 pod(s) to make room on node n1: ml/a."),
+        "{failed:?}"
+    );
+    assert_eq!(
+        api.pod("ml", "big")
+            .and_then(|p| p.status?.nominated_node_name)
+            .as_deref(),
+        Some("n1")
+    );
+    // A second round plans no further move while a terminates.
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(messages(&api, "a", "Moved").len(), 1);
+    assert!(!deleting(&api, "b"));
+    // a is gone; its ReplicaSet makes a2, which goes where the plan put it, and big runs.
+    api.delete_pod("ml", "a");
+    api.put_pod(replica("a2", "rs-a", 1, true, json!({})));
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(bound_node(&api, "big").as_deref(), Some("n1"));
+    assert_eq!(bound_node(&api, "a2").as_deref(), Some("n2"));
+    assert_no_double_booking(&api);
+}
+
+#[tokio::test]
+async fn pods_that_did_not_opt_in_are_too_young_or_have_no_controller_stay() {
+    // Not opted in.
+    let api = MemoryApi::new();
+    let mut scheduler = Scheduler::new(api.clone(), defrag_config(Duration::ZERO));
+    let mut t = Instant::now();
+    fragmented(&api, &mut scheduler, &mut t, false).await;
+    assert!(!deleting(&api, "a") && !deleting(&api, "b"));
+    assert!(bound_node(&api, "big").is_none());
+    // Too young (the kubelet has not even started them: no startTime).
+    let api = MemoryApi::new();
+    let mut scheduler = Scheduler::new(api.clone(), defrag_config(Duration::from_secs(300)));
+    fragmented(&api, &mut scheduler, &mut t, true).await;
+    assert!(!deleting(&api, "a"));
+    // Off.
+    let api = MemoryApi::new();
+    let mut off = defrag_config(Duration::ZERO);
+    off.defrag.mode = DefragMode::Off;
+    let mut scheduler = Scheduler::new(api.clone(), off);
+    fragmented(&api, &mut scheduler, &mut t, true).await;
+    assert!(!deleting(&api, "a"));
+    // A bare pod (no controller to make it again) never moves.
+    let api = MemoryApi::new();
+    let mut scheduler = Scheduler::new(api.clone(), defrag_config(Duration::ZERO));
+    api.put_node(node("n1", 8, json!({})));
+    api.put_pod(pod(
+        "bare",
+        1,
+        json!({"metadata": {"labels": {"gpuplace.io/movable": "true"}}}),
+    ));
+    settle(&mut scheduler, &mut t).await;
+    api.put_node(node("n2", 8, json!({})));
+    api.put_pod(replica("b", "rs-b", 1, true, on("n2")));
+    api.put_pod(pod("big", 8, json!({})));
+    settle(&mut scheduler, &mut t).await;
+    assert!(!deleting(&api, "bare"));
+    assert!(bound_node(&api, "big").is_none());
+}
+
+#[tokio::test]
+async fn a_budget_that_allows_no_disruption_keeps_every_pod_in_place() {
+    let api = MemoryApi::new();
+    api.put_budget(
+        serde_json::from_value(json!({
+            "metadata": {"name": "keep-a", "namespace": "ml"},
+            "spec": {"selector": {"matchLabels": {"app": "rs-a"}}, "maxUnavailable": 0},
+            "status": {"disruptionsAllowed": 0, "currentHealthy": 1, "desiredHealthy": 1,
+                "expectedPods": 1}
+        }))
+        .unwrap(),
+    );
+    let mut scheduler = Scheduler::new(api.clone(), defrag_config(Duration::ZERO));
+    let mut t = Instant::now();
+    fragmented(&api, &mut scheduler, &mut t, true).await;
+    assert!(!deleting(&api, "a") && !deleting(&api, "b"));
+    assert!(bound_node(&api, "big").is_none());
+    assert!(messages(&api, "a", "Moved").is_empty());
+    let failed = messages(&api, "big", "FailedScheduling");
+    assert!(
+        !failed.last().unwrap().contains("defragmentation"),
+        "{failed:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_eviction_api_refuses_what_a_budget_forbids() {
+    use gpuplace_scheduler::{ApiError, ClusterApi, PodKey};
+    let api = MemoryApi::new();
+    api.put_node(node("n1", 8, json!({})));
+    api.put_pod(replica("a", "rs-a", 1, true, json!({})));
+    api.put_budget(
+        serde_json::from_value(json!({
+            "metadata": {"name": "keep-a", "namespace": "ml"},
+            "spec": {"selector": {"matchLabels": {"app": "rs-a"}}, "minAvailable": 1},
+            "status": {"disruptionsAllowed": 0, "currentHealthy": 1, "desiredHealthy": 1,
+                "expectedPods": 1}
+        }))
+        .unwrap(),
+    );
+    let p = api.pod("ml", "a").unwrap();
+    let key = PodKey::of(&p);
+    assert!(matches!(
+        api.evict_to_move(&key).await,
+        Err(ApiError::Blocked(_))
+    ));
+    assert!(!deleting(&api, "a"));
+    let wrong = PodKey {
+        uid: "other".into(),
+        ..key.clone()
+    };
+    assert!(matches!(
+        api.evict_to_move(&wrong).await,
+        Err(ApiError::Conflict(_))
+    ));
+}
