@@ -60,7 +60,7 @@ pub struct TimelineArgs {
     #[arg(long, default_value_t = 8, requires = "timeline")]
     pub(crate) defrag_max_moves: usize,
     /// GPUs per hour rebalancing may move.
-    #[arg(long, default_value_t = 64.0, requires = "timeline")]
+    #[arg(long, default_value_t = 16.0, requires = "timeline")]
     pub(crate) defrag_budget: f64,
 }
 

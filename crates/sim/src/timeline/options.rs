@@ -84,6 +84,8 @@ pub struct DefragSim {
     pub budget_gpus_per_hour: f64,
     /// How often rebalancing looks at the fleet.
     pub rebalance_every: Duration,
+    /// A rebalancing move must lower fragmentation by at least this many GPUs.
+    pub min_gain_gpus: f64,
 }
 
 impl Default for DefragSim {
@@ -94,8 +96,9 @@ impl Default for DefragSim {
             checkpointed: false,
             min_age: Duration::from_secs(300),
             max_moves: 8,
-            budget_gpus_per_hour: 64.0,
+            budget_gpus_per_hour: 16.0,
             rebalance_every: Duration::from_secs(60),
+            min_gain_gpus: 1.0,
         }
     }
 }

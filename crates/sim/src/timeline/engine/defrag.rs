@@ -276,10 +276,11 @@ impl Engine<'_> {
         if limits.max_milli == 0 {
             return;
         }
+        let min_gain = s.min_gain_gpus * 1000.0;
         let groups = self.movable_units(now);
         let moves = {
             let m = movables(&self.jobs, self.pods, &groups);
-            defrag::rebalance(&mut self.defrag.fgd, &self.state, &m, limits, 100.0).moves
+            defrag::rebalance(&mut self.defrag.fgd, &self.state, &m, limits, min_gain).moves
         };
         if moves.is_empty() {
             return;
