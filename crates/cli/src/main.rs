@@ -7,6 +7,7 @@ mod bench_extender;
 mod bench_preemption;
 #[cfg(feature = "bench-fakes")]
 mod bench_scheduler;
+mod defrag;
 mod device_plugin;
 mod extender;
 #[cfg(feature = "bench-fakes")]
@@ -60,6 +61,10 @@ enum Command {
     /// Show the fleet's GPUs: use, holders, fragmentation, pending pods and why.
     #[command(args_override_self = true)]
     Status(status::StatusArgs),
+    /// Show what defragmentation would move in the live cluster (`--plan`), touching
+    /// nothing.
+    #[command(args_override_self = true)]
+    Defrag(defrag::DefragArgs),
     /// Print the PodGroup CustomResourceDefinition (YAML).
     Crd,
     /// List the placement policies.
@@ -78,6 +83,7 @@ fn main() -> ExitCode {
         Command::Scheduler(args) => scheduler::run(args),
         Command::Extender(args) => extender::run(args),
         Command::Status(args) => status::run(args),
+        Command::Defrag(args) => defrag::run(args),
         Command::Crd => scheduler::print_crd(),
         Command::Policies => {
             for p in gpuplace_core::Policy::ALL {

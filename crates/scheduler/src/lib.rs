@@ -13,6 +13,7 @@
 pub mod api;
 pub mod app;
 pub mod clock;
+pub mod defrag_plan;
 pub mod extender;
 pub mod framework;
 pub mod k8s;

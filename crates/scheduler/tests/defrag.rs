@@ -229,3 +229,64 @@ async fn the_eviction_api_refuses_what_a_budget_forbids() {
         Err(ApiError::Conflict(_))
     ));
 }
+
+#[tokio::test]
+async fn the_dry_run_plans_what_the_scheduler_would_do_and_touches_nothing() {
+    use gpuplace_scheduler::ClusterApi;
+    let api = MemoryApi::new();
+    let mut off = defrag_config(Duration::ZERO);
+    off.defrag.mode = DefragMode::Off;
+    let mut scheduler = Scheduler::new(api.clone(), off);
+    let mut t = Instant::now();
+    fragmented(&api, &mut scheduler, &mut t, true).await;
+    let view = api.view().await.unwrap();
+    let config = DefragConfig {
+        min_age: Duration::ZERO,
+        ..DefragConfig::default()
+    };
+    let plan = gpuplace_scheduler::defrag_plan::plan(
+        &view,
+        "nvidia.com/gpu",
+        gpuplace_core::Policy::Fgd,
+        &config,
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    assert_eq!(plan.blocked, vec!["ml/big".to_string()]);
+    assert_eq!(plan.make_room.len(), 1);
+    let room = &plan.make_room[0];
+    assert_eq!((room.pod.as_str(), room.node.as_str()), ("ml/big", "n1"));
+    assert_eq!(room.moves.len(), 1);
+    assert_eq!(
+        (
+            room.moves[0].name.as_str(),
+            room.moves[0].from.as_str(),
+            room.moves[0].to.as_str()
+        ),
+        ("a", "n1", "n2")
+    );
+    assert!(plan.frag_after_room <= plan.frag_before);
+    let text = gpuplace_scheduler::defrag_plan::text(&plan);
+    assert!(text.contains("make room for ml/big on n1"), "{text}");
+    assert!(text.contains("ml/a: n1 -> n2"), "{text}");
+    assert!(!deleting(&api, "a"));
+    // With a budget that allows nothing, no plan.
+    let mut view = view;
+    view.budgets = vec![std::sync::Arc::new(
+        serde_json::from_value(json!({
+            "metadata": {"name": "keep-a", "namespace": "ml"},
+            "spec": {"selector": {"matchLabels": {"app": "rs-a"}}, "maxUnavailable": 0},
+            "status": {"disruptionsAllowed": 0, "currentHealthy": 1, "desiredHealthy": 1,
+                "expectedPods": 1}
+        }))
+        .unwrap(),
+    )];
+    let plan = gpuplace_scheduler::defrag_plan::plan(
+        &view,
+        "nvidia.com/gpu",
+        gpuplace_core::Policy::Fgd,
+        &config,
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    assert!(plan.make_room.is_empty());
+    assert_eq!(plan.unhelped, vec!["ml/big".to_string()]);
+}

@@ -76,6 +76,15 @@ fn missing(e: &ReadError) -> bool {
     matches!(e, ReadError::List { source: kube::Error::Api(s), .. } if s.code == 404)
 }
 
+/// Every PodDisruptionBudget (policy/v1), for plans that move pods.
+pub async fn read_budgets(
+    client: Client,
+) -> Result<Vec<Arc<k8s_openapi::api::policy::v1::PodDisruptionBudget>>, ReadError> {
+    let api = Api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>::all(client);
+    let list = list_all(&api, ListParams::default(), "poddisruptionbudgets").await?;
+    Ok(list.into_iter().map(Arc::new).collect())
+}
+
 /// Reads the cluster once. Every pod is read (a node's use counts every namespace); Events
 /// only of `namespace` when given. A cluster without the PodGroup CRD has no gangs.
 pub async fn read(

@@ -1,0 +1,346 @@
+//! `gpuplace defrag --plan`: what defragmentation would do in the live cluster, touching
+//! nothing. For each pending GPU pod that fits nowhere (oldest first), the make-room plan
+//! the scheduler would carry out (the same rules and core planner); each plan is applied
+//! to a working copy, so later pods see the earlier plans. Then the rebalancing moves on
+//! what is left, and the fleet's fragmentation before and after.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use gpuplace_core::defrag::{self, Limits};
+use gpuplace_core::{Placer, Policy, ShapeCounts};
+use serde::Serialize;
+
+use crate::api::ClusterView;
+use crate::framework::filter::VerdictCache;
+use crate::framework::volumes::VolumeIndex;
+use crate::framework::{FilterInput, Profile};
+use crate::k8s::pod_info::PodInfo;
+use crate::scheduler::defrag::{DefragConfig, Eligibility, movable_set};
+use crate::snapshot::Snapshot;
+
+/// One pod's move.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PlannedMove {
+    pub namespace: String,
+    pub name: String,
+    pub from: String,
+    pub to: String,
+    /// GPU IDs on `to`, with milli.
+    pub gpus: Vec<(String, u32)>,
+}
+
+/// The moves that let a pending pod run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RoomPlan {
+    /// `namespace/name` of the pod it unblocks.
+    pub pod: String,
+    pub node: String,
+    /// The GPUs it would get.
+    pub gpus: Vec<String>,
+    pub moves: Vec<PlannedMove>,
+    pub gpus_moved: f64,
+}
+
+/// The whole dry run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DefragPlan {
+    /// Pending GPU pods that fit nowhere now.
+    pub blocked: Vec<String>,
+    /// Make-room plans, in the order they would be made.
+    pub make_room: Vec<RoomPlan>,
+    /// Blocked pods no plan helps (nothing movable in the way, or no place for the pods
+    /// that would move, or a budget).
+    pub unhelped: Vec<String>,
+    /// Rebalancing moves after the plans (when the fleet's fragmentation is above the
+    /// threshold and a pod waits).
+    pub rebalance: Vec<PlannedMove>,
+    /// Fragmentation of the fleet (GPUs, FGD's measure) now, after the plans, and after
+    /// rebalancing too.
+    pub frag_before: f64,
+    pub frag_after_room: f64,
+    pub frag_after: f64,
+    pub gpus: usize,
+}
+
+/// A pending pod that waits for a node.
+fn waits(pod: &PodInfo) -> bool {
+    pod.node_name.is_none() && !pod.deleting && pod.phase.as_deref().is_none_or(|p| p == "Pending")
+}
+
+/// Plans as the scheduler would, with `policy` placing moved pods.
+pub fn plan(
+    view: &ClusterView,
+    gpu_resource: &str,
+    policy: Policy,
+    config: &DefragConfig,
+    now: k8s_openapi::jiff::Timestamp,
+) -> DefragPlan {
+    let mut snapshot = crate::snapshot::build(&view.nodes, &view.pods, gpu_resource);
+    let mut shapes = ShapeCounts::default();
+    for pod in &view.pods {
+        if let Ok(d) = &pod.demand
+            && (pod.is_active_bound() || waits(pod))
+        {
+            shapes.add(&d.request);
+        }
+    }
+    snapshot.state.set_workload(Arc::new(shapes.workload(0.95)));
+    let mut pending: Vec<&Arc<PodInfo>> = view
+        .pods
+        .iter()
+        .filter(|p| {
+            waits(p)
+                && p.demand
+                    .as_ref()
+                    .is_ok_and(|d| d.request.total_gpu_milli() > 0)
+        })
+        .collect();
+    pending.sort_by(|a, b| {
+        (a.created, &a.key.namespace, &a.key.name).cmp(&(b.created, &b.key.namespace, &b.key.name))
+    });
+    let volumes = VolumeIndex::new(&view.claims, &view.volumes);
+    let profile = Profile { volumes: &volumes };
+    let mut placer = Placer::new(policy, 42);
+    let mut out = DefragPlan {
+        blocked: Vec::new(),
+        make_room: Vec::new(),
+        unhelped: Vec::new(),
+        rebalance: Vec::new(),
+        frag_before: snapshot.state.total_frag() / 1e3,
+        frag_after_room: 0.0,
+        frag_after: 0.0,
+        gpus: (0..snapshot.state.len())
+            .map(|n| snapshot.state.inventory(n).gpus.len())
+            .sum(),
+    };
+    let mut work = snapshot.state.clone();
+    let mut moved: HashSet<String> = HashSet::new();
+    let mut verdicts = VerdictCache::default();
+    for pod in pending {
+        let Some(mask) = pod_mask(&snapshot, &profile, &mut verdicts, pod) else {
+            continue;
+        };
+        let Ok(demand) = &pod.demand else { continue };
+        if placer
+            .choose(&work, &demand.request, mask.as_deref())
+            .is_ok()
+        {
+            continue;
+        }
+        let name = pod.key.to_string();
+        out.blocked.push(name.clone());
+        match room_for(
+            &snapshot,
+            view,
+            &profile,
+            config,
+            now,
+            &moved,
+            &mut work,
+            &mut placer,
+            pod,
+            mask.as_deref(),
+        ) {
+            Some(plan) => {
+                moved.extend(
+                    plan.moves
+                        .iter()
+                        .map(|m| format!("{}/{}", m.namespace, m.name)),
+                );
+                out.make_room.push(plan);
+            }
+            None => out.unhelped.push(name),
+        }
+    }
+    out.frag_after_room = work.total_frag() / 1e3;
+    out.frag_after = out.frag_after_room;
+    let crowded = out.frag_after_room * 1e3 > config.rebalance_threshold * out.gpus as f64 * 1e3;
+    if !out.blocked.is_empty() && crowded {
+        let skip = |_: &str| false;
+        let rules = Eligibility {
+            min_age: config.min_age,
+            now,
+            skip: &skip,
+        };
+        let set = movable_set(&snapshot, view, &profile, &rules);
+        let limits = Limits {
+            max_pods: config.max_moves,
+            max_milli: (config.budget_gpus_per_hour * 1000.0) as u64,
+        };
+        let mut fgd = Placer::new(Policy::Fgd, 42);
+        let r = defrag::rebalance(&mut fgd, &work, &set.movables, limits, 1000.0);
+        for m in &r.moves {
+            let pod = &set.pods[m.holder];
+            if moved.contains(&pod.key.to_string()) {
+                continue;
+            }
+            let h = &set.movables.candidates.holders[m.holder];
+            out.rebalance
+                .push(describe(&snapshot, pod, h.node, m.to, &m.gpus));
+        }
+        out.frag_after = r.frag_after / 1e3;
+    }
+    out
+}
+
+/// `pod`'s filter mask (`Some(None)`: every node), `None` when its filters reject all.
+fn pod_mask(
+    snapshot: &Snapshot,
+    profile: &Profile<'_>,
+    verdicts: &mut VerdictCache,
+    pod: &PodInfo,
+) -> Option<Option<Vec<bool>>> {
+    let demand = pod.demand.as_ref().ok()?;
+    let v = verdicts.get(snapshot, pod);
+    let input = FilterInput {
+        snapshot,
+        scalars: &snapshot.scalars,
+        pod,
+        demand,
+        planned: &[],
+    };
+    let f = profile.filter(&v, &input).ok()?;
+    Some(f.mask().map(<[bool]>::to_vec))
+}
+
+/// The make-room plan for `pod` on `work` (applied to it when found).
+#[allow(clippy::too_many_arguments)]
+fn room_for(
+    snapshot: &Snapshot,
+    view: &ClusterView,
+    profile: &Profile<'_>,
+    config: &DefragConfig,
+    now: k8s_openapi::jiff::Timestamp,
+    moved: &HashSet<String>,
+    work: &mut gpuplace_core::ClusterState,
+    placer: &mut Placer,
+    pod: &PodInfo,
+    mask: Option<&[bool]>,
+) -> Option<RoomPlan> {
+    let demand = pod.demand.as_ref().ok()?;
+    let skip = |uid: &str| {
+        view.pods
+            .iter()
+            .any(|p| p.key.uid == uid && moved.contains(&p.key.to_string()))
+    };
+    let rules = Eligibility {
+        min_age: config.min_age,
+        now,
+        skip: &skip,
+    };
+    let set = movable_set(snapshot, view, profile, &rules);
+    let limits = Limits {
+        max_pods: config.max_moves,
+        max_milli: u64::MAX,
+    };
+    let plan = defrag::make_room(placer, work, &demand.request, mask, &set.movables, limits)?;
+    defrag::apply_plan(work, &[&demand.request], &set.movables, &plan).ok()?;
+    let place = &plan.placements[0];
+    let inventory = snapshot.state.inventory(place.node);
+    Some(RoomPlan {
+        pod: pod.key.to_string(),
+        node: inventory.name.clone(),
+        gpus: place
+            .gpus
+            .iter()
+            .map(|&(g, _)| inventory.gpus[g].id.clone())
+            .collect(),
+        moves: plan
+            .moves
+            .iter()
+            .map(|m| {
+                let h = &set.movables.candidates.holders[m.holder];
+                describe(snapshot, &set.pods[m.holder], h.node, m.to, &m.gpus)
+            })
+            .collect(),
+        gpus_moved: plan.cost.milli_moved as f64 / 1e3,
+    })
+}
+
+fn describe(
+    snapshot: &Snapshot,
+    pod: &PodInfo,
+    from: usize,
+    to: usize,
+    gpus: &[(usize, u32)],
+) -> PlannedMove {
+    let inventory = snapshot.state.inventory(to);
+    PlannedMove {
+        namespace: pod.key.namespace.clone(),
+        name: pod.key.name.clone(),
+        from: snapshot.state.inventory(from).name.clone(),
+        to: inventory.name.clone(),
+        gpus: gpus
+            .iter()
+            .map(|&(g, m)| (inventory.gpus[g].id.clone(), m))
+            .collect(),
+    }
+}
+
+/// The plan as text.
+pub fn text(plan: &DefragPlan) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{} pending GPU pod(s) fit nowhere; {} make-room plan(s), {} without one.",
+        plan.blocked.len(),
+        plan.make_room.len(),
+        plan.unhelped.len()
+    );
+    for p in &plan.make_room {
+        let _ = writeln!(
+            out,
+            "\nmake room for {} on {} (GPUs {}): move {} pod(s), {} GPU(s)",
+            p.pod,
+            p.node,
+            p.gpus.join(","),
+            p.moves.len(),
+            format!("{:.1}", p.gpus_moved)
+        );
+        for m in &p.moves {
+            let _ = writeln!(out, "  {}", move_line(m));
+        }
+    }
+    for name in &plan.unhelped {
+        let _ = writeln!(
+            out,
+            "\nno plan for {name}: nothing that may move makes room"
+        );
+    }
+    if !plan.rebalance.is_empty() {
+        let _ = writeln!(out, "\nrebalance: {} move(s)", plan.rebalance.len());
+        for m in &plan.rebalance {
+            let _ = writeln!(out, "  {}", move_line(m));
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\nfragmentation (FGD, GPUs of {}): {:.2} now, {:.2} after making room, {:.2} after rebalancing",
+        plan.gpus, plan.frag_before, plan.frag_after_room, plan.frag_after
+    );
+    out
+}
+
+fn move_line(m: &PlannedMove) -> String {
+    let gpus: Vec<String> = m
+        .gpus
+        .iter()
+        .map(|(id, milli)| {
+            if *milli >= 1000 {
+                id.clone()
+            } else {
+                format!("{id} ({milli}m)")
+            }
+        })
+        .collect();
+    format!(
+        "{}/{}: {} -> {} (GPUs {})",
+        m.namespace,
+        m.name,
+        m.from,
+        m.to,
+        gpus.join(",")
+    )
+}
