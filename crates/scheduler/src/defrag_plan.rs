@@ -292,12 +292,12 @@ pub fn text(plan: &DefragPlan) -> String {
     for p in &plan.make_room {
         let _ = writeln!(
             out,
-            "\nmake room for {} on {} (GPUs {}): move {} pod(s), {} GPU(s)",
+            "\nmake room for {} on {} (GPUs {}): move {} pod(s), {:.1} GPU(s)",
             p.pod,
             p.node,
             p.gpus.join(","),
             p.moves.len(),
-            format!("{:.1}", p.gpus_moved)
+            p.gpus_moved
         );
         for m in &p.moves {
             let _ = writeln!(out, "  {}", move_line(m));
