@@ -20,6 +20,7 @@ mod make_room;
 pub(crate) mod pod_index;
 mod post_filter;
 pub mod preempt;
+mod rebalance;
 mod round;
 pub mod run;
 
@@ -95,8 +96,10 @@ pub struct RoundReport {
     /// Bindings the server accepted.
     pub bound: usize,
     pub unschedulable: usize,
-    /// Pods evicted by preemption.
+    /// Pods evicted by preemption (and moved to make room).
     pub preempted: usize,
+    /// Pods moved by rebalancing.
+    pub moved: usize,
     /// Preemptors waiting for their victims to go (nominations held).
     pub nominated: usize,
     /// Bindings refused or failed (their pods went back to the queue).
@@ -178,6 +181,7 @@ pub struct Scheduler<A: ClusterApi> {
     steers: defrag::Steers,
     /// Why the last move was refused (for the pod's message).
     last_move_error: Option<String>,
+    rebalancing: rebalance::Rebalancing,
 }
 
 pub use crate::clock::rfc3339;
@@ -209,6 +213,7 @@ impl<A: ClusterApi> Scheduler<A> {
             preemption_times: Vec::new(),
             steers: defrag::Steers::default(),
             last_move_error: None,
+            rebalancing: Default::default(),
         }
     }
 

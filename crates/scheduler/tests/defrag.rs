@@ -290,3 +290,50 @@ async fn the_dry_run_plans_what_the_scheduler_would_do_and_touches_nothing() {
     assert!(plan.make_room.is_empty());
     assert_eq!(plan.unhelped, vec!["ml/big".to_string()]);
 }
+
+#[tokio::test]
+async fn rebalancing_gathers_scattered_shares_so_that_a_whole_node_frees() {
+    let api = MemoryApi::new();
+    let mut config = defrag_config(Duration::ZERO);
+    config.defrag.mode = DefragMode::Rebalance;
+    let mut scheduler = Scheduler::new(api.clone(), config);
+    let mut t = Instant::now();
+    // p2 (half a GPU, may go anywhere) on n2, p1 (half a GPU, only n1) on n1.
+    api.put_node(node("n2", 8, json!({})));
+    api.put_pod(replica("p2", "rs-2", 1, true, share("500")));
+    settle(&mut scheduler, &mut t).await;
+    api.put_node(node("n1", 8, json!({})));
+    let mut pinned = share("500");
+    merge(&mut pinned, on("n1"));
+    api.put_pod(replica("p1", "rs-1", 1, true, pinned));
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(bound_node(&api, "p2").as_deref(), Some("n2"));
+    assert_eq!(bound_node(&api, "p1").as_deref(), Some("n1"));
+    api.put_pod(pod("big", 8, json!({})));
+    settle(&mut scheduler, &mut t).await;
+    assert!(deleting(&api, "p2"), "p2 joins p1's GPU");
+    assert!(!deleting(&api, "p1"));
+    assert_eq!(
+        messages(&api, "p2", "Moved"),
+        vec!["Moved to lower fragmentation (from node n2 to node n1)".to_string()]
+    );
+    api.delete_pod("ml", "p2");
+    api.put_pod(replica("p2b", "rs-2", 1, true, share("500")));
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(bound_node(&api, "p2b").as_deref(), Some("n1"));
+    assert_eq!(bound_node(&api, "big").as_deref(), Some("n2"));
+    // p1 and p2b share one GPU.
+    let gpu = |name: &str| -> Vec<String> {
+        assignment(&api, name)
+            .map(|a| a.devices().map(|d| d.id.clone()).collect())
+            .unwrap_or_default()
+    };
+    assert_eq!(gpu("p1"), gpu("p2b"));
+    // No move is undone within the hour, and nothing else moves.
+    for _ in 0..5 {
+        t += Duration::from_secs(120);
+        scheduler.round(t).await.unwrap();
+    }
+    assert!(!deleting(&api, "p2b") && !deleting(&api, "p1"));
+    assert_no_double_booking(&api);
+}

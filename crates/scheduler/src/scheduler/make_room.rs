@@ -138,7 +138,8 @@ impl<A: ClusterApi> Scheduler<A> {
             .map(|&(g, m)| (inventory.gpus[g].id.clone(), m))
             .collect();
         drop(set);
-        let moved = self.start_moves(&pod.key, &moves).await;
+        let why = format!("Moved to make room for {}", pod.key);
+        let moved = self.start_moves(Some(&pod.key), &why, &moves).await;
         if moved.is_empty() {
             return Made::Blocked(self.last_move_error.take().unwrap_or_default());
         }
@@ -172,11 +173,12 @@ impl<A: ClusterApi> Scheduler<A> {
         Made::Moving { node, moved }
     }
 
-    /// Evicts the moved pods one by one through the Eviction API, each told why, each
+    /// Evicts the moved pods one by one through the Eviction API, each told `why`, each
     /// replacement's place planned; stops at the first refusal. Returns the pods moved.
     pub(super) async fn start_moves(
         &mut self,
-        for_pod: &PodKey,
+        for_pod: Option<&PodKey>,
+        why: &str,
         moves: &[PlannedMove],
     ) -> Vec<PodKey> {
         let mut moved = Vec::new();
@@ -200,10 +202,7 @@ impl<A: ClusterApi> Scheduler<A> {
                 key,
                 "Normal",
                 "Moved",
-                format!(
-                    "Moved to make room for {for_pod} (from node {} to node {})",
-                    m.from, m.to
-                ),
+                format!("{why} (from node {} to node {})", m.from, m.to),
             );
             self.steers.push(Steer {
                 moved: key.clone(),
@@ -217,7 +216,7 @@ impl<A: ClusterApi> Scheduler<A> {
                     .as_ref()
                     .map(|d| d.extended.clone())
                     .unwrap_or_default(),
-                for_pod: Some(for_pod.clone()),
+                for_pod: for_pod.cloned(),
                 since: std::time::Instant::now(),
             });
             moved.push(key.clone());

@@ -138,6 +138,7 @@ impl<A: ClusterApi> Scheduler<A> {
         self.decide_units(&mut snapshot, &view, units, now, &mut report)
             .await;
         report.pending = waiting.len().saturating_sub(report.assumed);
+        self.rebalance(&snapshot, &view, now, &mut report).await;
         self.finish_round(snapshot, &mut report);
         Ok(report)
     }

@@ -1,0 +1,147 @@
+//! Rebalancing (`--defrag rebalance` or `all`), after a round's decisions: while pods wait
+//! and the fleet's fragmentation (FGD's measure against the workload) is above the
+//! threshold, at most every `rebalance_every`, core's [`gpuplace_core::defrag::rebalance`]
+//! picks the moves that lower fragmentation most per GPU moved (each at least a GPU's
+//! worth), within the hour's GPU budget and the moves allowed in flight. The moves are
+//! carried out as make-room's are (Eviction API, Events, replacements steered). A pod whose
+//! controller had a pod moved in the last hour is not moved again, so no move is undone.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use gpuplace_core::defrag::{self, Limits};
+use gpuplace_core::{Placer, Policy};
+
+use super::defrag::{Eligibility, movable_set};
+use super::make_room::PlannedMove;
+use super::{RoundReport, Scheduler};
+use crate::api::{ClusterApi, ClusterView};
+use crate::framework::Profile;
+use crate::snapshot::Snapshot;
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// Rebalancing's memory between rounds.
+#[derive(Debug, Default)]
+pub struct Rebalancing {
+    last: Option<Instant>,
+    /// Moves in the last hour: when, and milli-GPU.
+    recent: VecDeque<(Instant, u64)>,
+    /// Controllers whose pods moved, and when.
+    owners: HashMap<String, Instant>,
+}
+
+impl<A: ClusterApi> Scheduler<A> {
+    /// Rebalances when it is time (see the module's text).
+    pub(super) async fn rebalance(
+        &mut self,
+        snapshot: &Snapshot,
+        view: &ClusterView,
+        now: Instant,
+        report: &mut RoundReport,
+    ) {
+        let cfg = self.config.defrag.clone();
+        if !cfg.mode.rebalances() || report.pending == 0 || !self.gate.is_open() {
+            return;
+        }
+        let r = &mut self.rebalancing;
+        if r.last
+            .is_some_and(|l| now.saturating_duration_since(l) < cfg.rebalance_every)
+        {
+            return;
+        }
+        r.last = Some(now);
+        let capacity = snapshot.state.gpu_capacity_milli() as f64;
+        if snapshot.state.total_frag() <= cfg.rebalance_threshold * capacity {
+            return;
+        }
+        while r
+            .recent
+            .front()
+            .is_some_and(|(t, _)| now.saturating_duration_since(*t) >= HOUR)
+        {
+            r.recent.pop_front();
+        }
+        r.owners
+            .retain(|_, t| now.saturating_duration_since(*t) < HOUR);
+        let spent: u64 = r.recent.iter().map(|(_, m)| m).sum();
+        let budget = ((cfg.budget_gpus_per_hour * 1000.0) as u64).saturating_sub(spent);
+        let in_flight = self.steers.iter().filter(|s| s.for_pod.is_none()).count();
+        let room = cfg.max_moves.saturating_sub(in_flight);
+        if budget == 0 || room == 0 {
+            return;
+        }
+        let moves = self.plan_rebalance(snapshot, view, &cfg, room, budget);
+        if moves.is_empty() {
+            return;
+        }
+        let moved = self
+            .start_moves(None, "Moved to lower fragmentation", &moves)
+            .await;
+        for m in moves.iter().filter(|m| moved.contains(&m.pod.key)) {
+            let milli: u64 = m.gpus.iter().map(|(_, milli)| u64::from(*milli)).sum();
+            self.rebalancing.recent.push_back((now, milli));
+            if let Some(c) = &m.pod.controller {
+                self.rebalancing.owners.insert(c.uid.clone(), now);
+            }
+        }
+        report.moved += moved.len();
+        tracing::info!(moved = moved.len(), "rebalancing");
+    }
+
+    fn plan_rebalance(
+        &self,
+        snapshot: &Snapshot,
+        view: &ClusterView,
+        cfg: &super::defrag::DefragConfig,
+        room: usize,
+        budget: u64,
+    ) -> Vec<PlannedMove> {
+        let profile = Profile {
+            volumes: &self.volumes,
+        };
+        let reservations = &self.cluster.reservations;
+        let promised = self.cluster.nominations.victims();
+        let owners = &self.rebalancing.owners;
+        let owner_of: HashMap<&str, &str> = view
+            .pods
+            .iter()
+            .filter_map(|p| Some((p.key.uid.as_str(), p.controller.as_ref()?.uid.as_str())))
+            .collect();
+        let skip = |uid: &str| {
+            (!reservations.is_empty() && reservations.contains(uid))
+                || promised.contains(uid)
+                || owner_of.get(uid).is_some_and(|o| owners.contains_key(*o))
+        };
+        let rules = Eligibility {
+            min_age: cfg.min_age,
+            now: k8s_openapi::jiff::Timestamp::now(),
+            skip: &skip,
+        };
+        let set = movable_set(snapshot, view, &profile, &rules);
+        let mut fgd = Placer::new(Policy::Fgd, self.config.seed);
+        let limits = Limits {
+            max_pods: room,
+            max_milli: budget,
+        };
+        let plan = defrag::rebalance(&mut fgd, &snapshot.state, &set.movables, limits, 1000.0);
+        plan.moves
+            .iter()
+            .map(|m| {
+                let h = &set.movables.candidates.holders[m.holder];
+                let inventory = snapshot.state.inventory(m.to);
+                PlannedMove {
+                    pod: std::sync::Arc::clone(&set.pods[m.holder]),
+                    from: snapshot.state.inventory(h.node).name.clone(),
+                    to: inventory.name.clone(),
+                    request: h.request.clone(),
+                    gpus: m
+                        .gpus
+                        .iter()
+                        .map(|&(g, milli)| (inventory.gpus[g].id.clone(), milli))
+                        .collect(),
+                }
+            })
+            .collect()
+    }
+}
