@@ -152,6 +152,9 @@ struct Seen {
     groups: HashMap<String, String>,
     /// [`crate::framework::volumes::digest`] of the claims and volumes.
     volumes: u64,
+    /// Disruption budgets' resourceVersions (a budget that allows more may let a pod
+    /// that waits for room make it by moving pods).
+    budgets: Vec<String>,
 }
 
 /// The scheduler over any [`ClusterApi`].

@@ -337,3 +337,43 @@ async fn rebalancing_gathers_scattered_shares_so_that_a_whole_node_frees() {
     assert!(!deleting(&api, "p2b") && !deleting(&api, "p1"));
     assert_no_double_booking(&api);
 }
+
+#[tokio::test]
+async fn a_gang_that_fits_nowhere_gets_room_for_every_member_at_once() {
+    let api = MemoryApi::new();
+    let mut scheduler = Scheduler::new(api.clone(), defrag_config(Duration::ZERO));
+    let mut t = Instant::now();
+    api.put_node(node("n1", 8, json!({})));
+    api.put_pod(replica("a", "rs-a", 1, true, json!({})));
+    settle(&mut scheduler, &mut t).await;
+    api.put_node(node("n2", 8, json!({})));
+    api.put_pod(replica("b", "rs-b", 1, true, on("n2")));
+    settle(&mut scheduler, &mut t).await;
+    // An 8-GPU and a 6-GPU member: n1 must be emptied, and a fits beside b on n2 with six
+    // GPUs still free there.
+    api.put_group(group("g", 2, 60));
+    let member = json!({"metadata": {"labels": {"gpuplace.io/pod-group": "g"}}});
+    api.put_pod(pod("g-0", 8, member.clone()));
+    api.put_pod(pod("g-1", 6, member));
+    settle(&mut scheduler, &mut t).await;
+    assert!(deleting(&api, "a") && !deleting(&api, "b"));
+    assert_eq!(
+        messages(&api, "a", "Moved"),
+        vec!["Moved to make room for the gang of ml/g-0 (from node n1 to node n2)".to_string()]
+    );
+    let failed = messages(&api, "g-1", "FailedScheduling");
+    assert!(
+        failed
+            .iter()
+            .any(|m| m
+                .contains("defragmentation: moving 1 pod(s) to make room on node(s) n1,n2: ml/a.")),
+        "{failed:?}"
+    );
+    api.delete_pod("ml", "a");
+    api.put_pod(replica("a2", "rs-a", 1, true, json!({})));
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(bound_node(&api, "g-0").as_deref(), Some("n1"));
+    assert_eq!(bound_node(&api, "g-1").as_deref(), Some("n2"));
+    assert_eq!(bound_node(&api, "a2").as_deref(), Some("n2"));
+    assert_no_double_booking(&api);
+}

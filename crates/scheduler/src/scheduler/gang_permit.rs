@@ -246,13 +246,24 @@ impl<A: ClusterApi> Scheduler<A> {
         let present = bound + members.len() as u32;
         let mut preemption = None;
         if present >= min_member {
-            let outcome = self
+            let mut outcome = self
                 .preempt_gang(snapshot, view, members, domains, report)
                 .await;
+            if matches!(outcome, Outcome::NoVictims(_))
+                && self.config.defrag.mode.makes_room()
+                && let Some(moving) = self
+                    .make_room_gang(snapshot, view, members, domains, report)
+                    .await
+            {
+                outcome = moving;
+            }
             for (pod, _) in members {
                 self.cluster.nominations.restore(&pod.key.uid, snapshot);
             }
-            if matches!(outcome, Outcome::Nominated { .. } | Outcome::Waiting) {
+            if matches!(
+                outcome,
+                Outcome::Nominated { .. } | Outcome::Moving { .. } | Outcome::Waiting
+            ) {
                 let reason = format!(
                     "pod group {}: only {} of {min_member} members fit at once",
                     gang.id,
@@ -260,7 +271,7 @@ impl<A: ClusterApi> Scheduler<A> {
                 );
                 let message = outcome.message(&sentence(&reason), snapshot.nodes.len());
                 report.waiting_gangs += 1;
-                if matches!(outcome, Outcome::Nominated { .. }) {
+                if matches!(outcome, Outcome::Nominated { .. } | Outcome::Moving { .. }) {
                     for (pod, _) in members {
                         self.events
                             .emit(&pod.key, "Warning", "FailedScheduling", message.clone());

@@ -109,26 +109,7 @@ impl<A: ClusterApi> Scheduler<A> {
         let Some(plan) = plan else {
             return Made::Nothing;
         };
-        let moves: Vec<PlannedMove> = plan
-            .moves
-            .iter()
-            .map(|m| {
-                let h = &set.movables.candidates.holders[m.holder];
-                let inventory = snapshot.state.inventory(m.to);
-                let p = &set.pods[m.holder];
-                PlannedMove {
-                    pod: Arc::clone(p),
-                    from: snapshot.state.inventory(h.node).name.clone(),
-                    to: inventory.name.clone(),
-                    request: h.request.clone(),
-                    gpus: m
-                        .gpus
-                        .iter()
-                        .map(|&(g, milli)| (inventory.gpus[g].id.clone(), milli))
-                        .collect(),
-                }
-            })
-            .collect();
+        let moves = planned_moves(snapshot, &set, &plan);
         let place = &plan.placements[0];
         let inventory = snapshot.state.inventory(place.node);
         let node = inventory.name.clone();
@@ -223,6 +204,152 @@ impl<A: ClusterApi> Scheduler<A> {
         }
         moved
     }
+}
+
+impl<A: ClusterApi> Scheduler<A> {
+    /// Make-room for a gang whose waiting `members` fit nowhere at once and for which no
+    /// preemption exists: every member planned within one of `domains` (largest first),
+    /// the moves started and every member nominated to its place; `None` when no plan.
+    pub(super) async fn make_room_gang(
+        &mut self,
+        snapshot: &mut Snapshot,
+        view: &ClusterView,
+        members: &[(&Arc<PodInfo>, Verdicts)],
+        domains: &[Option<Vec<bool>>],
+        report: &mut RoundReport,
+    ) -> Option<super::post_filter::Outcome> {
+        let masks = self.member_masks(snapshot, members);
+        let demands: Vec<&crate::k8s::demand::PodDemand> = members
+            .iter()
+            .map(|(p, _)| p.demand.as_ref().ok())
+            .collect::<Option<_>>()?;
+        let mut order: Vec<usize> = (0..members.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(demands[i].request.total_gpu_milli()));
+        let reservations = &self.cluster.reservations;
+        let promised = self.cluster.nominations.victims();
+        let skip = |uid: &str| {
+            (!reservations.is_empty() && reservations.contains(uid)) || promised.contains(uid)
+        };
+        let rules = Eligibility {
+            min_age: self.config.defrag.min_age,
+            now: k8s_openapi::jiff::Timestamp::now(),
+            skip: &skip,
+        };
+        let profile = Profile {
+            volumes: &self.volumes,
+        };
+        let set = movable_set(snapshot, view, &profile, &rules);
+        if set.movables.units() == 0 {
+            return None;
+        }
+        let limits = Limits {
+            max_pods: self.config.defrag.max_moves,
+            max_milli: u64::MAX,
+        };
+        let mut trial = snapshot.state.clone();
+        let mut best: Option<defrag::RoomPlan> = None;
+        for domain in domains {
+            let within: Vec<Vec<bool>> = order
+                .iter()
+                .map(|&i| {
+                    let mut m = masks[i].clone().unwrap_or_default();
+                    if let Some(d) = domain {
+                        m.iter_mut().zip(d).for_each(|(a, b)| *a &= *b);
+                    }
+                    m
+                })
+                .collect();
+            let asks: Vec<(&gpuplace_model::Request, Option<&[bool]>)> = order
+                .iter()
+                .zip(&within)
+                .map(|(&i, m)| (&demands[i].request, Some(m.as_slice())))
+                .collect();
+            let plan = defrag::make_room_for_all(
+                &mut self.placer,
+                &mut trial,
+                &asks,
+                &set.movables,
+                limits,
+            );
+            if let Some(plan) = plan
+                && best.as_ref().is_none_or(|b| plan.cost < b.cost)
+            {
+                best = Some(plan);
+            }
+        }
+        let plan = best?;
+        let moves = planned_moves(snapshot, &set, &plan);
+        let places: Vec<(usize, String, Vec<(String, u32)>)> = order
+            .iter()
+            .zip(&plan.placements)
+            .map(|(&i, p)| {
+                let inventory = snapshot.state.inventory(p.node);
+                let gpus = p
+                    .gpus
+                    .iter()
+                    .map(|&(g, m)| (inventory.gpus[g].id.clone(), m))
+                    .collect();
+                (i, inventory.name.clone(), gpus)
+            })
+            .collect();
+        drop(set);
+        let first = &members[order[0]].0.key;
+        let why = format!("Moved to make room for the gang of {first}");
+        let moved = self.start_moves(Some(first), &why, &moves).await;
+        if moved.is_empty() {
+            return None;
+        }
+        report.preempted += moved.len();
+        for (i, node, gpus) in &places {
+            let (pod, _) = &members[*i];
+            self.cluster.nominations.insert(Nomination {
+                key: pod.key.clone(),
+                priority: pod.priority,
+                node: node.clone(),
+                request: demands[*i].request.clone(),
+                gpus: gpus.clone(),
+                extended: demands[*i].extended.clone(),
+                victims: moved.clone(),
+            });
+            self.cluster.nominations.restore(&pod.key.uid, snapshot);
+            if self.gate.is_open()
+                && let Err(e) = self.api.nominate(&pod.key, Some(node)).await
+            {
+                tracing::info!(pod = %pod.key, error = %e, "nominatedNodeName not written");
+            }
+        }
+        let nodes: std::collections::BTreeSet<&str> =
+            places.iter().map(|(_, n, _)| n.as_str()).collect();
+        let node = nodes.into_iter().collect::<Vec<_>>().join(",");
+        tracing::info!(gang = %first, %node, moved = moved.len(), "making room for a gang");
+        Some(super::post_filter::Outcome::Moving { node, moved })
+    }
+}
+
+/// The plan's moves with names: pod, from, to, GPU IDs.
+fn planned_moves(
+    snapshot: &Snapshot,
+    set: &super::defrag::MovableSet<'_>,
+    plan: &defrag::RoomPlan,
+) -> Vec<PlannedMove> {
+    plan.moves
+        .iter()
+        .map(|m| {
+            let h = &set.movables.candidates.holders[m.holder];
+            let inventory = snapshot.state.inventory(m.to);
+            PlannedMove {
+                pod: Arc::clone(&set.pods[m.holder]),
+                from: snapshot.state.inventory(h.node).name.clone(),
+                to: inventory.name.clone(),
+                request: h.request.clone(),
+                gpus: m
+                    .gpus
+                    .iter()
+                    .map(|&(g, milli)| (inventory.gpus[g].id.clone(), milli))
+                    .collect(),
+            }
+        })
+        .collect()
 }
 
 /// One move as planned: the pod, where it is and where its replacement goes.

@@ -41,6 +41,8 @@ pub(super) enum Outcome {
     NoVictims(usize),
     /// Victims evicted; nominated to the node.
     Nominated { node: String, victims: Vec<PodKey> },
+    /// Pods that opted in are moving out of the way (a gang's make-room); nominated.
+    Moving { node: String, moved: Vec<PodKey> },
 }
 
 impl Outcome {
@@ -61,6 +63,11 @@ impl Outcome {
                 "{failure} preemption: nominated node {node}; preempting {} pod(s) of lower priority: {}.",
                 victims.len(),
                 victim_list(victims)
+            ),
+            Outcome::Moving { node, moved } => format!(
+                "{failure} defragmentation: moving {} pod(s) to make room on node(s) {node}: {}.",
+                moved.len(),
+                victim_list(moved)
             ),
         }
     }
@@ -283,7 +290,7 @@ impl<A: ClusterApi> Scheduler<A> {
     }
 
     /// Each member's filter mask over every node (`None`: its filters reject everything).
-    fn member_masks(
+    pub(super) fn member_masks(
         &self,
         snapshot: &Snapshot,
         members: &[(&Arc<PodInfo>, Verdicts)],

@@ -82,7 +82,18 @@ impl<A: ClusterApi> Scheduler<A> {
             || self.cluster.reservations.any_gone(view);
         let nodes_changed = super::cluster_cache::nodes_differ(&self.seen.nodes, &nodes);
         let volumes = crate::framework::volumes::digest(&view.claims, &view.volumes);
-        if nodes_changed || groups != self.seen.groups || freed || volumes != self.seen.volumes {
+        let budgets: Vec<String> = view
+            .budgets
+            .iter()
+            .map(|b| b.metadata.resource_version.clone().unwrap_or_default())
+            .collect();
+        let budgets_changed = self.config.defrag.mode.makes_room() && budgets != self.seen.budgets;
+        if nodes_changed
+            || groups != self.seen.groups
+            || freed
+            || volumes != self.seen.volumes
+            || budgets_changed
+        {
             self.queue.wake_all();
         }
         self.seen = Seen {
@@ -91,6 +102,7 @@ impl<A: ClusterApi> Scheduler<A> {
             active,
             groups,
             volumes,
+            budgets,
         };
     }
 
