@@ -279,17 +279,20 @@ impl<A: ClusterApi> Scheduler<A> {
         }
         let plan = best?;
         let moves = planned_moves(snapshot, &set, &plan);
-        let places: Vec<(usize, String, Vec<(String, u32)>)> = order
+        let places: Vec<MemberPlace> = order
             .iter()
             .zip(&plan.placements)
             .map(|(&i, p)| {
                 let inventory = snapshot.state.inventory(p.node);
-                let gpus = p
-                    .gpus
-                    .iter()
-                    .map(|&(g, m)| (inventory.gpus[g].id.clone(), m))
-                    .collect();
-                (i, inventory.name.clone(), gpus)
+                MemberPlace {
+                    member: i,
+                    node: inventory.name.clone(),
+                    gpus: p
+                        .gpus
+                        .iter()
+                        .map(|&(g, m)| (inventory.gpus[g].id.clone(), m))
+                        .collect(),
+                }
             })
             .collect();
         drop(set);
@@ -300,7 +303,12 @@ impl<A: ClusterApi> Scheduler<A> {
             return None;
         }
         report.preempted += moved.len();
-        for (i, node, gpus) in &places {
+        for MemberPlace {
+            member: i,
+            node,
+            gpus,
+        } in &places
+        {
             let (pod, _) = &members[*i];
             self.cluster.nominations.insert(Nomination {
                 key: pod.key.clone(),
@@ -319,11 +327,18 @@ impl<A: ClusterApi> Scheduler<A> {
             }
         }
         let nodes: std::collections::BTreeSet<&str> =
-            places.iter().map(|(_, n, _)| n.as_str()).collect();
+            places.iter().map(|p| p.node.as_str()).collect();
         let node = nodes.into_iter().collect::<Vec<_>>().join(",");
         tracing::info!(gang = %first, %node, moved = moved.len(), "making room for a gang");
         Some(super::post_filter::Outcome::Moving { node, moved })
     }
+}
+
+/// Where a gang member goes: its index, the node, GPU IDs and milli.
+struct MemberPlace {
+    member: usize,
+    node: String,
+    gpus: Vec<(String, u32)>,
 }
 
 /// The plan's moves with names: pod, from, to, GPU IDs.
