@@ -19,6 +19,12 @@ pub struct ResultLabel {
     pub result: String,
 }
 
+/// Why defragmentation moved a pod: `make-room` or `rebalance`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
+}
+
 /// Everything the scheduler exports.
 #[derive(Clone)]
 pub struct Metrics {
@@ -35,6 +41,8 @@ pub struct Metrics {
     pub events_dropped: Gauge,
     /// Pods evicted by preemption.
     pub preempted: Counter,
+    /// Pods moved by defragmentation, by reason.
+    pub defrag_moves: Family<ReasonLabel, Counter>,
     /// Preemptors waiting for their victims.
     pub nominated: Gauge,
     /// Duration of one preemption search (candidates, victim search, plan).
@@ -87,6 +95,7 @@ impl Default for Metrics {
             reservations: Gauge::default(),
             events_dropped: Gauge::default(),
             preempted: Counter::default(),
+            defrag_moves: Family::default(),
             nominated: Gauge::default(),
             preemption_search_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
         }
@@ -148,6 +157,11 @@ impl Metrics {
             self.preempted.clone(),
         );
         r.register(
+            "defrag_moves",
+            "Pods moved by defragmentation (evicted through the Eviction API, their replacements steered), by reason",
+            self.defrag_moves.clone(),
+        );
+        r.register(
             "nominated_pods",
             "Preemptors waiting for their victims to terminate",
             self.nominated.clone(),
@@ -173,6 +187,15 @@ impl Metrics {
                 .inc_by(n as u64);
         }
         self.preempted.inc_by(report.preempted as u64);
+        for (reason, n) in [("make-room", report.made_room), ("rebalance", report.moved)] {
+            if n > 0 {
+                self.defrag_moves
+                    .get_or_create(&ReasonLabel {
+                        reason: reason.into(),
+                    })
+                    .inc_by(n as u64);
+            }
+        }
         for search in &report.preemption_searches {
             self.preemption_search_seconds.observe(search.as_secs_f64());
         }

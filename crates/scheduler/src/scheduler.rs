@@ -96,8 +96,10 @@ pub struct RoundReport {
     /// Bindings the server accepted.
     pub bound: usize,
     pub unschedulable: usize,
-    /// Pods evicted by preemption (and moved to make room).
+    /// Pods evicted by preemption.
     pub preempted: usize,
+    /// Pods moved to make room for a pod or gang.
+    pub made_room: usize,
     /// Pods moved by rebalancing.
     pub moved: usize,
     /// Preemptors waiting for their victims to go (nominations held).

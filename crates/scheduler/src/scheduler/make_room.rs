@@ -26,7 +26,8 @@ use crate::snapshot::Snapshot;
 pub(super) enum Made {
     /// Pods moved (evicted, their places planned); the pod is nominated to `node`.
     Moving { node: String, moved: Vec<PodKey> },
-    /// A plan was found but a disruption budget refused the first eviction.
+    /// Only a disruption budget stands in the way (found when planning, or the first
+    /// eviction was refused).
     Blocked(String),
     /// No plan: nothing that may move makes room.
     Nothing,
@@ -41,9 +42,7 @@ impl Made {
                 moved.len(),
                 victim_list(moved)
             )),
-            Made::Blocked(why) => Some(format!(
-                "defragmentation: a disruption budget refused the move ({why})."
-            )),
+            Made::Blocked(why) => Some(format!("defragmentation: {why}.")),
             Made::Nothing => None,
         }
     }
@@ -107,6 +106,26 @@ impl<A: ClusterApi> Scheduler<A> {
         );
         self.preemption_times.push(started.elapsed());
         let Some(plan) = plan else {
+            // Say so when only a budget stands in the way.
+            if set.movables.candidates.budgets.iter().any(|&b| b < 1) {
+                let mut unbounded = set.movables.clone();
+                unbounded.candidates.budgets.fill(i32::MAX);
+                let mut trial = snapshot.state.clone();
+                if defrag::make_room(
+                    &mut self.placer,
+                    &mut trial,
+                    &demand.request,
+                    mask.as_deref(),
+                    &unbounded,
+                    limits,
+                )
+                .is_some()
+                {
+                    return Made::Blocked(
+                        "the pods in the way are covered by a PodDisruptionBudget that allows no disruption now".into(),
+                    );
+                }
+            }
             return Made::Nothing;
         };
         let moves = planned_moves(snapshot, &set, &plan);
@@ -122,9 +141,10 @@ impl<A: ClusterApi> Scheduler<A> {
         let why = format!("Moved to make room for {}", pod.key);
         let moved = self.start_moves(Some(&pod.key), &why, &moves).await;
         if moved.is_empty() {
-            return Made::Blocked(self.last_move_error.take().unwrap_or_default());
+            let why = self.last_move_error.take().unwrap_or_default();
+            return Made::Blocked(format!("the eviction was refused ({why})"));
         }
-        report.preempted += moved.len();
+        report.made_room += moved.len();
         self.cluster.nominations.insert(Nomination {
             key: pod.key.clone(),
             priority: pod.priority,
@@ -302,7 +322,7 @@ impl<A: ClusterApi> Scheduler<A> {
         if moved.is_empty() {
             return None;
         }
-        report.preempted += moved.len();
+        report.made_room += moved.len();
         for MemberPlace {
             member: i,
             node,
