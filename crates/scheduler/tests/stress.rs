@@ -46,6 +46,13 @@ struct Driver {
     deleted_pending: usize,
     finished: usize,
     peak_pending: usize,
+    /// Movable pods (owned by a ReplicaSet, opted in) and what their controller makes
+    /// again when one is evicted.
+    movable: HashMap<String, serde_json::Value>,
+    /// Pods the driver itself deleted gracefully.
+    terminating: std::collections::HashSet<String>,
+    /// Movable pods evicted by the scheduler (moved, or preempted) and made again.
+    replaced: usize,
 }
 
 fn gpu_pod(name: &str, containers: &[u32], milli: Option<u32>, priority: i32) -> serde_json::Value {
@@ -113,7 +120,17 @@ impl Driver {
                 }
                 _ => {
                     let gpus = [1, 1, 1, 2, 2, 4, 8][self.rng.random_range(0..7)];
-                    gpu_pod(&name, &[gpus], None, priority)
+                    let mut v = gpu_pod(&name, &[gpus], None, priority);
+                    // A third are a ReplicaSet's pods that may move.
+                    if gpus < 8 && self.rng.random_range(0..3) == 0 {
+                        v["metadata"]["labels"] =
+                            json!({"gpuplace.io/movable": "true", "app": format!("rs-{id}")});
+                        v["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1",
+                            "kind": "ReplicaSet", "name": format!("rs-{id}"),
+                            "uid": format!("rs-{id}-uid"), "controller": true}]);
+                        self.movable.insert(name.clone(), v.clone());
+                    }
+                    v
                 }
             };
             self.api.put_pod(serde_json::from_value(v).unwrap());
@@ -132,6 +149,20 @@ impl Driver {
                 .as_ref()
                 .and_then(|s| s.node_name.as_ref())
                 .is_some();
+            if pod.metadata.deletion_timestamp.is_some()
+                && !self.terminating.contains(&name)
+                && let Some(template) = self.movable.remove(&name)
+            {
+                // Evicted by the scheduler: it terminates, and its ReplicaSet makes another.
+                self.api.delete_pod("ml", &name);
+                let again = format!("{name}r");
+                let mut v = template;
+                v["metadata"]["name"] = json!(again);
+                self.api.put_pod(serde_json::from_value(v.clone()).unwrap());
+                self.movable.insert(again, v);
+                self.replaced += 1;
+                continue;
+            }
             if !bound {
                 pending += 1;
                 if cancel && !name.starts_with('g') && self.rng.random_range(0..1000) < 2 {
@@ -152,6 +183,7 @@ impl Driver {
             } else {
                 // Terminating for a while: it still holds its GPUs.
                 self.api.delete_pod_gracefully("ml", &name);
+                self.terminating.insert(name.clone());
                 self.ends.insert(name, now + Duration::from_secs(1));
             }
         }
@@ -209,6 +241,12 @@ fn config(seed: u64) -> SchedulerConfig {
     SchedulerConfig {
         seed,
         max_in_flight: 16,
+        // Moves to make room and to rebalance, on pods of any age (no kubelet starts them).
+        defrag: gpuplace_scheduler::scheduler::defrag::DefragConfig {
+            mode: gpuplace_scheduler::scheduler::defrag::DefragMode::All,
+            min_age: Duration::ZERO,
+            ..Default::default()
+        },
         ..common::config()
     }
 }
@@ -219,6 +257,9 @@ struct Tally {
     assumed: usize,
     bound: usize,
     refused: usize,
+    preempted: usize,
+    made_room: usize,
+    moved: usize,
     timings: gpuplace_scheduler::RoundTimings,
 }
 
@@ -228,6 +269,9 @@ impl Tally {
         self.assumed += r.assumed;
         self.bound += r.bound;
         self.refused += r.conflicts;
+        self.preempted += r.preempted;
+        self.made_room += r.made_room;
+        self.moved += r.moved;
         let t = &mut self.timings;
         t.view += r.timings.view;
         t.snapshot += r.timings.snapshot;
@@ -266,6 +310,9 @@ async fn ten_thousand_pods_through_lag_faults_a_restart_and_a_leader_change() {
         deleted_pending: 0,
         finished: 0,
         peak_pending: 0,
+        movable: HashMap::new(),
+        terminating: Default::default(),
+        replaced: 0,
     };
     let clock = tokio::time::Instant::now();
     let wall = Instant::now();
@@ -365,11 +412,15 @@ async fn ten_thousand_pods_through_lag_faults_a_restart_and_a_leader_change() {
         api.requests(),
         clock.elapsed(),
     );
+    println!(
+        "defragmentation: {} moved to make room, {} rebalanced, {} preempted; {} movable pods evicted and made again by their ReplicaSet",
+        tally.made_room, tally.moved, tally.preempted, driver.replaced
+    );
     assert_eq!(partly, 0);
     assert_eq!(driver.pending(), 0, "every pod bound");
     assert_eq!(
         api.bindings().len(),
-        driver.created - driver.deleted_pending,
+        driver.created + driver.replaced - driver.deleted_pending,
         "each pod bound exactly once"
     );
 }
