@@ -5,6 +5,8 @@
 #
 # A Deployment of movable 1-GPU pods is placed so that each quad holds one of them (no linked
 # quad is free), then a 4-GPU pod requiring NVLink arrives:
+#   0. with the pod left to another scheduler, `gpuplace defrag --plan` prints the move it
+#      would take, and nothing moves;
 #   1. with a PodDisruptionBudget of maxUnavailable 0 on the Deployment: nothing moves, the pod
 #      stays Pending and says why;
 #   2. without it: the fewest pods move (one), its replacement runs where planned, the 4-GPU
@@ -29,15 +31,15 @@ cleanup() {
 }
 trap cleanup EXIT
 
-pod() { # NAME GPUS [nvlink]
-  local topo=""
+pod() { # NAME GPUS [nvlink] [SCHEDULER]
+  local topo="" sched=${4:-$SCHED}
   [[ ${3:-} == nvlink ]] && topo="annotations: {gpuplace.io/topology: nvlink}"
   kubectl apply -f - >/dev/null <<YAML
 apiVersion: v1
 kind: Pod
 metadata: {name: $1, namespace: default, labels: {app: defrag-check}, $topo}
 spec:
-  schedulerName: $SCHED
+  schedulerName: $sched
   nodeSelector: {kubernetes.io/hostname: $NODE}
   hostNetwork: true
   automountServiceAccountToken: false
@@ -92,6 +94,12 @@ kubectl delete pod rest-b --grace-period=1 >/dev/null; wait_until 60 gone rest-b
 echo "movable pods (GPU indexes, recorded / kubelet):"
 for p in $(kubectl get pods -l app=mov -o name); do p=${p#pod/}; echo "  $p: $(recorded "$p") / $(kubelet "$p")"; done
 
+# --- 0. the dry run, for a 4-GPU NVLink pod that is about to wait ---------------------------
+pod big 4 nvlink nobody
+sleep 3
+echo "gpuplace defrag --plan:"; "$GPUPLACE" defrag --plan --min-age 0s | sed 's/^/  /'
+kubectl delete pod big --grace-period=1 >/dev/null; wait_until 60 gone big
+
 # --- 1. a budget that allows no disruption: nothing moves ---------------------------------
 kubectl apply -f - >/dev/null <<YAML
 apiVersion: policy/v1
@@ -101,6 +109,7 @@ spec: {maxUnavailable: 0, selector: {matchLabels: {app: mov}}}
 YAML
 sleep 3
 before=$(kubectl get pods -l app=mov -o jsonpath='{.items[*].metadata.uid}')
+names=$(kubectl get pods -l app=mov -o jsonpath='{.items[*].metadata.name}')
 pod big 4 nvlink
 sleep 15
 after=$(kubectl get pods -l app=mov -o jsonpath='{.items[*].metadata.uid}')
@@ -116,7 +125,8 @@ kubectl delete pdb keep-mov >/dev/null
 wait_until 120 running big
 t1=$(date +%s.%N)
 wait_until 60 mov_running 2
-moved=$(kubectl get events --field-selector reason=Moved -o jsonpath='{range .items[*]}{.involvedObject.name}: {.message}{"\n"}{end}')
+moved=$(kubectl get events --field-selector reason=Moved -o jsonpath='{range .items[*]}{.involvedObject.name}: {.message}{"\n"}{end}' \
+  | grep -E "^($(tr ' ' '|' <<<"$names")):" || true)   # this run's pods (Events of earlier runs stay an hour)
 echo "moves:"; sed 's/^/  /' <<<"$moved"
 echo "big runs $(python3 -c "print(f'{$t1 - $t0:.1f}')") s after the budget went"
 bad=0
