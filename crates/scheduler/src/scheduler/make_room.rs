@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use gpuplace_core::defrag::{self, Limits};
 
-use super::defrag::{Eligibility, Steer, movable_set};
+use super::defrag::{Eligibility, MovableSet, Steer, movable_set};
 use super::preempt::{Nomination, victim_list};
 use super::{RoundReport, Scheduler};
 use crate::api::{ApiError, ClusterApi, ClusterView, PodKey};
@@ -76,19 +76,9 @@ impl<A: ClusterApi> Scheduler<A> {
         };
         let mask = filtered.mask().map(<[bool]>::to_vec);
         let started = std::time::Instant::now();
-        let reservations = &self.cluster.reservations;
-        let promised = self.cluster.nominations.victims();
-        let skip = |uid: &str| {
-            (!reservations.is_empty() && reservations.contains(uid)) || promised.contains(uid)
-        };
-        let rules = Eligibility {
-            min_age: self.config.defrag.min_age,
-            now: k8s_openapi::jiff::Timestamp::now(),
-            skip: &skip,
-        };
         // A plan is tried on a copy (the snapshot's holders are borrowed by the movables).
         let mut trial = snapshot.state.clone();
-        let set = movable_set(snapshot, view, &profile, &rules);
+        let set = self.movable_now(snapshot, view, &|_| false);
         if set.movables.units() == 0 {
             return Made::Nothing;
         }
@@ -128,7 +118,7 @@ impl<A: ClusterApi> Scheduler<A> {
             }
             return Made::Nothing;
         };
-        let moves = planned_moves(snapshot, &set, &plan);
+        let moves = planned_moves(snapshot, &set, &plan.moves);
         let place = &plan.placements[0];
         let inventory = snapshot.state.inventory(place.node);
         let node = inventory.name.clone();
@@ -227,6 +217,32 @@ impl<A: ClusterApi> Scheduler<A> {
 }
 
 impl<A: ClusterApi> Scheduler<A> {
+    /// The pods that may move now: the round's reserved pods, victims promised to a
+    /// preemptor and the pods `also` names aside.
+    pub(super) fn movable_now<'s>(
+        &self,
+        snapshot: &'s Snapshot,
+        view: &ClusterView,
+        also: &dyn Fn(&str) -> bool,
+    ) -> MovableSet<'s> {
+        let reservations = &self.cluster.reservations;
+        let promised = self.cluster.nominations.victims();
+        let skip = |uid: &str| {
+            (!reservations.is_empty() && reservations.contains(uid))
+                || promised.contains(uid)
+                || also(uid)
+        };
+        let rules = Eligibility {
+            min_age: self.config.defrag.min_age,
+            now: k8s_openapi::jiff::Timestamp::now(),
+            skip: &skip,
+        };
+        let profile = Profile {
+            volumes: &self.volumes,
+        };
+        movable_set(snapshot, view, &profile, &rules)
+    }
+
     /// Make-room for a gang whose waiting `members` fit nowhere at once and for which no
     /// preemption exists: every member planned within one of `domains` (largest first),
     /// the moves started and every member nominated to its place; `None` when no plan.
@@ -245,20 +261,7 @@ impl<A: ClusterApi> Scheduler<A> {
             .collect::<Option<_>>()?;
         let mut order: Vec<usize> = (0..members.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(demands[i].request.total_gpu_milli()));
-        let reservations = &self.cluster.reservations;
-        let promised = self.cluster.nominations.victims();
-        let skip = |uid: &str| {
-            (!reservations.is_empty() && reservations.contains(uid)) || promised.contains(uid)
-        };
-        let rules = Eligibility {
-            min_age: self.config.defrag.min_age,
-            now: k8s_openapi::jiff::Timestamp::now(),
-            skip: &skip,
-        };
-        let profile = Profile {
-            volumes: &self.volumes,
-        };
-        let set = movable_set(snapshot, view, &profile, &rules);
+        let set = self.movable_now(snapshot, view, &|_| false);
         if set.movables.units() == 0 {
             return None;
         }
@@ -298,7 +301,7 @@ impl<A: ClusterApi> Scheduler<A> {
             }
         }
         let plan = best?;
-        let moves = planned_moves(snapshot, &set, &plan);
+        let moves = planned_moves(snapshot, &set, &plan.moves);
         let places: Vec<MemberPlace> = order
             .iter()
             .zip(&plan.placements)
@@ -361,13 +364,13 @@ struct MemberPlace {
     gpus: Vec<(String, u32)>,
 }
 
-/// The plan's moves with names: pod, from, to, GPU IDs.
-fn planned_moves(
+/// `moves` (of pods of `set`) with names: pod, from, to, GPU IDs.
+pub(super) fn planned_moves(
     snapshot: &Snapshot,
-    set: &super::defrag::MovableSet<'_>,
-    plan: &defrag::RoomPlan,
+    set: &MovableSet<'_>,
+    moves: &[defrag::Move],
 ) -> Vec<PlannedMove> {
-    plan.moves
+    moves
         .iter()
         .map(|m| {
             let h = &set.movables.candidates.holders[m.holder];

@@ -12,11 +12,9 @@ use std::time::{Duration, Instant};
 use gpuplace_core::defrag::{self, Limits};
 use gpuplace_core::{Placer, Policy};
 
-use super::defrag::{Eligibility, movable_set};
-use super::make_room::PlannedMove;
+use super::make_room::{PlannedMove, planned_moves};
 use super::{RoundReport, Scheduler};
 use crate::api::{ClusterApi, ClusterView};
-use crate::framework::Profile;
 use crate::snapshot::Snapshot;
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -71,7 +69,7 @@ impl<A: ClusterApi> Scheduler<A> {
         if budget == 0 || room == 0 {
             return;
         }
-        let moves = self.plan_rebalance(snapshot, view, &cfg, room, budget);
+        let moves = self.plan_rebalance(snapshot, view, room, budget);
         if moves.is_empty() {
             return;
         }
@@ -89,59 +87,28 @@ impl<A: ClusterApi> Scheduler<A> {
         tracing::info!(moved = moved.len(), "rebalancing");
     }
 
+    /// At most `room` moves and `budget` milli-GPU, none of a controller moved lately.
     fn plan_rebalance(
         &self,
         snapshot: &Snapshot,
         view: &ClusterView,
-        cfg: &super::defrag::DefragConfig,
         room: usize,
         budget: u64,
     ) -> Vec<PlannedMove> {
-        let profile = Profile {
-            volumes: &self.volumes,
-        };
-        let reservations = &self.cluster.reservations;
-        let promised = self.cluster.nominations.victims();
         let owners = &self.rebalancing.owners;
         let owner_of: HashMap<&str, &str> = view
             .pods
             .iter()
             .filter_map(|p| Some((p.key.uid.as_str(), p.controller.as_ref()?.uid.as_str())))
             .collect();
-        let skip = |uid: &str| {
-            (!reservations.is_empty() && reservations.contains(uid))
-                || promised.contains(uid)
-                || owner_of.get(uid).is_some_and(|o| owners.contains_key(*o))
-        };
-        let rules = Eligibility {
-            min_age: cfg.min_age,
-            now: k8s_openapi::jiff::Timestamp::now(),
-            skip: &skip,
-        };
-        let set = movable_set(snapshot, view, &profile, &rules);
+        let moved_lately = |uid: &str| owner_of.get(uid).is_some_and(|o| owners.contains_key(*o));
+        let set = self.movable_now(snapshot, view, &moved_lately);
         let mut fgd = Placer::new(Policy::Fgd, self.config.seed);
         let limits = Limits {
             max_pods: room,
             max_milli: budget,
         };
         let plan = defrag::rebalance(&mut fgd, &snapshot.state, &set.movables, limits, 1000.0);
-        plan.moves
-            .iter()
-            .map(|m| {
-                let h = &set.movables.candidates.holders[m.holder];
-                let inventory = snapshot.state.inventory(m.to);
-                PlannedMove {
-                    pod: std::sync::Arc::clone(&set.pods[m.holder]),
-                    from: snapshot.state.inventory(h.node).name.clone(),
-                    to: inventory.name.clone(),
-                    request: h.request.clone(),
-                    gpus: m
-                        .gpus
-                        .iter()
-                        .map(|&(g, milli)| (inventory.gpus[g].id.clone(), milli))
-                        .collect(),
-                }
-            })
-            .collect()
+        planned_moves(snapshot, &set, &plan.moves)
     }
 }
