@@ -391,6 +391,69 @@ fn allowed_nodes(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    fn pod(name: &str, owner: Option<&str>) -> PodInfo {
+        let mut v = json!({
+            "metadata": {"name": name, "namespace": "ml", "uid": format!("{name}-uid")},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+        });
+        if let Some(o) = owner {
+            v["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1",
+                "kind": "ReplicaSet", "name": o, "uid": o, "controller": true}]);
+        }
+        PodInfo::from_pod(&serde_json::from_value(v).unwrap(), "nvidia.com/gpu")
+    }
+
+    #[test]
+    fn a_planned_place_is_held_until_the_replacement_takes_it() {
+        let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(json!({
+            "metadata": {"name": "n1"},
+            "status": {"allocatable": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "4"}}
+        }))
+        .unwrap();
+        let mut snapshot = crate::snapshot::build(&[Arc::new(node)], &[], "nvidia.com/gpu");
+        let gpu = snapshot.state.inventory(0).gpus[2].id.clone();
+        let replacement = pod("a2", Some("rs"));
+        let request = replacement.demand.as_ref().unwrap().request.clone();
+        let mut steers = Steers::default();
+        let now = Instant::now();
+        steers.push(Steer {
+            moved: pod("a", Some("rs")).key,
+            owner: "rs".into(),
+            request,
+            node: "n1".into(),
+            gpus: vec![(gpu, 1000)],
+            extended: BTreeMap::new(),
+            for_pod: None,
+            since: now,
+        });
+        steers.hold(&mut snapshot, now, Duration::from_secs(300));
+        assert_eq!(snapshot.state.node(0).gpu_free, vec![1000, 1000, 0, 1000]);
+        // Another controller's pod, or a bare one, is not the replacement.
+        assert!(
+            steers
+                .take_for(&pod("b", Some("other")), &mut snapshot)
+                .is_none()
+        );
+        assert!(steers.take_for(&pod("c", None), &mut snapshot).is_none());
+        let steer = steers
+            .take_for(&replacement, &mut snapshot)
+            .expect("steered");
+        assert_eq!(steer.node, "n1");
+        assert_eq!(snapshot.state.node(0).gpu_free, vec![1000; 4]);
+        assert!(steers.is_empty());
+        // Unclaimed, a place is given up after the time to live.
+        steers.restore(steer, &mut snapshot);
+        steers.release_all(&mut snapshot);
+        steers.hold(
+            &mut snapshot,
+            now + Duration::from_secs(301),
+            Duration::from_secs(300),
+        );
+        assert!(steers.is_empty());
+        assert_eq!(snapshot.state.node(0).gpu_free, vec![1000; 4]);
+    }
 
     #[test]
     fn durations_read_as_kubernetes_writes_them() {

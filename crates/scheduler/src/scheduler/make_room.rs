@@ -198,7 +198,13 @@ impl<A: ClusterApi> Scheduler<A> {
             self.steers.push(Steer {
                 moved: key.clone(),
                 owner: owner.uid.clone(),
-                request: m.request.clone(),
+                // The replacement asks what the pod asked (the held request may be
+                // clamped on an over-committed node).
+                request: m
+                    .pod
+                    .demand
+                    .as_ref()
+                    .map_or_else(|_| m.request.clone(), |d| d.request.clone()),
                 node: m.to.clone(),
                 gpus: m.gpus.clone(),
                 extended: m
