@@ -76,12 +76,12 @@ impl<A: ClusterApi> Scheduler<A> {
         };
         let mask = filtered.mask().map(<[bool]>::to_vec);
         let started = std::time::Instant::now();
-        // A plan is tried on a copy (the snapshot's holders are borrowed by the movables).
-        let mut trial = snapshot.state.clone();
         let set = self.movable_now(snapshot, view, &|_| false);
         if set.movables.units() == 0 {
             return Made::Nothing;
         }
+        // A plan is tried on a copy (the snapshot's holders are borrowed by the movables).
+        let mut trial = snapshot.state.clone();
         let limits = Limits {
             max_pods: self.config.defrag.max_moves,
             max_milli: u64::MAX,
