@@ -8,6 +8,7 @@
 mod classes;
 pub mod defrag;
 mod devices;
+pub mod fairshare;
 mod fit;
 mod frag;
 mod gaps;
