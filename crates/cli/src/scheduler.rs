@@ -307,13 +307,18 @@ async fn serve(
     Ok(app::serve(client, config, options, observed, shutdown).await?)
 }
 
-/// `gpuplace crd`: the PodGroup CustomResourceDefinition as YAML.
+/// `gpuplace crd`: the PodGroup and Queue CustomResourceDefinitions as YAML, one document
+/// each (`kubectl apply -f -` takes both).
 pub fn print_crd() -> anyhow::Result<()> {
-    let crd = gpuplace_scheduler::k8s::gang::crd_json();
-    print!(
-        "{}",
-        serde_saphyr::to_string(&crd).map_err(|e| anyhow::anyhow!("{e}"))?
-    );
+    let crds = [
+        gpuplace_scheduler::k8s::gang::crd_json(),
+        gpuplace_scheduler::k8s::queue::crd_json(),
+    ];
+    let mut docs = Vec::new();
+    for crd in &crds {
+        docs.push(serde_saphyr::to_string(crd).map_err(|e| anyhow::anyhow!("{e}"))?);
+    }
+    print!("{}", docs.join("---\n"));
     Ok(())
 }
 

@@ -3,7 +3,7 @@
 use assert_cmd::Command;
 
 #[test]
-fn crd_prints_the_podgroup_definition() {
+fn crd_prints_the_podgroup_and_queue_definitions() {
     let out = Command::cargo_bin("gpuplace")
         .unwrap()
         .arg("crd")
@@ -16,15 +16,20 @@ fn crd_prints_the_podgroup_definition() {
     );
     assert!(text.contains("name: podgroups.gpuplace.io"));
     assert!(text.contains("minMember"));
-    // The committed manifest is what the command prints.
-    let committed = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../deploy/base/crd/podgroup-crd.yaml"
-    ))
-    .unwrap();
+    assert!(text.contains("name: queues.gpuplace.io"));
+    assert!(text.contains("scope: Cluster"));
+    // The committed manifests are what the command prints, one document each.
+    let read = |file: &str| {
+        std::fs::read_to_string(format!(
+            "{}/../../deploy/base/crd/{file}",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap()
+    };
+    let committed = format!("{}---\n{}", read("podgroup-crd.yaml"), read("queue-crd.yaml"));
     assert_eq!(
         text, committed,
-        "regenerate deploy/base/crd/podgroup-crd.yaml with `gpuplace crd`"
+        "regenerate deploy/base/crd/podgroup-crd.yaml and queue-crd.yaml with `gpuplace crd`"
     );
 }
 

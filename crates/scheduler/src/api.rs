@@ -8,7 +8,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 
 use crate::k8s::pod_info::PodInfo;
@@ -48,6 +48,10 @@ pub struct ClusterView {
     pub volumes: Vec<Arc<PersistentVolume>>,
     /// PodDisruptionBudgets (policy/v1), which preemption tries not to break.
     pub budgets: Vec<Arc<PodDisruptionBudget>>,
+    /// Queues (`queues.gpuplace.io`; none when the CRD is not installed).
+    pub queues: Vec<Arc<crate::k8s::queue::Queue>>,
+    /// Namespaces (stripped to their name and the default-queue annotation).
+    pub namespaces: Vec<Arc<Namespace>>,
     /// Grows with every watch event the view reflects: equal generations, equal views.
     pub generation: u64,
 }
@@ -200,6 +204,23 @@ pub trait ClusterApi: Clone + Send + Sync + 'static {
         &self,
         pod: &PodKey,
         node: Option<&str>,
+    ) -> impl Future<Output = Result<(), ApiError>> + Send;
+
+    /// Writes a queue's status.
+    fn queue_status(
+        &self,
+        name: &str,
+        status: crate::k8s::queue::QueueStatus,
+    ) -> impl Future<Output = Result<(), ApiError>> + Send;
+
+    /// Records an Event about a queue (a cluster-scoped object: the Event goes to the
+    /// `default` namespace, as kube does for Nodes).
+    fn queue_event(
+        &self,
+        queue: &str,
+        kind: &str,
+        reason: &str,
+        message: &str,
     ) -> impl Future<Output = Result<(), ApiError>> + Send;
 
     /// Writes a pod group's status.

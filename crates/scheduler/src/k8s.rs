@@ -15,5 +15,6 @@ pub mod need;
 pub mod pod_info;
 pub mod pod_store;
 pub mod pod_terms;
+pub mod queue;
 pub mod rate;
 pub mod status_read;

@@ -184,6 +184,22 @@ impl ClusterApi for Meddling {
     ) -> Result<(), ApiError> {
         self.inner.group_status(ns, name, s).await
     }
+    async fn queue_status(
+        &self,
+        name: &str,
+        s: gpuplace_scheduler::k8s::queue::QueueStatus,
+    ) -> Result<(), ApiError> {
+        self.inner.queue_status(name, s).await
+    }
+    async fn queue_event(
+        &self,
+        queue: &str,
+        kind: &str,
+        reason: &str,
+        message: &str,
+    ) -> Result<(), ApiError> {
+        self.inner.queue_event(queue, kind, reason, message).await
+    }
 }
 
 #[tokio::test]

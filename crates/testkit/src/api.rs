@@ -18,6 +18,7 @@
 mod cluster_api;
 mod costs;
 mod objects;
+mod queues;
 mod watches;
 
 use std::collections::{BTreeMap, HashMap};
@@ -43,6 +44,10 @@ pub(super) struct Store {
     claims: BTreeMap<(String, String), Arc<PersistentVolumeClaim>>,
     volumes: BTreeMap<String, Arc<PersistentVolume>>,
     budgets: BTreeMap<(String, String), Arc<PodDisruptionBudget>>,
+    queues: BTreeMap<String, Arc<gpuplace_scheduler::k8s::queue::Queue>>,
+    namespaces: BTreeMap<String, Arc<k8s_openapi::api::core::v1::Namespace>>,
+    /// Events about queues: (queue, type, reason, note).
+    queue_events: Vec<(String, String, String, String)>,
     events: Vec<EventRecord>,
     bindings: Vec<(PodKey, String)>,
     /// Faults to inject: the next N binds fail with a conflict.
@@ -91,6 +96,9 @@ impl Default for Store {
             claims: BTreeMap::new(),
             volumes: BTreeMap::new(),
             budgets: BTreeMap::new(),
+            queues: BTreeMap::new(),
+            namespaces: BTreeMap::new(),
+            queue_events: Vec::new(),
             events: Vec::new(),
             bindings: Vec::new(),
             fail_binds: 0,

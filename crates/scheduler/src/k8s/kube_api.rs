@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{
-    Binding, Node, ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod,
+    Binding, Namespace, Node, ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod,
 };
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -29,6 +29,7 @@ use crate::api::{
 use crate::k8s::pod_store::PodStore;
 
 use crate::k8s::gang::{PodGroup, PodGroupStatus};
+use crate::k8s::queue::{DEFAULT_QUEUE_ANNOTATION, Queue, QueueStatus};
 
 mod watch;
 pub use watch::{WatchLog, WatchNote, is_missing_resource};
@@ -46,6 +47,8 @@ pub struct KubeApi {
     claims: Store<PersistentVolumeClaim>,
     volumes: Store<PersistentVolume>,
     budgets: Store<PodDisruptionBudget>,
+    queues: Store<Queue>,
+    namespaces: Store<Namespace>,
     recorder: Recorder,
     /// Counts watch events of all three caches: the view's generation.
     changes: Changes,
@@ -107,6 +110,41 @@ pub(crate) fn strip_node(node: &mut Node) {
         status.daemon_endpoints = None;
         status.config = None;
     }
+}
+
+/// Keeps of a Namespace only its name and the default-queue annotation.
+fn strip_namespace(ns: &mut Namespace) {
+    ns.metadata.managed_fields = None;
+    ns.metadata.labels = None;
+    if let Some(annotations) = ns.metadata.annotations.as_mut() {
+        annotations.retain(|k, _| k == DEFAULT_QUEUE_ANNOTATION);
+    }
+    ns.spec = None;
+    ns.status = None;
+}
+
+/// A queue matters by its spec: the scheduler's own status writes wake no round.
+fn queue_fingerprint(q: &Queue) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    q.metadata.name.hash(&mut h);
+    serde_json::to_string(&q.spec)
+        .unwrap_or_default()
+        .hash(&mut h);
+    h.finish()
+}
+
+/// A namespace matters only by its default queue: other changes wake nobody.
+fn namespace_fingerprint(ns: &Namespace) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    ns.metadata.name.hash(&mut h);
+    ns.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(DEFAULT_QUEUE_ANNOTATION))
+        .hash(&mut h);
+    h.finish()
 }
 
 fn run_pod_cache(
@@ -193,6 +231,20 @@ impl KubeApi {
             changes.clone(),
             Some(budget_fingerprint),
         );
+        let queues = run_reflector(
+            Api::<Queue>::all(client.clone()),
+            |q| q.metadata.managed_fields = None,
+            "queues disabled until the Queue CRD is installed: `gpuplace crd | kubectl apply -f -`",
+            changes.clone(),
+            Some(queue_fingerprint),
+        );
+        let namespaces = run_reflector(
+            Api::<Namespace>::all(client.clone()),
+            strip_namespace,
+            "namespaces cannot be listed (RBAC?): their default queues are not known",
+            changes.clone(),
+            Some(namespace_fingerprint),
+        );
         nodes
             .wait_until_ready()
             .await
@@ -223,6 +275,8 @@ impl KubeApi {
             claims,
             volumes,
             budgets,
+            queues,
+            namespaces,
             changes,
             limit: None,
         })
@@ -258,6 +312,8 @@ impl ClusterApi for KubeApi {
             claims: self.claims.state(),
             volumes: self.volumes.state(),
             budgets: self.budgets.state(),
+            queues: self.queues.state(),
+            namespaces: self.namespaces.state(),
             generation,
         })
     }
@@ -286,6 +342,8 @@ impl ClusterApi for KubeApi {
                 claims: self.claims.state(),
                 volumes: self.volumes.state(),
                 budgets: self.budgets.state(),
+                queues: self.queues.state(),
+                namespaces: self.namespaces.state(),
                 generation,
             },
             feed,
@@ -452,6 +510,50 @@ impl ClusterApi for KubeApi {
         .await
         .map(|_| ())
         .map_err(api_error)
+    }
+
+    async fn queue_status(&self, name: &str, status: QueueStatus) -> Result<(), ApiError> {
+        self.throttle().await;
+        let api = Api::<Queue>::all(self.client.clone());
+        api.patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": status})),
+        )
+        .await
+        .map(|_| ())
+        .map_err(api_error)
+    }
+
+    async fn queue_event(
+        &self,
+        queue: &str,
+        kind: &str,
+        reason: &str,
+        message: &str,
+    ) -> Result<(), ApiError> {
+        self.throttle().await;
+        let reference = ObjectReference {
+            api_version: Some("gpuplace.io/v1alpha1".into()),
+            kind: Some("Queue".into()),
+            name: Some(queue.to_string()),
+            ..Default::default()
+        };
+        let record = Event {
+            type_: if kind == "Warning" {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.to_string(),
+            note: Some(truncate_bytes(message, MAX_NOTE_BYTES).to_string()),
+            action: "Validating".into(),
+            secondary: None,
+        };
+        self.recorder
+            .publish(&record, &reference)
+            .await
+            .map_err(api_error)
     }
 
     async fn group_status(

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use gpuplace_scheduler::api::{BindRequest, FedView, PodState};
 use gpuplace_scheduler::k8s::gang::PodGroupStatus;
+use gpuplace_scheduler::k8s::queue::QueueStatus;
 use gpuplace_scheduler::{ApiError, ClusterApi, ClusterView, EventRecord, PodKey};
 
 use super::costs::{Fault, validate_annotations};
@@ -22,6 +23,8 @@ impl ClusterApi for MemoryApi {
             claims: s.claims.values().cloned().collect(),
             volumes: s.volumes.values().cloned().collect(),
             budgets: s.budgets.values().cloned().collect(),
+            queues: s.queues.values().cloned().collect(),
+            namespaces: s.namespaces.values().cloned().collect(),
             generation: s.generation,
         })
     }
@@ -48,6 +51,8 @@ impl ClusterApi for MemoryApi {
                 claims: s.claims.values().cloned().collect(),
                 volumes: s.volumes.values().cloned().collect(),
                 budgets: s.budgets.values().cloned().collect(),
+                queues: s.queues.values().cloned().collect(),
+                namespaces: s.namespaces.values().cloned().collect(),
                 generation: s.generation,
             },
             feed,
@@ -246,6 +251,28 @@ impl ClusterApi for MemoryApi {
         drop(s);
         self.pod_version.send_replace(v);
         Ok(())
+    }
+
+    async fn queue_status(&self, name: &str, status: QueueStatus) -> Result<(), ApiError> {
+        let (_permit, fault) = self.charge().await;
+        if fault.is_some() {
+            return Err(ApiError::Other("injected 500".into()));
+        }
+        self.write_queue_status(name, status)
+    }
+
+    async fn queue_event(
+        &self,
+        queue: &str,
+        kind: &str,
+        reason: &str,
+        message: &str,
+    ) -> Result<(), ApiError> {
+        let (_permit, fault) = self.charge().await;
+        if fault.is_some() {
+            return Err(ApiError::Other("injected 500".into()));
+        }
+        self.record_queue_event(queue, kind, reason, message)
     }
 
     async fn group_status(
