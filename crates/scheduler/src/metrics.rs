@@ -25,6 +25,14 @@ pub struct ReasonLabel {
     pub reason: String,
 }
 
+/// A queue's name.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QueueLabel {
+    pub queue: String,
+}
+
+type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
+
 /// Everything the scheduler exports.
 #[derive(Clone)]
 pub struct Metrics {
@@ -47,6 +55,12 @@ pub struct Metrics {
     pub nominated: Gauge,
     /// Duration of one preemption search (candidates, victim search, plan).
     pub preemption_search_seconds: Histogram,
+    /// Per queue: GPUs held, guaranteed, its fair share, pods waiting, pods reclaimed.
+    pub queue_allocated_gpus: Family<QueueLabel, FloatGauge>,
+    pub queue_guaranteed_gpus: Family<QueueLabel, FloatGauge>,
+    pub queue_fair_share_gpus: Family<QueueLabel, FloatGauge>,
+    pub queue_pending_pods: Family<QueueLabel, Gauge>,
+    pub queue_reclaimed_pods: Family<QueueLabel, Counter>,
 }
 
 /// What `/readyz` and `/healthz` answer: ready once the caches are synced (standbys too,
@@ -98,6 +112,11 @@ impl Default for Metrics {
             defrag_moves: Family::default(),
             nominated: Gauge::default(),
             preemption_search_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
+            queue_allocated_gpus: Family::default(),
+            queue_guaranteed_gpus: Family::default(),
+            queue_fair_share_gpus: Family::default(),
+            queue_pending_pods: Family::default(),
+            queue_reclaimed_pods: Family::default(),
         }
     }
 }
@@ -171,6 +190,32 @@ impl Metrics {
             "Duration of one preemption search (candidates, victim search, plan)",
             self.preemption_search_seconds.clone(),
         );
+        let q = registry.sub_registry_with_prefix("gpuplace_queue");
+        q.register(
+            "allocated_gpus",
+            "GPUs held by a queue's pods and its children's (shares as fractions)",
+            self.queue_allocated_gpus.clone(),
+        );
+        q.register(
+            "guaranteed_gpus",
+            "GPUs guaranteed to a queue",
+            self.queue_guaranteed_gpus.clone(),
+        );
+        q.register(
+            "fair_share_gpus",
+            "A queue's fair share of the GPUs now (guarantee, then its weight's part of the rest, as far as asked)",
+            self.queue_fair_share_gpus.clone(),
+        );
+        q.register(
+            "pending_pods",
+            "Pods waiting in a queue and its children",
+            self.queue_pending_pods.clone(),
+        );
+        q.register(
+            "reclaimed_pods",
+            "Pods of a queue preempted to give other queues their guarantee",
+            self.queue_reclaimed_pods.clone(),
+        );
     }
 
     /// Records one round.
@@ -195,6 +240,31 @@ impl Metrics {
                     })
                     .inc_by(n as u64);
             }
+        }
+        for (queue, n) in &report.reclaimed {
+            self.queue_reclaimed_pods
+                .get_or_create(&QueueLabel {
+                    queue: queue.clone(),
+                })
+                .inc_by(*n as u64);
+        }
+        for f in &report.queues {
+            let label = QueueLabel {
+                queue: f.name.clone(),
+            };
+            let gpus = |milli: u64| milli as f64 / 1000.0;
+            self.queue_allocated_gpus
+                .get_or_create(&label)
+                .set(gpus(f.allocated[0]));
+            self.queue_guaranteed_gpus
+                .get_or_create(&label)
+                .set(gpus(f.guaranteed[0]));
+            self.queue_fair_share_gpus
+                .get_or_create(&label)
+                .set(gpus(f.fair_share[0]));
+            self.queue_pending_pods
+                .get_or_create(&label)
+                .set(i64::from(f.pending_pods));
         }
         for search in &report.preemption_searches {
             self.preemption_search_seconds.observe(search.as_secs_f64());

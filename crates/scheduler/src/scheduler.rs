@@ -13,6 +13,7 @@ pub(crate) mod bind;
 pub(crate) mod cluster_cache;
 pub mod defrag;
 pub(crate) mod events;
+mod fair_round;
 mod gang_permit;
 mod gang_status;
 mod gangs;
@@ -20,7 +21,10 @@ mod make_room;
 pub(crate) mod pod_index;
 mod post_filter;
 pub mod preempt;
+mod queue_status;
+pub mod queues;
 mod rebalance;
+mod reclaim;
 mod round;
 pub mod run;
 
@@ -31,6 +35,7 @@ use gpuplace_core::{Placer, Policy};
 
 pub use assume::{Reservation, Reservations};
 pub use bind::{WriteFailure, WriteOutcome};
+pub use fair_round::QueueFigures;
 pub use gpuplace_core::queue::QueueConfig;
 
 /// The scheduling queue's attempt state, by pod UID (see [`gpuplace_core::queue`]).
@@ -115,6 +120,10 @@ pub struct RoundReport {
     pub fragmentation_milli: u64,
     /// Where the round's time went.
     pub timings: RoundTimings,
+    /// Pods reclaimed this round, by the queue they were taken from.
+    pub reclaimed: std::collections::BTreeMap<String, usize>,
+    /// Each queue's figures after the round (empty while queues are not in use).
+    pub queues: Vec<fair_round::QueueFigures>,
     /// How long each of the round's preemption searches took (candidates, victim search
     /// and plan; not the evictions' writes).
     pub preemption_searches: Vec<Duration>,
@@ -157,6 +166,8 @@ struct Seen {
     /// Disruption budgets' resourceVersions (a budget that allows more may let a pod
     /// that waits for room make it by moving pods).
     budgets: Vec<String>,
+    /// Queues' and namespaces' resourceVersions (a limit raised, a queue created).
+    queues: Vec<String>,
 }
 
 /// The scheduler over any [`ClusterApi`].
@@ -187,6 +198,14 @@ pub struct Scheduler<A: ClusterApi> {
     /// Why the last move was refused (for the pod's message).
     last_move_error: Option<String>,
     rebalancing: rebalance::Rebalancing,
+    /// The queues as the view defines them.
+    queues: queues::Queues,
+    /// Whether this round orders units by queue (some queue is defined or named).
+    queues_in_use: bool,
+    /// Nodes the unit being decided may use (a queue's per-model limits), if narrowed.
+    narrow: Option<Vec<bool>>,
+    /// Queues' statuses as written and wanted.
+    queue_status: queue_status::StatusWriter,
 }
 
 pub use crate::clock::rfc3339;
@@ -199,6 +218,7 @@ impl<A: ClusterApi> Scheduler<A> {
 
     /// A scheduler that decides and writes only while `gate` is open.
     pub fn with_gate(api: A, config: SchedulerConfig, gate: Gate) -> Self {
+        let gpu_resource = config.gpu_resource.clone();
         let placer = crate::framework::placer(config.policy, &config.weights, config.seed);
         Scheduler {
             binder: bind::Binder::new(api.clone(), gate.clone(), config.max_in_flight),
@@ -219,6 +239,10 @@ impl<A: ClusterApi> Scheduler<A> {
             steers: defrag::Steers::default(),
             last_move_error: None,
             rebalancing: Default::default(),
+            queues: queues::Queues::new(&gpu_resource),
+            queues_in_use: false,
+            narrow: None,
+            queue_status: Default::default(),
         }
     }
 

@@ -77,6 +77,11 @@ impl Reservations {
         self.by_uid.contains_key(uid)
     }
 
+    /// Every reservation.
+    pub fn iter(&self) -> impl Iterator<Item = &Reservation> {
+        self.by_uid.values()
+    }
+
     pub fn len(&self) -> usize {
         self.by_uid.len()
     }

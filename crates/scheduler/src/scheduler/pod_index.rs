@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use gpuplace_core::fairshare::Res;
 use gpuplace_core::{ShapeCounts, TargetWorkload};
 use gpuplace_model::{Change, ObjectKey};
 
@@ -15,11 +16,29 @@ use crate::k8s::pod_info::PodInfo;
 /// The share of pods FGD's workload covers with its most popular shapes (the paper's 0.95).
 const WORKLOAD_COVERAGE: f64 = 0.95;
 
-/// Pods by namespace and name, with their shapes counted.
+/// Pods by namespace and name, with their shapes counted, and what running pods hold by
+/// namespace and queue label (queues' usage without a walk over every pod).
 #[derive(Debug, Default)]
 pub struct PodIndex {
     pods: BTreeMap<ObjectKey, Arc<PodInfo>>,
     shapes: ShapeCounts,
+    holding: BTreeMap<HolderKey, Res>,
+}
+
+/// A namespace and the queue its pods' label names (`None`: no label).
+pub type HolderKey = (String, Option<String>);
+
+/// What `pod` holds, if it is bound and running, and under which key.
+fn holding_of(pod: &PodInfo) -> Option<(HolderKey, Res)> {
+    if !pod.is_active_bound() || pod.deleting {
+        return None;
+    }
+    let demand = pod.demand.as_ref().ok()?;
+    let label = pod.labels.get(crate::k8s::queue::QUEUE_LABEL).cloned();
+    Some((
+        (pod.key.namespace.clone(), label),
+        Res::of(&demand.request, None),
+    ))
 }
 
 fn key_of(pod: &PodInfo) -> ObjectKey {
@@ -31,23 +50,51 @@ impl PodIndex {
     pub fn reset(&mut self, pods: &[Arc<PodInfo>]) {
         self.pods = pods.iter().map(|p| (key_of(p), Arc::clone(p))).collect();
         self.shapes = ShapeCounts::default();
+        self.holding.clear();
         for pod in pods {
             if let Ok(demand) = &pod.demand {
                 self.shapes.add(&demand.request);
             }
+            self.hold(pod);
         }
+    }
+
+    fn hold(&mut self, pod: &PodInfo) {
+        if let Some((key, res)) = holding_of(pod) {
+            self.holding.entry(key).or_default().add(&res);
+        }
+    }
+
+    fn unhold(&mut self, pod: &PodInfo) {
+        if let Some((key, res)) = holding_of(pod)
+            && let Some(sum) = self.holding.get_mut(&key)
+        {
+            sum.sub(&res);
+            if sum.is_zero() {
+                self.holding.remove(&key);
+            }
+        }
+    }
+
+    /// What running pods hold, by namespace and queue label.
+    pub fn holding(&self) -> &BTreeMap<HolderKey, Res> {
+        &self.holding
     }
 
     /// One pod changed.
     pub fn apply(&mut self, change: &Change<PodInfo>) {
-        if let Some(Ok(demand)) = change.before.as_ref().map(|p| &p.demand) {
-            self.shapes.remove(&demand.request);
+        if let Some(before) = &change.before {
+            if let Ok(demand) = &before.demand {
+                self.shapes.remove(&demand.request);
+            }
+            self.unhold(before);
         }
         match &change.after {
             Some(after) => {
                 if let Ok(demand) = &after.demand {
                     self.shapes.add(&demand.request);
                 }
+                self.hold(after);
                 self.pods.insert(change.key.clone(), Arc::clone(after));
             }
             None => {

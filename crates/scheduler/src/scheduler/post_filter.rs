@@ -43,6 +43,12 @@ pub(super) enum Outcome {
     Nominated { node: String, victims: Vec<PodKey> },
     /// Pods that opted in are moving out of the way (a gang's make-room); nominated.
     Moving { node: String, moved: Vec<PodKey> },
+    /// Pods of queues above their guarantee evicted for the pod's queue; nominated.
+    Reclaimed {
+        node: String,
+        victims: Vec<PodKey>,
+        queue: String,
+    },
 }
 
 impl Outcome {
@@ -61,6 +67,15 @@ impl Outcome {
             }
             Outcome::Nominated { node, victims } => format!(
                 "{failure} preemption: nominated node {node}; preempting {} pod(s) of lower priority: {}.",
+                victims.len(),
+                victim_list(victims)
+            ),
+            Outcome::Reclaimed {
+                node,
+                victims,
+                queue,
+            } => format!(
+                "{failure} reclaim: nominated node {node}; preempting {} pod(s) of queues above their guarantee to give queue {queue} its guarantee: {}.",
                 victims.len(),
                 victim_list(victims)
             ),
@@ -171,10 +186,15 @@ impl<A: ClusterApi> Scheduler<A> {
         let started = std::time::Instant::now();
         let reservations = &self.cluster.reservations;
         let promised = self.cluster.nominations.victims();
+        // With queues, priority preempts only within the pod's queue (reclaim is across).
+        let queues = &self.queues;
+        let own = self.queues_in_use.then(|| queues.of(pod).ok());
+        let same_queue = |p: &PodInfo| queues.of(p).ok() == own.flatten();
         let (cands, keys) = candidates(
             snapshot,
             view,
             pod.priority,
+            own.map(|_| &same_queue as &dyn Fn(&PodInfo) -> bool),
             &|uid| !reservations.is_empty() && reservations.contains(uid),
             &promised,
             filtered.mask(),
@@ -195,8 +215,25 @@ impl<A: ClusterApi> Scheduler<A> {
         };
         let victims = victims_of(&cands, &keys, &plan.units);
         drop(cands);
+        self.nominate_one(snapshot, pod, &demand, &plan, victims, None, report)
+            .await
+    }
+
+    /// Evicts `victims` (the plan's) and nominates `pod` to the plan's node, the devices
+    /// it will take held for it from now on. `why` ends the victims' Events.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn nominate_one(
+        &mut self,
+        snapshot: &mut Snapshot,
+        pod: &Arc<PodInfo>,
+        demand: &crate::k8s::demand::PodDemand,
+        plan: &preempt::Preemption,
+        victims: Vec<PodKey>,
+        why: Option<&str>,
+        report: &mut RoundReport,
+    ) -> Outcome {
         let node = snapshot.state.inventory(plan.node).name.clone();
-        let nomination = nomination(snapshot, pod, &demand, plan.node, &plan.gpus, &victims);
+        let nomination = nomination(snapshot, pod, demand, plan.node, &plan.gpus, &victims);
         let where_ = Self::nodes_of(snapshot, &victims.iter().collect::<Vec<_>>());
         let evicted = self
             .carry_out(
@@ -204,6 +241,7 @@ impl<A: ClusterApi> Scheduler<A> {
                 &where_,
                 &victims,
                 &[(pod.key.clone(), node.clone())],
+                why,
             )
             .await;
         report.preempted += evicted;
@@ -231,10 +269,16 @@ impl<A: ClusterApi> Scheduler<A> {
         let priority = members.iter().map(|(p, _)| p.priority).min().unwrap_or(0);
         let reservations = &self.cluster.reservations;
         let promised = self.cluster.nominations.victims();
+        let queues = &self.queues;
+        let own = self
+            .queues_in_use
+            .then(|| members.first().and_then(|(p, _)| queues.of(p).ok()));
+        let same_queue = |p: &PodInfo| queues.of(p).ok() == own.flatten();
         let (cands, keys) = candidates(
             snapshot,
             view,
             priority,
+            own.map(|_| &same_queue as &dyn Fn(&PodInfo) -> bool),
             &|uid| !reservations.is_empty() && reservations.contains(uid),
             &promised,
             None,
@@ -338,7 +382,7 @@ impl<A: ClusterApi> Scheduler<A> {
         }
         let where_ = Self::nodes_of(snapshot, &victims.iter().collect::<Vec<_>>());
         let by = &members[plan.order[0]].0.key;
-        let evicted = self.carry_out(by, &where_, &victims, &nominate).await;
+        let evicted = self.carry_out(by, &where_, &victims, &nominate, None).await;
         report.preempted += evicted;
         for n in noms {
             let uid = n.key.uid.clone();
@@ -429,13 +473,17 @@ impl<A: ClusterApi> Scheduler<A> {
         node_of_victims: &HashMap<String, String>,
         victims: &[PodKey],
         nominate: &[(PodKey, String)],
+        why: Option<&str>,
     ) -> usize {
         if !self.gate.is_open() {
             return 0;
         }
         let evictions = victims.iter().map(|v| {
             let node = node_of_victims.get(&v.uid).cloned().unwrap_or_default();
-            let message = format!("Preempted by {by} on node {node}");
+            let message = match why {
+                Some(why) => format!("Preempted by {by} on node {node} {why}"),
+                None => format!("Preempted by {by} on node {node}"),
+            };
             let api = self.api.clone();
             async move { (v, api.evict(v, &message).await, message) }
         });

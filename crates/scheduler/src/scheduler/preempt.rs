@@ -176,8 +176,9 @@ pub(super) fn hold_planned(snapshot: &mut Snapshot, key: String, p: &Planned<'_>
     );
 }
 
-/// The candidates for a preemptor of `priority` on the nodes `allowed` lets it use: units
-/// of lower priority (a gang only when every member is a candidate), pods of lower
+/// The candidates for a preemptor of `priority` on the nodes `allowed` lets it use (and,
+/// with `only`, among the pods it accepts: the preemptor's queue, or the queues reclaim may
+/// take from): units of lower priority (a gang only when every member is a candidate), pods of lower
 /// priority already terminating (free at no cost), the budgets. `reserved` pods (decided,
 /// Binding in flight) and victims already promised to another preemptor are neither.
 /// Returns the candidates (borrowing what the state holds) and the pod of each holder.
@@ -185,6 +186,7 @@ pub fn candidates<'a>(
     snapshot: &'a Snapshot,
     view: &ClusterView,
     priority: i32,
+    only: Option<&dyn Fn(&PodInfo) -> bool>,
     reserved: &dyn Fn(&str) -> bool,
     promised: &HashSet<&str>,
     allowed: Option<&[bool]>,
@@ -208,7 +210,10 @@ pub fn candidates<'a>(
         if allowed.is_some_and(|m| !m.get(n).copied().unwrap_or(false)) {
             continue;
         }
-        for pod in list.iter().filter(|p| p.priority < priority) {
+        for pod in list
+            .iter()
+            .filter(|p| p.priority < priority && only.is_none_or(|f| f(p)))
+        {
             let uid = pod.key.uid.as_str();
             let Some(held) = snapshot.held.get(uid) else {
                 continue;
@@ -229,7 +234,8 @@ pub fn candidates<'a>(
                     if !gangs.insert((pod.key.namespace.as_str(), group.as_str())) {
                         continue;
                     }
-                    let Some(members) = gang_members(snapshot, view, pod, priority, &skip) else {
+                    let Some(members) = gang_members(snapshot, view, pod, priority, only, &skip)
+                    else {
                         continue;
                     };
                     let top = members.iter().map(|(p, _)| p.priority).max().unwrap_or(0);
@@ -249,6 +255,7 @@ fn gang_members<'a>(
     view: &ClusterView,
     member: &PodInfo,
     priority: i32,
+    only: Option<&dyn Fn(&PodInfo) -> bool>,
     skip: &dyn Fn(&str) -> bool,
 ) -> Option<Vec<(Arc<PodInfo>, &'a Held)>> {
     let mut out = Vec::new();
@@ -257,7 +264,7 @@ fn gang_members<'a>(
     }) {
         let uid = p.key.uid.as_str();
         let held = snapshot.held.get(uid)?;
-        if p.priority >= priority || p.deleting || skip(uid) {
+        if p.priority >= priority || p.deleting || skip(uid) || only.is_some_and(|f| !f(p)) {
             return None;
         }
         out.push((Arc::clone(p), held));

@@ -13,6 +13,8 @@ use tracing::{debug, info, warn};
 
 use super::bind::{WriteFailure, WriteOutcome};
 use super::cluster_cache::Brought;
+pub(super) use super::fair_round::Order;
+use super::reclaim::Fair;
 use super::{RoundReport, RoundTimings, Scheduler, Seen};
 use crate::api::{ApiError, BindRequest, ClusterApi, ClusterView, PodFeed, PodKey};
 use crate::framework::filter::{VerdictCache, Verdicts, explain};
@@ -22,12 +24,20 @@ use crate::k8s::pod_info::PodInfo;
 use crate::snapshot::Snapshot;
 
 /// What the queue orders: one pod, or a gang (decided as one unit).
-enum Unit<'a> {
+pub(super) enum Unit<'a> {
     Single(&'a Arc<PodInfo>),
     Gang((String, String), Vec<&'a Arc<PodInfo>>),
 }
 
-impl Unit<'_> {
+impl<'a> Unit<'a> {
+    /// Its pods.
+    pub(super) fn pods(&self) -> Vec<&'a Arc<PodInfo>> {
+        match self {
+            Unit::Single(p) => vec![*p],
+            Unit::Gang(_, members) => members.clone(),
+        }
+    }
+
     /// Priority (highest member's for a gang), then creation time, then name.
     fn order(&self) -> (Reverse<i32>, Option<Timestamp>, String) {
         match self {
@@ -88,11 +98,30 @@ impl<A: ClusterApi> Scheduler<A> {
             .map(|b| b.metadata.resource_version.clone().unwrap_or_default())
             .collect();
         let budgets_changed = self.config.defrag.mode.makes_room() && budgets != self.seen.budgets;
+        // Specs and namespaces' defaults, not resourceVersions: the status this scheduler
+        // writes on a queue wakes nobody.
+        let queues: Vec<String> = view
+            .queues
+            .iter()
+            .map(|q| {
+                let spec = serde_json::to_string(&q.spec).unwrap_or_default();
+                format!("{:?}={spec}", q.metadata.name)
+            })
+            .chain(view.namespaces.iter().map(|n| {
+                let default = n
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(crate::k8s::queue::DEFAULT_QUEUE_ANNOTATION));
+                format!("{:?}={default:?}", n.metadata.name)
+            }))
+            .collect();
         if nodes_changed
             || groups != self.seen.groups
             || freed
             || volumes != self.seen.volumes
             || budgets_changed
+            || queues != self.seen.queues
         {
             self.queue.wake_all();
         }
@@ -103,6 +132,7 @@ impl<A: ClusterApi> Scheduler<A> {
             groups,
             volumes,
             budgets,
+            queues,
         };
     }
 
@@ -111,6 +141,7 @@ impl<A: ClusterApi> Scheduler<A> {
         let mut report = self.take_finished_writes(now).await;
         if self.is_idle(now) {
             report.idle = true;
+            self.flush_queue_statuses(now).await;
             return Ok(report);
         }
         debug!(
@@ -146,12 +177,25 @@ impl<A: ClusterApi> Scheduler<A> {
         };
         self.queue.retain(|uid| waiting_uids.contains(uid.as_str()));
         let units = self.units(&waiting, now);
+        self.queues.refresh(&view);
+        self.queues_in_use = self.queues.in_use(&view, &waiting);
         report.timings.snapshot = started.elapsed();
-        self.decide_units(&mut snapshot, &view, units, now, &mut report)
-            .await;
+        if self.queues_in_use {
+            self.decide_fairly(&mut snapshot, &view, &waiting, units, now, &mut report)
+                .await;
+        } else {
+            let order = Order::Plain(units.into_iter());
+            self.decide_units(&mut snapshot, &view, order, now, &mut report)
+                .await;
+        }
         report.pending = waiting.len().saturating_sub(report.assumed);
         self.rebalance(&snapshot, &view, now, &mut report).await;
         self.finish_round(snapshot, &mut report);
+        if self.queues_in_use {
+            let stamp = crate::clock::rfc3339(std::time::SystemTime::now());
+            self.queue_status.want(&report.queues, &view, &stamp);
+            self.flush_queue_statuses(now).await;
+        }
         Ok(report)
     }
 
@@ -191,27 +235,37 @@ impl<A: ClusterApi> Scheduler<A> {
 
     /// Each unit in queue order: a pod through the profile, core and reserve (or
     /// post-filter); a gang through the gang stage. Stops when leadership is lost.
-    async fn decide_units(
+    pub(super) async fn decide_units<'a>(
         &mut self,
         snapshot: &mut Snapshot,
         view: &ClusterView,
-        units: Vec<Unit<'_>>,
+        mut order: Order<'_, '_, 'a>,
         now: Instant,
         report: &mut RoundReport,
     ) {
         let mut verdicts = VerdictCache::default();
-        for unit in units {
+        while let Some((queue, unit)) = order.next() {
             if !self.gate.is_open() {
                 // Leadership lost mid-round: stop deciding at once.
                 self.dirty = true;
                 break;
+            }
+            let pods = unit.pods();
+            if let Some(q) = queue
+                && !self.within_limit(snapshot, &mut order, q, &pods, now, report)
+            {
+                continue;
             }
             match unit {
                 Unit::Single(pod) => {
                     let started = Instant::now();
                     let v = verdicts.get(snapshot, pod);
                     report.timings.filter += started.elapsed();
-                    self.schedule_one(snapshot, view, &v, pod, now, report)
+                    let fair = match (&mut order, queue) {
+                        (Order::Fair(picker), Some(queue)) => Some(Fair { picker, queue }),
+                        _ => None,
+                    };
+                    self.schedule_one(snapshot, view, &v, pod, fair, now, report)
                         .await;
                 }
                 Unit::Gang((namespace, group), members) => {
@@ -224,6 +278,10 @@ impl<A: ClusterApi> Scheduler<A> {
                         .await;
                     report.timings.gangs += started.elapsed();
                 }
+            }
+            self.narrow = None;
+            if let (Order::Fair(picker), Some(q)) = (&mut order, queue) {
+                self.account(snapshot, picker, q, &pods);
             }
         }
     }
@@ -299,7 +357,19 @@ impl<A: ClusterApi> Scheduler<A> {
             m.iter_mut().enumerate().for_each(|(i, a)| *a &= i == n);
             m
         });
-        let mask = steered.as_deref().or(filtered.mask());
+        // A queue's per-model limits narrow the nodes.
+        let narrowed: Option<Vec<bool>> = self.narrow.as_ref().map(|narrow| {
+            let mut m = steered
+                .clone()
+                .or_else(|| filtered.mask().map(<[bool]>::to_vec))
+                .unwrap_or_else(|| vec![true; snapshot.nodes.len()]);
+            m.iter_mut().zip(narrow).for_each(|(a, n)| *a &= *n);
+            m
+        });
+        let mask = narrowed
+            .as_deref()
+            .or(steered.as_deref())
+            .or(filtered.mask());
         let choice = self.placer.choose(&snapshot.state, &demand.request, mask);
         timings.core += decided.elapsed();
         choice.map(|d| (demand, d)).map_err(|why| {
@@ -312,12 +382,14 @@ impl<A: ClusterApi> Scheduler<A> {
         })
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn schedule_one(
         &mut self,
         snapshot: &mut Snapshot,
         view: &ClusterView,
         verdicts: &Verdicts,
         pod: &Arc<PodInfo>,
+        fair: Option<Fair<'_, '_, Unit<'_>>>,
         now: Instant,
         report: &mut RoundReport,
     ) {
@@ -354,6 +426,14 @@ impl<A: ClusterApi> Scheduler<A> {
                 let outcome = self
                     .preempt_one(snapshot, view, verdicts, pod, report)
                     .await;
+                let mut outcome = outcome;
+                if let (super::post_filter::Outcome::NoVictims(_), Some(fair)) = (&outcome, fair)
+                    && let Some(reclaimed) = self
+                        .reclaim_one(snapshot, view, verdicts, pod, fair, report)
+                        .await
+                {
+                    outcome = reclaimed;
+                }
                 let mut message = outcome.message(&message, snapshot.nodes.len());
                 if matches!(outcome, super::post_filter::Outcome::NoVictims(_))
                     && self.config.defrag.mode.makes_room()

@@ -1,0 +1,194 @@
+//! A round with queues: units served in the queues' fair order, each checked against its
+//! queue's limits (per GPU model too) before it is decided, what it takes counted at once
+//! so the next unit is ordered by the allocations as they now stand; the queues' figures
+//! (allocated, fair share, pending, reclaimed) handed to the round's report.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use gpuplace_core::fairshare::{DIMS, Picker, QueueTree, Res};
+
+use super::queues::{Standing, asked};
+use super::round::Unit;
+use super::{RoundReport, Scheduler};
+use crate::api::{ClusterApi, ClusterView};
+use crate::k8s::pod_info::PodInfo;
+use crate::snapshot::Snapshot;
+
+/// The order units are decided in: as sorted (no queues), or by the queues' picker.
+pub(crate) enum Order<'p, 't, 'a> {
+    Plain(std::vec::IntoIter<Unit<'a>>),
+    Fair(&'p mut Picker<'t, Unit<'a>>),
+}
+
+impl<'a> Order<'_, '_, 'a> {
+    /// The next unit, with its queue when queues order them.
+    pub(crate) fn next(&mut self) -> Option<(Option<usize>, Unit<'a>)> {
+        match self {
+            Order::Plain(units) => units.next().map(|u| (None, u)),
+            Order::Fair(picker) => picker.pop().map(|(q, u)| (Some(q), u)),
+        }
+    }
+}
+
+/// One queue's figures after a round.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct QueueFigures {
+    pub name: String,
+    /// Held by its pods and its children's (GPU milli, CPU milli, memory MiB).
+    pub allocated: [u64; DIMS],
+    pub guaranteed: [u64; DIMS],
+    pub fair_share: [u64; DIMS],
+    /// Asked for by its waiting pods.
+    pub pending: [u64; DIMS],
+    pub pending_pods: u32,
+    /// `None` when it serves pods; else why not.
+    pub problem: Option<String>,
+    pub limit: [Option<u64>; DIMS],
+}
+
+impl<A: ClusterApi> Scheduler<A> {
+    /// Decides the round's units in the queues' fair order; units whose queue is missing or
+    /// cannot take pods are told why and wait.
+    pub(super) async fn decide_fairly<'a>(
+        &mut self,
+        snapshot: &mut Snapshot,
+        view: &ClusterView,
+        waiting: &[&'a Arc<PodInfo>],
+        units: Vec<Unit<'a>>,
+        now: Instant,
+        report: &mut RoundReport,
+    ) {
+        let tree = self.queues.tree();
+        let nominations = &self.cluster.nominations;
+        let standing = Standing::measure(&self.queues, snapshot, waiting, &|uid| {
+            nominations.get(uid).is_some()
+        });
+        let (fair, mut picker) = standing.picker::<Unit<'a>>(&tree);
+        let mut refused = Vec::new();
+        for unit in units {
+            // A gang belongs to its first member's queue.
+            let first = unit.pods()[0];
+            match self.queues.of(first) {
+                Ok(q) => picker.push(q, unit),
+                Err(e) => refused.push((unit.pods(), e)),
+            }
+        }
+        for (pods, why) in refused {
+            let message = format!("{why}; the pod waits until it can be served.");
+            self.refuse(&pods, message, now, report);
+        }
+        self.decide_units(snapshot, view, Order::Fair(&mut picker), now, report)
+            .await;
+        report.queues = figures(&tree, &standing, &fair, picker.allocations(), &self.queues);
+    }
+
+    /// Whether `pods` fit under their queue's limits; if not they are told so and wait.
+    /// With per-model limits, the nodes whose model has no room left are set aside.
+    pub(super) fn within_limit(
+        &mut self,
+        snapshot: &Snapshot,
+        order: &mut Order<'_, '_, '_>,
+        q: usize,
+        pods: &[&Arc<PodInfo>],
+        now: Instant,
+        report: &mut RoundReport,
+    ) -> bool {
+        let Order::Fair(picker) = order else {
+            return true;
+        };
+        let want = asked(pods);
+        if let Some(hit) = picker.limit_hit(q, &want) {
+            self.refuse(
+                pods,
+                format!("0/{} nodes are available: {hit}.", snapshot.nodes.len()),
+                now,
+                report,
+            );
+            return false;
+        }
+        if picker.has_model_limits() && want.dims[0] > 0 {
+            let mask: Vec<bool> = (0..snapshot.state.len())
+                .map(|n| {
+                    let model = snapshot.state.inventory(n).gpu_model();
+                    picker
+                        .model_room(q, model)
+                        .is_none_or(|room| room >= want.dims[0])
+                })
+                .collect();
+            self.narrow = Some(mask);
+        }
+        true
+    }
+
+    /// Counts what `pods` now hold (those reserved this round) in their queue.
+    pub(super) fn account(
+        &self,
+        snapshot: &Snapshot,
+        picker: &mut Picker<'_, Unit<'_>>,
+        q: usize,
+        pods: &[&Arc<PodInfo>],
+    ) {
+        for p in pods {
+            if !self.cluster.reservations.contains(&p.key.uid) {
+                continue;
+            }
+            if let Some(h) = snapshot.held.get(&p.key.uid) {
+                let model = snapshot.state.inventory(h.node).gpu_model();
+                picker.placed(q, &Res::of(&h.request, Some(model)));
+            }
+        }
+    }
+
+    /// `pods` wait: a FailedScheduling Event with `message`, parked until the cluster
+    /// changes.
+    pub(super) fn refuse(
+        &mut self,
+        pods: &[&Arc<PodInfo>],
+        message: String,
+        now: Instant,
+        report: &mut RoundReport,
+    ) {
+        for p in pods {
+            report.unschedulable += 1;
+            self.queue.unschedulable(&p.key.uid, now);
+            self.events
+                .emit(&p.key, "Warning", "FailedScheduling", message.clone());
+        }
+    }
+}
+
+fn figures(
+    tree: &QueueTree,
+    standing: &Standing,
+    fair: &[[u64; DIMS]],
+    alloc: &[Res],
+    queues: &super::queues::Queues,
+) -> Vec<QueueFigures> {
+    let problems = queues.problems();
+    let mut pending = vec![[0u64; DIMS]; tree.len()];
+    let mut pending_pods = vec![0u32; tree.len()];
+    for q in 1..tree.len() {
+        for a in tree.path(q) {
+            for (sum, asked) in pending[a].iter_mut().zip(standing.pending[q].dims) {
+                *sum += asked;
+            }
+            pending_pods[a] += standing.pending_pods[q];
+        }
+    }
+    (1..tree.len())
+        .map(|q| {
+            let spec = &tree.nodes[q].spec;
+            QueueFigures {
+                name: spec.name.clone(),
+                allocated: alloc[q].dims,
+                guaranteed: std::array::from_fn(|d| spec.guaranteed.floor(d)),
+                fair_share: fair[q],
+                pending: pending[q],
+                pending_pods: pending_pods[q],
+                problem: problems.get(&spec.name).cloned(),
+                limit: spec.limit.dims,
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,142 @@
+//! Queues' status on the server: what each queue holds, waits for, its fair share and
+//! what it borrows, and whether it is valid (`Valid` `False` with why, and one Warning
+//! Event `Rejected` on the queue each time its problem changes). Written by the leader, at
+//! most once every [`WRITE_EVERY`] and only for queues whose status changed; the last
+//! figures are written by an idle round once that time has passed, so the status ends true.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use gpuplace_core::fairshare::{DIM_NAMES, DIMS, show_amount};
+use tracing::info;
+
+use super::Scheduler;
+use super::fair_round::QueueFigures;
+use crate::api::{ClusterApi, ClusterView};
+use crate::k8s::queue::{QueueCondition, QueueStatus};
+
+/// The shortest time between two batches of status writes.
+pub const WRITE_EVERY: Duration = Duration::from_secs(2);
+
+/// Statuses as last written and as the latest round would have them.
+#[derive(Default)]
+pub struct StatusWriter {
+    written: HashMap<String, QueueStatus>,
+    wanted: BTreeMap<String, QueueStatus>,
+    last_write: Option<Instant>,
+    /// The problem last told in an Event, per queue.
+    told: HashMap<String, String>,
+}
+
+fn amounts(values: &[u64; DIMS], skip_zero: bool) -> BTreeMap<String, String> {
+    (0..DIMS)
+        .filter(|&d| !(skip_zero && values[d] == 0))
+        .map(|d| (DIM_NAMES[d].to_string(), show_amount(d, values[d])))
+        .collect()
+}
+
+/// The status `f` says (`since`: the Valid condition's transition time, kept while the
+/// condition holds).
+fn status_of(f: &QueueFigures, previous: Option<&QueueStatus>, now: &str) -> QueueStatus {
+    let borrowed: [u64; DIMS] =
+        std::array::from_fn(|d| f.allocated[d].saturating_sub(f.guaranteed[d]));
+    let (status, reason, message) = match &f.problem {
+        None => ("True", "Accepted", String::new()),
+        Some(p) => ("False", "Rejected", p.clone()),
+    };
+    let since = previous
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Valid"))
+        .filter(|c| c.status == status && c.message == message)
+        .and_then(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| now.to_string());
+    QueueStatus {
+        allocated: amounts(&f.allocated, false),
+        pending: amounts(&f.pending, true),
+        fair_share: amounts(&f.fair_share, false),
+        borrowed: amounts(&borrowed, true),
+        pending_pods: f.pending_pods,
+        guaranteed_gpus: show_amount(0, f.guaranteed[0]),
+        limit_gpus: f.limit[0].map_or_else(|| "none".to_string(), |l| show_amount(0, l)),
+        allocated_gpus: show_amount(0, f.allocated[0]),
+        fair_share_gpus: show_amount(0, f.fair_share[0]),
+        conditions: vec![QueueCondition {
+            type_: "Valid".into(),
+            status: status.into(),
+            reason: reason.into(),
+            message,
+            last_transition_time: Some(since),
+        }],
+    }
+}
+
+impl StatusWriter {
+    /// Takes the round's figures for the queues that exist as objects.
+    pub fn want(&mut self, figures: &[QueueFigures], view: &ClusterView, now: &str) {
+        let objects: HashSet<&str> = view
+            .queues
+            .iter()
+            .filter_map(|q| q.metadata.name.as_deref())
+            .collect();
+        self.wanted = figures
+            .iter()
+            .filter(|f| objects.contains(f.name.as_str()))
+            .map(|f| {
+                let previous = self
+                    .written
+                    .get(&f.name)
+                    .or_else(|| self.wanted.get(&f.name));
+                (f.name.clone(), status_of(f, previous, now))
+            })
+            .collect();
+    }
+}
+
+impl<A: ClusterApi> Scheduler<A> {
+    /// Writes the statuses that changed, and tells new problems, if it is time.
+    pub(super) async fn flush_queue_statuses(&mut self, now: Instant) {
+        let w = &mut self.queue_status;
+        if !self.gate.is_open() || w.last_write.is_some_and(|t| now < t + WRITE_EVERY) {
+            return;
+        }
+        let changed: Vec<(String, QueueStatus)> = w
+            .wanted
+            .iter()
+            .filter(|(name, s)| w.written.get(*name) != Some(*s))
+            .map(|(n, s)| (n.clone(), s.clone()))
+            .collect();
+        if changed.is_empty() {
+            return;
+        }
+        w.last_write = Some(now);
+        for (name, status) in changed {
+            let problem = status
+                .conditions
+                .first()
+                .filter(|c| c.status == "False")
+                .map(|c| c.message.clone());
+            if let Some(p) = &problem
+                && self.queue_status.told.get(&name) != Some(p)
+            {
+                let message = format!("queue {name} serves no pod: {p}");
+                match self
+                    .api
+                    .queue_event(&name, "Warning", "Rejected", &message)
+                    .await
+                {
+                    Ok(()) => {
+                        self.queue_status.told.insert(name.clone(), p.clone());
+                    }
+                    Err(e) => info!(queue = %name, error = %e, "queue Event not recorded"),
+                }
+            } else if problem.is_none() {
+                self.queue_status.told.remove(&name);
+            }
+            match self.api.queue_status(&name, status.clone()).await {
+                Ok(()) => {
+                    self.queue_status.written.insert(name, status);
+                }
+                Err(e) => info!(queue = %name, error = %e, "queue status not written"),
+            }
+        }
+    }
+}

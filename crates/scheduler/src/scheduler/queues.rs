@@ -1,0 +1,272 @@
+//! The queue stage (kube-scheduler's QueueSort, made fair): which queue each pod belongs
+//! to, the tree of queues as the `Queue` objects define it, and per round the order units
+//! are served in (core's [`Picker`]: below their guarantee first, then furthest below their
+//! fair share, priority then arrival within a queue), each queue's limit, and what reclaim
+//! may take ([`super::reclaim`]).
+//!
+//! While no `Queue` exists, no namespace names a default queue and no waiting pod names a
+//! queue, the stage stands aside: units go in priority order as before, at no cost.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use gpuplace_core::fairshare::{DIMS, Picker, QueueSpec, QueueTree, Res, fair_shares};
+
+use crate::api::ClusterView;
+use crate::k8s::pod_info::PodInfo;
+use crate::k8s::queue::{DEFAULT_QUEUE_ANNOTATION, core_spec, queue_name};
+use crate::snapshot::Snapshot;
+
+/// Why a pod has no queue to wait in.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum NoQueue {
+    #[error("queue {0} does not exist")]
+    Missing(String),
+    #[error("queue {0} cannot take pods: {1}")]
+    Rejected(String, String),
+    #[error("queue {0} has child queues; pods go to queues without children")]
+    Inner(String),
+}
+
+/// The queues as the last view defined them.
+pub struct Queues {
+    tree: Arc<QueueTree>,
+    /// The queue objects' names and specs the tree was built from (status writes change
+    /// nothing here).
+    built_from: Vec<(String, String)>,
+    /// Queues whose spec could not be read, with why.
+    spec_errors: BTreeMap<String, String>,
+    /// Namespace -> its default queue.
+    ns_defaults: HashMap<String, String>,
+    ns_from: Vec<(String, String)>,
+    gpu_resource: String,
+}
+
+impl Queues {
+    pub fn new(gpu_resource: &str) -> Queues {
+        Queues {
+            tree: Arc::new(QueueTree::build(Vec::new())),
+            built_from: Vec::new(),
+            spec_errors: BTreeMap::new(),
+            ns_defaults: HashMap::new(),
+            ns_from: Vec::new(),
+            gpu_resource: gpu_resource.to_string(),
+        }
+    }
+
+    /// Rebuilds the tree when the queue objects changed, and the namespaces' defaults.
+    pub fn refresh(&mut self, view: &ClusterView) {
+        let from: Vec<(String, String)> = view
+            .queues
+            .iter()
+            .map(|q| {
+                (
+                    q.metadata.name.clone().unwrap_or_default(),
+                    serde_json::to_string(&q.spec).unwrap_or_default(),
+                )
+            })
+            .collect();
+        if from != self.built_from {
+            let mut specs = Vec::new();
+            self.spec_errors.clear();
+            for q in &view.queues {
+                let name = q.metadata.name.clone().unwrap_or_default();
+                match core_spec(&name, &q.spec, &self.gpu_resource) {
+                    Ok(spec) => specs.push(spec),
+                    Err(e) => {
+                        // Kept in the tree (children still find it) but serving nothing.
+                        self.spec_errors.insert(name.clone(), e.to_string());
+                        let mut spec = QueueSpec::open(&name);
+                        spec.parent = q.spec.parent.clone();
+                        spec.weight = f64::NAN;
+                        specs.push(spec);
+                    }
+                }
+            }
+            self.tree = Arc::new(QueueTree::build(specs));
+            self.built_from = from;
+        }
+        let ns_from: Vec<(String, String)> = view
+            .namespaces
+            .iter()
+            .map(|n| {
+                (
+                    n.metadata.name.clone().unwrap_or_default(),
+                    n.metadata.resource_version.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        if ns_from != self.ns_from {
+            self.ns_defaults = view
+                .namespaces
+                .iter()
+                .filter_map(|n| {
+                    let q = n
+                        .metadata
+                        .annotations
+                        .as_ref()?
+                        .get(DEFAULT_QUEUE_ANNOTATION)?;
+                    Some((n.metadata.name.clone()?, q.clone()))
+                })
+                .collect();
+            self.ns_from = ns_from;
+        }
+    }
+
+    /// Whether queues matter this round: some queue exists, some namespace names one, or
+    /// some waiting pod does.
+    pub fn in_use(&self, view: &ClusterView, waiting: &[&Arc<PodInfo>]) -> bool {
+        self.defined(view)
+            || waiting
+                .iter()
+                .any(|p| p.labels.contains_key(crate::k8s::queue::QUEUE_LABEL))
+    }
+
+    pub fn tree(&self) -> Arc<QueueTree> {
+        Arc::clone(&self.tree)
+    }
+
+    /// The queue `pod` belongs to.
+    pub fn of(&self, pod: &PodInfo) -> Result<usize, NoQueue> {
+        let name = queue_name(
+            &pod.labels,
+            self.ns_defaults.get(&pod.key.namespace).map(String::as_str),
+        );
+        self.named(name)
+    }
+
+    /// The queue of pods of `namespace` whose label names `label`.
+    pub fn of_key(&self, namespace: &str, label: Option<&str>) -> Result<usize, NoQueue> {
+        let name = label
+            .filter(|l| !l.is_empty())
+            .or(self.ns_defaults.get(namespace).map(String::as_str))
+            .filter(|l| !l.is_empty())
+            .unwrap_or(gpuplace_core::fairshare::DEFAULT_QUEUE);
+        self.named(name)
+    }
+
+    /// Whether queues may matter for pods at all (some queue exists or is named by a
+    /// namespace).
+    pub fn defined(&self, view: &ClusterView) -> bool {
+        !view.queues.is_empty() || !self.ns_defaults.is_empty()
+    }
+
+    fn named(&self, name: &str) -> Result<usize, NoQueue> {
+        let q = self
+            .tree
+            .index(name)
+            .ok_or_else(|| NoQueue::Missing(name.to_string()))?;
+        if let Some(e) = self.spec_errors.get(name) {
+            return Err(NoQueue::Rejected(name.to_string(), e.clone()));
+        }
+        if let Some(p) = &self.tree.nodes[q].problem {
+            return Err(NoQueue::Rejected(name.to_string(), p.to_string()));
+        }
+        if !self.tree.is_leaf(q) {
+            return Err(NoQueue::Inner(name.to_string()));
+        }
+        Ok(q)
+    }
+
+    /// Why each queue that serves no pod does not (spec errors and tree problems).
+    pub fn problems(&self) -> BTreeMap<String, String> {
+        let mut out = self.spec_errors.clone();
+        for n in self.tree.nodes.iter().skip(1) {
+            if let Some(p) = &n.problem
+                && !out.contains_key(&n.spec.name)
+            {
+                out.insert(n.spec.name.clone(), p.to_string());
+            }
+        }
+        out
+    }
+}
+
+/// What each queue holds and waits for at the start of a round.
+pub struct Standing {
+    /// By queue index: what its pods hold (bound or reserved, not terminating, plus
+    /// preemptors' nominated requests).
+    pub held: Vec<Res>,
+    /// What its waiting pods ask for.
+    pub pending: Vec<Res>,
+    pub pending_pods: Vec<u32>,
+    pub capacity: [u64; DIMS],
+}
+
+impl Standing {
+    /// Counts the snapshot's placed pods and the waiting ones by queue.
+    pub fn measure(
+        queues: &Queues,
+        snapshot: &Snapshot,
+        waiting: &[&Arc<PodInfo>],
+        nominated: &dyn Fn(&str) -> bool,
+    ) -> Standing {
+        let tree = &queues.tree;
+        let mut held = vec![Res::default(); tree.len()];
+        let mut pending = vec![Res::default(); tree.len()];
+        let mut pending_pods = vec![0u32; tree.len()];
+        for list in &snapshot.placed {
+            for pod in list.iter().filter(|p| !p.deleting) {
+                let (Ok(q), Some(h)) = (queues.of(pod), snapshot.held.get(&pod.key.uid)) else {
+                    continue;
+                };
+                let model = snapshot.state.inventory(h.node).gpu_model();
+                held[q].add(&Res::of(&h.request, Some(model)));
+            }
+        }
+        for pod in waiting {
+            let (Ok(q), Ok(demand)) = (queues.of(pod), pod.demand.as_ref()) else {
+                continue;
+            };
+            let res = Res::of(&demand.request, None);
+            if nominated(&pod.key.uid) {
+                held[q].add(&res);
+            }
+            pending[q].add(&res);
+            pending_pods[q] += 1;
+        }
+        let capacity = [
+            snapshot.state.gpu_capacity_milli(),
+            (0..snapshot.state.len())
+                .map(|n| snapshot.state.inventory(n).cpu_milli)
+                .sum(),
+            (0..snapshot.state.len())
+                .map(|n| snapshot.state.inventory(n).memory_mib)
+                .sum(),
+        ];
+        Standing {
+            held,
+            pending,
+            pending_pods,
+            capacity,
+        }
+    }
+
+    /// Each queue's fair share, and the picker that serves units by it.
+    pub fn picker<'t, U>(&self, tree: &'t QueueTree) -> (Vec<[u64; DIMS]>, Picker<'t, U>) {
+        let demand: Vec<Res> = self
+            .held
+            .iter()
+            .zip(&self.pending)
+            .map(|(h, p)| {
+                let mut d = h.clone();
+                d.add(p);
+                d
+            })
+            .collect();
+        let fair = fair_shares(tree, &self.capacity, &demand);
+        let picker = Picker::new(tree, &self.held, fair.clone());
+        (fair, picker)
+    }
+}
+
+/// What `pods` ask for together.
+pub fn asked(pods: &[&Arc<PodInfo>]) -> Res {
+    let mut res = Res::default();
+    for p in pods {
+        if let Ok(d) = &p.demand {
+            res.add(&Res::of(&d.request, None));
+        }
+    }
+    res
+}

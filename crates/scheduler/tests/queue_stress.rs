@@ -1,0 +1,362 @@
+//! Seeded stress of queues: 20 queues in a 3-level tree (guarantees, limits, weights, some
+//! not reclaimable), 10,000 pods of skewed demand arriving and finishing, watch events
+//! 0-2 s late, 2 ms per request, random 409s, 500s and time-outs, and a leader change.
+//! Checked at every step: no GPU given to two pods, no queue (or ancestor) holding more
+//! than its limit; every round: no reclaim takes a queue below its guarantee (by the
+//! round's own figures, after the victims are taken off); at the end every pod bound and
+//! every queue's status written. Time is tokio's paused clock.
+//!
+//! `GPUPLACE_STRESS_SEED` picks another seed; `GPUPLACE_STRESS_PODS` another size.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use gpuplace_scheduler::k8s::demand::{ASSIGNMENT_ANNOTATION, Assignment};
+use gpuplace_scheduler::k8s::leader::Gate;
+use gpuplace_scheduler::k8s::queue::QueueSpec;
+use gpuplace_scheduler::{RoundReport, Scheduler};
+use gpuplace_testkit::MemoryApi;
+use gpuplace_testkit::api::{Faults, ServerCosts};
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::json;
+
+mod common;
+use common::*;
+
+const STEP: Duration = Duration::from_millis(200);
+const NODES: usize = 100;
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// One queue of the tree.
+struct Def {
+    name: String,
+    parent: Option<String>,
+    guaranteed: u32,
+    limit: Option<u32>,
+    reclaimable: bool,
+}
+
+/// The tree: 2 organisations, 3 teams each, 2 projects per team (20 queues); and the
+/// leaves.
+fn tree() -> (Vec<Def>, Vec<String>) {
+    let mut queues = Vec::new();
+    let mut leaves = Vec::new();
+    for (o, org_g) in [("org0", 480), ("org1", 240)] {
+        queues.push(Def {
+            name: o.to_string(),
+            parent: None,
+            guaranteed: org_g,
+            limit: None,
+            reclaimable: true,
+        });
+        for t in 0..3 {
+            let team = format!("{o}-t{t}");
+            let team_g = org_g / 3;
+            // One team per organisation is capped; one keeps what it holds.
+            queues.push(Def {
+                name: team.clone(),
+                parent: Some(o.to_string()),
+                guaranteed: team_g,
+                limit: (t == 2).then_some(team_g + 40),
+                reclaimable: t != 1,
+            });
+            for p in 0..2 {
+                let name = format!("{team}-p{p}");
+                queues.push(Def {
+                    name: name.clone(),
+                    parent: Some(team.clone()),
+                    guaranteed: if p == 0 { team_g / 2 } else { 0 },
+                    limit: None,
+                    reclaimable: true,
+                });
+                leaves.push(name);
+            }
+        }
+    }
+    (queues, leaves)
+}
+
+fn pod_in(name: &str, queue: &str, gpus: u32, priority: i32) -> k8s_openapi::api::core::v1::Pod {
+    let mut p = pod(
+        name,
+        gpus,
+        json!({"metadata": {"labels": {"gpuplace.io/queue": queue}}}),
+    );
+    p.spec.as_mut().unwrap().priority = Some(priority);
+    p
+}
+
+/// One pass over the pods: no device booked past 1000 milli, and the GPUs held by bound,
+/// running pods by queue (each pod counted up its queue's path).
+fn audit(
+    api: &MemoryApi,
+    parents: &HashMap<String, Option<String>>,
+    parsed: &mut HashMap<String, Vec<(String, u32)>>,
+) -> HashMap<String, u32> {
+    let mut held: HashMap<String, u32> = HashMap::new();
+    let mut booked: HashMap<(String, String), u32> = HashMap::new();
+    for p in api.pods() {
+        let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+            continue;
+        };
+        let Some(text) = p
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ASSIGNMENT_ANNOTATION))
+        else {
+            continue;
+        };
+        // An assignment never changes once written: parsed once per pod.
+        let uid = p.metadata.uid.clone().unwrap_or_default();
+        let devices = parsed.entry(uid).or_insert_with(|| {
+            let a = Assignment::from_json(text).unwrap();
+            assert_eq!(a.node, node, "assignment and binding agree");
+            a.devices().map(|d| (d.id.clone(), d.milli)).collect()
+        });
+        let mut milli = 0;
+        for (id, m) in devices.iter() {
+            milli += m;
+            let b = booked.entry((node.clone(), id.clone())).or_default();
+            *b += m;
+            assert!(*b <= 1000, "{node}/{id} booked {b} milli");
+        }
+        if p.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let mut at = p
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("gpuplace.io/queue"))
+            .cloned();
+        while let Some(q) = at {
+            *held.entry(q.clone()).or_default() += milli / 1000;
+            at = parents.get(&q).cloned().flatten();
+        }
+    }
+    held
+}
+
+#[derive(Default)]
+struct Tally {
+    rounds: usize,
+    assumed: usize,
+    reclaimed: usize,
+    below_after_reclaim: usize,
+}
+
+impl Tally {
+    fn add(&mut self, r: &RoundReport) {
+        self.rounds += usize::from(!r.idle);
+        self.assumed += r.assumed;
+        self.reclaimed += r.reclaimed.values().sum::<usize>();
+        for queue in r.reclaimed.keys() {
+            if let Some(f) = r.queues.iter().find(|f| &f.name == queue)
+                && f.allocated[0] < f.guaranteed[0]
+            {
+                self.below_after_reclaim += 1;
+            }
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn twenty_queues_ten_thousand_pods_lag_faults_and_a_leader_change() {
+    let seed = env_or("GPUPLACE_STRESS_SEED", 1);
+    let target = env_or("GPUPLACE_STRESS_PODS", 10_000) as usize;
+    let api = MemoryApi::new().with_costs(ServerCosts {
+        latency: Duration::from_millis(2),
+        max_in_flight: 32,
+        watch_delay: (Duration::ZERO, Duration::from_secs(2)),
+        faults: Faults {
+            conflict: 0.03,
+            error: 0.03,
+            timeout: 0.03,
+        },
+        seed,
+    });
+    for i in 0..NODES {
+        api.put_node(nvlink_node(&format!("n{i:03}")));
+    }
+    let (queues, leaves) = tree();
+    assert_eq!(queues.len(), 20);
+    let mut parents = HashMap::new();
+    let mut limits = HashMap::new();
+    for q in &queues {
+        let mut spec = json!({"guaranteed": {"nvidia.com/gpu": q.guaranteed.to_string()},
+            "reclaimable": q.reclaimable});
+        if let Some(parent) = &q.parent {
+            spec["parent"] = json!(parent);
+        }
+        if let Some(l) = q.limit {
+            spec["limit"] = json!({"nvidia.com/gpu": l.to_string()});
+            limits.insert(q.name.clone(), l);
+        }
+        let spec: QueueSpec = serde_json::from_value(spec).unwrap();
+        api.put_queue(&q.name, spec);
+        parents.insert(q.name.clone(), q.parent.clone());
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut ends: HashMap<String, Duration> = HashMap::new();
+    let mut created = 0usize;
+    let clock = tokio::time::Instant::now();
+    let wall = Instant::now();
+    let now = || wall + clock.elapsed();
+    // About the cluster's pace (load near 1), skewed so that queues borrow and reclaim.
+    let per_step = target.div_ceil(2000).max(1);
+    let mut tally = Tally::default();
+    let mut limit_violations = 0usize;
+    let step_of =
+        |rng: &mut ChaCha8Rng, created: &mut usize, ends: &mut HashMap<String, Duration>| {
+            // Skewed demand: the first leaves ask for far more than the last.
+            for _ in 0..per_step {
+                if *created >= target {
+                    break;
+                }
+                let skew = rng.random_range(0..leaves.len() * leaves.len());
+                let leaf = &leaves[leaves.len() - 1 - (skew as f64).sqrt() as usize % leaves.len()];
+                let gpus = [1, 1, 1, 2, 2, 4, 8][rng.random_range(0..7)];
+                let priority = rng.random_range(0..3);
+                api.put_pod(pod_in(&format!("p{created}"), leaf, gpus, priority));
+                *created += 1;
+            }
+            let t = clock.elapsed();
+            for p in api.pods() {
+                let name = p.metadata.name.clone().unwrap_or_default();
+                let bound = p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some();
+                if p.metadata.deletion_timestamp.is_some() {
+                    // Evicted (reclaim or preemption): gone at once; its owner makes it again.
+                    api.delete_pod("ml", &name);
+                    let again = p
+                        .metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get("gpuplace.io/queue"))
+                        .cloned()
+                        .unwrap_or_default();
+                    let gpus = p
+                        .spec
+                        .as_ref()
+                        .map(|s| {
+                            s.containers[0]
+                                .resources
+                                .as_ref()
+                                .and_then(|r| r.limits.as_ref())
+                                .and_then(|l| l.get("nvidia.com/gpu"))
+                                .map_or(1, |q| q.0.parse().unwrap_or(1))
+                        })
+                        .unwrap_or(1);
+                    api.put_pod(pod_in(&format!("{name}r"), &again, gpus, 0));
+                    continue;
+                }
+                if !bound {
+                    continue;
+                }
+                let end = *ends
+                    .entry(name.clone())
+                    .or_insert_with(|| t + Duration::from_millis(rng.random_range(5_000..20_000)));
+                if t >= end {
+                    api.delete_pod("ml", &name);
+                }
+            }
+        };
+    let mut parsed = HashMap::new();
+    let mut check = |api: &MemoryApi| {
+        let held = audit(api, &parents, &mut parsed);
+        for (q, l) in &limits {
+            if held.get(q).copied().unwrap_or(0) > *l {
+                limit_violations += 1;
+            }
+        }
+    };
+
+    // Phase 1: a leader, until its lease is lost.
+    let gate = Gate::closed();
+    gate.extend(tokio::time::Instant::now(), Duration::from_secs(3600));
+    let mut first = Scheduler::with_gate(api.clone(), config(), gate.clone());
+    for step in 0..375 {
+        if step == 300 {
+            gate.close();
+        }
+        step_of(&mut rng, &mut created, &mut ends);
+        let report = first.schedule(now()).await.unwrap();
+        if step > 300 {
+            assert_eq!(
+                report.assumed, 0,
+                "a replica without the lease decides nothing"
+            );
+        }
+        tally.add(&report);
+        tokio::time::sleep(STEP).await;
+        tally.add(&first.take_finished_writes(now()).await);
+        check(&api);
+    }
+    // Phase 2: the new leader, from a fresh list, until every pod is bound.
+    api.relist();
+    let mut second = Scheduler::new(api.clone(), config());
+    let mut steps = 0;
+    loop {
+        steps += 1;
+        step_of(&mut rng, &mut created, &mut ends);
+        tally.add(&second.schedule(now()).await.unwrap());
+        tokio::time::sleep(STEP).await;
+        tally.add(&second.take_finished_writes(now()).await);
+        check(&api);
+        let pending = api
+            .pods()
+            .iter()
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none())
+            .count();
+        if created >= target && pending == 0 {
+            break;
+        }
+        if steps >= 10_000 {
+            let mut why: HashMap<String, usize> = HashMap::new();
+            for p in api
+                .pods()
+                .iter()
+                .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none())
+            {
+                let name = p.metadata.name.clone().unwrap_or_default();
+                let last = api
+                    .events()
+                    .into_iter()
+                    .rev()
+                    .find(|e| e.pod.name == name)
+                    .map(|e| e.message)
+                    .unwrap_or_default();
+                *why.entry(last).or_default() += 1;
+            }
+            panic!("pods left pending: {pending}: {why:#?}");
+        }
+    }
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        tally.add(&second.schedule(now()).await.unwrap());
+    }
+    println!(
+        "seed {seed}: {created} pods in 20 queues, {} rounds, {} decisions, {} pods reclaimed, {} requests; limit violations {limit_violations}, reclaims leaving a queue below its guarantee {}, simulated {:?}",
+        tally.rounds,
+        tally.assumed,
+        tally.reclaimed,
+        api.requests(),
+        tally.below_after_reclaim,
+        clock.elapsed()
+    );
+    assert_eq!(limit_violations, 0, "no queue past its limit");
+    assert_eq!(tally.below_after_reclaim, 0, "no reclaim below a guarantee");
+    assert!(tally.reclaimed > 0, "reclaim happened");
+    for q in &queues {
+        let name = &q.name;
+        let status = api.queue(name).and_then(|q| q.status);
+        assert!(status.is_some(), "status of {name} written");
+    }
+}

@@ -1,0 +1,263 @@
+//! Queues through the scheduler's rounds on the in-memory API (no kubelet: the test deletes
+//! terminating victims when it wants them gone): borrowing idle GPUs, reclaim to a
+//! guarantee (exactly enough, never below the lender's guarantee, never back), limits,
+//! fair order between queues, missing and rejected queues, namespaces' default queue, the
+//! queues' status and metrics.
+
+use std::time::{Duration, Instant};
+
+use gpuplace_scheduler::k8s::queue::QueueSpec;
+use gpuplace_scheduler::{Scheduler, SchedulerConfig};
+use gpuplace_testkit::MemoryApi;
+use serde_json::json;
+
+mod common;
+use common::*;
+
+async fn settle(scheduler: &mut Scheduler<MemoryApi>, t: &mut Instant) {
+    for _ in 0..6 {
+        *t += Duration::from_secs(5);
+        scheduler.round(*t).await.unwrap();
+    }
+}
+
+fn queue(spec: serde_json::Value) -> QueueSpec {
+    serde_json::from_value(spec).unwrap()
+}
+
+/// A one-GPU pod of queue `q`.
+fn in_queue(name: &str, q: &str, gpus: u32) -> k8s_openapi::api::core::v1::Pod {
+    pod(
+        name,
+        gpus,
+        json!({"metadata": {"labels": {"gpuplace.io/queue": q}}}),
+    )
+}
+
+fn deleting(api: &MemoryApi) -> Vec<String> {
+    api.pods()
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_some())
+        .filter_map(|p| p.metadata.name)
+        .collect()
+}
+
+/// Deletes for good every pod that is terminating (as its kubelet would).
+fn finish_terminating(api: &MemoryApi) {
+    for name in deleting(api) {
+        api.delete_pod("ml", &name);
+    }
+}
+
+fn bound_count(api: &MemoryApi, prefix: &str) -> usize {
+    api.pods()
+        .iter()
+        .filter(|p| {
+            p.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with(prefix))
+        })
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .count()
+}
+
+fn last_message(api: &MemoryApi, name: &str) -> String {
+    api.events()
+        .into_iter()
+        .rev()
+        .find(|e| e.pod.name == name && e.reason == "FailedScheduling")
+        .map(|e| e.message)
+        .unwrap_or_default()
+}
+
+fn two_halves(api: &MemoryApi) {
+    api.put_node(node("n1", 4, json!({})));
+    api.put_node(node("n2", 4, json!({})));
+    for q in ["a", "b"] {
+        api.put_queue(
+            q,
+            queue(json!({"guaranteed": {"nvidia.com/gpu": "4"}, "reclaimable": true})),
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_queue_borrows_idle_gpus_and_gives_exactly_enough_back() {
+    let api = MemoryApi::new();
+    two_halves(&api);
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    let mut t = Instant::now();
+    for i in 0..8 {
+        api.put_pod(in_queue(&format!("a{i}"), "a", 1));
+    }
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(bound_count(&api, "a"), 8, "a borrows b's idle half");
+    // b asks for its half: exactly four of a's pods go, b's pods are nominated.
+    for i in 0..4 {
+        api.put_pod(in_queue(&format!("b{i}"), "b", 1));
+    }
+    settle(&mut scheduler, &mut t).await;
+    let gone = deleting(&api);
+    assert_eq!(gone.len(), 4, "{gone:?}");
+    assert!(gone.iter().all(|n| n.starts_with('a')));
+    let why: Vec<String> = api
+        .events()
+        .into_iter()
+        .filter(|e| e.reason == "Preempted")
+        .map(|e| e.message)
+        .collect();
+    assert_eq!(why.len(), 4);
+    assert!(
+        why[0].ends_with("to give queue b its guarantee"),
+        "{}",
+        why[0]
+    );
+    assert!(last_message(&api, "b0").contains("reclaim: nominated node"));
+    finish_terminating(&api);
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(bound_count(&api, "b"), 4);
+    assert_eq!(bound_count(&api, "a"), 4, "a stays at its guarantee");
+    assert_no_double_booking(&api);
+    // a asks for more: it is at its guarantee, b too: nothing is reclaimed back.
+    api.put_pod(in_queue("a-more", "a", 1));
+    settle(&mut scheduler, &mut t).await;
+    assert!(deleting(&api).is_empty(), "no reclaim back");
+    assert_eq!(bound_count(&api, "b"), 4);
+    // The statuses say it.
+    let status = api.queue("b").unwrap().status.unwrap();
+    assert_eq!(status.allocated_gpus, "4");
+    assert_eq!(status.fair_share_gpus, "4");
+    assert_eq!(status.conditions[0].status, "True");
+    let a = api.queue("a").unwrap().status.unwrap();
+    assert_eq!(a.pending_pods, 1);
+    assert_eq!(
+        a.pending.get("nvidia.com/gpu").map(String::as_str),
+        Some("1")
+    );
+}
+
+#[tokio::test]
+async fn reclaim_never_takes_a_queue_below_its_guarantee() {
+    let api = MemoryApi::new();
+    api.put_node(node("n1", 8, json!({})));
+    api.put_queue("a", queue(json!({"guaranteed": {"nvidia.com/gpu": "6"}})));
+    api.put_queue("b", queue(json!({"guaranteed": {"nvidia.com/gpu": "4"}})));
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    let mut t = Instant::now();
+    for i in 0..8 {
+        api.put_pod(in_queue(&format!("a{i}"), "a", 1));
+    }
+    settle(&mut scheduler, &mut t).await;
+    for i in 0..4 {
+        api.put_pod(in_queue(&format!("b{i}"), "b", 1));
+    }
+    // Guarantees (10) exceed the 8 GPUs: a keeps its 6; b gets the 2 above them.
+    for _ in 0..3 {
+        settle(&mut scheduler, &mut t).await;
+        finish_terminating(&api);
+    }
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(bound_count(&api, "a"), 6);
+    assert_eq!(bound_count(&api, "b"), 2);
+    assert_no_double_booking(&api);
+}
+
+#[tokio::test]
+async fn limits_hold_and_name_the_queue() {
+    let api = MemoryApi::new();
+    api.put_node(node("n1", 8, json!({})));
+    api.put_queue("team-c", queue(json!({"limit": {"nvidia.com/gpu": 2}})));
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    let mut t = Instant::now();
+    for i in 0..3 {
+        api.put_pod(in_queue(&format!("c{i}"), "team-c", 1));
+    }
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(bound_count(&api, "c"), 2);
+    assert_eq!(
+        last_message(&api, "c2"),
+        "0/1 nodes are available: queue team-c is at its limit of 2 GPUs."
+    );
+    // The limit raised: the pod is woken and bound.
+    api.put_queue("team-c", queue(json!({"limit": {"nvidia.com/gpu": 3}})));
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(bound_count(&api, "c"), 3);
+}
+
+#[tokio::test]
+async fn queues_are_served_by_turns_not_by_arrival() {
+    let api = MemoryApi::new();
+    api.put_node(node("n1", 4, json!({})));
+    api.put_queue("x", queue(json!({})));
+    api.put_queue("y", queue(json!({"weight": 1})));
+    for i in 0..4 {
+        api.put_pod(in_queue(&format!("x{i}"), "x", 1));
+    }
+    for i in 0..4 {
+        api.put_pod(in_queue(&format!("y{i}"), "y", 1));
+    }
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    let mut t = Instant::now();
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(bound_count(&api, "x"), 2);
+    assert_eq!(bound_count(&api, "y"), 2);
+}
+
+#[tokio::test]
+async fn missing_rejected_and_namespace_default_queues() {
+    let api = MemoryApi::new();
+    api.put_node(node("n1", 8, json!({})));
+    api.put_queue("org", queue(json!({"guaranteed": {"nvidia.com/gpu": "4"}})));
+    api.put_queue(
+        "greedy",
+        queue(json!({"parent": "org", "guaranteed": {"nvidia.com/gpu": "6"}})),
+    );
+    api.put_queue("small", queue(json!({"limit": {"nvidia.com/gpu": "1"}})));
+    api.put_namespace("ml", Some("small"));
+    api.put_pod(in_queue("lost", "nope", 1));
+    api.put_pod(in_queue("g", "greedy", 1));
+    api.put_pod(pod("ns1", 1, json!({})));
+    api.put_pod(pod("ns2", 1, json!({})));
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    let mut t = Instant::now();
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(
+        last_message(&api, "lost"),
+        "queue nope does not exist; the pod waits until it can be served."
+    );
+    assert!(
+        last_message(&api, "g").starts_with(
+            "queue greedy cannot take pods: the guarantees of the children of org add up to 6"
+        ),
+        "{}",
+        last_message(&api, "g")
+    );
+    // The namespace's default queue (limit 1) holds its pods.
+    assert_eq!(bound_count(&api, "ns"), 1);
+    let greedy = api.queue("greedy").unwrap().status.unwrap();
+    assert_eq!(greedy.conditions[0].status, "False");
+    assert_eq!(greedy.conditions[0].reason, "Rejected");
+    let told: Vec<_> = api
+        .queue_events()
+        .into_iter()
+        .filter(|e| e.0 == "greedy" && e.2 == "Rejected")
+        .collect();
+    assert_eq!(told.len(), 1, "told once: {told:?}");
+}
+
+#[tokio::test]
+async fn no_queues_no_change() {
+    // Without queues the order is priority then arrival, as before.
+    let api = MemoryApi::new();
+    api.put_node(node("n1", 2, json!({})));
+    for i in 0..3 {
+        api.put_pod(pod(&format!("p{i}"), 1, json!({})));
+    }
+    let mut scheduler = Scheduler::new(api.clone(), SchedulerConfig { ..config() });
+    let mut t = Instant::now();
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(bound_count(&api, "p"), 2);
+    assert!(api.queue_events().is_empty());
+}
