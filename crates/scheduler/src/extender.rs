@@ -20,6 +20,7 @@
 
 mod evaluate;
 pub mod http;
+mod queue_limits;
 pub mod wire;
 
 use std::collections::{HashMap, VecDeque};
@@ -111,6 +112,8 @@ struct Inner {
     workload: Option<(Instant, Arc<TargetWorkload>)>,
     pods: HashMap<String, Arc<PodInfo>>,
     order: VecDeque<String>,
+    /// Queues' limits (all extender mode can enforce of queues).
+    queue_limits: queue_limits::QueueLimits,
 }
 
 #[derive(Default)]
@@ -162,6 +165,8 @@ pub enum BindError {
     },
     #[error("pod {0}: {1}")]
     BadPod(String, String),
+    #[error("pod {0}: {1}")]
+    Queue(String, String),
     #[error("pod {0} is already bound, or being bound, to node {1}")]
     Elsewhere(String, String),
     #[error("binding pod {0}: {1}")]
@@ -173,6 +178,7 @@ pub enum BindError {
 impl<A: ClusterApi> Extender<A> {
     pub fn new(api: A, config: ExtenderConfig) -> Self {
         let placer = crate::framework::placer(config.policy, &config.weights, config.seed);
+        let queue_limits = queue_limits::QueueLimits::new(&config.gpu_resource);
         Extender {
             api,
             config,
@@ -188,6 +194,7 @@ impl<A: ClusterApi> Extender<A> {
                 workload: None,
                 pods: HashMap::new(),
                 order: VecDeque::new(),
+                queue_limits,
             }),
         }
     }
@@ -265,6 +272,22 @@ impl<A: ClusterApi> Extender<A> {
         let mut guard = self.fresh().await?;
         let inner = &mut *guard;
         inner.remember(&pod);
+        if let Some(why) = inner.queue_refused(&pod) {
+            drop(guard);
+            let mut result = FilterResult::default();
+            let why: Arc<str> = Arc::from(format!("{why}."));
+            for name in names {
+                result
+                    .failed_and_unresolvable_nodes
+                    .insert(name, Arc::clone(&why));
+            }
+            if args.nodes.is_some() && !by_name {
+                result.nodes = Some(wire::node_list(Vec::new()));
+            } else {
+                result.node_names = Some(Vec::new());
+            }
+            return Ok(result);
+        }
         let need = Need {
             scores: false,
             best: self.config.filter_mode == FilterMode::Best,
@@ -375,6 +398,9 @@ impl<A: ClusterApi> Extender<A> {
                 .demand
                 .clone()
                 .map_err(|e| BindError::BadPod(id.clone(), e))?;
+            if let Some(why) = inner.queue_refused(&pod) {
+                return Err(BindError::Queue(id.clone(), why));
+            }
             let Some(snapshot) = inner.cache.snapshot_mut() else {
                 return Err(BindError::UnknownNode(args.node.clone()));
             };
@@ -450,6 +476,7 @@ impl Inner {
             };
         }
         self.generation = Some(view.generation);
+        self.queue_limits.refresh(&view);
         let Brought {
             mut snapshot,
             rebuilt,
@@ -493,6 +520,12 @@ impl Inner {
             names: &mut self.names,
         };
         parts.evaluate(pod, names, resource, need)
+    }
+
+    /// Why `pod`'s queue lets it take nothing now, if so.
+    fn queue_refused(&self, pod: &PodInfo) -> Option<String> {
+        self.queue_limits
+            .refused(pod, self.cache.pods(), &self.cache.reservations, &self.pods)
     }
 
     fn remember(&mut self, pod: &Arc<PodInfo>) {

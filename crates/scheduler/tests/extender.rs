@@ -308,3 +308,71 @@ async fn preferences_decide_first_in_both_modes() {
         "{scores}"
     );
 }
+
+#[tokio::test]
+async fn queue_limits_hold_in_extender_mode() {
+    let api = MemoryApi::new().with_costs(ServerCosts {
+        watch_delay: (Duration::from_millis(200), Duration::from_millis(400)),
+        ..ServerCosts::default()
+    });
+    api.put_node(node("n1", 8, json!({})));
+    api.put_queue(
+        "c",
+        serde_json::from_value(json!({"limit": {"nvidia.com/gpu": "2"}})).unwrap(),
+    );
+    let app = app(&api, FilterMode::Best);
+    let nodes = vec!["n1".to_string()];
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    let in_c = |name: &str| {
+        let mut p = pod(
+            name,
+            1,
+            json!({"metadata": {"labels": {"gpuplace.io/queue": "c"}}}),
+        );
+        p.metadata.uid = Some(format!("uid-{name}"));
+        api.put_pod(p.clone());
+        p
+    };
+    for name in ["c0", "c1"] {
+        let p = in_c(name);
+        assert!(
+            schedule(&app, &p, &nodes, Pick::Best, &mut rng)
+                .await
+                .is_some()
+        );
+    }
+    // The third: no node passes, for the queue's limit (counted from reservations the
+    // lagging watch has not shown bound yet).
+    let p = in_c("c2");
+    let body = serde_json::to_vec(&json!({"Pod": p, "NodeNames": nodes})).unwrap();
+    let (_, filtered, text) = call(&app, "filter", body).await;
+    assert_eq!(filtered["NodeNames"], json!([]), "{text}");
+    assert_eq!(
+        filtered["FailedAndUnresolvableNodes"]["n1"],
+        "queue c is at its limit of 2 GPUs."
+    );
+    // A bind without a filter (a race between kube-scheduler's cycles) is refused too.
+    let bind = json!({"PodName": "c2", "PodNamespace": "ml", "PodUID": "uid-c2", "Node": "n1"});
+    let (_, result, _) = call(&app, "bind", serde_json::to_vec(&bind).unwrap()).await;
+    assert!(
+        result["Error"]
+            .as_str()
+            .unwrap()
+            .contains("queue c is at its limit of 2 GPUs"),
+        "{result}"
+    );
+    // A missing queue is named.
+    let mut lost = pod(
+        "lost",
+        1,
+        json!({"metadata": {"labels": {"gpuplace.io/queue": "nope"}}}),
+    );
+    lost.metadata.uid = Some("uid-lost".into());
+    let body = serde_json::to_vec(&json!({"Pod": lost, "NodeNames": nodes})).unwrap();
+    let (_, filtered, _) = call(&app, "filter", body).await;
+    assert_eq!(
+        filtered["FailedAndUnresolvableNodes"]["n1"],
+        "queue nope does not exist."
+    );
+    assert_no_double_booking(&api);
+}
