@@ -62,6 +62,21 @@ pub struct TimelineArgs {
     /// GPUs per hour rebalancing may move.
     #[arg(long, default_value_t = 16.0, requires = "timeline")]
     pub(crate) defrag_budget: f64,
+    /// Share the pods among queues (a YAML or JSON tenants file: queues with guarantees,
+    /// limits and weights, and how pods are assigned to them; see docs/queues.md). The same
+    /// replay is also run without queues, for what sharing costs.
+    #[arg(long, requires = "timeline")]
+    pub(crate) tenants: Option<std::path::PathBuf>,
+}
+
+/// Reads a tenants file (YAML, of which JSON is a part).
+fn read_tenants(
+    path: &std::path::Path,
+) -> anyhow::Result<gpuplace_sim::timeline::tenants::TenantsFile> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the tenants file {}", path.display()))?;
+    serde_saphyr::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("tenants file {}: {e}", path.display()))
 }
 
 /// `--defrag`'s values.
@@ -163,7 +178,12 @@ pub fn run(
         queue: QueueConfig::default(),
         series_points: 240,
         defrag: t.defrag()?,
+        tenants: t.tenants.as_deref().map(read_tenants).transpose()?,
     };
+    let baseline_options = options.tenants.is_some().then(|| TimelineOptions {
+        tenants: None,
+        ..options.clone()
+    });
     let defrag = t.defrag_label(&options.defrag);
     let timed = workload
         .pods
@@ -178,6 +198,14 @@ pub fn run(
         bar.inc(1);
     };
     let runs = run_all(&timeline, policies, &seeds, &done)?;
+    // Without queues, for what sharing costs in allocation.
+    let baseline = match baseline_options {
+        Some(options) => {
+            let plain = Timeline::new(timeline.workload().clone(), options)?;
+            Some(run_all(&plain, policies, &seeds, &|_| {})?)
+        }
+        None => None,
+    };
     bar.finish_and_clear();
     let workload = timeline.workload();
     let mean =
@@ -203,6 +231,19 @@ pub fn run(
         policies: summary::summarize(policies, &runs),
         wall_s: started.elapsed().as_secs_f64(),
     };
+    let mut summary = summary;
+    if let Some(baseline) = baseline {
+        for p in &mut summary.policies {
+            let values: Vec<f64> = baseline
+                .iter()
+                .filter(|r| r.policy.name() == p.policy)
+                .map(|r| r.means.allocation_pct)
+                .collect();
+            if let Some(t) = &mut p.tenants {
+                t.allocation_without_queues_pct = Some(gpuplace_sim::report::Stat::of(&values));
+            }
+        }
+    }
     if let Some(dir) = args.out {
         let files = report::write_report(&summary, dir)?;
         if !args.json {

@@ -13,6 +13,7 @@
 //! makes them again) and the work they had done is counted as lost.
 
 mod defrag;
+mod fair;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -24,9 +25,11 @@ use gpuplace_core::{ClusterState, Placer};
 use super::arrivals::{Mix, Schedule};
 use super::metrics::{Recorder, Values};
 use super::options::{Ms, TimelineOptions};
+use super::tenants::Tenants;
 use crate::trace::TracePod;
 
 pub use defrag::DefragCounts;
+pub use fair::{QueueRun, TenantRun};
 
 /// One pod's life in the replay.
 #[derive(Clone, Debug, PartialEq)]
@@ -79,6 +82,7 @@ pub struct Outcome {
     pub rounds: u64,
     pub attempts: u64,
     pub defrag: DefragCounts,
+    pub tenants: Option<fair::TenantRun>,
 }
 
 /// The replay of one (policy, seed).
@@ -128,6 +132,8 @@ pub struct Engine<'a> {
     measure_from: Ms,
     outcome_counts: Counts,
     defrag: defrag::DefragState,
+    /// Tenants' queues (`--tenants`).
+    tenants: Option<fair::FairState>,
 }
 
 #[derive(Default)]
@@ -147,8 +153,17 @@ impl<'a> Engine<'a> {
         state: ClusterState,
         placer: Placer,
         options: &TimelineOptions,
+        tenants: Option<&Tenants>,
     ) -> Self {
         let distinct = request_ids.iter().max().map_or(0, |m| *m as usize + 1);
+        let capacity = [
+            state.gpu_capacity_milli(),
+            (0..state.len()).map(|n| state.inventory(n).cpu_milli).sum(),
+            (0..state.len())
+                .map(|n| state.inventory(n).memory_mib)
+                .sum(),
+        ];
+        let tenants = tenants.map(|t| fair::FairState::new(t, capacity));
         let placer_seed = placer.seed();
         Engine {
             pods,
@@ -178,6 +193,7 @@ impl<'a> Engine<'a> {
             measure_from: Ms(0),
             outcome_counts: Counts::default(),
             defrag: defrag::DefragState::new(options.defrag.clone(), distinct, placer_seed),
+            tenants,
         }
     }
 
@@ -223,6 +239,9 @@ impl<'a> Engine<'a> {
                 break;
             };
             recorder.advance(at, self.values());
+            if let Some(t) = &mut self.tenants {
+                t.advance(at, self.measure_from);
+            }
             now = at;
             while let Some(&Reverse((t, job))) = self.departures.peek()
                 && t <= now
@@ -242,6 +261,9 @@ impl<'a> Engine<'a> {
             }
         }
         recorder.advance(end, self.values());
+        if let Some(t) = &mut self.tenants {
+            t.advance(end, self.measure_from);
+        }
         let counts = self.outcome_counts;
         Outcome {
             jobs: self.jobs,
@@ -252,6 +274,7 @@ impl<'a> Engine<'a> {
             rounds: counts.rounds,
             attempts: counts.attempts,
             defrag: self.defrag.counts,
+            tenants: self.tenants.as_ref().map(fair::FairState::report),
         }
     }
 
@@ -304,6 +327,9 @@ impl<'a> Engine<'a> {
                 node: 0,
                 gpus: Vec::new(),
             });
+        }
+        for &job in &jobs {
+            self.fair_enqueued(job);
         }
         let key = (Reverse(priority), self.sequence);
         self.sequence += 1;
@@ -376,10 +402,14 @@ impl<'a> Engine<'a> {
         }
         self.maybe_rebalance(now);
         let makes_room = self.defrag.settings.mode.makes_room();
-        for unit in self.due(now) {
-            let placed = self.try_place(unit, now)
-                || (self.preempt && self.try_preempt(unit, now))
-                || (makes_room && self.try_make_room(unit, now));
+        let due = self.due(now);
+        let tried = self.fair_round(
+            due,
+            now,
+            &mut |e, unit, now| e.try_place(unit, now) || (e.preempt && e.try_preempt(unit, now)),
+            &mut |e, unit, now| makes_room && e.try_make_room(unit, now),
+        );
+        for (unit, placed) in tried {
             if placed {
                 self.units[unit as usize].waiting = false;
                 self.queue.forget(&unit);
@@ -484,6 +514,7 @@ impl<'a> Engine<'a> {
         self.departures.push(Reverse((Ms(now.0 + j.run_ms), job)));
         self.running_at[job as usize] = self.running.len() as u32;
         self.running.push(job);
+        self.fair_started(job, placed.node);
     }
 
     /// `job` leaves at `now` (finished, or evicted); a stale departure of a job evicted
@@ -508,8 +539,10 @@ impl<'a> Engine<'a> {
         if let Some(count) = self.by_priority.get_mut(&pod.priority) {
             *count = count.saturating_sub(1);
         }
+        let node = j.node as usize;
         self.released.push(j.node);
         self.freed = true;
+        self.fair_departed(job, node);
     }
 
     /// Evicts lower-priority units so that the single pod of `unit` fits (the scheduler's
@@ -518,46 +551,77 @@ impl<'a> Engine<'a> {
         let [job] = self.units[unit as usize].jobs[..] else {
             return false;
         };
-        let pod = &self.pods[self.jobs[job as usize].pod as usize];
-        let priority = pod.priority;
+        let priority = self.pods[self.jobs[job as usize].pod as usize].priority;
         if self.by_priority.range(..priority).all(|(_, n)| *n == 0) {
             return false;
         }
-        // Running victims grouped by unit (a gang is evicted whole).
+        // With tenants, priority preempts only within the pod's queue (reclaim is across).
+        let own = self
+            .tenants
+            .as_ref()
+            .map(|t| t.queue_of_pod(self.jobs[job as usize].pod));
+        let groups = self.victim_groups(&|pod| {
+            self.pods[pod as usize].priority < priority
+                && own.is_none_or(|q| self.tenants.as_ref().map(|t| t.queue_of_pod(pod)) == Some(q))
+        });
+        let plan = {
+            let candidates = self.candidates(&groups);
+            let request = &self.pods[self.jobs[job as usize].pod as usize].request;
+            preempt::find(&self.state, request, &candidates, None, &[])
+        };
+        match plan {
+            Some(plan) => self.evict_and_start(job, &groups, plan, now),
+            None => false,
+        }
+    }
+
+    /// Running pods that `take` accepts (by pod index), grouped by unit (a gang is
+    /// evicted whole).
+    fn victim_groups(&self, take: &dyn Fn(u32) -> bool) -> Vec<Vec<u32>> {
         let mut by_unit: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
         for &r in &self.running {
             let j = &self.jobs[r as usize];
-            if self.pods[j.pod as usize].priority < priority {
+            if take(j.pod) {
                 by_unit.entry(j.unit).or_default().push(r);
             }
         }
-        let groups: Vec<Vec<u32>> = by_unit.into_values().collect();
-        let plan = {
-            let mut candidates = Candidates::default();
-            for group in &groups {
-                let top = group
-                    .iter()
-                    .map(|&r| self.pods[self.jobs[r as usize].pod as usize].priority)
-                    .max()
-                    .unwrap_or(0);
-                candidates.push_unit(
-                    top,
-                    group.iter().map(|&r| {
-                        let j = &self.jobs[r as usize];
-                        Holder {
-                            node: j.node as usize,
-                            request: &self.pods[j.pod as usize].request,
-                            gpus: &j.gpus,
-                            budgets: Vec::new(),
-                        }
-                    }),
-                );
-            }
-            preempt::find(&self.state, &pod.request, &candidates, None, &[])
-        };
-        let Some(plan) = plan else {
-            return false;
-        };
+        by_unit.into_values().collect()
+    }
+
+    /// The victim search's candidates: one unit per group.
+    fn candidates(&self, groups: &[Vec<u32>]) -> Candidates<'_> {
+        let mut candidates = Candidates::default();
+        for group in groups {
+            let top = group
+                .iter()
+                .map(|&r| self.pods[self.jobs[r as usize].pod as usize].priority)
+                .max()
+                .unwrap_or(0);
+            candidates.push_unit(
+                top,
+                group.iter().map(|&r| {
+                    let j = &self.jobs[r as usize];
+                    Holder {
+                        node: j.node as usize,
+                        request: &self.pods[j.pod as usize].request,
+                        gpus: &j.gpus,
+                        budgets: Vec::new(),
+                    }
+                }),
+            );
+        }
+        candidates
+    }
+
+    /// Evicts the plan's groups (their pods go back to the queue, to start over) and
+    /// starts `job` where the plan puts it.
+    fn evict_and_start(
+        &mut self,
+        job: u32,
+        groups: &[Vec<u32>],
+        plan: preempt::Preemption,
+        now: Ms,
+    ) -> bool {
         for &u in &plan.units {
             let group = &groups[u];
             let mut again = Vec::with_capacity(group.len());

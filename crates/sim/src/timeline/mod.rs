@@ -17,6 +17,8 @@ mod plot;
 pub mod report;
 pub mod run;
 pub mod summary;
+pub mod tenant_summary;
+pub mod tenants;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -47,6 +49,8 @@ pub enum TimelineError {
     Arrivals(usize),
     #[error("--warmup must be at least 0 and below 1, got {0}")]
     Warmup(f64),
+    #[error("--tenants: {0}")]
+    Tenants(#[from] tenants::TenantsError),
 }
 
 /// The most arrivals one timeline replay may take (bounds its time and memory).
@@ -59,6 +63,7 @@ pub struct Timeline {
     mix: Mix,
     request_ids: Vec<u32>,
     options: TimelineOptions,
+    tenants: Option<tenants::Tenants>,
 }
 
 impl Timeline {
@@ -101,12 +106,24 @@ impl Timeline {
                 *ids.entry(&p.request).or_insert(next)
             })
             .collect();
+        let tenants = match &options.tenants {
+            Some(file) => {
+                let capacity = [
+                    base.gpu_capacity_milli(),
+                    workload.nodes.iter().map(|n| n.cpu_milli).sum(),
+                    workload.nodes.iter().map(|n| n.memory_mib).sum(),
+                ];
+                Some(tenants::Tenants::new(file, capacity, &workload.pods)?)
+            }
+            None => None,
+        };
         Ok(Timeline {
             base,
             workload,
             mix,
             request_ids,
             options,
+            tenants,
         })
     }
 
@@ -164,6 +181,7 @@ impl Timeline {
             self.base.clone(),
             Placer::new(policy, Self::placer_seed(seed)),
             &self.options,
+            self.tenants.as_ref(),
         );
         let outcome = engine.run(&schedule, self.warmup_index(), self.options.series_points);
         let context = run::Context {

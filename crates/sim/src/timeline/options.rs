@@ -42,6 +42,8 @@ pub struct TimelineOptions {
     pub series_points: usize,
     /// Moving pods to make room or to rebalance (`--defrag`).
     pub defrag: DefragSim,
+    /// Queues the pods are shared among (`--tenants`).
+    pub tenants: Option<super::tenants::TenantsFile>,
 }
 
 /// Which defragmentation runs in a timeline replay.
@@ -115,6 +117,7 @@ impl Default for TimelineOptions {
             queue: QueueConfig::default(),
             series_points: 240,
             defrag: DefragSim::default(),
+            tenants: None,
         }
     }
 }

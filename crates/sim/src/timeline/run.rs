@@ -52,6 +52,9 @@ pub struct TimelineRun {
     pub arrivals_per_s: f64,
     pub rounds: u64,
     pub attempts: u64,
+    /// Tenants' fairness and guarantees (`--tenants`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenants: Option<super::engine::TenantRun>,
     #[serde(skip)]
     pub elapsed: Duration,
 }
@@ -161,6 +164,7 @@ pub(super) fn measure(
         arrivals_per_s: schedule.rate_per_s,
         rounds: outcome.rounds,
         attempts: outcome.attempts,
+        tenants: outcome.tenants.clone(),
         elapsed,
     }
 }

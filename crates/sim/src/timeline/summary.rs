@@ -49,6 +49,9 @@ pub struct TimelinePolicy {
     pub cdf: BTreeMap<String, Vec<f64>>,
     /// One core's seconds for all seeds.
     pub elapsed_s: f64,
+    /// Tenants' fairness and guarantees (`--tenants`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenants: Option<super::tenant_summary::TenantSummary>,
 }
 
 /// Everything `simulate --timeline --json` prints and `summary.json` holds.
@@ -144,6 +147,7 @@ pub fn summarize_policy(policy: Policy, runs: &[&TimelineRun]) -> TimelinePolicy
         },
         cdf,
         elapsed_s: runs.iter().map(|r| r.elapsed.as_secs_f64()).sum(),
+        tenants: super::tenant_summary::summarize(runs),
     }
 }
 
@@ -265,6 +269,7 @@ pub fn table(summary: &TimelineSummary) -> String {
             );
         }
     }
+    super::tenant_summary::table(summary, &mut out);
     let _ = writeln!(
         out,
         "(time-weighted means over the window, mean ± sd over seeds; waits are means over seeds of each seed's percentile; unstart = pods not started by the end; wall {:.2}s)",

@@ -46,6 +46,16 @@ impl Scenario {
     }
 
     fn run_options(&self, arrivals: &[(u64, u32)], memo: bool, defrag: DefragSim) -> Vec<Job> {
+        self.run_all(arrivals, memo, defrag, None).jobs
+    }
+
+    fn run_all(
+        &self,
+        arrivals: &[(u64, u32)],
+        memo: bool,
+        defrag: DefragSim,
+        tenants: Option<&super::tenants::Tenants>,
+    ) -> super::engine::Outcome {
         let model = DurationModel {
             min_s: 1.0,
             ..DurationModel::default()
@@ -80,9 +90,10 @@ impl Scenario {
             state,
             Placer::new(Policy::BestFit, 1),
             &options,
+            tenants,
         );
         let engine = if memo { engine } else { engine.without_memo() };
-        engine.run(&schedule, 0, 10).jobs
+        engine.run(&schedule, 0, 10)
     }
 }
 
@@ -208,6 +219,7 @@ fn the_failure_memo_decides_exactly_as_a_full_search() {
                 timeline.base.clone(),
                 Placer::new(policy, 3),
                 &timeline.options,
+                None,
             );
             let engine = if memo { engine } else { engine.without_memo() };
             engine.run(&schedule, 600, 10).jobs
@@ -257,4 +269,46 @@ fn make_room_moves_a_pod_so_that_an_eight_gpu_pod_starts_at_once() {
         let expected = if checkpointed { 10_000 - ran } else { 10_000 };
         assert_eq!(again.run_ms, expected * 1000);
     }
+}
+
+#[test]
+fn a_tenant_below_its_guarantee_reclaims_exactly_what_it_is_owed() {
+    let mut pods: Vec<TracePod> = (0..8)
+        .map(|i| pod(&format!("a{i}"), 1, 10_000, 0, None))
+        .collect();
+    pods.extend((0..4).map(|i| pod(&format!("b{i}"), 1, 10_000, 0, None)));
+    let s = Scenario {
+        pods,
+        nodes: vec![node("n", 8)],
+        preempt: false,
+    };
+    let file: super::tenants::TenantsFile = serde_json::from_value(serde_json::json!({
+        "queues": [
+            {"name": "a", "guaranteed": {"nvidia.com/gpu": "50%"}},
+            {"name": "b", "guaranteed": {"nvidia.com/gpu": "50%"}}
+        ],
+        "assign": {"by": "shape", "rules": [], "default": "a"}
+    }))
+    .unwrap();
+    let mut tenants =
+        super::tenants::Tenants::new(&file, [8000, 64_000, 1 << 20], &s.pods).unwrap();
+    let b = tenants.tree.index("b").unwrap();
+    for q in tenants.queue_of.iter_mut().skip(8) {
+        *q = b;
+    }
+    let mut arrivals: Vec<(u64, u32)> = (0..8).map(|i| (0, i)).collect();
+    arrivals.extend((8..12).map(|i| (100, i)));
+    arrivals.push((200, 0));
+    let outcome = s.run_all(&arrivals, true, DefragSim::default(), Some(&tenants));
+    let jobs = &outcome.jobs;
+    // b's four pods start at once, four of a's are evicted (a keeps its guarantee).
+    for j in jobs.iter().filter(|j| j.pod >= 8) {
+        assert_eq!(secs(j.start), Some(100), "{jobs:?}");
+    }
+    assert_eq!(jobs.iter().filter(|j| j.evicted).count(), 4);
+    let report = outcome.tenants.expect("tenants measured");
+    let reclaimed: u64 = report.queues.iter().map(|q| q.reclaimed_pods).sum();
+    assert_eq!(reclaimed, 4);
+    // Afterwards a and b each hold their fair share: Jain's index is near 1.
+    assert!(report.jain > 0.9, "{report:?}");
 }
