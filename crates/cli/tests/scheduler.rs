@@ -26,7 +26,11 @@ fn crd_prints_the_podgroup_and_queue_definitions() {
         ))
         .unwrap()
     };
-    let committed = format!("{}---\n{}", read("podgroup-crd.yaml"), read("queue-crd.yaml"));
+    let committed = format!(
+        "{}---\n{}",
+        read("podgroup-crd.yaml"),
+        read("queue-crd.yaml")
+    );
     assert_eq!(
         text, committed,
         "regenerate deploy/base/crd/podgroup-crd.yaml and queue-crd.yaml with `gpuplace crd`"

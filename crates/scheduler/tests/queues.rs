@@ -261,3 +261,73 @@ async fn no_queues_no_change() {
     assert_eq!(bound_count(&api, "p"), 2);
     assert!(api.queue_events().is_empty());
 }
+
+/// An 8-GPU node whose inventory names `model`.
+fn model_node(name: &str, model: &str) -> k8s_openapi::api::core::v1::Node {
+    let mut inv = gpuplace_model::NodeInventory::uniform(name, 0, 0, 8, model);
+    for g in &mut inv.gpus {
+        g.id = format!("GPU-{name}-{}", g.index);
+        g.uuid = g.id.clone();
+    }
+    node(
+        name,
+        8,
+        json!({"metadata": {"annotations": {"gpuplace.io/inventory": inv.to_json()}}}),
+    )
+}
+
+fn on_node(api: &MemoryApi, prefix: &str, node: &str) -> usize {
+    api.pods()
+        .iter()
+        .filter(|p| {
+            p.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with(prefix))
+        })
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+        .count()
+}
+
+#[tokio::test]
+async fn per_model_limits_hold_for_pods_and_gangs() {
+    let api = MemoryApi::new();
+    api.put_node(model_node("fast", "A100"));
+    api.put_node(model_node("slow", "V100"));
+    api.put_queue("m", queue(json!({"limit": {"nvidia.com/gpu.A100": "2"}})));
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    let mut t = Instant::now();
+    // Three pods that only the A100 node takes: two run, the third waits.
+    for i in 0..3 {
+        let mut p = in_queue(&format!("s{i}"), "m", 1);
+        p.spec.as_mut().unwrap().node_selector =
+            Some([("kubernetes.io/hostname".to_string(), "fast".to_string())].into());
+        api.put_pod(p);
+    }
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(on_node(&api, "s", "fast"), 2, "at most 2 A100 GPUs");
+    assert_eq!(bound_count(&api, "s"), 2);
+    // A gang goes only to models with room for all of it: one that only the A100 node
+    // takes waits; one that may go anywhere runs on the V100 node.
+    for (g, only_fast) in [("g", true), ("h", false)] {
+        api.put_group(group(g, 3, 30));
+        for i in 0..3 {
+            let mut p = in_queue(&format!("{g}{i}"), "m", 1);
+            p.metadata
+                .labels
+                .as_mut()
+                .unwrap()
+                .insert("gpuplace.io/pod-group".into(), g.into());
+            if only_fast {
+                p.spec.as_mut().unwrap().node_selector =
+                    Some([("kubernetes.io/hostname".to_string(), "fast".to_string())].into());
+            }
+            api.put_pod(p);
+        }
+    }
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(bound_count(&api, "g"), 0);
+    assert_eq!(on_node(&api, "h", "slow"), 3);
+    assert_eq!(on_node(&api, "", "fast"), 2);
+    assert_no_double_booking(&api);
+}

@@ -448,11 +448,16 @@ impl<A: ClusterApi> Scheduler<A> {
                 None => filtered,
             };
             let filtered = profile.prefer(filtered, &input, &trial);
-            let mask: Option<Vec<bool>> = match (filtered.mask(), domain) {
+            let mut mask: Option<Vec<bool>> = match (filtered.mask(), domain) {
                 (None, None) => None,
                 (Some(m), None) | (None, Some(m)) => Some(m.to_vec()),
                 (Some(a), Some(b)) => Some(a.iter().zip(b).map(|(x, y)| *x && *y).collect()),
             };
+            // A queue's per-model limits: only models with room for the whole gang.
+            if let Some(narrow) = &self.narrow {
+                let m = mask.get_or_insert_with(|| vec![true; narrow.len()]);
+                m.iter_mut().zip(narrow).for_each(|(a, n)| *a &= *n);
+            }
             match self.placer.choose(&trial, &demand.request, mask.as_deref()) {
                 Ok(d) if trial.apply(d.node, &demand.request, &d.gpus).is_ok() => {
                     scalars.take(d.node, &demand.extended);
