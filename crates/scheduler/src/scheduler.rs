@@ -27,6 +27,7 @@ mod rebalance;
 mod reclaim;
 mod round;
 pub mod run;
+mod units;
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -35,8 +36,8 @@ use gpuplace_core::{Placer, Policy};
 
 pub use assume::{Reservation, Reservations};
 pub use bind::{WriteFailure, WriteOutcome};
-pub use fair_round::QueueFigures;
 pub use gpuplace_core::queue::QueueConfig;
+pub use queue_status::QueueFigures;
 
 /// The scheduling queue's attempt state, by pod UID (see [`gpuplace_core::queue`]).
 pub type Queue = gpuplace_core::queue::Queue<String, Instant>;
@@ -123,7 +124,7 @@ pub struct RoundReport {
     /// Pods reclaimed this round, by the queue they were taken from.
     pub reclaimed: std::collections::BTreeMap<String, usize>,
     /// Each queue's figures after the round (empty while queues are not in use).
-    pub queues: Vec<fair_round::QueueFigures>,
+    pub queues: Vec<queue_status::QueueFigures>,
     /// How long each of the round's preemption searches took (candidates, victim search
     /// and plan; not the evictions' writes).
     pub preemption_searches: Vec<Duration>,

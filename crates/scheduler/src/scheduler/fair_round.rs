@@ -7,45 +7,16 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use gpuplace_core::fairshare::{DIMS, Picker, QueueTree, Res};
+use tracing::info;
 
+use super::queue_status::{QueueFigures, WRITE_EVERY};
 use super::queues::{Standing, asked};
-use super::round::Unit;
+use super::units::{Order, Unit};
 use super::{RoundReport, Scheduler};
 use crate::api::{ClusterApi, ClusterView};
 use crate::k8s::pod_info::PodInfo;
+use crate::k8s::queue::QueueStatus;
 use crate::snapshot::Snapshot;
-
-/// The order units are decided in: as sorted (no queues), or by the queues' picker.
-pub(crate) enum Order<'p, 't, 'a> {
-    Plain(std::vec::IntoIter<Unit<'a>>),
-    Fair(&'p mut Picker<'t, Unit<'a>>),
-}
-
-impl<'a> Order<'_, '_, 'a> {
-    /// The next unit, with its queue when queues order them.
-    pub(crate) fn next(&mut self) -> Option<(Option<usize>, Unit<'a>)> {
-        match self {
-            Order::Plain(units) => units.next().map(|u| (None, u)),
-            Order::Fair(picker) => picker.pop().map(|(q, u)| (Some(q), u)),
-        }
-    }
-}
-
-/// One queue's figures after a round.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct QueueFigures {
-    pub name: String,
-    /// Held by its pods and its children's (GPU milli, CPU milli, memory MiB).
-    pub allocated: [u64; DIMS],
-    pub guaranteed: [u64; DIMS],
-    pub fair_share: [u64; DIMS],
-    /// Asked for by its waiting pods.
-    pub pending: [u64; DIMS],
-    pub pending_pods: u32,
-    /// `None` when it serves pods; else why not.
-    pub problem: Option<String>,
-    pub limit: [Option<u64>; DIMS],
-}
 
 impl<A: ClusterApi> Scheduler<A> {
     /// Decides the round's units in the queues' fair order; units whose queue is missing or
@@ -191,4 +162,54 @@ fn figures(
             }
         })
         .collect()
+}
+
+impl<A: ClusterApi> Scheduler<A> {
+    /// Writes the statuses that changed, and tells new problems, if it is time.
+    pub(super) async fn flush_queue_statuses(&mut self, now: Instant) {
+        let w = &mut self.queue_status;
+        if !self.gate.is_open() || w.last_write.is_some_and(|t| now < t + WRITE_EVERY) {
+            return;
+        }
+        let changed: Vec<(String, QueueStatus)> = w
+            .wanted
+            .iter()
+            .filter(|(name, s)| w.written.get(*name) != Some(*s))
+            .map(|(n, s)| (n.clone(), s.clone()))
+            .collect();
+        if changed.is_empty() {
+            return;
+        }
+        w.last_write = Some(now);
+        for (name, status) in changed {
+            let problem = status
+                .conditions
+                .first()
+                .filter(|c| c.status == "False")
+                .map(|c| c.message.clone());
+            if let Some(p) = &problem
+                && self.queue_status.told.get(&name) != Some(p)
+            {
+                let message = format!("queue {name} serves no pod: {p}");
+                match self
+                    .api
+                    .queue_event(&name, "Warning", "Rejected", &message)
+                    .await
+                {
+                    Ok(()) => {
+                        self.queue_status.told.insert(name.clone(), p.clone());
+                    }
+                    Err(e) => info!(queue = %name, error = %e, "queue Event not recorded"),
+                }
+            } else if problem.is_none() {
+                self.queue_status.told.remove(&name);
+            }
+            match self.api.queue_status(&name, status.clone()).await {
+                Ok(()) => {
+                    self.queue_status.written.insert(name, status);
+                }
+                Err(e) => info!(queue = %name, error = %e, "queue status not written"),
+            }
+        }
+    }
 }

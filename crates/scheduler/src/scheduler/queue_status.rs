@@ -8,24 +8,37 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use gpuplace_core::fairshare::{DIM_NAMES, DIMS, show_amount};
-use tracing::info;
 
-use super::Scheduler;
-use super::fair_round::QueueFigures;
-use crate::api::{ClusterApi, ClusterView};
+use crate::api::ClusterView;
 use crate::k8s::queue::{QueueCondition, QueueStatus};
 
 /// The shortest time between two batches of status writes.
 pub const WRITE_EVERY: Duration = Duration::from_secs(2);
 
+/// One queue's figures after a round.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct QueueFigures {
+    pub name: String,
+    /// Held by its pods and its children's (GPU milli, CPU milli, memory MiB).
+    pub allocated: [u64; DIMS],
+    pub guaranteed: [u64; DIMS],
+    pub fair_share: [u64; DIMS],
+    /// Asked for by its waiting pods.
+    pub pending: [u64; DIMS],
+    pub pending_pods: u32,
+    /// `None` when it serves pods; else why not.
+    pub problem: Option<String>,
+    pub limit: [Option<u64>; DIMS],
+}
+
 /// Statuses as last written and as the latest round would have them.
 #[derive(Default)]
 pub struct StatusWriter {
-    written: HashMap<String, QueueStatus>,
-    wanted: BTreeMap<String, QueueStatus>,
-    last_write: Option<Instant>,
+    pub(crate) written: HashMap<String, QueueStatus>,
+    pub(crate) wanted: BTreeMap<String, QueueStatus>,
+    pub(crate) last_write: Option<Instant>,
     /// The problem last told in an Event, per queue.
-    told: HashMap<String, String>,
+    pub(crate) told: HashMap<String, String>,
 }
 
 fn amounts(values: &[u64; DIMS], skip_zero: bool) -> BTreeMap<String, String> {
@@ -88,55 +101,5 @@ impl StatusWriter {
                 (f.name.clone(), status_of(f, previous, now))
             })
             .collect();
-    }
-}
-
-impl<A: ClusterApi> Scheduler<A> {
-    /// Writes the statuses that changed, and tells new problems, if it is time.
-    pub(super) async fn flush_queue_statuses(&mut self, now: Instant) {
-        let w = &mut self.queue_status;
-        if !self.gate.is_open() || w.last_write.is_some_and(|t| now < t + WRITE_EVERY) {
-            return;
-        }
-        let changed: Vec<(String, QueueStatus)> = w
-            .wanted
-            .iter()
-            .filter(|(name, s)| w.written.get(*name) != Some(*s))
-            .map(|(n, s)| (n.clone(), s.clone()))
-            .collect();
-        if changed.is_empty() {
-            return;
-        }
-        w.last_write = Some(now);
-        for (name, status) in changed {
-            let problem = status
-                .conditions
-                .first()
-                .filter(|c| c.status == "False")
-                .map(|c| c.message.clone());
-            if let Some(p) = &problem
-                && self.queue_status.told.get(&name) != Some(p)
-            {
-                let message = format!("queue {name} serves no pod: {p}");
-                match self
-                    .api
-                    .queue_event(&name, "Warning", "Rejected", &message)
-                    .await
-                {
-                    Ok(()) => {
-                        self.queue_status.told.insert(name.clone(), p.clone());
-                    }
-                    Err(e) => info!(queue = %name, error = %e, "queue Event not recorded"),
-                }
-            } else if problem.is_none() {
-                self.queue_status.told.remove(&name);
-            }
-            match self.api.queue_status(&name, status.clone()).await {
-                Ok(()) => {
-                    self.queue_status.written.insert(name, status);
-                }
-                Err(e) => info!(queue = %name, error = %e, "queue status not written"),
-            }
-        }
     }
 }

@@ -2,19 +2,17 @@
 //! could help them, build the state with every reservation applied, and decide each due
 //! unit (a pod, or a gang at its highest member's priority) in queue order.
 
-use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
 use gpuplace_core::Decision;
-use k8s_openapi::jiff::Timestamp;
 use tracing::{debug, info, warn};
 
 use super::bind::{WriteFailure, WriteOutcome};
 use super::cluster_cache::Brought;
-pub(super) use super::fair_round::Order;
 use super::reclaim::Fair;
+use super::units::{Order, Unit};
 use super::{RoundReport, RoundTimings, Scheduler, Seen};
 use crate::api::{ApiError, BindRequest, ClusterApi, ClusterView, PodFeed, PodKey};
 use crate::framework::filter::{VerdictCache, Verdicts, explain};
@@ -22,34 +20,6 @@ use crate::framework::{FilterInput, Profile};
 use crate::k8s::demand::{ASSIGNMENT_ANNOTATION, Assignment, PodDemand};
 use crate::k8s::pod_info::PodInfo;
 use crate::snapshot::Snapshot;
-
-/// What the queue orders: one pod, or a gang (decided as one unit).
-pub(super) enum Unit<'a> {
-    Single(&'a Arc<PodInfo>),
-    Gang((String, String), Vec<&'a Arc<PodInfo>>),
-}
-
-impl<'a> Unit<'a> {
-    /// Its pods.
-    pub(super) fn pods(&self) -> Vec<&'a Arc<PodInfo>> {
-        match self {
-            Unit::Single(p) => vec![*p],
-            Unit::Gang(_, members) => members.clone(),
-        }
-    }
-
-    /// Priority (highest member's for a gang), then creation time, then name.
-    fn order(&self) -> (Reverse<i32>, Option<Timestamp>, String) {
-        match self {
-            Unit::Single(p) => (Reverse(p.priority), p.created, p.key.to_string()),
-            Unit::Gang((ns, g), members) => (
-                Reverse(members.iter().map(|p| p.priority).max().unwrap_or(0)),
-                members.iter().filter_map(|p| p.created).min(),
-                format!("{ns}/{g}"),
-            ),
-        }
-    }
-}
 
 impl<A: ClusterApi> Scheduler<A> {
     /// Whether nothing changed since the last round: no watch event, no write outcome,

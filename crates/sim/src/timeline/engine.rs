@@ -14,11 +14,13 @@
 
 mod defrag;
 mod fair;
+mod fair_round;
+mod victims;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 
-use gpuplace_core::preempt::{self, Candidates, Holder};
+use gpuplace_core::preempt;
 use gpuplace_core::queue::Queue;
 use gpuplace_core::{ClusterState, Placer};
 
@@ -573,81 +575,5 @@ impl<'a> Engine<'a> {
             Some(plan) => self.evict_and_start(job, &groups, plan, now),
             None => false,
         }
-    }
-
-    /// Running pods that `take` accepts (by pod index), grouped by unit (a gang is
-    /// evicted whole).
-    fn victim_groups(&self, take: &dyn Fn(u32) -> bool) -> Vec<Vec<u32>> {
-        let mut by_unit: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-        for &r in &self.running {
-            let j = &self.jobs[r as usize];
-            if take(j.pod) {
-                by_unit.entry(j.unit).or_default().push(r);
-            }
-        }
-        by_unit.into_values().collect()
-    }
-
-    /// The victim search's candidates: one unit per group.
-    fn candidates(&self, groups: &[Vec<u32>]) -> Candidates<'_> {
-        let mut candidates = Candidates::default();
-        for group in groups {
-            let top = group
-                .iter()
-                .map(|&r| self.pods[self.jobs[r as usize].pod as usize].priority)
-                .max()
-                .unwrap_or(0);
-            candidates.push_unit(
-                top,
-                group.iter().map(|&r| {
-                    let j = &self.jobs[r as usize];
-                    Holder {
-                        node: j.node as usize,
-                        request: &self.pods[j.pod as usize].request,
-                        gpus: &j.gpus,
-                        budgets: Vec::new(),
-                    }
-                }),
-            );
-        }
-        candidates
-    }
-
-    /// Evicts the plan's groups (their pods go back to the queue, to start over) and
-    /// starts `job` where the plan puts it.
-    fn evict_and_start(
-        &mut self,
-        job: u32,
-        groups: &[Vec<u32>],
-        plan: preempt::Preemption,
-        now: Ms,
-    ) -> bool {
-        for &u in &plan.units {
-            let group = &groups[u];
-            let mut again = Vec::with_capacity(group.len());
-            let mut top = i32::MIN;
-            for &victim in group {
-                let v = &self.jobs[victim as usize];
-                let milli: u64 = v.gpus.iter().map(|&(_, m)| u64::from(m)).sum();
-                let ran = now.0.saturating_sub(v.start.map_or(now.0, |s| s.0));
-                self.outcome_counts.preempted_pods += 1;
-                self.outcome_counts.preempted_milli += milli;
-                self.outcome_counts.lost_milli_ms += u128::from(milli) * u128::from(ran);
-                again.push((v.pod, v.run_ms));
-                top = top.max(self.pods[v.pod as usize].priority);
-                self.depart(victim, now, true);
-            }
-            self.enqueue(&again, top, now, true);
-        }
-        let request = &self.pods[self.jobs[job as usize].pod as usize].request;
-        if self.state.apply(plan.node, request, &plan.gpus).is_err() {
-            return false;
-        }
-        let placed = Placed {
-            node: plan.node,
-            gpus: plan.gpus,
-        };
-        self.start(job, placed, now);
-        true
     }
 }

@@ -269,7 +269,14 @@ pub fn table(summary: &TimelineSummary) -> String {
             );
         }
     }
-    super::tenant_summary::table(summary, &mut out);
+    super::tenant_summary::table(
+        summary.policies.iter().filter_map(|p| {
+            p.tenants
+                .as_ref()
+                .map(|t| (p.policy.as_str(), p.allocation_pct, t))
+        }),
+        &mut out,
+    );
     let _ = writeln!(
         out,
         "(time-weighted means over the window, mean ± sd over seeds; waits are means over seeds of each seed's percentile; unstart = pods not started by the end; wall {:.2}s)",

@@ -8,7 +8,6 @@ use std::fmt::Write;
 use serde::Serialize;
 
 use super::run::TimelineRun;
-use super::summary::TimelineSummary;
 use crate::report::Stat;
 
 /// One queue across seeds.
@@ -88,27 +87,25 @@ pub fn summarize(runs: &[&TimelineRun]) -> Option<TenantSummary> {
     })
 }
 
-/// The tenants' lines of the text report.
-pub fn table(summary: &TimelineSummary, out: &mut String) {
-    for p in &summary.policies {
-        let Some(t) = &p.tenants else {
-            continue;
-        };
+/// The tenants' lines of the text report: per policy (its name, its allocation %, its
+/// tenants' summary).
+pub fn table<'a>(rows: impl Iterator<Item = (&'a str, Stat, &'a TenantSummary)>, out: &mut String) {
+    for (policy, allocation, t) in rows {
         let cost = t
             .allocation_without_queues_pct
             .map(|w| {
                 format!(
                     "; allocation {:.2}% vs {:.2}% without queues ({:+.2} points)",
-                    p.allocation_pct.mean,
+                    allocation.mean,
                     w.mean,
-                    p.allocation_pct.mean - w.mean
+                    allocation.mean - w.mean
                 )
             })
             .unwrap_or_default();
         let _ = writeln!(
             out,
             "{:<21} tenants: Jain's index of allocation / fair share {:.3} ± {:.3}{cost}",
-            p.policy, t.jain.mean, t.jain.sd
+            policy, t.jain.mean, t.jain.sd
         );
         for q in &t.queues {
             let _ = writeln!(
