@@ -2,7 +2,9 @@
 """Loads a real API server (../shared/realapi) for gpuplace's checks, and times binding.
 
   realapi-load.py nodes N [--gpus 8]          # N Ready nodes with an 8-GPU gpuplace inventory
-  realapi-load.py pods M [--scheduler gpuplace] [--gpus 1] [--prefix p]
+  realapi-load.py pods M [--scheduler gpuplace] [--gpus 1] [--prefix p] [--queues K]
+  realapi-load.py queues K [--gpus G]        # K Queue objects q000.. guaranteed G GPUs each
+  realapi-load.py unqueue                    # deletes the Queue objects
   realapi-load.py bind [--threads 16]         # a trivial binder: one Binding per pending pod
   realapi-load.py watch M [--timeout 600]    # one watch stream; pods/s from the 10% to the 90% bound mark
   realapi-load.py clean                      # deletes the pods (grace 0) and the nodes
@@ -61,10 +63,13 @@ def make_node(name, gpus):
          "application/merge-patch+json")
 
 
-def make_pod(name, scheduler, gpus):
+def make_pod(name, scheduler, gpus, queue=None):
+    metadata = {"name": name}
+    if queue is not None:
+        metadata["labels"] = {"gpuplace.io/queue": queue}
     call("POST", "/api/v1/namespaces/default/pods", {
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name},
+        "metadata": metadata,
         "spec": {"schedulerName": scheduler, "terminationGracePeriodSeconds": 0,
                  "containers": [{"name": "main", "image": "busybox",
                                  "resources": {"requests": {"cpu": "100m", "memory": "100Mi"},
@@ -104,20 +109,32 @@ def watch_bound(count, timeout):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["nodes", "pods", "bind", "watch", "clean"])
+    ap.add_argument("what", choices=["nodes", "pods", "bind", "watch", "clean", "queues", "unqueue"])
     ap.add_argument("count", type=int, nargs="?", default=0)
     ap.add_argument("--gpus", type=int, default=None)
     ap.add_argument("--scheduler", default="gpuplace")
     ap.add_argument("--prefix", default="p")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--threads", type=int, default=16)
+    ap.add_argument("--queues", type=int, default=0)
     a = ap.parse_args()
     pool = cf.ThreadPoolExecutor(16)
     if a.what == "nodes":
         list(pool.map(lambda i: make_node(f"n{i:04d}", a.gpus or 8), range(a.count)))
     elif a.what == "pods":
-        list(pool.map(lambda i: make_pod(f"{a.prefix}{i:05d}", a.scheduler, a.gpus or 1),
-                      range(a.count)))
+        queue = (lambda i: f"q{i % a.queues:03d}") if a.queues else (lambda i: None)
+        list(pool.map(lambda i: make_pod(f"{a.prefix}{i:05d}", a.scheduler, a.gpus or 1,
+                                         queue(i)), range(a.count)))
+    elif a.what == "queues":
+        group = "/apis/gpuplace.io/v1alpha1/queues"
+        list(pool.map(lambda i: call("POST", group, {
+            "apiVersion": "gpuplace.io/v1alpha1", "kind": "Queue",
+            "metadata": {"name": f"q{i:03d}"},
+            "spec": {"guaranteed": {"nvidia.com/gpu": str(a.gpus or 0)}}}), range(a.count)))
+    elif a.what == "unqueue":
+        group = "/apis/gpuplace.io/v1alpha1/queues"
+        for q in call("GET", group).get("items", []):
+            call("DELETE", f"{group}/{q['metadata']['name']}")
     elif a.what == "bind":
         pods = call("GET", "/api/v1/namespaces/default/pods").get("items", [])
         names = [p["metadata"]["name"] for p in pods if not p["spec"].get("nodeName")]
