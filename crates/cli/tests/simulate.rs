@@ -324,3 +324,68 @@ fn timeline_flags_are_checked() {
         assert!(err.contains(expected), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn timeline_with_tenants_reports_fairness_and_rejects_bad_files() {
+    let example = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/tenants/skewed.yaml"
+    );
+    let out = gpuplace()
+        .args([
+            "simulate",
+            "--timeline",
+            "--scale",
+            "16",
+            "--seeds",
+            "1",
+            "--arrivals",
+            "1500",
+            "--load",
+            "1.1",
+            "--policies",
+            "gpuplace",
+            "--json",
+            "--tenants",
+            example,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let t = &v["policies"][0]["tenants"];
+    let jain = t["jain"]["mean"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&jain), "{t}");
+    assert_eq!(t["queues"].as_array().unwrap().len(), 4, "{t}");
+    assert!(t["allocation_without_queues_pct"]["mean"].is_f64(), "{t}");
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "queues: [{name: a, limit: {nvidia.com/gpu: lots}}]\nassign: {by: hash, shares: {a: 1}}\n",
+    )
+    .unwrap();
+    let out = gpuplace()
+        .args([
+            "simulate",
+            "--timeline",
+            "--scale",
+            "32",
+            "--seeds",
+            "1",
+            "--tenants",
+        ])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("queue a: limit.nvidia.com/gpu: lots is not a quantity or a percent"),
+        "{err}"
+    );
+}
