@@ -376,15 +376,18 @@ pub struct GangPreemption {
 
 /// Plans every member of a gang at once: members that fit are placed by `placer`, the
 /// others each evict victims (the cheapest plan given what earlier members took); all
-/// members or none. `members` are requests with their allowed nodes.
+/// members or none. `members` are requests with their allowed nodes; the units marked in
+/// `excluded` are not evicted.
 pub fn find_for_all(
     placer: &mut crate::Placer,
     state: &ClusterState,
     members: &[(&Request, Option<&[bool]>)],
     candidates: &Candidates<'_>,
+    excluded: &[bool],
 ) -> Option<GangPreemption> {
     let mut trial = state.clone();
-    let mut taken = vec![false; candidates.units.len()];
+    let mut taken = excluded.to_vec();
+    taken.resize(candidates.units.len(), false);
     let mut freed = vec![false; candidates.freeing.len()];
     let mut placements = Vec::with_capacity(members.len());
     let mut cost = Cost::default();

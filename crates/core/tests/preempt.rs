@@ -194,10 +194,24 @@ fn a_gang_preempts_for_all_its_members_or_not_at_all() {
         &state,
         &[(&eight, None), (&four, None)],
         &candidates,
+        &[],
     )
     .unwrap();
     assert_eq!(plan.units, vec![0]);
     assert_eq!(plan.placements[0].0, 0);
+    assert_eq!(plan.placements[1].0, 1);
+    // With a and b excluded, the 8 evicts c instead (the search spares what it is told
+    // to) and the 4 still fits on b's node.
+    let plan = find_for_all(
+        &mut placer,
+        &state,
+        &[(&eight, None), (&four, None)],
+        &candidates,
+        &[true, true, false],
+    )
+    .unwrap();
+    assert_eq!(plan.units, vec![2]);
+    assert_eq!(plan.placements[0].0, 2);
     assert_eq!(plan.placements[1].0, 1);
     // Three eights: a, b and c would all have to go, and with c spared by the mask none is
     // planned.
@@ -211,7 +225,8 @@ fn a_gang_preempts_for_all_its_members_or_not_at_all() {
                 (&eight, Some(&mask)),
                 (&eight, Some(&mask))
             ],
-            &candidates
+            &candidates,
+            &[]
         )
         .is_none()
     );

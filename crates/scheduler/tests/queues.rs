@@ -331,3 +331,70 @@ async fn per_model_limits_hold_for_pods_and_gangs() {
     assert_eq!(on_node(&api, "", "fast"), 2);
     assert_no_double_booking(&api);
 }
+
+/// A gang of `members` pods of `gpus` GPUs each, in queue `q`.
+fn gang_in_queue(api: &MemoryApi, g: &str, q: &str, members: u32, gpus: u32) {
+    api.put_group(group(g, members, 300));
+    for i in 0..members {
+        let mut p = in_queue(&format!("{g}{i}"), q, gpus);
+        p.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("gpuplace.io/pod-group".into(), g.into());
+        api.put_pod(p);
+    }
+}
+
+#[tokio::test]
+async fn a_gang_reclaims_its_guarantee_all_at_once_and_never_past_it() {
+    let api = MemoryApi::new();
+    two_halves(&api);
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    let mut t = Instant::now();
+    for i in 0..8 {
+        api.put_pod(in_queue(&format!("a{i}"), "a", 1));
+    }
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(bound_count(&api, "a"), 8, "a borrows b's idle half");
+    // A gang past b's guarantee (3 x 2 GPUs of 4) reclaims nothing.
+    gang_in_queue(&api, "big", "b", 3, 2);
+    settle(&mut scheduler, &mut t).await;
+    assert!(deleting(&api).is_empty(), "{:?}", deleting(&api));
+    api.delete_pod("ml", "big0");
+    api.delete_pod("ml", "big1");
+    api.delete_pod("ml", "big2");
+    // A gang within it (2 x 2 GPUs) takes exactly four of a's pods, whole or not at all.
+    gang_in_queue(&api, "g", "b", 2, 2);
+    settle(&mut scheduler, &mut t).await;
+    let gone = deleting(&api);
+    assert_eq!(gone.len(), 4, "{gone:?}");
+    assert!(gone.iter().all(|n| n.starts_with('a')));
+    let preempted = api
+        .events()
+        .into_iter()
+        .filter(|e| e.reason == "Preempted")
+        .map(|e| e.message)
+        .collect::<Vec<_>>();
+    assert_eq!(preempted.len(), 4);
+    assert!(
+        preempted
+            .iter()
+            .all(|m| m.ends_with("to give queue b its guarantee")),
+        "{preempted:?}"
+    );
+    assert!(
+        last_message(&api, "g0").contains("reclaim: nominated node"),
+        "{}",
+        last_message(&api, "g0")
+    );
+    finish_terminating(&api);
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(
+        bound_count(&api, "g"),
+        2,
+        "the gang runs on the freed devices"
+    );
+    assert_eq!(bound_count(&api, "a"), 4, "a stays at its guarantee");
+    assert_no_double_booking(&api);
+}

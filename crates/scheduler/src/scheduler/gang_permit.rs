@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use super::gang_status::{Gang, Why, sentence};
 use super::post_filter::Outcome;
+use super::reclaim::Fair;
 use super::{RoundReport, Scheduler};
 use crate::api::{ClusterApi, ClusterView};
 use crate::framework::filter::{Verdicts, explain};
@@ -57,13 +58,16 @@ fn best_len(best: &Option<Trial<'_>>) -> usize {
 impl<A: ClusterApi> Scheduler<A> {
     /// All-or-nothing: place every waiting member on a copy; reserve them all only when
     /// at least `minMember` members (bound and reserved ones included) fit, and only then
-    /// hand their Bindings to the bind stage.
-    pub(super) async fn schedule_gang(
+    /// hand their Bindings to the bind stage. With queues, `fair` is the gang's queue
+    /// and the round's allocations (for reclaim).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn schedule_gang<U>(
         &mut self,
         snapshot: &mut Snapshot,
         view: &ClusterView,
         (namespace, group): (&str, &str),
         members: Vec<(&Arc<PodInfo>, Verdicts)>,
+        fair: Option<Fair<'_, '_, U>>,
         now: Instant,
         report: &mut RoundReport,
     ) {
@@ -105,7 +109,7 @@ impl<A: ClusterApi> Scheduler<A> {
             placed: best.trial.planned.len() as u32,
             failure: best.failure,
         };
-        self.gang_does_not_fit(snapshot, view, attempt, now, report)
+        self.gang_does_not_fit(snapshot, view, attempt, fair, now, report)
             .await;
     }
 
@@ -225,13 +229,15 @@ impl<A: ClusterApi> Scheduler<A> {
         }
     }
 
-    /// Not enough members fit: preempt for them all if that can help; else hold nothing,
-    /// wait, and after the gang's timeout say why.
-    async fn gang_does_not_fit(
+    /// Not enough members fit: preempt for them all if that can help (within the gang's
+    /// queue), else reclaim from other queues, else make room; else hold nothing, wait,
+    /// and after the gang's timeout say why.
+    async fn gang_does_not_fit<U>(
         &mut self,
         snapshot: &mut Snapshot,
         view: &ClusterView,
         attempt: GangAttempt<'_, '_>,
+        fair: Option<Fair<'_, '_, U>>,
         now: Instant,
         report: &mut RoundReport,
     ) {
@@ -250,6 +256,14 @@ impl<A: ClusterApi> Scheduler<A> {
                 .preempt_gang(snapshot, view, members, domains, report)
                 .await;
             if matches!(outcome, Outcome::NoVictims(_))
+                && let Some(fair) = fair
+                && let Some(reclaimed) = self
+                    .reclaim_gang(snapshot, view, members, domains, fair, report)
+                    .await
+            {
+                outcome = reclaimed;
+            }
+            if matches!(outcome, Outcome::NoVictims(_))
                 && self.config.defrag.mode.makes_room()
                 && let Some(moving) = self
                     .make_room_gang(snapshot, view, members, domains, report)
@@ -262,7 +276,10 @@ impl<A: ClusterApi> Scheduler<A> {
             }
             if matches!(
                 outcome,
-                Outcome::Nominated { .. } | Outcome::Moving { .. } | Outcome::Waiting
+                Outcome::Nominated { .. }
+                    | Outcome::Moving { .. }
+                    | Outcome::Reclaimed { .. }
+                    | Outcome::Waiting
             ) {
                 let reason = format!(
                     "pod group {}: only {} of {min_member} members fit at once",
@@ -271,7 +288,7 @@ impl<A: ClusterApi> Scheduler<A> {
                 );
                 let message = outcome.message(&sentence(&reason), snapshot.nodes.len());
                 report.waiting_gangs += 1;
-                if matches!(outcome, Outcome::Nominated { .. } | Outcome::Moving { .. }) {
+                if !matches!(outcome, Outcome::Waiting) {
                     for (pod, _) in members {
                         self.events
                             .emit(&pod.key, "Warning", "FailedScheduling", message.clone());

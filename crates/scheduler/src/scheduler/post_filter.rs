@@ -89,7 +89,7 @@ impl Outcome {
 }
 
 /// The pods of `units` (whole gangs included).
-fn victims_of(
+pub(super) fn victims_of(
     cands: &preempt::Candidates<'_>,
     keys: &[Arc<PodInfo>],
     units: &[usize],
@@ -299,7 +299,7 @@ impl<A: ClusterApi> Scheduler<A> {
             masks: &masks,
             domains,
         };
-        let best = search.best(&mut self.placer, snapshot, &cands);
+        let best = search.best(&mut self.placer, snapshot, &cands, &[]);
         self.preemption_times.push(started.elapsed());
         let plan = match best {
             Err(NotPlanned) => return Outcome::NotTried,
@@ -308,7 +308,7 @@ impl<A: ClusterApi> Scheduler<A> {
         };
         let victims = victims_of(&cands, &keys, &plan.plan.units);
         drop(cands);
-        self.nominate_gang(snapshot, members, &plan, victims, report)
+        self.nominate_gang(snapshot, members, &plan, victims, None, report)
             .await
     }
 
@@ -362,13 +362,14 @@ impl<A: ClusterApi> Scheduler<A> {
     }
 
     /// Evicts the plan's victims and nominates every member to its planned place (the
-    /// devices held for it from this round on).
-    async fn nominate_gang(
+    /// devices held for it from this round on). `why` ends the victims' Events.
+    pub(super) async fn nominate_gang(
         &mut self,
         snapshot: &mut Snapshot,
         members: &[(&Arc<PodInfo>, Verdicts)],
         plan: &GangPlan,
         victims: Vec<PodKey>,
+        why: Option<&str>,
         report: &mut RoundReport,
     ) -> Outcome {
         let mut nominate = Vec::new();
@@ -382,7 +383,7 @@ impl<A: ClusterApi> Scheduler<A> {
         }
         let where_ = Self::nodes_of(snapshot, &victims.iter().collect::<Vec<_>>());
         let by = &members[plan.order[0]].0.key;
-        let evicted = self.carry_out(by, &where_, &victims, &nominate, None).await;
+        let evicted = self.carry_out(by, &where_, &victims, &nominate, why).await;
         report.preempted += evicted;
         for n in noms {
             let uid = n.key.uid.clone();
@@ -402,29 +403,30 @@ impl<A: ClusterApi> Scheduler<A> {
 }
 
 /// A member's requests could not be read: the gang is not planned.
-struct NotPlanned;
+pub(super) struct NotPlanned;
 
 /// The cheapest gang plan found, and the member order its placements follow.
-struct GangPlan {
-    plan: preempt::GangPreemption,
-    order: Vec<usize>,
+pub(super) struct GangPlan {
+    pub plan: preempt::GangPreemption,
+    pub order: Vec<usize>,
 }
 
 /// A gang's victim search over its topology domains.
-struct GangSearch<'a, 'p> {
-    members: &'a [(&'p Arc<PodInfo>, Verdicts)],
-    masks: &'a [Option<Vec<bool>>],
-    domains: &'a [Option<Vec<bool>>],
+pub(super) struct GangSearch<'a, 'p> {
+    pub members: &'a [(&'p Arc<PodInfo>, Verdicts)],
+    pub masks: &'a [Option<Vec<bool>>],
+    pub domains: &'a [Option<Vec<bool>>],
 }
 
 impl GangSearch<'_, '_> {
     /// The cheapest plan over the domains, largest members placed first, each within its
-    /// filter mask and the domain.
-    fn best(
+    /// filter mask and the domain, not evicting the units marked in `excluded`.
+    pub(super) fn best(
         &self,
         placer: &mut gpuplace_core::Placer,
         snapshot: &Snapshot,
         cands: &preempt::Candidates<'_>,
+        excluded: &[bool],
     ) -> Result<Option<GangPlan>, NotPlanned> {
         let demand = |i: usize| self.members[i].0.demand.as_ref().ok();
         let mut order: Vec<usize> = (0..self.members.len()).collect();
@@ -451,7 +453,7 @@ impl GangSearch<'_, '_> {
             if asks.len() != self.members.len() {
                 return Err(NotPlanned);
             }
-            let plan = preempt::find_for_all(placer, &snapshot.state, &asks, cands);
+            let plan = preempt::find_for_all(placer, &snapshot.state, &asks, cands, excluded);
             if let Some(plan) = plan
                 && best.as_ref().is_none_or(|b| plan.cost < b.plan.cost)
             {

@@ -226,15 +226,15 @@ impl<A: ClusterApi> Scheduler<A> {
             {
                 continue;
             }
+            let fair = match (&mut order, queue) {
+                (Order::Fair(picker), Some(queue)) => Some(Fair { picker, queue }),
+                _ => None,
+            };
             match unit {
                 Unit::Single(pod) => {
                     let started = Instant::now();
                     let v = verdicts.get(snapshot, pod);
                     report.timings.filter += started.elapsed();
-                    let fair = match (&mut order, queue) {
-                        (Order::Fair(picker), Some(queue)) => Some(Fair { picker, queue }),
-                        _ => None,
-                    };
                     self.schedule_one(snapshot, view, &v, pod, fair, now, report)
                         .await;
                 }
@@ -244,7 +244,8 @@ impl<A: ClusterApi> Scheduler<A> {
                         .into_iter()
                         .map(|p| (p, verdicts.get(snapshot, p)))
                         .collect();
-                    self.schedule_gang(snapshot, view, (&namespace, &group), members, now, report)
+                    let id = (namespace.as_str(), group.as_str());
+                    self.schedule_gang(snapshot, view, id, members, fair, now, report)
                         .await;
                     report.timings.gangs += started.elapsed();
                 }
