@@ -92,7 +92,8 @@ impl<A: ClusterApi> Scheduler<A> {
         true
     }
 
-    /// Counts what `pods` now hold (those reserved this round) in their queue.
+    /// Counts what `pods` now hold in their queue: those reserved this round, and those
+    /// nominated (by preemption or reclaim, this round or before).
     pub(super) fn account(
         &self,
         snapshot: &Snapshot,
@@ -101,12 +102,28 @@ impl<A: ClusterApi> Scheduler<A> {
         pods: &[&Arc<PodInfo>],
     ) {
         for p in pods {
-            if !self.cluster.reservations.contains(&p.key.uid) {
-                continue;
+            if self.cluster.reservations.contains(&p.key.uid) {
+                if let Some(h) = snapshot.held.get(&p.key.uid) {
+                    let model = snapshot.state.inventory(h.node).gpu_model();
+                    picker.placed(q, &Res::of(&h.request, Some(model)));
+                }
+            } else if let Some(n) = self.cluster.nominations.get(&p.key.uid) {
+                picker.placed(q, &Res::of(&n.request, None));
             }
-            if let Some(h) = snapshot.held.get(&p.key.uid) {
-                let model = snapshot.state.inventory(h.node).gpu_model();
-                picker.placed(q, &Res::of(&h.request, Some(model)));
+        }
+    }
+
+    /// Takes `pods`' nominations out of their queue's allocation (as the round's standing
+    /// counted them) while they are decided again.
+    pub(super) fn unaccount(
+        &self,
+        picker: &mut Picker<'_, Unit<'_>>,
+        q: usize,
+        pods: &[&Arc<PodInfo>],
+    ) {
+        for p in pods {
+            if let Some(n) = self.cluster.nominations.get(&p.key.uid) {
+                picker.removed(q, &Res::of(&n.request, None));
             }
         }
     }

@@ -232,7 +232,7 @@ impl<A: ClusterApi> Scheduler<A> {
         also: &dyn Fn(&str) -> bool,
     ) -> MovableSet<'s> {
         let reservations = &self.cluster.reservations;
-        let promised = self.cluster.nominations.victims();
+        let promised = self.cluster.nominations.victims(&[]);
         let skip = |uid: &str| {
             (!reservations.is_empty() && reservations.contains(uid))
                 || promised.contains(uid)

@@ -185,7 +185,7 @@ impl<A: ClusterApi> Scheduler<A> {
             .map_or(0, |m| m.iter().filter(|a| !**a).count());
         let started = std::time::Instant::now();
         let reservations = &self.cluster.reservations;
-        let promised = self.cluster.nominations.victims();
+        let promised = self.cluster.nominations.victims(&[&pod.key]);
         // With queues, priority preempts only within the pod's queue (reclaim is across).
         let queues = &self.queues;
         let own = self.queues_in_use.then(|| queues.of(pod).ok());
@@ -245,6 +245,8 @@ impl<A: ClusterApi> Scheduler<A> {
             )
             .await;
         report.preempted += evicted;
+        // A nomination made anew replaces the pod's earlier one and its hold.
+        self.cluster.nominations.release(&pod.key.uid, snapshot);
         self.cluster.nominations.insert(nomination);
         self.cluster.nominations.restore(&pod.key.uid, snapshot);
         tracing::info!(pod = %pod.key, %node, victims = victims.len(), "preempting");
@@ -268,7 +270,8 @@ impl<A: ClusterApi> Scheduler<A> {
         // A gang evicts only what every member outranks.
         let priority = members.iter().map(|(p, _)| p.priority).min().unwrap_or(0);
         let reservations = &self.cluster.reservations;
-        let promised = self.cluster.nominations.victims();
+        let deciding: Vec<&PodKey> = members.iter().map(|(p, _)| &p.key).collect();
+        let promised = self.cluster.nominations.victims(&deciding);
         let queues = &self.queues;
         let own = self
             .queues_in_use
@@ -387,6 +390,7 @@ impl<A: ClusterApi> Scheduler<A> {
         report.preempted += evicted;
         for n in noms {
             let uid = n.key.uid.clone();
+            self.cluster.nominations.release(&uid, snapshot);
             self.cluster.nominations.insert(n);
             self.cluster.nominations.restore(&uid, snapshot);
         }

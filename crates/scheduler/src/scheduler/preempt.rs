@@ -49,7 +49,18 @@ impl Nominations {
         self.by_uid.is_empty()
     }
 
-    pub fn insert(&mut self, nomination: Nomination) {
+    /// Nominates a pod. A pod nominated again to the same node keeps its earlier victims
+    /// (those still terminating free devices promised to it, to no other preemptor).
+    pub fn insert(&mut self, mut nomination: Nomination) {
+        if let Some(old) = self.by_uid.remove(&nomination.key.uid)
+            && old.node == nomination.node
+        {
+            for v in old.victims {
+                if !nomination.victims.contains(&v) {
+                    nomination.victims.push(v);
+                }
+            }
+        }
         self.by_uid.insert(nomination.key.uid.clone(), nomination);
     }
 
@@ -57,12 +68,14 @@ impl Nominations {
         self.by_uid.remove(uid)
     }
 
-    /// UIDs of every victim some nomination waits for (not offered to other preemptors,
-    /// and what they free is promised).
-    pub fn victims(&self) -> HashSet<&str> {
+    /// UIDs of every victim some nomination of a pod other than `deciding` waits for (not
+    /// offered to other preemptors, and what they free is promised). A preemptor deciding
+    /// again may take its own victims again (one whose eviction failed is evicted again).
+    pub fn victims(&self, deciding: &[&PodKey]) -> HashSet<&str> {
         self.by_uid
-            .values()
-            .flat_map(|n| n.victims.iter().map(|v| v.uid.as_str()))
+            .iter()
+            .filter(|(uid, _)| !deciding.iter().any(|k| k.uid == **uid))
+            .flat_map(|(_, n)| n.victims.iter().map(|v| v.uid.as_str()))
             .collect()
     }
 

@@ -15,7 +15,7 @@ use gpuplace_core::preempt;
 use super::post_filter::{GangSearch, Outcome, victims_of};
 use super::preempt::candidates;
 use super::{RoundReport, Scheduler};
-use crate::api::{ClusterApi, ClusterView};
+use crate::api::{ClusterApi, ClusterView, PodKey};
 use crate::framework::filter::Verdicts;
 use crate::framework::{FilterInput, Profile};
 use crate::k8s::pod_info::PodInfo;
@@ -114,17 +114,18 @@ impl Pool<'_> {
 }
 
 impl<A: ClusterApi> Scheduler<A> {
-    /// The pods that a pod of a queue entitled as `entitled` may evict, on the nodes of
-    /// `mask`; `None` when there are none.
+    /// The pods that `deciding` (of a queue entitled as `entitled`) may evict, on the
+    /// nodes of `mask`; `None` when there are none.
     fn reclaim_pool<'s>(
         &self,
         snapshot: &'s Snapshot,
         view: &ClusterView,
+        deciding: &[&PodKey],
         entitled: &Entitlement<'_>,
         mask: Option<&[bool]>,
     ) -> Option<Pool<'s>> {
         let reservations = &self.cluster.reservations;
-        let promised = self.cluster.nominations.victims();
+        let promised = self.cluster.nominations.victims(deciding);
         let queues = &self.queues;
         let takeable = |p: &PodInfo| queues.of(p).is_ok_and(|v| entitled.may_take_from(v));
         let (cands, keys) = candidates(
@@ -181,7 +182,7 @@ impl<A: ClusterApi> Scheduler<A> {
         };
         let filtered = profile.filter(verdicts, &input).ok()?;
         let started = std::time::Instant::now();
-        let pool = self.reclaim_pool(snapshot, view, &entitled, filtered.mask())?;
+        let pool = self.reclaim_pool(snapshot, view, &[&pod.key], &entitled, filtered.mask())?;
         let search = |taken: &[bool]| {
             preempt::find(
                 &snapshot.state,
@@ -197,7 +198,7 @@ impl<A: ClusterApi> Scheduler<A> {
         pool.report(|q| tree.name(q).to_string(), &plan.units, report);
         let victims = victims_of(&pool.cands, &pool.keys, &plan.units);
         drop(pool);
-        let queue = taken_back(fair, &losses, &asked);
+        let queue = taken_back(fair, &losses);
         let why = format!("to give queue {queue} its guarantee");
         let outcome = self
             .nominate_one(snapshot, pod, &demand, &plan, victims, Some(&why), report)
@@ -226,7 +227,8 @@ impl<A: ClusterApi> Scheduler<A> {
         let tree = fair.picker.tree();
         let entitled = Entitlement::new(tree, fair.picker.allocations(), fair.queue, &asked)?;
         let started = std::time::Instant::now();
-        let pool = self.reclaim_pool(snapshot, view, &entitled, None)?;
+        let deciding: Vec<&PodKey> = members.iter().map(|(p, _)| &p.key).collect();
+        let pool = self.reclaim_pool(snapshot, view, &deciding, &entitled, None)?;
         let masks = self.member_masks(snapshot, members);
         let gang = GangSearch {
             members,
@@ -241,7 +243,7 @@ impl<A: ClusterApi> Scheduler<A> {
         pool.report(|q| tree.name(q).to_string(), &plan.plan.units, report);
         let victims = victims_of(&pool.cands, &pool.keys, &plan.plan.units);
         drop(pool);
-        let queue = taken_back(fair, &losses, &asked);
+        let queue = taken_back(fair, &losses);
         let why = format!("to give queue {queue} its guarantee");
         let outcome = self
             .nominate_gang(snapshot, members, &plan, victims, Some(&why), report)
@@ -250,13 +252,12 @@ impl<A: ClusterApi> Scheduler<A> {
     }
 }
 
-/// Moves what the plan takes from the victims' queues to the taker's in the round's
-/// allocations; the taker's queue name.
-fn taken_back<U>(fair: Fair<'_, '_, U>, losses: &[Loss], asked: &Res) -> String {
+/// Takes what the plan takes from the victims' queues off the round's allocations (the
+/// taker's nominations are counted once the unit is decided); the taker's queue name.
+fn taken_back<U>(fair: Fair<'_, '_, U>, losses: &[Loss]) -> String {
     for loss in losses {
         fair.picker.removed(loss.queue, &loss.res);
     }
-    fair.picker.placed(fair.queue, asked);
     fair.picker.tree().name(fair.queue).to_string()
 }
 

@@ -221,9 +221,17 @@ impl<A: ClusterApi> Scheduler<A> {
                 break;
             }
             let pods = unit.pods();
+            // The unit's own nominations are counted in its queue only once it is decided
+            // (else a preemptor deciding again would see itself in its queue's share).
+            if let (Order::Fair(picker), Some(q)) = (&mut order, queue) {
+                self.unaccount(picker, q, &pods);
+            }
             if let Some(q) = queue
                 && !self.within_limit(snapshot, &mut order, q, &pods, now, report)
             {
+                if let Order::Fair(picker) = &mut order {
+                    self.account(snapshot, picker, q, &pods);
+                }
                 continue;
             }
             let fair = match (&mut order, queue) {
@@ -392,7 +400,9 @@ impl<A: ClusterApi> Scheduler<A> {
                 report.timings.api += started.elapsed();
             }
             Err(message) => {
-                self.cluster.nominations.restore(&pod.key.uid, snapshot);
+                // Preemption, reclaim and make-room plan with the pod's own held devices
+                // free (a preemptor deciding again may keep its place); its hold is applied
+                // again after, the new one's if it was nominated anew.
                 let started = Instant::now();
                 let outcome = self
                     .preempt_one(snapshot, view, verdicts, pod, report)
@@ -414,6 +424,7 @@ impl<A: ClusterApi> Scheduler<A> {
                         message = format!("{message} {more}");
                     }
                 }
+                self.cluster.nominations.restore(&pod.key.uid, snapshot);
                 report.timings.api += started.elapsed();
                 report.unschedulable += 1;
                 self.queue.unschedulable(&pod.key.uid, now);
