@@ -2,7 +2,9 @@
 //! parent's share, a limit or the demand; siblings with unmet demand get equal shares per
 //! weight above their guarantees; serving one-GPU units by the picker converges to the fair
 //! shares and never passes a limit; reclaim never takes a queue below its guarantee, and
-//! what it gives cannot be reclaimed back.
+//! what it gives cannot be reclaimed back; after one round (units in the picker's order,
+//! each placed on free capacity or reclaiming), no queue below its guarantee is left with
+//! waiting work that free capacity or a permitted reclaim could have served.
 
 use gpuplace_core::fairshare::{
     Entitlement, Loss, Picker, QueueSpec, QueueTree, ROOT, Res, fair_shares,
@@ -224,4 +226,83 @@ proptest! {
             }
         }
     }
+
+    #[test]
+    fn below_guarantee_is_served_or_reclaims_within_one_round(
+        c in case(),
+        held_seed in prop::collection::vec(0u64..12, 14),
+        spare in 0u64..4,
+    ) {
+        let tree = QueueTree::build(c.specs.clone());
+        // What each leaf holds (one-GPU pods), as far as the cluster goes; then what waits.
+        let mut held_own = vec![0u64; tree.len()];
+        let mut used = 0;
+        for (i, s) in c.specs.iter().enumerate() {
+            let q = tree.index(&s.name).unwrap();
+            if tree.is_leaf(q) && tree.nodes[q].problem.is_none() {
+                let h = held_seed[i % held_seed.len()].min(c.capacity.saturating_sub(used));
+                held_own[q] = h;
+                used += h;
+            }
+        }
+        let mut free = spare.min(c.capacity - used);
+        let own = demands(&tree, &c);
+        let start: Vec<Res> = held_own.iter().map(|&h| gpu(h)).collect();
+        let shares = fair_shares(&tree, &[c.capacity * 1000, 0, 0], &own);
+        let mut picker = Picker::new(&tree, &start, shares);
+        let mut waiting = vec![0u64; tree.len()];
+        for (q, d) in own.iter().enumerate() {
+            for _ in 0..d.dims[0] / 1000 {
+                picker.push(q, ());
+            }
+        }
+        // The round: each unit placed on free capacity, else it reclaims one GPU from a
+        // queue it may take from (the check deciding), else it waits.
+        while let Some((q, ())) = picker.pop() {
+            if picker.limit_hit(q, &gpu(1)).is_some() {
+                continue;
+            }
+            if free > 0 {
+                free -= 1;
+                picker.placed(q, &gpu(1));
+                held_own[q] += 1;
+                continue;
+            }
+            let victim = Entitlement::new(&tree, picker.allocations(), q, &gpu(1))
+                .and_then(|e| victim_of(&e, &held_own));
+            match victim {
+                Some(v) => {
+                    picker.removed(v, &gpu(1));
+                    held_own[v] -= 1;
+                    picker.placed(q, &gpu(1));
+                    held_own[q] += 1;
+                }
+                None => waiting[q] += 1,
+            }
+        }
+        // Nobody left waiting below its guarantee could have been served.
+        for (q, &w) in waiting.iter().enumerate().skip(1) {
+            if w == 0 || picker.limit_hit(q, &gpu(1)).is_some() {
+                continue;
+            }
+            prop_assert!(free == 0, "queue {q} waits with {free} GPUs free");
+            if let Some(e) = Entitlement::new(&tree, picker.allocations(), q, &gpu(1)) {
+                prop_assert!(victim_of(&e, &held_own).is_none(),
+                    "queue {q} below its guarantee waits though it could reclaim");
+            }
+        }
+    }
+}
+
+/// A leaf the entitlement may take one GPU from, keeping every queue at its guarantee.
+fn victim_of(e: &Entitlement<'_>, held_own: &[u64]) -> Option<usize> {
+    (1..held_own.len()).find(|&v| {
+        held_own[v] > 0
+            && e.may_take_from(v)
+            && e.check(&[Loss {
+                queue: v,
+                res: gpu(1),
+            }])
+            .is_ok()
+    })
 }

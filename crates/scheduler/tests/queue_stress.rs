@@ -342,6 +342,8 @@ async fn twenty_queues_ten_thousand_pods_lag_faults_and_a_leader_change() {
         tokio::time::sleep(Duration::from_secs(1)).await;
         tally.add(&second.schedule(now()).await.unwrap());
     }
+    // Phase 3: with capacity to reclaim, every guarantee asked for is met in one round.
+    let burst = guarantee_in_one_round(&api, &mut second, &mut check, now).await;
     println!(
         "seed {seed}: {created} pods in 20 queues, {} rounds, {} decisions, {} pods reclaimed, {} requests; limit violations {limit_violations}, reclaims leaving a queue below its guarantee {}, simulated {:?}",
         tally.rounds,
@@ -351,6 +353,12 @@ async fn twenty_queues_ten_thousand_pods_lag_faults_and_a_leader_change() {
         tally.below_after_reclaim,
         clock.elapsed()
     );
+    println!(
+        "seed {seed}: {} queues asked for their whole guarantee ({} pods) in a cluster full of borrowed pods: met in the first round that saw them; all running {:?} later",
+        BURST_QUEUES.len(),
+        burst.pods,
+        burst.running_after
+    );
     assert_eq!(limit_violations, 0, "no queue past its limit");
     assert_eq!(tally.below_after_reclaim, 0, "no reclaim below a guarantee");
     assert!(tally.reclaimed > 0, "reclaim happened");
@@ -358,5 +366,146 @@ async fn twenty_queues_ten_thousand_pods_lag_faults_and_a_leader_change() {
         let name = &q.name;
         let status = api.queue(name).and_then(|q| q.status);
         assert!(status.is_some(), "status of {name} written");
+    }
+}
+
+/// Queues that ask for their whole guarantee at once in phase 3 (40 GPUs each), and the
+/// pod sizes they ask it in.
+const BURST_QUEUES: [&str; 3] = ["org1-t0-p0", "org1-t1-p0", "org1-t2-p0"];
+const BURST_SIZES: [u32; 11] = [8, 8, 8, 4, 4, 2, 2, 1, 1, 1, 1];
+
+/// What phase 3 measured.
+struct Burst {
+    pods: usize,
+    running_after: Duration,
+}
+
+fn bound(p: &k8s_openapi::api::core::v1::Pod) -> bool {
+    p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some()
+}
+
+/// One step of phase 3: terminating pods gone at once (as their kubelet would), a round,
+/// its writes, the audit.
+async fn burst_step(
+    api: &MemoryApi,
+    scheduler: &mut Scheduler<MemoryApi>,
+    check: &mut impl FnMut(&MemoryApi),
+    now: &impl Fn() -> Instant,
+) -> RoundReport {
+    for p in api.pods() {
+        if p.metadata.deletion_timestamp.is_some() {
+            api.delete_pod("ml", p.metadata.name.as_deref().unwrap_or_default());
+        }
+    }
+    let report = scheduler.schedule(now()).await.unwrap();
+    tokio::time::sleep(STEP).await;
+    scheduler.take_finished_writes(now()).await;
+    check(api);
+    report
+}
+
+/// The cluster cleared, then filled by 1-GPU pods of a queue guaranteed nothing (all
+/// borrowed); then three queues ask for their whole guarantee at once in pods of 1 to 8
+/// GPUs. The first round that sees them must serve them all (reclaim nominating the
+/// devices), by that round's own figures; then they all run.
+async fn guarantee_in_one_round(
+    api: &MemoryApi,
+    scheduler: &mut Scheduler<MemoryApi>,
+    check: &mut impl FnMut(&MemoryApi),
+    now: impl Fn() -> Instant,
+) -> Burst {
+    for p in api.pods() {
+        api.delete_pod("ml", p.metadata.name.as_deref().unwrap_or_default());
+    }
+    let fill = NODES * 8;
+    for i in 0..fill {
+        api.put_pod(pod_in(&format!("fill{i}"), "org0-t0-p1", 1, 0));
+    }
+    for step in 0.. {
+        burst_step(api, scheduler, check, &now).await;
+        if api.pods().iter().filter(|p| bound(p)).count() == fill {
+            break;
+        }
+        assert!(step < 500, "the borrowers fill the cluster");
+    }
+    let started = tokio::time::Instant::now();
+    let mut pods = 0;
+    for q in BURST_QUEUES {
+        for (i, gpus) in BURST_SIZES.iter().enumerate() {
+            api.put_pod(pod_in(&format!("burst-{q}-{i}"), q, *gpus, 0));
+            pods += 1;
+        }
+    }
+    // Every watch event delivered (at most 2 s late): the next round sees all of them.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let report = burst_step(api, scheduler, check, &now).await;
+    for q in BURST_QUEUES {
+        let f = report.queues.iter().find(|f| f.name == q).unwrap();
+        assert!(
+            f.allocated[0] >= f.guaranteed[0],
+            "{q}: guarantee met in one round: {} of {} milli-GPUs",
+            f.allocated[0],
+            f.guaranteed[0]
+        );
+    }
+    assert!(report.reclaimed.values().sum::<usize>() >= 120);
+    for step in 0.. {
+        let running = api
+            .pods()
+            .iter()
+            .filter(|p| {
+                p.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with("burst-"))
+            })
+            .filter(|p| bound(p))
+            .count();
+        if running == pods {
+            break;
+        }
+        if step >= 1_000 {
+            let why: Vec<String> = api
+                .pods()
+                .iter()
+                .filter(|p| {
+                    p.metadata
+                        .name
+                        .as_deref()
+                        .is_some_and(|n| n.starts_with("burst-"))
+                })
+                .filter(|p| !bound(p))
+                .map(|p| {
+                    let name = p.metadata.name.clone().unwrap_or_default();
+                    let last = api
+                        .events()
+                        .into_iter()
+                        .rev()
+                        .find(|e| e.pod.name == name)
+                        .map(|e| e.message)
+                        .unwrap_or_default();
+                    format!("{name}: {last}")
+                })
+                .collect();
+            panic!("the burst runs: {running} of {pods}: {why:#?}");
+        }
+        burst_step(api, scheduler, check, &now).await;
+    }
+    // The lender keeps what nobody is owed: 800 - 120 GPUs.
+    let left = api
+        .pods()
+        .iter()
+        .filter(|p| {
+            p.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with("fill"))
+        })
+        .filter(|p| bound(p) && p.metadata.deletion_timestamp.is_none())
+        .count();
+    assert_eq!(left, fill - 120, "exactly enough reclaimed");
+    Burst {
+        pods,
+        running_after: started.elapsed(),
     }
 }
