@@ -9,7 +9,7 @@ use std::time::Instant;
 use gpuplace_core::fairshare::{DIMS, Picker, QueueTree, Res};
 use tracing::info;
 
-use super::queue_status::{QueueFigures, WRITE_EVERY};
+use super::queue_status::{QueueFigures, WRITE_EVERY, WRITE_EVERY_BUSY};
 use super::queues::{Standing, asked};
 use super::units::{Order, Unit};
 use super::{RoundReport, Scheduler};
@@ -182,10 +182,17 @@ fn figures(
 }
 
 impl<A: ClusterApi> Scheduler<A> {
-    /// Writes the statuses that changed, and tells new problems, if it is time.
+    /// Writes the statuses that changed, and tells new problems, if it is time: every
+    /// [`WRITE_EVERY`], or every [`WRITE_EVERY_BUSY`] while Bindings are in flight (they
+    /// go first). The writes go out together, not one after another.
     pub(super) async fn flush_queue_statuses(&mut self, now: Instant) {
+        let every = if self.binder.in_flight() > 0 {
+            WRITE_EVERY_BUSY
+        } else {
+            WRITE_EVERY
+        };
         let w = &mut self.queue_status;
-        if !self.gate.is_open() || w.last_write.is_some_and(|t| now < t + WRITE_EVERY) {
+        if !self.gate.is_open() || w.last_write.is_some_and(|t| now < t + every) {
             return;
         }
         let changed: Vec<(String, QueueStatus)> = w
@@ -198,34 +205,49 @@ impl<A: ClusterApi> Scheduler<A> {
             return;
         }
         w.last_write = Some(now);
+        self.tell_problems(&changed).await;
+        let writes = changed.into_iter().map(|(name, status)| {
+            let api = self.api.clone();
+            async move {
+                let result = api.queue_status(&name, status.clone()).await;
+                (name, status, result)
+            }
+        });
+        for (name, status, result) in futures::future::join_all(writes).await {
+            match result {
+                Ok(()) => {
+                    self.queue_status.written.insert(name, status);
+                }
+                Err(e) => info!(queue = %name, error = %e, "queue status not written"),
+            }
+        }
+    }
+
+    /// A Warning Event `Rejected` on each queue whose problem is new.
+    async fn tell_problems(&mut self, changed: &[(String, QueueStatus)]) {
         for (name, status) in changed {
             let problem = status
                 .conditions
                 .first()
                 .filter(|c| c.status == "False")
                 .map(|c| c.message.clone());
-            if let Some(p) = &problem
-                && self.queue_status.told.get(&name) != Some(p)
-            {
-                let message = format!("queue {name} serves no pod: {p}");
-                match self
-                    .api
-                    .queue_event(&name, "Warning", "Rejected", &message)
-                    .await
-                {
-                    Ok(()) => {
-                        self.queue_status.told.insert(name.clone(), p.clone());
-                    }
-                    Err(e) => info!(queue = %name, error = %e, "queue Event not recorded"),
-                }
-            } else if problem.is_none() {
-                self.queue_status.told.remove(&name);
+            let Some(p) = problem else {
+                self.queue_status.told.remove(name);
+                continue;
+            };
+            if self.queue_status.told.get(name) == Some(&p) {
+                continue;
             }
-            match self.api.queue_status(&name, status.clone()).await {
+            let message = format!("queue {name} serves no pod: {p}");
+            match self
+                .api
+                .queue_event(name, "Warning", "Rejected", &message)
+                .await
+            {
                 Ok(()) => {
-                    self.queue_status.written.insert(name, status);
+                    self.queue_status.told.insert(name.clone(), p);
                 }
-                Err(e) => info!(queue = %name, error = %e, "queue status not written"),
+                Err(e) => info!(queue = %name, error = %e, "queue Event not recorded"),
             }
         }
     }

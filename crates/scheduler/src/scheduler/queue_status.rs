@@ -1,8 +1,9 @@
 //! Queues' status on the server: what each queue holds, waits for, its fair share and
 //! what it borrows, and whether it is valid (`Valid` `False` with why, and one Warning
 //! Event `Rejected` on the queue each time its problem changes). Written by the leader, at
-//! most once every [`WRITE_EVERY`] and only for queues whose status changed; the last
-//! figures are written by an idle round once that time has passed, so the status ends true.
+//! most once every [`WRITE_EVERY`] ([`WRITE_EVERY_BUSY`] while Bindings are in flight) and
+//! only for queues whose status changed; the last figures are written by an idle round once
+//! that time has passed, so the status ends true.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -14,6 +15,9 @@ use crate::k8s::queue::{QueueCondition, QueueStatus};
 
 /// The shortest time between two batches of status writes.
 pub const WRITE_EVERY: Duration = Duration::from_secs(2);
+
+/// The same while Bindings are in flight: status writes give way to them.
+pub const WRITE_EVERY_BUSY: Duration = Duration::from_secs(10);
 
 /// One queue's figures after a round.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
