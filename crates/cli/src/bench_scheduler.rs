@@ -63,6 +63,15 @@ pub struct SchedulerBenchArgs {
     /// Bindings the scheduler keeps in flight (its `--max-in-flight`).
     #[arg(long, default_value_t = 16)]
     in_flight: usize,
+    /// Share the cluster among this many queues (each guaranteed an equal part of the
+    /// GPUs), the pods labelled round-robin; 0: no queues (the stage stands aside).
+    #[arg(long, default_value_t = 0)]
+    queues: usize,
+}
+
+/// Queue `q`'s name in the benchmark.
+fn queue_name(q: usize) -> String {
+    format!("q{q:03}")
 }
 
 /// The inventory of a node with links: even nodes V100 32 GB in a hybrid cube mesh (halves
@@ -165,8 +174,19 @@ fn populated(args: &SchedulerBenchArgs) -> anyhow::Result<MemoryApi> {
     for i in 0..args.nodes {
         api.put_node(node(i, args.gpus_per_node, args.requirements > 0.0)?);
     }
+    let gpus = args.nodes as u64 * u64::from(args.gpus_per_node);
+    for q in 0..args.queues {
+        let guaranteed = (gpus / args.queues as u64).to_string();
+        let spec = serde_json::from_value(json!({"guaranteed": {"nvidia.com/gpu": guaranteed}}))?;
+        api.put_queue(&queue_name(q), spec);
+    }
     for i in 0..args.pods {
-        api.put_pod(pod(i, args.requirements)?);
+        let mut p = pod(i, args.requirements)?;
+        if args.queues > 0 {
+            p.metadata.labels =
+                Some([("gpuplace.io/queue".to_string(), queue_name(i % args.queues))].into());
+        }
+        api.put_pod(p);
     }
     Ok(api)
 }
@@ -362,7 +382,7 @@ async fn bench(args: SchedulerBenchArgs) -> anyhow::Result<()> {
             "{}",
             json!({
                 "nodes": args.nodes, "gpus_per_node": args.gpus_per_node, "pods": args.pods,
-                "policy": args.policy.to_string(),
+                "policy": args.policy.to_string(), "queues": args.queues,
                 "fake_server": {"ms_per_request": args.write_latency_ms, "concurrency": args.server_concurrency, "watch_delay_ms": args.watch_delay_ms, "in_flight": args.in_flight},
                 "end_to_end": {"bound": bound, "seconds": total.as_secs_f64(), "pods_per_s": rate, "rounds": rounds,
                     "seconds_by_phase": {"view": timings.view.as_secs_f64(), "snapshot": timings.snapshot.as_secs_f64(),
@@ -380,11 +400,12 @@ async fn bench(args: SchedulerBenchArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "{} nodes x {} GPUs, {} pending pods, policy {}; in-memory API (in process, not a server): {} ms per request, {} at once, watch {} ms late; {} Bindings in flight",
+        "{} nodes x {} GPUs, {} pending pods, policy {}, {} queues; in-memory API (in process, not a server): {} ms per request, {} at once, watch {} ms late; {} Bindings in flight",
         args.nodes,
         args.gpus_per_node,
         args.pods,
         args.policy,
+        args.queues,
         args.write_latency_ms,
         if args.server_concurrency == 0 {
             "any".to_string()
