@@ -16,6 +16,8 @@ source "$REALNODE/common.sh"
 SCHED=gpuplace-queues
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 "$GPUPLACE" crd | kubectl apply -f - >/dev/null
+# Events of earlier runs outlive them: only this run's preemptions are counted.
+kubectl delete events --field-selector reason=Preempted >/dev/null 2>&1 || true
 kubectl apply -f - >/dev/null <<YAML
 apiVersion: gpuplace.io/v1alpha1
 kind: Queue
