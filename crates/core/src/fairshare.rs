@@ -16,7 +16,7 @@ mod tree;
 
 pub use pick::{LimitHit, Picker};
 pub use reclaim::{Entitlement, Loss};
-pub use shares::fair_shares;
+pub use shares::{fair_shares, fair_shares_of};
 pub use tree::{Bounds, DEFAULT_QUEUE, QueueNode, QueueProblem, QueueSpec, QueueTree, ROOT};
 
 use gpuplace_model::Request;

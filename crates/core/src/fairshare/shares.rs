@@ -8,6 +8,26 @@
 use super::tree::{QueueTree, ROOT};
 use super::{DIMS, Res};
 
+/// Fair shares when each queue's demand is what its pods hold (`held`) plus what its
+/// waiting pods ask for (`pending`), both by queue index.
+pub fn fair_shares_of(
+    tree: &QueueTree,
+    capacity: &[u64; DIMS],
+    held: &[Res],
+    pending: &[Res],
+) -> Vec<[u64; DIMS]> {
+    let demand: Vec<Res> = held
+        .iter()
+        .zip(pending)
+        .map(|(h, p)| {
+            let mut d = h.clone();
+            d.add(p);
+            d
+        })
+        .collect();
+    fair_shares(tree, capacity, &demand)
+}
+
 /// Each queue's fair share of every resource, given the cluster's `capacity` and what each
 /// queue's own pods hold and wait for (`demand`, by queue index; the root's is ignored).
 pub fn fair_shares(tree: &QueueTree, capacity: &[u64; DIMS], demand: &[Res]) -> Vec<[u64; DIMS]> {

@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use gpuplace_core::fairshare::{DIMS, Picker, QueueSpec, QueueTree, Res, fair_shares};
+use gpuplace_core::fairshare::{DIMS, Picker, QueueSpec, QueueTree, Res, fair_shares_of};
 
 use crate::api::ClusterView;
 use crate::k8s::pod_info::PodInfo;
@@ -244,17 +244,7 @@ impl Standing {
 
     /// Each queue's fair share, and the picker that serves units by it.
     pub fn picker<'t, U>(&self, tree: &'t QueueTree) -> (Vec<[u64; DIMS]>, Picker<'t, U>) {
-        let demand: Vec<Res> = self
-            .held
-            .iter()
-            .zip(&self.pending)
-            .map(|(h, p)| {
-                let mut d = h.clone();
-                d.add(p);
-                d
-            })
-            .collect();
-        let fair = fair_shares(tree, &self.capacity, &demand);
+        let fair = fair_shares_of(tree, &self.capacity, &self.held, &self.pending);
         let picker = Picker::new(tree, &self.held, fair.clone());
         (fair, picker)
     }

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use gpuplace_core::fairshare::{DIMS, QueueTree, Res, fair_shares};
+use gpuplace_core::fairshare::{DIMS, QueueTree, Res, fair_shares_of};
 use serde::Serialize;
 
 use crate::timeline::options::Ms;
@@ -89,17 +89,7 @@ impl FairState {
     }
 
     pub(crate) fn shares(&self) -> Vec<[u64; DIMS]> {
-        let demand: Vec<Res> = self
-            .held
-            .iter()
-            .zip(&self.pending)
-            .map(|(h, p)| {
-                let mut d = h.clone();
-                d.add(p);
-                d
-            })
-            .collect();
-        fair_shares(&self.tree, &self.capacity, &demand)
+        fair_shares_of(&self.tree, &self.capacity, &self.held, &self.pending)
     }
 
     /// Integrates the standing since the last call up to `now` (from `from` on).
