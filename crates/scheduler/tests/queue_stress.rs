@@ -320,20 +320,8 @@ async fn twenty_queues_ten_thousand_pods_lag_faults_and_a_leader_change() {
         }
         if steps >= 10_000 {
             let mut why: HashMap<String, usize> = HashMap::new();
-            for p in api
-                .pods()
-                .iter()
-                .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none())
-            {
-                let name = p.metadata.name.clone().unwrap_or_default();
-                let last = api
-                    .events()
-                    .into_iter()
-                    .rev()
-                    .find(|e| e.pod.name == name)
-                    .map(|e| e.message)
-                    .unwrap_or_default();
-                *why.entry(last).or_default() += 1;
+            for p in api.pods().iter().filter(|p| !bound(p)) {
+                *why.entry(last_word(&api, p)).or_default() += 1;
             }
             panic!("pods left pending: {pending}: {why:#?}");
         }
@@ -382,6 +370,20 @@ struct Burst {
 
 fn bound(p: &k8s_openapi::api::core::v1::Pod) -> bool {
     p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some()
+}
+
+fn named(p: &k8s_openapi::api::core::v1::Pod) -> &str {
+    p.metadata.name.as_deref().unwrap_or_default()
+}
+
+/// The last Event's message about pod `p` (why it waits).
+fn last_word(api: &MemoryApi, p: &k8s_openapi::api::core::v1::Pod) -> String {
+    api.events()
+        .into_iter()
+        .rev()
+        .find(|e| e.pod.name == named(p))
+        .map(|e| e.message)
+        .unwrap_or_default()
 }
 
 /// One step of phase 3: terminating pods gone at once (as their kubelet would), a round,
@@ -453,12 +455,7 @@ async fn guarantee_in_one_round(
         let running = api
             .pods()
             .iter()
-            .filter(|p| {
-                p.metadata
-                    .name
-                    .as_deref()
-                    .is_some_and(|n| n.starts_with("burst-"))
-            })
+            .filter(|p| named(p).starts_with("burst-"))
             .filter(|p| bound(p))
             .count();
         if running == pods {
@@ -468,24 +465,9 @@ async fn guarantee_in_one_round(
             let why: Vec<String> = api
                 .pods()
                 .iter()
-                .filter(|p| {
-                    p.metadata
-                        .name
-                        .as_deref()
-                        .is_some_and(|n| n.starts_with("burst-"))
-                })
+                .filter(|p| named(p).starts_with("burst-"))
                 .filter(|p| !bound(p))
-                .map(|p| {
-                    let name = p.metadata.name.clone().unwrap_or_default();
-                    let last = api
-                        .events()
-                        .into_iter()
-                        .rev()
-                        .find(|e| e.pod.name == name)
-                        .map(|e| e.message)
-                        .unwrap_or_default();
-                    format!("{name}: {last}")
-                })
+                .map(|p| format!("{}: {}", named(p), last_word(api, p)))
                 .collect();
             panic!("the burst runs: {running} of {pods}: {why:#?}");
         }
@@ -495,12 +477,7 @@ async fn guarantee_in_one_round(
     let left = api
         .pods()
         .iter()
-        .filter(|p| {
-            p.metadata
-                .name
-                .as_deref()
-                .is_some_and(|n| n.starts_with("fill"))
-        })
+        .filter(|p| named(p).starts_with("fill"))
         .filter(|p| bound(p) && p.metadata.deletion_timestamp.is_none())
         .count();
     assert_eq!(left, fill - 120, "exactly enough reclaimed");

@@ -83,8 +83,9 @@ fn two_halves(api: &MemoryApi) {
     }
 }
 
-#[tokio::test]
-async fn a_queue_borrows_idle_gpus_and_gives_exactly_enough_back() {
+/// Queues a and b guaranteed half of the GPUs each, and a running 8 one-GPU pods
+/// (borrowing b's half).
+async fn a_borrows_everything() -> (MemoryApi, Scheduler<MemoryApi>, Instant) {
     let api = MemoryApi::new();
     two_halves(&api);
     let mut scheduler = Scheduler::new(api.clone(), config());
@@ -94,6 +95,12 @@ async fn a_queue_borrows_idle_gpus_and_gives_exactly_enough_back() {
     }
     settle(&mut scheduler, &mut t).await;
     assert_eq!(bound_count(&api, "a"), 8, "a borrows b's idle half");
+    (api, scheduler, t)
+}
+
+#[tokio::test]
+async fn a_queue_borrows_idle_gpus_and_gives_exactly_enough_back() {
+    let (api, mut scheduler, mut t) = a_borrows_everything().await;
     // b asks for its half: exactly four of a's pods go, b's pods are nominated.
     for i in 0..4 {
         api.put_pod(in_queue(&format!("b{i}"), "b", 1));
@@ -348,15 +355,7 @@ fn gang_in_queue(api: &MemoryApi, g: &str, q: &str, members: u32, gpus: u32) {
 
 #[tokio::test]
 async fn a_gang_reclaims_its_guarantee_all_at_once_and_never_past_it() {
-    let api = MemoryApi::new();
-    two_halves(&api);
-    let mut scheduler = Scheduler::new(api.clone(), config());
-    let mut t = Instant::now();
-    for i in 0..8 {
-        api.put_pod(in_queue(&format!("a{i}"), "a", 1));
-    }
-    settle(&mut scheduler, &mut t).await;
-    assert_eq!(bound_count(&api, "a"), 8, "a borrows b's idle half");
+    let (api, mut scheduler, mut t) = a_borrows_everything().await;
     // A gang past b's guarantee (3 x 2 GPUs of 4) reclaims nothing.
     gang_in_queue(&api, "big", "b", 3, 2);
     settle(&mut scheduler, &mut t).await;
