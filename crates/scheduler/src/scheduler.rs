@@ -198,6 +198,10 @@ pub struct Scheduler<A: ClusterApi> {
     steers: defrag::Steers,
     /// Why the last move was refused (for the pod's message).
     last_move_error: Option<String>,
+    /// Preemptors (by UID) some of whose evictions or moves the server refused this
+    /// round: they back off and try again rather than wait for a cluster event, as the
+    /// victims that stayed will not make one.
+    unfinished: HashSet<String>,
     rebalancing: rebalance::Rebalancing,
     /// The queues as the view defines them.
     queues: queues::Queues,
@@ -239,6 +243,7 @@ impl<A: ClusterApi> Scheduler<A> {
             preemption_times: Vec::new(),
             steers: defrag::Steers::default(),
             last_move_error: None,
+            unfinished: HashSet::new(),
             rebalancing: Default::default(),
             queues: queues::Queues::new(&gpu_resource),
             queues_in_use: false,

@@ -221,3 +221,53 @@ async fn the_nomination_is_cleared_when_the_pod_is_bound_elsewhere() {
     let view = api.view().await.unwrap();
     scheduler.verify_state(&view).unwrap();
 }
+
+#[tokio::test]
+async fn a_refused_eviction_is_tried_again_without_waiting_for_a_cluster_event() {
+    let api = MemoryApi::new();
+    api.put_node(node("n", 2, json!({})));
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    let mut t = Instant::now();
+    api.put_pod(prio("low", 2, 0, json!({})));
+    settle(&mut scheduler, &mut t).await;
+    api.fail_next_evictions(1);
+    api.put_pod(prio("hi", 2, 10, json!({})));
+    t += Duration::from_secs(5);
+    scheduler.round(t).await.unwrap();
+    assert!(!deleting(&api, "low"), "the first eviction was refused");
+    // Nothing in the cluster changes (the refused victim stays as it was): hi backs off
+    // and evicts again, well before the 5 minutes after which parked pods are retried.
+    settle(&mut scheduler, &mut t).await;
+    assert!(deleting(&api, "low"));
+    assert_eq!(nominated(&api, "hi").as_deref(), Some("n"));
+}
+
+#[tokio::test]
+async fn a_preemptor_whose_binding_failed_keeps_the_devices_its_victims_freed() {
+    let api = MemoryApi::new();
+    api.put_node(node("n", 2, json!({})));
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    let mut t = Instant::now();
+    api.put_pod(prio("low", 2, 0, json!({})));
+    settle(&mut scheduler, &mut t).await;
+    api.put_pod(prio("hi", 2, 10, json!({})));
+    settle(&mut scheduler, &mut t).await;
+    assert!(deleting(&api, "low"));
+    api.delete_pod("ml", "low");
+    // hi is decided onto n, and its Binding fails: it backs off.
+    api.fail_next_binds(1);
+    t += Duration::from_secs(5);
+    scheduler.round(t).await.unwrap();
+    assert_eq!(bound_node(&api, "hi"), None);
+    // A pod that comes while hi backs off does not take what hi's victim freed (else
+    // hi would evict it in turn).
+    api.put_pod(prio("late", 2, 0, json!({})));
+    t += Duration::from_millis(100);
+    scheduler.round(t).await.unwrap();
+    assert_eq!(bound_node(&api, "late"), None);
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(bound_node(&api, "hi").as_deref(), Some("n"));
+    assert_eq!(bound_node(&api, "late"), None);
+    assert!(!deleting(&api, "late"));
+    assert!(scheduler.nominations().is_empty());
+}

@@ -52,6 +52,8 @@ pub(super) struct Store {
     bindings: Vec<(PodKey, String)>,
     /// Faults to inject: the next N binds fail with a conflict.
     fail_binds: usize,
+    /// The next N evictions fail with a 500 (nothing written).
+    fail_evictions: usize,
     /// PodGroup status writes accepted.
     status_writes: usize,
     in_flight: usize,
@@ -102,6 +104,7 @@ impl Default for Store {
             events: Vec::new(),
             bindings: Vec::new(),
             fail_binds: 0,
+            fail_evictions: 0,
             status_writes: 0,
             in_flight: 0,
             peak_in_flight: 0,
@@ -532,6 +535,11 @@ impl MemoryApi {
     /// Makes the next `n` binds fail with a 409 (another writer won).
     pub fn fail_next_binds(&self, n: usize) {
         lock(&self.store).fail_binds = n;
+    }
+
+    /// Makes the next `n` evictions fail with a 500 (the victim stays as it was).
+    pub fn fail_next_evictions(&self, n: usize) {
+        lock(&self.store).fail_evictions = n;
     }
 
     /// Whether every watch event has been delivered to the scheduler's cache.

@@ -200,9 +200,8 @@ impl<A: ClusterApi> Scheduler<A> {
     ) {
         let mut moved = Vec::new();
         for (pod, _, decision) in &planned {
-            if let Some(n) = self.cluster.nominations.remove(&pod.key.uid)
-                && n.node != snapshot.state.inventory(decision.node).name
-            {
+            let placement = decision.to_placement(&snapshot.state);
+            if self.cluster.nominations.decided(&pod.key.uid, &placement) {
                 moved.push(pod.key.clone());
             }
         }
@@ -295,7 +294,7 @@ impl<A: ClusterApi> Scheduler<A> {
                     }
                 }
                 for (pod, _) in members {
-                    self.queue.unschedulable(&pod.key.uid, now);
+                    self.wait(&pod.key.uid, now);
                 }
                 self.gangs.stop_waiting(&gang.id);
                 let why = Why {

@@ -183,6 +183,13 @@ impl<A: ClusterApi> Scheduler<A> {
                 Err(e) => {
                     tracing::info!(pod = %key, error = %e, "move refused; the plan stops here");
                     self.last_move_error = Some(e.to_string());
+                    // A budget that allows no disruption wakes it when it changes; any
+                    // other refusal is tried again after a backoff.
+                    if let Some(p) = for_pod
+                        && !matches!(e, ApiError::Blocked(_))
+                    {
+                        self.unfinished.insert(p.uid.clone());
+                    }
                     break;
                 }
             }

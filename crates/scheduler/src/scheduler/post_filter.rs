@@ -502,6 +502,9 @@ impl<A: ClusterApi> Scheduler<A> {
                 }
                 Err(e) => {
                     tracing::warn!(victim = %victim, preemptor = %by, error = %e, "victim not evicted; preemption is tried again later");
+                    for (pod, _) in nominate {
+                        self.unfinished.insert(pod.uid.clone());
+                    }
                 }
             }
         }
@@ -515,6 +518,16 @@ impl<A: ClusterApi> Scheduler<A> {
             }
         }
         evicted
+    }
+
+    /// Pod `uid` fits nowhere this round: it waits for a cluster event, or backs off and
+    /// tries again if the server refused some of its evictions or moves.
+    pub(super) fn wait(&mut self, uid: &str, now: std::time::Instant) {
+        if self.unfinished.remove(uid) {
+            self.queue.retry_later(uid, now);
+        } else {
+            self.queue.unschedulable(uid, now);
+        }
     }
 
     /// Clears `status.nominatedNodeName` of pods bound elsewhere.

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use gpuplace_core::preempt::{Candidates, Holder};
-use gpuplace_model::Request;
+use gpuplace_model::{Placement, Request};
 
 use crate::api::{ClusterView, PodKey};
 use crate::k8s::pod_info::PodInfo;
@@ -66,6 +66,28 @@ impl Nominations {
 
     pub fn remove(&mut self, uid: &str) -> Option<Nomination> {
         self.by_uid.remove(uid)
+    }
+
+    /// Pod `uid` was decided onto `decided` (a node's name and the GPU IDs and milli it
+    /// takes). Decided where it was nominated, the nomination stays until the pod is seen
+    /// bound, planned now on the devices decided: should the Binding fail, they stay held
+    /// for it rather than free for a pod nominated elsewhere (whose own victims would then
+    /// free devices nobody asked for). Decided elsewhere, the nomination ends; returns
+    /// whether it did (its `nominatedNodeName` is to be cleared).
+    pub fn decided(&mut self, uid: &str, decided: &Placement) -> bool {
+        let Some(n) = self.by_uid.get_mut(uid) else {
+            return false;
+        };
+        if n.node != decided.node {
+            self.by_uid.remove(uid);
+            return true;
+        }
+        n.gpus = decided
+            .devices
+            .iter()
+            .map(|d| (d.id.clone(), d.milli))
+            .collect();
+        false
     }
 
     /// UIDs of every victim some nomination of a pod other than `deciding` waits for (not

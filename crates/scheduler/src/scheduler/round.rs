@@ -146,6 +146,8 @@ impl<A: ClusterApi> Scheduler<A> {
             Default::default()
         };
         self.queue.retain(|uid| waiting_uids.contains(uid.as_str()));
+        self.unfinished
+            .retain(|uid| waiting_uids.contains(uid.as_str()));
         let units = self.units(&waiting, now);
         self.queues.refresh(&view);
         self.queues_in_use = self.queues.in_use(&view, &waiting);
@@ -387,9 +389,8 @@ impl<A: ClusterApi> Scheduler<A> {
         }
         match decided {
             Ok((demand, decision)) => {
-                if let Some(n) = self.cluster.nominations.remove(&pod.key.uid)
-                    && n.node != snapshot.state.inventory(decision.node).name
-                {
+                let placement = decision.to_placement(&snapshot.state);
+                if self.cluster.nominations.decided(&pod.key.uid, &placement) {
                     self.clear_nominations(vec![pod.key.clone()]).await;
                 }
                 let request = self.assume(snapshot, pod, &demand, &decision, None);
@@ -427,7 +428,7 @@ impl<A: ClusterApi> Scheduler<A> {
                 self.cluster.nominations.restore(&pod.key.uid, snapshot);
                 report.timings.api += started.elapsed();
                 report.unschedulable += 1;
-                self.queue.unschedulable(&pod.key.uid, now);
+                self.wait(&pod.key.uid, now);
                 debug!(pod = %pod.key, %message, "unschedulable");
                 self.events
                     .emit(&pod.key, "Warning", "FailedScheduling", message);

@@ -198,6 +198,10 @@ impl ClusterApi for MemoryApi {
         }
         {
             let mut s = lock(&self.store);
+            if s.fail_evictions > 0 {
+                s.fail_evictions -= 1;
+                return Err(ApiError::Other(format!("{victim}: injected 500")));
+            }
             let key = (victim.namespace.clone(), victim.name.clone());
             let current = s
                 .pods
