@@ -170,6 +170,12 @@ impl Tally {
 
 #[tokio::test(start_paused = true)]
 async fn twenty_queues_ten_thousand_pods_lag_faults_and_a_leader_change() {
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+    }
     let seed = env_or("GPUPLACE_STRESS_SEED", 1);
     let target = env_or("GPUPLACE_STRESS_PODS", 10_000) as usize;
     let api = MemoryApi::new().with_costs(ServerCosts {
