@@ -115,7 +115,8 @@ a=$(count team-a); b=$(count team-b)
 echo "qb's 4 pods run $(python3 -c "print(f'{$t1 - $t0:.1f}')") s after it asked; qa runs $a, qb runs $b"
 echo "preempted:"
 kubectl get events --field-selector reason=Preempted -o jsonpath='{range .items[*]}{.involvedObject.name}: {.note}{.message}{"\n"}{end}' | grep team-a | sed 's/^/  /' || true
-waiting=$(kubectl get pods -l app=team-a --field-selector=status.phase=Pending -o name | head -1 | sed 's|pod/||')
+# (sed reads every line: `head -1` would close the pipe on kubectl, and pipefail end the run)
+waiting=$(kubectl get pods -l app=team-a --field-selector=status.phase=Pending -o name | sed -n '1s|pod/||p')
 [[ -n $waiting ]] && echo "a replacement of qa waits: $(last_reason "$waiting")"
 bad=0
 for p in $(kubectl get pods -l 'app in (team-a,team-b)' --field-selector=status.phase=Running -o name | sed 's|pod/||'); do
