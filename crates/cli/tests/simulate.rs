@@ -8,28 +8,36 @@ fn gpuplace() -> Command {
     Command::cargo_bin("gpuplace").unwrap()
 }
 
-#[test]
-fn builtin_json_has_the_stable_shape() {
-    let out = gpuplace()
-        .args([
-            "simulate",
-            "--scale",
-            "16",
-            "--seeds",
-            "2",
-            "--policies",
-            "fgd,best-fit",
-            "--json",
-        ])
-        .output()
-        .unwrap();
+/// Runs `cmd`, which must succeed, and reads its stdout as one JSON object.
+fn json_of(cmd: &mut Command) -> serde_json::Value {
+    let out = cmd.output().unwrap();
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let v: serde_json::Value =
-        serde_json::from_slice(&out.stdout).expect("stdout is one JSON object");
+    serde_json::from_slice(&out.stdout).expect("stdout is one JSON object")
+}
+
+/// Runs `cmd`, which must fail, and returns what it said on stderr.
+fn refusal_of(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    assert!(!out.status.success());
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn builtin_json_has_the_stable_shape() {
+    let v = json_of(gpuplace().args([
+        "simulate",
+        "--scale",
+        "16",
+        "--seeds",
+        "2",
+        "--policies",
+        "fgd,best-fit",
+        "--json",
+    ]));
     assert!(v["cluster"]["nodes"].as_u64().unwrap() > 50);
     assert!(v["cluster"]["gpus"].as_u64().unwrap() > 300);
     assert_eq!(v["seeds"], serde_json::json!([42, 43]));
@@ -84,15 +92,13 @@ fn bad_input_names_file_line_and_column() {
     let nodes = csv("sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,T4\n");
     let pods =
         csv("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,10,1,500\np1,1000,ten,1,500\n");
-    let out = gpuplace()
-        .args(["simulate", "--seeds", "1", "--nodes"])
-        .arg(nodes.path())
-        .arg("--pods")
-        .arg(pods.path())
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refusal_of(
+        gpuplace()
+            .args(["simulate", "--seeds", "1", "--nodes"])
+            .arg(nodes.path())
+            .arg("--pods")
+            .arg(pods.path()),
+    );
     assert!(err.contains(&pods.path().display().to_string()), "{err}");
     assert!(
         err.contains("line 3, column \"memory_mib\": \"ten\" is not a whole number"),
@@ -105,16 +111,14 @@ fn bad_input_names_file_line_and_column() {
 fn a_pod_list_without_gpu_pods_fails_at_once() {
     let nodes = csv("sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,T4\n");
     let pods = csv("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,10,0,0\np1,2000,20,0,0\n");
-    let out = gpuplace()
-        .args(["simulate", "--seeds", "2", "--nodes"])
-        .arg(nodes.path())
-        .arg("--pods")
-        .arg(pods.path())
-        .timeout(std::time::Duration::from_secs(60))
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refusal_of(
+        gpuplace()
+            .args(["simulate", "--seeds", "2", "--nodes"])
+            .arg(nodes.path())
+            .arg("--pods")
+            .arg(pods.path())
+            .timeout(std::time::Duration::from_secs(60)),
+    );
     assert!(
         err.contains("no pod in the pod list asks for a GPU"),
         "{err}"
@@ -123,43 +127,32 @@ fn a_pod_list_without_gpu_pods_fails_at_once() {
 
 #[test]
 fn topology_asks_are_applied_and_reported() {
-    let out = gpuplace()
-        .args([
-            "simulate",
-            "--scale",
-            "16",
-            "--seeds",
-            "1",
-            "--policies",
-            "fgd",
-            "--require-topology",
-            "0.5",
-            "--prefer-topology",
-            "0.2",
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = json_of(gpuplace().args([
+        "simulate",
+        "--scale",
+        "16",
+        "--seeds",
+        "1",
+        "--policies",
+        "fgd",
+        "--require-topology",
+        "0.5",
+        "--prefer-topology",
+        "0.2",
+        "--json",
+    ]));
     let asks = v["topology_asks"].as_str().unwrap_or_default();
     assert!(asks.contains("require nvlink"), "{v}");
-    let out = gpuplace()
-        .args([
+    assert!(
+        refusal_of(gpuplace().args([
             "simulate",
             "--require-topology",
             "0.8",
             "--prefer-topology",
             "0.5",
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("sum to at most 1"));
+        ]))
+        .contains("sum to at most 1")
+    );
     let out = gpuplace()
         .args([
             "simulate",
@@ -175,34 +168,23 @@ fn topology_asks_are_applied_and_reported() {
 
 #[test]
 fn bad_arguments_are_refused_clearly() {
-    let out = gpuplace()
-        .args(["simulate", "--policies", "fgd,magic"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown policy \"magic\""));
-    let out = gpuplace()
-        .args(["simulate", "--inflate", "-1"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
+    assert!(
+        refusal_of(gpuplace().args(["simulate", "--policies", "fgd,magic"]))
+            .contains("unknown policy \"magic\"")
+    );
+    refusal_of(gpuplace().args(["simulate", "--inflate", "-1"]));
     let out = gpuplace()
         .args(["simulate", "--seeds", "0"])
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("--seeds must be at least 1"));
-    let out = gpuplace()
-        .args([
-            "simulate",
-            "--nodes",
-            "/nonexistent/nodes.csv",
-            "--pods",
-            "/nonexistent/pods.csv",
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refusal_of(gpuplace().args([
+        "simulate",
+        "--nodes",
+        "/nonexistent/nodes.csv",
+        "--pods",
+        "/nonexistent/pods.csv",
+    ]));
     assert!(err.contains("/nonexistent/nodes.csv: cannot read"), "{err}");
     // Each cause once.
     assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
@@ -236,35 +218,28 @@ fn policies_lists_every_policy() {
 #[test]
 fn timeline_json_has_the_stable_shape_and_the_report_its_plots() {
     let dir = tempfile::tempdir().unwrap();
-    let out = gpuplace()
-        .args([
-            "simulate",
-            "--timeline",
-            "--scale",
-            "16",
-            "--seeds",
-            "2",
-            "--arrivals",
-            "3000",
-            "--load",
-            "1.0",
-            "--policies",
-            "fgd,gpuplace",
-            "--require-topology",
-            "0.5",
-            "--json",
-            "--out",
-        ])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let v = json_of(
+        gpuplace()
+            .args([
+                "simulate",
+                "--timeline",
+                "--scale",
+                "16",
+                "--seeds",
+                "2",
+                "--arrivals",
+                "3000",
+                "--load",
+                "1.0",
+                "--policies",
+                "fgd,gpuplace",
+                "--require-topology",
+                "0.5",
+                "--json",
+                "--out",
+            ])
+            .arg(dir.path()),
     );
-    let v: serde_json::Value =
-        serde_json::from_slice(&out.stdout).expect("stdout is one JSON object");
     assert_eq!(v["load"], 1.0);
     assert_eq!(v["arrivals"], 3000);
     let policies = v["policies"].as_array().unwrap();
@@ -331,32 +306,23 @@ fn timeline_with_tenants_reports_fairness_and_rejects_bad_files() {
         env!("CARGO_MANIFEST_DIR"),
         "/../../examples/tenants/skewed.yaml"
     );
-    let out = gpuplace()
-        .args([
-            "simulate",
-            "--timeline",
-            "--scale",
-            "16",
-            "--seeds",
-            "1",
-            "--arrivals",
-            "1500",
-            "--load",
-            "1.1",
-            "--policies",
-            "gpuplace",
-            "--json",
-            "--tenants",
-            example,
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = json_of(gpuplace().args([
+        "simulate",
+        "--timeline",
+        "--scale",
+        "16",
+        "--seeds",
+        "1",
+        "--arrivals",
+        "1500",
+        "--load",
+        "1.1",
+        "--policies",
+        "gpuplace",
+        "--json",
+        "--tenants",
+        example,
+    ]));
     let t = &v["policies"][0]["tenants"];
     let jain = t["jain"]["mean"].as_f64().unwrap();
     assert!((0.0..=1.0).contains(&jain), "{t}");
@@ -369,21 +335,19 @@ fn timeline_with_tenants_reports_fairness_and_rejects_bad_files() {
         "queues: [{name: a, limit: {nvidia.com/gpu: lots}}]\nassign: {by: hash, shares: {a: 1}}\n",
     )
     .unwrap();
-    let out = gpuplace()
-        .args([
-            "simulate",
-            "--timeline",
-            "--scale",
-            "32",
-            "--seeds",
-            "1",
-            "--tenants",
-        ])
-        .arg(&bad)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refusal_of(
+        gpuplace()
+            .args([
+                "simulate",
+                "--timeline",
+                "--scale",
+                "32",
+                "--seeds",
+                "1",
+                "--tenants",
+            ])
+            .arg(&bad),
+    );
     assert!(
         err.contains("queue a: limit.nvidia.com/gpu: lots is not a quantity or a percent"),
         "{err}"
