@@ -33,6 +33,18 @@ async fn settle(scheduler: &mut Scheduler<MemoryApi>, t: &mut Instant) {
     }
 }
 
+/// A node `name` of 2 GPUs that pod `low` (priority 0) fills; the scheduler that bound it.
+async fn low_fills(name: &str) -> (MemoryApi, Scheduler<MemoryApi>, Instant) {
+    let api = MemoryApi::new();
+    api.put_node(node(name, 2, json!({})));
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    let mut t = Instant::now();
+    api.put_pod(prio("low", 2, 0, json!({})));
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(bound_node(&api, "low").as_deref(), Some(name));
+    (api, scheduler, t)
+}
+
 fn deleting(api: &MemoryApi, name: &str) -> bool {
     api.pod("ml", name)
         .is_some_and(|p| p.metadata.deletion_timestamp.is_some())
@@ -202,12 +214,7 @@ async fn a_gang_is_evicted_whole_or_not_at_all() {
 
 #[tokio::test]
 async fn the_nomination_is_cleared_when_the_pod_is_bound_elsewhere() {
-    let api = MemoryApi::new();
-    api.put_node(node("n1", 2, json!({})));
-    let mut scheduler = Scheduler::new(api.clone(), config());
-    let mut t = Instant::now();
-    api.put_pod(prio("low", 2, 0, json!({})));
-    settle(&mut scheduler, &mut t).await;
+    let (api, mut scheduler, mut t) = low_fills("n1").await;
     api.put_pod(prio("hi", 2, 10, json!({})));
     settle(&mut scheduler, &mut t).await;
     assert_eq!(nominated(&api, "hi").as_deref(), Some("n1"));
@@ -224,12 +231,7 @@ async fn the_nomination_is_cleared_when_the_pod_is_bound_elsewhere() {
 
 #[tokio::test]
 async fn a_refused_eviction_is_tried_again_without_waiting_for_a_cluster_event() {
-    let api = MemoryApi::new();
-    api.put_node(node("n", 2, json!({})));
-    let mut scheduler = Scheduler::new(api.clone(), config());
-    let mut t = Instant::now();
-    api.put_pod(prio("low", 2, 0, json!({})));
-    settle(&mut scheduler, &mut t).await;
+    let (api, mut scheduler, mut t) = low_fills("n").await;
     api.fail_next_evictions(1);
     api.put_pod(prio("hi", 2, 10, json!({})));
     t += Duration::from_secs(5);
@@ -244,12 +246,7 @@ async fn a_refused_eviction_is_tried_again_without_waiting_for_a_cluster_event()
 
 #[tokio::test]
 async fn a_preemptor_whose_binding_failed_keeps_the_devices_its_victims_freed() {
-    let api = MemoryApi::new();
-    api.put_node(node("n", 2, json!({})));
-    let mut scheduler = Scheduler::new(api.clone(), config());
-    let mut t = Instant::now();
-    api.put_pod(prio("low", 2, 0, json!({})));
-    settle(&mut scheduler, &mut t).await;
+    let (api, mut scheduler, mut t) = low_fills("n").await;
     api.put_pod(prio("hi", 2, 10, json!({})));
     settle(&mut scheduler, &mut t).await;
     assert!(deleting(&api, "low"));
