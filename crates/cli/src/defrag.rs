@@ -70,7 +70,7 @@ pub fn run(args: DefragArgs) -> anyhow::Result<()> {
         let read = status_read::read(client.clone(), &resource, None).await?;
         let budgets = status_read::read_budgets(client).await?;
         let mut view = read.view;
-        view.budgets = budgets;
+        view.budgets = std::sync::Arc::new(budgets);
         anyhow::Ok(view)
     })?;
     let plan = defrag_plan::plan(

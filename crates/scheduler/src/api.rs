@@ -35,23 +35,28 @@ pub enum ApiError {
     Other(String),
 }
 
+/// One kind's objects as a cache lists them, shared: while the kind has not changed, the
+/// cache hands out the same list again (a view costs a pointer per kind, and a reader sees
+/// "unchanged" by comparing pointers).
+pub type Listed<T> = Arc<Vec<Arc<T>>>;
+
 /// The objects the scheduler reads, shared with the caches they come from (a view costs
 /// a pointer per object, not a copy). Pods are kept as [`PodInfo`], a few hundred bytes
 /// each instead of a decoded Pod's ~6 KB, sorted by namespace and name.
 #[derive(Clone, Debug, Default)]
 pub struct ClusterView {
-    pub nodes: Vec<Arc<Node>>,
+    pub nodes: Listed<Node>,
     pub pods: Vec<Arc<PodInfo>>,
-    pub groups: Vec<Arc<crate::k8s::gang::PodGroup>>,
+    pub groups: Listed<crate::k8s::gang::PodGroup>,
     /// PersistentVolumeClaims and PersistentVolumes (stripped to what volume checks read).
-    pub claims: Vec<Arc<PersistentVolumeClaim>>,
-    pub volumes: Vec<Arc<PersistentVolume>>,
+    pub claims: Listed<PersistentVolumeClaim>,
+    pub volumes: Listed<PersistentVolume>,
     /// PodDisruptionBudgets (policy/v1), which preemption tries not to break.
-    pub budgets: Vec<Arc<PodDisruptionBudget>>,
+    pub budgets: Listed<PodDisruptionBudget>,
     /// Queues (`queues.gpuplace.io`; none when the CRD is not installed).
-    pub queues: Vec<Arc<crate::k8s::queue::Queue>>,
+    pub queues: Listed<crate::k8s::queue::Queue>,
     /// Namespaces (stripped to their name and the default-queue annotation).
-    pub namespaces: Vec<Arc<Namespace>>,
+    pub namespaces: Listed<Namespace>,
     /// Grows with every watch event the view reflects: equal generations, equal views.
     pub generation: u64,
 }

@@ -31,7 +31,7 @@ use gpuplace_core::{Placer, Policy, TargetWorkload};
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 
-use crate::api::{ApiError, ClusterApi, ClusterView, FedView, PodLookup};
+use crate::api::{ApiError, ClusterApi, ClusterView, FedView, Listed, PodLookup};
 use crate::framework::filter::VerdictCache;
 use crate::framework::volumes::VolumeIndex;
 use crate::k8s::leader::Gate;
@@ -118,14 +118,15 @@ struct Inner {
 
 #[derive(Default)]
 struct VolumeLists {
-    claims: Vec<Arc<PersistentVolumeClaim>>,
-    volumes: Vec<Arc<PersistentVolume>>,
+    claims: Listed<PersistentVolumeClaim>,
+    volumes: Listed<PersistentVolume>,
 }
 
 impl VolumeLists {
     fn same(&self, view: &ClusterView) -> bool {
-        fn same<T>(a: &[Arc<T>], b: &[Arc<T>]) -> bool {
-            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| Arc::ptr_eq(x, y))
+        fn same<T>(a: &Listed<T>, b: &Listed<T>) -> bool {
+            Arc::ptr_eq(a, b)
+                || (a.len() == b.len() && a.iter().zip(b.iter()).all(|(x, y)| Arc::ptr_eq(x, y)))
         }
         same(&self.claims, &view.claims) && same(&self.volumes, &view.volumes)
     }

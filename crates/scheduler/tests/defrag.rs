@@ -273,7 +273,7 @@ async fn the_dry_run_plans_what_the_scheduler_would_do_and_touches_nothing() {
     assert!(!deleting(&api, "a"));
     // With a budget that allows nothing, no plan.
     let mut view = view;
-    view.budgets = vec![std::sync::Arc::new(
+    view.budgets = std::sync::Arc::new(vec![std::sync::Arc::new(
         serde_json::from_value(json!({
             "metadata": {"name": "keep-a", "namespace": "ml"},
             "spec": {"selector": {"matchLabels": {"app": "rs-a"}}, "maxUnavailable": 0},
@@ -281,7 +281,7 @@ async fn the_dry_run_plans_what_the_scheduler_would_do_and_touches_nothing() {
                 "expectedPods": 1}
         }))
         .unwrap(),
-    )];
+    )]);
     let plan = gpuplace_scheduler::defrag_plan::plan(
         &view,
         "nvidia.com/gpu",

@@ -17,6 +17,7 @@
 
 mod cluster_api;
 mod costs;
+mod listing;
 mod objects;
 mod queues;
 mod watches;
@@ -38,14 +39,14 @@ use tokio::time::Instant;
 
 pub(super) struct Store {
     version: u64,
-    nodes: BTreeMap<String, Arc<Node>>,
+    nodes: listing::Listing<String, Node>,
     pods: BTreeMap<(String, String), Arc<Pod>>,
-    groups: BTreeMap<(String, String), Arc<PodGroup>>,
-    claims: BTreeMap<(String, String), Arc<PersistentVolumeClaim>>,
-    volumes: BTreeMap<String, Arc<PersistentVolume>>,
-    budgets: BTreeMap<(String, String), Arc<PodDisruptionBudget>>,
-    queues: BTreeMap<String, Arc<gpuplace_scheduler::k8s::queue::Queue>>,
-    namespaces: BTreeMap<String, Arc<k8s_openapi::api::core::v1::Namespace>>,
+    groups: listing::Listing<(String, String), PodGroup>,
+    claims: listing::Listing<(String, String), PersistentVolumeClaim>,
+    volumes: listing::Listing<String, PersistentVolume>,
+    budgets: listing::Listing<(String, String), PodDisruptionBudget>,
+    queues: listing::Listing<String, gpuplace_scheduler::k8s::queue::Queue>,
+    namespaces: listing::Listing<String, k8s_openapi::api::core::v1::Namespace>,
     /// Events about queues: (queue, type, reason, note).
     queue_events: Vec<(String, String, String, String)>,
     events: Vec<EventRecord>,
@@ -92,14 +93,14 @@ impl Default for Store {
     fn default() -> Self {
         Store {
             version: 0,
-            nodes: BTreeMap::new(),
+            nodes: Default::default(),
             pods: BTreeMap::new(),
-            groups: BTreeMap::new(),
-            claims: BTreeMap::new(),
-            volumes: BTreeMap::new(),
-            budgets: BTreeMap::new(),
-            queues: BTreeMap::new(),
-            namespaces: BTreeMap::new(),
+            groups: Default::default(),
+            claims: Default::default(),
+            volumes: Default::default(),
+            budgets: Default::default(),
+            queues: Default::default(),
+            namespaces: Default::default(),
             queue_events: Vec::new(),
             events: Vec::new(),
             bindings: Vec::new(),

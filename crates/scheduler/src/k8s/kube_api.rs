@@ -17,7 +17,6 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::Store;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use serde_json::json;
@@ -34,21 +33,22 @@ use crate::k8s::queue::{DEFAULT_QUEUE_ANNOTATION, Queue, QueueStatus};
 mod watch;
 pub use watch::{WatchLog, WatchNote, is_missing_resource};
 use watch::{
-    budget_fingerprint, claim_fingerprint, node_fingerprint, run_reflector, volume_fingerprint,
+    Watched, budget_fingerprint, claim_fingerprint, node_fingerprint, run_reflector,
+    volume_fingerprint,
 };
 
 /// The API server, seen through reflector caches.
 #[derive(Clone)]
 pub struct KubeApi {
     client: Client,
-    nodes: Store<Node>,
+    nodes: Watched<Node>,
     pods: Arc<Mutex<PodStore>>,
-    groups: Store<PodGroup>,
-    claims: Store<PersistentVolumeClaim>,
-    volumes: Store<PersistentVolume>,
-    budgets: Store<PodDisruptionBudget>,
-    queues: Store<Queue>,
-    namespaces: Store<Namespace>,
+    groups: Watched<PodGroup>,
+    claims: Watched<PersistentVolumeClaim>,
+    volumes: Watched<PersistentVolume>,
+    budgets: Watched<PodDisruptionBudget>,
+    queues: Watched<Queue>,
+    namespaces: Watched<Namespace>,
     recorder: Recorder,
     /// Counts watch events of all three caches: the view's generation.
     changes: Changes,
@@ -306,14 +306,14 @@ impl ClusterApi for KubeApi {
         // the next generation differ, so it is never missed.
         let generation = *self.changes.borrow();
         Ok(ClusterView {
-            nodes: self.nodes.state(),
+            nodes: self.nodes.listed(),
             pods: self.pods.lock().unwrap_or_else(|p| p.into_inner()).view(),
-            groups: self.groups.state(),
-            claims: self.claims.state(),
-            volumes: self.volumes.state(),
-            budgets: self.budgets.state(),
-            queues: self.queues.state(),
-            namespaces: self.namespaces.state(),
+            groups: self.groups.listed(),
+            claims: self.claims.listed(),
+            volumes: self.volumes.listed(),
+            budgets: self.budgets.listed(),
+            queues: self.queues.listed(),
+            namespaces: self.namespaces.listed(),
             generation,
         })
     }
@@ -336,14 +336,14 @@ impl ClusterApi for KubeApi {
         };
         Ok(FedView {
             view: ClusterView {
-                nodes: self.nodes.state(),
+                nodes: self.nodes.listed(),
                 pods,
-                groups: self.groups.state(),
-                claims: self.claims.state(),
-                volumes: self.volumes.state(),
-                budgets: self.budgets.state(),
-                queues: self.queues.state(),
-                namespaces: self.namespaces.state(),
+                groups: self.groups.listed(),
+                claims: self.claims.listed(),
+                volumes: self.volumes.listed(),
+                budgets: self.budgets.listed(),
+                queues: self.queues.listed(),
+                namespaces: self.namespaces.listed(),
                 generation,
             },
             feed,

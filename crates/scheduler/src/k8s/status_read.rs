@@ -130,9 +130,9 @@ pub async fn read(
     let mut nodes: Vec<Arc<Node>> = nodes?;
     nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     let view = ClusterView {
-        nodes,
+        nodes: Arc::new(nodes),
         pods,
-        groups: groups.into_iter().map(Arc::new).collect(),
+        groups: Arc::new(groups.into_iter().map(Arc::new).collect()),
         ..ClusterView::default()
     };
     Ok(Read {

@@ -39,7 +39,7 @@ pub struct ClusterCache {
     nodes: Vec<Arc<Node>>,
     /// The nodes as the last view listed them (before sorting): an equal list needs no
     /// sort and no comparison.
-    listed: Vec<Arc<Node>>,
+    listed: crate::api::Listed<Node>,
     /// Full builds, in-place updates and walks of the whole pod list so far.
     pub builds: usize,
     pub updates: usize,
@@ -61,7 +61,7 @@ pub struct Brought {
 
 /// The nodes sorted by name.
 pub fn sorted_nodes(view: &ClusterView) -> Vec<Arc<Node>> {
-    let mut nodes = view.nodes.clone();
+    let mut nodes = view.nodes.to_vec();
     let by_name = |a: &Arc<Node>, b: &Arc<Node>| a.metadata.name.cmp(&b.metadata.name);
     // Caches that keep nodes in name order (and views taken twice) need no sort.
     if !nodes.is_sorted_by(|a, b| by_name(a, b).is_le()) {
@@ -183,19 +183,21 @@ impl ClusterCache {
 
     /// Whether the nodes changed in what scheduling reads since the last update.
     fn nodes_changed(&mut self, view: &ClusterView) -> bool {
-        let same_list = self.listed.len() == view.nodes.len()
-            && self
-                .listed
-                .iter()
-                .zip(&view.nodes)
-                .all(|(a, b)| Arc::ptr_eq(a, b));
+        // The cache hands out the same list while no node changed: one pointer compared.
+        let same_list = Arc::ptr_eq(&self.listed, &view.nodes)
+            || (self.listed.len() == view.nodes.len()
+                && self
+                    .listed
+                    .iter()
+                    .zip(view.nodes.iter())
+                    .all(|(a, b)| Arc::ptr_eq(a, b)));
         if same_list {
             return false;
         }
         let nodes = sorted_nodes(view);
         let changed = nodes_differ(&self.nodes, &nodes);
         self.nodes = nodes;
-        self.listed = view.nodes.clone();
+        self.listed = Arc::clone(&view.nodes);
         changed
     }
 

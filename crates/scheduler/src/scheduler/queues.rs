@@ -69,7 +69,7 @@ impl Queues {
         if from != self.built_from {
             let mut specs = Vec::new();
             self.spec_errors.clear();
-            for q in &view.queues {
+            for q in view.queues.iter() {
                 let name = q.metadata.name.clone().unwrap_or_default();
                 match core_spec(&name, &q.spec, &self.gpu_resource) {
                     Ok(spec) => specs.push(spec),

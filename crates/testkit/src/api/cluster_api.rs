@@ -1,8 +1,6 @@
 //! The scheduler's side of the in-memory API: its watch-fed view (late when the costs say
 //! so) and its writes, charged and validated as a server would.
 
-use std::sync::Arc;
-
 use gpuplace_scheduler::api::{BindRequest, FedView, PodState};
 use gpuplace_scheduler::k8s::gang::PodGroupStatus;
 use gpuplace_scheduler::k8s::queue::QueueStatus;
@@ -17,14 +15,14 @@ impl ClusterApi for MemoryApi {
         let s = &mut *guard;
         s.sync_cache();
         Ok(ClusterView {
-            nodes: s.nodes.values().cloned().collect(),
+            nodes: s.nodes.listed(),
             pods: s.cache.view(),
-            groups: s.groups.values().cloned().collect(),
-            claims: s.claims.values().cloned().collect(),
-            volumes: s.volumes.values().cloned().collect(),
-            budgets: s.budgets.values().cloned().collect(),
-            queues: s.queues.values().cloned().collect(),
-            namespaces: s.namespaces.values().cloned().collect(),
+            groups: s.groups.listed(),
+            claims: s.claims.listed(),
+            volumes: s.volumes.listed(),
+            budgets: s.budgets.listed(),
+            queues: s.queues.listed(),
+            namespaces: s.namespaces.listed(),
             generation: s.generation,
         })
     }
@@ -45,14 +43,14 @@ impl ClusterApi for MemoryApi {
         };
         Ok(FedView {
             view: ClusterView {
-                nodes: s.nodes.values().cloned().collect(),
+                nodes: s.nodes.listed(),
                 pods,
-                groups: s.groups.values().cloned().collect(),
-                claims: s.claims.values().cloned().collect(),
-                volumes: s.volumes.values().cloned().collect(),
-                budgets: s.budgets.values().cloned().collect(),
-                queues: s.queues.values().cloned().collect(),
-                namespaces: s.namespaces.values().cloned().collect(),
+                groups: s.groups.listed(),
+                claims: s.claims.listed(),
+                volumes: s.volumes.listed(),
+                budgets: s.budgets.listed(),
+                queues: s.queues.listed(),
+                namespaces: s.namespaces.listed(),
                 generation: s.generation,
             },
             feed,
@@ -295,7 +293,6 @@ impl ClusterApi for MemoryApi {
         let g = s
             .groups
             .get_mut(&(namespace.to_string(), name.to_string()))
-            .map(Arc::make_mut)
             .ok_or_else(|| ApiError::NotFound(format!("podgroup {namespace}/{name}")))?;
         g.status = Some(status);
         g.metadata.resource_version = Some(rv);

@@ -55,7 +55,6 @@ impl MemoryApi {
         let node = s
             .nodes
             .get_mut(name)
-            .map(Arc::make_mut)
             .ok_or_else(|| ApiError::NotFound(format!("node {name}")))?;
         node.metadata
             .annotations

@@ -75,7 +75,7 @@ impl MemoryApi {
     ) -> Result<(), ApiError> {
         let mut s = lock(&self.store);
         let rv = s.bump();
-        let q = s.queues.get_mut(name).map(Arc::make_mut).ok_or_else(|| {
+        let q = s.queues.get_mut(name).ok_or_else(|| {
             ApiError::NotFound(format!("queues.gpuplace.io \"{name}\" not found"))
         })?;
         q.status = Some(status);

@@ -12,7 +12,11 @@ use kube::runtime::utils::Backoff;
 use kube::runtime::{WatchStreamExt, watcher};
 use tracing::{info, warn};
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
 use super::{Changes, bump};
+use crate::api::Listed;
 
 /// Whether a watch error says the resource type does not exist (a CRD not installed).
 pub fn is_missing_resource(e: &watcher::Error) -> bool {
@@ -145,7 +149,7 @@ pub(super) fn run_reflector<K>(
     missing_hint: &'static str,
     changes: Changes,
     fingerprint: Option<fn(&K) -> u64>,
-) -> Store<K>
+) -> Watched<K>
 where
     K: kube::Resource
         + Clone
@@ -157,6 +161,12 @@ where
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
 {
     let (store, writer) = reflector::store();
+    let watched = Watched {
+        store,
+        changes: Arc::new(AtomicU64::new(0)),
+        kept: Arc::new(Mutex::new(None)),
+    };
+    let kind_changes = Arc::clone(&watched.changes);
     let stream = reflector::reflector(
         writer,
         watcher(api, watcher::Config::default())
@@ -180,6 +190,7 @@ where
                     None
                 }
                 Ok(watcher::Event::Apply(obj)) => {
+                    kind_changes.fetch_add(1, Ordering::Release);
                     let name = object_key(obj.meta());
                     let same = fingerprint.is_some_and(|f| {
                         let print = f(obj);
@@ -191,11 +202,13 @@ where
                     None
                 }
                 Ok(watcher::Event::Delete(obj)) => {
+                    kind_changes.fetch_add(1, Ordering::Release);
                     seen.remove(&object_key(obj.meta()));
                     bump(&changes);
                     None
                 }
                 Ok(watcher::Event::InitDone) => {
+                    kind_changes.fetch_add(1, Ordering::Release);
                     bump(&changes);
                     None
                 }
@@ -210,7 +223,67 @@ where
             }
         }
     });
-    store
+    watched
+}
+
+/// A reflector's store and the list the views share: made anew only after the store
+/// changed (any event, even one whose fingerprint wakes nobody), so a view of an unchanged
+/// kind costs one pointer and its readers see "unchanged" by comparing pointers.
+pub(super) struct Watched<K: kube::Resource + 'static>
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    store: Store<K>,
+    /// Events applied to the store (the reflector applies an event before passing it on).
+    changes: Arc<AtomicU64>,
+    kept: Arc<Mutex<Option<Kept<K>>>>,
+}
+
+/// The list made at a count of a store's changes.
+struct Kept<K> {
+    at: u64,
+    list: Listed<K>,
+}
+
+impl<K: kube::Resource + Clone + 'static> Clone for Watched<K>
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    fn clone(&self) -> Self {
+        Watched {
+            store: self.store.clone(),
+            changes: Arc::clone(&self.changes),
+            kept: Arc::clone(&self.kept),
+        }
+    }
+}
+
+impl<K: kube::Resource + Clone + 'static> Watched<K>
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    /// The store's objects: the list kept, unless an event came since it was made. The
+    /// count is read first: an event landing while the list is made makes the count move
+    /// on, and the next call makes it again.
+    pub(super) fn listed(&self) -> Listed<K> {
+        let count = self.changes.load(Ordering::Acquire);
+        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        match &*kept {
+            Some(k) if k.at == count => Arc::clone(&k.list),
+            _ => {
+                let list: Listed<K> = Arc::new(self.store.state());
+                *kept = Some(Kept {
+                    at: count,
+                    list: Arc::clone(&list),
+                });
+                list
+            }
+        }
+    }
+
+    pub(super) async fn wait_until_ready(&self) -> Result<(), reflector::store::WriterDropped> {
+        self.store.wait_until_ready().await
+    }
 }
 
 /// What preemption reads of a budget: its selector and how many disruptions it allows.
