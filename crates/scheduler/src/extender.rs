@@ -20,6 +20,7 @@
 
 mod evaluate;
 pub mod http;
+mod names;
 mod queue_limits;
 pub mod wire;
 
@@ -39,7 +40,7 @@ use crate::k8s::pod_info::PodInfo;
 use crate::scheduler::assume::reserve;
 use crate::scheduler::cluster_cache::{Brought, ClusterCache};
 use evaluate::{NameIndex, Need, Verdict, Verdicts};
-use wire::{BindingArgs, ExtenderArgs, FilterResult, HostPriority};
+use wire::{BindingArgs, ExtenderArgs, FilterResult, Names, Priorities};
 
 /// Which nodes `filter` lets through.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -268,25 +269,20 @@ impl<A: ClusterApi> Extender<A> {
     /// the others fail.
     pub async fn filter(&self, mut args: ExtenderArgs) -> Result<FilterResult, ApiError> {
         let pod = Arc::new(PodInfo::from_pod(&args.pod, &self.config.gpu_resource));
-        let by_name = args.node_names.is_some();
-        let mut names = args.take_names();
+        let as_objects = args.nodes.is_some() && args.node_names.is_none();
+        let names = args.take_names();
         let mut guard = self.fresh().await?;
         let inner = &mut *guard;
         inner.remember(&pod);
         if let Some(why) = inner.queue_refused(&pod) {
             drop(guard);
-            let mut result = FilterResult::default();
+            let count = names.len();
+            let mut result = FilterResult::about(names);
             let why: Arc<str> = Arc::from(format!("{why}."));
-            for name in names {
-                result
-                    .failed_and_unresolvable_nodes
-                    .insert(name, Arc::clone(&why));
+            for i in 0..count {
+                result.fail_unresolvable(i, Arc::clone(&why));
             }
-            if args.nodes.is_some() && !by_name {
-                result.nodes = Some(wire::node_list(Vec::new()));
-            } else {
-                result.node_names = Some(Vec::new());
-            }
+            answer_passing(&mut result, args.nodes.take(), as_objects, &[]);
             return Ok(result);
         }
         let need = Need {
@@ -294,18 +290,14 @@ impl<A: ClusterApi> Extender<A> {
             best: self.config.filter_mode == FilterMode::Best,
         };
         let verdicts = inner.evaluate(&pod, &names, &self.config.gpu_resource, need);
-        let mut result = FilterResult::default();
+        drop(guard);
+        let mut result = FilterResult::about(names);
         let mut passing: Vec<usize> = Vec::new();
         for (i, verdict) in verdicts.nodes.into_iter().enumerate() {
             match verdict {
                 Verdict::Fits(_) => passing.push(i),
-                // Failed names are not needed again: moved, not copied.
-                Verdict::Fails(why) => result
-                    .failed_nodes
-                    .insert(std::mem::take(&mut names[i]), why),
-                Verdict::Unresolvable(why) => result
-                    .failed_and_unresolvable_nodes
-                    .insert(std::mem::take(&mut names[i]), why),
+                Verdict::Fails(why) => result.fail(i, why),
+                Verdict::Unresolvable(why) => result.fail_unresolvable(i, why),
             }
         }
         if self.config.filter_mode == FilterMode::Best
@@ -315,34 +307,13 @@ impl<A: ClusterApi> Extender<A> {
             // keeps no status for nodes an extender drops.
             passing = vec![best];
         }
-        drop(guard);
-        match args.nodes {
-            Some(mut nodes) if !by_name => {
-                let mut keep = vec![false; nodes.len()];
-                for &i in &passing {
-                    if let Some(k) = keep.get_mut(i) {
-                        *k = true;
-                    }
-                }
-                let mut flags = keep.into_iter();
-                nodes.retain(|_| flags.next().unwrap_or(false));
-                result.nodes = Some(wire::node_list(nodes));
-            }
-            _ => {
-                result.node_names = Some(
-                    passing
-                        .iter()
-                        .map(|&i| std::mem::take(&mut names[i]))
-                        .collect(),
-                )
-            }
-        }
+        answer_passing(&mut result, args.nodes.take(), as_objects, &passing);
         Ok(result)
     }
 
     /// `prioritize`: every candidate scored 0-10, preferences first, then the policy; the
     /// best node gets 10, nodes where the pod does not fit 0.
-    pub async fn prioritize(&self, mut args: ExtenderArgs) -> Result<Vec<HostPriority>, ApiError> {
+    pub async fn prioritize(&self, mut args: ExtenderArgs) -> Result<Priorities, ApiError> {
         let pod = Arc::new(PodInfo::from_pod(&args.pod, &self.config.gpu_resource));
         let names = args.take_names();
         let mut guard = self.fresh().await?;
@@ -353,6 +324,7 @@ impl<A: ClusterApi> Extender<A> {
             best: false,
         };
         let verdicts = inner.evaluate(&pod, &names, &self.config.gpu_resource, need);
+        drop(guard);
         let keys: Vec<Option<(i64, i64)>> = verdicts
             .nodes
             .iter()
@@ -361,11 +333,10 @@ impl<A: ClusterApi> Extender<A> {
                 _ => None,
             })
             .collect();
-        Ok(names
-            .into_iter()
-            .zip(spread_scores(&keys))
-            .map(|(host, score)| HostPriority { host, score })
-            .collect())
+        Ok(Priorities {
+            names,
+            scores: spread_scores(&keys),
+        })
     }
 
     /// `bind`: the exact GPUs on the node kube-scheduler chose, reserved, then one Binding
@@ -509,7 +480,7 @@ impl Inner {
     fn evaluate(
         &mut self,
         pod: &Arc<PodInfo>,
-        names: &[String],
+        names: &Names,
         resource: &str,
         need: Need,
     ) -> Verdicts {
@@ -539,6 +510,30 @@ impl Inner {
                 }
             }
         }
+    }
+}
+
+/// Sets the passing candidates (positions in the request's list) on `result`: as Node
+/// objects when the request sent objects (`nodes`, in the order given), else as names.
+fn answer_passing(
+    result: &mut FilterResult,
+    nodes: Option<Vec<k8s_openapi::api::core::v1::Node>>,
+    as_objects: bool,
+    passing: &[usize],
+) {
+    match nodes {
+        Some(mut nodes) if as_objects => {
+            let mut keep = vec![false; nodes.len()];
+            for &i in passing {
+                if let Some(k) = keep.get_mut(i) {
+                    *k = true;
+                }
+            }
+            let mut flags = keep.into_iter();
+            nodes.retain(|_| flags.next().unwrap_or(false));
+            result.nodes = Some(wire::node_list(nodes));
+        }
+        _ => result.pass(passing.iter().copied()),
     }
 }
 

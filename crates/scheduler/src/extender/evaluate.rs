@@ -13,6 +13,8 @@ use crate::k8s::demand::PodDemand;
 use crate::k8s::pod_info::PodInfo;
 use crate::snapshot::Snapshot;
 
+use super::names::Names;
+
 /// One candidate's verdict.
 pub(super) enum Verdict {
     /// Fits, ranked by (preference sum, policy score).
@@ -60,15 +62,25 @@ pub(super) struct Parts<'a> {
     pub names: &'a mut NameIndex,
 }
 
-/// The state's index of each candidate name, remembered from the longest recent list:
+/// The state's index of each candidate name, remembered for the lists of recent calls:
 /// kube-scheduler sends its nodes in the same order call after call (all of them, a
-/// rotating window, or the ones that passed filter), so a name is usually found a step or
-/// two past the previous one by comparing strings, sparing a hash lookup per node. A name
-/// not found nearby is looked up and the walk continues from its remembered place. Valid
-/// for one build of the state (the extender drops it when the state is built anew).
+/// rotating window, or the ones that passed filter), so the same list usually comes again
+/// (one comparison of the name buffers answers it) or a name is found a step or two past
+/// the previous one by comparing strings, sparing a hash lookup per node. A name not found
+/// nearby is looked up and the walk continues from its remembered place. Valid for one
+/// build of the state (the extender drops it when the state is built anew).
 #[derive(Default)]
 pub(super) struct NameIndex {
-    names: Vec<String>,
+    /// The longest recent list: names are matched by position against it.
+    longest: Remembered,
+    /// The list of the call before, when another (filter's candidates, then the ones that
+    /// passed for prioritize): answered whole when it comes again.
+    other: Option<(Names, Vec<Option<usize>>)>,
+}
+
+#[derive(Default)]
+struct Remembered {
+    names: Names,
     index: Vec<Option<usize>>,
     /// Position in `names` of each node of the state (`u32::MAX`: not in `names`).
     position: Vec<u32>,
@@ -78,35 +90,49 @@ pub(super) struct NameIndex {
 const LOOKAHEAD: usize = 3;
 
 impl NameIndex {
-    pub(super) fn lookup(&mut self, snapshot: &Snapshot, names: &[String]) -> Vec<Option<usize>> {
+    pub(super) fn lookup(&mut self, snapshot: &Snapshot, names: &Names) -> Vec<Option<usize>> {
+        if *names == self.longest.names {
+            return self.longest.index.clone();
+        }
+        if let Some((other, index)) = &self.other
+            && other == names
+        {
+            return index.clone();
+        }
+        let longest = &self.longest;
         let mut out = Vec::with_capacity(names.len());
         let mut next = 0usize;
         let mut misses = 0usize;
-        for name in names {
-            let end = (next + LOOKAHEAD).min(self.names.len());
-            if let Some(i) = (next..end).find(|&i| self.names[i] == *name) {
-                out.push(self.index[i]);
+        for name in names.iter() {
+            let end = (next + LOOKAHEAD).min(longest.names.len());
+            if let Some(i) = (next..end).find(|&i| longest.names.get(i) == name) {
+                out.push(longest.index[i]);
                 next = i + 1;
                 continue;
             }
             misses += 1;
             let n = snapshot.node_index(name);
-            if let Some(&at) = n.and_then(|n| self.position.get(n))
+            if let Some(&at) = n.and_then(|n| longest.position.get(n))
                 && at != u32::MAX
             {
                 next = at as usize + 1;
             }
             out.push(n);
         }
-        if misses > 0 && names.len() >= self.names.len() {
-            self.names = names.to_vec();
-            self.position = vec![u32::MAX; snapshot.nodes.len()];
+        if misses > 0 && names.len() >= self.longest.names.len() {
+            let mut position = vec![u32::MAX; snapshot.nodes.len()];
             for (i, n) in out.iter().enumerate() {
-                if let Some(p) = n.and_then(|n| self.position.get_mut(n)) {
+                if let Some(p) = n.and_then(|n| position.get_mut(n)) {
                     *p = i as u32;
                 }
             }
-            self.index = out.clone();
+            self.longest = Remembered {
+                names: names.clone(),
+                index: out.clone(),
+                position,
+            };
+        } else {
+            self.other = Some((names.clone(), out.clone()));
         }
         out
     }
@@ -130,7 +156,7 @@ impl Parts<'_> {
     pub(super) fn evaluate(
         &mut self,
         pod: &Arc<PodInfo>,
-        names: &[String],
+        names: &Names,
         resource: &str,
         need: Need,
     ) -> Verdicts {

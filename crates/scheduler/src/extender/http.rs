@@ -133,13 +133,7 @@ async fn filter<A: ClusterApi>(State(s): State<Arc<Shared<A>>>, request: Request
     };
     let (result, answer) = match s.extender.filter(args).await {
         Ok(r) => ("ok", r),
-        Err(e) => (
-            "error",
-            FilterResult {
-                error: e.to_string(),
-                ..Default::default()
-            },
-        ),
+        Err(e) => ("error", FilterResult::failed_with(e.to_string())),
     };
     s.metrics.observe("filter", result, started);
     json(StatusCode::OK, &answer)

@@ -76,9 +76,16 @@ fn remembered_names_find_what_a_lookup_finds() {
         all.iter().rev().cloned().collect(),
         all.clone(),
         all[7..30].to_vec(),
+        // Lists seen before, whole (filter's candidates, then the ones that passed).
+        all.clone(),
+        all[7..30].to_vec(),
+        all[7..30].to_vec(),
+        all.clone(),
+        all.iter().step_by(3).cloned().collect(),
     ];
     for names in lists {
         let expected: Vec<Option<usize>> = names.iter().map(|n| snapshot.node_index(n)).collect();
+        let names: super::Names = names.iter().map(String::as_str).collect();
         assert_eq!(index.lookup(&snapshot, &names), expected, "{names:?}");
     }
 }

@@ -6,9 +6,14 @@
 //! Decoding never panics: a body that is not JSON, not an object, or whose fields have the
 //! wrong shape is refused with a [`WireError`] that names the problem (HTTP 400).
 
+use std::sync::Arc;
+
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::Serialize;
+use serde::ser::{SerializeMap, SerializeStruct};
 use serde_json::Value;
+
+pub use super::names::Names;
 
 /// Why a request body was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -28,20 +33,20 @@ pub enum WireError {
 pub struct ExtenderArgs {
     pub pod: Pod,
     pub nodes: Option<Vec<Node>>,
-    pub node_names: Option<Vec<String>>,
+    pub node_names: Option<Names>,
 }
 
 impl ExtenderArgs {
     /// The candidate node names, in the order given (taken from `NodeNames`, else read
     /// from the Node objects).
-    pub fn take_names(&mut self) -> Vec<String> {
+    pub fn take_names(&mut self) -> Names {
         match (self.node_names.take(), &self.nodes) {
             (Some(names), _) => names,
             (None, Some(nodes)) => nodes
                 .iter()
-                .map(|n| n.metadata.name.clone().unwrap_or_default())
+                .map(|n| n.metadata.name.as_deref().unwrap_or_default())
                 .collect(),
-            (None, None) => Vec::new(),
+            (None, None) => Names::default(),
         }
     }
 }
@@ -56,59 +61,155 @@ pub struct BindingArgs {
 }
 
 /// `ExtenderFilterResult`: the nodes that pass (as given: objects or names), and why the
-/// others failed, split by whether preemption could help.
-#[derive(Debug, Default, Serialize, PartialEq)]
-#[serde(rename_all = "PascalCase")]
+/// others failed, split by whether preemption could help. Nodes are named by their
+/// position in the request's list (thousands of answers, no name copied).
+#[derive(Debug, Default, PartialEq)]
 pub struct FilterResult {
+    /// The candidates' names, as the request gave them.
+    names: Names,
+    /// The passing nodes as Node objects (a request that sent objects).
     pub nodes: Option<Value>,
-    pub node_names: Option<Vec<String>>,
-    pub failed_nodes: Reasons,
-    pub failed_and_unresolvable_nodes: Reasons,
+    /// The passing nodes by position (a request that sent names).
+    passing: Option<Vec<u32>>,
+    failed: Vec<(u32, Arc<str>)>,
+    unresolvable: Vec<(u32, Arc<str>)>,
     pub error: String,
+}
+
+impl FilterResult {
+    /// A result about the candidates `names` (none passing, none failed yet).
+    pub fn about(names: Names) -> FilterResult {
+        FilterResult {
+            names,
+            ..FilterResult::default()
+        }
+    }
+
+    /// The call failed: no node passes, and `error` says why.
+    pub fn failed_with(error: String) -> FilterResult {
+        FilterResult {
+            error,
+            ..FilterResult::default()
+        }
+    }
+
+    /// Candidate `i` fails where preemption could help.
+    pub fn fail(&mut self, i: usize, why: Arc<str>) {
+        self.failed.push((i as u32, why));
+    }
+
+    /// Candidate `i` fails where no preemption helps.
+    pub fn fail_unresolvable(&mut self, i: usize, why: Arc<str>) {
+        self.unresolvable.push((i as u32, why));
+    }
+
+    /// The candidates that pass, by position (answered as `NodeNames`).
+    pub fn pass(&mut self, passing: impl IntoIterator<Item = usize>) {
+        self.passing = Some(passing.into_iter().map(|i| i as u32).collect());
+    }
+
+    /// The passing nodes' names (`None`: answered with Node objects, or not at all).
+    pub fn node_names(&self) -> Option<Vec<&str>> {
+        let passing = self.passing.as_ref()?;
+        Some(
+            passing
+                .iter()
+                .map(|&i| self.names.get(i as usize))
+                .collect(),
+        )
+    }
+
+    /// Why `node` failed where preemption could help, if it did.
+    pub fn failed(&self, node: &str) -> Option<&str> {
+        self.reason(&self.failed, node)
+    }
+
+    /// Why `node` failed where no preemption helps, if it did.
+    pub fn unresolvable(&self, node: &str) -> Option<&str> {
+        self.reason(&self.unresolvable, node)
+    }
+
+    fn reason<'a>(&'a self, list: &'a [(u32, Arc<str>)], node: &str) -> Option<&'a str> {
+        list.iter()
+            .find(|(i, _)| self.names.get(*i as usize) == node)
+            .map(|(_, why)| &**why)
+    }
+}
+
+/// Names by position, written as a JSON list.
+struct Picked<'a> {
+    names: &'a Names,
+    at: &'a [u32],
+}
+
+impl Serialize for Picked<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.at.iter().map(|&i| self.names.get(i as usize)))
+    }
 }
 
 /// Node name -> why it failed, in the order the nodes were given, written as a JSON
 /// object (`map[string]string` in Go). Reasons are shared: thousands of nodes failing for
 /// one reason hold one text.
-#[derive(Debug, Default, PartialEq)]
-pub struct Reasons(pub Vec<(String, std::sync::Arc<str>)>);
-
-impl Reasons {
-    pub fn insert(&mut self, node: String, why: std::sync::Arc<str>) {
-        self.0.push((node, why));
-    }
-
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// The reason given for `node`, if any.
-    pub fn get(&self, node: &str) -> Option<&str> {
-        self.0.iter().find(|(n, _)| n == node).map(|(_, w)| &**w)
-    }
+struct Reasons<'a> {
+    names: &'a Names,
+    list: &'a [(u32, Arc<str>)],
 }
 
-impl Serialize for Reasons {
+impl Serialize for Reasons<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        let mut map = s.serialize_map(Some(self.0.len()))?;
-        for (node, why) in &self.0 {
-            map.serialize_entry(node, &**why)?;
+        let mut map = s.serialize_map(Some(self.list.len()))?;
+        for (i, why) in self.list {
+            map.serialize_entry(self.names.get(*i as usize), &**why)?;
         }
         map.end()
     }
 }
 
-/// One entry of `HostPriorityList`.
-#[derive(Debug, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "PascalCase")]
-pub struct HostPriority {
-    pub host: String,
-    pub score: i64,
+impl Serialize for FilterResult {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let names = &self.names;
+        let mut out = s.serialize_struct("ExtenderFilterResult", 5)?;
+        out.serialize_field("Nodes", &self.nodes)?;
+        let passing = self.passing.as_deref().map(|at| Picked { names, at });
+        out.serialize_field("NodeNames", &passing)?;
+        let failed = Reasons {
+            names,
+            list: &self.failed,
+        };
+        out.serialize_field("FailedNodes", &failed)?;
+        let unresolvable = Reasons {
+            names,
+            list: &self.unresolvable,
+        };
+        out.serialize_field("FailedAndUnresolvableNodes", &unresolvable)?;
+        out.serialize_field("Error", &self.error)?;
+        out.end()
+    }
+}
+
+/// `HostPriorityList`: each candidate's score, in the order given.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Priorities {
+    pub names: Names,
+    pub scores: Vec<i64>,
+}
+
+impl Serialize for Priorities {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        #[serde(rename_all = "PascalCase")]
+        struct HostPriority<'a> {
+            host: &'a str,
+            score: i64,
+        }
+        s.collect_seq(
+            self.names
+                .iter()
+                .zip(&self.scores)
+                .map(|(host, &score)| HostPriority { host, score }),
+        )
+    }
 }
 
 /// `ExtenderBindingResult`.
@@ -160,7 +261,7 @@ impl<'de> serde::Deserialize<'de> for ExtenderArgs {
                         }
                         "nodenames" => {
                             names = map
-                                .next_value::<Option<Vec<String>>>()
+                                .next_value::<Option<Names>>()
                                 .map_err(|e| custom::<M::Error>("NodeNames", e))?
                         }
                         _ => {

@@ -18,14 +18,11 @@ fn args_body() -> Vec<u8> {
 fn keys_are_read_in_any_case() {
     let args = decode_args(&args_body(), LIMIT).unwrap();
     assert_eq!(args.pod.metadata.name.as_deref(), Some("p"));
-    assert_eq!(
-        args.node_names.as_deref(),
-        Some(&["n1".to_string(), "n2".to_string()][..])
-    );
+    assert_eq!(args.node_names, Some(["n1", "n2"].into_iter().collect()));
     let lower = br#"{"pod": {"metadata": {"name": "q"}}, "nodes": {"items": [{"metadata": {"name": "a"}}]}}"#;
     let mut args = decode_args(lower, LIMIT).unwrap();
     assert!(args.node_names.is_none());
-    assert_eq!(args.take_names(), ["a"]);
+    assert_eq!(args.take_names(), ["a"].into_iter().collect());
     let binding = decode_binding(
         br#"{"podName": "p", "PODNAMESPACE": "ml", "PodUID": "u1", "Node": "n1"}"#,
         LIMIT,
@@ -73,26 +70,27 @@ fn bad_bodies_are_named() {
 
 #[test]
 fn replies_are_pascal_case() {
-    let reply = FilterResult {
-        node_names: Some(vec!["n1".into()]),
-        failed_nodes: Reasons(vec![(
-            "n2".to_string(),
-            "Insufficient nvidia.com/gpu".into(),
-        )]),
-        ..Default::default()
-    };
+    let mut reply = FilterResult::about(["n1", "n2"].into_iter().collect());
+    reply.pass([0]);
+    reply.fail(1, "Insufficient nvidia.com/gpu".into());
+    assert_eq!(reply.node_names(), Some(vec!["n1"]));
+    assert_eq!(reply.failed("n2"), Some("Insufficient nvidia.com/gpu"));
+    assert_eq!(reply.unresolvable("n2"), None);
     let text = serde_json::to_value(&reply).unwrap();
     assert_eq!(
         text,
         json!({"Nodes": null, "NodeNames": ["n1"], "FailedNodes": {"n2": "Insufficient nvidia.com/gpu"},
             "FailedAndUnresolvableNodes": {}, "Error": ""})
     );
-    let p = serde_json::to_value(HostPriority {
-        host: "n1".into(),
-        score: 10,
+    let p = serde_json::to_value(Priorities {
+        names: ["n1", "n2"].into_iter().collect(),
+        scores: vec![10, 0],
     })
     .unwrap();
-    assert_eq!(p, json!({"Host": "n1", "Score": 10}));
+    assert_eq!(
+        p,
+        json!([{"Host": "n1", "Score": 10}, {"Host": "n2", "Score": 0}])
+    );
 }
 
 proptest! {
