@@ -88,6 +88,16 @@ struct Shared<A: ClusterApi> {
     limit: usize,
 }
 
+/// A JSON answer already written.
+fn json_bytes(bytes: Vec<u8>) -> Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        bytes,
+    )
+        .into_response()
+}
+
 fn json(status: StatusCode, body: &impl serde::Serialize) -> Response {
     match serde_json::to_vec(body) {
         Ok(bytes) => (status, [(header::CONTENT_TYPE, "application/json")], bytes).into_response(),
@@ -135,8 +145,9 @@ async fn filter<A: ClusterApi>(State(s): State<Arc<Shared<A>>>, request: Request
         Ok(r) => ("ok", r),
         Err(e) => ("error", FilterResult::failed_with(e.to_string())),
     };
+    let bytes = answer.to_json();
     s.metrics.observe("filter", result, started);
-    json(StatusCode::OK, &answer)
+    json_bytes(bytes)
 }
 
 async fn prioritize<A: ClusterApi>(State(s): State<Arc<Shared<A>>>, request: Request) -> Response {
@@ -147,8 +158,9 @@ async fn prioritize<A: ClusterApi>(State(s): State<Arc<Shared<A>>>, request: Req
     };
     match s.extender.prioritize(args).await {
         Ok(list) => {
+            let bytes = list.to_json();
             s.metrics.observe("prioritize", "ok", started);
-            json(StatusCode::OK, &list)
+            json_bytes(bytes)
         }
         Err(e) => {
             s.metrics.observe("prioritize", "error", started);

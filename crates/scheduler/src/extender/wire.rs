@@ -10,10 +10,11 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::Serialize;
-use serde::ser::{SerializeMap, SerializeStruct};
 use serde_json::Value;
 
 pub use super::names::Names;
+
+mod encode;
 
 /// Why a request body was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -62,7 +63,8 @@ pub struct BindingArgs {
 
 /// `ExtenderFilterResult`: the nodes that pass (as given: objects or names), and why the
 /// others failed, split by whether preemption could help. Nodes are named by their
-/// position in the request's list (thousands of answers, no name copied).
+/// position in the request's list (thousands of answers, no name copied); written by
+/// [`FilterResult::to_json`].
 #[derive(Debug, Default, PartialEq)]
 pub struct FilterResult {
     /// The candidates' names, as the request gave them.
@@ -136,80 +138,12 @@ impl FilterResult {
     }
 }
 
-/// Names by position, written as a JSON list.
-struct Picked<'a> {
-    names: &'a Names,
-    at: &'a [u32],
-}
-
-impl Serialize for Picked<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.at.iter().map(|&i| self.names.get(i as usize)))
-    }
-}
-
-/// Node name -> why it failed, in the order the nodes were given, written as a JSON
-/// object (`map[string]string` in Go). Reasons are shared: thousands of nodes failing for
-/// one reason hold one text.
-struct Reasons<'a> {
-    names: &'a Names,
-    list: &'a [(u32, Arc<str>)],
-}
-
-impl Serialize for Reasons<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut map = s.serialize_map(Some(self.list.len()))?;
-        for (i, why) in self.list {
-            map.serialize_entry(self.names.get(*i as usize), &**why)?;
-        }
-        map.end()
-    }
-}
-
-impl Serialize for FilterResult {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let names = &self.names;
-        let mut out = s.serialize_struct("ExtenderFilterResult", 5)?;
-        out.serialize_field("Nodes", &self.nodes)?;
-        let passing = self.passing.as_deref().map(|at| Picked { names, at });
-        out.serialize_field("NodeNames", &passing)?;
-        let failed = Reasons {
-            names,
-            list: &self.failed,
-        };
-        out.serialize_field("FailedNodes", &failed)?;
-        let unresolvable = Reasons {
-            names,
-            list: &self.unresolvable,
-        };
-        out.serialize_field("FailedAndUnresolvableNodes", &unresolvable)?;
-        out.serialize_field("Error", &self.error)?;
-        out.end()
-    }
-}
-
-/// `HostPriorityList`: each candidate's score, in the order given.
+/// `HostPriorityList`: each candidate's score, in the order given (written by
+/// [`Priorities::to_json`]).
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Priorities {
     pub names: Names,
     pub scores: Vec<i64>,
-}
-
-impl Serialize for Priorities {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        #[derive(Serialize)]
-        #[serde(rename_all = "PascalCase")]
-        struct HostPriority<'a> {
-            host: &'a str,
-            score: i64,
-        }
-        s.collect_seq(
-            self.names
-                .iter()
-                .zip(&self.scores)
-                .map(|(host, &score)| HostPriority { host, score }),
-        )
-    }
 }
 
 /// `ExtenderBindingResult`.
@@ -260,8 +194,13 @@ impl<'de> serde::Deserialize<'de> for ExtenderArgs {
                                 .map(|l| l.items)
                         }
                         "nodenames" => {
-                            names = map
-                                .next_value::<Option<Names>>()
+                            // Read raw, then by Names' one-pass reader (thousands of names).
+                            let raw = map
+                                .next_value::<Option<&'de serde_json::value::RawValue>>()
+                                .map_err(|e| custom::<M::Error>("NodeNames", e))?;
+                            names = raw
+                                .map(|raw| Names::parse_json(raw.get()))
+                                .transpose()
                                 .map_err(|e| custom::<M::Error>("NodeNames", e))?
                         }
                         _ => {

@@ -76,20 +76,53 @@ fn replies_are_pascal_case() {
     assert_eq!(reply.node_names(), Some(vec!["n1"]));
     assert_eq!(reply.failed("n2"), Some("Insufficient nvidia.com/gpu"));
     assert_eq!(reply.unresolvable("n2"), None);
-    let text = serde_json::to_value(&reply).unwrap();
+    let text: serde_json::Value = serde_json::from_slice(&reply.to_json()).unwrap();
     assert_eq!(
         text,
         json!({"Nodes": null, "NodeNames": ["n1"], "FailedNodes": {"n2": "Insufficient nvidia.com/gpu"},
             "FailedAndUnresolvableNodes": {}, "Error": ""})
     );
-    let p = serde_json::to_value(Priorities {
+    let p = Priorities {
         names: ["n1", "n2"].into_iter().collect(),
         scores: vec![10, 0],
-    })
-    .unwrap();
+    };
+    let p: serde_json::Value = serde_json::from_slice(&p.to_json()).unwrap();
     assert_eq!(
         p,
         json!([{"Host": "n1", "Score": 10}, {"Host": "n2", "Score": 0}])
+    );
+}
+
+#[test]
+fn names_and_reasons_that_need_escapes_are_written_as_json() {
+    let names: Names = ["a\"b", "c\\d", "e\nf", "ok"].into_iter().collect();
+    let mut reply = FilterResult::about(names.clone());
+    reply.pass([0, 3]);
+    reply.fail(1, "x\"y".into());
+    reply.fail_unresolvable(2, "tab\there".into());
+    reply.error = "line\nbreak".into();
+    let text: serde_json::Value = serde_json::from_slice(&reply.to_json()).unwrap();
+    assert_eq!(
+        text,
+        json!({"Nodes": null, "NodeNames": ["a\"b", "ok"], "FailedNodes": {"c\\d": "x\"y"},
+            "FailedAndUnresolvableNodes": {"e\nf": "tab\there"}, "Error": "line\nbreak"})
+    );
+    let p = Priorities {
+        names,
+        scores: vec![10, -3, 0, i64::MAX],
+    };
+    let p: serde_json::Value = serde_json::from_slice(&p.to_json()).unwrap();
+    assert_eq!(
+        p,
+        json!([{"Host": "a\"b", "Score": 10}, {"Host": "c\\d", "Score": -3},
+            {"Host": "e\nf", "Score": 0}, {"Host": "ok", "Score": i64::MAX}])
+    );
+    let failed = FilterResult::failed_with("boom".into());
+    let text: serde_json::Value = serde_json::from_slice(&failed.to_json()).unwrap();
+    assert_eq!(
+        text,
+        json!({"Nodes": null, "NodeNames": null, "FailedNodes": {},
+            "FailedAndUnresolvableNodes": {}, "Error": "boom"})
     );
 }
 
