@@ -64,10 +64,6 @@ impl Nominations {
         self.by_uid.insert(nomination.key.uid.clone(), nomination);
     }
 
-    pub fn remove(&mut self, uid: &str) -> Option<Nomination> {
-        self.by_uid.remove(uid)
-    }
-
     /// Pod `uid` was decided onto `decided` (a node's name and the GPU IDs and milli it
     /// takes). Decided where it was nominated, the nomination stays until the pod is seen
     /// bound, planned now on the devices decided: should the Binding fail, they stay held
