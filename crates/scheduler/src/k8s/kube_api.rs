@@ -302,20 +302,8 @@ impl KubeApi {
 
 impl ClusterApi for KubeApi {
     async fn view(&self) -> Result<ClusterView, ApiError> {
-        // The generation is read first: a change landing while the view is copied makes
-        // the next generation differ, so it is never missed.
-        let generation = *self.changes.borrow();
-        Ok(ClusterView {
-            nodes: self.nodes.listed(),
-            pods: self.pods.lock().unwrap_or_else(|p| p.into_inner()).view(),
-            groups: self.groups.listed(),
-            claims: self.claims.listed(),
-            volumes: self.volumes.listed(),
-            budgets: self.budgets.listed(),
-            queues: self.queues.listed(),
-            namespaces: self.namespaces.listed(),
-            generation,
-        })
+        // Every pod, from no cursor: the same lists as a feed's view.
+        self.view_since(None, true).await.map(|fed| fed.view)
     }
 
     async fn view_since(
@@ -323,6 +311,8 @@ impl ClusterApi for KubeApi {
         since: Option<gpuplace_model::Cursor>,
         with_pods: bool,
     ) -> Result<FedView, ApiError> {
+        // The generation is read first: a change landing while the view is copied makes
+        // the next generation differ, so it is never missed.
         let generation = *self.changes.borrow();
         let (feed, pods) = {
             let store = self.pods.lock().unwrap_or_else(|p| p.into_inner());

@@ -11,20 +11,8 @@ use super::{MemoryApi, lock};
 
 impl ClusterApi for MemoryApi {
     async fn view(&self) -> Result<ClusterView, ApiError> {
-        let mut guard = lock(&self.store);
-        let s = &mut *guard;
-        s.sync_cache();
-        Ok(ClusterView {
-            nodes: s.nodes.listed(),
-            pods: s.cache.view(),
-            groups: s.groups.listed(),
-            claims: s.claims.listed(),
-            volumes: s.volumes.listed(),
-            budgets: s.budgets.listed(),
-            queues: s.queues.listed(),
-            namespaces: s.namespaces.listed(),
-            generation: s.generation,
-        })
+        // Every pod, from no cursor: the same lists as a feed's view.
+        self.view_since(None, true).await.map(|fed| fed.view)
     }
 
     async fn view_since(
