@@ -5,11 +5,42 @@
 use std::fmt;
 
 /// Node names in the order given.
-#[derive(Clone, Default, PartialEq, Eq)]
+#[derive(Default, PartialEq, Eq)]
 pub struct Names {
     text: String,
     /// Where each name ends in `text`.
     ends: Vec<u32>,
+    /// Some name holds a character JSON must escape (`"`, `\\`, a control character):
+    /// without one, the answer copies names as they are.
+    escapes: bool,
+}
+
+/// JSON's whitespace between tokens.
+pub(super) fn json_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
+}
+
+/// Whether JSON must escape a character of `s`.
+pub(super) fn needs_escape(s: &str) -> bool {
+    s.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20)
+}
+
+impl Clone for Names {
+    fn clone(&self) -> Names {
+        Names {
+            text: self.text.clone(),
+            ends: self.ends.clone(),
+            escapes: self.escapes,
+        }
+    }
+
+    /// Copies into the buffers already held (the extender keeps the previous call's list
+    /// this way without allocating anew each call).
+    fn clone_from(&mut self, source: &Names) {
+        self.text.clone_from(&source.text);
+        self.ends.clone_from(&source.ends);
+        self.escapes = source.escapes;
+    }
 }
 
 impl fmt::Debug for Names {
@@ -23,6 +54,7 @@ impl Names {
         Names {
             text: String::with_capacity(bytes),
             ends: Vec::with_capacity(names),
+            escapes: false,
         }
     }
 
@@ -36,12 +68,24 @@ impl Names {
 
     /// Adds a name at the end; `false` (nothing added) when the buffer would pass 4 GiB.
     pub fn push(&mut self, name: &str) -> bool {
+        let pushed = self.push_plain(name);
+        self.escapes |= pushed && needs_escape(name);
+        pushed
+    }
+
+    /// [`Names::push`] of a name known to need no escape.
+    fn push_plain(&mut self, name: &str) -> bool {
         let Ok(end) = u32::try_from(self.text.len() + name.len()) else {
             return false;
         };
         self.text.push_str(name);
         self.ends.push(end);
         true
+    }
+
+    /// Whether some name needs escaping in JSON.
+    pub fn escapes(&self) -> bool {
+        self.escapes
     }
 
     /// The `i`th name ("" past the end).
@@ -72,9 +116,17 @@ impl Names {
 
     /// `[ "a" , "b" ]` with plain strings (no escape, no control character), else `None`.
     fn scan(text: &str) -> Option<Names> {
+        let (names, used) = Names::scan_prefix(text)?;
+        let rest = text.get(used..)?;
+        rest.bytes().all(json_space).then_some(names)
+    }
+
+    /// A list as [`Names::scan`] reads it at the start of `text` (after optional
+    /// whitespace), and the bytes it took up to its `]`; `None` for anything else.
+    pub(super) fn scan_prefix(text: &str) -> Option<(Names, usize)> {
         let bytes = text.as_bytes();
         let skip = |mut i: usize| {
-            while bytes.get(i).is_some_and(|b| b.is_ascii_whitespace()) {
+            while bytes.get(i).is_some_and(|&b| json_space(b)) {
                 i += 1;
             }
             i
@@ -83,10 +135,11 @@ impl Names {
         if bytes.get(i) != Some(&b'[') {
             return None;
         }
+        // Sized for the rest of the text (the whole list, when it is all of it).
         let mut names = Names::with_capacity(bytes.len() / 12, bytes.len());
         i = skip(i + 1);
         if bytes.get(i) == Some(&b']') {
-            return (skip(i + 1) == bytes.len()).then_some(names);
+            return Some((names, i + 1));
         }
         loop {
             if bytes.get(i) != Some(&b'"') {
@@ -103,13 +156,13 @@ impl Names {
             }
             // Between two ASCII quotes of a str: on character boundaries.
             let name = text.get(start..end)?;
-            if !names.push(name) {
+            if !names.push_plain(name) {
                 return None;
             }
             i = skip(end + 1);
             match bytes.get(i) {
                 Some(b',') => i = skip(i + 1),
-                Some(b']') => return (skip(i + 1) == bytes.len()).then_some(names),
+                Some(b']') => return Some((names, i + 1)),
                 _ => return None,
             }
         }

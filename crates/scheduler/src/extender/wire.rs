@@ -15,6 +15,7 @@ use serde_json::Value;
 pub use super::names::Names;
 
 mod encode;
+mod quick;
 
 /// Why a request body was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -281,8 +282,14 @@ fn decode<T: serde::de::DeserializeOwned>(body: &[u8], limit: usize) -> Result<T
     })
 }
 
-/// Decodes `ExtenderArgs` (filter and prioritize).
+/// Decodes `ExtenderArgs` (filter and prioritize): the usual body by the quick reader
+/// (see [`quick`]), anything else through serde.
 pub fn decode_args(body: &[u8], limit: usize) -> Result<ExtenderArgs, WireError> {
+    if body.len() <= limit
+        && let Some(args) = quick::args(body)
+    {
+        return Ok(args);
+    }
     decode(body, limit)
 }
 

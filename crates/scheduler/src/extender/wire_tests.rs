@@ -157,3 +157,43 @@ proptest! {
         }
     }
 }
+
+/// The quick reader decodes every body as the serde path does, or leaves it to serde:
+/// same arguments, same errors.
+#[test]
+fn the_quick_reader_agrees_with_serde() {
+    let pod =
+        r#"{"metadata": {"name": "p", "uid": "u1", "annotations": {"NodeNames": "[\"x\"]"}}}"#;
+    let bodies = [
+        format!(r#"{{"Pod":{pod},"Nodes":null,"NodeNames":["n1","n2"]}}"#),
+        format!("{{\n  \"pod\" : {pod} ,\r\n\t\"NODENAMES\" : [ \"n1\" , \"n2\" ]\n}}\n"),
+        format!(r#"{{"Pod":{pod},"NodeNames":["a\"b","c\\d","\u00e9"]}}"#),
+        format!(r#"{{"Pod":{pod},"NodeNames":null}}"#),
+        format!(r#"{{"Pod":{pod},"NodeNames":[]}}"#),
+        format!(r#"{{"Pod":{pod},"Nodes":{{"items":[{{"metadata":{{"name":"a"}}}}]}}}}"#),
+        format!(
+            r#"{{"NodeNames":["a"],"Pod":{pod},"NodeNames":["b"],"Other":[1,2.5,{{"x":null}}],"n":7}}"#
+        ),
+        format!(r#"{{"P\u006fd":{pod},"NodeNames":["a"]}}"#),
+        format!(r#"{{"Pod":{pod},"NodeNames":["a",]}}"#),
+        format!(r#"{{"Pod":{pod},"NodeNames":["a"]}} x"#),
+        format!(r#"{{"Pod":{pod},"NodeNames":["a"]"#),
+        format!(r#"{{"Pod":{pod},"NodeNames":["a",7]}}"#),
+        format!("{{\"Pod\":{pod},\"NodeNames\":[\"a\x0cb\"]}}"),
+        format!("{{\"Pod\":{pod},\x0c\"NodeNames\":[\"a\"]}}"),
+        r#"{"NodeNames":["a"]}"#.to_string(),
+        r#"{"Pod":null,"NodeNames":["a"]}"#.to_string(),
+        r#"{}"#.to_string(),
+        r#"[]"#.to_string(),
+        String::new(),
+    ];
+    for body in &bodies {
+        let quick = decode_args(body.as_bytes(), LIMIT).map(|a| format!("{a:?}"));
+        let serde = decode::<ExtenderArgs>(body.as_bytes(), LIMIT).map(|a| format!("{a:?}"));
+        assert_eq!(quick, serde, "body {body:?}");
+    }
+    // The first two are read quickly and give the names in order.
+    let names = quick::args(bodies[1].as_bytes()).and_then(|a| a.node_names);
+    assert_eq!(names, Some(["n1", "n2"].into_iter().collect()));
+    assert!(quick::args(bodies[2].as_bytes()).is_none());
+}

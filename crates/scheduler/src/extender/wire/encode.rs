@@ -5,27 +5,46 @@
 
 use std::sync::Arc;
 
+use super::super::names::needs_escape;
 use super::{FilterResult, Names, Priorities};
-
-/// Whether `s` can be written between quotes as it is.
-fn plain(s: &str) -> bool {
-    !s.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20)
-}
 
 /// `s` as a JSON string.
 fn string(out: &mut Vec<u8>, s: &str) {
-    if plain(s) {
-        out.push(b'"');
-        out.extend_from_slice(s.as_bytes());
-        out.push(b'"');
-    } else {
+    if needs_escape(s) {
         // Writing a str to a Vec cannot fail.
         let _ = serde_json::to_writer(&mut *out, s);
+    } else {
+        quoted(out, s);
+    }
+}
+
+/// `s`, known to need no escape, between quotes.
+fn quoted(out: &mut Vec<u8>, s: &str) {
+    out.push(b'"');
+    out.extend_from_slice(s.as_bytes());
+    out.push(b'"');
+}
+
+/// The `i`th of `names` as a JSON string (copied as it is when no name needs escaping).
+fn name(out: &mut Vec<u8>, names: &Names, i: usize) {
+    if names.escapes() {
+        string(out, names.get(i));
+    } else {
+        quoted(out, names.get(i));
     }
 }
 
 fn integer(out: &mut Vec<u8>, n: i64) {
-    out.extend_from_slice(n.to_string().as_bytes());
+    match u8::try_from(n) {
+        // Scores are 0-10: one or two digits written directly.
+        Ok(d @ 0..=9) => out.push(b'0' + d),
+        Ok(10) => out.extend_from_slice(b"10"),
+        _ => {
+            use std::io::Write as _;
+            // Writing to a Vec cannot fail; no String is made.
+            let _ = write!(out, "{n}");
+        }
+    }
 }
 
 /// A JSON list of the names at `at`.
@@ -35,21 +54,29 @@ fn picked(out: &mut Vec<u8>, names: &Names, at: &[u32]) {
         if k > 0 {
             out.push(b',');
         }
-        string(out, names.get(i as usize));
+        name(out, names, i as usize);
     }
     out.push(b']');
 }
 
-/// A JSON object name -> reason, in the order given.
+/// A JSON object name -> reason, in the order given. Thousands of nodes share a handful
+/// of reasons (one `Arc` each): a reason is encoded once and copied while it repeats.
 fn reasons(out: &mut Vec<u8>, names: &Names, list: &[(u32, Arc<str>)]) {
     out.push(b'{');
+    let mut last: Option<&Arc<str>> = None;
+    let mut encoded = Vec::new();
     for (k, (i, why)) in list.iter().enumerate() {
         if k > 0 {
             out.push(b',');
         }
-        string(out, names.get(*i as usize));
+        name(out, names, *i as usize);
         out.push(b':');
-        string(out, why);
+        if !last.is_some_and(|last| Arc::ptr_eq(last, why)) {
+            encoded.clear();
+            string(&mut encoded, why);
+            last = Some(why);
+        }
+        out.extend_from_slice(&encoded);
     }
     out.push(b'}');
 }
@@ -94,7 +121,11 @@ impl Priorities {
                 out.push(b',');
             }
             out.extend_from_slice(b"{\"Host\":");
-            string(&mut out, host);
+            if self.names.escapes() {
+                string(&mut out, host);
+            } else {
+                quoted(&mut out, host);
+            }
             out.extend_from_slice(b",\"Score\":");
             integer(&mut out, score);
             out.push(b'}');
