@@ -100,6 +100,9 @@ async fn bench(args: ExtenderBenchArgs) -> anyhow::Result<()> {
         let mut pod = crate::bench_scheduler::pod(i, args.requirements)?;
         pod.metadata.uid = Some(format!("uid-{i}"));
         api.put_pod(pod.clone());
+        // kube-scheduler sends the pod as its informer has it, resourceVersion included.
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let pod = api.pod("bench", &name).unwrap_or(pod);
         let body = serde_json::to_vec(&json!({"Pod": pod, "NodeNames": names}))?;
         let (filter_took, filtered) = call(&app, "filter", body).await?;
         let passing: Vec<String> =

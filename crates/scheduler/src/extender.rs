@@ -20,6 +20,7 @@
 
 mod evaluate;
 pub mod http;
+mod last_judgement;
 mod names;
 mod queue_limits;
 pub mod wire;
@@ -30,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use gpuplace_core::{Placer, Policy, TargetWorkload};
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 
 use crate::api::{ApiError, ClusterApi, ClusterView, FedView, Listed, PodLookup};
 use crate::framework::filter::VerdictCache;
@@ -109,6 +110,10 @@ struct Inner {
     /// The claims and volumes `volumes` was built from (unchanged lists: no rebuild).
     volume_lists: VolumeLists,
     names: NameIndex,
+    /// The last judgement by node, for prioritize after filter of the same pod.
+    last: last_judgement::LastJudgement,
+    /// Changes to the kept state so far (taken views, reservations made and dropped).
+    changes: u64,
     generation: Option<u64>,
     workload: Option<(Instant, Arc<TargetWorkload>)>,
     pods: HashMap<String, Arc<PodInfo>>,
@@ -192,6 +197,8 @@ impl<A: ClusterApi> Extender<A> {
                 volumes: VolumeIndex::default(),
                 volume_lists: VolumeLists::default(),
                 names: NameIndex::default(),
+                last: last_judgement::LastJudgement::default(),
+                changes: 0,
                 generation: None,
                 workload: None,
                 pods: HashMap::new(),
@@ -268,7 +275,7 @@ impl<A: ClusterApi> Extender<A> {
     /// `filter`: the candidates where the pod fits (all, or gpuplace's choice), and why
     /// the others fail.
     pub async fn filter(&self, mut args: ExtenderArgs) -> Result<FilterResult, ApiError> {
-        let pod = Arc::new(PodInfo::from_pod(&args.pod, &self.config.gpu_resource));
+        let pod = self.pod_info(&args.pod);
         let as_objects = args.nodes.is_some() && args.node_names.is_none();
         let names = args.take_names();
         let mut guard = self.fresh().await?;
@@ -285,8 +292,10 @@ impl<A: ClusterApi> Extender<A> {
             answer_passing(&mut result, args.nodes.take(), as_objects, &[]);
             return Ok(result);
         }
+        // In mode all the scores are worked out too (once per class of identical nodes):
+        // prioritize of this pod then answers from this judgement.
         let need = Need {
-            scores: false,
+            scores: self.config.filter_mode == FilterMode::All,
             best: self.config.filter_mode == FilterMode::Best,
         };
         let verdicts = inner.evaluate(&pod, &names, &self.config.gpu_resource, need);
@@ -314,29 +323,34 @@ impl<A: ClusterApi> Extender<A> {
     /// `prioritize`: every candidate scored 0-10, preferences first, then the policy; the
     /// best node gets 10, nodes where the pod does not fit 0.
     pub async fn prioritize(&self, mut args: ExtenderArgs) -> Result<Priorities, ApiError> {
-        let pod = Arc::new(PodInfo::from_pod(&args.pod, &self.config.gpu_resource));
+        let pod = self.pod_info(&args.pod);
         let names = args.take_names();
         let mut guard = self.fresh().await?;
         let inner = &mut *guard;
         inner.remember(&pod);
-        let need = Need {
-            scores: true,
-            best: false,
-        };
-        let verdicts = inner.evaluate(&pod, &names, &self.config.gpu_resource, need);
+        let keys = inner.parts().keys(&pod, &names, &self.config.gpu_resource);
         drop(guard);
-        let keys: Vec<Option<(i64, i64)>> = verdicts
-            .nodes
-            .iter()
-            .map(|v| match v {
-                Verdict::Fits(key) => Some(*key),
-                _ => None,
-            })
-            .collect();
         Ok(Priorities {
             names,
             scores: spread_scores(&keys),
         })
+    }
+
+    /// The pod as gpuplace reads it: the one converted for an earlier call when the UID
+    /// and resourceVersion match (the API server never gives two versions of an object
+    /// the same resourceVersion), else converted now.
+    fn pod_info(&self, pod: &Pod) -> Arc<PodInfo> {
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        let version = pod.metadata.resource_version.as_deref().unwrap_or_default();
+        if !uid.is_empty() && !version.is_empty() {
+            let inner = self.lock();
+            if let Some(known) = inner.pods.get(uid)
+                && known.resource_version == version
+            {
+                return Arc::clone(known);
+            }
+        }
+        Arc::new(PodInfo::from_pod(pod, &self.config.gpu_resource))
     }
 
     /// `bind`: the exact GPUs on the node kube-scheduler chose, reserved, then one Binding
@@ -407,6 +421,7 @@ impl<A: ClusterApi> Extender<A> {
             // kube-scheduler sent the pod: the lagging watch may not have shown it yet.
             reservation.seen = false;
             inner.cache.assume(reservation);
+            inner.changes += 1;
             request
         };
         let written = crate::scheduler::bind::write(
@@ -425,6 +440,7 @@ impl<A: ClusterApi> Extender<A> {
             }
             Err(e) => {
                 inner.cache.forget(&args.pod_uid);
+                inner.changes += 1;
                 Err(BindError::Write(id, e.to_string()))
             }
         }
@@ -440,6 +456,7 @@ impl Inner {
     /// target workload as configured, else the pods' shapes.
     fn take(&mut self, fed: FedView, gpu_resource: &str, declared: Option<&Arc<TargetWorkload>>) {
         let FedView { view, feed } = fed;
+        self.changes += 1;
         if !self.volume_lists.same(&view) {
             self.volumes = VolumeIndex::new(&view.claims, &view.volumes);
             self.volume_lists = VolumeLists {
@@ -476,6 +493,19 @@ impl Inner {
         }
     }
 
+    /// What judging the candidates reads and keeps (see [`evaluate`]).
+    fn parts(&mut self) -> evaluate::Parts<'_> {
+        evaluate::Parts {
+            snapshot: self.cache.snapshot_mut().map(|s| &*s),
+            placer: &mut self.placer,
+            verdicts: &mut self.verdicts,
+            volumes: &self.volumes,
+            names: &mut self.names,
+            last: &mut self.last,
+            state: self.changes,
+        }
+    }
+
     /// Judges the candidates (see [`evaluate`]).
     fn evaluate(
         &mut self,
@@ -484,14 +514,7 @@ impl Inner {
         resource: &str,
         need: Need,
     ) -> Verdicts {
-        let mut parts = evaluate::Parts {
-            snapshot: self.cache.snapshot_mut().map(|s| &*s),
-            placer: &mut self.placer,
-            verdicts: &mut self.verdicts,
-            volumes: &self.volumes,
-            names: &mut self.names,
-        };
-        parts.evaluate(pod, names, resource, need)
+        self.parts().evaluate(pod, names, resource, need)
     }
 
     /// Why `pod`'s queue lets it take nothing now, if so.

@@ -13,6 +13,7 @@ use crate::k8s::demand::PodDemand;
 use crate::k8s::pod_info::PodInfo;
 use crate::snapshot::Snapshot;
 
+use super::last_judgement::LastJudgement;
 use super::names::Names;
 
 /// One candidate's verdict.
@@ -60,6 +61,10 @@ pub(super) struct Parts<'a> {
     pub verdicts: &'a mut VerdictCache,
     pub volumes: &'a VolumeIndex,
     pub names: &'a mut NameIndex,
+    /// The last judgement, for prioritize after filter of the same pod.
+    pub last: &'a mut LastJudgement,
+    /// The extender's count of changes to its state (judgements are kept per count).
+    pub state: u64,
 }
 
 /// The state's index of each candidate name, remembered for the lists of recent calls:
@@ -74,8 +79,15 @@ pub(super) struct NameIndex {
     /// The longest recent list: names are matched by position against it.
     longest: Remembered,
     /// The list of the call before, when another (filter's candidates, then the ones that
-    /// passed for prioritize): answered whole when it comes again.
-    other: Option<(Names, Vec<Option<usize>>)>,
+    /// passed for prioritize): answered whole when it comes again. Its buffers are reused
+    /// call after call (a rotating window sends a new list each time).
+    other: Other,
+}
+
+#[derive(Default)]
+struct Other {
+    names: Names,
+    index: Vec<Option<usize>>,
 }
 
 #[derive(Default)]
@@ -94,10 +106,8 @@ impl NameIndex {
         if *names == self.longest.names {
             return self.longest.index.clone();
         }
-        if let Some((other, index)) = &self.other
-            && other == names
-        {
-            return index.clone();
+        if !self.other.names.is_empty() && self.other.names == *names {
+            return self.other.index.clone();
         }
         let longest = &self.longest;
         let mut out = Vec::with_capacity(names.len());
@@ -132,7 +142,8 @@ impl NameIndex {
                 position,
             };
         } else {
-            self.other = Some((names.clone(), out.clone()));
+            self.other.names.clone_from(names);
+            self.other.index.clone_from(&out);
         }
         out
     }
@@ -221,7 +232,40 @@ impl Parts<'_> {
             resource,
             &gpuplace_core::Asked::of(&demand.request),
         );
+        if need.scores {
+            let count = snapshot.nodes.len();
+            self.last.record(pod, self.state, count, &index, &nodes);
+        }
         Verdicts { nodes, best }
+    }
+
+    /// Each candidate's key (preference sum, policy score) where the pod fits: from the
+    /// last judgement when it was about this pod on this state and covered them all
+    /// (prioritize after filter in mode all), else judged now.
+    pub(super) fn keys(
+        &mut self,
+        pod: &Arc<PodInfo>,
+        names: &Names,
+        resource: &str,
+    ) -> Vec<Option<(i64, i64)>> {
+        if let Some(snapshot) = self.snapshot {
+            let index = self.names.lookup(snapshot, names);
+            if let Some(keys) = self.last.recall(pod, self.state, &index) {
+                return keys;
+            }
+        }
+        let need = Need {
+            scores: true,
+            best: false,
+        };
+        self.evaluate(pod, names, resource, need)
+            .nodes
+            .iter()
+            .map(|v| match v {
+                Verdict::Fits(key) => Some(*key),
+                _ => None,
+            })
+            .collect()
     }
 
     /// The profile's filters over every node.
