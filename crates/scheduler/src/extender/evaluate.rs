@@ -26,6 +26,16 @@ pub(super) enum Verdict {
     Unresolvable(Arc<str>),
 }
 
+impl Verdict {
+    /// The ranking key where the pod fits.
+    pub(super) fn key(&self) -> Option<(i64, i64)> {
+        match self {
+            Verdict::Fits(key) => Some(*key),
+            Verdict::Fails(_) | Verdict::Unresolvable(_) => None,
+        }
+    }
+}
+
 /// What a verb needs computed.
 #[derive(Clone, Copy)]
 pub(super) struct Need {
@@ -234,7 +244,8 @@ impl Parts<'_> {
         );
         if need.scores {
             let count = snapshot.nodes.len();
-            self.last.record(pod, self.state, count, &index, &nodes);
+            let keys = nodes.iter().map(Verdict::key);
+            self.last.record(pod, self.state, count, &index, keys);
         }
         Verdicts { nodes, best }
     }
@@ -261,10 +272,7 @@ impl Parts<'_> {
         self.evaluate(pod, names, resource, need)
             .nodes
             .iter()
-            .map(|v| match v {
-                Verdict::Fits(key) => Some(*key),
-                _ => None,
-            })
+            .map(Verdict::key)
             .collect()
     }
 

@@ -5,8 +5,6 @@
 
 use crate::k8s::pod_info::PodInfo;
 
-use super::evaluate::Verdict;
-
 /// What the last judgement said of one node of the state.
 #[derive(Clone, Copy)]
 enum Seen {
@@ -47,15 +45,16 @@ impl About {
 
 impl LastJudgement {
     /// Keeps the verdicts on the candidates at `index` (node indices by position) for
-    /// `pod` at `state`; `keys` must hold the policy's scores (a judgement that only
-    /// checked fit is not kept: prioritize needs the scores).
+    /// `pod` at `state`: `keys` by position, the key where the pod fits, `None` where it
+    /// does not. The keys must hold the policy's scores (a judgement that only checked fit
+    /// is not kept: prioritize needs the scores).
     pub(super) fn record(
         &mut self,
         pod: &PodInfo,
         state: u64,
         nodes: usize,
         index: &[Option<usize>],
-        verdicts: &[Verdict],
+        keys: impl Iterator<Item = Option<(i64, i64)>>,
     ) {
         self.about = About::of(pod, state);
         if self.about.is_none() {
@@ -63,13 +62,13 @@ impl LastJudgement {
         }
         self.seen.clear();
         self.seen.resize(nodes, Seen::No);
-        for (n, verdict) in index.iter().zip(verdicts) {
+        for (n, key) in index.iter().zip(keys) {
             let Some(slot) = n.and_then(|n| self.seen.get_mut(n)) else {
                 continue;
             };
-            *slot = match verdict {
-                Verdict::Fits(key) => Seen::Fits(*key),
-                Verdict::Fails(_) | Verdict::Unresolvable(_) => Seen::Fails,
+            *slot = match key {
+                Some(key) => Seen::Fits(key),
+                None => Seen::Fails,
             };
         }
     }
