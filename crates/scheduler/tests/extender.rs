@@ -376,3 +376,54 @@ async fn queue_limits_hold_in_extender_mode() {
     );
     assert_no_double_booking(&api);
 }
+
+/// Prioritize right after filter (mode all) answers as a prioritize judged afresh, also when
+/// the pod's preferences are scaled over the candidates (here a full node holds the highest
+/// node-affinity weight: scaled over filter's candidates or over the ones that passed, the
+/// preferred zone and the lighter taint swap places).
+#[tokio::test]
+async fn prioritize_after_filter_answers_as_a_fresh_prioritize() {
+    let api = MemoryApi::new();
+    let soft = |key: &str| json!({"key": key, "value": "x", "effect": "PreferNoSchedule"});
+    api.put_node(node(
+        "n0",
+        8,
+        json!({"metadata": {"labels": {"tier": "gold"}}}),
+    ));
+    api.put_node(node("n1", 8, json!({})));
+    api.put_node(node(
+        "n2",
+        8,
+        json!({"metadata": {"labels": {"zone": "a"}}, "spec": {"taints": [soft("t1"), soft("t2")]}}),
+    ));
+    api.put_node(node("n3", 8, json!({"spec": {"taints": [soft("t1")]}})));
+    api.put_pod(pod(
+        "big",
+        8,
+        json!({"metadata": {"uid": "u0"}, "spec": {"nodeName": "n0"}, "status": {"phase": "Running"}}),
+    ));
+    let preferring = json!({"spec": {"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 100, "preference": {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["gold"]}]}},
+        {"weight": 30, "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}}]}}}});
+    let app = app(&api, FilterMode::All);
+    for (name, extra) in [("plain", json!({})), ("preferring", preferring)] {
+        let mut p = pod(name, 1, extra);
+        p.metadata.uid = Some(format!("uid-{name}"));
+        api.put_pod(p);
+        // As kube-scheduler sends it: the informer's copy, resourceVersion included.
+        let stored = api.pod("ml", name).unwrap();
+        assert!(stored.metadata.resource_version.is_some());
+        let names = ["n0", "n1", "n2", "n3"];
+        let args = serde_json::to_vec(&json!({"Pod": stored, "NodeNames": names})).unwrap();
+        let (_, filtered, _) = call(&app, "filter", args).await;
+        let passing = filtered["NodeNames"].clone();
+        assert_eq!(passing, json!(["n1", "n2", "n3"]), "{filtered}");
+        let args = serde_json::to_vec(&json!({"Pod": stored, "NodeNames": passing})).unwrap();
+        let (_, after_filter, _) = call(&app, "prioritize", args).await;
+        let mut unversioned = stored.clone();
+        unversioned.metadata.resource_version = None;
+        let args = serde_json::to_vec(&json!({"Pod": unversioned, "NodeNames": passing})).unwrap();
+        let (_, afresh, _) = call(&app, "prioritize", args).await;
+        assert_eq!(after_filter, afresh, "pod {name}");
+    }
+}

@@ -242,10 +242,15 @@ impl Parts<'_> {
             resource,
             &gpuplace_core::Asked::of(&demand.request),
         );
-        if need.scores {
+        // Preference sums are scaled over the allowed candidates (as kube-scheduler
+        // normalizes over the feasible nodes): prioritize's own candidates would scale
+        // them otherwise, so a judgement with preferences is not kept.
+        if need.scores && preferences.is_none() {
             let count = snapshot.nodes.len();
             let keys = nodes.iter().map(Verdict::key);
             self.last.record(pod, self.state, count, &index, keys);
+        } else {
+            self.last.clear();
         }
         Verdicts { nodes, best }
     }

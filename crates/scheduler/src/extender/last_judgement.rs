@@ -47,7 +47,8 @@ impl LastJudgement {
     /// Keeps the verdicts on the candidates at `index` (node indices by position) for
     /// `pod` at `state`: `keys` by position, the key where the pod fits, `None` where it
     /// does not. The keys must hold the policy's scores (a judgement that only checked fit
-    /// is not kept: prioritize needs the scores).
+    /// is not kept: prioritize needs the scores) and no preference sums (those are scaled
+    /// over the candidates of the call that made them).
     pub(super) fn record(
         &mut self,
         pod: &PodInfo,
@@ -71,6 +72,11 @@ impl LastJudgement {
                 None => Seen::Fails,
             };
         }
+    }
+
+    /// Keeps nothing (the last judgement could not be reused).
+    pub(super) fn clear(&mut self) {
+        self.about = None;
     }
 
     /// The key of each candidate at `index` (`None`: does not fit or is not in the state),
