@@ -3,7 +3,7 @@
 //! of the wrong shape gets 400 with the reason; nothing in a body can make a handler panic.
 //! Each verb is counted by result and timed in `/metrics`.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use axum::Router;
@@ -86,6 +86,8 @@ struct Shared<A: ClusterApi> {
     extender: Arc<Extender<A>>,
     metrics: ExtenderMetrics,
     limit: usize,
+    /// The candidates' lists recently read and answered (see [`wire::RecentLists`]).
+    lists: Mutex<wire::RecentLists>,
 }
 
 /// A JSON answer already written.
@@ -121,12 +123,9 @@ async fn decoded<A: ClusterApi, T>(
     request: Request,
     verb: &str,
     started: Instant,
-    decode: fn(&[u8], usize) -> Result<T, wire::WireError>,
+    decode: impl FnOnce(&[u8]) -> Result<T, wire::WireError>,
 ) -> Result<T, Response> {
-    match body_of(request, s.limit)
-        .await
-        .and_then(|b| decode(&b, s.limit))
-    {
+    match body_of(request, s.limit).await.and_then(|b| decode(&b)) {
         Ok(args) => Ok(args),
         Err(e) => {
             s.metrics.observe(verb, "bad_request", started);
@@ -137,7 +136,8 @@ async fn decoded<A: ClusterApi, T>(
 
 async fn filter<A: ClusterApi>(State(s): State<Arc<Shared<A>>>, request: Request) -> Response {
     let started = Instant::now();
-    let args = match decoded(&s, request, "filter", started, wire::decode_args).await {
+    let decode = |b: &[u8]| wire::decode_args_recalling(b, s.limit, &s.lists, wire::Caller::Filter);
+    let args = match decoded(&s, request, "filter", started, decode).await {
         Ok(args) => args,
         Err(answer) => return answer,
     };
@@ -145,14 +145,16 @@ async fn filter<A: ClusterApi>(State(s): State<Arc<Shared<A>>>, request: Request
         Ok(r) => ("ok", r),
         Err(e) => ("error", FilterResult::failed_with(e.to_string())),
     };
-    let bytes = answer.to_json();
+    let bytes = answer.into_json(&s.lists);
     s.metrics.observe("filter", result, started);
     json_bytes(bytes)
 }
 
 async fn prioritize<A: ClusterApi>(State(s): State<Arc<Shared<A>>>, request: Request) -> Response {
     let started = Instant::now();
-    let args = match decoded(&s, request, "prioritize", started, wire::decode_args).await {
+    let decode =
+        |b: &[u8]| wire::decode_args_recalling(b, s.limit, &s.lists, wire::Caller::Prioritize);
+    let args = match decoded(&s, request, "prioritize", started, decode).await {
         Ok(args) => args,
         Err(answer) => return answer,
     };
@@ -171,7 +173,8 @@ async fn prioritize<A: ClusterApi>(State(s): State<Arc<Shared<A>>>, request: Req
 
 async fn bind<A: ClusterApi>(State(s): State<Arc<Shared<A>>>, request: Request) -> Response {
     let started = Instant::now();
-    let args = match decoded(&s, request, "bind", started, wire::decode_binding).await {
+    let decode = |b: &[u8]| wire::decode_binding(b, s.limit);
+    let args = match decoded(&s, request, "bind", started, decode).await {
         Ok(args) => args,
         Err(answer) => return answer,
     };
@@ -198,6 +201,7 @@ pub fn router<A: ClusterApi>(
         extender,
         metrics,
         limit,
+        lists: Mutex::default(),
     });
     Router::new()
         .route("/filter", post(filter::<A>))

@@ -6,7 +6,7 @@
 //! Decoding never panics: a body that is not JSON, not an object, or whose fields have the
 //! wrong shape is refused with a [`WireError`] that names the problem (HTTP 400).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::Serialize;
@@ -16,6 +16,9 @@ pub use super::names::Names;
 
 mod encode;
 mod quick;
+mod recent;
+
+pub use recent::{Caller, RecentLists};
 
 /// Why a request body was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -286,7 +289,23 @@ fn decode<T: serde::de::DeserializeOwned>(body: &[u8], limit: usize) -> Result<T
 /// (see [`quick`]), anything else through serde.
 pub fn decode_args(body: &[u8], limit: usize) -> Result<ExtenderArgs, WireError> {
     if body.len() <= limit
-        && let Some(args) = quick::args(body)
+        && let Some(args) = quick::args(body, None)
+    {
+        return Ok(args);
+    }
+    decode(body, limit)
+}
+
+/// [`decode_args`], with the candidates' list taken from `lists` when its bytes are those
+/// of a list kept there (see [`recent`]); a filter request's list is kept in turn.
+pub fn decode_args_recalling(
+    body: &[u8],
+    limit: usize,
+    lists: &Mutex<RecentLists>,
+    caller: Caller,
+) -> Result<ExtenderArgs, WireError> {
+    if body.len() <= limit
+        && let Some(args) = quick::args(body, Some((lists, caller)))
     {
         return Ok(args);
     }

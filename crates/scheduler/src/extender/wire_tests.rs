@@ -193,7 +193,78 @@ fn the_quick_reader_agrees_with_serde() {
         assert_eq!(quick, serde, "body {body:?}");
     }
     // The first two are read quickly and give the names in order.
-    let names = quick::args(bodies[1].as_bytes()).and_then(|a| a.node_names);
+    let names = quick::args(bodies[1].as_bytes(), None).and_then(|a| a.node_names);
     assert_eq!(names, Some(["n1", "n2"].into_iter().collect()));
-    assert!(quick::args(bodies[2].as_bytes()).is_none());
+    assert!(quick::args(bodies[2].as_bytes(), None).is_none());
+}
+
+/// `{"Pod": .., "NodeNames": <list>}` with the list's JSON as given.
+fn body_with_list(list: &str) -> Vec<u8> {
+    format!(r#"{{"Pod": {{"metadata": {{"name": "p", "uid": "u1"}}}}, "NodeNames": {list}}}"#)
+        .into_bytes()
+}
+
+/// Decoded with and without the kept lists: the same arguments every time.
+fn same_both_ways(body: &[u8], lists: &Mutex<RecentLists>, caller: Caller) -> Option<Names> {
+    let plain = decode_args(body, LIMIT).map(|a| a.node_names);
+    let kept = decode_args_recalling(body, LIMIT, lists, caller).map(|a| a.node_names);
+    assert_eq!(plain, kept, "{}", String::from_utf8_lossy(body));
+    kept.ok().flatten()
+}
+
+#[test]
+fn kept_lists_give_the_same_names_and_are_found_by_their_bytes() {
+    let lists = Mutex::new(RecentLists::default());
+    let list = r#"["n1","n2","n3","n4"]"#;
+    same_both_ways(&body_with_list(list), &lists, Caller::Filter);
+    assert!(recent::lock(&lists).find(list.as_bytes()).is_some());
+    // The filter's answer is kept as written; prioritize sends it back.
+    let mut answer = FilterResult::about(["n1", "n2", "n3", "n4"].into_iter().collect());
+    answer.pass([0, 2, 3]);
+    let json = answer.into_json(&lists);
+    let v: serde_json::Value = serde_json::from_slice(&json).unwrap();
+    let passing = serde_json::to_string(&v["NodeNames"]).unwrap();
+    assert_eq!(passing, r#"["n1","n3","n4"]"#);
+    let names = same_both_ways(&body_with_list(&passing), &lists, Caller::Prioritize).unwrap();
+    assert_eq!(names, ["n1", "n3", "n4"].into_iter().collect());
+    assert!(recent::lock(&lists).find(passing.as_bytes()).is_some());
+    // Prioritize's list does not replace filter's; other lists are read as they are.
+    same_both_ways(&body_with_list(r#"["n1"]"#), &lists, Caller::Prioritize);
+    assert!(recent::lock(&lists).find(list.as_bytes()).is_some());
+    for other in [
+        r#"["n1","n2","n3","n4","n5"]"#,
+        r#"["n1","n2","n3"]"#,
+        r#"["n1","n2","n3","n4"] "#,
+        r#"["n1","n3","n4"]"#,
+        r#"["n1","n2","n3","n4"],"Pod":null"#,
+        "null",
+    ] {
+        same_both_ways(&body_with_list(other), &lists, Caller::Filter);
+        same_both_ways(&body_with_list(list), &lists, Caller::Filter);
+    }
+}
+
+proptest! {
+    /// Filter then prioritize with the answer's names, over lists with escapes and
+    /// repeats: the kept lists never change what a body decodes to.
+    #[test]
+    fn kept_lists_never_change_a_decoding(
+        rounds in proptest::collection::vec(
+            (proptest::collection::vec("[ab\"\\\\é]{0,3}", 0..6), any::<u64>()), 1..6)
+    ) {
+        let lists = Mutex::new(RecentLists::default());
+        for (names, mask) in rounds {
+            let list = serde_json::to_string(&names).unwrap();
+            let read = same_both_ways(&body_with_list(&list), &lists, Caller::Filter);
+            let mut answer = FilterResult::about(read.unwrap_or_default());
+            answer.pass((0..names.len()).filter(|i| mask >> i & 1 == 1));
+            let v: serde_json::Value = serde_json::from_slice(&answer.into_json(&lists)).unwrap();
+            let passing = serde_json::to_string(&v["NodeNames"]).unwrap();
+            let got = same_both_ways(&body_with_list(&passing), &lists, Caller::Prioritize);
+            let want: Vec<&String> =
+                names.iter().enumerate().filter(|(i, _)| mask >> i & 1 == 1).map(|(_, n)| n).collect();
+            prop_assert_eq!(got.map(|g| g.iter().map(String::from).collect::<Vec<_>>()),
+                Some(want.into_iter().cloned().collect::<Vec<_>>()));
+        }
+    }
 }

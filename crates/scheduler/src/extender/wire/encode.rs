@@ -3,9 +3,11 @@
 //! `{"Host": .., "Score": ..}` (measured at 5,000 nodes). Names without characters to
 //! escape are copied as they are; any other string goes through serde_json.
 
-use std::sync::Arc;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
 
 use super::super::names::needs_escape;
+use super::recent::{self, RecentLists};
 use super::{FilterResult, Names, Priorities};
 
 /// `s` as a JSON string.
@@ -14,14 +16,14 @@ fn string(out: &mut Vec<u8>, s: &str) {
         // Writing a str to a Vec cannot fail.
         let _ = serde_json::to_writer(&mut *out, s);
     } else {
-        quoted(out, s);
+        quoted(out, s.as_bytes());
     }
 }
 
 /// `s`, known to need no escape, between quotes.
-fn quoted(out: &mut Vec<u8>, s: &str) {
+fn quoted(out: &mut Vec<u8>, s: &[u8]) {
     out.push(b'"');
-    out.extend_from_slice(s.as_bytes());
+    out.extend_from_slice(s);
     out.push(b'"');
 }
 
@@ -30,7 +32,7 @@ fn name(out: &mut Vec<u8>, names: &Names, i: usize) {
     if names.escapes() {
         string(out, names.get(i));
     } else {
-        quoted(out, names.get(i));
+        quoted(out, names.bytes(i));
     }
 }
 
@@ -85,6 +87,23 @@ impl FilterResult {
     /// The answer's JSON (`Nodes`, `NodeNames`, `FailedNodes`,
     /// `FailedAndUnresolvableNodes`, `Error`).
     pub fn to_json(&self) -> Vec<u8> {
+        self.encode().0
+    }
+
+    /// [`FilterResult::to_json`], with the passing names kept in `lists` for prioritize
+    /// (kube-scheduler sends them back as written).
+    pub fn into_json(self, lists: &Mutex<RecentLists>) -> Vec<u8> {
+        let (bytes, span) = self.encode();
+        if let (Some(span), Some(at)) = (span, self.passing)
+            && let Some(json) = bytes.get(span)
+        {
+            recent::lock(lists).answered(json, self.names, at);
+        }
+        bytes
+    }
+
+    /// The answer's JSON, and where its list of passing names is in it.
+    fn encode(&self) -> (Vec<u8>, Option<Range<usize>>) {
         let entries =
             self.passing.as_ref().map_or(0, Vec::len) + self.failed.len() + self.unresolvable.len();
         let mut out = Vec::with_capacity(128 + entries * 24);
@@ -96,10 +115,17 @@ impl FilterResult {
             None => out.extend_from_slice(b"null"),
         }
         out.extend_from_slice(b",\"NodeNames\":");
-        match &self.passing {
-            Some(at) => picked(&mut out, &self.names, at),
-            None => out.extend_from_slice(b"null"),
-        }
+        let start = out.len();
+        let span = match &self.passing {
+            Some(at) => {
+                picked(&mut out, &self.names, at);
+                Some(start..out.len())
+            }
+            None => {
+                out.extend_from_slice(b"null");
+                None
+            }
+        };
         out.extend_from_slice(b",\"FailedNodes\":");
         reasons(&mut out, &self.names, &self.failed);
         out.extend_from_slice(b",\"FailedAndUnresolvableNodes\":");
@@ -107,7 +133,7 @@ impl FilterResult {
         out.extend_from_slice(b",\"Error\":");
         string(&mut out, &self.error);
         out.push(b'}');
-        out
+        (out, span)
     }
 }
 
@@ -116,19 +142,30 @@ impl Priorities {
     pub fn to_json(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(2 + self.scores.len() * 40);
         out.push(b'[');
-        for (k, (host, &score)) in self.names.iter().zip(&self.scores).enumerate() {
-            if k > 0 {
-                out.push(b',');
+        if self.names.escapes() {
+            for (k, &score) in self.scores.iter().enumerate().take(self.names.len()) {
+                if k > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(b"{\"Host\":");
+                string(&mut out, self.names.get(k));
+                out.extend_from_slice(b",\"Score\":");
+                integer(&mut out, score);
+                out.push(b'}');
             }
-            out.extend_from_slice(b"{\"Host\":");
-            if self.names.escapes() {
-                string(&mut out, host);
-            } else {
-                quoted(&mut out, host);
+        } else {
+            // Names copied as they are: four copies per entry.
+            for (k, (host, &score)) in self.names.each_bytes().zip(&self.scores).enumerate() {
+                out.extend_from_slice(if k > 0 {
+                    b",{\"Host\":\""
+                } else {
+                    b"{\"Host\":\""
+                });
+                out.extend_from_slice(host);
+                out.extend_from_slice(b"\",\"Score\":");
+                integer(&mut out, score);
+                out.push(b'}');
             }
-            out.extend_from_slice(b",\"Score\":");
-            integer(&mut out, score);
-            out.push(b'}');
         }
         out.push(b']');
         out

@@ -6,14 +6,21 @@
 //! escapes, a list with escapes, any malformed body) is left to the serde path, so that
 //! errors still name the problem and every body decodes to the same arguments.
 
+use std::sync::Mutex;
+
 use k8s_openapi::api::core::v1::Pod;
 use serde::de::DeserializeOwned;
 
-use super::super::names::json_space;
+use super::super::names::skip_space;
+use super::recent::{self, Caller, RecentLists};
 use super::{ExtenderArgs, Names, NodeItems};
 
-/// The arguments, or `None` to leave the body to serde.
-pub(super) fn args(body: &[u8]) -> Option<ExtenderArgs> {
+/// The arguments, or `None` to leave the body to serde. With `lists`, the candidates' list
+/// is taken from a kept one with the same bytes, and a filter's list is kept.
+pub(super) fn args(
+    body: &[u8],
+    lists: Option<(&Mutex<RecentLists>, Caller)>,
+) -> Option<ExtenderArgs> {
     let text = std::str::from_utf8(body).ok()?;
     let mut at = Cursor { text, i: 0 };
     at.skip();
@@ -31,7 +38,7 @@ pub(super) fn args(body: &[u8]) -> Option<ExtenderArgs> {
         } else if key.eq_ignore_ascii_case("nodes") {
             nodes = at.value::<Option<NodeItems>>()?.map(|l| l.items);
         } else if key.eq_ignore_ascii_case("nodenames") {
-            names = at.names()?;
+            names = at.names(lists)?;
         } else {
             at.value::<serde::de::IgnoredAny>()?;
         }
@@ -64,10 +71,7 @@ impl<'a> Cursor<'a> {
     }
 
     fn skip(&mut self) {
-        let bytes = self.text.as_bytes();
-        while bytes.get(self.i).is_some_and(|&b| json_space(b)) {
-            self.i += 1;
-        }
+        self.i = skip_space(self.text.as_bytes(), self.i);
     }
 
     fn next(&mut self) -> Option<u8> {
@@ -101,13 +105,23 @@ impl<'a> Cursor<'a> {
         Some(value)
     }
 
-    /// `null` or a list of plain names.
-    fn names(&mut self) -> Option<Option<Names>> {
-        if let Some(after) = self.rest().strip_prefix("null") {
+    /// `null` or a list of plain names (or of any names, when a kept list has its bytes).
+    fn names(&mut self, lists: Option<(&Mutex<RecentLists>, Caller)>) -> Option<Option<Names>> {
+        let rest = self.rest();
+        if let Some(after) = rest.strip_prefix("null") {
             self.i = self.text.len() - after.len();
             return Some(None);
         }
-        let (names, used) = Names::scan_prefix(self.rest())?;
+        if let Some((lists, _)) = lists
+            && let Some((names, used)) = recent::lock(lists).find(rest.as_bytes())
+        {
+            self.i += used;
+            return Some(Some(names));
+        }
+        let (names, used) = Names::scan_prefix(rest)?;
+        if let Some((lists, Caller::Filter)) = lists {
+            recent::lock(lists).read(rest.as_bytes().get(..used)?, &names);
+        }
         self.i += used;
         Some(Some(names))
     }
