@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::http::Request;
 use clap::Args;
+use gpuplace_scheduler::api::ClusterApi;
 use gpuplace_scheduler::extender::http::{ExtenderMetrics, router};
 use gpuplace_scheduler::extender::{Extender, ExtenderConfig, FilterMode};
 use gpuplace_testkit::MemoryApi;
@@ -103,6 +104,10 @@ async fn bench(args: ExtenderBenchArgs) -> anyhow::Result<()> {
         // kube-scheduler sends the pod as its informer has it, resourceVersion included.
         let name = pod.metadata.name.clone().unwrap_or_default();
         let pod = api.pod("bench", &name).unwrap_or(pod);
+        // The extender's watch shows the pod before kube-scheduler asks about it (both
+        // informers see it at once; kube-scheduler queues it first): the in-memory API
+        // converts it now, as KubeApi's reflector does on the event, not on the call.
+        let _ = api.generation();
         let body = serde_json::to_vec(&json!({"Pod": pod, "NodeNames": names}))?;
         let (filter_took, filtered) = call(&app, "filter", body).await?;
         let passing: Vec<String> =

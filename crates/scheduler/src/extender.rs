@@ -23,7 +23,10 @@ pub mod http;
 mod last_judgement;
 mod names;
 mod queue_limits;
+mod spread;
 pub mod wire;
+
+pub use spread::spread_scores;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -112,7 +115,8 @@ struct Inner {
     names: NameIndex,
     /// The last judgement by node, for prioritize after filter of the same pod.
     last: last_judgement::LastJudgement,
-    /// Changes to the kept state so far (taken views, reservations made and dropped).
+    /// Changes to the kept state so far (views that moved it, reservations made and
+    /// dropped).
     changes: u64,
     generation: Option<u64>,
     workload: Option<(Instant, Arc<TargetWorkload>)>,
@@ -275,11 +279,11 @@ impl<A: ClusterApi> Extender<A> {
     /// `filter`: the candidates where the pod fits (all, or gpuplace's choice), and why
     /// the others fail.
     pub async fn filter(&self, mut args: ExtenderArgs) -> Result<FilterResult, ApiError> {
-        let pod = self.pod_info(&args.pod);
         let as_objects = args.nodes.is_some() && args.node_names.is_none();
         let names = args.take_names();
         let mut guard = self.fresh().await?;
         let inner = &mut *guard;
+        let pod = inner.pod_info(&args.pod, &self.config.gpu_resource);
         inner.remember(&pod);
         if let Some(why) = inner.queue_refused(&pod) {
             drop(guard);
@@ -323,10 +327,10 @@ impl<A: ClusterApi> Extender<A> {
     /// `prioritize`: every candidate scored 0-10, preferences first, then the policy; the
     /// best node gets 10, nodes where the pod does not fit 0.
     pub async fn prioritize(&self, mut args: ExtenderArgs) -> Result<Priorities, ApiError> {
-        let pod = self.pod_info(&args.pod);
         let names = args.take_names();
         let mut guard = self.fresh().await?;
         let inner = &mut *guard;
+        let pod = inner.pod_info(&args.pod, &self.config.gpu_resource);
         inner.remember(&pod);
         let keys = inner.parts().keys(&pod, &names, &self.config.gpu_resource);
         drop(guard);
@@ -334,23 +338,6 @@ impl<A: ClusterApi> Extender<A> {
             names,
             scores: spread_scores(&keys),
         })
-    }
-
-    /// The pod as gpuplace reads it: the one converted for an earlier call when the UID
-    /// and resourceVersion match (the API server never gives two versions of an object
-    /// the same resourceVersion), else converted now.
-    fn pod_info(&self, pod: &Pod) -> Arc<PodInfo> {
-        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-        let version = pod.metadata.resource_version.as_deref().unwrap_or_default();
-        if !uid.is_empty() && !version.is_empty() {
-            let inner = self.lock();
-            if let Some(known) = inner.pods.get(uid)
-                && known.resource_version == version
-            {
-                return Arc::clone(known);
-            }
-        }
-        Arc::new(PodInfo::from_pod(pod, &self.config.gpu_resource))
     }
 
     /// `bind`: the exact GPUs on the node kube-scheduler chose, reserved, then one Binding
@@ -456,7 +443,12 @@ impl Inner {
     /// target workload as configured, else the pods' shapes.
     fn take(&mut self, fed: FedView, gpu_resource: &str, declared: Option<&Arc<TargetWorkload>>) {
         let FedView { view, feed } = fed;
-        self.changes += 1;
+        let quiet = last_judgement::moves_nothing(
+            self.cache.snapshot(),
+            &self.cache.reservations,
+            feed.changes.as_deref(),
+        ) && self.volume_lists.same(&view);
+        let reserved = self.cache.reservations.len();
         if !self.volume_lists.same(&view) {
             self.volumes = VolumeIndex::new(&view.claims, &view.volumes);
             self.volume_lists = VolumeLists {
@@ -486,6 +478,10 @@ impl Inner {
             snapshot.state.set_workload(Arc::clone(workload));
         }
         self.cache.keep(snapshot);
+        // The last judgement stays valid while nothing it reads moved.
+        if !quiet || stale || rebuilt || self.cache.reservations.len() != reserved {
+            self.changes += 1;
+        }
         if rebuilt {
             // Node verdicts and node indices depend on the nodes only.
             self.verdicts = VerdictCache::default();
@@ -523,6 +519,28 @@ impl Inner {
             .refused(pod, self.cache.pods(), &self.cache.reservations, &self.pods)
     }
 
+    /// The pod as gpuplace reads it: one already converted when the UID and
+    /// resourceVersion match (the API server never gives two versions of an object the same
+    /// resourceVersion): for an earlier call, or by the pod store from the watch (which
+    /// usually shows a pending pod before kube-scheduler sends it); else converted now.
+    fn pod_info(&self, pod: &Pod, gpu_resource: &str) -> Arc<PodInfo> {
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        let version = pod.metadata.resource_version.as_deref().unwrap_or_default();
+        if !uid.is_empty() && !version.is_empty() {
+            let same =
+                |known: &&Arc<PodInfo>| known.key.uid == uid && known.resource_version == version;
+            if let Some(known) = self.pods.get(uid).filter(same) {
+                return Arc::clone(known);
+            }
+            let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+            let name = pod.metadata.name.as_deref().unwrap_or_default();
+            if let Some(known) = self.cache.pods().pod(namespace, name).filter(same) {
+                return Arc::clone(known);
+            }
+        }
+        Arc::new(PodInfo::from_pod(pod, gpu_resource))
+    }
+
     fn remember(&mut self, pod: &Arc<PodInfo>) {
         let uid = pod.key.uid.clone();
         if self.pods.insert(uid.clone(), Arc::clone(pod)).is_none() {
@@ -558,48 +576,6 @@ fn answer_passing(
         }
         _ => result.pass(passing.iter().copied()),
     }
-}
-
-/// Scores 0-10 for ranked keys (preference sum, then policy score): the best key gets 10,
-/// the worst 0, the others in between by rank of preference then linearly by policy score;
-/// `None` (does not fit) gets 0.
-pub fn spread_scores(keys: &[Option<(i64, i64)>]) -> Vec<i64> {
-    let fitting: Vec<(i64, i64)> = keys.iter().flatten().copied().collect();
-    let (Some(&best), Some(&worst)) = (fitting.iter().max(), fitting.iter().min()) else {
-        return vec![0; keys.len()];
-    };
-    if best == worst {
-        return keys
-            .iter()
-            .map(|k| if k.is_some() { 10 } else { 0 })
-            .collect();
-    }
-    // Distinct preference levels, best first; within one level the policy score decides.
-    let mut levels: Vec<i64> = fitting.iter().map(|k| k.0).collect();
-    levels.sort_unstable_by(|a, b| b.cmp(a));
-    levels.dedup();
-    let (lo, hi) = fitting.iter().fold((i64::MAX, i64::MIN), |(lo, hi), k| {
-        (lo.min(k.1), hi.max(k.1))
-    });
-    keys.iter()
-        .map(|k| {
-            let Some((pref, score)) = *k else {
-                return 0;
-            };
-            if (pref, score) == best {
-                return 10;
-            }
-            // Position in [0, 1]: preference level first, the policy's score within it.
-            let level = levels.iter().position(|l| *l == pref).unwrap_or(0) as f64;
-            let within = if hi > lo {
-                (score - lo) as f64 / (hi - lo) as f64
-            } else {
-                1.0
-            };
-            let position = (levels.len() as f64 - 1.0 - level + within) / levels.len() as f64;
-            (position * 9.0).floor().clamp(0.0, 9.0) as i64
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -427,3 +427,54 @@ async fn prioritize_after_filter_answers_as_a_fresh_prioritize() {
         assert_eq!(after_filter, afresh, "pod {name}");
     }
 }
+
+/// Between filter and prioritize (mode all) the watch shows other pods: a pending one
+/// keeps filter's judgement, a bound one moves the state, and prioritize then judges
+/// afresh (its answer is the one a prioritize without filter's judgement gives).
+#[tokio::test]
+async fn prioritize_after_filter_judges_afresh_when_the_state_moved() {
+    let api = MemoryApi::new();
+    for n in ["n0", "n1", "n2"] {
+        api.put_node(node(n, 8, json!({})));
+    }
+    let app = app(&api, FilterMode::All);
+    let mut p = pod("p", 1, json!({}));
+    p.metadata.uid = Some("uid-p".into());
+    api.put_pod(p);
+    let stored = api.pod("ml", "p").unwrap();
+    let names = ["n0", "n1", "n2"];
+    let args = serde_json::to_vec(&json!({"Pod": stored, "NodeNames": names})).unwrap();
+    let (_, filtered, _) = call(&app, "filter", args).await;
+    assert_eq!(filtered["NodeNames"], json!(names), "{filtered}");
+    let prioritize = |pod: &k8s_openapi::api::core::v1::Pod| {
+        serde_json::to_vec(&json!({"Pod": pod, "NodeNames": names})).unwrap()
+    };
+    // Every node alike: all score 10.
+    api.put_pod(pod(
+        "pending",
+        2,
+        json!({"metadata": {"uid": "uid-pending"}}),
+    ));
+    let (_, scores, _) = call(&app, "prioritize", prioritize(&stored)).await;
+    assert_eq!(scores.as_array().unwrap().len(), 3);
+    assert!(
+        scores.as_array().unwrap().iter().all(|h| h["Score"] == 10),
+        "{scores}"
+    );
+    // A pod bound to n1 fills it: prioritize must see that (0 where the pod no longer fits).
+    api.put_pod(pod(
+        "bound",
+        8,
+        json!({"metadata": {"uid": "uid-bound"}, "spec": {"nodeName": "n1"}, "status": {"phase": "Running"}}),
+    ));
+    let (_, after_filter, _) = call(&app, "prioritize", prioritize(&stored)).await;
+    let mut unversioned = stored.clone();
+    unversioned.metadata.resource_version = None;
+    let (_, afresh, _) = call(&app, "prioritize", prioritize(&unversioned)).await;
+    assert_eq!(after_filter, afresh);
+    assert_eq!(
+        after_filter[1],
+        json!({"Host": "n1", "Score": 0}),
+        "{after_filter}"
+    );
+}

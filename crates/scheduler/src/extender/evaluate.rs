@@ -116,7 +116,7 @@ impl NameIndex {
         if *names == self.longest.names {
             return self.longest.index.clone();
         }
-        if !self.other.names.is_empty() && self.other.names == *names {
+        if self.other.names == *names {
             return self.other.index.clone();
         }
         let longest = &self.longest;
@@ -159,13 +159,6 @@ impl NameIndex {
     }
 }
 
-/// What the filters said of one named candidate, before the restriction to the candidates.
-struct Judged {
-    /// The filters' reason for rejecting it.
-    why: Option<String>,
-    allowed: bool,
-}
-
 /// The pod's preference sums over the nodes the filters allow, and that mask.
 struct Preferences {
     scores: Vec<i64>,
@@ -193,32 +186,21 @@ impl Parts<'_> {
             Ok(f) => f,
             Err(why) => return Verdicts::all_unresolvable(names.len(), &why),
         };
-        let judged: Vec<Judged> = index
-            .iter()
-            .map(|n| match n {
-                Some(n) => Judged {
-                    why: filtered.why(*n).map(String::from),
-                    allowed: filtered.allows(*n),
-                },
-                None => Judged {
-                    why: None,
-                    allowed: false,
-                },
-            })
-            .collect();
         // Only the candidates kube-scheduler sent are ours to choose among. Usually every
         // node is a candidate: then no mask is needed, and core answers from its ranking of
-        // node classes instead of scanning them.
+        // node classes instead of scanning them. (Restricting leaves the candidates' own
+        // verdicts as they were.)
         let mut candidates = vec![false; snapshot.nodes.len()];
-        for n in index.iter().flatten() {
-            candidates[*n] = true;
+        let mut present: Vec<usize> = Vec::with_capacity(index.len());
+        for &n in index.iter().flatten() {
+            candidates[n] = true;
+            present.push(n);
         }
-        if candidates.iter().any(|c| !c) {
+        if present.len() < candidates.len() || candidates.iter().any(|c| !c) {
             filtered.restrict(&candidates);
         }
         let preferences = preferences(snapshot, pod, &filtered);
         // Per candidate: the policy's score (prioritize) or only whether it fits (filter).
-        let present: Vec<usize> = index.iter().flatten().copied().collect();
         let fits = if need.scores {
             self.placer
                 .score_nodes(&snapshot.state, &demand.request, &present)
@@ -236,7 +218,7 @@ impl Parts<'_> {
             .and_then(|best| index.iter().position(|n| *n == Some(best)));
         let nodes = verdicts_of(
             &index,
-            judged,
+            &filtered,
             fits,
             preferences.as_ref().map(|p| &p.scores[..]),
             resource,
@@ -246,9 +228,8 @@ impl Parts<'_> {
         // normalizes over the feasible nodes): prioritize's own candidates would scale
         // them otherwise, so a judgement with preferences is not kept.
         if need.scores && preferences.is_none() {
-            let count = snapshot.nodes.len();
             let keys = nodes.iter().map(Verdict::key);
-            self.last.record(pod, self.state, count, &index, keys);
+            self.last.record(pod, self.state, names, keys);
         } else {
             self.last.clear();
         }
@@ -264,11 +245,8 @@ impl Parts<'_> {
         names: &Names,
         resource: &str,
     ) -> Vec<Option<(i64, i64)>> {
-        if let Some(snapshot) = self.snapshot {
-            let index = self.names.lookup(snapshot, names);
-            if let Some(keys) = self.last.recall(pod, self.state, &index) {
-                return keys;
-            }
+        if let Some(keys) = self.last.recall(pod, self.state, names) {
+            return keys;
         }
         let need = Need {
             scores: true,
@@ -352,7 +330,7 @@ fn preferences(snapshot: &Snapshot, pod: &PodInfo, filtered: &Filtered) -> Optio
 /// per candidate in the cache, in order).
 fn verdicts_of(
     index: &[Option<usize>],
-    judged: Vec<Judged>,
+    filtered: &Filtered,
     fits: Vec<Result<i64, gpuplace_core::FitFailure>>,
     preferences: Option<&[i64]>,
     resource: &str,
@@ -374,14 +352,13 @@ fn verdicts_of(
     let mut fits = fits.into_iter();
     index
         .iter()
-        .zip(judged)
-        .map(|(n, judged)| {
+        .map(|n| {
             let Some(n) = n else {
                 return Verdict::Unresolvable(text(NOT_CACHED));
             };
             let fit = fits.next();
-            if !judged.allowed {
-                let why = judged.why.as_deref().unwrap_or("node(s) were filtered out");
+            if !filtered.allows(*n) {
+                let why = filtered.why(*n).unwrap_or("node(s) were filtered out");
                 return if unresolvable(why) {
                     Verdict::Unresolvable(text(why))
                 } else {

@@ -1,29 +1,53 @@
-//! The last judgement's verdicts by node, kept for the next call about the same pod on the
-//! same state: kube-scheduler calls prioritize right after filter with the nodes that
-//! passed, so in filter mode `all` prioritize answers from filter's work instead of
-//! judging thousands of nodes again.
+//! The last judgement's verdicts, kept for the next call about the same pod on the same
+//! state: kube-scheduler calls prioritize right after filter with the nodes that passed, in
+//! the order filter answered them, so in filter mode `all` prioritize answers from filter's
+//! work (one walk over the two lists of names) instead of judging thousands of nodes again.
+
+use std::sync::Arc;
+
+use gpuplace_model::Change;
 
 use crate::k8s::pod_info::PodInfo;
+use crate::scheduler::assume::Reservations;
+use crate::snapshot::Snapshot;
 
-/// What the last judgement said of one node of the state.
-#[derive(Clone, Copy)]
-enum Seen {
-    /// Not among that call's candidates.
-    No,
-    /// Fits, with its key (preference sum, policy score).
-    Fits((i64, i64)),
-    /// Does not fit (for any reason).
-    Fails,
+use super::names::Names;
+
+/// Whether taking `changes` leaves what a judgement reads as it was: every pod changed is
+/// unplaced before and after (not bound, holding nothing, not reserved), as when pending
+/// pods come and go. The watch shows kube-scheduler's next pods between its filter and
+/// prioritize calls: those changes keep the last judgement. `None` (not known) moves it.
+pub(super) fn moves_nothing(
+    snapshot: Option<&Snapshot>,
+    reservations: &Reservations,
+    changes: Option<&[Change<PodInfo>]>,
+) -> bool {
+    let (Some(snapshot), Some(changes)) = (snapshot, changes) else {
+        return false;
+    };
+    let unplaced = |pod: &Option<Arc<PodInfo>>| {
+        pod.as_ref().is_none_or(|p| {
+            p.node_name.is_none()
+                && !snapshot.held.contains_key(&p.key.uid)
+                && !reservations.contains(&p.key.uid)
+        })
+    };
+    changes
+        .iter()
+        .all(|c| unplaced(&c.before) && unplaced(&c.after))
 }
 
-/// Verdicts by node index for one pod (by UID and resourceVersion: the API server never
+/// Verdicts by candidate for one pod (by UID and resourceVersion: the API server never
 /// gives two versions of a pod the same one) at one state (the extender's count of state
 /// changes).
 #[derive(Default)]
 pub(super) struct LastJudgement {
     about: Option<About>,
-    /// Per node of the state; the buffer is reused call after call.
-    seen: Vec<Seen>,
+    /// The judged candidates, in the order of that call; the buffers are reused call after
+    /// call.
+    names: Names,
+    /// By position in `names`: the key (preference sum, policy score) where the pod fits.
+    keys: Vec<Option<(i64, i64)>>,
 }
 
 struct About {
@@ -44,34 +68,24 @@ impl About {
 }
 
 impl LastJudgement {
-    /// Keeps the verdicts on the candidates at `index` (node indices by position) for
-    /// `pod` at `state`: `keys` by position, the key where the pod fits, `None` where it
-    /// does not. The keys must hold the policy's scores (a judgement that only checked fit
-    /// is not kept: prioritize needs the scores) and no preference sums (those are scaled
-    /// over the candidates of the call that made them).
+    /// Keeps the verdicts on `names` for `pod` at `state`: `keys` by position, the key where
+    /// the pod fits, `None` where it does not. The keys must hold the policy's scores (a
+    /// judgement that only checked fit is not kept: prioritize needs the scores) and no
+    /// preference sums (those are scaled over the candidates of the call that made them).
     pub(super) fn record(
         &mut self,
         pod: &PodInfo,
         state: u64,
-        nodes: usize,
-        index: &[Option<usize>],
+        names: &Names,
         keys: impl Iterator<Item = Option<(i64, i64)>>,
     ) {
         self.about = About::of(pod, state);
         if self.about.is_none() {
             return;
         }
-        self.seen.clear();
-        self.seen.resize(nodes, Seen::No);
-        for (n, key) in index.iter().zip(keys) {
-            let Some(slot) = n.and_then(|n| self.seen.get_mut(n)) else {
-                continue;
-            };
-            *slot = match key {
-                Some(key) => Seen::Fits(key),
-                None => Seen::Fails,
-            };
-        }
+        self.names.clone_from(names);
+        self.keys.clear();
+        self.keys.extend(keys);
     }
 
     /// Keeps nothing (the last judgement could not be reused).
@@ -79,31 +93,78 @@ impl LastJudgement {
         self.about = None;
     }
 
-    /// The key of each candidate at `index` (`None`: does not fit or is not in the state),
-    /// when the last judgement was about `pod` at `state` and covered every candidate.
+    /// The key of each of `names` (`None`: does not fit), when the last judgement was about
+    /// `pod` at `state` and `names` are some of its candidates in the same order (as
+    /// kube-scheduler sends the ones that passed filter); `None` otherwise.
     pub(super) fn recall(
         &self,
         pod: &PodInfo,
         state: u64,
-        index: &[Option<usize>],
+        names: &Names,
     ) -> Option<Vec<Option<(i64, i64)>>> {
         let about = self.about.as_ref()?;
         if about.state != state
             || about.uid != pod.key.uid
             || about.resource_version != pod.resource_version
+            || names.len() > self.names.len()
         {
             return None;
         }
-        index
-            .iter()
-            .map(|n| match n {
-                None => Some(None),
-                Some(n) => match self.seen.get(*n)? {
-                    Seen::No => None,
-                    Seen::Fits(key) => Some(Some(*key)),
-                    Seen::Fails => Some(None),
-                },
-            })
-            .collect()
+        let mut keys = Vec::with_capacity(names.len());
+        names.positions_in(&self.names, |j| {
+            keys.push(self.keys.get(j).copied().flatten())
+        })?;
+        // One key was kept per name.
+        (self.keys.len() == self.names.len()).then_some(keys)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Pod;
+
+    fn pod(uid: &str, rv: &str) -> PodInfo {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": uid, "resourceVersion": rv},
+            "spec": {"containers": []}
+        }))
+        .unwrap();
+        PodInfo::from_pod(&pod, "nvidia.com/gpu")
+    }
+
+    fn names(list: &[&str]) -> Names {
+        list.iter().copied().collect()
+    }
+
+    #[test]
+    fn recalled_only_for_the_same_pod_version_state_and_a_subsequence_of_its_names() {
+        let mut last = LastJudgement::default();
+        let keys = [Some((0, 5)), None, Some((0, 7)), Some((0, 1))];
+        last.record(
+            &pod("u", "1"),
+            3,
+            &names(&["a", "b", "c", "d"]),
+            keys.into_iter(),
+        );
+        let p = pod("u", "1");
+        assert_eq!(
+            last.recall(&p, 3, &names(&["a", "c", "d"])),
+            Some(vec![Some((0, 5)), Some((0, 7)), Some((0, 1))])
+        );
+        assert_eq!(last.recall(&p, 3, &names(&["b"])), Some(vec![None]));
+        assert_eq!(last.recall(&p, 3, &names(&[])), Some(vec![]));
+        // Out of order, unknown, repeated beyond the list, another state or version.
+        assert_eq!(last.recall(&p, 3, &names(&["c", "a"])), None);
+        assert_eq!(last.recall(&p, 3, &names(&["a", "x"])), None);
+        assert_eq!(last.recall(&p, 3, &names(&["d", "d"])), None);
+        assert_eq!(last.recall(&p, 4, &names(&["a"])), None);
+        assert_eq!(last.recall(&pod("u", "2"), 3, &names(&["a"])), None);
+        assert_eq!(last.recall(&pod("v", "1"), 3, &names(&["a"])), None);
+        last.clear();
+        assert_eq!(last.recall(&p, 3, &names(&["a"])), None);
+        // A pod without a resourceVersion is never kept.
+        last.record(&pod("u", ""), 3, &names(&["a"]), [Some((0, 1))].into_iter());
+        assert_eq!(last.recall(&pod("u", ""), 3, &names(&["a"])), None);
     }
 }

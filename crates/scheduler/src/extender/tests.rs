@@ -17,6 +17,18 @@ fn scores_spread_so_the_best_gets_ten() {
     let s = spread_scores(&[Some((200, 0)), Some((0, 100)), Some((0, 0))]);
     assert_eq!(s[0], 10);
     assert!(s[1] > s[2] && s[1] < 10, "{s:?}");
+    // Three levels: the level's place first, then linear in the policy score within it.
+    assert_eq!(
+        spread_scores(&[
+            Some((300, 0)),
+            Some((200, 10)),
+            Some((100, 5)),
+            Some((200, 0)),
+            Some((100, 10)),
+            None
+        ]),
+        [10, 6, 1, 3, 3, 0]
+    );
 }
 
 #[test]

@@ -102,6 +102,10 @@ fn key(p: &PodInfo) -> (&str, &str) {
 }
 
 impl ClusterCache {
+    pub fn snapshot(&self) -> Option<&Snapshot> {
+        self.snapshot.as_ref()
+    }
+
     pub fn snapshot_mut(&mut self) -> Option<&mut Snapshot> {
         self.snapshot.as_mut()
     }
