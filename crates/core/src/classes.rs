@@ -271,9 +271,9 @@ impl NodeClasses {
         self.free.push(id);
     }
 
-    /// The class node `n` is in (as of the last [`sync`](Self::sync)).
-    pub fn of_node(&self, n: usize) -> u32 {
-        self.of_node[n]
+    /// The class of every node, by node index (as of the last [`sync`](Self::sync)).
+    pub fn of_nodes(&self) -> &[u32] {
+        &self.of_node
     }
 
     /// Classes with members, in no particular order.
