@@ -7,8 +7,12 @@ use std::fmt;
 /// Node names in the order given.
 #[derive(Default, PartialEq, Eq)]
 pub struct Names {
+    /// The names as the inside of a JSON list, `"a","b"`: each between quotes, commas
+    /// between them. Without escapes (the usual case) a run of names is written to an
+    /// answer by one copy. A name that needs escaping is kept as it is (then `escapes` is
+    /// set and the text is not JSON).
     text: String,
-    /// Where each name ends in `text`.
+    /// Where each name's closing quote is in `text`.
     ends: Vec<u32>,
     /// Some name holds a character JSON must escape (`"`, `\\`, a control character):
     /// without one, the answer copies names as they are.
@@ -31,6 +35,11 @@ pub(super) fn skip_space(bytes: &[u8], mut i: usize) -> usize {
 /// Whether JSON must escape a character of `s`.
 pub(super) fn needs_escape(s: &str) -> bool {
     s.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20)
+}
+
+/// Where the name after the one whose closing quote is at `end` opens (past `",`).
+fn next_open(end: u32) -> usize {
+    end as usize + 2
 }
 
 impl Clone for Names {
@@ -58,6 +67,7 @@ impl fmt::Debug for Names {
 }
 
 impl Names {
+    /// Room for `names` names taking `bytes` in all, with their quotes and commas.
     pub fn with_capacity(names: usize, bytes: usize) -> Names {
         Names {
             text: String::with_capacity(bytes),
@@ -83,10 +93,16 @@ impl Names {
 
     /// [`Names::push`] of a name known to need no escape.
     fn push_plain(&mut self, name: &str) -> bool {
-        let Ok(end) = u32::try_from(self.text.len() + name.len()) else {
+        let comma = usize::from(!self.ends.is_empty());
+        let Ok(end) = u32::try_from(self.text.len() + comma + 1 + name.len()) else {
             return false;
         };
+        if comma == 1 {
+            self.text.push(',');
+        }
+        self.text.push('"');
         self.text.push_str(name);
+        self.text.push('"');
         self.ends.push(end);
         true
     }
@@ -96,59 +112,80 @@ impl Names {
         self.escapes
     }
 
+    /// Where the `i`th name opens (its quote) and closes (its closing quote).
+    fn span(&self, i: usize) -> Option<(usize, usize)> {
+        let end = *self.ends.get(i)? as usize;
+        let open = match i.checked_sub(1) {
+            Some(before) => next_open(*self.ends.get(before)?),
+            None => 0,
+        };
+        Some((open, end))
+    }
+
     /// The `i`th name ("" past the end).
     pub fn get(&self, i: usize) -> &str {
-        let Some(&end) = self.ends.get(i) else {
-            return "";
-        };
-        let start = if i == 0 { 0 } else { self.ends[i - 1] };
-        self.text.get(start as usize..end as usize).unwrap_or("")
+        self.span(i)
+            .and_then(|(open, end)| self.text.get(open + 1..end))
+            .unwrap_or("")
     }
 
     pub fn iter(&self) -> impl ExactSizeIterator<Item = &str> + '_ {
         (0..self.len()).map(|i| self.get(i))
     }
 
-    /// The `i`th name's bytes (none past the end): for writing answers.
-    pub(super) fn bytes(&self, i: usize) -> &[u8] {
-        let start = match i.checked_sub(1) {
-            Some(before) => self.ends.get(before).copied().unwrap_or(0),
-            None => 0,
-        };
-        let end = self.ends.get(i).copied().unwrap_or(start);
-        self.text
-            .as_bytes()
-            .get(start as usize..end as usize)
-            .unwrap_or_default()
+    /// The names `first..=last` as they stand in a JSON list (`"a","b"`); valid JSON only
+    /// without escapes. Empty when a position is past the end or `last < first`.
+    pub(super) fn json_run(&self, first: usize, last: usize) -> &[u8] {
+        match (self.span(first), self.span(last)) {
+            (Some((open, _)), Some((_, end))) if open <= end => {
+                self.text.as_bytes().get(open..=end).unwrap_or_default()
+            }
+            _ => &[],
+        }
     }
 
     /// Every name's bytes, in order (one walk, no lookups).
     pub(super) fn each_bytes(&self) -> impl ExactSizeIterator<Item = &[u8]> + '_ {
         let text = self.text.as_bytes();
-        let mut start = 0usize;
+        let mut open = 0usize;
         self.ends.iter().map(move |&end| {
-            let name = text.get(start..end as usize).unwrap_or_default();
-            start = end as usize;
+            let name = text.get(open + 1..end as usize).unwrap_or_default();
+            open = next_open(end);
             name
         })
     }
 
-    /// The names at positions `at`, in that order (`None`: a position past the end).
+    /// The names at positions `at`, in that order (`None`: a position past the end). Runs
+    /// of consecutive positions are copied whole.
     pub(super) fn picked(&self, at: &[u32]) -> Option<Names> {
         let mut out = Names::with_capacity(
             at.len(),
             at.len() * (self.text.len() / self.len().max(1) + 1),
         );
-        for &i in at {
-            let i = i as usize;
-            let name = self.get(i);
-            if i >= self.len() || !out.push_plain(name) {
-                return None;
-            }
-            // Only a list with escapes can give one.
-            out.escapes |= self.escapes && needs_escape(name);
+        for run in runs(at) {
+            out.append_run(self, run.first, run.last)?;
         }
         Some(out)
+    }
+
+    /// Appends `source`'s names `first..=last`; `None` when a position is past its end or
+    /// the buffer would pass 4 GiB.
+    fn append_run(&mut self, source: &Names, first: usize, last: usize) -> Option<()> {
+        let (open, _) = source.span(first)?;
+        let run = source.text.get(open..=source.span(last)?.1)?;
+        let ends = source.ends.get(first..=last)?;
+        let comma = usize::from(!self.ends.is_empty());
+        let at = self.text.len() + comma;
+        // Each end moves from `open` in the source to `at` here.
+        u32::try_from(at + run.len()).ok()?;
+        if comma == 1 {
+            self.text.push(',');
+        }
+        self.text.push_str(run);
+        let shift = |end: u32| (end as usize - open + at) as u32;
+        self.ends.extend(ends.iter().map(|&end| shift(end)));
+        self.escapes |= source.escapes && run_escapes(ends, &source.text, open);
+        Some(())
     }
 
     /// Calls `at` with the position in `within` of each name, in order, each past the one
@@ -156,24 +193,55 @@ impl Names {
     /// One walk over both buffers (a few ns per name, where string slices with their checks
     /// took ~15).
     pub(super) fn positions_in(&self, within: &Names, mut at: impl FnMut(usize)) -> Option<()> {
-        let (text, other) = (self.text.as_bytes(), within.text.as_bytes());
-        let (mut start, mut j, mut other_start) = (0usize, 0usize, 0usize);
-        for &end in &self.ends {
-            let name = text.get(start..end as usize)?;
-            start = end as usize;
+        let mut others = within.each_bytes().enumerate();
+        for name in self.each_bytes() {
             loop {
-                let other_end = *within.ends.get(j)? as usize;
-                let candidate = other.get(other_start..other_end)?;
-                other_start = other_end;
-                j += 1;
+                let (j, candidate) = others.next()?;
                 if candidate == name {
-                    at(j - 1);
+                    at(j);
                     break;
                 }
             }
         }
         Some(())
     }
+}
+
+/// Consecutive positions `first..=last`.
+pub(super) struct Run {
+    pub first: usize,
+    pub last: usize,
+}
+
+/// The runs of consecutive positions in `at`, in order.
+pub(super) fn runs(at: &[u32]) -> impl Iterator<Item = Run> + '_ {
+    let mut k = 0;
+    std::iter::from_fn(move || {
+        let first = *at.get(k)?;
+        let mut last = first;
+        k += 1;
+        while at
+            .get(k)
+            .is_some_and(|&next| Some(next) == last.checked_add(1))
+        {
+            last += 1;
+            k += 1;
+        }
+        Some(Run {
+            first: first as usize,
+            last: last as usize,
+        })
+    })
+}
+
+/// Whether a name of a run (closing quotes at `ends`, the first opening at `open` of
+/// `text`) needs escaping.
+fn run_escapes(ends: &[u32], text: &str, mut open: usize) -> bool {
+    ends.iter().any(|&end| {
+        let name = text.get(open + 1..end as usize).unwrap_or("");
+        open = next_open(end);
+        needs_escape(name)
+    })
 }
 
 impl Names {
@@ -271,7 +339,7 @@ impl<'de> serde::Deserialize<'de> for Names {
                 mut seq: A,
             ) -> Result<Names, A::Error> {
                 let count = seq.size_hint().unwrap_or(0).min(1 << 16);
-                let mut names = Names::with_capacity(count, count * 16);
+                let mut names = Names::with_capacity(count, count * 19);
                 while seq.next_element_seed(Name(&mut names))?.is_some() {}
                 Ok(names)
             }
@@ -317,9 +385,6 @@ mod tests {
         assert_eq!(names.len(), 3);
         assert_eq!(names.iter().collect::<Vec<_>>(), ["n1", "", "né\"3"]);
         assert_eq!(names.get(7), "");
-        assert_eq!(names.bytes(2), "né\"3".as_bytes());
-        assert_eq!(names.bytes(1), b"");
-        assert_eq!(names.bytes(7), b"");
         let each: Vec<&[u8]> = names.each_bytes().collect();
         assert_eq!(each, names.iter().map(str::as_bytes).collect::<Vec<_>>());
         assert_eq!(
@@ -354,6 +419,47 @@ mod tests {
         assert_eq!(some(&["b"]), None);
         assert_eq!(some(&["bb", "bb", "bb"]), None);
         assert_eq!(some(&["a", "bb", "", "c", "bb", "a"]), None);
+    }
+
+    #[test]
+    fn runs_are_copied_whole_and_picked_names_are_the_ones_asked_for() {
+        let plain: Names = ["a", "bb", "", "c", "e"].into_iter().collect();
+        assert_eq!(plain.json_run(0, 4), br#""a","bb","","c","e""#);
+        assert_eq!(plain.json_run(1, 2), br#""bb","""#);
+        assert_eq!(plain.json_run(3, 3), br#""c""#);
+        assert_eq!(plain.json_run(3, 2), b"");
+        assert_eq!(plain.json_run(0, 5), b"");
+        let of = |at: &[u32]| runs(at).map(|r| (r.first, r.last)).collect::<Vec<_>>();
+        assert_eq!(of(&[0, 1, 2, 4, 6, 7]), [(0, 2), (4, 4), (6, 7)]);
+        assert_eq!(of(&[]), []);
+        assert_eq!(of(&[3, 3, 2]), [(3, 3), (3, 3), (2, 2)]);
+        assert_eq!(of(&[u32::MAX - 1, u32::MAX]), [(0xFFFF_FFFE, 0xFFFF_FFFF)]);
+        let escaped: Names = ["a", "b\"b", "", "c\\", "e"].into_iter().collect();
+        for list in [&plain, &escaped] {
+            let cases: [&[u32]; 8] = [
+                &[],
+                &[0],
+                &[0, 1, 2, 3, 4],
+                &[1, 2, 4],
+                &[3],
+                &[4, 0],
+                &[2, 2],
+                &[0, 2, 4],
+            ];
+            for at in cases {
+                let picked = list.picked(at).unwrap();
+                let want: Names = at.iter().map(|&i| list.get(i as usize)).collect();
+                assert_eq!(picked, want, "{list:?} at {at:?}");
+                assert_eq!(
+                    picked.iter().collect::<Vec<_>>(),
+                    want.iter().collect::<Vec<_>>()
+                );
+            }
+            assert!(list.picked(&[5]).is_none());
+            assert!(list.picked(&[1, 2, 9]).is_none());
+        }
+        assert!(!escaped.picked(&[0, 2, 4]).unwrap().escapes());
+        assert!(escaped.picked(&[2, 3]).unwrap().escapes());
     }
 
     /// The one-pass reader agrees with serde_json on every list it reads, and leaves every

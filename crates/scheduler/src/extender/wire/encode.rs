@@ -6,7 +6,7 @@
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
-use super::super::names::needs_escape;
+use super::super::names::{needs_escape, runs};
 use super::recent::{self, RecentLists};
 use super::{FilterResult, Names, Priorities};
 
@@ -27,12 +27,13 @@ fn quoted(out: &mut Vec<u8>, s: &[u8]) {
     out.push(b'"');
 }
 
-/// The `i`th of `names` as a JSON string (copied as it is when no name needs escaping).
+/// The `i`th of `names` as a JSON string (copied as it stands, quotes and all, when no
+/// name needs escaping).
 fn name(out: &mut Vec<u8>, names: &Names, i: usize) {
     if names.escapes() {
         string(out, names.get(i));
     } else {
-        quoted(out, names.bytes(i));
+        out.extend_from_slice(names.json_run(i, i));
     }
 }
 
@@ -49,14 +50,30 @@ fn integer(out: &mut Vec<u8>, n: i64) {
     }
 }
 
-/// A JSON list of the names at `at`.
+/// A JSON list of the names at `at` (positions in `names`, each past the one before).
+/// Without escapes, each run of consecutive positions is one copy: a filter usually passes
+/// long runs of its candidates.
 fn picked(out: &mut Vec<u8>, names: &Names, at: &[u32]) {
     out.push(b'[');
-    for (k, &i) in at.iter().enumerate() {
-        if k > 0 {
-            out.push(b',');
+    if names.escapes() {
+        for (k, &i) in at.iter().enumerate() {
+            if k > 0 {
+                out.push(b',');
+            }
+            name(out, names, i as usize);
         }
-        name(out, names, i as usize);
+    } else {
+        let mut wrote = false;
+        for run in runs(at) {
+            let run = names.json_run(run.first, run.last);
+            if !run.is_empty() {
+                if wrote {
+                    out.push(b',');
+                }
+                out.extend_from_slice(run);
+                wrote = true;
+            }
+        }
     }
     out.push(b']');
 }
@@ -142,30 +159,12 @@ impl Priorities {
     pub fn to_json(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(2 + self.scores.len() * 40);
         out.push(b'[');
-        if self.names.escapes() {
-            for (k, &score) in self.scores.iter().enumerate().take(self.names.len()) {
-                if k > 0 {
-                    out.push(b',');
-                }
-                out.extend_from_slice(b"{\"Host\":");
-                string(&mut out, self.names.get(k));
-                out.extend_from_slice(b",\"Score\":");
-                integer(&mut out, score);
-                out.push(b'}');
-            }
-        } else {
-            // Names copied as they are: four copies per entry.
-            for (k, (host, &score)) in self.names.each_bytes().zip(&self.scores).enumerate() {
-                out.extend_from_slice(if k > 0 {
-                    b",{\"Host\":\""
-                } else {
-                    b"{\"Host\":\""
-                });
-                out.extend_from_slice(host);
-                out.extend_from_slice(b"\",\"Score\":");
-                integer(&mut out, score);
-                out.push(b'}');
-            }
+        for (k, &score) in self.scores.iter().enumerate().take(self.names.len()) {
+            out.extend_from_slice(if k > 0 { b",{\"Host\":" } else { b"{\"Host\":" });
+            name(&mut out, &self.names, k);
+            out.extend_from_slice(b",\"Score\":");
+            integer(&mut out, score);
+            out.push(b'}');
         }
         out.push(b']');
         out
