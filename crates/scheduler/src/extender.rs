@@ -332,7 +332,12 @@ impl<A: ClusterApi> Extender<A> {
         let inner = &mut *guard;
         let pod = inner.pod_info(&args.pod, &self.config.gpu_resource);
         inner.remember(&pod);
-        let keys = inner.parts().keys(&pod, &names, &self.config.gpu_resource);
+        let keys = inner.parts().keys(
+            &pod,
+            &names,
+            args.picked.as_ref(),
+            &self.config.gpu_resource,
+        );
         drop(guard);
         Ok(Priorities {
             names,

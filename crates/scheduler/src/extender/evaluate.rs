@@ -15,6 +15,7 @@ use crate::snapshot::Snapshot;
 
 use super::last_judgement::LastJudgement;
 use super::names::Names;
+use super::wire::Picked;
 
 /// One candidate's verdict.
 pub(super) enum Verdict {
@@ -89,21 +90,22 @@ pub(super) struct NameIndex {
     /// The longest recent list: names are matched by position against it.
     longest: Remembered,
     /// The list of the call before, when another (filter's candidates, then the ones that
-    /// passed for prioritize): answered whole when it comes again. Its buffers are reused
-    /// call after call (a rotating window sends a new list each time).
+    /// passed for prioritize): answered whole when it comes again (shared, not
+    /// copied). Its name buffer is reused call after call (a rotating window sends a new
+    /// list each time).
     other: Other,
 }
 
 #[derive(Default)]
 struct Other {
     names: Names,
-    index: Vec<Option<usize>>,
+    index: Arc<[Option<usize>]>,
 }
 
 #[derive(Default)]
 struct Remembered {
     names: Names,
-    index: Vec<Option<usize>>,
+    index: Arc<[Option<usize>]>,
     /// Position in `names` of each node of the state (`u32::MAX`: not in `names`).
     position: Vec<u32>,
 }
@@ -112,12 +114,13 @@ struct Remembered {
 const LOOKAHEAD: usize = 3;
 
 impl NameIndex {
-    pub(super) fn lookup(&mut self, snapshot: &Snapshot, names: &Names) -> Vec<Option<usize>> {
+    /// The state's index of each of `names` (`None`: not in the state).
+    pub(super) fn lookup(&mut self, snapshot: &Snapshot, names: &Names) -> Arc<[Option<usize>]> {
         if *names == self.longest.names {
-            return self.longest.index.clone();
+            return Arc::clone(&self.longest.index);
         }
         if self.other.names == *names {
-            return self.other.index.clone();
+            return Arc::clone(&self.other.index);
         }
         let longest = &self.longest;
         let mut out = Vec::with_capacity(names.len());
@@ -139,6 +142,7 @@ impl NameIndex {
             }
             out.push(n);
         }
+        let out: Arc<[Option<usize>]> = Arc::from(out);
         if misses > 0 && names.len() >= self.longest.names.len() {
             let mut position = vec![u32::MAX; snapshot.nodes.len()];
             for (i, n) in out.iter().enumerate() {
@@ -148,12 +152,12 @@ impl NameIndex {
             }
             self.longest = Remembered {
                 names: names.clone(),
-                index: out.clone(),
+                index: Arc::clone(&out),
                 position,
             };
         } else {
             self.other.names.clone_from(names);
-            self.other.index.clone_from(&out);
+            self.other.index = Arc::clone(&out);
         }
         out
     }
@@ -238,14 +242,16 @@ impl Parts<'_> {
 
     /// Each candidate's key (preference sum, policy score) where the pod fits: from the
     /// last judgement when it was about this pod on this state and covered them all
-    /// (prioritize after filter in mode all), else judged now.
+    /// (prioritize after filter in mode all), else judged now. `picked`: where the names
+    /// stood in filter's candidates, when they came back as filter's answer wrote them.
     pub(super) fn keys(
         &mut self,
         pod: &Arc<PodInfo>,
         names: &Names,
+        picked: Option<&Picked>,
         resource: &str,
     ) -> Vec<Option<(i64, i64)>> {
-        if let Some(keys) = self.last.recall(pod, self.state, names) {
+        if let Some(keys) = self.last.recall(pod, self.state, names, picked) {
             return keys;
         }
         let need = Need {

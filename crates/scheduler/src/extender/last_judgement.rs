@@ -12,6 +12,7 @@ use crate::scheduler::assume::Reservations;
 use crate::snapshot::Snapshot;
 
 use super::names::Names;
+use super::wire::Picked;
 
 /// Whether taking `changes` leaves what a judgement reads as it was: every pod changed is
 /// unplaced before and after (not bound, holding nothing, not reserved), as when pending
@@ -95,27 +96,39 @@ impl LastJudgement {
 
     /// The key of each of `names` (`None`: does not fit), when the last judgement was about
     /// `pod` at `state` and `names` are some of its candidates in the same order (as
-    /// kube-scheduler sends the ones that passed filter); `None` otherwise.
+    /// kube-scheduler sends the ones that passed filter); `None` otherwise. `picked`, when
+    /// the names came back as a filter answer wrote them, says where they stood in that
+    /// filter's candidates: when those are this judgement's, no walk over the names is
+    /// needed.
     pub(super) fn recall(
         &self,
         pod: &PodInfo,
         state: u64,
         names: &Names,
+        picked: Option<&Picked>,
     ) -> Option<Vec<Option<(i64, i64)>>> {
         let about = self.about.as_ref()?;
         if about.state != state
             || about.uid != pod.key.uid
             || about.resource_version != pod.resource_version
             || names.len() > self.names.len()
+            // One key was kept per name.
+            || self.keys.len() != self.names.len()
         {
             return None;
         }
         let mut keys = Vec::with_capacity(names.len());
-        names.positions_in(&self.names, |j| {
-            keys.push(self.keys.get(j).copied().flatten())
-        })?;
-        // One key was kept per name.
-        (self.keys.len() == self.names.len()).then_some(keys)
+        match picked {
+            Some(picked) if picked.at.len() == names.len() && *picked.from == self.names => {
+                for &j in picked.at.iter() {
+                    keys.push(*self.keys.get(j as usize)?);
+                }
+            }
+            _ => names.positions_in(&self.names, |j| {
+                keys.push(self.keys.get(j).copied().flatten())
+            })?,
+        }
+        Some(keys)
     }
 }
 
@@ -149,22 +162,42 @@ mod tests {
         );
         let p = pod("u", "1");
         assert_eq!(
-            last.recall(&p, 3, &names(&["a", "c", "d"])),
+            last.recall(&p, 3, &names(&["a", "c", "d"]), None),
             Some(vec![Some((0, 5)), Some((0, 7)), Some((0, 1))])
         );
-        assert_eq!(last.recall(&p, 3, &names(&["b"])), Some(vec![None]));
-        assert_eq!(last.recall(&p, 3, &names(&[])), Some(vec![]));
+        assert_eq!(last.recall(&p, 3, &names(&["b"]), None), Some(vec![None]));
+        assert_eq!(last.recall(&p, 3, &names(&[]), None), Some(vec![]));
         // Out of order, unknown, repeated beyond the list, another state or version.
-        assert_eq!(last.recall(&p, 3, &names(&["c", "a"])), None);
-        assert_eq!(last.recall(&p, 3, &names(&["a", "x"])), None);
-        assert_eq!(last.recall(&p, 3, &names(&["d", "d"])), None);
-        assert_eq!(last.recall(&p, 4, &names(&["a"])), None);
-        assert_eq!(last.recall(&pod("u", "2"), 3, &names(&["a"])), None);
-        assert_eq!(last.recall(&pod("v", "1"), 3, &names(&["a"])), None);
+        assert_eq!(last.recall(&p, 3, &names(&["c", "a"]), None), None);
+        assert_eq!(last.recall(&p, 3, &names(&["a", "x"]), None), None);
+        assert_eq!(last.recall(&p, 3, &names(&["d", "d"]), None), None);
+        assert_eq!(last.recall(&p, 4, &names(&["a"]), None), None);
+        assert_eq!(last.recall(&pod("u", "2"), 3, &names(&["a"]), None), None);
+        assert_eq!(last.recall(&pod("v", "1"), 3, &names(&["a"]), None), None);
         last.clear();
-        assert_eq!(last.recall(&p, 3, &names(&["a"])), None);
+        assert_eq!(last.recall(&p, 3, &names(&["a"]), None), None);
+        // Told where the names stood in filter's candidates: taken from there when those
+        // candidates are this judgement's, else found by walking them.
+        last.record(&p, 3, &names(&["a", "b", "c", "d"]), keys.into_iter());
+        let from = |list: &[&str], at: &[u32]| Picked {
+            from: Arc::new(names(list)),
+            at: Arc::from(at),
+        };
+        let mine = from(&["a", "b", "c", "d"], &[1, 3]);
+        let sub = names(&["b", "d"]);
+        assert_eq!(
+            last.recall(&p, 3, &sub, Some(&mine)),
+            Some(vec![None, Some((0, 1))])
+        );
+        let other = from(&["x", "b", "y", "d"], &[1, 3]);
+        assert_eq!(
+            last.recall(&p, 3, &sub, Some(&other)),
+            Some(vec![None, Some((0, 1))])
+        );
+        let past = from(&["a", "b", "c", "d"], &[1, 7]);
+        assert_eq!(last.recall(&p, 3, &sub, Some(&past)), None);
         // A pod without a resourceVersion is never kept.
         last.record(&pod("u", ""), 3, &names(&["a"]), [Some((0, 1))].into_iter());
-        assert_eq!(last.recall(&pod("u", ""), 3, &names(&["a"])), None);
+        assert_eq!(last.recall(&pod("u", ""), 3, &names(&["a"]), None), None);
     }
 }

@@ -98,6 +98,10 @@ fn remembered_names_find_what_a_lookup_finds() {
     for names in lists {
         let expected: Vec<Option<usize>> = names.iter().map(|n| snapshot.node_index(n)).collect();
         let names: super::Names = names.iter().map(String::as_str).collect();
-        assert_eq!(index.lookup(&snapshot, &names), expected, "{names:?}");
+        assert_eq!(
+            &index.lookup(&snapshot, &names)[..],
+            &expected[..],
+            "{names:?}"
+        );
     }
 }

@@ -18,7 +18,7 @@ mod encode;
 mod quick;
 mod recent;
 
-pub use recent::{Caller, RecentLists};
+pub use recent::{Caller, Picked, RecentLists};
 
 /// Why a request body was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -39,6 +39,9 @@ pub struct ExtenderArgs {
     pub pod: Pod,
     pub nodes: Option<Vec<Node>>,
     pub node_names: Option<Names>,
+    /// `NodeNames` were a filter answer's passing names, from these positions of its
+    /// candidates (the kept answer's bytes came back).
+    pub picked: Option<Picked>,
 }
 
 impl ExtenderArgs {
@@ -217,6 +220,7 @@ impl<'de> serde::Deserialize<'de> for ExtenderArgs {
                     pod,
                     nodes,
                     node_names: names,
+                    picked: None,
                 })
             }
         }

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::de::DeserializeOwned;
 
 use super::super::names::skip_space;
-use super::recent::{self, Caller, RecentLists};
+use super::recent::{self, Caller, Picked, RecentLists};
 use super::{ExtenderArgs, Names, NodeItems};
 
 /// The arguments, or `None` to leave the body to serde. With `lists`, the candidates' list
@@ -22,7 +22,11 @@ pub(super) fn args(
     lists: Option<(&Mutex<RecentLists>, Caller)>,
 ) -> Option<ExtenderArgs> {
     let text = std::str::from_utf8(body).ok()?;
-    let mut at = Cursor { text, i: 0 };
+    let mut at = Cursor {
+        text,
+        i: 0,
+        picked: None,
+    };
     at.skip();
     at.expect(b'{')?;
     let (mut pod, mut nodes, mut names) = (None, None, None);
@@ -57,12 +61,15 @@ pub(super) fn args(
         pod: pod?,
         nodes,
         node_names: names,
+        picked: at.picked,
     })
 }
 
 struct Cursor<'a> {
     text: &'a str,
     i: usize,
+    /// Where the last list read came from, when a filter answer passed it.
+    picked: Option<Picked>,
 }
 
 impl<'a> Cursor<'a> {
@@ -108,15 +115,17 @@ impl<'a> Cursor<'a> {
     /// `null` or a list of plain names (or of any names, when a kept list has its bytes).
     fn names(&mut self, lists: Option<(&Mutex<RecentLists>, Caller)>) -> Option<Option<Names>> {
         let rest = self.rest();
+        self.picked = None;
         if let Some(after) = rest.strip_prefix("null") {
             self.i = self.text.len() - after.len();
             return Some(None);
         }
         if let Some((lists, _)) = lists
-            && let Some((names, used)) = recent::lock(lists).find(rest.as_bytes())
+            && let Some(found) = recent::lock(lists).find(rest.as_bytes())
         {
-            self.i += used;
-            return Some(Some(names));
+            self.i += found.used;
+            self.picked = found.picked;
+            return Some(Some(found.names));
         }
         let (names, used) = Names::scan_prefix(rest)?;
         if let Some((lists, Caller::Filter)) = lists {

@@ -5,7 +5,7 @@
 //! it (one comparison of the bytes) instead of being read name by name: the same bytes
 //! decode to the same names, whatever they hold.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::super::names::Names;
 
@@ -23,13 +23,29 @@ struct Read {
     names: Names,
 }
 
-/// The passing names of a filter answer: positions `at` in `from` (the answer's
-/// candidates), written as `json`.
+/// The passing names of a filter answer, written as `json`.
 #[derive(Default)]
 struct Answered {
     json: Vec<u8>,
-    from: Names,
-    at: Vec<u32>,
+    picked: Picked,
+}
+
+/// Names a filter answer passed: positions `at` (in order) in `from`, its candidates.
+/// Prioritize is told where its names stood in filter's list, so that it need not find
+/// them again.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Picked {
+    pub from: Arc<Names>,
+    pub at: Arc<[u32]>,
+}
+
+/// A list taken from a kept one.
+pub(super) struct Found {
+    pub names: Names,
+    /// The bytes it took.
+    pub used: usize,
+    /// Where the names came from, when from a filter answer.
+    pub picked: Option<Picked>,
 }
 
 /// Which verb decodes a request: only a filter's list is kept.
@@ -47,15 +63,24 @@ pub(super) fn lock(lists: &Mutex<RecentLists>) -> MutexGuard<'_, RecentLists> {
 
 impl RecentLists {
     /// The names of the list at the start of `rest` when its bytes are those of a kept
-    /// one, and how many bytes it takes.
-    pub(super) fn find(&self, rest: &[u8]) -> Option<(Names, usize)> {
+    /// one.
+    pub(super) fn find(&self, rest: &[u8]) -> Option<Found> {
         let read = &self.read.json;
         if !read.is_empty() && rest.starts_with(read) {
-            return Some((self.read.names.clone(), read.len()));
+            return Some(Found {
+                names: self.read.names.clone(),
+                used: read.len(),
+                picked: None,
+            });
         }
         let answered = &self.answered;
         if !answered.json.is_empty() && rest.starts_with(&answered.json) {
-            return Some((answered.from.picked(&answered.at)?, answered.json.len()));
+            let picked = &answered.picked;
+            return Some(Found {
+                names: picked.from.picked(&picked.at)?,
+                used: answered.json.len(),
+                picked: Some(picked.clone()),
+            });
         }
         None
     }
@@ -72,7 +97,9 @@ impl RecentLists {
     pub(super) fn answered(&mut self, json: &[u8], from: Names, at: Vec<u32>) {
         self.answered.json.clear();
         self.answered.json.extend_from_slice(json);
-        self.answered.from = from;
-        self.answered.at = at;
+        self.answered.picked = Picked {
+            from: Arc::new(from),
+            at: Arc::from(at),
+        };
     }
 }
