@@ -2,11 +2,9 @@
 //! sees no difference between filling a partly used node and breaking a free one; gpuplace
 //! fills the partly used one, whatever the seeded node order.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::gpus;
+use crate::common::gpus;
 use gpuplace_core::{ClusterState, Ideas, Placer, Policy, TargetWorkload};
 use gpuplace_model::NodeInventory;
 

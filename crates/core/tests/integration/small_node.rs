@@ -1,11 +1,9 @@
 //! Shares on one DGX-1, as on the real kubelet: eight shares alternating 470 and 320 milli,
 //! the target workload being the pods seen so far (the scheduler's default).
 
-mod common;
-
 use std::sync::Arc;
 
-use common::{dgx1, gpus};
+use crate::common::{dgx1, gpus};
 use gpuplace_core::{ClusterState, Ideas, Placer, Policy, TargetWorkload};
 use gpuplace_model::Request;
 

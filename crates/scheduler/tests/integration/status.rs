@@ -2,12 +2,10 @@
 //! in-memory API: holders on exactly the GPUs their assignments name, totals, pending
 //! pods with the scheduler's reasons, gangs with theirs at once, and text that reads well.
 
-mod common;
-
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
-use common::*;
+use crate::common::*;
 use gpuplace_scheduler::status::{self, Filter, FleetStatus, text};
 use gpuplace_scheduler::{ClusterApi, Scheduler};
 use gpuplace_testkit::MemoryApi;

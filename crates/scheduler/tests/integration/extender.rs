@@ -18,8 +18,7 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-mod common;
-use common::*;
+use crate::common::*;
 
 async fn call(app: &Router, verb: &str, body: Vec<u8>) -> (StatusCode, Value, String) {
     let response = app

@@ -10,8 +10,7 @@ use gpuplace_scheduler::{
 use gpuplace_testkit::MemoryApi;
 use serde_json::json;
 
-mod common;
-use common::*;
+use crate::common::*;
 
 #[tokio::test]
 async fn mixed_workload_gets_exact_devices() {

@@ -5,13 +5,12 @@
 //! and hostile text from annotations stays text. A screenshot is kept in
 //! `target/tmp/gpu-map.png`.
 
-mod common;
 mod webdriver;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use gpuplace_model::NodeInventory;
 use gpuplace_scheduler::Scheduler;
 use gpuplace_scheduler::ui::{self, Ui};

@@ -21,8 +21,7 @@ use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
-mod common;
-use common::*;
+use crate::common::*;
 
 const STEP: Duration = Duration::from_millis(200);
 const NODES: usize = 200;
@@ -247,7 +246,7 @@ fn config(seed: u64) -> SchedulerConfig {
             min_age: Duration::ZERO,
             ..Default::default()
         },
-        ..common::config()
+        ..crate::common::config()
     }
 }
 

@@ -11,8 +11,7 @@ use gpuplace_scheduler::{Scheduler, SchedulerConfig};
 use gpuplace_testkit::MemoryApi;
 use serde_json::json;
 
-mod common;
-use common::*;
+use crate::common::*;
 
 async fn settle(scheduler: &mut Scheduler<MemoryApi>, t: &mut Instant) {
     for _ in 0..6 {

@@ -3,8 +3,6 @@
 //! same node, same GPUs, same score, same reasons. Clusters here are many copies of one
 //! linked node type, so that permuted states meet often.
 
-mod common;
-
 use std::sync::Arc;
 
 use gpuplace_core::{ClusterState, Placer, Policy, TargetWorkload};
@@ -109,7 +107,7 @@ proptest! {
                 let mask = (i % 4 == 1).then(|| &masks[i][..count]);
                 let a = indexed.choose(&state, request, mask);
                 let b = scan.choose(&state, request, mask);
-                common::same_answer(policy, &a, &b)?;
+                crate::common::same_answer(policy, &a, &b)?;
                 if let Ok(d) = a {
                     state.apply(d.node, request, &d.gpus).expect("chosen GPUs fit");
                     placed.push((d, request.clone()));

@@ -7,8 +7,7 @@ use gpuplace_core::{ClusterState, FitFailure, Placer, Policy};
 use gpuplace_model::{GpuNeed, GpuTopology, Link, NodeInventory, PcieLevel, Request};
 use proptest::prelude::*;
 
-mod common;
-use common::dgx1;
+use crate::common::dgx1;
 
 const LEVELS: [PcieLevel; 6] = [
     PcieLevel::CrossCpu,

@@ -4,8 +4,7 @@
 use gpuplace_core::{ClusterState, Placer, Policy};
 use gpuplace_model::NodeInventory;
 
-mod common;
-use common::gpus;
+use crate::common::gpus;
 
 fn sliced(name: &str, gpus: u32, replicas: u32) -> NodeInventory {
     let mut node = NodeInventory::uniform(name, 64_000, 1 << 18, gpus, "A100");

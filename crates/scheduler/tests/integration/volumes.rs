@@ -10,8 +10,7 @@ use gpuplace_testkit::MemoryApi;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use serde_json::json;
 
-mod common;
-use common::*;
+use crate::common::*;
 
 fn claim(name: &str, volume: Option<&str>) -> PersistentVolumeClaim {
     serde_json::from_value(json!({"metadata": {"name": name, "namespace": "ml"},

@@ -24,8 +24,7 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-mod common;
-use common::*;
+use crate::common::*;
 
 async fn call(app: &Router, verb: &str, body: Value) -> Value {
     let body = serde_json::to_vec(&body).unwrap();

@@ -10,8 +10,7 @@ use gpuplace_testkit::MemoryApi;
 use gpuplace_testkit::api::{Faults, ServerCosts};
 use serde_json::json;
 
-mod common;
-use common::*;
+use crate::common::*;
 
 fn lagging(delay_ms: u64) -> MemoryApi {
     MemoryApi::new().with_costs(ServerCosts {

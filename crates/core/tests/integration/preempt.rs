@@ -7,8 +7,7 @@ use gpuplace_core::{ClusterState, Placer, Policy};
 use gpuplace_model::{GpuTopology, NodeInventory, Request};
 use proptest::prelude::*;
 
-mod common;
-use common::{dgx1, gpus};
+use crate::common::{dgx1, gpus};
 
 fn node(name: &str) -> NodeInventory {
     NodeInventory::uniform(name, 64_000, 1 << 18, 8, "A100")

@@ -1,11 +1,9 @@
 //! Defragmentation's plans: make-room and rebalance never double-book a GPU, give every
 //! moved pod a place, make the pending pod fit and never move what may not move.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::{dgx1, gpus};
+use crate::common::{dgx1, gpus};
 use gpuplace_core::defrag::{self, Limits, Movables};
 use gpuplace_core::preempt::Holder;
 use gpuplace_core::{ClusterState, Placer, Policy, TargetWorkload};

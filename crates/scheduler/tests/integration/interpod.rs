@@ -8,8 +8,7 @@ use gpuplace_scheduler::Scheduler;
 use gpuplace_testkit::MemoryApi;
 use serde_json::json;
 
-mod common;
-use common::*;
+use crate::common::*;
 
 fn zoned(name: &str, zone: &str) -> k8s_openapi::api::core::v1::Node {
     node(name, 8, json!({"metadata": {"labels": {"zone": zone}}}))

@@ -2,8 +2,6 @@
 //! capacity is never exceeded, a multi-GPU request gets all its GPUs or none, state totals
 //! agree with the nodes, and the same seed gives the same placements.
 
-mod common;
-
 use std::sync::Arc;
 
 use gpuplace_core::{ClusterState, Placer, Policy, TargetWorkload};
@@ -229,7 +227,7 @@ proptest! {
                 let mask = (i % 3 == 1).then(|| &masks[i][..state.len()]);
                 let a = indexed.choose(&state, request, mask);
                 let b = scan.choose(&state, request, mask);
-                common::same_answer(policy, &a, &b)?;
+                crate::common::same_answer(policy, &a, &b)?;
                 if let Ok(d) = a {
                     state.apply(d.node, request, &d.gpus).unwrap();
                     placed.push((d, request.clone()));

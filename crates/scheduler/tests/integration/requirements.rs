@@ -10,8 +10,7 @@ use gpuplace_testkit::MemoryApi;
 use k8s_openapi::api::core::v1::Node;
 use serde_json::json;
 
-mod common;
-use common::*;
+use crate::common::*;
 
 /// A DGX-1 (V100) hybrid cube mesh: GPUs 0-3 and 4-7 fully NVLinked, plus i <-> i+4.
 fn dgx1(name: &str, model: &str, memory_mib: u64, labels: serde_json::Value) -> Node {

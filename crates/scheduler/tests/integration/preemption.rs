@@ -11,8 +11,7 @@ use gpuplace_scheduler::{ClusterApi, Scheduler};
 use gpuplace_testkit::MemoryApi;
 use serde_json::json;
 
-mod common;
-use common::*;
+use crate::common::*;
 
 fn prio(
     name: &str,

@@ -1,0 +1,7 @@
+//! The binary's tests in one binary: `cargo test -p gpuplace --test integration
+//! simulate::` runs one file's tests.
+
+mod deploy;
+mod device_plugin;
+mod scheduler;
+mod simulate;

@@ -1,0 +1,5 @@
+//! The device plugin's integration tests in one binary: `cargo test -p
+//! gpuplace-deviceplugin --test integration kubelet::` runs one file's tests.
+
+mod kubelet;
+mod publish;

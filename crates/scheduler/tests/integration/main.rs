@@ -1,0 +1,21 @@
+//! The scheduler's integration tests in one binary (one link, the helpers compiled once,
+//! and the long stresses run beside the short tests): `cargo test -p gpuplace-scheduler
+//! --test integration stress::` runs one file's tests.
+
+mod common;
+mod defrag;
+mod end_to_end;
+mod event_driven;
+mod extender;
+mod extender_stress;
+mod interpod;
+mod kube_api;
+mod preemption;
+mod queue_stress;
+mod queues;
+mod requirements;
+mod status;
+mod status_read;
+mod stress;
+mod ui_browser;
+mod volumes;

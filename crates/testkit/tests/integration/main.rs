@@ -1,0 +1,8 @@
+//! The stack's tests in one binary (scheduler, device plugins, fake kubelets and the
+//! in-memory API together): `cargo test -p gpuplace-testkit --test integration replay::`
+//! runs one file's tests.
+
+mod handshake;
+mod preemption;
+mod replay;
+mod timeline;
