@@ -174,10 +174,10 @@ impl DeviceTable {
             .collect()
     }
 
-    fn lookup(&self, id: &str) -> Result<&Advertised, DeviceIdError> {
+    fn position(&self, id: &str) -> Result<usize, DeviceIdError> {
         self.by_id
             .get(id)
-            .map(|&i| &self.devices[i])
+            .copied()
             .ok_or_else(|| DeviceIdError::Unknown(id.to_string()))
     }
 
@@ -191,9 +191,13 @@ impl DeviceTable {
             return Err(DeviceIdError::Empty);
         }
         let mut out: Vec<&Advertised> = Vec::with_capacity(ids.len());
+        // By position, not by comparing names: the kubelet offers every free slice (8,000
+        // on an 8-GPU node with shares), and a pairwise check was quadratic in them.
+        let mut seen = vec![false; self.devices.len()];
         for id in ids {
-            let device = self.lookup(id)?;
-            if out.iter().any(|d| d.id == *id) {
+            let position = self.position(id)?;
+            let device = &self.devices[position];
+            if std::mem::replace(&mut seen[position], true) {
                 return Err(DeviceIdError::Duplicate(id.clone()));
             }
             if need_healthy && !self.gpu(device.gpu).healthy {

@@ -3,7 +3,7 @@
 //! app containers (and sidecars, as 1.28+ kubelets list them), never regular init
 //! containers, and no UID.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use gpuplace_kubelet_api::podresources::pod_resources_lister_server::PodResourcesLister;
@@ -53,7 +53,7 @@ pub(crate) struct NodeState {
 }
 
 impl NodeState {
-    pub(crate) fn in_use(&self) -> Vec<String> {
+    pub(crate) fn in_use(&self) -> HashSet<String> {
         self.active
             .values()
             .flat_map(|e| e.devices.values().flatten().cloned())

@@ -6,6 +6,8 @@ use gpuplace_kubelet_api::v1beta1::{
     AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, Device,
     PreferredAllocationRequest,
 };
+use std::collections::HashSet;
+
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
@@ -26,12 +28,11 @@ impl Admitter {
         admission: &mut Admission,
     ) -> Result<Vec<String>, String> {
         let mut allocated: Vec<String> = Vec::new();
+        // Sets where the lists are long: a share offers up to 1,000 slices a GPU.
         let take = |allocated: &mut Vec<String>, from: &[String], rng: &mut ChaCha8Rng| {
-            let mut pool: Vec<String> = from
-                .iter()
-                .filter(|d| !allocated.contains(d))
-                .cloned()
-                .collect();
+            let held: HashSet<&String> = allocated.iter().collect();
+            let mut pool: Vec<String> =
+                from.iter().filter(|d| !held.contains(d)).cloned().collect();
             pool.shuffle(rng);
             for d in pool {
                 if allocated.len() >= needed {
@@ -101,13 +102,15 @@ impl Admitter {
                 };
             let aligned_ids = ids(&aligned);
             let available_ids = ids(&available);
+            let aligned_set: HashSet<&String> = aligned_ids.iter().collect();
+            let available_set: HashSet<&String> = available_ids.iter().collect();
             let full = if remaining < aligned.len() {
                 let preferred = self
                     .preferred(resource, &aligned_ids, &allocated, needed, admission)
                     .await?;
                 let offered: Vec<String> = preferred
                     .into_iter()
-                    .filter(|d| aligned_ids.contains(d))
+                    .filter(|d| aligned_set.contains(d))
                     .collect();
                 take(&mut allocated, &offered, rng) || take(&mut allocated, &aligned_ids, rng)
             } else if take(&mut allocated, &aligned_ids, rng) {
@@ -118,7 +121,7 @@ impl Admitter {
                     .await?;
                 let offered: Vec<String> = preferred
                     .into_iter()
-                    .filter(|d| available_ids.contains(d))
+                    .filter(|d| available_set.contains(d))
                     .collect();
                 take(&mut allocated, &offered, rng)
                     || take(&mut allocated, &ids(&unaligned), rng)
@@ -181,8 +184,9 @@ impl Admitter {
             .ok_or("no device plugin registered")?;
         admission.preferred_calls += 1;
         let mut offered: Vec<String> = available.to_vec();
+        let listed: HashSet<&String> = available.iter().collect();
         for m in must {
-            if !offered.contains(m) {
+            if !listed.contains(m) && !offered[available.len()..].contains(m) {
                 offered.push(m.clone());
             }
         }
