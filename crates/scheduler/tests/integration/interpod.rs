@@ -24,7 +24,7 @@ fn nodes_of(api: &MemoryApi, prefix: &str) -> Vec<String> {
                 .as_deref()
                 .is_some_and(|n| n.starts_with(prefix))
         })
-        .filter_map(|p| p.spec.and_then(|s| s.node_name))
+        .filter_map(|p| p.spec.as_ref().and_then(|s| s.node_name.clone()))
         .collect();
     out.sort();
     out

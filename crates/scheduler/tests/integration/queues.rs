@@ -37,7 +37,7 @@ fn deleting(api: &MemoryApi) -> Vec<String> {
     api.pods()
         .into_iter()
         .filter(|p| p.metadata.deletion_timestamp.is_some())
-        .filter_map(|p| p.metadata.name)
+        .filter_map(|p| p.metadata.name.clone())
         .collect()
 }
 

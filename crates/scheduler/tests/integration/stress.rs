@@ -198,7 +198,7 @@ impl Driver {
             .into_iter()
             .map(|p| {
                 let bound = p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some();
-                (p.metadata.name.unwrap_or_default(), bound)
+                (p.metadata.name.clone().unwrap_or_default(), bound)
             })
             .collect();
         self.gangs

@@ -2,6 +2,7 @@
 //! in-memory API together): `cargo test -p gpuplace-testkit --test integration replay::`
 //! runs one file's tests.
 
+mod api;
 mod handshake;
 mod preemption;
 mod replay;
