@@ -145,3 +145,11 @@ pub fn group(name: &str, min: u32, timeout: u64) -> PodGroup {
     g.metadata.namespace = Some("ml".into());
     g
 }
+
+/// A number from the environment (the stresses' size and seed), else `default`.
+pub fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}

@@ -26,13 +26,6 @@ use crate::common::*;
 const STEP: Duration = Duration::from_millis(200);
 const NODES: usize = 100;
 
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 /// One queue of the tree.
 struct Def {
     name: String,

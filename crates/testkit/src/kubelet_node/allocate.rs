@@ -1,13 +1,13 @@
 //! The fake kubelet's `devicesToAllocate`, GetPreferredAllocation and Allocate for one
 //! container and one resource (see the parent module for the rules it follows).
 
+use std::collections::HashSet;
+
 use gpuplace_kubelet_api::HEALTHY;
 use gpuplace_kubelet_api::v1beta1::{
     AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, Device,
     PreferredAllocationRequest,
 };
-use std::collections::HashSet;
-
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
