@@ -153,3 +153,24 @@ pub fn env_or(name: &str, default: u64) -> u64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
 }
+
+/// The stresses' API server: 2 ms a request, 32 in flight, watch events 0-2 s late, 3% each
+/// of 409s, 500s and time-outs (drawn from `seed`), with `nodes` NVLink nodes `n000`...
+pub fn faulty_api(seed: u64, nodes: usize) -> MemoryApi {
+    use gpuplace_testkit::api::{Faults, ServerCosts};
+    let api = MemoryApi::new().with_costs(ServerCosts {
+        latency: std::time::Duration::from_millis(2),
+        max_in_flight: 32,
+        watch_delay: (std::time::Duration::ZERO, std::time::Duration::from_secs(2)),
+        faults: Faults {
+            conflict: 0.03,
+            error: 0.03,
+            timeout: 0.03,
+        },
+        seed,
+    });
+    for i in 0..nodes {
+        api.put_node(nvlink_node(&format!("n{i:03}")));
+    }
+    api
+}

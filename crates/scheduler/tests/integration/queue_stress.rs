@@ -16,7 +16,6 @@ use gpuplace_scheduler::k8s::leader::Gate;
 use gpuplace_scheduler::k8s::queue::QueueSpec;
 use gpuplace_scheduler::{RoundReport, Scheduler};
 use gpuplace_testkit::MemoryApi;
-use gpuplace_testkit::api::{Faults, ServerCosts};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
@@ -170,20 +169,7 @@ async fn twenty_queues_ten_thousand_pods_lag_faults_and_a_leader_change() {
     }
     let seed = env_or("GPUPLACE_STRESS_SEED", 1);
     let target = env_or("GPUPLACE_STRESS_PODS", 10_000) as usize;
-    let api = MemoryApi::new().with_costs(ServerCosts {
-        latency: Duration::from_millis(2),
-        max_in_flight: 32,
-        watch_delay: (Duration::ZERO, Duration::from_secs(2)),
-        faults: Faults {
-            conflict: 0.03,
-            error: 0.03,
-            timeout: 0.03,
-        },
-        seed,
-    });
-    for i in 0..NODES {
-        api.put_node(nvlink_node(&format!("n{i:03}")));
-    }
+    let api = faulty_api(seed, NODES);
     let (queues, leaves) = tree();
     assert_eq!(queues.len(), 20);
     let mut parents = HashMap::new();

@@ -16,7 +16,6 @@ use gpuplace_scheduler::k8s::leader::Gate;
 use gpuplace_scheduler::scheduler::run::{Heartbeat, LoopConfig};
 use gpuplace_scheduler::{RoundReport, Scheduler, SchedulerConfig};
 use gpuplace_testkit::MemoryApi;
-use gpuplace_testkit::api::{Faults, ServerCosts};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
@@ -278,20 +277,7 @@ impl Tally {
 async fn ten_thousand_pods_through_lag_faults_a_restart_and_a_leader_change() {
     let seed = env_or("GPUPLACE_STRESS_SEED", 1);
     let target = env_or("GPUPLACE_STRESS_PODS", 10_000) as usize;
-    let api = MemoryApi::new().with_costs(ServerCosts {
-        latency: Duration::from_millis(2),
-        max_in_flight: 32,
-        watch_delay: (Duration::ZERO, Duration::from_secs(2)),
-        faults: Faults {
-            conflict: 0.03,
-            error: 0.03,
-            timeout: 0.03,
-        },
-        seed,
-    });
-    for i in 0..NODES {
-        api.put_node(nvlink_node(&format!("n{i:03}")));
-    }
+    let api = faulty_api(seed, NODES);
     let mut driver = Driver {
         api: api.clone(),
         rng: ChaCha8Rng::seed_from_u64(seed),
