@@ -14,19 +14,22 @@ use serde_json::json;
 pub enum BenchCommand {
     /// Replay one seed per policy and time every placement decision.
     Placement(PlacementArgs),
-    /// Schedule pending pods against the in-memory API: pods bound per second end to end,
-    /// where the time goes, the core alone, and the scheduler's memory (built with
-    /// `--features bench-fakes`).
-    #[cfg(feature = "bench-fakes")]
-    Scheduler(crate::bench_scheduler::SchedulerBenchArgs),
-    /// Time the extender's filter + prioritize per pod at scale, through its HTTP router
-    /// against the in-memory API (built with `--features bench-fakes`).
-    #[cfg(feature = "bench-fakes")]
-    Extender(crate::bench_extender::ExtenderBenchArgs),
-    /// Time preemption's decisions at scale: a full cluster of low-priority pods, then
-    /// high-priority pods that must evict (built with `--features bench-fakes`).
-    #[cfg(feature = "bench-fakes")]
-    Preemption(crate::bench_preemption::PreemptionBenchArgs),
+    /// In `gpuplace-bench`, which links the in-memory API server.
+    #[command(hide = true)]
+    Scheduler(ElsewhereArgs),
+    /// In `gpuplace-bench`.
+    #[command(hide = true)]
+    Extender(ElsewhereArgs),
+    /// In `gpuplace-bench`.
+    #[command(hide = true)]
+    Preemption(ElsewhereArgs),
+}
+
+/// Whatever follows a bench that lives in `gpuplace-bench`, passed on in the message.
+#[derive(Args, Debug)]
+pub struct ElsewhereArgs {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+    rest: Vec<String>,
 }
 
 #[derive(Args, Debug)]
@@ -52,15 +55,28 @@ pub struct PlacementArgs {
 }
 
 pub fn run(command: BenchCommand) -> anyhow::Result<()> {
-    match command {
-        BenchCommand::Placement(args) => placement(args),
-        #[cfg(feature = "bench-fakes")]
-        BenchCommand::Scheduler(args) => crate::bench_scheduler::run(args),
-        #[cfg(feature = "bench-fakes")]
-        BenchCommand::Extender(args) => crate::bench_extender::run(args),
-        #[cfg(feature = "bench-fakes")]
-        BenchCommand::Preemption(args) => crate::bench_preemption::run(args),
+    let (name, args) = match command {
+        BenchCommand::Placement(args) => return placement(args),
+        BenchCommand::Scheduler(args) => ("scheduler", args),
+        BenchCommand::Extender(args) => ("extender", args),
+        BenchCommand::Preemption(args) => ("preemption", args),
+    };
+    Err(elsewhere(name, &args.rest))
+}
+
+/// The benches that run against the in-memory API server link test fakes and a counting
+/// allocator, which the release binary leaves out: say where they are instead of clap's
+/// "unrecognized subcommand".
+fn elsewhere(name: &str, rest: &[String]) -> anyhow::Error {
+    let mut command = format!("cargo run --release -p gpuplace-bench -- {name}");
+    for arg in rest {
+        command.push(' ');
+        command.push_str(arg);
     }
+    anyhow::anyhow!(
+        "`bench {name}` runs against the in-memory API server (test fakes), which the release \
+         binary leaves out; it is the separate binary gpuplace-bench: {command}"
+    )
 }
 
 struct Timing {

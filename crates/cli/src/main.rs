@@ -1,17 +1,9 @@
 //! `gpuplace`: the one binary of the gpuplace GPU scheduling stack.
 
 mod bench;
-#[cfg(feature = "bench-fakes")]
-mod bench_extender;
-#[cfg(feature = "bench-fakes")]
-mod bench_preemption;
-#[cfg(feature = "bench-fakes")]
-mod bench_scheduler;
 mod defrag;
 mod device_plugin;
 mod extender;
-#[cfg(feature = "bench-fakes")]
-mod heap;
 mod logging;
 mod ops;
 mod progress;
@@ -24,10 +16,6 @@ mod status;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-
-#[cfg(feature = "bench-fakes")]
-#[global_allocator]
-static ALLOCATOR: heap::CountingAllocator = heap::CountingAllocator;
 
 /// A repeated flag takes its last value (as Kubernetes components do), so a wrapper can set
 /// a default and its caller override it.

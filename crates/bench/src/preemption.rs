@@ -1,5 +1,5 @@
-//! `gpuplace bench preemption`: the decision time of preemption at cluster scale, through
-//! the scheduler's own rounds on the in-memory API (built with `--features bench-fakes`).
+//! `gpuplace-bench preemption`: the decision time of preemption at cluster scale, through
+//! the scheduler's own rounds on the in-memory API.
 //!
 //! A cluster (default 5,000 nodes x 8 GPUs, linked inventories) is filled with
 //! low-priority pods of an openb-like mix by the scheduler itself; then high-priority pods
@@ -64,10 +64,10 @@ pub fn run(args: PreemptionBenchArgs) -> anyhow::Result<()> {
 async fn bench(args: PreemptionBenchArgs) -> anyhow::Result<()> {
     let api = MemoryApi::new();
     for i in 0..args.nodes {
-        api.put_node(crate::bench_scheduler::node(i, args.gpus_per_node, true)?);
+        api.put_node(crate::scheduler::node(i, args.gpus_per_node, true)?);
     }
     for i in 0..args.fill {
-        api.put_pod(crate::bench_scheduler::pod(i, 0.0)?);
+        api.put_pod(crate::scheduler::pod(i, 0.0)?);
     }
     let mut scheduler = Scheduler::new(api.clone(), SchedulerConfig::default());
     let mut t = Instant::now();

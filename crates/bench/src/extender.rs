@@ -1,4 +1,4 @@
-//! `gpuplace bench extender` (built with `--features bench-fakes`): the extender's
+//! `gpuplace-bench extender`: the extender's
 //! filter + prioritize time per pod at scale, as kube-scheduler calls them with
 //! `nodeCacheCapable: true` (NodeNames), in process through the HTTP router (JSON decoded
 //! and encoded, no socket) against the in-memory API. Each pod is then bound to the best
@@ -70,12 +70,12 @@ async fn bench(args: ExtenderBenchArgs) -> anyhow::Result<()> {
     let linked = args.requirements > 0.0;
     let mut names = Vec::with_capacity(args.nodes);
     for i in 0..args.nodes {
-        let node = crate::bench_scheduler::node(i, args.gpus_per_node, linked)?;
+        let node = crate::scheduler::node(i, args.gpus_per_node, linked)?;
         names.push(node.metadata.name.clone().unwrap_or_default());
         api.put_node(node);
     }
     for i in 0..args.prefill {
-        let mut pod = crate::bench_scheduler::pod(1_000_000 + i, 0.0)?;
+        let mut pod = crate::scheduler::pod(1_000_000 + i, 0.0)?;
         let spec = pod.spec.get_or_insert_with(Default::default);
         spec.node_name = Some(names[i % names.len().max(1)].clone());
         spec.containers[0].resources = serde_json::from_value(
@@ -98,7 +98,7 @@ async fn bench(args: ExtenderBenchArgs) -> anyhow::Result<()> {
     let mut unschedulable = 0;
     let started = Instant::now();
     for i in 0..args.pods {
-        let mut pod = crate::bench_scheduler::pod(i, args.requirements)?;
+        let mut pod = crate::scheduler::pod(i, args.requirements)?;
         pod.metadata.uid = Some(format!("uid-{i}"));
         api.put_pod(pod.clone());
         // kube-scheduler sends the pod as its informer has it, resourceVersion included.

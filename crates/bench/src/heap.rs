@@ -1,4 +1,4 @@
-//! A global allocator that counts live heap bytes and their peak, so `gpuplace bench` can
+//! A global allocator that counts live heap bytes and their peak, so `gpuplace-bench` can
 //! report the memory of one part of the process (two relaxed atomics per allocation).
 
 use std::alloc::{GlobalAlloc, Layout, System};

@@ -1,4 +1,4 @@
-//! `gpuplace bench scheduler`: the scheduling loop against the in-memory API at cluster
+//! `gpuplace-bench scheduler`: the scheduling loop against the in-memory API at cluster
 //! scale (default 5,000 nodes x 8 GPUs, 50,000 pending pods of an openb-like mix).
 //!
 //! Reports pods bound per second end to end and where the time went (the loop times each

@@ -1,0 +1,73 @@
+//! `gpuplace-bench` end to end, at small sizes: each bench runs and reports what it measured.
+
+use assert_cmd::Command;
+
+fn json_of(args: &[&str]) -> serde_json::Value {
+    let out = Command::cargo_bin("gpuplace-bench")
+        .unwrap()
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn bench_scheduler_reports_throughput_phases_and_memory() {
+    let report = json_of(&["scheduler", "--nodes", "20", "--pods", "300", "--json"]);
+    let bound = report["end_to_end"]["bound"].as_u64().unwrap();
+    // 20 nodes x 8 GPUs cannot take 300 pods of this mix; every GPU pod that fits does.
+    assert!(bound > 100 && bound < 300, "{report}");
+    assert_eq!(report["core_alone"]["placed"].as_u64(), Some(bound));
+    assert!(
+        report["end_to_end"]["seconds_by_phase"]["core"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+    assert!(
+        report["memory_mib"]["scheduler_peak_heap"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+}
+
+#[test]
+fn bench_extender_times_filter_prioritize_and_bind() {
+    let report = json_of(&[
+        "extender",
+        "--nodes",
+        "20",
+        "--prefill",
+        "40",
+        "--pods",
+        "30",
+        "--json",
+    ]);
+    assert_eq!(report["pods"].as_u64(), Some(30), "{report}");
+    for verb in ["filter", "prioritize", "bind"] {
+        assert!(report[verb]["p50_ms"].as_f64().unwrap() > 0.0, "{report}");
+    }
+}
+
+#[test]
+fn bench_preemption_evicts_for_every_preemptor_it_can() {
+    let report = json_of(&[
+        "preemption",
+        "--nodes",
+        "10",
+        "--fill",
+        "200",
+        "--preemptors",
+        "5",
+        "--json",
+    ]);
+    assert_eq!(report["preemptors"].as_u64(), Some(5), "{report}");
+    assert!(report["searches"].as_u64().unwrap() > 0, "{report}");
+    assert!(report["preemptors_bound"].as_u64().unwrap() > 0, "{report}");
+}
