@@ -217,6 +217,22 @@ impl HandshakeCluster {
             {
                 return Err(format!("the device plugin of {name} did not register"));
             }
+            // The kubelet admits a pod to a resource only once the plugin's ListAndWatch has
+            // sent its devices (and only then does the real Node's allocatable show them); a
+            // pod admitted before is refused with "Available: 0". The Node put above stands
+            // for that later state, so the cluster is up when every resource has devices.
+            for mut registered in fake.kubelet.registrations() {
+                let resource = registered.request.resource_name.clone();
+                let listed = crate::kubelet::wait_for_devices(
+                    &mut registered.devices,
+                    Duration::from_secs(10),
+                    |devices| !devices.is_empty(),
+                )
+                .await;
+                if listed.is_none() {
+                    return Err(format!("the device plugin of {name} listed no {resource}"));
+                }
+            }
             nodes.push(NodeRig {
                 name: name.clone(),
                 inventory,
