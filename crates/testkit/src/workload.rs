@@ -155,6 +155,8 @@ pub struct RunReport {
     pub elapsed: Duration,
     /// A few mismatches outside the random reuse, for the reader.
     pub examples: Vec<String>,
+    /// A few untrue records at the last check: the pod, its record, the kubelet's devices.
+    pub untrue_examples: Vec<String>,
     pub by_shape: HashMap<String, usize>,
 }
 
@@ -345,6 +347,7 @@ pub async fn run_mix(
     loop {
         report.untrue_records = 0;
         report.overlapping_records = 0;
+        report.untrue_examples.clear();
         check_records(cluster, &mut report);
         if report.untrue_records + report.overlapping_records == 0 || Instant::now() >= deadline {
             break;
@@ -450,6 +453,21 @@ fn check_records(cluster: &HandshakeCluster, report: &mut RunReport) {
                 .all(|(name, _)| recorded.iter().any(|(n, _)| n == name));
             if !truthful {
                 report.untrue_records += 1;
+                if report.untrue_examples.len() < 5 {
+                    let kubelet: Vec<(&String, HashSet<String>)> =
+                        kubelet.iter().map(|(n, d)| (n, gpus_of(d))).collect();
+                    report.untrue_examples.push(format!(
+                        "{}/{} on {}: recorded {recorded:?} ({}), kubelet {kubelet:?}",
+                        pod.metadata.namespace.as_deref().unwrap_or_default(),
+                        pod.metadata.name.as_deref().unwrap_or_default(),
+                        node.name,
+                        if annotations.contains_key(ALLOCATED_ANNOTATION) {
+                            "allocated"
+                        } else {
+                            "assignment"
+                        },
+                    ));
+                }
             }
             // Whole devices only: shares of one GPU are meant to meet.
             let mut mine: HashSet<String> = HashSet::new();
