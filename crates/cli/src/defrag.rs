@@ -26,10 +26,10 @@ pub struct DefragArgs {
     /// The scheduler's placement policy, which places moved pods [default: gpuplace].
     #[arg(long, env = "GPUPLACE_POLICY")]
     policy: Option<String>,
-    /// How long a pod must have run before it may move [default: 5m].
+    /// How long a pod must have run before it may move (e.g. 5m, 90s, 0s; at most 30 days).
     #[arg(long, default_value = "5m")]
     min_age: String,
-    /// Pods one plan may move [default: 4].
+    /// Pods one plan may move (1 to 1000).
     #[arg(long, default_value_t = 4)]
     max_moves: usize,
     /// Print JSON.
@@ -52,8 +52,14 @@ pub fn run(args: DefragArgs) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| Policy::DEFAULT.name().into())
         .parse()?;
+    let min_age = parse_duration(&args.min_age)?;
+    anyhow::ensure!(
+        min_age <= gpuplace_scheduler::scheduler::defrag::MAX_MIN_AGE,
+        "--min-age must be at most 720h (30 days), got {}",
+        args.min_age
+    );
     let config = DefragConfig {
-        min_age: parse_duration(&args.min_age)?,
+        min_age,
         max_moves: args.max_moves,
         ..DefragConfig::default()
     };

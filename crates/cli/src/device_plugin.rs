@@ -24,7 +24,8 @@ pub struct DevicePluginArgs {
     /// Extended resource to advertise [default: nvidia.com/gpu].
     #[arg(long, env = "GPUPLACE_RESOURCE")]
     resource: Option<String>,
-    /// Where GPUs come from: nvml or fake [default: nvml].
+    /// Where GPUs come from: nvml, or file (an inventory file, --inventory; `fake` is its
+    /// old name) [default: nvml].
     #[arg(long, env = "GPUPLACE_BACKEND")]
     backend: Option<BackendKind>,
     /// Inventory file for the file backend (see deploy/inventories).

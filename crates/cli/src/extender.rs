@@ -54,7 +54,7 @@ pub struct ExtenderArgs {
     #[arg(long, env = "GPUPLACE_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
     max_body_bytes: usize,
     /// The extender's own requests per second to the API server (Bindings, reads), after
-    /// a burst [default: 0, no limit].
+    /// a burst (0: no limit).
     #[arg(long, env = "GPUPLACE_KUBE_API_QPS", default_value_t = 0.0)]
     kube_api_qps: f64,
     #[arg(long, env = "GPUPLACE_KUBE_API_BURST", default_value_t = 100)]

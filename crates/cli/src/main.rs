@@ -53,7 +53,7 @@ enum Command {
     /// nothing.
     #[command(args_override_self = true)]
     Defrag(defrag::DefragArgs),
-    /// Print the PodGroup CustomResourceDefinition (YAML).
+    /// Print the PodGroup and Queue CustomResourceDefinitions (YAML).
     Crd,
     /// List the placement policies.
     Policies,
@@ -62,8 +62,32 @@ enum Command {
     Bench(bench::BenchCommand),
 }
 
+/// The command line, where a flag's value may be a negative number (`--load -1` is the
+/// value -1, refused by the flag's own check with its bounds, not read as a flag `-1`).
+fn command() -> clap::Command {
+    fn negatives(cmd: clap::Command) -> clap::Command {
+        cmd.mut_args(|a| {
+            if a.get_action().takes_values() {
+                a.allow_negative_numbers(true)
+            } else {
+                a
+            }
+        })
+        .mut_subcommands(negatives)
+    }
+    negatives(<Cli as clap::CommandFactory>::command())
+}
+
+fn parse() -> Cli {
+    let mut matches = command().get_matches();
+    match <Cli as clap::FromArgMatches>::from_arg_matches_mut(&mut matches) {
+        Ok(cli) => cli,
+        Err(e) => e.format(&mut command()).exit(),
+    }
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = parse();
     let result = match cli.command {
         Command::Simulate(args) => simulate::run(args),
         Command::Bench(command) => bench::run(command),

@@ -98,16 +98,17 @@ pub struct SchedulerArgs {
     fgd_workload: Option<PathBuf>,
     /// Move pods that opted in (`gpuplace.io/movable: "true"`, owned by a ReplicaSet,
     /// StatefulSet or Job): `make-room` for a pod that fits nowhere, `rebalance` to lower
-    /// fragmentation in the background, `all`, or `off` [default: make-room].
+    /// fragmentation in the background, `all` for both, or `off` [default: make-room].
     #[arg(long, env = "GPUPLACE_DEFRAG")]
     defrag: Option<String>,
-    /// How long a pod must have run before it may move, e.g. 5m, 90s, 0s [default: 5m].
+    /// How long a pod must have run before it may move, e.g. 5m, 90s, 0s; at most 720h
+    /// [default: 5m].
     #[arg(long, env = "GPUPLACE_DEFRAG_MIN_AGE")]
     defrag_min_age: Option<String>,
-    /// GPUs rebalancing may move per hour [default: 16].
+    /// GPUs rebalancing may move per hour, 0 to 1000000 [default: 16].
     #[arg(long, env = "GPUPLACE_DEFRAG_BUDGET")]
     defrag_budget: Option<f64>,
-    /// Pods one plan may move (and rebalancing moves in flight) [default: 4].
+    /// Pods one plan may move (and rebalancing moves in flight), 1 to 1000 [default: 4].
     #[arg(long, env = "GPUPLACE_DEFRAG_MAX_MOVES")]
     defrag_max_moves: Option<usize>,
     /// JSON log lines.
@@ -131,11 +132,15 @@ fn defrag_config(
         .or(file.defrag_min_age.as_ref())
     {
         d.min_age = parse_duration(age)?;
+        anyhow::ensure!(
+            d.min_age <= gpuplace_scheduler::scheduler::defrag::MAX_MIN_AGE,
+            "--defrag-min-age must be at most 720h (30 days), got {age}"
+        );
     }
     if let Some(budget) = args.defrag_budget.or(file.defrag_budget) {
         anyhow::ensure!(
-            budget.is_finite() && budget >= 0.0,
-            "--defrag-budget must be GPUs per hour, at least 0, got {budget}"
+            budget.is_finite() && (0.0..=1_000_000.0).contains(&budget),
+            "--defrag-budget must be GPUs per hour, between 0 and 1000000, got {budget}"
         );
         d.budget_gpus_per_hour = budget;
     }

@@ -68,8 +68,42 @@ pub struct SimulateArgs {
     /// traces without a `qos` column).
     #[arg(long, default_value_t = 0.0, requires = "preempt")]
     pub(crate) high_priority: f64,
+    /// Refuse a pod list holding pods that fit no node even in the empty cluster. Without
+    /// it they are named on stderr and replayed: they count as unallocated, as they were
+    /// in the trace (openb's gpuspec10 list has two, both Failed there).
+    #[arg(long)]
+    pub(crate) refuse_unplaceable: bool,
     #[command(flatten)]
     pub(crate) timeline: crate::simulate_timeline::TimelineArgs,
+}
+
+/// Names the pods that fit no node of the empty cluster (the first five, then a count) on
+/// stderr, or refuses the list with them when `refuse`.
+fn say_unplaceable(workload: &gpuplace_sim::Workload, refuse: bool) -> anyhow::Result<()> {
+    let found = workload
+        .unplaceable()
+        .context("cannot replay this workload")?;
+    if found.is_empty() {
+        return Ok(());
+    }
+    let mut lines: Vec<String> = found.iter().take(5).map(|u| u.to_string()).collect();
+    if found.len() > 5 {
+        lines.push(format!("and {} more", found.len() - 5));
+    }
+    let text = format!(
+        "{} of {} pods of {} fit no node even in the empty cluster:\n  {}",
+        found.len(),
+        workload.pods.len(),
+        workload.name,
+        lines.join("\n  ")
+    );
+    if refuse {
+        bail!("{text}\n(--refuse-unplaceable is set)");
+    }
+    eprintln!(
+        "warning: {text}\nthey are replayed and count as unallocated (--refuse-unplaceable refuses such a list)"
+    );
+    Ok(())
 }
 
 pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
@@ -102,6 +136,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
     } else {
         None
     };
+    say_unplaceable(&workload, args.refuse_unplaceable)?;
     let preemption = if args.preempt {
         let raised = gpuplace_sim::preemption::raise_priority(&mut workload, args.high_priority)
             .map_err(anyhow::Error::msg)?;

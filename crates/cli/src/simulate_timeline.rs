@@ -22,19 +22,21 @@ pub struct TimelineArgs {
     /// fill-up replay.
     #[arg(long)]
     pub(crate) timeline: bool,
-    /// Offered load: GPU-seconds asked per second over GPU capacity.
+    /// Offered load: GPU-seconds asked per second over GPU capacity (0.01 to 10).
     #[arg(long, default_value_t = 0.95, requires = "timeline")]
     pub(crate) load: f64,
-    /// Units (pods, or gangs) arriving after the start.
+    /// Units (pods, or gangs) arriving after the start (10 to 2,000,000; the replay may
+    /// cover at most 20,000 simulated hours).
     #[arg(long, default_value_t = 50_000, requires = "timeline")]
     pub(crate) arrivals: usize,
-    /// Share of the arrivals left out of the metrics as warm-up.
+    /// Share of the arrivals left out of the metrics as warm-up (0 to below 1).
     #[arg(long, default_value_t = 0.2, requires = "timeline")]
     pub(crate) warmup: f64,
-    /// Multiply every pod's run time by this.
+    /// Multiply every pod's run time by this (above 0, at most 1000).
     #[arg(long, default_value_t = 1.0, requires = "timeline")]
     pub(crate) duration_scale: f64,
-    /// Shortest run in seconds (zero and tiny trace durations are raised to it).
+    /// Shortest run in seconds (zero and tiny trace durations are raised to it; 1 to
+    /// 31,536,000, a year).
     #[arg(long, default_value_t = 60.0, requires = "timeline")]
     pub(crate) min_duration: f64,
     /// Longest run in seconds (longer ones are cut); none by default.
@@ -43,23 +45,23 @@ pub struct TimelineArgs {
     /// Start from an empty cluster instead of the mix's stationary population.
     #[arg(long, requires = "timeline")]
     pub(crate) cold_start: bool,
-    /// Move pods: to make room for a unit that fits nowhere, to lower fragmentation in the
-    /// background, or both.
+    /// Move pods: `make-room` for a unit that fits nowhere, `rebalance` to lower
+    /// fragmentation in the background, `all` for both (the scheduler's words).
     #[arg(long, value_enum, default_value_t = DefragArg::Off, requires = "timeline")]
     pub(crate) defrag: DefragArg,
-    /// Share of pods that may be moved (opted in).
+    /// Share of pods that may be moved (opted in; 0 to 1).
     #[arg(long, default_value_t = 0.5, requires = "timeline")]
     pub(crate) movable: f64,
     /// Moved pods resume where they were instead of starting over (no work lost).
     #[arg(long, requires = "timeline")]
     pub(crate) checkpointed: bool,
-    /// Seconds a pod must have run before it may move.
+    /// Seconds a pod must have run before it may move (0 to 2,592,000, 30 days).
     #[arg(long, default_value_t = 300.0, requires = "timeline")]
     pub(crate) defrag_min_age: f64,
-    /// Pods one plan may move.
+    /// Pods one plan may move (1 to 1000).
     #[arg(long, default_value_t = 8, requires = "timeline")]
     pub(crate) defrag_max_moves: usize,
-    /// GPUs per hour rebalancing may move.
+    /// GPUs per hour rebalancing may move (0 to 1,000,000).
     #[arg(long, default_value_t = 16.0, requires = "timeline")]
     pub(crate) defrag_budget: f64,
     /// Share the pods among queues (a YAML or JSON tenants file: queues with guarantees,
@@ -79,13 +81,20 @@ fn read_tenants(
         .map_err(|e| anyhow::anyhow!("tenants file {}: {e}", path.display()))
 }
 
+/// The longest `--defrag-min-age`, seconds (30 days).
+const MAX_MIN_AGE_S: f64 = 2_592_000.0;
+/// The largest `--defrag-budget`, GPUs per hour.
+const MAX_BUDGET: f64 = 1_000_000.0;
+
 /// `--defrag`'s values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum DefragArg {
     Off,
     MakeRoom,
     Rebalance,
-    Both,
+    /// Both (the scheduler's word; `both` is taken too).
+    #[value(alias = "both")]
+    All,
 }
 
 impl TimelineArgs {
@@ -96,13 +105,13 @@ impl TimelineArgs {
             self.movable
         );
         anyhow::ensure!(
-            self.defrag_min_age.is_finite() && self.defrag_min_age >= 0.0,
-            "--defrag-min-age must be a number of seconds of at least 0, got {}",
+            self.defrag_min_age.is_finite() && (0.0..=MAX_MIN_AGE_S).contains(&self.defrag_min_age),
+            "--defrag-min-age must be between 0 and {MAX_MIN_AGE_S} seconds (30 days), got {}",
             self.defrag_min_age
         );
         anyhow::ensure!(
-            self.defrag_budget.is_finite() && self.defrag_budget >= 0.0,
-            "--defrag-budget must be GPUs per hour, at least 0, got {}",
+            self.defrag_budget.is_finite() && (0.0..=MAX_BUDGET).contains(&self.defrag_budget),
+            "--defrag-budget must be GPUs per hour, between 0 and {MAX_BUDGET}, got {}",
             self.defrag_budget
         );
         anyhow::ensure!(
@@ -115,7 +124,7 @@ impl TimelineArgs {
                 DefragArg::Off => DefragMode::Off,
                 DefragArg::MakeRoom => DefragMode::MakeRoom,
                 DefragArg::Rebalance => DefragMode::Rebalance,
-                DefragArg::Both => DefragMode::Both,
+                DefragArg::All => DefragMode::All,
             },
             movable: self.movable,
             checkpointed: self.checkpointed,
@@ -134,7 +143,7 @@ impl TimelineArgs {
         let mode = match d.mode {
             DefragMode::MakeRoom => "make-room",
             DefragMode::Rebalance => "rebalance",
-            _ => "both",
+            _ => "all",
         };
         format!(
             "{mode} ({:.0}% movable, min age {:.0}s, {})",

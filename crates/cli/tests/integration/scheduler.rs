@@ -93,3 +93,85 @@ fn the_release_binary_points_to_gpuplace_bench() {
         );
     }
 }
+
+/// A server that refuses connections is said to be unreachable, not blamed on the optional
+/// PodGroup CRD that happened to be read first.
+#[test]
+fn status_against_a_closed_port_says_the_server_is_unreachable() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: \"http://127.0.0.1:{port}\"}}}}]\nusers: [{{name: u, user: {{token: t}}}}]\ncontexts: [{{name: x, context: {{cluster: c, user: u}}}}]\ncurrent-context: x\n"
+        ),
+    )
+    .unwrap();
+    for command in [&["status"][..], &["defrag", "--plan"][..]] {
+        let out = Command::cargo_bin("gpuplace")
+            .unwrap()
+            .args(command)
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .timeout(std::time::Duration::from_secs(60))
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("cannot reach the API server"),
+            "{command:?}: {stderr}"
+        );
+        assert!(!stderr.contains("podgroups"), "{command:?}: {stderr}");
+    }
+}
+
+/// Help states each default once, and `crd` says it prints both definitions.
+#[test]
+fn help_says_each_default_once() {
+    for command in [
+        "simulate",
+        "device-plugin",
+        "scheduler",
+        "extender",
+        "status",
+        "defrag",
+        "crd",
+    ] {
+        let out = Command::cargo_bin("gpuplace")
+            .unwrap()
+            .args([command, "--help"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        // One flag's entry runs to the next line that starts a flag.
+        let mut entries: Vec<String> = Vec::new();
+        for line in text.lines() {
+            let indent = line.len() - line.trim_start().len();
+            if (line.trim_start().starts_with('-') && indent <= 6) || entries.is_empty() {
+                entries.push(String::new());
+            }
+            if let Some(last) = entries.last_mut() {
+                last.push_str(line);
+                last.push('\n');
+            }
+        }
+        for entry in &entries {
+            assert!(
+                entry.matches("[default:").count() <= 1,
+                "{command}: {entry}"
+            );
+        }
+        if command == "crd" {
+            assert!(text.contains("PodGroup and Queue"), "{text}");
+        }
+        if command == "device-plugin" {
+            assert!(text.contains("nvml, or file"), "{text}");
+        }
+    }
+}

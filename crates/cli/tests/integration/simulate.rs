@@ -275,7 +275,43 @@ fn timeline_flags_are_checked() {
         (vec!["--timeline", "--warmup", "1.5"], "--warmup must be"),
         (
             vec!["--timeline", "--duration-scale=-1"],
-            "--duration-scale must be a positive number",
+            "--duration-scale must be above 0 and at most 1000",
+        ),
+        // A negative number is a value (refused with its bounds), not a flag.
+        (
+            vec!["--timeline", "--load", "-1"],
+            "--load must be between 0.01 and 10, got -1",
+        ),
+        (
+            vec!["--timeline", "--duration-scale", "1e6"],
+            "at most 1000, got 1000000",
+        ),
+        (
+            vec!["--timeline", "--min-duration", "1e11"],
+            "--min-duration must be between 1 and 31536000 seconds",
+        ),
+        // Allowed each, but together a clock of years: refused ahead with the estimate.
+        (
+            vec![
+                "--timeline",
+                "--min-duration",
+                "3e7",
+                "--duration-scale",
+                "1000",
+            ],
+            "the replay would simulate about",
+        ),
+        (
+            vec!["--timeline", "--defrag-min-age", "1e20"],
+            "--defrag-min-age must be between 0 and 2592000 seconds (30 days), got 100000000000000000000",
+        ),
+        (
+            vec!["--timeline", "--defrag-budget", "inf"],
+            "--defrag-budget must be GPUs per hour",
+        ),
+        (
+            vec!["--timeline", "--movable", "-0.5"],
+            "--movable must be between 0 and 1",
         ),
         (
             vec![
@@ -350,6 +386,107 @@ fn timeline_with_tenants_reports_fairness_and_rejects_bad_files() {
     );
     assert!(
         err.contains("queue a: limit.nvidia.com/gpu: lots is not a quantity or a percent"),
+        "{err}"
+    );
+}
+
+#[test]
+fn defrag_takes_the_schedulers_words_and_the_old_one() {
+    for word in ["all", "both", "make-room", "rebalance", "off"] {
+        let v = json_of(gpuplace().args([
+            "simulate",
+            "--timeline",
+            "--scale",
+            "32",
+            "--seeds",
+            "1",
+            "--arrivals",
+            "200",
+            "--policies",
+            "best-fit",
+            "--json",
+            "--defrag",
+            word,
+        ]));
+        let label = v["defrag"].as_str().unwrap().to_string();
+        let expected = if word == "both" { "all" } else { word };
+        assert!(label.starts_with(expected), "{word}: {label}");
+    }
+}
+
+#[test]
+fn pods_that_fit_nowhere_are_named_and_refused_on_request() {
+    let nodes =
+        csv("sn,cpu_milli,memory_mib,gpu,model\nn1,64000,262144,8,V100M32\nn2,32000,131072,2,T4\n");
+    let pods = csv(concat!(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n",
+        "fine,4000,8192,1,1000\n",
+        "sixteen,4000,8192,16,1000\n",
+        "greedy,999999999,8192,1,1000\n",
+    ));
+    let args = |extra: &[&str]| {
+        let mut cmd = gpuplace();
+        cmd.args([
+            "simulate",
+            "--seeds",
+            "1",
+            "--policies",
+            "best-fit",
+            "--json",
+            "--nodes",
+        ])
+        .arg(nodes.path())
+        .arg("--pods")
+        .arg(pods.path())
+        .args(extra);
+        cmd
+    };
+    let out = args(&[]).output().unwrap();
+    assert!(out.status.success());
+    serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("stdout stays JSON");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("2 of 3 pods"), "{err}");
+    assert!(
+        err.contains("pod sixteen (row 2): 0/2 nodes fit: 2 Insufficient nvidia.com/gpu"),
+        "{err}"
+    );
+    assert!(
+        err.contains("pod greedy (row 3): 0/2 nodes fit: 2 Insufficient cpu"),
+        "{err}"
+    );
+    let err = refusal_of(&mut args(&["--refuse-unplaceable"]));
+    assert!(err.contains("pod sixteen (row 2)"), "{err}");
+}
+
+#[test]
+fn tenants_guaranteed_past_the_cluster_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("over.yaml");
+    std::fs::write(
+        &file,
+        concat!(
+            "queues:\n",
+            "  - {name: a, guaranteed: {nvidia.com/gpu: \"80%\"}}\n",
+            "  - {name: b, guaranteed: {nvidia.com/gpu: \"80%\"}}\n",
+            "assign: {by: hash, shares: {a: 1, b: 1}}\n",
+        ),
+    )
+    .unwrap();
+    let err = refusal_of(
+        gpuplace()
+            .args([
+                "simulate",
+                "--timeline",
+                "--scale",
+                "32",
+                "--seeds",
+                "1",
+                "--tenants",
+            ])
+            .arg(&file),
+    );
+    assert!(
+        err.contains("guarantees of nvidia.com/gpu add up to 160.0% of the cluster (a, b)"),
         "{err}"
     );
 }

@@ -27,6 +27,24 @@ pub enum ReadError {
         #[source]
         source: kube::Error,
     },
+    /// No answer from the server at all (refused, timed out, TLS): said as such rather than
+    /// as the first resource that happened to be read.
+    #[error(
+        "cannot reach the API server (check the kubeconfig and that the server is up): {source}"
+    )]
+    Unreachable {
+        #[source]
+        source: kube::Error,
+    },
+}
+
+impl ReadError {
+    fn of(what: &'static str, source: kube::Error) -> ReadError {
+        match source {
+            kube::Error::Api(_) | kube::Error::SerdeError(_) => ReadError::List { what, source },
+            source => ReadError::Unreachable { source },
+        }
+    }
 }
 
 /// What `gpuplace status` shows: the view and the pods' latest scheduling failures.
@@ -63,7 +81,7 @@ where
         let page: ObjectList<K> = api
             .list(&params)
             .await
-            .map_err(|source| ReadError::List { what, source })?;
+            .map_err(|source| ReadError::of(what, source))?;
         out.extend(page.items.into_iter().map(&f));
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(token) => params = params.continue_token(&token),
@@ -112,6 +130,10 @@ pub async fn read(
     let failed = ListParams::default().fields("reason=FailedScheduling");
     let events = list_all(&events_api, failed, "events");
     let (nodes, pods, groups, events) = futures::join!(nodes, pods, groups, events);
+    // Nodes and pods first: their error says what is wrong with the server, where the
+    // optional PodGroups' would blame a CRD.
+    let mut nodes: Vec<Arc<Node>> = nodes?;
+    let mut pods: Vec<Arc<PodInfo>> = pods?;
     let groups = match groups {
         Err(e) if missing(&e) => Vec::new(),
         other => other?,
@@ -125,9 +147,7 @@ pub async fn read(
         }) if s.code == 400 => list_all(&events_api, ListParams::default(), "events").await?,
         Err(e) => return Err(e),
     };
-    let mut pods: Vec<Arc<PodInfo>> = pods?;
     pods.sort_by(|a, b| (&a.key.namespace, &a.key.name).cmp(&(&b.key.namespace, &b.key.name)));
-    let mut nodes: Vec<Arc<Node>> = nodes?;
     nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     let view = ClusterView {
         nodes: Arc::new(nodes),

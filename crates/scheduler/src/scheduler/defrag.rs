@@ -69,11 +69,15 @@ impl std::str::FromStr for DefragMode {
             "off" => Ok(DefragMode::Off),
             "make-room" => Ok(DefragMode::MakeRoom),
             "rebalance" => Ok(DefragMode::Rebalance),
-            "all" => Ok(DefragMode::All),
+            // `both` is taken as well: the simulator once named it so.
+            "all" | "both" => Ok(DefragMode::All),
             other => Err(DefragSettingError::Mode(other.to_string())),
         }
     }
 }
+
+/// The longest `--defrag-min-age` (30 days).
+pub const MAX_MIN_AGE: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// Reads a duration as Kubernetes tools write them: `5m`, `90s`, `1h30m`, `250ms`, `0s`.
 pub fn parse_duration(text: &str) -> Result<Duration, DefragSettingError> {

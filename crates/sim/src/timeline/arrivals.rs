@@ -92,6 +92,15 @@ impl Mix {
     }
 
     /// Arrivals per millisecond for offered load `rho` on `capacity_milli`.
+    /// The mean number of units a warm start holds at `rate` per millisecond.
+    pub fn warm_mean(&self, rate: f64) -> f64 {
+        if self.templates.is_empty() {
+            return 0.0;
+        }
+        let total: f64 = self.templates.iter().map(|t| t.longest_ms as f64).sum();
+        rate * total / self.templates.len() as f64
+    }
+
     pub fn rate_per_ms(&self, capacity_milli: u64, rho: f64) -> f64 {
         let mean = self.mean_gpu_ms();
         if mean <= 0.0 {
@@ -179,8 +188,7 @@ fn warm_population(mix: &Mix, rate: f64, seed: u64) -> Vec<Warm> {
     if total <= 0.0 {
         return Vec::new();
     }
-    let mean = total / mix.templates.len() as f64;
-    let count = poisson(&mut rng, rate * mean);
+    let count = poisson(&mut rng, mix.warm_mean(rate));
     (0..count)
         .map(|_| {
             let point = rng.random::<f64>() * total;

@@ -54,20 +54,25 @@ impl Default for DurationModel {
 /// A duration model that cannot run.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum DurationError {
-    #[error("--duration-scale must be a positive number, got {0}")]
+    #[error("--duration-scale must be above 0 and at most {MAX_SCALE}, got {0}")]
     Scale(f64),
-    #[error("--min-duration must be at least 1 second, got {0}")]
+    #[error("--min-duration must be between 1 and {MAX_MIN_S} seconds (a year), got {0}")]
     Min(f64),
     #[error("--max-duration ({max}) must be at least --min-duration ({min})")]
     Max { min: f64, max: f64 },
 }
 
+/// The largest `--duration-scale`.
+pub const MAX_SCALE: f64 = 1000.0;
+/// The largest `--min-duration`, seconds (a year).
+pub const MAX_MIN_S: f64 = 31_536_000.0;
+
 impl DurationModel {
     pub fn validate(&self) -> Result<(), DurationError> {
-        if !(self.scale.is_finite() && self.scale > 0.0) {
+        if !(self.scale.is_finite() && self.scale > 0.0 && self.scale <= MAX_SCALE) {
             return Err(DurationError::Scale(self.scale));
         }
-        if !(self.min_s.is_finite() && self.min_s >= 1.0) {
+        if !(self.min_s.is_finite() && (1.0..=MAX_MIN_S).contains(&self.min_s)) {
             return Err(DurationError::Min(self.min_s));
         }
         if let Some(max) = self.max_s

@@ -51,7 +51,24 @@ pub enum TimelineError {
     Warmup(f64),
     #[error("--tenants: {0}")]
     Tenants(#[from] tenants::TenantsError),
+    #[error(
+        "the replay would simulate about {hours:.0} h ({arrivals} arrivals at {per_hour:.3} per hour), past the most of {MAX_SIMULATED_H} h: lower --arrivals, --min-duration or --duration-scale, or raise --load"
+    )]
+    TooLong {
+        hours: f64,
+        arrivals: usize,
+        per_hour: f64,
+    },
+    #[error(
+        "the warm start would hold about {units:.0} units at t=0, past the most of {MAX_WARM_UNITS}: lower --min-duration or --duration-scale, or add --cold-start"
+    )]
+    WarmTooLarge { units: f64 },
 }
+
+/// The most simulated time one replay may cover, hours (the engine's work grows with it).
+pub const MAX_SIMULATED_H: f64 = 20_000.0;
+/// The most units a warm start may hold at t=0.
+pub const MAX_WARM_UNITS: f64 = 2_000_000.0;
 
 /// The most arrivals one timeline replay may take (bounds its time and memory).
 pub const MAX_TIMELINE_ARRIVALS: usize = 2_000_000;
@@ -95,6 +112,7 @@ impl Timeline {
             return Err(SimError::NoGpuPods.into());
         }
         let mix = Mix::new(&workload.pods, &options.durations);
+        check_bounds(&mix, base.gpu_capacity_milli(), &options)?;
         let target = TargetWorkload::from_requests(workload.pods.iter().map(|p| &p.request), 0.95);
         base.set_workload(Arc::new(target));
         let mut ids: std::collections::HashMap<&gpuplace_model::Request, u32> = Default::default();
@@ -231,4 +249,33 @@ pub fn run_all(
         )
     });
     Ok(runs)
+}
+
+/// Refuses ahead a replay whose simulated time or warm start would have no useful end,
+/// with the estimate (the arrival rate is fixed by the load, so long runs mean few arrivals
+/// per hour and a long clock).
+fn check_bounds(
+    mix: &Mix,
+    capacity_milli: u64,
+    options: &TimelineOptions,
+) -> Result<(), TimelineError> {
+    let per_ms = mix.rate_per_ms(capacity_milli, options.load);
+    if per_ms <= 0.0 {
+        return Ok(());
+    }
+    let hours = options.arrivals as f64 / per_ms / 3_600_000.0;
+    if !(hours.is_finite() && hours <= MAX_SIMULATED_H) {
+        return Err(TimelineError::TooLong {
+            hours,
+            arrivals: options.arrivals,
+            per_hour: per_ms * 3_600_000.0,
+        });
+    }
+    if options.warm_start {
+        let units = mix.warm_mean(per_ms);
+        if !(units.is_finite() && units <= MAX_WARM_UNITS) {
+            return Err(TimelineError::WarmTooLarge { units });
+        }
+    }
+    Ok(())
 }

@@ -56,17 +56,17 @@ pub enum DefragMode {
     MakeRoom,
     /// Movable pods are moved in the background to lower fragmentation.
     Rebalance,
-    /// Both.
-    Both,
+    /// Both (`--defrag all`, as the scheduler names it).
+    All,
 }
 
 impl DefragMode {
     pub fn makes_room(self) -> bool {
-        matches!(self, DefragMode::MakeRoom | DefragMode::Both)
+        matches!(self, DefragMode::MakeRoom | DefragMode::All)
     }
 
     pub fn rebalances(self) -> bool {
-        matches!(self, DefragMode::Rebalance | DefragMode::Both)
+        matches!(self, DefragMode::Rebalance | DefragMode::All)
     }
 }
 

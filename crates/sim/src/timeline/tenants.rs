@@ -106,6 +106,14 @@ pub enum TenantsError {
     UnknownQueue(String),
     #[error("assign: {0}")]
     Assign(String),
+    #[error(
+        "the top queues' guarantees of {resource} add up to {percent:.1}% of the cluster ({queues}): they can add up to 100% at most"
+    )]
+    OverCluster {
+        resource: &'static str,
+        percent: f64,
+        queues: String,
+    },
 }
 
 /// Tenants ready for a replay: the tree and each pod's queue.
@@ -141,6 +149,7 @@ impl Tenants {
                 return Err(TenantsError::Queue(n.spec.name.clone(), p.to_string()));
             }
         }
+        over_cluster(&tree, capacity)?;
         let leaf = |name: &str| {
             tree.index(name)
                 .filter(|&q| tree.is_leaf(q))
@@ -150,6 +159,31 @@ impl Tenants {
         let queue_of = pods.iter().map(|p| chooser.queue(p)).collect();
         Ok(Tenants { tree, queue_of })
     }
+}
+
+/// Refuses top queues whose guarantees add up past the cluster: no placement could honour
+/// them all at once.
+fn over_cluster(tree: &QueueTree, capacity: [u64; DIMS]) -> Result<(), TenantsError> {
+    let top = &tree.nodes[gpuplace_core::fairshare::ROOT].children;
+    for (d, &cap) in capacity.iter().enumerate() {
+        let sum: u64 = top
+            .iter()
+            .map(|&q| tree.nodes[q].spec.guaranteed.floor(d))
+            .sum();
+        if sum > cap {
+            let queues: Vec<String> = top
+                .iter()
+                .filter(|&&q| tree.nodes[q].spec.guaranteed.floor(d) > 0)
+                .map(|&q| tree.nodes[q].spec.name.clone())
+                .collect();
+            return Err(TenantsError::OverCluster {
+                resource: gpuplace_core::fairshare::DIM_NAMES[d],
+                percent: sum as f64 * 100.0 / cap.max(1) as f64,
+                queues: queues.join(", "),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The queue of a pod, as the file's `assign` says.
