@@ -201,8 +201,13 @@ pub trait ClusterApi: Clone + Send + Sync + 'static {
 
     /// Evicts a pod that defragmentation moves, through the Eviction API (policy/v1), so
     /// that the server checks its PodDisruptionBudgets (`Blocked` when one allows no
-    /// disruption), with the UID as a precondition.
-    fn evict_to_move(&self, pod: &PodKey) -> impl Future<Output = Result<(), ApiError>> + Send;
+    /// disruption), with the UID as a precondition. With `dry_run` the server checks all of
+    /// it (`dryRun: [All]`) and evicts nothing: a plan is checked whole before any move.
+    fn evict_to_move(
+        &self,
+        pod: &PodKey,
+        dry_run: bool,
+    ) -> impl Future<Output = Result<(), ApiError>> + Send;
 
     /// Sets (or with `None` clears) the pod's `status.nominatedNodeName`.
     fn nominate(

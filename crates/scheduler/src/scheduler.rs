@@ -196,12 +196,13 @@ pub struct Scheduler<A: ClusterApi> {
     preemption_times: Vec<Duration>,
     /// Places planned for moved pods' replacements.
     steers: defrag::Steers,
-    /// Why the last move was refused (for the pod's message).
-    last_move_error: Option<String>,
     /// Preemptors (by UID) some of whose evictions or moves the server refused this
     /// round: they back off and try again rather than wait for a cluster event, as the
     /// victims that stayed will not make one.
     unfinished: HashSet<String>,
+    /// Pods (by UID) whose move the server refused, and when: left out of make-room
+    /// plans for a while, so that the next plan goes around them.
+    refused_moves: HashMap<String, std::time::Instant>,
     rebalancing: rebalance::Rebalancing,
     /// The queues as the view defines them.
     queues: queues::Queues,
@@ -242,8 +243,8 @@ impl<A: ClusterApi> Scheduler<A> {
             volumes: Default::default(),
             preemption_times: Vec::new(),
             steers: defrag::Steers::default(),
-            last_move_error: None,
             unfinished: HashSet::new(),
+            refused_moves: HashMap::new(),
             rebalancing: Default::default(),
             queues: queues::Queues::new(&gpu_resource),
             queues_in_use: false,

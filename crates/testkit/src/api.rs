@@ -55,6 +55,14 @@ pub(super) struct Store {
     fail_binds: usize,
     /// The next N evictions fail with a 500 (nothing written).
     fail_evictions: usize,
+    /// Pods whose move evictions (dry runs too) are refused, as by a budget the scheduler's
+    /// view does not show: each pod with this chance, by the hash of (seed, its UID).
+    refuse_moves: Option<(u64, f64)>,
+    /// Move evictions (not dry runs) refused by their number, counted from 0: a budget that
+    /// tightened between the plan's dry run and the eviction.
+    refuse_moves_at: Vec<u64>,
+    /// Move evictions carried out or refused (not dry runs).
+    move_evictions: u64,
     /// PodGroup status writes accepted.
     status_writes: usize,
     in_flight: usize,
@@ -106,6 +114,9 @@ impl Default for Store {
             bindings: Vec::new(),
             fail_binds: 0,
             fail_evictions: 0,
+            refuse_moves: None,
+            refuse_moves_at: Vec::new(),
+            move_evictions: 0,
             status_writes: 0,
             in_flight: 0,
             peak_in_flight: 0,
@@ -539,6 +550,20 @@ impl MemoryApi {
     /// Makes the next `n` evictions fail with a 500 (the victim stays as it was).
     pub fn fail_next_evictions(&self, n: usize) {
         lock(&self.store).fail_evictions = n;
+    }
+
+    /// Refuses the move evictions (dry runs too) of a share `p` of pods, picked by the
+    /// hash of (seed, UID), as a budget the scheduler does not see would.
+    pub fn refuse_move_evictions(&self, seed: u64, p: f64) {
+        lock(&self.store).refuse_moves = Some((seed, p));
+    }
+
+    /// Refuses the move evictions (not dry runs) numbered `at` from now (0 = the next):
+    /// a budget that tightens between a plan's dry run and its evictions.
+    pub fn refuse_move_evictions_at(&self, at: &[u64]) {
+        let mut s = lock(&self.store);
+        let base = s.move_evictions;
+        s.refuse_moves_at = at.iter().map(|n| base + n).collect();
     }
 
     /// Whether every watch event has been delivered to the scheduler's cache.

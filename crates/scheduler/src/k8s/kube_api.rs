@@ -463,15 +463,19 @@ impl ClusterApi for KubeApi {
             .map_err(api_error)
     }
 
-    async fn evict_to_move(&self, pod: &PodKey) -> Result<(), ApiError> {
+    async fn evict_to_move(&self, pod: &PodKey, dry_run: bool) -> Result<(), ApiError> {
         self.throttle().await;
         // The body as policy/v1 defines it (kube's own helper sends `delete_options`, which
         // the server does not read, so the UID precondition would be lost).
+        let mut options = json!({"preconditions": {"uid": pod.uid}});
+        if dry_run {
+            options["dryRun"] = json!(["All"]);
+        }
         let body = json!({
             "apiVersion": "policy/v1",
             "kind": "Eviction",
             "metadata": {"name": pod.name, "namespace": pod.namespace},
-            "deleteOptions": {"preconditions": {"uid": pod.uid}},
+            "deleteOptions": options,
         });
         let url = format!(
             "/api/v1/namespaces/{}/pods/{}/eviction",

@@ -3,11 +3,16 @@
 //! (core's [`gpuplace_core::defrag::make_room`]: the fewest GPUs moved, then pods; every
 //! moved pod has a planned place; budgets never broken).
 //!
-//! Carried out as preemption is: each moved pod is evicted through the Eviction API (a
-//! budget that now refuses stops the plan there), told why in an Event (`Moved to make
-//! room for ml/train-8`), and its place is planned for the replacement its controller makes
+//! Carried out all or nothing: every eviction of the plan is first checked with a dry run
+//! of the Eviction API (budgets, UIDs); if one would be refused, no pod moves. Then each
+//! moved pod is evicted, told why in an Event (`Moved to make room for ml/train-8`), and
+//! its place is planned for the replacement its controller makes
 //! ([`super::defrag::Steers`]); the pending pod is nominated to the node with the freed
 //! devices held for it, exactly as a preemptor waits for its victims, and told in an Event.
+//! An eviction refused between the check and the move (a budget tightened) stops the plan:
+//! no further pod moves, the waiting pod is not nominated (it is told why and tried again
+//! after a backoff), and the places planned for the replacements of pods already evicted
+//! stay held until they land, so no moved pod is stranded.
 
 use std::sync::Arc;
 
@@ -26,9 +31,12 @@ use crate::snapshot::Snapshot;
 pub(super) enum Made {
     /// Pods moved (evicted, their places planned); the pod is nominated to `node`.
     Moving { node: String, moved: Vec<PodKey> },
-    /// Only a disruption budget stands in the way (found when planning, or the first
-    /// eviction was refused).
+    /// Only a disruption budget stands in the way (found when planning, or the plan's
+    /// dry run was refused): nothing moved.
     Blocked(String),
+    /// An eviction was refused midway: the pods before it moved (their replacements keep
+    /// their places), no more will, and the pod is not nominated.
+    Stopped(String),
     /// No plan: nothing that may move makes room.
     Nothing,
 }
@@ -42,14 +50,17 @@ impl Made {
                 moved.len(),
                 victim_list(moved)
             )),
-            Made::Blocked(why) => Some(format!("defragmentation: {why}.")),
+            Made::Blocked(why) | Made::Stopped(why) => Some(format!("defragmentation: {why}.")),
             Made::Nothing => None,
         }
     }
 }
 
 impl<A: ClusterApi> Scheduler<A> {
-    /// Plans and starts moves so that `pod`, which fits nowhere, can run.
+    /// Plans and starts moves so that `pod`, which fits nowhere, can run. A pod whose
+    /// eviction the plan's dry run finds refused (a budget the view does not show, a pod
+    /// changed) is left out of plans for [`REFUSED_FOR`] and the plan made again without
+    /// it, up to [`PLAN_ATTEMPTS`] times.
     pub(super) async fn make_room(
         &mut self,
         snapshot: &mut Snapshot,
@@ -75,10 +86,44 @@ impl<A: ClusterApi> Scheduler<A> {
             return Made::Nothing;
         };
         let mask = filtered.mask().map(<[bool]>::to_vec);
+        let mut refused = None;
+        for _ in 0..PLAN_ATTEMPTS {
+            let planned = match self.plan_room(snapshot, view, &demand, mask.as_deref()) {
+                Ok(planned) => planned,
+                Err(made) => return refused.map_or(made, Made::Blocked),
+            };
+            let why = format!("Moved to make room for {}", pod.key);
+            let moved = match self.start_moves(Some(&pod.key), &why, &planned.moves).await {
+                Moves::Done(moved) => moved,
+                Moves::Refused { pod: stays, why } => {
+                    self.refused_moves
+                        .insert(stays.uid.clone(), std::time::Instant::now());
+                    refused = Some(why);
+                    continue;
+                }
+                Moves::Stopped(why) => return Made::Stopped(why),
+            };
+            return self
+                .nominate_for_room(snapshot, pod, &demand, planned, moved, report)
+                .await;
+        }
+        Made::Blocked(refused.unwrap_or_default())
+    }
+
+    /// Core's make-room plan for `demand` with the pods that may move now; `Err` with what
+    /// to say when there is none.
+    fn plan_room(
+        &mut self,
+        snapshot: &Snapshot,
+        view: &ClusterView,
+        demand: &crate::k8s::demand::PodDemand,
+        mask: Option<&[bool]>,
+    ) -> Result<RoomFor, Made> {
         let started = std::time::Instant::now();
-        let set = self.movable_now(snapshot, view, &|_| false);
+        let refused = self.refused_now();
+        let set = self.movable_now(snapshot, view, &|uid| refused.contains(uid));
         if set.movables.units() == 0 {
-            return Made::Nothing;
+            return Err(Made::Nothing);
         }
         // A plan is tried on a copy (the snapshot's holders are borrowed by the movables).
         let mut trial = snapshot.state.clone();
@@ -90,7 +135,7 @@ impl<A: ClusterApi> Scheduler<A> {
             &mut self.placer,
             &mut trial,
             &demand.request,
-            mask.as_deref(),
+            mask,
             &set.movables,
             limits,
         );
@@ -105,35 +150,52 @@ impl<A: ClusterApi> Scheduler<A> {
                     &mut self.placer,
                     &mut trial,
                     &demand.request,
-                    mask.as_deref(),
+                    mask,
                     &unbounded,
                     limits,
                 )
                 .is_some()
                 {
-                    return Made::Blocked(
+                    return Err(Made::Blocked(
                         "the pods in the way are covered by a PodDisruptionBudget that allows no disruption now".into(),
-                    );
+                    ));
                 }
             }
-            return Made::Nothing;
+            return Err(Made::Nothing);
         };
         let moves = planned_moves(snapshot, &set, &plan.moves);
         let place = &plan.placements[0];
         let inventory = snapshot.state.inventory(place.node);
-        let node = inventory.name.clone();
-        let gpus: Vec<(String, u32)> = place
-            .gpus
-            .iter()
-            .map(|&(g, m)| (inventory.gpus[g].id.clone(), m))
-            .collect();
-        drop(set);
-        let why = format!("Moved to make room for {}", pod.key);
-        let moved = self.start_moves(Some(&pod.key), &why, &moves).await;
-        if moved.is_empty() {
-            let why = self.last_move_error.take().unwrap_or_default();
-            return Made::Blocked(format!("the eviction was refused ({why})"));
-        }
+        Ok(RoomFor {
+            moves,
+            node: inventory.name.clone(),
+            gpus: place
+                .gpus
+                .iter()
+                .map(|&(g, m)| (inventory.gpus[g].id.clone(), m))
+                .collect(),
+        })
+    }
+
+    /// The pods whose move the server refused lately (left out of plans).
+    fn refused_now(&mut self) -> std::collections::HashSet<String> {
+        let now = std::time::Instant::now();
+        self.refused_moves
+            .retain(|_, at| now.saturating_duration_since(*at) < REFUSED_FOR);
+        self.refused_moves.keys().cloned().collect()
+    }
+
+    /// `pod` waits for the room `moved` makes: nominated, the devices held, told why.
+    async fn nominate_for_room(
+        &mut self,
+        snapshot: &mut Snapshot,
+        pod: &Arc<PodInfo>,
+        demand: &crate::k8s::demand::PodDemand,
+        planned: RoomFor,
+        moved: Vec<PodKey>,
+        report: &mut RoundReport,
+    ) -> Made {
+        let RoomFor { node, gpus, .. } = planned;
         report.made_room += moved.len();
         self.cluster.nominations.insert(Nomination {
             key: pod.key.clone(),
@@ -164,33 +226,55 @@ impl<A: ClusterApi> Scheduler<A> {
         Made::Moving { node, moved }
     }
 
-    /// Evicts the moved pods one by one through the Eviction API, each told `why`, each
-    /// replacement's place planned; stops at the first refusal. Returns the pods moved.
+    /// Carries a plan out for `for_pod` (all or nothing: see the module's text), or for
+    /// rebalancing (`None`: each move stands alone, so a refusal only stops the rest).
     pub(super) async fn start_moves(
         &mut self,
         for_pod: Option<&PodKey>,
         why: &str,
         moves: &[PlannedMove],
-    ) -> Vec<PodKey> {
-        let mut moved = Vec::new();
+    ) -> Moves {
         if !self.gate.is_open() {
-            return moved;
+            return Moves::Done(Vec::new());
         }
+        if for_pod.is_some() {
+            for m in moves {
+                match self.api.evict_to_move(&m.pod.key, true).await {
+                    Ok(()) | Err(ApiError::NotFound(_)) => {}
+                    Err(e) => {
+                        tracing::info!(pod = %m.pod.key, error = %e, "the plan's dry run was refused; nothing moves");
+                        self.retry_unless_budget(for_pod, &e);
+                        return Moves::Refused {
+                            pod: m.pod.key.clone(),
+                            why: format!(
+                                "moving {} would be refused ({e}); no pod was moved",
+                                m.pod.key
+                            ),
+                        };
+                    }
+                }
+            }
+        }
+        let mut moved = Vec::new();
         for m in moves {
             let key = &m.pod.key;
-            match self.api.evict_to_move(key).await {
+            match self.api.evict_to_move(key, false).await {
                 Ok(()) | Err(ApiError::NotFound(_)) => {}
                 Err(e) => {
                     tracing::info!(pod = %key, error = %e, "move refused; the plan stops here");
-                    self.last_move_error = Some(e.to_string());
-                    // A budget that allows no disruption wakes it when it changes; any
-                    // other refusal is tried again after a backoff.
-                    if let Some(p) = for_pod
-                        && !matches!(e, ApiError::Blocked(_))
-                    {
+                    if for_pod.is_none() {
+                        break;
+                    }
+                    // Stopped midway: tried again after a backoff whatever the refusal
+                    // (the pods already moved changed the picture).
+                    if let Some(p) = for_pod {
                         self.unfinished.insert(p.uid.clone());
                     }
-                    break;
+                    return Moves::Stopped(format!(
+                        "the plan stopped after moving {} of {} pod(s): moving {key} was refused ({e}); the moved pods' replacements keep their planned places, the pod is not nominated and is tried again",
+                        moved.len(),
+                        moves.len()
+                    ));
                 }
             }
             let Some(owner) = m.pod.controller.as_ref() else {
@@ -225,8 +309,28 @@ impl<A: ClusterApi> Scheduler<A> {
             });
             moved.push(key.clone());
         }
-        moved
+        Moves::Done(moved)
     }
+
+    /// A refusal by a budget that allows no disruption waits for the budget to change;
+    /// any other is tried again after a backoff.
+    fn retry_unless_budget(&mut self, for_pod: Option<&PodKey>, e: &ApiError) {
+        if let Some(p) = for_pod
+            && !matches!(e, ApiError::Blocked(_))
+        {
+            self.unfinished.insert(p.uid.clone());
+        }
+    }
+}
+
+/// How carrying a plan out went.
+pub(super) enum Moves {
+    /// Every move made (for rebalancing: those before a refusal).
+    Done(Vec<PodKey>),
+    /// The dry run was refused for `pod`: nothing moved.
+    Refused { pod: PodKey, why: String },
+    /// Refused midway: the pods before moved, no others.
+    Stopped(String),
 }
 
 impl<A: ClusterApi> Scheduler<A> {
@@ -274,7 +378,8 @@ impl<A: ClusterApi> Scheduler<A> {
             .collect::<Option<_>>()?;
         let mut order: Vec<usize> = (0..members.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(demands[i].request.total_gpu_milli()));
-        let set = self.movable_now(snapshot, view, &|_| false);
+        let refused = self.refused_now();
+        let set = self.movable_now(snapshot, view, &|uid| refused.contains(uid));
         if set.movables.units() == 0 {
             return None;
         }
@@ -334,10 +439,24 @@ impl<A: ClusterApi> Scheduler<A> {
         drop(set);
         let first = &members[order[0]].0.key;
         let why = format!("Moved to make room for the gang of {first}");
-        let moved = self.start_moves(Some(first), &why, &moves).await;
-        if moved.is_empty() {
-            return None;
-        }
+        let moved = match self.start_moves(Some(first), &why, &moves).await {
+            Moves::Done(moved) if !moved.is_empty() => moved,
+            Moves::Done(_) => return None,
+            Moves::Refused { pod: stays, why } => {
+                self.refused_moves
+                    .insert(stays.uid.clone(), std::time::Instant::now());
+                for (pod, _) in members {
+                    self.unfinished.insert(pod.key.uid.clone());
+                }
+                return Some(super::post_filter::Outcome::Unfinished(why));
+            }
+            Moves::Stopped(why) => {
+                for (pod, _) in members {
+                    self.unfinished.insert(pod.key.uid.clone());
+                }
+                return Some(super::post_filter::Outcome::Unfinished(why));
+            }
+        };
         report.made_room += moved.len();
         for MemberPlace {
             member: i,
@@ -368,6 +487,18 @@ impl<A: ClusterApi> Scheduler<A> {
         tracing::info!(gang = %first, %node, moved = moved.len(), "making room for a gang");
         Some(super::post_filter::Outcome::Moving { node, moved })
     }
+}
+
+/// How long a pod whose move the server refused is left out of plans.
+pub(super) const REFUSED_FOR: std::time::Duration = std::time::Duration::from_secs(60);
+/// Plans tried for one pod in one round, each without the pods refused before.
+const PLAN_ATTEMPTS: usize = 3;
+
+/// A make-room plan for one pod: the moves, and the node and devices it then takes.
+struct RoomFor {
+    moves: Vec<PlannedMove>,
+    node: String,
+    gpus: Vec<(String, u32)>,
 }
 
 /// Where a gang member goes: its index, the node, GPU IDs and milli.

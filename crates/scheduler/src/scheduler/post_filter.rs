@@ -43,6 +43,8 @@ pub(super) enum Outcome {
     Nominated { node: String, victims: Vec<PodKey> },
     /// Pods that opted in are moving out of the way (a gang's make-room); nominated.
     Moving { node: String, moved: Vec<PodKey> },
+    /// A gang's make-room plan could not be carried out whole: why (nothing nominated).
+    Unfinished(String),
     /// Pods of queues above their guarantee evicted for the pod's queue; nominated.
     Reclaimed {
         node: String,
@@ -79,6 +81,7 @@ impl Outcome {
                 victims.len(),
                 victim_list(victims)
             ),
+            Outcome::Unfinished(why) => format!("{failure} defragmentation: {why}."),
             Outcome::Moving { node, moved } => format!(
                 "{failure} defragmentation: moving {} pod(s) to make room on node(s) {node}: {}.",
                 moved.len(),
@@ -235,16 +238,19 @@ impl<A: ClusterApi> Scheduler<A> {
         let node = snapshot.state.inventory(plan.node).name.clone();
         let nomination = nomination(snapshot, pod, demand, plan.node, &plan.gpus, &victims);
         let where_ = Self::nodes_of(snapshot, &victims.iter().collect::<Vec<_>>());
-        let evicted = self
+        let carried = self
             .carry_out(
                 &pod.key,
                 &where_,
                 &victims,
                 &[(pod.key.clone(), node.clone())],
                 why,
+                false,
             )
             .await;
-        report.preempted += evicted;
+        // A pod keeps what its evicted victims freed even when some eviction was refused
+        // (it is tried again after a backoff, the hold kept from others).
+        report.preempted += carried.evicted;
         // A nomination made anew replaces the pod's earlier one and its hold.
         self.cluster.nominations.release(&pod.key.uid, snapshot);
         self.cluster.nominations.insert(nomination);
@@ -386,8 +392,23 @@ impl<A: ClusterApi> Scheduler<A> {
         }
         let where_ = Self::nodes_of(snapshot, &victims.iter().collect::<Vec<_>>());
         let by = &members[plan.order[0]].0.key;
-        let evicted = self.carry_out(by, &where_, &victims, &nominate, why).await;
-        report.preempted += evicted;
+        let carried = self
+            .carry_out(by, &where_, &victims, &nominate, why, true)
+            .await;
+        report.preempted += carried.evicted;
+        if let Some(refused) = carried.refused {
+            // All or nothing: the rest are not evicted, no member is nominated; the gang
+            // backs off and plans again from what the cluster then shows.
+            for (pod, _) in members {
+                self.unfinished.insert(pod.key.uid.clone());
+            }
+            tracing::info!(gang = %by, evicted = carried.evicted, error = %refused, "gang preemption stopped");
+            return Outcome::Unfinished(format!(
+                "preemption stopped after evicting {} of {} pod(s): {refused}; no member was nominated and the gang is tried again",
+                carried.evicted,
+                victims.len()
+            ));
+        }
         for n in noms {
             let uid = n.key.uid.clone();
             self.cluster.nominations.release(&uid, snapshot);
@@ -404,6 +425,14 @@ impl<A: ClusterApi> Scheduler<A> {
         tracing::info!(gang = %by, nodes = %node, victims = victims.len(), "gang preempting");
         Outcome::Nominated { node, victims }
     }
+}
+
+/// What carrying out evictions did.
+#[derive(Default)]
+pub(super) struct Carried {
+    pub evicted: usize,
+    /// The first refusal, if any.
+    pub refused: Option<String>,
 }
 
 /// A member's requests could not be read: the gang is not planned.
@@ -472,7 +501,9 @@ impl GangSearch<'_, '_> {
 }
 
 impl<A: ClusterApi> Scheduler<A> {
-    /// Evicts `victims` (at once, each with its Event) and nominates `pods` (pod, node).
+    /// Evicts `victims` (each with its Event) and nominates `pods` (pod, node): at once,
+    /// or with `whole` one by one, stopping at the first refusal with nothing nominated (a
+    /// gang's plan is carried out whole or not further).
     pub(super) async fn carry_out(
         &mut self,
         by: &PodKey,
@@ -480,9 +511,33 @@ impl<A: ClusterApi> Scheduler<A> {
         victims: &[PodKey],
         nominate: &[(PodKey, String)],
         why: Option<&str>,
-    ) -> usize {
+        whole: bool,
+    ) -> Carried {
+        let mut carried = Carried::default();
         if !self.gate.is_open() {
-            return 0;
+            carried.refused = Some("this scheduler is not the leader".into());
+            return carried;
+        }
+        if whole {
+            for v in victims {
+                let node = node_of_victims.get(&v.uid).cloned().unwrap_or_default();
+                let message = match why {
+                    Some(why) => format!("Preempted by {by} on node {node} {why}"),
+                    None => format!("Preempted by {by} on node {node}"),
+                };
+                match self.api.evict(v, &message).await {
+                    Ok(()) | Err(crate::api::ApiError::NotFound(_)) => {
+                        carried.evicted += 1;
+                        self.events.emit(v, "Normal", "Preempted", message);
+                    }
+                    Err(e) => {
+                        carried.refused = Some(format!("evicting {v} was refused ({e})"));
+                        return carried;
+                    }
+                }
+            }
+            self.write_nominations(nominate).await;
+            return carried;
         }
         let evictions = victims.iter().map(|v| {
             let node = node_of_victims.get(&v.uid).cloned().unwrap_or_default();
@@ -493,21 +548,27 @@ impl<A: ClusterApi> Scheduler<A> {
             let api = self.api.clone();
             async move { (v, api.evict(v, &message).await, message) }
         });
-        let mut evicted = 0;
         for (victim, result, message) in futures::future::join_all(evictions).await {
             match result {
                 Ok(()) | Err(crate::api::ApiError::NotFound(_)) => {
-                    evicted += 1;
+                    carried.evicted += 1;
                     self.events.emit(victim, "Normal", "Preempted", message);
                 }
                 Err(e) => {
                     tracing::warn!(victim = %victim, preemptor = %by, error = %e, "victim not evicted; preemption is tried again later");
+                    carried.refused = Some(format!("evicting {victim} was refused ({e})"));
                     for (pod, _) in nominate {
                         self.unfinished.insert(pod.uid.clone());
                     }
                 }
             }
         }
+        self.write_nominations(nominate).await;
+        carried
+    }
+
+    /// Writes `status.nominatedNodeName` of each (pod, node).
+    async fn write_nominations(&self, nominate: &[(PodKey, String)]) {
         let writes = nominate.iter().map(|(pod, node)| {
             let api = self.api.clone();
             async move { (pod, api.nominate(pod, Some(node)).await) }
@@ -517,7 +578,6 @@ impl<A: ClusterApi> Scheduler<A> {
                 tracing::info!(pod = %pod, error = %e, "nominatedNodeName not written");
             }
         }
-        evicted
     }
 
     /// Pod `uid` fits nowhere this round: it waits for a cluster event, or backs off and

@@ -73,9 +73,15 @@ impl<A: ClusterApi> Scheduler<A> {
         if moves.is_empty() {
             return;
         }
-        let moved = self
+        let moved = match self
             .start_moves(None, "Moved to lower fragmentation", &moves)
-            .await;
+            .await
+        {
+            super::make_room::Moves::Done(moved) => moved,
+            super::make_room::Moves::Refused { .. } | super::make_room::Moves::Stopped(_) => {
+                Vec::new()
+            }
+        };
         for m in moves.iter().filter(|m| moved.contains(&m.pod.key)) {
             let milli: u64 = m.gpus.iter().map(|(_, milli)| u64::from(*milli)).sum();
             self.rebalancing.recent.push_back((now, milli));

@@ -13,14 +13,14 @@ use serde_json::json;
 
 use crate::common::*;
 
-async fn settle(scheduler: &mut Scheduler<MemoryApi>, t: &mut Instant) {
+pub(crate) async fn settle(scheduler: &mut Scheduler<MemoryApi>, t: &mut Instant) {
     for _ in 0..6 {
         *t += Duration::from_secs(5);
         scheduler.round(*t).await.unwrap();
     }
 }
 
-fn defrag_config(min_age: Duration) -> SchedulerConfig {
+pub(crate) fn defrag_config(min_age: Duration) -> SchedulerConfig {
     SchedulerConfig {
         defrag: DefragConfig {
             mode: DefragMode::MakeRoom,
@@ -32,7 +32,7 @@ fn defrag_config(min_age: Duration) -> SchedulerConfig {
 }
 
 /// A pod of ReplicaSet `rs` (labels `app: rs`), movable or not.
-fn replica(
+pub(crate) fn replica(
     name: &str,
     rs: &str,
     gpus: u32,
@@ -56,16 +56,16 @@ fn replica(
     p
 }
 
-fn on(node: &str) -> serde_json::Value {
+pub(crate) fn on(node: &str) -> serde_json::Value {
     json!({"spec": {"nodeSelector": {"kubernetes.io/hostname": node}}})
 }
 
-fn deleting(api: &MemoryApi, name: &str) -> bool {
+pub(crate) fn deleting(api: &MemoryApi, name: &str) -> bool {
     api.pod("ml", name)
         .is_some_and(|p| p.metadata.deletion_timestamp.is_some())
 }
 
-fn messages(api: &MemoryApi, name: &str, reason: &str) -> Vec<String> {
+pub(crate) fn messages(api: &MemoryApi, name: &str, reason: &str) -> Vec<String> {
     api.events()
         .into_iter()
         .filter(|e| e.pod.name == name && e.reason == reason)
@@ -216,19 +216,30 @@ async fn the_eviction_api_refuses_what_a_budget_forbids() {
     );
     let p = api.pod("ml", "a").unwrap();
     let key = PodKey::of(&p);
-    assert!(matches!(
-        api.evict_to_move(&key).await,
-        Err(ApiError::Blocked(_))
-    ));
+    for dry_run in [true, false] {
+        assert!(matches!(
+            api.evict_to_move(&key, dry_run).await,
+            Err(ApiError::Blocked(_))
+        ));
+    }
     assert!(!deleting(&api, "a"));
     let wrong = PodKey {
         uid: "other".into(),
         ..key.clone()
     };
     assert!(matches!(
-        api.evict_to_move(&wrong).await,
+        api.evict_to_move(&wrong, true).await,
         Err(ApiError::Conflict(_))
     ));
+    // A dry run that would pass evicts nothing and spends no disruption.
+    api.put_pod(replica("free", "rs-free", 1, true, json!({})));
+    let free = PodKey::of(&api.pod("ml", "free").unwrap());
+    api.evict_to_move(&free, true).await.unwrap();
+    assert!(!deleting(&api, "free"));
+    assert!(api.pod("ml", "free").is_some());
+    api.evict_to_move(&free, false).await.unwrap();
+    // Not bound, so gone at once.
+    assert!(api.pod("ml", "free").is_none() || deleting(&api, "free"));
 }
 
 #[tokio::test]

@@ -169,8 +169,8 @@ impl ClusterApi for Meddling {
     async fn evict(&self, victim: &PodKey, message: &str) -> Result<(), ApiError> {
         self.inner.evict(victim, message).await
     }
-    async fn evict_to_move(&self, pod: &PodKey) -> Result<(), ApiError> {
-        self.inner.evict_to_move(pod).await
+    async fn evict_to_move(&self, pod: &PodKey, dry_run: bool) -> Result<(), ApiError> {
+        self.inner.evict_to_move(pod, dry_run).await
     }
     async fn nominate(&self, pod: &PodKey, node: Option<&str>) -> Result<(), ApiError> {
         self.inner.nominate(pod, node).await

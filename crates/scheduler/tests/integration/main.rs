@@ -10,6 +10,7 @@ mod extender;
 mod extender_stress;
 mod interpod;
 mod kube_api;
+mod make_room_stress;
 mod preemption;
 mod queue_stress;
 mod queues;

@@ -163,13 +163,31 @@ impl ClusterApi for MemoryApi {
         Ok(())
     }
 
-    async fn evict_to_move(&self, pod: &PodKey) -> Result<(), ApiError> {
+    async fn evict_to_move(&self, pod: &PodKey, dry_run: bool) -> Result<(), ApiError> {
         let (_permit, fault) = self.charge().await;
         if fault.is_some() {
             return Err(ApiError::Other("injected 500".into()));
         }
-        self.evict_through_budgets(pod)?;
-        self.delete_pod_gracefully(&pod.namespace, &pod.name);
+        {
+            let mut s = lock(&self.store);
+            let refused_now = !dry_run && {
+                let n = s.move_evictions;
+                s.move_evictions += 1;
+                s.refuse_moves_at.contains(&n)
+            };
+            let refused_pod = s.refuse_moves.is_some_and(|(seed, p)| {
+                crate::api::objects::unit_hash(seed, crate::api::objects::text_hash(&pod.uid)) < p
+            });
+            if refused_now || refused_pod {
+                return Err(ApiError::Blocked(
+                    "Cannot evict pod as it would violate the pod's disruption budget.".into(),
+                ));
+            }
+        }
+        self.evict_through_budgets(pod, dry_run)?;
+        if !dry_run {
+            self.delete_pod_gracefully(&pod.namespace, &pod.name);
+        }
         Ok(())
     }
 

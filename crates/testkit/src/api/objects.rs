@@ -142,7 +142,8 @@ impl MemoryApi {
     /// The Eviction API's budget check, as the server makes it: the pod must exist with
     /// this UID; every budget of its namespace selecting it must allow a disruption, and
     /// each then allows one fewer and lists the pod as disrupted.
-    pub fn evict_through_budgets(&self, pod: &PodKey) -> Result<(), ApiError> {
+    /// The Eviction API's checks (UID, budgets); the budgets are charged unless `dry_run`.
+    pub fn evict_through_budgets(&self, pod: &PodKey, dry_run: bool) -> Result<(), ApiError> {
         let mut s = lock(&self.store);
         let current = s
             .pods
@@ -171,6 +172,9 @@ impl MemoryApi {
                 "Cannot evict pod as it would violate the pod's disruption budget.".into(),
             ));
         }
+        if dry_run {
+            return Ok(());
+        }
         let version = s.bump();
         for k in covering {
             let mut b = (*s.budgets[&k]).clone();
@@ -192,4 +196,20 @@ impl MemoryApi {
         s.generation += 1;
         Ok(())
     }
+}
+
+/// A number in [0, 1) from `seed` and `n` (splitmix64): the same for the same pair.
+pub(crate) fn unit_hash(seed: u64, n: u64) -> f64 {
+    let mut z = seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// FNV-1a of `text`.
+pub(crate) fn text_hash(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }

@@ -1,0 +1,249 @@
+//! Make-room carried out all or nothing: a plan whose eviction is refused midway moves no
+//! more pods and nominates nothing (the moved pods' replacements keep their places); with
+//! evictions refused at random for whole pods (a budget the scheduler does not see), every
+//! pod moved belongs to a plan carried out whole, and no device is ever booked twice.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::{Duration, Instant};
+
+use gpuplace_scheduler::Scheduler;
+use gpuplace_testkit::MemoryApi;
+use rand::{RngExt, SeedableRng};
+use serde_json::json;
+
+use crate::common::*;
+use crate::defrag::{defrag_config, deleting, messages, on, replica, settle};
+
+fn nominated(api: &MemoryApi, name: &str) -> Option<String> {
+    api.pod("ml", name)?.status?.nominated_node_name
+}
+
+/// n1 holds a and b (1 GPU each, movable), n2 holds c (pinned there): an 8-GPU pod needs
+/// both a and b moved to n2.
+async fn two_moves_needed(api: &MemoryApi, scheduler: &mut Scheduler<MemoryApi>, t: &mut Instant) {
+    api.put_node(node("n1", 8, json!({})));
+    api.put_pod(replica("a", "rs-a", 1, true, json!({})));
+    api.put_pod(replica("b", "rs-b", 1, true, json!({})));
+    settle(scheduler, t).await;
+    api.put_node(node("n2", 8, json!({})));
+    api.put_pod(replica("c", "rs-c", 1, true, on("n2")));
+    settle(scheduler, t).await;
+    assert_eq!(bound_node(api, "a").as_deref(), Some("n1"));
+    assert_eq!(bound_node(api, "b").as_deref(), Some("n1"));
+    assert_eq!(bound_node(api, "c").as_deref(), Some("n2"));
+}
+
+#[tokio::test]
+async fn a_plan_refused_midway_moves_no_more_and_nominates_nothing() {
+    let api = MemoryApi::new();
+    let mut scheduler = Scheduler::new(api.clone(), defrag_config(Duration::ZERO));
+    let mut t = Instant::now();
+    two_moves_needed(&api, &mut scheduler, &mut t).await;
+    // The plan's dry run passes; its second eviction is refused (a budget tightened).
+    api.refuse_move_evictions_at(&[1]);
+    api.put_pod(pod("big", 8, json!({})));
+    t += Duration::from_secs(5);
+    scheduler.round(t).await.unwrap();
+    let first = if deleting(&api, "a") { "a" } else { "b" };
+    let second = if first == "a" { "b" } else { "a" };
+    assert!(deleting(&api, first), "the first move was made");
+    assert!(!deleting(&api, second), "no move after the refusal");
+    assert_eq!(
+        nominated(&api, "big"),
+        None,
+        "not nominated for room that is not coming"
+    );
+    assert!(messages(&api, "big", "MakingRoom").is_empty());
+    let failed = messages(&api, "big", "FailedScheduling");
+    assert!(
+        failed
+            .last()
+            .unwrap()
+            .contains("defragmentation: the plan stopped after moving 1 of 2 pod(s): moving ml/"),
+        "{failed:?}"
+    );
+    // The moved pod's controller makes its replacement: it lands where the plan put it
+    // (its place was held), and big gets room in later rounds.
+    api.delete_pod("ml", first);
+    api.put_pod(replica(
+        &format!("{first}2"),
+        &format!("rs-{first}"),
+        1,
+        true,
+        json!({}),
+    ));
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(
+        bound_node(&api, &format!("{first}2")).as_deref(),
+        Some("n2")
+    );
+    assert!(
+        deleting(&api, second),
+        "the plan made again moves the other"
+    );
+    assert_eq!(nominated(&api, "big").as_deref(), Some("n1"));
+    api.delete_pod("ml", second);
+    api.put_pod(replica(
+        &format!("{second}2"),
+        &format!("rs-{second}"),
+        1,
+        true,
+        json!({}),
+    ));
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(bound_node(&api, "big").as_deref(), Some("n1"));
+    assert_eq!(
+        bound_node(&api, &format!("{second}2")).as_deref(),
+        Some("n2")
+    );
+    assert_no_double_booking(&api);
+}
+
+#[tokio::test]
+async fn a_plan_whose_dry_run_is_refused_moves_nothing() {
+    let api = MemoryApi::new();
+    let mut scheduler = Scheduler::new(api.clone(), defrag_config(Duration::ZERO));
+    let mut t = Instant::now();
+    two_moves_needed(&api, &mut scheduler, &mut t).await;
+    // Every pod's eviction is refused, dry runs too.
+    api.refuse_move_evictions(7, 1.0);
+    api.put_pod(pod("big", 8, json!({})));
+    settle(&mut scheduler, &mut t).await;
+    assert!(!deleting(&api, "a") && !deleting(&api, "b") && !deleting(&api, "c"));
+    assert_eq!(nominated(&api, "big"), None);
+    let failed = messages(&api, "big", "FailedScheduling");
+    assert!(
+        failed.last().unwrap().contains("would be refused")
+            && failed.last().unwrap().contains("no pod was moved"),
+        "{failed:?}"
+    );
+}
+
+/// Seeded, in episodes: each fills 6 nodes of 8 GPUs with 2-3 small movable replicas each
+/// (every node in turn the only one open), then two 8-GPU pods arrive, which fit only
+/// once pods move. A share of pods refuse eviction (dry runs too: a budget the scheduler
+/// does not see), and single evictions are refused at random between a plan's dry run and
+/// its eviction. The test is every controller: a pod being deleted is removed and its
+/// replacement made. At every step no device is booked twice; at the end, every pod moved
+/// for a waiting pod is in a plan carried out whole (the waiting pod's MakingRoom Event
+/// names it) or before the refusal that stopped its plan (said in the pod's message).
+#[tokio::test]
+async fn refused_evictions_at_every_step_never_leave_a_half_moved_plan() {
+    let seed = gpuplace_testkit::seed::for_run("GPUPLACE_MAKE_ROOM_SEED", "make_room_stress");
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let api = MemoryApi::new();
+    let mut scheduler = Scheduler::new(api.clone(), defrag_config(Duration::ZERO));
+    let mut t = Instant::now();
+    api.refuse_move_evictions(seed, 0.2);
+    let nodes = 6;
+    let mut placed = 0;
+    for episode in 0..12 {
+        let mut replicas: BTreeMap<String, (String, u32, u32)> = BTreeMap::new();
+        for n in 0..nodes {
+            for m in 0..nodes {
+                let closed = m != n;
+                api.put_node(node(
+                    &format!("n{m}"),
+                    8,
+                    json!({"spec": {"unschedulable": closed}}),
+                ));
+            }
+            for _ in 0..rng.random_range(2..=3) {
+                let gpus = rng.random_range(1..=2u32);
+                let rs = format!("e{episode}-rs-{}", replicas.len());
+                api.put_pod(replica(&format!("{rs}-0"), &rs, gpus, true, json!({})));
+                replicas.insert(format!("{rs}-0"), (rs, gpus, 0));
+            }
+            settle(&mut scheduler, &mut t).await;
+        }
+        for m in 0..nodes {
+            api.put_node(node(&format!("n{m}"), 8, json!({})));
+        }
+        let bigs = [format!("e{episode}-big-0"), format!("e{episode}-big-1")];
+        for big in &bigs {
+            api.put_pod(pod(big, 8, json!({})));
+        }
+        for _ in 0..12 {
+            if rng.random_range(0..3) == 0 {
+                api.refuse_move_evictions_at(&[rng.random_range(0..3)]);
+            }
+            t += Duration::from_secs(5);
+            scheduler.round(t).await.unwrap();
+            // The controllers: a deleted replica is gone and made again.
+            for name in replicas.keys().cloned().collect::<Vec<_>>() {
+                if deleting(&api, &name) {
+                    let (rs, gpus, generation) = replicas.remove(&name).unwrap();
+                    api.delete_pod("ml", &name);
+                    let again = format!("{rs}-{}", generation + 1);
+                    api.put_pod(replica(&again, &rs, gpus, true, json!({})));
+                    replicas.insert(again, (rs, gpus, generation + 1));
+                }
+            }
+            assert_no_double_booking(&api);
+        }
+        placed += bigs
+            .iter()
+            .filter(|b| bound_node(&api, b).is_some())
+            .count();
+        for p in api.pods() {
+            api.delete_pod("ml", p.metadata.name.as_deref().unwrap_or_default());
+        }
+        settle(&mut scheduler, &mut t).await;
+    }
+    // Every move for a waiting pod: its plan completed, or stopped and said so.
+    let events = api.events();
+    let mut completed: HashSet<(String, String)> = HashSet::new();
+    for e in events.iter().filter(|e| e.reason == "MakingRoom") {
+        for moved in e.message.split(": ").nth(1).unwrap_or("").split(", ") {
+            completed.insert((
+                format!("{}/{}", e.pod.namespace, e.pod.name),
+                moved.trim().to_string(),
+            ));
+        }
+    }
+    let (mut stopped_plans, mut stopped_moves, mut dry_refused) = (0, 0, 0);
+    for e in events.iter().filter(|e| e.reason == "FailedScheduling") {
+        if let Some(rest) = e.message.split("the plan stopped after moving ").nth(1) {
+            stopped_plans += 1;
+            stopped_moves += rest
+                .split(' ')
+                .next()
+                .and_then(|n| n.parse::<usize>().ok())
+                .unwrap_or(0);
+        }
+        if e.message.contains("would be refused") {
+            dry_refused += 1;
+        }
+    }
+    let mut moves = 0;
+    let mut half = Vec::new();
+    for e in events.iter().filter(|e| e.reason == "Moved") {
+        let Some(rest) = e.message.strip_prefix("Moved to make room for ") else {
+            continue;
+        };
+        moves += 1;
+        let for_pod = rest.split(' ').next().unwrap_or_default().to_string();
+        let me = format!("{}/{}", e.pod.namespace, e.pod.name);
+        if !completed.contains(&(for_pod.clone(), me.clone())) {
+            half.push(format!("{me} for {for_pod}"));
+        }
+    }
+    eprintln!(
+        "make-room stress seed {seed}: {placed} of 24 8-GPU pods placed; {moves} pods moved, {} in complete plans; {dry_refused} plans refused whole by their dry run; {stopped_plans} plans stopped midway after {stopped_moves} moves; {} moves outside a complete plan",
+        completed.len(),
+        half.len()
+    );
+    assert!(
+        moves > 0 && placed > 0,
+        "the stress made no room at all (seed {seed})"
+    );
+    assert!(
+        dry_refused + stopped_plans > 0,
+        "no refusal was met (seed {seed})"
+    );
+    // A move outside a complete plan happens only before a refusal that stopped its plan
+    // (the refusals between dry run and eviction); the pods that refuse for good are
+    // caught by the dry run and never leave a plan half done.
+    assert!(half.len() <= stopped_moves, "seed {seed}: {half:?}");
+    assert_no_double_booking(&api);
+}
