@@ -157,7 +157,16 @@ pub fn plan(
     out.frag_after = out.frag_after_room;
     let crowded = out.frag_after_room * 1e3 > config.rebalance_threshold * out.gpus as f64 * 1e3;
     if !out.blocked.is_empty() && crowded {
-        let skip = |_: &str| false;
+        // Rebalancing runs on the state after the plans: the pods the plans moved are
+        // elsewhere there, so they are not movable again (every move it makes is listed,
+        // and the fragmentation after is that of the listed moves).
+        let moved_uids: HashSet<&str> = view
+            .pods
+            .iter()
+            .filter(|p| moved.contains(&p.key.to_string()))
+            .map(|p| p.key.uid.as_str())
+            .collect();
+        let skip = |uid: &str| moved_uids.contains(uid);
         let rules = Eligibility {
             min_age: config.min_age,
             now,
@@ -172,9 +181,6 @@ pub fn plan(
         let r = defrag::rebalance(&mut fgd, &work, &set.movables, limits, 1000.0);
         for m in &r.moves {
             let pod = &set.pods[m.holder];
-            if moved.contains(&pod.key.to_string()) {
-                continue;
-            }
             let h = &set.movables.candidates.holders[m.holder];
             out.rebalance
                 .push(describe(&snapshot, pod, h.node, m.to, &m.gpus));

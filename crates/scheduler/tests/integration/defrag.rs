@@ -277,6 +277,18 @@ async fn the_dry_run_plans_what_the_scheduler_would_do_and_touches_nothing() {
         ("a", "n1", "n2")
     );
     assert!(plan.frag_after_room <= plan.frag_before);
+    // Every move is listed, once, and the fragmentation after is that of the listed moves.
+    let mut listed: Vec<&str> = plan
+        .make_room
+        .iter()
+        .flat_map(|r| r.moves.iter().map(|m| m.name.as_str()))
+        .collect();
+    listed.extend(plan.rebalance.iter().map(|m| m.name.as_str()));
+    let unique: std::collections::HashSet<&&str> = listed.iter().collect();
+    assert_eq!(unique.len(), listed.len(), "a pod moves twice: {plan:?}");
+    if plan.rebalance.is_empty() {
+        assert_eq!(plan.frag_after, plan.frag_after_room, "{plan:?}");
+    }
     let text = gpuplace_scheduler::defrag_plan::text(&plan);
     assert!(text.contains("make room for ml/big on n1"), "{text}");
     assert!(text.contains("ml/a: n1 -> n2"), "{text}");
