@@ -3,6 +3,7 @@
 //! runs one file's tests.
 
 mod api;
+mod fuzz;
 mod handshake;
 mod preemption;
 mod replay;
