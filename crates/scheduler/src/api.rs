@@ -190,6 +190,14 @@ pub trait ClusterApi: Clone + Send + Sync + 'static {
     /// Records an Event.
     fn event(&self, event: EventRecord) -> impl Future<Output = Result<(), ApiError>> + Send;
 
+    /// Sets the pod's `PodScheduled` condition to `False`, reason `Unschedulable`, with
+    /// `message`, as kube-scheduler writes it for a pod that fits nowhere.
+    fn unschedulable(
+        &self,
+        pod: &PodKey,
+        message: &str,
+    ) -> impl Future<Output = Result<(), ApiError>> + Send;
+
     /// Evicts a preemption victim: marks it with the `DisruptionTarget` condition (where
     /// the server supports it) and deletes it with its own grace period, the UID as a
     /// precondition (a pod recreated under the name is not touched).

@@ -65,6 +65,8 @@ fn bump(changes: &Changes) {
 
 /// The API server refuses an Event whose note is longer than 1 KiB.
 const MAX_NOTE_BYTES: usize = 1024;
+/// The most of a failure message kept in the pod's condition.
+const MAX_CONDITION_BYTES: usize = 4096;
 
 /// The longest prefix of `text` of at most `max` bytes that ends on a character boundary.
 fn truncate_bytes(text: &str, max: usize) -> &str {
@@ -491,6 +493,27 @@ impl ClusterApi for KubeApi {
             .await
             .map(|_| ())
             .map_err(api_error)
+    }
+
+    async fn unschedulable(&self, pod: &PodKey, message: &str) -> Result<(), ApiError> {
+        self.throttle().await;
+        let api = Api::<Pod>::namespaced(self.client.clone(), &pod.namespace);
+        // A strategic merge patch merges conditions by type, leaving the kubelet's alone.
+        let condition = json!({"status": {"conditions": [{
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": truncate_bytes(message, MAX_CONDITION_BYTES),
+            "lastTransitionTime": crate::clock::rfc3339(std::time::SystemTime::now()),
+        }]}});
+        api.patch_status(
+            &pod.name,
+            &PatchParams::default(),
+            &Patch::Strategic(condition),
+        )
+        .await
+        .map(|_| ())
+        .map_err(api_error)
     }
 
     async fn nominate(&self, pod: &PodKey, node: Option<&str>) -> Result<(), ApiError> {

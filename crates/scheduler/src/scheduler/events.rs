@@ -23,6 +23,8 @@ pub struct EventSink<A> {
     dropped: Arc<AtomicU64>,
     /// The latest `FailedScheduling` message per waiting pod, sent or dropped.
     reasons: PendingReasons,
+    /// The message last put in each waiting pod's `PodScheduled` condition.
+    conditions: std::collections::HashMap<String, String>,
 }
 
 impl<A: ClusterApi> EventSink<A> {
@@ -34,6 +36,7 @@ impl<A: ClusterApi> EventSink<A> {
             slots: Arc::new(Semaphore::new(concurrency.max(1))),
             dropped: Arc::default(),
             reasons: PendingReasons::default(),
+            conditions: std::collections::HashMap::new(),
         }
     }
 
@@ -44,14 +47,33 @@ impl<A: ClusterApi> EventSink<A> {
 
     /// Queues an Event; dropped when too many are waiting.
     pub fn emit(&mut self, pod: &PodKey, kind: &str, reason: &str, message: String) {
-        match reason {
-            "FailedScheduling" => self.reasons.failed(&pod.uid, &message),
-            "Scheduled" => self.reasons.clear(&pod.uid),
-            _ => {}
-        }
+        // A pod that fits nowhere also gets its PodScheduled=False condition with the same
+        // message when it changed, written after its Event (so the Event never lags it).
+        let condition = match reason {
+            "FailedScheduling" => {
+                self.reasons.failed(&pod.uid, &message);
+                let changed = self.conditions.get(&pod.uid) != Some(&message);
+                if changed {
+                    if self.conditions.len() >= MAX_QUEUED_EVENTS {
+                        self.conditions.clear();
+                    }
+                    self.conditions.insert(pod.uid.clone(), message.clone());
+                }
+                changed.then(|| message.clone())
+            }
+            "Scheduled" => {
+                self.reasons.clear(&pod.uid);
+                self.conditions.remove(&pod.uid);
+                None
+            }
+            _ => None,
+        };
         while self.events.try_join_next().is_some() {}
         if self.events.len() >= MAX_QUEUED_EVENTS {
             self.dropped.fetch_add(1, Ordering::Relaxed);
+            if condition.is_some() {
+                self.conditions.remove(&pod.uid);
+            }
             return;
         }
         let event = EventRecord {
@@ -68,6 +90,11 @@ impl<A: ClusterApi> EventSink<A> {
             };
             if let Err(e) = api.event(event.clone()).await {
                 tracing::warn!(pod = %event.pod, error = %e, "cannot record event");
+            }
+            if let Some(message) = condition
+                && let Err(e) = api.unschedulable(&event.pod, &message).await
+            {
+                tracing::debug!(pod = %event.pod, error = %e, "PodScheduled condition not written");
             }
         });
     }

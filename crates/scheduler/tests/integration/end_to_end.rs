@@ -95,9 +95,12 @@ async fn failures_are_explained_like_kube_scheduler() {
          preemption: 0/5 nodes are available: 3 No preemption victims found for incoming pod, \
          2 Preemption is not helpful for scheduling."
     );
-    // Parked: with nothing changed, later rounds do not even look (no retry, no Event),
-    // however long it waits.
+    // The pod's PodScheduled=False condition (this scheduler's own write) comes back as a
+    // watch event: one round takes the view and retries nobody. Then, with nothing
+    // changed, later rounds do not even look (no retry, no Event), however long it waits.
     let report = scheduler.round(t0 + Duration::from_secs(30)).await.unwrap();
+    assert_eq!((report.unschedulable, report.bound), (0, 0), "{report:?}");
+    let report = scheduler.round(t0 + Duration::from_secs(60)).await.unwrap();
     assert!(report.idle, "{report:?}");
     assert_eq!(api.events().len(), 1);
     // A new node wakes it; it is tried once its backoff (1 s) is over.
@@ -165,6 +168,9 @@ impl ClusterApi for Meddling {
     }
     async fn event(&self, event: EventRecord) -> Result<(), ApiError> {
         self.inner.event(event).await
+    }
+    async fn unschedulable(&self, pod: &PodKey, message: &str) -> Result<(), ApiError> {
+        self.inner.unschedulable(pod, message).await
     }
     async fn evict(&self, victim: &PodKey, message: &str) -> Result<(), ApiError> {
         self.inner.evict(victim, message).await

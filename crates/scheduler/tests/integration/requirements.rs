@@ -176,6 +176,26 @@ async fn requirements_are_met_or_explained() {
         message("both"),
         "annotation gpuplace.io/gpu-model-exclude: model \"A100\" is both allowed and excluded"
     );
+    // Each pending pod carries PodScheduled=False with the same words as its latest Event,
+    // as kube-scheduler writes it; a bound pod's condition is True (the Binding sets it).
+    for pending in ["quad-v100", "too-big", "typo", "both"] {
+        let pod = api.pod("ml", pending).unwrap();
+        let condition = pod
+            .status
+            .and_then(|s| s.conditions)
+            .and_then(|c| c.into_iter().find(|c| c.type_ == "PodScheduled"))
+            .unwrap_or_else(|| panic!("{pending} has no PodScheduled condition"));
+        assert_eq!(condition.status, "False");
+        assert_eq!(condition.reason.as_deref(), Some("Unschedulable"));
+        assert_eq!(condition.message.unwrap_or_default(), message(pending));
+    }
+    let quad = api.pod("ml", "quad").unwrap();
+    let scheduled = quad
+        .status
+        .and_then(|s| s.conditions)
+        .and_then(|c| c.into_iter().find(|c| c.type_ == "PodScheduled"))
+        .unwrap();
+    assert_eq!(scheduled.status, "True");
     assert_no_double_booking(&api);
 }
 

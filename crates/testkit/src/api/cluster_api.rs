@@ -127,6 +127,22 @@ impl ClusterApi for MemoryApi {
         s.write_pod(&key, |p| {
             p.spec.get_or_insert_with(Default::default).node_name = Some(request.node.clone());
             p.metadata.annotations = Some(merged);
+            // The Binding sets PodScheduled=True, replacing an Unschedulable one (as the
+            // API server's BindingREST does).
+            let conditions = p
+                .status
+                .get_or_insert_with(Default::default)
+                .conditions
+                .get_or_insert_with(Vec::new);
+            conditions.retain(|c| c.type_ != "PodScheduled");
+            conditions.push(k8s_openapi::api::core::v1::PodCondition {
+                type_: "PodScheduled".into(),
+                status: "True".into(),
+                last_transition_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::now(),
+                )),
+                ..Default::default()
+            });
         });
         s.bindings.push((pod.clone(), request.node.clone()));
         let v = s.version;
@@ -237,6 +253,35 @@ impl ClusterApi for MemoryApi {
             Some(Fault::TimeoutApplied) => Err(ApiError::Other("injected time-out".into())),
             _ => Ok(()),
         }
+    }
+
+    async fn unschedulable(&self, pod: &PodKey, message: &str) -> Result<(), ApiError> {
+        let (_permit, fault) = self.charge().await;
+        if fault.is_some() {
+            return Err(ApiError::Other("injected 500".into()));
+        }
+        let mut s = lock(&self.store);
+        let key = (pod.namespace.clone(), pod.name.clone());
+        if !s.pods.contains_key(&key) {
+            return Err(ApiError::NotFound(pod.to_string()));
+        }
+        let message = message.to_string();
+        s.write_pod(&key, |p| {
+            let status = p.status.get_or_insert_with(Default::default);
+            let conditions = status.conditions.get_or_insert_with(Vec::new);
+            conditions.retain(|c| c.type_ != "PodScheduled");
+            conditions.push(k8s_openapi::api::core::v1::PodCondition {
+                type_: "PodScheduled".into(),
+                status: "False".into(),
+                reason: Some("Unschedulable".into()),
+                message: Some(message),
+                last_transition_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::now(),
+                )),
+                ..Default::default()
+            });
+        });
+        Ok(())
     }
 
     async fn nominate(&self, pod: &PodKey, node: Option<&str>) -> Result<(), ApiError> {
