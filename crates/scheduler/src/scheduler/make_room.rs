@@ -94,7 +94,9 @@ impl<A: ClusterApi> Scheduler<A> {
             };
             let why = format!("Moved to make room for {}", pod.key);
             let moved = match self.start_moves(Some(&pod.key), &why, &planned.moves).await {
-                Moves::Done(moved) => moved,
+                Moves::Done(moved) if !moved.is_empty() => moved,
+                // Not the leader: nothing moved, nothing to wait for.
+                Moves::Done(_) => return Made::Nothing,
                 Moves::Refused { pod: stays, why } => {
                     self.refused_moves
                         .insert(stays.uid.clone(), std::time::Instant::now());

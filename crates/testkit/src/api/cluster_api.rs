@@ -5,6 +5,8 @@ use gpuplace_scheduler::api::{BindRequest, FedView, PodState};
 use gpuplace_scheduler::k8s::gang::PodGroupStatus;
 use gpuplace_scheduler::k8s::queue::QueueStatus;
 use gpuplace_scheduler::{ApiError, ClusterApi, ClusterView, EventRecord, PodKey};
+use k8s_openapi::api::core::v1::PodCondition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::costs::{Fault, validate_annotations};
 use super::{MemoryApi, lock};
@@ -129,20 +131,15 @@ impl ClusterApi for MemoryApi {
             p.metadata.annotations = Some(merged);
             // The Binding sets PodScheduled=True, replacing an Unschedulable one (as the
             // API server's BindingREST does).
-            let conditions = p
-                .status
-                .get_or_insert_with(Default::default)
-                .conditions
-                .get_or_insert_with(Vec::new);
-            conditions.retain(|c| c.type_ != "PodScheduled");
-            conditions.push(k8s_openapi::api::core::v1::PodCondition {
-                type_: "PodScheduled".into(),
-                status: "True".into(),
-                last_transition_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                    k8s_openapi::jiff::Timestamp::now(),
-                )),
-                ..Default::default()
-            });
+            set_condition(
+                p,
+                PodCondition {
+                    type_: "PodScheduled".into(),
+                    status: "True".into(),
+                    last_transition_time: Some(Time(k8s_openapi::jiff::Timestamp::now())),
+                    ..Default::default()
+                },
+            );
         });
         s.bindings.push((pod.clone(), request.node.clone()));
         let v = s.version;
@@ -234,19 +231,14 @@ impl ClusterApi for MemoryApi {
                 )));
             }
             // The DisruptionTarget condition, one write, as kube-scheduler patches it.
-            let message = message.to_string();
-            s.write_pod(&key, |p| {
-                let status = p.status.get_or_insert_with(Default::default);
-                let conditions = status.conditions.get_or_insert_with(Vec::new);
-                conditions.retain(|c| c.type_ != "DisruptionTarget");
-                conditions.push(k8s_openapi::api::core::v1::PodCondition {
-                    type_: "DisruptionTarget".into(),
-                    status: "True".into(),
-                    reason: Some("PreemptionByScheduler".into()),
-                    message: Some(message),
-                    ..Default::default()
-                });
-            });
+            let condition = PodCondition {
+                type_: "DisruptionTarget".into(),
+                status: "True".into(),
+                reason: Some("PreemptionByScheduler".into()),
+                message: Some(message.to_string()),
+                ..Default::default()
+            };
+            s.write_pod(&key, |p| set_condition(p, condition));
         }
         self.delete_pod_gracefully(&victim.namespace, &victim.name);
         match fault {
@@ -265,22 +257,15 @@ impl ClusterApi for MemoryApi {
         if !s.pods.contains_key(&key) {
             return Err(ApiError::NotFound(pod.to_string()));
         }
-        let message = message.to_string();
-        s.write_pod(&key, |p| {
-            let status = p.status.get_or_insert_with(Default::default);
-            let conditions = status.conditions.get_or_insert_with(Vec::new);
-            conditions.retain(|c| c.type_ != "PodScheduled");
-            conditions.push(k8s_openapi::api::core::v1::PodCondition {
-                type_: "PodScheduled".into(),
-                status: "False".into(),
-                reason: Some("Unschedulable".into()),
-                message: Some(message),
-                last_transition_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                    k8s_openapi::jiff::Timestamp::now(),
-                )),
-                ..Default::default()
-            });
-        });
+        let condition = PodCondition {
+            type_: "PodScheduled".into(),
+            status: "False".into(),
+            reason: Some("Unschedulable".into()),
+            message: Some(message.to_string()),
+            last_transition_time: Some(Time(k8s_openapi::jiff::Timestamp::now())),
+            ..Default::default()
+        };
+        s.write_pod(&key, |p| set_condition(p, condition));
         Ok(())
     }
 
@@ -350,4 +335,16 @@ impl ClusterApi for MemoryApi {
         s.status_writes += 1;
         Ok(())
     }
+}
+
+/// Puts `condition` on the pod in place of any of its type, as a status patch merging
+/// conditions by type does.
+fn set_condition(pod: &mut k8s_openapi::api::core::v1::Pod, condition: PodCondition) {
+    let conditions = pod
+        .status
+        .get_or_insert_with(Default::default)
+        .conditions
+        .get_or_insert_with(Vec::new);
+    conditions.retain(|c| c.type_ != condition.type_);
+    conditions.push(condition);
 }
