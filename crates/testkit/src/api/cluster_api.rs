@@ -248,15 +248,6 @@ impl ClusterApi for MemoryApi {
     }
 
     async fn unschedulable(&self, pod: &PodKey, message: &str) -> Result<(), ApiError> {
-        let (_permit, fault) = self.charge().await;
-        if fault.is_some() {
-            return Err(ApiError::Other("injected 500".into()));
-        }
-        let mut s = lock(&self.store);
-        let key = (pod.namespace.clone(), pod.name.clone());
-        if !s.pods.contains_key(&key) {
-            return Err(ApiError::NotFound(pod.to_string()));
-        }
         let condition = PodCondition {
             type_: "PodScheduled".into(),
             status: "False".into(),
@@ -265,30 +256,18 @@ impl ClusterApi for MemoryApi {
             last_transition_time: Some(Time(k8s_openapi::jiff::Timestamp::now())),
             ..Default::default()
         };
-        s.write_pod(&key, |p| set_condition(p, condition));
-        Ok(())
+        self.write_status(pod, |p| set_condition(p, condition))
+            .await
     }
 
     async fn nominate(&self, pod: &PodKey, node: Option<&str>) -> Result<(), ApiError> {
-        let (_permit, fault) = self.charge().await;
-        if fault.is_some() {
-            return Err(ApiError::Other("injected 500".into()));
-        }
-        let mut s = lock(&self.store);
-        let key = (pod.namespace.clone(), pod.name.clone());
-        if !s.pods.contains_key(&key) {
-            return Err(ApiError::NotFound(pod.to_string()));
-        }
         let node = node.map(str::to_string);
-        s.write_pod(&key, |p| {
+        self.write_status(pod, |p| {
             p.status
                 .get_or_insert_with(Default::default)
                 .nominated_node_name = node;
-        });
-        let v = s.version;
-        drop(s);
-        self.pod_version.send_replace(v);
-        Ok(())
+        })
+        .await
     }
 
     async fn queue_status(&self, name: &str, status: QueueStatus) -> Result<(), ApiError> {
@@ -333,6 +312,30 @@ impl ClusterApi for MemoryApi {
         g.status = Some(status);
         g.metadata.resource_version = Some(rv);
         s.status_writes += 1;
+        Ok(())
+    }
+}
+
+impl MemoryApi {
+    /// A write to an existing pod's status, charged as a request and seen by its watchers.
+    async fn write_status(
+        &self,
+        pod: &PodKey,
+        f: impl FnOnce(&mut k8s_openapi::api::core::v1::Pod),
+    ) -> Result<(), ApiError> {
+        let (_permit, fault) = self.charge().await;
+        if fault.is_some() {
+            return Err(ApiError::Other("injected 500".into()));
+        }
+        let mut s = lock(&self.store);
+        let key = (pod.namespace.clone(), pod.name.clone());
+        if !s.pods.contains_key(&key) {
+            return Err(ApiError::NotFound(pod.to_string()));
+        }
+        s.write_pod(&key, f);
+        let v = s.version;
+        drop(s);
+        self.pod_version.send_replace(v);
         Ok(())
     }
 }
