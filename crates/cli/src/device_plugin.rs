@@ -71,9 +71,12 @@ pub struct DevicePluginArgs {
     /// The kubelet's PodResources socket [default: /var/lib/kubelet/pod-resources/kubelet.sock].
     #[arg(long, env = "GPUPLACE_POD_RESOURCES_SOCKET")]
     pod_resources_socket: Option<PathBuf>,
-    /// Serve Prometheus metrics and /healthz here (e.g. 0.0.0.0:9400).
+    /// Serve Prometheus metrics and /healthz here (e.g. 0.0.0.0:9400; not loopback: over
+    /// TLS, callers need a bearer token allowed `get` on /metrics).
     #[arg(long, env = "GPUPLACE_METRICS_ADDR")]
     metrics_addr: Option<SocketAddr>,
+    #[command(flatten)]
+    tls: crate::ops::TlsArgs,
     /// Log format: text or json [default: text].
     #[arg(long, env = "GPUPLACE_LOG_FORMAT")]
     log_format: Option<LogFormat>,
@@ -133,10 +136,13 @@ pub fn run(args: DevicePluginArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(serve(config))
+    runtime.block_on(serve(config, args.tls))
 }
 
-async fn serve(config: Arc<gpuplace_deviceplugin::Config>) -> anyhow::Result<()> {
+async fn serve(
+    config: Arc<gpuplace_deviceplugin::Config>,
+    tls: crate::ops::TlsArgs,
+) -> anyhow::Result<()> {
     let shutdown = crate::signals::shutdown();
     let metrics = Metrics::default();
     if let Some(addr) = config.metrics_addr {
@@ -152,7 +158,10 @@ async fn serve(config: Arc<gpuplace_deviceplugin::Config>) -> anyhow::Result<()>
             healthz: probe.clone(),
             readyz: probe,
         };
-        tokio::spawn(crate::ops::serve(listener, registry, probes, None));
+        let exposure = crate::ops::exposure(addr, &tls, None, false).await?;
+        tokio::spawn(crate::ops::serve(
+            listener, registry, probes, None, exposure,
+        ));
     }
     Ok(gpuplace_deviceplugin::app::serve(config, metrics, shutdown).await?)
 }

@@ -22,13 +22,16 @@ pub struct ExtenderArgs {
     #[arg(long, env = "KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
     /// Serve the extender verbs (POST /filter, /prioritize, /bind) here; also /metrics,
-    /// /healthz and /readyz unless --metrics-addr is given. Beside kube-scheduler in one
+    /// /healthz and /readyz unless --metrics-addr is given (/metrics only on loopback). Beside kube-scheduler in one
     /// pod, keep it on 127.0.0.1 so nothing else can ask for a bind.
     #[arg(long, env = "GPUPLACE_LISTEN", default_value = "127.0.0.1:8888")]
     listen: SocketAddr,
-    /// Serve /metrics, /healthz and /readyz on their own address.
+    /// Serve /metrics, /healthz and /readyz on their own address (not loopback: over TLS,
+    /// callers need a bearer token allowed `get` on /metrics).
     #[arg(long, env = "GPUPLACE_METRICS_ADDR")]
     metrics_addr: Option<SocketAddr>,
+    #[command(flatten)]
+    tls: crate::ops::TlsArgs,
     /// `best`: filter passes only the node gpuplace would choose (kube-scheduler's own
     /// scores cannot undo the placement); `all`: every fitting node passes and prioritize
     /// ranks them.
@@ -130,15 +133,30 @@ async fn serve(args: ExtenderArgs, config: ExtenderConfig) -> anyhow::Result<()>
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("cannot serve metrics on {addr}"))?;
-            tokio::spawn(crate::ops::serve(listener, registry, probes, None));
+            let exposure =
+                crate::ops::exposure(addr, &args.tls, Some(client.clone()), false).await?;
+            tokio::spawn(crate::ops::serve(
+                listener, registry, probes, None, exposure,
+            ));
             None
         }
-        None => Some((registry, probes)),
+        // On the extender's own address (plain HTTP, for kube-scheduler): the metrics only
+        // when it is loopback; the probes always.
+        None if gpuplace_scheduler::access::may_serve_open(&args.listen) => {
+            Some(crate::ops::router(registry, probes))
+        }
+        None => {
+            tracing::warn!(
+                listen = %args.listen,
+                "metrics not served: the extender's address is not loopback; set --metrics-addr to serve them over TLS"
+            );
+            Some(crate::ops::probes_router(probes))
+        }
     };
     let served = app::ServedExtender {
         metrics,
         ready,
-        extra: ops.map(|(registry, probes)| crate::ops::router(registry, probes)),
+        extra: ops,
     };
     let options = app::ExtenderOptions {
         kube_api_qps: args.kube_api_qps,

@@ -111,6 +111,8 @@ pub struct SchedulerArgs {
     /// Pods one plan may move (and rebalancing moves in flight), 1 to 1000 [default: 4].
     #[arg(long, env = "GPUPLACE_DEFRAG_MAX_MOVES")]
     defrag_max_moves: Option<usize>,
+    #[command(flatten)]
+    tls: crate::ops::TlsArgs,
     /// JSON log lines.
     #[arg(long)]
     log_json: bool,
@@ -233,7 +235,11 @@ pub fn run(args: SchedulerArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    let served = Served { metrics_addr, ui };
+    let served = Served {
+        metrics_addr,
+        ui,
+        tls: args.tls,
+    };
     runtime.block_on(serve(args.kubeconfig, config, served, options))
 }
 
@@ -257,6 +263,8 @@ struct Served {
     metrics_addr: Option<SocketAddr>,
     /// The live GPU map beside the metrics.
     ui: bool,
+    /// The certificate when the address is not loopback.
+    tls: crate::ops::TlsArgs,
 }
 
 async fn serve(
@@ -295,11 +303,14 @@ async fn serve(
             }),
         };
         let extra = ui.clone().map(gpuplace_scheduler::ui::router);
+        let exposure =
+            crate::ops::exposure(addr, &served.tls, Some(client.clone()), ui.is_some()).await?;
         tokio::spawn(crate::ops::serve(
             listener,
             Arc::new(registry),
             probes,
             extra,
+            exposure,
         ));
     }
     let observed = app::Observed {

@@ -8,8 +8,10 @@
 //! - [`extender`]: the same state and profile behind kube-scheduler's extender verbs;
 //! - [`k8s`]: Kubernetes adapters and the reading of pods, PodGroups and budgets;
 //! - [`snapshot`]: the cluster as the stages see it; [`api`]: the one boundary trait;
+//! - [`access`]: who may read the metrics and the map (TLS, TokenReview, SubjectAccessReview);
 //! - [`status`]: the fleet at a glance (`gpuplace status`), [`ui`]: the live GPU map.
 
+pub mod access;
 pub mod api;
 pub mod app;
 pub mod clock;

@@ -7,6 +7,11 @@
 //! - `GET /ui/api/fleet?q=&sort=&limit=`: totals, models, the matching nodes' GPU cells
 //!   (at most `limit`, so 5,000 nodes stay light), pending pods and gangs, the last hour;
 //! - `GET /ui/api/node?name=`: one node's GPUs, holders and NVLink topology.
+//!
+//! Off a loopback address the map is served behind [`crate::access::guard`]: then a
+//! viewer sees cluster-wide totals and every GPU, but names, reasons and gangs only of the
+//! pods of namespaces they may `list pods` in (another namespace's holder is shown as
+//! such, without its name; search does not match it).
 
 pub mod history;
 
@@ -14,6 +19,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use axum::Extension;
 use axum::Router;
 use axum::extract::{Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
@@ -21,6 +27,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde::{Deserialize, Serialize};
 
+use crate::access::{Viewer, Visible};
 use crate::api::ClusterApi;
 use crate::status::text::cell;
 use crate::status::{self, FleetStatus, GroupStatus, NodeStatus, PendingPod, PendingReasons};
@@ -29,9 +36,10 @@ pub use history::{History, Sample};
 const PAGE: &str = include_str!("ui/page.html");
 const SCRIPT: &str = include_str!("ui/app.js");
 const STYLE: &str = include_str!("ui/app.css");
+const SIGN_IN: &str = include_str!("ui/sign-in.html");
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
                    connect-src 'self'; img-src 'self' data:; base-uri 'none'; \
-                   form-action 'none'; frame-ancestors 'none'";
+                   form-action 'self'; frame-ancestors 'none'";
 
 /// Nodes sent at most per answer unless asked otherwise (and never more than 2,000).
 const DEFAULT_LIMIT: usize = 300;
@@ -217,24 +225,69 @@ struct FleetAnswer<'s> {
     nodes: Vec<NodeCard>,
     pending_total: usize,
     pending: Vec<&'s PendingPod>,
-    groups: &'s [GroupStatus],
+    groups: Vec<&'s GroupStatus>,
     history: Vec<history::Point>,
-    warnings: &'s [String],
+    warnings: Vec<&'s String>,
+    /// Absent when the map is served without sign-in (loopback).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    viewer: Option<ViewerAnswer>,
+}
+
+/// Who asks (when the map is guarded) and what they may see.
+#[derive(Debug, Serialize)]
+struct ViewerAnswer {
+    user: String,
+    /// The namespaces whose pods are named; `null` for all of them.
+    namespaces: Option<Vec<String>>,
+}
+
+/// The namespaces a status names pods of.
+fn namespaces(status: &FleetStatus) -> std::collections::BTreeSet<&str> {
+    let holders = status
+        .nodes
+        .iter()
+        .flat_map(|n| n.gpus.iter().flat_map(|g| g.holders.iter()))
+        .map(|h| h.namespace.as_str());
+    let pending = status.pending.iter().map(|p| p.namespace.as_str());
+    let groups = status.groups.iter().map(|g| g.namespace.as_str());
+    holders.chain(pending).chain(groups).collect()
+}
+
+/// What `viewer` may see of `status` (all of it when the map is not guarded).
+async fn visible(viewer: Option<&Viewer>, status: &FleetStatus) -> Visible {
+    match viewer {
+        None => Visible::All,
+        Some(v) => v.visible(namespaces(status)).await,
+    }
+}
+
+/// A warning about a pod (`pod ns/name: ...`) is shown only to who sees its namespace.
+fn warning_visible(warning: &str, visible: &Visible) -> bool {
+    match warning
+        .strip_prefix("pod ")
+        .and_then(|rest| rest.split_once('/'))
+    {
+        Some((namespace, _)) => visible.sees(namespace),
+        None => true,
+    }
 }
 
 async fn fleet<A: ClusterApi>(
     State(ui): State<Arc<Ui<A>>>,
+    viewer: Option<Extension<Viewer>>,
     Query(query): Query<FleetQuery>,
 ) -> Response {
     let status = match ui.status().await {
         Ok(s) => s,
         Err(e) => return unavailable(e),
     };
+    let viewer = viewer.map(|Extension(v)| v);
+    let visible = visible(viewer.as_ref(), &status).await;
     let q = query.q.trim().to_lowercase();
     let mut matched: Vec<&NodeStatus> = status
         .nodes
         .iter()
-        .filter(|n| q.is_empty() || node_matches(n, &q))
+        .filter(|n| q.is_empty() || node_matches(n, &q, &visible))
         .collect();
     let free = |n: &NodeStatus| {
         n.gpus
@@ -250,10 +303,15 @@ async fn fleet<A: ClusterApi>(
         _ => {}
     }
     let limit = query.limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT);
-    let nodes = matched.iter().take(limit).map(|n| card(n)).collect();
+    let nodes = matched
+        .iter()
+        .take(limit)
+        .map(|n| card(n, &visible))
+        .collect();
     let pending: Vec<&PendingPod> = status
         .pending
         .iter()
+        .filter(|p| visible.sees(&p.namespace))
         .filter(|p| q.is_empty() || format!("{}/{}", p.namespace, p.name).contains(&q))
         .collect();
     let answer = FleetAnswer {
@@ -263,23 +321,50 @@ async fn fleet<A: ClusterApi>(
         nodes,
         pending_total: pending.len(),
         pending: pending.into_iter().take(MAX_PENDING).collect(),
-        groups: &status.groups,
+        groups: status
+            .groups
+            .iter()
+            .filter(|g| visible.sees(&g.namespace))
+            .collect(),
         history: ui.history.points(),
-        warnings: &status.warnings,
+        warnings: status
+            .warnings
+            .iter()
+            .filter(|w| warning_visible(w, &visible))
+            .collect(),
+        viewer: viewer.map(|v| ViewerAnswer {
+            user: v.user.name.clone(),
+            namespaces: match &visible {
+                Visible::All => None,
+                Visible::Only(set) => Some(set.iter().cloned().collect()),
+            },
+        }),
     };
     json(&answer)
 }
 
-fn node_matches(node: &NodeStatus, q: &str) -> bool {
+fn node_matches(node: &NodeStatus, q: &str, visible: &Visible) -> bool {
     node.name.to_lowercase().contains(q)
         || node.gpus.iter().any(|g| {
-            g.holders
-                .iter()
-                .any(|h| format!("{}/{}", h.namespace, h.name).contains(q))
+            g.holders.iter().any(|h| {
+                visible.sees(&h.namespace) && format!("{}/{}", h.namespace, h.name).contains(q)
+            })
         })
 }
 
-fn card(node: &NodeStatus) -> NodeCard {
+/// `holder` as the viewer may see it: another namespace's pod keeps only its share.
+fn shown(holder: &status::Holder, visible: &Visible) -> status::Holder {
+    if visible.sees(&holder.namespace) {
+        holder.clone()
+    } else {
+        status::Holder {
+            milli: holder.milli,
+            ..status::Holder::default()
+        }
+    }
+}
+
+fn card(node: &NodeStatus, visible: &Visible) -> NodeCard {
     NodeCard {
         name: node.name.clone(),
         model: node.model.clone(),
@@ -298,12 +383,12 @@ fn card(node: &NodeStatus) -> NodeCard {
                     .holders
                     .iter()
                     .map(|h| {
-                        format!(
-                            "{}/{} ({})",
-                            h.namespace,
-                            h.name,
-                            status::gpus_text(1, h.milli)
-                        )
+                        let share = status::gpus_text(1, h.milli);
+                        if visible.sees(&h.namespace) {
+                            format!("{}/{} ({share})", h.namespace, h.name)
+                        } else {
+                            format!("a pod of another namespace ({share})")
+                        }
                     })
                     .collect();
                 let state = if !g.healthy {
@@ -349,17 +434,53 @@ struct NodeQuery {
 
 async fn node<A: ClusterApi>(
     State(ui): State<Arc<Ui<A>>>,
+    viewer: Option<Extension<Viewer>>,
     Query(query): Query<NodeQuery>,
 ) -> Response {
     let status = match ui.status().await {
         Ok(s) => s,
         Err(e) => return unavailable(e),
     };
-    match status.nodes.iter().find(|n| n.name == query.name) {
-        Some(node) => json(node),
-        None => {
-            let body = format!("no GPU node named {:?}", query.name);
-            secured((StatusCode::NOT_FOUND, body).into_response())
+    let Some(node) = status.nodes.iter().find(|n| n.name == query.name) else {
+        let body = format!("no GPU node named {:?}", query.name);
+        return secured((StatusCode::NOT_FOUND, body).into_response());
+    };
+    let Some(Extension(viewer)) = viewer else {
+        return json(node);
+    };
+    let holders: Vec<&str> = node
+        .gpus
+        .iter()
+        .flat_map(|g| g.holders.iter())
+        .map(|h| h.namespace.as_str())
+        .collect();
+    let visible = viewer.visible(holders).await;
+    let mut shown_node = node.clone();
+    for g in &mut shown_node.gpus {
+        g.holders = g.holders.iter().map(|h| shown(h, &visible)).collect();
+    }
+    json(&shown_node)
+}
+
+/// The map's sign-in form with `line` on it, answered with `status` (401 or 403).
+pub fn sign_in_page(status: StatusCode, line: &str) -> Response {
+    let page = SIGN_IN.replace("{{why}}", &escape(line));
+    let kind = [(header::CONTENT_TYPE, "text/html; charset=utf-8")];
+    secured((status, kind, page).into_response())
+}
+
+/// `text` safe inside HTML text.
+fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
         }
     }
+    out
 }

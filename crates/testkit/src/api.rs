@@ -20,6 +20,7 @@ mod costs;
 mod listing;
 mod objects;
 mod queues;
+mod rbac;
 mod watches;
 
 use std::collections::{BTreeMap, HashMap};
@@ -284,6 +285,8 @@ pub struct MemoryApi {
     pod_version: tokio::sync::watch::Sender<u64>,
     /// Likewise for Nodes.
     node_version: tokio::sync::watch::Sender<u64>,
+    /// Tokens and RBAC objects, for TokenReview and SubjectAccessReview.
+    rbac: Arc<Mutex<rbac::Rbac>>,
 }
 
 impl Default for MemoryApi {
@@ -293,6 +296,7 @@ impl Default for MemoryApi {
             store: Arc::default(),
             pod_version: tokio::sync::watch::channel(0).0,
             node_version: tokio::sync::watch::channel(0).0,
+            rbac: Arc::default(),
         }
     }
 }

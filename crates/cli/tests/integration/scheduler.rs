@@ -73,6 +73,58 @@ fn scheduler_refuses_bad_settings_clearly() {
     }
 }
 
+/// A metrics address off loopback is served over TLS: a certificate without its key, or
+/// files that do not load, stop the start with a line naming them.
+#[test]
+fn a_metrics_address_off_loopback_needs_a_certificate_that_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: \"https://127.0.0.1:1\"}}]\n\
+         users: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n",
+    )
+    .unwrap();
+    let out = Command::cargo_bin("gpuplace")
+        .unwrap()
+        .args(["scheduler", "--tls-cert-file", "/x.crt"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--tls-private-key-file"), "{stderr}");
+    let not_pem = dir.path().join("not.pem");
+    std::fs::write(&not_pem, "hello").unwrap();
+    for (cert, key, says) in [
+        (
+            "/nonexistent/tls.crt",
+            "/nonexistent/tls.key",
+            "cannot read /nonexistent/tls.crt",
+        ),
+        (
+            not_pem.to_str().unwrap(),
+            not_pem.to_str().unwrap(),
+            "holds no PEM certificate",
+        ),
+    ] {
+        let out = Command::cargo_bin("gpuplace")
+            .unwrap()
+            .args(["scheduler", "--metrics-addr", "0.0.0.0:0", "--kubeconfig"])
+            .arg(&kubeconfig)
+            .args(["--tls-cert-file", cert, "--tls-private-key-file", key])
+            .timeout(std::time::Duration::from_secs(30))
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("cannot set up TLS for the metrics address"),
+            "{stderr}"
+        );
+        assert!(stderr.contains(says), "{stderr}");
+    }
+}
+
 /// The benches on the in-memory API live in `gpuplace-bench`; the release binary says so
 /// (with the arguments given) instead of "unrecognized subcommand".
 #[test]

@@ -23,6 +23,11 @@ function gpus(milli) {
   return Number.isInteger(g) ? String(g) : g.toFixed(2).replace(/0+$/, "");
 }
 
+// A holder the viewer may not see (another namespace's pod) comes without its name.
+function holderName(h) {
+  return h.name ? h.namespace + "/" + h.name : "a pod of another namespace";
+}
+
 function gpuCell(use, tip, index) {
   const cell = el("span", { class: "gpu", "data-use": use, "data-gpu": String(index), title: tip });
   if (use >= "1" && use <= "9") {
@@ -150,7 +155,7 @@ function renderDetail(node) {
     const use = !g.healthy ? "x" : g.used_milli === 0 ? "." : g.used_milli >= g.capacity_milli ? "#" : "s";
     const c = svg("circle", { cx: p.x, cy: p.y, r: 16, fill: colours[use] || "#e0a526", stroke: "#556", "data-gpu": g.index });
     const t = svg("title");
-    t.textContent = "GPU " + g.index + ": " + (g.holders.map((h) => h.namespace + "/" + h.name).join(", ") || "free");
+    t.textContent = "GPU " + g.index + ": " + (g.holders.map(holderName).join(", ") || "free");
     c.appendChild(t);
     topo.appendChild(c);
     const label = svg("text", { x: p.x, y: p.y });
@@ -160,12 +165,22 @@ function renderDetail(node) {
   const body = document.querySelector("#detail-gpus tbody");
   body.replaceChildren();
   for (const g of node.gpus) {
-    const holders = g.holders.map((h) => h.namespace + "/" + h.name + " (" + gpus(h.milli) + " GPU, since " + (h.since || "?") + ")");
+    const holders = g.holders.map((h) => holderName(h) + " (" + gpus(h.milli) + " GPU, since " + (h.since || "?") + ")");
     const use = !g.healthy ? "unhealthy" : gpus(g.used_milli) + " / " + gpus(g.capacity_milli);
     const tr = row(["GPU " + g.index + " (" + g.id + ")", g.model + ", " + g.memory_mib + " MiB", use, holders.join("; ") || "free"]);
     tr.setAttribute("data-gpu", String(g.index));
     body.appendChild(tr);
   }
+}
+
+// Who is signed in, and whose pods the page names (absent when served without sign-in).
+function renderViewer(v) {
+  const out = document.getElementById("signout");
+  if (!v) { out.hidden = true; return; }
+  out.hidden = false;
+  const seen = v.namespaces === null ? "pods of every namespace" :
+    v.namespaces.length === 0 ? "no namespace's pods" : "pods of " + v.namespaces.join(", ");
+  document.getElementById("viewer").textContent = v.user + " (" + seen + ")";
 }
 
 async function refreshDetail() {
@@ -192,6 +207,8 @@ async function poll() {
   try {
     const url = "/ui/api/fleet?q=" + encodeURIComponent(state.query) + "&sort=" + encodeURIComponent(state.sort);
     const r = await fetch(url);
+    // Signed out (the cookie expired or the token was revoked): back to the sign-in form.
+    if (r.status === 401) { location.reload(); return; }
     if (!r.ok) throw new Error(r.status + " " + (await r.text()));
     const f = await r.json();
     renderTotals(f.totals, f.matched, f.nodes.length);
@@ -199,6 +216,7 @@ async function poll() {
     renderNodes(f.nodes);
     renderPending(f.pending, f.pending_total);
     renderGroups(f.groups);
+    renderViewer(f.viewer);
     chart("chart-alloc", f.history, "allocation_pct");
     chart("chart-frag", f.history, "fragmentation_pct");
     await refreshDetail();

@@ -2,6 +2,7 @@
 //! and the long stresses run beside the short tests): `cargo test -p gpuplace-scheduler
 //! --test integration stress::` runs one file's tests.
 
+mod access;
 mod common;
 mod defrag;
 mod end_to_end;

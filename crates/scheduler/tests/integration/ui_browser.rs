@@ -1,6 +1,7 @@
 //! The live GPU map in a real browser: headless Chromium (Debian's `chromium` and
 //! `chromium-driver`, which `.ci/run` installs) drives `/ui` served over the in-memory API
-//! while the real loop schedules. The map shows the GPUs the cluster holds, a pod bound
+//! while the real loop schedules, the way it is served off loopback: over TLS, behind the
+//! sign-in form (a ServiceAccount token, reviewed by the in-memory API server). The map shows the GPUs the cluster holds, a pod bound
 //! during the test appears on its GPUs within a second, a pending pod shows its reason,
 //! and hostile text from annotations stays text. A screenshot is kept in
 //! `target/tmp/gpu-map.png`.
@@ -81,14 +82,26 @@ fn the_map_shows_the_cluster_in_a_real_browser() {
     map.attach(api.clone(), scheduler.reasons());
     let start = Instant::now();
     rt.block_on(scheduler.round(start)).expect("a round");
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .expect("a port");
-    let addr = listener.local_addr().expect("an address");
-    let server = rt.spawn(async move { axum::serve(listener, ui::router(map)).await });
+    let dir = tempfile::tempdir().expect("a dir");
+    let (source, _) = crate::access::certificate(dir.path());
+    let tokens = crate::access::grant(&api);
+    let addr = rt.block_on(crate::access::serve(&api, ui::router(map), &source));
 
     let browser = Browser::start(&chromium, &driver);
-    browser.goto(&format!("http://{addr}/ui"));
+    browser.goto(&format!("https://{addr}/ui"));
+    let form = browser.wait_for(
+        "return document.querySelector('form[action=\"/ui/login\"]') !== null && document.querySelectorAll('.card').length === 0",
+        json!([]),
+        Duration::from_secs(20),
+    );
+    assert!(
+        form.is_some(),
+        "without a token the map shows its sign-in form only"
+    );
+    browser.run(
+        "document.querySelector('input[name=token]').value = arguments[0]; document.querySelector('form').submit(); return true",
+        json!([tokens.admin]),
+    );
     let rendered = browser.wait_for(
         "return document.querySelectorAll('.card').length === 2",
         json!([]),
@@ -170,11 +183,23 @@ fn the_map_shows_the_cluster_in_a_real_browser() {
     );
     assert!(drawn.is_some(), "dgx-a's 8 GPUs and 4 NVLink pairs drawn");
 
+    // Who is signed in, and that every namespace's pods are named to them.
+    let viewer = browser.run(
+        "return document.getElementById('viewer').textContent",
+        json!([]),
+    );
+    assert!(
+        viewer
+            .as_str()
+            .unwrap_or_default()
+            .contains("system:serviceaccount:ops:admin (pods of every namespace)"),
+        "{viewer}"
+    );
+
     let png = browser.screenshot();
     assert!(png.starts_with(b"\x89PNG"), "a PNG");
     let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("gpu-map.png");
     std::fs::write(&path, png).expect("the screenshot kept");
     eprintln!("screenshot: {}", path.display());
     drop(browser);
-    server.abort();
 }

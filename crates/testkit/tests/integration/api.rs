@@ -45,3 +45,91 @@ async fn the_cache_follows_the_watch_and_relists_after_compaction() {
     assert_eq!(names(&api.view().await.unwrap()), ["b"]);
     assert_eq!(api.relists(), 2);
 }
+
+/// TokenReview and SubjectAccessReview answer as the v1.26 API server did (checked with
+/// curl on `../shared/realapi`): 400 for an empty token, RBAC's rules (URL prefixes, a
+/// ClusterRole bound in one namespace only, no rights by default), 422 for an invalid
+/// review.
+#[tokio::test]
+async fn reviews_answer_as_the_api_server_does() {
+    use gpuplace_scheduler::access::{Access, ReviewError, Reviews};
+    let api = MemoryApi::new();
+    let binding = |kind: &str, json: serde_json::Value| -> serde_json::Value {
+        let mut v = json;
+        v["roleRef"] =
+            json!({"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": v["roleRef"]});
+        v
+    };
+    api.put_cluster_role(
+        serde_json::from_value(json!({"metadata": {"name": "map"},
+            "rules": [{"nonResourceURLs": ["/ui", "/ui/*"], "verbs": ["get"]}]}))
+        .unwrap(),
+    );
+    api.put_cluster_role(
+        serde_json::from_value(json!({"metadata": {"name": "pods"},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]}))
+        .unwrap(),
+    );
+    api.put_cluster_role_binding(
+        serde_json::from_value(binding(
+            "ClusterRole",
+            json!({"metadata": {"name": "m"}, "roleRef": "map",
+            "subjects": [{"kind": "ServiceAccount", "name": "v", "namespace": "a"}]}),
+        ))
+        .unwrap(),
+    );
+    api.put_role_binding(
+        serde_json::from_value(binding("ClusterRole", json!({"metadata": {"name": "p", "namespace": "a"},
+            "roleRef": "pods", "subjects": [{"kind": "ServiceAccount", "name": "v", "namespace": "a"}]})))
+        .unwrap(),
+    );
+    let token = api.service_account_token("a", "v");
+    let other = api.service_account_token("b", "w");
+    assert!(
+        matches!(api.authenticate("").await, Err(ReviewError::Refused(e)) if e.contains("token is required"))
+    );
+    assert_eq!(api.authenticate("forged").await, Ok(None));
+    let v = api.authenticate(&token).await.unwrap().expect("a user");
+    assert_eq!(v.name, "system:serviceaccount:a:v");
+    assert!(v.groups.contains(&"system:serviceaccounts:a".to_string()));
+    let w = api.authenticate(&other).await.unwrap().expect("a user");
+    let may = |user, access: Access| {
+        let api = api.clone();
+        async move { api.authorize(user, &access).await.unwrap().allowed }
+    };
+    assert!(may(&v, Access::path("/ui", "get")).await);
+    assert!(may(&v, Access::path("/ui/api/fleet", "get")).await);
+    assert!(
+        !may(&v, Access::path("/uix", "get")).await,
+        "/ui/* is a prefix with its slash"
+    );
+    assert!(!may(&v, Access::path("/metrics", "get")).await);
+    assert!(!may(&v, Access::path("/ui", "create")).await);
+    assert!(may(&v, Access::list_pods("a")).await);
+    assert!(!may(&v, Access::list_pods("b")).await, "bound in a only");
+    assert!(!may(&v, Access::list_pods("")).await, "not cluster-wide");
+    assert!(
+        !may(&w, Access::path("/ui", "get")).await,
+        "no rights by default"
+    );
+    let decision = api
+        .authorize(&v, &Access::path("/ui", "get"))
+        .await
+        .unwrap();
+    assert_eq!(
+        decision.reason,
+        "RBAC: allowed by ClusterRoleBinding \"m\" of ClusterRole \"map\" to ServiceAccount \"v/a\""
+    );
+    let nobody = gpuplace_scheduler::access::User::default();
+    let invalid = api.authorize(&nobody, &Access::path("/ui", "get")).await;
+    assert!(
+        matches!(invalid, Err(ReviewError::Refused(e)) if e.contains("at least one of user or group"))
+    );
+    revoke_and_check(&api, &token).await;
+}
+
+async fn revoke_and_check(api: &MemoryApi, token: &str) {
+    use gpuplace_scheduler::access::Reviews;
+    api.revoke_token(token);
+    assert_eq!(api.authenticate(token).await, Ok(None));
+}

@@ -91,6 +91,8 @@ impl Browser {
         let dir = profile.path().to_path_buf();
         let caps = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
+            // The map is served over TLS with a certificate made for the test.
+            "acceptInsecureCerts": true,
             "goog:chromeOptions": {
                 "binary": chromium,
                 "args": ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
