@@ -98,8 +98,35 @@ impl<A: ClusterApi> Scheduler<A> {
         }
         let best = self.best_trial(snapshot, &members, &domains, &gang);
         if gang.bound + best.trial.planned.len() as u32 >= gang.spec.min_member {
-            self.permit_gang(snapshot, &gang, best.trial.planned, report)
-                .await;
+            let placed: std::collections::HashSet<&str> = best
+                .trial
+                .planned
+                .iter()
+                .map(|(p, _, _)| p.key.uid.as_str())
+                .collect();
+            let left: Vec<(&Arc<PodInfo>, Verdicts)> = members
+                .iter()
+                .filter(|(p, _)| !placed.contains(p.key.uid.as_str()))
+                .map(|(p, v)| (*p, v.clone()))
+                .collect();
+            let (placed, failure) = (best.trial.planned.len() as u32, best.trial.failure);
+            if placed > 0 {
+                self.permit_gang(snapshot, &gang, best.trial.planned, report)
+                    .await;
+            }
+            if !left.is_empty() {
+                // The gang has its minMember: the members that do not fit now are told so
+                // as single pods are, and wait for an event that may make room.
+                let why = failure.unwrap_or_else(|| "no node fits it".to_string());
+                let reason = format!(
+                    "pod group {}: {} of minMember {} member(s) placed; this member does not fit: {}",
+                    gang.id,
+                    gang.bound + placed,
+                    gang.spec.min_member,
+                    sentence(&why)
+                );
+                self.refuse_gang(&left, reason, now, report).await;
+            }
             return;
         }
         let attempt = GangAttempt {
@@ -125,7 +152,7 @@ impl<A: ClusterApi> Scheduler<A> {
             })
             .map(|g| g.spec.clone())?;
         let id = format!("{namespace}/{group}");
-        let bound = view
+        let bound_uids: std::collections::HashSet<&str> = view
             .pods
             .iter()
             .filter(|p| {
@@ -133,8 +160,16 @@ impl<A: ClusterApi> Scheduler<A> {
                     && p.group.as_deref() == Some(group)
                     && p.is_active_bound()
             })
-            .count() as u32
-            + self.cluster.reservations.of_gang(&id).count() as u32;
+            .map(|p| p.key.uid.as_str())
+            .collect();
+        // A reservation whose pod the view already shows bound counts once.
+        let reserved = self
+            .cluster
+            .reservations
+            .of_gang(&id)
+            .filter(|r| !bound_uids.contains(r.key.uid.as_str()))
+            .count();
+        let bound = (bound_uids.len() + reserved) as u32;
         Some(Gang {
             id,
             namespace: namespace.to_string(),

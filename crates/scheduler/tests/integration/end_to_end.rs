@@ -511,3 +511,66 @@ async fn time_sliced_replicas_keep_the_real_gpus_and_pack_one_gpu_pods() {
     let report = again.round(Instant::now()).await.unwrap();
     assert_eq!(report.bound, 0, "{report:?}");
 }
+
+/// The real node's finding: a PodGroup of three 4-GPU pods on one 8-GPU node, then its
+/// `minMember` lowered to 2. Two members bind; the PodGroup counts only bound members, and
+/// the third carries a PodScheduled=False condition and an Event with its current reason.
+#[tokio::test]
+async fn a_gang_whose_min_member_is_lowered_counts_only_its_bound_members() {
+    let api = MemoryApi::new();
+    api.put_node(node("a", 8, json!({})));
+    api.put_group(group("train", 3, 30));
+    for i in 0..3 {
+        api.put_pod(pod(
+            &format!("w{i}"),
+            4,
+            json!({"metadata": {"labels": {"gpuplace.io/pod-group": "train"}}}),
+        ));
+    }
+    let start = Instant::now();
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    let report = scheduler.round(start).await.unwrap();
+    assert_eq!(report.bound, 0);
+    api.put_group(group("train", 2, 30));
+    let mut t = start;
+    for _ in 0..20 {
+        t += Duration::from_millis(500);
+        scheduler.round(t).await.unwrap();
+    }
+    let bound: Vec<String> = api
+        .pods()
+        .iter()
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
+        .map(|p| p.metadata.name.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(bound.len(), 2, "{bound:?}");
+    let status = api.group("ml", "train").unwrap().status.unwrap();
+    eprintln!("{status:?}");
+    assert_eq!(status.scheduled, 2, "{status:?}");
+    let waiting = api
+        .pods()
+        .into_iter()
+        .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none())
+        .expect("one member waits");
+    let name = waiting.metadata.name.clone().unwrap_or_default();
+    let condition = waiting
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled"))
+        .cloned()
+        .expect("a PodScheduled condition");
+    assert_eq!(condition.status, "False");
+    let last = api
+        .events()
+        .into_iter()
+        .filter(|e| e.reason == "FailedScheduling" && e.pod.name == name)
+        .last()
+        .expect("an Event");
+    eprintln!(
+        "condition: {:?}\nevent: {}",
+        condition.message, last.message
+    );
+    assert_eq!(condition.message.as_deref(), Some(last.message.as_str()));
+    assert!(!last.message.contains("only 2 of 3"), "{}", last.message);
+}
