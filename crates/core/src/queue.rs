@@ -1,10 +1,13 @@
 //! The scheduling queue's attempt state, as kube-scheduler keeps it: a pod is active until
-//! an attempt fails; then it backs off (per pod, 1 s doubling to 60 s, never reset by other
-//! pods' events). A pod that did not fit is also parked: it is not tried again, whatever its
-//! backoff, until an event that could make it fit (a node added or changed, a pod on a node
-//! gone or finished, a pod group changed) or until it has been parked for the flush
-//! interval. A failed write backs off without parking (the cluster did not refuse the pod;
-//! the server did).
+//! an attempt fails; then it backs off (per pod, 1 s doubling to 10 s, kube-scheduler's
+//! podInitialBackoffSeconds and podMaxBackoffSeconds). A pod that did not fit is also
+//! parked: it is not tried again, whatever its backoff, until an event that could make it
+//! fit (a node added or changed, a pod on a node gone or finished, a pod group changed) or
+//! until it has been parked for the flush interval. Such an event moves the pod back to the
+//! active queue at once, as kube-scheduler's queueing hints do (and its scheduling of
+//! backing-off pods when nothing else is active), but not sooner than the initial backoff
+//! after its last attempt: a storm of events tries a pod at most once a second. A failed
+//! write backs off without parking (the cluster did not refuse the pod; the server did).
 //!
 //! Pure: the caller says what time it is. The scheduler keys pods by UID and tells time
 //! with `Instant`; the simulator's timeline replay keys them by number and tells simulated
@@ -36,7 +39,7 @@ impl Default for QueueConfig {
     fn default() -> Self {
         QueueConfig {
             initial_backoff: Duration::from_secs(1),
-            max_backoff: Duration::from_secs(60),
+            max_backoff: Duration::from_secs(10),
             unschedulable_flush: Duration::from_secs(300),
         }
     }
@@ -45,6 +48,8 @@ impl Default for QueueConfig {
 #[derive(Clone, Copy, Debug)]
 struct Entry<T> {
     attempts: u32,
+    /// The last failed attempt.
+    tried_at: T,
     not_before: T,
     parked_at: Option<T>,
 }
@@ -107,6 +112,7 @@ impl<K: Hash + Eq, T: QueueTime> Queue<K, T> {
         let attempts = self.entries.get(key).map_or(0, |e| e.attempts) + 1;
         let entry = Entry {
             attempts,
+            tried_at: now,
             not_before: now + self.backoff(attempts),
             parked_at: park.then_some(now),
         };
@@ -146,11 +152,14 @@ impl<K: Hash + Eq, T: QueueTime> Queue<K, T> {
         self.entries.remove(key);
     }
 
-    /// Something happened that could make parked pods fit: they wait out their backoff
-    /// only.
+    /// Something happened that could make waiting pods fit: they are unparked and due
+    /// the initial backoff after their last attempt (at once, when that has passed),
+    /// whatever their backoff had grown to.
     pub fn wake_all(&mut self) {
+        let soonest = self.config.initial_backoff;
         for entry in self.entries.values_mut() {
             entry.parked_at = None;
+            entry.not_before = entry.not_before.min(entry.tried_at + soonest);
         }
     }
 
@@ -220,7 +229,7 @@ mod tests {
         let mut q: Queue<String, Instant> = Queue::new(QueueConfig::default());
         let t0 = Instant::now();
         let waits: Vec<_> = (1..=8).map(|a| q.backoff(a).as_secs()).collect();
-        assert_eq!(waits, [1, 2, 4, 8, 16, 32, 60, 60]);
+        assert_eq!(waits, [1, 2, 4, 8, 10, 10, 10, 10]);
         q.retry_later("a", t0);
         assert!(!q.is_due("a", t0));
         assert!(q.is_due("a", t0 + secs(1)));
@@ -244,9 +253,21 @@ mod tests {
 
         q.unschedulable("b", t0);
         q.wake_all();
-        assert!(!q.is_due("b", t0), "an event does not cut the backoff");
+        assert!(!q.is_due("b", t0), "an event leaves the first second");
         assert!(q.is_due("b", t0 + secs(1)));
         assert!(q.became_due(t0, t0 + secs(1)));
+        // A pod backed off 10 s is due 1 s after its last attempt once an event may help.
+        for i in 0..6 {
+            q.unschedulable("c", t0 + secs(i));
+        }
+        assert!(!q.is_due("c", t0 + secs(14)), "parked");
+        q.wake_all();
+        assert!(!q.is_due("c", t0 + secs(5)));
+        assert!(
+            q.is_due("c", t0 + secs(6)),
+            "1 s after its last attempt, not 10"
+        );
+        q.forget("c");
         // Waking never resets the attempt count.
         q.unschedulable("b", t0 + secs(1));
         assert_eq!(q.attempts("b"), 2);

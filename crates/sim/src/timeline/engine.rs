@@ -71,6 +71,8 @@ struct Unit {
     fails: u32,
     /// In [`Engine::ready`].
     ready: bool,
+    /// When its last attempt failed.
+    failed_at: Ms,
 }
 
 /// What a replay leaves behind for the metrics.
@@ -109,6 +111,9 @@ pub struct Engine<'a> {
     /// that can be due instead of every waiting one; which are due is still the queue's
     /// answer.)
     ready: Vec<u32>,
+    /// Units that failed since the last wake-up: a wake-up makes them due sooner (the
+    /// queue's initial backoff after their failure), which the wake-up entries must say.
+    backing_off: Vec<u32>,
     departures: BinaryHeap<Reverse<(Ms, u32)>>,
     running: Vec<u32>,
     /// Per job, its index in `running` (`u32::MAX`: not running).
@@ -180,6 +185,7 @@ impl<'a> Engine<'a> {
             fresh: Vec::new(),
             wakes: BinaryHeap::new(),
             ready: Vec::new(),
+            backing_off: Vec::new(),
             departures: BinaryHeap::new(),
             running: Vec::new(),
             running_at: Vec::new(),
@@ -341,6 +347,7 @@ impl<'a> Engine<'a> {
             waiting: true,
             fails: 0,
             ready: false,
+            failed_at: Ms(0),
         });
         self.fresh.push(unit);
     }
@@ -401,6 +408,14 @@ impl<'a> Engine<'a> {
         if self.freed {
             self.queue.wake_all();
             self.freed = false;
+            let soonest = self.queue.config().initial_backoff;
+            for unit in std::mem::take(&mut self.backing_off) {
+                let u = &self.units[unit as usize];
+                if u.waiting {
+                    self.wakes
+                        .push(Reverse((u.failed_at + soonest, unit, u.fails, false)));
+                }
+            }
         }
         self.maybe_rebalance(now);
         let makes_room = self.defrag.settings.mode.makes_room();
@@ -421,6 +436,8 @@ impl<'a> Engine<'a> {
                 let flush = self.queue.config().unschedulable_flush;
                 let u = &mut self.units[unit as usize];
                 u.fails += 1;
+                u.failed_at = now;
+                self.backing_off.push(unit);
                 self.wakes
                     .push(Reverse((now + backoff, unit, u.fails, false)));
                 self.wakes.push(Reverse((now + flush, unit, u.fails, true)));
