@@ -16,7 +16,6 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use serde_json::json;
@@ -30,6 +29,7 @@ use crate::k8s::pod_store::PodStore;
 use crate::k8s::gang::{PodGroup, PodGroupStatus};
 use crate::k8s::queue::{DEFAULT_QUEUE_ANNOTATION, Queue, QueueStatus};
 
+mod events;
 mod watch;
 pub use watch::{WatchLog, WatchNote, is_missing_resource};
 use watch::{
@@ -49,7 +49,7 @@ pub struct KubeApi {
     budgets: Watched<PodDisruptionBudget>,
     queues: Watched<Queue>,
     namespaces: Watched<Namespace>,
-    recorder: Recorder,
+    events: Arc<events::Publisher>,
     /// Counts watch events of all three caches: the view's generation.
     changes: Changes,
     /// The client's own request rate limit (`--kube-api-qps`, `--kube-api-burst`).
@@ -264,12 +264,12 @@ impl KubeApi {
             .wait_for(|listed| *listed)
             .await
             .map_err(|e| ApiError::Other(format!("pod watch: {e}")))?;
-        let reporter = Reporter {
-            controller: "gpuplace.io/scheduler".into(),
-            instance: Some(reporting_instance),
-        };
         Ok(KubeApi {
-            recorder: Recorder::new(client.clone(), reporter),
+            events: Arc::new(events::Publisher::new(
+                client.clone(),
+                "gpuplace.io/scheduler",
+                &reporting_instance,
+            )),
             client,
             nodes,
             pods,
@@ -392,9 +392,8 @@ impl ClusterApi for KubeApi {
 
     async fn event(&self, event: EventRecord) -> Result<(), ApiError> {
         self.throttle().await;
-        // kube-rs's recorder names the Event `<pod>.<hex time>` (a valid name, where a
-        // `generateName` of `<pod>.` is refused by the API server) and folds repeats into
-        // an Event series, as kube's own recorders do.
+        // Named `<pod>.<hex time>` (a `generateName` of `<pod>.` is refused by the API
+        // server); a repeat with the same note is folded into the Event's series.
         let action = match event.reason.as_str() {
             "Scheduled" => "Binding",
             "Preempted" => "Preempting",
@@ -408,19 +407,19 @@ impl ClusterApi for KubeApi {
             uid: Some(event.pod.uid.clone()),
             ..Default::default()
         };
-        let record = Event {
-            type_: if event.kind == "Warning" {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: event.reason,
-            note: Some(truncate_bytes(&event.message, MAX_NOTE_BYTES).to_string()),
-            action: action.into(),
-            secondary: None,
+        let type_ = if event.kind == "Warning" {
+            "Warning"
+        } else {
+            "Normal"
         };
-        self.recorder
-            .publish(&record, &reference)
+        self.events
+            .publish(events::Record {
+                type_,
+                reason: &event.reason,
+                action,
+                note: truncate_bytes(&event.message, MAX_NOTE_BYTES),
+                regarding: &reference,
+            })
             .await
             .map_err(api_error)
     }
@@ -556,19 +555,19 @@ impl ClusterApi for KubeApi {
             name: Some(queue.to_string()),
             ..Default::default()
         };
-        let record = Event {
-            type_: if kind == "Warning" {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: reason.to_string(),
-            note: Some(truncate_bytes(message, MAX_NOTE_BYTES).to_string()),
-            action: "Validating".into(),
-            secondary: None,
+        let type_ = if kind == "Warning" {
+            "Warning"
+        } else {
+            "Normal"
         };
-        self.recorder
-            .publish(&record, &reference)
+        self.events
+            .publish(events::Record {
+                type_,
+                reason,
+                action: "Validating",
+                note: truncate_bytes(message, MAX_NOTE_BYTES),
+                regarding: &reference,
+            })
             .await
             .map_err(api_error)
     }
