@@ -564,8 +564,7 @@ async fn a_gang_whose_min_member_is_lowered_counts_only_its_bound_members() {
     let last = api
         .events()
         .into_iter()
-        .filter(|e| e.reason == "FailedScheduling" && e.pod.name == name)
-        .last()
+        .rfind(|e| e.reason == "FailedScheduling" && e.pod.name == name)
         .expect("an Event");
     eprintln!(
         "condition: {:?}\nevent: {}",
