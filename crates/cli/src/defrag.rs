@@ -72,7 +72,7 @@ pub fn run(args: DefragArgs) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| gpuplace_model::keys::GPU_RESOURCE.into());
     let view = runtime.block_on(async {
-        let client = crate::scheduler::client(args.kubeconfig.clone()).await?;
+        let client = crate::kube_client::client(args.kubeconfig.clone()).await?;
         let read = status_read::read(client.clone(), &resource, None).await?;
         let budgets = status_read::read_budgets(client).await?;
         let mut view = read.view;

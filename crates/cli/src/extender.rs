@@ -102,7 +102,7 @@ pub fn run(args: ExtenderArgs) -> anyhow::Result<()> {
 }
 
 async fn serve(args: ExtenderArgs, config: ExtenderConfig) -> anyhow::Result<()> {
-    let client = crate::scheduler::client(args.kubeconfig.clone()).await?;
+    let client = crate::kube_client::client(args.kubeconfig.clone()).await?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;

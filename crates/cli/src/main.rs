@@ -4,6 +4,7 @@ mod bench;
 mod defrag;
 mod device_plugin;
 mod extender;
+mod kube_client;
 mod logging;
 mod ops;
 mod progress;

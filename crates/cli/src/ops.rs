@@ -75,7 +75,7 @@ pub async fn exposure(
     }
     let client = match client {
         Some(c) => c,
-        None => crate::scheduler::client(None).await.with_context(|| {
+        None => crate::kube_client::client(None).await.with_context(|| {
             format!(
                 "{addr} is not a loopback address, so its callers are checked by the API \
                  server (TokenReview, SubjectAccessReview), which needs a Kubernetes client"

@@ -243,21 +243,6 @@ pub fn run(args: SchedulerArgs) -> anyhow::Result<()> {
     runtime.block_on(serve(args.kubeconfig, config, served, options))
 }
 
-pub(crate) async fn client(kubeconfig: Option<PathBuf>) -> anyhow::Result<kube::Client> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(&path)
-                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-                .await?
-        }
-        None => kube::Config::infer()
-            .await
-            .context("no kubeconfig and not in a cluster")?,
-    };
-    Ok(kube::Client::try_from(config)?)
-}
-
 /// What the metrics address serves.
 struct Served {
     metrics_addr: Option<SocketAddr>,
@@ -273,7 +258,7 @@ async fn serve(
     served: Served,
     options: app::Options,
 ) -> anyhow::Result<()> {
-    let client = client(kubeconfig).await?;
+    let client = crate::kube_client::client(kubeconfig).await?;
     let metrics = Metrics::default();
     let heartbeat = Heartbeat::default();
     let health = Health::new(heartbeat.clone(), Duration::from_secs(60));

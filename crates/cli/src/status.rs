@@ -59,7 +59,7 @@ async fn show(args: StatusArgs) -> anyhow::Result<()> {
         "auto" => terminal && std::env::var_os("NO_COLOR").is_none(),
         other => anyhow::bail!("--color {other:?}: use always, never or auto"),
     };
-    let client = crate::scheduler::client(args.kubeconfig.clone()).await?;
+    let client = crate::kube_client::client(args.kubeconfig.clone()).await?;
     let resource = args
         .resource
         .clone()

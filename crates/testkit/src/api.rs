@@ -286,7 +286,7 @@ pub struct MemoryApi {
     /// Likewise for Nodes.
     node_version: tokio::sync::watch::Sender<u64>,
     /// Tokens and RBAC objects, for TokenReview and SubjectAccessReview.
-    rbac: Arc<Mutex<rbac::Rbac>>,
+    rbac: Arc<Mutex<Rbac>>,
 }
 
 impl Default for MemoryApi {
@@ -307,6 +307,17 @@ pub type PodChange = ((String, String), Option<Arc<Pod>>);
 
 /// Pod changes in order: (resourceVersion, namespace and name).
 type ChangeLog = Vec<(u64, (String, String))>;
+
+/// Tokens and RBAC objects (`api/rbac.rs` answers the reviews from them).
+#[derive(Default)]
+struct Rbac {
+    tokens: HashMap<String, gpuplace_scheduler::access::User>,
+    cluster_roles: Vec<k8s_openapi::api::rbac::v1::ClusterRole>,
+    cluster_bindings: Vec<k8s_openapi::api::rbac::v1::ClusterRoleBinding>,
+    roles: Vec<k8s_openapi::api::rbac::v1::Role>,
+    bindings: Vec<k8s_openapi::api::rbac::v1::RoleBinding>,
+    reviews: usize,
+}
 
 pub(super) fn lock(store: &Mutex<Store>) -> std::sync::MutexGuard<'_, Store> {
     store.lock().unwrap_or_else(|p| p.into_inner())

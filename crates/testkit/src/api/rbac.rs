@@ -6,25 +6,12 @@
 //! SubjectAccessReview needs a user or a group and exactly one of resource and
 //! non-resource attributes). Each review is a request, charged the server's costs.
 
-use std::collections::HashMap;
-
 use gpuplace_scheduler::access::kube_reviews::access_review;
 use gpuplace_scheduler::access::{Access, Decision, ReviewError, Reviews, User};
 use k8s_openapi::api::authorization::v1::SubjectAccessReviewSpec;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 
-use super::MemoryApi;
-
-/// Tokens and RBAC objects.
-#[derive(Default)]
-pub(super) struct Rbac {
-    tokens: HashMap<String, User>,
-    cluster_roles: Vec<ClusterRole>,
-    cluster_bindings: Vec<ClusterRoleBinding>,
-    roles: Vec<Role>,
-    bindings: Vec<RoleBinding>,
-    reviews: usize,
-}
+use super::{MemoryApi, Rbac};
 
 fn name_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> &str {
     meta.name.as_deref().unwrap_or_default()
