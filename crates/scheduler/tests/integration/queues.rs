@@ -396,3 +396,68 @@ async fn a_gang_reclaims_its_guarantee_all_at_once_and_never_past_it() {
     assert_eq!(bound_count(&api, "a"), 4, "a stays at its guarantee");
     assert_no_double_booking(&api);
 }
+
+/// The leader killed right after the first eviction of a gang's reclaim (its round dropped
+/// while the next eviction waits on the server, 2-6 ms a request): no member is nominated,
+/// and the next leader, from what the API shows, reclaims what is still missing, and only
+/// that (a keeps its guarantee), runs the gang, and no device is booked twice.
+#[tokio::test]
+async fn a_leader_killed_after_a_reclaims_first_eviction_leaves_nothing_the_next_cannot_finish() {
+    for run in 0..6u64 {
+        let latency = Duration::from_millis(2 + run % 5);
+        let api = MemoryApi::new().with_costs(gpuplace_testkit::api::ServerCosts {
+            latency,
+            ..Default::default()
+        });
+        two_halves(&api);
+        let mut first = Scheduler::new(api.clone(), config());
+        let mut t = Instant::now();
+        for i in 0..8 {
+            api.put_pod(in_queue(&format!("a{i}"), "a", 1));
+        }
+        settle(&mut first, &mut t).await;
+        assert_eq!(bound_count(&api, "a"), 8, "run {run}: a borrows b's half");
+        gang_in_queue(&api, "g", "b", 2, 2);
+        t += Duration::from_secs(5);
+        let killed = tokio::select! {
+            _ = first.round(t) => false,
+            _ = async {
+                while deleting(&api).is_empty() {
+                    tokio::time::sleep(Duration::from_micros(200)).await;
+                }
+            } => true,
+        };
+        drop(first);
+        let evicted = deleting(&api).len();
+        assert!(
+            killed && (1..4).contains(&evicted),
+            "run {run}: {evicted} evicted"
+        );
+        for member in ["g0", "g1"] {
+            let nominated = api
+                .pod("ml", member)
+                .and_then(|p| p.status?.nominated_node_name);
+            assert_eq!(nominated, None, "run {run}: {member} not nominated");
+        }
+        assert_no_double_booking(&api);
+
+        let mut next = Scheduler::new(api.clone(), config());
+        let mut rounds = 0;
+        while bound_count(&api, "g") < 2 && rounds < 20 {
+            rounds += 1;
+            t += Duration::from_secs(5);
+            next.round(t).await.unwrap();
+            finish_terminating(&api);
+            assert_no_double_booking(&api);
+        }
+        assert_eq!(bound_count(&api, "g"), 2, "run {run}: the gang runs");
+        assert_eq!(
+            bound_count(&api, "a"),
+            4,
+            "run {run}: exactly enough reclaimed in all"
+        );
+        eprintln!(
+            "run {run} (latency {latency:?}): killed after {evicted} of 4 evictions; the next leader ran the gang in {rounds} rounds"
+        );
+    }
+}

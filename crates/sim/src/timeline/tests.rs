@@ -123,7 +123,7 @@ fn a_pod_that_fits_nowhere_waits_parked_until_something_leaves() {
 }
 
 #[test]
-fn a_woken_pod_still_waits_out_its_backoff() {
+fn a_woken_pod_is_due_a_second_after_its_last_attempt() {
     let s = Scenario {
         pods: vec![
             pod("a", 8, 2, 0, None),
@@ -135,11 +135,12 @@ fn a_woken_pod_still_waits_out_its_backoff() {
     };
     // At 0 s: a starts; b and small fail (backoff 1 s, parked). At 2 s a leaves and wakes
     // both: b starts (first in order), small fails again (second attempt: backoff 2 s, to
-    // 4 s). At 3 s b leaves and the node is free, but small waits out its backoff: 4 s.
+    // 4 s). At 3 s b leaves and wakes small: an event that may help cuts its backoff to 1 s
+    // after its last attempt (2 s), so it starts at 3 s, not 4 s.
     let jobs = s.run(&[(0, 0), (0, 1), (0, 2), (300, 0)]);
     assert_eq!(secs(jobs[1].start), Some(2));
     assert_eq!(secs(jobs[1].end), Some(3));
-    assert_eq!(secs(jobs[2].start), Some(4));
+    assert_eq!(secs(jobs[2].start), Some(3));
 }
 
 #[test]
