@@ -102,9 +102,9 @@ fn is_page(path: &str) -> bool {
     path == "/ui" || path == "/ui/"
 }
 
-fn plain(status: StatusCode, body: String) -> Response {
-    let mut response = (status, body).into_response();
-    if status == StatusCode::UNAUTHORIZED {
+/// `response` with the challenge a 401 carries.
+fn challenged(mut response: Response) -> Response {
+    if response.status() == StatusCode::UNAUTHORIZED {
         response.headers_mut().insert(
             header::WWW_AUTHENTICATE,
             HeaderValue::from_static("Bearer realm=\"gpuplace\""),
@@ -113,19 +113,14 @@ fn plain(status: StatusCode, body: String) -> Response {
     response
 }
 
+fn plain(status: StatusCode, body: String) -> Response {
+    challenged((status, body).into_response())
+}
+
 impl<R: Reviews> Guard<R> {
     fn refuse(&self, path: &str, status: StatusCode, line: String) -> Response {
         match &self.sign_in {
-            Some(page) if is_page(path) => {
-                let mut response = page(status, &line);
-                if status == StatusCode::UNAUTHORIZED {
-                    response.headers_mut().insert(
-                        header::WWW_AUTHENTICATE,
-                        HeaderValue::from_static("Bearer realm=\"gpuplace\""),
-                    );
-                }
-                response
-            }
+            Some(page) if is_page(path) => challenged(page(status, &line)),
             _ => plain(status, line),
         }
     }

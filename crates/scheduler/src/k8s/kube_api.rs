@@ -407,14 +407,9 @@ impl ClusterApi for KubeApi {
             uid: Some(event.pod.uid.clone()),
             ..Default::default()
         };
-        let type_ = if event.kind == "Warning" {
-            "Warning"
-        } else {
-            "Normal"
-        };
         self.events
             .publish(events::Record {
-                type_,
+                type_: &event.kind,
                 reason: &event.reason,
                 action,
                 note: truncate_bytes(&event.message, MAX_NOTE_BYTES),
@@ -555,14 +550,9 @@ impl ClusterApi for KubeApi {
             name: Some(queue.to_string()),
             ..Default::default()
         };
-        let type_ = if kind == "Warning" {
-            "Warning"
-        } else {
-            "Normal"
-        };
         self.events
             .publish(events::Record {
-                type_,
+                type_: kind,
                 reason,
                 action: "Validating",
                 note: truncate_bytes(message, MAX_NOTE_BYTES),

@@ -43,6 +43,7 @@ struct Sent {
 
 /// One Event to write.
 pub struct Record<'a> {
+    /// `Warning`; anything else is written `Normal`.
     pub type_: &'a str,
     pub reason: &'a str,
     pub action: &'a str,
@@ -58,6 +59,15 @@ pub struct Publisher {
     sent: Mutex<HashMap<Key, Sent>>,
 }
 
+/// The Event type the API server accepts for `kind`.
+fn event_type(kind: &str) -> &'static str {
+    if kind == "Warning" {
+        "Warning"
+    } else {
+        "Normal"
+    }
+}
+
 fn key_of(record: &Record<'_>) -> Key {
     let r = record.regarding;
     let text = |v: &Option<String>| v.clone().unwrap_or_default();
@@ -68,7 +78,7 @@ fn key_of(record: &Record<'_>) -> Key {
             text(&r.name),
             text(&r.uid),
         ),
-        type_: record.type_.to_string(),
+        type_: event_type(record.type_).to_string(),
         reason: record.reason.to_string(),
         action: record.action.to_string(),
         note: record.note.to_string(),
@@ -155,7 +165,7 @@ impl Publisher {
                 ..ObjectMeta::default()
             },
             event_time: Some(MicroTime(now)),
-            type_: Some(record.type_.to_string()),
+            type_: Some(event_type(record.type_).to_string()),
             reason: Some(record.reason.to_string()),
             action: Some(record.action.to_string()),
             note: Some(record.note.to_string()),
