@@ -73,6 +73,8 @@ struct Unit {
     ready: bool,
     /// When its last attempt failed.
     failed_at: Ms,
+    /// In [`Engine::backing_off`].
+    backing_off: bool,
 }
 
 /// What a replay leaves behind for the metrics.
@@ -348,6 +350,7 @@ impl<'a> Engine<'a> {
             fails: 0,
             ready: false,
             failed_at: Ms(0),
+            backing_off: false,
         });
         self.fresh.push(unit);
     }
@@ -410,7 +413,8 @@ impl<'a> Engine<'a> {
             self.freed = false;
             let soonest = self.queue.config().initial_backoff;
             for unit in std::mem::take(&mut self.backing_off) {
-                let u = &self.units[unit as usize];
+                let u = &mut self.units[unit as usize];
+                u.backing_off = false;
                 if u.waiting {
                     self.wakes
                         .push(Reverse((u.failed_at + soonest, unit, u.fails, false)));
@@ -437,7 +441,10 @@ impl<'a> Engine<'a> {
                 let u = &mut self.units[unit as usize];
                 u.fails += 1;
                 u.failed_at = now;
-                self.backing_off.push(unit);
+                if !u.backing_off {
+                    u.backing_off = true;
+                    self.backing_off.push(unit);
+                }
                 self.wakes
                     .push(Reverse((now + backoff, unit, u.fails, false)));
                 self.wakes.push(Reverse((now + flush, unit, u.fails, true)));
