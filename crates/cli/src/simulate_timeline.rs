@@ -7,7 +7,7 @@ use gpuplace_core::Policy;
 use gpuplace_core::queue::QueueConfig;
 use gpuplace_sim::Workload;
 use gpuplace_sim::report::ClusterSize;
-use gpuplace_sim::timeline::options::{DefragMode, DefragSim};
+use gpuplace_sim::timeline::options::{Costs, DefragMode, DefragSim, Patience};
 use gpuplace_sim::timeline::report;
 use gpuplace_sim::timeline::summary::{self, TimelineSummary};
 use gpuplace_sim::timeline::{DurationModel, Timeline, TimelineOptions, TimelineRun, run_all};
@@ -52,14 +52,35 @@ pub struct TimelineArgs {
     /// Share of pods that may be moved (opted in; 0 to 1).
     #[arg(long, default_value_t = 0.5, requires = "timeline")]
     pub(crate) movable: f64,
-    /// Moved pods resume where they were instead of starting over (no work lost).
+    /// Evicted and moved pods resume where they were instead of running their whole
+    /// duration again (no work lost).
     #[arg(long, requires = "timeline")]
     pub(crate) checkpointed: bool,
+    /// Seconds from an eviction until the victim's GPUs are free: its grace period (0 to
+    /// 3,600; measured on a real node with Kubernetes' default 30-s grace: 31).
+    #[arg(long, default_value_t = 31.0, requires = "timeline")]
+    pub(crate) eviction_grace: f64,
+    /// Seconds from an eviction until the controller's new pod exists (0 to 3,600; measured:
+    /// 0.02).
+    #[arg(long, default_value_t = 0.02, requires = "timeline")]
+    pub(crate) recreate: f64,
+    /// Seconds from a decision until its Binding is written (0 to 3,600; measured: 0.01).
+    #[arg(long, default_value_t = 0.01, requires = "timeline")]
+    pub(crate) bind_latency: f64,
+    /// Seconds from the Binding until the container runs, GPUs held and no work done (0 to
+    /// 3,600; measured: 1).
+    #[arg(long, default_value_t = 1.0, requires = "timeline")]
+    pub(crate) start: f64,
+    /// `trace`: users delete pods that wait longer than their patience, drawn from the openb
+    /// trace's pods deleted while pending (11%: median 94 s, p90 342 s); `off`: pods wait as
+    /// long as it takes.
+    #[arg(long, value_enum, default_value_t = PatienceArg::Off, requires = "timeline")]
+    pub(crate) patience: PatienceArg,
     /// Seconds a pod must have run before it may move (0 to 2,592,000, 30 days).
     #[arg(long, default_value_t = 300.0, requires = "timeline")]
     pub(crate) defrag_min_age: f64,
-    /// Pods one plan may move (1 to 1000).
-    #[arg(long, default_value_t = 8, requires = "timeline")]
+    /// Pods one plan may move (1 to 1000; the scheduler's default too).
+    #[arg(long, default_value_t = 4, requires = "timeline")]
     pub(crate) defrag_max_moves: usize,
     /// GPUs per hour rebalancing may move (0 to 1,000,000).
     #[arg(long, default_value_t = 16.0, requires = "timeline")]
@@ -86,6 +107,25 @@ const MAX_MIN_AGE_S: f64 = 2_592_000.0;
 /// The largest `--defrag-budget`, GPUs per hour.
 const MAX_BUDGET: f64 = 1_000_000.0;
 
+/// `--patience`'s values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum PatienceArg {
+    Off,
+    Trace,
+}
+
+/// The longest cost flag, seconds (an hour).
+const MAX_COST_S: f64 = 3_600.0;
+
+/// A cost flag's seconds, refused with the flag's name and bounds when out of them.
+fn cost(flag: &str, seconds: f64) -> anyhow::Result<std::time::Duration> {
+    anyhow::ensure!(
+        seconds.is_finite() && (0.0..=MAX_COST_S).contains(&seconds),
+        "--{flag} must be between 0 and {MAX_COST_S} seconds, got {seconds}"
+    );
+    Ok(std::time::Duration::from_secs_f64(seconds))
+}
+
 /// `--defrag`'s values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum DefragArg {
@@ -98,6 +138,15 @@ pub(crate) enum DefragArg {
 }
 
 impl TimelineArgs {
+    fn costs(&self) -> anyhow::Result<Costs> {
+        Ok(Costs {
+            eviction_grace: cost("eviction-grace", self.eviction_grace)?,
+            recreate: cost("recreate", self.recreate)?,
+            bind_latency: cost("bind-latency", self.bind_latency)?,
+            start: cost("start", self.start)?,
+        })
+    }
+
     fn defrag(&self) -> anyhow::Result<DefragSim> {
         anyhow::ensure!(
             (0.0..=1.0).contains(&self.movable),
@@ -127,7 +176,6 @@ impl TimelineArgs {
                 DefragArg::All => DefragMode::All,
             },
             movable: self.movable,
-            checkpointed: self.checkpointed,
             min_age: std::time::Duration::from_secs_f64(self.defrag_min_age),
             max_moves: self.defrag_max_moves,
             budget_gpus_per_hour: self.defrag_budget,
@@ -136,7 +184,7 @@ impl TimelineArgs {
     }
 
     /// How the summary names the defragmentation settings.
-    fn defrag_label(&self, d: &DefragSim) -> String {
+    fn defrag_label(&self, d: &DefragSim, checkpointed: bool) -> String {
         if d.mode == DefragMode::Off {
             return "off".to_string();
         }
@@ -149,7 +197,7 @@ impl TimelineArgs {
             "{mode} ({:.0}% movable, min age {:.0}s, {})",
             d.movable * 100.0,
             self.defrag_min_age,
-            if d.checkpointed {
+            if checkpointed {
                 "checkpointed"
             } else {
                 "moved pods start over"
@@ -188,12 +236,25 @@ pub fn run(
         series_points: 240,
         defrag: t.defrag()?,
         tenants: t.tenants.as_deref().map(read_tenants).transpose()?,
+        queues_serve: true,
+        costs: t.costs()?,
+        checkpointed: t.checkpointed,
+        patience: match t.patience {
+            PatienceArg::Off => Patience::Off,
+            PatienceArg::Trace => Patience::Trace,
+        },
     };
+    // The same arrivals with the queues measuring only (served as kube-scheduler would).
     let baseline_options = options.tenants.is_some().then(|| TimelineOptions {
-        tenants: None,
+        queues_serve: false,
         ..options.clone()
     });
-    let defrag = t.defrag_label(&options.defrag);
+    let defrag = t.defrag_label(&options.defrag, options.checkpointed);
+    let costs = options.costs.into();
+    let patience = match options.patience {
+        Patience::Off => "off",
+        Patience::Trace => "trace",
+    };
     let timed = workload
         .pods
         .iter()
@@ -233,6 +294,9 @@ pub fn run(
         warm_start: !t.cold_start,
         preempt: args.preempt,
         defrag,
+        costs,
+        checkpointed: t.checkpointed,
+        patience: patience.to_string(),
         seeds,
         arrivals_per_s: mean(|r| r.arrivals_per_s),
         simulated_h: mean(|r| r.simulated_s) / 3_600.0,
@@ -242,16 +306,7 @@ pub fn run(
     };
     let mut summary = summary;
     if let Some(baseline) = baseline {
-        for p in &mut summary.policies {
-            let values: Vec<f64> = baseline
-                .iter()
-                .filter(|r| r.policy.name() == p.policy)
-                .map(|r| r.means.allocation_pct)
-                .collect();
-            if let Some(t) = &mut p.tenants {
-                t.allocation_without_queues_pct = Some(gpuplace_sim::report::Stat::of(&values));
-            }
-        }
+        add_baseline(&mut summary, policies, &baseline);
     }
     if let Some(dir) = args.out {
         let files = report::write_report(&summary, dir)?;
@@ -270,6 +325,20 @@ pub fn run(
         print!("{}", summary::table(&summary));
     }
     Ok(())
+}
+
+/// The same arrivals with the queues measuring only, beside each policy's tenants: the
+/// allocation, Jain's index and each queue's figures without queues.
+fn add_baseline(summary: &mut TimelineSummary, policies: &[Policy], baseline: &[TimelineRun]) {
+    let plain = summary::summarize(policies, baseline);
+    for (p, off) in summary.policies.iter_mut().zip(plain) {
+        if let (Some(t), Some(o)) = (&mut p.tenants, off.tenants) {
+            t.allocation_without_queues_pct = Some(off.allocation_pct);
+            t.jain_without_queues = o.jain;
+            t.contended_seeds_without_queues = Some(o.contended_seeds);
+            t.queues_without_queues = Some(o.queues);
+        }
+    }
 }
 
 /// Where the run times came from and what was done to them, for the report.

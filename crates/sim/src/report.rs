@@ -15,6 +15,17 @@ pub struct Stat {
     pub sd: f64,
 }
 
+/// A wait in a short human form (`45s`, `12m`, `3.2h`).
+pub fn duration_text(seconds: f64) -> String {
+    if seconds < 90.0 {
+        format!("{seconds:.0}s")
+    } else if seconds < 5_400.0 {
+        format!("{:.0}m", seconds / 60.0)
+    } else {
+        format!("{:.1}h", seconds / 3_600.0)
+    }
+}
+
 impl Stat {
     pub fn of(values: &[f64]) -> Stat {
         let n = values.len() as f64;

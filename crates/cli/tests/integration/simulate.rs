@@ -253,7 +253,26 @@ fn timeline_json_has_the_stable_shape_and_the_report_its_plots() {
             }
         }
         assert_eq!(p["series"]["t_s"].as_array().unwrap().len(), 240);
+        for key in [
+            "goodput_pct",
+            "gpu_hours_lost",
+            "moves_per_hour",
+            "abandoned",
+        ] {
+            assert!(p[key]["mean"].is_f64(), "{key}: {p}");
+        }
+        assert!(p["wait_s"]["8"]["abandoned_pct"].is_f64(), "{p}");
     }
+    for key in [
+        "eviction_grace_s",
+        "recreate_s",
+        "start_s",
+        "bind_latency_s",
+    ] {
+        assert!(v["costs"][key].is_f64(), "{key}: {}", v["costs"]);
+    }
+    assert_eq!(v["costs"]["eviction_grace_s"], 31.0);
+    assert_eq!(v["patience"], "off");
     for f in [
         "summary.json",
         "series.csv",
@@ -324,6 +343,23 @@ fn timeline_flags_are_checked() {
             "--max-duration (10) must be at least --min-duration (100)",
         ),
         (vec!["--load", "0.5"], "--timeline"),
+        (
+            vec!["--timeline", "--eviction-grace", "-1"],
+            "--eviction-grace must be between 0 and 3600 seconds, got -1",
+        ),
+        (
+            vec!["--timeline", "--start", "inf"],
+            "--start must be between 0 and 3600 seconds, got inf",
+        ),
+        (
+            vec!["--timeline", "--bind-latency", "1e9"],
+            "--bind-latency must be between 0 and 3600 seconds",
+        ),
+        (
+            vec!["--timeline", "--recreate", "NaN"],
+            "--recreate must be between 0 and 3600 seconds, got NaN",
+        ),
+        (vec!["--timeline", "--patience", "sometimes"], "--patience"),
     ] {
         let out = gpuplace()
             .args(["simulate", "--scale", "32", "--seeds", "1"])
@@ -340,7 +376,7 @@ fn timeline_flags_are_checked() {
 fn timeline_with_tenants_reports_fairness_and_rejects_bad_files() {
     let example = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../examples/tenants/skewed.yaml"
+        "/../../examples/tenants/flood.yaml"
     );
     let v = json_of(gpuplace().args([
         "simulate",
@@ -361,8 +397,16 @@ fn timeline_with_tenants_reports_fairness_and_rejects_bad_files() {
     ]));
     let t = &v["policies"][0]["tenants"];
     let jain = t["jain"]["mean"].as_f64().unwrap();
-    assert!((0.0..=1.0).contains(&jain), "{t}");
+    let without = t["jain_without_queues"]["mean"].as_f64().unwrap();
+    // The flood example: the queues serve the small teams what they are entitled to.
+    assert!(jain > 0.9 && without < jain - 0.1, "{t}");
     assert_eq!(t["queues"].as_array().unwrap().len(), 4, "{t}");
+    assert_eq!(
+        t["queues_without_queues"].as_array().unwrap().len(),
+        4,
+        "{t}"
+    );
+    assert!(t["queues"][0]["wait_p99_s"]["mean"].is_f64(), "{t}");
     assert!(t["allocation_without_queues_pct"]["mean"].is_f64(), "{t}");
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.yaml");

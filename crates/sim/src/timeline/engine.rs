@@ -12,6 +12,7 @@
 //! by the scheduler's victim search; the victims go back to the queue (their controller
 //! makes them again) and the work they had done is counted as lost.
 
+mod costs;
 mod defrag;
 mod fair;
 mod fair_round;
@@ -26,7 +27,7 @@ use gpuplace_core::{ClusterState, Placer};
 
 use super::arrivals::{Mix, Schedule};
 use super::metrics::{Recorder, Values};
-use super::options::{Ms, TimelineOptions};
+use super::options::{Costs, Ms, Patience, TimelineOptions};
 use super::tenants::Tenants;
 use crate::trace::TracePod;
 
@@ -42,14 +43,32 @@ pub struct Job {
     pub arrival: Ms,
     /// How long it runs once started.
     pub run_ms: u64,
+    /// Its pod's whole run; `full_ms - run_ms` was done before this job (a warm-start pod's
+    /// age at t=0, a checkpointed pod's progress before it was evicted).
+    pub full_ms: u64,
     /// Arrived inside the measurement window.
     pub measured: bool,
+    /// When it was decided: its GPUs are held from here.
+    pub placed_at: Option<Ms>,
+    /// When its Binding was written (its wait ends here).
     pub start: Option<Ms>,
+    /// When its container runs (its work starts; its GPUs were held from the decision).
+    pub work_from: Option<Ms>,
     /// When it left (finished or evicted).
     pub end: Option<Ms>,
     pub evicted: bool,
+    /// Its user deleted it while it waited (`--patience`).
+    pub abandoned: bool,
     pub node: u32,
     pub gpus: Vec<(usize, u32)>,
+}
+
+/// A pod's work as it joins the queue: its whole run and what of it is done.
+#[derive(Clone, Copy, Debug)]
+struct Work {
+    pod: u32,
+    full_ms: u64,
+    done_ms: u64,
 }
 
 /// Where a pod was placed: the node and its GPUs (position, milli).
@@ -77,6 +96,15 @@ struct Unit {
     backing_off: bool,
 }
 
+/// The workload a replay runs: the pod list, its mix of arrival units and run times, and
+/// each pod's distinct request id (for the failure memo).
+#[derive(Clone, Copy)]
+pub struct Inputs<'a> {
+    pub pods: &'a [TracePod],
+    pub mix: &'a Mix,
+    pub request_ids: &'a [u32],
+}
+
 /// What a replay leaves behind for the metrics.
 pub struct Outcome {
     pub jobs: Vec<Job>,
@@ -85,6 +113,8 @@ pub struct Outcome {
     pub preempted_milli: u64,
     /// Milli-GPU times milliseconds of work evicted before it finished.
     pub lost_milli_ms: u128,
+    /// Units whose user deleted them while they waited.
+    pub abandoned_units: usize,
     pub rounds: u64,
     pub attempts: u64,
     pub defrag: DefragCounts,
@@ -143,6 +173,19 @@ pub struct Engine<'a> {
     defrag: defrag::DefragState,
     /// Tenants' queues (`--tenants`).
     tenants: Option<fair::FairState>,
+    /// With tenants: the queues serve (else they only measure).
+    queues_serve: bool,
+    costs: Costs,
+    checkpointed: bool,
+    patience: Patience,
+    /// The arrival seed (users' patience is drawn from it).
+    seed: u64,
+    /// Evicted pods' replacements, made by their controller later: (when, index into
+    /// `recreations`).
+    later: BinaryHeap<Reverse<(Ms, u32)>>,
+    recreations: Vec<costs::Recreation>,
+    /// When waiting units' users give up: (when, unit).
+    give_ups: BinaryHeap<Reverse<(Ms, u32)>>,
 }
 
 #[derive(Default)]
@@ -150,20 +193,25 @@ struct Counts {
     preempted_pods: usize,
     preempted_milli: u64,
     lost_milli_ms: u128,
+    abandoned_units: usize,
     rounds: u64,
     attempts: u64,
 }
 
 impl<'a> Engine<'a> {
     pub fn new(
-        pods: &'a [TracePod],
-        mix: &'a Mix,
-        request_ids: &'a [u32],
+        inputs: Inputs<'a>,
         state: ClusterState,
         placer: Placer,
         options: &TimelineOptions,
         tenants: Option<&Tenants>,
+        seed: u64,
     ) -> Self {
+        let Inputs {
+            pods,
+            mix,
+            request_ids,
+        } = inputs;
         let distinct = request_ids.iter().max().map_or(0, |m| *m as usize + 1);
         let capacity = [
             state.gpu_capacity_milli(),
@@ -204,6 +252,14 @@ impl<'a> Engine<'a> {
             outcome_counts: Counts::default(),
             defrag: defrag::DefragState::new(options.defrag.clone(), distinct, placer_seed),
             tenants,
+            queues_serve: options.queues_serve,
+            costs: options.costs,
+            checkpointed: options.checkpointed,
+            patience: options.patience,
+            seed,
+            later: BinaryHeap::new(),
+            recreations: Vec::new(),
+            give_ups: BinaryHeap::new(),
         }
     }
 
@@ -229,7 +285,7 @@ impl<'a> Engine<'a> {
             points,
         );
         for warm in &schedule.warm {
-            self.admit(warm.template, Ms(0), Some(warm.left));
+            self.admit(warm.template, Ms(0), Some(warm.left), None);
         }
         let mut now = Ms(0);
         let mut next = 0;
@@ -241,6 +297,8 @@ impl<'a> Engine<'a> {
                 arrivals.get(next).map(|a| a.at),
                 self.departures.peek().map(|d| d.0.0),
                 self.next_wake(),
+                self.later.peek().map(|r| r.0.0),
+                self.give_ups.peek().map(|g| g.0.0),
             ]
             .into_iter()
             .flatten()
@@ -259,12 +317,14 @@ impl<'a> Engine<'a> {
                 self.departures.pop();
                 self.depart(job, now, false);
             }
+            self.recreate_due(now);
             while let Some(a) = arrivals.get(next)
                 && a.at <= now
             {
-                self.admit(a.template, now, None);
+                self.admit(a.template, now, None, Some(next as u64));
                 next += 1;
             }
+            self.give_up_due(now);
             self.round(now);
             if next == arrivals.len() && now >= end {
                 break;
@@ -274,6 +334,10 @@ impl<'a> Engine<'a> {
         if let Some(t) = &mut self.tenants {
             t.advance(end, self.measure_from);
         }
+        let tenants = self
+            .tenants
+            .as_ref()
+            .map(|t| t.report(&self.queue_waits(end)));
         let counts = self.outcome_counts;
         Outcome {
             jobs: self.jobs,
@@ -281,11 +345,30 @@ impl<'a> Engine<'a> {
             preempted_pods: counts.preempted_pods,
             preempted_milli: counts.preempted_milli,
             lost_milli_ms: counts.lost_milli_ms,
+            abandoned_units: counts.abandoned_units,
             rounds: counts.rounds,
             attempts: counts.attempts,
             defrag: self.defrag.counts,
-            tenants: self.tenants.as_ref().map(fair::FairState::report),
+            tenants,
         }
+    }
+
+    /// By queue, the waits (s) of the pods measured, to their Binding (or the end, or
+    /// their user giving up).
+    fn queue_waits(&self, end: Ms) -> Vec<Vec<f64>> {
+        let Some(t) = &self.tenants else {
+            return Vec::new();
+        };
+        let mut waits = vec![Vec::new(); t.tree.len()];
+        for j in self.jobs.iter().filter(|j| j.measured) {
+            let until = j
+                .start
+                .filter(|s| *s <= end)
+                .or(j.end.filter(|_| j.abandoned))
+                .unwrap_or(end);
+            waits[t.queue(j.pod)].push(until.0.saturating_sub(j.arrival.0) as f64 / 1e3);
+        }
+        waits
     }
 
     fn values(&self) -> Values {
@@ -298,42 +381,54 @@ impl<'a> Engine<'a> {
     }
 
     /// A unit of `template` joins the queue at `now`; `left` (warm start) is the share of
-    /// its run time still to go.
-    fn admit(&mut self, template: u32, now: Ms, left: Option<f64>) {
+    /// its run time still to go; `arrival`: its index among the arrivals (none for the warm
+    /// start), whose user may give up on it.
+    fn admit(&mut self, template: u32, now: Ms, left: Option<f64>, arrival: Option<u64>) {
         let Some(t) = self.mix.templates.get(template as usize) else {
             return;
         };
-        let pods: Vec<(u32, u64)> = t
+        let pods: Vec<Work> = t
             .pods
             .iter()
             .map(|&p| {
                 let full = self.mix.durations_ms[p];
                 let run = left.map_or(full, |f| ((full as f64 * f).round() as u64).max(1));
-                (p as u32, run)
+                Work {
+                    pod: p as u32,
+                    full_ms: full.max(run),
+                    done_ms: full.saturating_sub(run),
+                }
             })
             .collect();
-        self.enqueue(&pods, t.priority, now, left.is_none());
+        let unit = self.enqueue(&pods, t.priority, now, left.is_none());
+        if let Some(arrival) = arrival {
+            self.draw_patience(unit, arrival, now);
+        }
     }
 
-    /// Puts a unit of `pods` (pod, run time) in the queue.
-    fn enqueue(&mut self, pods: &[(u32, u64)], priority: i32, now: Ms, measurable: bool) {
+    /// Puts a unit of `pods` in the queue.
+    fn enqueue(&mut self, pods: &[Work], priority: i32, now: Ms, measurable: bool) -> u32 {
         let unit = self.units.len() as u32;
         let measured = measurable && now >= self.measure_from;
         let mut jobs = Vec::with_capacity(pods.len());
-        for &(pod, run_ms) in pods {
+        for w in pods {
             jobs.push(self.jobs.len() as u32);
-            self.pending_milli += self.pods[pod as usize].request.total_gpu_milli();
+            self.pending_milli += self.pods[w.pod as usize].request.total_gpu_milli();
             self.waiting_pods += 1;
             self.running_at.push(u32::MAX);
             self.jobs.push(Job {
-                pod,
+                pod: w.pod,
                 unit,
                 arrival: now,
-                run_ms,
+                run_ms: w.full_ms.saturating_sub(w.done_ms).max(1),
+                full_ms: w.full_ms,
                 measured,
+                placed_at: None,
                 start: None,
+                work_from: None,
                 end: None,
                 evicted: false,
+                abandoned: false,
                 node: 0,
                 gpus: Vec::new(),
             });
@@ -353,6 +448,7 @@ impl<'a> Engine<'a> {
             backing_off: false,
         });
         self.fresh.push(unit);
+        unit
     }
 
     /// The earliest time a failed unit may become due (stale entries dropped).
@@ -388,6 +484,7 @@ impl<'a> Engine<'a> {
             self.queue.flush(now);
         }
         let mut due: Vec<u32> = std::mem::take(&mut self.fresh);
+        due.retain(|u| self.units[*u as usize].waiting);
         let mut parked = Vec::new();
         for unit in std::mem::take(&mut self.ready) {
             if !self.units[unit as usize].waiting {
@@ -463,7 +560,7 @@ impl<'a> Engine<'a> {
             }
             return match self.place_one(job) {
                 Some(placed) => {
-                    self.start(job, placed, now);
+                    self.start(job, placed, now, std::time::Duration::ZERO);
                     true
                 }
                 None => {
@@ -489,7 +586,7 @@ impl<'a> Engine<'a> {
             }
         }
         for (job, placed) in members {
-            self.start(job, placed, now);
+            self.start(job, placed, now, std::time::Duration::ZERO);
         }
         true
     }
@@ -527,17 +624,24 @@ impl<'a> Engine<'a> {
         })
     }
 
-    /// `job` runs from `now` where it was placed (its GPUs already taken in the state).
-    fn start(&mut self, job: u32, placed: Placed, now: Ms) {
+    /// `job` was decided at `now` where it was placed (its GPUs already taken in the state):
+    /// its Binding is written once `room_in` has passed (victims leaving) and the bind
+    /// latency, its container runs after the start cost, and it leaves when its run ends.
+    fn start(&mut self, job: u32, placed: Placed, now: Ms, room_in: std::time::Duration) {
+        let bound = now + room_in + self.costs.bind_latency;
+        let work_from = bound + self.costs.start;
         let j = &mut self.jobs[job as usize];
-        j.start = Some(now);
+        j.placed_at = Some(now);
+        j.start = Some(bound);
+        j.work_from = Some(work_from);
         j.node = placed.node as u32;
         j.gpus = placed.gpus;
         let request = &self.pods[j.pod as usize];
         self.pending_milli -= request.request.total_gpu_milli();
         self.waiting_pods -= 1;
         *self.by_priority.entry(request.priority).or_default() += 1;
-        self.departures.push(Reverse((Ms(now.0 + j.run_ms), job)));
+        self.departures
+            .push(Reverse((Ms(work_from.0 + j.run_ms), job)));
         self.running_at[job as usize] = self.running.len() as u32;
         self.running.push(job);
         self.fair_started(job, placed.node);
@@ -585,6 +689,7 @@ impl<'a> Engine<'a> {
         let own = self
             .tenants
             .as_ref()
+            .filter(|_| self.queues_serve)
             .map(|t| t.queue_of_pod(self.jobs[job as usize].pod));
         let groups = self.victim_groups(&|pod| {
             self.pods[pod as usize].priority < priority

@@ -198,8 +198,9 @@ pub struct Means {
     pub waiting: f64,
 }
 
-/// Waits of one class: percentiles in seconds (pods that never started count with their
-/// wait so far, a lower bound).
+/// Waits of one class: percentiles in seconds, to each pod's Binding (pods that never
+/// started count with their wait so far, pods whose user gave up with their wait until
+/// then: lower bounds).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct Waits {
     pub count: usize,
@@ -210,11 +211,13 @@ pub struct Waits {
     pub mean: f64,
     /// Pods of the class that had not started by the end.
     pub never_started: usize,
+    /// Pods of the class whose user deleted them while they waited (`--patience`).
+    pub abandoned: usize,
 }
 
 impl Waits {
     /// Percentiles of `waits` (seconds; sorted here), nearest rank.
-    pub fn of(mut waits: Vec<f64>, never_started: usize) -> Waits {
+    pub fn of(mut waits: Vec<f64>, never_started: usize, abandoned: usize) -> Waits {
         if waits.is_empty() {
             return Waits::default();
         }
@@ -229,6 +232,7 @@ impl Waits {
             max: waits[waits.len() - 1],
             mean: waits.iter().sum::<f64>() / waits.len() as f64,
             never_started,
+            abandoned,
         }
     }
 }
@@ -255,9 +259,9 @@ mod tests {
 
     #[test]
     fn percentiles_by_nearest_rank_and_classes_by_shape() {
-        let w = Waits::of((1..=100).map(f64::from).collect(), 3);
+        let w = Waits::of((1..=100).map(f64::from).collect(), 3, 2);
         assert_eq!((w.p50, w.p90, w.p99, w.max), (50.0, 90.0, 99.0, 100.0));
-        assert_eq!(w.never_started, 3);
+        assert_eq!((w.never_started, w.abandoned), (3, 2));
         let req = |count, milli| Request {
             gpu_count: count,
             gpu_milli: milli,

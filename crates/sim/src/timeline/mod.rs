@@ -13,6 +13,7 @@ pub mod durations;
 pub mod engine;
 pub mod metrics;
 pub mod options;
+pub mod patience;
 mod plot;
 pub mod report;
 pub mod run;
@@ -193,13 +194,16 @@ impl Timeline {
         let started = Instant::now();
         let schedule = self.schedule(seed);
         let engine = engine::Engine::new(
-            &self.workload.pods,
-            &self.mix,
-            &self.request_ids,
+            engine::Inputs {
+                pods: &self.workload.pods,
+                mix: &self.mix,
+                request_ids: &self.request_ids,
+            },
             self.base.clone(),
             Placer::new(policy, Self::placer_seed(seed)),
             &self.options,
             self.tenants.as_ref(),
+            seed,
         );
         let outcome = engine.run(&schedule, self.warmup_index(), self.options.series_points);
         let context = run::Context {
@@ -208,6 +212,7 @@ impl Timeline {
             pods: &self.workload.pods,
             warmup: self.warmup_index(),
             capacity_milli: self.base.gpu_capacity_milli(),
+            checkpointed: self.options.checkpointed,
         };
         let run = run::measure(&context, &schedule, &outcome, started.elapsed());
         (run, outcome.jobs)

@@ -23,14 +23,25 @@ pub struct TimelineRun {
     pub waits: BTreeMap<Class, Waits>,
     /// Per class, the wait (s) at each percent 0..=100 of its pods, for CDF plots.
     pub cdf: BTreeMap<Class, Vec<f64>>,
-    /// Pods that arrived in the window and had not started by its end.
+    /// Pods that arrived in the window and had not started by its end (nor been given up).
     pub never_started: usize,
+    /// Pods that arrived in the window and whose user deleted them while they waited.
+    pub abandoned: usize,
     /// Pods that arrived in the window.
     pub arrived: usize,
     /// GPU-hours of the pods that finished in the window (whole runs).
     pub completed_gpu_hours: f64,
     /// GPU-hours of work done in the window (allocation integrated over time).
     pub busy_gpu_hours: f64,
+    /// Work that was done in the window and not thrown away (evicted pods' work is, unless
+    /// checkpointed), % of the window's GPU capacity; allocation also counts GPUs held by
+    /// pods starting, terminating or running work that is later thrown away.
+    pub goodput_pct: f64,
+    /// Work thrown away by evictions and moves over the whole run, GPU-hours (a pod's whole
+    /// elapsed run, its age before t=0 included).
+    pub gpu_hours_lost: f64,
+    /// Pods moved per simulated hour.
+    pub moves_per_hour: f64,
     /// The same over the whole run, warm-up included.
     pub run_busy_gpu_hours: f64,
     /// Little's law's three terms over the window: pods waiting (time mean), arrivals per
@@ -79,6 +90,8 @@ pub(super) struct Context<'a> {
     /// The arrival index where the measurement window starts.
     pub warmup: usize,
     pub capacity_milli: u64,
+    /// Evicted pods resume (their work is kept).
+    pub checkpointed: bool,
 }
 
 /// What one replay measured, from its pods' lives and the recorder.
@@ -99,22 +112,29 @@ pub(super) fn measure(
         )
         .map_or(Ms(0), |a| a.at);
     let pods = context.pods;
-    let mut waits: BTreeMap<Class, (Vec<f64>, usize)> = BTreeMap::new();
+    let mut waits: BTreeMap<Class, ClassTally> = BTreeMap::new();
     let (mut all, mut arrived, mut never, mut completed) = (0.0, 0usize, 0usize, 0.0);
+    let (mut abandoned, mut useful) = (0usize, 0.0);
     for job in &outcome.jobs {
         let request = &pods[job.pod as usize].request;
         if job.measured {
-            let wait = job.start.unwrap_or(end).0.saturating_sub(job.arrival.0) as f64 / 1e3;
+            let started = job.start.filter(|s| *s <= end);
+            let until = started.or(job.end.filter(|_| job.abandoned)).unwrap_or(end);
+            let wait = until.0.saturating_sub(job.arrival.0) as f64 / 1e3;
+            let unstarted = started.is_none() && !job.abandoned;
             arrived += 1;
             all += wait;
-            never += usize::from(job.start.is_none());
+            never += usize::from(unstarted);
+            abandoned += usize::from(job.abandoned);
             for class in Class::of(request) {
                 let entry = waits.entry(class).or_default();
-                entry.0.push(wait);
-                entry.1 += usize::from(job.start.is_none());
+                entry.waits.push(wait);
+                entry.never += usize::from(unstarted);
+                entry.abandoned += usize::from(job.abandoned);
             }
         }
-        if let (Some(start), Some(stop)) = (job.start, job.end)
+        useful += kept_work(job, from, end, context.checkpointed);
+        if let (Some(start), Some(stop)) = (job.work_from, job.end)
             && !job.evicted
             && stop >= from
         {
@@ -123,7 +143,7 @@ pub(super) fn measure(
     }
     let cdf = waits
         .iter()
-        .map(|(class, (w, _))| (*class, percentiles(w)))
+        .map(|(class, t)| (*class, percentiles(&t.waits)))
         .collect();
     let window_s = recorder.window_ms() / 1e3;
     let means = recorder.means();
@@ -135,14 +155,18 @@ pub(super) fn measure(
         means,
         waits: waits
             .into_iter()
-            .map(|(c, (w, n))| (c, Waits::of(w, n)))
+            .map(|(c, t)| (c, Waits::of(t.waits, t.never, t.abandoned)))
             .collect(),
         cdf,
         never_started: never,
+        abandoned,
         arrived,
         completed_gpu_hours: completed / 1e3 / 3.6e6,
         busy_gpu_hours: recorder.window.allocated / 1e3 / 3.6e6,
         run_busy_gpu_hours: recorder.allocated_all / 1e3 / 3.6e6,
+        goodput_pct: 100.0 * useful / (capacity * recorder.window_ms().max(1.0)),
+        gpu_hours_lost: (outcome.lost_milli_ms + outcome.defrag.lost_milli_ms) as f64 / 1e3 / 3.6e6,
+        moves_per_hour: outcome.defrag.moved_pods as f64 / (run_ms / 3.6e6),
         little: Little {
             waiting: means.waiting,
             arrivals_per_s: arrived as f64 / window_s.max(1e-9),
@@ -169,6 +193,32 @@ pub(super) fn measure(
     }
 }
 
+/// One class's waits, and how many of its pods never started or were given up.
+#[derive(Default)]
+struct ClassTally {
+    waits: Vec<f64>,
+    never: usize,
+    abandoned: usize,
+}
+
+/// Milli-GPU-milliseconds of `job`'s work inside the window `[from, end]` that was kept:
+/// none of an evicted job's unless checkpointed.
+fn kept_work(job: &super::engine::Job, from: Ms, end: Ms, checkpointed: bool) -> f64 {
+    let Some(work_from) = job.work_from else {
+        return 0.0;
+    };
+    if job.evicted && !checkpointed {
+        return 0.0;
+    }
+    let lo = work_from.max(from);
+    let hi = job.end.unwrap_or(end).min(end);
+    if hi <= lo {
+        return 0.0;
+    }
+    let milli: u64 = job.gpus.iter().map(|&(_, m)| u64::from(m)).sum();
+    milli as f64 * (hi.0 - lo.0) as f64
+}
+
 /// The value at each percent 0..=100 of `values` (nearest rank).
 fn percentiles(values: &[f64]) -> Vec<f64> {
     let mut sorted = values.to_vec();
@@ -182,4 +232,52 @@ fn percentiles(values: &[f64]) -> Vec<f64> {
             sorted[rank.clamp(1, sorted.len()) - 1]
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::timeline::engine::Job;
+
+    fn job(work_from: u64, end: Option<u64>, evicted: bool) -> Job {
+        Job {
+            pod: 0,
+            unit: 0,
+            arrival: Ms(0),
+            run_ms: 1_000,
+            full_ms: 1_000,
+            measured: true,
+            placed_at: Some(Ms(0)),
+            start: Some(Ms(0)),
+            work_from: Some(Ms(work_from)),
+            end: end.map(Ms),
+            evicted,
+            abandoned: false,
+            node: 0,
+            gpus: vec![(0, 1_000), (1, 500)],
+        }
+    }
+
+    #[test]
+    fn goodput_keeps_work_in_the_window_and_drops_evicted_work_unless_checkpointed() {
+        let (from, end) = (Ms(100), Ms(1_000));
+        // 1,500 milli from 50 to 600: 500 ms in the window.
+        assert_eq!(
+            kept_work(&job(50, Some(600), false), from, end, false),
+            750_000.0
+        );
+        // Still running at the end: counted to the end.
+        assert_eq!(
+            kept_work(&job(900, None, false), from, end, false),
+            150_000.0
+        );
+        // Evicted: thrown away, unless checkpointed.
+        assert_eq!(kept_work(&job(200, Some(400), true), from, end, false), 0.0);
+        assert_eq!(
+            kept_work(&job(200, Some(400), true), from, end, true),
+            300_000.0
+        );
+        // Evicted before its container ran: nothing either way.
+        assert_eq!(kept_work(&job(500, Some(400), true), from, end, true), 0.0);
+    }
 }

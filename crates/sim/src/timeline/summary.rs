@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::metrics::{Class, Series, Waits};
 use super::run::TimelineRun;
-use crate::report::{ClusterSize, Stat};
+use crate::report::{ClusterSize, Stat, duration_text};
 
 /// Waits of one class, each figure the mean over seeds (seconds).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
@@ -23,6 +23,10 @@ pub struct WaitMeans {
     pub count: f64,
     /// Of those, not started by the end (mean).
     pub never_started: f64,
+    /// Of those, deleted by their user while they waited (mean; `--patience`).
+    pub abandoned: f64,
+    /// The same as a percentage of the class's pods.
+    pub abandoned_pct: f64,
 }
 
 /// One policy across seeds.
@@ -37,7 +41,15 @@ pub struct TimelinePolicy {
     pub wait_s: BTreeMap<String, WaitMeans>,
     pub completed_gpu_hours: Stat,
     pub busy_gpu_hours: Stat,
+    /// Work done in the window and not thrown away, % of capacity (beside
+    /// `allocation_pct`, which counts GPUs held however they are used).
+    pub goodput_pct: Stat,
+    /// Work thrown away by evictions and moves, GPU-hours over the whole run.
+    pub gpu_hours_lost: Stat,
+    pub moves_per_hour: Stat,
     pub never_started: Stat,
+    /// Pods whose user gave up waiting (`--patience`).
+    pub abandoned: Stat,
     pub preempted_pods: Stat,
     pub work_lost_pct: Stat,
     pub moved_pods: Stat,
@@ -68,6 +80,12 @@ pub struct TimelineSummary {
     pub preempt: bool,
     /// Defragmentation: `off`, or the mode with its movable share and cost model.
     pub defrag: String,
+    /// What carrying out a decision cost in simulated time.
+    pub costs: CostsSummary,
+    /// Evicted and moved pods resumed instead of starting over.
+    pub checkpointed: bool,
+    /// `off`, or `trace`: users gave up on waiting pods as the openb trace's did.
+    pub patience: String,
     pub seeds: Vec<u64>,
     pub arrivals_per_s: f64,
     /// Simulated hours of one run, and of its measurement window (means over seeds).
@@ -75,6 +93,27 @@ pub struct TimelineSummary {
     pub window_h: f64,
     pub policies: Vec<TimelinePolicy>,
     pub wall_s: f64,
+}
+
+/// The costs charged, seconds (`--eviction-grace`, `--recreate`, `--start`,
+/// `--bind-latency`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct CostsSummary {
+    pub eviction_grace_s: f64,
+    pub recreate_s: f64,
+    pub start_s: f64,
+    pub bind_latency_s: f64,
+}
+
+impl From<super::options::Costs> for CostsSummary {
+    fn from(c: super::options::Costs) -> Self {
+        CostsSummary {
+            eviction_grace_s: c.eviction_grace.as_secs_f64(),
+            recreate_s: c.recreate.as_secs_f64(),
+            start_s: c.start.as_secs_f64(),
+            bind_latency_s: c.bind_latency.as_secs_f64(),
+        }
+    }
 }
 
 fn stat(runs: &[&TimelineRun], f: impl Fn(&TimelineRun) -> f64) -> Stat {
@@ -118,6 +157,8 @@ pub fn summarize_policy(policy: Policy, runs: &[&TimelineRun]) -> TimelinePolicy
                 mean: m(|w| w.mean),
                 count: m(|w| w.count as f64),
                 never_started: m(|w| w.never_started as f64),
+                abandoned: m(|w| w.abandoned as f64),
+                abandoned_pct: m(|w| 100.0 * w.abandoned as f64 / w.count.max(1) as f64),
             },
         );
         cdf.insert(
@@ -133,7 +174,11 @@ pub fn summarize_policy(policy: Policy, runs: &[&TimelineRun]) -> TimelinePolicy
         wait_s,
         completed_gpu_hours: stat(runs, |r| r.completed_gpu_hours),
         busy_gpu_hours: stat(runs, |r| r.busy_gpu_hours),
+        goodput_pct: stat(runs, |r| r.goodput_pct),
+        gpu_hours_lost: stat(runs, |r| r.gpu_hours_lost),
+        moves_per_hour: stat(runs, |r| r.moves_per_hour),
         never_started: stat(runs, |r| r.never_started as f64),
+        abandoned: stat(runs, |r| r.abandoned as f64),
         preempted_pods: stat(runs, |r| r.preempted_pods as f64),
         work_lost_pct: stat(runs, |r| r.work_lost_pct),
         moved_pods: stat(runs, |r| r.moved_pods as f64),
@@ -160,17 +205,6 @@ pub fn summarize(policies: &[Policy], runs: &[TimelineRun]) -> Vec<TimelinePolic
             summarize_policy(p, &mine)
         })
         .collect()
-}
-
-/// A wait in a short human form (`45s`, `12m`, `3.2h`).
-pub fn duration_text(seconds: f64) -> String {
-    if seconds < 90.0 {
-        format!("{seconds:.0}s")
-    } else if seconds < 5_400.0 {
-        format!("{:.0}m", seconds / 60.0)
-    } else {
-        format!("{:.1}h", seconds / 3_600.0)
-    }
 }
 
 fn wait_cell(p: &TimelinePolicy, class: &str, pick: fn(&WaitMeans) -> f64) -> String {
@@ -201,9 +235,10 @@ pub fn table(summary: &TimelineSummary) -> String {
     let _ = writeln!(out, "durations: {}", summary.durations);
     let _ = writeln!(
         out,
-        "{:<21} {:>14} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}",
+        "{:<21} {:>14} {:>9} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}",
         "policy",
         "alloc %",
+        "goodput %",
         "frag %",
         "pend GPU",
         "1 p50",
@@ -216,10 +251,11 @@ pub fn table(summary: &TimelineSummary) -> String {
     for p in &summary.policies {
         let _ = writeln!(
             out,
-            "{:<21} {:>6.2} ± {:<5.2} {:>8.2} {:>9.1} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7.0}",
+            "{:<21} {:>6.2} ± {:<5.2} {:>9.2} {:>8.2} {:>9.1} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7.0}",
             p.policy,
             p.allocation_pct.mean,
             p.allocation_pct.sd,
+            p.goodput_pct.mean,
             p.fragmentation_pct.mean,
             p.pending_gpus.mean,
             wait_cell(p, "1", |w| w.p50),
@@ -256,14 +292,31 @@ pub fn table(summary: &TimelineSummary) -> String {
             );
         }
     }
+    if summary.patience != "off" {
+        for p in &summary.policies {
+            let shares: Vec<String> = p
+                .wait_s
+                .iter()
+                .map(|(class, w)| format!("{class} {:.1}%", w.abandoned_pct))
+                .collect();
+            let _ = writeln!(
+                out,
+                "{:<21} given up while waiting: {:.0} pods ({})",
+                p.policy,
+                p.abandoned.mean,
+                shares.join(", ")
+            );
+        }
+    }
     if summary.defrag != "off" {
         for p in &summary.policies {
             let _ = writeln!(
                 out,
-                "{:<21} defrag {}: moved {:.0} pods, {:.2} GPUs/h, work lost to moves {:.3}% of GPU time",
+                "{:<21} defrag {}: moved {:.0} pods ({:.2}/h), {:.2} GPUs/h, work lost to moves {:.3}% of GPU time",
                 p.policy,
                 summary.defrag,
                 p.moved_pods.mean,
+                p.moves_per_hour.mean,
                 p.moved_gpus_per_hour.mean,
                 p.move_lost_pct.mean
             );
@@ -277,9 +330,29 @@ pub fn table(summary: &TimelineSummary) -> String {
         }),
         &mut out,
     );
+    let c = &summary.costs;
     let _ = writeln!(
         out,
-        "(time-weighted means over the window, mean ± sd over seeds; waits are means over seeds of each seed's percentile; unstart = pods not started by the end; wall {:.2}s)",
+        "costs: eviction grace {}s, re-create {}s, bind {}s, start {}s; evicted pods {}; GPU-hours lost {}",
+        c.eviction_grace_s,
+        c.recreate_s,
+        c.bind_latency_s,
+        c.start_s,
+        if summary.checkpointed {
+            "resume (checkpointed)"
+        } else {
+            "start over"
+        },
+        summary
+            .policies
+            .iter()
+            .map(|p| format!("{} {:.1}", p.policy, p.gpu_hours_lost.mean))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let _ = writeln!(
+        out,
+        "(time-weighted means over the window, mean ± sd over seeds; goodput = work kept, % of capacity; waits to the Binding, means over seeds of each seed's percentile; unstart = pods not started by the end; wall {:.2}s)",
         summary.wall_s
     );
     out
@@ -306,10 +379,11 @@ pub(super) fn html(summary: &TimelineSummary, charts: &[String]) -> String {
     for p in &summary.policies {
         let _ = writeln!(
             rows,
-            "<tr><td>{}</td><td>{:.2} ± {:.2}</td><td>{:.2}</td><td>{:.1}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.0}</td></tr>",
+            "<tr><td>{}</td><td>{:.2} ± {:.2}</td><td>{:.2}</td><td>{:.2}</td><td>{:.1}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.0}</td></tr>",
             p.policy,
             p.allocation_pct.mean,
             p.allocation_pct.sd,
+            p.goodput_pct.mean,
             p.fragmentation_pct.mean,
             p.pending_gpus.mean,
             wait_cell(p, "1", |w| w.p50),
@@ -334,7 +408,7 @@ td,th{{border:1px solid #ccc;padding:4px 10px;text-align:right}}td:first-child{{
 <h1>gpuplace simulate --timeline</h1>
 <p>Workload <b>{workload}</b>: {nodes} nodes, {gpus} GPUs, {pods} pods; offered load {load}, {arrivals} arrivals
 ({rate:.3}/s, {sim:.1} h simulated, the last {window:.1} h measured), {seeds} seed(s). Durations: {durations}.</p>
-<table><tr><th>policy</th><th>allocation %</th><th>fragmentation %</th><th>pending GPUs</th><th>1-GPU p50</th><th>1-GPU p99</th><th>8-GPU p50</th><th>8-GPU p99</th><th>share p99</th><th>not started</th></tr>
+<table><tr><th>policy</th><th>allocation %</th><th>goodput %</th><th>fragmentation %</th><th>pending GPUs</th><th>1-GPU p50</th><th>1-GPU p99</th><th>8-GPU p50</th><th>8-GPU p99</th><th>share p99</th><th>not started</th></tr>
 {rows}</table>
 <p>Time-weighted means over the window (mean ± sd over seeds); waits are the mean over seeds of each seed's percentile, pods not started by the end counted with their wait so far.</p>
 {images}<p>Data: <a href="summary.json">summary.json</a>, <a href="series.csv">series.csv</a>.</p>

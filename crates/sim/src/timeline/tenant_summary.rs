@@ -1,5 +1,6 @@
-//! Tenants across seeds: Jain's index of allocation against fair share, each queue's mean
-//! allocation and fair share, how long queues took from asking for their guarantee to
+//! Tenants across seeds: Jain's index of allocation against entitlement while contended
+//! (with the queues serving, and for the same arrivals served without them), each queue's
+//! mean allocation and fair share, its waits, how long queues took from asking for their guarantee to
 //! having it, pods reclaimed, and what sharing cost in allocation against the same replay
 //! without queues.
 
@@ -8,7 +9,7 @@ use std::fmt::Write;
 use serde::Serialize;
 
 use super::run::TimelineRun;
-use crate::report::Stat;
+use crate::report::{Stat, duration_text};
 
 /// One queue across seeds.
 #[derive(Clone, Debug, Serialize)]
@@ -17,6 +18,13 @@ pub struct QueueSummary {
     pub guaranteed_gpus: f64,
     pub allocated_gpus: Stat,
     pub fair_share_gpus: Stat,
+    /// While the cluster was contended: mean GPUs held and entitled (over the seeds that
+    /// were contended).
+    pub contended_allocated_gpus: Stat,
+    pub contended_entitled_gpus: Stat,
+    /// Its pods' waits, seconds (each seed's percentile, mean and sd over seeds).
+    pub wait_p50_s: Stat,
+    pub wait_p99_s: Stat,
     /// From below its guarantee (asking) to having it: mean and p90 over every episode of
     /// every seed (seconds), and how many episodes.
     pub to_guarantee_mean_s: f64,
@@ -28,10 +36,21 @@ pub struct QueueSummary {
 /// Tenants across one policy's seeds.
 #[derive(Clone, Debug, Serialize)]
 pub struct TenantSummary {
-    pub jain: Stat,
+    /// Jain's index of allocation over entitlement while contended, queues serving, over
+    /// the seeds whose cluster was contended (none if none was).
+    pub jain: Option<Stat>,
+    /// Seeds whose cluster was contended at some time of the window.
+    pub contended_seeds: usize,
+    /// Share of the window the cluster was contended, %.
+    pub contended_pct: Stat,
     pub queues: Vec<QueueSummary>,
     /// The same replay's allocation % without queues (set by the caller that ran it).
     pub allocation_without_queues_pct: Option<Stat>,
+    /// The same arrivals served by priority then arrival (queues measuring only): Jain's
+    /// index, and each queue's figures (set by the caller that ran it).
+    pub jain_without_queues: Option<Stat>,
+    pub contended_seeds_without_queues: Option<usize>,
+    pub queues_without_queues: Option<Vec<QueueSummary>>,
 }
 
 /// The tenants' summary of `runs` (one policy), if they had tenants.
@@ -44,6 +63,15 @@ pub fn summarize(runs: &[&TimelineRun]) -> Option<TenantSummary> {
         .iter()
         .enumerate()
         .map(|(i, q)| {
+            let of_some = |f: fn(&super::engine::QueueRun) -> Option<f64>| {
+                Stat::of(
+                    &with
+                        .iter()
+                        .filter_map(|t| t.queues.get(i))
+                        .filter_map(f)
+                        .collect::<Vec<_>>(),
+                )
+            };
             let of = |f: fn(&super::engine::QueueRun) -> f64| {
                 Stat::of(
                     &with
@@ -73,6 +101,10 @@ pub fn summarize(runs: &[&TimelineRun]) -> Option<TenantSummary> {
                 guaranteed_gpus: q.guaranteed_gpus,
                 allocated_gpus: of(|q| q.mean_allocated_gpus),
                 fair_share_gpus: of(|q| q.mean_fair_share_gpus),
+                contended_allocated_gpus: of_some(|q| q.contended_allocated_gpus),
+                contended_entitled_gpus: of_some(|q| q.contended_entitled_gpus),
+                wait_p50_s: of(|q| q.wait_p50_s),
+                wait_p99_s: of(|q| q.wait_p99_s),
                 to_guarantee_mean_s: mean,
                 to_guarantee_p90_s: p90,
                 episodes: waits.len(),
@@ -81,9 +113,16 @@ pub fn summarize(runs: &[&TimelineRun]) -> Option<TenantSummary> {
         })
         .collect();
     Some(TenantSummary {
-        jain: Stat::of(&with.iter().map(|t| t.jain).collect::<Vec<_>>()),
+        jain: Some(with.iter().filter_map(|t| t.jain).collect::<Vec<_>>())
+            .filter(|j| !j.is_empty())
+            .map(|j| Stat::of(&j)),
+        contended_seeds: with.iter().filter(|t| t.jain.is_some()).count(),
+        contended_pct: Stat::of(&with.iter().map(|t| t.contended_pct).collect::<Vec<_>>()),
         queues,
         allocation_without_queues_pct: None,
+        jain_without_queues: None,
+        contended_seeds_without_queues: None,
+        queues_without_queues: None,
     })
 }
 
@@ -102,20 +141,56 @@ pub fn table<'a>(rows: impl Iterator<Item = (&'a str, Stat, &'a TenantSummary)>,
                 )
             })
             .unwrap_or_default();
+        let jain = |j: Option<Stat>| {
+            j.map_or_else(
+                || "- (never contended)".to_string(),
+                |j| format!("{:.3} ± {:.3}", j.mean, j.sd),
+            )
+        };
+        let without = t
+            .contended_seeds_without_queues
+            .map(|seeds| {
+                format!(
+                    ", {} without queues ({seeds} seeds contended)",
+                    jain(t.jain_without_queues)
+                )
+            })
+            .unwrap_or_default();
         let _ = writeln!(
             out,
-            "{:<21} tenants: Jain's index of allocation / fair share {:.3} ± {:.3}{cost}",
-            policy, t.jain.mean, t.jain.sd
+            "{:<21} tenants: Jain's index of allocation / entitlement while contended ({:.0}% of the window, {} seeds) {}{without}{cost}",
+            policy,
+            t.contended_pct.mean,
+            t.contended_seeds,
+            jain(t.jain)
         );
+        let plain = t.queues_without_queues.as_deref().unwrap_or(&[]);
         for q in &t.queues {
+            let off = plain
+                .iter()
+                .find(|o| o.name == q.name)
+                .map(|o| {
+                    format!(
+                        "; without queues: contended {:.1} of {:.1}, waits p50 {} p99 {}",
+                        o.contended_allocated_gpus.mean,
+                        o.contended_entitled_gpus.mean,
+                        duration_text(o.wait_p50_s.mean),
+                        duration_text(o.wait_p99_s.mean)
+                    )
+                })
+                .unwrap_or_default();
             let _ = writeln!(
                 out,
-                "{:<21}   queue {:<12} guaranteed {:>7.1} GPUs, allocated {:>7.1}, fair share {:>7.1}; to guarantee mean {:.0}s p90 {:.0}s ({} times); reclaimed {:.0} pods",
+                "{:<21}   queue {:<12} guaranteed {:>7.1} GPUs, allocated {:>7.1}, fair share {:>7.1}; contended {:.1} of {:.1} entitled; waits p50 {} p99 {}; to guarantee mean {:.0}s p90 {:.0}s ({} times); reclaimed {:.0} pods{off}",
                 "",
                 q.name,
                 q.guaranteed_gpus,
                 q.allocated_gpus.mean,
                 q.fair_share_gpus.mean,
+                q.contended_allocated_gpus.mean,
+                q.contended_entitled_gpus.mean,
+                duration_text(q.wait_p50_s.mean),
+                duration_text(q.wait_p99_s.mean),
                 q.to_guarantee_mean_s,
                 q.to_guarantee_p90_s,
                 q.episodes,

@@ -71,19 +71,21 @@ fn gpu_time_is_conserved_and_no_pod_runs_outside_its_life() {
     let end = end_of(&run);
     let mut held = 0.0;
     for job in &jobs {
-        let Some(start) = job.start else {
-            assert!(job.end.is_none(), "{job:?}");
+        let (Some(placed), Some(start), Some(work)) = (job.placed_at, job.start, job.work_from)
+        else {
+            assert!(job.end.is_none() && job.start.is_none(), "{job:?}");
             continue;
         };
-        assert!(start >= job.arrival, "started before it arrived: {job:?}");
-        assert!(start <= end, "{job:?}");
+        assert!(placed >= job.arrival, "placed before it arrived: {job:?}");
+        assert!(placed <= start && start <= work, "{job:?}");
+        assert!(placed <= end, "{job:?}");
         match job.end {
-            Some(stop) if job.evicted => assert!(stop.0 < start.0 + job.run_ms, "{job:?}"),
-            Some(stop) => assert_eq!(stop.0, start.0 + job.run_ms, "{job:?}"),
-            None => assert!(start.0 + job.run_ms >= end.0, "left early: {job:?}"),
+            Some(stop) if job.evicted => assert!(stop.0 < work.0 + job.run_ms, "{job:?}"),
+            Some(stop) => assert_eq!(stop.0, work.0 + job.run_ms, "{job:?}"),
+            None => assert!(work.0 + job.run_ms >= end.0, "left early: {job:?}"),
         }
         let stop = job.end.unwrap_or(end).min(end);
-        held += milli(&t, job) * (stop.0 - start.0) as f64;
+        held += milli(&t, job) * stop.0.saturating_sub(placed.0) as f64;
     }
     let held_hours = held / 1e3 / 3.6e6;
     assert!(

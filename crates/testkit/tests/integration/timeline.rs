@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpuplace_core::{Policy, TargetWorkload};
+use gpuplace_sim::timeline::options::Costs;
 use gpuplace_sim::timeline::{DurationModel, Timeline, TimelineOptions};
 use gpuplace_testkit::timeline::{StackJob, TimelineStackOptions, replay_timeline};
 
@@ -24,6 +25,8 @@ async fn compare(policy: Policy, seed: u64) {
                 max_s: Some(7_200.0),
                 ..DurationModel::default()
             },
+            // The stack's simulated clock binds and starts a pod at its decision.
+            costs: Costs::FREE,
             ..TimelineOptions::default()
         },
     )

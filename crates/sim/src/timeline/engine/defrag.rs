@@ -1,8 +1,10 @@
 //! Defragmentation in the timeline replay: core's make-room and rebalance plans, carried
-//! out at once. A moved pod leaves its place and its replacement starts on the planned
-//! place at the same moment (the scheduler steers the controller's new pod there); unless
-//! the replay is checkpointed the replacement starts its run over and the time the pod had
-//! run counts as lost.
+//! out on simulated time. A moved pod is evicted at the decision and its planned place is
+//! held for its replacement (the scheduler steers the controller's new pod there), which
+//! runs once the old pod's grace period and the re-create have passed, then the bind and
+//! start costs; the unit the room was made for is bound after the grace period. Unless the
+//! replay is checkpointed the replacement runs its whole duration again and everything the
+//! pod had done counts as lost.
 //!
 //! A pod may move when the hash of its trace index puts it in the movable share and it
 //! has run at least the minimum age; a gang moves only whole and only when every member
@@ -16,7 +18,7 @@ use gpuplace_core::defrag::{self, Limits, Movables, RoomPlan};
 use gpuplace_core::preempt::Holder;
 use gpuplace_core::{Placer, Policy};
 
-use super::{Engine, Job, Placed};
+use super::{Engine, Job, Placed, Work};
 use crate::timeline::options::{DefragSim, Ms};
 use crate::trace::TracePod;
 
@@ -95,7 +97,7 @@ impl Engine<'_> {
         let min_age = s.min_age.as_millis() as u64;
         let eligible = |r: u32| {
             let j = &self.jobs[r as usize];
-            let age = now.0.saturating_sub(j.start.map_or(now.0, |t| t.0));
+            let age = now.0.saturating_sub(j.work_from.map_or(now.0, |t| t.0));
             movable_pod(j.pod, s.movable) && age >= min_age
         };
         let mut singles = Vec::new();
@@ -176,8 +178,9 @@ impl Engine<'_> {
             .iter()
             .flat_map(|&u| groups[u].iter().copied())
             .collect();
+        let mut replacements = Vec::with_capacity(moved.len());
         for &job in &moved {
-            self.leave_for_move(job, now);
+            replacements.push((job, self.leave_for_move(job, now)));
         }
         for (&job, p) in jobs.iter().zip(&plan.placements) {
             let request = &self.pods[self.jobs[job as usize].pod as usize].request;
@@ -189,42 +192,41 @@ impl Engine<'_> {
                 node: p.node,
                 gpus: p.gpus.clone(),
             };
-            self.start(job, placed, now);
+            self.start(job, placed, now, self.costs.eviction_grace);
         }
         for mv in &plan.moves {
-            self.restart(holders[mv.holder], mv.to, &mv.gpus, now);
+            let job = holders[mv.holder];
+            if let Some((_, work)) = replacements.iter().find(|(j, _)| *j == job) {
+                self.restart(job, *work, mv.to, &mv.gpus, now);
+            }
         }
         self.defrag.counts.plans += 1;
         true
     }
 
-    /// `job` leaves its place to move: counted, and its work lost unless checkpointed.
-    fn leave_for_move(&mut self, job: u32, now: Ms) {
-        let j = &self.jobs[job as usize];
-        let milli: u64 = j.gpus.iter().map(|&(_, m)| u64::from(m)).sum();
-        let ran = now.0.saturating_sub(j.start.map_or(now.0, |s| s.0));
+    /// `job` leaves its place to move: counted, and its work lost unless checkpointed;
+    /// what its replacement runs.
+    fn leave_for_move(&mut self, job: u32, now: Ms) -> Work {
+        let milli: u64 = self.jobs[job as usize]
+            .gpus
+            .iter()
+            .map(|&(_, m)| u64::from(m))
+            .sum();
+        let (work, lost) = self.evict(job, now);
         let c = &mut self.defrag.counts;
         c.moved_pods += 1;
         c.moved_milli += milli;
-        if !self.defrag.settings.checkpointed {
-            c.lost_milli_ms += u128::from(milli) * u128::from(ran);
-        }
-        self.depart(job, now, true);
+        c.lost_milli_ms += lost;
+        work
     }
 
-    /// The replacement of moved `job` starts on node `to`, GPUs `gpus`, at `now`: its whole
-    /// run again, or what was left of it when checkpointed. Not measured (its pod's wait
-    /// was measured when it first arrived).
-    fn restart(&mut self, job: u32, to: usize, gpus: &[(usize, u32)], now: Ms) {
-        let old = &self.jobs[job as usize];
-        let ran = now.0.saturating_sub(old.start.map_or(now.0, |s| s.0));
-        let run_ms = if self.defrag.settings.checkpointed {
-            old.run_ms.saturating_sub(ran).max(1)
-        } else {
-            old.run_ms
-        };
-        let (pod, unit) = (old.pod, old.unit);
-        let request = &self.pods[pod as usize].request;
+    /// The replacement of moved `job`, running `work`, is made by its controller and bound
+    /// to node `to`, GPUs `gpus`: it runs once the old pod's grace period and the
+    /// controller's re-create have passed. Not measured (its pod's wait was measured when
+    /// it first arrived).
+    fn restart(&mut self, job: u32, work: Work, to: usize, gpus: &[(usize, u32)], now: Ms) {
+        let unit = self.jobs[job as usize].unit;
+        let request = &self.pods[work.pod as usize].request;
         if self.state.apply(to, request, gpus).is_err() {
             debug_assert!(false, "planned move refused");
             return;
@@ -234,14 +236,18 @@ impl Engine<'_> {
         let new = self.jobs.len() as u32;
         self.running_at.push(u32::MAX);
         self.jobs.push(Job {
-            pod,
+            pod: work.pod,
             unit,
             arrival: now,
-            run_ms,
+            run_ms: work.full_ms.saturating_sub(work.done_ms).max(1),
+            full_ms: work.full_ms,
             measured: false,
+            placed_at: None,
             start: None,
+            work_from: None,
             end: None,
             evicted: false,
+            abandoned: false,
             node: 0,
             gpus: Vec::new(),
         });
@@ -249,7 +255,8 @@ impl Engine<'_> {
             node: to,
             gpus: gpus.to_vec(),
         };
-        self.start(new, placed, now);
+        let room_in = self.costs.eviction_grace.max(self.costs.recreate);
+        self.start(new, placed, now, room_in);
     }
 
     /// Rebalances when it is time, pods wait and the hour's budget allows.
@@ -294,8 +301,8 @@ impl Engine<'_> {
                 .map(|&(_, m)| u64::from(m))
                 .sum();
             self.defrag.recent.push_back((now, milli));
-            self.leave_for_move(job, now);
-            self.restart(job, mv.to, &mv.gpus, now);
+            let work = self.leave_for_move(job, now);
+            self.restart(job, work, mv.to, &mv.gpus, now);
         }
         self.defrag.counts.plans += 1;
     }

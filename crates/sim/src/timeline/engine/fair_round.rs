@@ -39,6 +39,13 @@ impl Engine<'_> {
         }
     }
 
+    pub(super) fn fair_abandoned(&mut self, job: u32) {
+        let (q, asked) = self.fair_res(job, None);
+        if let Some(t) = &mut self.tenants {
+            t.pending[q].sub(&asked);
+        }
+    }
+
     pub(super) fn fair_departed(&mut self, job: u32, node: usize) {
         let (q, placed) = self.fair_res(job, Some(node));
         if let Some(t) = &mut self.tenants {
@@ -56,7 +63,7 @@ impl Engine<'_> {
         first: &mut dyn FnMut(&mut Self, u32, Ms) -> bool,
         last: &mut dyn FnMut(&mut Self, u32, Ms) -> bool,
     ) -> Vec<(u32, bool)> {
-        let Some(t) = &self.tenants else {
+        let Some(t) = self.tenants.as_ref().filter(|_| self.queues_serve) else {
             return due
                 .into_iter()
                 .map(|u| (u, first(self, u, now) || last(self, u, now)))

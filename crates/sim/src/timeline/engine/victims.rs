@@ -49,8 +49,9 @@ impl Engine<'_> {
         candidates
     }
 
-    /// Evicts the plan's groups (their pods go back to the queue, to start over) and
-    /// starts `job` where the plan puts it.
+    /// Evicts the plan's groups (their controller makes them again a moment later, to
+    /// start over unless checkpointed) and starts `job` where the plan puts it once the
+    /// victims' grace period has passed.
     pub(super) fn evict_and_start(
         &mut self,
         job: u32,
@@ -65,15 +66,14 @@ impl Engine<'_> {
             for &victim in group {
                 let v = &self.jobs[victim as usize];
                 let milli: u64 = v.gpus.iter().map(|&(_, m)| u64::from(m)).sum();
-                let ran = now.0.saturating_sub(v.start.map_or(now.0, |s| s.0));
+                top = top.max(self.pods[v.pod as usize].priority);
+                let (work, lost) = self.evict(victim, now);
                 self.outcome_counts.preempted_pods += 1;
                 self.outcome_counts.preempted_milli += milli;
-                self.outcome_counts.lost_milli_ms += u128::from(milli) * u128::from(ran);
-                again.push((v.pod, v.run_ms));
-                top = top.max(self.pods[v.pod as usize].priority);
-                self.depart(victim, now, true);
+                self.outcome_counts.lost_milli_ms += lost;
+                again.push(work);
             }
-            self.enqueue(&again, top, now, true);
+            self.recreate(again, top, now);
         }
         let request = &self.pods[self.jobs[job as usize].pod as usize].request;
         if self.state.apply(plan.node, request, &plan.gpus).is_err() {
@@ -83,7 +83,7 @@ impl Engine<'_> {
             node: plan.node,
             gpus: plan.gpus,
         };
-        self.start(job, placed, now);
+        self.start(job, placed, now, self.costs.eviction_grace);
         true
     }
 }

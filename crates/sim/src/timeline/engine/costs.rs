@@ -1,0 +1,107 @@
+//! What the cluster pays, on simulated time: an evicted pod's work (its whole elapsed run
+//! unless checkpointed), its controller's new pod made a moment later, and users who delete
+//! pods that waited too long (`--patience`).
+
+use std::cmp::Reverse;
+
+use super::{Engine, Work};
+use crate::timeline::metrics::Class;
+use crate::timeline::options::{Ms, Patience};
+use crate::timeline::patience;
+
+/// Pods a controller makes again after an eviction.
+pub(super) struct Recreation {
+    pods: Vec<Work>,
+    priority: i32,
+}
+
+impl Engine<'_> {
+    /// Evicts running `job` at `now`: it leaves (its GPUs go back to the state) and what its
+    /// replacement must run is returned with the milli-GPU-milliseconds of work thrown away:
+    /// everything it had done, before this job too (a warm-start pod's age, earlier
+    /// checkpointed progress), unless checkpointed, when the replacement resumes instead.
+    pub(super) fn evict(&mut self, job: u32, now: Ms) -> (Work, u128) {
+        let j = &self.jobs[job as usize];
+        let milli: u64 = j.gpus.iter().map(|&(_, m)| u64::from(m)).sum();
+        let ran = j
+            .work_from
+            .map_or(0, |from| now.0.saturating_sub(from.0))
+            .min(j.run_ms);
+        let done = j.full_ms.saturating_sub(j.run_ms) + ran;
+        let (work, lost) = if self.checkpointed {
+            let work = Work {
+                pod: j.pod,
+                full_ms: j.full_ms,
+                done_ms: done.min(j.full_ms.saturating_sub(1)),
+            };
+            (work, 0)
+        } else {
+            let work = Work {
+                pod: j.pod,
+                full_ms: j.full_ms,
+                done_ms: 0,
+            };
+            (work, u128::from(milli) * u128::from(done))
+        };
+        self.depart(job, now, true);
+        (work, lost)
+    }
+
+    /// `pods` join the queue as one unit once their controller has made them again.
+    pub(super) fn recreate(&mut self, pods: Vec<Work>, priority: i32, now: Ms) {
+        let at = now + self.costs.recreate;
+        let index = self.recreations.len() as u32;
+        self.recreations.push(Recreation { pods, priority });
+        self.later.push(Reverse((at, index)));
+    }
+
+    /// The replacements whose time has come join the queue.
+    pub(super) fn recreate_due(&mut self, now: Ms) {
+        while let Some(&Reverse((at, index))) = self.later.peek()
+            && at <= now
+        {
+            self.later.pop();
+            let r = &mut self.recreations[index as usize];
+            let pods = std::mem::take(&mut r.pods);
+            let priority = r.priority;
+            self.enqueue(&pods, priority, now, true);
+        }
+    }
+
+    /// Whether (and when) the user of arriving `unit` (arrival index `arrival`) gives up.
+    pub(super) fn draw_patience(&mut self, unit: u32, arrival: u64, now: Ms) {
+        if self.patience == Patience::Off {
+            return;
+        }
+        let Some(&first) = self.units[unit as usize].jobs.first() else {
+            return;
+        };
+        let classes = Class::of(&self.pods[self.jobs[first as usize].pod as usize].request);
+        if let Some(ms) = patience::draw_ms(&classes, self.seed, arrival) {
+            self.give_ups.push(Reverse((Ms(now.0 + ms), unit)));
+        }
+    }
+
+    /// Units still waiting when their user's patience ends are deleted.
+    pub(super) fn give_up_due(&mut self, now: Ms) {
+        while let Some(&Reverse((at, unit))) = self.give_ups.peek()
+            && at <= now
+        {
+            self.give_ups.pop();
+            if !self.units[unit as usize].waiting {
+                continue;
+            }
+            self.units[unit as usize].waiting = false;
+            self.queue.forget(&unit);
+            self.outcome_counts.abandoned_units += 1;
+            for job in self.units[unit as usize].jobs.clone() {
+                let j = &mut self.jobs[job as usize];
+                j.abandoned = true;
+                j.end = Some(now);
+                self.pending_milli -= self.pods[j.pod as usize].request.total_gpu_milli();
+                self.waiting_pods -= 1;
+                self.fair_abandoned(job);
+            }
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! What the replay charges: the steps of carrying a decision out take their time, evicted
+//! work is lost whole (a warm-start pod's age too), users give up, and Jain's index tells
+//! a flood served by the queues from one served in arrival order.
+
+use std::time::Duration;
+
+use super::{Scenario, node, pod, secs};
+use crate::timeline::options::{Costs, DefragSim, Patience};
+use crate::timeline::tenants::TenantsFile;
+use crate::timeline::{Ms, Timeline, TimelineOptions};
+
+fn costs(grace: u64, recreate: u64, bind: u64, start: u64) -> Costs {
+    Costs {
+        eviction_grace: Duration::from_secs(grace),
+        recreate: Duration::from_secs(recreate),
+        bind_latency: Duration::from_secs(bind),
+        start: Duration::from_secs(start),
+    }
+}
+
+#[test]
+fn a_preemptor_runs_only_once_its_victims_grace_and_its_own_start_have_passed() {
+    let s = Scenario {
+        pods: vec![pod("low", 8, 1_000, 0, None), pod("high", 8, 10, 5, None)],
+        nodes: vec![node("n", 8)],
+        preempt: true,
+        costs: costs(30, 1, 1, 2),
+        ..Scenario::default()
+    };
+    let outcome = s.run_all(
+        &[(0, 0), (100, 1), (500, 0)],
+        true,
+        DefragSim::default(),
+        None,
+    );
+    let jobs = &outcome.jobs;
+    // low: bound at 1 s, runs from 3 s; evicted at 100 s having worked 97 s.
+    assert_eq!(
+        (secs(jobs[0].start), secs(jobs[0].work_from)),
+        (Some(1), Some(3))
+    );
+    assert!(jobs[0].evicted);
+    assert_eq!(outcome.lost_milli_ms, 8_000 * 97_000);
+    // high: bound once low's grace has passed (100 + 30 + 1), works from 133 s, leaves at
+    // 143 s.
+    assert_eq!(secs(jobs[1].start), Some(131));
+    assert_eq!(secs(jobs[1].work_from), Some(133));
+    assert_eq!(secs(jobs[1].end), Some(143));
+    // low's controller makes it again a second after the eviction; it runs its whole
+    // duration once high has left.
+    let again = &jobs[2];
+    assert_eq!((again.pod, secs(Some(again.arrival))), (0, Some(101)));
+    assert_eq!(secs(again.start), Some(144));
+    assert_eq!(again.run_ms, 1_000_000);
+}
+
+#[test]
+fn an_evicted_warm_pod_loses_its_age_from_before_the_start_unless_checkpointed() {
+    for checkpointed in [false, true] {
+        let s = Scenario {
+            pods: vec![pod("old", 8, 1_000, 0, None), pod("high", 8, 10, 5, None)],
+            nodes: vec![node("n", 8)],
+            preempt: true,
+            checkpointed,
+            // Running at t=0 with 40% of its 1,000 s left: 600 s done before the start.
+            warm: vec![(0, 0.4)],
+            ..Scenario::default()
+        };
+        let outcome = s.run_all(&[(100, 1), (500, 0)], true, DefragSim::default(), None);
+        let jobs = &outcome.jobs;
+        assert_eq!((jobs[0].run_ms, jobs[0].full_ms), (400_000, 1_000_000));
+        assert!(jobs[0].evicted);
+        let again = jobs
+            .iter()
+            .find(|j| j.pod == 0 && j.arrival == Ms(100_000))
+            .expect("the controller's new pod");
+        if checkpointed {
+            assert_eq!(outcome.lost_milli_ms, 0);
+            assert_eq!(again.run_ms, 300_000, "resumes with 300 s to go");
+        } else {
+            assert_eq!(
+                outcome.lost_milli_ms,
+                8_000 * 700_000,
+                "600 s before, 100 s after"
+            );
+            assert_eq!(again.run_ms, 1_000_000, "its whole run again");
+        }
+    }
+}
+
+#[test]
+fn a_moved_pod_runs_again_after_the_grace_and_the_waiting_pod_after_its_room_is_free() {
+    let s = Scenario {
+        pods: vec![
+            pod("x", 4, 10_000, 0, None),
+            pod("y", 4, 50, 0, None),
+            pod("z", 4, 10_000, 0, None),
+            pod("big", 8, 100, 0, None),
+        ],
+        nodes: vec![node("a", 8), node("b", 8)],
+        costs: costs(30, 1, 0, 0),
+        ..Scenario::default()
+    };
+    let defrag = DefragSim {
+        mode: crate::timeline::options::DefragMode::MakeRoom,
+        movable: 1.0,
+        ..DefragSim::default()
+    };
+    let jobs = s.run_options(
+        &[(0, 0), (0, 1), (1, 2), (400, 3), (1_000, 1)],
+        true,
+        defrag,
+    );
+    let moved = jobs.iter().find(|j| j.evicted).expect("a pod moved");
+    assert_eq!(secs(moved.end), Some(400));
+    // The 8-GPU pod is bound when the moved pod's grace period ends.
+    assert_eq!(secs(jobs[3].start), Some(430), "{jobs:?}");
+    let again = jobs
+        .iter()
+        .find(|j| j.pod == moved.pod && !j.measured)
+        .expect("replacement");
+    assert_eq!(secs(again.start), Some(430), "after max(grace, re-create)");
+    assert_eq!(again.run_ms, 10_000_000);
+}
+
+#[test]
+fn users_give_up_on_pods_that_wait_past_their_patience_as_often_as_the_trace_says() {
+    // An 8-GPU pod runs for ever; 2,000 8-GPU arrivals wait behind it. The trace's pooled
+    // figures: 11% of pods are given up, after 0 to 11,717 s.
+    let s = Scenario {
+        pods: vec![
+            pod("forever", 8, 1_000_000, 0, None),
+            pod("later", 8, 10, 0, None),
+        ],
+        nodes: vec![node("n", 8)],
+        patience: Patience::Trace,
+        ..Scenario::default()
+    };
+    let mut arrivals = vec![(0, 0)];
+    arrivals.extend((1..=2_000).map(|i| (i, 1)));
+    let outcome = s.run_all(&arrivals, true, DefragSim::default(), None);
+    let gave_up: Vec<_> = outcome.jobs.iter().filter(|j| j.abandoned).collect();
+    assert_eq!(gave_up.len(), outcome.abandoned_units);
+    let share = gave_up.len() as f64 / 2_000.0;
+    assert!((0.08..0.14).contains(&share), "{share}");
+    for j in &gave_up {
+        assert!(j.start.is_none() && j.end.is_some_and(|e| e.0 - j.arrival.0 <= 11_717_000));
+    }
+    // The first arrival is never given up: it started at once.
+    assert!(!outcome.jobs[0].abandoned && outcome.jobs[0].start.is_some());
+}
+
+#[test]
+fn a_flood_served_in_arrival_order_scores_lower_than_with_queues() {
+    let file: TenantsFile = serde_json::from_value(serde_json::json!({
+        "queues": [
+            {"name": "flood", "guaranteed": {"nvidia.com/gpu": "25%"}},
+            {"name": "a", "guaranteed": {"nvidia.com/gpu": "25%"}},
+            {"name": "b", "guaranteed": {"nvidia.com/gpu": "25%"}},
+            {"name": "c", "guaranteed": {"nvidia.com/gpu": "25%"}}
+        ],
+        "assign": {"by": "hash", "shares": {"flood": 0.7, "a": 0.1, "b": 0.1, "c": 0.1}}
+    }))
+    .expect("tenants");
+    let jain = |queues_serve: bool| {
+        let timeline = Timeline::new(
+            crate::builtin_workload(8),
+            TimelineOptions {
+                load: 1.1,
+                arrivals: 1_500,
+                tenants: Some(file.clone()),
+                queues_serve,
+                ..TimelineOptions::default()
+            },
+        )
+        .expect("timeline");
+        let policy: gpuplace_core::Policy = "gpuplace".parse().expect("policy");
+        let run = timeline.run(policy, 3);
+        run.tenants.and_then(|t| t.jain).expect("contended")
+    };
+    let (with, without) = (jain(true), jain(false));
+    assert!(with > 0.95, "with queues {with}");
+    assert!(without < with - 0.1, "without {without}, with {with}");
+}
