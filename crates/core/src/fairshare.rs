@@ -9,11 +9,13 @@
 //! Resources are GPU (milli-GPU: a whole GPU is 1000, a share its part), CPU (milli-CPU)
 //! and memory (MiB), plus optional per-GPU-model amounts (milli-GPU on GPUs of that model).
 
+mod amounts;
 mod pick;
 mod reclaim;
 mod shares;
 mod tree;
 
+pub use amounts::{AmountError, AmountRules, read_bounds};
 pub use pick::{LimitHit, Picker};
 pub use reclaim::{Entitlement, Loss};
 pub use shares::{fair_shares, fair_shares_of};

@@ -8,7 +8,9 @@
 
 use std::collections::BTreeMap;
 
-use gpuplace_core::fairshare::{Bounds, DIMS, QueueSpec as CoreSpec};
+use gpuplace_core::fairshare::{
+    AmountError, AmountRules, Bounds, QueueSpec as CoreSpec, read_bounds,
+};
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -145,47 +147,30 @@ fn bounds(
     field: &'static str,
     gpu_resource: &str,
 ) -> Result<Bounds, QueueSpecError> {
-    let mut out = Bounds::default();
-    for (resource, value) in list {
-        let text = match value {
-            serde_json::Value::String(s) => s.clone(),
-            serde_json::Value::Number(n) => n.to_string(),
-            other => other.to_string(),
-        };
-        let bad = || QueueSpecError::Quantity {
+    let texts: Vec<(&str, String)> = list
+        .iter()
+        .map(|(resource, value)| {
+            let text = match value {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            (resource.as_str(), text)
+        })
+        .collect();
+    let rules = AmountRules {
+        gpu_resource,
+        capacity: None,
+    };
+    read_bounds(texts.iter().map(|(r, t)| (*r, t.as_str())), rules).map_err(|e| match e {
+        AmountError::Resource { resource } => QueueSpecError::UnknownResource { field, resource },
+        AmountError::Amount {
+            resource, value, ..
+        } => QueueSpecError::Quantity {
             field,
-            resource: resource.clone(),
-            value: text.clone(),
-        };
-        let milli = gpuplace_model::quantity_milli(&text)
-            .ok()
-            .filter(|m| *m >= 0)
-            .ok_or_else(bad)?;
-        let milli = u64::try_from(milli).map_err(|_| bad())?;
-        let gpu_model = resource
-            .strip_prefix("nvidia.com/gpu.")
-            .or_else(|| resource.strip_prefix(&format!("{gpu_resource}.")));
-        match resource.as_str() {
-            r if r == "nvidia.com/gpu" || r == gpu_resource => out.dims[0] = Some(milli),
-            "cpu" => out.dims[1] = Some(milli),
-            // Milli-bytes to MiB, rounded up.
-            "memory" => out.dims[2] = Some(milli.div_ceil(1000 * 1024 * 1024)),
-            _ => match gpu_model.filter(|m| !m.is_empty()) {
-                Some(model) => {
-                    let at = out.models.partition_point(|(m, _)| m.as_str() < model);
-                    out.models.insert(at, (model.to_string(), milli));
-                }
-                None => {
-                    return Err(QueueSpecError::UnknownResource {
-                        field,
-                        resource: resource.clone(),
-                    });
-                }
-            },
-        }
-    }
-    debug_assert!(out.dims.len() == DIMS);
-    Ok(out)
+            resource,
+            value,
+        },
+    })
 }
 
 /// The queue a pod asks for: its label, else its namespace's default, else `default`.

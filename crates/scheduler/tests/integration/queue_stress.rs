@@ -2,7 +2,8 @@
 //! not reclaimable), 10,000 pods of skewed demand arriving and finishing, watch events
 //! 0-2 s late, 2 ms per request, random 409s, 500s and time-outs, and a leader change.
 //! Checked at every step: no GPU given to two pods, no queue (or ancestor) holding more
-//! than its limit; every round: no reclaim takes a queue below its guarantee (by the
+//! than its limit; the two capped teams (the most asked-of team of each organisation) are
+//! driven to their limits and their pods refused for it; every round: no reclaim takes a queue below its guarantee (by the
 //! round's own figures, after the victims are taken off); at the end every pod bound and
 //! every queue's status written. Time is tokio's paused clock.
 //!
@@ -50,12 +51,13 @@ fn tree() -> (Vec<Def>, Vec<String>) {
         for t in 0..3 {
             let team = format!("{o}-t{t}");
             let team_g = org_g / 3;
-            // One team per organisation is capped; one keeps what it holds.
+            // The most asked-of team of each organisation is capped (demand past its
+            // limit); one keeps what it holds.
             queues.push(Def {
                 name: team.clone(),
                 parent: Some(o.to_string()),
                 guaranteed: team_g,
-                limit: (t == 2).then_some(team_g + 40),
+                limit: (t == 0).then_some(team_g + 40),
                 reclaimable: t != 1,
             });
             for p in 0..2 {
@@ -253,12 +255,16 @@ async fn twenty_queues_ten_thousand_pods_lag_faults_and_a_leader_change() {
             }
         };
     let mut parsed = HashMap::new();
+    let mut peak: HashMap<String, u32> = HashMap::new();
     let mut check = |api: &MemoryApi| {
         let held = audit(api, &parents, &mut parsed);
         for (q, l) in &limits {
-            if held.get(q).copied().unwrap_or(0) > *l {
+            let h = held.get(q).copied().unwrap_or(0);
+            if h > *l {
                 limit_violations += 1;
             }
+            let p = peak.entry(q.clone()).or_default();
+            *p = (*p).max(h);
         }
     };
 
@@ -314,6 +320,7 @@ async fn twenty_queues_ten_thousand_pods_lag_faults_and_a_leader_change() {
         tokio::time::sleep(Duration::from_secs(1)).await;
         tally.add(&second.schedule(now()).await.unwrap());
     }
+    let refused = refused_for_limits(&api, &limits);
     // Phase 3: with capacity to reclaim, every guarantee asked for is met in one round.
     let burst = guarantee_in_one_round(&api, &mut second, &mut check, now).await;
     println!(
@@ -331,7 +338,21 @@ async fn twenty_queues_ten_thousand_pods_lag_faults_and_a_leader_change() {
         burst.pods,
         burst.running_after
     );
+    println!(
+        "seed {seed}: limits (GPUs): {limits:?}; peaks {peak:?}; pods refused for a limit {refused:?}"
+    );
     assert_eq!(limit_violations, 0, "no queue past its limit");
+    for (q, l) in &limits {
+        // Driven to the limit: within the largest pod (8 GPUs) of it, and pods refused.
+        assert!(
+            peak.get(q).is_some_and(|p| p + 8 > *l),
+            "{q} reached its limit {l}: {peak:?}"
+        );
+        assert!(
+            refused.get(q).is_some_and(|n| *n > 0),
+            "{q}: pods refused: {refused:?}"
+        );
+    }
     assert_eq!(tally.below_after_reclaim, 0, "no reclaim below a guarantee");
     assert!(tally.reclaimed > 0, "reclaim happened");
     for q in &queues {
@@ -339,6 +360,19 @@ async fn twenty_queues_ten_thousand_pods_lag_faults_and_a_leader_change() {
         let status = api.queue(name).and_then(|q| q.status);
         assert!(status.is_some(), "status of {name} written");
     }
+}
+
+/// By capped queue, the Events that refused a pod because that queue was at its limit.
+fn refused_for_limits(api: &MemoryApi, limits: &HashMap<String, u32>) -> HashMap<String, usize> {
+    let mut refused = HashMap::new();
+    for e in api.events() {
+        for q in limits.keys() {
+            if e.message.contains(&format!("queue {q} is at its limit of")) {
+                *refused.entry(q.clone()).or_default() += 1;
+            }
+        }
+    }
+    refused
 }
 
 /// Queues that ask for their whole guarantee at once in phase 3 (40 GPUs each), and the
@@ -405,7 +439,7 @@ async fn guarantee_in_one_round(
     }
     let fill = NODES * 8;
     for i in 0..fill {
-        api.put_pod(pod_in(&format!("fill{i}"), "org0-t0-p1", 1, 0));
+        api.put_pod(pod_in(&format!("fill{i}"), "org0-t2-p1", 1, 0));
     }
     for step in 0.. {
         burst_step(api, scheduler, check, &now).await;

@@ -19,7 +19,9 @@
 
 use std::collections::BTreeMap;
 
-use gpuplace_core::fairshare::{Bounds, DIMS, QueueSpec, QueueTree};
+use gpuplace_core::fairshare::{
+    AmountError, AmountRules, Bounds, DIMS, QueueSpec, QueueTree, read_bounds,
+};
 use gpuplace_model::Request;
 use serde::Deserialize;
 
@@ -269,62 +271,37 @@ fn bounds(
     list: &BTreeMap<String, serde_json::Value>,
     capacity: [u64; DIMS],
 ) -> Result<Bounds, TenantsError> {
-    let mut out = Bounds::default();
-    for (resource, value) in list {
-        let text = match value {
-            serde_json::Value::String(s) => s.trim().to_string(),
-            other => other.to_string(),
-        };
-        let bad = || TenantsError::Amount {
+    let texts: Vec<(&str, String)> = list
+        .iter()
+        .map(|(resource, value)| (resource.as_str(), amount_text(value)))
+        .collect();
+    let rules = AmountRules {
+        gpu_resource: "nvidia.com/gpu",
+        capacity: Some(&capacity),
+    };
+    read_bounds(texts.iter().map(|(r, t)| (*r, t.as_str())), rules).map_err(|e| match e {
+        AmountError::Resource { resource } => TenantsError::Resource {
             queue: queue.to_string(),
             field,
-            resource: resource.clone(),
-            value: text.clone(),
-        };
-        let dim = match resource.as_str() {
-            "nvidia.com/gpu" => Some(0),
-            "cpu" => Some(1),
-            "memory" => Some(2),
-            r if r.starts_with("nvidia.com/gpu.") && r.len() > 15 => None,
-            _ => {
-                return Err(TenantsError::Resource {
-                    queue: queue.to_string(),
-                    field,
-                    resource: resource.clone(),
-                });
-            }
-        };
-        let amount = match text.strip_suffix('%') {
-            Some(pct) => {
-                let pct: f64 = pct.trim().parse().map_err(|_| bad())?;
-                if !(pct.is_finite() && pct >= 0.0) {
-                    return Err(bad());
-                }
-                (capacity[dim.unwrap_or(0)] as f64 * pct / 100.0).round() as u64
-            }
-            None => {
-                let milli = gpuplace_model::quantity_milli(&text)
-                    .ok()
-                    .filter(|m| *m >= 0)
-                    .ok_or_else(bad)?;
-                let milli = u64::try_from(milli).map_err(|_| bad())?;
-                if dim == Some(2) {
-                    milli.div_ceil(1000 * 1024 * 1024)
-                } else {
-                    milli
-                }
-            }
-        };
-        match dim {
-            Some(d) => out.dims[d] = Some(amount),
-            None => {
-                let model = resource["nvidia.com/gpu.".len()..].to_string();
-                let at = out.models.partition_point(|(m, _)| *m < model);
-                out.models.insert(at, (model, amount));
-            }
-        }
+            resource,
+        },
+        AmountError::Amount {
+            resource, value, ..
+        } => TenantsError::Amount {
+            queue: queue.to_string(),
+            field,
+            resource,
+            value,
+        },
+    })
+}
+
+/// An amount as written: a string as it is, a number as its digits.
+fn amount_text(value: &serde_json::Value) -> String {
+    match value {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
     }
-    Ok(out)
 }
 
 #[cfg(test)]
