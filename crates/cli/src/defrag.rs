@@ -58,11 +58,9 @@ pub fn run(args: DefragArgs) -> anyhow::Result<()> {
         "--min-age must be at most 720h (30 days), got {}",
         args.min_age
     );
-    let config = DefragConfig {
-        min_age,
-        max_moves: args.max_moves,
-        ..DefragConfig::default()
-    };
+    let mut config = DefragConfig::default();
+    config.settings.min_age = min_age;
+    config.settings.max_moves = args.max_moves;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -124,7 +124,8 @@ fn defrag_config(
     file: &FileSettings,
 ) -> anyhow::Result<gpuplace_scheduler::scheduler::defrag::DefragConfig> {
     use gpuplace_scheduler::scheduler::defrag::{DefragConfig, parse_duration};
-    let mut d = DefragConfig::default();
+    let mut config = DefragConfig::default();
+    let d = &mut config.settings;
     if let Some(mode) = args.defrag.as_ref().or(file.defrag.as_ref()) {
         d.mode = mode.parse()?;
     }
@@ -153,7 +154,7 @@ fn defrag_config(
         );
         d.max_moves = moves;
     }
-    Ok(d)
+    Ok(config)
 }
 
 pub fn run(args: SchedulerArgs) -> anyhow::Result<()> {

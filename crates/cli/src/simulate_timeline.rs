@@ -4,6 +4,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use gpuplace_core::Policy;
+use gpuplace_core::defrag::Settings;
 use gpuplace_core::queue::QueueConfig;
 use gpuplace_sim::Workload;
 use gpuplace_sim::report::ClusterSize;
@@ -168,27 +169,31 @@ impl TimelineArgs {
             "--defrag-max-moves must be between 1 and 1000, got {}",
             self.defrag_max_moves
         );
+        let mode = match self.defrag {
+            DefragArg::Off => DefragMode::Off,
+            DefragArg::MakeRoom => DefragMode::MakeRoom,
+            DefragArg::Rebalance => DefragMode::Rebalance,
+            DefragArg::All => DefragMode::All,
+        };
+        let defaults = DefragSim::default();
         Ok(DefragSim {
-            mode: match self.defrag {
-                DefragArg::Off => DefragMode::Off,
-                DefragArg::MakeRoom => DefragMode::MakeRoom,
-                DefragArg::Rebalance => DefragMode::Rebalance,
-                DefragArg::All => DefragMode::All,
+            settings: Settings {
+                mode,
+                min_age: std::time::Duration::from_secs_f64(self.defrag_min_age),
+                max_moves: self.defrag_max_moves,
+                budget_gpus_per_hour: self.defrag_budget,
+                ..defaults.settings
             },
             movable: self.movable,
-            min_age: std::time::Duration::from_secs_f64(self.defrag_min_age),
-            max_moves: self.defrag_max_moves,
-            budget_gpus_per_hour: self.defrag_budget,
-            ..DefragSim::default()
         })
     }
 
     /// How the summary names the defragmentation settings.
     fn defrag_label(&self, d: &DefragSim, checkpointed: bool) -> String {
-        if d.mode == DefragMode::Off {
+        if d.settings.mode == DefragMode::Off {
             return "off".to_string();
         }
-        let mode = match d.mode {
+        let mode = match d.settings.mode {
             DefragMode::MakeRoom => "make-room",
             DefragMode::Rebalance => "rebalance",
             _ => "all",

@@ -18,6 +18,7 @@
 //! breaking ties.
 
 mod rebalance;
+mod settings;
 
 use gpuplace_model::Request;
 use rand::SeedableRng;
@@ -30,6 +31,9 @@ use crate::preempt::{Candidates, Holder, give, take, violations};
 use crate::state::{ClusterState, NodeState};
 
 pub use rebalance::{Rebalance, rebalance};
+pub use settings::{
+    MAX_MIN_AGE, Mode, REBALANCE_COOLDOWN, REBALANCE_MIN_GAIN_MILLI, Settings, UnknownMode,
+};
 
 /// The pods that may move: units (one pod, or a whole gang) of holders, and per holder the
 /// nodes it may be placed on again (`None`: any node).

@@ -155,7 +155,8 @@ pub fn plan(
     }
     out.frag_after_room = work.total_frag() / 1e3;
     out.frag_after = out.frag_after_room;
-    let crowded = out.frag_after_room * 1e3 > config.rebalance_threshold * out.gpus as f64 * 1e3;
+    let crowded =
+        out.frag_after_room * 1e3 > config.settings.rebalance_threshold * out.gpus as f64 * 1e3;
     if !out.blocked.is_empty() && crowded {
         // Rebalancing runs on the state after the plans: the pods the plans moved are
         // elsewhere there, so they are not movable again (every move it makes is listed,
@@ -168,17 +169,23 @@ pub fn plan(
             .collect();
         let skip = |uid: &str| moved_uids.contains(uid);
         let rules = Eligibility {
-            min_age: config.min_age,
+            min_age: config.settings.min_age,
             now,
             skip: &skip,
         };
         let set = movable_set(&snapshot, view, &profile, &rules);
         let limits = Limits {
-            max_pods: config.max_moves,
-            max_milli: (config.budget_gpus_per_hour * 1000.0) as u64,
+            max_pods: config.settings.max_moves,
+            max_milli: (config.settings.budget_gpus_per_hour * 1000.0) as u64,
         };
         let mut fgd = Placer::new(Policy::Fgd, 42);
-        let r = defrag::rebalance(&mut fgd, &work, &set.movables, limits, 1000.0);
+        let r = defrag::rebalance(
+            &mut fgd,
+            &work,
+            &set.movables,
+            limits,
+            defrag::REBALANCE_MIN_GAIN_MILLI,
+        );
         for m in &r.moves {
             let pod = &set.pods[m.holder];
             let h = &set.movables.candidates.holders[m.holder];
@@ -231,13 +238,13 @@ fn room_for(
             .any(|p| p.key.uid == uid && moved.contains(&p.key.to_string()))
     };
     let rules = Eligibility {
-        min_age: config.min_age,
+        min_age: config.settings.min_age,
         now,
         skip: &skip,
     };
     let set = movable_set(snapshot, view, profile, &rules);
     let limits = Limits {
-        max_pods: config.max_moves,
+        max_pods: config.settings.max_moves,
         max_milli: u64::MAX,
     };
     let plan = defrag::make_room(placer, work, &demand.request, mask, &set.movables, limits)?;

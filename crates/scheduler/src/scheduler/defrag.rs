@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpuplace_core::defrag::Movables;
+pub use gpuplace_core::defrag::{MAX_MIN_AGE, Mode as DefragMode, Settings};
 use gpuplace_core::preempt::Holder;
 use gpuplace_model::Request;
 
@@ -29,55 +30,12 @@ use crate::framework::{FilterInput, Profile};
 use crate::k8s::pod_info::PodInfo;
 use crate::snapshot::{Held, Snapshot};
 
-/// Which defragmentation the scheduler does (`--defrag`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum DefragMode {
-    Off,
-    /// Move pods that opted in when a pod fits nowhere and preemption cannot help.
-    #[default]
-    MakeRoom,
-    /// Move pods in the background to lower fragmentation.
-    Rebalance,
-    /// Both.
-    All,
-}
-
-impl DefragMode {
-    pub fn makes_room(self) -> bool {
-        matches!(self, DefragMode::MakeRoom | DefragMode::All)
-    }
-
-    pub fn rebalances(self) -> bool {
-        matches!(self, DefragMode::Rebalance | DefragMode::All)
-    }
-}
-
 /// A defragmentation setting that cannot be read.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum DefragSettingError {
-    #[error("--defrag must be off, make-room, rebalance or all, got {0:?}")]
-    Mode(String),
     #[error("{0:?} is not a duration (a number with ms, s, m or h, e.g. 5m, 90s, 1h30m, 0s)")]
     Duration(String),
 }
-
-impl std::str::FromStr for DefragMode {
-    type Err = DefragSettingError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim() {
-            "off" => Ok(DefragMode::Off),
-            "make-room" => Ok(DefragMode::MakeRoom),
-            "rebalance" => Ok(DefragMode::Rebalance),
-            // `both` is taken as well: the simulator once named it so.
-            "all" | "both" => Ok(DefragMode::All),
-            other => Err(DefragSettingError::Mode(other.to_string())),
-        }
-    }
-}
-
-/// The longest `--defrag-min-age` (30 days).
-pub const MAX_MIN_AGE: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// Reads a duration as Kubernetes tools write them: `5m`, `90s`, `1h30m`, `250ms`, `0s`.
 pub fn parse_duration(text: &str) -> Result<Duration, DefragSettingError> {
@@ -112,36 +70,22 @@ pub fn parse_duration(text: &str) -> Result<Duration, DefragSettingError> {
     Ok(total)
 }
 
-/// Defragmentation's settings.
+/// Defragmentation's settings: core's, shared with the simulator, and the scheduler's own.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DefragConfig {
-    pub mode: DefragMode,
-    /// A pod moves only after running this long (`--defrag-min-age`).
-    pub min_age: Duration,
-    /// GPUs rebalancing may move per hour (`--defrag-budget`).
-    pub budget_gpus_per_hour: f64,
-    /// Pods one plan may move, and rebalancing moves in flight at most
-    /// (`--defrag-max-moves`).
-    pub max_moves: usize,
-    /// How often rebalancing looks at the fleet.
-    pub rebalance_every: Duration,
-    /// Rebalancing runs while the fleet's fragmentation is above this share of its GPUs
-    /// (FGD's measure) and some pod waits.
-    pub rebalance_threshold: f64,
+    pub settings: Settings,
     /// How long a moved pod's planned place waits for its replacement.
     pub steer_ttl: Duration,
 }
 
+/// How long a moved pod's planned place waits for its replacement by default.
+pub const STEER_TTL: Duration = Duration::from_secs(300);
+
 impl Default for DefragConfig {
     fn default() -> Self {
         DefragConfig {
-            mode: DefragMode::MakeRoom,
-            min_age: Duration::from_secs(300),
-            budget_gpus_per_hour: 16.0,
-            max_moves: 4,
-            rebalance_every: Duration::from_secs(60),
-            rebalance_threshold: 0.02,
-            steer_ttl: Duration::from_secs(300),
+            settings: Settings::default(),
+            steer_ttl: STEER_TTL,
         }
     }
 }

@@ -298,7 +298,7 @@ impl<A: ClusterApi> Scheduler<A> {
                 outcome = reclaimed;
             }
             if matches!(outcome, Outcome::NoVictims(_))
-                && self.config.defrag.mode.makes_room()
+                && self.config.defrag.settings.mode.makes_room()
                 && let Some(moving) = self
                     .make_room_gang(snapshot, view, members, domains, report)
                     .await

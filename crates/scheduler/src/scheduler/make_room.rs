@@ -130,7 +130,7 @@ impl<A: ClusterApi> Scheduler<A> {
         // A plan is tried on a copy (the snapshot's holders are borrowed by the movables).
         let mut trial = snapshot.state.clone();
         let limits = Limits {
-            max_pods: self.config.defrag.max_moves,
+            max_pods: self.config.defrag.settings.max_moves,
             max_milli: u64::MAX,
         };
         let plan = defrag::make_room(
@@ -352,7 +352,7 @@ impl<A: ClusterApi> Scheduler<A> {
                 || also(uid)
         };
         let rules = Eligibility {
-            min_age: self.config.defrag.min_age,
+            min_age: self.config.defrag.settings.min_age,
             now: k8s_openapi::jiff::Timestamp::now(),
             skip: &skip,
         };
@@ -386,7 +386,7 @@ impl<A: ClusterApi> Scheduler<A> {
             return None;
         }
         let limits = Limits {
-            max_pods: self.config.defrag.max_moves,
+            max_pods: self.config.defrag.settings.max_moves,
             max_milli: u64::MAX,
         };
         let mut trial = snapshot.state.clone();

@@ -18,6 +18,8 @@ use crate::api::{ClusterApi, ClusterView};
 use crate::snapshot::Snapshot;
 
 const HOUR: Duration = Duration::from_secs(3600);
+/// How long a controller whose pod moved is left alone (core's, as the simulator's).
+const COOLDOWN: Duration = defrag::REBALANCE_COOLDOWN;
 
 /// Rebalancing's memory between rounds.
 #[derive(Debug, Default)]
@@ -38,7 +40,7 @@ impl<A: ClusterApi> Scheduler<A> {
         now: Instant,
         report: &mut RoundReport,
     ) {
-        let cfg = self.config.defrag.clone();
+        let cfg = self.config.defrag.settings.clone();
         if !cfg.mode.rebalances() || report.pending == 0 || !self.gate.is_open() {
             return;
         }
@@ -61,7 +63,7 @@ impl<A: ClusterApi> Scheduler<A> {
             r.recent.pop_front();
         }
         r.owners
-            .retain(|_, t| now.saturating_duration_since(*t) < HOUR);
+            .retain(|_, t| now.saturating_duration_since(*t) < COOLDOWN);
         let spent: u64 = r.recent.iter().map(|(_, m)| m).sum();
         let budget = ((cfg.budget_gpus_per_hour * 1000.0) as u64).saturating_sub(spent);
         let in_flight = self.steers.iter().filter(|s| s.for_pod.is_none()).count();
@@ -114,7 +116,13 @@ impl<A: ClusterApi> Scheduler<A> {
             max_pods: room,
             max_milli: budget,
         };
-        let plan = defrag::rebalance(&mut fgd, &snapshot.state, &set.movables, limits, 1000.0);
+        let plan = defrag::rebalance(
+            &mut fgd,
+            &snapshot.state,
+            &set.movables,
+            limits,
+            defrag::REBALANCE_MIN_GAIN_MILLI,
+        );
         planned_moves(snapshot, &set, &plan.moves)
     }
 }

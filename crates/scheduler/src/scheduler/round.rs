@@ -67,7 +67,8 @@ impl<A: ClusterApi> Scheduler<A> {
             .iter()
             .map(|b| b.metadata.resource_version.clone().unwrap_or_default())
             .collect();
-        let budgets_changed = self.config.defrag.mode.makes_room() && budgets != self.seen.budgets;
+        let budgets_changed =
+            self.config.defrag.settings.mode.makes_room() && budgets != self.seen.budgets;
         // Specs and namespaces' defaults, not resourceVersions: the status this scheduler
         // writes on a queue wakes nobody.
         let queues: Vec<String> = view
@@ -418,7 +419,7 @@ impl<A: ClusterApi> Scheduler<A> {
                 }
                 let mut message = outcome.message(&message, snapshot.nodes.len());
                 if matches!(outcome, super::post_filter::Outcome::NoVictims(_))
-                    && self.config.defrag.mode.makes_room()
+                    && self.config.defrag.settings.mode.makes_room()
                 {
                     let made = self.make_room(snapshot, view, verdicts, pod, report).await;
                     if let Some(more) = made.message() {

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use gpuplace_scheduler::scheduler::defrag::{DefragConfig, DefragMode};
+use gpuplace_scheduler::scheduler::defrag::{DefragConfig, DefragMode, Settings};
 use gpuplace_scheduler::{Scheduler, SchedulerConfig};
 use gpuplace_testkit::MemoryApi;
 use serde_json::json;
@@ -23,8 +23,11 @@ pub(crate) async fn settle(scheduler: &mut Scheduler<MemoryApi>, t: &mut Instant
 pub(crate) fn defrag_config(min_age: Duration) -> SchedulerConfig {
     SchedulerConfig {
         defrag: DefragConfig {
-            mode: DefragMode::MakeRoom,
-            min_age,
+            settings: Settings {
+                mode: DefragMode::MakeRoom,
+                min_age,
+                ..Settings::default()
+            },
             ..DefragConfig::default()
         },
         ..config()
@@ -150,7 +153,7 @@ async fn pods_that_did_not_opt_in_are_too_young_or_have_no_controller_stay() {
     // Off.
     let api = MemoryApi::new();
     let mut off = defrag_config(Duration::ZERO);
-    off.defrag.mode = DefragMode::Off;
+    off.defrag.settings.mode = DefragMode::Off;
     let mut scheduler = Scheduler::new(api.clone(), off);
     fragmented(&api, &mut scheduler, &mut t, true).await;
     assert!(!deleting(&api, "a"));
@@ -247,15 +250,13 @@ async fn the_dry_run_plans_what_the_scheduler_would_do_and_touches_nothing() {
     use gpuplace_scheduler::ClusterApi;
     let api = MemoryApi::new();
     let mut off = defrag_config(Duration::ZERO);
-    off.defrag.mode = DefragMode::Off;
+    off.defrag.settings.mode = DefragMode::Off;
     let mut scheduler = Scheduler::new(api.clone(), off);
     let mut t = Instant::now();
     fragmented(&api, &mut scheduler, &mut t, true).await;
     let view = api.view().await.unwrap();
-    let config = DefragConfig {
-        min_age: Duration::ZERO,
-        ..DefragConfig::default()
-    };
+    let mut config = DefragConfig::default();
+    config.settings.min_age = Duration::ZERO;
     let plan = gpuplace_scheduler::defrag_plan::plan(
         &view,
         "nvidia.com/gpu",
@@ -319,7 +320,7 @@ async fn the_dry_run_plans_what_the_scheduler_would_do_and_touches_nothing() {
 async fn rebalancing_gathers_scattered_shares_so_that_a_whole_node_frees() {
     let api = MemoryApi::new();
     let mut config = defrag_config(Duration::ZERO);
-    config.defrag.mode = DefragMode::Rebalance;
+    config.defrag.settings.mode = DefragMode::Rebalance;
     let mut scheduler = Scheduler::new(api.clone(), config);
     let mut t = Instant::now();
     // p2 (half a GPU, may go anywhere) on n2, p1 (half a GPU, only n1) on n1.

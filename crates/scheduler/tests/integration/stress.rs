@@ -234,8 +234,11 @@ fn config(seed: u64) -> SchedulerConfig {
         max_in_flight: 16,
         // Moves to make room and to rebalance, on pods of any age (no kubelet starts them).
         defrag: gpuplace_scheduler::scheduler::defrag::DefragConfig {
-            mode: gpuplace_scheduler::scheduler::defrag::DefragMode::All,
-            min_age: Duration::ZERO,
+            settings: gpuplace_scheduler::scheduler::defrag::Settings {
+                mode: gpuplace_scheduler::scheduler::defrag::DefragMode::All,
+                min_age: Duration::ZERO,
+                ..Default::default()
+            },
             ..Default::default()
         },
         ..crate::common::config()

@@ -519,7 +519,7 @@ impl<'a> Engine<'a> {
             }
         }
         self.maybe_rebalance(now);
-        let makes_room = self.defrag.settings.mode.makes_room();
+        let makes_room = self.defrag.config.settings.mode.makes_room();
         let due = self.due(now);
         let tried = self.fair_round(
             due,

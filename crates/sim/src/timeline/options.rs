@@ -118,58 +118,27 @@ pub enum Patience {
     Trace,
 }
 
-/// Which defragmentation runs in a timeline replay.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum DefragMode {
-    #[default]
-    Off,
-    /// A unit that fits nowhere moves movable pods out of its way.
-    MakeRoom,
-    /// Movable pods are moved in the background to lower fragmentation.
-    Rebalance,
-    /// Both (`--defrag all`, as the scheduler names it).
-    All,
-}
+/// Which defragmentation runs in a timeline replay: the scheduler's modes (core's).
+pub use gpuplace_core::defrag::Mode as DefragMode;
 
-impl DefragMode {
-    pub fn makes_room(self) -> bool {
-        matches!(self, DefragMode::MakeRoom | DefragMode::All)
-    }
-
-    pub fn rebalances(self) -> bool {
-        matches!(self, DefragMode::Rebalance | DefragMode::All)
-    }
-}
-
-/// Defragmentation's settings in a timeline replay.
+/// Defragmentation's settings in a timeline replay: the scheduler's (core's
+/// [`gpuplace_core::defrag::Settings`], the same defaults, off unless asked), and which pods
+/// may move.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct DefragSim {
-    pub mode: DefragMode,
+    pub settings: gpuplace_core::defrag::Settings,
     /// Share of pods that may move (chosen by a hash of the pod, the same in every run).
     pub movable: f64,
-    /// A pod moves only after running this long.
-    pub min_age: Duration,
-    /// Pods one plan may move.
-    pub max_moves: usize,
-    /// Rebalancing moves at most this many GPUs per hour.
-    pub budget_gpus_per_hour: f64,
-    /// How often rebalancing looks at the fleet.
-    pub rebalance_every: Duration,
-    /// A rebalancing move must lower fragmentation by at least this many GPUs.
-    pub min_gain_gpus: f64,
 }
 
 impl Default for DefragSim {
     fn default() -> Self {
         DefragSim {
-            mode: DefragMode::Off,
+            settings: gpuplace_core::defrag::Settings {
+                mode: DefragMode::Off,
+                ..gpuplace_core::defrag::Settings::default()
+            },
             movable: 0.5,
-            min_age: Duration::from_secs(300),
-            max_moves: 4,
-            budget_gpus_per_hour: 16.0,
-            rebalance_every: Duration::from_secs(60),
-            min_gain_gpus: 1.0,
         }
     }
 }

@@ -286,9 +286,11 @@ fn make_room_moves_a_pod_so_that_an_eight_gpu_pod_starts_at_once() {
     };
     let arrivals = [(0, 0), (0, 1), (1, 2), (400, 3), (1_000, 1)];
     let defrag = DefragSim {
-        mode: DefragMode::MakeRoom,
+        settings: gpuplace_core::defrag::Settings {
+            mode: DefragMode::MakeRoom,
+            ..DefragSim::default().settings
+        },
         movable: 1.0,
-        ..DefragSim::default()
     };
     // Without moves the 8-GPU pod waits for x or z to finish (10,000 s).
     let jobs = s.run(&arrivals);

@@ -9,10 +9,10 @@
 //! A pod may move when the hash of its trace index puts it in the movable share and it
 //! has run at least the minimum age; a gang moves only whole and only when every member
 //! may. Make-room runs for a unit that fits nowhere (after priority preemption, if on); a
-//! request whose make-room failed is not planned again for a simulated minute. Rebalancing looks at the fleet every `rebalance_every` while pods wait, within
-//! its GPUs-per-hour budget.
+//! request whose make-room failed is not planned again for a simulated minute. Rebalancing
+//! follows the scheduler's rules with core's settings (see [`Engine::maybe_rebalance`]).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use gpuplace_core::defrag::{self, Limits, Movables, RoomPlan};
 use gpuplace_core::preempt::Holder;
@@ -35,13 +35,17 @@ pub struct DefragCounts {
 
 /// Defragmentation's settings and state in one replay.
 pub(super) struct DefragState {
-    pub(super) settings: DefragSim,
+    pub(super) config: DefragSim,
     pub(super) counts: DefragCounts,
     /// Per request id, when its make-room last failed.
     failed: Vec<Option<Ms>>,
     last_rebalance: Ms,
     /// Rebalance moves in the last hour: (when, milli).
     recent: VecDeque<(Ms, u64)>,
+    /// Units (the simulator's controllers) whose pod rebalancing moved, and when.
+    moved_units: HashMap<u32, Ms>,
+    /// When each rebalance move's replacement is bound (moves in flight until then).
+    in_flight: Vec<Ms>,
     /// Chooses where rebalanced pods go (least fragmentation growth).
     fgd: Placer,
 }
@@ -52,9 +56,11 @@ pub(super) struct DefragState {
 const RETRY_MS: u64 = 60_000;
 
 impl DefragState {
-    pub(super) fn new(settings: DefragSim, distinct: usize, seed: u64) -> Self {
+    pub(super) fn new(config: DefragSim, distinct: usize, seed: u64) -> Self {
         DefragState {
-            settings,
+            config,
+            moved_units: HashMap::new(),
+            in_flight: Vec::new(),
             counts: DefragCounts::default(),
             failed: vec![None; distinct],
             last_rebalance: Ms(0),
@@ -93,8 +99,8 @@ fn movables<'s>(jobs: &'s [Job], pods: &'s [TracePod], groups: &[Vec<u32>]) -> M
 impl Engine<'_> {
     /// Running units that may move at `now` (each as its running jobs).
     fn movable_units(&self, now: Ms) -> Vec<Vec<u32>> {
-        let s = &self.defrag.settings;
-        let min_age = s.min_age.as_millis() as u64;
+        let s = &self.defrag.config;
+        let min_age = s.settings.min_age.as_millis() as u64;
         let eligible = |r: u32| {
             let j = &self.jobs[r as usize];
             let age = now.0.saturating_sub(j.work_from.map_or(now.0, |t| t.0));
@@ -150,7 +156,7 @@ impl Engine<'_> {
             return false;
         }
         let limits = Limits {
-            max_pods: self.defrag.settings.max_moves,
+            max_pods: self.defrag.config.settings.max_moves,
             max_milli: u64::MAX,
         };
         let plan = {
@@ -197,7 +203,7 @@ impl Engine<'_> {
         for mv in &plan.moves {
             let job = holders[mv.holder];
             if let Some((_, work)) = replacements.iter().find(|(j, _)| *j == job) {
-                self.restart(job, *work, mv.to, &mv.gpus, now);
+                let _ = self.restart(job, *work, mv.to, &mv.gpus, now);
             }
         }
         self.defrag.counts.plans += 1;
@@ -224,12 +230,20 @@ impl Engine<'_> {
     /// to node `to`, GPUs `gpus`: it runs once the old pod's grace period and the
     /// controller's re-create have passed. Not measured (its pod's wait was measured when
     /// it first arrived).
-    fn restart(&mut self, job: u32, work: Work, to: usize, gpus: &[(usize, u32)], now: Ms) {
+    /// Returns when the replacement is bound.
+    fn restart(
+        &mut self,
+        job: u32,
+        work: Work,
+        to: usize,
+        gpus: &[(usize, u32)],
+        now: Ms,
+    ) -> Option<Ms> {
         let unit = self.jobs[job as usize].unit;
         let request = &self.pods[work.pod as usize].request;
         if self.state.apply(to, request, gpus).is_err() {
             debug_assert!(false, "planned move refused");
-            return;
+            return None;
         }
         self.pending_milli += request.total_gpu_milli();
         self.waiting_pods += 1;
@@ -257,11 +271,15 @@ impl Engine<'_> {
         };
         let room_in = self.costs.eviction_grace.max(self.costs.recreate);
         self.start(new, placed, now, room_in);
+        self.jobs[new as usize].start
     }
 
-    /// Rebalances when it is time, pods wait and the hour's budget allows.
+    /// Rebalances as the scheduler does: at most every `rebalance_every`, while pods wait
+    /// and the fleet's fragmentation is above the threshold, within the hour's GPU budget
+    /// and the moves allowed in flight, moving no unit rebalancing moved in the cooldown
+    /// (core's settings and rules, `scheduler/rebalance.rs`).
     pub(super) fn maybe_rebalance(&mut self, now: Ms) {
-        let s = &self.defrag.settings;
+        let s = self.defrag.config.settings.clone();
         if !s.mode.rebalances()
             || self.waiting_pods == 0
             || now.0 < self.defrag.last_rebalance.0 + s.rebalance_every.as_millis() as u64
@@ -269,25 +287,45 @@ impl Engine<'_> {
             return;
         }
         self.defrag.last_rebalance = now;
+        let capacity = self.state.gpu_capacity_milli() as f64;
+        if self.state.total_frag() <= s.rebalance_threshold * capacity {
+            return;
+        }
         while let Some(&(at, _)) = self.defrag.recent.front()
             && now.0 >= at.0 + 3_600_000
         {
             self.defrag.recent.pop_front();
         }
+        let cooldown = defrag::REBALANCE_COOLDOWN.as_millis() as u64;
+        self.defrag
+            .moved_units
+            .retain(|_, at| now.0 < at.0 + cooldown);
+        self.defrag.in_flight.retain(|bound| *bound > now);
         let spent: u64 = self.defrag.recent.iter().map(|&(_, m)| m).sum();
         let budget = (s.budget_gpus_per_hour * 1000.0) as u64;
         let limits = Limits {
-            max_pods: s.max_moves,
+            max_pods: s.max_moves.saturating_sub(self.defrag.in_flight.len()),
             max_milli: budget.saturating_sub(spent),
         };
-        if limits.max_milli == 0 {
+        if limits.max_milli == 0 || limits.max_pods == 0 {
             return;
         }
-        let min_gain = s.min_gain_gpus * 1000.0;
-        let groups = self.movable_units(now);
+        let mut groups = self.movable_units(now);
+        groups.retain(|g| {
+            let unit = self.jobs[g[0] as usize].unit;
+            !self.defrag.moved_units.contains_key(&unit)
+        });
         let moves = {
             let m = movables(&self.jobs, self.pods, &groups);
-            defrag::rebalance(&mut self.defrag.fgd, &self.state, &m, limits, min_gain).moves
+            let fgd = &mut self.defrag.fgd;
+            defrag::rebalance(
+                fgd,
+                &self.state,
+                &m,
+                limits,
+                defrag::REBALANCE_MIN_GAIN_MILLI,
+            )
+            .moves
         };
         if moves.is_empty() {
             return;
@@ -301,8 +339,12 @@ impl Engine<'_> {
                 .map(|&(_, m)| u64::from(m))
                 .sum();
             self.defrag.recent.push_back((now, milli));
+            let unit = self.jobs[job as usize].unit;
+            self.defrag.moved_units.insert(unit, now);
             let work = self.leave_for_move(job, now);
-            self.restart(job, work, mv.to, &mv.gpus, now);
+            if let Some(bound) = self.restart(job, work, mv.to, &mv.gpus, now) {
+                self.defrag.in_flight.push(bound);
+            }
         }
         self.defrag.counts.plans += 1;
     }

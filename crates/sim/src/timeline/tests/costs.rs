@@ -102,9 +102,11 @@ fn a_moved_pod_runs_again_after_the_grace_and_the_waiting_pod_after_its_room_is_
         ..Scenario::default()
     };
     let defrag = DefragSim {
-        mode: crate::timeline::options::DefragMode::MakeRoom,
+        settings: gpuplace_core::defrag::Settings {
+            mode: crate::timeline::options::DefragMode::MakeRoom,
+            ..DefragSim::default().settings
+        },
         movable: 1.0,
-        ..DefragSim::default()
     };
     let jobs = s.run_options(
         &[(0, 0), (0, 1), (1, 2), (400, 3), (1_000, 1)],
@@ -181,4 +183,38 @@ fn a_flood_served_in_arrival_order_scores_lower_than_with_queues() {
     let (with, without) = (jain(true), jain(false));
     assert!(with > 0.95, "with queues {with}");
     assert!(without < with - 0.1, "without {without}, with {with}");
+}
+
+#[test]
+fn rebalancing_follows_the_schedulers_threshold_and_moves_a_unit_once() {
+    let s = Scenario {
+        pods: vec![
+            pod("x", 4, 10_000, 0, None),
+            pod("y", 4, 50, 0, None),
+            pod("z", 4, 10_000, 0, None),
+            pod("big", 8, 100, 0, None),
+        ],
+        nodes: vec![node("a", 8), node("b", 8)],
+        ..Scenario::default()
+    };
+    let rebalance = |threshold: f64| DefragSim {
+        settings: gpuplace_core::defrag::Settings {
+            mode: crate::timeline::options::DefragMode::Rebalance,
+            rebalance_threshold: threshold,
+            ..DefragSim::default().settings
+        },
+        movable: 1.0,
+    };
+    let arrivals = [(0, 0), (0, 1), (1, 2), (400, 3), (3_000, 1)];
+    // x and z hold half of each node once y has left: the 8-GPU pod waits until a move.
+    let jobs = s.run_options(&arrivals, true, rebalance(0.02));
+    let moved: Vec<_> = jobs.iter().filter(|j| j.evicted).collect();
+    assert_eq!(moved.len(), 1, "{jobs:?}");
+    let big = jobs.iter().find(|j| j.pod == 3).expect("big");
+    assert!(big.start.is_some_and(|t| t.0 <= 460_000), "{jobs:?}");
+    // Above any fragmentation the fleet can have: the scheduler would not rebalance.
+    let jobs = s.run_options(&arrivals, true, rebalance(1.0));
+    assert!(jobs.iter().all(|j| !j.evicted), "{jobs:?}");
+    let big = jobs.iter().find(|j| j.pod == 3).expect("big");
+    assert!(big.start.is_none(), "{jobs:?}");
 }
