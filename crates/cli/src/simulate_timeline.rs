@@ -139,6 +139,33 @@ pub(crate) enum DefragArg {
 }
 
 impl TimelineArgs {
+    /// The replay's options from the flags (`preempt`: `simulate --preempt`).
+    fn options(&self, preempt: bool) -> anyhow::Result<TimelineOptions> {
+        Ok(TimelineOptions {
+            load: self.load,
+            arrivals: self.arrivals,
+            warmup: self.warmup,
+            durations: DurationModel {
+                scale: self.duration_scale,
+                min_s: self.min_duration,
+                max_s: self.max_duration,
+            },
+            preempt,
+            warm_start: !self.cold_start,
+            queue: QueueConfig::default(),
+            series_points: 240,
+            defrag: self.defrag()?,
+            tenants: self.tenants.as_deref().map(read_tenants).transpose()?,
+            queues_serve: true,
+            costs: self.costs()?,
+            checkpointed: self.checkpointed,
+            patience: match self.patience {
+                PatienceArg::Off => Patience::Off,
+                PatienceArg::Trace => Patience::Trace,
+            },
+        })
+    }
+
     fn costs(&self) -> anyhow::Result<Costs> {
         Ok(Costs {
             eviction_grace: cost("eviction-grace", self.eviction_grace)?,
@@ -225,30 +252,8 @@ pub fn run(
     policies: &[Policy],
     seeds: Vec<u64>,
 ) -> anyhow::Result<()> {
-    let durations = DurationModel {
-        scale: t.duration_scale,
-        min_s: t.min_duration,
-        max_s: t.max_duration,
-    };
-    let options = TimelineOptions {
-        load: t.load,
-        arrivals: t.arrivals,
-        warmup: t.warmup,
-        durations,
-        preempt: args.preempt,
-        warm_start: !t.cold_start,
-        queue: QueueConfig::default(),
-        series_points: 240,
-        defrag: t.defrag()?,
-        tenants: t.tenants.as_deref().map(read_tenants).transpose()?,
-        queues_serve: true,
-        costs: t.costs()?,
-        checkpointed: t.checkpointed,
-        patience: match t.patience {
-            PatienceArg::Off => Patience::Off,
-            PatienceArg::Trace => Patience::Trace,
-        },
-    };
+    let options = t.options(args.preempt)?;
+    let durations = options.durations;
     // The same arrivals with the queues measuring only (served as kube-scheduler would).
     let baseline_options = options.tenants.is_some().then(|| TimelineOptions {
         queues_serve: false,

@@ -12,6 +12,7 @@
 //! by the scheduler's victim search; the victims go back to the queue (their controller
 //! makes them again) and the work they had done is counted as lost.
 
+mod arrive;
 mod costs;
 mod defrag;
 mod fair;
@@ -21,7 +22,6 @@ mod victims;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 
-use gpuplace_core::preempt;
 use gpuplace_core::queue::Queue;
 use gpuplace_core::{ClusterState, Placer};
 
@@ -380,77 +380,6 @@ impl<'a> Engine<'a> {
         }
     }
 
-    /// A unit of `template` joins the queue at `now`; `left` (warm start) is the share of
-    /// its run time still to go; `arrival`: its index among the arrivals (none for the warm
-    /// start), whose user may give up on it.
-    fn admit(&mut self, template: u32, now: Ms, left: Option<f64>, arrival: Option<u64>) {
-        let Some(t) = self.mix.templates.get(template as usize) else {
-            return;
-        };
-        let pods: Vec<Work> = t
-            .pods
-            .iter()
-            .map(|&p| {
-                let full = self.mix.durations_ms[p];
-                let run = left.map_or(full, |f| ((full as f64 * f).round() as u64).max(1));
-                Work {
-                    pod: p as u32,
-                    full_ms: full.max(run),
-                    done_ms: full.saturating_sub(run),
-                }
-            })
-            .collect();
-        let unit = self.enqueue(&pods, t.priority, now, left.is_none());
-        if let Some(arrival) = arrival {
-            self.draw_patience(unit, arrival, now);
-        }
-    }
-
-    /// Puts a unit of `pods` in the queue.
-    fn enqueue(&mut self, pods: &[Work], priority: i32, now: Ms, measurable: bool) -> u32 {
-        let unit = self.units.len() as u32;
-        let measured = measurable && now >= self.measure_from;
-        let mut jobs = Vec::with_capacity(pods.len());
-        for w in pods {
-            jobs.push(self.jobs.len() as u32);
-            self.pending_milli += self.pods[w.pod as usize].request.total_gpu_milli();
-            self.waiting_pods += 1;
-            self.running_at.push(u32::MAX);
-            self.jobs.push(Job {
-                pod: w.pod,
-                unit,
-                arrival: now,
-                run_ms: w.full_ms.saturating_sub(w.done_ms).max(1),
-                full_ms: w.full_ms,
-                measured,
-                placed_at: None,
-                start: None,
-                work_from: None,
-                end: None,
-                evicted: false,
-                abandoned: false,
-                node: 0,
-                gpus: Vec::new(),
-            });
-        }
-        for &job in &jobs {
-            self.fair_enqueued(job);
-        }
-        let key = (Reverse(priority), self.sequence);
-        self.sequence += 1;
-        self.units.push(Unit {
-            jobs,
-            key,
-            waiting: true,
-            fails: 0,
-            ready: false,
-            failed_at: Ms(0),
-            backing_off: false,
-        });
-        self.fresh.push(unit);
-        unit
-    }
-
     /// The earliest time a failed unit may become due (stale entries dropped).
     fn next_wake(&mut self) -> Option<Ms> {
         while let Some(&Reverse((at, unit, fails, _))) = self.wakes.peek() {
@@ -673,36 +602,5 @@ impl<'a> Engine<'a> {
         self.released.push(j.node);
         self.freed = true;
         self.fair_departed(job, node);
-    }
-
-    /// Evicts lower-priority units so that the single pod of `unit` fits (the scheduler's
-    /// victim search); the victims go back to the queue.
-    fn try_preempt(&mut self, unit: u32, now: Ms) -> bool {
-        let [job] = self.units[unit as usize].jobs[..] else {
-            return false;
-        };
-        let priority = self.pods[self.jobs[job as usize].pod as usize].priority;
-        if self.by_priority.range(..priority).all(|(_, n)| *n == 0) {
-            return false;
-        }
-        // With tenants, priority preempts only within the pod's queue (reclaim is across).
-        let own = self
-            .tenants
-            .as_ref()
-            .filter(|_| self.queues_serve)
-            .map(|t| t.queue_of_pod(self.jobs[job as usize].pod));
-        let groups = self.victim_groups(&|pod| {
-            self.pods[pod as usize].priority < priority
-                && own.is_none_or(|q| self.tenants.as_ref().map(|t| t.queue_of_pod(pod)) == Some(q))
-        });
-        let plan = {
-            let candidates = self.candidates(&groups);
-            let request = &self.pods[self.jobs[job as usize].pod as usize].request;
-            preempt::find(&self.state, request, &candidates, None, &[])
-        };
-        match plan {
-            Some(plan) => self.evict_and_start(job, &groups, plan, now),
-            None => false,
-        }
     }
 }

@@ -86,4 +86,35 @@ impl Engine<'_> {
         self.start(job, placed, now, self.costs.eviction_grace);
         true
     }
+
+    /// Evicts lower-priority units so that the single pod of `unit` fits (the scheduler's
+    /// victim search); the victims go back to the queue.
+    pub(super) fn try_preempt(&mut self, unit: u32, now: Ms) -> bool {
+        let [job] = self.units[unit as usize].jobs[..] else {
+            return false;
+        };
+        let priority = self.pods[self.jobs[job as usize].pod as usize].priority;
+        if self.by_priority.range(..priority).all(|(_, n)| *n == 0) {
+            return false;
+        }
+        // With tenants, priority preempts only within the pod's queue (reclaim is across).
+        let own = self
+            .tenants
+            .as_ref()
+            .filter(|_| self.queues_serve)
+            .map(|t| t.queue_of_pod(self.jobs[job as usize].pod));
+        let groups = self.victim_groups(&|pod| {
+            self.pods[pod as usize].priority < priority
+                && own.is_none_or(|q| self.tenants.as_ref().map(|t| t.queue_of_pod(pod)) == Some(q))
+        });
+        let plan = {
+            let candidates = self.candidates(&groups);
+            let request = &self.pods[self.jobs[job as usize].pod as usize].request;
+            preempt::find(&self.state, request, &candidates, None, &[])
+        };
+        match plan {
+            Some(plan) => self.evict_and_start(job, &groups, plan, now),
+            None => false,
+        }
+    }
 }

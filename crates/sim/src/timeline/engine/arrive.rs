@@ -1,0 +1,92 @@
+//! Units joining the queue: arrivals (whose users may give up on them), the warm start's
+//! running population, and controllers' new pods after an eviction.
+
+use std::cmp::Reverse;
+
+use super::{Engine, Job, Unit, Work};
+use crate::timeline::options::Ms;
+
+impl Engine<'_> {
+    /// A unit of `template` joins the queue at `now`; `left` (warm start) is the share of
+    /// its run time still to go; `arrival`: its index among the arrivals (none for the warm
+    /// start), whose user may give up on it.
+    pub(super) fn admit(
+        &mut self,
+        template: u32,
+        now: Ms,
+        left: Option<f64>,
+        arrival: Option<u64>,
+    ) {
+        let Some(t) = self.mix.templates.get(template as usize) else {
+            return;
+        };
+        let pods: Vec<Work> = t
+            .pods
+            .iter()
+            .map(|&p| {
+                let full = self.mix.durations_ms[p];
+                let run = left.map_or(full, |f| ((full as f64 * f).round() as u64).max(1));
+                Work {
+                    pod: p as u32,
+                    full_ms: full.max(run),
+                    done_ms: full.saturating_sub(run),
+                }
+            })
+            .collect();
+        let unit = self.enqueue(&pods, t.priority, now, left.is_none());
+        if let Some(arrival) = arrival {
+            self.draw_patience(unit, arrival, now);
+        }
+    }
+
+    /// Puts a unit of `pods` in the queue.
+    pub(super) fn enqueue(
+        &mut self,
+        pods: &[Work],
+        priority: i32,
+        now: Ms,
+        measurable: bool,
+    ) -> u32 {
+        let unit = self.units.len() as u32;
+        let measured = measurable && now >= self.measure_from;
+        let mut jobs = Vec::with_capacity(pods.len());
+        for w in pods {
+            jobs.push(self.jobs.len() as u32);
+            self.pending_milli += self.pods[w.pod as usize].request.total_gpu_milli();
+            self.waiting_pods += 1;
+            self.running_at.push(u32::MAX);
+            self.jobs.push(Job {
+                pod: w.pod,
+                unit,
+                arrival: now,
+                run_ms: w.full_ms.saturating_sub(w.done_ms).max(1),
+                full_ms: w.full_ms,
+                measured,
+                placed_at: None,
+                start: None,
+                work_from: None,
+                end: None,
+                evicted: false,
+                abandoned: false,
+                node: 0,
+                gpus: Vec::new(),
+            });
+        }
+        for &job in &jobs {
+            self.fair_enqueued(job);
+        }
+        let key = (Reverse(priority), self.sequence);
+        self.sequence += 1;
+        self.units.push(Unit {
+            jobs,
+            key,
+            waiting: true,
+            fails: 0,
+            ready: false,
+            failed_at: Ms(0),
+            backing_off: false,
+        });
+        self.fresh.push(unit);
+        unit
+    }
+}
