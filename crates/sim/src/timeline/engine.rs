@@ -94,6 +94,12 @@ struct Unit {
     failed_at: Ms,
     /// In [`Engine::backing_off`].
     backing_off: bool,
+    /// When its parking ends (its latest failure plus the flush interval).
+    flush_at: Ms,
+    /// A flush entry of it is in [`Engine::wakes`] (one at most: an entry found early is
+    /// put back at `flush_at`, so a unit that fails every few seconds does not leave one
+    /// stale entry per failure behind).
+    flush_queued: bool,
 }
 
 /// The workload a replay runs: the pod list, its mix of arrival units and run times, and
@@ -380,16 +386,36 @@ impl<'a> Engine<'a> {
         }
     }
 
-    /// The earliest time a failed unit may become due (stale entries dropped).
+    /// The earliest time a failed unit may become due (stale entries dropped, early flush
+    /// entries put back at their time).
     fn next_wake(&mut self) -> Option<Ms> {
-        while let Some(&Reverse((at, unit, fails, _))) = self.wakes.peek() {
+        while let Some(&Reverse((at, unit, fails, is_flush))) = self.wakes.peek() {
             let u = &self.units[unit as usize];
+            if is_flush {
+                if u.waiting && u.flush_at <= at {
+                    return Some(at);
+                }
+                self.wakes.pop();
+                self.requeue_flush(unit, at);
+                continue;
+            }
             if u.waiting && u.fails == fails {
                 return Some(at);
             }
             self.wakes.pop();
         }
         None
+    }
+
+    /// A flush entry of `unit` for time `at` was taken off early or stale: put back at the
+    /// unit's parking end if it still waits.
+    fn requeue_flush(&mut self, unit: u32, at: Ms) {
+        let u = &mut self.units[unit as usize];
+        if u.waiting && u.flush_at > at {
+            self.wakes.push(Reverse((u.flush_at, unit, 0, true)));
+        } else {
+            u.flush_queued = false;
+        }
     }
 
     /// The units due at `now`, in queue order (the queue decides; the index only narrows
@@ -401,7 +427,14 @@ impl<'a> Engine<'a> {
         {
             self.wakes.pop();
             let u = &mut self.units[unit as usize];
-            if u.waiting && u.fails == fails {
+            if is_flush && !(u.waiting && u.flush_at <= at) {
+                self.requeue_flush(unit, at);
+                continue;
+            }
+            if is_flush {
+                u.flush_queued = false;
+            }
+            if is_flush || (u.waiting && u.fails == fails) {
                 flush |= is_flush;
                 if !u.ready {
                     u.ready = true;
@@ -473,7 +506,11 @@ impl<'a> Engine<'a> {
                 }
                 self.wakes
                     .push(Reverse((now + backoff, unit, u.fails, false)));
-                self.wakes.push(Reverse((now + flush, unit, u.fails, true)));
+                u.flush_at = now + flush;
+                if !u.flush_queued {
+                    u.flush_queued = true;
+                    self.wakes.push(Reverse((now + flush, unit, 0, true)));
+                }
             }
         }
     }

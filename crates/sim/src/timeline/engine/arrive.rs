@@ -85,6 +85,8 @@ impl Engine<'_> {
             ready: false,
             failed_at: Ms(0),
             backing_off: false,
+            flush_at: Ms(0),
+            flush_queued: false,
         });
         self.fresh.push(unit);
         unit
