@@ -41,6 +41,22 @@ pub struct Unit {
     pub members: std::ops::Range<usize>,
 }
 
+/// A pod as priority preemption weighs it: its priority and, where queues serve, its queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Contender<Q> {
+    pub priority: i32,
+    /// `None` when no queues serve (and for every pod then).
+    pub queue: Option<Q>,
+}
+
+/// Whether priority preemption lets `preemptor` evict `victim` (kube-scheduler's
+/// DefaultPreemption): only pods of lower priority, and where queues serve only pods of the
+/// preemptor's own queue (taking from another queue is reclaim's,
+/// [`crate::fairshare::Entitlement`]). One rule for the scheduler and the simulator.
+pub fn may_preempt<Q: PartialEq>(preemptor: &Contender<Q>, victim: &Contender<Q>) -> bool {
+    victim.priority < preemptor.priority && victim.queue == preemptor.queue
+}
+
 /// What the search may evict, and what frees itself.
 #[derive(Clone, Debug, Default)]
 pub struct Candidates<'a> {

@@ -192,7 +192,17 @@ impl<A: ClusterApi> Scheduler<A> {
         // With queues, priority preempts only within the pod's queue (reclaim is across).
         let queues = &self.queues;
         let own = self.queues_in_use.then(|| queues.of(pod).ok());
-        let same_queue = |p: &PodInfo| queues.of(p).ok() == own.flatten();
+        let me = preempt::Contender {
+            priority: pod.priority,
+            queue: own.flatten(),
+        };
+        let same_queue = |p: &PodInfo| {
+            let them = preempt::Contender {
+                priority: p.priority,
+                queue: queues.of(p).ok(),
+            };
+            preempt::may_preempt(&me, &them)
+        };
         let (cands, keys) = candidates(
             snapshot,
             view,
@@ -282,7 +292,17 @@ impl<A: ClusterApi> Scheduler<A> {
         let own = self
             .queues_in_use
             .then(|| members.first().and_then(|(p, _)| queues.of(p).ok()));
-        let same_queue = |p: &PodInfo| queues.of(p).ok() == own.flatten();
+        let me = preempt::Contender {
+            priority,
+            queue: own.flatten(),
+        };
+        let same_queue = |p: &PodInfo| {
+            let them = preempt::Contender {
+                priority: p.priority,
+                queue: queues.of(p).ok(),
+            };
+            preempt::may_preempt(&me, &them)
+        };
         let (cands, keys) = candidates(
             snapshot,
             view,

@@ -63,6 +63,42 @@ pub struct Job {
     pub gpus: Vec<(usize, u32)>,
 }
 
+impl Job {
+    /// A job of `unit` waiting from `arrival` to run `work`.
+    fn waiting(unit: u32, arrival: Ms, work: Work, measured: bool) -> Job {
+        Job {
+            pod: work.pod,
+            unit,
+            arrival,
+            run_ms: work.full_ms.saturating_sub(work.done_ms).max(1),
+            full_ms: work.full_ms,
+            measured,
+            placed_at: None,
+            start: None,
+            work_from: None,
+            end: None,
+            evicted: false,
+            abandoned: false,
+            node: 0,
+            gpus: Vec::new(),
+        }
+    }
+
+    /// Milli-GPU it holds (none while it waits).
+    pub fn milli(&self) -> u64 {
+        self.gpus.iter().map(|&(_, m)| u64::from(m)).sum()
+    }
+
+    /// When its wait ended, as the window ending at `end` saw it: its Binding, else its
+    /// user giving up, else the end (a lower bound).
+    pub fn waited_until(&self, end: Ms) -> Ms {
+        self.start
+            .filter(|s| *s <= end)
+            .or(self.end.filter(|_| self.abandoned))
+            .unwrap_or(end)
+    }
+}
+
 /// A pod's work as it joins the queue: its whole run and what of it is done.
 #[derive(Clone, Copy, Debug)]
 struct Work {
@@ -367,11 +403,7 @@ impl<'a> Engine<'a> {
         };
         let mut waits = vec![Vec::new(); t.tree.len()];
         for j in self.jobs.iter().filter(|j| j.measured) {
-            let until = j
-                .start
-                .filter(|s| *s <= end)
-                .or(j.end.filter(|_| j.abandoned))
-                .unwrap_or(end);
+            let until = j.waited_until(end);
             waits[t.queue(j.pod)].push(until.0.saturating_sub(j.arrival.0) as f64 / 1e3);
         }
         waits

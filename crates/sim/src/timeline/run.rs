@@ -119,7 +119,7 @@ pub(super) fn measure(
         let request = &pods[job.pod as usize].request;
         if job.measured {
             let started = job.start.filter(|s| *s <= end);
-            let until = started.or(job.end.filter(|_| job.abandoned)).unwrap_or(end);
+            let until = job.waited_until(end);
             let wait = until.0.saturating_sub(job.arrival.0) as f64 / 1e3;
             let unstarted = started.is_none() && !job.abandoned;
             arrived += 1;
@@ -215,8 +215,7 @@ fn kept_work(job: &super::engine::Job, from: Ms, end: Ms, checkpointed: bool) ->
     if hi <= lo {
         return 0.0;
     }
-    let milli: u64 = job.gpus.iter().map(|&(_, m)| u64::from(m)).sum();
-    milli as f64 * (hi.0 - lo.0) as f64
+    job.milli() as f64 * (hi.0 - lo.0) as f64
 }
 
 /// The value at each percent 0..=100 of `values` (nearest rank).

@@ -63,7 +63,8 @@ pub fn summarize(runs: &[&TimelineRun]) -> Option<TenantSummary> {
         .iter()
         .enumerate()
         .map(|(i, q)| {
-            let of_some = |f: fn(&super::engine::QueueRun) -> Option<f64>| {
+            // Over the seeds that have the figure (a contended one only where contended).
+            let of_some = |f: &dyn Fn(&super::engine::QueueRun) -> Option<f64>| {
                 Stat::of(
                     &with
                         .iter()
@@ -72,15 +73,7 @@ pub fn summarize(runs: &[&TimelineRun]) -> Option<TenantSummary> {
                         .collect::<Vec<_>>(),
                 )
             };
-            let of = |f: fn(&super::engine::QueueRun) -> f64| {
-                Stat::of(
-                    &with
-                        .iter()
-                        .filter_map(|t| t.queues.get(i))
-                        .map(f)
-                        .collect::<Vec<_>>(),
-                )
-            };
+            let of = |f: fn(&super::engine::QueueRun) -> f64| of_some(&|q| Some(f(q)));
             let mut waits: Vec<f64> = with
                 .iter()
                 .filter_map(|t| t.queues.get(i))
@@ -101,8 +94,8 @@ pub fn summarize(runs: &[&TimelineRun]) -> Option<TenantSummary> {
                 guaranteed_gpus: q.guaranteed_gpus,
                 allocated_gpus: of(|q| q.mean_allocated_gpus),
                 fair_share_gpus: of(|q| q.mean_fair_share_gpus),
-                contended_allocated_gpus: of_some(|q| q.contended_allocated_gpus),
-                contended_entitled_gpus: of_some(|q| q.contended_entitled_gpus),
+                contended_allocated_gpus: of_some(&|q| q.contended_allocated_gpus),
+                contended_entitled_gpus: of_some(&|q| q.contended_entitled_gpus),
                 wait_p50_s: of(|q| q.wait_p50_s),
                 wait_p99_s: of(|q| q.wait_p99_s),
                 to_guarantee_mean_s: mean,

@@ -129,6 +129,34 @@ impl Scenario {
     }
 }
 
+/// Two 8-GPU nodes where x and z (4 GPUs, 10,000 s) hold half of each once y (4 GPUs,
+/// 50 s) has left, so that big (8 GPUs) fits nowhere; with [`HALVES`]'s arrivals.
+fn halves() -> Scenario {
+    Scenario {
+        pods: vec![
+            pod("x", 4, 10_000, 0, None),
+            pod("y", 4, 50, 0, None),
+            pod("z", 4, 10_000, 0, None),
+            pod("big", 8, 100, 0, None),
+        ],
+        nodes: vec![node("a", 8), node("b", 8)],
+        ..Scenario::default()
+    }
+}
+
+/// Defragmentation `mode` with every pod movable (the other settings the defaults).
+fn moving_all(mode: DefragMode) -> DefragSim {
+    let mut defrag = DefragSim {
+        movable: 1.0,
+        ..DefragSim::default()
+    };
+    defrag.settings.mode = mode;
+    defrag
+}
+
+/// x and y at 0 s, z at 1 s, big at 400 s, a marker (y again) at 1,000 s.
+const HALVES: [(u64, u32); 5] = [(0, 0), (0, 1), (1, 2), (400, 3), (1_000, 1)];
+
 fn node(name: &str, gpus: u32) -> NodeInventory {
     NodeInventory::uniform(name, 64_000, 1 << 20, gpus, "T4")
 }
@@ -216,26 +244,6 @@ fn a_gang_is_placed_whole_or_not_at_all() {
 }
 
 #[test]
-fn preemption_evicts_lower_priority_and_the_victim_waits_again() {
-    let s = Scenario {
-        pods: vec![pod("low", 8, 1_000, 0, None), pod("high", 8, 10, 5, None)],
-        nodes: vec![node("n", 8)],
-        preempt: true,
-        ..Scenario::default()
-    };
-    let jobs = s.run(&[(0, 0), (100, 1), (500, 0)]);
-    assert!(jobs[0].evicted);
-    assert_eq!(secs(jobs[0].end), Some(100));
-    assert_eq!(secs(jobs[1].start), Some(100));
-    // The victim is made again at 100 s with its whole run ahead; it starts when high
-    // leaves at 110 s.
-    let again = &jobs[2];
-    assert_eq!((again.pod, secs(Some(again.arrival))), (0, Some(100)));
-    assert_eq!(secs(again.start), Some(110));
-    assert_eq!(again.run_ms, 1_000_000);
-}
-
-#[test]
 fn the_failure_memo_decides_exactly_as_a_full_search() {
     let workload = crate::builtin_workload(16);
     let timeline = Timeline::new(
@@ -273,25 +281,9 @@ fn the_failure_memo_decides_exactly_as_a_full_search() {
 
 #[test]
 fn make_room_moves_a_pod_so_that_an_eight_gpu_pod_starts_at_once() {
-    let s = Scenario {
-        pods: vec![
-            pod("x", 4, 10_000, 0, None),
-            pod("y", 4, 50, 0, None),
-            pod("z", 4, 10_000, 0, None),
-            pod("big", 8, 100, 0, None),
-        ],
-        nodes: vec![node("a", 8), node("b", 8)],
-        preempt: false,
-        ..Scenario::default()
-    };
-    let arrivals = [(0, 0), (0, 1), (1, 2), (400, 3), (1_000, 1)];
-    let defrag = DefragSim {
-        settings: gpuplace_core::defrag::Settings {
-            mode: DefragMode::MakeRoom,
-            ..DefragSim::default().settings
-        },
-        movable: 1.0,
-    };
+    let s = halves();
+    let arrivals = HALVES;
+    let defrag = moving_all(DefragMode::MakeRoom);
     // Without moves the 8-GPU pod waits for x or z to finish (10,000 s).
     let jobs = s.run(&arrivals);
     assert!(jobs[3].start.is_none_or(|t| t.0 >= 10_000_000), "{jobs:?}");

@@ -55,22 +55,7 @@ impl Engine<'_> {
             self.pending_milli += self.pods[w.pod as usize].request.total_gpu_milli();
             self.waiting_pods += 1;
             self.running_at.push(u32::MAX);
-            self.jobs.push(Job {
-                pod: w.pod,
-                unit,
-                arrival: now,
-                run_ms: w.full_ms.saturating_sub(w.done_ms).max(1),
-                full_ms: w.full_ms,
-                measured,
-                placed_at: None,
-                start: None,
-                work_from: None,
-                end: None,
-                evicted: false,
-                abandoned: false,
-                node: 0,
-                gpus: Vec::new(),
-            });
+            self.jobs.push(Job::waiting(unit, now, *w, measured));
         }
         for &job in &jobs {
             self.fair_enqueued(job);

@@ -9,6 +9,14 @@ use crate::timeline::metrics::Class;
 use crate::timeline::options::{Ms, Patience};
 use crate::timeline::patience;
 
+/// What an eviction left: the replacement's work, the milli-GPU freed and the work thrown
+/// away (milli-GPU times milliseconds).
+pub(super) struct Evicted {
+    pub(super) work: Work,
+    pub(super) milli: u64,
+    pub(super) lost_milli_ms: u128,
+}
+
 /// Pods a controller makes again after an eviction.
 pub(super) struct Recreation {
     pods: Vec<Work>,
@@ -16,35 +24,33 @@ pub(super) struct Recreation {
 }
 
 impl Engine<'_> {
-    /// Evicts running `job` at `now`: it leaves (its GPUs go back to the state) and what its
-    /// replacement must run is returned with the milli-GPU-milliseconds of work thrown away:
-    /// everything it had done, before this job too (a warm-start pod's age, earlier
+    /// Evicts running `job` at `now`: it leaves (its GPUs go back to the state). Thrown
+    /// away is everything it had done, before this job too (a warm-start pod's age, earlier
     /// checkpointed progress), unless checkpointed, when the replacement resumes instead.
-    pub(super) fn evict(&mut self, job: u32, now: Ms) -> (Work, u128) {
+    pub(super) fn evict(&mut self, job: u32, now: Ms) -> Evicted {
         let j = &self.jobs[job as usize];
-        let milli: u64 = j.gpus.iter().map(|&(_, m)| u64::from(m)).sum();
+        let milli = j.milli();
         let ran = j
             .work_from
             .map_or(0, |from| now.0.saturating_sub(from.0))
             .min(j.run_ms);
         let done = j.full_ms.saturating_sub(j.run_ms) + ran;
-        let (work, lost) = if self.checkpointed {
-            let work = Work {
-                pod: j.pod,
-                full_ms: j.full_ms,
-                done_ms: done.min(j.full_ms.saturating_sub(1)),
-            };
-            (work, 0)
+        let (done_ms, lost_milli_ms) = if self.checkpointed {
+            (done.min(j.full_ms.saturating_sub(1)), 0)
         } else {
-            let work = Work {
-                pod: j.pod,
-                full_ms: j.full_ms,
-                done_ms: 0,
-            };
-            (work, u128::from(milli) * u128::from(done))
+            (0, u128::from(milli) * u128::from(done))
+        };
+        let work = Work {
+            pod: j.pod,
+            full_ms: j.full_ms,
+            done_ms,
         };
         self.depart(job, now, true);
-        (work, lost)
+        Evicted {
+            work,
+            milli,
+            lost_milli_ms,
+        }
     }
 
     /// `pods` join the queue as one unit once their controller has made them again.

@@ -213,17 +213,12 @@ impl Engine<'_> {
     /// `job` leaves its place to move: counted, and its work lost unless checkpointed;
     /// what its replacement runs.
     fn leave_for_move(&mut self, job: u32, now: Ms) -> Work {
-        let milli: u64 = self.jobs[job as usize]
-            .gpus
-            .iter()
-            .map(|&(_, m)| u64::from(m))
-            .sum();
-        let (work, lost) = self.evict(job, now);
+        let evicted = self.evict(job, now);
         let c = &mut self.defrag.counts;
         c.moved_pods += 1;
-        c.moved_milli += milli;
-        c.lost_milli_ms += lost;
-        work
+        c.moved_milli += evicted.milli;
+        c.lost_milli_ms += evicted.lost_milli_ms;
+        evicted.work
     }
 
     /// The replacement of moved `job`, running `work`, is made by its controller and bound
@@ -249,22 +244,7 @@ impl Engine<'_> {
         self.waiting_pods += 1;
         let new = self.jobs.len() as u32;
         self.running_at.push(u32::MAX);
-        self.jobs.push(Job {
-            pod: work.pod,
-            unit,
-            arrival: now,
-            run_ms: work.full_ms.saturating_sub(work.done_ms).max(1),
-            full_ms: work.full_ms,
-            measured: false,
-            placed_at: None,
-            start: None,
-            work_from: None,
-            end: None,
-            evicted: false,
-            abandoned: false,
-            node: 0,
-            gpus: Vec::new(),
-        });
+        self.jobs.push(Job::waiting(unit, now, work, false));
         let placed = Placed {
             node: to,
             gpus: gpus.to_vec(),
@@ -333,11 +313,7 @@ impl Engine<'_> {
         let holders: Vec<u32> = groups.iter().flatten().copied().collect();
         for mv in &moves {
             let job = holders[mv.holder];
-            let milli: u64 = self.jobs[job as usize]
-                .gpus
-                .iter()
-                .map(|&(_, m)| u64::from(m))
-                .sum();
+            let milli = self.jobs[job as usize].milli();
             self.defrag.recent.push_back((now, milli));
             let unit = self.jobs[job as usize].unit;
             self.defrag.moved_units.insert(unit, now);

@@ -64,14 +64,12 @@ impl Engine<'_> {
             let mut again = Vec::with_capacity(group.len());
             let mut top = i32::MIN;
             for &victim in group {
-                let v = &self.jobs[victim as usize];
-                let milli: u64 = v.gpus.iter().map(|&(_, m)| u64::from(m)).sum();
-                top = top.max(self.pods[v.pod as usize].priority);
-                let (work, lost) = self.evict(victim, now);
+                top = top.max(self.pods[self.jobs[victim as usize].pod as usize].priority);
+                let evicted = self.evict(victim, now);
                 self.outcome_counts.preempted_pods += 1;
-                self.outcome_counts.preempted_milli += milli;
-                self.outcome_counts.lost_milli_ms += lost;
-                again.push(work);
+                self.outcome_counts.preempted_milli += evicted.milli;
+                self.outcome_counts.lost_milli_ms += evicted.lost_milli_ms;
+                again.push(evicted.work);
             }
             self.recreate(again, top, now);
         }
@@ -97,16 +95,14 @@ impl Engine<'_> {
         if self.by_priority.range(..priority).all(|(_, n)| *n == 0) {
             return false;
         }
-        // With tenants, priority preempts only within the pod's queue (reclaim is across).
-        let own = self
-            .tenants
-            .as_ref()
-            .filter(|_| self.queues_serve)
-            .map(|t| t.queue_of_pod(self.jobs[job as usize].pod));
-        let groups = self.victim_groups(&|pod| {
-            self.pods[pod as usize].priority < priority
-                && own.is_none_or(|q| self.tenants.as_ref().map(|t| t.queue_of_pod(pod)) == Some(q))
-        });
+        // With tenants serving, the pod's queue takes part in the rule (core's).
+        let tenants = self.tenants.as_ref().filter(|_| self.queues_serve);
+        let contender = |pod: u32| preempt::Contender {
+            priority: self.pods[pod as usize].priority,
+            queue: tenants.map(|t| t.queue_of_pod(pod)),
+        };
+        let me = contender(self.jobs[job as usize].pod);
+        let groups = self.victim_groups(&|pod| preempt::may_preempt(&me, &contender(pod)));
         let plan = {
             let candidates = self.candidates(&groups);
             let request = &self.pods[self.jobs[job as usize].pod as usize].request;

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use super::{Scenario, node, pod, secs};
-use crate::timeline::options::{Costs, DefragSim, Patience};
+use super::{HALVES, Scenario, halves, moving_all, node, pod, secs};
+use crate::timeline::options::{Costs, DefragMode, DefragSim, Patience};
 use crate::timeline::tenants::TenantsFile;
 use crate::timeline::{Ms, Timeline, TimelineOptions};
 
@@ -18,40 +18,68 @@ fn costs(grace: u64, recreate: u64, bind: u64, start: u64) -> Costs {
     }
 }
 
+/// What a preemption looks like in time, seconds (see the test).
+struct Timed {
+    costs: Costs,
+    low: (Option<u64>, Option<u64>),
+    lost_s: u128,
+    high: (Option<u64>, Option<u64>, Option<u64>),
+    again: (Option<u64>, Option<u64>),
+}
+
 #[test]
 fn a_preemptor_runs_only_once_its_victims_grace_and_its_own_start_have_passed() {
-    let s = Scenario {
-        pods: vec![pod("low", 8, 1_000, 0, None), pod("high", 8, 10, 5, None)],
-        nodes: vec![node("n", 8)],
-        preempt: true,
-        costs: costs(30, 1, 1, 2),
-        ..Scenario::default()
-    };
-    let outcome = s.run_all(
-        &[(0, 0), (100, 1), (500, 0)],
-        true,
-        DefragSim::default(),
-        None,
-    );
-    let jobs = &outcome.jobs;
-    // low: bound at 1 s, runs from 3 s; evicted at 100 s having worked 97 s.
-    assert_eq!(
-        (secs(jobs[0].start), secs(jobs[0].work_from)),
-        (Some(1), Some(3))
-    );
-    assert!(jobs[0].evicted);
-    assert_eq!(outcome.lost_milli_ms, 8_000 * 97_000);
-    // high: bound once low's grace has passed (100 + 30 + 1), works from 133 s, leaves at
-    // 143 s.
-    assert_eq!(secs(jobs[1].start), Some(131));
-    assert_eq!(secs(jobs[1].work_from), Some(133));
-    assert_eq!(secs(jobs[1].end), Some(143));
-    // low's controller makes it again a second after the eviction; it runs its whole
-    // duration once high has left.
-    let again = &jobs[2];
-    assert_eq!((again.pod, secs(Some(again.arrival))), (0, Some(101)));
-    assert_eq!(secs(again.start), Some(144));
-    assert_eq!(again.run_ms, 1_000_000);
+    let cases = [
+        // Every step instant: high starts at the eviction (100 s) and leaves at 110 s;
+        // low is made again at 100 s with its whole run and starts when high leaves.
+        Timed {
+            costs: Costs::FREE,
+            low: (Some(0), Some(0)),
+            lost_s: 100,
+            high: (Some(100), Some(100), Some(110)),
+            again: (Some(100), Some(110)),
+        },
+        // Grace 30 s, re-create 1 s, bind 1 s, start 2 s: low is bound at 1 s and works
+        // from 3 s (97 s lost at its eviction at 100 s); high is bound once low's grace
+        // has passed (100 + 30 + 1), works from 133 s and leaves at 143 s; low's
+        // controller makes it again a second after the eviction.
+        Timed {
+            costs: costs(30, 1, 1, 2),
+            low: (Some(1), Some(3)),
+            lost_s: 97,
+            high: (Some(131), Some(133), Some(143)),
+            again: (Some(101), Some(144)),
+        },
+    ];
+    for case in cases {
+        let s = Scenario {
+            pods: vec![pod("low", 8, 1_000, 0, None), pod("high", 8, 10, 5, None)],
+            nodes: vec![node("n", 8)],
+            preempt: true,
+            costs: case.costs,
+            ..Scenario::default()
+        };
+        let outcome = s.run_all(
+            &[(0, 0), (100, 1), (500, 0)],
+            true,
+            DefragSim::default(),
+            None,
+        );
+        let jobs = &outcome.jobs;
+        assert_eq!((secs(jobs[0].start), secs(jobs[0].work_from)), case.low);
+        assert!(jobs[0].evicted);
+        assert_eq!(secs(jobs[0].end), Some(100));
+        assert_eq!(outcome.lost_milli_ms, 8_000 * case.lost_s * 1000);
+        let high = &jobs[1];
+        assert_eq!(
+            (secs(high.start), secs(high.work_from), secs(high.end)),
+            case.high
+        );
+        let again = &jobs[2];
+        assert_eq!(again.pod, 0);
+        assert_eq!((secs(Some(again.arrival)), secs(again.start)), case.again);
+        assert_eq!(again.run_ms, 1_000_000, "its whole run again");
+    }
 }
 
 #[test]
@@ -91,28 +119,10 @@ fn an_evicted_warm_pod_loses_its_age_from_before_the_start_unless_checkpointed()
 #[test]
 fn a_moved_pod_runs_again_after_the_grace_and_the_waiting_pod_after_its_room_is_free() {
     let s = Scenario {
-        pods: vec![
-            pod("x", 4, 10_000, 0, None),
-            pod("y", 4, 50, 0, None),
-            pod("z", 4, 10_000, 0, None),
-            pod("big", 8, 100, 0, None),
-        ],
-        nodes: vec![node("a", 8), node("b", 8)],
         costs: costs(30, 1, 0, 0),
-        ..Scenario::default()
+        ..halves()
     };
-    let defrag = DefragSim {
-        settings: gpuplace_core::defrag::Settings {
-            mode: crate::timeline::options::DefragMode::MakeRoom,
-            ..DefragSim::default().settings
-        },
-        movable: 1.0,
-    };
-    let jobs = s.run_options(
-        &[(0, 0), (0, 1), (1, 2), (400, 3), (1_000, 1)],
-        true,
-        defrag,
-    );
+    let jobs = s.run_options(&HALVES, true, moving_all(DefragMode::MakeRoom));
     let moved = jobs.iter().find(|j| j.evicted).expect("a pod moved");
     assert_eq!(secs(moved.end), Some(400));
     // The 8-GPU pod is bound when the moved pod's grace period ends.
@@ -187,23 +197,11 @@ fn a_flood_served_in_arrival_order_scores_lower_than_with_queues() {
 
 #[test]
 fn rebalancing_follows_the_schedulers_threshold_and_moves_a_unit_once() {
-    let s = Scenario {
-        pods: vec![
-            pod("x", 4, 10_000, 0, None),
-            pod("y", 4, 50, 0, None),
-            pod("z", 4, 10_000, 0, None),
-            pod("big", 8, 100, 0, None),
-        ],
-        nodes: vec![node("a", 8), node("b", 8)],
-        ..Scenario::default()
-    };
-    let rebalance = |threshold: f64| DefragSim {
-        settings: gpuplace_core::defrag::Settings {
-            mode: crate::timeline::options::DefragMode::Rebalance,
-            rebalance_threshold: threshold,
-            ..DefragSim::default().settings
-        },
-        movable: 1.0,
+    let s = halves();
+    let rebalance = |threshold: f64| {
+        let mut defrag = moving_all(DefragMode::Rebalance);
+        defrag.settings.rebalance_threshold = threshold;
+        defrag
     };
     let arrivals = [(0, 0), (0, 1), (1, 2), (400, 3), (3_000, 1)];
     // x and z hold half of each node once y has left: the 8-GPU pod waits until a move.
