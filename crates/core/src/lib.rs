@@ -6,6 +6,7 @@
 //! seed gives the same decisions, so what the simulator measures is what production runs.
 
 mod classes;
+pub mod cycle;
 pub mod defrag;
 mod devices;
 pub mod fairshare;

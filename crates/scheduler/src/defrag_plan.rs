@@ -7,6 +7,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use gpuplace_core::cycle::{self, Found, Planner, Step};
 use gpuplace_core::defrag::{self, Limits};
 use gpuplace_core::{Placer, Policy, ShapeCounts};
 use serde::Serialize;
@@ -130,18 +131,19 @@ pub fn plan(
         }
         let name = pod.key.to_string();
         out.blocked.push(name.clone());
-        match room_for(
-            &snapshot,
+        let mut dry_run = DryRun {
+            snapshot: &snapshot,
             view,
-            &profile,
+            profile: &profile,
             config,
             now,
-            &moved,
-            &mut work,
-            &mut placer,
+            moved: &moved,
+            work: &mut work,
+            placer: &mut placer,
             pod,
-            mask.as_deref(),
-        ) {
+            mask: mask.as_deref(),
+        };
+        match cycle::post_filter(&mut dry_run).plan.map(|(_, p)| p) {
             Some(plan) => {
                 moved.extend(
                     plan.moves
@@ -217,20 +219,50 @@ fn pod_mask(
     Some(f.mask().map(<[bool]>::to_vec))
 }
 
-/// The make-room plan for `pod` on `work` (applied to it when found).
-#[allow(clippy::too_many_arguments)]
-fn room_for(
-    snapshot: &Snapshot,
-    view: &ClusterView,
-    profile: &Profile<'_>,
-    config: &DefragConfig,
+/// PostFilter's chain for one blocked pod as the dry run sees it: make-room alone (it
+/// shows what defragmentation would do; preemption and reclaim are the scheduler's own),
+/// planned on the working copy.
+struct DryRun<'a, 'p> {
+    snapshot: &'a Snapshot,
+    view: &'a ClusterView,
+    profile: &'a Profile<'p>,
+    config: &'a DefragConfig,
     now: k8s_openapi::jiff::Timestamp,
-    moved: &HashSet<String>,
-    work: &mut gpuplace_core::ClusterState,
-    placer: &mut Placer,
-    pod: &PodInfo,
-    mask: Option<&[bool]>,
-) -> Option<RoomPlan> {
+    moved: &'a HashSet<String>,
+    work: &'a mut gpuplace_core::ClusterState,
+    placer: &'a mut Placer,
+    pod: &'a PodInfo,
+    mask: Option<&'a [bool]>,
+}
+
+impl Planner for DryRun<'_, '_> {
+    type Plan = RoomPlan;
+    type Why = ();
+
+    fn applies(&self, step: Step) -> bool {
+        step == Step::MakeRoom
+    }
+
+    fn plan(&mut self, _: Step) -> Found<RoomPlan, ()> {
+        room_for(self).map_or(Found::Nothing(()), Found::Plan)
+    }
+}
+
+/// The make-room plan for the dry run's pod on its working copy (applied to it when
+/// found).
+fn room_for(d: &mut DryRun<'_, '_>) -> Option<RoomPlan> {
+    let DryRun {
+        snapshot,
+        view,
+        profile,
+        config,
+        now,
+        moved,
+        pod,
+        mask,
+        ..
+    } = *d;
+    let (work, placer) = (&mut *d.work, &mut *d.placer);
     let demand = pod.demand.as_ref().ok()?;
     let skip = |uid: &str| {
         view.pods

@@ -10,6 +10,8 @@
 
 pub(crate) mod assume;
 pub(crate) mod bind;
+mod carry;
+mod chain;
 pub(crate) mod cluster_cache;
 pub mod defrag;
 pub(crate) mod events;

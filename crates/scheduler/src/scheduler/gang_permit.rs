@@ -286,25 +286,9 @@ impl<A: ClusterApi> Scheduler<A> {
         let present = bound + members.len() as u32;
         let mut preemption = None;
         if present >= min_member {
-            let mut outcome = self
-                .preempt_gang(snapshot, view, members, domains, report)
+            let outcome = self
+                .post_filter_gang(snapshot, view, members, domains, fair, report)
                 .await;
-            if matches!(outcome, Outcome::NoVictims(_))
-                && let Some(fair) = fair
-                && let Some(reclaimed) = self
-                    .reclaim_gang(snapshot, view, members, domains, fair, report)
-                    .await
-            {
-                outcome = reclaimed;
-            }
-            if matches!(outcome, Outcome::NoVictims(_))
-                && self.config.defrag.settings.mode.makes_room()
-                && let Some(moving) = self
-                    .make_room_gang(snapshot, view, members, domains, report)
-                    .await
-            {
-                outcome = moving;
-            }
             for (pod, _) in members {
                 self.cluster.nominations.restore(&pod.key.uid, snapshot);
             }

@@ -16,6 +16,7 @@
 
 use std::sync::Arc;
 
+use gpuplace_core::cycle::Found;
 use gpuplace_core::defrag::{self, Limits};
 
 use super::defrag::{Eligibility, MovableSet, Steer, movable_set};
@@ -57,20 +58,16 @@ impl Made {
 }
 
 impl<A: ClusterApi> Scheduler<A> {
-    /// Plans and starts moves so that `pod`, which fits nowhere, can run. A pod whose
-    /// eviction the plan's dry run finds refused (a budget the view does not show, a pod
-    /// changed) is left out of plans for [`REFUSED_FOR`] and the plan made again without
-    /// it, up to [`PLAN_ATTEMPTS`] times.
-    pub(super) async fn make_room(
+    /// Plans moves so that `pod`, which fits nowhere, can run (the chain's last step).
+    pub(super) fn plan_make_room(
         &mut self,
-        snapshot: &mut Snapshot,
+        snapshot: &Snapshot,
         view: &ClusterView,
         verdicts: &Verdicts,
         pod: &Arc<PodInfo>,
-        report: &mut RoundReport,
-    ) -> Made {
+    ) -> Found<RoomPlanned, Made> {
         let Ok(demand) = pod.demand.clone() else {
-            return Made::Nothing;
+            return Found::Nothing(Made::Nothing);
         };
         let profile = Profile {
             volumes: &self.volumes,
@@ -83,14 +80,36 @@ impl<A: ClusterApi> Scheduler<A> {
             planned: &[],
         };
         let Ok(filtered) = profile.filter(verdicts, &input) else {
-            return Made::Nothing;
+            return Found::Nothing(Made::Nothing);
         };
         let mask = filtered.mask().map(<[bool]>::to_vec);
+        match self.plan_room(snapshot, view, &demand, mask.as_deref()) {
+            Ok(room) => Found::Plan(RoomPlanned { demand, mask, room }),
+            Err(made) => Found::Nothing(made),
+        }
+    }
+
+    /// Starts the planned moves for `pod`. A pod whose eviction the plan's dry run finds
+    /// refused (a budget the view does not show, a pod changed) is left out of plans for
+    /// [`REFUSED_FOR`] and the plan made again without it, up to [`PLAN_ATTEMPTS`] times.
+    pub(super) async fn make_room(
+        &mut self,
+        snapshot: &mut Snapshot,
+        view: &ClusterView,
+        pod: &Arc<PodInfo>,
+        planned: RoomPlanned,
+        report: &mut RoundReport,
+    ) -> Made {
+        let RoomPlanned { demand, mask, room } = planned;
+        let mut next = Some(room);
         let mut refused = None;
         for _ in 0..PLAN_ATTEMPTS {
-            let planned = match self.plan_room(snapshot, view, &demand, mask.as_deref()) {
-                Ok(planned) => planned,
-                Err(made) => return refused.map_or(made, Made::Blocked),
+            let planned = match next.take() {
+                Some(room) => room,
+                None => match self.plan_room(snapshot, view, &demand, mask.as_deref()) {
+                    Ok(planned) => planned,
+                    Err(made) => return refused.map_or(made, Made::Blocked),
+                },
             };
             let why = format!("Moved to make room for {}", pod.key);
             let moved = match self.start_moves(Some(&pod.key), &why, &planned.moves).await {
@@ -362,17 +381,16 @@ impl<A: ClusterApi> Scheduler<A> {
         movable_set(snapshot, view, &profile, &rules)
     }
 
-    /// Make-room for a gang whose waiting `members` fit nowhere at once and for which no
-    /// preemption exists: every member planned within one of `domains` (largest first),
-    /// the moves started and every member nominated to its place; `None` when no plan.
-    pub(super) async fn make_room_gang(
+    /// Plans make-room for a gang whose waiting `members` fit nowhere at once and for
+    /// which no preemption exists: every member planned within one of `domains` (largest
+    /// first); `None` when no plan.
+    pub(super) fn plan_make_room_gang(
         &mut self,
-        snapshot: &mut Snapshot,
+        snapshot: &Snapshot,
         view: &ClusterView,
         members: &[(&Arc<PodInfo>, Verdicts)],
         domains: &[Option<Vec<bool>>],
-        report: &mut RoundReport,
-    ) -> Option<super::post_filter::Outcome> {
+    ) -> Option<GangRoom> {
         let masks = self.member_masks(snapshot, members);
         let demands: Vec<&crate::k8s::demand::PodDemand> = members
             .iter()
@@ -438,8 +456,27 @@ impl<A: ClusterApi> Scheduler<A> {
                 }
             })
             .collect();
-        drop(set);
-        let first = &members[order[0]].0.key;
+        Some(GangRoom {
+            moves,
+            places,
+            first: order[0],
+        })
+    }
+
+    /// Starts a gang's planned moves and nominates every member to its place.
+    pub(super) async fn make_room_gang(
+        &mut self,
+        snapshot: &mut Snapshot,
+        members: &[(&Arc<PodInfo>, Verdicts)],
+        planned: GangRoom,
+        report: &mut RoundReport,
+    ) -> Option<super::post_filter::Outcome> {
+        let GangRoom {
+            moves,
+            places,
+            first,
+        } = planned;
+        let first = &members[first].0.key;
         let why = format!("Moved to make room for the gang of {first}");
         let moved = match self.start_moves(Some(first), &why, &moves).await {
             Moves::Done(moved) if !moved.is_empty() => moved,
@@ -467,13 +504,14 @@ impl<A: ClusterApi> Scheduler<A> {
         } in &places
         {
             let (pod, _) = &members[*i];
+            let Ok(demand) = &pod.demand else { continue };
             self.cluster.nominations.insert(Nomination {
                 key: pod.key.clone(),
                 priority: pod.priority,
                 node: node.clone(),
-                request: demands[*i].request.clone(),
+                request: demand.request.clone(),
                 gpus: gpus.clone(),
-                extended: demands[*i].extended.clone(),
+                extended: demand.extended.clone(),
                 victims: moved.clone(),
             });
             self.cluster.nominations.restore(&pod.key.uid, snapshot);
@@ -501,6 +539,22 @@ struct RoomFor {
     moves: Vec<PlannedMove>,
     node: String,
     gpus: Vec<(String, u32)>,
+}
+
+/// A make-room plan for one pod, with its requests and filter mask (to plan again when
+/// the server refuses a move).
+pub(super) struct RoomPlanned {
+    demand: crate::k8s::demand::PodDemand,
+    mask: Option<Vec<bool>>,
+    room: RoomFor,
+}
+
+/// A make-room plan for a gang: the moves, each member's place, the member named in the
+/// moved pods' Events.
+pub(super) struct GangRoom {
+    moves: Vec<PlannedMove>,
+    places: Vec<MemberPlace>,
+    first: usize,
 }
 
 /// Where a gang member goes: its index, the node, GPU IDs and milli.

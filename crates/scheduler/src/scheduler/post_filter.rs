@@ -18,6 +18,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use gpuplace_core::cycle::Found;
 use gpuplace_core::preempt;
 
 use super::preempt::{Nomination, candidates, no_victims, victim_list, waiting_for_victims};
@@ -145,20 +146,19 @@ impl<A: ClusterApi> Scheduler<A> {
             .collect()
     }
 
-    /// Preemption for `pod`, which fits nowhere.
-    pub(super) async fn preempt_one(
+    /// Plans priority preemption for `pod`, which fits nowhere (the chain's first step).
+    pub(super) fn plan_preempt_one(
         &mut self,
-        snapshot: &mut Snapshot,
+        snapshot: &Snapshot,
         view: &ClusterView,
         verdicts: &Verdicts,
         pod: &Arc<PodInfo>,
-        report: &mut RoundReport,
-    ) -> Outcome {
+    ) -> Found<Preempted, Outcome> {
         let Ok(demand) = pod.demand.clone() else {
-            return Outcome::NotTried;
+            return Found::Stop(Outcome::NotTried);
         };
         if pod.never_preempts {
-            return Outcome::Never;
+            return Found::Stop(Outcome::Never);
         }
         if waiting_for_victims(
             pod,
@@ -166,7 +166,7 @@ impl<A: ClusterApi> Scheduler<A> {
             view,
             snapshot,
         ) {
-            return Outcome::Waiting;
+            return Found::Stop(Outcome::Waiting);
         }
         let profile = Profile {
             volumes: &self.volumes,
@@ -181,7 +181,7 @@ impl<A: ClusterApi> Scheduler<A> {
                 planned: &[],
             },
         ) else {
-            return Outcome::NotTried;
+            return Found::Stop(Outcome::NotTried);
         };
         let not_helpful = filtered
             .mask()
@@ -213,7 +213,7 @@ impl<A: ClusterApi> Scheduler<A> {
             filtered.mask(),
         );
         if cands.units.is_empty() && cands.freeing.is_empty() {
-            return Outcome::NoVictims(not_helpful);
+            return Found::Nothing(Outcome::NoVictims(not_helpful));
         }
         let plan = preempt::find(
             &snapshot.state,
@@ -224,12 +224,14 @@ impl<A: ClusterApi> Scheduler<A> {
         );
         self.preemption_times.push(started.elapsed());
         let Some(plan) = plan else {
-            return Outcome::NoVictims(not_helpful);
+            return Found::Nothing(Outcome::NoVictims(not_helpful));
         };
         let victims = victims_of(&cands, &keys, &plan.units);
-        drop(cands);
-        self.nominate_one(snapshot, pod, &demand, &plan, victims, None, report)
-            .await
+        Found::Plan(Preempted {
+            demand,
+            plan,
+            victims,
+        })
     }
 
     /// Evicts `victims` (the plan's) and nominates `pod` to the plan's node, the devices
@@ -269,19 +271,18 @@ impl<A: ClusterApi> Scheduler<A> {
         Outcome::Nominated { node, victims }
     }
 
-    /// Preemption for a gang whose waiting `members` do not fit at once: every member is
-    /// planned (members that fit placed as they are, the others each evicting), within
-    /// one of `domains`; all members nominated, or nothing evicted.
-    pub(super) async fn preempt_gang(
+    /// Plans priority preemption for a gang whose waiting `members` do not fit at once:
+    /// every member is planned (members that fit placed as they are, the others each
+    /// evicting), within one of `domains`.
+    pub(super) fn plan_preempt_gang(
         &mut self,
-        snapshot: &mut Snapshot,
+        snapshot: &Snapshot,
         view: &ClusterView,
         members: &[(&Arc<PodInfo>, Verdicts)],
         domains: &[Option<Vec<bool>>],
-        report: &mut RoundReport,
-    ) -> Outcome {
+    ) -> Found<GangPreempted, Outcome> {
         if let Some(outcome) = self.gang_not_eligible(snapshot, view, members) {
-            return outcome;
+            return Found::Stop(outcome);
         }
         // A gang evicts only what every member outranks.
         let priority = members.iter().map(|(p, _)| p.priority).min().unwrap_or(0);
@@ -321,7 +322,7 @@ impl<A: ClusterApi> Scheduler<A> {
             .min()
             .unwrap_or(0);
         if cands.units.is_empty() && cands.freeing.is_empty() {
-            return Outcome::NoVictims(not_helpful);
+            return Found::Nothing(Outcome::NoVictims(not_helpful));
         }
         let search = GangSearch {
             members,
@@ -331,14 +332,12 @@ impl<A: ClusterApi> Scheduler<A> {
         let best = search.best(&mut self.placer, snapshot, &cands, &[]);
         self.preemption_times.push(started.elapsed());
         let plan = match best {
-            Err(NotPlanned) => return Outcome::NotTried,
-            Ok(None) => return Outcome::NoVictims(not_helpful),
+            Err(NotPlanned) => return Found::Stop(Outcome::NotTried),
+            Ok(None) => return Found::Nothing(Outcome::NoVictims(not_helpful)),
             Ok(Some(plan)) => plan,
         };
         let victims = victims_of(&cands, &keys, &plan.plan.units);
-        drop(cands);
-        self.nominate_gang(snapshot, members, &plan, victims, None, report)
-            .await
+        Found::Plan(GangPreempted { plan, victims })
     }
 
     /// Why the gang may not preempt now, if so: a member's requests are wrong, a member
@@ -447,12 +446,17 @@ impl<A: ClusterApi> Scheduler<A> {
     }
 }
 
-/// What carrying out evictions did.
-#[derive(Default)]
-pub(super) struct Carried {
-    pub evicted: usize,
-    /// The first refusal, if any.
-    pub refused: Option<String>,
+/// A pod's preemption as planned: its requests, core's plan and the victims' keys.
+pub(super) struct Preempted {
+    pub demand: crate::k8s::demand::PodDemand,
+    pub plan: preempt::Preemption,
+    pub victims: Vec<PodKey>,
+}
+
+/// A gang's preemption as planned: core's plan with the member order, the victims' keys.
+pub(super) struct GangPreempted {
+    pub plan: GangPlan,
+    pub victims: Vec<PodKey>,
 }
 
 /// A member's requests could not be read: the gang is not planned.
@@ -517,108 +521,5 @@ impl GangSearch<'_, '_> {
             }
         }
         Ok(best)
-    }
-}
-
-impl<A: ClusterApi> Scheduler<A> {
-    /// Evicts `victims` (each with its Event) and nominates `pods` (pod, node): at once,
-    /// or with `whole` one by one, stopping at the first refusal with nothing nominated (a
-    /// gang's plan is carried out whole or not further).
-    pub(super) async fn carry_out(
-        &mut self,
-        by: &PodKey,
-        node_of_victims: &HashMap<String, String>,
-        victims: &[PodKey],
-        nominate: &[(PodKey, String)],
-        why: Option<&str>,
-        whole: bool,
-    ) -> Carried {
-        let mut carried = Carried::default();
-        if !self.gate.is_open() {
-            carried.refused = Some("this scheduler is not the leader".into());
-            return carried;
-        }
-        if whole {
-            for v in victims {
-                let node = node_of_victims.get(&v.uid).cloned().unwrap_or_default();
-                let message = match why {
-                    Some(why) => format!("Preempted by {by} on node {node} {why}"),
-                    None => format!("Preempted by {by} on node {node}"),
-                };
-                match self.api.evict(v, &message).await {
-                    Ok(()) | Err(crate::api::ApiError::NotFound(_)) => {
-                        carried.evicted += 1;
-                        self.events.emit(v, "Normal", "Preempted", message);
-                    }
-                    Err(e) => {
-                        carried.refused = Some(format!("evicting {v} was refused ({e})"));
-                        return carried;
-                    }
-                }
-            }
-            self.write_nominations(nominate).await;
-            return carried;
-        }
-        let evictions = victims.iter().map(|v| {
-            let node = node_of_victims.get(&v.uid).cloned().unwrap_or_default();
-            let message = match why {
-                Some(why) => format!("Preempted by {by} on node {node} {why}"),
-                None => format!("Preempted by {by} on node {node}"),
-            };
-            let api = self.api.clone();
-            async move { (v, api.evict(v, &message).await, message) }
-        });
-        for (victim, result, message) in futures::future::join_all(evictions).await {
-            match result {
-                Ok(()) | Err(crate::api::ApiError::NotFound(_)) => {
-                    carried.evicted += 1;
-                    self.events.emit(victim, "Normal", "Preempted", message);
-                }
-                Err(e) => {
-                    tracing::warn!(victim = %victim, preemptor = %by, error = %e, "victim not evicted; preemption is tried again later");
-                    carried.refused = Some(format!("evicting {victim} was refused ({e})"));
-                    for (pod, _) in nominate {
-                        self.unfinished.insert(pod.uid.clone());
-                    }
-                }
-            }
-        }
-        self.write_nominations(nominate).await;
-        carried
-    }
-
-    /// Writes `status.nominatedNodeName` of each (pod, node).
-    async fn write_nominations(&self, nominate: &[(PodKey, String)]) {
-        let writes = nominate.iter().map(|(pod, node)| {
-            let api = self.api.clone();
-            async move { (pod, api.nominate(pod, Some(node)).await) }
-        });
-        for (pod, result) in futures::future::join_all(writes).await {
-            if let Err(e) = result {
-                tracing::info!(pod = %pod, error = %e, "nominatedNodeName not written");
-            }
-        }
-    }
-
-    /// Pod `uid` fits nowhere this round: it waits for a cluster event, or backs off and
-    /// tries again if the server refused some of its evictions or moves.
-    pub(super) fn wait(&mut self, uid: &str, now: std::time::Instant) {
-        if self.unfinished.remove(uid) {
-            self.queue.retry_later(uid, now);
-        } else {
-            self.queue.unschedulable(uid, now);
-        }
-    }
-
-    /// Clears `status.nominatedNodeName` of pods bound elsewhere.
-    pub(super) async fn clear_nominations(&self, pods: Vec<PodKey>) {
-        if !self.gate.is_open() {
-            return;
-        }
-        for pod in pods {
-            if let Err(e) = self.api.nominate(&pod, None).await {
-                tracing::info!(pod = %pod, error = %e, "nominatedNodeName not cleared");
-            }
-        }
     }
 }

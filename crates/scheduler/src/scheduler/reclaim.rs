@@ -3,16 +3,17 @@
 //! theirs. Core's [`Entitlement`] says which queues' pods may go and how much each may
 //! lose; the victims are chosen by the same victim search as preemption
 //! ([`gpuplace_core::preempt`]: exact devices, topology requirements met, budgets counted,
-//! whole gangs, lowest priority and fewest GPUs first). A plan that would take some queue
-//! below its guarantee is searched again without that queue's pods on the nodes it took
-//! them from.
+//! whole gangs, lowest priority and fewest GPUs first), checked against every guarantee by
+//! core's [`cycle::reclaim`] (a plan that would take some queue below its guarantee is
+//! searched again without that queue's pods on the nodes it took them from).
 
 use std::sync::Arc;
 
+use gpuplace_core::cycle;
 use gpuplace_core::fairshare::{Entitlement, Loss, Picker, Res};
 use gpuplace_core::preempt;
 
-use super::post_filter::{GangSearch, Outcome, victims_of};
+use super::post_filter::{GangPreempted, GangSearch, Outcome, Preempted, victims_of};
 use super::preempt::candidates;
 use super::{RoundReport, Scheduler};
 use crate::api::{ClusterApi, ClusterView, PodKey};
@@ -20,9 +21,6 @@ use crate::framework::filter::Verdicts;
 use crate::framework::{FilterInput, Profile};
 use crate::k8s::pod_info::PodInfo;
 use crate::snapshot::Snapshot;
-
-/// Plans tried before giving up (each drops one queue's pods on the nodes it lost them).
-const MAX_PLANS: usize = 32;
 
 /// The round's queue order and allocations, and the pod's (or gang's) queue.
 pub(super) struct Fair<'p, 't, U> {
@@ -39,78 +37,36 @@ struct Pool<'s> {
 }
 
 impl Pool<'_> {
-    /// What the plan's `units` take from each queue.
-    fn losses(&self, snapshot: &Snapshot, units: &[usize]) -> Vec<Loss> {
-        let mut losses: Vec<Loss> = Vec::new();
-        for &u in units {
-            let mut res = Res::default();
-            for h in self.cands.members(u) {
-                let model = snapshot.state.inventory(h.node).gpu_model();
-                res.add(&Res::of(h.request, Some(model)));
-            }
-            match losses.iter_mut().find(|l| l.queue == self.unit_queue[u]) {
-                Some(l) => l.res.add(&res),
-                None => losses.push(Loss {
-                    queue: self.unit_queue[u],
-                    res,
-                }),
-            }
-        }
-        losses
+    /// What evicting each unit takes, as core's reclaim plan reads it.
+    fn taken(&self, snapshot: &Snapshot) -> Vec<cycle::reclaim::Taken> {
+        cycle::reclaim::Taken::of_units(&snapshot.state, &self.cands, &self.unit_queue)
     }
 
-    /// Marks queue `v`'s units on the nodes the plan's `units` took its pods from.
-    fn exclude(&self, units: &[usize], v: usize, taken: &mut [bool]) {
-        let nodes: Vec<usize> = units
+    /// Pods evicted per queue by the plan's `units`.
+    fn counts(&self, units: &[usize]) -> Vec<(usize, usize)> {
+        units
             .iter()
-            .filter(|&&u| self.unit_queue[u] == v)
-            .flat_map(|&u| self.cands.members(u).iter().map(|h| h.node))
-            .collect();
-        for (u, unit) in self.cands.units.iter().enumerate() {
-            let on_node = self.cands.holders[unit.members.clone()]
-                .iter()
-                .any(|h| nodes.contains(&h.node));
-            if self.unit_queue[u] == v && on_node {
-                taken[u] = true;
-            }
-        }
+            .map(|&u| (self.unit_queue[u], self.cands.units[u].members.len()))
+            .collect()
     }
+}
 
-    /// The first plan `search` finds (given the units excluded so far) whose losses keep
-    /// every queue at its guarantee, with those losses.
-    fn plan<P>(
-        &self,
-        snapshot: &Snapshot,
-        entitled: &Entitlement<'_>,
-        mut search: impl FnMut(&[bool]) -> Option<P>,
-        units_of: impl Fn(&P) -> &[usize],
-    ) -> Option<(P, Vec<Loss>)> {
-        let mut taken = vec![false; self.cands.units.len()];
-        for _ in 0..MAX_PLANS {
-            let plan = search(&taken)?;
-            let losses = self.losses(snapshot, units_of(&plan));
-            match entitled.check(&losses) {
-                Ok(()) => return Some((plan, losses)),
-                Err(v) => self.exclude(units_of(&plan), v, &mut taken),
-            }
-        }
-        None
-    }
+/// What a reclaim plan takes: the losses per queue and the pods evicted per queue.
+pub(super) struct Taking {
+    losses: Vec<Loss>,
+    counts: Vec<(usize, usize)>,
+}
 
-    /// Counts the plan's victims per queue in the round's report.
-    fn report(
-        &self,
-        tree_name: impl Fn(usize) -> String,
-        units: &[usize],
-        report: &mut RoundReport,
-    ) {
-        for &u in units {
-            *report
-                .reclaimed
-                .entry(tree_name(self.unit_queue[u]))
-                .or_default() += self.cands.units[u].members.len();
-        }
-    }
+/// A pod's reclaim as planned.
+pub(super) struct Reclaimed {
+    pub preempted: Preempted,
+    taking: Taking,
+}
+
+/// A gang's reclaim as planned.
+pub(super) struct GangReclaimed {
+    pub preempted: GangPreempted,
+    taking: Taking,
 }
 
 impl<A: ClusterApi> Scheduler<A> {
@@ -152,17 +108,16 @@ impl<A: ClusterApi> Scheduler<A> {
         })
     }
 
-    /// Reclaim for `pod` of queue `fair.queue`; `None` when its queue is not entitled or no
-    /// plan keeps every queue at its guarantee.
-    pub(super) async fn reclaim_one<U>(
+    /// Plans reclaim for `pod` of queue `fair.queue`; nothing when its queue is not
+    /// entitled or no plan keeps every queue at its guarantee.
+    pub(super) fn plan_reclaim_one<U>(
         &mut self,
-        snapshot: &mut Snapshot,
+        snapshot: &Snapshot,
         view: &ClusterView,
         verdicts: &Verdicts,
         pod: &Arc<PodInfo>,
-        fair: Fair<'_, '_, U>,
-        report: &mut RoundReport,
-    ) -> Option<Outcome> {
+        fair: &Fair<'_, '_, U>,
+    ) -> Option<Reclaimed> {
         let demand = pod.demand.clone().ok()?;
         if pod.never_preempts {
             return None;
@@ -192,31 +147,36 @@ impl<A: ClusterApi> Scheduler<A> {
                 taken,
             )
         };
-        let found = pool.plan(snapshot, &entitled, search, |p| &p.units);
+        let found =
+            cycle::reclaim::plan_within_guarantees(&pool.taken(snapshot), &entitled, search, |p| {
+                &p.units
+            });
         self.preemption_times.push(started.elapsed());
-        let (plan, losses) = found?;
-        pool.report(|q| tree.name(q).to_string(), &plan.units, report);
-        let victims = victims_of(&pool.cands, &pool.keys, &plan.units);
-        drop(pool);
-        let queue = taken_back(fair, &losses);
-        let why = format!("to give queue {queue} its guarantee");
-        let outcome = self
-            .nominate_one(snapshot, pod, &demand, &plan, victims, Some(&why), report)
-            .await;
-        Some(reclaimed(outcome, queue))
+        let found = found?;
+        let victims = victims_of(&pool.cands, &pool.keys, &found.plan.units);
+        Some(Reclaimed {
+            taking: Taking {
+                losses: found.losses,
+                counts: pool.counts(&found.plan.units),
+            },
+            preempted: Preempted {
+                demand,
+                plan: found.plan,
+                victims,
+            },
+        })
     }
 
-    /// Reclaim for a gang of queue `fair.queue` whose `members` do not fit at once: every
-    /// member planned within one of `domains`, all nominated or nothing evicted.
-    pub(super) async fn reclaim_gang<U>(
+    /// Plans reclaim for a gang of queue `fair.queue` whose `members` do not fit at once:
+    /// every member planned within one of `domains`.
+    pub(super) fn plan_reclaim_gang<U>(
         &mut self,
-        snapshot: &mut Snapshot,
+        snapshot: &Snapshot,
         view: &ClusterView,
         members: &[(&Arc<PodInfo>, Verdicts)],
         domains: &[Option<Vec<bool>>],
-        fair: Fair<'_, '_, U>,
-        report: &mut RoundReport,
-    ) -> Option<Outcome> {
+        fair: &Fair<'_, '_, U>,
+    ) -> Option<GangReclaimed> {
         let mut asked = Res::default();
         for (p, _) in members {
             if p.never_preempts {
@@ -237,25 +197,79 @@ impl<A: ClusterApi> Scheduler<A> {
         };
         let placer = &mut self.placer;
         let search = |taken: &[bool]| gang.best(placer, snapshot, &pool.cands, taken).ok()?;
-        let found = pool.plan(snapshot, &entitled, search, |p| &p.plan.units);
+        let found =
+            cycle::reclaim::plan_within_guarantees(&pool.taken(snapshot), &entitled, search, |p| {
+                &p.plan.units
+            });
         self.preemption_times.push(started.elapsed());
-        let (plan, losses) = found?;
-        pool.report(|q| tree.name(q).to_string(), &plan.plan.units, report);
-        let victims = victims_of(&pool.cands, &pool.keys, &plan.plan.units);
-        drop(pool);
-        let queue = taken_back(fair, &losses);
+        let found = found?;
+        let victims = victims_of(&pool.cands, &pool.keys, &found.plan.plan.units);
+        Some(GangReclaimed {
+            taking: Taking {
+                losses: found.losses,
+                counts: pool.counts(&found.plan.plan.units),
+            },
+            preempted: GangPreempted {
+                plan: found.plan,
+                victims,
+            },
+        })
+    }
+
+    /// Carries a pod's reclaim out: counted, taken off the round's allocations, the
+    /// victims evicted and the pod nominated.
+    pub(super) async fn reclaim_one<U>(
+        &mut self,
+        snapshot: &mut Snapshot,
+        pod: &Arc<PodInfo>,
+        planned: Reclaimed,
+        fair: Fair<'_, '_, U>,
+        report: &mut RoundReport,
+    ) -> Outcome {
+        let queue = taken_back(fair, &planned.taking, report);
         let why = format!("to give queue {queue} its guarantee");
+        let Preempted {
+            demand,
+            plan,
+            victims,
+        } = planned.preempted;
+        let outcome = self
+            .nominate_one(snapshot, pod, &demand, &plan, victims, Some(&why), report)
+            .await;
+        reclaimed(outcome, queue)
+    }
+
+    /// Carries a gang's reclaim out: every member nominated or nothing evicted.
+    pub(super) async fn reclaim_gang<U>(
+        &mut self,
+        snapshot: &mut Snapshot,
+        members: &[(&Arc<PodInfo>, Verdicts)],
+        planned: GangReclaimed,
+        fair: Fair<'_, '_, U>,
+        report: &mut RoundReport,
+    ) -> Outcome {
+        let queue = taken_back(fair, &planned.taking, report);
+        let why = format!("to give queue {queue} its guarantee");
+        let GangPreempted { plan, victims } = planned.preempted;
         let outcome = self
             .nominate_gang(snapshot, members, &plan, victims, Some(&why), report)
             .await;
-        Some(reclaimed(outcome, queue))
+        reclaimed(outcome, queue)
     }
 }
 
 /// Takes what the plan takes from the victims' queues off the round's allocations (the
-/// taker's nominations are counted once the unit is decided); the taker's queue name.
-fn taken_back<U>(fair: Fair<'_, '_, U>, losses: &[Loss]) -> String {
-    for loss in losses {
+/// taker's nominations are counted once the unit is decided) and counts the victims per
+/// queue in the round's report; the taker's queue name.
+fn taken_back<U>(fair: Fair<'_, '_, U>, taking: &Taking, report: &mut RoundReport) -> String {
+    let tree = fair.picker.tree();
+    for &(q, pods) in &taking.counts {
+        *report
+            .reclaimed
+            .entry(tree.name(q).to_string())
+            .or_default() += pods;
+    }
+    for loss in &taking.losses {
         fair.picker.removed(loss.queue, &loss.res);
     }
     fair.picker.tree().name(fair.queue).to_string()

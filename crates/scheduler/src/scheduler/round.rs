@@ -406,25 +406,12 @@ impl<A: ClusterApi> Scheduler<A> {
                 // free (a preemptor deciding again may keep its place); its hold is applied
                 // again after, the new one's if it was nominated anew.
                 let started = Instant::now();
-                let outcome = self
-                    .preempt_one(snapshot, view, verdicts, pod, report)
+                let (outcome, made) = self
+                    .post_filter_pod(snapshot, view, verdicts, pod, fair, report)
                     .await;
-                let mut outcome = outcome;
-                if let (super::post_filter::Outcome::NoVictims(_), Some(fair)) = (&outcome, fair)
-                    && let Some(reclaimed) = self
-                        .reclaim_one(snapshot, view, verdicts, pod, fair, report)
-                        .await
-                {
-                    outcome = reclaimed;
-                }
                 let mut message = outcome.message(&message, snapshot.nodes.len());
-                if matches!(outcome, super::post_filter::Outcome::NoVictims(_))
-                    && self.config.defrag.settings.mode.makes_room()
-                {
-                    let made = self.make_room(snapshot, view, verdicts, pod, report).await;
-                    if let Some(more) = made.message() {
-                        message = format!("{message} {more}");
-                    }
+                if let Some(more) = made.as_ref().and_then(super::make_room::Made::message) {
+                    message = format!("{message} {more}");
                 }
                 self.cluster.nominations.restore(&pod.key.uid, snapshot);
                 report.timings.api += started.elapsed();

@@ -13,6 +13,7 @@
 //! makes them again) and the work they had done is counted as lost.
 
 mod arrive;
+mod chain;
 mod costs;
 mod defrag;
 mod fair;
@@ -513,14 +514,8 @@ impl<'a> Engine<'a> {
             }
         }
         self.maybe_rebalance(now);
-        let makes_room = self.defrag.config.settings.mode.makes_room();
         let due = self.due(now);
-        let tried = self.fair_round(
-            due,
-            now,
-            &mut |e, unit, now| e.try_place(unit, now) || (e.preempt && e.try_preempt(unit, now)),
-            &mut |e, unit, now| makes_room && e.try_make_room(unit, now),
-        );
+        let tried = self.fair_round(due, now);
         for (unit, placed) in tried {
             if placed {
                 self.units[unit as usize].waiting = false;

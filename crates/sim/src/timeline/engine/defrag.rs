@@ -18,6 +18,7 @@ use gpuplace_core::defrag::{self, Limits, Movables, RoomPlan};
 use gpuplace_core::preempt::Holder;
 use gpuplace_core::{Placer, Policy};
 
+use super::chain::SimPlan;
 use super::{Engine, Job, Placed, Work};
 use crate::timeline::options::{DefragSim, Ms};
 use crate::trace::TracePod;
@@ -126,9 +127,9 @@ impl Engine<'_> {
         singles
     }
 
-    /// Makes room for `unit`, which fits nowhere; true when it was placed.
-    pub(super) fn try_make_room(&mut self, unit: u32, now: Ms) -> bool {
-        let jobs = self.units[unit as usize].jobs.clone();
+    /// Plans room for `unit`, which fits nowhere (the chain's last step).
+    pub(super) fn plan_make_room(&mut self, unit: u32, now: Ms) -> Option<SimPlan> {
+        let jobs = &self.units[unit as usize].jobs;
         let single_rid = match jobs[..] {
             [job] => Some(self.request_ids[self.jobs[job as usize].pod as usize] as usize),
             _ => None,
@@ -137,7 +138,7 @@ impl Engine<'_> {
             && let Some(at) = self.defrag.failed[rid]
             && now.0 < at.0 + RETRY_MS
         {
-            return false;
+            return None;
         }
         // Moved pods take back what they free: the unit needs idle GPUs of its size.
         let asked: u64 = jobs
@@ -149,11 +150,11 @@ impl Engine<'_> {
             })
             .sum();
         if asked > self.state.gpu_idle_milli() {
-            return false;
+            return None;
         }
         let groups = self.movable_units(now);
         if groups.is_empty() {
-            return false;
+            return None;
         }
         let limits = Limits {
             max_pods: self.defrag.config.settings.max_moves,
@@ -161,7 +162,8 @@ impl Engine<'_> {
         };
         let plan = {
             let m = movables(&self.jobs, self.pods, &groups);
-            let asks: Vec<(&gpuplace_model::Request, Option<&[bool]>)> = jobs
+            let asks: Vec<(&gpuplace_model::Request, Option<&[bool]>)> = self.units[unit as usize]
+                .jobs
                 .iter()
                 .map(|&j| (&self.pods[self.jobs[j as usize].pod as usize].request, None))
                 .collect();
@@ -171,13 +173,19 @@ impl Engine<'_> {
             if let Some(rid) = single_rid {
                 self.defrag.failed[rid] = Some(now);
             }
-            return false;
+            return None;
         };
-        self.carry_out(&groups, &plan, &jobs, now)
+        Some(SimPlan::Room { groups, plan })
     }
 
     /// Moves the plan's pods and starts `jobs` on their places.
-    fn carry_out(&mut self, groups: &[Vec<u32>], plan: &RoomPlan, jobs: &[u32], now: Ms) -> bool {
+    pub(super) fn carry_out(
+        &mut self,
+        groups: &[Vec<u32>],
+        plan: &RoomPlan,
+        jobs: &[u32],
+        now: Ms,
+    ) -> bool {
         let holders: Vec<u32> = groups.iter().flatten().copied().collect();
         let moved: Vec<u32> = plan
             .units

@@ -5,14 +5,10 @@
 
 use std::sync::Arc;
 
-use gpuplace_core::fairshare::{Entitlement, Loss, Picker, Res};
-use gpuplace_core::preempt;
+use gpuplace_core::fairshare::{Picker, Res};
 
 use super::Engine;
 use crate::timeline::options::Ms;
-
-/// Plans tried per reclaim before giving up (each drops one queue's pods on one node).
-const MAX_PLANS: usize = 32;
 
 impl Engine<'_> {
     fn fair_res(&self, job: u32, node: Option<usize>) -> (usize, Res) {
@@ -54,19 +50,13 @@ impl Engine<'_> {
     }
 
     /// The due units in the queues' order (without tenants, as given), each tried as the
-    /// scheduler tries a pod: `first` places it (or preempts for it), then reclaim, then
-    /// `last` (make room); says whether each started.
-    pub(super) fn fair_round(
-        &mut self,
-        due: Vec<u32>,
-        now: Ms,
-        first: &mut dyn FnMut(&mut Self, u32, Ms) -> bool,
-        last: &mut dyn FnMut(&mut Self, u32, Ms) -> bool,
-    ) -> Vec<(u32, bool)> {
+    /// scheduler tries a pod: placed, else PostFilter's chain (preemption, reclaim,
+    /// make-room); says whether each started.
+    pub(super) fn fair_round(&mut self, due: Vec<u32>, now: Ms) -> Vec<(u32, bool)> {
         let Some(t) = self.tenants.as_ref().filter(|_| self.queues_serve) else {
             return due
                 .into_iter()
-                .map(|u| (u, first(self, u, now) || last(self, u, now)))
+                .map(|u| (u, self.try_place(u, now) || self.post_filter(u, None, now)))
                 .collect();
         };
         let tree = Arc::clone(&t.tree);
@@ -87,13 +77,8 @@ impl Engine<'_> {
                 out.push((unit, false));
                 continue;
             }
-            let mut started = first(self, unit, now);
-            if !started && jobs.len() == 1 {
-                started = self.try_reclaim(jobs[0], q, &mut picker, now);
-            }
-            if !started {
-                started = last(self, unit, now);
-            }
+            let started =
+                self.try_place(unit, now) || self.post_filter(unit, Some((q, &mut picker)), now);
             if started {
                 for &j in &jobs {
                     let node = self.jobs[j as usize].node as usize;
@@ -103,81 +88,5 @@ impl Engine<'_> {
             out.push((unit, started));
         }
         out
-    }
-
-    /// Evicts pods of queues above their guarantee so that `job` of queue `q` starts.
-    fn try_reclaim(&mut self, job: u32, q: usize, picker: &mut Picker<'_, u32>, now: Ms) -> bool {
-        let Some(t) = &self.tenants else {
-            return false;
-        };
-        let (tree, queue_of) = (Arc::clone(&t.tree), Arc::clone(&t.queue_of));
-        let asked = self.fair_res(job, None).1;
-        let Some(entitled) = Entitlement::new(&tree, picker.allocations(), q, &asked) else {
-            return false;
-        };
-        let of = |pod: u32| queue_of.get(pod as usize).copied().unwrap_or(0);
-        let groups = self.victim_groups(&|pod| entitled.may_take_from(of(pod)));
-        if groups.is_empty() {
-            return false;
-        }
-        let group_queue: Vec<usize> = groups
-            .iter()
-            .map(|g| of(self.jobs[g[0] as usize].pod))
-            .collect();
-        let found = {
-            let candidates = self.candidates(&groups);
-            let request = &self.pods[self.jobs[job as usize].pod as usize].request;
-            let mut taken = vec![false; groups.len()];
-            let mut found = None;
-            for _ in 0..MAX_PLANS {
-                let Some(plan) = preempt::find(&self.state, request, &candidates, None, &taken)
-                else {
-                    break;
-                };
-                let mut losses: Vec<Loss> = Vec::new();
-                for &u in &plan.units {
-                    for &r in &groups[u] {
-                        let node = self.jobs[r as usize].node as usize;
-                        let res = self.fair_res(r, Some(node)).1;
-                        match losses.iter_mut().find(|l| l.queue == group_queue[u]) {
-                            Some(l) => l.res.add(&res),
-                            None => losses.push(Loss {
-                                queue: group_queue[u],
-                                res,
-                            }),
-                        }
-                    }
-                }
-                match entitled.check(&losses) {
-                    Ok(()) => {
-                        found = Some((plan, losses));
-                        break;
-                    }
-                    Err(v) => {
-                        for (u, g) in groups.iter().enumerate() {
-                            let here = g
-                                .iter()
-                                .any(|&r| self.jobs[r as usize].node as usize == plan.node);
-                            if group_queue[u] == v && here {
-                                taken[u] = true;
-                            }
-                        }
-                    }
-                }
-            }
-            found
-        };
-        let Some((plan, losses)) = found else {
-            return false;
-        };
-        for &u in &plan.units {
-            if let Some(t) = &mut self.tenants {
-                t.reclaimed(group_queue[u], groups[u].len() as u64);
-            }
-        }
-        for loss in &losses {
-            picker.removed(loss.queue, &loss.res);
-        }
-        self.evict_and_start(job, &groups, plan, now)
     }
 }

@@ -5,10 +5,19 @@
 
 use std::collections::BTreeMap;
 
-use gpuplace_core::preempt::{self, Candidates, Holder};
+use gpuplace_core::preempt::{Candidates, Holder};
 
-use super::{Engine, Placed};
+use super::{Engine, Job, Placed};
 use crate::timeline::options::Ms;
+use crate::trace::TracePod;
+
+/// Evictions planned for a unit: the victim groups searched, the groups evicted (indices)
+/// and each member's place (in the unit's member order).
+pub(super) struct Eviction {
+    pub groups: Vec<Vec<u32>>,
+    pub units: Vec<usize>,
+    pub places: Vec<(usize, Vec<(usize, u32)>)>,
+}
 
 impl Engine<'_> {
     /// Running pods that `take` accepts (by pod index), grouped by unit (a gang is
@@ -26,41 +35,15 @@ impl Engine<'_> {
 
     /// The victim search's candidates: one unit per group.
     pub(super) fn candidates(&self, groups: &[Vec<u32>]) -> Candidates<'_> {
-        let mut candidates = Candidates::default();
-        for group in groups {
-            let top = group
-                .iter()
-                .map(|&r| self.pods[self.jobs[r as usize].pod as usize].priority)
-                .max()
-                .unwrap_or(0);
-            candidates.push_unit(
-                top,
-                group.iter().map(|&r| {
-                    let j = &self.jobs[r as usize];
-                    Holder {
-                        node: j.node as usize,
-                        request: &self.pods[j.pod as usize].request,
-                        gpus: &j.gpus,
-                        budgets: Vec::new(),
-                    }
-                }),
-            );
-        }
-        candidates
+        candidates_of(&self.jobs, self.pods, groups)
     }
 
     /// Evicts the plan's groups (their controller makes them again a moment later, to
-    /// start over unless checkpointed) and starts `job` where the plan puts it once the
-    /// victims' grace period has passed.
-    pub(super) fn evict_and_start(
-        &mut self,
-        job: u32,
-        groups: &[Vec<u32>],
-        plan: preempt::Preemption,
-        now: Ms,
-    ) -> bool {
+    /// start over unless checkpointed) and starts each of `jobs` where the plan puts it
+    /// once the victims' grace period has passed.
+    pub(super) fn evict_and_start(&mut self, jobs: &[u32], plan: &Eviction, now: Ms) -> bool {
         for &u in &plan.units {
-            let group = &groups[u];
+            let group = &plan.groups[u];
             let mut again = Vec::with_capacity(group.len());
             let mut top = i32::MIN;
             for &victim in group {
@@ -73,44 +56,59 @@ impl Engine<'_> {
             }
             self.recreate(again, top, now);
         }
-        let request = &self.pods[self.jobs[job as usize].pod as usize].request;
-        if self.state.apply(plan.node, request, &plan.gpus).is_err() {
-            return false;
+        let mut placed: Vec<(u32, Placed)> = Vec::with_capacity(jobs.len());
+        for (&job, (node, gpus)) in jobs.iter().zip(&plan.places) {
+            let request = &self.pods[self.jobs[job as usize].pod as usize].request;
+            if self.state.apply(*node, request, gpus).is_err() {
+                // Planned on this state: cannot happen; give back what was taken.
+                debug_assert!(false, "a victim search's place was refused");
+                for (job, p) in placed.into_iter().rev() {
+                    let request = &self.pods[self.jobs[job as usize].pod as usize].request;
+                    let _ = self.state.release(p.node, request, &p.gpus);
+                }
+                return false;
+            }
+            placed.push((
+                job,
+                Placed {
+                    node: *node,
+                    gpus: gpus.clone(),
+                },
+            ));
         }
-        let placed = Placed {
-            node: plan.node,
-            gpus: plan.gpus,
-        };
-        self.start(job, placed, now, self.costs.eviction_grace);
+        for (job, p) in placed {
+            self.start(job, p, now, self.costs.eviction_grace);
+        }
         true
     }
+}
 
-    /// Evicts lower-priority units so that the single pod of `unit` fits (the scheduler's
-    /// victim search); the victims go back to the queue.
-    pub(super) fn try_preempt(&mut self, unit: u32, now: Ms) -> bool {
-        let [job] = self.units[unit as usize].jobs[..] else {
-            return false;
-        };
-        let priority = self.pods[self.jobs[job as usize].pod as usize].priority;
-        if self.by_priority.range(..priority).all(|(_, n)| *n == 0) {
-            return false;
-        }
-        // With tenants serving, the pod's queue takes part in the rule (core's).
-        let tenants = self.tenants.as_ref().filter(|_| self.queues_serve);
-        let contender = |pod: u32| preempt::Contender {
-            priority: self.pods[pod as usize].priority,
-            queue: tenants.map(|t| t.queue_of_pod(pod)),
-        };
-        let me = contender(self.jobs[job as usize].pod);
-        let groups = self.victim_groups(&|pod| preempt::may_preempt(&me, &contender(pod)));
-        let plan = {
-            let candidates = self.candidates(&groups);
-            let request = &self.pods[self.jobs[job as usize].pod as usize].request;
-            preempt::find(&self.state, request, &candidates, None, &[])
-        };
-        match plan {
-            Some(plan) => self.evict_and_start(job, &groups, plan, now),
-            None => false,
-        }
+/// The victim search's candidates for running `groups` of `jobs`: one unit per group, of
+/// its highest priority.
+pub(super) fn candidates_of<'s>(
+    jobs: &'s [Job],
+    pods: &'s [TracePod],
+    groups: &[Vec<u32>],
+) -> Candidates<'s> {
+    let mut candidates = Candidates::default();
+    for group in groups {
+        let top = group
+            .iter()
+            .map(|&r| pods[jobs[r as usize].pod as usize].priority)
+            .max()
+            .unwrap_or(0);
+        candidates.push_unit(
+            top,
+            group.iter().map(|&r| {
+                let j = &jobs[r as usize];
+                Holder {
+                    node: j.node as usize,
+                    request: &pods[j.pod as usize].request,
+                    gpus: &j.gpus,
+                    budgets: Vec::new(),
+                }
+            }),
+        );
     }
+    candidates
 }

@@ -1,0 +1,243 @@
+//! PostFilter in the timeline replay: core's one chain ([`gpuplace_core::cycle::post_filter`]:
+//! preemption, reclaim, make-room, in that order, as the scheduler runs it) over the replay's
+//! planning for a unit (a pod, or a gang whole), then the plan carried out on simulated
+//! time: victims evicted (re-created by their controller later), moved pods' replacements
+//! steered to their planned places, the unit bound once its room is free.
+//!
+//! The plans are core's: [`preempt::find`] for a pod, [`preempt::find_for_all`] for a gang
+//! (largest members first, as the scheduler's gang search), reclaim's
+//! [`cycle::reclaim::plan_within_guarantees`] over either, and [`defrag::make_room_for_all`].
+
+use std::sync::Arc;
+
+use gpuplace_core::cycle::{self, Found, Planner, Step};
+use gpuplace_core::defrag::RoomPlan;
+use gpuplace_core::fairshare::{Entitlement, Loss, Picker, Res};
+use gpuplace_core::preempt;
+
+use super::victims::{Eviction, candidates_of};
+use super::{Engine, Job};
+use crate::timeline::options::Ms;
+use crate::trace::TracePod;
+
+/// What the chain found for a unit.
+pub(super) enum SimPlan {
+    Preempt(Eviction),
+    Reclaim {
+        eviction: Eviction,
+        losses: Vec<Loss>,
+        /// Pods taken per victim queue.
+        counts: Vec<(usize, u64)>,
+    },
+    Room {
+        groups: Vec<Vec<u32>>,
+        plan: RoomPlan,
+    },
+}
+
+/// The unit's queue and the round's queue standing, when the queues serve.
+#[derive(Clone, Copy)]
+pub(super) struct FairView<'f, 't> {
+    pub queue: usize,
+    pub picker: &'f Picker<'t, u32>,
+}
+
+/// The replay's planning for one unit that fits nowhere.
+struct SimSteps<'e, 'a, 'f, 't> {
+    engine: &'e mut Engine<'a>,
+    unit: u32,
+    fair: Option<FairView<'f, 't>>,
+    now: Ms,
+}
+
+impl Planner for SimSteps<'_, '_, '_, '_> {
+    type Plan = SimPlan;
+    type Why = ();
+
+    fn applies(&self, step: Step) -> bool {
+        match step {
+            Step::Preempt => self.engine.preempt,
+            Step::Reclaim => self.fair.is_some(),
+            Step::MakeRoom => self.engine.defrag.config.settings.mode.makes_room(),
+        }
+    }
+
+    fn plan(&mut self, step: Step) -> Found<SimPlan, ()> {
+        let planned = match step {
+            Step::Preempt => self.engine.plan_preempt(self.unit).map(SimPlan::Preempt),
+            Step::Reclaim => self
+                .fair
+                .and_then(|fair| self.engine.plan_reclaim(self.unit, fair)),
+            Step::MakeRoom => self.engine.plan_make_room(self.unit, self.now),
+        };
+        planned.map_or(Found::Nothing(()), Found::Plan)
+    }
+}
+
+impl Engine<'_> {
+    /// PostFilter for `unit`, which fits nowhere: the chain planned and its plan carried
+    /// out; true when the unit was placed. With queues serving, `fair` is the unit's queue
+    /// and the round's standing (reclaim's losses taken off it).
+    pub(super) fn post_filter(
+        &mut self,
+        unit: u32,
+        fair: Option<(usize, &mut Picker<'_, u32>)>,
+        now: Ms,
+    ) -> bool {
+        let chained = {
+            let view = fair.as_ref().map(|(queue, picker)| FairView {
+                queue: *queue,
+                picker,
+            });
+            cycle::post_filter(&mut SimSteps {
+                engine: self,
+                unit,
+                fair: view,
+                now,
+            })
+        };
+        let jobs = self.units[unit as usize].jobs.clone();
+        match chained.plan.map(|(_, p)| p) {
+            None => false,
+            Some(SimPlan::Preempt(eviction)) => self.evict_and_start(&jobs, &eviction, now),
+            Some(SimPlan::Reclaim {
+                eviction,
+                losses,
+                counts,
+            }) => {
+                if let Some((_, picker)) = fair {
+                    for loss in &losses {
+                        picker.removed(loss.queue, &loss.res);
+                    }
+                }
+                if let Some(t) = &mut self.tenants {
+                    for (q, pods) in counts {
+                        t.reclaimed(q, pods);
+                    }
+                }
+                self.evict_and_start(&jobs, &eviction, now)
+            }
+            Some(SimPlan::Room { groups, plan }) => self.carry_out(&groups, &plan, &jobs, now),
+        }
+    }
+
+    /// Core's victim search for `unit` over `groups`, not evicting those in `excluded`:
+    /// a pod's plan, or every member of a gang planned at once; the places in member order.
+    fn search(&mut self, unit: u32, groups: &[Vec<u32>], excluded: &[bool]) -> Option<Eviction> {
+        let (pods, jobs) = (self.pods, &self.jobs);
+        let asks = asks_of(pods, jobs, &self.units[unit as usize].jobs);
+        let (units, places) = {
+            let candidates = candidates_of(jobs, pods, groups);
+            if let [(_, request)] = asks[..] {
+                let plan = preempt::find(&self.state, request, &candidates, None, excluded)?;
+                (plan.units, vec![(plan.node, plan.gpus)])
+            } else {
+                let members: Vec<(&gpuplace_model::Request, Option<&[bool]>)> =
+                    asks.iter().map(|&(_, r)| (r, None)).collect();
+                let plan = preempt::find_for_all(
+                    &mut self.placer,
+                    &self.state,
+                    &members,
+                    &candidates,
+                    excluded,
+                )?;
+                let mut places = vec![(0, Vec::new()); asks.len()];
+                for ((i, _), place) in asks.iter().zip(plan.placements) {
+                    places[*i] = place;
+                }
+                (plan.units, places)
+            }
+        };
+        Some(Eviction {
+            groups: groups.to_vec(),
+            units,
+            places,
+        })
+    }
+
+    /// Priority preemption for `unit`: lower-priority units (within its queue when the
+    /// queues serve) evicted so that every member fits.
+    fn plan_preempt(&mut self, unit: u32) -> Option<Eviction> {
+        let jobs = &self.units[unit as usize].jobs;
+        // A gang evicts only what every member outranks.
+        let priority = jobs
+            .iter()
+            .map(|&j| self.pods[self.jobs[j as usize].pod as usize].priority)
+            .min()?;
+        if self.by_priority.range(..priority).all(|(_, n)| *n == 0) {
+            return None;
+        }
+        let tenants = self.tenants.as_ref().filter(|_| self.queues_serve);
+        let contender = |pod: u32, priority: i32| preempt::Contender {
+            priority,
+            queue: tenants.map(|t| t.queue_of_pod(pod)),
+        };
+        let me = contender(self.jobs[jobs[0] as usize].pod, priority);
+        let groups = self.victim_groups(&|pod| {
+            preempt::may_preempt(&me, &contender(pod, self.pods[pod as usize].priority))
+        });
+        self.search(unit, &groups, &[])
+    }
+
+    /// Reclaim for `unit` of queue `fair.queue`: units of queues above their guarantee
+    /// evicted, every queue kept at its guarantee (core's check).
+    fn plan_reclaim(&mut self, unit: u32, fair: FairView<'_, '_>) -> Option<SimPlan> {
+        let t = self.tenants.as_ref()?;
+        let queue_of = Arc::clone(&t.queue_of);
+        let mut asked = Res::default();
+        for &j in &self.units[unit as usize].jobs {
+            asked.add(&Res::of(
+                &self.pods[self.jobs[j as usize].pod as usize].request,
+                None,
+            ));
+        }
+        let tree = fair.picker.tree();
+        let entitled = Entitlement::new(tree, fair.picker.allocations(), fair.queue, &asked)?;
+        let of = |pod: u32| queue_of.get(pod as usize).copied().unwrap_or(0);
+        let groups = self.victim_groups(&|pod| entitled.may_take_from(of(pod)));
+        if groups.is_empty() {
+            return None;
+        }
+        let unit_queue: Vec<usize> = groups
+            .iter()
+            .map(|g| of(self.jobs[g[0] as usize].pod))
+            .collect();
+        let taken = {
+            let candidates = self.candidates(&groups);
+            cycle::reclaim::Taken::of_units(&self.state, &candidates, &unit_queue)
+        };
+        let found = cycle::reclaim::plan_within_guarantees(
+            &taken,
+            &entitled,
+            |excluded| self.search(unit, &groups, excluded),
+            |e| &e.units,
+        )?;
+        let counts = found
+            .plan
+            .units
+            .iter()
+            .map(|&u| (unit_queue[u], groups[u].len() as u64))
+            .collect();
+        Some(SimPlan::Reclaim {
+            eviction: found.plan,
+            losses: found.losses,
+            counts,
+        })
+    }
+}
+
+/// The requests of `members` (jobs), largest first (the order the scheduler plans a gang's
+/// members), with their member positions.
+fn asks_of<'p>(
+    pods: &'p [TracePod],
+    jobs: &[Job],
+    members: &[u32],
+) -> Vec<(usize, &'p gpuplace_model::Request)> {
+    let mut asks: Vec<(usize, &gpuplace_model::Request)> = members
+        .iter()
+        .enumerate()
+        .map(|(i, &j)| (i, &pods[jobs[j as usize].pod as usize].request))
+        .collect();
+    asks.sort_by_key(|(_, r)| std::cmp::Reverse(r.total_gpu_milli()));
+    asks
+}
