@@ -233,13 +233,19 @@ fn victims_on(
     if state.fit_on(n, &scratch.node, request).is_err() {
         return false;
     }
-    // Most important first; those whose eviction violates a budget get their chance to
-    // stay before the others.
+    // Most important first, equals by the devices they hold on the node (so the choice
+    // is the cluster's, not the order a driver listed its pods in); those whose eviction
+    // violates a budget get their chance to stay before the others.
     scratch.order.clear();
     scratch.order.extend_from_slice(&by.units[n]);
-    scratch
-        .order
-        .sort_by_key(|&u| (std::cmp::Reverse(candidates.units[u].priority), u));
+    let first_gpu = |u: usize| here(u).flat_map(|m| m.gpus.iter().map(|g| g.0)).min();
+    scratch.order.sort_by_key(|&u| {
+        (
+            std::cmp::Reverse(candidates.units[u].priority),
+            first_gpu(u).unwrap_or(usize::MAX),
+            u,
+        )
+    });
     if !candidates.budgets.is_empty() {
         let violating = violations(candidates, &scratch.order);
         // Stable: violators first, each group in the order above.
@@ -367,7 +373,12 @@ pub fn find(
             continue;
         }
         cost.frag_milli = frag_after(state, n, request, &scratch.node, &gpus);
-        if best.as_ref().is_none_or(|b| cost < b.cost) {
+        // Equal plans: the node first by name (whatever order the driver lists nodes in).
+        let better = best.as_ref().is_none_or(|b| {
+            cost < b.cost
+                || (cost == b.cost && state.inventory(n).name < state.inventory(b.node).name)
+        });
+        if better {
             best = Some(Preemption {
                 node: n,
                 units: scratch.units.clone(),

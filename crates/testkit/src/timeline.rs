@@ -19,13 +19,16 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::cluster::{ClusterOptions, HandshakeCluster};
 
-/// One pod of the replay, in arrival order.
+/// One pod of the replay.
 #[derive(Clone, Debug)]
 pub struct StackJob {
     pub arrival_ms: u64,
     pub request: Request,
     pub priority: i32,
     pub run_ms: u64,
+    /// The job whose eviction makes this one (its controller's new pod): created when the
+    /// replay sees that pod evicted, not at `arrival_ms`.
+    pub replaces: Option<usize>,
 }
 
 /// What the stack gave one pod.
@@ -35,6 +38,10 @@ pub struct StackOutcome {
     pub node: Option<String>,
     /// Device IDs of the assignment, sorted.
     pub devices: Vec<String>,
+    /// When the pod was gone: its run ended, or it was evicted.
+    pub end_ms: Option<u64>,
+    /// Whether it was evicted (preempted, reclaimed or moved).
+    pub evicted: bool,
 }
 
 /// How the replay runs.
@@ -54,9 +61,17 @@ pub struct TimelineStackOptions {
 /// queue next has a pod due.
 type RoundCall = (Instant, oneshot::Sender<Option<Instant>>);
 
-/// The pod name of job `i` (names sort in arrival order).
-fn job_name(i: usize) -> String {
-    format!("j{i:06}")
+/// The pod names of `jobs`: they sort in the order the simulator queues them (arrival,
+/// a controller's new pod before an arrival at the same instant, then job order), which
+/// breaks ties of priority and creation second as the simulator's sequence does.
+fn job_names(jobs: &[StackJob]) -> Vec<String> {
+    let mut order: Vec<usize> = (0..jobs.len()).collect();
+    order.sort_by_key(|&i| (jobs[i].arrival_ms, jobs[i].replaces.is_none(), i));
+    let mut names = vec![String::new(); jobs.len()];
+    for (rank, i) in order.into_iter().enumerate() {
+        names[i] = format!("j{rank:06}");
+    }
+    names
 }
 
 /// Replays `jobs` on `nodes`; sockets and inventory files live under `dir`.
@@ -170,62 +185,25 @@ fn scheduler_thread(
     (calls, thread)
 }
 
-async fn drive(
-    cluster: &HandshakeCluster,
-    jobs: &[StackJob],
-    options: &TimelineStackOptions,
-    calls: &mpsc::Sender<RoundCall>,
-) -> Result<Vec<StackOutcome>, String> {
-    let base = Instant::now();
-    let wall = Timestamp::now();
-    let api = &cluster.api;
-    let mut out = vec![StackOutcome::default(); jobs.len()];
-    let mut departures: BinaryHeap<std::cmp::Reverse<(u64, usize)>> = BinaryHeap::new();
-    let mut waiting: BTreeSet<usize> = BTreeSet::new();
-    let (mut next, mut due): (usize, Option<u64>) = (0, None);
-    loop {
-        let at = [
-            jobs.get(next).map(|j| j.arrival_ms),
-            departures.peek().map(|d| d.0.0),
-            due,
-        ]
-        .into_iter()
-        .flatten()
-        .min();
-        let Some(now) = at.filter(|t| *t <= options.end_ms) else {
-            break;
-        };
-        let mut gone = Vec::new();
-        while let Some(&std::cmp::Reverse((t, i))) = departures.peek()
-            && t <= now
-        {
-            departures.pop();
-            api.delete_pod("trace", &job_name(i));
-            gone.push(i);
-        }
-        while let Some(job) = jobs.get(next)
-            && job.arrival_ms <= now
-        {
-            let created = wall
-                .checked_add(SignedDuration::from_secs((job.arrival_ms / 1000) as i64))
-                .map_err(|e| e.to_string())?;
-            api.put_pod(pod(&job_name(next), job, created));
-            waiting.insert(next);
-            next += 1;
-        }
-        settle_deletions(cluster, &gone, options.settle_timeout).await?;
-        let (reply, answer) = oneshot::channel();
-        calls
-            .send((base + Duration::from_millis(now), reply))
-            .await
-            .map_err(|_| "the scheduler's thread ended".to_string())?;
-        due = answer
-            .await
-            .map_err(|_| "the scheduler's thread ended".to_string())?
-            .map(|t| t.saturating_duration_since(base).as_millis() as u64);
+/// The replay's bookkeeping: the pods' names, what each got, the runs under way.
+struct Replay<'j> {
+    jobs: &'j [StackJob],
+    names: Vec<String>,
+    out: Vec<StackOutcome>,
+    /// Run ends: (time, job).
+    departures: BinaryHeap<std::cmp::Reverse<(u64, usize)>>,
+    waiting: BTreeSet<usize>,
+    running: BTreeSet<usize>,
+    /// Arrivals (jobs not made by a controller), in arrival order.
+    arrivals: Vec<usize>,
+}
+
+impl Replay<'_> {
+    /// Records the waiting pods bound by the round at `now`; those bound.
+    fn read_bound(&mut self, api: &crate::api::MemoryApi, now: u64) -> Vec<usize> {
         let mut bound = Vec::new();
-        for &i in &waiting {
-            let Some(p) = api.pod("trace", &job_name(i)) else {
+        for &i in &self.waiting {
+            let Some(p) = api.pod("trace", &self.names[i]) else {
                 continue;
             };
             let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.clone()) else {
@@ -242,20 +220,149 @@ async fn drive(
                 .unwrap_or_default();
             devices.sort();
             devices.dedup();
-            out[i] = StackOutcome {
+            self.out[i] = StackOutcome {
                 start_ms: Some(now),
                 node: Some(node),
                 devices,
+                ..StackOutcome::default()
             };
-            departures.push(std::cmp::Reverse((now + jobs[i].run_ms, i)));
+            self.departures
+                .push(std::cmp::Reverse((now + self.jobs[i].run_ms, i)));
             bound.push(i);
         }
         for i in &bound {
-            waiting.remove(i);
+            self.waiting.remove(i);
+            self.running.insert(*i);
         }
-        settle_admissions(cluster, &bound, options.settle_timeout).await?;
+        bound
     }
-    Ok(out)
+
+    /// Running pods the round evicted (terminating or gone), recorded as ended at `now`.
+    fn read_evicted(&mut self, api: &crate::api::MemoryApi, now: u64) -> Vec<usize> {
+        let evicted: Vec<usize> = self
+            .running
+            .iter()
+            .copied()
+            .filter(|&i| {
+                api.pod("trace", &self.names[i])
+                    .is_none_or(|p| p.metadata.deletion_timestamp.is_some())
+            })
+            .collect();
+        for &i in &evicted {
+            self.running.remove(&i);
+            self.out[i].end_ms = Some(now);
+            self.out[i].evicted = true;
+        }
+        evicted
+    }
+}
+
+async fn drive(
+    cluster: &HandshakeCluster,
+    jobs: &[StackJob],
+    options: &TimelineStackOptions,
+    calls: &mpsc::Sender<RoundCall>,
+) -> Result<Vec<StackOutcome>, String> {
+    let base = Instant::now();
+    let wall = Timestamp::now();
+    let api = &cluster.api;
+    let mut arrivals: Vec<usize> = (0..jobs.len())
+        .filter(|&i| jobs[i].replaces.is_none())
+        .collect();
+    arrivals.sort_by_key(|&i| (jobs[i].arrival_ms, i));
+    let mut r = Replay {
+        jobs,
+        names: job_names(jobs),
+        out: vec![StackOutcome::default(); jobs.len()],
+        departures: BinaryHeap::new(),
+        waiting: BTreeSet::new(),
+        running: BTreeSet::new(),
+        arrivals,
+    };
+    let created_at = |ms: u64| {
+        wall.checked_add(SignedDuration::from_secs((ms / 1000) as i64))
+            .map_err(|e| e.to_string())
+    };
+    let (mut next, mut due): (usize, Option<u64>) = (0, None);
+    loop {
+        let at = [
+            r.arrivals.get(next).map(|&i| jobs[i].arrival_ms),
+            r.departures.peek().map(|d| d.0.0),
+            due,
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        let Some(now) = at.filter(|t| *t <= options.end_ms) else {
+            break;
+        };
+        let mut gone = Vec::new();
+        while let Some(&std::cmp::Reverse((t, i))) = r.departures.peek()
+            && t <= now
+        {
+            r.departures.pop();
+            // An evicted pod's run ended with its eviction.
+            if r.running.remove(&i) {
+                api.delete_pod("trace", &r.names[i]);
+                r.out[i].end_ms = Some(t);
+                gone.push(i);
+            }
+        }
+        while let Some(&i) = r.arrivals.get(next)
+            && jobs[i].arrival_ms <= now
+        {
+            api.put_pod(pod(&r.names[i], &jobs[i], created_at(jobs[i].arrival_ms)?));
+            r.waiting.insert(i);
+            next += 1;
+        }
+        settle_deletions(cluster, &r.names, &gone, options.settle_timeout).await?;
+        let (reply, answer) = oneshot::channel();
+        calls
+            .send((base + Duration::from_millis(now), reply))
+            .await
+            .map_err(|_| "the scheduler's thread ended".to_string())?;
+        due = answer
+            .await
+            .map_err(|_| "the scheduler's thread ended".to_string())?
+            .map(|t| t.saturating_duration_since(base).as_millis() as u64);
+        let bound = r.read_bound(api, now);
+        settle_admissions(cluster, &r.names, &bound, options.settle_timeout).await?;
+        // Victims: gone once their kubelet let them go; their controller makes them again
+        // at once, and the scheduler looks again at this instant.
+        let evicted = r.read_evicted(api, now);
+        if !evicted.is_empty() {
+            settle_gone(api, &r.names, &evicted, options.settle_timeout).await?;
+            settle_deletions(cluster, &r.names, &evicted, options.settle_timeout).await?;
+            for (k, job) in jobs.iter().enumerate() {
+                if job.replaces.is_some_and(|v| evicted.contains(&v)) {
+                    api.put_pod(pod(&r.names[k], job, created_at(now)?));
+                    r.waiting.insert(k);
+                }
+            }
+            due = Some(now);
+        }
+    }
+    Ok(r.out)
+}
+
+/// Waits until the pods `evicted` are gone from the API (their kubelet ended them).
+async fn settle_gone(
+    api: &crate::api::MemoryApi,
+    names: &[String],
+    evicted: &[usize],
+    timeout: Duration,
+) -> Result<(), String> {
+    let deadline = Instant::now() + timeout;
+    while evicted
+        .iter()
+        .any(|&i| api.pod("trace", &names[i]).is_some())
+    {
+        if Instant::now() >= deadline {
+            return Err("evicted pods were not deleted in time".into());
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    Ok(())
 }
 
 /// The pod of `job`: its request (see [`crate::replay::trace_pod`]), priority and creation
@@ -274,13 +381,14 @@ fn pod(name: &str, job: &StackJob, created: Timestamp) -> k8s_openapi::api::core
 /// Waits until no kubelet holds devices for the pods `gone`.
 async fn settle_deletions(
     cluster: &HandshakeCluster,
+    job_names: &[String],
     gone: &[usize],
     timeout: Duration,
 ) -> Result<(), String> {
     if gone.is_empty() {
         return Ok(());
     }
-    let names: std::collections::HashSet<String> = gone.iter().map(|&i| job_name(i)).collect();
+    let names: std::collections::HashSet<&String> = gone.iter().map(|&i| &job_names[i]).collect();
     let deadline = Instant::now() + timeout;
     loop {
         let held = cluster.nodes.iter().any(|n| {
@@ -305,10 +413,11 @@ async fn settle_deletions(
 /// Waits until every pod of `bound` is admitted by its kubelet; a refusal is an error.
 async fn settle_admissions(
     cluster: &HandshakeCluster,
+    job_names: &[String],
     bound: &[usize],
     timeout: Duration,
 ) -> Result<(), String> {
-    let names: std::collections::HashSet<String> = bound.iter().map(|&i| job_name(i)).collect();
+    let names: std::collections::HashSet<&String> = bound.iter().map(|&i| &job_names[i]).collect();
     let deadline = Instant::now() + timeout;
     loop {
         let admitted: Vec<crate::kubelet_node::Admission> = cluster

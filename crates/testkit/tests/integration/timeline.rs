@@ -2,95 +2,236 @@
 //! `gpuplace simulate --timeline` on the same small cluster, arrivals, run times, policy and
 //! tie-break seed: every pod starts at the same simulated time, on the same node and GPUs.
 //! The simulator's queue is the scheduler's (priority, then arrival; the same backoff and
-//! parking), so its waits are the scheduler's waits.
+//! parking), so its waits are the scheduler's waits. With priorities and preemption on, the
+//! PostFilter chain (core's one chain in both) must also evict the same pods at the same
+//! times, and the victims' new pods run again the same way.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use gpuplace_core::{Policy, TargetWorkload};
-use gpuplace_sim::timeline::options::Costs;
+use gpuplace_sim::timeline::engine::Job;
+use gpuplace_sim::timeline::options::{Costs, Ms};
 use gpuplace_sim::timeline::{DurationModel, Timeline, TimelineOptions};
-use gpuplace_testkit::timeline::{StackJob, TimelineStackOptions, replay_timeline};
+use gpuplace_testkit::timeline::{StackJob, StackOutcome, TimelineStackOptions, replay_timeline};
 
-async fn compare(policy: Policy, seed: u64) {
+/// Which of `jobs` each job replaces (its controller's new pod after an eviction: same trace
+/// pod, made at the eviction's instant, as the costs-free replay re-creates it).
+fn replacements(jobs: &[Job]) -> Vec<Option<usize>> {
+    let mut claimed = vec![false; jobs.len()];
+    let mut out = vec![None; jobs.len()];
+    for (k, job) in jobs.iter().enumerate() {
+        let victim = (0..k).find(|&v| {
+            !claimed[v]
+                && jobs[v].evicted
+                && jobs[v].pod == job.pod
+                && jobs[v].end == Some(job.arrival)
+        });
+        if let Some(v) = victim {
+            claimed[v] = true;
+            out[k] = Some(v);
+        }
+    }
+    out
+}
+
+/// One replay on both sides: the simulator's jobs and what the stack gave each.
+struct Both {
+    jobs: Vec<Job>,
+    stack: Vec<StackOutcome>,
+    pods: Vec<gpuplace_sim::trace::TracePod>,
+    nodes: Vec<gpuplace_model::NodeInventory>,
+    replaces: Vec<Option<usize>>,
+    /// The replay's end (what the simulator decided for later is past it on both sides).
+    end_ms: u64,
+}
+
+/// The built-in mix on a 10-node sample replayed by the simulator (costs free: the stack's
+/// simulated clock binds and starts a pod at its decision) and through the stack; with
+/// `preempt`, every third pod of the mix gets priority 1 and both sides preempt.
+async fn replay_both(policy: Policy, seed: u64, preempt: bool) -> Both {
     let mut workload = gpuplace_sim::builtin_workload(64);
     workload.sample_nodes(10, seed).expect("sample");
-    let timeline = Timeline::new(
-        workload,
-        TimelineOptions {
-            load: 1.0,
-            arrivals: 250,
-            warmup: 0.0,
-            durations: DurationModel {
-                max_s: Some(7_200.0),
-                ..DurationModel::default()
-            },
-            // The stack's simulated clock binds and starts a pod at its decision.
-            costs: Costs::FREE,
-            ..TimelineOptions::default()
+    if preempt {
+        for (i, p) in workload.pods.iter_mut().enumerate() {
+            p.priority = i32::from(i % 3 == 0);
+        }
+    }
+    let options = TimelineOptions {
+        load: 1.0,
+        arrivals: 250,
+        warmup: 0.0,
+        durations: DurationModel {
+            max_s: Some(7_200.0),
+            ..DurationModel::default()
         },
-    )
-    .expect("timeline");
+        costs: Costs::FREE,
+        preempt,
+        ..TimelineOptions::default()
+    };
+    let timeline = Timeline::new(workload, options).expect("timeline");
     let (run, jobs) = timeline.run_with_jobs(policy, seed);
-    let pods = &timeline.workload().pods;
-    let nodes = &timeline.workload().nodes;
+    let (pods, nodes) = (&timeline.workload().pods, &timeline.workload().nodes);
+    let replaces = replacements(&jobs);
+    let end_ms = (run.simulated_s * 1e3).round() as u64;
     let stack_jobs: Vec<StackJob> = jobs
         .iter()
-        .map(|j| StackJob {
+        .zip(&replaces)
+        .map(|(j, r)| StackJob {
             arrival_ms: j.arrival.0,
             request: pods[j.pod as usize].request.clone(),
             priority: pods[j.pod as usize].priority,
             run_ms: j.run_ms,
+            replaces: *r,
         })
         .collect();
     let dir = tempfile::tempdir().expect("tempdir");
-    let outcome = replay_timeline(
-        dir.path(),
-        nodes,
-        &stack_jobs,
-        &TimelineStackOptions {
-            policy,
-            placer_seed: Timeline::placer_seed(seed),
-            workload: Some(Arc::new(TargetWorkload::from_requests(
-                pods.iter().map(|p| &p.request),
-                0.95,
-            ))),
-            end_ms: (run.simulated_s * 1e3).round() as u64,
-            settle_timeout: Duration::from_secs(20),
-        },
-    )
-    .await
-    .expect("stack replay");
-    let mut waited = 0;
-    for (i, (sim, stack)) in jobs.iter().zip(&outcome).enumerate() {
-        let node = sim.start.map(|_| nodes[sim.node as usize].name.clone());
-        let mut devices: Vec<String> = sim
-            .gpus
-            .iter()
-            .map(|&(g, _)| nodes[sim.node as usize].gpus[g].id.clone())
-            .collect();
-        devices.sort();
-        assert_eq!(
-            (sim.start.map(|s| s.0), node, devices),
-            (stack.start_ms, stack.node.clone(), stack.devices.clone()),
-            "{policy} seed {seed}: pod {i} (arrived at {} ms): simulator vs stack",
-            sim.arrival.0
-        );
-        waited += usize::from(sim.start.is_some_and(|s| s > sim.arrival));
+    let stack_options = TimelineStackOptions {
+        policy,
+        placer_seed: Timeline::placer_seed(seed),
+        workload: Some(Arc::new(TargetWorkload::from_requests(
+            pods.iter().map(|p| &p.request),
+            0.95,
+        ))),
+        end_ms,
+        settle_timeout: Duration::from_secs(20),
+    };
+    let stack = replay_timeline(dir.path(), nodes, &stack_jobs, &stack_options)
+        .await
+        .expect("stack replay");
+    Both {
+        jobs,
+        stack,
+        pods: pods.clone(),
+        nodes: nodes.clone(),
+        replaces,
+        end_ms,
     }
+}
+
+/// What one side says of a pod: (start, node, devices) and (end, evicted).
+type Said = (
+    (Option<u64>, Option<String>, Vec<String>),
+    (Option<u64>, bool),
+);
+
+impl Both {
+    /// The simulator's pod `i`, within the replay's end.
+    fn sim(&self, i: usize) -> Said {
+        let (sim, end) = (&self.jobs[i], self.end_ms);
+        let within = |t: Option<Ms>| t.map(|t| t.0).filter(|t| *t <= end);
+        let start = within(sim.start);
+        let node = &self.nodes[sim.node as usize];
+        let mut devices: Vec<String> = match start {
+            Some(_) => sim
+                .gpus
+                .iter()
+                .map(|&(g, _)| node.gpus[g].id.clone())
+                .collect(),
+            None => Vec::new(),
+        };
+        devices.sort();
+        let ended = within(sim.end);
+        (
+            (start, start.map(|_| node.name.clone()), devices),
+            (ended, sim.evicted && ended.is_some()),
+        )
+    }
+
+    /// The stack's pod `i`.
+    fn stack(&self, i: usize) -> Said {
+        let s = &self.stack[i];
+        (
+            (s.start_ms, s.node.clone(), s.devices.clone()),
+            (s.end_ms, s.evicted),
+        )
+    }
+
+    /// The earliest difference (by the simulated time it shows), so a failure names its
+    /// cause rather than its consequences.
+    fn first_difference(&self) -> Option<(u64, String)> {
+        let mut first: Option<(u64, String)> = None;
+        for i in 0..self.jobs.len() {
+            let (ours, theirs) = (self.sim(i), self.stack(i));
+            let at = if ours.0 != theirs.0 {
+                [ours.0.0, theirs.0.0].into_iter().flatten().min()
+            } else if ours.1 != theirs.1 {
+                [ours.1.0, theirs.1.0].into_iter().flatten().min()
+            } else {
+                continue;
+            };
+            let at = at.unwrap_or(u64::MAX);
+            if first.as_ref().is_none_or(|(t, _)| at < *t) {
+                let what = format!(
+                    "pod {i} (arrived at {} ms, replaces {:?}): simulator {ours:?}, stack {theirs:?}",
+                    self.jobs[i].arrival.0, self.replaces[i]
+                );
+                first = Some((at, what));
+            }
+        }
+        first
+    }
+
+    /// The pods that arrived, started or ended within 2 s of `at`, on both sides.
+    fn around(&self, at: u64) -> String {
+        let near = |t: Option<u64>| t.is_some_and(|t| t + 2_000 >= at && t <= at + 2_000);
+        (0..self.jobs.len())
+            .filter_map(|i| {
+                let (ours, theirs) = (self.sim(i), self.stack(i));
+                let arrived = self.jobs[i].arrival.0;
+                let any = [ours.0.0, ours.1.0, theirs.0.0, theirs.1.0, Some(arrived)];
+                let p = &self.pods[self.jobs[i].pod as usize];
+                any.into_iter().any(near).then(|| {
+                    format!(
+                        "  pod {i} priority {} {}x{} milli, arrived {arrived}: simulator {ours:?}, stack {theirs:?}",
+                        p.priority, p.request.gpu_count, p.request.gpu_milli
+                    )
+                })
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+/// One comparison: every pod the same on both sides. Returns how many pods waited and
+/// how many were evicted.
+async fn compare(policy: Policy, seed: u64, preempt: bool) -> (usize, usize) {
+    let both = replay_both(policy, seed, preempt).await;
+    if let Some((at, what)) = both.first_difference() {
+        panic!(
+            "{policy} seed {seed} preempt {preempt}: first difference at {at} ms: {what}\naround it:\n{}",
+            both.around(at)
+        );
+    }
+    let jobs = &both.jobs;
+    let waited = jobs
+        .iter()
+        .filter(|j| j.start.is_some_and(|s| s > j.arrival))
+        .count();
+    let evicted = jobs.iter().filter(|j| j.evicted).count();
     println!(
-        "{policy} seed {seed}: {} pods, {waited} waited, all the same in the simulator and the stack",
+        "{policy} seed {seed} preempt {preempt}: {} pods, {waited} waited, {evicted} evicted, all the same in the simulator and the stack",
         jobs.len()
     );
     assert!(
         waited > 0,
         "the replay must make pods wait to compare queues"
     );
+    (waited, evicted)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_stack_starts_the_same_pods_at_the_same_times_on_the_same_gpus() {
     for (policy, seed) in [(Policy::DEFAULT, 2), (Policy::Fgd, 1), (Policy::BestFit, 3)] {
-        compare(policy, seed).await;
+        compare(policy, seed, false).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_preemption_the_stack_evicts_the_same_pods_and_starts_the_same_ones() {
+    let mut evicted = 0;
+    for (policy, seed) in [(Policy::DEFAULT, 4), (Policy::Fgd, 5)] {
+        evicted += compare(policy, seed, true).await.1;
+    }
+    assert!(evicted > 0, "the replay must preempt to compare PostFilter");
 }

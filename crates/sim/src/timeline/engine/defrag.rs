@@ -2,7 +2,7 @@
 //! out on simulated time. A moved pod is evicted at the decision and its planned place is
 //! held for its replacement (the scheduler steers the controller's new pod there), which
 //! runs once the old pod's grace period and the re-create have passed, then the bind and
-//! start costs; the unit the room was made for is bound after the grace period. Unless the
+//! start costs; the unit the room was made for is bound as a preemptor is. Unless the
 //! replay is checkpointed the replacement runs its whole duration again and everything the
 //! pod had done counts as lost.
 //!
@@ -206,7 +206,7 @@ impl Engine<'_> {
                 node: p.node,
                 gpus: p.gpus.clone(),
             };
-            self.start(job, placed, now, self.costs.eviction_grace);
+            self.start(job, placed, now, self.room_in());
         }
         for mv in &plan.moves {
             let job = holders[mv.holder];

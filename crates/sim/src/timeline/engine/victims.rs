@@ -33,6 +33,16 @@ impl Engine<'_> {
         by_unit.into_values().collect()
     }
 
+    /// How long after the decision a unit that evicted or moved pods is bound: the
+    /// scheduler nominates it and binds it in a later cycle, once its victims are gone
+    /// (their grace period) and no sooner than the queue's initial backoff after its
+    /// attempt (the victims' deletion makes it due then).
+    pub(super) fn room_in(&self) -> std::time::Duration {
+        self.costs
+            .eviction_grace
+            .max(self.queue.config().initial_backoff)
+    }
+
     /// The victim search's candidates: one unit per group.
     pub(super) fn candidates(&self, groups: &[Vec<u32>]) -> Candidates<'_> {
         candidates_of(&self.jobs, self.pods, groups)
@@ -40,7 +50,7 @@ impl Engine<'_> {
 
     /// Evicts the plan's groups (their controller makes them again a moment later, to
     /// start over unless checkpointed) and starts each of `jobs` where the plan puts it
-    /// once the victims' grace period has passed.
+    /// once its room is free ([`Self::room_in`]).
     pub(super) fn evict_and_start(&mut self, jobs: &[u32], plan: &Eviction, now: Ms) -> bool {
         for &u in &plan.units {
             let group = &plan.groups[u];
@@ -77,7 +87,7 @@ impl Engine<'_> {
             ));
         }
         for (job, p) in placed {
-            self.start(job, p, now, self.costs.eviction_grace);
+            self.start(job, p, now, self.room_in());
         }
         true
     }

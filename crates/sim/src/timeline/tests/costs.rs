@@ -30,14 +30,16 @@ struct Timed {
 #[test]
 fn a_preemptor_runs_only_once_its_victims_grace_and_its_own_start_have_passed() {
     let cases = [
-        // Every step instant: high starts at the eviction (100 s) and leaves at 110 s;
-        // low is made again at 100 s with its whole run and starts when high leaves.
+        // Every step instant: high evicts low at 100 s and is bound in a later cycle, the
+        // queue's initial backoff (1 s) after its attempt, as the scheduler binds it; it
+        // leaves at 111 s; low is made again at 100 s with its whole run and starts when
+        // high leaves.
         Timed {
             costs: Costs::FREE,
             low: (Some(0), Some(0)),
             lost_s: 100,
-            high: (Some(100), Some(100), Some(110)),
-            again: (Some(100), Some(110)),
+            high: (Some(101), Some(101), Some(111)),
+            again: (Some(100), Some(111)),
         },
         // Grace 30 s, re-create 1 s, bind 1 s, start 2 s: low is bound at 1 s and works
         // from 3 s (97 s lost at its eviction at 100 s); high is bound once low's grace
