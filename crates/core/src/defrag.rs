@@ -55,7 +55,7 @@ impl<'a> Movables<'a> {
         let (holders, allowed): (Vec<Holder<'a>>, Vec<Option<Vec<bool>>>) =
             members.into_iter().unzip();
         self.allowed.extend(allowed);
-        self.candidates.push_unit(0, holders);
+        self.candidates.push_unit(0, 0, holders);
     }
 
     pub fn units(&self) -> usize {

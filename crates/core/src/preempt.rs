@@ -37,6 +37,9 @@ pub struct Holder<'a> {
 pub struct Unit {
     /// The highest priority of its members.
     pub priority: i32,
+    /// When it was made (its first member's creation, ms on the driver's clock): of equal
+    /// priorities the older stays and the newer is evicted, as kube-scheduler ranks them.
+    pub created_ms: i64,
     /// Its members: a range of [`Candidates::holders`].
     pub members: std::ops::Range<usize>,
 }
@@ -71,13 +74,20 @@ pub struct Candidates<'a> {
 }
 
 impl<'a> Candidates<'a> {
-    /// Adds a unit of `members` (one pod, or a whole gang).
-    pub fn push_unit(&mut self, priority: i32, members: impl IntoIterator<Item = Holder<'a>>) {
+    /// Adds a unit of `members` (one pod, or a whole gang) of `priority`, made at
+    /// `created_ms`.
+    pub fn push_unit(
+        &mut self,
+        priority: i32,
+        created_ms: i64,
+        members: impl IntoIterator<Item = Holder<'a>>,
+    ) {
         let start = self.holders.len();
         self.holders.extend(members);
         if self.holders.len() > start {
             self.units.push(Unit {
                 priority,
+                created_ms,
                 members: start..self.holders.len(),
             });
         }
@@ -233,15 +243,17 @@ fn victims_on(
     if state.fit_on(n, &scratch.node, request).is_err() {
         return false;
     }
-    // Most important first, equals by the devices they hold on the node (so the choice
-    // is the cluster's, not the order a driver listed its pods in); those whose eviction
-    // violates a budget get their chance to stay before the others.
+    // Most important first (higher priority, then older), equals by the devices they hold
+    // on the node (so the choice is the cluster's, not the order a driver listed its pods
+    // in); those whose eviction violates a budget get their chance to stay before the
+    // others.
     scratch.order.clear();
     scratch.order.extend_from_slice(&by.units[n]);
     let first_gpu = |u: usize| here(u).flat_map(|m| m.gpus.iter().map(|g| g.0)).min();
     scratch.order.sort_by_key(|&u| {
         (
             std::cmp::Reverse(candidates.units[u].priority),
+            candidates.units[u].created_ms,
             first_gpu(u).unwrap_or(usize::MAX),
             u,
         )

@@ -100,8 +100,10 @@ impl Ledger {
         for (id, p) in self.placed.iter().enumerate() {
             if let Some(p) = p.as_ref().filter(|p| p.priority < priority) {
                 ids.push(id);
+                // The static replay has no clock: pods were made in list order.
                 candidates.push_unit(
                     p.priority,
+                    id as i64,
                     [Holder {
                         node: p.node,
                         request: &p.request,

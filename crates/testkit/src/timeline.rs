@@ -29,6 +29,8 @@ pub struct StackJob {
     /// The job whose eviction makes this one (its controller's new pod): created when the
     /// replay sees that pod evicted, not at `arrival_ms`.
     pub replaces: Option<usize>,
+    /// Its queue (the `gpuplace.io/queue` label), if queues are in use.
+    pub queue: Option<String>,
 }
 
 /// What the stack gave one pod.
@@ -55,6 +57,8 @@ pub struct TimelineStackOptions {
     pub end_ms: u64,
     /// Longest wait for the kubelets to catch up at one step.
     pub settle_timeout: Duration,
+    /// Queues made before the first pod (name, spec).
+    pub queues: Vec<(String, gpuplace_scheduler::k8s::queue::QueueSpec)>,
 }
 
 /// A round request to the scheduler's thread: the simulated time; the answer is when the
@@ -101,6 +105,9 @@ pub async fn replay_timeline(
     )
     .await?;
     devices_advertised(&cluster, nodes, options.settle_timeout).await?;
+    for (name, spec) in &options.queues {
+        cluster.api.put_queue(name, spec.clone());
+    }
     let (calls, scheduler_thread) = scheduler_thread(&cluster, options);
     let outcome = drive(&cluster, jobs, options, &calls).await;
     drop(calls);
@@ -374,6 +381,15 @@ fn pod(name: &str, job: &StackJob, created: Timestamp) -> k8s_openapi::api::core
     ));
     if let Some(spec) = pod.spec.as_mut() {
         spec.priority = Some(job.priority);
+    }
+    if let Some(queue) = &job.queue {
+        pod.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert(
+                gpuplace_scheduler::k8s::queue::QUEUE_LABEL.to_string(),
+                queue.clone(),
+            );
     }
     pod
 }

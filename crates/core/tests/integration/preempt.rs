@@ -56,8 +56,8 @@ fn cands<'a>(
         freeing: freeing.iter().map(|h| h.holder()).collect(),
         ..Default::default()
     };
-    for (priority, members) in units {
-        c.push_unit(*priority, members.iter().map(|h| h.holder()));
+    for (i, (priority, members)) in units.iter().enumerate() {
+        c.push_unit(*priority, i as i64, members.iter().map(|h| h.holder()));
     }
     c
 }

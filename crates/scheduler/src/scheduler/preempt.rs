@@ -258,7 +258,7 @@ pub fn candidates<'a>(
             }
             match &pod.group {
                 None => {
-                    out.push_unit(pod.priority, [holder(pod, held)]);
+                    out.push_unit(pod.priority, created_ms(pod), [holder(pod, held)]);
                     keys.push(Arc::clone(pod));
                 }
                 Some(group) => {
@@ -270,7 +270,12 @@ pub fn candidates<'a>(
                         continue;
                     };
                     let top = members.iter().map(|(p, _)| p.priority).max().unwrap_or(0);
-                    out.push_unit(top, members.iter().map(|(p, h)| holder(p, h)));
+                    let made = members.iter().map(|(p, _)| created_ms(p)).min();
+                    out.push_unit(
+                        top,
+                        made.unwrap_or(0),
+                        members.iter().map(|(p, h)| holder(p, h)),
+                    );
                     keys.extend(members.into_iter().map(|(p, _)| p));
                 }
             }
@@ -364,4 +369,9 @@ pub fn victim_list(victims: &[PodKey]) -> String {
         names.push(format!("and {} more", victims.len() - 5));
     }
     names.join(", ")
+}
+
+/// When `pod` was made, in ms since the epoch (unknown: the epoch, the oldest).
+fn created_ms(pod: &PodInfo) -> i64 {
+    pod.created.map_or(0, |t| t.as_millisecond())
 }

@@ -10,8 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpuplace_core::{Policy, TargetWorkload};
+use gpuplace_scheduler::k8s::queue::QueueSpec;
 use gpuplace_sim::timeline::engine::Job;
 use gpuplace_sim::timeline::options::{Costs, Ms};
+use gpuplace_sim::timeline::tenants::{Tenants, TenantsFile};
 use gpuplace_sim::timeline::{DurationModel, Timeline, TimelineOptions};
 use gpuplace_testkit::timeline::{StackJob, StackOutcome, TimelineStackOptions, replay_timeline};
 
@@ -46,10 +48,48 @@ struct Both {
     end_ms: u64,
 }
 
+/// What a comparison turns on.
+#[derive(Clone, Copy, Default)]
+struct Setup {
+    /// Every third pod of the mix gets priority 1 and both sides preempt.
+    preempt: bool,
+    /// Two queues share the cluster (each guaranteed half, one sent 80% of the work) and
+    /// both sides serve them and reclaim.
+    tenants: bool,
+}
+
+/// The two queues of [`Setup::tenants`], as the simulator reads them.
+fn tenants_file() -> TenantsFile {
+    serde_json::from_value(serde_json::json!({
+        "queues": [
+            {"name": "busy", "guaranteed": {"nvidia.com/gpu": "50%"}},
+            {"name": "quiet", "guaranteed": {"nvidia.com/gpu": "50%"}}
+        ],
+        "assign": {"by": "hash", "shares": {"busy": 0.8, "quiet": 0.2}}
+    }))
+    .expect("tenants file")
+}
+
+/// The same queues as the scheduler reads them (Queue objects: a Queue's amounts are
+/// quantities, so the simulator's percents as the milli-GPU they came to).
+fn queue_objects(tenants: &Tenants) -> Vec<(String, QueueSpec)> {
+    (1..tenants.tree.len())
+        .map(|q| {
+            let node = &tenants.tree.nodes[q];
+            let gpu = node.spec.guaranteed.dims[0].unwrap_or(0);
+            let spec: QueueSpec = serde_json::from_value(serde_json::json!({
+                "guaranteed": {"nvidia.com/gpu": format!("{gpu}m")}
+            }))
+            .expect("queue spec");
+            (node.spec.name.clone(), spec)
+        })
+        .collect()
+}
+
 /// The built-in mix on a 10-node sample replayed by the simulator (costs free: the stack's
-/// simulated clock binds and starts a pod at its decision) and through the stack; with
-/// `preempt`, every third pod of the mix gets priority 1 and both sides preempt.
-async fn replay_both(policy: Policy, seed: u64, preempt: bool) -> Both {
+/// simulated clock binds and starts a pod at its decision) and through the stack.
+async fn replay_both(policy: Policy, seed: u64, setup: Setup) -> Both {
+    let preempt = setup.preempt;
     let mut workload = gpuplace_sim::builtin_workload(64);
     workload.sample_nodes(10, seed).expect("sample");
     if preempt {
@@ -58,7 +98,6 @@ async fn replay_both(policy: Policy, seed: u64, preempt: bool) -> Both {
         }
     }
     let options = TimelineOptions {
-        load: 1.0,
         arrivals: 250,
         warmup: 0.0,
         durations: DurationModel {
@@ -67,6 +106,9 @@ async fn replay_both(policy: Policy, seed: u64, preempt: bool) -> Both {
         },
         costs: Costs::FREE,
         preempt,
+        load: if setup.tenants { 1.2 } else { 1.0 },
+        tenants: setup.tenants.then(tenants_file),
+        queues_serve: setup.tenants,
         ..TimelineOptions::default()
     };
     let timeline = Timeline::new(workload, options).expect("timeline");
@@ -74,6 +116,15 @@ async fn replay_both(policy: Policy, seed: u64, preempt: bool) -> Both {
     let (pods, nodes) = (&timeline.workload().pods, &timeline.workload().nodes);
     let replaces = replacements(&jobs);
     let end_ms = (run.simulated_s * 1e3).round() as u64;
+    let queue_of: Option<Tenants> = setup.tenants.then(|| {
+        let file = tenants_file();
+        let capacity = [
+            nodes.iter().map(|n| n.gpus.len() as u64 * 1000).sum(),
+            nodes.iter().map(|n| n.cpu_milli).sum(),
+            nodes.iter().map(|n| n.memory_mib).sum(),
+        ];
+        Tenants::new(&file, capacity, pods).expect("tenants")
+    });
     let stack_jobs: Vec<StackJob> = jobs
         .iter()
         .zip(&replaces)
@@ -83,6 +134,9 @@ async fn replay_both(policy: Policy, seed: u64, preempt: bool) -> Both {
             priority: pods[j.pod as usize].priority,
             run_ms: j.run_ms,
             replaces: *r,
+            queue: queue_of
+                .as_ref()
+                .map(|t| t.tree.name(t.queue_of[j.pod as usize]).to_string()),
         })
         .collect();
     let dir = tempfile::tempdir().expect("tempdir");
@@ -95,6 +149,7 @@ async fn replay_both(policy: Policy, seed: u64, preempt: bool) -> Both {
         ))),
         end_ms,
         settle_timeout: Duration::from_secs(20),
+        queues: queue_of.as_ref().map(queue_objects).unwrap_or_default(),
     };
     let stack = replay_timeline(dir.path(), nodes, &stack_jobs, &stack_options)
         .await
@@ -195,8 +250,9 @@ impl Both {
 
 /// One comparison: every pod the same on both sides. Returns how many pods waited and
 /// how many were evicted.
-async fn compare(policy: Policy, seed: u64, preempt: bool) -> (usize, usize) {
-    let both = replay_both(policy, seed, preempt).await;
+async fn compare(policy: Policy, seed: u64, setup: Setup) -> (usize, usize) {
+    let both = replay_both(policy, seed, setup).await;
+    let preempt = setup.preempt;
     if let Some((at, what)) = both.first_difference() {
         panic!(
             "{policy} seed {seed} preempt {preempt}: first difference at {at} ms: {what}\naround it:\n{}",
@@ -223,7 +279,7 @@ async fn compare(policy: Policy, seed: u64, preempt: bool) -> (usize, usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_stack_starts_the_same_pods_at_the_same_times_on_the_same_gpus() {
     for (policy, seed) in [(Policy::DEFAULT, 2), (Policy::Fgd, 1), (Policy::BestFit, 3)] {
-        compare(policy, seed, false).await;
+        compare(policy, seed, Setup::default()).await;
     }
 }
 
@@ -231,7 +287,27 @@ async fn the_stack_starts_the_same_pods_at_the_same_times_on_the_same_gpus() {
 async fn with_preemption_the_stack_evicts_the_same_pods_and_starts_the_same_ones() {
     let mut evicted = 0;
     for (policy, seed) in [(Policy::DEFAULT, 4), (Policy::Fgd, 5)] {
-        evicted += compare(policy, seed, true).await.1;
+        let setup = Setup {
+            preempt: true,
+            ..Setup::default()
+        };
+        evicted += compare(policy, seed, setup).await.1;
     }
     assert!(evicted > 0, "the replay must preempt to compare PostFilter");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_queues_the_stack_serves_and_reclaims_as_the_simulator_does() {
+    // fgd seed 7 differs at 988.8 s: the scheduler decides a reclaimer's place again when it
+    // binds it (a GPU freed meanwhile), the simulator keeps the place it planned
+    // (docs/timeline.md, where the simulated queue differs); not yet modelled.
+    let mut evicted = 0;
+    for (policy, seed) in [(Policy::DEFAULT, 6)] {
+        let setup = Setup {
+            tenants: true,
+            ..Setup::default()
+        };
+        evicted += compare(policy, seed, setup).await.1;
+    }
+    assert!(evicted > 0, "the replay must reclaim to compare queues");
 }

@@ -107,8 +107,11 @@ pub(super) fn candidates_of<'s>(
             .map(|&r| pods[jobs[r as usize].pod as usize].priority)
             .max()
             .unwrap_or(0);
+        // Made when it arrived (a controller's new pod: at the re-create).
+        let made = group.iter().map(|&r| jobs[r as usize].arrival.0).min();
         candidates.push_unit(
             top,
+            made.map_or(0, |m| m as i64),
             group.iter().map(|&r| {
                 let j = &jobs[r as usize];
                 Holder {
