@@ -109,6 +109,7 @@ struct Work {
 }
 
 /// Where a pod was placed: the node and its GPUs (position, milli).
+#[derive(Clone)]
 struct Placed {
     node: usize,
     gpus: Vec<(usize, u32)>,
@@ -137,6 +138,10 @@ struct Unit {
     /// put back at `flush_at`, so a unit that fails every few seconds does not leave one
     /// stale entry per failure behind).
     flush_queued: bool,
+    /// Nominated by PostFilter: the places held for its members (taken in the state) until
+    /// it is decided again, which is not before `held_until` (its victims gone).
+    held: Vec<(u32, Placed)>,
+    held_until: Ms,
 }
 
 /// The workload a replay runs: the pod list, its mix of arrival units and run times, and
@@ -229,6 +234,9 @@ pub struct Engine<'a> {
     recreations: Vec<costs::Recreation>,
     /// When waiting units' users give up: (when, unit).
     give_ups: BinaryHeap<Reverse<(Ms, u32)>>,
+    /// When evicted pods are gone (their grace period over): each wakes the parked units,
+    /// as the Pod's deletion does in the scheduler.
+    gone_at: BinaryHeap<Reverse<Ms>>,
 }
 
 #[derive(Default)]
@@ -303,6 +311,7 @@ impl<'a> Engine<'a> {
             later: BinaryHeap::new(),
             recreations: Vec::new(),
             give_ups: BinaryHeap::new(),
+            gone_at: BinaryHeap::new(),
         }
     }
 
@@ -342,6 +351,7 @@ impl<'a> Engine<'a> {
                 self.next_wake(),
                 self.later.peek().map(|r| r.0.0),
                 self.give_ups.peek().map(|g| g.0.0),
+                self.gone_at.peek().map(|g| g.0),
             ]
             .into_iter()
             .flatten()
@@ -359,6 +369,12 @@ impl<'a> Engine<'a> {
             {
                 self.departures.pop();
                 self.depart(job, now, false);
+            }
+            while let Some(&Reverse(t)) = self.gone_at.peek()
+                && t <= now
+            {
+                self.gone_at.pop();
+                self.freed = true;
             }
             self.recreate_due(now);
             while let Some(a) = arrivals.get(next)
@@ -545,6 +561,9 @@ impl<'a> Engine<'a> {
     /// Places every pod of `unit`, or none.
     fn try_place(&mut self, unit: u32, now: Ms) -> bool {
         self.outcome_counts.attempts += 1;
+        if !self.release_held(unit, now) {
+            return false;
+        }
         let jobs = self.units[unit as usize].jobs.clone();
         if let [job] = jobs[..] {
             let rid = self.request_ids[self.jobs[job as usize].pod as usize] as usize;
@@ -664,7 +683,13 @@ impl<'a> Engine<'a> {
         }
         let node = j.node as usize;
         self.released.push(j.node);
-        self.freed = true;
+        if evicted {
+            // Terminating until its grace period ends: only then does its deletion wake
+            // the parked units.
+            self.gone_at.push(Reverse(now + self.costs.eviction_grace));
+        } else {
+            self.freed = true;
+        }
         self.fair_departed(job, node);
     }
 }

@@ -298,11 +298,8 @@ async fn with_preemption_the_stack_evicts_the_same_pods_and_starts_the_same_ones
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_queues_the_stack_serves_and_reclaims_as_the_simulator_does() {
-    // fgd seed 7 differs at 988.8 s: the scheduler decides a reclaimer's place again when it
-    // binds it (a GPU freed meanwhile), the simulator keeps the place it planned
-    // (docs/timeline.md, where the simulated queue differs); not yet modelled.
     let mut evicted = 0;
-    for (policy, seed) in [(Policy::DEFAULT, 6)] {
+    for (policy, seed) in [(Policy::DEFAULT, 6), (Policy::Fgd, 7)] {
         let setup = Setup {
             tenants: true,
             ..Setup::default()

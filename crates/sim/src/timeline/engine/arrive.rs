@@ -72,6 +72,8 @@ impl Engine<'_> {
             backing_off: false,
             flush_at: Ms(0),
             flush_queued: false,
+            held: Vec::new(),
+            held_until: Ms(0),
         });
         self.fresh.push(unit);
         unit

@@ -84,6 +84,11 @@ impl Engine<'_> {
         fair: Option<(usize, &mut Picker<'_, u32>)>,
         now: Ms,
     ) -> bool {
+        // A nominee whose victims are still leaving waits for them (the scheduler's
+        // preemption says so and evicts nothing more).
+        if !self.units[unit as usize].held.is_empty() {
+            return false;
+        }
         let chained = {
             let view = fair.as_ref().map(|(queue, picker)| FairView {
                 queue: *queue,
@@ -96,10 +101,9 @@ impl Engine<'_> {
                 now,
             })
         };
-        let jobs = self.units[unit as usize].jobs.clone();
         match chained.plan.map(|(_, p)| p) {
             None => false,
-            Some(SimPlan::Preempt(eviction)) => self.evict_and_start(&jobs, &eviction, now),
+            Some(SimPlan::Preempt(eviction)) => self.evict_and_nominate(unit, &eviction, now),
             Some(SimPlan::Reclaim {
                 eviction,
                 losses,
@@ -115,9 +119,9 @@ impl Engine<'_> {
                         t.reclaimed(q, pods);
                     }
                 }
-                self.evict_and_start(&jobs, &eviction, now)
+                self.evict_and_nominate(unit, &eviction, now)
             }
-            Some(SimPlan::Room { groups, plan }) => self.carry_out(&groups, &plan, &jobs, now),
+            Some(SimPlan::Room { groups, plan }) => self.carry_out(&groups, &plan, unit, now),
         }
     }
 

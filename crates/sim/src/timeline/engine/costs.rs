@@ -100,6 +100,10 @@ impl Engine<'_> {
             self.units[unit as usize].waiting = false;
             self.queue.forget(&unit);
             self.outcome_counts.abandoned_units += 1;
+            // A nominee given up gives its held places back.
+            let until = self.units[unit as usize].held_until;
+            self.units[unit as usize].held_until = Ms(0);
+            self.release_held(unit, now.max(until));
             for job in self.units[unit as usize].jobs.clone() {
                 let j = &mut self.jobs[job as usize];
                 j.abandoned = true;

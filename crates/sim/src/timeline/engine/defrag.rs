@@ -178,14 +178,16 @@ impl Engine<'_> {
         Some(SimPlan::Room { groups, plan })
     }
 
-    /// Moves the plan's pods and starts `jobs` on their places.
+    /// Moves the plan's pods (their replacements steered to their planned places) and
+    /// nominates `unit` to the places made for its members.
     pub(super) fn carry_out(
         &mut self,
         groups: &[Vec<u32>],
         plan: &RoomPlan,
-        jobs: &[u32],
+        unit: u32,
         now: Ms,
     ) -> bool {
+        let jobs = self.units[unit as usize].jobs.clone();
         let holders: Vec<u32> = groups.iter().flatten().copied().collect();
         let moved: Vec<u32> = plan
             .units
@@ -196,6 +198,7 @@ impl Engine<'_> {
         for &job in &moved {
             replacements.push((job, self.leave_for_move(job, now)));
         }
+        let mut held = Vec::with_capacity(jobs.len());
         for (&job, p) in jobs.iter().zip(&plan.placements) {
             let request = &self.pods[self.jobs[job as usize].pod as usize].request;
             if self.state.apply(p.node, request, &p.gpus).is_err() {
@@ -206,7 +209,7 @@ impl Engine<'_> {
                 node: p.node,
                 gpus: p.gpus.clone(),
             };
-            self.start(job, placed, now, self.room_in());
+            held.push((job, placed));
         }
         for mv in &plan.moves {
             let job = holders[mv.holder];
@@ -215,7 +218,7 @@ impl Engine<'_> {
             }
         }
         self.defrag.counts.plans += 1;
-        true
+        self.nominate(unit, held, now)
     }
 
     /// `job` leaves its place to move: counted, and its work lost unless checkpointed;

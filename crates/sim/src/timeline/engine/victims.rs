@@ -33,14 +33,35 @@ impl Engine<'_> {
         by_unit.into_values().collect()
     }
 
-    /// How long after the decision a unit that evicted or moved pods is bound: the
-    /// scheduler nominates it and binds it in a later cycle, once its victims are gone
-    /// (their grace period) and no sooner than the queue's initial backoff after its
-    /// attempt (the victims' deletion makes it due then).
-    pub(super) fn room_in(&self) -> std::time::Duration {
-        self.costs
-            .eviction_grace
-            .max(self.queue.config().initial_backoff)
+    /// `unit` was nominated at `now`: `placed` (taken in the state) is held for it until it
+    /// is decided again, not before its victims are gone (their grace period), as the
+    /// scheduler holds a nominee's devices and decides it anew once its victims' deletion
+    /// makes it due. Not started: the attempt failed, as the scheduler's did.
+    pub(super) fn nominate(&mut self, unit: u32, placed: Vec<(u32, Placed)>, now: Ms) -> bool {
+        let u = &mut self.units[unit as usize];
+        u.held = placed;
+        u.held_until = now + self.costs.eviction_grace;
+        false
+    }
+
+    /// Gives `unit`'s held places back to the state, so that it is decided with them free;
+    /// false while its victims are still leaving (it waits, the places kept).
+    pub(super) fn release_held(&mut self, unit: u32, now: Ms) -> bool {
+        let u = &mut self.units[unit as usize];
+        if u.held.is_empty() {
+            return true;
+        }
+        if now < u.held_until {
+            return false;
+        }
+        for (job, p) in std::mem::take(&mut u.held) {
+            let request = &self.pods[self.jobs[job as usize].pod as usize].request;
+            let given = self.state.release(p.node, request, &p.gpus);
+            debug_assert!(given.is_ok(), "a held place: {given:?}");
+            // The failure memo must see the node's resources come back.
+            self.released.push(p.node as u32);
+        }
+        true
     }
 
     /// The victim search's candidates: one unit per group.
@@ -49,9 +70,9 @@ impl Engine<'_> {
     }
 
     /// Evicts the plan's groups (their controller makes them again a moment later, to
-    /// start over unless checkpointed) and starts each of `jobs` where the plan puts it
-    /// once its room is free ([`Self::room_in`]).
-    pub(super) fn evict_and_start(&mut self, jobs: &[u32], plan: &Eviction, now: Ms) -> bool {
+    /// start over unless checkpointed) and nominates `unit`, each of its members' places
+    /// held ([`Self::nominate`]).
+    pub(super) fn evict_and_nominate(&mut self, unit: u32, plan: &Eviction, now: Ms) -> bool {
         for &u in &plan.units {
             let group = &plan.groups[u];
             let mut again = Vec::with_capacity(group.len());
@@ -66,6 +87,7 @@ impl Engine<'_> {
             }
             self.recreate(again, top, now);
         }
+        let jobs = self.units[unit as usize].jobs.clone();
         let mut placed: Vec<(u32, Placed)> = Vec::with_capacity(jobs.len());
         for (&job, (node, gpus)) in jobs.iter().zip(&plan.places) {
             let request = &self.pods[self.jobs[job as usize].pod as usize].request;
@@ -86,10 +108,7 @@ impl Engine<'_> {
                 },
             ));
         }
-        for (job, p) in placed {
-            self.start(job, p, now, self.room_in());
-        }
-        true
+        self.nominate(unit, placed, now)
     }
 }
 
