@@ -125,34 +125,16 @@ impl Engine<'_> {
         }
     }
 
-    /// Core's victim search for `unit` over `groups`, not evicting those in `excluded`:
-    /// a pod's plan, or every member of a gang planned at once; the places in member order.
+    /// Core's victim search for `unit` over `groups`, not evicting those in `excluded`
+    /// (the candidates built once); the units evicted and the places in member order.
     fn search(&mut self, unit: u32, groups: &[Vec<u32>], excluded: &[bool]) -> Option<Eviction> {
-        let (pods, jobs) = (self.pods, &self.jobs);
-        let asks = asks_of(pods, jobs, &self.units[unit as usize].jobs);
-        let (units, places) = {
+        let found = {
+            let (pods, jobs) = (self.pods, &self.jobs);
+            let asks = asks_of(pods, jobs, &self.units[unit as usize].jobs);
             let candidates = candidates_of(jobs, pods, groups);
-            if let [(_, request)] = asks[..] {
-                let plan = preempt::find(&self.state, request, &candidates, None, excluded)?;
-                (plan.units, vec![(plan.node, plan.gpus)])
-            } else {
-                let members: Vec<(&gpuplace_model::Request, Option<&[bool]>)> =
-                    asks.iter().map(|&(_, r)| (r, None)).collect();
-                let plan = preempt::find_for_all(
-                    &mut self.placer,
-                    &self.state,
-                    &members,
-                    &candidates,
-                    excluded,
-                )?;
-                let mut places = vec![(0, Vec::new()); asks.len()];
-                for ((i, _), place) in asks.iter().zip(plan.placements) {
-                    places[*i] = place;
-                }
-                (plan.units, places)
-            }
+            search_on(&mut self.placer, &self.state, &asks, &candidates, excluded)
         };
-        Some(Eviction {
+        found.map(|(units, places)| Eviction {
             groups: groups.to_vec(),
             units,
             places,
@@ -206,24 +188,30 @@ impl Engine<'_> {
             .iter()
             .map(|g| of(self.jobs[g[0] as usize].pod))
             .collect();
-        let taken = {
-            let candidates = self.candidates(&groups);
-            cycle::reclaim::Taken::of_units(&self.state, &candidates, &unit_queue)
+        let found = {
+            let (pods, jobs) = (self.pods, &self.jobs);
+            let asks = asks_of(pods, jobs, &self.units[unit as usize].jobs);
+            let candidates = candidates_of(jobs, pods, &groups);
+            let taken = cycle::reclaim::Taken::of_units(&self.state, &candidates, &unit_queue);
+            let (placer, state) = (&mut self.placer, &self.state);
+            cycle::reclaim::plan_within_guarantees(
+                &taken,
+                &entitled,
+                |excluded| search_on(placer, state, &asks, &candidates, excluded),
+                |(units, _)| units,
+            )?
         };
-        let found = cycle::reclaim::plan_within_guarantees(
-            &taken,
-            &entitled,
-            |excluded| self.search(unit, &groups, excluded),
-            |e| &e.units,
-        )?;
-        let counts = found
-            .plan
-            .units
+        let (units, places) = found.plan;
+        let counts = units
             .iter()
             .map(|&u| (unit_queue[u], groups[u].len() as u64))
             .collect();
         Some(SimPlan::Reclaim {
-            eviction: found.plan,
+            eviction: Eviction {
+                groups,
+                units,
+                places,
+            },
             losses: found.losses,
             counts,
         })
@@ -244,4 +232,31 @@ fn asks_of<'p>(
         .collect();
     asks.sort_by_key(|(_, r)| std::cmp::Reverse(r.total_gpu_milli()));
     asks
+}
+
+/// A unit's places: per member (in member order), node and GPUs.
+type Places = Vec<(usize, Vec<(usize, u32)>)>;
+
+/// Core's victim search for `asks` (a pod's plan, or every member of a gang at once) over
+/// `candidates`, not evicting those in `excluded`: the units evicted and the places in
+/// member order.
+fn search_on(
+    placer: &mut gpuplace_core::Placer,
+    state: &gpuplace_core::ClusterState,
+    asks: &[(usize, &gpuplace_model::Request)],
+    candidates: &preempt::Candidates<'_>,
+    excluded: &[bool],
+) -> Option<(Vec<usize>, Places)> {
+    if let [(_, request)] = asks[..] {
+        let plan = preempt::find(state, request, candidates, None, excluded)?;
+        return Some((plan.units, vec![(plan.node, plan.gpus)]));
+    }
+    let members: Vec<(&gpuplace_model::Request, Option<&[bool]>)> =
+        asks.iter().map(|&(_, r)| (r, None)).collect();
+    let plan = preempt::find_for_all(placer, state, &members, candidates, excluded)?;
+    let mut places = vec![(0, Vec::new()); asks.len()];
+    for ((i, _), place) in asks.iter().zip(plan.placements) {
+        places[*i] = place;
+    }
+    Some((plan.units, places))
 }

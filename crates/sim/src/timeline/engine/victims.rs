@@ -64,11 +64,6 @@ impl Engine<'_> {
         true
     }
 
-    /// The victim search's candidates: one unit per group.
-    pub(super) fn candidates(&self, groups: &[Vec<u32>]) -> Candidates<'_> {
-        candidates_of(&self.jobs, self.pods, groups)
-    }
-
     /// Evicts the plan's groups (their controller makes them again a moment later, to
     /// start over unless checkpointed) and nominates `unit`, each of its members' places
     /// held ([`Self::nominate`]).
