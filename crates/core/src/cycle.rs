@@ -26,17 +26,6 @@ pub enum Step {
 /// The steps in the order every driver tries them.
 pub const CHAIN: [Step; 3] = [Step::Preempt, Step::Reclaim, Step::MakeRoom];
 
-impl Step {
-    /// The step's name, as reports and logs say it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Step::Preempt => "preemption",
-            Step::Reclaim => "reclaim",
-            Step::MakeRoom => "make-room",
-        }
-    }
-}
-
 /// What one step found for the unit.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Found<P, W> {
@@ -47,6 +36,17 @@ pub enum Found<P, W> {
     /// The unit may not go further now (it never preempts, its earlier victims are still
     /// leaving, its requests are wrong): no later step runs. `W` says why.
     Stop(W),
+}
+
+impl<P, W> Found<P, W> {
+    /// The same finding with the plan told by `plan` and the reason by `why`.
+    pub fn map<Q, V>(self, plan: impl FnOnce(P) -> Q, why: impl FnOnce(W) -> V) -> Found<Q, V> {
+        match self {
+            Found::Plan(p) => Found::Plan(plan(p)),
+            Found::Nothing(w) => Found::Nothing(why(w)),
+            Found::Stop(w) => Found::Stop(why(w)),
+        }
+    }
 }
 
 /// A driver's planning for one unit: which steps apply to it, and each step's plan on the
@@ -69,18 +69,6 @@ pub trait Planner {
 pub struct Chained<P, W> {
     pub plan: Option<(Step, P)>,
     pub why: Vec<(Step, W)>,
-}
-
-impl<P, W> Chained<P, W> {
-    /// Why `step` planned nothing, if it was tried and did not.
-    pub fn why_of(&self, step: Step) -> Option<&W> {
-        self.why.iter().find(|(s, _)| *s == step).map(|(_, w)| w)
-    }
-
-    /// Whether the chain stopped (or ran out) without a plan.
-    pub fn planned_nothing(&self) -> bool {
-        self.plan.is_none()
-    }
 }
 
 /// Runs the PostFilter chain for one unit: each step that applies, in [`CHAIN`]'s order,
@@ -153,7 +141,7 @@ mod tests {
         let c = post_filter(&mut s);
         assert_eq!(s.asked, CHAIN.to_vec());
         assert_eq!(c.plan, Some((Step::MakeRoom, Step::MakeRoom)));
-        assert_eq!(c.why_of(Step::Preempt), Some(&"no victims"));
+        assert_eq!(c.why[0], (Step::Preempt, "no victims"));
         let mut s = script(&CHAIN, Some(Step::Preempt), None);
         let c = post_filter(&mut s);
         assert_eq!(s.asked, vec![Step::Preempt]);
@@ -165,11 +153,11 @@ mod tests {
         let mut s = script(&[Step::Preempt, Step::MakeRoom], Some(Step::Reclaim), None);
         let c = post_filter(&mut s);
         assert_eq!(s.asked, vec![Step::Preempt, Step::MakeRoom]);
-        assert!(c.planned_nothing());
+        assert!(c.plan.is_none());
         let mut s = script(&CHAIN, Some(Step::MakeRoom), Some(Step::Preempt));
         let c = post_filter(&mut s);
         assert_eq!(s.asked, vec![Step::Preempt]);
         assert_eq!(c.why, vec![(Step::Preempt, "waiting")]);
-        assert!(c.planned_nothing());
+        assert!(c.plan.is_none());
     }
 }

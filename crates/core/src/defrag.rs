@@ -145,6 +145,16 @@ pub fn make_room(
     make_room_for_all(placer, state, &[(request, allowed)], movables, limits)
 }
 
+/// Whether moves could ever make room for `members`: moved pods take back what they free,
+/// so after any plan the cluster holds every member on top of what it holds now.
+pub fn room_possible<'r>(
+    state: &ClusterState,
+    members: impl IntoIterator<Item = &'r Request>,
+) -> bool {
+    let asked: u64 = members.into_iter().map(Request::total_gpu_milli).sum();
+    asked <= state.gpu_idle_milli()
+}
+
 /// Plans room for every member of a gang at once (members that fit are placed as they
 /// are, each other one makes room given what the earlier ones took); all or nothing.
 /// `state` is used to try the plan and is left as it was.
@@ -155,6 +165,9 @@ pub fn make_room_for_all(
     movables: &Movables<'_>,
     limits: Limits,
 ) -> Option<RoomPlan> {
+    if !room_possible(state, members.iter().map(|(r, _)| *r)) {
+        return None;
+    }
     let mut log = Vec::new();
     let plan = plan_all(placer, state, members, movables, limits, &mut log);
     undo(state, &mut log, 0);

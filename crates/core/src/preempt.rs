@@ -60,6 +60,21 @@ pub fn may_preempt<Q: PartialEq>(preemptor: &Contender<Q>, victim: &Contender<Q>
     victim.priority < preemptor.priority && victim.queue == preemptor.queue
 }
 
+/// The priority a gang preempts with: its lowest member's (a gang evicts only what every
+/// member outranks); `None` for no members.
+pub fn gang_priority(members: impl IntoIterator<Item = i32>) -> Option<i32> {
+    members.into_iter().min()
+}
+
+/// The order a unit's members are planned in: the most GPU first, ties in member order
+/// (`milli`: each member's GPU milli).
+pub fn largest_first(milli: impl IntoIterator<Item = u64>) -> Vec<usize> {
+    let milli: Vec<u64> = milli.into_iter().collect();
+    let mut order: Vec<usize> = (0..milli.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(milli[i]));
+    order
+}
+
 /// What the search may evict, and what frees itself.
 #[derive(Clone, Debug, Default)]
 pub struct Candidates<'a> {

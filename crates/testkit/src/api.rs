@@ -62,6 +62,10 @@ pub(super) struct Store {
     /// Move evictions (not dry runs) refused by their number, counted from 0: a budget that
     /// tightened between the plan's dry run and the eviction.
     refuse_moves_at: Vec<u64>,
+    /// The move eviction (not a dry run) of this number never answers.
+    stall_move_at: Option<u64>,
+    /// Whether the stalled move eviction has been sent.
+    stall_reached: bool,
     /// Move evictions carried out or refused (not dry runs).
     move_evictions: u64,
     /// PodGroup status writes accepted.
@@ -117,6 +121,8 @@ impl Default for Store {
             fail_evictions: 0,
             refuse_moves: None,
             refuse_moves_at: Vec::new(),
+            stall_move_at: None,
+            stall_reached: false,
             move_evictions: 0,
             status_writes: 0,
             in_flight: 0,
@@ -579,6 +585,19 @@ impl MemoryApi {
         let mut s = lock(&self.store);
         let base = s.move_evictions;
         s.refuse_moves_at = at.iter().map(|n| base + n).collect();
+    }
+
+    /// The move eviction (not a dry run) numbered `at` from now (0 = the next) never
+    /// answers and changes nothing: the leader dies while sending it.
+    pub fn stall_move_eviction_at(&self, at: u64) {
+        let mut s = lock(&self.store);
+        s.stall_move_at = Some(s.move_evictions + at);
+        s.stall_reached = false;
+    }
+
+    /// Whether the eviction set by `stall_move_eviction_at` has been sent (and hangs).
+    pub fn stall_reached(&self) -> bool {
+        lock(&self.store).stall_reached
     }
 
     /// Whether every watch event has been delivered to the scheduler's cache.

@@ -62,11 +62,9 @@ impl<A: ClusterApi, U> Planner for PodSteps<'_, '_, '_, '_, A, U> {
     fn plan(&mut self, step: Step) -> Found<PodPlan, Why> {
         let (s, snapshot, view) = (&mut *self.scheduler, self.snapshot, self.view);
         match step {
-            Step::Preempt => match s.plan_preempt_one(snapshot, view, self.verdicts, self.pod) {
-                Found::Plan(p) => Found::Plan(PodPlan::Preempt(p)),
-                Found::Nothing(o) => Found::Nothing(Why::Outcome(o)),
-                Found::Stop(o) => Found::Stop(Why::Outcome(o)),
-            },
+            Step::Preempt => s
+                .plan_preempt_one(snapshot, view, self.verdicts, self.pod)
+                .map(PodPlan::Preempt, Why::Outcome),
             Step::Reclaim => {
                 let planned = self.fair.and_then(|fair| {
                     s.plan_reclaim_one(snapshot, view, self.verdicts, self.pod, fair)
@@ -75,11 +73,9 @@ impl<A: ClusterApi, U> Planner for PodSteps<'_, '_, '_, '_, A, U> {
                     Found::Plan(PodPlan::Reclaim(r))
                 })
             }
-            Step::MakeRoom => match s.plan_make_room(snapshot, view, self.verdicts, self.pod) {
-                Found::Plan(r) => Found::Plan(PodPlan::Room(r)),
-                Found::Nothing(m) => Found::Nothing(Why::Made(m)),
-                Found::Stop(m) => Found::Stop(Why::Made(m)),
-            },
+            Step::MakeRoom => s
+                .plan_make_room(snapshot, view, self.verdicts, self.pod)
+                .map(PodPlan::Room, Why::Made),
         }
     }
 }
@@ -106,11 +102,9 @@ impl<A: ClusterApi, U> Planner for GangSteps<'_, '_, '_, '_, '_, A, U> {
         let (s, snapshot, view) = (&mut *self.scheduler, self.snapshot, self.view);
         let (members, domains) = (self.members, self.domains);
         match step {
-            Step::Preempt => match s.plan_preempt_gang(snapshot, view, members, domains) {
-                Found::Plan(p) => Found::Plan(GangPlanned::Preempt(p)),
-                Found::Nothing(o) => Found::Nothing(Why::Outcome(o)),
-                Found::Stop(o) => Found::Stop(Why::Outcome(o)),
-            },
+            Step::Preempt => s
+                .plan_preempt_gang(snapshot, view, members, domains)
+                .map(GangPlanned::Preempt, Why::Outcome),
             Step::Reclaim => self
                 .fair
                 .and_then(|fair| s.plan_reclaim_gang(snapshot, view, members, domains, fair))

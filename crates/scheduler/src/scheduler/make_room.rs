@@ -396,8 +396,9 @@ impl<A: ClusterApi> Scheduler<A> {
             .iter()
             .map(|(p, _)| p.demand.as_ref().ok())
             .collect::<Option<_>>()?;
-        let mut order: Vec<usize> = (0..members.len()).collect();
-        order.sort_by_key(|&i| std::cmp::Reverse(demands[i].request.total_gpu_milli()));
+        let order = gpuplace_core::preempt::largest_first(
+            demands.iter().map(|d| d.request.total_gpu_milli()),
+        );
         let refused = self.refused_now();
         let set = self.movable_now(snapshot, view, &|uid| refused.contains(uid));
         if set.movables.units() == 0 {

@@ -285,7 +285,7 @@ impl<A: ClusterApi> Scheduler<A> {
             return Found::Stop(outcome);
         }
         // A gang evicts only what every member outranks.
-        let priority = members.iter().map(|(p, _)| p.priority).min().unwrap_or(0);
+        let priority = preempt::gang_priority(members.iter().map(|(p, _)| p.priority)).unwrap_or(0);
         let reservations = &self.cluster.reservations;
         let deciding: Vec<&PodKey> = members.iter().map(|(p, _)| &p.key).collect();
         let promised = self.cluster.nominations.victims(&deciding);
@@ -486,10 +486,9 @@ impl GangSearch<'_, '_> {
         excluded: &[bool],
     ) -> Result<Option<GangPlan>, NotPlanned> {
         let demand = |i: usize| self.members[i].0.demand.as_ref().ok();
-        let mut order: Vec<usize> = (0..self.members.len()).collect();
-        order.sort_by_key(|&i| {
-            std::cmp::Reverse(demand(i).map_or(0, |d| d.request.total_gpu_milli()))
-        });
+        let order = preempt::largest_first(
+            (0..self.members.len()).map(|i| demand(i).map_or(0, |d| d.request.total_gpu_milli())),
+        );
         let mut best: Option<GangPlan> = None;
         for domain in self.domains {
             let within: Vec<Vec<bool>> = order

@@ -267,17 +267,22 @@ async fn a_leader_killed_after_the_first_eviction_leaves_nothing_the_next_cannot
         two_moves_needed(&api, &mut first, &mut t).await;
         api.put_pod(pod("big", 8, json!({})));
         t += Duration::from_secs(5);
+        // The leader dies sending the plan's second eviction (it never reaches the server).
+        api.stall_move_eviction_at(1);
         let evicted = |api: &MemoryApi| ["a", "b"].iter().filter(|p| deleting(api, p)).count();
         let killed = tokio::select! {
             _ = first.round(t) => false,
             _ = async {
-                while evicted(&api) == 0 {
+                while !api.stall_reached() {
                     tokio::time::sleep(Duration::from_micros(200)).await;
                 }
             } => true,
         };
         drop(first);
-        assert!(killed, "run {run}: the plan's first eviction was seen");
+        assert!(
+            killed,
+            "run {run}: the leader was killed sending its second eviction"
+        );
         assert_eq!(
             evicted(&api),
             1,

@@ -181,13 +181,14 @@ impl ClusterApi for MemoryApi {
         if fault.is_some() {
             return Err(ApiError::Other("injected 500".into()));
         }
-        {
+        let stalled = {
             let mut s = lock(&self.store);
-            let refused_now = !dry_run && {
+            let number = (!dry_run).then(|| {
                 let n = s.move_evictions;
                 s.move_evictions += 1;
-                s.refuse_moves_at.contains(&n)
-            };
+                n
+            });
+            let refused_now = number.is_some_and(|n| s.refuse_moves_at.contains(&n));
             let refused_pod = s.refuse_moves.is_some_and(|(seed, p)| {
                 crate::api::objects::unit_hash(seed, crate::api::objects::text_hash(&pod.uid)) < p
             });
@@ -196,6 +197,16 @@ impl ClusterApi for MemoryApi {
                     "Cannot evict pod as it would violate the pod's disruption budget.".into(),
                 ));
             }
+            // Once: the next leader's evictions answer.
+            let stalled = number.is_some() && number == s.stall_move_at;
+            if stalled {
+                s.stall_move_at = None;
+                s.stall_reached = true;
+            }
+            stalled
+        };
+        if stalled {
+            std::future::pending::<()>().await;
         }
         self.evict_through_budgets(pod, dry_run)?;
         if !dry_run {

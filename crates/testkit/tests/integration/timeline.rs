@@ -276,35 +276,37 @@ async fn compare(policy: Policy, seed: u64, setup: Setup) -> (usize, usize) {
     (waited, evicted)
 }
 
+/// [`compare`] for each (policy, seed) with `setup`; the pods evicted in all.
+async fn compare_all(cases: &[(Policy, u64)], setup: Setup) -> usize {
+    let mut evicted = 0;
+    for &(policy, seed) in cases {
+        evicted += compare(policy, seed, setup).await.1;
+    }
+    evicted
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_stack_starts_the_same_pods_at_the_same_times_on_the_same_gpus() {
-    for (policy, seed) in [(Policy::DEFAULT, 2), (Policy::Fgd, 1), (Policy::BestFit, 3)] {
-        compare(policy, seed, Setup::default()).await;
-    }
+    let cases = [(Policy::DEFAULT, 2), (Policy::Fgd, 1), (Policy::BestFit, 3)];
+    compare_all(&cases, Setup::default()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_preemption_the_stack_evicts_the_same_pods_and_starts_the_same_ones() {
-    let mut evicted = 0;
-    for (policy, seed) in [(Policy::DEFAULT, 4), (Policy::Fgd, 5)] {
-        let setup = Setup {
-            preempt: true,
-            ..Setup::default()
-        };
-        evicted += compare(policy, seed, setup).await.1;
-    }
+    let setup = Setup {
+        preempt: true,
+        ..Setup::default()
+    };
+    let evicted = compare_all(&[(Policy::DEFAULT, 4), (Policy::Fgd, 5)], setup).await;
     assert!(evicted > 0, "the replay must preempt to compare PostFilter");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_queues_the_stack_serves_and_reclaims_as_the_simulator_does() {
-    let mut evicted = 0;
-    for (policy, seed) in [(Policy::DEFAULT, 6), (Policy::Fgd, 7)] {
-        let setup = Setup {
-            tenants: true,
-            ..Setup::default()
-        };
-        evicted += compare(policy, seed, setup).await.1;
-    }
+    let setup = Setup {
+        tenants: true,
+        ..Setup::default()
+    };
+    let evicted = compare_all(&[(Policy::DEFAULT, 6), (Policy::Fgd, 7)], setup).await;
     assert!(evicted > 0, "the replay must reclaim to compare queues");
 }

@@ -32,6 +32,8 @@ pub(super) enum SimPlan {
     Room {
         groups: Vec<Vec<u32>>,
         plan: RoomPlan,
+        /// Member positions in the order of the plan's placements.
+        order: Vec<usize>,
     },
 }
 
@@ -121,7 +123,11 @@ impl Engine<'_> {
                 }
                 self.evict_and_nominate(unit, &eviction, now)
             }
-            Some(SimPlan::Room { groups, plan }) => self.carry_out(&groups, &plan, unit, now),
+            Some(SimPlan::Room {
+                groups,
+                plan,
+                order,
+            }) => self.carry_out(&groups, &plan, &order, unit, now),
         }
     }
 
@@ -146,10 +152,10 @@ impl Engine<'_> {
     fn plan_preempt(&mut self, unit: u32) -> Option<Eviction> {
         let jobs = &self.units[unit as usize].jobs;
         // A gang evicts only what every member outranks.
-        let priority = jobs
-            .iter()
-            .map(|&j| self.pods[self.jobs[j as usize].pod as usize].priority)
-            .min()?;
+        let priority = preempt::gang_priority(
+            jobs.iter()
+                .map(|&j| self.pods[self.jobs[j as usize].pod as usize].priority),
+        )?;
         if self.by_priority.range(..priority).all(|(_, n)| *n == 0) {
             return None;
         }
@@ -220,18 +226,17 @@ impl Engine<'_> {
 
 /// The requests of `members` (jobs), largest first (the order the scheduler plans a gang's
 /// members), with their member positions.
-fn asks_of<'p>(
+pub(super) fn asks_of<'p>(
     pods: &'p [TracePod],
     jobs: &[Job],
     members: &[u32],
 ) -> Vec<(usize, &'p gpuplace_model::Request)> {
-    let mut asks: Vec<(usize, &gpuplace_model::Request)> = members
-        .iter()
-        .enumerate()
-        .map(|(i, &j)| (i, &pods[jobs[j as usize].pod as usize].request))
-        .collect();
-    asks.sort_by_key(|(_, r)| std::cmp::Reverse(r.total_gpu_milli()));
-    asks
+    let request = |j: u32| &pods[jobs[j as usize].pod as usize].request;
+    let order = preempt::largest_first(members.iter().map(|&j| request(j).total_gpu_milli()));
+    order
+        .into_iter()
+        .map(|i| (i, request(members[i])))
+        .collect()
 }
 
 /// A unit's places: per member (in member order), node and GPUs.

@@ -18,7 +18,7 @@ use gpuplace_core::defrag::{self, Limits, Movables, RoomPlan};
 use gpuplace_core::preempt::Holder;
 use gpuplace_core::{Placer, Policy};
 
-use super::chain::SimPlan;
+use super::chain::{SimPlan, asks_of};
 use super::{Engine, Job, Placed, Work};
 use crate::timeline::options::{DefragSim, Ms};
 use crate::trace::TracePod;
@@ -140,16 +140,11 @@ impl Engine<'_> {
         {
             return None;
         }
-        // Moved pods take back what they free: the unit needs idle GPUs of its size.
-        let asked: u64 = jobs
+        // Checked before the failure memo: a cluster too full is not a failed plan.
+        let requests = jobs
             .iter()
-            .map(|&j| {
-                self.pods[self.jobs[j as usize].pod as usize]
-                    .request
-                    .total_gpu_milli()
-            })
-            .sum();
-        if asked > self.state.gpu_idle_milli() {
+            .map(|&j| &self.pods[self.jobs[j as usize].pod as usize].request);
+        if !defrag::room_possible(&self.state, requests) {
             return None;
         }
         let groups = self.movable_units(now);
@@ -160,14 +155,18 @@ impl Engine<'_> {
             max_pods: self.defrag.config.settings.max_moves,
             max_milli: u64::MAX,
         };
-        let plan = {
+        // Members largest first, as the scheduler plans a gang's.
+        let (order, plan) = {
             let m = movables(&self.jobs, self.pods, &groups);
-            let asks: Vec<(&gpuplace_model::Request, Option<&[bool]>)> = self.units[unit as usize]
-                .jobs
-                .iter()
-                .map(|&j| (&self.pods[self.jobs[j as usize].pod as usize].request, None))
-                .collect();
-            defrag::make_room_for_all(&mut self.placer, &mut self.state, &asks, &m, limits)
+            let asks = asks_of(self.pods, &self.jobs, &self.units[unit as usize].jobs);
+            let members: Vec<(&gpuplace_model::Request, Option<&[bool]>)> =
+                asks.iter().map(|&(_, r)| (r, None)).collect();
+            let plan =
+                defrag::make_room_for_all(&mut self.placer, &mut self.state, &members, &m, limits);
+            (
+                asks.into_iter().map(|(i, _)| i).collect::<Vec<usize>>(),
+                plan,
+            )
         };
         let Some(plan) = plan else {
             if let Some(rid) = single_rid {
@@ -175,7 +174,11 @@ impl Engine<'_> {
             }
             return None;
         };
-        Some(SimPlan::Room { groups, plan })
+        Some(SimPlan::Room {
+            groups,
+            plan,
+            order,
+        })
     }
 
     /// Moves the plan's pods (their replacements steered to their planned places) and
@@ -184,10 +187,12 @@ impl Engine<'_> {
         &mut self,
         groups: &[Vec<u32>],
         plan: &RoomPlan,
+        order: &[usize],
         unit: u32,
         now: Ms,
     ) -> bool {
-        let jobs = self.units[unit as usize].jobs.clone();
+        let members = &self.units[unit as usize].jobs;
+        let jobs: Vec<u32> = order.iter().map(|&i| members[i]).collect();
         let holders: Vec<u32> = groups.iter().flatten().copied().collect();
         let moved: Vec<u32> = plan
             .units
