@@ -17,6 +17,7 @@
 //! moved) and the cheapest whose moved pods all find a place wins, fragmentation after
 //! breaking ties.
 
+mod memo;
 mod rebalance;
 mod settings;
 
@@ -30,6 +31,7 @@ use crate::policy::Policy;
 use crate::preempt::{Candidates, Holder, give, take, violations};
 use crate::state::{ClusterState, NodeState};
 
+pub use memo::{ROOM_RETRY, RoomMemo};
 pub use rebalance::{Rebalance, rebalance};
 pub use settings::{
     MAX_MIN_AGE, Mode, REBALANCE_COOLDOWN, REBALANCE_MIN_GAIN_MILLI, Settings, UnknownMode,

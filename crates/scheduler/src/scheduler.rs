@@ -205,6 +205,9 @@ pub struct Scheduler<A: ClusterApi> {
     /// Pods (by UID) whose move the server refused, and when: left out of make-room
     /// plans for a while, so that the next plan goes around them.
     refused_moves: HashMap<String, std::time::Instant>,
+    /// Make-room searches for a pod's shape that found nothing, and until when they are
+    /// not made again (core's rule, as the timeline's).
+    room_memo: gpuplace_core::defrag::RoomMemo<make_room::RoomShape, Instant>,
     rebalancing: rebalance::Rebalancing,
     /// The queues as the view defines them.
     queues: queues::Queues,
@@ -247,6 +250,7 @@ impl<A: ClusterApi> Scheduler<A> {
             steers: defrag::Steers::default(),
             unfinished: HashSet::new(),
             refused_moves: HashMap::new(),
+            room_memo: Default::default(),
             rebalancing: Default::default(),
             queues: queues::Queues::new(&gpu_resource),
             queues_in_use: false,

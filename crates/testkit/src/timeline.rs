@@ -31,6 +31,9 @@ pub struct StackJob {
     pub replaces: Option<usize>,
     /// Its queue (the `gpuplace.io/queue` label), if queues are in use.
     pub queue: Option<String>,
+    /// Whether it opted in to moves (`gpuplace.io/movable`). Every pod has a ReplicaSet
+    /// controller, its first job's, so that a moved pod's replacement is known.
+    pub movable: bool,
 }
 
 /// What the stack gave one pod.
@@ -59,6 +62,8 @@ pub struct TimelineStackOptions {
     pub settle_timeout: Duration,
     /// Queues made before the first pod (name, spec).
     pub queues: Vec<(String, gpuplace_scheduler::k8s::queue::QueueSpec)>,
+    /// Defragmentation, as the simulator's.
+    pub defrag: gpuplace_core::defrag::Settings,
 }
 
 /// A round request to the scheduler's thread: the simulated time; the answer is when the
@@ -166,6 +171,10 @@ fn scheduler_thread(
             seed: options.placer_seed,
             policy: options.policy,
             workload: options.workload.clone(),
+            defrag: gpuplace_scheduler::scheduler::defrag::DefragConfig {
+                settings: options.defrag.clone(),
+                ..Default::default()
+            },
             // The production backoff (1 s doubling to 60 s), on the simulated clock.
             ..SchedulerConfig::default()
         },
@@ -318,7 +327,8 @@ async fn drive(
         while let Some(&i) = r.arrivals.get(next)
             && jobs[i].arrival_ms <= now
         {
-            api.put_pod(pod(&r.names[i], &jobs[i], created_at(jobs[i].arrival_ms)?));
+            let made = pod(&r.names[i], &jobs[i], i, created_at(jobs[i].arrival_ms)?);
+            api.put_pod(made);
             r.waiting.insert(i);
             next += 1;
         }
@@ -342,7 +352,7 @@ async fn drive(
             settle_deletions(cluster, &r.names, &evicted, options.settle_timeout).await?;
             for (k, job) in jobs.iter().enumerate() {
                 if job.replaces.is_some_and(|v| evicted.contains(&v)) {
-                    api.put_pod(pod(&r.names[k], job, created_at(now)?));
+                    api.put_pod(pod(&r.names[k], job, controller(jobs, k), created_at(now)?));
                     r.waiting.insert(k);
                 }
             }
@@ -350,6 +360,14 @@ async fn drive(
         }
     }
     Ok(r.out)
+}
+
+/// The first job of `k`'s line of replacements: its ReplicaSet's.
+fn controller(jobs: &[StackJob], mut k: usize) -> usize {
+    while let Some(v) = jobs[k].replaces {
+        k = v;
+    }
+    k
 }
 
 /// Waits until the pods `evicted` are gone from the API (their kubelet ended them).
@@ -374,8 +392,29 @@ async fn settle_gone(
 
 /// The pod of `job`: its request (see [`crate::replay::trace_pod`]), priority and creation
 /// time.
-fn pod(name: &str, job: &StackJob, created: Timestamp) -> k8s_openapi::api::core::v1::Pod {
+fn pod(
+    name: &str,
+    job: &StackJob,
+    controller: usize,
+    created: Timestamp,
+) -> k8s_openapi::api::core::v1::Pod {
     let mut pod = crate::replay::trace_pod(name, &job.request);
+    pod.metadata.owner_references = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "apps/v1".into(),
+            kind: "ReplicaSet".into(),
+            name: format!("rs-{controller}"),
+            uid: format!("rs-uid-{controller}"),
+            controller: Some(true),
+            ..Default::default()
+        },
+    ]);
+    if job.movable {
+        pod.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert(gpuplace_model::keys::MOVABLE_KEY.to_string(), "true".into());
+    }
     pod.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
         created,
     ));

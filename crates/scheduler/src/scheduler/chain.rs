@@ -5,6 +5,7 @@
 //! nominations).
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use gpuplace_core::cycle::{self, Chained, Found, Planner, Step};
 
@@ -16,6 +17,13 @@ use crate::api::{ClusterApi, ClusterView};
 use crate::framework::filter::Verdicts;
 use crate::k8s::pod_info::PodInfo;
 use crate::snapshot::Snapshot;
+
+/// A pod that fits nowhere, as Filter left it, at the round's time.
+pub(super) struct Unfit<'a> {
+    pub pod: &'a Arc<PodInfo>,
+    pub verdicts: &'a Verdicts,
+    pub now: Instant,
+}
 
 /// Why a step planned nothing for a pod.
 pub(super) enum Why {
@@ -49,6 +57,7 @@ struct PodSteps<'s, 'f, 'p, 't, A: ClusterApi, U> {
     verdicts: &'s Verdicts,
     pod: &'s Arc<PodInfo>,
     fair: Option<&'f Fair<'p, 't, U>>,
+    now: Instant,
 }
 
 impl<A: ClusterApi, U> Planner for PodSteps<'_, '_, '_, '_, A, U> {
@@ -74,7 +83,7 @@ impl<A: ClusterApi, U> Planner for PodSteps<'_, '_, '_, '_, A, U> {
                 })
             }
             Step::MakeRoom => s
-                .plan_make_room(snapshot, view, self.verdicts, self.pod)
+                .plan_make_room(snapshot, view, self.verdicts, self.pod, self.now)
                 .map(PodPlan::Room, Why::Made),
         }
     }
@@ -151,11 +160,11 @@ impl<A: ClusterApi> Scheduler<A> {
         &mut self,
         snapshot: &mut Snapshot,
         view: &ClusterView,
-        verdicts: &Verdicts,
-        pod: &Arc<PodInfo>,
+        unfit: Unfit<'_>,
         fair: Option<Fair<'_, '_, U>>,
         report: &mut RoundReport,
     ) -> (Outcome, Option<Made>) {
+        let Unfit { pod, verdicts, now } = unfit;
         let Chained { plan, why } = cycle::post_filter(&mut PodSteps {
             scheduler: self,
             snapshot,
@@ -163,6 +172,7 @@ impl<A: ClusterApi> Scheduler<A> {
             verdicts,
             pod,
             fair: fair.as_ref(),
+            now,
         });
         let (mut outcome, mut made) = reasons(why);
         match plan.map(|(_, p)| p) {
@@ -178,7 +188,7 @@ impl<A: ClusterApi> Scheduler<A> {
                 }
             }
             Some(PodPlan::Room(r)) => {
-                made = Some(self.make_room(snapshot, view, pod, r, report).await);
+                made = Some(self.make_room(snapshot, view, pod, r, now, report).await);
             }
         }
         (outcome, made)

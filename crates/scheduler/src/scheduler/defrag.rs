@@ -151,6 +151,24 @@ impl Steers {
         }
     }
 
+    /// Adds `steer`, its planned place held in `snapshot` (when given) for the rest of the
+    /// round: no pod decided after the move may take the replacement's place.
+    pub fn push_held(&mut self, steer: Steer, snapshot: Option<&mut Snapshot>) {
+        if let Some(snapshot) = snapshot {
+            hold_planned(
+                snapshot,
+                hold_key(&steer.moved.uid),
+                &Planned {
+                    node: &steer.node,
+                    request: &steer.request,
+                    gpus: &steer.gpus,
+                    extended: &steer.extended,
+                },
+            );
+        }
+        self.list.push(steer);
+    }
+
     /// Gives back every hold (before the state is kept for the next round).
     pub fn release_all(&self, snapshot: &mut Snapshot) {
         for s in &self.list {

@@ -15,9 +15,10 @@
 //! stay held until they land, so no moved pod is stranded.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use gpuplace_core::cycle::Found;
-use gpuplace_core::defrag::{self, Limits};
+use gpuplace_core::defrag::{self, Limits, ROOM_RETRY};
 
 use super::defrag::{Eligibility, MovableSet, Steer, movable_set};
 use super::preempt::{Nomination, victim_list};
@@ -27,6 +28,9 @@ use crate::framework::filter::Verdicts;
 use crate::framework::{FilterInput, Profile};
 use crate::k8s::pod_info::PodInfo;
 use crate::snapshot::Snapshot;
+
+/// Shapes remembered past which the memo drops those whose wait is over.
+const MEMO_TRIM: usize = 256;
 
 /// What make-room did.
 pub(super) enum Made {
@@ -40,6 +44,29 @@ pub(super) enum Made {
     Stopped(String),
     /// No plan: nothing that may move makes room.
     Nothing,
+    /// A search for pods of this shape found nothing lately; the next is not made before
+    /// this long.
+    Later(Duration),
+}
+
+/// What a make-room search is remembered by: the pod's request and the node terms that
+/// filter it (not the round's mask: that follows the nodes' free CPU and memory, and the
+/// simulator's shapes are requests alone). Pods with terms on other pods (affinity, spread,
+/// ports), claims or extended resources are not remembered.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(super) struct RoomShape {
+    request: gpuplace_model::Request,
+    terms: String,
+}
+
+impl RoomShape {
+    fn of(pod: &PodInfo, demand: &crate::k8s::demand::PodDemand) -> Option<RoomShape> {
+        let plain = pod.placement.is_none() && pod.claims.is_empty() && demand.extended.is_empty();
+        plain.then(|| RoomShape {
+            request: demand.request.clone(),
+            terms: pod.filter_key.clone(),
+        })
+    }
 }
 
 impl Made {
@@ -53,6 +80,10 @@ impl Made {
             )),
             Made::Blocked(why) | Made::Stopped(why) => Some(format!("defragmentation: {why}.")),
             Made::Nothing => None,
+            Made::Later(wait) => Some(format!(
+                "defragmentation: no pods that may move made room for a pod like this one; it looks again in {} s.",
+                wait.as_secs().max(1)
+            )),
         }
     }
 }
@@ -65,6 +96,7 @@ impl<A: ClusterApi> Scheduler<A> {
         view: &ClusterView,
         verdicts: &Verdicts,
         pod: &Arc<PodInfo>,
+        now: Instant,
     ) -> Found<RoomPlanned, Made> {
         let Ok(demand) = pod.demand.clone() else {
             return Found::Nothing(Made::Nothing);
@@ -83,7 +115,17 @@ impl<A: ClusterApi> Scheduler<A> {
             return Found::Nothing(Made::Nothing);
         };
         let mask = filtered.mask().map(<[bool]>::to_vec);
-        match self.plan_room(snapshot, view, &demand, mask.as_deref()) {
+        let shape = RoomShape::of(pod, &demand);
+        if self.room_memo.len() > MEMO_TRIM {
+            self.room_memo.forget_before(now);
+        }
+        if let Some(until) = shape
+            .as_ref()
+            .and_then(|s| self.room_memo.waiting_until(s, now))
+        {
+            return Found::Nothing(Made::Later(until - now));
+        }
+        match self.plan_room(snapshot, view, &demand, mask.as_deref(), shape, now) {
             Ok(room) => Found::Plan(RoomPlanned { demand, mask, room }),
             Err(made) => Found::Nothing(made),
         }
@@ -98,6 +140,7 @@ impl<A: ClusterApi> Scheduler<A> {
         view: &ClusterView,
         pod: &Arc<PodInfo>,
         planned: RoomPlanned,
+        now: Instant,
         report: &mut RoundReport,
     ) -> Made {
         let RoomPlanned { demand, mask, room } = planned;
@@ -106,13 +149,23 @@ impl<A: ClusterApi> Scheduler<A> {
         for _ in 0..PLAN_ATTEMPTS {
             let planned = match next.take() {
                 Some(room) => room,
-                None => match self.plan_room(snapshot, view, &demand, mask.as_deref()) {
+                None => match self.plan_room(
+                    snapshot,
+                    view,
+                    &demand,
+                    mask.as_deref(),
+                    RoomShape::of(pod, &demand),
+                    now,
+                ) {
                     Ok(planned) => planned,
                     Err(made) => return refused.map_or(made, Made::Blocked),
                 },
             };
             let why = format!("Moved to make room for {}", pod.key);
-            let moved = match self.start_moves(Some(&pod.key), &why, &planned.moves).await {
+            let moved = match self
+                .start_moves(Some(&pod.key), &why, &planned.moves, Some(&mut *snapshot))
+                .await
+            {
                 Moves::Done(moved) if !moved.is_empty() => moved,
                 // Not the leader: nothing moved, nothing to wait for.
                 Moves::Done(_) => return Made::Nothing,
@@ -139,13 +192,20 @@ impl<A: ClusterApi> Scheduler<A> {
         view: &ClusterView,
         demand: &crate::k8s::demand::PodDemand,
         mask: Option<&[bool]>,
+        shape: Option<RoomShape>,
+        now: Instant,
     ) -> Result<RoomFor, Made> {
+        // Moved pods take back what they free: a cluster too full is no failed search.
+        if !defrag::room_possible(&snapshot.state, [&demand.request]) {
+            return Err(Made::Nothing);
+        }
         let started = std::time::Instant::now();
         let refused = self.refused_now();
         let set = self.movable_now(snapshot, view, &|uid| refused.contains(uid));
         if set.movables.units() == 0 {
             return Err(Made::Nothing);
         }
+
         // A plan is tried on a copy (the snapshot's holders are borrowed by the movables).
         let mut trial = snapshot.state.clone();
         let limits = Limits {
@@ -162,6 +222,10 @@ impl<A: ClusterApi> Scheduler<A> {
         );
         self.preemption_times.push(started.elapsed());
         let Some(plan) = plan else {
+            // A search that finds nothing is not made again for this shape for a while.
+            if let Some(shape) = shape {
+                self.room_memo.found_nothing(shape, now + ROOM_RETRY);
+            }
             // Say so when only a budget stands in the way.
             if set.movables.candidates.budgets.iter().any(|&b| b < 1) {
                 let mut unbounded = set.movables.clone();
@@ -254,6 +318,7 @@ impl<A: ClusterApi> Scheduler<A> {
         for_pod: Option<&PodKey>,
         why: &str,
         moves: &[PlannedMove],
+        mut snapshot: Option<&mut Snapshot>,
     ) -> Moves {
         if !self.gate.is_open() {
             return Moves::Done(Vec::new());
@@ -307,7 +372,7 @@ impl<A: ClusterApi> Scheduler<A> {
                 "Moved",
                 format!("{why} (from node {} to node {})", m.from, m.to),
             );
-            self.steers.push(Steer {
+            let steer = Steer {
                 moved: key.clone(),
                 owner: owner.uid.clone(),
                 // The replacement asks what the pod asked (the held request may be
@@ -327,7 +392,8 @@ impl<A: ClusterApi> Scheduler<A> {
                     .unwrap_or_default(),
                 for_pod: for_pod.cloned(),
                 since: std::time::Instant::now(),
-            });
+            };
+            self.steers.push_held(steer, snapshot.as_deref_mut());
             moved.push(key.clone());
         }
         Moves::Done(moved)
@@ -479,7 +545,10 @@ impl<A: ClusterApi> Scheduler<A> {
         } = planned;
         let first = &members[first].0.key;
         let why = format!("Moved to make room for the gang of {first}");
-        let moved = match self.start_moves(Some(first), &why, &moves).await {
+        let moved = match self
+            .start_moves(Some(first), &why, &moves, Some(&mut *snapshot))
+            .await
+        {
             Moves::Done(moved) if !moved.is_empty() => moved,
             Moves::Done(_) => return None,
             Moves::Refused { pod: stays, why } => {

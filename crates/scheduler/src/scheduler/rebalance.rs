@@ -76,7 +76,7 @@ impl<A: ClusterApi> Scheduler<A> {
             return;
         }
         let moved = match self
-            .start_moves(None, "Moved to lower fragmentation", &moves)
+            .start_moves(None, "Moved to lower fragmentation", &moves, None)
             .await
         {
             super::make_room::Moves::Done(moved) => moved,

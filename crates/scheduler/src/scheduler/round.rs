@@ -407,8 +407,19 @@ impl<A: ClusterApi> Scheduler<A> {
                 // again after, the new one's if it was nominated anew.
                 let started = Instant::now();
                 let (outcome, made) = self
-                    .post_filter_pod(snapshot, view, verdicts, pod, fair, report)
+                    .post_filter_pod(
+                        snapshot,
+                        view,
+                        super::chain::Unfit { pod, verdicts, now },
+                        fair,
+                        report,
+                    )
                     .await;
+                // A shape make-room searched lately looks again when its wait is over, not
+                // when a pod leaves: it backs off rather than parks.
+                if matches!(made, Some(super::make_room::Made::Later(_))) {
+                    self.unfinished.insert(pod.key.uid.clone());
+                }
                 let mut message = outcome.message(&message, snapshot.nodes.len());
                 if let Some(more) = made.as_ref().and_then(super::make_room::Made::message) {
                     message = format!("{message} {more}");

@@ -402,3 +402,28 @@ async fn a_gang_that_fits_nowhere_gets_room_for_every_member_at_once() {
     assert_eq!(bound_node(&api, "a2").as_deref(), Some("n2"));
     assert_no_double_booking(&api);
 }
+
+#[tokio::test]
+async fn a_pod_decided_after_a_move_in_the_same_round_leaves_the_moved_pods_place() {
+    let api = MemoryApi::new();
+    let mut scheduler = Scheduler::new(api.clone(), defrag_config(Duration::ZERO));
+    let mut t = Instant::now();
+    api.put_node(node("n1", 2, json!({})));
+    api.put_pod(replica("a", "rs-a", 1, true, json!({})));
+    settle(&mut scheduler, &mut t).await;
+    api.put_node(node("n2", 2, json!({})));
+    api.put_pod(replica("c", "rs-c", 1, false, on("n2")));
+    settle(&mut scheduler, &mut t).await;
+    // `big` fits nowhere (one GPU free on each node) unless `a` moves to n2; `late`, queued
+    // after it, fits on n2's free GPU, the moved pod's planned place.
+    api.put_pod(pod("big", 2, json!({})));
+    api.put_pod(pod("late", 1, json!({})));
+    t += Duration::from_secs(5);
+    scheduler.round(t).await.unwrap();
+    assert!(deleting(&api, "a"), "a moves to make room for big");
+    assert_eq!(
+        bound_node(&api, "late"),
+        None,
+        "late must not take the place planned for a's replacement in the round that moved a"
+    );
+}

@@ -31,8 +31,9 @@ use super::metrics::{Recorder, Values};
 use super::options::{Costs, Ms, Patience, TimelineOptions};
 use super::tenants::Tenants;
 use crate::trace::TracePod;
+use chain::Tried;
 
-pub use defrag::DefragCounts;
+pub use defrag::{DefragCounts, movable_pod};
 pub use fair::{QueueRun, TenantRun};
 
 /// One pod's life in the replay.
@@ -301,7 +302,7 @@ impl<'a> Engine<'a> {
             waiting_pods: 0,
             measure_from: Ms(0),
             outcome_counts: Counts::default(),
-            defrag: defrag::DefragState::new(options.defrag.clone(), distinct, placer_seed),
+            defrag: defrag::DefragState::new(options.defrag.clone(), placer_seed),
             tenants,
             queues_serve: options.queues_serve,
             costs: options.costs,
@@ -532,12 +533,16 @@ impl<'a> Engine<'a> {
         self.maybe_rebalance(now);
         let due = self.due(now);
         let tried = self.fair_round(due, now);
-        for (unit, placed) in tried {
-            if placed {
+        for (unit, tried) in tried {
+            if tried == Tried::Started {
                 self.units[unit as usize].waiting = false;
                 self.queue.forget(&unit);
             } else {
-                self.queue.unschedulable(&unit, now);
+                if tried == Tried::Later {
+                    self.queue.retry_later(&unit, now);
+                } else {
+                    self.queue.unschedulable(&unit, now);
+                }
                 let backoff = self.queue.backoff(self.queue.attempts(&unit));
                 let flush = self.queue.config().unschedulable_flush;
                 let u = &mut self.units[unit as usize];

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use gpuplace_core::{Policy, TargetWorkload};
 use gpuplace_scheduler::k8s::queue::QueueSpec;
-use gpuplace_sim::timeline::engine::Job;
-use gpuplace_sim::timeline::options::{Costs, Ms};
+use gpuplace_sim::timeline::engine::{Job, movable_pod};
+use gpuplace_sim::timeline::options::{Costs, DefragSim, Ms};
 use gpuplace_sim::timeline::tenants::{Tenants, TenantsFile};
 use gpuplace_sim::timeline::{DurationModel, Timeline, TimelineOptions};
 use gpuplace_testkit::timeline::{StackJob, StackOutcome, TimelineStackOptions, replay_timeline};
@@ -56,7 +56,27 @@ struct Setup {
     /// Two queues share the cluster (each guaranteed half, one sent 80% of the work) and
     /// both sides serve them and reclaim.
     tenants: bool,
+    /// Half the pods (the simulator's `--movable 0.5` hash) may move, and both sides make
+    /// room for a pod that fits nowhere (`--defrag make-room`, no minimum age: the stack's
+    /// pod ages are wall-clock).
+    make_room: bool,
 }
+
+/// Defragmentation's settings for `setup`, the same on both sides.
+fn defrag_settings(setup: Setup) -> gpuplace_core::defrag::Settings {
+    gpuplace_core::defrag::Settings {
+        mode: if setup.make_room {
+            gpuplace_core::defrag::Mode::MakeRoom
+        } else {
+            gpuplace_core::defrag::Mode::Off
+        },
+        min_age: Duration::ZERO,
+        ..gpuplace_core::defrag::Settings::default()
+    }
+}
+
+/// The share of pods that may move when [`Setup::make_room`].
+const MOVABLE: f64 = 0.5;
 
 /// The two queues of [`Setup::tenants`], as the simulator reads them.
 fn tenants_file() -> TenantsFile {
@@ -109,6 +129,10 @@ async fn replay_both(policy: Policy, seed: u64, setup: Setup) -> Both {
         load: if setup.tenants { 1.2 } else { 1.0 },
         tenants: setup.tenants.then(tenants_file),
         queues_serve: setup.tenants,
+        defrag: DefragSim {
+            settings: defrag_settings(setup),
+            movable: MOVABLE,
+        },
         ..TimelineOptions::default()
     };
     let timeline = Timeline::new(workload, options).expect("timeline");
@@ -137,6 +161,7 @@ async fn replay_both(policy: Policy, seed: u64, setup: Setup) -> Both {
             queue: queue_of
                 .as_ref()
                 .map(|t| t.tree.name(t.queue_of[j.pod as usize]).to_string()),
+            movable: setup.make_room && movable_pod(j.pod, MOVABLE),
         })
         .collect();
     let dir = tempfile::tempdir().expect("tempdir");
@@ -150,6 +175,7 @@ async fn replay_both(policy: Policy, seed: u64, setup: Setup) -> Both {
         end_ms,
         settle_timeout: Duration::from_secs(20),
         queues: queue_of.as_ref().map(queue_objects).unwrap_or_default(),
+        defrag: defrag_settings(setup),
     };
     let stack = replay_timeline(dir.path(), nodes, &stack_jobs, &stack_options)
         .await
@@ -309,4 +335,21 @@ async fn with_queues_the_stack_serves_and_reclaims_as_the_simulator_does() {
     };
     let evicted = compare_all(&[(Policy::DEFAULT, 6), (Policy::Fgd, 7)], setup).await;
     assert!(evicted > 0, "the replay must reclaim to compare queues");
+}
+
+/// Not yet the same (issue #46, item 2): gpuplace seed 8 first differs at 39,442 ms, where
+/// two waiting pods of one shape (1x810 milli, both arrived at 0) swap the freed place: the
+/// two sides' make-room memo (core's `RoomMemo`, 60 s) leaves a different one of them backing
+/// off. With the memo off the first difference is at 951,944 ms: the stack finds no plan for
+/// a second make-room in the round after a first one moved a pod, where the simulator (which
+/// frees the moved pod's devices at once) does. Run it with `--run-ignored only`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "make-room equivalence: the first differences are named above (#46)"]
+async fn with_make_room_the_stack_moves_the_same_pods_to_the_same_places() {
+    let setup = Setup {
+        make_room: true,
+        ..Setup::default()
+    };
+    let moved = compare_all(&[(Policy::DEFAULT, 8), (Policy::Fgd, 9)], setup).await;
+    assert!(moved > 0, "the replay must move pods to compare make-room");
 }

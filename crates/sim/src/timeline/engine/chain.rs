@@ -37,6 +37,25 @@ pub(super) enum SimPlan {
     },
 }
 
+/// How a unit's attempt ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Tried {
+    Started,
+    /// It fits nowhere: parked until a pod leaves (or the flush), as the scheduler's queue.
+    Parked,
+    /// Make-room searched for its shape lately and found nothing: it backs off and looks
+    /// again, as the scheduler does, without waiting for a pod to leave.
+    Later,
+}
+
+/// Why a step planned nothing.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    Nothing,
+    /// Make-room's memo holds the unit's shape.
+    Later,
+}
+
 /// The unit's queue and the round's queue standing, when the queues serve.
 #[derive(Clone, Copy)]
 pub(super) struct FairView<'f, 't> {
@@ -54,7 +73,7 @@ struct SimSteps<'e, 'a, 'f, 't> {
 
 impl Planner for SimSteps<'_, '_, '_, '_> {
     type Plan = SimPlan;
-    type Why = ();
+    type Why = Wait;
 
     fn applies(&self, step: Step) -> bool {
         match step {
@@ -64,32 +83,44 @@ impl Planner for SimSteps<'_, '_, '_, '_> {
         }
     }
 
-    fn plan(&mut self, step: Step) -> Found<SimPlan, ()> {
+    fn plan(&mut self, step: Step) -> Found<SimPlan, Wait> {
         let planned = match step {
             Step::Preempt => self.engine.plan_preempt(self.unit).map(SimPlan::Preempt),
             Step::Reclaim => self
                 .fair
                 .and_then(|fair| self.engine.plan_reclaim(self.unit, fair)),
-            Step::MakeRoom => self.engine.plan_make_room(self.unit, self.now),
+            Step::MakeRoom => {
+                if self.engine.room_memo_holds(self.unit, self.now) {
+                    return Found::Nothing(Wait::Later);
+                }
+                self.engine.plan_make_room(self.unit, self.now)
+            }
         };
-        planned.map_or(Found::Nothing(()), Found::Plan)
+        planned.map_or(Found::Nothing(Wait::Nothing), Found::Plan)
     }
 }
 
 impl Engine<'_> {
     /// PostFilter for `unit`, which fits nowhere: the chain planned and its plan carried
-    /// out; true when the unit was placed. With queues serving, `fair` is the unit's queue
-    /// and the round's standing (reclaim's losses taken off it).
+    /// out; how the attempt ended. With queues serving, `fair` is the unit's queue and the
+    /// round's standing (reclaim's losses taken off it).
     pub(super) fn post_filter(
         &mut self,
         unit: u32,
         fair: Option<(usize, &mut Picker<'_, u32>)>,
         now: Ms,
-    ) -> bool {
+    ) -> Tried {
+        let started = |placed: bool| {
+            if placed {
+                Tried::Started
+            } else {
+                Tried::Parked
+            }
+        };
         // A nominee whose victims are still leaving waits for them (the scheduler's
         // preemption says so and evicts nothing more).
         if !self.units[unit as usize].held.is_empty() {
-            return false;
+            return Tried::Parked;
         }
         let chained = {
             let view = fair.as_ref().map(|(queue, picker)| FairView {
@@ -104,8 +135,11 @@ impl Engine<'_> {
             })
         };
         match chained.plan.map(|(_, p)| p) {
-            None => false,
-            Some(SimPlan::Preempt(eviction)) => self.evict_and_nominate(unit, &eviction, now),
+            None if chained.why.iter().any(|(_, w)| *w == Wait::Later) => Tried::Later,
+            None => Tried::Parked,
+            Some(SimPlan::Preempt(eviction)) => {
+                started(self.evict_and_nominate(unit, &eviction, now))
+            }
             Some(SimPlan::Reclaim {
                 eviction,
                 losses,
@@ -121,13 +155,13 @@ impl Engine<'_> {
                         t.reclaimed(q, pods);
                     }
                 }
-                self.evict_and_nominate(unit, &eviction, now)
+                started(self.evict_and_nominate(unit, &eviction, now))
             }
             Some(SimPlan::Room {
                 groups,
                 plan,
                 order,
-            }) => self.carry_out(&groups, &plan, &order, unit, now),
+            }) => started(self.carry_out(&groups, &plan, &order, unit, now)),
         }
     }
 

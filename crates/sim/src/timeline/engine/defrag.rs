@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use gpuplace_core::defrag::{self, Limits, Movables, RoomPlan};
+use gpuplace_core::defrag::{self, Limits, Movables, ROOM_RETRY, RoomMemo, RoomPlan};
 use gpuplace_core::preempt::Holder;
 use gpuplace_core::{Placer, Policy};
 
@@ -38,8 +38,9 @@ pub struct DefragCounts {
 pub(super) struct DefragState {
     pub(super) config: DefragSim,
     pub(super) counts: DefragCounts,
-    /// Per request id, when its make-room last failed.
-    failed: Vec<Option<Ms>>,
+    /// Per request id (a shape: the trace's pods may go on any node), until when its
+    /// make-room does not search again (core's rule, as the scheduler's).
+    failed: RoomMemo<usize, Ms>,
     last_rebalance: Ms,
     /// Rebalance moves in the last hour: (when, milli).
     recent: VecDeque<(Ms, u64)>,
@@ -51,19 +52,14 @@ pub(super) struct DefragState {
     fgd: Placer,
 }
 
-/// A make-room failure for a request is remembered this long (the scheduler, too, plans
-/// for a pod at most once per backoff; pods leave every few seconds at this scale, so
-/// waiting for a change would not bound the searches).
-const RETRY_MS: u64 = 60_000;
-
 impl DefragState {
-    pub(super) fn new(config: DefragSim, distinct: usize, seed: u64) -> Self {
+    pub(super) fn new(config: DefragSim, seed: u64) -> Self {
         DefragState {
             config,
             moved_units: HashMap::new(),
             in_flight: Vec::new(),
             counts: DefragCounts::default(),
-            failed: vec![None; distinct],
+            failed: RoomMemo::default(),
             last_rebalance: Ms(0),
             recent: VecDeque::new(),
             fgd: Placer::new(Policy::Fgd, seed),
@@ -72,7 +68,7 @@ impl DefragState {
 }
 
 /// Whether trace pod `pod` is in the movable share `share` (a fixed hash of its index).
-fn movable_pod(pod: u32, share: f64) -> bool {
+pub fn movable_pod(pod: u32, share: f64) -> bool {
     let h = u64::from(pod)
         .wrapping_add(1)
         .wrapping_mul(0x9e37_79b9_7f4a_7c15);
@@ -127,19 +123,25 @@ impl Engine<'_> {
         singles
     }
 
+    /// The request id of `unit`'s one pod (a gang has none: its make-room is not
+    /// remembered, as the scheduler's is not).
+    fn single_rid(&self, unit: u32) -> Option<usize> {
+        match self.units[unit as usize].jobs[..] {
+            [job] => Some(self.request_ids[self.jobs[job as usize].pod as usize] as usize),
+            _ => None,
+        }
+    }
+
+    /// Whether make-room searched for `unit`'s shape lately and found nothing.
+    pub(super) fn room_memo_holds(&self, unit: u32, now: Ms) -> bool {
+        self.single_rid(unit)
+            .is_some_and(|rid| self.defrag.failed.waiting_until(&rid, now).is_some())
+    }
+
     /// Plans room for `unit`, which fits nowhere (the chain's last step).
     pub(super) fn plan_make_room(&mut self, unit: u32, now: Ms) -> Option<SimPlan> {
         let jobs = &self.units[unit as usize].jobs;
-        let single_rid = match jobs[..] {
-            [job] => Some(self.request_ids[self.jobs[job as usize].pod as usize] as usize),
-            _ => None,
-        };
-        if let Some(rid) = single_rid
-            && let Some(at) = self.defrag.failed[rid]
-            && now.0 < at.0 + RETRY_MS
-        {
-            return None;
-        }
+        let single_rid = self.single_rid(unit);
         // Checked before the failure memo: a cluster too full is not a failed plan.
         let requests = jobs
             .iter()
@@ -170,7 +172,7 @@ impl Engine<'_> {
         };
         let Some(plan) = plan else {
             if let Some(rid) = single_rid {
-                self.defrag.failed[rid] = Some(now);
+                self.defrag.failed.found_nothing(rid, now + ROOM_RETRY);
             }
             return None;
         };

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use gpuplace_core::fairshare::{Picker, Res};
 
 use super::Engine;
+use super::chain::Tried;
 use crate::timeline::options::Ms;
 
 impl Engine<'_> {
@@ -51,12 +52,19 @@ impl Engine<'_> {
 
     /// The due units in the queues' order (without tenants, as given), each tried as the
     /// scheduler tries a pod: placed, else PostFilter's chain (preemption, reclaim,
-    /// make-room); says whether each started.
-    pub(super) fn fair_round(&mut self, due: Vec<u32>, now: Ms) -> Vec<(u32, bool)> {
+    /// make-room); says how each attempt ended.
+    pub(super) fn fair_round(&mut self, due: Vec<u32>, now: Ms) -> Vec<(u32, Tried)> {
         let Some(t) = self.tenants.as_ref().filter(|_| self.queues_serve) else {
             return due
                 .into_iter()
-                .map(|u| (u, self.try_place(u, now) || self.post_filter(u, None, now)))
+                .map(|u| {
+                    let tried = if self.try_place(u, now) {
+                        Tried::Started
+                    } else {
+                        self.post_filter(u, None, now)
+                    };
+                    (u, tried)
+                })
                 .collect();
         };
         let tree = Arc::clone(&t.tree);
@@ -74,18 +82,21 @@ impl Engine<'_> {
                 asked.add(&self.fair_res(j, None).1);
             }
             if picker.limit_hit(q, &asked).is_some() {
-                out.push((unit, false));
+                out.push((unit, Tried::Parked));
                 continue;
             }
-            let started =
-                self.try_place(unit, now) || self.post_filter(unit, Some((q, &mut picker)), now);
-            if started {
+            let tried = if self.try_place(unit, now) {
+                Tried::Started
+            } else {
+                self.post_filter(unit, Some((q, &mut picker)), now)
+            };
+            if tried == Tried::Started {
                 for &j in &jobs {
                     let node = self.jobs[j as usize].node as usize;
                     picker.placed(q, &self.fair_res(j, Some(node)).1);
                 }
             }
-            out.push((unit, started));
+            out.push((unit, tried));
         }
         out
     }
