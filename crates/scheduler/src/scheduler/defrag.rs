@@ -113,6 +113,20 @@ pub struct Steers {
     list: Vec<Steer>,
 }
 
+/// Holds the place `steer` planned for its replacement in `snapshot`.
+fn hold_steer(snapshot: &mut Snapshot, steer: &Steer) {
+    hold_planned(
+        snapshot,
+        hold_key(&steer.moved.uid),
+        &Planned {
+            node: &steer.node,
+            request: &steer.request,
+            gpus: &steer.gpus,
+            extended: &steer.extended,
+        },
+    );
+}
+
 fn hold_key(moved_uid: &str) -> String {
     format!("moved/{moved_uid}")
 }
@@ -138,16 +152,7 @@ impl Steers {
     pub fn hold(&mut self, snapshot: &mut Snapshot, now: Instant, ttl: Duration) {
         self.list.retain(|s| now.duration_since(s.since) < ttl);
         for s in &self.list {
-            hold_planned(
-                snapshot,
-                hold_key(&s.moved.uid),
-                &Planned {
-                    node: &s.node,
-                    request: &s.request,
-                    gpus: &s.gpus,
-                    extended: &s.extended,
-                },
-            );
+            hold_steer(snapshot, s);
         }
     }
 
@@ -155,16 +160,7 @@ impl Steers {
     /// round: no pod decided after the move may take the replacement's place.
     pub fn push_held(&mut self, steer: Steer, snapshot: Option<&mut Snapshot>) {
         if let Some(snapshot) = snapshot {
-            hold_planned(
-                snapshot,
-                hold_key(&steer.moved.uid),
-                &Planned {
-                    node: &steer.node,
-                    request: &steer.request,
-                    gpus: &steer.gpus,
-                    extended: &steer.extended,
-                },
-            );
+            hold_steer(snapshot, &steer);
         }
         self.list.push(steer);
     }
@@ -191,17 +187,7 @@ impl Steers {
 
     /// Puts back a steer whose replacement could not be placed there.
     pub fn restore(&mut self, steer: Steer, snapshot: &mut Snapshot) {
-        hold_planned(
-            snapshot,
-            hold_key(&steer.moved.uid),
-            &Planned {
-                node: &steer.node,
-                request: &steer.request,
-                gpus: &steer.gpus,
-                extended: &steer.extended,
-            },
-        );
-        self.list.push(steer);
+        self.push_held(steer, Some(snapshot));
     }
 }
 
