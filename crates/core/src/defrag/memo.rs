@@ -8,7 +8,9 @@
 //! changes" bounds nothing. A search that ran and found no plan is therefore not made again
 //! for the same shape until [`ROOM_RETRY`] has passed; a pod of that shape waits for its
 //! turn (or is placed as soon as it simply fits). A shape with no movable pod at all is not
-//! remembered: nothing was searched, and pods become movable as they age.
+//! remembered: nothing was searched, and pods become movable as they age. Nor is one that
+//! only a disruption budget stands in the way of (the pod waits for the budget), and the
+//! scheduler forgets every shape when nodes or budgets change (the timeline has neither).
 //!
 //! Time is the driver's (the scheduler's round clock, the simulator's milliseconds): the
 //! memo only compares the instants it is given.

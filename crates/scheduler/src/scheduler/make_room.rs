@@ -222,10 +222,6 @@ impl<A: ClusterApi> Scheduler<A> {
         );
         self.preemption_times.push(started.elapsed());
         let Some(plan) = plan else {
-            // A search that finds nothing is not made again for this shape for a while.
-            if let Some(shape) = shape {
-                self.room_memo.found_nothing(shape, now + ROOM_RETRY);
-            }
             // Say so when only a budget stands in the way.
             if set.movables.candidates.budgets.iter().any(|&b| b < 1) {
                 let mut unbounded = set.movables.clone();
@@ -245,6 +241,10 @@ impl<A: ClusterApi> Scheduler<A> {
                         "the pods in the way are covered by a PodDisruptionBudget that allows no disruption now".into(),
                     ));
                 }
+            }
+            // A search that finds nothing is not made again for this shape for a while.
+            if let Some(shape) = shape {
+                self.room_memo.found_nothing(shape, now + ROOM_RETRY);
             }
             return Err(Made::Nothing);
         };

@@ -96,6 +96,11 @@ impl<A: ClusterApi> Scheduler<A> {
         {
             self.queue.wake_all();
         }
+        // Nodes or budgets changed: what make-room found nothing for may be found now (the
+        // timeline's nodes and budgets never change).
+        if nodes_changed || budgets_changed {
+            self.room_memo = Default::default();
+        }
         self.seen = Seen {
             generation: Some(view.generation),
             nodes,
