@@ -337,14 +337,12 @@ async fn with_queues_the_stack_serves_and_reclaims_as_the_simulator_does() {
     assert!(evicted > 0, "the replay must reclaim to compare queues");
 }
 
-/// Not yet the same (issue #46, item 2): gpuplace seed 8 first differs at 39,442 ms, where
-/// two waiting pods of one shape (1x810 milli, both arrived at 0) swap the freed place: the
-/// two sides' make-room memo (core's `RoomMemo`, 60 s) leaves a different one of them backing
-/// off. With the memo off the first difference is at 951,944 ms: the stack finds no plan for
-/// a second make-room in the round after a first one moved a pod, where the simulator (which
-/// frees the moved pod's devices at once) does. Run it with `--run-ignored only`.
+/// Not yet the same (issue #46, item 2): gpuplace seed 8 is (346 pods, 28 moved, all the
+/// same); fgd seed 9 first differs at 4,115,686 ms, where a moved pod's replacement lands on
+/// another node in the stack than its planned place in the simulator. Run it with
+/// `--run-ignored only`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "make-room equivalence: the first differences are named above (#46)"]
+#[ignore = "make-room equivalence: the first difference is named above (#46)"]
 async fn with_make_room_the_stack_moves_the_same_pods_to_the_same_places() {
     let setup = Setup {
         make_room: true,

@@ -101,7 +101,10 @@ impl Engine<'_> {
         let eligible = |r: u32| {
             let j = &self.jobs[r as usize];
             let age = now.0.saturating_sub(j.work_from.map_or(now.0, |t| t.0));
-            movable_pod(j.pod, s.movable) && age >= min_age
+            // A pod decided at this instant has its Binding in flight: the scheduler does
+            // not move it.
+            let bound = j.placed_at.is_some_and(|t| t < now);
+            movable_pod(j.pod, s.movable) && age >= min_age && bound
         };
         let mut singles = Vec::new();
         let mut gangs: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
