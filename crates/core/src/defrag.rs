@@ -17,6 +17,7 @@
 //! moved) and the cheapest whose moved pods all find a place wins, fragmentation after
 //! breaking ties.
 
+mod eligible;
 mod memo;
 mod rebalance;
 mod settings;
@@ -31,6 +32,7 @@ use crate::policy::Policy;
 use crate::preempt::{Candidates, Holder, give, take, violations};
 use crate::state::{ClusterState, NodeState};
 
+pub use eligible::{MoveCandidate, may_move, unit_may_move};
 pub use memo::{ROOM_RETRY, RoomMemo};
 pub use rebalance::{Rebalance, rebalance};
 pub use settings::{

@@ -143,6 +143,30 @@ impl<K: Hash + Eq, T: QueueTime> Queue<K, T> {
         self.fail(key, now, false);
     }
 
+    /// The attempt failed and looking again before `at` would fail the same way (a
+    /// make-room search for the pod's shape is remembered until then): the pod is due at
+    /// `at` (or after its backoff, if that ends later), without parking; an event that
+    /// wakes waiting pods still makes it due sooner.
+    pub fn retry_at<Q>(&mut self, key: &Q, now: T, at: T)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.fail(key, now, false);
+        if let Some(e) = self.entries.get_mut(key) {
+            e.not_before = e.not_before.max(at);
+        }
+    }
+
+    /// When the pod's backoff ends (`None`: it has no failed attempt on record).
+    pub fn due_at<Q>(&self, key: &Q) -> Option<T>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.entries.get(key).map(|e| e.not_before)
+    }
+
     /// The pod is bound or gone.
     pub fn forget<Q>(&mut self, key: &Q)
     where
@@ -275,6 +299,29 @@ mod tests {
         assert!(q.is_due("b", t0));
         q.retain(|uid| uid != "a");
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn a_pod_told_when_to_look_again_is_due_then_or_at_an_event() {
+        let mut q: Queue<String, Instant> = Queue::new(QueueConfig::default());
+        let t0 = Instant::now();
+        q.retry_at("a", t0, t0 + secs(60));
+        assert_eq!(q.due_at("a"), Some(t0 + secs(60)));
+        assert!(
+            !q.is_due("a", t0 + secs(59)),
+            "not parked, but not due before"
+        );
+        assert!(q.is_due("a", t0 + secs(60)));
+        assert_eq!(q.next_due(t0), Some(t0 + secs(60)));
+        q.wake_all();
+        assert!(q.is_due("a", t0 + secs(1)), "an event may let it fit");
+        // A time sooner than its backoff does not shorten the backoff.
+        for i in 0..4 {
+            q.retry_later("b", t0 + secs(i));
+        }
+        q.retry_at("b", t0 + secs(4), t0 + secs(5));
+        assert_eq!(q.due_at("b"), Some(t0 + secs(14)));
+        assert_eq!(q.attempts("b"), 5);
     }
 
     #[test]

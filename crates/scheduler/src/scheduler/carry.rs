@@ -3,6 +3,7 @@
 //! not further; a pod that fits nowhere waits or backs off; nominations cleared.
 
 use std::collections::HashMap;
+use std::time::Instant;
 
 use super::Scheduler;
 use crate::api::{ClusterApi, PodKey};
@@ -96,12 +97,14 @@ impl<A: ClusterApi> Scheduler<A> {
     }
 
     /// Pod `uid` fits nowhere this round: it waits for a cluster event, or backs off and
-    /// tries again if the server refused some of its evictions or moves.
-    pub(super) fn wait(&mut self, uid: &str, now: std::time::Instant) {
-        if self.unfinished.remove(uid) {
-            self.queue.retry_later(uid, now);
-        } else {
-            self.queue.unschedulable(uid, now);
+    /// tries again if the server refused some of its evictions or moves, or looks again
+    /// at `at` (make-room searched for its shape lately).
+    pub(super) fn wait(&mut self, uid: &str, now: Instant, at: Option<Instant>) {
+        let unfinished = self.unfinished.remove(uid);
+        match at {
+            Some(at) => self.queue.retry_at(uid, now, at),
+            None if unfinished => self.queue.retry_later(uid, now),
+            None => self.queue.unschedulable(uid, now),
         }
     }
 

@@ -18,8 +18,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpuplace_core::defrag::Movables;
 pub use gpuplace_core::defrag::{MAX_MIN_AGE, Mode as DefragMode, Settings};
+use gpuplace_core::defrag::{Movables, MoveCandidate, may_move, unit_may_move};
 use gpuplace_core::preempt::Holder;
 use gpuplace_model::Request;
 
@@ -207,25 +207,20 @@ pub struct Eligibility<'a> {
 }
 
 impl Eligibility<'_> {
-    fn old_enough(&self, pod: &PodInfo) -> bool {
-        if self.min_age.is_zero() {
-            return true;
-        }
-        let Some(started) = pod.started else {
-            return false;
-        };
-        let age = self.now.duration_since(started);
-        age.as_secs_f64() >= self.min_age.as_secs_f64()
-    }
-
-    /// Whether `pod` itself may move (its gang aside).
+    /// Whether `pod` itself may move (its gang aside): core's rule.
     pub fn allows(&self, pod: &PodInfo) -> bool {
-        pod.movable
-            && pod.controller.is_some()
-            && !pod.deleting
-            && pod.is_active_bound()
-            && self.old_enough(pod)
-            && !(self.skip)(&pod.key.uid)
+        let age = pod.started.map(|started| {
+            let ran = self.now.duration_since(started);
+            Duration::try_from(ran).unwrap_or(Duration::ZERO)
+        });
+        let candidate = MoveCandidate {
+            opted_in: pod.movable,
+            controlled: pod.controller.is_some(),
+            bound: pod.is_active_bound(),
+            leaving: pod.deleting || (self.skip)(&pod.key.uid),
+            age,
+        };
+        may_move(&candidate, self.min_age)
     }
 }
 
@@ -285,24 +280,30 @@ pub fn movable_set<'a>(
     out
 }
 
-/// Every active member of `member`'s gang, when each may move.
+/// Every active member of `member`'s gang, when the gang may move whole (core's rule).
 fn whole_gang<'a>(
     snapshot: &'a Snapshot,
     view: &ClusterView,
     member: &PodInfo,
     rules: &Eligibility<'_>,
 ) -> Option<Vec<(Arc<PodInfo>, &'a Held)>> {
-    let mut out = Vec::new();
-    for p in view.pods.iter().filter(|p| {
-        p.key.namespace == member.key.namespace && p.group == member.group && p.is_active_bound()
-    }) {
-        let held = snapshot.held.get(&p.key.uid)?;
-        if !rules.allows(p) {
-            return None;
-        }
-        out.push((Arc::clone(p), held));
-    }
-    (!out.is_empty()).then_some(out)
+    let members: Vec<(&Arc<PodInfo>, Option<&'a Held>)> = view
+        .pods
+        .iter()
+        .filter(|p| {
+            p.key.namespace == member.key.namespace
+                && p.group == member.group
+                && p.is_active_bound()
+        })
+        .map(|p| (p, snapshot.held.get(&p.key.uid)))
+        .collect();
+    let whole = unit_may_move(members.iter().map(|(p, h)| h.is_some() && rules.allows(p)));
+    whole.then(|| {
+        members
+            .into_iter()
+            .filter_map(|(p, h)| Some((Arc::clone(p), h?)))
+            .collect()
+    })
 }
 
 /// The nodes `pod`'s filters allow (its own node always), `None` when every node does.

@@ -313,7 +313,7 @@ impl<A: ClusterApi> Scheduler<A> {
                     }
                 }
                 for (pod, _) in members {
-                    self.wait(&pod.key.uid, now);
+                    self.wait(&pod.key.uid, now, None);
                 }
                 self.gangs.stop_waiting(&gang.id);
                 let why = Why {

@@ -29,9 +29,6 @@ use crate::framework::{FilterInput, Profile};
 use crate::k8s::pod_info::PodInfo;
 use crate::snapshot::Snapshot;
 
-/// Shapes remembered past which the memo drops those whose wait is over.
-const MEMO_TRIM: usize = 256;
-
 /// What make-room did.
 pub(super) enum Made {
     /// Pods moved (evicted, their places planned); the pod is nominated to `node`.
@@ -116,17 +113,26 @@ impl<A: ClusterApi> Scheduler<A> {
         };
         let mask = filtered.mask().map(<[bool]>::to_vec);
         let shape = RoomShape::of(pod, &demand);
-        if self.room_memo.len() > MEMO_TRIM {
-            self.room_memo.forget_before(now);
-        }
         if let Some(until) = shape
             .as_ref()
             .and_then(|s| self.room_memo.waiting_until(s, now))
         {
             return Found::Nothing(Made::Later(until - now));
         }
-        match self.plan_room(snapshot, view, &demand, mask.as_deref(), shape, now) {
-            Ok(room) => Found::Plan(RoomPlanned { demand, mask, room }),
+        match self.plan_room(
+            snapshot,
+            view,
+            &demand,
+            mask.as_deref(),
+            shape.as_ref(),
+            now,
+        ) {
+            Ok(room) => Found::Plan(RoomPlanned {
+                demand,
+                mask,
+                shape,
+                room,
+            }),
             Err(made) => Found::Nothing(made),
         }
     }
@@ -143,7 +149,12 @@ impl<A: ClusterApi> Scheduler<A> {
         now: Instant,
         report: &mut RoundReport,
     ) -> Made {
-        let RoomPlanned { demand, mask, room } = planned;
+        let RoomPlanned {
+            demand,
+            mask,
+            shape,
+            room,
+        } = planned;
         let mut next = Some(room);
         let mut refused = None;
         for _ in 0..PLAN_ATTEMPTS {
@@ -154,7 +165,7 @@ impl<A: ClusterApi> Scheduler<A> {
                     view,
                     &demand,
                     mask.as_deref(),
-                    RoomShape::of(pod, &demand),
+                    shape.as_ref(),
                     now,
                 ) {
                     Ok(planned) => planned,
@@ -192,7 +203,7 @@ impl<A: ClusterApi> Scheduler<A> {
         view: &ClusterView,
         demand: &crate::k8s::demand::PodDemand,
         mask: Option<&[bool]>,
-        shape: Option<RoomShape>,
+        shape: Option<&RoomShape>,
         now: Instant,
     ) -> Result<RoomFor, Made> {
         // Moved pods take back what they free: a cluster too full is no failed search.
@@ -244,7 +255,8 @@ impl<A: ClusterApi> Scheduler<A> {
             }
             // A search that finds nothing is not made again for this shape for a while.
             if let Some(shape) = shape {
-                self.room_memo.found_nothing(shape, now + ROOM_RETRY);
+                self.room_memo
+                    .found_nothing(shape.clone(), now + ROOM_RETRY);
             }
             return Err(Made::Nothing);
         };
@@ -611,11 +623,12 @@ struct RoomFor {
     gpus: Vec<(String, u32)>,
 }
 
-/// A make-room plan for one pod, with its requests and filter mask (to plan again when
-/// the server refuses a move).
+/// A make-room plan for one pod, with its requests, filter mask and memo shape (to plan
+/// again when the server refuses a move).
 pub(super) struct RoomPlanned {
     demand: crate::k8s::demand::PodDemand,
     mask: Option<Vec<bool>>,
+    shape: Option<RoomShape>,
     room: RoomFor,
 }
 

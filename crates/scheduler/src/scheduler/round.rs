@@ -136,6 +136,7 @@ impl<A: ClusterApi> Scheduler<A> {
         self.last_round = Some(now);
         self.observe(&view);
         self.queue.flush(now);
+        self.room_memo.forget_before(now);
         let mut snapshot = self.state_for_round(&view, feed).await;
         let waiting: Vec<&Arc<PodInfo>> = view
             .pods
@@ -420,11 +421,12 @@ impl<A: ClusterApi> Scheduler<A> {
                         report,
                     )
                     .await;
-                // A shape make-room searched lately looks again when its wait is over, not
-                // when a pod leaves: it backs off rather than parks.
-                if matches!(made, Some(super::make_room::Made::Later(_))) {
-                    self.unfinished.insert(pod.key.uid.clone());
-                }
+                // A shape make-room searched lately looks again when its wait is over (or
+                // when a pod leaves): it is told when rather than parked.
+                let later = match made {
+                    Some(super::make_room::Made::Later(wait)) => Some(now + wait),
+                    _ => None,
+                };
                 let mut message = outcome.message(&message, snapshot.nodes.len());
                 if let Some(more) = made.as_ref().and_then(super::make_room::Made::message) {
                     message = format!("{message} {more}");
@@ -432,7 +434,7 @@ impl<A: ClusterApi> Scheduler<A> {
                 self.cluster.nominations.restore(&pod.key.uid, snapshot);
                 report.timings.api += started.elapsed();
                 report.unschedulable += 1;
-                self.wait(&pod.key.uid, now);
+                self.wait(&pod.key.uid, now, later);
                 debug!(pod = %pod.key, %message, "unschedulable");
                 self.events
                     .emit(&pod.key, "Warning", "FailedScheduling", message);

@@ -538,12 +538,11 @@ impl<'a> Engine<'a> {
                 self.units[unit as usize].waiting = false;
                 self.queue.forget(&unit);
             } else {
-                if tried == Tried::Later {
-                    self.queue.retry_later(&unit, now);
-                } else {
-                    self.queue.unschedulable(&unit, now);
+                match tried {
+                    Tried::Later(at) => self.queue.retry_at(&unit, now, at),
+                    _ => self.queue.unschedulable(&unit, now),
                 }
-                let backoff = self.queue.backoff(self.queue.attempts(&unit));
+                let due = self.queue.due_at(&unit).unwrap_or(now);
                 let flush = self.queue.config().unschedulable_flush;
                 let u = &mut self.units[unit as usize];
                 u.fails += 1;
@@ -552,8 +551,7 @@ impl<'a> Engine<'a> {
                     u.backing_off = true;
                     self.backing_off.push(unit);
                 }
-                self.wakes
-                    .push(Reverse((now + backoff, unit, u.fails, false)));
+                self.wakes.push(Reverse((due, unit, u.fails, false)));
                 u.flush_at = now + flush;
                 if !u.flush_queued {
                     u.flush_queued = true;

@@ -43,17 +43,17 @@ pub(super) enum Tried {
     Started,
     /// It fits nowhere: parked until a pod leaves (or the flush), as the scheduler's queue.
     Parked,
-    /// Make-room searched for its shape lately and found nothing: it backs off and looks
-    /// again, as the scheduler does, without waiting for a pod to leave.
-    Later,
+    /// Make-room searched for its shape lately and found nothing: it looks again at this
+    /// time (sooner if a pod leaves), as the scheduler does.
+    Later(Ms),
 }
 
 /// Why a step planned nothing.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Wait {
     Nothing,
-    /// Make-room's memo holds the unit's shape.
-    Later,
+    /// Make-room's memo holds the unit's shape until this time.
+    Later(Ms),
 }
 
 /// The unit's queue and the round's queue standing, when the queues serve.
@@ -90,8 +90,8 @@ impl Planner for SimSteps<'_, '_, '_, '_> {
                 .fair
                 .and_then(|fair| self.engine.plan_reclaim(self.unit, fair)),
             Step::MakeRoom => {
-                if self.engine.room_memo_holds(self.unit, self.now) {
-                    return Found::Nothing(Wait::Later);
+                if let Some(until) = self.engine.room_memo_until(self.unit, self.now) {
+                    return Found::Nothing(Wait::Later(until));
                 }
                 self.engine.plan_make_room(self.unit, self.now)
             }
@@ -135,8 +135,14 @@ impl Engine<'_> {
             })
         };
         match chained.plan.map(|(_, p)| p) {
-            None if chained.why.iter().any(|(_, w)| *w == Wait::Later) => Tried::Later,
-            None => Tried::Parked,
+            None => chained
+                .why
+                .iter()
+                .find_map(|(_, w)| match w {
+                    Wait::Later(until) => Some(Tried::Later(*until)),
+                    Wait::Nothing => None,
+                })
+                .unwrap_or(Tried::Parked),
             Some(SimPlan::Preempt(eviction)) => {
                 started(self.evict_and_nominate(unit, &eviction, now))
             }

@@ -13,8 +13,11 @@
 //! follows the scheduler's rules with core's settings (see [`Engine::maybe_rebalance`]).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::time::Duration;
 
-use gpuplace_core::defrag::{self, Limits, Movables, ROOM_RETRY, RoomMemo, RoomPlan};
+use gpuplace_core::defrag::{
+    self, Limits, Movables, MoveCandidate, ROOM_RETRY, RoomMemo, RoomPlan,
+};
 use gpuplace_core::preempt::Holder;
 use gpuplace_core::{Placer, Policy};
 
@@ -97,14 +100,21 @@ impl Engine<'_> {
     /// Running units that may move at `now` (each as its running jobs).
     fn movable_units(&self, now: Ms) -> Vec<Vec<u32>> {
         let s = &self.defrag.config;
-        let min_age = s.settings.min_age.as_millis() as u64;
+        let min_age = s.settings.min_age;
         let eligible = |r: u32| {
             let j = &self.jobs[r as usize];
-            let age = now.0.saturating_sub(j.work_from.map_or(now.0, |t| t.0));
-            // A pod decided at this instant has its Binding in flight: the scheduler does
-            // not move it.
-            let bound = j.placed_at.is_some_and(|t| t < now);
-            movable_pod(j.pod, s.movable) && age >= min_age && bound
+            let pod = MoveCandidate {
+                opted_in: movable_pod(j.pod, s.movable),
+                // Every trace pod is re-created by its job's controller.
+                controlled: true,
+                // A pod decided at this instant has its Binding in flight.
+                bound: j.placed_at.is_some_and(|t| t < now),
+                leaving: false,
+                age: j
+                    .work_from
+                    .map(|t| Duration::from_millis(now.0.saturating_sub(t.0))),
+            };
+            defrag::may_move(&pod, min_age)
         };
         let mut singles = Vec::new();
         let mut gangs: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
@@ -119,9 +129,11 @@ impl Engine<'_> {
             }
         }
         singles.sort_unstable();
-        singles.extend(gangs.into_iter().filter_map(|(u, jobs)| {
-            (jobs.len() == self.units[u as usize].jobs.len() && jobs.iter().all(|&r| eligible(r)))
-                .then_some(jobs)
+        singles.extend(gangs.into_iter().filter_map(|(u, running)| {
+            let all = &self.units[u as usize].jobs;
+            let whole =
+                defrag::unit_may_move(all.iter().map(|j| running.contains(j) && eligible(*j)));
+            whole.then_some(running)
         }));
         singles
     }
@@ -135,10 +147,11 @@ impl Engine<'_> {
         }
     }
 
-    /// Whether make-room searched for `unit`'s shape lately and found nothing.
-    pub(super) fn room_memo_holds(&self, unit: u32, now: Ms) -> bool {
+    /// Until when make-room does not search for `unit`'s shape again (it searched lately
+    /// and found nothing).
+    pub(super) fn room_memo_until(&self, unit: u32, now: Ms) -> Option<Ms> {
         self.single_rid(unit)
-            .is_some_and(|rid| self.defrag.failed.waiting_until(&rid, now).is_some())
+            .and_then(|rid| self.defrag.failed.waiting_until(&rid, now))
     }
 
     /// Plans room for `unit`, which fits nowhere (the chain's last step).
