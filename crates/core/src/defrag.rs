@@ -51,15 +51,22 @@ pub struct Movables<'a> {
 }
 
 impl<'a> Movables<'a> {
-    /// Adds a unit of `members`, each with the nodes it may be placed on again.
+    /// Adds a unit of `members`, made at `created_ms` (its first member's creation on the
+    /// driver's clock: of equal units the older is kept and placed first), each with the
+    /// nodes it may be placed on again.
     pub fn push_unit(
         &mut self,
+        created_ms: i64,
         members: impl IntoIterator<Item = (Holder<'a>, Option<Vec<bool>>)>,
     ) {
         let (holders, allowed): (Vec<Holder<'a>>, Vec<Option<Vec<bool>>>) =
             members.into_iter().unzip();
         self.allowed.extend(allowed);
-        self.candidates.push_unit(0, 0, holders);
+        self.candidates.push_unit(0, created_ms, holders);
+    }
+
+    fn created(&self, u: usize) -> i64 {
+        self.candidates.units[u].created_ms
     }
 
     pub fn units(&self) -> usize {
@@ -298,7 +305,16 @@ fn rank_nodes(
             cost,
         });
     }
-    out.sort_by_key(|c| (c.cost, c.node));
+    // Equal costs: the node first in name order (as preemption breaks ties), so that the
+    // plan does not depend on the order the driver lists its nodes in.
+    out.sort_by(|a, b| {
+        a.cost.cmp(&b.cost).then_with(|| {
+            state
+                .inventory(a.node)
+                .name
+                .cmp(&state.inventory(b.node).name)
+        })
+    });
     out
 }
 
@@ -328,9 +344,15 @@ fn units_to_move(
     if state.fit_on(n, scratch, request).is_err() {
         return None;
     }
-    // Keep the largest in place first (moving them costs most).
+    // Keep the largest in place first (moving them costs most); among equals, the one on
+    // the lowest GPU, then the older (the devices and ages, not the driver's order of
+    // pods, break ties, so the scheduler and the timeline replay choose alike).
+    let lowest_gpu = |u: usize| here(u).flat_map(|m| m.gpus).map(|&(g, _)| g).min();
     let mut order = units.to_vec();
-    order.sort_by_key(|&u| (std::cmp::Reverse(movables.unit_milli(u)), u));
+    order.sort_by_key(|&u| {
+        let milli = std::cmp::Reverse(movables.unit_milli(u));
+        (milli, lowest_gpu(u), movables.created(u), u)
+    });
     let mut chosen = Vec::new();
     for u in order {
         here(u).for_each(|m| take(scratch, m));
@@ -396,13 +418,14 @@ fn try_place_moved<'r>(
     changes: &mut Vec<Change<'r>>,
 ) -> Option<Found> {
     let cands = &movables.candidates;
-    let mut moved: Vec<usize> = Vec::new();
+    // Moved pods (holder, its unit's creation), placed again largest first, then oldest.
+    let mut moved: Vec<(usize, i64)> = Vec::new();
     for &u in &c.units {
         for i in cands.units[u].members.clone() {
             let h = &cands.holders[i];
             trial.release(h.node, h.request, h.gpus).ok()?;
             changes.push(Change::Released(h.node, h.request, h.gpus.to_vec()));
-            moved.push(i);
+            moved.push((i, movables.created(u)));
         }
     }
     let mut rng = ChaCha8Rng::seed_from_u64(0);
@@ -413,12 +436,12 @@ fn try_place_moved<'r>(
     }
     trial.apply(c.node, request, &gpus).ok()?;
     changes.push(Change::Applied(c.node, request, gpus.clone()));
-    moved.sort_by_key(|&i| {
+    moved.sort_by_key(|&(i, created)| {
         let h = &cands.holders[i];
-        (std::cmp::Reverse(h.request.total_gpu_milli()), i)
+        (std::cmp::Reverse(h.request.total_gpu_milli()), created, i)
     });
     let mut moves = Vec::with_capacity(moved.len());
-    for i in moved {
+    for (i, _) in moved {
         let h = &cands.holders[i];
         let allowed = movables.allowed.get(i).and_then(|a| a.as_deref());
         let d = placer.choose(trial, h.request, allowed).ok()?;

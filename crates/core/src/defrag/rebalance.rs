@@ -88,7 +88,7 @@ fn sources(trial: &ClusterState, movables: &Movables<'_>, moved: &[bool]) -> Vec
             .node(b)
             .frag
             .total_cmp(&trial.node(a).frag)
-            .then(a.cmp(&b))
+            .then_with(|| trial.inventory(a).name.cmp(&trial.inventory(b).name))
     });
     nodes.truncate(SOURCE_NODES);
     singles()

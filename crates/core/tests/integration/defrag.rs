@@ -40,15 +40,18 @@ fn movables(pods: &[Pod], budget: Option<i32>) -> (Movables<'_>, Vec<usize>) {
         m.candidates.budgets.push(b);
     }
     for (i, p) in pods.iter().enumerate().filter(|(_, p)| p.movable) {
-        m.push_unit([(
-            Holder {
-                node: p.node,
-                request: &p.request,
-                gpus: &p.gpus,
-                budgets: if budget.is_some() { vec![0] } else { vec![] },
-            },
-            None,
-        )]);
+        m.push_unit(
+            i as i64,
+            [(
+                Holder {
+                    node: p.node,
+                    request: &p.request,
+                    gpus: &p.gpus,
+                    budgets: if budget.is_some() { vec![0] } else { vec![] },
+                },
+                None,
+            )],
+        );
         index.push(i);
     }
     (m, index)
@@ -280,4 +283,38 @@ proptest! {
         let after = rebuilt(nodes.len(), &pods, &index, &plan.moves)?;
         prop_assert!((after.total_frag() - plan.frag_after).abs() < 1e-3);
     }
+}
+
+#[test]
+fn equal_plans_are_broken_by_node_name_not_by_the_drivers_order() {
+    // Two nodes alike, listed "n1" first: one pod on each; the plan frees "n0".
+    let inv = vec![dgx1("n1"), dgx1("n0"), dgx1("spare")];
+    let mut state = ClusterState::new(inv).unwrap();
+    let pods: Vec<Pod> = (0..2)
+        .map(|n| place(&mut state, n, gpus(1, 1000), true).unwrap())
+        .collect();
+    let filler = gpus(8, 1000);
+    let mut full = vec![false; 3];
+    full[2] = true;
+    let d = Placer::new(Policy::BestFit, 0)
+        .choose(&state, &gpus(7, 1000), Some(&full))
+        .unwrap();
+    state.apply(d.node, &gpus(7, 1000), &d.gpus).unwrap();
+    assert!((0..3).all(|n| state.fit(n, &filler).is_err()));
+    let (m, _) = movables(&pods, None);
+    let mut placer = Placer::new(Policy::BestFit, 0);
+    let plan = defrag::make_room(
+        &mut placer,
+        &mut state,
+        &filler,
+        None,
+        &m,
+        Limits::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        state.inventory(plan.placements[0].node).name,
+        "n0",
+        "{plan:?}"
+    );
 }

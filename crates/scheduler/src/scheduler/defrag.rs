@@ -18,12 +18,13 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use gpuplace_core::Decision;
 pub use gpuplace_core::defrag::{MAX_MIN_AGE, Mode as DefragMode, Settings};
 use gpuplace_core::defrag::{Movables, MoveCandidate, may_move, unit_may_move};
 use gpuplace_core::preempt::Holder;
 use gpuplace_model::Request;
 
-use super::preempt::{Planned, hold_planned};
+use super::preempt::{Planned, created_ms, hold_planned};
 use crate::api::{ClusterView, PodKey};
 use crate::framework::filter::VerdictCache;
 use crate::framework::{FilterInput, Profile};
@@ -105,6 +106,35 @@ pub struct Steer {
     /// Whom it moved for (`None`: rebalancing).
     pub for_pod: Option<PodKey>,
     pub since: Instant,
+}
+
+impl Steer {
+    /// The replacement's decision on its planned devices, when `decided` is on the planned
+    /// node and every planned GPU still has room: the plan's exact place (the policy may
+    /// prefer other GPUs of the node now that the plan's other pods hold theirs, but the
+    /// plan counted on these). Otherwise `decided` as it is.
+    pub fn exact(&self, snapshot: &Snapshot, decided: Decision) -> Decision {
+        let Some(node) = snapshot.node_index(&self.node) else {
+            return decided;
+        };
+        if decided.node != node || decided.gpus.len() != self.gpus.len() {
+            return decided;
+        }
+        let inventory = snapshot.state.inventory(node);
+        let free = &snapshot.state.node(node).gpu_free;
+        let planned: Option<Vec<(usize, u32)>> = self
+            .gpus
+            .iter()
+            .map(|(id, milli)| {
+                let g = inventory.gpus.iter().position(|g| g.id == *id)?;
+                (free.get(g).is_some_and(|&f| f >= *milli)).then_some((g, *milli))
+            })
+            .collect();
+        match planned {
+            Some(gpus) => Decision { gpus, ..decided },
+            None => decided,
+        }
+    }
 }
 
 /// Steers in flight.
@@ -239,30 +269,10 @@ pub fn movable_set<'a>(
     };
     out.movables.candidates.budgets = budgets.allowed();
     let mut verdicts = VerdictCache::default();
-    let mut gangs: HashSet<(&str, &str)> = HashSet::new();
-    let mut unit: Vec<(Arc<PodInfo>, &'a Held)> = Vec::new();
-    for list in &snapshot.placed {
-        for pod in list {
-            let Some(held) = snapshot.held.get(&pod.key.uid) else {
-                continue;
-            };
-            if !rules.allows(pod) {
-                continue;
-            }
-            unit.clear();
-            match &pod.group {
-                None => unit.push((Arc::clone(pod), held)),
-                Some(group) => {
-                    if !gangs.insert((pod.key.namespace.as_str(), group.as_str())) {
-                        continue;
-                    }
-                    let Some(members) = whole_gang(snapshot, view, pod, rules) else {
-                        continue;
-                    };
-                    unit.extend(members);
-                }
-            }
-            out.movables.push_unit(unit.iter().map(|(p, h)| {
+    for unit in movable_units(snapshot, view, rules) {
+        out.movables.push_unit(
+            unit.created_ms,
+            unit.members.iter().map(|(p, h)| {
                 let holder = Holder {
                     node: h.node,
                     request: &h.request,
@@ -273,10 +283,64 @@ pub fn movable_set<'a>(
                     holder,
                     allowed_nodes(snapshot, profile, &mut verdicts, p, h.node),
                 )
-            }));
-            out.pods.extend(unit.drain(..).map(|(p, _)| p));
-        }
+            }),
+        );
+        out.pods.extend(unit.members.into_iter().map(|(p, _)| p));
     }
+    out
+}
+
+/// A unit that may move: one pod, or a whole gang (members by name).
+struct MovableUnit<'a> {
+    /// Its oldest member's creation (ms).
+    created_ms: i64,
+    members: Vec<(Arc<PodInfo>, &'a Held)>,
+}
+
+/// The units of `snapshot` that may move, oldest first, then by name: an order that does
+/// not depend on the cache's, so plans that tie break alike every time (and as the
+/// timeline replay's, whose sequence the test stack's names follow).
+fn movable_units<'a>(
+    snapshot: &'a Snapshot,
+    view: &ClusterView,
+    rules: &Eligibility<'_>,
+) -> Vec<MovableUnit<'a>> {
+    let mut gangs: HashSet<(&str, &str)> = HashSet::new();
+    let mut out = Vec::new();
+    for pod in snapshot.placed.iter().flatten() {
+        let Some(held) = snapshot.held.get(&pod.key.uid) else {
+            continue;
+        };
+        if !rules.allows(pod) {
+            continue;
+        }
+        let mut members = match &pod.group {
+            None => vec![(Arc::clone(pod), held)],
+            Some(group) => {
+                if !gangs.insert((pod.key.namespace.as_str(), group.as_str())) {
+                    continue;
+                }
+                let Some(members) = whole_gang(snapshot, view, pod, rules) else {
+                    continue;
+                };
+                members
+            }
+        };
+        members.sort_by(|a, b| a.0.key.name.cmp(&b.0.key.name));
+        let created_ms = members.iter().map(|(p, _)| created_ms(p)).min();
+        out.push(MovableUnit {
+            created_ms: created_ms.unwrap_or(0),
+            members,
+        });
+    }
+    fn first_name<'u>(u: &'u MovableUnit<'_>) -> &'u str {
+        u.members.first().map_or("", |(p, _)| p.key.name.as_str())
+    }
+    out.sort_by(|a, b| {
+        a.created_ms
+            .cmp(&b.created_ms)
+            .then_with(|| first_name(a).cmp(first_name(b)))
+    });
     out
 }
 
@@ -406,6 +470,66 @@ mod tests {
         );
         assert!(steers.is_empty());
         assert_eq!(snapshot.state.node(0).gpu_free, vec![1000; 4]);
+    }
+
+    #[test]
+    fn a_place_held_while_its_pods_leave_holds_what_is_free_and_the_replacement_gets_its_gpus() {
+        let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(json!({
+            "metadata": {"name": "n1"},
+            "status": {"allocatable": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "4"}}
+        }))
+        .unwrap();
+        let mut snapshot = crate::snapshot::build(&[Arc::new(node)], &[], "nvidia.com/gpu");
+        let gpus: Vec<String> = snapshot
+            .state
+            .inventory(0)
+            .gpus
+            .iter()
+            .map(|g| g.id.clone())
+            .collect();
+        // A pod still leaving holds 300 of GPU 2.
+        let leaving = Request {
+            gpu_count: 1,
+            gpu_milli: 300,
+            ..Request::default()
+        };
+        snapshot.state.apply(0, &leaving, &[(2, 300)]).unwrap();
+        let replacement = pod("a2", Some("rs"));
+        let request = replacement.demand.as_ref().unwrap().request.clone();
+        let now = Instant::now();
+        let steer = Steer {
+            moved: pod("a", Some("rs")).key,
+            owner: "rs".into(),
+            request: request.clone(),
+            node: "n1".into(),
+            gpus: vec![(gpus[2].clone(), 1000)],
+            extended: BTreeMap::new(),
+            for_pod: None,
+            since: now,
+        };
+        let mut steers = Steers::default();
+        steers.push_held(steer, Some(&mut snapshot));
+        assert_eq!(
+            snapshot.state.node(0).gpu_free,
+            vec![1000, 1000, 0, 1000],
+            "the free 700 is held: nothing else lands on the planned GPU meanwhile"
+        );
+        let steer = steers
+            .take_for(&replacement, &mut snapshot)
+            .expect("steered");
+        // Still leaving: the policy's own choice stands.
+        let elsewhere = Decision {
+            node: 0,
+            gpus: vec![(0, 1000)],
+            score: 0,
+        };
+        assert_eq!(
+            steer.exact(&snapshot, elsewhere.clone()).gpus,
+            vec![(0, 1000)]
+        );
+        // Gone: the replacement gets the GPU the plan counted on.
+        snapshot.state.release(0, &leaving, &[(2, 300)]).unwrap();
+        assert_eq!(steer.exact(&snapshot, elsewhere).gpus, vec![(2, 1000)]);
     }
 
     #[test]

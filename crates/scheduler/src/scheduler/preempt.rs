@@ -147,7 +147,7 @@ impl Nominations {
     }
 }
 
-/// Holds, of what `n` planned, the part already free (CPU and memory as far as they go).
+/// Holds, of what `n` planned, the part already free (as far as it goes).
 fn apply_hold(snapshot: &mut Snapshot, n: &Nomination) {
     hold_planned(
         snapshot,
@@ -170,8 +170,8 @@ pub(super) struct Planned<'a> {
     pub extended: &'a BTreeMap<String, i64>,
 }
 
-/// Holds under `key`, of what `p` plans, the part already free (CPU and memory as far as
-/// they go): no other pod is placed there meanwhile.
+/// Holds under `key`, of what `p` plans, the part already free (CPU, memory and each
+/// planned GPU as far as they go): no other pod is placed there meanwhile.
 pub(super) fn hold_planned(snapshot: &mut Snapshot, key: String, p: &Planned<'_>) {
     if snapshot.held.contains_key(&key) {
         return;
@@ -186,7 +186,11 @@ pub(super) fn hold_planned(snapshot: &mut Snapshot, key: String, p: &Planned<'_>
         .iter()
         .filter_map(|(id, milli)| {
             let g = inventory.gpus.iter().position(|g| g.id == *id)?;
-            (free.gpu_free[g] >= *milli).then_some((g, *milli))
+            // What the victims still hold stays theirs; the rest of the GPU is the
+            // nominee's, so nothing else is placed on it meanwhile (kube-scheduler counts
+            // a nominated pod on its node the same way).
+            let free_now = free.gpu_free[g].min(*milli);
+            (free_now > 0).then_some((g, free_now))
         })
         .collect();
     let mut request = p.request.clone();
@@ -372,6 +376,6 @@ pub fn victim_list(victims: &[PodKey]) -> String {
 }
 
 /// When `pod` was made, in ms since the epoch (unknown: the epoch, the oldest).
-fn created_ms(pod: &PodInfo) -> i64 {
+pub(super) fn created_ms(pod: &PodInfo) -> i64 {
     pod.created.map_or(0, |t| t.as_millisecond())
 }

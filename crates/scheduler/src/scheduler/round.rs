@@ -388,7 +388,9 @@ impl<A: ClusterApi> Scheduler<A> {
         let mut decided = Err(String::new());
         if let Some(steer) = self.steers.take_for(pod, snapshot) {
             let only = snapshot.node_index(&steer.node);
-            decided = self.decide(snapshot, verdicts, pod, only, &mut report.timings);
+            decided = self
+                .decide(snapshot, verdicts, pod, only, &mut report.timings)
+                .map(|(demand, d)| (demand, steer.exact(snapshot, d)));
             debug!(pod = %pod.key, node = %steer.node, placed = decided.is_ok(), "replacement of a moved pod");
         }
         if decided.is_err() {

@@ -337,17 +337,42 @@ async fn with_queues_the_stack_serves_and_reclaims_as_the_simulator_does() {
     assert!(evicted > 0, "the replay must reclaim to compare queues");
 }
 
-/// Not yet the same (issue #46, item 2): gpuplace seed 8 is (346 pods, 28 moved, all the
-/// same); fgd seed 9 first differs at 4,115,686 ms, where a moved pod's replacement lands on
-/// another node in the stack than its planned place in the simulator. Run it with
-/// `--run-ignored only`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "make-room equivalence: the first difference is named above (#46)"]
 async fn with_make_room_the_stack_moves_the_same_pods_to_the_same_places() {
     let setup = Setup {
         make_room: true,
         ..Setup::default()
     };
-    let moved = compare_all(&[(Policy::DEFAULT, 8), (Policy::Fgd, 9)], setup).await;
+    let cases = [
+        (Policy::DEFAULT, 8),
+        (Policy::Fgd, 9),
+        (Policy::BestFit, 12),
+    ];
+    let moved = compare_all(&cases, setup).await;
     assert!(moved > 0, "the replay must move pods to compare make-room");
+}
+
+/// Every (policy, seed) of a wider sweep, each reported; fails naming those that differ.
+/// Eighteen cases; one known difference is left (fgd seed 12: the simulator frees a moved
+/// pod's GPUs at its eviction, the cluster at the end of its grace period, so a pod waiting
+/// for a share of that GPU starts 1 s sooner in the simulator). Run it with
+/// `--run-ignored only`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a 70-s sweep; its one known difference is named above (#46)"]
+async fn with_make_room_every_seed_of_the_sweep() {
+    let setup = Setup {
+        make_room: true,
+        ..Setup::default()
+    };
+    let mut differ = Vec::new();
+    for seed in 10..16u64 {
+        for policy in [Policy::DEFAULT, Policy::Fgd, Policy::BestFit] {
+            let run = tokio::spawn(async move { compare(policy, seed, setup).await }).await;
+            if let Err(e) = run {
+                println!("{policy} seed {seed}: {e}");
+                differ.push(format!("{policy} seed {seed}"));
+            }
+        }
+    }
+    assert!(differ.is_empty(), "differ: {differ:?}");
 }

@@ -82,16 +82,21 @@ pub fn movable_pod(pod: u32, share: f64) -> bool {
 fn movables<'s>(jobs: &'s [Job], pods: &'s [TracePod], groups: &[Vec<u32>]) -> Movables<'s> {
     let mut m = Movables::default();
     for group in groups {
-        m.push_unit(group.iter().map(|&r| {
-            let j = &jobs[r as usize];
-            let holder = Holder {
-                node: j.node as usize,
-                request: &pods[j.pod as usize].request,
-                gpus: &j.gpus,
-                budgets: Vec::new(),
-            };
-            (holder, None)
-        }));
+        // Made when it arrived (a controller's new pod: at the re-create).
+        let made = group.iter().map(|&r| jobs[r as usize].arrival.0).min();
+        m.push_unit(
+            made.map_or(0, |m| m as i64),
+            group.iter().map(|&r| {
+                let j = &jobs[r as usize];
+                let holder = Holder {
+                    node: j.node as usize,
+                    request: &pods[j.pod as usize].request,
+                    gpus: &j.gpus,
+                    budgets: Vec::new(),
+                };
+                (holder, None)
+            }),
+        );
     }
     m
 }
@@ -128,13 +133,20 @@ impl Engine<'_> {
                 gangs.entry(unit).or_default().push(r);
             }
         }
-        singles.sort_unstable();
-        singles.extend(gangs.into_iter().filter_map(|(u, running)| {
+        singles.extend(gangs.into_iter().filter_map(|(u, mut running)| {
             let all = &self.units[u as usize].jobs;
             let whole =
                 defrag::unit_may_move(all.iter().map(|j| running.contains(j) && eligible(*j)));
+            running.sort_unstable();
             whole.then_some(running)
         }));
+        // Oldest first, then in queue sequence: the scheduler's order (creation, then
+        // name; the test stack names pods in this sequence).
+        singles.sort_by_key(|group| {
+            let first = &self.jobs[group[0] as usize];
+            let made = group.iter().map(|&r| self.jobs[r as usize].arrival).min();
+            (made, self.units[first.unit as usize].key.1)
+        });
         singles
     }
 
