@@ -19,9 +19,10 @@ mod defrag;
 mod fair;
 mod fair_round;
 mod victims;
+mod wakeups;
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 
 use gpuplace_core::queue::Queue;
 use gpuplace_core::{ClusterState, Placer};
@@ -133,12 +134,6 @@ struct Unit {
     failed_at: Ms,
     /// In [`Engine::backing_off`].
     backing_off: bool,
-    /// When its parking ends (its latest failure plus the flush interval).
-    flush_at: Ms,
-    /// A flush entry of it is in [`Engine::wakes`] (one at most: an entry found early is
-    /// put back at `flush_at`, so a unit that fails every few seconds does not leave one
-    /// stale entry per failure behind).
-    flush_queued: bool,
     /// Nominated by PostFilter: the places held for its members (taken in the state) until
     /// it is decided again, which is not before `held_until` (its victims gone).
     held: Vec<(u32, Placed)>,
@@ -184,9 +179,14 @@ pub struct Engine<'a> {
     units: Vec<Unit>,
     /// Units that joined the queue and were never tried.
     fresh: Vec<u32>,
-    /// When units that failed may become due: the end of their backoff, and the end of
-    /// their parking (the flush), as (time, unit, failure count, is-a-flush).
-    wakes: BinaryHeap<Reverse<(Ms, u32, u32, bool)>>,
+    /// When units told when to look again (make-room's memo) are due, as (time, unit,
+    /// failure count).
+    wakes: BinaryHeap<Reverse<(Ms, u32, u32)>>,
+    /// When failed units' parking ends, as (time, unit, failure count): in time order.
+    flushes: VecDeque<(Ms, u32, u32)>,
+    /// Wake-ups of units an event woke, due one initial backoff after their last attempt
+    /// (bucketed by that time: a long backlog's trip through `wakes` was half a replay).
+    soon: wakeups::Soon,
     /// Units whose backoff has ended but which were parked when last looked at: due once
     /// something wakes them. (An index over the queue so that a round looks at the units
     /// that can be due instead of every waiting one; which are due is still the queue's
@@ -286,6 +286,8 @@ impl<'a> Engine<'a> {
             units: Vec::new(),
             fresh: Vec::new(),
             wakes: BinaryHeap::new(),
+            flushes: VecDeque::new(),
+            soon: wakeups::Soon::default(),
             ready: Vec::new(),
             backing_off: Vec::new(),
             departures: BinaryHeap::new(),
@@ -436,84 +438,6 @@ impl<'a> Engine<'a> {
         }
     }
 
-    /// The earliest time a failed unit may become due (stale entries dropped, early flush
-    /// entries put back at their time).
-    fn next_wake(&mut self) -> Option<Ms> {
-        while let Some(&Reverse((at, unit, fails, is_flush))) = self.wakes.peek() {
-            let u = &self.units[unit as usize];
-            if is_flush {
-                if u.waiting && u.flush_at <= at {
-                    return Some(at);
-                }
-                self.wakes.pop();
-                self.requeue_flush(unit, at);
-                continue;
-            }
-            if u.waiting && u.fails == fails {
-                return Some(at);
-            }
-            self.wakes.pop();
-        }
-        None
-    }
-
-    /// A flush entry of `unit` for time `at` was taken off early or stale: put back at the
-    /// unit's parking end if it still waits.
-    fn requeue_flush(&mut self, unit: u32, at: Ms) {
-        let u = &mut self.units[unit as usize];
-        if u.waiting && u.flush_at > at {
-            self.wakes.push(Reverse((u.flush_at, unit, 0, true)));
-        } else {
-            u.flush_queued = false;
-        }
-    }
-
-    /// The units due at `now`, in queue order (the queue decides; the index only narrows
-    /// whom it is asked about).
-    fn due(&mut self, now: Ms) -> Vec<u32> {
-        let mut flush = false;
-        while let Some(&Reverse((at, unit, fails, is_flush))) = self.wakes.peek()
-            && at <= now
-        {
-            self.wakes.pop();
-            let u = &mut self.units[unit as usize];
-            if is_flush && !(u.waiting && u.flush_at <= at) {
-                self.requeue_flush(unit, at);
-                continue;
-            }
-            if is_flush {
-                u.flush_queued = false;
-            }
-            if is_flush || (u.waiting && u.fails == fails) {
-                flush |= is_flush;
-                if !u.ready {
-                    u.ready = true;
-                    self.ready.push(unit);
-                }
-            }
-        }
-        if flush {
-            self.queue.flush(now);
-        }
-        let mut due: Vec<u32> = std::mem::take(&mut self.fresh);
-        due.retain(|u| self.units[*u as usize].waiting);
-        let mut parked = Vec::new();
-        for unit in std::mem::take(&mut self.ready) {
-            if !self.units[unit as usize].waiting {
-                continue;
-            }
-            if self.queue.is_due(&unit, now) {
-                self.units[unit as usize].ready = false;
-                due.push(unit);
-            } else {
-                parked.push(unit);
-            }
-        }
-        self.ready = parked;
-        due.sort_unstable_by_key(|u| self.units[*u as usize].key);
-        due
-    }
-
     /// One scheduling round at `now` (see the module's text).
     fn round(&mut self, now: Ms) {
         self.outcome_counts.rounds += 1;
@@ -524,9 +448,19 @@ impl<'a> Engine<'a> {
             for unit in std::mem::take(&mut self.backing_off) {
                 let u = &mut self.units[unit as usize];
                 u.backing_off = false;
-                if u.waiting {
-                    self.wakes
-                        .push(Reverse((u.failed_at + soonest, unit, u.fails, false)));
+                if !u.waiting {
+                    continue;
+                }
+                let at = u.failed_at + soonest;
+                if at <= now {
+                    // Due now: straight to the ready list (what `due` would do with the
+                    // wake-up entry, without a long backlog's trip through the heap).
+                    if !u.ready {
+                        u.ready = true;
+                        self.ready.push(unit);
+                    }
+                } else {
+                    self.soon.push(at, unit, u.fails);
                 }
             }
         }
@@ -538,11 +472,20 @@ impl<'a> Engine<'a> {
                 self.units[unit as usize].waiting = false;
                 self.queue.forget(&unit);
             } else {
-                match tried {
-                    Tried::Later(at) => self.queue.retry_at(&unit, now, at),
-                    _ => self.queue.unschedulable(&unit, now),
-                }
-                let due = self.queue.due_at(&unit).unwrap_or(now);
+                // A parked unit is due only once an event wakes it (then `backing_off`
+                // queues its wake-up) or its parking is flushed (the flush entry): a
+                // wake-up at its backoff's end would find it still parked. Only a unit
+                // told when to look again needs one.
+                let due = match tried {
+                    Tried::Later(at) => {
+                        self.queue.retry_at(&unit, now, at);
+                        self.queue.due_at(&unit)
+                    }
+                    _ => {
+                        self.queue.unschedulable(&unit, now);
+                        None
+                    }
+                };
                 let flush = self.queue.config().unschedulable_flush;
                 let u = &mut self.units[unit as usize];
                 u.fails += 1;
@@ -551,12 +494,10 @@ impl<'a> Engine<'a> {
                     u.backing_off = true;
                     self.backing_off.push(unit);
                 }
-                self.wakes.push(Reverse((due, unit, u.fails, false)));
-                u.flush_at = now + flush;
-                if !u.flush_queued {
-                    u.flush_queued = true;
-                    self.wakes.push(Reverse((now + flush, unit, 0, true)));
+                if let Some(due) = due {
+                    self.wakes.push(Reverse((due, unit, u.fails)));
                 }
+                self.flushes.push_back((now + flush, unit, u.fails));
             }
         }
     }

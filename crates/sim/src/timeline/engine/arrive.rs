@@ -70,8 +70,6 @@ impl Engine<'_> {
             ready: false,
             failed_at: Ms(0),
             backing_off: false,
-            flush_at: Ms(0),
-            flush_queued: false,
             held: Vec::new(),
             held_until: Ms(0),
         });
