@@ -131,3 +131,23 @@ impl Engine<'_> {
         due
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn soon_gives_the_earliest_live_time_and_takes_what_is_due() {
+        let mut soon = Soon::default();
+        soon.push(Ms(2_000), 1, 3);
+        soon.push(Ms(1_000), 2, 1);
+        soon.push(Ms(1_000), 3, 1);
+        // Units 2 and 3 failed again since: their bucket is dropped, not returned.
+        assert_eq!(soon.next(|unit, _| unit == 1), Some(Ms(2_000)));
+        soon.push(Ms(1_500), 4, 1);
+        assert_eq!(soon.next(|_, _| true), Some(Ms(1_500)));
+        assert!(soon.take_due(Ms(1_499)).is_empty());
+        assert_eq!(soon.take_due(Ms(2_000)), vec![(4, 1), (1, 3)]);
+        assert_eq!(soon.next(|_, _| true), None);
+    }
+}
