@@ -354,9 +354,9 @@ async fn with_make_room_the_stack_moves_the_same_pods_to_the_same_places() {
 
 /// Every (policy, seed) of a wider sweep, each reported; fails naming those that differ.
 /// Eighteen cases; one known difference is left (fgd seed 12: the simulator frees a moved
-/// pod's GPUs at its eviction, the cluster at the end of its grace period, so a pod waiting
-/// for a share of that GPU starts 1 s sooner in the simulator). Run it with
-/// `--run-ignored only`.
+/// pod's GPU within the round that evicts it, the stack once it sees the deletion, a round
+/// later, so a pod waiting for a share of that GPU starts 1 s sooner in the simulator). Run
+/// it with `--run-ignored only`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a 70-s sweep; its one known difference is named above (#46)"]
 async fn with_make_room_every_seed_of_the_sweep() {
