@@ -342,6 +342,11 @@ impl Snapshot {
         self.state.find(name)
     }
 
+    /// The position of GPU `id` among node `n`'s devices.
+    pub fn gpu_position(&self, n: usize, id: &str) -> Option<usize> {
+        gpu_position(self.state.inventory(n), id)
+    }
+
     /// Applies what a bound pod holds. Its devices come from the node's record of what the
     /// kubelet gave it (`gpuplace.io/allocated`), else from its assignment; a pod with
     /// neither (bound by another scheduler, before its node reported) or with malformed ones
@@ -414,7 +419,7 @@ impl Snapshot {
         // The pod's share of each GPU, not one container's part of it.
         let hold = |gpus: &mut Vec<(usize, u32)>, ids: Vec<&str>| {
             for id in ids {
-                if let Some(pos) = inventory.gpus.iter().position(|g| g.id == id)
+                if let Some(pos) = gpu_position(inventory, id)
                     && !gpus.iter().any(|(p, _)| *p == pos)
                 {
                     gpus.push((pos, milli));
@@ -449,6 +454,11 @@ impl Snapshot {
         }
         gpus
     }
+}
+
+/// The position of GPU `id` among `inventory`'s devices.
+fn gpu_position(inventory: &gpuplace_model::NodeInventory, id: &str) -> Option<usize> {
+    inventory.gpus.iter().position(|g| g.id == id)
 }
 
 #[cfg(test)]

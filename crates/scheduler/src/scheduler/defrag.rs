@@ -120,13 +120,12 @@ impl Steer {
         if decided.node != node || decided.gpus.len() != self.gpus.len() {
             return decided;
         }
-        let inventory = snapshot.state.inventory(node);
         let free = &snapshot.state.node(node).gpu_free;
         let planned: Option<Vec<(usize, u32)>> = self
             .gpus
             .iter()
             .map(|(id, milli)| {
-                let g = inventory.gpus.iter().position(|g| g.id == *id)?;
+                let g = snapshot.gpu_position(node, id)?;
                 (free.get(g).is_some_and(|&f| f >= *milli)).then_some((g, *milli))
             })
             .collect();

@@ -179,13 +179,12 @@ pub(super) fn hold_planned(snapshot: &mut Snapshot, key: String, p: &Planned<'_>
     let Some(node) = snapshot.node_index(p.node) else {
         return;
     };
-    let inventory = snapshot.state.inventory(node);
     let free = snapshot.state.node(node);
     let gpus: Vec<(usize, u32)> = p
         .gpus
         .iter()
         .filter_map(|(id, milli)| {
-            let g = inventory.gpus.iter().position(|g| g.id == *id)?;
+            let g = snapshot.gpu_position(node, id)?;
             // What the victims still hold stays theirs; the rest of the GPU is the
             // nominee's, so nothing else is placed on it meanwhile (kube-scheduler counts
             // a nominated pod on its node the same way).
