@@ -451,17 +451,8 @@ impl<'a> Engine<'a> {
                 if !u.waiting {
                     continue;
                 }
-                let at = u.failed_at + soonest;
-                if at <= now {
-                    // Due now: straight to the ready list (what `due` would do with the
-                    // wake-up entry, without a long backlog's trip through the heap).
-                    if !u.ready {
-                        u.ready = true;
-                        self.ready.push(unit);
-                    }
-                } else {
-                    self.soon.push(at, unit, u.fails);
-                }
+                // Taken by this round's `due` when already due.
+                self.soon.push(u.failed_at + soonest, unit, u.fails);
             }
         }
         self.maybe_rebalance(now);
