@@ -4,6 +4,7 @@
 //! answers GetPreferredAllocation with the plan, checks Allocate and reconciles the node's
 //! truth back onto the pods.
 
+pub mod attribute;
 pub mod handshake;
 pub mod identify;
 pub mod kube;

@@ -21,8 +21,9 @@ use tracing::{debug, warn};
 use crate::devices::{DeviceTable, PreferenceError};
 use crate::kubelet::podresources::{PodResources, Priority};
 use crate::metrics::Metrics;
+use crate::plan::attribute::Unattributed;
 use crate::plan::identify::{
-    Admitting, Ask, Identified, ListedPod, Served, identify, next_container,
+    Admitting, Ask, Candidate, Identified, ListedPod, Served, identify, next_container,
 };
 use crate::plan::store::{NodePod, NodePods};
 
@@ -52,11 +53,27 @@ pub trait NodeApi: Send + Sync + 'static {
 }
 
 /// The answer given to the last GetPreferredAllocation, waiting for its Allocate; `pod` is
-/// `None` when no plan was found (the Allocate then needs no second look).
+/// `None` when no container was found (the Allocate then needs no second look), and
+/// `candidates` the containers it could have been.
 #[derive(Clone, Debug)]
 struct Pending {
     pod: Option<(Arc<NodePod>, String)>,
     answer: Vec<String>,
+    candidates: Vec<Candidate>,
+}
+
+/// Whose container an identification found: the one, or the candidates.
+fn owner(found: Identified) -> (Option<(Arc<NodePod>, String)>, Vec<Candidate>) {
+    match found {
+        Identified::Planned(a) => (Some((a.pod, a.container)), Vec::new()),
+        // One pod placed without a plan: its devices are still recorded as its.
+        Identified::Unplanned(mut c) if c.len() == 1 => {
+            let one = c.remove(0);
+            (Some((one.pod, one.container)), Vec::new())
+        }
+        Identified::Unplanned(c) | Identified::Ambiguous(c) => (None, c),
+        Identified::NotYetKnown(_) => (None, Vec::new()),
+    }
 }
 
 /// A `List` kept for the rest of one pod's admission, updated with what the plugin served.
@@ -70,6 +87,8 @@ struct Cached {
 #[derive(Default)]
 struct State {
     served: Served,
+    /// Allocates not yet known to be whose (attributed by the reconciler).
+    unattributed: Unattributed,
     pending: Option<Pending>,
     cache: Option<Cached>,
     /// Containers already reported as different (one Event each).
@@ -220,7 +239,7 @@ impl Handshake {
             Err(e) => {
                 warn!(error = %e, "cannot read the kubelet's pod resources: answering without the plan");
                 self.metrics.handshake("list_error");
-                return Identified::Unplanned;
+                return Identified::Unplanned(Vec::new());
             }
         };
         let mut changes = self.pods.subscribe();
@@ -386,7 +405,7 @@ impl Handshake {
         size: i64,
         waited: &mut bool,
     ) -> Result<Vec<String>, PreferenceError> {
-        let fallback = |result: &str| {
+        let fallback = |result: &str, found: Identified| {
             self.metrics.handshake(result);
             let usage = self.usage(table);
             let answer = if share {
@@ -400,14 +419,16 @@ impl Handshake {
                     .preferred_avoiding(available, must_include, size, &usage)
                     .map(|(ids, _)| ids)?
             };
+            let (pod, candidates) = owner(found);
             self.state().pending = Some(Pending {
-                pod: None,
+                pod,
                 answer: answer.clone(),
+                candidates,
             });
             Ok(answer)
         };
         if size < 1 {
-            return fallback("no_plan");
+            return fallback("no_plan", Identified::Unplanned(Vec::new()));
         }
         match self
             .identify(table, available, must_include, size as usize, share, waited)
@@ -437,17 +458,21 @@ impl Handshake {
                 self.state().pending = Some(Pending {
                     pod: Some((a.pod, a.container)),
                     answer: answer.clone(),
+                    candidates: Vec::new(),
                 });
                 Ok(answer)
             }
             Identified::Ambiguous(candidates) => {
+                let names: Vec<String> = candidates.iter().map(ToString::to_string).collect();
                 warn!(
-                    ?candidates,
+                    candidates = ?names,
                     "several pods could be the one admitted: topology-aware answer instead of a plan"
                 );
-                fallback("ambiguous")
+                fallback("ambiguous", Identified::Ambiguous(candidates))
             }
-            Identified::Unplanned | Identified::NotYetKnown(_) => fallback("no_plan"),
+            found @ (Identified::Unplanned(_) | Identified::NotYetKnown(_)) => {
+                fallback("no_plan", found)
+            }
         }
     }
 
@@ -455,20 +480,20 @@ impl Handshake {
     /// them, and counts a difference from the plan. Never fails the container.
     pub async fn allocated(&self, table: &DeviceTable, ids: &[String]) {
         let pending = self.state().pending.take();
-        let target = match pending {
-            Some(p) if p.answer.len() == ids.len() => p.pod,
+        let (target, candidates) = match pending {
+            Some(p) if p.answer.len() == ids.len() => (p.pod, p.candidates),
             // No GetPreferredAllocation before (devices reused from init containers, or
             // an exactly aligned NUMA set): find the container by state.
-            _ => match self
-                .identify(table, ids, &[], ids.len(), is_share(table, ids), &mut false)
-                .await
-            {
-                Identified::Planned(a) => Some((a.pod, a.container)),
-                _ => None,
-            },
+            _ => owner(
+                self.identify(table, ids, &[], ids.len(), is_share(table, ids), &mut false)
+                    .await,
+            ),
         };
         let Some((pod, container)) = target else {
+            // Kept until the kubelet's next containers tell whose it was.
             self.metrics.handshake("allocate_unattributed");
+            self.state().unattributed.push(ids.to_vec(), candidates);
+            self.dirty.notify_one();
             return;
         };
         let got = physical_ids(table, ids);

@@ -104,28 +104,59 @@ pub struct Admitting {
     pub offered: bool,
 }
 
+/// A container that could be the one being admitted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    pub pod: Arc<NodePod>,
+    pub container: String,
+}
+
+impl std::fmt::Display for Candidate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}/{}:{}",
+            self.pod.namespace, self.pod.name, self.container
+        )
+    }
+}
+
 /// The answer to "whose container is this?".
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Identified {
     /// Exactly one pod with a plan fits.
     Planned(Admitting),
-    /// Several pods fit equally: the plugin falls back to a topology-aware choice.
-    Ambiguous(Vec<String>),
-    /// No pod with a plan is being admitted (a pod placed by another scheduler).
-    Unplanned,
+    /// Several pods fit equally: the plugin falls back to a topology-aware choice (and
+    /// attributes the devices once the kubelet's later containers tell which it was).
+    Ambiguous(Vec<Candidate>),
+    /// No pod with a plan is being admitted (a pod placed by another scheduler): the
+    /// containers without a plan that fit, if any.
+    Unplanned(Vec<Candidate>),
     /// `List` shows pods the node's pod watch has not delivered yet: wait for it.
     NotYetKnown(Vec<PodName>),
 }
 
-/// The next container of `pod` that uses our resource and has no devices yet.
+/// Whether `container` of `pod` has devices: the plugin served them or `List` shows them.
+pub fn has_devices(pod: &NodePod, container: &str, listed: &ListedPod, served: &Served) -> bool {
+    served.get(&pod.uid, container).is_some() || listed.devices(container).is_some()
+}
+
+/// The next container of `pod` that uses our resource and has no devices yet. The kubelet
+/// admits a pod's containers in order, so a container with devices means every one before
+/// it was admitted, whether or not the plugin knew whose it was (an init container whose
+/// Allocate could not be attributed): the next one is the first after the last with
+/// devices.
 pub fn next_container<'a>(
     pod: &'a NodePod,
     listed: &ListedPod,
     served: &Served,
 ) -> Option<&'a gpuplace_model::ContainerNeed> {
-    pod.containers
+    let start = pod
+        .containers
         .iter()
-        .find(|c| served.get(&pod.uid, &c.name).is_none() && listed.devices(&c.name).is_none())
+        .rposition(|c| has_devices(pod, &c.name, listed, served))
+        .map_or(0, |last| last + 1);
+    pod.containers.get(start)
 }
 
 /// Looks a pod up by namespace and name (the node's pod store, a map in tests).
@@ -146,6 +177,14 @@ impl PodLookup for HashMap<PodName, Arc<NodePod>> {
     }
 }
 
+/// The store's snapshot.
+impl PodLookup for std::collections::BTreeMap<PodName, Arc<NodePod>> {
+    fn lookup(&self, namespace: &str, name: &str) -> Option<Arc<NodePod>> {
+        self.get(&(namespace.to_string(), name.to_string()))
+            .cloned()
+    }
+}
+
 /// Finds the pod and container the kubelet is admitting. `pods` is the node's pod store,
 /// `listed` the kubelet's active pods, `served` the plugin's record.
 pub fn identify(
@@ -156,7 +195,7 @@ pub fn identify(
 ) -> Identified {
     let mut unknown = Vec::new();
     let mut candidates: Vec<Admitting> = Vec::new();
-    let mut unplanned = 0usize;
+    let mut unplanned: Vec<Candidate> = Vec::new();
     for l in listed {
         let Some(pod) = pods.lookup(&l.namespace, &l.name) else {
             unknown.push((l.namespace.clone(), l.name.clone()));
@@ -171,14 +210,13 @@ pub fn identify(
         if !ask.matches(next) {
             continue;
         }
-        if pod.assignment().is_none() {
-            unplanned += 1;
-            continue;
-        }
         let planned = pod.planned(&next.name);
-        if planned.len() != next.count as usize {
-            // A plan that does not cover the container cannot be answered verbatim.
-            unplanned += 1;
+        // A plan that does not cover the container cannot be answered verbatim.
+        if pod.assignment().is_none() || planned.len() != next.count as usize {
+            unplanned.push(Candidate {
+                container: next.name.clone(),
+                pod,
+            });
             continue;
         }
         let offered = planned
@@ -197,16 +235,20 @@ pub fn identify(
         (1, _) => Identified::Planned(offered[0].clone()),
         // One planned pod whose devices are partly busy (held by a terminating pod): still
         // that pod, unless a pod without a plan could be the one.
-        (0, 1) if unplanned == 0 && unknown.is_empty() => {
+        (0, 1) if unplanned.is_empty() && unknown.is_empty() => {
             Identified::Planned(candidates[0].clone())
         }
         (0, 0) if !unknown.is_empty() => Identified::NotYetKnown(unknown),
-        (0, 0) => Identified::Unplanned,
+        (0, 0) => Identified::Unplanned(unplanned),
         _ if !unknown.is_empty() => Identified::NotYetKnown(unknown),
         _ => Identified::Ambiguous(
             candidates
-                .iter()
-                .map(|c| format!("{}/{}:{}", c.pod.namespace, c.pod.name, c.container))
+                .into_iter()
+                .map(|c| Candidate {
+                    pod: c.pod,
+                    container: c.container,
+                })
+                .chain(unplanned)
                 .collect(),
         ),
     }
@@ -336,6 +378,13 @@ mod tests {
             identify(&pods, &list, &served, &ask),
             Identified::Planned(a) if a.container == "a" && a.offered
         ));
+        // An app container with devices: the init container before it was admitted, even
+        // when the plugin could not tell whose its Allocate was; the pod is no candidate.
+        let list = [listed("p", &[("a", &["g0"])])];
+        assert_eq!(
+            identify(&pods, &list, &Served::default(), &ask),
+            Identified::Unplanned(Vec::new())
+        );
     }
 
     #[test]
@@ -406,9 +455,9 @@ mod tests {
         ));
         // Only the pod without a plan: unplanned.
         let list = [listed("foreign", &[("a", &[])])];
-        assert_eq!(
+        assert!(matches!(
             identify(&pods, &list, &Served::default(), &ask),
-            Identified::Unplanned
-        );
+            Identified::Unplanned(c) if c.len() == 1 && c[0].pod.name == "foreign"
+        ));
     }
 }

@@ -62,6 +62,12 @@ impl Handshake {
             state
                 .reported
                 .retain(|(uid, _)| live.contains(uid.as_str()));
+            let state = &mut *state;
+            for found in state.unattributed.attribute(&pods, list, &state.served) {
+                info!(uid = %found.uid, container = %found.container, ids = ?found.ids, "attributed an earlier Allocate: the kubelet went on with this pod's later containers");
+                self.metrics.handshake("allocate_attributed_later");
+                state.served.record(&found.uid, &found.container, found.ids);
+            }
         }
         let mut writes = 0;
         for l in list {
