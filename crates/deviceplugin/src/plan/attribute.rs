@@ -165,6 +165,7 @@ impl Unattributed {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::identify::tests::listed;
     use crate::plan::store::{NodePod, PodName};
     use gpuplace_model::{ContainerKind, ContainerNeed};
     use std::sync::Arc;
@@ -193,17 +194,6 @@ mod tests {
         Candidate {
             pod: pod.clone(),
             container: container.into(),
-        }
-    }
-
-    fn listed(name: &str, containers: &[(&str, &[&str])]) -> ListedPod {
-        ListedPod {
-            namespace: "ml".into(),
-            name: name.into(),
-            containers: containers
-                .iter()
-                .map(|(n, d)| (n.to_string(), d.iter().map(|s| s.to_string()).collect()))
-                .collect(),
         }
     }
 

@@ -255,7 +255,7 @@ pub fn identify(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use gpuplace_model::{
         Assignment, ContainerAssignment, ContainerKind, ContainerNeed, DeviceShare,
@@ -299,7 +299,7 @@ mod tests {
         })
     }
 
-    fn listed(name: &str, containers: &[(&str, &[&str])]) -> ListedPod {
+    pub(crate) fn listed(name: &str, containers: &[(&str, &[&str])]) -> ListedPod {
         ListedPod {
             namespace: "ml".into(),
             name: name.into(),
