@@ -165,30 +165,11 @@ impl Unattributed {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::identify::tests::listed;
+    // Planned devices do not matter here: attribution goes by the kubelet's order alone.
+    use crate::plan::identify::tests::{listed, pod};
     use crate::plan::store::{NodePod, PodName};
-    use gpuplace_model::{ContainerKind, ContainerNeed};
+    use gpuplace_model::ContainerKind;
     use std::sync::Arc;
-
-    fn pod(name: &str, containers: &[(&str, ContainerKind, u32)]) -> Arc<NodePod> {
-        Arc::new(NodePod {
-            namespace: "ml".into(),
-            name: name.into(),
-            uid: format!("uid-{name}"),
-            containers: containers
-                .iter()
-                .map(|(n, kind, count)| ContainerNeed {
-                    name: n.to_string(),
-                    kind: *kind,
-                    count: *count,
-                    milli: 0,
-                })
-                .collect(),
-            plan: None,
-            allocated: None,
-            finished: false,
-        })
-    }
 
     fn candidate(pod: &Arc<NodePod>, container: &str) -> Candidate {
         Candidate {
@@ -201,8 +182,15 @@ mod tests {
 
     #[test]
     fn an_init_container_is_attributed_once_its_pods_app_containers_have_devices() {
-        let split = pod("split", &[("init", Init, 2), ("a", App, 1), ("b", App, 1)]);
-        let other = pod("other", &[("main", App, 2)]);
+        let split = pod(
+            "split",
+            &[
+                ("init", Init, &["g3", "g0"]),
+                ("a", App, &["g3"]),
+                ("b", App, &["g0"]),
+            ],
+        );
+        let other = pod("other", &[("main", App, &["g1", "g2"])]);
         let pods: HashMap<PodName, Arc<NodePod>> = [split.clone(), other.clone()]
             .into_iter()
             .map(|p| (p.key(), p))
@@ -238,9 +226,9 @@ mod tests {
 
     #[test]
     fn two_admitted_candidates_or_one_named_twice_are_no_answer() {
-        let one = pod("one", &[("init", Init, 1), ("a", App, 1)]);
-        let two = pod("two", &[("init", Init, 1), ("a", App, 1)]);
-        let three = pod("three", &[("init", Init, 1), ("a", App, 1)]);
+        let one = pod("one", &[("init", Init, &["g0"]), ("a", App, &["g0"])]);
+        let two = pod("two", &[("init", Init, &["g0"]), ("a", App, &["g0"])]);
+        let three = pod("three", &[("init", Init, &["g0"]), ("a", App, &["g0"])]);
         let pods: HashMap<PodName, Arc<NodePod>> = [one.clone(), two.clone(), three.clone()]
             .into_iter()
             .map(|p| (p.key(), p))

@@ -261,7 +261,7 @@ pub(crate) mod tests {
         Assignment, ContainerAssignment, ContainerKind, ContainerNeed, DeviceShare,
     };
 
-    fn pod(name: &str, containers: &[(&str, ContainerKind, &[&str])]) -> Arc<NodePod> {
+    pub(crate) fn pod(name: &str, containers: &[(&str, ContainerKind, &[&str])]) -> Arc<NodePod> {
         Arc::new(NodePod {
             namespace: "ml".into(),
             name: name.into(),
