@@ -89,6 +89,10 @@ pub struct DevicePluginArgs {
     /// Backstop poll of the plugin directory, in ms [default: 500].
     #[arg(long, env = "GPUPLACE_POLL_INTERVAL_MS")]
     poll_interval_ms: Option<u64>,
+    /// Read the GPUs once (inventory, links, health; with NVML also the driver, MIG mode and
+    /// XID support), print them as JSON and exit: no kubelet, no API.
+    #[arg(long)]
+    discover: bool,
 }
 
 impl DevicePluginArgs {
@@ -131,6 +135,11 @@ pub fn resolve(args: &DevicePluginArgs) -> anyhow::Result<gpuplace_deviceplugin:
 pub fn run(args: DevicePluginArgs) -> anyhow::Result<()> {
     let config = Arc::new(resolve(&args)?);
     crate::logging::init(config.log_format == LogFormat::Json);
+    if args.discover {
+        let report = gpuplace_deviceplugin::app::discover(&config)?;
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -10,7 +10,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use crate::backend::{Backend, BackendError, FileBackend, NvmlBackend};
+use crate::backend::{
+    Backend, BackendError, DiscoveryReport, FileBackend, NvmlBackend, file_report, nvml_report,
+};
 use crate::config::{BackendKind, Config};
 use crate::devices::DeviceTable;
 use crate::kubelet::podresources::PodResources;
@@ -45,6 +47,19 @@ fn inventory_name(config: &Config) -> String {
         .ok()
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "unnamed-node".to_string())
+}
+
+/// Reads the node's GPUs once from the configured source (`--discover`), touching no
+/// kubelet and no API.
+pub fn discover(config: &Config) -> Result<DiscoveryReport, AppError> {
+    let name = inventory_name(config);
+    Ok(match config.backend {
+        BackendKind::Nvml => nvml_report(&name, &config.dev_root)?,
+        BackendKind::File => {
+            let path = config.inventory.as_ref().ok_or(AppError::NoInventory)?;
+            file_report(path, &name)?
+        }
+    })
 }
 
 fn start_backend(config: &Config) -> Result<Box<dyn Backend>, AppError> {

@@ -3,5 +3,6 @@
 
 mod deploy;
 mod device_plugin;
+mod nvml;
 mod scheduler;
 mod simulate;

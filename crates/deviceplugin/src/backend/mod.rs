@@ -4,9 +4,11 @@
 mod file;
 mod health;
 mod nvml;
+mod report;
 mod source;
 
 pub use file::{FileBackend, InventoryFile, parse_inventory};
 pub use health::HealthTracker;
 pub use nvml::NvmlBackend;
+pub use report::{DiscoveryReport, file_report, nvml_report};
 pub use source::{Backend, BackendError, device_file_present, is_device_node};

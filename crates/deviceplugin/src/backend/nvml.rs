@@ -82,19 +82,45 @@ pub fn pcie_level(level: &TopologyLevel) -> PcieLevel {
     }
 }
 
+/// The NUMA node the GPU is attached to: the kernel's answer for its PCI device (what the
+/// kubelet's topology manager uses), else NVML's memory affinity when it names exactly one
+/// node (VMs often report -1 in sysfs; `nvidia-smi topo -m` shows the affinity). Not
+/// `nvmlDeviceGetNumaNodeId`: that is the GPU's own memory node on coherent systems (Grace
+/// Hopper), not the CPU side's; on the H200 check it answered nothing.
 fn numa_node(device: &nvml_wrapper::Device<'_>, bus_id: &str) -> Option<u32> {
-    if let Ok(node) = device.numa_node_id() {
-        return Some(node);
-    }
     let path = format!("/sys/bus/pci/devices/{}/numa_node", sysfs_bus_id(bus_id));
-    std::fs::read_to_string(path)
+    let sysfs = std::fs::read_to_string(path)
         .ok()
         .and_then(|s| s.trim().parse::<i64>().ok())
-        .and_then(|n| u32::try_from(n).ok())
+        .and_then(|n| u32::try_from(n).ok());
+    sysfs.or_else(|| {
+        // NVML_AFFINITY_SCOPE_NODE; four words cover 256 NUMA nodes.
+        let words = device.memory_affinity(4, 0).ok()?;
+        single_node(&words)
+    })
+}
+
+/// The one node set in an NVML node mask, `None` when none or several are.
+pub fn single_node(words: &[std::os::raw::c_ulong]) -> Option<u32> {
+    let bits = std::os::raw::c_ulong::BITS;
+    let mut found = None;
+    for (w, &word) in words.iter().enumerate() {
+        if word == 0 {
+            continue;
+        }
+        if found.is_some() || word.count_ones() != 1 {
+            return None;
+        }
+        found = u32::try_from(w)
+            .ok()?
+            .checked_mul(bits)?
+            .checked_add(word.trailing_zeros());
+    }
+    found
 }
 
 /// Reads every GPU, the PCIe level of every pair and NVLink counts between peers.
-fn discover(nvml: &Nvml, node_name: &str) -> Result<NodeInventory, BackendError> {
+pub(super) fn discover(nvml: &Nvml, node_name: &str) -> Result<NodeInventory, BackendError> {
     let count = nvml.device_count().map_err(nvml_err("device count"))?;
     let mut gpus = Vec::new();
     let mut bus_ids = Vec::new();
@@ -337,6 +363,15 @@ mod tests {
         assert_eq!(pcie_level(&TopologyLevel::Internal), PcieLevel::SameBoard);
         assert_eq!(pcie_level(&TopologyLevel::System), PcieLevel::CrossCpu);
         assert!(pcie_level(&TopologyLevel::Single) > pcie_level(&TopologyLevel::HostBridge));
+    }
+
+    #[test]
+    fn a_numa_mask_names_one_node_or_none() {
+        assert_eq!(single_node(&[0b1, 0]), Some(0));
+        assert_eq!(single_node(&[0, 0b100]), Some(64 + 2));
+        assert_eq!(single_node(&[0b11]), None, "two nodes: no single answer");
+        assert_eq!(single_node(&[1, 1]), None);
+        assert_eq!(single_node(&[0, 0]), None);
     }
 
     #[test]

@@ -16,7 +16,7 @@ pub enum BackendError {
     #[error("inventory {path}: {message}")]
     BadInventory { path: String, message: String },
     #[error(
-        "cannot load NVML ({0}); is the NVIDIA driver installed and the container started with the NVIDIA runtime? Use --backend fake --inventory FILE to run without a GPU"
+        "cannot load NVML ({0}); is the NVIDIA driver installed and the container started with the NVIDIA runtime? Use --backend file --inventory FILE to run without a GPU"
     )]
     NoDriver(String),
     #[error("NVML: {0}")]
