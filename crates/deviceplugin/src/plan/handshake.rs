@@ -481,9 +481,13 @@ impl Handshake {
     pub async fn allocated(&self, table: &DeviceTable, ids: &[String]) {
         let pending = self.state().pending.take();
         let (target, candidates) = match pending {
-            Some(p) if p.answer.len() == ids.len() => (p.pod, p.candidates),
+            // The kubelet took this answer: the call it answered. A pending answer of
+            // another size or other devices is not this Allocate's: it is left from an
+            // admission that failed between the two calls (its pod's devices busy), and
+            // taking it would give these devices to that pod and lose them for this one.
+            Some(p) if same_set(&p.answer, ids) => (p.pod, p.candidates),
             // No GetPreferredAllocation before (devices reused from init containers, or
-            // an exactly aligned NUMA set): find the container by state.
+            // an exactly aligned NUMA set), or a stale one: find the container by state.
             _ => owner(
                 self.identify(table, ids, &[], ids.len(), is_share(table, ids), &mut false)
                     .await,
