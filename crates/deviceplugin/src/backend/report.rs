@@ -4,7 +4,6 @@
 //! node's GPUs, links and health are seen as they are, before the kubelet is involved.
 
 use std::path::Path;
-use std::time::Instant;
 
 use gpuplace_model::NodeInventory;
 use nvml_wrapper::Nvml;
@@ -12,7 +11,6 @@ use nvml_wrapper::bitmasks::event::EventTypes;
 use serde::Serialize;
 
 use super::file::parse_inventory;
-use super::health::HealthTracker;
 use super::nvml::discover;
 use super::source::{BackendError, device_file_present};
 
@@ -84,14 +82,12 @@ pub fn nvml_report(node_name: &str, dev_root: &Path) -> Result<DiscoveryReport, 
         nvml_version: nvml.sys_nvml_version().unwrap_or_default(),
         cuda_driver_version: nvml.sys_cuda_driver_version().ok(),
     };
-    let mut tracker = HealthTracker::new(Default::default(), std::time::Duration::ZERO);
     let mut gpus = Vec::new();
     for gpu in &mut inventory.gpus {
         let report = gpu_report(&nvml, &gpu.uuid, gpu.device_node(), dev_root)?;
-        if !(report.answers && report.device_file) {
-            tracker.on_lost(&gpu.uuid, Instant::now());
-        }
-        gpu.healthy = tracker.is_healthy(&gpu.uuid);
+        // The health thread's first checks: a GPU that does not answer or whose device
+        // file is missing starts unhealthy.
+        gpu.healthy = report.answers && report.device_file;
         gpus.push(report);
     }
     Ok(DiscoveryReport {
