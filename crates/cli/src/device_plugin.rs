@@ -137,7 +137,9 @@ pub fn run(args: DevicePluginArgs) -> anyhow::Result<()> {
     crate::logging::init(config.log_format == LogFormat::Json);
     if args.discover {
         let report = gpuplace_deviceplugin::app::discover(&config)?;
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        // As `status` writes: a closed pipe (`| head`) is an error, not a panic.
+        let out = serde_json::to_string_pretty(&report)? + "\n";
+        std::io::Write::write_all(&mut std::io::stdout().lock(), out.as_bytes())?;
         return Ok(());
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -131,7 +131,7 @@ pub fn parse_inventory(
     Ok(inventory)
 }
 
-fn read_text(path: &Path) -> Result<String, BackendError> {
+pub(super) fn read_text(path: &Path) -> Result<String, BackendError> {
     std::fs::read_to_string(path).map_err(|source| BackendError::ReadInventory {
         path: path.display().to_string(),
         source,

@@ -101,7 +101,7 @@ fn numa_node(device: &nvml_wrapper::Device<'_>, bus_id: &str) -> Option<u32> {
 }
 
 /// The one node set in an NVML node mask, `None` when none or several are.
-pub fn single_node(words: &[std::os::raw::c_ulong]) -> Option<u32> {
+fn single_node(words: &[std::os::raw::c_ulong]) -> Option<u32> {
     let bits = std::os::raw::c_ulong::BITS;
     let mut found = None;
     for (w, &word) in words.iter().enumerate() {

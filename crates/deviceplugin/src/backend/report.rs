@@ -10,7 +10,7 @@ use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::event::EventTypes;
 use serde::Serialize;
 
-use super::file::parse_inventory;
+use super::file::{parse_inventory, read_text};
 use super::nvml::discover;
 use super::source::{BackendError, device_file_present};
 
@@ -141,10 +141,7 @@ fn gpu_report(
 
 /// The file backend's discovery: the inventory as the plugin reads it.
 pub fn file_report(path: &Path, node_name: &str) -> Result<DiscoveryReport, BackendError> {
-    let text = std::fs::read_to_string(path).map_err(|source| BackendError::ReadInventory {
-        path: path.display().to_string(),
-        source,
-    })?;
+    let text = read_text(path)?;
     Ok(DiscoveryReport {
         backend: "file",
         driver: None,
