@@ -18,6 +18,7 @@ mod costs;
 mod defrag;
 mod fair;
 mod fair_round;
+mod leaving;
 mod victims;
 mod wakeups;
 
@@ -235,9 +236,10 @@ pub struct Engine<'a> {
     recreations: Vec<costs::Recreation>,
     /// When waiting units' users give up: (when, unit).
     give_ups: BinaryHeap<Reverse<(Ms, u32)>>,
-    /// When evicted pods are gone (their grace period over): each wakes the parked units,
-    /// as the Pod's deletion does in the scheduler.
-    gone_at: BinaryHeap<Reverse<Ms>>,
+    /// Evicted pods, holding what their plan did not take of their place until they are
+    /// gone (their grace period over): each then wakes the parked units, as the Pod's
+    /// deletion does in the scheduler.
+    leaving: leaving::Leaving,
 }
 
 #[derive(Default)]
@@ -314,7 +316,7 @@ impl<'a> Engine<'a> {
             later: BinaryHeap::new(),
             recreations: Vec::new(),
             give_ups: BinaryHeap::new(),
-            gone_at: BinaryHeap::new(),
+            leaving: leaving::Leaving::default(),
         }
     }
 
@@ -354,7 +356,7 @@ impl<'a> Engine<'a> {
                 self.next_wake(),
                 self.later.peek().map(|r| r.0.0),
                 self.give_ups.peek().map(|g| g.0.0),
-                self.gone_at.peek().map(|g| g.0),
+                self.leaving.next(),
             ]
             .into_iter()
             .flatten()
@@ -373,12 +375,7 @@ impl<'a> Engine<'a> {
                 self.departures.pop();
                 self.depart(job, now, false);
             }
-            while let Some(&Reverse(t)) = self.gone_at.peek()
-                && t <= now
-            {
-                self.gone_at.pop();
-                self.freed = true;
-            }
+            self.gone_due(now);
             self.recreate_due(now);
             while let Some(a) = arrivals.get(next)
                 && a.at <= now
@@ -619,9 +616,9 @@ impl<'a> Engine<'a> {
         let node = j.node as usize;
         self.released.push(j.node);
         if evicted {
-            // Terminating until its grace period ends: only then does its deletion wake
-            // the parked units.
-            self.gone_at.push(Reverse(now + self.costs.eviction_grace));
+            // Terminating until its grace period ends: what its plan does not take of its
+            // place is still its until then ([`Self::hold_remains`]).
+            self.leaving.evicted(job);
         } else {
             self.freed = true;
         }

@@ -134,7 +134,7 @@ impl Engine<'_> {
                 now,
             })
         };
-        match chained.plan.map(|(_, p)| p) {
+        let tried = match chained.plan.map(|(_, p)| p) {
             None => chained
                 .why
                 .iter()
@@ -168,7 +168,10 @@ impl Engine<'_> {
                 plan,
                 order,
             }) => started(self.carry_out(&groups, &plan, &order, unit, now)),
-        }
+        };
+        // What the plan did not take of its victims' places stays theirs until they are gone.
+        self.hold_remains(now);
+        tried
     }
 
     /// Core's victim search for `unit` over `groups`, not evicting those in `excluded`

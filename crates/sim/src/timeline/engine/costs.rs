@@ -1,6 +1,7 @@
 //! What the cluster pays, on simulated time: an evicted pod's work (its whole elapsed run
-//! unless checkpointed), its controller's new pod made a moment later, and users who delete
-//! pods that waited too long (`--patience`).
+//! unless checkpointed), its place until it is gone ([`super::leaving`]), its controller's
+//! new pod made a moment later, and users who delete pods that waited too long
+//! (`--patience`).
 
 use std::cmp::Reverse;
 
@@ -50,6 +51,28 @@ impl Engine<'_> {
             work,
             milli,
             lost_milli_ms,
+        }
+    }
+
+    /// The plan just carried out evicted pods: what it did not take of their places stays
+    /// theirs until their grace period is over (at the earliest, the next round).
+    pub(super) fn hold_remains(&mut self, now: Ms) {
+        let at = now + self.costs.eviction_grace;
+        for job in self.leaving.take_evicted() {
+            let j = &self.jobs[job as usize];
+            let request = &self.pods[j.pod as usize].request;
+            self.leaving
+                .hold(&mut self.state, j.node as usize, request, &j.gpus, at);
+        }
+    }
+
+    /// Evicted pods whose grace period is over are gone: their remains come back, and
+    /// the parked units wake (as the Pod's deletion wakes them in the scheduler).
+    pub(super) fn gone_due(&mut self, now: Ms) {
+        let nodes = self.leaving.gone_due(&mut self.state, now);
+        if !nodes.is_empty() {
+            self.released.extend(nodes);
+            self.freed = true;
         }
     }
 

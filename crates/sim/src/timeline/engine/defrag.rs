@@ -368,6 +368,7 @@ impl Engine<'_> {
                 self.defrag.in_flight.push(bound);
             }
         }
+        self.hold_remains(now);
         self.defrag.counts.plans += 1;
     }
 }

@@ -85,6 +85,41 @@ fn a_preemptor_runs_only_once_its_victims_grace_and_its_own_start_have_passed() 
 }
 
 #[test]
+fn what_a_preemptor_does_not_take_of_its_victims_place_stays_taken_until_they_are_gone() {
+    // low holds the whole node; high (4 GPUs) evicts it at 100 s and mid (4 GPUs, lower
+    // priority, same instant) waits for the other half: it is low's until low is gone,
+    // never free in the round that evicted it.
+    for (grace, gone) in [(0, 100), (30, 130)] {
+        let s = Scenario {
+            pods: vec![
+                pod("low", 8, 1_000, 0, None),
+                pod("high", 4, 10, 5, None),
+                pod("mid", 4, 10, 1, None),
+            ],
+            nodes: vec![node("n", 8)],
+            preempt: true,
+            costs: costs(grace, 0, 0, 0),
+            ..Scenario::default()
+        };
+        let jobs = s
+            .run_all(
+                &[(0, 0), (100, 1), (100, 2), (500, 0)],
+                true,
+                DefragSim::default(),
+                None,
+            )
+            .jobs;
+        assert_eq!(secs(jobs[0].end), Some(100));
+        let (high, mid) = (&jobs[1], &jobs[2]);
+        // mid failed at 100 s: due a backoff (1 s) after, or once low is gone.
+        let due = gone.max(101);
+        assert_eq!(secs(mid.start), Some(due), "grace {grace}: {jobs:?}");
+        assert_eq!(secs(high.start), Some(due), "grace {grace}: {jobs:?}");
+        assert_ne!(high.gpus, mid.gpus);
+    }
+}
+
+#[test]
 fn an_evicted_warm_pod_loses_its_age_from_before_the_start_unless_checkpointed() {
     for checkpointed in [false, true] {
         let s = Scenario {
