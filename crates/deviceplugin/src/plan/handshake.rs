@@ -157,6 +157,15 @@ fn same_set(a: &[String], b: &[String]) -> bool {
     a.len() == b.len() && a.iter().all(|x| b.contains(x))
 }
 
+/// The pending GetPreferredAllocation answer if the Allocate of `ids` is the call it
+/// answered: the kubelet took exactly those devices. A pending answer of another size or
+/// other devices is not this Allocate's: it is left from an admission that failed between
+/// the two calls (its pod's devices busy), and taking it would give these devices to that
+/// pod and lose them for this one (an init container missing from its pod's record).
+fn answered(pending: Option<Pending>, ids: &[String]) -> Option<Pending> {
+    pending.filter(|p| same_set(&p.answer, ids))
+}
+
 impl Handshake {
     pub fn new(
         config: HandshakeConfig,
@@ -480,15 +489,11 @@ impl Handshake {
     /// them, and counts a difference from the plan. Never fails the container.
     pub async fn allocated(&self, table: &DeviceTable, ids: &[String]) {
         let pending = self.state().pending.take();
-        let (target, candidates) = match pending {
-            // The kubelet took this answer: the call it answered. A pending answer of
-            // another size or other devices is not this Allocate's: it is left from an
-            // admission that failed between the two calls (its pod's devices busy), and
-            // taking it would give these devices to that pod and lose them for this one.
-            Some(p) if same_set(&p.answer, ids) => (p.pod, p.candidates),
+        let (target, candidates) = match answered(pending, ids) {
+            Some(p) => (p.pod, p.candidates),
             // No GetPreferredAllocation before (devices reused from init containers, or
             // an exactly aligned NUMA set), or a stale one: find the container by state.
-            _ => owner(
+            None => owner(
                 self.identify(table, ids, &[], ids.len(), is_share(table, ids), &mut false)
                     .await,
             ),
@@ -566,5 +571,33 @@ impl Handshake {
             }
         }
         table.usage(ids)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Pending, answered};
+
+    fn ids(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn an_allocate_takes_the_pending_answer_only_for_exactly_its_devices() {
+        let pending = || {
+            Some(Pending {
+                pod: None,
+                answer: ids(&["GPU-0", "GPU-1"]),
+                candidates: Vec::new(),
+            })
+        };
+        // The call it answered, in any order.
+        assert!(answered(pending(), &ids(&["GPU-1", "GPU-0"])).is_some());
+        // Left from an admission that failed between the two calls: the same size on
+        // other devices (the stale answer the handshake stress found), another size.
+        assert!(answered(pending(), &ids(&["GPU-0", "GPU-2"])).is_none());
+        assert!(answered(pending(), &ids(&["GPU-0"])).is_none());
+        assert!(answered(pending(), &ids(&["GPU-0", "GPU-1", "GPU-2"])).is_none());
+        assert!(answered(None, &ids(&["GPU-0"])).is_none());
     }
 }
