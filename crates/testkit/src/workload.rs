@@ -160,7 +160,8 @@ pub struct RunReport {
     pub elapsed: Duration,
     /// A few mismatches outside the random reuse, for the reader.
     pub examples: Vec<String>,
-    /// A few untrue records at the last check: the pod, its record, the kubelet's devices.
+    /// A few untrue records at the last check (those missing only an init container
+    /// too, so marked): the pod, its record, the kubelet's devices.
     pub untrue_examples: Vec<String>,
     pub by_shape: HashMap<String, usize>,
 }
@@ -484,25 +485,32 @@ fn check_records(cluster: &HandshakeCluster, report: &mut RunReport) {
             }) && kubelet
                 .iter()
                 .all(|(name, _)| recorded.iter().any(|(n, _)| n == name));
-            if !truthful && only_an_init_container_is_missing(&pod, &recorded, kubelet) {
+            let init_only =
+                !truthful && only_an_init_container_is_missing(&pod, &recorded, kubelet);
+            if init_only {
                 report.init_unrecorded += 1;
             } else if !truthful {
                 report.untrue_records += 1;
-                if report.untrue_examples.len() < 5 {
-                    let kubelet: Vec<(&String, HashSet<String>)> =
-                        kubelet.iter().map(|(n, d)| (n, gpus_of(d))).collect();
-                    report.untrue_examples.push(format!(
-                        "{}/{} on {}: recorded {recorded:?} ({}), kubelet {kubelet:?}",
-                        pod.metadata.namespace.as_deref().unwrap_or_default(),
-                        pod.metadata.name.as_deref().unwrap_or_default(),
-                        node.name,
-                        if annotations.contains_key(ALLOCATED_ANNOTATION) {
-                            "allocated"
-                        } else {
-                            "assignment"
-                        },
-                    ));
-                }
+            }
+            if !truthful && report.untrue_examples.len() < 5 {
+                let kubelet: Vec<(&String, HashSet<String>)> =
+                    kubelet.iter().map(|(n, d)| (n, gpus_of(d))).collect();
+                report.untrue_examples.push(format!(
+                    "{}/{} on {}: recorded {recorded:?} ({}{}), kubelet {kubelet:?}",
+                    pod.metadata.namespace.as_deref().unwrap_or_default(),
+                    pod.metadata.name.as_deref().unwrap_or_default(),
+                    node.name,
+                    if annotations.contains_key(ALLOCATED_ANNOTATION) {
+                        "allocated"
+                    } else {
+                        "assignment"
+                    },
+                    if init_only {
+                        "; an init container only"
+                    } else {
+                        ""
+                    },
+                ));
             }
             // Whole devices only: shares of one GPU are meant to meet.
             let mut mine: HashSet<String> = HashSet::new();
