@@ -19,6 +19,7 @@
 
 mod eligible;
 mod memo;
+mod pace;
 mod rebalance;
 mod settings;
 
@@ -34,9 +35,10 @@ use crate::state::{ClusterState, NodeState};
 
 pub use eligible::{MoveCandidate, may_move, unit_may_move};
 pub use memo::{ROOM_RETRY, RoomMemo};
+pub use pace::{Fleet, RebalancePace};
 pub use rebalance::{Rebalance, rebalance};
 pub use settings::{
-    MAX_MIN_AGE, Mode, REBALANCE_COOLDOWN, REBALANCE_MIN_GAIN_MILLI, Settings, UnknownMode,
+    Limits, MAX_MIN_AGE, Mode, REBALANCE_COOLDOWN, REBALANCE_MIN_GAIN_MILLI, Settings, UnknownMode,
 };
 
 /// The pods that may move: units (one pod, or a whole gang) of holders, and per holder the
@@ -80,24 +82,6 @@ impl<'a> Movables<'a> {
             .flat_map(|m| m.gpus)
             .map(|&(_, m)| u64::from(m))
             .sum()
-    }
-}
-
-/// How much one plan may move.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Limits {
-    /// Pods moved at most.
-    pub max_pods: usize,
-    /// Milli-GPU moved at most.
-    pub max_milli: u64,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            max_pods: 8,
-            max_milli: u64::MAX,
-        }
     }
 }
 

@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use gpuplace_core::cycle::{self, Found, Planner, Step};
-use gpuplace_core::defrag::{self, Limits};
+use gpuplace_core::defrag::{self, Fleet, Limits, RebalancePace};
 use gpuplace_core::{Placer, Policy, ShapeCounts};
 use serde::Serialize;
 
@@ -157,9 +157,25 @@ pub fn plan(
     }
     out.frag_after_room = work.total_frag() / 1e3;
     out.frag_after = out.frag_after_room;
-    let crowded =
-        out.frag_after_room * 1e3 > config.settings.rebalance_threshold * out.gpus as f64 * 1e3;
-    if !out.blocked.is_empty() && crowded {
+    // Rebalancing's own rule (core's, as the scheduler looks after a round): one look,
+    // pods waiting, fragmentation above the threshold, the hour's whole budget. Listed
+    // whichever mode the flags name (a dry run shows what rebalancing would do).
+    let settings = defrag::Settings {
+        mode: defrag::Mode::Rebalance,
+        ..config.settings.clone()
+    };
+    let fleet = Fleet {
+        pending: out.blocked.len(),
+        frag_milli: work.total_frag(),
+        capacity_milli: work.gpu_capacity_milli(),
+        in_flight: 0,
+    };
+    let look = RebalancePace::<String, std::time::Duration>::default().limits(
+        &settings,
+        std::time::Duration::ZERO,
+        &fleet,
+    );
+    if let Some(limits) = look {
         // Rebalancing runs on the state after the plans: the pods the plans moved are
         // elsewhere there, so they are not movable again (every move it makes is listed,
         // and the fragmentation after is that of the listed moves).
@@ -176,10 +192,6 @@ pub fn plan(
             skip: &skip,
         };
         let set = movable_set(&snapshot, view, &profile, &rules);
-        let limits = Limits {
-            max_pods: config.settings.max_moves,
-            max_milli: (config.settings.budget_gpus_per_hour * 1000.0) as u64,
-        };
         let mut fgd = Placer::new(Policy::Fgd, 42);
         let r = defrag::rebalance(
             &mut fgd,

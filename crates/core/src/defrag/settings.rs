@@ -59,6 +59,24 @@ pub const REBALANCE_MIN_GAIN_MILLI: f64 = 1000.0;
 /// again, so no move is undone.
 pub const REBALANCE_COOLDOWN: Duration = Duration::from_secs(3600);
 
+/// How much one plan may move.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Pods moved at most.
+    pub max_pods: usize,
+    /// Milli-GPU moved at most.
+    pub max_milli: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_pods: 8,
+            max_milli: u64::MAX,
+        }
+    }
+}
+
 /// What defragmentation may do.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Settings {

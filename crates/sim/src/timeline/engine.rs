@@ -452,7 +452,6 @@ impl<'a> Engine<'a> {
                 self.soon.push(u.failed_at + soonest, unit, u.fails);
             }
         }
-        self.maybe_rebalance(now);
         let due = self.due(now);
         let tried = self.fair_round(due, now);
         for (unit, tried) in tried {
@@ -488,6 +487,8 @@ impl<'a> Engine<'a> {
                 self.flushes.push_back((now + flush, unit, u.fails));
             }
         }
+        // After the round's decisions, as the scheduler rebalances.
+        self.maybe_rebalance(now);
     }
 
     /// Places every pod of `unit`, or none.

@@ -12,11 +12,11 @@
 //! request whose make-room failed is not planned again for a simulated minute. Rebalancing
 //! follows the scheduler's rules with core's settings (see [`Engine::maybe_rebalance`]).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use gpuplace_core::defrag::{
-    self, Limits, Movables, MoveCandidate, ROOM_RETRY, RoomMemo, RoomPlan,
+    self, Fleet, Limits, Movables, MoveCandidate, ROOM_RETRY, RebalancePace, RoomMemo, RoomPlan,
 };
 use gpuplace_core::preempt::Holder;
 use gpuplace_core::{Placer, Policy};
@@ -44,28 +44,25 @@ pub(super) struct DefragState {
     /// Per request id (a shape: the trace's pods may go on any node), until when its
     /// make-room does not search again (core's rule, as the scheduler's).
     failed: RoomMemo<usize, Ms>,
-    last_rebalance: Ms,
-    /// Rebalance moves in the last hour: (when, milli).
-    recent: VecDeque<(Ms, u64)>,
-    /// Units (the simulator's controllers) whose pod rebalancing moved, and when.
-    moved_units: HashMap<u32, Ms>,
+    /// When rebalancing looks and what it may move (core's, per unit: the simulator's
+    /// controllers).
+    pace: RebalancePace<u32, Ms>,
     /// When each rebalance move's replacement is bound (moves in flight until then).
     in_flight: Vec<Ms>,
-    /// Chooses where rebalanced pods go (least fragmentation growth).
-    fgd: Placer,
+    /// The placer seed: rebalanced pods go where a fresh FGD placer puts them (least
+    /// fragmentation growth), as the scheduler's.
+    seed: u64,
 }
 
 impl DefragState {
     pub(super) fn new(config: DefragSim, seed: u64) -> Self {
         DefragState {
             config,
-            moved_units: HashMap::new(),
+            pace: RebalancePace::default(),
             in_flight: Vec::new(),
             counts: DefragCounts::default(),
             failed: RoomMemo::default(),
-            last_rebalance: Ms(0),
-            recent: VecDeque::new(),
-            fgd: Placer::new(Policy::Fgd, seed),
+            seed,
         }
     }
 }
@@ -300,52 +297,31 @@ impl Engine<'_> {
         self.jobs[new as usize].start
     }
 
-    /// Rebalances as the scheduler does: at most every `rebalance_every`, while pods wait
-    /// and the fleet's fragmentation is above the threshold, within the hour's GPU budget
-    /// and the moves allowed in flight, moving no unit rebalancing moved in the cooldown
-    /// (core's settings and rules, `scheduler/rebalance.rs`).
+    /// Rebalances as the scheduler does, after a round's decisions: core's pace (when it
+    /// looks, the hour's GPU budget, the moves in flight, the controllers' cooldown) and
+    /// core's plan with a fresh FGD placer, as `scheduler/rebalance.rs`.
     pub(super) fn maybe_rebalance(&mut self, now: Ms) {
-        let s = self.defrag.config.settings.clone();
-        if !s.mode.rebalances()
-            || self.waiting_pods == 0
-            || now.0 < self.defrag.last_rebalance.0 + s.rebalance_every.as_millis() as u64
-        {
-            return;
-        }
-        self.defrag.last_rebalance = now;
-        let capacity = self.state.gpu_capacity_milli() as f64;
-        if self.state.total_frag() <= s.rebalance_threshold * capacity {
-            return;
-        }
-        while let Some(&(at, _)) = self.defrag.recent.front()
-            && now.0 >= at.0 + 3_600_000
-        {
-            self.defrag.recent.pop_front();
-        }
-        let cooldown = defrag::REBALANCE_COOLDOWN.as_millis() as u64;
-        self.defrag
-            .moved_units
-            .retain(|_, at| now.0 < at.0 + cooldown);
         self.defrag.in_flight.retain(|bound| *bound > now);
-        let spent: u64 = self.defrag.recent.iter().map(|&(_, m)| m).sum();
-        let budget = (s.budget_gpus_per_hour * 1000.0) as u64;
-        let limits = Limits {
-            max_pods: s.max_moves.saturating_sub(self.defrag.in_flight.len()),
-            max_milli: budget.saturating_sub(spent),
+        let fleet = Fleet {
+            pending: self.waiting_pods,
+            frag_milli: self.state.total_frag(),
+            capacity_milli: self.state.gpu_capacity_milli(),
+            in_flight: self.defrag.in_flight.len(),
         };
-        if limits.max_milli == 0 || limits.max_pods == 0 {
+        let settings = &self.defrag.config.settings;
+        let Some(limits) = self.defrag.pace.limits(settings, now, &fleet) else {
             return;
-        }
+        };
         let mut groups = self.movable_units(now);
         groups.retain(|g| {
             let unit = self.jobs[g[0] as usize].unit;
-            !self.defrag.moved_units.contains_key(&unit)
+            !self.defrag.pace.moved_lately(&unit)
         });
         let moves = {
             let m = movables(&self.jobs, self.pods, &groups);
-            let fgd = &mut self.defrag.fgd;
+            let mut fgd = Placer::new(Policy::Fgd, self.defrag.seed);
             defrag::rebalance(
-                fgd,
+                &mut fgd,
                 &self.state,
                 &m,
                 limits,
@@ -360,9 +336,8 @@ impl Engine<'_> {
         for mv in &moves {
             let job = holders[mv.holder];
             let milli = self.jobs[job as usize].milli();
-            self.defrag.recent.push_back((now, milli));
             let unit = self.jobs[job as usize].unit;
-            self.defrag.moved_units.insert(unit, now);
+            self.defrag.pace.moved(now, Some(unit), milli);
             let work = self.leave_for_move(job, now);
             if let Some(bound) = self.restart(job, work, mv.to, &mv.gpus, now) {
                 self.defrag.in_flight.push(bound);
