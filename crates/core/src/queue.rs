@@ -187,6 +187,20 @@ impl<K: Hash + Eq, T: QueueTime> Queue<K, T> {
         }
     }
 
+    /// [`Self::wake_all`] for one pod: something happened that could make it alone fit
+    /// (its gang's PodGroup made or changed).
+    pub fn wake<Q>(&mut self, key: &Q)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let soonest = self.config.initial_backoff;
+        if let Some(entry) = self.entries.get_mut(key) {
+            entry.parked_at = None;
+            entry.not_before = entry.not_before.min(entry.tried_at + soonest);
+        }
+    }
+
     /// Unparks pods parked for longer than the flush interval.
     pub fn flush(&mut self, now: T) {
         let flush = self.config.unschedulable_flush;
@@ -262,6 +276,18 @@ mod tests {
         assert!(!q.is_due("a", t0 + secs(2)));
         assert!(q.is_due("a", t0 + secs(3)));
         assert_eq!(q.attempts("a"), 2);
+    }
+
+    #[test]
+    fn waking_one_pod_leaves_the_others_parked() {
+        let mut q: Queue<String, Instant> = Queue::new(QueueConfig::default());
+        let t0 = Instant::now();
+        q.unschedulable("a", t0);
+        q.unschedulable("b", t0);
+        q.wake("a");
+        q.wake("c");
+        assert!(q.is_due("a", t0 + secs(1)));
+        assert!(!q.is_due("b", t0 + secs(100)), "b is still parked");
     }
 
     #[test]

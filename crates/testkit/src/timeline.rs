@@ -34,6 +34,9 @@ pub struct StackJob {
     /// Whether it opted in to moves (`gpuplace.io/movable`). Every pod has a ReplicaSet
     /// controller, its first job's, so that a moved pod's replacement is known.
     pub movable: bool,
+    /// Its gang: the job whose pod name the PodGroup takes (made with that job's pod;
+    /// gangs are ordered by name, as pods are) and its `minMember`.
+    pub gang: Option<(usize, u32)>,
 }
 
 /// What the stack gave one pod.
@@ -327,7 +330,8 @@ async fn drive(
         while let Some(&i) = r.arrivals.get(next)
             && jobs[i].arrival_ms <= now
         {
-            let made = pod(&r.names[i], &jobs[i], i, created_at(jobs[i].arrival_ms)?);
+            put_group(api, &r.names, &jobs[i]);
+            let made = pod(&r.names, i, &jobs[i], i, created_at(jobs[i].arrival_ms)?);
             api.put_pod(made);
             r.waiting.insert(i);
             next += 1;
@@ -352,7 +356,8 @@ async fn drive(
             settle_deletions(cluster, &r.names, &evicted, options.settle_timeout).await?;
             for (k, job) in jobs.iter().enumerate() {
                 if job.replaces.is_some_and(|v| evicted.contains(&v)) {
-                    api.put_pod(pod(&r.names[k], job, controller(jobs, k), created_at(now)?));
+                    put_group(api, &r.names, job);
+                    api.put_pod(pod(&r.names, k, job, controller(jobs, k), created_at(now)?));
                     r.waiting.insert(k);
                 }
             }
@@ -360,6 +365,26 @@ async fn drive(
         }
     }
     Ok(r.out)
+}
+
+/// Makes `job`'s PodGroup if it has one not made yet.
+fn put_group(api: &crate::api::MemoryApi, names: &[String], job: &StackJob) {
+    let Some((first, min_member)) = job.gang else {
+        return;
+    };
+    let name = &names[first];
+    if api.group("trace", name).is_some() {
+        return;
+    }
+    let mut group = gpuplace_scheduler::k8s::gang::PodGroup::new(
+        name,
+        gpuplace_scheduler::k8s::gang::PodGroupSpec {
+            min_member,
+            ..Default::default()
+        },
+    );
+    group.metadata.namespace = Some("trace".into());
+    api.put_group(group);
 }
 
 /// The first job of `k`'s line of replacements: its ReplicaSet's.
@@ -390,14 +415,16 @@ async fn settle_gone(
     Ok(())
 }
 
-/// The pod of `job`: its request (see [`crate::replay::trace_pod`]), priority and creation
-/// time.
+/// The pod of job `k` (`job`, named `names[k]`): its request (see
+/// [`crate::replay::trace_pod`]), priority, creation time and gang.
 fn pod(
-    name: &str,
+    names: &[String],
+    k: usize,
     job: &StackJob,
     controller: usize,
     created: Timestamp,
 ) -> k8s_openapi::api::core::v1::Pod {
+    let name = &names[k];
     let mut pod = crate::replay::trace_pod(name, &job.request);
     pod.metadata.owner_references = Some(vec![
         k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
@@ -420,6 +447,15 @@ fn pod(
     ));
     if let Some(spec) = pod.spec.as_mut() {
         spec.priority = Some(job.priority);
+    }
+    if let Some((first, _)) = job.gang {
+        pod.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert(
+                gpuplace_model::keys::POD_GROUP_LABEL.to_string(),
+                names[first].clone(),
+            );
     }
     if let Some(queue) = &job.queue {
         pod.metadata

@@ -34,8 +34,9 @@ impl<A: ClusterApi> Scheduler<A> {
 
     /// Compares `view` with the last one: parked pods wake on a node added or changed, a
     /// pod on a node gone or finished (one the last view showed bound, or one this
-    /// scheduler bound since: a pod bound and deleted between two views held GPUs too), or
-    /// a pod group changed.
+    /// scheduler bound since: a pod bound and deleted between two views held GPUs too);
+    /// a pod group made, changed in its spec or gone wakes its own members (its status,
+    /// which this scheduler writes, wakes nobody).
     fn observe(&mut self, view: &ClusterView) {
         let nodes = super::cluster_cache::sorted_nodes(view);
         let active: HashSet<String> = view
@@ -54,10 +55,30 @@ impl<A: ClusterApi> Scheduler<A> {
                         g.metadata.namespace.as_deref().unwrap_or_default(),
                         g.metadata.name.as_deref().unwrap_or_default()
                     ),
-                    g.metadata.resource_version.clone().unwrap_or_default(),
+                    serde_json::to_string(&g.spec).unwrap_or_default(),
                 )
             })
             .collect();
+        let groups_changed: HashSet<&String> = groups
+            .iter()
+            .filter(|(id, spec)| self.seen.groups.get(*id) != Some(*spec))
+            .map(|(id, _)| id)
+            .chain(
+                self.seen
+                    .groups
+                    .keys()
+                    .filter(|id| !groups.contains_key(*id)),
+            )
+            .collect();
+        if !groups_changed.is_empty() {
+            for pod in view.pods.iter() {
+                if let Some(g) = &pod.group
+                    && groups_changed.contains(&format!("{}/{g}", pod.key.namespace))
+                {
+                    self.queue.wake(&pod.key.uid);
+                }
+            }
+        }
         let freed = self.seen.active.iter().any(|uid| !active.contains(uid))
             || self.cluster.reservations.any_gone(view);
         let nodes_changed = super::cluster_cache::nodes_differ(&self.seen.nodes, &nodes);
@@ -88,7 +109,6 @@ impl<A: ClusterApi> Scheduler<A> {
             }))
             .collect();
         if nodes_changed
-            || groups != self.seen.groups
             || freed
             || volumes != self.seen.volumes
             || budgets_changed

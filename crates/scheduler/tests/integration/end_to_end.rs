@@ -391,6 +391,44 @@ async fn gangs_are_all_or_nothing() {
     assert_no_double_booking(&api);
 }
 
+/// A PodGroup made, or its status written by the scheduler, wakes its own members only: a
+/// parked pod of no gang stays parked (it woke on every group status write, so it was
+/// tried again in rounds the timeline replay did not have).
+#[tokio::test]
+async fn a_pod_group_wakes_only_its_own_members() {
+    let api = MemoryApi::new();
+    api.put_node(node("a", 4, json!({})));
+    api.put_pod(pod("big", 8, json!({})));
+    let start = Instant::now();
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    let report = scheduler.round(start).await.unwrap();
+    assert_eq!(report.unschedulable, 1, "big fits nowhere and parks");
+    // A gang arrives (its group, then its members: one of two fits); big is past its
+    // backoff but parked: nothing that frees room happened.
+    api.put_group(group("train", 2, 30));
+    for i in 0..2 {
+        api.put_pod(pod(
+            &format!("w{i}"),
+            4,
+            json!({"metadata": {"labels": {"gpuplace.io/pod-group": "train"}}}),
+        ));
+    }
+    let report = scheduler
+        .round(start + Duration::from_secs(3))
+        .await
+        .unwrap();
+    assert_eq!(report.waiting_gangs, 1);
+    assert_eq!(report.unschedulable, 0, "big was not tried");
+    assert!(api.group("ml", "train").unwrap().status.is_some());
+    // The group's status written in that round wakes nobody either.
+    let report = scheduler
+        .round(start + Duration::from_secs(6))
+        .await
+        .unwrap();
+    assert_eq!((report.unschedulable, report.waiting_gangs), (0, 0));
+    assert!(api.bindings().is_empty());
+}
+
 /// Every kind of failure the loop explains, one pod each, on a cluster that has a bit of
 /// everything; the Event messages are snapshots (tests/snapshots), so a change of wording
 /// shows in review.

@@ -37,6 +37,23 @@ fn replacements(jobs: &[Job]) -> Vec<Option<usize>> {
     out
 }
 
+/// Each job's gang on the stack when its unit has more than one member: (the job whose
+/// pod names the PodGroup, the unit's first, so that the gang sorts where the simulator
+/// queues it; `minMember`). A unit's jobs made at one instant are one gang (a gang's
+/// replacements, made together, are a new one).
+fn gangs_of(jobs: &[Job]) -> Vec<Option<(usize, u32)>> {
+    let mut units: std::collections::HashMap<(u32, u64), (usize, u32)> = Default::default();
+    for (k, j) in jobs.iter().enumerate() {
+        units.entry((j.unit, j.arrival.0)).or_insert((k, 0)).1 += 1;
+    }
+    jobs.iter()
+        .map(|j| {
+            let (first, size) = units[&(j.unit, j.arrival.0)];
+            (size > 1).then_some((first, size))
+        })
+        .collect()
+}
+
 /// One replay on both sides: the simulator's jobs and what the stack gave each.
 struct Both {
     jobs: Vec<Job>,
@@ -64,6 +81,9 @@ struct Setup {
     /// rebalance`, every simulated minute, at any fragmentation: the small sample's
     /// fragmentation is rarely above the default 2% threshold).
     rebalance: bool,
+    /// A third of the pairs of whole-GPU pods of the mix are gangs of two (a PodGroup
+    /// with `minMember` 2 on the stack), placed, evicted and moved whole on both sides.
+    gangs: bool,
 }
 
 /// Defragmentation's settings for `setup`, the same on both sides.
@@ -123,6 +143,20 @@ async fn replay_both(policy: Policy, seed: u64, setup: Setup) -> Both {
             p.priority = i32::from(i % 3 == 0);
         }
     }
+    if setup.gangs {
+        let whole: Vec<usize> = (0..workload.pods.len())
+            .filter(|&i| workload.pods[i].request.gpu_milli == 1000)
+            .collect();
+        for (k, pair) in whole
+            .chunks_exact(2)
+            .enumerate()
+            .filter(|(k, _)| k % 3 == 0)
+        {
+            for &i in pair {
+                workload.pods[i].gang = Some(format!("g{k}"));
+            }
+        }
+    }
     let options = TimelineOptions {
         arrivals: 250,
         warmup: 0.0,
@@ -155,10 +189,12 @@ async fn replay_both(policy: Policy, seed: u64, setup: Setup) -> Both {
         ];
         Tenants::new(&file, capacity, pods).expect("tenants")
     });
+    let gangs = gangs_of(&jobs);
     let stack_jobs: Vec<StackJob> = jobs
         .iter()
         .zip(&replaces)
-        .map(|(j, r)| StackJob {
+        .zip(gangs)
+        .map(|((j, r), gang)| StackJob {
             arrival_ms: j.arrival.0,
             request: pods[j.pod as usize].request.clone(),
             priority: pods[j.pod as usize].priority,
@@ -168,6 +204,7 @@ async fn replay_both(policy: Policy, seed: u64, setup: Setup) -> Both {
                 .as_ref()
                 .map(|t| t.tree.name(t.queue_of[j.pod as usize]).to_string()),
             movable: (setup.make_room || setup.rebalance) && movable_pod(j.pod, MOVABLE),
+            gang,
         })
         .collect();
     let dir = tempfile::tempdir().expect("tempdir");
@@ -376,6 +413,20 @@ async fn with_rebalancing_the_stack_moves_the_same_pods_to_the_same_places() {
         moved >= 10,
         "the replay must move pods to compare rebalancing: {moved}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_gangs_the_stack_places_them_whole_as_the_simulator_does() {
+    let setup = Setup {
+        gangs: true,
+        ..Setup::default()
+    };
+    let cases = [
+        (Policy::DEFAULT, 30),
+        (Policy::Fgd, 31),
+        (Policy::BestFit, 32),
+    ];
+    compare_all(&cases, setup).await;
 }
 
 /// Every (policy, seed) of a wider sweep, each reported; fails naming those that differ.
