@@ -244,6 +244,27 @@ fn a_gang_is_placed_whole_or_not_at_all() {
 }
 
 #[test]
+fn a_gang_with_a_member_the_preemptor_does_not_outrank_is_not_evicted_in_part() {
+    let s = Scenario {
+        pods: vec![
+            pod("g0", 4, 1_000, 0, Some("g")),
+            pod("g1", 4, 1_000, 1, Some("g")),
+            pod("high", 4, 10, 1, None),
+        ],
+        nodes: vec![node("a", 8)],
+        preempt: true,
+        ..Scenario::default()
+    };
+    // Templates: 0 = the gang (priorities 0 and 1), 1 = high. high outranks g0 but not g1:
+    // evicting g0 alone would leave half a gang running, so nothing is evicted and high
+    // waits for the gang to leave.
+    let jobs = s.run(&[(0, 0), (100, 1), (2_000, 1)]);
+    assert!(jobs.iter().all(|j| !j.evicted), "{jobs:?}");
+    let high = jobs.iter().find(|j| j.pod == 2).expect("high");
+    assert_eq!(secs(high.start), Some(1_000));
+}
+
+#[test]
 fn the_failure_memo_decides_exactly_as_a_full_search() {
     let workload = crate::builtin_workload(16);
     let timeline = Timeline::new(

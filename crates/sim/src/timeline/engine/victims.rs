@@ -20,17 +20,22 @@ pub(super) struct Eviction {
 }
 
 impl Engine<'_> {
-    /// Running pods that `take` accepts (by pod index), grouped by unit (a gang is
-    /// evicted whole).
+    /// Running pods grouped by unit, the units whose every running member `take`
+    /// accepts (by pod index): a gang is evicted whole or not at all, so one member the
+    /// preemptor may not evict (its priority, its queue) keeps the whole gang, as the
+    /// scheduler's candidates do.
     pub(super) fn victim_groups(&self, take: &dyn Fn(u32) -> bool) -> Vec<Vec<u32>> {
-        let mut by_unit: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        let mut by_unit: BTreeMap<u32, (Vec<u32>, bool)> = BTreeMap::new();
         for &r in &self.running {
             let j = &self.jobs[r as usize];
-            if take(j.pod) {
-                by_unit.entry(j.unit).or_default().push(r);
-            }
+            let (members, all) = by_unit.entry(j.unit).or_insert((Vec::new(), true));
+            members.push(r);
+            *all &= take(j.pod);
         }
-        by_unit.into_values().collect()
+        by_unit
+            .into_values()
+            .filter_map(|(members, all)| all.then_some(members))
+            .collect()
     }
 
     /// `unit` was nominated at `now`: `placed` (taken in the state) is held for it until it
