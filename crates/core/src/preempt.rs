@@ -60,6 +60,21 @@ pub fn may_preempt<Q: PartialEq>(preemptor: &Contender<Q>, victim: &Contender<Q>
     victim.priority < preemptor.priority && victim.queue == preemptor.queue
 }
 
+/// Whether a unit (one pod, or a gang) may be a victim: it has running members and each
+/// may be evicted (`members` yields whether the preemptor may evict that member). A gang
+/// is evicted whole or not at all, never in part. One rule for the scheduler and the
+/// simulator.
+pub fn unit_may_be_evicted(members: impl IntoIterator<Item = bool>) -> bool {
+    let mut any = false;
+    for allowed in members {
+        if !allowed {
+            return false;
+        }
+        any = true;
+    }
+    any
+}
+
 /// The priority a gang preempts with: its lowest member's (a gang evicts only what every
 /// member outranks); `None` for no members.
 pub fn gang_priority(members: impl IntoIterator<Item = i32>) -> Option<i32> {

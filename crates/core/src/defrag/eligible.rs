@@ -32,14 +32,8 @@ pub fn may_move(pod: &MoveCandidate, min_age: Duration) -> bool {
 /// Whether a unit (one pod, or a gang) may move: it has members, each running and allowed
 /// (`members` yields `false` for a member not running).
 pub fn unit_may_move(members: impl IntoIterator<Item = bool>) -> bool {
-    let mut any = false;
-    for allowed in members {
-        if !allowed {
-            return false;
-        }
-        any = true;
-    }
-    any
+    // The same whole-unit rule as a victim's.
+    crate::preempt::unit_may_be_evicted(members)
 }
 
 #[cfg(test)]

@@ -298,17 +298,17 @@ fn gang_members<'a>(
     skip: &dyn Fn(&str) -> bool,
 ) -> Option<Vec<(Arc<PodInfo>, &'a Held)>> {
     let mut out = Vec::new();
+    let mut allowed = Vec::new();
     for p in view.pods.iter().filter(|p| {
         p.key.namespace == member.key.namespace && p.group == member.group && p.is_active_bound()
     }) {
         let uid = p.key.uid.as_str();
         let held = snapshot.held.get(uid)?;
-        if p.priority >= priority || p.deleting || skip(uid) || only.is_some_and(|f| !f(p)) {
-            return None;
-        }
+        allowed
+            .push(p.priority < priority && !p.deleting && !skip(uid) && only.is_none_or(|f| f(p)));
         out.push((Arc::clone(p), held));
     }
-    (!out.is_empty()).then_some(out)
+    gpuplace_core::preempt::unit_may_be_evicted(allowed).then_some(out)
 }
 
 /// Whether a pod that preempted before (ours, or by `status.nominatedNodeName` after a

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use gpuplace_core::preempt::{Candidates, Holder};
+use gpuplace_core::preempt::{self, Candidates, Holder};
 
 use super::{Engine, Job, Placed};
 use crate::timeline::options::Ms;
@@ -25,16 +25,20 @@ impl Engine<'_> {
     /// preemptor may not evict (its priority, its queue) keeps the whole gang, as the
     /// scheduler's candidates do.
     pub(super) fn victim_groups(&self, take: &dyn Fn(u32) -> bool) -> Vec<Vec<u32>> {
-        let mut by_unit: BTreeMap<u32, (Vec<u32>, bool)> = BTreeMap::new();
+        let mut by_unit: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
         for &r in &self.running {
-            let j = &self.jobs[r as usize];
-            let (members, all) = by_unit.entry(j.unit).or_insert((Vec::new(), true));
-            members.push(r);
-            *all &= take(j.pod);
+            by_unit
+                .entry(self.jobs[r as usize].unit)
+                .or_default()
+                .push(r);
         }
         by_unit
             .into_values()
-            .filter_map(|(members, all)| all.then_some(members))
+            .filter(|members| {
+                preempt::unit_may_be_evicted(
+                    members.iter().map(|&r| take(self.jobs[r as usize].pod)),
+                )
+            })
             .collect()
     }
 
