@@ -54,6 +54,15 @@ struct Entry<T> {
     parked_at: Option<T>,
 }
 
+impl<T: QueueTime> Entry<T> {
+    /// Unparked, due `soonest` after its last attempt (at once, if that has passed),
+    /// whatever its backoff had grown to.
+    fn wake(&mut self, soonest: Duration) {
+        self.parked_at = None;
+        self.not_before = self.not_before.min(self.tried_at + soonest);
+    }
+}
+
 /// Per-pod attempt state, by key. Pods without an entry are active.
 #[derive(Debug)]
 pub struct Queue<K, T> {
@@ -182,8 +191,7 @@ impl<K: Hash + Eq, T: QueueTime> Queue<K, T> {
     pub fn wake_all(&mut self) {
         let soonest = self.config.initial_backoff;
         for entry in self.entries.values_mut() {
-            entry.parked_at = None;
-            entry.not_before = entry.not_before.min(entry.tried_at + soonest);
+            entry.wake(soonest);
         }
     }
 
@@ -196,8 +204,7 @@ impl<K: Hash + Eq, T: QueueTime> Queue<K, T> {
     {
         let soonest = self.config.initial_backoff;
         if let Some(entry) = self.entries.get_mut(key) {
-            entry.parked_at = None;
-            entry.not_before = entry.not_before.min(entry.tried_at + soonest);
+            entry.wake(soonest);
         }
     }
 

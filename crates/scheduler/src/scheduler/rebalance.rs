@@ -29,7 +29,7 @@ impl<A: ClusterApi> Scheduler<A> {
         now: Instant,
         report: &mut RoundReport,
     ) {
-        if !self.gate.is_open() {
+        if !self.config.defrag.settings.mode.rebalances() || !self.gate.is_open() {
             return;
         }
         let fleet = Fleet {

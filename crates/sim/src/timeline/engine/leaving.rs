@@ -30,6 +30,9 @@ pub(super) struct Leaving {
     /// Places still held by gone-soon pods, by when they are gone (index into `remains`).
     gone: std::collections::BinaryHeap<Reverse<(Ms, u32)>>,
     remains: Vec<Remains>,
+    /// Slots of `remains` given back (reused, so a long replay's slots stay as many as
+    /// the pods leaving at once).
+    free: Vec<u32>,
 }
 
 impl Leaving {
@@ -76,8 +79,16 @@ impl Leaving {
         let taken = state.apply(node, &remains.request, &remains.gpus);
         // Only what is free is taken: cannot fail.
         debug_assert!(taken.is_ok(), "an evicted pod's remains: {taken:?}");
-        let index = self.remains.len() as u32;
-        self.remains.push(remains);
+        let index = match self.free.pop() {
+            Some(i) => {
+                self.remains[i as usize] = remains;
+                i
+            }
+            None => {
+                self.remains.push(remains);
+                self.remains.len() as u32 - 1
+            }
+        };
         self.gone.push(Reverse((at, index)));
     }
 
@@ -90,12 +101,10 @@ impl Leaving {
         {
             self.gone.pop();
             let r = std::mem::take(&mut self.remains[index as usize]);
+            self.free.push(index);
             let given = state.release(r.node, &r.request, &r.gpus);
             debug_assert!(given.is_ok(), "an evicted pod's remains: {given:?}");
             nodes.push(r.node as u32);
-        }
-        if self.gone.is_empty() {
-            self.remains.clear();
         }
         nodes
     }
