@@ -37,7 +37,7 @@ pub(super) fn sentence(text: &str) -> String {
 
 impl<A: ClusterApi> Scheduler<A> {
     /// Waits (members short of their number retried after a backoff; members that do
-    /// not fit at once on an event that frees room, or at the timeout) until the gang's
+    /// not fit at once on an event that frees room) until the gang's
     /// `scheduleTimeoutSeconds` (default 60) passes, then refuses it with `why`. The
     /// reason is said at once all the same: on the PodGroup (its `Unschedulable`
     /// condition) and in one Event per member whenever it changes.
@@ -80,15 +80,15 @@ impl<A: ClusterApi> Scheduler<A> {
             )
             .await;
             // A gang short of members backs off only (its members' arrival is no cluster
-            // event); one whose members are all there but do not fit at once is looked at
-            // again when an event frees room, as a single pod that fits nowhere is (and as
-            // the timeline replay's gang is), or at its timeout, to be refused then.
+            // event); one whose members are all there but do not fit at once waits for an
+            // event that frees room, as a single pod that fits nowhere does (and as the
+            // timeline replay's gang does); past its timeout, the next attempt refuses it.
             let missing = why.reason == "MembersMissing";
             for (pod, _) in members {
                 if missing {
                     self.queue.retry_later(&pod.key.uid, now);
                 } else {
-                    self.queue.retry_at(&pod.key.uid, now, since + timeout);
+                    self.queue.unschedulable(&pod.key.uid, now);
                 }
             }
         }

@@ -356,7 +356,9 @@ async fn gangs_are_all_or_nothing() {
         .await
         .unwrap();
     assert_eq!(failed(&api).len(), 3);
-    // After the timeout the members are told again and back off.
+    // After the timeout, the next attempt (an event: a node without GPUs joins) tells the
+    // members again and backs them off.
+    api.put_node(node("z", 0, json!({})));
     scheduler
         .round(start + Duration::from_secs(31))
         .await

@@ -442,7 +442,7 @@ async fn with_gangs_the_stack_places_them_whole_as_the_simulator_does() {
     )
     .await;
     let moved = compare_all(
-        &[(Policy::Fgd, 31)],
+        &[(Policy::DEFAULT, 30), (Policy::Fgd, 31)],
         with(Setup {
             make_room: true,
             ..Setup::default()
