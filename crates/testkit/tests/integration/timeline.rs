@@ -429,34 +429,21 @@ async fn with_gangs_the_stack_places_them_whole_as_the_simulator_does() {
     compare_all(&cases, setup).await;
     // With each step of the PostFilter chain as well (cases of seeds 30-33 that are the
     // same; the others are named in docs/timeline.md).
-    let with = |more: Setup| Setup {
-        gangs: true,
-        ..more
+    let preempt = Setup {
+        preempt: true,
+        ..setup
     };
-    let preempted = compare_all(
-        &[(Policy::Fgd, 30), (Policy::BestFit, 32)],
-        with(Setup {
-            preempt: true,
-            ..Setup::default()
-        }),
-    )
-    .await;
-    let moved = compare_all(
-        &[(Policy::DEFAULT, 30), (Policy::Fgd, 31)],
-        with(Setup {
-            make_room: true,
-            ..Setup::default()
-        }),
-    )
-    .await;
-    let reclaimed = compare_all(
-        &[(Policy::DEFAULT, 31)],
-        with(Setup {
-            tenants: true,
-            ..Setup::default()
-        }),
-    )
-    .await;
+    let preempted = compare_all(&[(Policy::Fgd, 30), (Policy::BestFit, 32)], preempt).await;
+    let make_room = Setup {
+        make_room: true,
+        ..setup
+    };
+    let moved = compare_all(&[(Policy::DEFAULT, 30), (Policy::Fgd, 31)], make_room).await;
+    let tenants = Setup {
+        tenants: true,
+        ..setup
+    };
+    let reclaimed = compare_all(&[(Policy::DEFAULT, 31)], tenants).await;
     assert!(preempted > 0 && moved > 0 && reclaimed > 0);
 }
 
