@@ -89,14 +89,22 @@ impl<'t, U> Picker<'t, U> {
     }
 
     /// How far `q` is from its due: below its guarantee first (by the dominant part of
-    /// the guarantee held), then by the dominant part of its fair share held.
+    /// the guarantee held), then by the dominant part of its fair share held. The
+    /// guarantee counts as far as the fair share grants it: where guarantees together
+    /// pass the capacity they are scaled down in the share ([`super::fair_shares`]), and
+    /// a queue served past its scaled guarantee would take what the others' shares are due
+    /// (a dimension the queue asks nothing of is no guarantee to fill).
     fn key(&self, q: usize) -> Key {
         let guaranteed = &self.tree.nodes[q].spec.guaranteed;
         let alloc = &self.alloc[q].dims;
         let mut below = false;
         let mut of_guarantee = 0f64;
         for (d, &held) in alloc.iter().enumerate() {
-            if let Some(g) = guaranteed.dims[d].filter(|&g| g > 0) {
+            let granted = self.fair.get(q).map_or(0, |f| f[d]);
+            if let Some(g) = guaranteed.dims[d]
+                .map(|g| g.min(granted))
+                .filter(|&g| g > 0)
+            {
                 below |= held < g;
                 of_guarantee = of_guarantee.max(held as f64 / g as f64);
             }
