@@ -338,14 +338,6 @@ impl<A: ClusterApi> Scheduler<A> {
         report
     }
 
-    /// Waits for the next write outcome and takes it; `None` when nothing is in flight.
-    pub async fn next_write_outcome(&mut self, now: Instant) -> Option<RoundReport> {
-        let outcome = self.binder.next().await?;
-        let mut report = RoundReport::default();
-        self.take_write_outcome(outcome, now, &mut report).await;
-        Some(report)
-    }
-
     /// When the next pod comes out of backoff or parking (for the loop to wake then).
     pub fn next_due(&self, after: Instant) -> Option<Instant> {
         self.queue.next_due(after)

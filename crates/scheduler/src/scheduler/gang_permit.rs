@@ -225,7 +225,8 @@ impl<A: ClusterApi> Scheduler<A> {
     }
 
     /// Permit: every planned member is reserved before any Binding is sent; nominations
-    /// for other nodes are cleared.
+    /// for other nodes end (their `nominatedNodeName` is cleared once the Binding's outcome
+    /// is known).
     async fn permit_gang(
         &mut self,
         snapshot: &mut Snapshot,
@@ -233,15 +234,9 @@ impl<A: ClusterApi> Scheduler<A> {
         planned: Vec<(&Arc<PodInfo>, PodDemand, Decision)>,
         report: &mut RoundReport,
     ) {
-        let mut moved = Vec::new();
         for (pod, _, decision) in &planned {
             let placement = decision.to_placement(&snapshot.state);
-            if self.cluster.nominations.decided(&pod.key.uid, &placement) {
-                moved.push(pod.key.clone());
-            }
-        }
-        if !moved.is_empty() {
-            self.clear_nominations(moved).await;
+            self.cluster.nominations.decided(&pod.key.uid, &placement);
         }
         let requests: Vec<_> = planned
             .iter()

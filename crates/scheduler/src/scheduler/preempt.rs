@@ -29,6 +29,11 @@ pub struct Nomination {
 #[derive(Debug, Default)]
 pub struct Nominations {
     by_uid: HashMap<String, Nomination>,
+    /// Pods decided on another node than their nomination's, whose `nominatedNodeName`
+    /// is cleared once their Binding's outcome is known: clearing it before would change
+    /// the pod's resourceVersion under the Binding's precondition, and the Binding would
+    /// be refused.
+    stale: HashSet<String>,
 }
 
 /// The key under which a nomination's hold sits among the snapshot's holdings.
@@ -68,22 +73,28 @@ impl Nominations {
     /// takes). Decided where it was nominated, the nomination stays until the pod is seen
     /// bound, planned now on the devices decided: should the Binding fail, they stay held
     /// for it rather than free for a pod nominated elsewhere (whose own victims would then
-    /// free devices nobody asked for). Decided elsewhere, the nomination ends; returns
-    /// whether it did (its `nominatedNodeName` is to be cleared).
-    pub fn decided(&mut self, uid: &str, decided: &Placement) -> bool {
+    /// free devices nobody asked for). Decided elsewhere, the nomination ends, and its
+    /// `nominatedNodeName` is cleared after the Binding ([`Self::take_stale`]).
+    pub fn decided(&mut self, uid: &str, decided: &Placement) {
         let Some(n) = self.by_uid.get_mut(uid) else {
-            return false;
+            return;
         };
         if n.node != decided.node {
             self.by_uid.remove(uid);
-            return true;
+            self.stale.insert(uid.to_string());
+            return;
         }
         n.gpus = decided
             .devices
             .iter()
             .map(|d| (d.id.clone(), d.milli))
             .collect();
-        false
+    }
+
+    /// Whether pod `uid`, whose Binding's outcome is known, has a `nominatedNodeName` to
+    /// clear (it was decided on another node); asked once.
+    pub fn take_stale(&mut self, uid: &str) -> bool {
+        self.stale.remove(uid)
     }
 
     /// UIDs of every victim some nomination of a pod other than `deciding` waits for (not

@@ -419,9 +419,7 @@ impl<A: ClusterApi> Scheduler<A> {
         match decided {
             Ok((demand, decision)) => {
                 let placement = decision.to_placement(&snapshot.state);
-                if self.cluster.nominations.decided(&pod.key.uid, &placement) {
-                    self.clear_nominations(vec![pod.key.clone()]).await;
-                }
+                self.cluster.nominations.decided(&pod.key.uid, &placement);
                 let request = self.assume(snapshot, pod, &demand, &decision, None);
                 report.assumed += 1;
                 let started = Instant::now();
@@ -527,6 +525,11 @@ impl<A: ClusterApi> Scheduler<A> {
                 }
                 info!(pod = %key, node = %request.node, error = %failure, "binding not written; the pod goes back to the queue");
             }
+        }
+        // A nomination for another node ends on the API once the Binding is settled
+        // (written or not), not before: its resourceVersion is the Binding's precondition.
+        if self.cluster.nominations.take_stale(&key.uid) {
+            self.clear_nominations(vec![key.clone()]).await;
         }
         if let Some(gang) = gang {
             self.gang_member_written(&gang, result.is_ok()).await;

@@ -97,13 +97,19 @@ impl<A: ClusterApi> Scheduler<A> {
                 .next_due(now)
                 .map_or(now + config.tick, |t| t.min(now + config.tick));
             let in_flight = self.in_flight() > 0;
-            tokio::select! {
+            let outcome = tokio::select! {
                 _ = &mut shutdown => break,
-                _ = api.changed(seen), if listen => {}
-                Some(report) = self.next_write_outcome(now), if in_flight => {
-                    observe(&report, Duration::ZERO);
-                }
-                _ = tokio::time::sleep_until(tokio::time::Instant::from_std(wake)) => {}
+                _ = api.changed(seen), if listen => None,
+                Some(outcome) = self.binder.next(), if in_flight => Some(outcome),
+                _ = tokio::time::sleep_until(tokio::time::Instant::from_std(wake)) => None,
+            };
+            // Taken outside the select: taking an outcome may write to the API (a gang's
+            // status, a nomination to clear), and a branch the select dropped halfway
+            // would lose the outcome (a failed Binding's reservation held for ever).
+            if let Some(outcome) = outcome {
+                let mut report = RoundReport::default();
+                self.take_write_outcome(outcome, now, &mut report).await;
+                observe(&report, Duration::ZERO);
             }
         }
         let now = tokio::time::Instant::now().into_std();

@@ -218,10 +218,16 @@ async fn the_nomination_is_cleared_when_the_pod_is_bound_elsewhere() {
     settle(&mut scheduler, &mut t).await;
     assert_eq!(nominated(&api, "hi").as_deref(), Some("n1"));
     // Another node comes before the victim is gone: hi goes there, the nomination ends.
+    // Its Binding lands the first time: the nomination is cleared on the API after it,
+    // not before (that write would change hi's resourceVersion under the Binding's
+    // precondition, and the Binding would be refused).
     api.put_node(node("n2", 2, json!({})));
-    settle(&mut scheduler, &mut t).await;
+    t += Duration::from_secs(5);
+    let report = scheduler.round(t).await.unwrap();
+    assert_eq!((report.bound, report.conflicts), (1, 0));
     assert_eq!(bound_node(&api, "hi").as_deref(), Some("n2"));
     assert_eq!(nominated(&api, "hi"), None);
+    settle(&mut scheduler, &mut t).await;
     assert!(scheduler.nominations().is_empty());
     // The view agrees (nothing left reserved for hi on n1).
     let view = api.view().await.unwrap();
