@@ -251,6 +251,7 @@ pub fn candidates<'a>(
         budgets: budgets.covering(pod),
     };
     let skip = |uid: &str| (!promised.is_empty() && promised.contains(uid)) || reserved(uid);
+    let mut units: Vec<Listed<'a>> = Vec::new();
     for (n, list) in snapshot.placed.iter().enumerate() {
         if allowed.is_some_and(|m| !m.get(n).copied().unwrap_or(false)) {
             continue;
@@ -270,11 +271,8 @@ pub fn candidates<'a>(
                 out.freeing.push(holder(pod, held));
                 continue;
             }
-            match &pod.group {
-                None => {
-                    out.push_unit(pod.priority, created_ms(pod), [holder(pod, held)]);
-                    keys.push(Arc::clone(pod));
-                }
+            let members = match &pod.group {
+                None => vec![(Arc::clone(pod), held)],
                 Some(group) => {
                     if !gangs.insert((pod.key.namespace.as_str(), group.as_str())) {
                         continue;
@@ -283,19 +281,56 @@ pub fn candidates<'a>(
                     else {
                         continue;
                     };
-                    let top = members.iter().map(|(p, _)| p.priority).max().unwrap_or(0);
-                    let made = members.iter().map(|(p, _)| created_ms(p)).min();
-                    out.push_unit(
-                        top,
-                        made.unwrap_or(0),
-                        members.iter().map(|(p, h)| holder(p, h)),
-                    );
-                    keys.extend(members.into_iter().map(|(p, _)| p));
+                    members
                 }
-            }
+            };
+            units.push(Listed::of(members));
         }
     }
+    // The cluster's order (creation, then name), so that the victim search tells equals
+    // apart as every driver does, not by the order this snapshot lists its pods in.
+    units.sort_by(|a, b| (a.made, &a.name).cmp(&(b.made, &b.name)));
+    for unit in units {
+        out.push_unit(
+            unit.priority,
+            unit.made,
+            unit.members.iter().map(|(p, h)| holder(p, h)),
+        );
+        keys.extend(unit.members.into_iter().map(|(p, _)| p));
+    }
     (out, keys)
+}
+
+/// A candidate unit as listed: its members, highest priority, when its first was made and
+/// its first name.
+struct Listed<'a> {
+    members: Vec<(Arc<PodInfo>, &'a Held)>,
+    priority: i32,
+    made: i64,
+    name: String,
+}
+
+impl<'a> Listed<'a> {
+    fn of(members: Vec<(Arc<PodInfo>, &'a Held)>) -> Listed<'a> {
+        let priority = members.iter().map(|(p, _)| p.priority).max().unwrap_or(0);
+        let made = members
+            .iter()
+            .map(|(p, _)| created_ms(p))
+            .min()
+            .unwrap_or(0);
+        let name = members
+            .iter()
+            .map(|(p, _)| p.key.name.as_str())
+            .min()
+            .unwrap_or_default()
+            .to_string();
+        Listed {
+            members,
+            priority,
+            made,
+            name,
+        }
+    }
 }
 
 /// A gang (of `member`) as one unit: every active member bound, none terminating, reserved,

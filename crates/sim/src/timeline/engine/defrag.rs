@@ -22,6 +22,7 @@ use gpuplace_core::preempt::Holder;
 use gpuplace_core::{Placer, Policy};
 
 use super::chain::{SimPlan, asks_of};
+use super::victims::created_ms;
 use super::{Engine, Job, Placed, Work};
 use crate::timeline::options::{DefragSim, Ms};
 use crate::trace::TracePod;
@@ -80,9 +81,12 @@ fn movables<'s>(jobs: &'s [Job], pods: &'s [TracePod], groups: &[Vec<u32>]) -> M
     let mut m = Movables::default();
     for group in groups {
         // Made when it arrived (a controller's new pod: at the re-create).
-        let made = group.iter().map(|&r| jobs[r as usize].arrival.0).min();
+        let made = group
+            .iter()
+            .map(|&r| created_ms(jobs[r as usize].arrival))
+            .min();
         m.push_unit(
-            made.map_or(0, |m| m as i64),
+            made.unwrap_or(0),
             group.iter().map(|&r| {
                 let j = &jobs[r as usize];
                 let holder = Holder {
@@ -137,13 +141,7 @@ impl Engine<'_> {
             running.sort_unstable();
             whole.then_some(running)
         }));
-        // Oldest first, then in queue sequence: the scheduler's order (creation, then
-        // name; the test stack names pods in this sequence).
-        singles.sort_by_key(|group| {
-            let first = &self.jobs[group[0] as usize];
-            let made = group.iter().map(|&r| self.jobs[r as usize].arrival).min();
-            (made, self.units[first.unit as usize].key.1)
-        });
+        singles.sort_by_key(|group| self.cluster_order(group));
         singles
     }
 

@@ -32,14 +32,29 @@ impl Engine<'_> {
                 .or_default()
                 .push(r);
         }
-        by_unit
+        let mut groups: Vec<Vec<u32>> = by_unit
             .into_values()
             .filter(|members| {
                 preempt::unit_may_be_evicted(
                     members.iter().map(|&r| take(self.jobs[r as usize].pod)),
                 )
             })
-            .collect()
+            .collect();
+        groups.sort_by_key(|group| self.cluster_order(group));
+        groups
+    }
+
+    /// Where a running `group` stands in the cluster's order of pods (creation, then
+    /// name; the test stack names pods in queue sequence), which the victim search and
+    /// make-room use to tell equals apart.
+    pub(super) fn cluster_order(&self, group: &[u32]) -> (i64, u64) {
+        let made = group
+            .iter()
+            .map(|&r| created_ms(self.jobs[r as usize].arrival))
+            .min()
+            .unwrap_or(0);
+        let first = group.first().map_or(0, |&r| self.jobs[r as usize].unit);
+        (made, self.units[first as usize].key.1)
     }
 
     /// `unit` was nominated at `now`: `placed` (taken in the state) is held for it until it
@@ -131,10 +146,13 @@ pub(super) fn candidates_of<'s>(
             .max()
             .unwrap_or(0);
         // Made when it arrived (a controller's new pod: at the re-create).
-        let made = group.iter().map(|&r| jobs[r as usize].arrival.0).min();
+        let made = group
+            .iter()
+            .map(|&r| created_ms(jobs[r as usize].arrival))
+            .min();
         candidates.push_unit(
             top,
-            made.map_or(0, |m| m as i64),
+            made.unwrap_or(0),
             group.iter().map(|&r| {
                 let j = &jobs[r as usize];
                 Holder {
@@ -147,4 +165,10 @@ pub(super) fn candidates_of<'s>(
         );
     }
     candidates
+}
+
+/// A pod's creation time as the API server keeps it (`creationTimestamp`, to the second),
+/// for a pod that arrived at `arrival`.
+pub(super) fn created_ms(arrival: Ms) -> i64 {
+    (arrival.0 / 1000 * 1000) as i64
 }
