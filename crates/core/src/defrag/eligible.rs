@@ -29,11 +29,15 @@ pub fn may_move(pod: &MoveCandidate, min_age: Duration) -> bool {
     pod.opted_in && pod.controlled && pod.bound && !pod.leaving && old_enough
 }
 
-/// Whether a unit (one pod, or a gang) may move: it has members, each running and allowed
-/// (`members` yields `false` for a member not running).
-pub fn unit_may_move(members: impl IntoIterator<Item = bool>) -> bool {
+/// Whether a unit (one pod, or a gang) may move: its running members (`running` yields
+/// whether each may move) are at least `min_member` (a gang's minimum; 1 for a pod), and
+/// each may. A gang with fewer members running than its minimum (some finished) stays:
+/// its replacements could never be scheduled together again.
+pub fn unit_may_move(running: impl IntoIterator<Item = bool>, min_member: usize) -> bool {
+    let mut count = 0;
     // The same whole-unit rule as a victim's.
-    crate::preempt::unit_may_be_evicted(members)
+    let whole = crate::preempt::unit_may_be_evicted(running.into_iter().inspect(|_| count += 1));
+    whole && count >= min_member
 }
 
 #[cfg(test)]
@@ -87,8 +91,11 @@ mod tests {
 
     #[test]
     fn a_unit_moves_only_whole_and_never_empty() {
-        assert!(unit_may_move([true, true]));
-        assert!(!unit_may_move([true, false]));
-        assert!(!unit_may_move([]));
+        assert!(unit_may_move([true, true], 2));
+        assert!(!unit_may_move([true, false], 2));
+        assert!(!unit_may_move([], 0));
+        // One member of a gang of two finished: the other stays.
+        assert!(!unit_may_move([true], 2));
+        assert!(unit_may_move([true], 1));
     }
 }

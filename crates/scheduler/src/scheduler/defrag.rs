@@ -18,10 +18,10 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpuplace_core::Decision;
 pub use gpuplace_core::defrag::{MAX_MIN_AGE, Mode as DefragMode, Settings};
 use gpuplace_core::defrag::{Movables, MoveCandidate, may_move, unit_may_move};
 use gpuplace_core::preempt::Holder;
+use gpuplace_core::{ClusterState, Decision};
 use gpuplace_model::Request;
 
 use super::preempt::{Planned, created_ms, hold_planned};
@@ -114,13 +114,23 @@ impl Steer {
     /// prefer other GPUs of the node now that the plan's other pods hold theirs, but the
     /// plan counted on these). Otherwise `decided` as it is.
     pub fn exact(&self, snapshot: &Snapshot, decided: Decision) -> Decision {
+        self.exact_in(snapshot, &snapshot.state, decided)
+    }
+
+    /// [`Self::exact`] on `state` (a trial copy of `snapshot`'s).
+    pub fn exact_in(
+        &self,
+        snapshot: &Snapshot,
+        state: &ClusterState,
+        decided: Decision,
+    ) -> Decision {
         let Some(node) = snapshot.node_index(&self.node) else {
             return decided;
         };
         if decided.node != node || decided.gpus.len() != self.gpus.len() {
             return decided;
         }
-        let free = &snapshot.state.node(node).gpu_free;
+        let free = &state.node(node).gpu_free;
         let planned: Option<Vec<(usize, u32)>> = self
             .gpus
             .iter()
@@ -343,7 +353,8 @@ fn movable_units<'a>(
     out
 }
 
-/// Every active member of `member`'s gang, when the gang may move whole (core's rule).
+/// Every active member of `member`'s gang, when the gang may move whole (core's rule; a
+/// gang whose PodGroup is gone does not move).
 fn whole_gang<'a>(
     snapshot: &'a Snapshot,
     view: &ClusterView,
@@ -360,7 +371,21 @@ fn whole_gang<'a>(
         })
         .map(|p| (p, snapshot.held.get(&p.key.uid)))
         .collect();
-    let whole = unit_may_move(members.iter().map(|(p, h)| h.is_some() && rules.allows(p)));
+    // As many running as its PodGroup's minMember (fewer: some finished, and the
+    // replacements could not be scheduled together again).
+    let min_member = member.group.as_deref().map_or(1, |group| {
+        view.groups
+            .iter()
+            .find(|g| {
+                g.metadata.namespace.as_deref() == Some(member.key.namespace.as_str())
+                    && g.metadata.name.as_deref() == Some(group)
+            })
+            .map_or(usize::MAX, |g| g.spec.min_member as usize)
+    });
+    let whole = unit_may_move(
+        members.iter().map(|(p, h)| h.is_some() && rules.allows(p)),
+        min_member,
+    );
     whole.then(|| {
         members
             .into_iter()

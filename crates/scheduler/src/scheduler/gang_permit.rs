@@ -92,11 +92,17 @@ impl<A: ClusterApi> Scheduler<A> {
                 return;
             }
         };
-        // Members that preempted are tried with the devices held for them free.
+        // Members that preempted are tried with the devices held for them free; moved
+        // members' replacements on the places planned for them (held until now), as a
+        // single pod's are.
+        let mut steered = Steered::new();
         for (pod, _) in &members {
             self.cluster.nominations.release(&pod.key.uid, snapshot);
+            if let Some(steer) = self.steers.take_for(pod, snapshot) {
+                steered.insert(pod.key.uid.clone(), steer);
+            }
         }
-        let best = self.best_trial(snapshot, &members, &domains, &gang);
+        let best = self.best_trial(snapshot, &members, &domains, &gang, &steered);
         if gang.bound + best.trial.planned.len() as u32 >= gang.spec.min_member {
             let placed: std::collections::HashSet<&str> = best
                 .trial
@@ -188,12 +194,13 @@ impl<A: ClusterApi> Scheduler<A> {
         members: &[(&'a Arc<PodInfo>, Verdicts)],
         domains: &[Option<Vec<bool>>],
         gang: &Gang,
+        steered: &Steered,
     ) -> BestTrial<'a> {
         let (bound, min_member) = (gang.bound, gang.spec.min_member);
         let mut best: Option<Trial> = None;
         let mut failure = None;
         for domain in domains {
-            let trial = self.try_members(snapshot, members, domain.as_deref());
+            let trial = self.try_members(snapshot, members, domain.as_deref(), steered);
             let enough = bound + trial.planned.len() as u32 >= min_member;
             if !enough {
                 if failure.is_none() || trial.planned.len() > best_len(&best) {
@@ -438,6 +445,7 @@ impl<A: ClusterApi> Scheduler<A> {
         snapshot: &Snapshot,
         members: &[(&'a Arc<PodInfo>, Verdicts)],
         domain: Option<&[bool]>,
+        steered: &Steered,
     ) -> Trial<'a> {
         let mut trial = snapshot.state.clone();
         let mut scalars = snapshot.scalars.clone();
@@ -488,7 +496,20 @@ impl<A: ClusterApi> Scheduler<A> {
                 let m = mask.get_or_insert_with(|| vec![true; narrow.len()]);
                 m.iter_mut().zip(narrow).for_each(|(a, n)| *a &= *n);
             }
-            match self.placer.choose(&trial, &demand.request, mask.as_deref()) {
+            let steer = steered.get(&pod.key.uid);
+            let on_steer = steer.and_then(|st| {
+                let only = only_node(mask.as_deref(), snapshot.node_index(&st.node)?, trial.len())?;
+                let d = self
+                    .placer
+                    .choose(&trial, &demand.request, Some(&only))
+                    .ok()?;
+                Some(st.exact_in(snapshot, &trial, d))
+            });
+            let chosen = match on_steer {
+                Some(d) => Ok(d),
+                None => self.placer.choose(&trial, &demand.request, mask.as_deref()),
+            };
+            match chosen {
                 Ok(d) if trial.apply(d.node, &demand.request, &d.gpus).is_ok() => {
                     scalars.take(d.node, &demand.extended);
                     extra.push((d.node, Arc::clone(pod)));
@@ -508,4 +529,17 @@ impl<A: ClusterApi> Scheduler<A> {
         out.frag = trial.total_frag();
         out
     }
+}
+
+/// Moved members' steers (their planned places), by pod UID.
+type Steered = std::collections::HashMap<String, super::defrag::Steer>;
+
+/// A mask of node `n` alone, where `mask` (none: every node) allows it.
+fn only_node(mask: Option<&[bool]>, n: usize, nodes: usize) -> Option<Vec<bool>> {
+    if n >= nodes || mask.is_some_and(|m| !m.get(n).copied().unwrap_or(false)) {
+        return None;
+    }
+    let mut only = vec![false; nodes];
+    only[n] = true;
+    Some(only)
 }

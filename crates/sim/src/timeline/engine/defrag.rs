@@ -135,9 +135,10 @@ impl Engine<'_> {
             }
         }
         singles.extend(gangs.into_iter().filter_map(|(u, mut running)| {
-            let all = &self.units[u as usize].jobs;
-            let whole =
-                defrag::unit_may_move(all.iter().map(|j| running.contains(j) && eligible(*j)));
+            // Its members running now (a moved gang's replacements carry its unit), at
+            // least as many as it has members (the stack's PodGroup minMember).
+            let min_member = self.units[u as usize].jobs.len();
+            let whole = defrag::unit_may_move(running.iter().map(|&j| eligible(j)), min_member);
             running.sort_unstable();
             whole.then_some(running)
         }));
