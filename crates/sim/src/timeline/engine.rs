@@ -61,6 +61,8 @@ pub struct Job {
     /// When it left (finished or evicted).
     pub end: Option<Ms>,
     pub evicted: bool,
+    /// Made by its controller for a pod evicted or moved (not an arrival).
+    pub by_controller: bool,
     /// Its user deleted it while it waited (`--patience`).
     pub abandoned: bool,
     pub node: u32,
@@ -69,7 +71,7 @@ pub struct Job {
 
 impl Job {
     /// A job of `unit` waiting from `arrival` to run `work`.
-    fn waiting(unit: u32, arrival: Ms, work: Work, measured: bool) -> Job {
+    fn waiting(unit: u32, arrival: Ms, work: Work, measured: bool, by_controller: bool) -> Job {
         Job {
             pod: work.pod,
             unit,
@@ -82,6 +84,7 @@ impl Job {
             work_from: None,
             end: None,
             evicted: false,
+            by_controller,
             abandoned: false,
             node: 0,
             gpus: Vec::new(),

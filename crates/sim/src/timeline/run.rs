@@ -251,6 +251,7 @@ mod tests {
             work_from: Some(Ms(work_from)),
             end: end.map(Ms),
             evicted,
+            by_controller: false,
             abandoned: false,
             node: 0,
             gpus: vec![(0, 1_000), (1, 500)],

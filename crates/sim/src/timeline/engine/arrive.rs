@@ -33,7 +33,7 @@ impl Engine<'_> {
                 }
             })
             .collect();
-        let unit = self.enqueue(&pods, t.priority, now, left.is_none());
+        let unit = self.enqueue(&pods, t.priority, now, left.is_none(), false);
         if let Some(arrival) = arrival {
             self.draw_patience(unit, arrival, now);
         }
@@ -46,6 +46,7 @@ impl Engine<'_> {
         priority: i32,
         now: Ms,
         measurable: bool,
+        by_controller: bool,
     ) -> u32 {
         let unit = self.units.len() as u32;
         let measured = measurable && now >= self.measure_from;
@@ -55,7 +56,8 @@ impl Engine<'_> {
             self.pending_milli += self.pods[w.pod as usize].request.total_gpu_milli();
             self.waiting_pods += 1;
             self.running_at.push(u32::MAX);
-            self.jobs.push(Job::waiting(unit, now, *w, measured));
+            self.jobs
+                .push(Job::waiting(unit, now, *w, measured, by_controller));
         }
         for &job in &jobs {
             self.fair_enqueued(job);

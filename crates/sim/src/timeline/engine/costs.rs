@@ -93,7 +93,7 @@ impl Engine<'_> {
             let r = &mut self.recreations[index as usize];
             let pods = std::mem::take(&mut r.pods);
             let priority = r.priority;
-            self.enqueue(&pods, priority, now, true);
+            self.enqueue(&pods, priority, now, true, true);
         }
     }
 

@@ -286,7 +286,7 @@ impl Engine<'_> {
         self.waiting_pods += 1;
         let new = self.jobs.len() as u32;
         self.running_at.push(u32::MAX);
-        self.jobs.push(Job::waiting(unit, now, work, false));
+        self.jobs.push(Job::waiting(unit, now, work, false, true));
         let placed = Placed {
             node: to,
             gpus: gpus.to_vec(),

@@ -44,17 +44,20 @@ impl Engine<'_> {
         groups
     }
 
-    /// Where a running `group` stands in the cluster's order of pods (creation, then
-    /// name; the test stack names pods in queue sequence), which the victim search and
-    /// make-room use to tell equals apart.
-    pub(super) fn cluster_order(&self, group: &[u32]) -> (i64, u64) {
-        let made = group
-            .iter()
-            .map(|&r| created_ms(self.jobs[r as usize].arrival))
-            .min()
-            .unwrap_or(0);
-        let first = group.first().map_or(0, |&r| self.jobs[r as usize].unit);
-        (made, self.units[first as usize].key.1)
+    /// Where a running `group` stands in the cluster's order of pods (creation to the
+    /// second, then name), which the victim search and make-room use to tell equals
+    /// apart. Its first pod's name, as the test stack gives names: by when it was made,
+    /// a controller's pod before an arrival of the same instant, then in job order.
+    pub(super) fn cluster_order(&self, group: &[u32]) -> (i64, u64, bool, u32) {
+        let first = group.iter().copied().min_by_key(|&r| {
+            let j = &self.jobs[r as usize];
+            (j.arrival, !j.by_controller, r)
+        });
+        let Some(first) = first else {
+            return (0, 0, false, 0);
+        };
+        let j = &self.jobs[first as usize];
+        (created_ms(j.arrival), j.arrival.0, !j.by_controller, first)
     }
 
     /// `unit` was nominated at `now`: `placed` (taken in the state) is held for it until it
