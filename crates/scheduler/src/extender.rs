@@ -218,7 +218,7 @@ impl<A: ClusterApi> Extender<A> {
 
     /// Reservations whose Binding the watch has not confirmed yet.
     pub fn reservations(&self) -> usize {
-        self.lock().cache.reservations.len()
+        self.lock().cache.reserved_count()
     }
 
     /// Compares the state kept across calls with one built afresh from `view`, when the
@@ -365,7 +365,7 @@ impl<A: ClusterApi> Extender<A> {
         let request = {
             let mut guard = self.fresh().await?;
             let inner = &mut *guard;
-            if let Some(r) = inner.cache.reservations.get(&args.pod_uid) {
+            if let Some(r) = inner.cache.reservation(&args.pod_uid) {
                 if r.node == args.node && r.written {
                     // kube-scheduler retried a bind that already landed.
                     return Ok(());
@@ -450,10 +450,10 @@ impl Inner {
         let FedView { view, feed } = fed;
         let quiet = last_judgement::moves_nothing(
             self.cache.snapshot(),
-            &self.cache.reservations,
+            self.cache.reservations(),
             feed.changes.as_deref(),
         ) && self.volume_lists.same(&view);
-        let reserved = self.cache.reservations.len();
+        let reserved = self.cache.reserved_count();
         if !self.volume_lists.same(&view) {
             self.volumes = VolumeIndex::new(&view.claims, &view.volumes);
             self.volume_lists = VolumeLists {
@@ -484,7 +484,7 @@ impl Inner {
         }
         self.cache.keep(snapshot);
         // The last judgement stays valid while nothing it reads moved.
-        if !quiet || stale || rebuilt || self.cache.reservations.len() != reserved {
+        if !quiet || stale || rebuilt || self.cache.reserved_count() != reserved {
             self.changes += 1;
         }
         if rebuilt {
@@ -520,8 +520,12 @@ impl Inner {
 
     /// Why `pod`'s queue lets it take nothing now, if so.
     fn queue_refused(&self, pod: &PodInfo) -> Option<String> {
-        self.queue_limits
-            .refused(pod, self.cache.pods(), &self.cache.reservations, &self.pods)
+        self.queue_limits.refused(
+            pod,
+            self.cache.pods(),
+            self.cache.reservations(),
+            &self.pods,
+        )
     }
 
     /// The pod as gpuplace reads it: one already converted when the UID and

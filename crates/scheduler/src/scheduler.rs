@@ -261,7 +261,7 @@ impl<A: ClusterApi> Scheduler<A> {
 
     /// Preemptors waiting for their victims.
     pub fn nominations(&self) -> &preempt::Nominations {
-        &self.cluster.nominations
+        self.cluster.nominations()
     }
 
     pub fn api(&self) -> &A {
@@ -275,7 +275,7 @@ impl<A: ClusterApi> Scheduler<A> {
 
     /// Pods assumed and not yet seen bound by the watch.
     pub fn reservations(&self) -> &Reservations {
-        &self.cluster.reservations
+        self.cluster.reservations()
     }
 
     /// The generation of the view the last round saw.

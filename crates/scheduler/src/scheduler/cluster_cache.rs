@@ -20,12 +20,12 @@ use std::sync::Arc;
 
 use super::assume::{Reservation, Reservations};
 use super::pod_index::PodIndex;
-use super::preempt::Nominations;
+use super::preempt::{Nomination, Nominations};
 use gpuplace_core::TargetWorkload;
 use gpuplace_model::Cursor;
 use k8s_openapi::api::core::v1::Node;
 
-use crate::api::{ClusterView, PodFeed};
+use crate::api::{ClusterView, PodFeed, PodKey};
 use crate::k8s::pod_info::PodInfo;
 use crate::snapshot::{Snapshot, build};
 
@@ -45,9 +45,9 @@ pub struct ClusterCache {
     pub updates: usize,
     pub walks: usize,
     /// Pods assumed and not yet seen bound by the watch.
-    pub reservations: Reservations,
+    reservations: Reservations,
     /// Preemptors waiting for their victims, and the devices held for them.
-    pub nominations: Nominations,
+    nominations: Nominations,
 }
 
 /// The state brought up to a view.
@@ -243,6 +243,93 @@ impl ClusterCache {
     /// the pod bound.
     pub fn written(&mut self, uid: &str) {
         self.reservations.written(uid);
+    }
+
+    /// The reservations, to read (they change through [`Self::assume`],
+    /// [`Self::written`], [`Self::forget`] and the watch).
+    pub fn reservations(&self) -> &Reservations {
+        &self.reservations
+    }
+
+    /// The nominations, to read (they change through [`Self::nominate`] and the other
+    /// operations below).
+    pub fn nominations(&self) -> &Nominations {
+        &self.nominations
+    }
+
+    /// Pod `uid`'s reservation, while it has one.
+    pub fn reservation(&self, uid: &str) -> Option<&Reservation> {
+        self.reservations.get(uid)
+    }
+
+    /// Whether pod `uid` is reserved (decided; the watch has not shown it bound yet).
+    pub fn is_reserved(&self, uid: &str) -> bool {
+        self.reservations.contains(uid)
+    }
+
+    /// How many pods are reserved.
+    pub fn reserved_count(&self) -> usize {
+        self.reservations.len()
+    }
+
+    /// Whether a written reservation's pod is gone from `view` (what it held is free).
+    pub fn reservations_gone(&self, view: &ClusterView) -> bool {
+        self.reservations.any_gone(view)
+    }
+
+    /// Pod `uid`'s nomination, while it waits for its victims.
+    pub fn nomination(&self, uid: &str) -> Option<&Nomination> {
+        self.nominations.get(uid)
+    }
+
+    /// How many preemptors wait for their victims.
+    pub fn nominated_count(&self) -> usize {
+        self.nominations.len()
+    }
+
+    /// Nominates a preemptor: its earlier hold given back, the new one applied.
+    pub fn nominate(&mut self, nomination: Nomination, snapshot: &mut Snapshot) {
+        let uid = nomination.key.uid.clone();
+        self.nominations.release(&uid, snapshot);
+        self.nominations.insert(nomination);
+        self.nominations.restore(&uid, snapshot);
+    }
+
+    /// Victims some nomination of a pod other than `deciding` waits for (promised).
+    pub fn promised_victims(&self, deciding: &[&PodKey]) -> std::collections::HashSet<&str> {
+        self.nominations.victims(deciding)
+    }
+
+    /// Applies every nomination's hold for a round (see [`Nominations::hold`]); the pods
+    /// whose `nominatedNodeName` is to be cleared.
+    pub fn hold_nominations(&mut self, view: &ClusterView, snapshot: &mut Snapshot) -> Vec<PodKey> {
+        self.nominations.hold(view, snapshot)
+    }
+
+    /// Gives back every nomination's hold (before the state is kept).
+    pub fn release_nominations(&self, snapshot: &mut Snapshot) {
+        self.nominations.release_all(snapshot);
+    }
+
+    /// Frees what is held for preemptor `uid`, to decide it with its own devices free.
+    pub fn free_nominee(&self, uid: &str, snapshot: &mut Snapshot) {
+        self.nominations.release(uid, snapshot);
+    }
+
+    /// Holds again what is held for preemptor `uid` (its decision failed).
+    pub fn hold_nominee(&self, uid: &str, snapshot: &mut Snapshot) {
+        self.nominations.restore(uid, snapshot);
+    }
+
+    /// Preemptor `uid` was decided at `placement` (see [`Nominations::decided`]).
+    pub fn nominee_decided(&mut self, uid: &str, placement: &gpuplace_model::Placement) {
+        self.nominations.decided(uid, placement);
+    }
+
+    /// Whether pod `uid`, whose Binding is settled, has a stale `nominatedNodeName` to
+    /// clear (asked once).
+    pub fn take_stale_nomination(&mut self, uid: &str) -> bool {
+        self.nominations.take_stale(uid)
     }
 
     /// A reserved pod's Binding failed: the reservation is forgotten and what it holds in

@@ -31,7 +31,7 @@ impl<A: ClusterApi> Scheduler<A> {
         report: &mut RoundReport,
     ) {
         let tree = self.queues.tree();
-        let nominations = &self.cluster.nominations;
+        let nominations = self.cluster.nominations();
         let standing = Standing::measure(&self.queues, snapshot, waiting, &|uid| {
             nominations.get(uid).is_some()
         });
@@ -102,12 +102,12 @@ impl<A: ClusterApi> Scheduler<A> {
         pods: &[&Arc<PodInfo>],
     ) {
         for p in pods {
-            if self.cluster.reservations.contains(&p.key.uid) {
+            if self.cluster.is_reserved(&p.key.uid) {
                 if let Some(h) = snapshot.held.get(&p.key.uid) {
                     let model = snapshot.state.inventory(h.node).gpu_model();
                     picker.placed(q, &Res::of(&h.request, Some(model)));
                 }
-            } else if let Some(n) = self.cluster.nominations.get(&p.key.uid) {
+            } else if let Some(n) = self.cluster.nomination(&p.key.uid) {
                 picker.placed(q, &Res::of(&n.request, None));
             }
         }
@@ -122,7 +122,7 @@ impl<A: ClusterApi> Scheduler<A> {
         pods: &[&Arc<PodInfo>],
     ) {
         for p in pods {
-            if let Some(n) = self.cluster.nominations.get(&p.key.uid) {
+            if let Some(n) = self.cluster.nomination(&p.key.uid) {
                 picker.removed(q, &Res::of(&n.request, None));
             }
         }

@@ -97,7 +97,7 @@ impl<A: ClusterApi> Scheduler<A> {
         // single pod's are.
         let mut steered = Steered::new();
         for (pod, _) in &members {
-            self.cluster.nominations.release(&pod.key.uid, snapshot);
+            self.cluster.free_nominee(&pod.key.uid, snapshot);
             if let Some(steer) = self.steers.take_for(pod, snapshot) {
                 steered.insert(pod.key.uid.clone(), steer);
             }
@@ -171,7 +171,7 @@ impl<A: ClusterApi> Scheduler<A> {
         // A reservation whose pod the view already shows bound counts once.
         let reserved = self
             .cluster
-            .reservations
+            .reservations()
             .of_gang(&id)
             .filter(|r| !bound_uids.contains(r.key.uid.as_str()))
             .count();
@@ -243,7 +243,7 @@ impl<A: ClusterApi> Scheduler<A> {
     ) {
         for (pod, _, decision) in &planned {
             let placement = decision.to_placement(&snapshot.state);
-            self.cluster.nominations.decided(&pod.key.uid, &placement);
+            self.cluster.nominee_decided(&pod.key.uid, &placement);
         }
         let requests: Vec<_> = planned
             .iter()
@@ -292,7 +292,7 @@ impl<A: ClusterApi> Scheduler<A> {
                 .post_filter_gang(snapshot, view, members, domains, fair, report)
                 .await;
             for (pod, _) in members {
-                self.cluster.nominations.restore(&pod.key.uid, snapshot);
+                self.cluster.hold_nominee(&pod.key.uid, snapshot);
             }
             if matches!(
                 outcome,
@@ -329,7 +329,7 @@ impl<A: ClusterApi> Scheduler<A> {
             preemption = Some(outcome);
         } else {
             for (pod, _) in members {
-                self.cluster.nominations.restore(&pod.key.uid, snapshot);
+                self.cluster.hold_nominee(&pod.key.uid, snapshot);
             }
         }
         report.waiting_gangs += 1;
@@ -411,7 +411,7 @@ impl<A: ClusterApi> Scheduler<A> {
             .map(|p| p.key.uid.as_str())
             .chain(
                 self.cluster
-                    .reservations
+                    .reservations()
                     .of_gang(&format!("{namespace}/{group}"))
                     .map(|r| r.key.uid.as_str()),
             )

@@ -294,16 +294,18 @@ impl<A: ClusterApi> Scheduler<A> {
     ) -> Made {
         let RoomFor { node, gpus, .. } = planned;
         report.made_room += moved.len();
-        self.cluster.nominations.insert(Nomination {
-            key: pod.key.clone(),
-            priority: pod.priority,
-            node: node.clone(),
-            request: demand.request.clone(),
-            gpus,
-            extended: demand.extended.clone(),
-            victims: moved.clone(),
-        });
-        self.cluster.nominations.restore(&pod.key.uid, snapshot);
+        self.cluster.nominate(
+            Nomination {
+                key: pod.key.clone(),
+                priority: pod.priority,
+                node: node.clone(),
+                request: demand.request.clone(),
+                gpus,
+                extended: demand.extended.clone(),
+                victims: moved.clone(),
+            },
+            snapshot,
+        );
         if self.gate.is_open()
             && let Err(e) = self.api.nominate(&pod.key, Some(&node)).await
         {
@@ -441,8 +443,8 @@ impl<A: ClusterApi> Scheduler<A> {
         view: &ClusterView,
         also: &dyn Fn(&str) -> bool,
     ) -> MovableSet<'s> {
-        let reservations = &self.cluster.reservations;
-        let promised = self.cluster.nominations.victims(&[]);
+        let reservations = self.cluster.reservations();
+        let promised = self.cluster.promised_victims(&[]);
         let skip = |uid: &str| {
             (!reservations.is_empty() && reservations.contains(uid))
                 || promised.contains(uid)
@@ -587,16 +589,18 @@ impl<A: ClusterApi> Scheduler<A> {
         {
             let (pod, _) = &members[*i];
             let Ok(demand) = &pod.demand else { continue };
-            self.cluster.nominations.insert(Nomination {
-                key: pod.key.clone(),
-                priority: pod.priority,
-                node: node.clone(),
-                request: demand.request.clone(),
-                gpus: gpus.clone(),
-                extended: demand.extended.clone(),
-                victims: moved.clone(),
-            });
-            self.cluster.nominations.restore(&pod.key.uid, snapshot);
+            self.cluster.nominate(
+                Nomination {
+                    key: pod.key.clone(),
+                    priority: pod.priority,
+                    node: node.clone(),
+                    request: demand.request.clone(),
+                    gpus: gpus.clone(),
+                    extended: demand.extended.clone(),
+                    victims: moved.clone(),
+                },
+                snapshot,
+            );
             if self.gate.is_open()
                 && let Err(e) = self.api.nominate(&pod.key, Some(node)).await
             {

@@ -160,12 +160,7 @@ impl<A: ClusterApi> Scheduler<A> {
         if pod.never_preempts {
             return Found::Stop(Outcome::Never);
         }
-        if waiting_for_victims(
-            pod,
-            self.cluster.nominations.get(&pod.key.uid),
-            view,
-            snapshot,
-        ) {
+        if waiting_for_victims(pod, self.cluster.nomination(&pod.key.uid), view, snapshot) {
             return Found::Stop(Outcome::Waiting);
         }
         let profile = Profile {
@@ -187,8 +182,8 @@ impl<A: ClusterApi> Scheduler<A> {
             .mask()
             .map_or(0, |m| m.iter().filter(|a| !**a).count());
         let started = std::time::Instant::now();
-        let reservations = &self.cluster.reservations;
-        let promised = self.cluster.nominations.victims(&[&pod.key]);
+        let reservations = self.cluster.reservations();
+        let promised = self.cluster.promised_victims(&[&pod.key]);
         // With queues, priority preempts only within the pod's queue (reclaim is across).
         let queues = &self.queues;
         let own = self.queues_in_use.then(|| queues.of(pod).ok());
@@ -264,9 +259,7 @@ impl<A: ClusterApi> Scheduler<A> {
         // (it is tried again after a backoff, the hold kept from others).
         report.preempted += carried.evicted;
         // A nomination made anew replaces the pod's earlier one and its hold.
-        self.cluster.nominations.release(&pod.key.uid, snapshot);
-        self.cluster.nominations.insert(nomination);
-        self.cluster.nominations.restore(&pod.key.uid, snapshot);
+        self.cluster.nominate(nomination, snapshot);
         tracing::info!(pod = %pod.key, %node, victims = victims.len(), "preempting");
         Outcome::Nominated { node, victims }
     }
@@ -286,9 +279,9 @@ impl<A: ClusterApi> Scheduler<A> {
         }
         // A gang evicts only what every member outranks.
         let priority = preempt::gang_priority(members.iter().map(|(p, _)| p.priority)).unwrap_or(0);
-        let reservations = &self.cluster.reservations;
+        let reservations = self.cluster.reservations();
         let deciding: Vec<&PodKey> = members.iter().map(|(p, _)| &p.key).collect();
-        let promised = self.cluster.nominations.victims(&deciding);
+        let promised = self.cluster.promised_victims(&deciding);
         let queues = &self.queues;
         let own = self
             .queues_in_use
@@ -354,7 +347,7 @@ impl<A: ClusterApi> Scheduler<A> {
         if members.iter().any(|(p, _)| p.never_preempts) {
             return Some(Outcome::Never);
         }
-        let nominations = &self.cluster.nominations;
+        let nominations = self.cluster.nominations();
         members
             .iter()
             .any(|(p, _)| waiting_for_victims(p, nominations.get(&p.key.uid), view, snapshot))
@@ -429,10 +422,7 @@ impl<A: ClusterApi> Scheduler<A> {
             ));
         }
         for n in noms {
-            let uid = n.key.uid.clone();
-            self.cluster.nominations.release(&uid, snapshot);
-            self.cluster.nominations.insert(n);
-            self.cluster.nominations.restore(&uid, snapshot);
+            self.cluster.nominate(n, snapshot);
         }
         let node = nominate
             .iter()

@@ -80,8 +80,8 @@ impl<A: ClusterApi> Scheduler<A> {
         entitled: &Entitlement<'_>,
         mask: Option<&[bool]>,
     ) -> Option<Pool<'s>> {
-        let reservations = &self.cluster.reservations;
-        let promised = self.cluster.nominations.victims(deciding);
+        let reservations = self.cluster.reservations();
+        let promised = self.cluster.promised_victims(deciding);
         let queues = &self.queues;
         let takeable = |p: &PodInfo| queues.of(p).is_ok_and(|v| entitled.may_take_from(v));
         let (cands, keys) = candidates(

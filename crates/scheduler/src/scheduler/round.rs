@@ -80,7 +80,7 @@ impl<A: ClusterApi> Scheduler<A> {
             }
         }
         let freed = self.seen.active.iter().any(|uid| !active.contains(uid))
-            || self.cluster.reservations.any_gone(view);
+            || self.cluster.reservations_gone(view);
         let nodes_changed = super::cluster_cache::nodes_differ(&self.seen.nodes, &nodes);
         let volumes = crate::framework::volumes::digest(&view.claims, &view.volumes);
         let budgets: Vec<String> = view
@@ -163,7 +163,7 @@ impl<A: ClusterApi> Scheduler<A> {
             .iter()
             .filter(|p| {
                 p.is_pending_for(&self.config.scheduler_name)
-                    && !self.cluster.reservations.contains(&p.key.uid)
+                    && !self.cluster.is_reserved(&p.key.uid)
             })
             .collect();
         let waiting_uids: HashSet<&str> = waiting.iter().map(|p| p.key.uid.as_str()).collect();
@@ -222,7 +222,7 @@ impl<A: ClusterApi> Scheduler<A> {
         let workload = self.cluster.workload(self.config.workload.as_ref());
         snapshot.state.set_workload(workload);
         // Preemptors' devices, as far as their victims have freed them, are theirs.
-        let clear = self.cluster.nominations.hold(view, &mut snapshot);
+        let clear = self.cluster.hold_nominations(view, &mut snapshot);
         if !clear.is_empty() {
             self.clear_nominations(clear).await;
         }
@@ -296,11 +296,11 @@ impl<A: ClusterApi> Scheduler<A> {
 
     /// Holds released, the round's figures taken, and the state kept for the next round.
     fn finish_round(&mut self, mut snapshot: Snapshot, report: &mut RoundReport) {
-        self.cluster.nominations.release_all(&mut snapshot);
+        self.cluster.release_nominations(&mut snapshot);
         self.steers.release_all(&mut snapshot);
-        report.nominated = self.cluster.nominations.len();
+        report.nominated = self.cluster.nominated_count();
         report.in_flight = self.binder.in_flight();
-        report.reservations = self.cluster.reservations.len();
+        report.reservations = self.cluster.reserved_count();
         report.events_dropped = self.events.dropped();
         report.gpu_capacity_milli = snapshot.state.gpu_capacity_milli();
         report.gpu_allocated_milli = snapshot.state.gpu_allocated_milli();
@@ -402,7 +402,7 @@ impl<A: ClusterApi> Scheduler<A> {
         report: &mut RoundReport,
     ) {
         // A preemptor is decided with the devices held for it free.
-        self.cluster.nominations.release(&pod.key.uid, snapshot);
+        self.cluster.free_nominee(&pod.key.uid, snapshot);
         // A moved pod's replacement is decided on its planned place (held for it until
         // now), else as any pod.
         let mut decided = Err(String::new());
@@ -419,7 +419,7 @@ impl<A: ClusterApi> Scheduler<A> {
         match decided {
             Ok((demand, decision)) => {
                 let placement = decision.to_placement(&snapshot.state);
-                self.cluster.nominations.decided(&pod.key.uid, &placement);
+                self.cluster.nominee_decided(&pod.key.uid, &placement);
                 let request = self.assume(snapshot, pod, &demand, &decision, None);
                 report.assumed += 1;
                 let started = Instant::now();
@@ -451,7 +451,7 @@ impl<A: ClusterApi> Scheduler<A> {
                 if let Some(more) = made.as_ref().and_then(super::make_room::Made::message) {
                     message = format!("{message} {more}");
                 }
-                self.cluster.nominations.restore(&pod.key.uid, snapshot);
+                self.cluster.hold_nominee(&pod.key.uid, snapshot);
                 report.timings.api += started.elapsed();
                 report.unschedulable += 1;
                 self.wait(&pod.key.uid, now, later);
@@ -528,7 +528,7 @@ impl<A: ClusterApi> Scheduler<A> {
         }
         // A nomination for another node ends on the API once the Binding is settled
         // (written or not), not before: its resourceVersion is the Binding's precondition.
-        if self.cluster.nominations.take_stale(&key.uid) {
+        if self.cluster.take_stale_nomination(&key.uid) {
             self.clear_nominations(vec![key.clone()]).await;
         }
         if let Some(gang) = gang {
