@@ -81,7 +81,8 @@ async fn show(args: StatusArgs) -> anyhow::Result<()> {
         let read = status_read::read(client.clone(), &resource, args.namespace.as_deref())
             .await
             .context("cannot read the cluster")?;
-        let fleet = status::fleet(&read.view, &resource, &read.reasons, &filter);
+        let reasons = status::reasons::from_events(&read.failures);
+        let fleet = status::fleet(&read.view, &resource, &reasons, &filter);
         let out = match args.output {
             Some(Output::Json) => serde_json::to_string_pretty(&fleet)? + "\n",
             _ => text::render(&fleet, style),

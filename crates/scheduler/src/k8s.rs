@@ -6,6 +6,7 @@
 //! behind `gpuplace status` ([`status_read`]).
 
 pub mod budgets;
+pub mod claims;
 pub mod demand;
 pub mod demand_error;
 pub mod gang;
@@ -17,4 +18,5 @@ pub mod pod_store;
 pub mod pod_terms;
 pub mod queue;
 pub mod rate;
+pub mod selector;
 pub mod status_read;

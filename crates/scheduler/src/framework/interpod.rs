@@ -7,14 +7,14 @@
 //! `namespaceSelector` of `{}` means every namespace (other selectors are read as the
 //! owner's namespace: the scheduler does not watch Namespaces).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, PodAffinityTerm, TopologySpreadConstraint};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use crate::k8s::pod_info::PodInfo;
 use crate::k8s::pod_terms::{HostPort, PodTerms};
+use crate::k8s::selector::selects;
 
 /// Why a node was refused because of other pods, in kube-scheduler's phrases.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,29 +44,6 @@ impl InterPodRejection {
             }
         }
     }
-}
-
-/// Whether `selector` selects `labels` (a missing selector selects nothing).
-pub fn selects(selector: Option<&LabelSelector>, labels: &BTreeMap<String, String>) -> bool {
-    let Some(selector) = selector else {
-        return false;
-    };
-    let by_labels = selector
-        .match_labels
-        .iter()
-        .flatten()
-        .all(|(k, v)| labels.get(k) == Some(v));
-    by_labels
-        && selector.match_expressions.iter().flatten().all(|e| {
-            let values = e.values.as_deref().unwrap_or_default();
-            match e.operator.as_str() {
-                "In" => labels.get(&e.key).is_some_and(|v| values.contains(v)),
-                "NotIn" => labels.get(&e.key).is_none_or(|v| !values.contains(v)),
-                "Exists" => labels.contains_key(&e.key),
-                "DoesNotExist" => !labels.contains_key(&e.key),
-                _ => false,
-            }
-        })
 }
 
 /// Whether `term`, owned by a pod in `owner_namespace`, selects `pod`.

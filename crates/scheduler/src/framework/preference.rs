@@ -13,9 +13,10 @@ use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::{Node, Taint, TopologySpreadConstraint, WeightedPodAffinityTerm};
 
-use crate::framework::interpod::{Placed, selects, term_selects};
+use crate::framework::interpod::{Placed, term_selects};
 use crate::framework::node_filters::{labels, term_matches, tolerates};
 use crate::k8s::pod_info::PodInfo;
+use crate::k8s::selector::selects;
 
 const NODE_AFFINITY_WEIGHT: i64 = 2;
 const TAINT_WEIGHT: i64 = 3;

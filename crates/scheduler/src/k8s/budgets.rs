@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 
-use crate::framework::interpod::selects;
 use crate::k8s::pod_info::PodInfo;
+use crate::k8s::selector::selects;
 
 /// The budgets of a view, ready to match pods.
 #[derive(Debug, Default)]

@@ -214,14 +214,14 @@ impl KubeApi {
         );
         let claims = run_reflector(
             Api::<PersistentVolumeClaim>::all(client.clone()),
-            crate::framework::volumes::strip_claim,
+            crate::k8s::claims::strip_claim,
             "persistentvolumeclaims cannot be listed (RBAC?)",
             changes.clone(),
             Some(claim_fingerprint),
         );
         let volumes = run_reflector(
             Api::<PersistentVolume>::all(client.clone()),
-            crate::framework::volumes::strip_volume,
+            crate::k8s::claims::strip_volume,
             "persistentvolumes cannot be listed (RBAC?)",
             changes.clone(),
             Some(volume_fingerprint),

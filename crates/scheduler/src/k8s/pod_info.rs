@@ -131,8 +131,8 @@ pub struct PodInfo {
     pub labels: BTreeMap<String, String>,
     /// Host ports, pod (anti-)affinity and spread constraints, if any.
     pub placement: Option<Box<crate::k8s::pod_terms::PodTerms>>,
-    /// The PersistentVolumeClaims it mounts (see [`crate::framework::volumes`]).
-    pub claims: Vec<crate::framework::volumes::ClaimRef>,
+    /// The PersistentVolumeClaims it mounts (see the volume stage).
+    pub claims: Vec<crate::k8s::claims::ClaimRef>,
     /// Its controller, when one that makes pods again owns it (ReplicaSet, StatefulSet,
     /// Job): what defragmentation may move.
     pub controller: Option<Box<Controller>>,
@@ -230,7 +230,7 @@ impl PodInfo {
             filter_key: terms.as_ref().map(SchedulingTerms::key).unwrap_or_default(),
             labels: meta.labels.clone().unwrap_or_default(),
             placement: crate::k8s::pod_terms::PodTerms::of(pod).map(Box::new),
-            claims: crate::framework::volumes::claims_of(pod),
+            claims: crate::k8s::claims::claims_of(pod),
             terms: terms.map(Box::new),
             controller: controller_of(pod),
             movable: movable_of(pod),

@@ -1,7 +1,6 @@
 //! One read of the cluster for `gpuplace status` (no watches): Nodes, Pods, PodGroups and
 //! the `FailedScheduling` Events, listed page by page with stable APIs only.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -13,7 +12,6 @@ use serde::de::DeserializeOwned;
 use crate::api::ClusterView;
 use crate::k8s::gang::PodGroup;
 use crate::k8s::pod_info::PodInfo;
-use crate::status::{Reason, reasons};
 
 /// Objects per page of a list.
 const PAGE: u32 = 500;
@@ -47,10 +45,11 @@ impl ReadError {
     }
 }
 
-/// What `gpuplace status` shows: the view and the pods' latest scheduling failures.
+/// What `gpuplace status` shows: the view, and the `FailedScheduling` Events that say why
+/// pods wait (`status::reasons::from_events` reads them).
 pub struct Read {
     pub view: ClusterView,
-    pub reasons: HashMap<String, Reason>,
+    pub failures: Vec<Event>,
 }
 
 async fn list_all<K>(
@@ -157,6 +156,6 @@ pub async fn read(
     };
     Ok(Read {
         view,
-        reasons: reasons::from_events(&events),
+        failures: events,
     })
 }

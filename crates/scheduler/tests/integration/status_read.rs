@@ -139,7 +139,7 @@ async fn one_read_pages_and_tolerates_what_a_cluster_may_lack() {
         let fleet = status::fleet(
             &read.view,
             "nvidia.com/gpu",
-            &read.reasons,
+            &status::reasons::from_events(&read.failures),
             &Filter::default(),
         );
         assert_eq!(fleet.totals.allocated_milli, 3000);

@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use gpuplace_scheduler::framework::interpod::selects;
 use gpuplace_scheduler::k8s::gang::PodGroup;
+use gpuplace_scheduler::k8s::selector::selects;
 use gpuplace_scheduler::{ApiError, PodKey};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
