@@ -283,6 +283,34 @@ impl<A: ClusterApi> Scheduler<A> {
     }
 
     /// `pod` waits for the room `moved` makes: nominated, the devices held, told why.
+    /// Nominates `pod` to the room made for it on `node` (`gpus`), the moved pods its
+    /// victims, and writes its `nominatedNodeName`.
+    async fn nominate_to_room(
+        &mut self,
+        snapshot: &mut Snapshot,
+        pod: &PodInfo,
+        demand: &crate::k8s::demand::PodDemand,
+        node: &str,
+        gpus: Vec<(String, u32)>,
+        moved: &[PodKey],
+    ) {
+        let nomination = Nomination {
+            key: pod.key.clone(),
+            priority: pod.priority,
+            node: node.to_string(),
+            request: demand.request.clone(),
+            gpus,
+            extended: demand.extended.clone(),
+            victims: moved.to_vec(),
+        };
+        self.cluster.nominate(nomination, snapshot);
+        if self.gate.is_open()
+            && let Err(e) = self.api.nominate(&pod.key, Some(node)).await
+        {
+            tracing::info!(pod = %pod.key, error = %e, "nominatedNodeName not written");
+        }
+    }
+
     async fn nominate_for_room(
         &mut self,
         snapshot: &mut Snapshot,
@@ -294,23 +322,8 @@ impl<A: ClusterApi> Scheduler<A> {
     ) -> Made {
         let RoomFor { node, gpus, .. } = planned;
         report.made_room += moved.len();
-        self.cluster.nominate(
-            Nomination {
-                key: pod.key.clone(),
-                priority: pod.priority,
-                node: node.clone(),
-                request: demand.request.clone(),
-                gpus,
-                extended: demand.extended.clone(),
-                victims: moved.clone(),
-            },
-            snapshot,
-        );
-        if self.gate.is_open()
-            && let Err(e) = self.api.nominate(&pod.key, Some(&node)).await
-        {
-            tracing::info!(pod = %pod.key, error = %e, "nominatedNodeName not written");
-        }
+        self.nominate_to_room(snapshot, pod, demand, &node, gpus, &moved)
+            .await;
         self.events.emit(
             &pod.key,
             "Normal",
@@ -589,23 +602,8 @@ impl<A: ClusterApi> Scheduler<A> {
         {
             let (pod, _) = &members[*i];
             let Ok(demand) = &pod.demand else { continue };
-            self.cluster.nominate(
-                Nomination {
-                    key: pod.key.clone(),
-                    priority: pod.priority,
-                    node: node.clone(),
-                    request: demand.request.clone(),
-                    gpus: gpus.clone(),
-                    extended: demand.extended.clone(),
-                    victims: moved.clone(),
-                },
-                snapshot,
-            );
-            if self.gate.is_open()
-                && let Err(e) = self.api.nominate(&pod.key, Some(node)).await
-            {
-                tracing::info!(pod = %pod.key, error = %e, "nominatedNodeName not written");
-            }
+            self.nominate_to_room(snapshot, pod, demand, node, gpus.clone(), &moved)
+                .await;
         }
         let nodes: std::collections::BTreeSet<&str> =
             places.iter().map(|p| p.node.as_str()).collect();
