@@ -498,7 +498,8 @@ impl<A: ClusterApi> Scheduler<A> {
             }
             let steer = steered.get(&pod.key.uid);
             let on_steer = steer.and_then(|st| {
-                let only = only_node(mask.as_deref(), snapshot.node_index(&st.node)?, trial.len())?;
+                let n = snapshot.node_index(&st.node)?;
+                let only = super::defrag::steer_mask(mask.as_deref(), n, trial.len());
                 let d = self
                     .placer
                     .choose(&trial, &demand.request, Some(&only))
@@ -533,13 +534,3 @@ impl<A: ClusterApi> Scheduler<A> {
 
 /// Moved members' steers (their planned places), by pod UID.
 type Steered = std::collections::HashMap<String, super::defrag::Steer>;
-
-/// A mask of node `n` alone, where `mask` (none: every node) allows it.
-fn only_node(mask: Option<&[bool]>, n: usize, nodes: usize) -> Option<Vec<bool>> {
-    if n >= nodes || mask.is_some_and(|m| !m.get(n).copied().unwrap_or(false)) {
-        return None;
-    }
-    let mut only = vec![false; nodes];
-    only[n] = true;
-    Some(only)
-}

@@ -358,13 +358,8 @@ impl<A: ClusterApi> Scheduler<A> {
         let decided = Instant::now();
         timings.filter += decided - started;
         // A moved pod's replacement goes to the node planned for it.
-        let steered: Option<Vec<bool>> = only.map(|n| {
-            let mut m = filtered
-                .mask()
-                .map_or_else(|| vec![true; snapshot.nodes.len()], <[bool]>::to_vec);
-            m.iter_mut().enumerate().for_each(|(i, a)| *a &= i == n);
-            m
-        });
+        let steered: Option<Vec<bool>> =
+            only.map(|n| super::defrag::steer_mask(filtered.mask(), n, snapshot.nodes.len()));
         // A queue's per-model limits narrow the nodes.
         let narrowed: Option<Vec<bool>> = self.narrow.as_ref().map(|narrow| {
             let mut m = steered
