@@ -24,7 +24,7 @@ use gpuplace_core::preempt::Holder;
 use gpuplace_core::{ClusterState, Decision};
 use gpuplace_model::Request;
 
-use super::preempt::{Planned, created_ms, hold_planned};
+use super::preempt::{Listed, Planned, hold_planned};
 use crate::api::{ClusterView, PodKey};
 use crate::framework::filter::VerdictCache;
 use crate::framework::{FilterInput, Profile};
@@ -288,7 +288,7 @@ pub fn movable_set<'a>(
     let mut verdicts = VerdictCache::default();
     for unit in movable_units(snapshot, view, rules) {
         out.movables.push_unit(
-            unit.created_ms,
+            unit.made,
             unit.members.iter().map(|(p, h)| {
                 let holder = Holder {
                     node: h.node,
@@ -307,21 +307,13 @@ pub fn movable_set<'a>(
     out
 }
 
-/// A unit that may move: one pod, or a whole gang (members by name).
-struct MovableUnit<'a> {
-    /// Its oldest member's creation (ms).
-    created_ms: i64,
-    members: Vec<(Arc<PodInfo>, &'a Held)>,
-}
-
-/// The units of `snapshot` that may move, oldest first, then by name: an order that does
-/// not depend on the cache's, so plans that tie break alike every time (and as the
-/// timeline replay's, whose sequence the test stack's names follow).
+/// The units of `snapshot` that may move (one pod, or a whole gang), in the cluster's
+/// order ([`Listed::sort_in_cluster_order`]).
 fn movable_units<'a>(
     snapshot: &'a Snapshot,
     view: &ClusterView,
     rules: &Eligibility<'_>,
-) -> Vec<MovableUnit<'a>> {
+) -> Vec<Listed<'a>> {
     let mut gangs: HashSet<(&str, &str)> = HashSet::new();
     let mut out = Vec::new();
     for pod in snapshot.placed.iter().flatten() {
@@ -331,7 +323,7 @@ fn movable_units<'a>(
         if !rules.allows(pod) {
             continue;
         }
-        let mut members = match &pod.group {
+        let members = match &pod.group {
             None => vec![(Arc::clone(pod), held)],
             Some(group) => {
                 if !gangs.insert((pod.key.namespace.as_str(), group.as_str())) {
@@ -343,21 +335,9 @@ fn movable_units<'a>(
                 members
             }
         };
-        members.sort_by(|a, b| a.0.key.name.cmp(&b.0.key.name));
-        let created_ms = members.iter().map(|(p, _)| created_ms(p)).min();
-        out.push(MovableUnit {
-            created_ms: created_ms.unwrap_or(0),
-            members,
-        });
+        out.push(Listed::of(members));
     }
-    fn first_name<'u>(u: &'u MovableUnit<'_>) -> &'u str {
-        u.members.first().map_or("", |(p, _)| p.key.name.as_str())
-    }
-    out.sort_by(|a, b| {
-        a.created_ms
-            .cmp(&b.created_ms)
-            .then_with(|| first_name(a).cmp(first_name(b)))
-    });
+    Listed::sort_in_cluster_order(&mut out);
     out
 }
 

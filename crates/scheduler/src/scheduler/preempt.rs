@@ -287,9 +287,9 @@ pub fn candidates<'a>(
             units.push(Listed::of(members));
         }
     }
-    // The cluster's order (creation, then name), so that the victim search tells equals
-    // apart as every driver does, not by the order this snapshot lists its pods in.
-    units.sort_by(|a, b| (a.made, &a.name).cmp(&(b.made, &b.name)));
+    // The victim search tells equals apart as every driver does, not by the order this
+    // snapshot lists its pods in.
+    Listed::sort_in_cluster_order(&mut units);
     for unit in units {
         out.push_unit(
             unit.priority,
@@ -301,35 +301,44 @@ pub fn candidates<'a>(
     (out, keys)
 }
 
-/// A candidate unit as listed: its members, highest priority, when its first was made and
-/// its first name.
-struct Listed<'a> {
-    members: Vec<(Arc<PodInfo>, &'a Held)>,
-    priority: i32,
-    made: i64,
-    name: String,
+/// A unit (one pod, or a gang's members, by name) as the victim search and make-room list
+/// it: its members, highest priority and when its first was made.
+pub(super) struct Listed<'a> {
+    pub members: Vec<(Arc<PodInfo>, &'a Held)>,
+    pub priority: i32,
+    pub made: i64,
 }
 
 impl<'a> Listed<'a> {
-    fn of(members: Vec<(Arc<PodInfo>, &'a Held)>) -> Listed<'a> {
+    pub fn of(mut members: Vec<(Arc<PodInfo>, &'a Held)>) -> Listed<'a> {
+        if members.len() > 1 {
+            members.sort_by(|a, b| a.0.key.name.cmp(&b.0.key.name));
+        }
         let priority = members.iter().map(|(p, _)| p.priority).max().unwrap_or(0);
         let made = members
             .iter()
             .map(|(p, _)| created_ms(p))
             .min()
             .unwrap_or(0);
-        let name = members
-            .iter()
-            .map(|(p, _)| p.key.name.as_str())
-            .min()
-            .unwrap_or_default()
-            .to_string();
         Listed {
             members,
             priority,
             made,
-            name,
         }
+    }
+
+    /// Its first member's name.
+    fn name(&self) -> &str {
+        self.members
+            .first()
+            .map_or("", |(p, _)| p.key.name.as_str())
+    }
+
+    /// Sorts `units` in the cluster's order, oldest first, then by name: an order that
+    /// does not depend on the cache's, so plans break ties alike every time (and as the
+    /// timeline replay's, whose order the test stack's names follow).
+    pub fn sort_in_cluster_order(units: &mut [Listed<'_>]) {
+        units.sort_by(|a, b| (a.made, a.name()).cmp(&(b.made, b.name())));
     }
 }
 
