@@ -1,8 +1,10 @@
-//! One scheduling cycle's PostFilter: the chain of steps tried, in this one order, for a
-//! unit (a pod, or a gang whole) that fits nowhere: priority preemption, then reclaim for a
-//! queue below its guarantee, then make-room (moving pods that opted in). Every driver
-//! (the scheduler's loop and its gang stage, `gpuplace defrag --plan`, the simulator's
-//! timeline) runs its units through [`post_filter`]; what a step plans is the driver's
+//! One scheduling cycle for a unit (a pod, or a gang whole): [`schedule`] runs Filter,
+//! Score and Reserve for its members ([`place::trial`]), Permit ([`place::permit`]), and for
+//! a unit whose members are there but do not fit, PostFilter: the chain of steps tried, in
+//! this one order: priority preemption, then reclaim for a queue below its guarantee, then
+//! make-room (moving pods that opted in). The scheduler's loop and its gang stage and the
+//! simulator's timeline run every unit through [`schedule`]; `gpuplace defrag --plan` runs
+//! pending pods through [`post_filter`]; what a step plans is the driver's
 //! [`Planner`]'s (victims and places found by [`crate::preempt`], reclaim's
 //! [`reclaim::plan_within_guarantees`], make-room by [`crate::defrag`]), and the plan that
 //! comes back is carried out by the driver with its own clock: through the API server, or
@@ -10,7 +12,10 @@
 //!
 //! Pure: planning reads the driver's snapshot; nothing here evicts, waits or reads a clock.
 
+pub mod place;
 pub mod reclaim;
+
+use place::{Permit, Quorum, Trial};
 
 /// A PostFilter step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -94,6 +99,55 @@ pub fn post_filter<T: Planner>(planner: &mut T) -> Chained<T::Plan, T::Why> {
         }
     }
     Chained { plan: None, why }
+}
+
+/// A driver's unit in one cycle: its members' Filter, Score and Reserve, how many count
+/// toward its minimum, and its PostFilter planning.
+pub trait Unit: Planner {
+    /// What the driver keeps for a member placed.
+    type Placed;
+    /// Why a member was not placed.
+    type Unfit;
+    /// Filter, Score and Reserve for the members (through [`place::trial`], once per domain
+    /// where the unit has several, the best kept by [`place::keep_best`]).
+    fn place(&mut self) -> Trial<Self::Placed, Self::Unfit>;
+    /// The unit's members bound, waiting and its minimum.
+    fn quorum(&self) -> Quorum;
+    /// Reserve undone: what a trial that Permit did not allow took is given back before
+    /// PostFilter plans.
+    fn unreserve(&mut self, trial: &Trial<Self::Placed, Self::Unfit>);
+}
+
+/// What one cycle came to for a unit.
+#[derive(Debug)]
+pub enum Cycled<P, U, Plan, W> {
+    /// Permit allowed the trial: its members bind (a gang's at once).
+    Allowed(Trial<P, U>),
+    /// Too few members exist: nothing binds, nothing was planned; the unit waits for them.
+    MembersMissing(Trial<P, U>),
+    /// Too few fit: PostFilter's chain ran; the trial (given back) says how many fit.
+    PostFiltered {
+        trial: Trial<P, U>,
+        chained: Chained<Plan, W>,
+    },
+}
+
+/// One cycle for `unit`: Filter, Score, Reserve, Permit, then PostFilter when the members
+/// are there but do not fit. The driver carries out what comes back with its own clock.
+pub fn schedule<T: Unit>(unit: &mut T) -> Cycled<T::Placed, T::Unfit, T::Plan, T::Why> {
+    let trial = unit.place();
+    match place::permit(unit.quorum(), trial.placed.len()) {
+        Permit::Allow => Cycled::Allowed(trial),
+        Permit::MembersMissing => {
+            unit.unreserve(&trial);
+            Cycled::MembersMissing(trial)
+        }
+        Permit::Unfit => {
+            unit.unreserve(&trial);
+            let chained = post_filter(unit);
+            Cycled::PostFiltered { trial, chained }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@ mod gang_permit;
 mod gang_status;
 mod gangs;
 mod make_room;
+mod members;
 pub(crate) mod pod_index;
 mod post_filter;
 pub mod preempt;

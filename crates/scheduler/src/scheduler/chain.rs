@@ -1,29 +1,27 @@
-//! PostFilter for the scheduler's loop and its gang stage: core's one chain
-//! ([`gpuplace_core::cycle::post_filter`]: preemption, reclaim, make-room) over this
-//! scheduler's planning for a pod ([`PodSteps`]) and for a gang whole ([`GangSteps`]),
-//! then the plan that came back carried out through the API (evictions, moves,
-//! nominations).
+//! The scheduler's loop and its gang stage in core's one cycle
+//! ([`gpuplace_core::cycle::schedule`]: Filter, Score, Reserve, Permit, then PostFilter's
+//! chain of preemption, reclaim, make-room): this scheduler's units, a pod ([`PodSteps`])
+//! and a gang whole ([`GangSteps`]), placed on the round's snapshot
+//! ([`super::members::OnSnapshot`]) and planned for, then what the cycle came to carried
+//! out through the API (Bindings, evictions, moves, nominations).
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use gpuplace_core::cycle::{self, Chained, Found, Planner, Step};
+use gpuplace_core::cycle::place::{self, Quorum, Trial};
+use gpuplace_core::cycle::{Chained, Found, Planner, Step, Unit};
 
+use super::gang_status::Gang;
 use super::make_room::{GangRoom, Made, RoomPlanned};
+use super::members::{OnSnapshot, Steered, Trialled};
 use super::post_filter::{GangPreempted, Outcome, Preempted};
 use super::reclaim::{Fair, GangReclaimed, Reclaimed};
 use super::{RoundReport, Scheduler};
 use crate::api::{ClusterApi, ClusterView};
+use crate::framework::Profile;
 use crate::framework::filter::Verdicts;
 use crate::k8s::pod_info::PodInfo;
 use crate::snapshot::Snapshot;
-
-/// A pod that fits nowhere, as Filter left it, at the round's time.
-pub(super) struct Unfit<'a> {
-    pub pod: &'a Arc<PodInfo>,
-    pub verdicts: &'a Verdicts,
-    pub now: Instant,
-}
 
 /// Why a step planned nothing for a pod.
 pub(super) enum Why {
@@ -49,18 +47,59 @@ pub(super) enum GangPlanned {
     Room(GangRoom),
 }
 
-/// The scheduler's planning for one pod that fits nowhere.
-struct PodSteps<'s, 'f, 'p, 't, A: ClusterApi, U> {
-    scheduler: &'s mut Scheduler<A>,
-    snapshot: &'s Snapshot,
-    view: &'s ClusterView,
-    verdicts: &'s Verdicts,
-    pod: &'s Arc<PodInfo>,
-    fair: Option<&'f Fair<'p, 't, U>>,
-    now: Instant,
+/// Time a cycle spent in Filter and in core.
+#[derive(Clone, Copy, Default)]
+pub(super) struct Spent {
+    pub filter: Duration,
+    pub core: Duration,
 }
 
-impl<A: ClusterApi, U> Planner for PodSteps<'_, '_, '_, '_, A, U> {
+/// One pod in the cycle: placed, else planned for.
+pub(super) struct PodSteps<'s, 'a, 'f, 'p, 't, A: ClusterApi, U> {
+    pub scheduler: &'s mut Scheduler<A>,
+    pub snapshot: &'s Snapshot,
+    pub view: &'s ClusterView,
+    pub verdicts: &'s Verdicts,
+    pub pod: &'a Arc<PodInfo>,
+    /// The pod's planned place when it replaces a moved pod.
+    pub steered: &'s Steered,
+    pub fair: Option<&'f Fair<'p, 't, U>>,
+    pub now: Instant,
+    pub spent: Spent,
+}
+
+impl<'a, A: ClusterApi, U> Unit for PodSteps<'_, 'a, '_, '_, '_, A, U> {
+    type Placed = Trialled<'a>;
+    type Unfit = String;
+
+    fn place(&mut self) -> Trial<Trialled<'a>, String> {
+        let started = Instant::now();
+        let s = &mut *self.scheduler;
+        let mut members = OnSnapshot::new(
+            self.snapshot,
+            Profile {
+                volumes: &s.volumes,
+            },
+            vec![(self.pod, self.verdicts)],
+            self.steered,
+            &s.config.gpu_resource,
+            false,
+        );
+        let trial = place::trial(&mut members, &mut s.placer, s.narrow.as_deref());
+        self.spent.filter += members.filtering;
+        self.spent.core += started.elapsed().saturating_sub(members.filtering);
+        trial
+    }
+
+    fn quorum(&self) -> Quorum {
+        Quorum::ONE
+    }
+
+    /// A pod's place is reserved by `assume` only once Permit allowed it.
+    fn unreserve(&mut self, _: &Trial<Trialled<'a>, String>) {}
+}
+
+impl<A: ClusterApi, U> Planner for PodSteps<'_, '_, '_, '_, '_, A, U> {
     type Plan = PodPlan;
     type Why = Why;
 
@@ -89,14 +128,65 @@ impl<A: ClusterApi, U> Planner for PodSteps<'_, '_, '_, '_, A, U> {
     }
 }
 
-/// The scheduler's planning for a gang whose waiting members do not fit at once.
-struct GangSteps<'s, 'm, 'f, 'p, 't, A: ClusterApi, U> {
-    scheduler: &'s mut Scheduler<A>,
-    snapshot: &'s Snapshot,
-    view: &'s ClusterView,
-    members: &'s [(&'m Arc<PodInfo>, Verdicts)],
-    domains: &'s [Option<Vec<bool>>],
-    fair: Option<&'f Fair<'p, 't, U>>,
+/// A gang whole in the cycle: its waiting members placed together in one of its domains,
+/// else planned for.
+pub(super) struct GangSteps<'s, 'm, 'f, 'p, 't, A: ClusterApi, U> {
+    pub scheduler: &'s mut Scheduler<A>,
+    pub snapshot: &'s Snapshot,
+    pub view: &'s ClusterView,
+    pub gang: &'s Gang,
+    pub members: &'s [(&'m Arc<PodInfo>, Verdicts)],
+    pub domains: &'s [Option<Vec<bool>>],
+    /// Moved members' planned places.
+    pub steered: &'s Steered,
+    pub fair: Option<&'f Fair<'p, 't, U>>,
+    /// Why members did not fit, over the domains where too few did.
+    pub failure: Option<String>,
+}
+
+impl<'m, A: ClusterApi, U> Unit for GangSteps<'_, 'm, '_, '_, '_, A, U> {
+    type Placed = Trialled<'m>;
+    type Unfit = String;
+
+    /// A trial on a copy of the state in each domain (one value of the gang's topology key,
+    /// or the whole cluster); core keeps the best.
+    fn place(&mut self) -> Trial<Trialled<'m>, String> {
+        let quorum = self.quorum();
+        let s = &mut *self.scheduler;
+        let mut trials = Vec::with_capacity(self.domains.len());
+        for domain in self.domains {
+            let members = self.members.iter().map(|(p, v)| (*p, v)).collect();
+            let mut on = OnSnapshot::new(
+                self.snapshot,
+                Profile {
+                    volumes: &s.volumes,
+                },
+                members,
+                self.steered,
+                &s.config.gpu_resource,
+                true,
+            );
+            on.domain = domain.as_deref();
+            let trial = place::trial(&mut on, &mut s.placer, s.narrow.as_deref());
+            trials.push((trial, on.frag()));
+        }
+        let (best, failure) = place::keep_best(trials, quorum);
+        self.failure = failure.or_else(|| {
+            (self.domains.is_empty()).then(|| "no node has the gang's topology key".to_string())
+        });
+        best.unwrap_or_else(|| Trial::failed(None))
+    }
+
+    fn quorum(&self) -> Quorum {
+        Quorum {
+            bound: self.gang.bound,
+            waiting: self.members.len() as u32,
+            min_member: self.gang.spec.min_member,
+        }
+    }
+
+    /// The trials were on copies of the state.
+    fn unreserve(&mut self, _: &Trial<Trialled<'m>, String>) {}
 }
 
 impl<A: ClusterApi, U> Planner for GangSteps<'_, '_, '_, '_, '_, A, U> {
@@ -154,26 +244,18 @@ fn reasons(why: Vec<(Step, Why)>) -> (Outcome, Option<Made>) {
 }
 
 impl<A: ClusterApi> Scheduler<A> {
-    /// PostFilter for `pod`, which fits nowhere: the chain planned, its plan carried out;
-    /// what preemption (or reclaim) came to, and what make-room did if it was tried.
-    pub(super) async fn post_filter_pod<U>(
+    /// PostFilter's plan for `pod`, which fits nowhere, carried out: what preemption (or
+    /// reclaim) came to, and what make-room did if it was tried.
+    pub(super) async fn carry_out_pod<U>(
         &mut self,
         snapshot: &mut Snapshot,
         view: &ClusterView,
-        unfit: Unfit<'_>,
+        (pod, now): (&Arc<PodInfo>, Instant),
+        chained: Chained<PodPlan, Why>,
         fair: Option<Fair<'_, '_, U>>,
         report: &mut RoundReport,
     ) -> (Outcome, Option<Made>) {
-        let Unfit { pod, verdicts, now } = unfit;
-        let Chained { plan, why } = cycle::post_filter(&mut PodSteps {
-            scheduler: self,
-            snapshot,
-            view,
-            verdicts,
-            pod,
-            fair: fair.as_ref(),
-            now,
-        });
+        let Chained { plan, why } = chained;
         let (mut outcome, mut made) = reasons(why);
         match plan.map(|(_, p)| p) {
             None => {}
@@ -194,26 +276,17 @@ impl<A: ClusterApi> Scheduler<A> {
         (outcome, made)
     }
 
-    /// PostFilter for a gang whose waiting `members` do not fit at once, within one of
-    /// `domains`: the chain planned, its plan carried out (every member nominated, or
-    /// nothing evicted); what it came to.
-    pub(super) async fn post_filter_gang<U>(
+    /// PostFilter's plan for a gang whose waiting `members` do not fit at once carried out
+    /// (every member nominated, or nothing evicted); what it came to.
+    pub(super) async fn carry_out_gang<U>(
         &mut self,
         snapshot: &mut Snapshot,
-        view: &ClusterView,
         members: &[(&Arc<PodInfo>, Verdicts)],
-        domains: &[Option<Vec<bool>>],
+        chained: Chained<GangPlanned, Why>,
         fair: Option<Fair<'_, '_, U>>,
         report: &mut RoundReport,
     ) -> Outcome {
-        let Chained { plan, why } = cycle::post_filter(&mut GangSteps {
-            scheduler: self,
-            snapshot,
-            view,
-            members,
-            domains,
-            fair: fair.as_ref(),
-        });
+        let Chained { plan, why } = chained;
         let (outcome, _) = reasons(why);
         match plan.map(|(_, p)| p) {
             None => outcome,

@@ -146,14 +146,6 @@ impl Steer {
     }
 }
 
-/// The nodes a steered replacement may go to: node `n` alone, where `mask` (none: every
-/// node of `nodes`) allows it; none otherwise.
-pub fn steer_mask(mask: Option<&[bool]>, n: usize, nodes: usize) -> Vec<bool> {
-    let mut only = mask.map_or_else(|| vec![true; nodes], <[bool]>::to_vec);
-    only.iter_mut().enumerate().for_each(|(i, a)| *a &= i == n);
-    only
-}
-
 /// Steers in flight.
 #[derive(Debug, Default)]
 pub struct Steers {

@@ -5,54 +5,35 @@
 //! label, chosen among the values where the gang fits as the one leaving the least
 //! fragmentation.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use gpuplace_core::Decision;
+use gpuplace_core::cycle::place::Trial;
+use gpuplace_core::cycle::{self, Chained, Cycled};
 
-use std::sync::Arc;
-
+use super::chain::{GangPlanned, GangSteps, Why as ChainWhy};
 use super::gang_status::{Gang, Why, sentence};
+use super::members::{Steered, Trialled};
 use super::post_filter::Outcome;
 use super::reclaim::Fair;
 use super::{RoundReport, Scheduler};
 use crate::api::{ClusterApi, ClusterView};
-use crate::framework::filter::{Verdicts, explain};
-use crate::framework::{FilterInput, Profile};
+use crate::framework::filter::Verdicts;
 use crate::k8s::demand::PodDemand;
 use crate::k8s::gang::PodGroupSpec;
 use crate::k8s::pod_info::PodInfo;
 use crate::snapshot::Snapshot;
-use std::borrow::Cow;
 
 pub use gpuplace_model::keys::TOPOLOGY_KEY_ANNOTATION;
-
-/// One domain's trial: the members placed, why the others were not, and the cluster's
-/// fragmentation after it.
-#[derive(Default)]
-struct Trial<'a> {
-    planned: Vec<(&'a Arc<PodInfo>, PodDemand, Decision)>,
-    failure: Option<String>,
-    frag: f64,
-}
-
-/// The trial kept over the gang's domains, and why members did not fit where too few did.
-struct BestTrial<'a> {
-    trial: Trial<'a>,
-    failure: Option<String>,
-}
 
 /// A gang round where too few members fit.
 struct GangAttempt<'g, 'a> {
     gang: &'g Gang,
     members: &'g [(&'a Arc<PodInfo>, Verdicts)],
-    domains: &'g [Option<Vec<bool>>],
     /// Members the best trial placed.
     placed: u32,
     failure: Option<String>,
-}
-
-fn best_len(best: &Option<Trial<'_>>) -> usize {
-    best.as_ref().map_or(0, |b| b.planned.len())
 }
 
 impl<A: ClusterApi> Scheduler<A> {
@@ -102,48 +83,84 @@ impl<A: ClusterApi> Scheduler<A> {
                 steered.insert(pod.key.uid.clone(), steer);
             }
         }
-        let best = self.best_trial(snapshot, &members, &domains, &gang, &steered);
-        if gang.bound + best.trial.planned.len() as u32 >= gang.spec.min_member {
-            let placed: std::collections::HashSet<&str> = best
-                .trial
-                .planned
-                .iter()
-                .map(|(p, _, _)| p.key.uid.as_str())
-                .collect();
-            let left: Vec<(&Arc<PodInfo>, Verdicts)> = members
-                .iter()
-                .filter(|(p, _)| !placed.contains(p.key.uid.as_str()))
-                .map(|(p, v)| (*p, v.clone()))
-                .collect();
-            let (placed, failure) = (best.trial.planned.len() as u32, best.trial.failure);
-            if placed > 0 {
-                self.permit_gang(snapshot, &gang, best.trial.planned, report)
+        let (cycled, failure) = {
+            let mut steps = GangSteps {
+                scheduler: self,
+                snapshot,
+                view,
+                gang: &gang,
+                members: &members,
+                domains: &domains,
+                steered: &steered,
+                fair: fair.as_ref(),
+                failure: None,
+            };
+            let cycled = cycle::schedule(&mut steps);
+            (cycled, steps.failure)
+        };
+        let (trial, chained) = match cycled {
+            Cycled::Allowed(trial) => {
+                self.permit_and_refuse(snapshot, &gang, &members, trial, now, report)
                     .await;
+                return;
             }
-            if !left.is_empty() {
-                // The gang has its minMember: the members that do not fit now are told so
-                // as single pods are, and wait for an event that may make room.
-                let why = failure.unwrap_or_else(|| "no node fits it".to_string());
-                let reason = format!(
-                    "pod group {}: {} of minMember {} member(s) placed; this member does not fit: {}",
-                    gang.id,
-                    gang.bound + placed,
-                    gang.spec.min_member,
-                    sentence(&why)
-                );
-                self.refuse_gang(&left, reason, now, report).await;
-            }
-            return;
-        }
+            Cycled::MembersMissing(trial) => (trial, None),
+            Cycled::PostFiltered { trial, chained } => (trial, Some(chained)),
+        };
         let attempt = GangAttempt {
             gang: &gang,
             members: &members,
-            domains: &domains,
-            placed: best.trial.planned.len() as u32,
-            failure: best.failure,
+            placed: trial.placed.len() as u32,
+            failure,
         };
-        self.gang_does_not_fit(snapshot, view, attempt, fair, now, report)
+        self.gang_does_not_fit(snapshot, attempt, chained, fair, now, report)
             .await;
+    }
+
+    /// Permit allowed the gang: its placed members reserved and bound together; the
+    /// members that do not fit now (the gang has its minMember) are told so as single pods
+    /// are, and wait for an event that may make room.
+    async fn permit_and_refuse(
+        &mut self,
+        snapshot: &mut Snapshot,
+        gang: &Gang,
+        members: &[(&Arc<PodInfo>, Verdicts)],
+        trial: Trial<Trialled<'_>, String>,
+        now: Instant,
+        report: &mut RoundReport,
+    ) {
+        let placed: std::collections::HashSet<&str> = trial
+            .placed
+            .iter()
+            .map(|(_, t)| t.pod.key.uid.as_str())
+            .collect();
+        let left: Vec<(&Arc<PodInfo>, Verdicts)> = members
+            .iter()
+            .filter(|(p, _)| !placed.contains(p.key.uid.as_str()))
+            .map(|(p, v)| (*p, v.clone()))
+            .collect();
+        let count = trial.placed.len() as u32;
+        let planned = trial
+            .placed
+            .into_iter()
+            .map(|(_, t)| (t.pod, t.demand, t.decision))
+            .collect::<Vec<_>>();
+        if count > 0 {
+            self.permit_gang(snapshot, gang, planned, report).await;
+        }
+        if !left.is_empty() {
+            let why = trial
+                .failure
+                .unwrap_or_else(|| "no node fits it".to_string());
+            let reason = format!(
+                "pod group {}: {} of minMember {} member(s) placed; this member does not fit: {}",
+                gang.id,
+                gang.bound + count,
+                gang.spec.min_member,
+                sentence(&why)
+            );
+            self.refuse_gang(&left, reason, now, report).await;
+        }
     }
 
     /// The gang's spec, identity and members already bound or reserved; `None` when its
@@ -183,52 +200,6 @@ impl<A: ClusterApi> Scheduler<A> {
             spec,
             bound,
         })
-    }
-
-    /// The trial to keep over `domains`: among those where enough members fit, the one
-    /// leaving the least fragmentation; else the one placing the most members, with why
-    /// the others did not fit.
-    fn best_trial<'a>(
-        &mut self,
-        snapshot: &Snapshot,
-        members: &[(&'a Arc<PodInfo>, Verdicts)],
-        domains: &[Option<Vec<bool>>],
-        gang: &Gang,
-        steered: &Steered,
-    ) -> BestTrial<'a> {
-        let (bound, min_member) = (gang.bound, gang.spec.min_member);
-        let mut best: Option<Trial> = None;
-        let mut failure = None;
-        for domain in domains {
-            let trial = self.try_members(snapshot, members, domain.as_deref(), steered);
-            let enough = bound + trial.planned.len() as u32 >= min_member;
-            if !enough {
-                if failure.is_none() || trial.planned.len() > best_len(&best) {
-                    failure = trial.failure.clone();
-                }
-                if best.as_ref().is_none_or(|b| {
-                    bound + (b.planned.len() as u32) < min_member
-                        && trial.planned.len() > b.planned.len()
-                }) {
-                    best = Some(trial);
-                }
-                continue;
-            }
-            let better = match &best {
-                Some(b) if bound + b.planned.len() as u32 >= min_member => trial.frag < b.frag,
-                _ => true,
-            };
-            if better {
-                best = Some(trial);
-            }
-        }
-        let failure = failure.or_else(|| {
-            (domains.is_empty()).then(|| "no node has the gang's topology key".to_string())
-        });
-        BestTrial {
-            trial: best.unwrap_or_default(),
-            failure,
-        }
     }
 
     /// Permit: every planned member is reserved before any Binding is sent; nominations
@@ -271,8 +242,8 @@ impl<A: ClusterApi> Scheduler<A> {
     async fn gang_does_not_fit<U>(
         &mut self,
         snapshot: &mut Snapshot,
-        view: &ClusterView,
         attempt: GangAttempt<'_, '_>,
+        chained: Option<Chained<GangPlanned, ChainWhy>>,
         fair: Option<Fair<'_, '_, U>>,
         now: Instant,
         report: &mut RoundReport,
@@ -280,16 +251,16 @@ impl<A: ClusterApi> Scheduler<A> {
         let GangAttempt {
             gang,
             members,
-            domains,
             placed,
             failure,
         } = attempt;
         let (bound, min_member) = (gang.bound, gang.spec.min_member);
         let present = bound + members.len() as u32;
         let mut preemption = None;
-        if present >= min_member {
+        // PostFilter planned when the members are all there.
+        if let Some(chained) = chained {
             let outcome = self
-                .post_filter_gang(snapshot, view, members, domains, fair, report)
+                .carry_out_gang(snapshot, members, chained, fair, report)
                 .await;
             for (pod, _) in members {
                 self.cluster.hold_nominee(&pod.key.uid, snapshot);
@@ -438,99 +409,4 @@ impl<A: ClusterApi> Scheduler<A> {
             })
             .collect())
     }
-
-    /// Places the members one by one on a copy of the state, within `domain`.
-    fn try_members<'a>(
-        &mut self,
-        snapshot: &Snapshot,
-        members: &[(&'a Arc<PodInfo>, Verdicts)],
-        domain: Option<&[bool]>,
-        steered: &Steered,
-    ) -> Trial<'a> {
-        let mut trial = snapshot.state.clone();
-        let mut scalars = snapshot.scalars.clone();
-        let mut extra: Vec<(usize, Arc<PodInfo>)> = Vec::new();
-        let mut out = Trial::default();
-        for (pod, verdicts) in members {
-            let demand = match &pod.demand {
-                Ok(d) => d.clone(),
-                Err(e) => {
-                    out.failure = Some(e.clone());
-                    continue;
-                }
-            };
-            let profile = Profile {
-                volumes: &self.volumes,
-            };
-            let input = FilterInput {
-                snapshot,
-                scalars: &scalars,
-                pod,
-                demand: &demand,
-                planned: &extra,
-            };
-            let filtered = match profile.filter(verdicts, &input) {
-                Ok(f) => f,
-                Err(why) => {
-                    out.failure = Some(why);
-                    continue;
-                }
-            };
-            let filtered = match domain {
-                // Within the gang's domain first: preferences then rank inside it.
-                Some(d) => {
-                    let mut within = filtered.into_owned();
-                    within.restrict(d);
-                    Cow::Owned(within)
-                }
-                None => filtered,
-            };
-            let filtered = profile.prefer(filtered, &input, &trial);
-            let mut mask: Option<Vec<bool>> = match (filtered.mask(), domain) {
-                (None, None) => None,
-                (Some(m), None) | (None, Some(m)) => Some(m.to_vec()),
-                (Some(a), Some(b)) => Some(a.iter().zip(b).map(|(x, y)| *x && *y).collect()),
-            };
-            // A queue's per-model limits: only models with room for the whole gang.
-            if let Some(narrow) = &self.narrow {
-                let m = mask.get_or_insert_with(|| vec![true; narrow.len()]);
-                m.iter_mut().zip(narrow).for_each(|(a, n)| *a &= *n);
-            }
-            let steer = steered.get(&pod.key.uid);
-            let on_steer = steer.and_then(|st| {
-                let n = snapshot.node_index(&st.node)?;
-                let only = super::defrag::steer_mask(mask.as_deref(), n, trial.len());
-                let d = self
-                    .placer
-                    .choose(&trial, &demand.request, Some(&only))
-                    .ok()?;
-                Some(st.exact_in(snapshot, &trial, d))
-            });
-            let chosen = match on_steer {
-                Some(d) => Ok(d),
-                None => self.placer.choose(&trial, &demand.request, mask.as_deref()),
-            };
-            match chosen {
-                Ok(d) if trial.apply(d.node, &demand.request, &d.gpus).is_ok() => {
-                    scalars.take(d.node, &demand.extended);
-                    extra.push((d.node, Arc::clone(pod)));
-                    out.planned.push((*pod, demand, d))
-                }
-                Ok(_) => out.failure = Some("placement could not be applied".into()),
-                Err(why) => {
-                    out.failure = Some(explain(
-                        why,
-                        &filtered.rejected,
-                        snapshot.nodes.len(),
-                        &self.config.gpu_resource,
-                    ))
-                }
-            }
-        }
-        out.frag = trial.total_frag();
-        out
-    }
 }
-
-/// Moved members' steers (their planned places), by pod UID.
-type Steered = std::collections::HashMap<String, super::defrag::Steer>;

@@ -7,16 +7,18 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use gpuplace_core::Decision;
+use gpuplace_core::cycle::{self, Chained, Cycled};
 use tracing::{debug, info, warn};
 
 use super::bind::{WriteFailure, WriteOutcome};
+use super::chain::{PodSteps, Spent};
 use super::cluster_cache::Brought;
+use super::members::Steered;
 use super::reclaim::Fair;
 use super::units::{Order, Unit};
-use super::{RoundReport, RoundTimings, Scheduler, Seen};
+use super::{RoundReport, Scheduler, Seen};
 use crate::api::{ApiError, BindRequest, ClusterApi, ClusterView, PodFeed, PodKey};
-use crate::framework::filter::{VerdictCache, Verdicts, explain};
-use crate::framework::{FilterInput, Profile};
+use crate::framework::filter::{VerdictCache, Verdicts};
 use crate::k8s::demand::{ASSIGNMENT_ANNOTATION, Assignment, PodDemand};
 use crate::k8s::pod_info::PodInfo;
 use crate::snapshot::Snapshot;
@@ -332,59 +334,8 @@ impl<A: ClusterApi> Scheduler<A> {
         units
     }
 
-    /// Filters and places one pod on `snapshot` without committing.
-    fn decide(
-        &mut self,
-        snapshot: &Snapshot,
-        verdicts: &Verdicts,
-        pod: &PodInfo,
-        only: Option<usize>,
-        timings: &mut RoundTimings,
-    ) -> Result<(PodDemand, Decision), String> {
-        let started = Instant::now();
-        let demand = pod.demand.clone()?;
-        let profile = Profile {
-            volumes: &self.volumes,
-        };
-        let input = FilterInput {
-            snapshot,
-            scalars: &snapshot.scalars,
-            pod,
-            demand: &demand,
-            planned: &[],
-        };
-        let filtered = profile.filter(verdicts, &input)?;
-        let filtered = profile.prefer(filtered, &input, &snapshot.state);
-        let decided = Instant::now();
-        timings.filter += decided - started;
-        // A moved pod's replacement goes to the node planned for it.
-        let steered: Option<Vec<bool>> =
-            only.map(|n| super::defrag::steer_mask(filtered.mask(), n, snapshot.nodes.len()));
-        // A queue's per-model limits narrow the nodes.
-        let narrowed: Option<Vec<bool>> = self.narrow.as_ref().map(|narrow| {
-            let mut m = steered
-                .clone()
-                .or_else(|| filtered.mask().map(<[bool]>::to_vec))
-                .unwrap_or_else(|| vec![true; snapshot.nodes.len()]);
-            m.iter_mut().zip(narrow).for_each(|(a, n)| *a &= *n);
-            m
-        });
-        let mask = narrowed
-            .as_deref()
-            .or(steered.as_deref())
-            .or(filtered.mask());
-        let choice = self.placer.choose(&snapshot.state, &demand.request, mask);
-        timings.core += decided.elapsed();
-        choice.map(|d| (demand, d)).map_err(|why| {
-            explain(
-                why,
-                &filtered.rejected,
-                snapshot.nodes.len(),
-                &self.config.gpu_resource,
-            )
-        })
-    }
-
+    /// One pod through core's cycle: placed and handed to the bind stage, else
+    /// PostFilter's plan carried out and the pod told why it waits.
     #[allow(clippy::too_many_arguments)]
     async fn schedule_one(
         &mut self,
@@ -396,65 +347,82 @@ impl<A: ClusterApi> Scheduler<A> {
         now: Instant,
         report: &mut RoundReport,
     ) {
-        // A preemptor is decided with the devices held for it free.
+        // A preemptor is decided with the devices held for it free; preemption, reclaim and
+        // make-room plan so too (a preemptor deciding again may keep its place), its hold
+        // applied again after, the new one's if it was nominated anew.
         self.cluster.free_nominee(&pod.key.uid, snapshot);
-        // A moved pod's replacement is decided on its planned place (held for it until
-        // now), else as any pod.
-        let mut decided = Err(String::new());
+        // A moved pod's replacement is tried on its planned place (held for it until now)
+        // first, else as any pod.
+        let mut steered = Steered::new();
         if let Some(steer) = self.steers.take_for(pod, snapshot) {
-            let only = snapshot.node_index(&steer.node);
-            decided = self
-                .decide(snapshot, verdicts, pod, only, &mut report.timings)
-                .map(|(demand, d)| (demand, steer.exact(snapshot, d)));
-            debug!(pod = %pod.key, node = %steer.node, placed = decided.is_ok(), "replacement of a moved pod");
+            steered.insert(pod.key.uid.clone(), steer);
         }
-        if decided.is_err() {
-            decided = self.decide(snapshot, verdicts, pod, None, &mut report.timings);
+        let (cycled, spent) = {
+            let mut steps = PodSteps {
+                scheduler: self,
+                snapshot,
+                view,
+                verdicts,
+                pod,
+                steered: &steered,
+                fair: fair.as_ref(),
+                now,
+                spent: Spent::default(),
+            };
+            let cycled = cycle::schedule(&mut steps);
+            (cycled, steps.spent)
+        };
+        report.timings.filter += spent.filter;
+        report.timings.core += spent.core;
+        if let Some(steer) = steered.values().next() {
+            let placed = matches!(&cycled, Cycled::Allowed(t) if !t.placed.is_empty());
+            debug!(pod = %pod.key, node = %steer.node, placed, "replacement of a moved pod");
         }
-        match decided {
-            Ok((demand, decision)) => {
-                let placement = decision.to_placement(&snapshot.state);
+        let (trial, chained) = match cycled {
+            Cycled::Allowed(mut trial) if !trial.placed.is_empty() => {
+                let (_, placed) = trial.placed.swap_remove(0);
+                let placement = placed.decision.to_placement(&snapshot.state);
                 self.cluster.nominee_decided(&pod.key.uid, &placement);
-                let request = self.assume(snapshot, pod, &demand, &decision, None);
+                let request = self.assume(snapshot, pod, &placed.demand, &placed.decision, None);
                 report.assumed += 1;
                 let started = Instant::now();
                 let attempts = self.config.bind_attempts;
                 self.binder.dispatch(request, attempts, false).await;
                 report.timings.api += started.elapsed();
+                return;
             }
-            Err(message) => {
-                // Preemption, reclaim and make-room plan with the pod's own held devices
-                // free (a preemptor deciding again may keep its place); its hold is applied
-                // again after, the new one's if it was nominated anew.
-                let started = Instant::now();
-                let (outcome, made) = self
-                    .post_filter_pod(
-                        snapshot,
-                        view,
-                        super::chain::Unfit { pod, verdicts, now },
-                        fair,
-                        report,
-                    )
-                    .await;
-                // A shape make-room searched lately looks again when its wait is over (or
-                // when a pod leaves): it is told when rather than parked.
-                let later = match made {
-                    Some(super::make_room::Made::Later(wait)) => Some(now + wait),
-                    _ => None,
-                };
-                let mut message = outcome.message(&message, snapshot.nodes.len());
-                if let Some(more) = made.as_ref().and_then(super::make_room::Made::message) {
-                    message = format!("{message} {more}");
-                }
-                self.cluster.hold_nominee(&pod.key.uid, snapshot);
-                report.timings.api += started.elapsed();
-                report.unschedulable += 1;
-                self.wait(&pod.key.uid, now, later);
-                debug!(pod = %pod.key, %message, "unschedulable");
-                self.events
-                    .emit(&pod.key, "Warning", "FailedScheduling", message);
-            }
+            Cycled::PostFiltered { trial, chained } => (trial, chained),
+            // A pod alone is never short of members.
+            Cycled::Allowed(trial) | Cycled::MembersMissing(trial) => (
+                trial,
+                Chained {
+                    plan: None,
+                    why: Vec::new(),
+                },
+            ),
+        };
+        let started = Instant::now();
+        let (outcome, made) = self
+            .carry_out_pod(snapshot, view, (pod, now), chained, fair, report)
+            .await;
+        // A shape make-room searched lately looks again when its wait is over (or when a
+        // pod leaves): it is told when rather than parked.
+        let later = match made {
+            Some(super::make_room::Made::Later(wait)) => Some(now + wait),
+            _ => None,
+        };
+        let unfit = trial.failure.unwrap_or_default();
+        let mut message = outcome.message(&unfit, snapshot.nodes.len());
+        if let Some(more) = made.as_ref().and_then(super::make_room::Made::message) {
+            message = format!("{message} {more}");
         }
+        self.cluster.hold_nominee(&pod.key.uid, snapshot);
+        report.timings.api += started.elapsed();
+        report.unschedulable += 1;
+        self.wait(&pod.key.uid, now, later);
+        debug!(pod = %pod.key, %message, "unschedulable");
+        self.events
+            .emit(&pod.key, "Warning", "FailedScheduling", message);
     }
 
     /// Reserves the decision in the state and among the reservations; returns the

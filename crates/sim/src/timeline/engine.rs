@@ -19,12 +19,14 @@ mod defrag;
 mod fair;
 mod fair_round;
 mod leaving;
+mod members;
 mod victims;
 mod wakeups;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 
+use gpuplace_core::cycle::{self, place::Trial};
 use gpuplace_core::queue::Queue;
 use gpuplace_core::{ClusterState, Placer};
 
@@ -494,49 +496,39 @@ impl<'a> Engine<'a> {
         self.maybe_rebalance(now);
     }
 
-    /// Places every pod of `unit`, or none.
-    fn try_place(&mut self, unit: u32, now: Ms) -> bool {
+    /// Filter, Score and Reserve for `unit`'s members on the live state (core's
+    /// [`cycle::place::trial`]); nothing when its nominated places are still held for it, or
+    /// when a single pod's request is known to fit nowhere still.
+    fn trial(&mut self, unit: u32, now: Ms) -> Trial<Placed, ()> {
         self.outcome_counts.attempts += 1;
         if !self.release_held(unit, now) {
-            return false;
+            return Trial::failed(None);
         }
-        let jobs = self.units[unit as usize].jobs.clone();
-        if let [job] = jobs[..] {
-            let rid = self.request_ids[self.jobs[job as usize].pod as usize] as usize;
-            if self.still_fails(rid, job) {
-                return false;
+        let single = match self.units[unit as usize].jobs[..] {
+            [job] => {
+                let rid = self.request_ids[self.jobs[job as usize].pod as usize] as usize;
+                if self.still_fails(rid, job) {
+                    return Trial::failed(None);
+                }
+                Some(rid)
             }
-            return match self.place_one(job) {
-                Some(placed) => {
-                    self.start(job, placed, now, std::time::Duration::ZERO);
-                    true
-                }
-                None => {
-                    self.failed_at[rid] = self.released.len() as u32;
-                    false
-                }
+            _ => None,
+        };
+        let trial = {
+            let mut members = members::Members {
+                state: &mut self.state,
+                pods: self.pods,
+                jobs: &self.jobs,
+                members: &self.units[unit as usize].jobs,
             };
+            cycle::place::trial(&mut members, &mut self.placer, None)
+        };
+        if let Some(rid) = single
+            && trial.placed.is_empty()
+        {
+            self.failed_at[rid] = self.released.len() as u32;
         }
-        // A gang: members one by one on the live state, given back if one does not fit (the
-        // state is then as before, so no remembered failure is disturbed).
-        let mut members: Vec<(u32, Placed)> = Vec::new();
-        for &job in &jobs {
-            match self.place_one(job) {
-                Some(placed) => members.push((job, placed)),
-                None => {
-                    for (job, placed) in members.into_iter().rev() {
-                        let request = &self.pods[self.jobs[job as usize].pod as usize].request;
-                        // Taken a moment ago: giving it back cannot fail.
-                        let _ = self.state.release(placed.node, request, &placed.gpus);
-                    }
-                    return false;
-                }
-            }
-        }
-        for (job, placed) in members {
-            self.start(job, placed, now, std::time::Duration::ZERO);
-        }
-        true
+        trial
     }
 
     /// Whether request `rid` (of `job`) is known to fit nowhere: it failed before and no
@@ -557,19 +549,6 @@ impl<'a> Engine<'a> {
             self.failed_at[rid] = self.released.len() as u32;
         }
         !fits
-    }
-
-    /// Core's decision for one pod, applied to the state.
-    fn place_one(&mut self, job: u32) -> Option<Placed> {
-        let request = &self.pods[self.jobs[job as usize].pod as usize].request;
-        let decision = self.placer.choose(&self.state, request, None).ok()?;
-        self.state
-            .apply(decision.node, request, &decision.gpus)
-            .ok()?;
-        Some(Placed {
-            node: decision.node,
-            gpus: decision.gpus,
-        })
     }
 
     /// `job` was decided at `now` where it was placed (its GPUs already taken in the state):

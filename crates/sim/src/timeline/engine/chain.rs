@@ -10,13 +10,14 @@
 
 use std::sync::Arc;
 
-use gpuplace_core::cycle::{self, Found, Planner, Step};
+use gpuplace_core::cycle::place::{Quorum, Trial};
+use gpuplace_core::cycle::{self, Cycled, Found, Planner, Step, Unit};
 use gpuplace_core::defrag::RoomPlan;
 use gpuplace_core::fairshare::{Entitlement, Loss, Picker, Res};
 use gpuplace_core::preempt;
 
 use super::victims::{Eviction, candidates_of};
-use super::{Engine, Job};
+use super::{Engine, Job, Placed};
 use crate::timeline::options::Ms;
 use crate::trace::TracePod;
 
@@ -76,6 +77,11 @@ impl Planner for SimSteps<'_, '_, '_, '_> {
     type Why = Wait;
 
     fn applies(&self, step: Step) -> bool {
+        // A nominee whose victims are still leaving waits for them (the scheduler's
+        // preemption says so and evicts nothing more).
+        if !self.engine.units[self.unit as usize].held.is_empty() {
+            return false;
+        }
         match step {
             Step::Preempt => self.engine.preempt,
             Step::Reclaim => self.fair.is_some(),
@@ -100,11 +106,41 @@ impl Planner for SimSteps<'_, '_, '_, '_> {
     }
 }
 
+impl Unit for SimSteps<'_, '_, '_, '_> {
+    type Placed = Placed;
+    type Unfit = ();
+
+    fn place(&mut self) -> Trial<Placed, ()> {
+        self.engine.trial(self.unit, self.now)
+    }
+
+    fn quorum(&self) -> Quorum {
+        // A gang binds whole: its minimum is its size.
+        let n = self.engine.units[self.unit as usize].jobs.len() as u32;
+        Quorum {
+            bound: 0,
+            waiting: n,
+            min_member: n,
+        }
+    }
+
+    fn unreserve(&mut self, trial: &Trial<Placed, ()>) {
+        let e = &mut *self.engine;
+        let jobs = &e.units[self.unit as usize].jobs;
+        for (i, placed) in trial.placed.iter().rev() {
+            let request = &e.pods[e.jobs[jobs[*i] as usize].pod as usize].request;
+            // Taken a moment ago: giving it back cannot fail (the state is then as before,
+            // so no remembered failure is disturbed).
+            let _ = e.state.release(placed.node, request, &placed.gpus);
+        }
+    }
+}
+
 impl Engine<'_> {
-    /// PostFilter for `unit`, which fits nowhere: the chain planned and its plan carried
-    /// out; how the attempt ended. With queues serving, `fair` is the unit's queue and the
-    /// round's standing (reclaim's losses taken off it).
-    pub(super) fn post_filter(
+    /// One cycle for `unit` (core's [`cycle::schedule`]): placed, else PostFilter's plan
+    /// carried out; how the attempt ended. With queues serving, `fair` is the unit's queue
+    /// and the round's standing (reclaim's losses taken off it).
+    pub(super) fn cycle(
         &mut self,
         unit: u32,
         fair: Option<(usize, &mut Picker<'_, u32>)>,
@@ -117,22 +153,28 @@ impl Engine<'_> {
                 Tried::Parked
             }
         };
-        // A nominee whose victims are still leaving waits for them (the scheduler's
-        // preemption says so and evicts nothing more).
-        if !self.units[unit as usize].held.is_empty() {
-            return Tried::Parked;
-        }
-        let chained = {
+        let cycled = {
             let view = fair.as_ref().map(|(queue, picker)| FairView {
                 queue: *queue,
                 picker,
             });
-            cycle::post_filter(&mut SimSteps {
+            cycle::schedule(&mut SimSteps {
                 engine: self,
                 unit,
                 fair: view,
                 now,
             })
+        };
+        let chained = match cycled {
+            Cycled::Allowed(trial) => {
+                for (i, placed) in trial.placed {
+                    let job = self.units[unit as usize].jobs[i];
+                    self.start(job, placed, now, std::time::Duration::ZERO);
+                }
+                return Tried::Started;
+            }
+            Cycled::MembersMissing(_) => return Tried::Parked,
+            Cycled::PostFiltered { chained, .. } => chained,
         };
         let tried = match chained.plan.map(|(_, p)| p) {
             None => chained

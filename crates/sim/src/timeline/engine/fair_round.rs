@@ -58,11 +58,7 @@ impl Engine<'_> {
             return due
                 .into_iter()
                 .map(|u| {
-                    let tried = if self.try_place(u, now) {
-                        Tried::Started
-                    } else {
-                        self.post_filter(u, None, now)
-                    };
+                    let tried = self.cycle(u, None, now);
                     (u, tried)
                 })
                 .collect();
@@ -85,11 +81,7 @@ impl Engine<'_> {
                 out.push((unit, Tried::Parked));
                 continue;
             }
-            let tried = if self.try_place(unit, now) {
-                Tried::Started
-            } else {
-                self.post_filter(unit, Some((q, &mut picker)), now)
-            };
+            let tried = self.cycle(unit, Some((q, &mut picker)), now);
             if tried == Tried::Started {
                 for &j in &jobs {
                     let node = self.jobs[j as usize].node as usize;

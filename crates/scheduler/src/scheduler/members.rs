@@ -1,0 +1,199 @@
+//! A unit's members on the round's snapshot, as core's cycle places them
+//! ([`gpuplace_core::cycle::place::trial`]): Filter is the profile's filters and
+//! preferences (within the gang's domain first), a moved pod's replacement is steered to
+//! its planned place, and Reserve takes each member's place on a copy of the state for the
+//! members after it (a gang's trial); a single pod's place is reserved by `assume` once
+//! Permit allowed it.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpuplace_core::cycle::place::{self, Feasible};
+use gpuplace_core::{ClusterState, Decision, Unschedulable};
+use gpuplace_model::Request;
+
+use super::defrag::Steer;
+use crate::framework::filter::{Filtered, Verdicts, explain};
+use crate::framework::{FilterInput, Profile};
+use crate::k8s::demand::PodDemand;
+use crate::k8s::pod_info::PodInfo;
+use crate::snapshot::{Scalars, Snapshot};
+
+/// Moved members' steers (their planned places), by pod UID.
+pub(super) type Steered = HashMap<String, Steer>;
+
+/// A member placed in a trial.
+pub(super) struct Trialled<'a> {
+    pub pod: &'a Arc<PodInfo>,
+    pub demand: PodDemand,
+    pub decision: Decision,
+}
+
+/// What Filter and the preferences left for a member.
+pub(super) struct Kept<'v>(Cow<'v, Filtered>);
+
+impl Feasible for Kept<'_> {
+    fn mask(&self) -> Option<&[bool]> {
+        self.0.mask()
+    }
+}
+
+/// A unit's members on one snapshot, within one domain.
+pub(super) struct OnSnapshot<'s, 'a> {
+    pub snapshot: &'s Snapshot,
+    pub profile: Profile<'s>,
+    pub members: Vec<(&'a Arc<PodInfo>, &'s Verdicts)>,
+    demands: Vec<Result<PodDemand, String>>,
+    /// The nodes of the gang's topology domain (`None`: every node).
+    pub domain: Option<&'s [bool]>,
+    pub steered: &'s Steered,
+    pub gpu_resource: &'s str,
+    /// The state the members are decided on: the snapshot's for a single pod, a copy that
+    /// each member's Reserve takes from for a gang.
+    state: Cow<'s, ClusterState>,
+    scalars: Cow<'s, Scalars>,
+    /// Members placed so far, for the terms about other pods.
+    planned: Vec<(usize, Arc<PodInfo>)>,
+    /// Time spent in Filter.
+    pub filtering: Duration,
+}
+
+impl<'s, 'a> OnSnapshot<'s, 'a> {
+    /// `members` on `snapshot`; with `trial`, each member's place is taken on a copy of the
+    /// state for those after it.
+    pub fn new(
+        snapshot: &'s Snapshot,
+        profile: Profile<'s>,
+        members: Vec<(&'a Arc<PodInfo>, &'s Verdicts)>,
+        steered: &'s Steered,
+        gpu_resource: &'s str,
+        trial: bool,
+    ) -> Self {
+        let demands = members.iter().map(|(p, _)| p.demand.clone()).collect();
+        let (state, scalars) = if trial {
+            (
+                Cow::Owned(snapshot.state.clone()),
+                Cow::Owned(snapshot.scalars.clone()),
+            )
+        } else {
+            (
+                Cow::Borrowed(&snapshot.state),
+                Cow::Borrowed(&snapshot.scalars),
+            )
+        };
+        OnSnapshot {
+            snapshot,
+            profile,
+            members,
+            demands,
+            domain: None,
+            steered,
+            gpu_resource,
+            state,
+            scalars,
+            planned: Vec::new(),
+            filtering: Duration::ZERO,
+        }
+    }
+
+    /// The fragmentation the trial leaves.
+    pub fn frag(&self) -> f64 {
+        self.state.total_frag()
+    }
+
+    fn steer_of(&self, i: usize) -> Option<&Steer> {
+        self.steered.get(&self.members[i].0.key.uid)
+    }
+}
+
+impl<'s, 'a> place::Members for OnSnapshot<'s, 'a> {
+    type Filtered = Kept<'s>;
+    type Placed = Trialled<'a>;
+    type Unfit = String;
+
+    fn count(&self) -> usize {
+        self.members.len()
+    }
+
+    fn state(&self) -> &ClusterState {
+        &self.state
+    }
+
+    fn request(&self, i: usize) -> Result<&Request, String> {
+        match &self.demands[i] {
+            Ok(d) => Ok(&d.request),
+            Err(e) => Err(e.clone()),
+        }
+    }
+
+    fn filter(&mut self, i: usize) -> Result<Kept<'s>, String> {
+        let started = Instant::now();
+        let (pod, verdicts) = self.members[i];
+        let demand = self.demands[i].as_ref().map_err(Clone::clone)?;
+        let input = FilterInput {
+            snapshot: self.snapshot,
+            scalars: &self.scalars,
+            pod,
+            demand,
+            planned: &self.planned,
+        };
+        let filtered = self.profile.filter(verdicts, &input);
+        let kept = filtered.map(|filtered| {
+            let filtered = match self.domain {
+                // Within the gang's domain first: preferences then rank inside it.
+                Some(d) => {
+                    let mut within = filtered.into_owned();
+                    within.restrict(d);
+                    Cow::Owned(within)
+                }
+                None => filtered,
+            };
+            Kept(self.profile.prefer(filtered, &input, &self.state))
+        });
+        self.filtering += started.elapsed();
+        kept
+    }
+
+    fn steer(&self, i: usize) -> Option<usize> {
+        self.steer_of(i)
+            .and_then(|st| self.snapshot.node_index(&st.node))
+    }
+
+    fn exact(&self, i: usize, chosen: Decision) -> Decision {
+        match self.steer_of(i) {
+            Some(st) => st.exact_in(self.snapshot, &self.state, chosen),
+            None => chosen,
+        }
+    }
+
+    fn reserve(&mut self, i: usize, chosen: Decision) -> Result<Trialled<'a>, String> {
+        let pod = self.members[i].0;
+        let demand = self.demands[i].clone()?;
+        if let (Cow::Owned(state), Cow::Owned(scalars)) = (&mut self.state, &mut self.scalars) {
+            if state
+                .apply(chosen.node, &demand.request, &chosen.gpus)
+                .is_err()
+            {
+                return Err("placement could not be applied".into());
+            }
+            scalars.take(chosen.node, &demand.extended);
+            self.planned.push((chosen.node, Arc::clone(pod)));
+        }
+        Ok(Trialled {
+            pod,
+            demand,
+            decision: chosen,
+        })
+    }
+
+    fn unfit(&self, _: usize, why: Unschedulable, filtered: &Kept<'s>) -> String {
+        explain(
+            why,
+            &filtered.0.rejected,
+            self.snapshot.nodes.len(),
+            self.gpu_resource,
+        )
+    }
+}

@@ -1,0 +1,73 @@
+//! A unit's members in the timeline replay, as core's cycle places them
+//! ([`gpuplace_core::cycle::place::trial`]): no Filter beyond the state (the trace's pods
+//! have no selectors, taints or volumes), no steers (a moved pod's replacement starts on its
+//! planned place when it is re-created), Reserve on the live state.
+
+use gpuplace_core::cycle::place::{self, Feasible};
+use gpuplace_core::{ClusterState, Decision, Unschedulable};
+use gpuplace_model::Request;
+
+use super::{Job, Placed};
+use crate::trace::TracePod;
+
+/// Filter's answer in the replay: every node.
+pub(super) struct Anywhere;
+
+impl Feasible for Anywhere {
+    fn mask(&self) -> Option<&[bool]> {
+        None
+    }
+}
+
+/// A unit's members (jobs) on the replay's live state.
+pub(super) struct Members<'a> {
+    pub state: &'a mut ClusterState,
+    pub pods: &'a [TracePod],
+    pub jobs: &'a [Job],
+    pub members: &'a [u32],
+}
+
+impl place::Members for Members<'_> {
+    type Filtered = Anywhere;
+    type Placed = Placed;
+    type Unfit = ();
+
+    fn count(&self) -> usize {
+        self.members.len()
+    }
+
+    fn state(&self) -> &ClusterState {
+        self.state
+    }
+
+    fn request(&self, i: usize) -> Result<&Request, ()> {
+        let job = self.members[i] as usize;
+        Ok(&self.pods[self.jobs[job].pod as usize].request)
+    }
+
+    fn filter(&mut self, _: usize) -> Result<Anywhere, ()> {
+        Ok(Anywhere)
+    }
+
+    fn steer(&self, _: usize) -> Option<usize> {
+        None
+    }
+
+    fn exact(&self, _: usize, chosen: Decision) -> Decision {
+        chosen
+    }
+
+    fn reserve(&mut self, i: usize, chosen: Decision) -> Result<Placed, ()> {
+        let job = self.members[i] as usize;
+        let request = &self.pods[self.jobs[job].pod as usize].request;
+        self.state
+            .apply(chosen.node, request, &chosen.gpus)
+            .map_err(|_| ())?;
+        Ok(Placed {
+            node: chosen.node,
+            gpus: chosen.gpus,
+        })
+    }
+
+    fn unfit(&self, _: usize, _: Unschedulable, _: &Anywhere) {}
+}
