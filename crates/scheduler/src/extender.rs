@@ -41,8 +41,8 @@ use crate::framework::filter::VerdictCache;
 use crate::framework::volumes::VolumeIndex;
 use crate::k8s::leader::Gate;
 use crate::k8s::pod_info::PodInfo;
-use crate::scheduler::assume::reserve;
-use crate::scheduler::cluster_cache::{Brought, ClusterCache};
+use crate::shared::assume::reserve;
+use crate::shared::cluster_cache::{Brought, ClusterCache};
 use evaluate::{NameIndex, Need, Verdict, Verdicts};
 use wire::{BindingArgs, ExtenderArgs, FilterResult, Names, Priorities};
 
@@ -416,7 +416,7 @@ impl<A: ClusterApi> Extender<A> {
             inner.changes += 1;
             request
         };
-        let written = crate::scheduler::bind::write(
+        let written = crate::shared::bind::write(
             &self.api,
             &self.gate,
             request,

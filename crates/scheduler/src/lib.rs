@@ -21,6 +21,7 @@ pub mod framework;
 pub mod k8s;
 pub mod metrics;
 pub mod scheduler;
+pub mod shared;
 pub mod snapshot;
 pub mod status;
 pub mod ui;

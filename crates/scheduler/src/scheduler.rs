@@ -8,11 +8,8 @@
 //! outcome, a backoff that ended); it decides pod after pod, each decision reserving its
 //! GPUs in the state before the next one is made, and hands the Bindings to the bind stage.
 
-pub(crate) mod assume;
-pub(crate) mod bind;
 mod carry;
 mod chain;
-pub(crate) mod cluster_cache;
 pub mod defrag;
 pub(crate) mod events;
 mod fair_round;
@@ -20,12 +17,9 @@ mod gang_permit;
 mod gang_status;
 mod gangs;
 mod make_room;
-mod members;
-pub(crate) mod pod_index;
 mod post_filter;
 pub mod preempt;
 mod queue_status;
-pub mod queues;
 mod rebalance;
 mod reclaim;
 mod round;
@@ -37,8 +31,8 @@ use std::time::{Duration, Instant};
 
 use gpuplace_core::{Placer, Policy};
 
-pub use assume::{Reservation, Reservations};
-pub use bind::{WriteFailure, WriteOutcome};
+pub use crate::shared::assume::{Reservation, Reservations};
+pub use crate::shared::bind::{WriteFailure, WriteOutcome};
 pub use gpuplace_core::queue::QueueConfig;
 pub use queue_status::QueueFigures;
 
@@ -181,8 +175,8 @@ pub struct Scheduler<A: ClusterApi> {
     placer: Placer,
     queue: Queue,
     /// The cluster state across rounds, with reservations and nominations on it.
-    cluster: cluster_cache::ClusterCache,
-    binder: bind::Binder<A>,
+    cluster: crate::shared::cluster_cache::ClusterCache,
+    binder: crate::shared::bind::Binder<A>,
     events: events::EventSink<A>,
     gate: Gate,
     seen: Seen,
@@ -211,7 +205,7 @@ pub struct Scheduler<A: ClusterApi> {
     room_memo: gpuplace_core::defrag::RoomMemo<make_room::RoomShape, Instant>,
     rebalancing: rebalance::Rebalancing,
     /// The queues as the view defines them.
-    queues: queues::Queues,
+    queues: crate::shared::queues::Queues,
     /// Whether this round orders units by queue (some queue is defined or named).
     queues_in_use: bool,
     /// Nodes the unit being decided may use (a queue's per-model limits), if narrowed.
@@ -233,13 +227,17 @@ impl<A: ClusterApi> Scheduler<A> {
         let gpu_resource = config.gpu_resource.clone();
         let placer = crate::framework::placer(config.policy, &config.weights, config.seed);
         Scheduler {
-            binder: bind::Binder::new(api.clone(), gate.clone(), config.max_in_flight),
+            binder: crate::shared::bind::Binder::new(
+                api.clone(),
+                gate.clone(),
+                config.max_in_flight,
+            ),
             events: events::EventSink::new(api.clone(), config.max_in_flight.min(16)),
             queue: Queue::new(config.queue),
             api,
             config,
             placer,
-            cluster: cluster_cache::ClusterCache::default(),
+            cluster: crate::shared::cluster_cache::ClusterCache::default(),
             gate,
             seen: Seen::default(),
             dirty: true,
@@ -253,7 +251,7 @@ impl<A: ClusterApi> Scheduler<A> {
             refused_moves: HashMap::new(),
             room_memo: Default::default(),
             rebalancing: Default::default(),
-            queues: queues::Queues::new(&gpu_resource),
+            queues: crate::shared::queues::Queues::new(&gpu_resource),
             queues_in_use: false,
             narrow: None,
             queue_status: Default::default(),
@@ -261,7 +259,7 @@ impl<A: ClusterApi> Scheduler<A> {
     }
 
     /// Preemptors waiting for their victims.
-    pub fn nominations(&self) -> &preempt::Nominations {
+    pub fn nominations(&self) -> &crate::shared::nominations::Nominations {
         self.cluster.nominations()
     }
 

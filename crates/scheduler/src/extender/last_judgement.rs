@@ -8,7 +8,7 @@ use std::sync::Arc;
 use gpuplace_model::Change;
 
 use crate::k8s::pod_info::PodInfo;
-use crate::scheduler::assume::Reservations;
+use crate::shared::assume::Reservations;
 use crate::snapshot::Snapshot;
 
 use super::names::Names;

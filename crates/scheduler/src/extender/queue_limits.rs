@@ -16,8 +16,8 @@ use gpuplace_core::fairshare::{Picker, Res};
 use crate::api::{ClusterView, PodLookup};
 use crate::k8s::pod_info::PodInfo;
 use crate::scheduler::Reservations;
-use crate::scheduler::pod_index::PodIndex;
-use crate::scheduler::queues::Queues;
+use crate::shared::pod_index::PodIndex;
+use crate::shared::queues::Queues;
 
 /// The queues as the extender's view defines them.
 pub(super) struct QueueLimits {

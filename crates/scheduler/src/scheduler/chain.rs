@@ -2,7 +2,7 @@
 //! ([`gpuplace_core::cycle::schedule`]: Filter, Score, Reserve, Permit, then PostFilter's
 //! chain of preemption, reclaim, make-room): this scheduler's units, a pod ([`PodSteps`])
 //! and a gang whole ([`GangSteps`]), placed on the round's snapshot
-//! ([`super::members::OnSnapshot`]) and planned for, then what the cycle came to carried
+//! ([`crate::shared::members::OnSnapshot`]) and planned for, then what the cycle came to carried
 //! out through the API (Bindings, evictions, moves, nominations).
 
 use std::sync::Arc;
@@ -13,7 +13,6 @@ use gpuplace_core::cycle::{Chained, Found, Planner, Step, Unit};
 
 use super::gang_status::Gang;
 use super::make_room::{GangRoom, Made, RoomPlanned};
-use super::members::{OnSnapshot, Steered, Trialled};
 use super::post_filter::{GangPreempted, Outcome, Preempted};
 use super::reclaim::{Fair, GangReclaimed, Reclaimed};
 use super::{RoundReport, Scheduler};
@@ -21,6 +20,7 @@ use crate::api::{ClusterApi, ClusterView};
 use crate::framework::Profile;
 use crate::framework::filter::Verdicts;
 use crate::k8s::pod_info::PodInfo;
+use crate::shared::members::{OnSnapshot, Steered, Trialled};
 use crate::snapshot::Snapshot;
 
 /// Why a step planned nothing for a pod.
@@ -62,7 +62,7 @@ pub(super) struct PodSteps<'s, 'a, 'f, 'p, 't, A: ClusterApi, U> {
     pub verdicts: &'s Verdicts,
     pub pod: &'a Arc<PodInfo>,
     /// The pod's planned place when it replaces a moved pod.
-    pub steered: &'s Steered,
+    pub steered: &'s Steered<'s>,
     pub fair: Option<&'f Fair<'p, 't, U>>,
     pub now: Instant,
     pub spent: Spent,
@@ -138,7 +138,7 @@ pub(super) struct GangSteps<'s, 'm, 'f, 'p, 't, A: ClusterApi, U> {
     pub members: &'s [(&'m Arc<PodInfo>, Verdicts)],
     pub domains: &'s [Option<Vec<bool>>],
     /// Moved members' planned places.
-    pub steered: &'s Steered,
+    pub steered: &'s Steered<'s>,
     pub fair: Option<&'f Fair<'p, 't, U>>,
     /// Why members did not fit, over the domains where too few did.
     pub failure: Option<String>,

@@ -24,11 +24,12 @@ use gpuplace_core::preempt::Holder;
 use gpuplace_core::{ClusterState, Decision};
 use gpuplace_model::Request;
 
-use super::preempt::{Listed, Planned, hold_planned};
+use super::preempt::Listed;
 use crate::api::{ClusterView, PodKey};
 use crate::framework::filter::VerdictCache;
 use crate::framework::{FilterInput, Profile};
 use crate::k8s::pod_info::PodInfo;
+use crate::shared::nominations::{Planned, hold_planned};
 use crate::snapshot::{Held, Snapshot};
 
 /// A defragmentation setting that cannot be read.
@@ -124,24 +125,16 @@ impl Steer {
         state: &ClusterState,
         decided: Decision,
     ) -> Decision {
-        let Some(node) = snapshot.node_index(&self.node) else {
-            return decided;
-        };
-        if decided.node != node || decided.gpus.len() != self.gpus.len() {
-            return decided;
-        }
-        let free = &state.node(node).gpu_free;
-        let planned: Option<Vec<(usize, u32)>> = self
-            .gpus
-            .iter()
-            .map(|(id, milli)| {
-                let g = snapshot.gpu_position(node, id)?;
-                (free.get(g).is_some_and(|&f| f >= *milli)).then_some((g, *milli))
-            })
-            .collect();
-        match planned {
-            Some(gpus) => Decision { gpus, ..decided },
-            None => decided,
+        self.planned().exact_in(snapshot, state, decided)
+    }
+
+    /// The place planned for the replacement.
+    pub fn planned(&self) -> Planned<'_> {
+        Planned {
+            node: &self.node,
+            request: &self.request,
+            gpus: &self.gpus,
+            extended: &self.extended,
         }
     }
 }
@@ -154,16 +147,7 @@ pub struct Steers {
 
 /// Holds the place `steer` planned for its replacement in `snapshot`.
 fn hold_steer(snapshot: &mut Snapshot, steer: &Steer) {
-    hold_planned(
-        snapshot,
-        hold_key(&steer.moved.uid),
-        &Planned {
-            node: &steer.node,
-            request: &steer.request,
-            gpus: &steer.gpus,
-            extended: &steer.extended,
-        },
-    );
+    hold_planned(snapshot, hold_key(&steer.moved.uid), &steer.planned());
 }
 
 fn hold_key(moved_uid: &str) -> String {

@@ -10,12 +10,12 @@ use gpuplace_core::fairshare::{DIMS, Picker, QueueTree, Res};
 use tracing::info;
 
 use super::queue_status::{QueueFigures, WRITE_EVERY, WRITE_EVERY_BUSY};
-use super::queues::{Standing, asked};
 use super::units::{Order, Unit};
 use super::{RoundReport, Scheduler};
 use crate::api::{ClusterApi, ClusterView};
 use crate::k8s::pod_info::PodInfo;
 use crate::k8s::queue::QueueStatus;
+use crate::shared::queues::{Standing, asked};
 use crate::snapshot::Snapshot;
 
 impl<A: ClusterApi> Scheduler<A> {
@@ -151,7 +151,7 @@ fn figures(
     standing: &Standing,
     fair: &[[u64; DIMS]],
     alloc: &[Res],
-    queues: &super::queues::Queues,
+    queues: &crate::shared::queues::Queues,
 ) -> Vec<QueueFigures> {
     let problems = queues.problems();
     let mut pending = vec![[0u64; DIMS]; tree.len()];

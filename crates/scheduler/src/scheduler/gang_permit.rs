@@ -14,7 +14,6 @@ use gpuplace_core::cycle::{self, Chained, Cycled};
 
 use super::chain::{GangPlanned, GangSteps, Why as ChainWhy};
 use super::gang_status::{Gang, Why, sentence};
-use super::members::{Steered, Trialled};
 use super::post_filter::Outcome;
 use super::reclaim::Fair;
 use super::{RoundReport, Scheduler};
@@ -23,6 +22,7 @@ use crate::framework::filter::Verdicts;
 use crate::k8s::demand::PodDemand;
 use crate::k8s::gang::PodGroupSpec;
 use crate::k8s::pod_info::PodInfo;
+use crate::shared::members::{Steered, Trialled};
 use crate::snapshot::Snapshot;
 
 pub use gpuplace_model::keys::TOPOLOGY_KEY_ANNOTATION;
@@ -76,13 +76,17 @@ impl<A: ClusterApi> Scheduler<A> {
         // Members that preempted are tried with the devices held for them free; moved
         // members' replacements on the places planned for them (held until now), as a
         // single pod's are.
-        let mut steered = Steered::new();
+        let mut steers = Vec::new();
         for (pod, _) in &members {
             self.cluster.free_nominee(&pod.key.uid, snapshot);
             if let Some(steer) = self.steers.take_for(pod, snapshot) {
-                steered.insert(pod.key.uid.clone(), steer);
+                steers.push((pod.key.uid.clone(), steer));
             }
         }
+        let steered: Steered = steers
+            .iter()
+            .map(|(uid, steer)| (uid.clone(), steer.planned()))
+            .collect();
         let (cycled, failure) = {
             let mut steps = GangSteps {
                 scheduler: self,

@@ -21,12 +21,13 @@ use gpuplace_core::cycle::Found;
 use gpuplace_core::defrag::{self, Limits, ROOM_RETRY};
 
 use super::defrag::{Eligibility, MovableSet, Steer, movable_set};
-use super::preempt::{Nomination, victim_list};
+use super::preempt::victim_list;
 use super::{RoundReport, Scheduler};
 use crate::api::{ApiError, ClusterApi, ClusterView, PodKey};
 use crate::framework::filter::Verdicts;
 use crate::framework::{FilterInput, Profile};
 use crate::k8s::pod_info::PodInfo;
+use crate::shared::nominations::Nomination;
 use crate::snapshot::Snapshot;
 
 /// What make-room did.

@@ -21,12 +21,13 @@ use std::sync::Arc;
 use gpuplace_core::cycle::Found;
 use gpuplace_core::preempt;
 
-use super::preempt::{Nomination, candidates, no_victims, victim_list, waiting_for_victims};
+use super::preempt::{candidates, no_victims, victim_list, waiting_for_victims};
 use super::{RoundReport, Scheduler};
 use crate::api::{ClusterApi, ClusterView, PodKey};
 use crate::framework::filter::Verdicts;
 use crate::framework::{FilterInput, Profile};
 use crate::k8s::pod_info::PodInfo;
+use crate::shared::nominations::Nomination;
 use crate::snapshot::Snapshot;
 
 /// What preemption did for a pod that fits nowhere.

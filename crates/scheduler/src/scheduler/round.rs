@@ -10,10 +10,7 @@ use gpuplace_core::Decision;
 use gpuplace_core::cycle::{self, Chained, Cycled};
 use tracing::{debug, info, warn};
 
-use super::bind::{WriteFailure, WriteOutcome};
 use super::chain::{PodSteps, Spent};
-use super::cluster_cache::Brought;
-use super::members::Steered;
 use super::reclaim::Fair;
 use super::units::{Order, Unit};
 use super::{RoundReport, Scheduler, Seen};
@@ -21,6 +18,9 @@ use crate::api::{ApiError, BindRequest, ClusterApi, ClusterView, PodFeed, PodKey
 use crate::framework::filter::{VerdictCache, Verdicts};
 use crate::k8s::demand::{ASSIGNMENT_ANNOTATION, Assignment, PodDemand};
 use crate::k8s::pod_info::PodInfo;
+use crate::shared::bind::{WriteFailure, WriteOutcome};
+use crate::shared::cluster_cache::Brought;
+use crate::shared::members::Steered;
 use crate::snapshot::Snapshot;
 
 impl<A: ClusterApi> Scheduler<A> {
@@ -40,7 +40,7 @@ impl<A: ClusterApi> Scheduler<A> {
     /// a pod group made, changed in its spec or gone wakes its own members (its status,
     /// which this scheduler writes, wakes nobody).
     fn observe(&mut self, view: &ClusterView) {
-        let nodes = super::cluster_cache::sorted_nodes(view);
+        let nodes = crate::shared::cluster_cache::sorted_nodes(view);
         let active: HashSet<String> = view
             .pods
             .iter()
@@ -83,7 +83,7 @@ impl<A: ClusterApi> Scheduler<A> {
         }
         let freed = self.seen.active.iter().any(|uid| !active.contains(uid))
             || self.cluster.reservations_gone(view);
-        let nodes_changed = super::cluster_cache::nodes_differ(&self.seen.nodes, &nodes);
+        let nodes_changed = crate::shared::cluster_cache::nodes_differ(&self.seen.nodes, &nodes);
         let volumes = crate::framework::volumes::digest(&view.claims, &view.volumes);
         let budgets: Vec<String> = view
             .budgets
@@ -353,9 +353,10 @@ impl<A: ClusterApi> Scheduler<A> {
         self.cluster.free_nominee(&pod.key.uid, snapshot);
         // A moved pod's replacement is tried on its planned place (held for it until now)
         // first, else as any pod.
+        let steer = self.steers.take_for(pod, snapshot);
         let mut steered = Steered::new();
-        if let Some(steer) = self.steers.take_for(pod, snapshot) {
-            steered.insert(pod.key.uid.clone(), steer);
+        if let Some(steer) = &steer {
+            steered.insert(pod.key.uid.clone(), steer.planned());
         }
         let (cycled, spent) = {
             let mut steps = PodSteps {
@@ -374,7 +375,7 @@ impl<A: ClusterApi> Scheduler<A> {
         };
         report.timings.filter += spent.filter;
         report.timings.core += spent.core;
-        if let Some(steer) = steered.values().next() {
+        if let Some(steer) = &steer {
             let placed = matches!(&cycled, Cycled::Allowed(t) if !t.placed.is_empty());
             debug!(pod = %pod.key, node = %steer.node, placed, "replacement of a moved pod");
         }
@@ -437,7 +438,7 @@ impl<A: ClusterApi> Scheduler<A> {
     ) -> BindRequest {
         let policy = self.config.policy.to_string();
         let (reservation, request) =
-            super::assume::reserve(snapshot, pod, demand, decision, &policy, gang);
+            crate::shared::assume::reserve(snapshot, pod, demand, decision, &policy, gang);
         self.cluster.assume(reservation);
         self.queue.forget(&pod.key.uid);
         request

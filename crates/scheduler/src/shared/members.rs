@@ -1,4 +1,5 @@
-//! A unit's members on the round's snapshot, as core's cycle places them
+//! Placing a unit's members on a snapshot (the scheduler's loop, its gang stage and the
+//! extender's choice): a unit's members on the round's snapshot, as core's cycle places them
 //! ([`gpuplace_core::cycle::place::trial`]): Filter is the profile's filters and
 //! preferences (within the gang's domain first), a moved pod's replacement is steered to
 //! its planned place, and Reserve takes each member's place on a copy of the state for the
@@ -14,25 +15,25 @@ use gpuplace_core::cycle::place::{self, Feasible};
 use gpuplace_core::{ClusterState, Decision, Unschedulable};
 use gpuplace_model::Request;
 
-use super::defrag::Steer;
+use super::nominations::Planned;
 use crate::framework::filter::{Filtered, Verdicts, explain};
 use crate::framework::{FilterInput, Profile};
 use crate::k8s::demand::PodDemand;
 use crate::k8s::pod_info::PodInfo;
 use crate::snapshot::{Scalars, Snapshot};
 
-/// Moved members' steers (their planned places), by pod UID.
-pub(super) type Steered = HashMap<String, Steer>;
+/// Moved members' planned places (their steers), by pod UID.
+pub type Steered<'p> = HashMap<String, Planned<'p>>;
 
 /// A member placed in a trial.
-pub(super) struct Trialled<'a> {
+pub struct Trialled<'a> {
     pub pod: &'a Arc<PodInfo>,
     pub demand: PodDemand,
     pub decision: Decision,
 }
 
 /// What Filter and the preferences left for a member.
-pub(super) struct Kept<'v>(Cow<'v, Filtered>);
+pub struct Kept<'v>(Cow<'v, Filtered>);
 
 impl Feasible for Kept<'_> {
     fn mask(&self) -> Option<&[bool]> {
@@ -41,14 +42,14 @@ impl Feasible for Kept<'_> {
 }
 
 /// A unit's members on one snapshot, within one domain.
-pub(super) struct OnSnapshot<'s, 'a> {
+pub struct OnSnapshot<'s, 'a> {
     pub snapshot: &'s Snapshot,
     pub profile: Profile<'s>,
     pub members: Vec<(&'a Arc<PodInfo>, &'s Verdicts)>,
     demands: Vec<Result<PodDemand, String>>,
     /// The nodes of the gang's topology domain (`None`: every node).
     pub domain: Option<&'s [bool]>,
-    pub steered: &'s Steered,
+    pub steered: &'s Steered<'s>,
     pub gpu_resource: &'s str,
     /// The state the members are decided on: the snapshot's for a single pod, a copy that
     /// each member's Reserve takes from for a gang.
@@ -67,7 +68,7 @@ impl<'s, 'a> OnSnapshot<'s, 'a> {
         snapshot: &'s Snapshot,
         profile: Profile<'s>,
         members: Vec<(&'a Arc<PodInfo>, &'s Verdicts)>,
-        steered: &'s Steered,
+        steered: &'s Steered<'s>,
         gpu_resource: &'s str,
         trial: bool,
     ) -> Self {
@@ -103,7 +104,7 @@ impl<'s, 'a> OnSnapshot<'s, 'a> {
         self.state.total_frag()
     }
 
-    fn steer_of(&self, i: usize) -> Option<&Steer> {
+    fn steer_of(&self, i: usize) -> Option<&Planned<'s>> {
         self.steered.get(&self.members[i].0.key.uid)
     }
 }
@@ -158,7 +159,7 @@ impl<'s, 'a> place::Members for OnSnapshot<'s, 'a> {
 
     fn steer(&self, i: usize) -> Option<usize> {
         self.steer_of(i)
-            .and_then(|st| self.snapshot.node_index(&st.node))
+            .and_then(|st| self.snapshot.node_index(st.node))
     }
 
     fn exact(&self, i: usize, chosen: Decision) -> Decision {

@@ -19,8 +19,8 @@ use std::cmp::Ordering;
 use std::sync::Arc;
 
 use super::assume::{Reservation, Reservations};
+use super::nominations::{Nomination, Nominations};
 use super::pod_index::PodIndex;
-use super::preempt::{Nomination, Nominations};
 use gpuplace_core::TargetWorkload;
 use gpuplace_model::Cursor;
 use k8s_openapi::api::core::v1::Node;

@@ -1,0 +1,255 @@
+//! Places planned for pods that are not there yet, held in the round's snapshot so no other
+//! pod takes them: a preemptor's nomination (until its victims are gone and it binds) and a
+//! moved pod's replacement's planned place ([`Planned`], shared with the steers of
+//! `scheduler::defrag`). The cluster cache owns the nominations.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use gpuplace_core::{ClusterState, Decision};
+use gpuplace_model::{Placement, Request};
+
+use crate::api::{ClusterView, PodKey};
+use crate::snapshot::{Held, Snapshot};
+
+/// A place planned for a pod that is not there yet.
+pub struct Planned<'a> {
+    pub node: &'a str,
+    pub request: &'a Request,
+    /// GPU IDs and milli.
+    pub gpus: &'a [(String, u32)],
+    pub extended: &'a BTreeMap<String, i64>,
+}
+
+impl Planned<'_> {
+    /// A pod's decision on the planned devices, when `decided` is on the planned node and
+    /// every planned GPU still has room on `state` (the round's, or a trial copy of it):
+    /// the plan's exact place (the policy may prefer other GPUs of the node now that the
+    /// plan's other pods hold theirs, but the plan counted on these). Otherwise `decided`
+    /// as it is.
+    pub fn exact_in(
+        &self,
+        snapshot: &Snapshot,
+        state: &ClusterState,
+        decided: Decision,
+    ) -> Decision {
+        let Some(node) = snapshot.node_index(self.node) else {
+            return decided;
+        };
+        if decided.node != node || decided.gpus.len() != self.gpus.len() {
+            return decided;
+        }
+        let free = &state.node(node).gpu_free;
+        let planned: Option<Vec<(usize, u32)>> = self
+            .gpus
+            .iter()
+            .map(|(id, milli)| {
+                let g = snapshot.gpu_position(node, id)?;
+                (free.get(g).is_some_and(|&f| f >= *milli)).then_some((g, *milli))
+            })
+            .collect();
+        match planned {
+            Some(gpus) => Decision { gpus, ..decided },
+            None => decided,
+        }
+    }
+}
+
+/// Holds under `key`, of what `p` plans, the part already free (CPU, memory and each
+/// planned GPU as far as they go): no other pod is placed there meanwhile.
+pub fn hold_planned(snapshot: &mut Snapshot, key: String, p: &Planned<'_>) {
+    if snapshot.held.contains_key(&key) {
+        return;
+    }
+    let Some(node) = snapshot.node_index(p.node) else {
+        return;
+    };
+    let free = snapshot.state.node(node);
+    let gpus: Vec<(usize, u32)> = p
+        .gpus
+        .iter()
+        .filter_map(|(id, milli)| {
+            let g = snapshot.gpu_position(node, id)?;
+            // What the victims still hold stays theirs; the rest of the GPU is the
+            // nominee's, so nothing else is placed on it meanwhile (kube-scheduler counts
+            // a nominated pod on its node the same way).
+            let free_now = free.gpu_free[g].min(*milli);
+            (free_now > 0).then_some((g, free_now))
+        })
+        .collect();
+    let mut request = p.request.clone();
+    request.cpu_milli = request.cpu_milli.min(free.cpu_free);
+    request.memory_mib = request.memory_mib.min(free.memory_free);
+    if snapshot.state.apply(node, &request, &gpus).is_err() {
+        return;
+    }
+    snapshot.scalars.take(node, p.extended);
+    snapshot.held.insert(
+        key,
+        Held {
+            node,
+            request,
+            gpus,
+            extended: p.extended.clone(),
+        },
+    );
+}
+
+/// A preemptor waiting for its victims to go, and the devices it will take then.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Nomination {
+    pub key: PodKey,
+    pub priority: i32,
+    pub node: String,
+    pub request: Request,
+    /// GPU IDs and milli planned on the node.
+    pub gpus: Vec<(String, u32)>,
+    pub extended: BTreeMap<String, i64>,
+    pub victims: Vec<PodKey>,
+}
+
+/// Nominations by pod UID.
+#[derive(Debug, Default)]
+pub struct Nominations {
+    by_uid: HashMap<String, Nomination>,
+    /// Pods decided on another node than their nomination's, whose `nominatedNodeName`
+    /// is cleared once their Binding's outcome is known: clearing it before would change
+    /// the pod's resourceVersion under the Binding's precondition, and the Binding would
+    /// be refused.
+    stale: HashSet<String>,
+}
+
+/// The key under which a nomination's hold sits among the snapshot's holdings.
+fn hold_key(uid: &str) -> String {
+    format!("nominated/{uid}")
+}
+
+impl Nominations {
+    pub fn get(&self, uid: &str) -> Option<&Nomination> {
+        self.by_uid.get(uid)
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_uid.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_uid.is_empty()
+    }
+
+    /// Nominates a pod. A pod nominated again to the same node keeps its earlier victims
+    /// (those still terminating free devices promised to it, to no other preemptor).
+    pub fn insert(&mut self, mut nomination: Nomination) {
+        if let Some(old) = self.by_uid.remove(&nomination.key.uid)
+            && old.node == nomination.node
+        {
+            for v in old.victims {
+                if !nomination.victims.contains(&v) {
+                    nomination.victims.push(v);
+                }
+            }
+        }
+        self.by_uid.insert(nomination.key.uid.clone(), nomination);
+    }
+
+    /// Pod `uid` was decided onto `decided` (a node's name and the GPU IDs and milli it
+    /// takes). Decided where it was nominated, the nomination stays until the pod is seen
+    /// bound, planned now on the devices decided: should the Binding fail, they stay held
+    /// for it rather than free for a pod nominated elsewhere (whose own victims would then
+    /// free devices nobody asked for). Decided elsewhere, the nomination ends, and its
+    /// `nominatedNodeName` is cleared after the Binding ([`Self::take_stale`]).
+    pub fn decided(&mut self, uid: &str, decided: &Placement) {
+        let Some(n) = self.by_uid.get_mut(uid) else {
+            return;
+        };
+        if n.node != decided.node {
+            self.by_uid.remove(uid);
+            self.stale.insert(uid.to_string());
+            return;
+        }
+        n.gpus = decided
+            .devices
+            .iter()
+            .map(|d| (d.id.clone(), d.milli))
+            .collect();
+    }
+
+    /// Whether pod `uid`, whose Binding's outcome is known, has a `nominatedNodeName` to
+    /// clear (it was decided on another node); asked once.
+    pub fn take_stale(&mut self, uid: &str) -> bool {
+        self.stale.remove(uid)
+    }
+
+    /// UIDs of every victim some nomination of a pod other than `deciding` waits for (not
+    /// offered to other preemptors, and what they free is promised). A preemptor deciding
+    /// again may take its own victims again (one whose eviction failed is evicted again).
+    pub fn victims(&self, deciding: &[&PodKey]) -> HashSet<&str> {
+        self.by_uid
+            .iter()
+            .filter(|(uid, _)| !deciding.iter().any(|k| k.uid == **uid))
+            .flat_map(|(_, n)| n.victims.iter().map(|v| v.uid.as_str()))
+            .collect()
+    }
+
+    /// Ends the nominations whose pod is gone or bound; returns the pods bound elsewhere
+    /// than nominated (their `nominatedNodeName` is to be cleared), then applies the others'
+    /// holds to `snapshot`.
+    pub fn hold(&mut self, view: &ClusterView, snapshot: &mut Snapshot) -> Vec<PodKey> {
+        let mut clear = Vec::new();
+        self.by_uid.retain(|uid, n| {
+            let Some(pod) = view
+                .pod(&n.key.namespace, &n.key.name)
+                .filter(|p| p.key.uid == *uid)
+            else {
+                return false;
+            };
+            match &pod.node_name {
+                Some(node) => {
+                    if *node != n.node {
+                        clear.push(n.key.clone());
+                    }
+                    false
+                }
+                None => true,
+            }
+        });
+        for n in self.by_uid.values() {
+            apply_hold(snapshot, n);
+        }
+        clear
+    }
+
+    /// Gives back every hold (before the state is kept for the next round).
+    pub fn release_all(&self, snapshot: &mut Snapshot) {
+        for uid in self.by_uid.keys() {
+            snapshot.release(&hold_key(uid));
+        }
+    }
+
+    /// Gives back the hold of pod `uid` (to decide it with its own devices free).
+    pub fn release(&self, uid: &str, snapshot: &mut Snapshot) {
+        if self.by_uid.contains_key(uid) {
+            snapshot.release(&hold_key(uid));
+        }
+    }
+
+    /// Applies the hold of pod `uid` again (its decision failed).
+    pub fn restore(&self, uid: &str, snapshot: &mut Snapshot) {
+        if let Some(n) = self.by_uid.get(uid) {
+            apply_hold(snapshot, n);
+        }
+    }
+}
+
+/// Holds, of what `n` planned, the part already free (as far as it goes).
+fn apply_hold(snapshot: &mut Snapshot, n: &Nomination) {
+    hold_planned(
+        snapshot,
+        hold_key(&n.key.uid),
+        &Planned {
+            node: &n.node,
+            request: &n.request,
+            gpus: &n.gpus,
+            extended: &n.extended,
+        },
+    );
+}
