@@ -9,6 +9,7 @@ use std::collections::VecDeque;
 
 use super::tree::{QueueTree, ROOT};
 use super::{DIMS, Res, show_amount};
+use crate::state::ClusterState;
 
 /// A queue (the unit's own or an ancestor) whose limit the unit would pass.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -195,6 +196,24 @@ impl<'t, U> Picker<'t, U> {
             .min()
     }
 
+    /// The nodes of `state` whose GPU model `q` may still take `gpu_milli` more of under
+    /// the per-model limits on its path: what placement narrows to. `None` when no queue has
+    /// per-model limits or the unit asks for no GPU (every node then).
+    pub fn model_mask(&self, q: usize, gpu_milli: u64, state: &ClusterState) -> Option<Vec<bool>> {
+        if gpu_milli == 0 || !self.has_model_limits() {
+            return None;
+        }
+        Some(
+            (0..state.len())
+                .map(|n| {
+                    let model = state.inventory(n).gpu_model();
+                    self.model_room(q, model)
+                        .is_none_or(|room| room >= gpu_milli)
+                })
+                .collect(),
+        )
+    }
+
     /// Whether some queue has per-model limits (placement then checks models per node).
     pub fn has_model_limits(&self) -> bool {
         self.tree
@@ -306,5 +325,14 @@ mod tests {
         );
         assert_eq!(p.model_room(i, "A100"), Some(1000));
         assert_eq!(p.model_room(i, "V100"), None);
+        let state = crate::ClusterState::new(vec![
+            gpuplace_model::NodeInventory::uniform("a", 64_000, 1024, 8, "A100"),
+            gpuplace_model::NodeInventory::uniform("v", 64_000, 1024, 8, "V100"),
+        ])
+        .unwrap();
+        // One A100 GPU of room: one fits there, two only on the V100 node.
+        assert_eq!(p.model_mask(i, 1000, &state), Some(vec![true, true]));
+        assert_eq!(p.model_mask(i, 2000, &state), Some(vec![false, true]));
+        assert_eq!(p.model_mask(i, 0, &state), None);
     }
 }

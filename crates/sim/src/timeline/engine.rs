@@ -499,7 +499,7 @@ impl<'a> Engine<'a> {
     /// Filter, Score and Reserve for `unit`'s members on the live state (core's
     /// [`cycle::place::trial`]); nothing when its nominated places are still held for it, or
     /// when a single pod's request is known to fit nowhere still.
-    fn trial(&mut self, unit: u32, now: Ms) -> Trial<Placed, ()> {
+    fn trial(&mut self, unit: u32, narrow: Option<&[bool]>, now: Ms) -> Trial<Placed, ()> {
         self.outcome_counts.attempts += 1;
         if !self.release_held(unit, now) {
             return Trial::failed(None);
@@ -521,10 +521,12 @@ impl<'a> Engine<'a> {
                 jobs: &self.jobs,
                 members: &self.units[unit as usize].jobs,
             };
-            cycle::place::trial(&mut members, &mut self.placer, None)
+            cycle::place::trial(&mut members, &mut self.placer, narrow)
         };
+        // A failure within a queue's model limits says nothing of the request elsewhere.
         if let Some(rid) = single
             && trial.placed.is_empty()
+            && narrow.is_none()
         {
             self.failed_at[rid] = self.released.len() as u32;
         }

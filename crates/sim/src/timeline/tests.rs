@@ -377,3 +377,32 @@ fn a_tenant_below_its_guarantee_reclaims_exactly_what_it_is_owed() {
     // Afterwards a and b each hold their fair share: Jain's index is near 1.
     assert!(report.jain.is_some_and(|j| j > 0.9), "{report:?}");
 }
+
+#[test]
+fn a_queue_at_its_per_model_limit_is_placed_on_other_models_as_the_scheduler_narrows() {
+    // One A100 node and one T4 node, best-fit; a's limit allows 2 A100 GPUs. Best-fit
+    // would put all four pods on the A100 node first (it sorts first); the limit sends the
+    // last two to the T4 node.
+    let pods: Vec<TracePod> = (0..4)
+        .map(|i| pod(&format!("a{i}"), 1, 10_000, 0, None))
+        .collect();
+    let s = Scenario {
+        pods,
+        nodes: vec![
+            NodeInventory::uniform("a100", 64_000, 1 << 20, 4, "A100"),
+            NodeInventory::uniform("t4", 64_000, 1 << 20, 4, "T4"),
+        ],
+        ..Scenario::default()
+    };
+    let file: super::tenants::TenantsFile = serde_json::from_value(serde_json::json!({
+        "queues": [{"name": "a", "limit": {"nvidia.com/gpu.A100": "2"}}],
+        "assign": {"by": "shape", "rules": [], "default": "a"}
+    }))
+    .unwrap();
+    let tenants = super::tenants::Tenants::new(&file, [8000, 128_000, 2 << 20], &s.pods).unwrap();
+    let arrivals: Vec<(u64, u32)> = (0..4).map(|i| (i, i as u32)).collect();
+    let outcome = s.run_all(&arrivals, true, DefragSim::default(), Some(&tenants));
+    let on_a100 = outcome.jobs.iter().filter(|j| j.node == 0).count();
+    assert_eq!(on_a100, 2, "{:?}", outcome.jobs);
+    assert!(outcome.jobs.iter().all(|j| j.start.is_some()));
+}

@@ -69,6 +69,8 @@ struct SimSteps<'e, 'a, 'f, 't> {
     engine: &'e mut Engine<'a>,
     unit: u32,
     fair: Option<FairView<'f, 't>>,
+    /// The nodes the unit's queue's per-model limits leave (`None`: any).
+    narrow: Option<&'f [bool]>,
     now: Ms,
 }
 
@@ -111,7 +113,7 @@ impl Unit for SimSteps<'_, '_, '_, '_> {
     type Unfit = ();
 
     fn place(&mut self) -> Trial<Placed, ()> {
-        self.engine.trial(self.unit, self.now)
+        self.engine.trial(self.unit, self.narrow, self.now)
     }
 
     fn quorum(&self) -> Quorum {
@@ -144,6 +146,7 @@ impl Engine<'_> {
         &mut self,
         unit: u32,
         fair: Option<(usize, &mut Picker<'_, u32>)>,
+        narrow: Option<&[bool]>,
         now: Ms,
     ) -> Tried {
         let started = |placed: bool| {
@@ -162,6 +165,7 @@ impl Engine<'_> {
                 engine: self,
                 unit,
                 fair: view,
+                narrow,
                 now,
             })
         };

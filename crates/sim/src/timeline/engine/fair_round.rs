@@ -58,7 +58,7 @@ impl Engine<'_> {
             return due
                 .into_iter()
                 .map(|u| {
-                    let tried = self.cycle(u, None, now);
+                    let tried = self.cycle(u, None, None, now);
                     (u, tried)
                 })
                 .collect();
@@ -81,7 +81,9 @@ impl Engine<'_> {
                 out.push((unit, Tried::Parked));
                 continue;
             }
-            let tried = self.cycle(unit, Some((q, &mut picker)), now);
+            // A queue's per-model limits narrow the nodes, as the scheduler's do.
+            let narrow = picker.model_mask(q, asked.dims[0], &self.state);
+            let tried = self.cycle(unit, Some((q, &mut picker)), narrow.as_deref(), now);
             if tried == Tried::Started {
                 for &j in &jobs {
                     let node = self.jobs[j as usize].node as usize;
