@@ -15,7 +15,7 @@ use serde::Serialize;
 use crate::api::ClusterView;
 use crate::framework::filter::VerdictCache;
 use crate::framework::volumes::VolumeIndex;
-use crate::framework::{FilterInput, Profile};
+use crate::framework::{Filtering, Profile};
 use crate::k8s::pod_info::PodInfo;
 use crate::scheduler::defrag::{DefragConfig, Eligibility, movable_set};
 use crate::snapshot::Snapshot;
@@ -101,7 +101,11 @@ pub fn plan(
         (a.created, &a.key.namespace, &a.key.name).cmp(&(b.created, &b.key.namespace, &b.key.name))
     });
     let volumes = VolumeIndex::new(&view.claims, &view.volumes);
-    let profile = Profile { volumes: &volumes };
+    let profile = Profile::new(gpuplace_model::keys::GPU_RESOURCE);
+    let filtering = Filtering {
+        profile: &profile,
+        volumes: &volumes,
+    };
     let mut placer = Placer::new(policy, 42);
     let mut out = DefragPlan {
         blocked: Vec::new(),
@@ -119,7 +123,7 @@ pub fn plan(
     let mut moved: HashSet<String> = HashSet::new();
     let mut verdicts = VerdictCache::default();
     for pod in pending {
-        let Some(mask) = pod_mask(&snapshot, &profile, &mut verdicts, pod) else {
+        let Some(mask) = pod_mask(&snapshot, filtering, &mut verdicts, pod) else {
             continue;
         };
         let Ok(demand) = &pod.demand else { continue };
@@ -134,7 +138,7 @@ pub fn plan(
         let mut dry_run = DryRun {
             snapshot: &snapshot,
             view,
-            profile: &profile,
+            filtering,
             config,
             now,
             moved: &moved,
@@ -191,7 +195,7 @@ pub fn plan(
             now,
             skip: &skip,
         };
-        let set = movable_set(&snapshot, view, &profile, &rules);
+        let set = movable_set(&snapshot, view, filtering, &rules);
         let mut fgd = Placer::new(Policy::Fgd, 42);
         let r = defrag::rebalance(
             &mut fgd,
@@ -214,20 +218,12 @@ pub fn plan(
 /// `pod`'s filter mask (`Some(None)`: every node), `None` when its filters reject all.
 fn pod_mask(
     snapshot: &Snapshot,
-    profile: &Profile<'_>,
+    filtering: Filtering<'_>,
     verdicts: &mut VerdictCache,
     pod: &PodInfo,
 ) -> Option<Option<Vec<bool>>> {
-    let demand = pod.demand.as_ref().ok()?;
     let v = verdicts.get(snapshot, pod);
-    let input = FilterInput {
-        snapshot,
-        scalars: &snapshot.scalars,
-        pod,
-        demand,
-        planned: &[],
-    };
-    let f = profile.filter(&v, &input).ok()?;
+    let f = filtering.filter_alone(snapshot, &v, pod).ok()?;
     Some(f.mask().map(<[bool]>::to_vec))
 }
 
@@ -237,7 +233,7 @@ fn pod_mask(
 struct DryRun<'a, 'p> {
     snapshot: &'a Snapshot,
     view: &'a ClusterView,
-    profile: &'a Profile<'p>,
+    filtering: Filtering<'p>,
     config: &'a DefragConfig,
     now: k8s_openapi::jiff::Timestamp,
     moved: &'a HashSet<String>,
@@ -266,7 +262,7 @@ fn room_for(d: &mut DryRun<'_, '_>) -> Option<RoomPlan> {
     let DryRun {
         snapshot,
         view,
-        profile,
+        filtering,
         config,
         now,
         moved,
@@ -286,7 +282,7 @@ fn room_for(d: &mut DryRun<'_, '_>) -> Option<RoomPlan> {
         now,
         skip: &skip,
     };
-    let set = movable_set(snapshot, view, profile, &rules);
+    let set = movable_set(snapshot, view, filtering, &rules);
     let limits = Limits {
         max_pods: config.settings.max_moves,
         max_milli: u64::MAX,

@@ -110,6 +110,8 @@ struct Inner {
     cache: ClusterCache,
     verdicts: VerdictCache,
     volumes: VolumeIndex,
+    /// The filters and preferences, as configured.
+    profile: crate::framework::Profile,
     /// The claims and volumes `volumes` was built from (unchanged lists: no rebuild).
     volume_lists: VolumeLists,
     names: NameIndex,
@@ -190,6 +192,7 @@ impl<A: ClusterApi> Extender<A> {
     pub fn new(api: A, config: ExtenderConfig) -> Self {
         let placer = crate::framework::placer(config.policy, &config.weights, config.seed);
         let queue_limits = queue_limits::QueueLimits::new(&config.gpu_resource);
+        let profile = crate::framework::Profile::new(&config.gpu_resource);
         Extender {
             api,
             config,
@@ -199,6 +202,7 @@ impl<A: ClusterApi> Extender<A> {
                 cache: ClusterCache::default(),
                 verdicts: VerdictCache::default(),
                 volumes: VolumeIndex::default(),
+                profile,
                 volume_lists: VolumeLists::default(),
                 names: NameIndex::default(),
                 last: last_judgement::LastJudgement::default(),
@@ -501,6 +505,7 @@ impl Inner {
             placer: &mut self.placer,
             verdicts: &mut self.verdicts,
             volumes: &self.volumes,
+            profile: &self.profile,
             names: &mut self.names,
             last: &mut self.last,
             state: self.changes,

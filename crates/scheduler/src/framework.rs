@@ -23,7 +23,7 @@ pub mod preference;
 pub mod profile;
 pub mod volumes;
 
-pub use profile::{FilterInput, Profile};
+pub use profile::{FilterInput, Filtering, Profile};
 
 /// The placement stage for `policy`, or for a weighted sum of `weights` (a refused weight
 /// list is logged and the policy scores alone): the scheduler and the extender set up

@@ -23,6 +23,7 @@ mod queue_status;
 mod rebalance;
 mod reclaim;
 mod round;
+mod round_state;
 pub mod run;
 mod units;
 
@@ -172,6 +173,8 @@ struct Seen {
 pub struct Scheduler<A: ClusterApi> {
     api: A,
     config: SchedulerConfig,
+    /// The filters and preferences, as configured.
+    profile: crate::framework::Profile,
     placer: Placer,
     queue: Queue,
     /// The cluster state across rounds, with reservations and nominations on it.
@@ -187,10 +190,6 @@ pub struct Scheduler<A: ClusterApi> {
     gangs: gangs::Gangs,
     /// Object problems already logged: each is logged once while it lasts.
     warned: HashSet<String>,
-    /// Claims and volumes this round (built only when a waiting pod has claims).
-    volumes: crate::framework::volumes::VolumeIndex,
-    /// How long each preemption search of the current round took (handed to its report).
-    preemption_times: Vec<Duration>,
     /// Places planned for moved pods' replacements.
     steers: defrag::Steers,
     /// Preemptors (by UID) some of whose evictions or moves the server refused this
@@ -206,10 +205,6 @@ pub struct Scheduler<A: ClusterApi> {
     rebalancing: rebalance::Rebalancing,
     /// The queues as the view defines them.
     queues: crate::shared::queues::Queues,
-    /// Whether this round orders units by queue (some queue is defined or named).
-    queues_in_use: bool,
-    /// Nodes the unit being decided may use (a queue's per-model limits), if narrowed.
-    narrow: Option<Vec<bool>>,
     /// Queues' statuses as written and wanted.
     queue_status: queue_status::StatusWriter,
 }
@@ -236,6 +231,7 @@ impl<A: ClusterApi> Scheduler<A> {
             queue: Queue::new(config.queue),
             api,
             config,
+            profile: crate::framework::Profile::new(&gpu_resource),
             placer,
             cluster: crate::shared::cluster_cache::ClusterCache::default(),
             gate,
@@ -244,16 +240,12 @@ impl<A: ClusterApi> Scheduler<A> {
             last_round: None,
             gangs: gangs::Gangs::default(),
             warned: HashSet::new(),
-            volumes: Default::default(),
-            preemption_times: Vec::new(),
             steers: defrag::Steers::default(),
             unfinished: HashSet::new(),
             refused_moves: HashMap::new(),
             room_memo: Default::default(),
             rebalancing: Default::default(),
             queues: crate::shared::queues::Queues::new(&gpu_resource),
-            queues_in_use: false,
-            narrow: None,
             queue_status: Default::default(),
         }
     }

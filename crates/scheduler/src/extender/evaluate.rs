@@ -71,6 +71,8 @@ pub(super) struct Parts<'a> {
     pub placer: &'a mut Placer,
     pub verdicts: &'a mut VerdictCache,
     pub volumes: &'a VolumeIndex,
+    /// The filters and preferences, as configured.
+    pub profile: &'a Profile,
     pub names: &'a mut NameIndex,
     /// The last judgement, for prioritize after filter of the same pod.
     pub last: &'a mut LastJudgement,
@@ -273,17 +275,10 @@ impl Parts<'_> {
         demand: &PodDemand,
     ) -> Result<Filtered, String> {
         let node_filter = self.verdicts.get(snapshot, pod);
-        let profile = Profile {
-            volumes: self.volumes,
-        };
-        let input = FilterInput {
-            snapshot,
-            scalars: &snapshot.scalars,
-            pod,
-            demand,
-            planned: &[],
-        };
-        profile.filter(&node_filter, &input).map(|f| f.into_owned())
+        let input = FilterInput::alone(snapshot, self.volumes, pod, demand);
+        self.profile
+            .filter(&node_filter, &input)
+            .map(|f| f.into_owned())
     }
 
     /// The node gpuplace would choose among the fitting candidates with the best

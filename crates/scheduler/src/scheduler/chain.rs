@@ -15,9 +15,10 @@ use super::gang_status::Gang;
 use super::make_room::{GangRoom, Made, RoomPlanned};
 use super::post_filter::{GangPreempted, Outcome, Preempted};
 use super::reclaim::{Fair, GangReclaimed, Reclaimed};
+use super::round_state::RoundState;
 use super::{RoundReport, Scheduler};
 use crate::api::{ClusterApi, ClusterView};
-use crate::framework::Profile;
+use crate::framework::Filtering;
 use crate::framework::filter::Verdicts;
 use crate::k8s::pod_info::PodInfo;
 use crate::shared::members::{OnSnapshot, Steered, Trialled};
@@ -64,7 +65,9 @@ pub(super) struct PodSteps<'s, 'a, 'f, 'p, 't, A: ClusterApi, U> {
     /// The pod's planned place when it replaces a moved pod.
     pub steered: &'s Steered<'s>,
     pub fair: Option<&'f Fair<'p, 't, U>>,
-    pub now: Instant,
+    pub round: &'s mut RoundState,
+    /// The nodes the pod's queue's per-model limits leave (`None`: any).
+    pub narrow: Option<&'s [bool]>,
     pub spent: Spent,
 }
 
@@ -77,17 +80,17 @@ impl<'a, A: ClusterApi, U> Unit for PodSteps<'_, 'a, '_, '_, '_, A, U> {
         let s = &mut *self.scheduler;
         let mut members = OnSnapshot::new(
             self.snapshot,
-            Profile {
-                volumes: &s.volumes,
+            Filtering {
+                profile: &s.profile,
+                volumes: &self.round.volumes,
             },
             vec![(self.pod, self.verdicts)],
             self.steered,
-            &s.config.gpu_resource,
             false,
         );
-        let trial = place::trial(&mut members, &mut s.placer, s.narrow.as_deref());
-        self.spent.filter += members.filtering;
-        self.spent.core += started.elapsed().saturating_sub(members.filtering);
+        let trial = place::trial(&mut members, &mut s.placer, self.narrow);
+        self.spent.filter += members.filter_time;
+        self.spent.core += started.elapsed().saturating_sub(members.filter_time);
         trial
     }
 
@@ -109,20 +112,21 @@ impl<A: ClusterApi, U> Planner for PodSteps<'_, '_, '_, '_, '_, A, U> {
 
     fn plan(&mut self, step: Step) -> Found<PodPlan, Why> {
         let (s, snapshot, view) = (&mut *self.scheduler, self.snapshot, self.view);
+        let round = &mut *self.round;
         match step {
             Step::Preempt => s
-                .plan_preempt_one(snapshot, view, self.verdicts, self.pod)
+                .plan_preempt_one(round, snapshot, view, self.verdicts, self.pod)
                 .map(PodPlan::Preempt, Why::Outcome),
             Step::Reclaim => {
                 let planned = self.fair.and_then(|fair| {
-                    s.plan_reclaim_one(snapshot, view, self.verdicts, self.pod, fair)
+                    s.plan_reclaim_one(round, snapshot, view, self.verdicts, self.pod, fair)
                 });
                 planned.map_or(Found::Nothing(Why::Quiet), |r| {
                     Found::Plan(PodPlan::Reclaim(r))
                 })
             }
             Step::MakeRoom => s
-                .plan_make_room(snapshot, view, self.verdicts, self.pod, self.now)
+                .plan_make_room(round, snapshot, view, self.verdicts, self.pod)
                 .map(PodPlan::Room, Why::Made),
         }
     }
@@ -140,6 +144,9 @@ pub(super) struct GangSteps<'s, 'm, 'f, 'p, 't, A: ClusterApi, U> {
     /// Moved members' planned places.
     pub steered: &'s Steered<'s>,
     pub fair: Option<&'f Fair<'p, 't, U>>,
+    pub round: &'s mut RoundState,
+    /// The nodes the gang's queue's per-model limits leave (`None`: any).
+    pub narrow: Option<&'s [bool]>,
     /// Why members did not fit, over the domains where too few did.
     pub failure: Option<String>,
 }
@@ -158,16 +165,16 @@ impl<'m, A: ClusterApi, U> Unit for GangSteps<'_, 'm, '_, '_, '_, A, U> {
             let members = self.members.iter().map(|(p, v)| (*p, v)).collect();
             let mut on = OnSnapshot::new(
                 self.snapshot,
-                Profile {
-                    volumes: &s.volumes,
+                Filtering {
+                    profile: &s.profile,
+                    volumes: &self.round.volumes,
                 },
                 members,
                 self.steered,
-                &s.config.gpu_resource,
                 true,
             );
             on.domain = domain.as_deref();
-            let trial = place::trial(&mut on, &mut s.placer, s.narrow.as_deref());
+            let trial = place::trial(&mut on, &mut s.placer, self.narrow);
             trials.push((trial, on.frag()));
         }
         let (best, failure) = place::keep_best(trials, quorum);
@@ -200,18 +207,19 @@ impl<A: ClusterApi, U> Planner for GangSteps<'_, '_, '_, '_, '_, A, U> {
     fn plan(&mut self, step: Step) -> Found<GangPlanned, Why> {
         let (s, snapshot, view) = (&mut *self.scheduler, self.snapshot, self.view);
         let (members, domains) = (self.members, self.domains);
+        let round = &mut *self.round;
         match step {
             Step::Preempt => s
-                .plan_preempt_gang(snapshot, view, members, domains)
+                .plan_preempt_gang(round, snapshot, view, members, domains)
                 .map(GangPlanned::Preempt, Why::Outcome),
             Step::Reclaim => self
                 .fair
-                .and_then(|fair| s.plan_reclaim_gang(snapshot, view, members, domains, fair))
+                .and_then(|fair| s.plan_reclaim_gang(round, snapshot, view, members, domains, fair))
                 .map_or(Found::Nothing(Why::Quiet), |r| {
                     Found::Plan(GangPlanned::Reclaim(r))
                 }),
             Step::MakeRoom => s
-                .plan_make_room_gang(snapshot, view, members, domains)
+                .plan_make_room_gang(round, snapshot, view, members, domains)
                 .map_or(Found::Nothing(Why::Quiet), |r| {
                     Found::Plan(GangPlanned::Room(r))
                 }),
@@ -246,11 +254,13 @@ fn reasons(why: Vec<(Step, Why)>) -> (Outcome, Option<Made>) {
 impl<A: ClusterApi> Scheduler<A> {
     /// PostFilter's plan for `pod`, which fits nowhere, carried out: what preemption (or
     /// reclaim) came to, and what make-room did if it was tried.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn carry_out_pod<U>(
         &mut self,
         snapshot: &mut Snapshot,
         view: &ClusterView,
-        (pod, now): (&Arc<PodInfo>, Instant),
+        pod: &Arc<PodInfo>,
+        round: &mut RoundState,
         chained: Chained<PodPlan, Why>,
         fair: Option<Fair<'_, '_, U>>,
         report: &mut RoundReport,
@@ -270,7 +280,7 @@ impl<A: ClusterApi> Scheduler<A> {
                 }
             }
             Some(PodPlan::Room(r)) => {
-                made = Some(self.make_room(snapshot, view, pod, r, now, report).await);
+                made = Some(self.make_room(round, snapshot, view, pod, r, report).await);
             }
         }
         (outcome, made)

@@ -26,8 +26,8 @@ use gpuplace_model::Request;
 
 use super::preempt::Listed;
 use crate::api::{ClusterView, PodKey};
+use crate::framework::Filtering;
 use crate::framework::filter::VerdictCache;
-use crate::framework::{FilterInput, Profile};
 use crate::k8s::pod_info::PodInfo;
 use crate::shared::nominations::{Planned, hold_planned};
 use crate::snapshot::{Held, Snapshot};
@@ -252,7 +252,7 @@ impl Eligibility<'_> {
 pub fn movable_set<'a>(
     snapshot: &'a Snapshot,
     view: &ClusterView,
-    profile: &Profile<'_>,
+    filtering: Filtering<'_>,
     rules: &Eligibility<'_>,
 ) -> MovableSet<'a> {
     let budgets = crate::k8s::budgets::Budgets::new(&view.budgets);
@@ -274,7 +274,7 @@ pub fn movable_set<'a>(
                 };
                 (
                     holder,
-                    allowed_nodes(snapshot, profile, &mut verdicts, p, h.node),
+                    allowed_nodes(snapshot, filtering, &mut verdicts, p, h.node),
                 )
             }),
         );
@@ -361,21 +361,14 @@ fn whole_gang<'a>(
 /// The nodes `pod`'s filters allow (its own node always), `None` when every node does.
 fn allowed_nodes(
     snapshot: &Snapshot,
-    profile: &Profile<'_>,
+    filtering: Filtering<'_>,
     verdicts: &mut VerdictCache,
     pod: &PodInfo,
     here: usize,
 ) -> Option<Vec<bool>> {
-    let demand = pod.demand.as_ref().ok()?;
+    pod.demand.as_ref().ok()?;
     let v = verdicts.get(snapshot, pod);
-    let input = FilterInput {
-        snapshot,
-        scalars: &snapshot.scalars,
-        pod,
-        demand,
-        planned: &[],
-    };
-    match profile.filter(&v, &input) {
+    match filtering.filter_alone(snapshot, &v, pod) {
         Ok(f) => f.mask().map(|m| {
             let mut m = m.to_vec();
             if let Some(a) = m.get_mut(here) {

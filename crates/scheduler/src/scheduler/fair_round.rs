@@ -10,6 +10,7 @@ use gpuplace_core::fairshare::{DIMS, Picker, QueueTree, Res};
 use tracing::info;
 
 use super::queue_status::{QueueFigures, WRITE_EVERY, WRITE_EVERY_BUSY};
+use super::round_state::RoundState;
 use super::units::{Order, Unit};
 use super::{RoundReport, Scheduler};
 use crate::api::{ClusterApi, ClusterView};
@@ -17,6 +18,12 @@ use crate::k8s::pod_info::PodInfo;
 use crate::k8s::queue::QueueStatus;
 use crate::shared::queues::{Standing, asked};
 use crate::snapshot::Snapshot;
+
+/// A unit's queue limits: it was refused, or it may go to these nodes (`None`: any).
+pub(super) enum Limits {
+    Refused,
+    Within(Option<Vec<bool>>),
+}
 
 impl<A: ClusterApi> Scheduler<A> {
     /// Decides the round's units in the queues' fair order; units whose queue is missing or
@@ -27,9 +34,10 @@ impl<A: ClusterApi> Scheduler<A> {
         view: &ClusterView,
         waiting: &[&'a Arc<PodInfo>],
         units: Vec<Unit<'a>>,
-        now: Instant,
+        round: &mut RoundState,
         report: &mut RoundReport,
     ) {
+        let now = round.now;
         let tree = self.queues.tree();
         let nominations = self.cluster.nominations();
         let standing = Standing::measure(&self.queues, snapshot, waiting, &|uid| {
@@ -49,13 +57,14 @@ impl<A: ClusterApi> Scheduler<A> {
             let message = format!("{why}; the pod waits until it can be served.");
             self.refuse(&pods, message, now, report);
         }
-        self.decide_units(snapshot, view, Order::Fair(&mut picker), now, report)
+        self.decide_units(snapshot, view, Order::Fair(&mut picker), round, report)
             .await;
         report.queues = figures(&tree, &standing, &fair, picker.allocations(), &self.queues);
     }
 
     /// Whether `pods` fit under their queue's limits; if not they are told so and wait.
-    /// With per-model limits, the nodes whose model has no room left are set aside.
+    /// With per-model limits, the nodes whose model has room left (core's
+    /// `Picker::model_mask`, as the timeline narrows).
     pub(super) fn within_limit(
         &mut self,
         snapshot: &Snapshot,
@@ -64,9 +73,9 @@ impl<A: ClusterApi> Scheduler<A> {
         pods: &[&Arc<PodInfo>],
         now: Instant,
         report: &mut RoundReport,
-    ) -> bool {
+    ) -> Limits {
         let Order::Fair(picker) = order else {
-            return true;
+            return Limits::Within(None);
         };
         let want = asked(pods);
         if let Some(hit) = picker.limit_hit(q, &want) {
@@ -76,20 +85,9 @@ impl<A: ClusterApi> Scheduler<A> {
                 now,
                 report,
             );
-            return false;
+            return Limits::Refused;
         }
-        if picker.has_model_limits() && want.dims[0] > 0 {
-            let mask: Vec<bool> = (0..snapshot.state.len())
-                .map(|n| {
-                    let model = snapshot.state.inventory(n).gpu_model();
-                    picker
-                        .model_room(q, model)
-                        .is_none_or(|room| room >= want.dims[0])
-                })
-                .collect();
-            self.narrow = Some(mask);
-        }
-        true
+        Limits::Within(picker.model_mask(q, want.dims[0], &snapshot.state))
     }
 
     /// Counts what `pods` now hold in their queue: those reserved this round, and those

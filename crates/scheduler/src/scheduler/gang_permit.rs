@@ -16,6 +16,7 @@ use super::chain::{GangPlanned, GangSteps, Why as ChainWhy};
 use super::gang_status::{Gang, Why, sentence};
 use super::post_filter::Outcome;
 use super::reclaim::Fair;
+use super::round_state::Deciding;
 use super::{RoundReport, Scheduler};
 use crate::api::{ClusterApi, ClusterView};
 use crate::framework::filter::Verdicts;
@@ -49,9 +50,11 @@ impl<A: ClusterApi> Scheduler<A> {
         (namespace, group): (&str, &str),
         members: Vec<(&Arc<PodInfo>, Verdicts)>,
         fair: Option<Fair<'_, '_, U>>,
-        now: Instant,
+        deciding: Deciding<'_>,
         report: &mut RoundReport,
     ) {
+        let Deciding { round, narrow } = deciding;
+        let now = round.now;
         let Some(gang) = self.gang_of_view(view, namespace, group) else {
             let reason = format!("pod group {namespace}/{group} does not exist");
             self.refuse_gang(&members, reason, now, report).await;
@@ -97,6 +100,8 @@ impl<A: ClusterApi> Scheduler<A> {
                 domains: &domains,
                 steered: &steered,
                 fair: fair.as_ref(),
+                round,
+                narrow,
                 failure: None,
             };
             let cycled = cycle::schedule(&mut steps);

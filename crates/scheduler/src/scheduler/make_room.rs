@@ -15,17 +15,19 @@
 //! stay held until they land, so no moved pod is stranded.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gpuplace_core::cycle::Found;
 use gpuplace_core::defrag::{self, Limits, ROOM_RETRY};
 
 use super::defrag::{Eligibility, MovableSet, Steer, movable_set};
 use super::preempt::victim_list;
+use super::round_state::RoundState;
 use super::{RoundReport, Scheduler};
 use crate::api::{ApiError, ClusterApi, ClusterView, PodKey};
+use crate::framework::Filtering;
 use crate::framework::filter::Verdicts;
-use crate::framework::{FilterInput, Profile};
+use crate::framework::volumes::VolumeIndex;
 use crate::k8s::pod_info::PodInfo;
 use crate::shared::nominations::Nomination;
 use crate::snapshot::Snapshot;
@@ -90,26 +92,20 @@ impl<A: ClusterApi> Scheduler<A> {
     /// Plans moves so that `pod`, which fits nowhere, can run (the chain's last step).
     pub(super) fn plan_make_room(
         &mut self,
+        round: &mut RoundState,
         snapshot: &Snapshot,
         view: &ClusterView,
         verdicts: &Verdicts,
         pod: &Arc<PodInfo>,
-        now: Instant,
     ) -> Found<RoomPlanned, Made> {
+        let now = round.now;
         let Ok(demand) = pod.demand.clone() else {
             return Found::Nothing(Made::Nothing);
         };
-        let profile = Profile {
-            volumes: &self.volumes,
-        };
-        let input = FilterInput {
-            snapshot,
-            scalars: &snapshot.scalars,
-            pod,
-            demand: &demand,
-            planned: &[],
-        };
-        let Ok(filtered) = profile.filter(verdicts, &input) else {
+        let Ok(filtered) = self
+            .profile
+            .filter_alone(snapshot, &round.volumes, verdicts, pod)
+        else {
             return Found::Nothing(Made::Nothing);
         };
         let mask = filtered.mask().map(<[bool]>::to_vec);
@@ -121,12 +117,12 @@ impl<A: ClusterApi> Scheduler<A> {
             return Found::Nothing(Made::Later(until - now));
         }
         match self.plan_room(
+            round,
             snapshot,
             view,
             &demand,
             mask.as_deref(),
             shape.as_ref(),
-            now,
         ) {
             Ok(room) => Found::Plan(RoomPlanned {
                 demand,
@@ -143,11 +139,11 @@ impl<A: ClusterApi> Scheduler<A> {
     /// [`REFUSED_FOR`] and the plan made again without it, up to [`PLAN_ATTEMPTS`] times.
     pub(super) async fn make_room(
         &mut self,
+        round: &mut RoundState,
         snapshot: &mut Snapshot,
         view: &ClusterView,
         pod: &Arc<PodInfo>,
         planned: RoomPlanned,
-        now: Instant,
         report: &mut RoundReport,
     ) -> Made {
         let RoomPlanned {
@@ -162,12 +158,12 @@ impl<A: ClusterApi> Scheduler<A> {
             let planned = match next.take() {
                 Some(room) => room,
                 None => match self.plan_room(
+                    round,
                     snapshot,
                     view,
                     &demand,
                     mask.as_deref(),
                     shape.as_ref(),
-                    now,
                 ) {
                     Ok(planned) => planned,
                     Err(made) => return refused.map_or(made, Made::Blocked),
@@ -200,20 +196,21 @@ impl<A: ClusterApi> Scheduler<A> {
     /// to say when there is none.
     fn plan_room(
         &mut self,
+        round: &mut RoundState,
         snapshot: &Snapshot,
         view: &ClusterView,
         demand: &crate::k8s::demand::PodDemand,
         mask: Option<&[bool]>,
         shape: Option<&RoomShape>,
-        now: Instant,
     ) -> Result<RoomFor, Made> {
+        let now = round.now;
         // Moved pods take back what they free: a cluster too full is no failed search.
         if !defrag::room_possible(&snapshot.state, [&demand.request]) {
             return Err(Made::Nothing);
         }
         let started = std::time::Instant::now();
         let refused = self.refused_now();
-        let set = self.movable_now(snapshot, view, &|uid| refused.contains(uid));
+        let set = self.movable_now(snapshot, view, &round.volumes, &|uid| refused.contains(uid));
         if set.movables.units() == 0 {
             return Err(Made::Nothing);
         }
@@ -232,7 +229,7 @@ impl<A: ClusterApi> Scheduler<A> {
             &set.movables,
             limits,
         );
-        self.preemption_times.push(started.elapsed());
+        round.preemption_times.push(started.elapsed());
         let Some(plan) = plan else {
             // Say so when only a budget stands in the way.
             if set.movables.candidates.budgets.iter().any(|&b| b < 1) {
@@ -455,6 +452,7 @@ impl<A: ClusterApi> Scheduler<A> {
         &self,
         snapshot: &'s Snapshot,
         view: &ClusterView,
+        volumes: &VolumeIndex,
         also: &dyn Fn(&str) -> bool,
     ) -> MovableSet<'s> {
         let reservations = self.cluster.reservations();
@@ -469,10 +467,11 @@ impl<A: ClusterApi> Scheduler<A> {
             now: k8s_openapi::jiff::Timestamp::now(),
             skip: &skip,
         };
-        let profile = Profile {
-            volumes: &self.volumes,
+        let filtering = Filtering {
+            profile: &self.profile,
+            volumes,
         };
-        movable_set(snapshot, view, &profile, &rules)
+        movable_set(snapshot, view, filtering, &rules)
     }
 
     /// Plans make-room for a gang whose waiting `members` fit nowhere at once and for
@@ -480,12 +479,13 @@ impl<A: ClusterApi> Scheduler<A> {
     /// first); `None` when no plan.
     pub(super) fn plan_make_room_gang(
         &mut self,
+        round: &mut RoundState,
         snapshot: &Snapshot,
         view: &ClusterView,
         members: &[(&Arc<PodInfo>, Verdicts)],
         domains: &[Option<Vec<bool>>],
     ) -> Option<GangRoom> {
-        let masks = self.member_masks(snapshot, members);
+        let masks = self.member_masks(snapshot, &round.volumes, members);
         let demands: Vec<&crate::k8s::demand::PodDemand> = members
             .iter()
             .map(|(p, _)| p.demand.as_ref().ok())
@@ -494,7 +494,7 @@ impl<A: ClusterApi> Scheduler<A> {
             demands.iter().map(|d| d.request.total_gpu_milli()),
         );
         let refused = self.refused_now();
-        let set = self.movable_now(snapshot, view, &|uid| refused.contains(uid));
+        let set = self.movable_now(snapshot, view, &round.volumes, &|uid| refused.contains(uid));
         if set.movables.units() == 0 {
             return None;
         }

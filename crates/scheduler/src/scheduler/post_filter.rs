@@ -22,10 +22,11 @@ use gpuplace_core::cycle::Found;
 use gpuplace_core::preempt;
 
 use super::preempt::{candidates, no_victims, victim_list, waiting_for_victims};
+use super::round_state::RoundState;
 use super::{RoundReport, Scheduler};
 use crate::api::{ClusterApi, ClusterView, PodKey};
 use crate::framework::filter::Verdicts;
-use crate::framework::{FilterInput, Profile};
+use crate::framework::volumes::VolumeIndex;
 use crate::k8s::pod_info::PodInfo;
 use crate::shared::nominations::Nomination;
 use crate::snapshot::Snapshot;
@@ -150,6 +151,7 @@ impl<A: ClusterApi> Scheduler<A> {
     /// Plans priority preemption for `pod`, which fits nowhere (the chain's first step).
     pub(super) fn plan_preempt_one(
         &mut self,
+        round: &mut RoundState,
         snapshot: &Snapshot,
         view: &ClusterView,
         verdicts: &Verdicts,
@@ -164,19 +166,10 @@ impl<A: ClusterApi> Scheduler<A> {
         if waiting_for_victims(pod, self.cluster.nomination(&pod.key.uid), view, snapshot) {
             return Found::Stop(Outcome::Waiting);
         }
-        let profile = Profile {
-            volumes: &self.volumes,
-        };
-        let Ok(filtered) = profile.filter(
-            verdicts,
-            &FilterInput {
-                snapshot,
-                scalars: &snapshot.scalars,
-                pod,
-                demand: &demand,
-                planned: &[],
-            },
-        ) else {
+        let Ok(filtered) = self
+            .profile
+            .filter_alone(snapshot, &round.volumes, verdicts, pod)
+        else {
             return Found::Stop(Outcome::NotTried);
         };
         let not_helpful = filtered
@@ -187,7 +180,7 @@ impl<A: ClusterApi> Scheduler<A> {
         let promised = self.cluster.promised_victims(&[&pod.key]);
         // With queues, priority preempts only within the pod's queue (reclaim is across).
         let queues = &self.queues;
-        let own = self.queues_in_use.then(|| queues.of(pod).ok());
+        let own = round.queues_in_use.then(|| queues.of(pod).ok());
         let me = preempt::Contender {
             priority: pod.priority,
             queue: own.flatten(),
@@ -218,7 +211,7 @@ impl<A: ClusterApi> Scheduler<A> {
             filtered.mask(),
             &[],
         );
-        self.preemption_times.push(started.elapsed());
+        round.preemption_times.push(started.elapsed());
         let Some(plan) = plan else {
             return Found::Nothing(Outcome::NoVictims(not_helpful));
         };
@@ -270,6 +263,7 @@ impl<A: ClusterApi> Scheduler<A> {
     /// evicting), within one of `domains`.
     pub(super) fn plan_preempt_gang(
         &mut self,
+        round: &mut RoundState,
         snapshot: &Snapshot,
         view: &ClusterView,
         members: &[(&Arc<PodInfo>, Verdicts)],
@@ -284,7 +278,7 @@ impl<A: ClusterApi> Scheduler<A> {
         let deciding: Vec<&PodKey> = members.iter().map(|(p, _)| &p.key).collect();
         let promised = self.cluster.promised_victims(&deciding);
         let queues = &self.queues;
-        let own = self
+        let own = round
             .queues_in_use
             .then(|| members.first().and_then(|(p, _)| queues.of(p).ok()));
         let me = preempt::Contender {
@@ -308,7 +302,7 @@ impl<A: ClusterApi> Scheduler<A> {
             None,
         );
         let started = std::time::Instant::now();
-        let masks = self.member_masks(snapshot, members);
+        let masks = self.member_masks(snapshot, &round.volumes, members);
         let not_helpful = masks
             .iter()
             .flatten()
@@ -324,7 +318,7 @@ impl<A: ClusterApi> Scheduler<A> {
             domains,
         };
         let best = search.best(&mut self.placer, snapshot, &cands, &[]);
-        self.preemption_times.push(started.elapsed());
+        round.preemption_times.push(started.elapsed());
         let plan = match best {
             Err(NotPlanned) => return Found::Stop(Outcome::NotTried),
             Ok(None) => return Found::Nothing(Outcome::NoVictims(not_helpful)),
@@ -359,22 +353,13 @@ impl<A: ClusterApi> Scheduler<A> {
     pub(super) fn member_masks(
         &self,
         snapshot: &Snapshot,
+        volumes: &VolumeIndex,
         members: &[(&Arc<PodInfo>, Verdicts)],
     ) -> Vec<Option<Vec<bool>>> {
-        let profile = Profile {
-            volumes: &self.volumes,
-        };
         members
             .iter()
             .map(|(p, v)| {
-                let input = FilterInput {
-                    snapshot,
-                    scalars: &snapshot.scalars,
-                    pod: p,
-                    demand: p.demand.as_ref().ok()?,
-                    planned: &[],
-                };
-                let f = profile.filter(v, &input).ok()?;
+                let f = self.profile.filter_alone(snapshot, volumes, v, p).ok()?;
                 Some(
                     f.mask()
                         .map_or_else(|| vec![true; snapshot.nodes.len()], <[bool]>::to_vec),

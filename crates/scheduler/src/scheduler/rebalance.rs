@@ -13,6 +13,7 @@ use gpuplace_core::defrag::{self, Fleet, Limits, RebalancePace};
 use gpuplace_core::{Placer, Policy};
 
 use super::make_room::{PlannedMove, planned_moves};
+use super::round_state::RoundState;
 use super::{RoundReport, Scheduler};
 use crate::api::{ClusterApi, ClusterView};
 use crate::snapshot::Snapshot;
@@ -26,6 +27,7 @@ impl<A: ClusterApi> Scheduler<A> {
         &mut self,
         snapshot: &Snapshot,
         view: &ClusterView,
+        round: &RoundState,
         now: Instant,
         report: &mut RoundReport,
     ) {
@@ -44,7 +46,7 @@ impl<A: ClusterApi> Scheduler<A> {
         else {
             return;
         };
-        let moves = self.plan_rebalance(snapshot, view, limits);
+        let moves = self.plan_rebalance(snapshot, view, &round.volumes, limits);
         if moves.is_empty() {
             return;
         }
@@ -71,6 +73,7 @@ impl<A: ClusterApi> Scheduler<A> {
         &self,
         snapshot: &Snapshot,
         view: &ClusterView,
+        volumes: &crate::framework::volumes::VolumeIndex,
         limits: Limits,
     ) -> Vec<PlannedMove> {
         let pace = &self.rebalancing;
@@ -80,7 +83,7 @@ impl<A: ClusterApi> Scheduler<A> {
             .filter_map(|p| Some((p.key.uid.as_str(), p.controller.as_ref()?.uid.as_str())))
             .collect();
         let moved_lately = |uid: &str| owner_of.get(uid).is_some_and(|o| pace.moved_lately(*o));
-        let set = self.movable_now(snapshot, view, &moved_lately);
+        let set = self.movable_now(snapshot, view, volumes, &moved_lately);
         let mut fgd = Placer::new(Policy::Fgd, self.config.seed);
         let plan = defrag::rebalance(
             &mut fgd,

@@ -15,10 +15,10 @@ use gpuplace_core::preempt;
 
 use super::post_filter::{GangPreempted, GangSearch, Outcome, Preempted, victims_of};
 use super::preempt::candidates;
+use super::round_state::RoundState;
 use super::{RoundReport, Scheduler};
 use crate::api::{ClusterApi, ClusterView, PodKey};
 use crate::framework::filter::Verdicts;
-use crate::framework::{FilterInput, Profile};
 use crate::k8s::pod_info::PodInfo;
 use crate::snapshot::Snapshot;
 
@@ -112,6 +112,7 @@ impl<A: ClusterApi> Scheduler<A> {
     /// entitled or no plan keeps every queue at its guarantee.
     pub(super) fn plan_reclaim_one<U>(
         &mut self,
+        round: &mut RoundState,
         snapshot: &Snapshot,
         view: &ClusterView,
         verdicts: &Verdicts,
@@ -125,17 +126,10 @@ impl<A: ClusterApi> Scheduler<A> {
         let asked = Res::of(&demand.request, None);
         let tree = fair.picker.tree();
         let entitled = Entitlement::new(tree, fair.picker.allocations(), fair.queue, &asked)?;
-        let profile = Profile {
-            volumes: &self.volumes,
-        };
-        let input = FilterInput {
-            snapshot,
-            scalars: &snapshot.scalars,
-            pod,
-            demand: &demand,
-            planned: &[],
-        };
-        let filtered = profile.filter(verdicts, &input).ok()?;
+        let filtered = self
+            .profile
+            .filter_alone(snapshot, &round.volumes, verdicts, pod)
+            .ok()?;
         let started = std::time::Instant::now();
         let pool = self.reclaim_pool(snapshot, view, &[&pod.key], &entitled, filtered.mask())?;
         let search = |taken: &[bool]| {
@@ -151,7 +145,7 @@ impl<A: ClusterApi> Scheduler<A> {
             cycle::reclaim::plan_within_guarantees(&pool.taken(snapshot), &entitled, search, |p| {
                 &p.units
             });
-        self.preemption_times.push(started.elapsed());
+        round.preemption_times.push(started.elapsed());
         let found = found?;
         let victims = victims_of(&pool.cands, &pool.keys, &found.plan.units);
         Some(Reclaimed {
@@ -171,6 +165,7 @@ impl<A: ClusterApi> Scheduler<A> {
     /// every member planned within one of `domains`.
     pub(super) fn plan_reclaim_gang<U>(
         &mut self,
+        round: &mut RoundState,
         snapshot: &Snapshot,
         view: &ClusterView,
         members: &[(&Arc<PodInfo>, Verdicts)],
@@ -189,7 +184,7 @@ impl<A: ClusterApi> Scheduler<A> {
         let started = std::time::Instant::now();
         let deciding: Vec<&PodKey> = members.iter().map(|(p, _)| &p.key).collect();
         let pool = self.reclaim_pool(snapshot, view, &deciding, &entitled, None)?;
-        let masks = self.member_masks(snapshot, members);
+        let masks = self.member_masks(snapshot, &round.volumes, members);
         let gang = GangSearch {
             members,
             masks: &masks,
@@ -201,7 +196,7 @@ impl<A: ClusterApi> Scheduler<A> {
             cycle::reclaim::plan_within_guarantees(&pool.taken(snapshot), &entitled, search, |p| {
                 &p.plan.units
             });
-        self.preemption_times.push(started.elapsed());
+        round.preemption_times.push(started.elapsed());
         let found = found?;
         let victims = victims_of(&pool.cands, &pool.keys, &found.plan.plan.units);
         Some(GangReclaimed {

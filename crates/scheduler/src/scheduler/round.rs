@@ -11,7 +11,9 @@ use gpuplace_core::cycle::{self, Chained, Cycled};
 use tracing::{debug, info, warn};
 
 use super::chain::{PodSteps, Spent};
+use super::fair_round::Limits;
 use super::reclaim::Fair;
+use super::round_state::{Deciding, RoundState};
 use super::units::{Order, Unit};
 use super::{RoundReport, Scheduler, Seen};
 use crate::api::{ApiError, BindRequest, ClusterApi, ClusterView, PodFeed, PodKey};
@@ -169,30 +171,41 @@ impl<A: ClusterApi> Scheduler<A> {
             })
             .collect();
         let waiting_uids: HashSet<&str> = waiting.iter().map(|p| p.key.uid.as_str()).collect();
-        self.volumes = if waiting.iter().any(|p| !p.claims.is_empty()) {
+        let volumes = if waiting.iter().any(|p| !p.claims.is_empty()) {
             crate::framework::volumes::VolumeIndex::new(&view.claims, &view.volumes)
         } else {
             Default::default()
         };
+        let mut round = RoundState::new(now, volumes);
         self.queue.retain(|uid| waiting_uids.contains(uid.as_str()));
         self.unfinished
             .retain(|uid| waiting_uids.contains(uid.as_str()));
         let units = self.units(&waiting, now);
         self.queues.refresh(&view);
-        self.queues_in_use = self.queues.in_use(&view, &waiting);
+        round.queues_in_use = self.queues.in_use(&view, &waiting);
         report.timings.snapshot = started.elapsed();
-        if self.queues_in_use {
-            self.decide_fairly(&mut snapshot, &view, &waiting, units, now, &mut report)
-                .await;
+        let queues_in_use = round.queues_in_use;
+        if queues_in_use {
+            self.decide_fairly(
+                &mut snapshot,
+                &view,
+                &waiting,
+                units,
+                &mut round,
+                &mut report,
+            )
+            .await;
         } else {
             let order = Order::Plain(units.into_iter());
-            self.decide_units(&mut snapshot, &view, order, now, &mut report)
+            self.decide_units(&mut snapshot, &view, order, &mut round, &mut report)
                 .await;
         }
         report.pending = waiting.len().saturating_sub(report.assumed);
-        self.rebalance(&snapshot, &view, now, &mut report).await;
+        self.rebalance(&snapshot, &view, &round, now, &mut report)
+            .await;
+        report.preemption_searches = std::mem::take(&mut round.preemption_times);
         self.finish_round(snapshot, &mut report);
-        if self.queues_in_use {
+        if queues_in_use {
             let stamp = crate::clock::rfc3339(std::time::SystemTime::now());
             self.queue_status.want(&report.queues, &view, &stamp);
             self.flush_queue_statuses(now).await;
@@ -241,9 +254,10 @@ impl<A: ClusterApi> Scheduler<A> {
         snapshot: &mut Snapshot,
         view: &ClusterView,
         mut order: Order<'_, '_, 'a>,
-        now: Instant,
+        round: &mut RoundState,
         report: &mut RoundReport,
     ) {
+        let now = round.now;
         let mut verdicts = VerdictCache::default();
         while let Some((queue, unit)) = order.next() {
             if !self.gate.is_open() {
@@ -257,14 +271,22 @@ impl<A: ClusterApi> Scheduler<A> {
             if let (Order::Fair(picker), Some(q)) = (&mut order, queue) {
                 self.unaccount(picker, q, &pods);
             }
-            if let Some(q) = queue
-                && !self.within_limit(snapshot, &mut order, q, &pods, now, report)
-            {
-                if let Order::Fair(picker) = &mut order {
-                    self.account(snapshot, picker, q, &pods);
-                }
-                continue;
-            }
+            let narrow = match queue {
+                None => None,
+                Some(q) => match self.within_limit(snapshot, &mut order, q, &pods, now, report) {
+                    Limits::Within(narrow) => narrow,
+                    Limits::Refused => {
+                        if let Order::Fair(picker) = &mut order {
+                            self.account(snapshot, picker, q, &pods);
+                        }
+                        continue;
+                    }
+                },
+            };
+            let deciding = Deciding {
+                round: &mut *round,
+                narrow: narrow.as_deref(),
+            };
             let fair = match (&mut order, queue) {
                 (Order::Fair(picker), Some(queue)) => Some(Fair { picker, queue }),
                 _ => None,
@@ -274,7 +296,7 @@ impl<A: ClusterApi> Scheduler<A> {
                     let started = Instant::now();
                     let v = verdicts.get(snapshot, pod);
                     report.timings.filter += started.elapsed();
-                    self.schedule_one(snapshot, view, &v, pod, fair, now, report)
+                    self.schedule_one(snapshot, view, &v, pod, fair, deciding, report)
                         .await;
                 }
                 Unit::Gang((namespace, group), members) => {
@@ -284,12 +306,11 @@ impl<A: ClusterApi> Scheduler<A> {
                         .map(|p| (p, verdicts.get(snapshot, p)))
                         .collect();
                     let id = (namespace.as_str(), group.as_str());
-                    self.schedule_gang(snapshot, view, id, members, fair, now, report)
+                    self.schedule_gang(snapshot, view, id, members, fair, deciding, report)
                         .await;
                     report.timings.gangs += started.elapsed();
                 }
             }
-            self.narrow = None;
             if let (Order::Fair(picker), Some(q)) = (&mut order, queue) {
                 self.account(snapshot, picker, q, &pods);
             }
@@ -307,7 +328,6 @@ impl<A: ClusterApi> Scheduler<A> {
         report.gpu_capacity_milli = snapshot.state.gpu_capacity_milli();
         report.gpu_allocated_milli = snapshot.state.gpu_allocated_milli();
         report.fragmentation_milli = snapshot.state.total_frag() as u64;
-        report.preemption_searches = std::mem::take(&mut self.preemption_times);
         self.cluster.keep(snapshot);
     }
 
@@ -344,9 +364,11 @@ impl<A: ClusterApi> Scheduler<A> {
         verdicts: &Verdicts,
         pod: &Arc<PodInfo>,
         fair: Option<Fair<'_, '_, Unit<'_>>>,
-        now: Instant,
+        deciding: Deciding<'_>,
         report: &mut RoundReport,
     ) {
+        let Deciding { round, narrow } = deciding;
+        let now = round.now;
         // A preemptor is decided with the devices held for it free; preemption, reclaim and
         // make-room plan so too (a preemptor deciding again may keep its place), its hold
         // applied again after, the new one's if it was nominated anew.
@@ -367,7 +389,8 @@ impl<A: ClusterApi> Scheduler<A> {
                 pod,
                 steered: &steered,
                 fair: fair.as_ref(),
-                now,
+                round: &mut *round,
+                narrow,
                 spent: Spent::default(),
             };
             let cycled = cycle::schedule(&mut steps);
@@ -404,7 +427,7 @@ impl<A: ClusterApi> Scheduler<A> {
         };
         let started = Instant::now();
         let (outcome, made) = self
-            .carry_out_pod(snapshot, view, (pod, now), chained, fair, report)
+            .carry_out_pod(snapshot, view, pod, round, chained, fair, report)
             .await;
         // A shape make-room searched lately looks again when its wait is over (or when a
         // pod leaves): it is told when rather than parked.

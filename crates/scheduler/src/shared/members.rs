@@ -16,8 +16,8 @@ use gpuplace_core::{ClusterState, Decision, Unschedulable};
 use gpuplace_model::Request;
 
 use super::nominations::Planned;
-use crate::framework::filter::{Filtered, Verdicts, explain};
-use crate::framework::{FilterInput, Profile};
+use crate::framework::filter::{Filtered, Verdicts};
+use crate::framework::{FilterInput, Filtering};
 use crate::k8s::demand::PodDemand;
 use crate::k8s::pod_info::PodInfo;
 use crate::snapshot::{Scalars, Snapshot};
@@ -44,13 +44,13 @@ impl Feasible for Kept<'_> {
 /// A unit's members on one snapshot, within one domain.
 pub struct OnSnapshot<'s, 'a> {
     pub snapshot: &'s Snapshot,
-    pub profile: Profile<'s>,
+    /// The profile, with the round's claims and volumes.
+    pub filtering: Filtering<'s>,
     pub members: Vec<(&'a Arc<PodInfo>, &'s Verdicts)>,
     demands: Vec<Result<PodDemand, String>>,
     /// The nodes of the gang's topology domain (`None`: every node).
     pub domain: Option<&'s [bool]>,
     pub steered: &'s Steered<'s>,
-    pub gpu_resource: &'s str,
     /// The state the members are decided on: the snapshot's for a single pod, a copy that
     /// each member's Reserve takes from for a gang.
     state: Cow<'s, ClusterState>,
@@ -58,7 +58,7 @@ pub struct OnSnapshot<'s, 'a> {
     /// Members placed so far, for the terms about other pods.
     planned: Vec<(usize, Arc<PodInfo>)>,
     /// Time spent in Filter.
-    pub filtering: Duration,
+    pub filter_time: Duration,
 }
 
 impl<'s, 'a> OnSnapshot<'s, 'a> {
@@ -66,10 +66,9 @@ impl<'s, 'a> OnSnapshot<'s, 'a> {
     /// state for those after it.
     pub fn new(
         snapshot: &'s Snapshot,
-        profile: Profile<'s>,
+        filtering: Filtering<'s>,
         members: Vec<(&'a Arc<PodInfo>, &'s Verdicts)>,
         steered: &'s Steered<'s>,
-        gpu_resource: &'s str,
         trial: bool,
     ) -> Self {
         let demands = members.iter().map(|(p, _)| p.demand.clone()).collect();
@@ -86,16 +85,15 @@ impl<'s, 'a> OnSnapshot<'s, 'a> {
         };
         OnSnapshot {
             snapshot,
-            profile,
+            filtering,
             members,
             demands,
             domain: None,
             steered,
-            gpu_resource,
             state,
             scalars,
             planned: Vec::new(),
-            filtering: Duration::ZERO,
+            filter_time: Duration::ZERO,
         }
     }
 
@@ -135,12 +133,13 @@ impl<'s, 'a> place::Members for OnSnapshot<'s, 'a> {
         let demand = self.demands[i].as_ref().map_err(Clone::clone)?;
         let input = FilterInput {
             snapshot: self.snapshot,
+            volumes: self.filtering.volumes,
             scalars: &self.scalars,
             pod,
             demand,
             planned: &self.planned,
         };
-        let filtered = self.profile.filter(verdicts, &input);
+        let filtered = self.filtering.profile.filter(verdicts, &input);
         let kept = filtered.map(|filtered| {
             let filtered = match self.domain {
                 // Within the gang's domain first: preferences then rank inside it.
@@ -151,9 +150,9 @@ impl<'s, 'a> place::Members for OnSnapshot<'s, 'a> {
                 }
                 None => filtered,
             };
-            Kept(self.profile.prefer(filtered, &input, &self.state))
+            Kept(self.filtering.profile.prefer(filtered, &input, &self.state))
         });
-        self.filtering += started.elapsed();
+        self.filter_time += started.elapsed();
         kept
     }
 
@@ -190,11 +189,8 @@ impl<'s, 'a> place::Members for OnSnapshot<'s, 'a> {
     }
 
     fn unfit(&self, _: usize, why: Unschedulable, filtered: &Kept<'s>) -> String {
-        explain(
-            why,
-            &filtered.0.rejected,
-            self.snapshot.nodes.len(),
-            self.gpu_resource,
-        )
+        self.filtering
+            .profile
+            .explain(why, &filtered.0, self.snapshot.nodes.len())
     }
 }
