@@ -2,9 +2,11 @@
 """Finds circles in the graph of which source file uses which, per crate.
 
 A file uses another when it names an item of the other's module: `use crate::a::b::X`,
-`crate::a::b::f(..)`, `super::b::X`, `self::b::X` or `b::X` for a child module `b`, and a
-parent's `pub use b::X` (a re-export uses the child). Declaring `mod b;` alone is ownership,
-not use. Prints every strongly connected group of two or more files, and exits 1 if there
+`crate::a::b::f(..)`, `super::b::X`, `self::b::X` or `b::X` for a child module `b`, each
+item of a brace group (`use super::{X, b::Y}`), and a parent's `pub use b::X` (a re-export
+uses the child). A name reached through a re-export (`crate::X` where lib.rs has
+`pub use a::X`) uses the file that defines it. `::b::X` is an extern crate, not a child.
+Declaring `mod b;` alone is ownership, not use. Prints every strongly connected group of two or more files, and exits 1 if there
 is one (0 otherwise), so CI can hold the line.
 
 Usage: scripts/import-cycles.py [--crates crates] [--verbose]
@@ -54,20 +56,83 @@ def modules_of(src):
     return files
 
 
+REEXPORTS = {}
+
+
+def reexports_of(files):
+    """By module, the names its file re-exports (`pub use child::..::Name`), and the full
+    module path they come from: naming `crate::Name` uses the file that defines it, not
+    the one that re-exports it."""
+    out = {}
+    for module, path in files.items():
+        text = strip_comments(open(path, encoding="utf-8").read())
+        names = {}
+        for block in re.findall(r"\bpub(?:\([^)]*\))?\s+use\s+([^;]+);", text, re.S):
+            for flat in expand(block):
+                words = [w for w in flat.split("::") if w and w != "self"]
+                if len(words) < 2:
+                    continue
+                name = words[-1].split(" as ")[0]
+                if words[0] in ("crate", "super", "self"):
+                    continue
+                names[name] = module + tuple(words[:-1])
+        out[module] = names
+    return out
+
+
 def resolve(module, words, files):
-    """The file of the longest known module prefix of `module + words`."""
+    """The file of the longest known module prefix of `module + words` (through a
+    re-export to the module that defines the name)."""
     full = module + tuple(words)
     for n in range(len(full), -1, -1):
         if full[:n] in files:
+            if n < len(full):
+                origin = REEXPORTS.get(full[:n], {}).get(full[n])
+                if origin is not None and origin != full[:n]:
+                    return resolve(origin, [], files)
             return files[full[:n]]
     return None
+
+
+def expand(tree):
+    """The flat paths of a `use` tree: `a::{b, c::{d, e}}` -> a::b, a::c::d, a::c::e."""
+    tree = re.sub(r"\s+", "", tree)
+    depth, start, parts = 0, None, []
+    for i, ch in enumerate(tree):
+        if ch == "{":
+            if depth == 0:
+                start = i
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                prefix, inner, rest = tree[:start], tree[start + 1 : i], tree[i + 1 :]
+                items, d, cur = [], 0, ""
+                for c in inner:
+                    if c == "," and d == 0:
+                        items.append(cur)
+                        cur = ""
+                        continue
+                    d += c == "{"
+                    d -= c == "}"
+                    cur += c
+                items.append(cur)
+                for item in items:
+                    if item:
+                        parts.extend(expand(prefix + item + rest))
+                return parts
+    return [re.sub(r"\bas\w+$", "", tree)]
 
 
 def uses(module, path, text, files):
     out = set()
     children = {m[-1] for m in files if m[:-1] == module and len(m) == len(module) + 1}
-    for kind, rest in PATH.findall(text):
-        words = [w for w in rest.split("::") if w]
+    # Brace groups name each item under their prefix: `use super::{A, b::C}`.
+    flat = " ".join(
+        p + ";" for block in USE_BLOCK.findall(text) for p in expand(block) if "{" in block
+    )
+    for kind, rest in PATH.findall(text + " " + flat):
+        words = [w for w in rest.split("::") if w and w != "self"]
         if kind == "crate":
             base = ()
         elif kind == "self":
@@ -88,7 +153,8 @@ def uses(module, path, text, files):
             if target:
                 out.add(target)
     for child in children:
-        if re.search(r"\b" + child + r"::", text):
+        # `::kube::X` is the extern crate, not a child module named `kube`.
+        if re.search(r"(?<![:\w])" + child + r"::", text):
             out.add(files[module + (child,)])
     out.discard(path)
     return out
@@ -138,6 +204,8 @@ def main():
         if not os.path.isdir(src):
             continue
         files = modules_of(src)
+        REEXPORTS.clear()
+        REEXPORTS.update(reexports_of(files))
         graph = defaultdict(set)
         for module, path in files.items():
             text = strip_comments(open(path, encoding="utf-8").read())

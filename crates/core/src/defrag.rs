@@ -20,6 +20,7 @@
 mod eligible;
 mod memo;
 mod pace;
+mod plan;
 mod rebalance;
 mod settings;
 
@@ -30,97 +31,17 @@ use rand_chacha::ChaCha8Rng;
 use crate::devices::choose_gpus_on;
 use crate::placer::Placer;
 use crate::policy::Policy;
-use crate::preempt::{Candidates, Holder, give, take, violations};
+use crate::preempt::{give, take, violations};
 use crate::state::{ClusterState, NodeState};
 
 pub use eligible::{MoveCandidate, may_move, unit_may_move};
 pub use memo::{ROOM_RETRY, RoomMemo};
 pub use pace::{Fleet, RebalancePace};
+pub use plan::{Movables, Move, MoveCost, Placement, RoomPlan};
 pub use rebalance::{Rebalance, rebalance};
 pub use settings::{
     Limits, MAX_MIN_AGE, Mode, REBALANCE_COOLDOWN, REBALANCE_MIN_GAIN_MILLI, Settings, UnknownMode,
 };
-
-/// The pods that may move: units (one pod, or a whole gang) of holders, and per holder the
-/// nodes it may be placed on again (`None`: any node).
-#[derive(Clone, Debug, Default)]
-pub struct Movables<'a> {
-    /// Units, holders and disruption budgets (a unit's priority and `freeing` are not
-    /// used: what terminating pods free is the scheduler's to wait for).
-    pub candidates: Candidates<'a>,
-    /// Per holder (index into `candidates.holders`), where it may go.
-    pub allowed: Vec<Option<Vec<bool>>>,
-}
-
-impl<'a> Movables<'a> {
-    /// Adds a unit of `members`, made at `created_ms` (its first member's creation on the
-    /// driver's clock: of equal units the older is kept and placed first), each with the
-    /// nodes it may be placed on again.
-    pub fn push_unit(
-        &mut self,
-        created_ms: i64,
-        members: impl IntoIterator<Item = (Holder<'a>, Option<Vec<bool>>)>,
-    ) {
-        let (holders, allowed): (Vec<Holder<'a>>, Vec<Option<Vec<bool>>>) =
-            members.into_iter().unzip();
-        self.allowed.extend(allowed);
-        self.candidates.push_unit(0, created_ms, holders);
-    }
-
-    fn created(&self, u: usize) -> i64 {
-        self.candidates.units[u].created_ms
-    }
-
-    pub fn units(&self) -> usize {
-        self.candidates.units.len()
-    }
-
-    fn unit_milli(&self, u: usize) -> u64 {
-        self.candidates
-            .members(u)
-            .iter()
-            .flat_map(|m| m.gpus)
-            .map(|&(_, m)| u64::from(m))
-            .sum()
-    }
-}
-
-/// What a plan costs, compared in field order (less is better).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
-pub struct MoveCost {
-    /// Milli-GPU held by the moved pods.
-    pub milli_moved: u64,
-    /// Pods moved (every member of a moved gang counts).
-    pub pods_moved: u32,
-    /// The cluster's fragmentation after the plan (milli-GPU, FGD's measure).
-    pub frag_milli: u64,
-}
-
-/// One pod's move: holder `holder` goes to node `to`, GPUs `gpus` (position, milli).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Move {
-    pub holder: usize,
-    pub to: usize,
-    pub gpus: Vec<(usize, u32)>,
-}
-
-/// Where a pending pod goes once the moves are made.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Placement {
-    pub node: usize,
-    pub gpus: Vec<(usize, u32)>,
-}
-
-/// A plan to make room: per pending member (in the order asked) its place, the units that
-/// move and each moved pod's new place.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RoomPlan {
-    pub placements: Vec<Placement>,
-    /// Indices into the movables' units.
-    pub units: Vec<usize>,
-    pub moves: Vec<Move>,
-    pub cost: MoveCost,
-}
 
 /// Nodes whose plans are checked for places for their moved pods, cheapest first (each
 /// check places every moved pod again).

@@ -22,6 +22,7 @@ pub mod preempt;
 mod queue_status;
 mod rebalance;
 mod reclaim;
+mod room_shape;
 mod round;
 mod round_state;
 pub mod run;
@@ -201,8 +202,9 @@ pub struct Scheduler<A: ClusterApi> {
     refused_moves: HashMap<String, std::time::Instant>,
     /// Make-room searches for a pod's shape that found nothing, and until when they are
     /// not made again (core's rule, as the timeline's).
-    room_memo: gpuplace_core::defrag::RoomMemo<make_room::RoomShape, Instant>,
-    rebalancing: rebalance::Rebalancing,
+    room_memo: gpuplace_core::defrag::RoomMemo<room_shape::RoomShape, Instant>,
+    /// Rebalancing's memory between rounds (core's, keyed by controller UID).
+    rebalancing: gpuplace_core::defrag::RebalancePace<String, Instant>,
     /// The queues as the view defines them.
     queues: crate::shared::queues::Queues,
     /// Queues' statuses as written and wanted.

@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use costs::{Fault, InFlight};
+use costs::{Counts, Fault, InFlight};
 pub use costs::{Faults, MAX_ANNOTATIONS_BYTES, ServerCosts, is_qualified_name};
 use gpuplace_scheduler::k8s::gang::PodGroup;
 use gpuplace_scheduler::k8s::pod_store::PodStore;
@@ -325,6 +325,18 @@ struct Rbac {
     reviews: usize,
 }
 
+impl Counts for Store {
+    fn enter(&mut self) {
+        self.in_flight += 1;
+        self.requests += 1;
+        self.peak_in_flight = self.peak_in_flight.max(self.in_flight);
+    }
+
+    fn leave(&mut self) {
+        self.in_flight -= 1;
+    }
+}
+
 pub(super) fn lock(store: &Mutex<Store>) -> std::sync::MutexGuard<'_, Store> {
     store.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -358,7 +370,7 @@ impl MemoryApi {
     }
 
     /// Waits for a request slot and the latency; then draws the request's fault.
-    async fn charge(&self) -> (InFlight, Option<Fault>) {
+    async fn charge(&self) -> (InFlight<Store>, Option<Fault>) {
         let permit = match &self.slots {
             Some(slots) => Arc::clone(slots).acquire_owned().await.ok(),
             None => None,

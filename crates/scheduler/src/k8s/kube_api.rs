@@ -31,9 +31,9 @@ use crate::k8s::queue::{DEFAULT_QUEUE_ANNOTATION, Queue, QueueStatus};
 
 mod events;
 mod watch;
-pub use watch::{WatchLog, WatchNote, is_missing_resource};
+pub use watch::{Changes, WatchLog, WatchNote, is_missing_resource};
 use watch::{
-    Watched, budget_fingerprint, claim_fingerprint, node_fingerprint, run_reflector,
+    Watched, budget_fingerprint, bump, claim_fingerprint, node_fingerprint, run_reflector,
     volume_fingerprint,
 };
 
@@ -54,13 +54,6 @@ pub struct KubeApi {
     changes: Changes,
     /// The client's own request rate limit (`--kube-api-qps`, `--kube-api-burst`).
     limit: Option<Arc<crate::k8s::rate::TokenBucket>>,
-}
-
-/// A counter of watch events that waiters can wait on.
-pub type Changes = Arc<tokio::sync::watch::Sender<u64>>;
-
-fn bump(changes: &Changes) {
-    changes.send_modify(|g| *g += 1);
 }
 
 /// The API server refuses an Event whose note is longer than 1 KiB.

@@ -22,6 +22,7 @@ use gpuplace_core::defrag::{self, Limits, ROOM_RETRY};
 
 use super::defrag::{Eligibility, MovableSet, Steer, movable_set};
 use super::preempt::victim_list;
+use super::room_shape::RoomShape;
 use super::round_state::RoundState;
 use super::{RoundReport, Scheduler};
 use crate::api::{ApiError, ClusterApi, ClusterView, PodKey};
@@ -47,26 +48,6 @@ pub(super) enum Made {
     /// A search for pods of this shape found nothing lately; the next is not made before
     /// this long.
     Later(Duration),
-}
-
-/// What a make-room search is remembered by: the pod's request and the node terms that
-/// filter it (not the round's mask: that follows the nodes' free CPU and memory, and the
-/// simulator's shapes are requests alone). Pods with terms on other pods (affinity, spread,
-/// ports), claims or extended resources are not remembered.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub(super) struct RoomShape {
-    request: gpuplace_model::Request,
-    terms: String,
-}
-
-impl RoomShape {
-    fn of(pod: &PodInfo, demand: &crate::k8s::demand::PodDemand) -> Option<RoomShape> {
-        let plain = pod.placement.is_none() && pod.claims.is_empty() && demand.extended.is_empty();
-        plain.then(|| RoomShape {
-            request: demand.request.clone(),
-            terms: pod.filter_key.clone(),
-        })
-    }
 }
 
 impl Made {

@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use gpuplace_core::defrag::{self, Fleet, Limits, RebalancePace};
+use gpuplace_core::defrag::{self, Fleet, Limits};
 use gpuplace_core::{Placer, Policy};
 
 use super::make_room::{PlannedMove, planned_moves};
@@ -17,9 +17,6 @@ use super::round_state::RoundState;
 use super::{RoundReport, Scheduler};
 use crate::api::{ClusterApi, ClusterView};
 use crate::snapshot::Snapshot;
-
-/// Rebalancing's memory between rounds (core's, keyed by controller UID).
-pub type Rebalancing = RebalancePace<String, Instant>;
 
 impl<A: ClusterApi> Scheduler<A> {
     /// Rebalances when it is time (see the module's text).

@@ -16,10 +16,13 @@ mod arrive;
 mod chain;
 mod costs;
 mod defrag;
+mod defrag_state;
 mod fair;
 mod fair_round;
 mod leaving;
 mod members;
+mod soon;
+mod units;
 mod victims;
 mod wakeups;
 
@@ -35,116 +38,11 @@ use super::metrics::{Recorder, Values};
 use super::options::{Costs, Ms, Patience, TimelineOptions};
 use super::tenants::Tenants;
 use crate::trace::TracePod;
-use chain::Tried;
 
-pub use defrag::{DefragCounts, movable_pod};
+pub use defrag_state::{DefragCounts, movable_pod};
 pub use fair::{QueueRun, TenantRun};
-
-/// One pod's life in the replay.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Job {
-    /// Index into the pod list.
-    pub pod: u32,
-    pub unit: u32,
-    pub arrival: Ms,
-    /// How long it runs once started.
-    pub run_ms: u64,
-    /// Its pod's whole run; `full_ms - run_ms` was done before this job (a warm-start pod's
-    /// age at t=0, a checkpointed pod's progress before it was evicted).
-    pub full_ms: u64,
-    /// Arrived inside the measurement window.
-    pub measured: bool,
-    /// When it was decided: its GPUs are held from here.
-    pub placed_at: Option<Ms>,
-    /// When its Binding was written (its wait ends here).
-    pub start: Option<Ms>,
-    /// When its container runs (its work starts; its GPUs were held from the decision).
-    pub work_from: Option<Ms>,
-    /// When it left (finished or evicted).
-    pub end: Option<Ms>,
-    pub evicted: bool,
-    /// Made by its controller for a pod evicted or moved (not an arrival).
-    pub by_controller: bool,
-    /// Its user deleted it while it waited (`--patience`).
-    pub abandoned: bool,
-    pub node: u32,
-    pub gpus: Vec<(usize, u32)>,
-}
-
-impl Job {
-    /// A job of `unit` waiting from `arrival` to run `work`.
-    fn waiting(unit: u32, arrival: Ms, work: Work, measured: bool, by_controller: bool) -> Job {
-        Job {
-            pod: work.pod,
-            unit,
-            arrival,
-            run_ms: work.full_ms.saturating_sub(work.done_ms).max(1),
-            full_ms: work.full_ms,
-            measured,
-            placed_at: None,
-            start: None,
-            work_from: None,
-            end: None,
-            evicted: false,
-            by_controller,
-            abandoned: false,
-            node: 0,
-            gpus: Vec::new(),
-        }
-    }
-
-    /// Milli-GPU it holds (none while it waits).
-    pub fn milli(&self) -> u64 {
-        self.gpus.iter().map(|&(_, m)| u64::from(m)).sum()
-    }
-
-    /// When its wait ended, as the window ending at `end` saw it: its Binding, else its
-    /// user giving up, else the end (a lower bound).
-    pub fn waited_until(&self, end: Ms) -> Ms {
-        self.start
-            .filter(|s| *s <= end)
-            .or(self.end.filter(|_| self.abandoned))
-            .unwrap_or(end)
-    }
-}
-
-/// A pod's work as it joins the queue: its whole run and what of it is done.
-#[derive(Clone, Copy, Debug)]
-struct Work {
-    pod: u32,
-    full_ms: u64,
-    done_ms: u64,
-}
-
-/// Where a pod was placed: the node and its GPUs (position, milli).
-#[derive(Clone)]
-struct Placed {
-    node: usize,
-    gpus: Vec<(usize, u32)>,
-}
-
-/// Queue order: higher priority first, then arrival sequence.
-type OrderKey = (Reverse<i32>, u64);
-
-struct Unit {
-    jobs: Vec<u32>,
-    key: OrderKey,
-    /// Still in the queue.
-    waiting: bool,
-    /// Failed attempts so far (tells a wake-up entry for an earlier failure from the
-    /// current one).
-    fails: u32,
-    /// In [`Engine::ready`].
-    ready: bool,
-    /// When its last attempt failed.
-    failed_at: Ms,
-    /// In [`Engine::backing_off`].
-    backing_off: bool,
-    /// Nominated by PostFilter: the places held for its members (taken in the state) until
-    /// it is decided again, which is not before `held_until` (its victims gone).
-    held: Vec<(u32, Placed)>,
-    held_until: Ms,
-}
+pub use units::Job;
+use units::{Placed, Tried, Unit};
 
 /// The workload a replay runs: the pod list, its mix of arrival units and run times, and
 /// each pod's distinct request id (for the failure memo).
@@ -192,7 +90,7 @@ pub struct Engine<'a> {
     flushes: VecDeque<(Ms, u32, u32)>,
     /// Wake-ups of units an event woke, due one initial backoff after their last attempt
     /// (bucketed by that time: a long backlog's trip through `wakes` was half a replay).
-    soon: wakeups::Soon,
+    soon: soon::Soon,
     /// Units whose backoff has ended but which were parked when last looked at: due once
     /// something wakes them. (An index over the queue so that a round looks at the units
     /// that can be due instead of every waiting one; which are due is still the queue's
@@ -225,7 +123,7 @@ pub struct Engine<'a> {
     waiting_pods: usize,
     measure_from: Ms,
     outcome_counts: Counts,
-    defrag: defrag::DefragState,
+    defrag: defrag_state::DefragState,
     /// Tenants' queues (`--tenants`).
     tenants: Option<fair::FairState>,
     /// With tenants: the queues serve (else they only measure).
@@ -238,7 +136,7 @@ pub struct Engine<'a> {
     /// Evicted pods' replacements, made by their controller later: (when, index into
     /// `recreations`).
     later: BinaryHeap<Reverse<(Ms, u32)>>,
-    recreations: Vec<costs::Recreation>,
+    recreations: Vec<units::Recreation>,
     /// When waiting units' users give up: (when, unit).
     give_ups: BinaryHeap<Reverse<(Ms, u32)>>,
     /// Evicted pods, holding what their plan did not take of their place until they are
@@ -294,7 +192,7 @@ impl<'a> Engine<'a> {
             fresh: Vec::new(),
             wakes: BinaryHeap::new(),
             flushes: VecDeque::new(),
-            soon: wakeups::Soon::default(),
+            soon: soon::Soon::default(),
             ready: Vec::new(),
             backing_off: Vec::new(),
             departures: BinaryHeap::new(),
@@ -311,7 +209,7 @@ impl<'a> Engine<'a> {
             waiting_pods: 0,
             measure_from: Ms(0),
             outcome_counts: Counts::default(),
-            defrag: defrag::DefragState::new(options.defrag.clone(), placer_seed),
+            defrag: defrag_state::DefragState::new(options.defrag.clone(), placer_seed),
             tenants,
             queues_serve: options.queues_serve,
             costs: options.costs,

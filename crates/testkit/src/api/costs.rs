@@ -7,8 +7,6 @@ use std::time::Duration;
 
 use gpuplace_scheduler::ApiError;
 
-use super::{Store, lock};
-
 /// Faults injected into the scheduler's requests, as probabilities per request.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Faults {
@@ -33,22 +31,26 @@ pub struct ServerCosts {
     pub faults: Faults,
     pub seed: u64,
 }
+/// What counts the requests being served (the fake server's store).
+pub(super) trait Counts: Send + 'static {
+    /// A request came in.
+    fn enter(&mut self);
+    /// A request was answered.
+    fn leave(&mut self);
+}
+
 /// One request being served; counted while it lives.
-pub(super) struct InFlight {
-    store: Arc<Mutex<Store>>,
+pub(super) struct InFlight<S: Counts> {
+    store: Arc<Mutex<S>>,
     _permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
-impl InFlight {
+impl<S: Counts> InFlight<S> {
     pub(super) fn enter(
-        store: &Arc<Mutex<Store>>,
+        store: &Arc<Mutex<S>>,
         permit: Option<tokio::sync::OwnedSemaphorePermit>,
     ) -> Self {
-        let mut s = lock(store);
-        s.in_flight += 1;
-        s.requests += 1;
-        s.peak_in_flight = s.peak_in_flight.max(s.in_flight);
-        drop(s);
+        store.lock().unwrap_or_else(|p| p.into_inner()).enter();
         InFlight {
             store: Arc::clone(store),
             _permit: permit,
@@ -56,9 +58,9 @@ impl InFlight {
     }
 }
 
-impl Drop for InFlight {
+impl<S: Counts> Drop for InFlight<S> {
     fn drop(&mut self) {
-        lock(&self.store).in_flight -= 1;
+        self.store.lock().unwrap_or_else(|p| p.into_inner()).leave();
     }
 }
 

@@ -12,8 +12,9 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::de::DeserializeOwned;
 
 use super::super::names::skip_space;
+use super::args::{ExtenderArgs, NodeItems};
 use super::recent::{self, Caller, Picked, RecentLists};
-use super::{ExtenderArgs, Names, NodeItems};
+use crate::extender::names::Names;
 
 /// The arguments, or `None` to leave the body to serde. With `lists`, the candidates' list
 /// is taken from a kept one with the same bytes, and a filter's list is kept.

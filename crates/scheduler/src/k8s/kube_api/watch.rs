@@ -15,8 +15,14 @@ use tracing::{info, warn};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::{Changes, bump};
 use crate::api::Listed;
+
+/// A counter of watch events that waiters can wait on.
+pub type Changes = Arc<tokio::sync::watch::Sender<u64>>;
+
+pub(super) fn bump(changes: &Changes) {
+    changes.send_modify(|g| *g += 1);
+}
 
 /// Whether a watch error says the resource type does not exist (a CRD not installed).
 pub fn is_missing_resource(e: &watcher::Error) -> bool {

@@ -3,7 +3,8 @@
 
 use std::cmp::Reverse;
 
-use super::{Engine, Job, Unit, Work};
+use super::Engine;
+use super::units::{Job, Unit, Work};
 use crate::timeline::options::Ms;
 
 impl Engine<'_> {

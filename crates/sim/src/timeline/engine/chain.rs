@@ -16,8 +16,9 @@ use gpuplace_core::defrag::RoomPlan;
 use gpuplace_core::fairshare::{Entitlement, Loss, Picker, Res};
 use gpuplace_core::preempt;
 
+use super::Engine;
+use super::units::{Job, Placed, Tried};
 use super::victims::{Eviction, candidates_of};
-use super::{Engine, Job, Placed};
 use crate::timeline::options::Ms;
 use crate::trace::TracePod;
 
@@ -36,17 +37,6 @@ pub(super) enum SimPlan {
         /// Member positions in the order of the plan's placements.
         order: Vec<usize>,
     },
-}
-
-/// How a unit's attempt ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Tried {
-    Started,
-    /// It fits nowhere: parked until a pod leaves (or the flush), as the scheduler's queue.
-    Parked,
-    /// Make-room searched for its shape lately and found nothing: it looks again at this
-    /// time (sooner if a pod leaves), as the scheduler does.
-    Later(Ms),
 }
 
 /// Why a step planned nothing.

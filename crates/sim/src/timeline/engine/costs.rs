@@ -5,24 +5,11 @@
 
 use std::cmp::Reverse;
 
-use super::{Engine, Work};
+use super::Engine;
+use super::units::{Evicted, Recreation, Work};
 use crate::timeline::metrics::Class;
 use crate::timeline::options::{Ms, Patience};
 use crate::timeline::patience;
-
-/// What an eviction left: the replacement's work, the milli-GPU freed and the work thrown
-/// away (milli-GPU times milliseconds).
-pub(super) struct Evicted {
-    pub(super) work: Work,
-    pub(super) milli: u64,
-    pub(super) lost_milli_ms: u128,
-}
-
-/// Pods a controller makes again after an eviction.
-pub(super) struct Recreation {
-    pods: Vec<Work>,
-    priority: i32,
-}
 
 impl Engine<'_> {
     /// Evicts running `job` at `now`: it leaves (its GPUs go back to the state). Thrown

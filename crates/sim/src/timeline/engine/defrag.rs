@@ -15,66 +15,17 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use gpuplace_core::defrag::{
-    self, Fleet, Limits, Movables, MoveCandidate, ROOM_RETRY, RebalancePace, RoomMemo, RoomPlan,
-};
+use gpuplace_core::defrag::{self, Fleet, Limits, Movables, MoveCandidate, ROOM_RETRY, RoomPlan};
 use gpuplace_core::preempt::Holder;
 use gpuplace_core::{Placer, Policy};
 
+use super::Engine;
 use super::chain::{SimPlan, asks_of};
+use super::defrag_state::movable_pod;
+use super::units::{Job, Placed, Work};
 use super::victims::created_ms;
-use super::{Engine, Job, Placed, Work};
-use crate::timeline::options::{DefragSim, Ms};
+use crate::timeline::options::Ms;
 use crate::trace::TracePod;
-
-/// What defragmentation did in one replay.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct DefragCounts {
-    /// Plans carried out (make-room and rebalance steps).
-    pub plans: u64,
-    pub moved_pods: u64,
-    pub moved_milli: u64,
-    /// Milli-GPU times milliseconds of work lost by moves.
-    pub lost_milli_ms: u128,
-}
-
-/// Defragmentation's settings and state in one replay.
-pub(super) struct DefragState {
-    pub(super) config: DefragSim,
-    pub(super) counts: DefragCounts,
-    /// Per request id (a shape: the trace's pods may go on any node), until when its
-    /// make-room does not search again (core's rule, as the scheduler's).
-    failed: RoomMemo<usize, Ms>,
-    /// When rebalancing looks and what it may move (core's, per unit: the simulator's
-    /// controllers).
-    pace: RebalancePace<u32, Ms>,
-    /// When each rebalance move's replacement is bound (moves in flight until then).
-    in_flight: Vec<Ms>,
-    /// The placer seed: rebalanced pods go where a fresh FGD placer puts them (least
-    /// fragmentation growth), as the scheduler's.
-    seed: u64,
-}
-
-impl DefragState {
-    pub(super) fn new(config: DefragSim, seed: u64) -> Self {
-        DefragState {
-            config,
-            pace: RebalancePace::default(),
-            in_flight: Vec::new(),
-            counts: DefragCounts::default(),
-            failed: RoomMemo::default(),
-            seed,
-        }
-    }
-}
-
-/// Whether trace pod `pod` is in the movable share `share` (a fixed hash of its index).
-pub fn movable_pod(pod: u32, share: f64) -> bool {
-    let h = u64::from(pod)
-        .wrapping_add(1)
-        .wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    ((h >> 11) as f64 / (1u64 << 53) as f64) < share
-}
 
 /// The movable `groups` (running jobs) as core's movables.
 fn movables<'s>(jobs: &'s [Job], pods: &'s [TracePod], groups: &[Vec<u32>]) -> Movables<'s> {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use gpuplace_core::fairshare::{Picker, Res};
 
 use super::Engine;
-use super::chain::Tried;
+use super::units::Tried;
 use crate::timeline::options::Ms;
 
 impl Engine<'_> {

@@ -7,7 +7,7 @@ use gpuplace_core::cycle::place::{self, Feasible};
 use gpuplace_core::{ClusterState, Decision, Unschedulable};
 use gpuplace_model::Request;
 
-use super::{Job, Placed};
+use super::units::{Job, Placed};
 use crate::trace::TracePod;
 
 /// Filter's answer in the replay: every node.

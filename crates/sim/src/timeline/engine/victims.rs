@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 
 use gpuplace_core::preempt::{self, Candidates, Holder};
 
-use super::{Engine, Job, Placed};
+use super::Engine;
+use super::units::{Job, Placed};
 use crate::timeline::options::Ms;
 use crate::trace::TracePod;
 
