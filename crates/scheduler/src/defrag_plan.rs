@@ -7,7 +7,8 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use gpuplace_core::cycle::{self, Found, Planner, Step};
+use gpuplace_core::cycle::place::{self, Quorum, Trial};
+use gpuplace_core::cycle::{self, Cycled, Found, Planner, Step, Unit};
 use gpuplace_core::defrag::{self, Fleet, Limits, RebalancePace};
 use gpuplace_core::{Placer, Policy, ShapeCounts};
 use serde::Serialize;
@@ -18,6 +19,7 @@ use crate::framework::volumes::VolumeIndex;
 use crate::framework::{Filtering, Profile};
 use crate::k8s::pod_info::PodInfo;
 use crate::scheduler::defrag::{DefragConfig, Eligibility, movable_set};
+use crate::shared::members::Alone;
 use crate::snapshot::Snapshot;
 
 /// One pod's move.
@@ -126,15 +128,10 @@ pub fn plan(
         let Some(mask) = pod_mask(&snapshot, filtering, &mut verdicts, pod) else {
             continue;
         };
-        let Ok(demand) = &pod.demand else { continue };
-        if placer
-            .choose(&work, &demand.request, mask.as_deref())
-            .is_ok()
-        {
+        if pod.demand.is_err() {
             continue;
         }
         let name = pod.key.to_string();
-        out.blocked.push(name.clone());
         let mut dry_run = DryRun {
             snapshot: &snapshot,
             view,
@@ -147,7 +144,14 @@ pub fn plan(
             pod,
             mask: mask.as_deref(),
         };
-        match cycle::post_filter(&mut dry_run).plan.map(|(_, p)| p) {
+        // Core's cycle for the pod alone: one that fits is the scheduler's to place (not
+        // reserved here); one that fits nowhere is blocked, and PostFilter's make-room plans.
+        let chained = match cycle::schedule(&mut dry_run) {
+            Cycled::PostFiltered { chained, .. } => chained,
+            Cycled::Allowed(_) | Cycled::MembersMissing(_) => continue,
+        };
+        out.blocked.push(name.clone());
+        match chained.plan.map(|(_, p)| p) {
             Some(plan) => {
                 moved.extend(
                     plan.moves
@@ -254,6 +258,30 @@ impl Planner for DryRun<'_, '_> {
     fn plan(&mut self, _: Step) -> Found<RoomPlan, ()> {
         room_for(self).map_or(Found::Nothing(()), Found::Plan)
     }
+}
+
+impl Unit for DryRun<'_, '_> {
+    type Placed = usize;
+    type Unfit = ();
+
+    /// Filter was the profile's (`mask`); Score on the working copy, nothing reserved.
+    fn place(&mut self) -> Trial<usize, ()> {
+        let Ok(demand) = &self.pod.demand else {
+            return Trial::failed(None);
+        };
+        let mut alone = Alone {
+            state: self.work,
+            request: &demand.request,
+            mask: self.mask,
+        };
+        place::trial(&mut alone, self.placer, None)
+    }
+
+    fn quorum(&self) -> Quorum {
+        Quorum::ONE
+    }
+
+    fn unreserve(&mut self, _: &Trial<usize, ()>) {}
 }
 
 /// The make-room plan for the dry run's pod on its working copy (applied to it when

@@ -21,6 +21,17 @@ pub trait Feasible {
     fn mask(&self) -> Option<&[bool]>;
 }
 
+/// Filter's answer as a plain mask (`None`: every node), for drivers whose Filter has
+/// nothing more to say.
+#[derive(Clone, Copy, Debug)]
+pub struct Nodes<'a>(pub Option<&'a [bool]>);
+
+impl Feasible for Nodes<'_> {
+    fn mask(&self) -> Option<&[bool]> {
+        self.0
+    }
+}
+
 /// A unit's members as one driver sees them: its Filter and Reserve around core's Score.
 pub trait Members {
     /// What Filter leaves for a member (the driver explains a failure with it).

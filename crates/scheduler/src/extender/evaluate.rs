@@ -4,13 +4,14 @@
 
 use std::sync::Arc;
 
-use gpuplace_core::Placer;
+use gpuplace_core::{Placer, cycle};
 
 use crate::framework::filter::{Filtered, VerdictCache};
 use crate::framework::volumes::VolumeIndex;
 use crate::framework::{FilterInput, Profile};
 use crate::k8s::demand::PodDemand;
 use crate::k8s::pod_info::PodInfo;
+use crate::shared::members::Alone;
 use crate::snapshot::Snapshot;
 
 use super::last_judgement::LastJudgement;
@@ -295,11 +296,15 @@ impl Parts<'_> {
                 snapshot.state.fit(n, &demand.request).is_ok()
             })
         });
-        let mask = narrowed.as_deref().or(filtered.mask());
-        self.placer
-            .choose(&snapshot.state, &demand.request, mask)
-            .ok()
-            .map(|d| d.node)
+        let mut chosen = Alone {
+            state: &snapshot.state,
+            request: &demand.request,
+            mask: narrowed.as_deref().or(filtered.mask()),
+        };
+        // Score as core's cycle scores a pod alone (nothing is reserved: kube-scheduler
+        // binds through this extender later).
+        let trial = cycle::place::trial(&mut chosen, self.placer, None);
+        trial.placed.first().map(|(_, node)| *node)
     }
 }
 

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpuplace_core::cycle::place::{self, Feasible};
+use gpuplace_core::cycle::place::{self, Feasible, Nodes};
 use gpuplace_core::{ClusterState, Decision, Unschedulable};
 use gpuplace_model::Request;
 
@@ -193,4 +193,50 @@ impl<'s, 'a> place::Members for OnSnapshot<'s, 'a> {
             .profile
             .explain(why, &filtered.0, self.snapshot.nodes.len())
     }
+}
+
+/// A pod alone whose Filter the driver already ran (`mask`), as core's cycle places it,
+/// nothing reserved: the node it would go to. The extender's choice (kube-scheduler binds
+/// through it later) and `defrag --plan`'s check of a pending pod use it.
+pub struct Alone<'a> {
+    pub state: &'a ClusterState,
+    pub request: &'a Request,
+    pub mask: Option<&'a [bool]>,
+}
+
+impl<'a> place::Members for Alone<'a> {
+    type Filtered = Nodes<'a>;
+    /// The node chosen.
+    type Placed = usize;
+    type Unfit = ();
+
+    fn count(&self) -> usize {
+        1
+    }
+
+    fn state(&self) -> &ClusterState {
+        self.state
+    }
+
+    fn request(&self, _: usize) -> Result<&Request, ()> {
+        Ok(self.request)
+    }
+
+    fn filter(&mut self, _: usize) -> Result<Nodes<'a>, ()> {
+        Ok(Nodes(self.mask))
+    }
+
+    fn steer(&self, _: usize) -> Option<usize> {
+        None
+    }
+
+    fn exact(&self, _: usize, chosen: Decision) -> Decision {
+        chosen
+    }
+
+    fn reserve(&mut self, _: usize, chosen: Decision) -> Result<usize, ()> {
+        Ok(chosen.node)
+    }
+
+    fn unfit(&self, _: usize, _: Unschedulable, _: &Nodes<'a>) {}
 }

@@ -3,21 +3,12 @@
 //! have no selectors, taints or volumes), no steers (a moved pod's replacement starts on its
 //! planned place when it is re-created), Reserve on the live state.
 
-use gpuplace_core::cycle::place::{self, Feasible};
+use gpuplace_core::cycle::place::{self, Nodes};
 use gpuplace_core::{ClusterState, Decision, Unschedulable};
 use gpuplace_model::Request;
 
 use super::units::{Job, Placed};
 use crate::trace::TracePod;
-
-/// Filter's answer in the replay: every node.
-pub(super) struct Anywhere;
-
-impl Feasible for Anywhere {
-    fn mask(&self) -> Option<&[bool]> {
-        None
-    }
-}
 
 /// A unit's members (jobs) on the replay's live state.
 pub(super) struct Members<'a> {
@@ -28,7 +19,7 @@ pub(super) struct Members<'a> {
 }
 
 impl place::Members for Members<'_> {
-    type Filtered = Anywhere;
+    type Filtered = Nodes<'static>;
     type Placed = Placed;
     type Unfit = ();
 
@@ -45,8 +36,9 @@ impl place::Members for Members<'_> {
         Ok(&self.pods[self.jobs[job].pod as usize].request)
     }
 
-    fn filter(&mut self, _: usize) -> Result<Anywhere, ()> {
-        Ok(Anywhere)
+    /// Every node: the trace's pods have no selectors, taints or volumes.
+    fn filter(&mut self, _: usize) -> Result<Nodes<'static>, ()> {
+        Ok(Nodes(None))
     }
 
     fn steer(&self, _: usize) -> Option<usize> {
@@ -69,5 +61,5 @@ impl place::Members for Members<'_> {
         })
     }
 
-    fn unfit(&self, _: usize, _: Unschedulable, _: &Anywhere) {}
+    fn unfit(&self, _: usize, _: Unschedulable, _: &Nodes<'static>) {}
 }
