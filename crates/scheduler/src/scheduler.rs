@@ -17,6 +17,7 @@ mod gang_permit;
 mod gang_status;
 mod gangs;
 mod make_room;
+mod moves;
 mod post_filter;
 pub mod preempt;
 mod queue_status;

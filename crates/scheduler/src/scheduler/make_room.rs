@@ -20,12 +20,13 @@ use std::time::Duration;
 use gpuplace_core::cycle::Found;
 use gpuplace_core::defrag::{self, Limits, ROOM_RETRY};
 
-use super::defrag::{Eligibility, MovableSet, Steer, movable_set};
+use super::defrag::{Eligibility, MovableSet, movable_set};
+use super::moves::{Moves, PlannedMove, planned_moves};
 use super::preempt::victim_list;
 use super::room_shape::RoomShape;
 use super::round_state::RoundState;
 use super::{RoundReport, Scheduler};
-use crate::api::{ApiError, ClusterApi, ClusterView, PodKey};
+use crate::api::{ClusterApi, ClusterView, PodKey};
 use crate::framework::Filtering;
 use crate::framework::filter::Verdicts;
 use crate::framework::volumes::VolumeIndex;
@@ -316,114 +317,6 @@ impl<A: ClusterApi> Scheduler<A> {
         tracing::info!(pod = %pod.key, %node, moved = moved.len(), "making room");
         Made::Moving { node, moved }
     }
-
-    /// Carries a plan out for `for_pod` (all or nothing: see the module's text), or for
-    /// rebalancing (`None`: each move stands alone, so a refusal only stops the rest).
-    pub(super) async fn start_moves(
-        &mut self,
-        for_pod: Option<&PodKey>,
-        why: &str,
-        moves: &[PlannedMove],
-        mut snapshot: Option<&mut Snapshot>,
-    ) -> Moves {
-        if !self.gate.is_open() {
-            return Moves::Done(Vec::new());
-        }
-        if for_pod.is_some() {
-            for m in moves {
-                match self.api.evict_to_move(&m.pod.key, true).await {
-                    Ok(()) | Err(ApiError::NotFound(_)) => {}
-                    Err(e) => {
-                        tracing::info!(pod = %m.pod.key, error = %e, "the plan's dry run was refused; nothing moves");
-                        self.retry_unless_budget(for_pod, &e);
-                        return Moves::Refused {
-                            pod: m.pod.key.clone(),
-                            why: format!(
-                                "moving {} would be refused ({e}); no pod was moved",
-                                m.pod.key
-                            ),
-                        };
-                    }
-                }
-            }
-        }
-        let mut moved = Vec::new();
-        for m in moves {
-            let key = &m.pod.key;
-            match self.api.evict_to_move(key, false).await {
-                Ok(()) | Err(ApiError::NotFound(_)) => {}
-                Err(e) => {
-                    tracing::info!(pod = %key, error = %e, "move refused; the plan stops here");
-                    if for_pod.is_none() {
-                        break;
-                    }
-                    // Stopped midway: tried again after a backoff whatever the refusal
-                    // (the pods already moved changed the picture).
-                    if let Some(p) = for_pod {
-                        self.unfinished.insert(p.uid.clone());
-                    }
-                    return Moves::Stopped(format!(
-                        "the plan stopped after moving {} of {} pod(s): moving {key} was refused ({e}); the moved pods' replacements keep their planned places, the pod is not nominated and is tried again",
-                        moved.len(),
-                        moves.len()
-                    ));
-                }
-            }
-            let Some(owner) = m.pod.controller.as_ref() else {
-                continue;
-            };
-            self.events.emit(
-                key,
-                "Normal",
-                "Moved",
-                format!("{why} (from node {} to node {})", m.from, m.to),
-            );
-            let steer = Steer {
-                moved: key.clone(),
-                owner: owner.uid.clone(),
-                // The replacement asks what the pod asked (the held request may be
-                // clamped on an over-committed node).
-                request: m
-                    .pod
-                    .demand
-                    .as_ref()
-                    .map_or_else(|_| m.request.clone(), |d| d.request.clone()),
-                node: m.to.clone(),
-                gpus: m.gpus.clone(),
-                extended: m
-                    .pod
-                    .demand
-                    .as_ref()
-                    .map(|d| d.extended.clone())
-                    .unwrap_or_default(),
-                for_pod: for_pod.cloned(),
-                since: std::time::Instant::now(),
-            };
-            self.steers.push_held(steer, snapshot.as_deref_mut());
-            moved.push(key.clone());
-        }
-        Moves::Done(moved)
-    }
-
-    /// A refusal by a budget that allows no disruption waits for the budget to change;
-    /// any other is tried again after a backoff.
-    fn retry_unless_budget(&mut self, for_pod: Option<&PodKey>, e: &ApiError) {
-        if let Some(p) = for_pod
-            && !matches!(e, ApiError::Blocked(_))
-        {
-            self.unfinished.insert(p.uid.clone());
-        }
-    }
-}
-
-/// How carrying a plan out went.
-pub(super) enum Moves {
-    /// Every move made (for rebalancing: those before a refusal).
-    Done(Vec<PodKey>),
-    /// The dry run was refused for `pod`: nothing moved.
-    Refused { pod: PodKey, why: String },
-    /// Refused midway: the pods before moved, no others.
-    Stopped(String),
 }
 
 impl<A: ClusterApi> Scheduler<A> {
@@ -629,39 +522,4 @@ struct MemberPlace {
     member: usize,
     node: String,
     gpus: Vec<(String, u32)>,
-}
-
-/// `moves` (of pods of `set`) with names: pod, from, to, GPU IDs.
-pub(super) fn planned_moves(
-    snapshot: &Snapshot,
-    set: &MovableSet<'_>,
-    moves: &[defrag::Move],
-) -> Vec<PlannedMove> {
-    moves
-        .iter()
-        .map(|m| {
-            let h = &set.movables.candidates.holders[m.holder];
-            let inventory = snapshot.state.inventory(m.to);
-            PlannedMove {
-                pod: Arc::clone(&set.pods[m.holder]),
-                from: snapshot.state.inventory(h.node).name.clone(),
-                to: inventory.name.clone(),
-                request: h.request.clone(),
-                gpus: m
-                    .gpus
-                    .iter()
-                    .map(|&(g, milli)| (inventory.gpus[g].id.clone(), milli))
-                    .collect(),
-            }
-        })
-        .collect()
-}
-
-/// One move as planned: the pod, where it is and where its replacement goes.
-pub(super) struct PlannedMove {
-    pub pod: Arc<PodInfo>,
-    pub from: String,
-    pub to: String,
-    pub request: gpuplace_model::Request,
-    pub gpus: Vec<(String, u32)>,
 }

@@ -12,7 +12,7 @@ use std::time::Instant;
 use gpuplace_core::defrag::{self, Fleet, Limits};
 use gpuplace_core::{Placer, Policy};
 
-use super::make_room::{PlannedMove, planned_moves};
+use super::moves::{Moves, PlannedMove, planned_moves};
 use super::round_state::RoundState;
 use super::{RoundReport, Scheduler};
 use crate::api::{ClusterApi, ClusterView};
@@ -51,10 +51,8 @@ impl<A: ClusterApi> Scheduler<A> {
             .start_moves(None, "Moved to lower fragmentation", &moves, None)
             .await
         {
-            super::make_room::Moves::Done(moved) => moved,
-            super::make_room::Moves::Refused { .. } | super::make_room::Moves::Stopped(_) => {
-                Vec::new()
-            }
+            Moves::Done(moved) => moved,
+            Moves::Refused { .. } | Moves::Stopped(_) => Vec::new(),
         };
         for m in moves.iter().filter(|m| moved.contains(&m.pod.key)) {
             let milli: u64 = m.gpus.iter().map(|(_, milli)| u64::from(*milli)).sum();
