@@ -21,7 +21,7 @@ use crate::api::{ClusterApi, ClusterView};
 use crate::framework::Filtering;
 use crate::framework::filter::Verdicts;
 use crate::k8s::pod_info::PodInfo;
-use crate::shared::members::{OnSnapshot, Steered, Trialled};
+use crate::shared::members::{OnSnapshot, ReserveOn, Steered, Trialled};
 use crate::snapshot::Snapshot;
 
 /// Why a step planned nothing for a pod.
@@ -86,7 +86,7 @@ impl<'a, A: ClusterApi, U> Unit for PodSteps<'_, 'a, '_, '_, '_, A, U> {
             },
             vec![(self.pod, self.verdicts)],
             self.steered,
-            false,
+            ReserveOn::Assume,
         );
         let trial = place::trial(&mut members, &mut s.placer, self.narrow);
         self.spent.filter += members.filter_time;
@@ -171,7 +171,7 @@ impl<'m, A: ClusterApi, U> Unit for GangSteps<'_, 'm, '_, '_, '_, A, U> {
                 },
                 members,
                 self.steered,
-                true,
+                ReserveOn::Copy,
             );
             on.domain = domain.as_deref();
             let trial = place::trial(&mut on, &mut s.placer, self.narrow);

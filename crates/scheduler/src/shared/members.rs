@@ -61,18 +61,26 @@ pub struct OnSnapshot<'s, 'a> {
     pub filter_time: Duration,
 }
 
+/// Where a member's Reserve takes its place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReserveOn {
+    /// A copy of the snapshot's state, for the members after it (a gang's trial).
+    Copy,
+    /// Nowhere yet: the scheduler's `assume` reserves a single pod once Permit allowed it.
+    Assume,
+}
+
 impl<'s, 'a> OnSnapshot<'s, 'a> {
-    /// `members` on `snapshot`; with `trial`, each member's place is taken on a copy of the
-    /// state for those after it.
+    /// `members` on `snapshot`, each member's place reserved as `reserve` says.
     pub fn new(
         snapshot: &'s Snapshot,
         filtering: Filtering<'s>,
         members: Vec<(&'a Arc<PodInfo>, &'s Verdicts)>,
         steered: &'s Steered<'s>,
-        trial: bool,
+        reserve: ReserveOn,
     ) -> Self {
         let demands = members.iter().map(|(p, _)| p.demand.clone()).collect();
-        let (state, scalars) = if trial {
+        let (state, scalars) = if reserve == ReserveOn::Copy {
             (
                 Cow::Owned(snapshot.state.clone()),
                 Cow::Owned(snapshot.scalars.clone()),
