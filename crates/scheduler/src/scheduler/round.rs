@@ -380,6 +380,7 @@ impl<A: ClusterApi> Scheduler<A> {
         if let Some(steer) = &steer {
             steered.insert(pod.key.uid.clone(), steer.planned());
         }
+        let cycle_started = Instant::now();
         let (cycled, spent) = {
             let mut steps = PodSteps {
                 scheduler: self,
@@ -398,6 +399,10 @@ impl<A: ClusterApi> Scheduler<A> {
         };
         report.timings.filter += spent.filter;
         report.timings.core += spent.core;
+        // PostFilter's planning counts with its carrying out, as before the one cycle.
+        report.timings.api += cycle_started
+            .elapsed()
+            .saturating_sub(spent.filter + spent.core);
         if let Some(steer) = &steer {
             let placed = matches!(&cycled, Cycled::Allowed(t) if !t.placed.is_empty());
             debug!(pod = %pod.key, node = %steer.node, placed, "replacement of a moved pod");
