@@ -22,6 +22,7 @@ pub mod rate;
 pub mod replicas;
 pub mod require;
 mod reserve;
+pub mod shortage;
 mod state;
 mod symmetry;
 pub mod topology;

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpuplace_core::cycle::place::{self, Feasible, Nodes};
+use gpuplace_core::shortage::shortage;
 use gpuplace_core::{ClusterState, Decision, Unschedulable};
 use gpuplace_model::Request;
 
@@ -196,10 +197,23 @@ impl<'s, 'a> place::Members for OnSnapshot<'s, 'a> {
         })
     }
 
-    fn unfit(&self, _: usize, why: Unschedulable, filtered: &Kept<'s>) -> String {
-        self.filtering
+    /// kube-scheduler's message, then, when GPUs are what it lacks, whether the cluster has
+    /// too few free (capacity) or enough only in pieces (fragmentation, with the blocks).
+    fn unfit(&self, i: usize, why: Unschedulable, filtered: &Kept<'s>) -> String {
+        let message = self
+            .filtering
             .profile
-            .explain(why, &filtered.0, self.snapshot.nodes.len())
+            .explain(why, &filtered.0, self.snapshot.nodes.len());
+        let Ok(demand) = &self.demands[i] else {
+            return message;
+        };
+        match shortage(&self.state, &demand.request, filtered.0.mask()) {
+            Some(s) => {
+                let name_of = |n: usize| self.state.inventory(n).name.clone();
+                format!("{message} {}", s.sentence(name_of))
+            }
+            None => message,
+        }
     }
 }
 

@@ -92,6 +92,7 @@ async fn failures_are_explained_like_kube_scheduler() {
     assert_eq!(
         event.message,
         "0/5 nodes are available: 3 Insufficient nvidia.com/gpu, 2 node(s) had untolerated taint {gpu: true}. \
+         Capacity: 3 GPU(s) with room for it free on the 3 node(s) it may use, 4 asked. \
          preemption: 0/5 nodes are available: 3 No preemption victims found for incoming pod, \
          2 Preemption is not helpful for scheduling."
     );
