@@ -25,6 +25,9 @@ use crate::api::MemoryApi;
 use crate::kubelet_node::{FakeNode, NodeOptions};
 use crate::node_feed::feed_node_pods;
 
+/// How long one node's device plugin may take to register and list its devices.
+const UP_WITHIN: Duration = Duration::from_secs(60);
+
 /// How the cluster behaves.
 #[derive(Clone, Debug)]
 pub struct ClusterOptions {
@@ -209,9 +212,11 @@ impl HandshakeCluster {
             tasks.push(tokio::spawn(async move {
                 let _ = plugin_run.await;
             }));
+            // Bounds a hang, not a speed: a CI machine running other tests beside a
+            // cluster of hundreds of nodes took over 10 s to register one (30a059f's CI).
             if fake
                 .kubelet
-                .wait_for_registrations(2, Duration::from_secs(10))
+                .wait_for_registrations(2, UP_WITHIN)
                 .await
                 .is_none()
             {
@@ -225,7 +230,7 @@ impl HandshakeCluster {
                 let resource = registered.request.resource_name.clone();
                 let listed = crate::kubelet::wait_for_devices(
                     &mut registered.devices,
-                    Duration::from_secs(10),
+                    UP_WITHIN,
                     |devices| !devices.is_empty(),
                 )
                 .await;
