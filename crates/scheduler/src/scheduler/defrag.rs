@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 pub use gpuplace_core::defrag::{MAX_MIN_AGE, Mode as DefragMode, Settings};
 use gpuplace_core::defrag::{Movables, MoveCandidate, may_move, unit_may_move};
 use gpuplace_core::preempt::Holder;
-use gpuplace_core::{ClusterState, Decision};
 use gpuplace_model::Request;
 
 use super::preempt::Listed;
@@ -110,24 +109,6 @@ pub struct Steer {
 }
 
 impl Steer {
-    /// The replacement's decision on its planned devices, when `decided` is on the planned
-    /// node and every planned GPU still has room: the plan's exact place (the policy may
-    /// prefer other GPUs of the node now that the plan's other pods hold theirs, but the
-    /// plan counted on these). Otherwise `decided` as it is.
-    pub fn exact(&self, snapshot: &Snapshot, decided: Decision) -> Decision {
-        self.exact_in(snapshot, &snapshot.state, decided)
-    }
-
-    /// [`Self::exact`] on `state` (a trial copy of `snapshot`'s).
-    pub fn exact_in(
-        &self,
-        snapshot: &Snapshot,
-        state: &ClusterState,
-        decided: Decision,
-    ) -> Decision {
-        self.planned().exact_in(snapshot, state, decided)
-    }
-
     /// The place planned for the replacement.
     pub fn planned(&self) -> Planned<'_> {
         Planned {
@@ -389,6 +370,7 @@ fn allowed_nodes(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpuplace_core::Decision;
     use serde_json::json;
 
     fn pod(name: &str, owner: Option<&str>) -> PodInfo {
@@ -505,12 +487,21 @@ mod tests {
             score: 0,
         };
         assert_eq!(
-            steer.exact(&snapshot, elsewhere.clone()).gpus,
+            steer
+                .planned()
+                .exact_in(&snapshot, &snapshot.state, elsewhere.clone())
+                .gpus,
             vec![(0, 1000)]
         );
         // Gone: the replacement gets the GPU the plan counted on.
         snapshot.state.release(0, &leaving, &[(2, 300)]).unwrap();
-        assert_eq!(steer.exact(&snapshot, elsewhere).gpus, vec![(2, 1000)]);
+        assert_eq!(
+            steer
+                .planned()
+                .exact_in(&snapshot, &snapshot.state, elsewhere)
+                .gpus,
+            vec![(2, 1000)]
+        );
     }
 
     #[test]
