@@ -36,6 +36,7 @@ struct FileSettings {
     defrag_min_age: Option<String>,
     defrag_budget: Option<f64>,
     defrag_max_moves: Option<usize>,
+    usage_half_life: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -55,7 +56,8 @@ pub struct SchedulerArgs {
     weights: Option<String>,
     /// YAML config file (scheduler-name, policy, weights, resource, seed, metrics-addr, ui,
     /// leader-elect, lease-namespace, interval-ms, max-in-flight, kube-api-qps,
-    /// kube-api-burst, defrag, defrag-min-age, defrag-budget, defrag-max-moves).
+    /// kube-api-burst, defrag, defrag-min-age, defrag-budget, defrag-max-moves,
+    /// usage-half-life).
     #[arg(long, env = "GPUPLACE_CONFIG")]
     config: Option<PathBuf>,
     /// Serve /metrics, /healthz, /readyz and the live GPU map (/ui) here.
@@ -111,6 +113,11 @@ pub struct SchedulerArgs {
     /// Pods one plan may move (and rebalancing moves in flight), 1 to 1000 [default: 4].
     #[arg(long, env = "GPUPLACE_DEFRAG_MAX_MOVES")]
     defrag_max_moves: Option<usize>,
+    /// The half-life of queues' usage over time where no Queue on the path sets
+    /// `usageHalfLife` (e.g. 1h, 30m; at most a year; 0: fair order by what queues hold
+    /// now) [default: 0].
+    #[arg(long, env = "GPUPLACE_USAGE_HALF_LIFE")]
+    usage_half_life: Option<String>,
     #[command(flatten)]
     tls: crate::ops::TlsArgs,
     /// JSON log lines.
@@ -184,7 +191,13 @@ pub fn run(args: SchedulerArgs) -> anyhow::Result<()> {
     };
     // Refuse bad weights here, with the reason, rather than inside the loop.
     gpuplace_core::Placer::new(policy, 0).with_weights(&weights)?;
+    let usage_half_life_ms = match args.usage_half_life.or(file.usage_half_life) {
+        Some(text) => gpuplace_core::fairshare::parse_half_life(&text)
+            .map_err(|e| anyhow::anyhow!("--usage-half-life: {e}"))?,
+        None => 0,
+    };
     let config = SchedulerConfig {
+        usage_half_life_ms,
         defrag,
         weights,
         scheduler_name: args

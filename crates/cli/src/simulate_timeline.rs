@@ -91,6 +91,11 @@ pub struct TimelineArgs {
     /// replay is also run without queues, for what sharing costs.
     #[arg(long, requires = "timeline")]
     pub(crate) tenants: Option<std::path::PathBuf>,
+    /// With --tenants: the half-life of the usage over time of queues that set none
+    /// (`usageHalfLife`), as the scheduler's flag (`1h`, `30m`; `0`: by the allocation now).
+    /// With usage on, the same replay is also run with it off.
+    #[arg(long, default_value = "0", requires = "tenants")]
+    pub(crate) usage_half_life: String,
 }
 
 /// Reads a tenants file (YAML, of which JSON is a part).
@@ -156,6 +161,8 @@ impl TimelineArgs {
             series_points: 240,
             defrag: self.defrag()?,
             tenants: self.tenants.as_deref().map(read_tenants).transpose()?,
+            usage_half_life_ms: gpuplace_core::fairshare::parse_half_life(&self.usage_half_life)
+                .map_err(|e| anyhow::anyhow!("--usage-half-life: {e}"))?,
             queues_serve: true,
             costs: self.costs()?,
             checkpointed: self.checkpointed,
@@ -259,6 +266,15 @@ pub fn run(
         queues_serve: false,
         ..options.clone()
     });
+    // With usage over time: the same replay with it off.
+    let no_decay_options = decays(&options).then(|| {
+        let mut o = options.clone();
+        o.usage_half_life_ms = 0;
+        if let Some(t) = &mut o.tenants {
+            t.queues.iter_mut().for_each(|q| q.usage_half_life = None);
+        }
+        o
+    });
     let defrag = t.defrag_label(&options.defrag, options.checkpointed);
     let costs = options.costs.into();
     let patience = match options.patience {
@@ -280,6 +296,13 @@ pub fn run(
     let runs = run_all(&timeline, policies, &seeds, &done)?;
     // Without queues, for what sharing costs in allocation.
     let baseline = match baseline_options {
+        Some(options) => {
+            let plain = Timeline::new(timeline.workload().clone(), options)?;
+            Some(run_all(&plain, policies, &seeds, &|_| {})?)
+        }
+        None => None,
+    };
+    let no_decay = match no_decay_options {
         Some(options) => {
             let plain = Timeline::new(timeline.workload().clone(), options)?;
             Some(run_all(&plain, policies, &seeds, &|_| {})?)
@@ -318,6 +341,14 @@ pub fn run(
     if let Some(baseline) = baseline {
         add_baseline(&mut summary, policies, &baseline);
     }
+    if let Some(no_decay) = no_decay {
+        let plain = summary::summarize(policies, &no_decay);
+        for (p, off) in summary.policies.iter_mut().zip(plain) {
+            if let (Some(t), Some(o)) = (&mut p.tenants, off.tenants) {
+                t.jain_hourly_without_decay = o.jain_hourly;
+            }
+        }
+    }
     if let Some(dir) = args.out {
         let files = report::write_report(&summary, dir)?;
         if !args.json {
@@ -337,6 +368,18 @@ pub fn run(
     Ok(())
 }
 
+/// Whether some queue keeps usage over time (the flag, or a queue's own half-life).
+fn decays(options: &TimelineOptions) -> bool {
+    options.tenants.as_ref().is_some_and(|t| {
+        options.usage_half_life_ms > 0
+            || t.queues.iter().any(|q| {
+                q.usage_half_life.as_deref().is_some_and(|h| {
+                    gpuplace_core::fairshare::parse_half_life(h).is_ok_and(|ms| ms > 0)
+                })
+            })
+    })
+}
+
 /// The same arrivals with the queues measuring only, beside each policy's tenants: the
 /// allocation, Jain's index and each queue's figures without queues.
 fn add_baseline(summary: &mut TimelineSummary, policies: &[Policy], baseline: &[TimelineRun]) {
@@ -345,6 +388,7 @@ fn add_baseline(summary: &mut TimelineSummary, policies: &[Policy], baseline: &[
         if let (Some(t), Some(o)) = (&mut p.tenants, off.tenants) {
             t.allocation_without_queues_pct = Some(off.allocation_pct);
             t.jain_without_queues = o.jain;
+            t.jain_hourly_without_queues = o.jain_hourly;
             t.contended_seeds_without_queues = Some(o.contended_seeds);
             t.queues_without_queues = Some(o.queues);
         }

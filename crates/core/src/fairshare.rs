@@ -15,6 +15,7 @@ mod reclaim;
 mod res;
 mod shares;
 mod tree;
+mod usage;
 
 pub use amounts::{AmountError, AmountRules, read_bounds};
 pub use pick::{LimitHit, Picker};
@@ -22,3 +23,4 @@ pub use reclaim::{Entitlement, Loss};
 pub use res::{DIM_NAMES, DIMS, Res, show_amount};
 pub use shares::{fair_shares, fair_shares_of};
 pub use tree::{Bounds, DEFAULT_QUEUE, QueueNode, QueueProblem, QueueSpec, QueueTree, ROOT};
+pub use usage::{HalfLifeError, Ledger, MAX_HALF_LIFE_MS, Usage, parse_half_life, show_half_life};

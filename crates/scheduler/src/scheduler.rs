@@ -28,6 +28,8 @@ mod round;
 mod round_state;
 pub mod run;
 mod units;
+mod usage;
+mod usage_watch;
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -68,6 +70,9 @@ pub struct SchedulerConfig {
     pub workload: Option<std::sync::Arc<gpuplace_core::TargetWorkload>>,
     /// Moving pods that opted in (see [`defrag`]).
     pub defrag: defrag::DefragConfig,
+    /// The half-life of the usage over time of queues whose tree sets none (ms; 0: fair
+    /// order by the allocation now).
+    pub usage_half_life_ms: u64,
 }
 
 impl Default for SchedulerConfig {
@@ -84,6 +89,7 @@ impl Default for SchedulerConfig {
             gang_bind_attempts: 30,
             workload: None,
             defrag: defrag::DefragConfig::default(),
+            usage_half_life_ms: 0,
         }
     }
 }
@@ -210,6 +216,8 @@ pub struct Scheduler<A: ClusterApi> {
     queues: crate::shared::queues::Queues,
     /// Queues' statuses as written and wanted.
     queue_status: queue_status::StatusWriter,
+    /// The queues' usage over time.
+    usage: usage::UsageBook,
 }
 
 pub use crate::clock::rfc3339;
@@ -223,6 +231,7 @@ impl<A: ClusterApi> Scheduler<A> {
     /// A scheduler that decides and writes only while `gate` is open.
     pub fn with_gate(api: A, config: SchedulerConfig, gate: Gate) -> Self {
         let gpu_resource = config.gpu_resource.clone();
+        let config_usage = config.usage_half_life_ms;
         let placer = crate::framework::placer(config.policy, &config.weights, config.seed);
         Scheduler {
             binder: crate::shared::bind::Binder::new(
@@ -250,6 +259,7 @@ impl<A: ClusterApi> Scheduler<A> {
             rebalancing: Default::default(),
             queues: crate::shared::queues::Queues::new(&gpu_resource),
             queue_status: Default::default(),
+            usage: usage::UsageBook::new(config_usage),
         }
     }
 

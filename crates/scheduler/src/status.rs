@@ -8,6 +8,7 @@
 //! - [`text`]: the terminal rendering;
 //! - the live map (`crate::ui`) serves it as JSON.
 
+pub mod queues;
 pub mod reasons;
 pub mod text;
 
@@ -33,6 +34,8 @@ pub struct FleetStatus {
     /// Pending pods asking for GPUs, oldest first.
     pub pending: Vec<PendingPod>,
     pub groups: Vec<GroupStatus>,
+    /// The queues as their status says (the leader writes it).
+    pub queues: Vec<queues::QueueLine>,
     /// Objects that could not be read (malformed annotations); nothing else was lost.
     pub warnings: Vec<String>,
 }
@@ -234,6 +237,7 @@ pub fn fleet(
         nodes,
         pending,
         groups,
+        queues: queues::lines(view),
         warnings: snapshot.warnings,
     }
 }

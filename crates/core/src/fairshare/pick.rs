@@ -30,24 +30,51 @@ pub struct Picker<'t, U> {
     waiting: Vec<VecDeque<U>>,
     /// Units waiting in each queue and under it.
     count: Vec<usize>,
+    /// With usage over time: by queue, its decayed mean less what it held when the round
+    /// began; its standing is then what it holds now plus this (what it used over the
+    /// recent past, and what this round gave it). `None`: standing by the allocation now.
+    past: Option<Vec<[f64; DIMS]>>,
 }
 
 impl<'t, U> Picker<'t, U> {
     /// `held`: what each queue's own pods hold (by queue index); `fair`: the queues' fair
     /// shares ([`super::fair_shares`]).
     pub fn new(tree: &'t QueueTree, held: &[Res], fair: Vec<[u64; DIMS]>) -> Picker<'t, U> {
-        let mut alloc = vec![Res::default(); tree.len()];
-        for (q, own) in held.iter().enumerate().skip(1).take(tree.len() - 1) {
-            for a in tree.path(q) {
-                alloc[a].add(own);
-            }
-        }
         Picker {
             tree,
-            alloc,
+            alloc: tree.subtree_totals(held),
             fair,
             waiting: (0..tree.len()).map(|_| VecDeque::new()).collect(),
             count: vec![0; tree.len()],
+            past: None,
+        }
+    }
+
+    /// Orders by usage over time: `means` are the queues' decayed means
+    /// ([`super::Ledger::means`], by queue index, each over everything under the queue).
+    /// Guarantees stay by the allocation now (a queue below its guarantee is served first
+    /// whatever it used); among the rest a queue stands at its decayed mean plus what it
+    /// is given from now on, against its fair share.
+    /// A queue without a half-life (`None`) stands by its allocation now.
+    pub fn with_usage(mut self, means: &[Option<[f64; DIMS]>]) -> Picker<'t, U> {
+        self.past = Some(
+            (0..self.tree.len())
+                .map(|q| match means.get(q).copied().flatten() {
+                    Some(mean) => std::array::from_fn(|d| mean[d] - self.alloc[q].dims[d] as f64),
+                    None => [0.0; DIMS],
+                })
+                .collect(),
+        );
+        self
+    }
+
+    /// Queue `q`'s standing in resource `d`: what it holds, or with usage over time, its
+    /// decayed mean plus what it was given since.
+    pub fn standing(&self, q: usize, d: usize) -> f64 {
+        let held = self.alloc[q].dims[d] as f64;
+        match &self.past {
+            Some(past) => (held + past[q][d]).max(0.0),
+            None => held,
         }
     }
 
@@ -118,11 +145,11 @@ impl<'t, U> Picker<'t, U> {
         }
         let mut of_fair = 0f64;
         let mut any = false;
-        for (d, &held) in alloc.iter().enumerate() {
+        for d in 0..DIMS {
             let fair = self.fair.get(q).map_or(0, |f| f[d]);
             if fair > 0 {
                 any = true;
-                of_fair = of_fair.max(held as f64 / fair as f64);
+                of_fair = of_fair.max(self.standing(q, d) / fair as f64);
             }
         }
         Key {
@@ -293,6 +320,61 @@ mod tests {
         }
         // a is below its guarantee twice, then a has 2 of 5 and b 4 of 3: a again.
         assert_eq!(served, vec!["a", "a", "a", "a", "b", "b"]);
+    }
+
+    #[test]
+    fn with_usage_a_queue_that_used_more_is_served_after_an_idle_one_but_guarantees_stay_hard() {
+        let mut g = QueueSpec::open("g");
+        g.guaranteed.dims[0] = Some(2000);
+        let tree = QueueTree::build(vec![QueueSpec::open("busy"), QueueSpec::open("idle"), g]);
+        let (busy, idle, gq) = (
+            tree.index("busy").unwrap(),
+            tree.index("idle").unwrap(),
+            tree.index("g").unwrap(),
+        );
+        // Nobody holds anything now; busy held 6 GPUs on average lately, g 8.
+        let held = vec![Res::default(); tree.len()];
+        let mut demand = held.clone();
+        for q in [busy, idle, gq] {
+            demand[q] = gpu(8);
+        }
+        let fair = super::super::fair_shares(&tree, &[12_000, 0, 0], &demand);
+        let mut means = vec![Some([0.0; DIMS]); tree.len()];
+        means[busy] = Some([6000.0, 0.0, 0.0]);
+        means[gq] = Some([8000.0, 0.0, 0.0]);
+        let mut p = Picker::new(&tree, &held, fair).with_usage(&means);
+        for i in 0..8 {
+            p.push(busy, ("busy", i));
+            p.push(idle, ("idle", i));
+            p.push(gq, ("g", i));
+        }
+        let mut served = Vec::new();
+        for _ in 0..10 {
+            let (q, u) = p.pop().unwrap();
+            p.placed(q, &gpu(1));
+            served.push(u.0);
+        }
+        // g's guarantee first whatever it used; then idle until it stands where busy
+        // does (6 GPUs of usage), then by turns.
+        assert_eq!(&served[..2], ["g", "g"]);
+        assert_eq!(&served[2..8], ["idle"; 6]);
+        assert!(served[8..].contains(&"busy"), "{served:?}");
+        assert!(!served.contains(&"g") || served.iter().filter(|s| **s == "g").count() == 2);
+        // Without usage, the three take turns after g's guarantee.
+        let fair = super::super::fair_shares(&tree, &[12_000, 0, 0], &demand);
+        let mut plain = Picker::new(&tree, &held, fair);
+        for i in 0..4 {
+            plain.push(busy, ("busy", i));
+            plain.push(idle, ("idle", i));
+        }
+        let first: Vec<&str> = (0..4)
+            .map(|_| {
+                let (q, u) = plain.pop().unwrap();
+                plain.placed(q, &gpu(1));
+                u.0
+            })
+            .collect();
+        assert_eq!(first, ["busy", "idle", "busy", "idle"]);
     }
 
     #[test]

@@ -60,6 +60,9 @@ pub struct QueueSpec {
     pub weight: f64,
     /// Whether its pods above its guarantee may be preempted for other queues.
     pub reclaimable: bool,
+    /// How fast its usage over time fades (milliseconds; `None`: its parent's, else the
+    /// scheduler's default; 0: no usage kept). See [`super::usage`].
+    pub usage_half_life_ms: Option<u64>,
 }
 
 impl QueueSpec {
@@ -72,6 +75,7 @@ impl QueueSpec {
             limit: Bounds::default(),
             weight: 1.0,
             reclaimable: true,
+            usage_half_life_ms: None,
         }
     }
 }
@@ -298,6 +302,33 @@ impl QueueTree {
     }
 
     /// Whether `q` has no child queues (pods are served from leaves and inner queues alike).
+    /// What each queue and everything under it holds, given what each queue's own pods
+    /// hold (`own`, by queue index; the root's total is left empty).
+    pub fn subtree_totals(&self, own: &[super::Res]) -> Vec<super::Res> {
+        let mut alloc = vec![super::Res::default(); self.len()];
+        for (q, held) in own
+            .iter()
+            .enumerate()
+            .skip(1)
+            .take(self.len().saturating_sub(1))
+        {
+            for a in self.path(q) {
+                alloc[a].add(held);
+            }
+        }
+        alloc
+    }
+
+    /// The half-life `q`'s usage decays with: its own, else the nearest ancestor's (`None`:
+    /// no queue on its path sets one).
+    pub fn half_life_ms(&self, q: usize) -> Option<u64> {
+        if q == ROOT || q >= self.nodes.len() {
+            return None;
+        }
+        self.path(q)
+            .find_map(|a| self.nodes[a].spec.usage_half_life_ms)
+    }
+
     pub fn is_leaf(&self, q: usize) -> bool {
         self.nodes[q].children.is_empty()
     }

@@ -35,6 +35,7 @@ pub const DEFAULT_QUEUE_ANNOTATION: &str = "gpuplace.io/default-queue";
     printcolumn = r#"{"name":"Limit","type":"string","jsonPath":".status.limitGPUs"}"#,
     printcolumn = r#"{"name":"Allocated","type":"string","jsonPath":".status.allocatedGPUs"}"#,
     printcolumn = r#"{"name":"Fair share","type":"string","jsonPath":".status.fairShareGPUs"}"#,
+    printcolumn = r#"{"name":"Decayed use","type":"string","jsonPath":".status.usage.decayedGPUs"}"#,
     printcolumn = r#"{"name":"Pending","type":"integer","jsonPath":".status.pendingPods"}"#,
     printcolumn = r#"{"name":"Valid","type":"string","jsonPath":".status.conditions[?(@.type==\"Valid\")].status"}"#
 )]
@@ -59,6 +60,11 @@ pub struct QueueSpec {
     /// true).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reclaimable: Option<bool>,
+    /// How fast the queue's usage over time fades, for it and the queues under it that set
+    /// none (a duration: `1h`, `30m`, `1h30m`; `0`: fair order by the allocation now). The
+    /// scheduler's `--usage-half-life` where no queue on the path sets one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage_half_life: Option<String>,
 }
 
 fn amounts_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
@@ -102,10 +108,47 @@ pub struct QueueStatus {
     #[serde(default)]
     #[serde(rename = "fairShareGPUs")]
     pub fair_share_gpus: String,
-    /// `Valid`: `True`, or `False` with why the queue serves no pod.
+    /// Its usage over time (when it keeps any), as of `usage.updated`: the scheduler's one
+    /// record of it, read back after a restart or a change of leader.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<QueueUsage>,
+    /// `Valid`: `True`, or `False` with why the queue serves no pod; `UsageHalfLife`
+    /// (when the spec sets one): `False` with why it was refused (the last valid one is
+    /// kept).
     #[serde(default)]
     pub conditions: Vec<QueueCondition>,
 }
+
+/// A queue's usage over time, decayed with its half-life.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueUsage {
+    /// The half-life it decays with (`1h`).
+    pub half_life: String,
+    /// When these figures were taken (RFC 3339, milliseconds).
+    pub updated: String,
+    /// Decayed GPU-seconds, CPU-seconds and MiB-seconds of it and the queues under it.
+    #[serde(rename = "gpuSeconds")]
+    pub gpu_seconds: f64,
+    pub cpu_seconds: f64,
+    #[serde(rename = "memoryMiBSeconds")]
+    pub memory_mib_seconds: f64,
+    /// What it held at that time (GPUs, CPUs, MiB): a scheduler that reads this back
+    /// assumes the allocation went evenly from it to what it finds.
+    #[serde(default, rename = "heldGPUs")]
+    pub held_gpus: f64,
+    #[serde(default, rename = "heldCPUs")]
+    pub held_cpus: f64,
+    #[serde(default, rename = "heldMemoryMiB")]
+    pub held_memory_mib: f64,
+    /// The GPUs it held on average over the recent past (decayed mean), as printed.
+    #[serde(rename = "decayedGPUs")]
+    pub decayed_gpus: String,
+}
+
+/// The scheduler writes finite figures only (a NaN read from a hand-written status is
+/// never equal to itself, which costs one status write, no more).
+impl Eq for QueueUsage {}
 
 /// Why a queue's spec cannot be read.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -139,7 +182,18 @@ pub fn core_spec(
         limit: bounds(&spec.limit, "limit", gpu_resource)?,
         weight: spec.weight.unwrap_or(1.0),
         reclaimable: spec.reclaimable.unwrap_or(true),
+        // Checked apart (a bad one is refused without stopping the queue): see
+        // `half_life`.
+        usage_half_life_ms: None,
     })
+}
+
+/// The half-life `spec` sets (`None`: none set).
+pub fn half_life(spec: &QueueSpec) -> Result<Option<u64>, gpuplace_core::fairshare::HalfLifeError> {
+    spec.usage_half_life
+        .as_deref()
+        .map(gpuplace_core::fairshare::parse_half_life)
+        .transpose()
 }
 
 fn bounds(

@@ -122,18 +122,24 @@ pub async fn read(
         Arc::new(PodInfo::from_pod(&p, gpu_resource))
     });
     let groups = list_all(&groups_api, ListParams::default(), "podgroups.gpuplace.io");
+    let queues_api = Api::<crate::k8s::queue::Queue>::all(client.clone());
+    let queues = list_all(&queues_api, ListParams::default(), "queues.gpuplace.io");
     let events_api: Api<Event> = match namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
     let failed = ListParams::default().fields("reason=FailedScheduling");
     let events = list_all(&events_api, failed, "events");
-    let (nodes, pods, groups, events) = futures::join!(nodes, pods, groups, events);
+    let (nodes, pods, groups, queues, events) = futures::join!(nodes, pods, groups, queues, events);
     // Nodes and pods first: their error says what is wrong with the server, where the
     // optional PodGroups' would blame a CRD.
     let mut nodes: Vec<Arc<Node>> = nodes?;
     let mut pods: Vec<Arc<PodInfo>> = pods?;
     let groups = match groups {
+        Err(e) if missing(&e) => Vec::new(),
+        other => other?,
+    };
+    let queues = match queues {
         Err(e) if missing(&e) => Vec::new(),
         other => other?,
     };
@@ -152,6 +158,7 @@ pub async fn read(
         nodes: Arc::new(nodes),
         pods,
         groups: Arc::new(groups.into_iter().map(Arc::new).collect()),
+        queues: Arc::new(queues.into_iter().map(Arc::new).collect()),
         ..ClusterView::default()
     };
     Ok(Read {

@@ -44,6 +44,11 @@ impl<A: ClusterApi> Scheduler<A> {
             nominations.get(uid).is_some()
         });
         let (fair, mut picker) = standing.picker::<Unit<'a>>(&tree);
+        self.usage.advance(&tree, view, picker.allocations(), now);
+        if self.usage.decays() {
+            picker = picker.with_usage(&self.usage.means());
+        }
+        self.usage.refresh_shown(now);
         let mut refused = Vec::new();
         for unit in units {
             // A gang belongs to its first member's queue.
@@ -59,7 +64,13 @@ impl<A: ClusterApi> Scheduler<A> {
         }
         self.decide_units(snapshot, view, Order::Fair(&mut picker), round, report)
             .await;
+        self.usage.hold(picker.allocations());
         report.queues = figures(&tree, &standing, &fair, picker.allocations(), &self.queues);
+        let half_life_problems = self.queues.half_life_problems();
+        for (q, f) in report.queues.iter_mut().enumerate() {
+            f.usage = self.usage.shown(q + 1, &f.name);
+            f.half_life_problem = half_life_problems.get(&f.name).cloned();
+        }
     }
 
     /// Whether `pods` fit under their queue's limits; if not they are told so and wait.
@@ -174,6 +185,8 @@ fn figures(
                 pending_pods: pending_pods[q],
                 problem: problems.get(&spec.name).cloned(),
                 limit: spec.limit.dims,
+                usage: None,
+                half_life_problem: None,
             }
         })
         .collect()

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use gpuplace_core::fairshare::{DIM_NAMES, DIMS, show_amount};
 
 use crate::api::ClusterView;
-use crate::k8s::queue::{QueueCondition, QueueStatus};
+use crate::k8s::queue::{QueueCondition, QueueStatus, QueueUsage};
 
 /// The shortest time between two batches of status writes.
 pub const WRITE_EVERY: Duration = Duration::from_secs(2);
@@ -33,6 +33,10 @@ pub struct QueueFigures {
     /// `None` when it serves pods; else why not.
     pub problem: Option<String>,
     pub limit: [Option<u64>; DIMS],
+    /// Its usage over time as shown (none without a half-life).
+    pub usage: Option<QueueUsage>,
+    /// Why the half-life its spec sets was refused.
+    pub half_life_problem: Option<String>,
 }
 
 /// Statuses as last written and as the latest round would have them.
@@ -76,14 +80,39 @@ fn status_of(f: &QueueFigures, previous: Option<&QueueStatus>, now: &str) -> Que
         limit_gpus: f.limit[0].map_or_else(|| "none".to_string(), |l| show_amount(0, l)),
         allocated_gpus: show_amount(0, f.allocated[0]),
         fair_share_gpus: show_amount(0, f.fair_share[0]),
-        conditions: vec![QueueCondition {
+        usage: f.usage.clone(),
+        conditions: std::iter::once(QueueCondition {
             type_: "Valid".into(),
             status: status.into(),
             reason: reason.into(),
             message,
             last_transition_time: Some(since),
-        }],
+        })
+        .chain(half_life_condition(f, previous, now))
+        .collect(),
     }
+}
+
+/// `UsageHalfLife` `False` while the half-life the spec sets is refused (kept since the
+/// refusal).
+fn half_life_condition(
+    f: &QueueFigures,
+    previous: Option<&QueueStatus>,
+    now: &str,
+) -> Option<QueueCondition> {
+    let message = f.half_life_problem.clone()?;
+    let since = previous
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "UsageHalfLife"))
+        .filter(|c| c.message == message)
+        .and_then(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| now.to_string());
+    Some(QueueCondition {
+        type_: "UsageHalfLife".into(),
+        status: "False".into(),
+        reason: "Refused".into(),
+        message,
+        last_transition_time: Some(since),
+    })
 }
 
 impl StatusWriter {

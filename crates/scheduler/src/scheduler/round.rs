@@ -34,6 +34,7 @@ impl<A: ClusterApi> Scheduler<A> {
             && self
                 .last_round
                 .is_some_and(|last| !self.queue.became_due(last, now))
+            && !self.usage.show_due(now)
     }
 
     /// Compares `view` with the last one: parked pods wake on a node added or changed, a

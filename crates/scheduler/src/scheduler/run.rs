@@ -91,6 +91,10 @@ impl<A: ClusterApi> Scheduler<A> {
                         self.dirty = true;
                     }
                 }
+            } else if let Err(e) = self.observe_usage(now).await {
+                // A standby keeps the queues' usage from its own watch, so that a leader
+                // change loses none of it; a failure is made good by the next tick.
+                warn!(error = %e, "queue usage not observed");
             }
             let seen = self.seen.generation.unwrap_or(0);
             let wake = self
@@ -119,6 +123,13 @@ impl<A: ClusterApi> Scheduler<A> {
                 in_flight = self.in_flight(),
                 "shutting down with Bindings still in flight"
             ),
+        }
+        let now = tokio::time::Instant::now().into_std();
+        if tokio::time::timeout(config.drain, self.leave_usage_record(now))
+            .await
+            .is_err()
+        {
+            warn!("shutting down without the queues' last usage record");
         }
     }
 }

@@ -40,6 +40,10 @@ pub struct Queues {
     ns_defaults: HashMap<String, String>,
     ns_from: Vec<(String, String)>,
     gpu_resource: String,
+    /// Per queue, the last half-life its spec set that could be used (kept while a later
+    /// one cannot), and why the spec's present one was refused.
+    last_half_life: HashMap<String, Option<u64>>,
+    half_life_errors: BTreeMap<String, String>,
 }
 
 impl Queues {
@@ -51,6 +55,8 @@ impl Queues {
             ns_defaults: HashMap::new(),
             ns_from: Vec::new(),
             gpu_resource: gpu_resource.to_string(),
+            last_half_life: HashMap::new(),
+            half_life_errors: BTreeMap::new(),
         }
     }
 
@@ -69,10 +75,14 @@ impl Queues {
         if from != self.built_from {
             let mut specs = Vec::new();
             self.spec_errors.clear();
+            self.half_life_errors.clear();
             for q in view.queues.iter() {
                 let name = q.metadata.name.clone().unwrap_or_default();
                 match core_spec(&name, &q.spec, &self.gpu_resource) {
-                    Ok(spec) => specs.push(spec),
+                    Ok(mut spec) => {
+                        spec.usage_half_life_ms = self.half_life_of(&name, q);
+                        specs.push(spec)
+                    }
                     Err(e) => {
                         // Kept in the tree (children still find it) but serving nothing.
                         self.spec_errors.insert(name.clone(), e.to_string());
@@ -111,6 +121,41 @@ impl Queues {
                 .collect();
             self.ns_from = ns_from;
         }
+    }
+
+    /// The half-life queue `name`'s spec sets; a refused one is recorded and the last valid
+    /// one kept (after a restart: the one its status says its usage decays with).
+    fn half_life_of(&mut self, name: &str, q: &crate::k8s::queue::Queue) -> Option<u64> {
+        match crate::k8s::queue::half_life(&q.spec) {
+            Ok(h) => {
+                self.half_life_errors.remove(name);
+                self.last_half_life.insert(name.to_string(), h);
+                h
+            }
+            Err(e) => {
+                let kept = self
+                    .last_half_life
+                    .get(name)
+                    .copied()
+                    .flatten()
+                    .or_else(|| {
+                        let shown = &q.status.as_ref()?.usage.as_ref()?.half_life;
+                        gpuplace_core::fairshare::parse_half_life(shown).ok()
+                    });
+                let keeping = kept.map_or_else(
+                    || "none set before".to_string(),
+                    |ms| format!("keeping {}", gpuplace_core::fairshare::show_half_life(ms)),
+                );
+                self.half_life_errors
+                    .insert(name.to_string(), format!("usageHalfLife: {e}; {keeping}"));
+                kept
+            }
+        }
+    }
+
+    /// Why each queue's half-life was refused.
+    pub fn half_life_problems(&self) -> &BTreeMap<String, String> {
+        &self.half_life_errors
     }
 
     /// Whether queues matter this round: some queue exists, some namespace names one, or

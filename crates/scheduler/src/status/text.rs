@@ -64,6 +64,7 @@ pub fn render(status: &FleetStatus, style: Style) -> String {
     nodes(&mut out, &status.nodes, style);
     pending(&mut out, status);
     groups(&mut out, status);
+    super::queues::render(&mut out, &status.queues);
     for w in &status.warnings {
         let _ = writeln!(out, "warning: {w}");
     }

@@ -174,3 +174,18 @@ pub fn faulty_api(seed: u64, nodes: usize) -> MemoryApi {
     }
     api
 }
+
+/// Pods whose name starts with `prefix`, bound and not being deleted.
+pub fn bound_count(api: &MemoryApi, prefix: &str) -> usize {
+    api.pods()
+        .iter()
+        .filter(|p| {
+            p.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with(prefix))
+        })
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .count()
+}

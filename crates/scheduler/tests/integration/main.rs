@@ -20,4 +20,6 @@ mod status;
 mod status_read;
 mod stress;
 mod ui_browser;
+mod usage;
+mod usage_stress;
 mod volumes;

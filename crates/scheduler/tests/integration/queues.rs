@@ -48,20 +48,6 @@ fn finish_terminating(api: &MemoryApi) {
     }
 }
 
-fn bound_count(api: &MemoryApi, prefix: &str) -> usize {
-    api.pods()
-        .iter()
-        .filter(|p| {
-            p.metadata
-                .name
-                .as_deref()
-                .is_some_and(|n| n.starts_with(prefix))
-        })
-        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .count()
-}
-
 fn last_message(api: &MemoryApi, name: &str) -> String {
     api.events()
         .into_iter()

@@ -177,7 +177,8 @@ impl<'a> Engine<'a> {
                 .map(|n| state.inventory(n).memory_mib)
                 .sum(),
         ];
-        let tenants = tenants.map(|t| fair::FairState::new(t, capacity));
+        let tenants =
+            tenants.map(|t| fair::FairState::new(t, capacity, options.usage_half_life_ms));
         let placer_seed = placer.seed();
         Engine {
             pods,

@@ -44,6 +44,9 @@ pub struct TimelineOptions {
     pub defrag: DefragSim,
     /// Queues the pods are shared among (`--tenants`).
     pub tenants: Option<super::tenants::TenantsFile>,
+    /// With tenants: the half-life of the usage of queues that set none (ms; 0: no usage
+    /// over time), as the scheduler's `--usage-half-life`.
+    pub usage_half_life_ms: u64,
     /// With tenants: whether the queues serve (fair order, limits, reclaim) or only measure
     /// (the same arrivals served by priority then arrival, as kube-scheduler does).
     pub queues_serve: bool,
@@ -156,6 +159,7 @@ impl Default for TimelineOptions {
             series_points: 240,
             defrag: DefragSim::default(),
             tenants: None,
+            usage_half_life_ms: 0,
             queues_serve: true,
             costs: Costs::default(),
             checkpointed: false,

@@ -33,12 +33,67 @@ pub struct QueueSummary {
     pub reclaimed_pods: Stat,
 }
 
+/// Jain's index per hour window across seeds: each seed's mean and lowest over its
+/// contended hours.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct HourlyJain {
+    pub mean: Stat,
+    pub min: Stat,
+    /// Contended hours, over every seed.
+    pub hours: usize,
+}
+
+impl HourlyJain {
+    fn of(with: &[&super::engine::TenantRun]) -> Option<HourlyJain> {
+        let seeds: Vec<&Vec<f64>> = with
+            .iter()
+            .map(|t| &t.jain_hourly)
+            .filter(|h| !h.is_empty())
+            .collect();
+        if seeds.is_empty() {
+            return None;
+        }
+        let means: Vec<f64> = seeds
+            .iter()
+            .map(|h| h.iter().sum::<f64>() / h.len() as f64)
+            .collect();
+        let mins: Vec<f64> = seeds
+            .iter()
+            .map(|h| h.iter().copied().fold(f64::INFINITY, f64::min))
+            .collect();
+        Some(HourlyJain {
+            mean: Stat::of(&means),
+            min: Stat::of(&mins),
+            hours: seeds.iter().map(|h| h.len()).sum(),
+        })
+    }
+
+    fn text(j: Option<HourlyJain>) -> String {
+        j.map_or_else(
+            || "-".to_string(),
+            |j| {
+                format!(
+                    "{:.3} (lowest {:.3}, {} h)",
+                    j.mean.mean, j.min.mean, j.hours
+                )
+            },
+        )
+    }
+}
+
 /// Tenants across one policy's seeds.
 #[derive(Clone, Debug, Serialize)]
 pub struct TenantSummary {
     /// Jain's index of allocation over entitlement while contended, queues serving, over
     /// the seeds whose cluster was contended (none if none was).
     pub jain: Option<Stat>,
+    /// Jain's index per contended hour of the window, queues serving.
+    pub jain_hourly: Option<HourlyJain>,
+    /// The same with the queues' usage over time off (set by the caller that ran it when
+    /// the queues decay usage).
+    pub jain_hourly_without_decay: Option<HourlyJain>,
+    /// The same arrivals served without queues (set by the caller that ran it).
+    pub jain_hourly_without_queues: Option<HourlyJain>,
     /// Seeds whose cluster was contended at some time of the window.
     pub contended_seeds: usize,
     /// Share of the window the cluster was contended, %.
@@ -109,6 +164,9 @@ pub fn summarize(runs: &[&TimelineRun]) -> Option<TenantSummary> {
         jain: Some(with.iter().filter_map(|t| t.jain).collect::<Vec<_>>())
             .filter(|j| !j.is_empty())
             .map(|j| Stat::of(&j)),
+        jain_hourly: HourlyJain::of(&with),
+        jain_hourly_without_decay: None,
+        jain_hourly_without_queues: None,
         contended_seeds: with.iter().filter(|t| t.jain.is_some()).count(),
         contended_pct: Stat::of(&with.iter().map(|t| t.contended_pct).collect::<Vec<_>>()),
         queues,
@@ -156,6 +214,17 @@ pub fn table<'a>(rows: impl Iterator<Item = (&'a str, Stat, &'a TenantSummary)>,
             t.contended_pct.mean,
             t.contended_seeds,
             jain(t.jain)
+        );
+        let without_decay = t
+            .jain_hourly_without_decay
+            .map(|j| format!(", {} without usage decay", HourlyJain::text(Some(j))))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "{:<21} tenants: Jain's index per contended hour {}{without_decay}, {} without queues",
+            "",
+            HourlyJain::text(t.jain_hourly),
+            HourlyJain::text(t.jain_hourly_without_queues)
         );
         let plain = t.queues_without_queues.as_deref().unwrap_or(&[]);
         for q in &t.queues {

@@ -6,7 +6,7 @@
 //! queues:
 //!   - {name: research, guaranteed: {nvidia.com/gpu: "40%"}, weight: 2}
 //!   - {name: prod, guaranteed: {nvidia.com/gpu: "30%"}, reclaimable: false}
-//!   - {name: batch, limit: {nvidia.com/gpu: "50%"}}
+//!   - {name: batch, limit: {nvidia.com/gpu: "50%"}, usageHalfLife: 1h}
 //! assign:
 //!   by: hash            # hash | qos | shape
 //!   shares: {research: 0.5, prod: 0.2, batch: 0.3}
@@ -16,11 +16,14 @@
 //! cluster's capacity. Pods go to queues by a hash of their name (`shares`), by their qos
 //! class (`classes: {LS: prod, BE: batch}`, `default: research`), or by shape (`rules`:
 //! the first of `{minGpus, maxGpus, share, queue}` that matches, else `default`).
+//! `usageHalfLife` (a duration; `--usage-half-life` for queues that set none) orders the
+//! queues by their usage over time ([`gpuplace_core::fairshare::Ledger`]) as the
+//! scheduler's Queue objects do.
 
 use std::collections::BTreeMap;
 
 use gpuplace_core::fairshare::{
-    AmountError, AmountRules, Bounds, DIMS, QueueSpec, QueueTree, read_bounds,
+    AmountError, AmountRules, Bounds, DIMS, QueueSpec, QueueTree, parse_half_life, read_bounds,
 };
 use gpuplace_model::Request;
 use serde::Deserialize;
@@ -50,6 +53,10 @@ pub struct TenantQueue {
     pub weight: Option<f64>,
     #[serde(default)]
     pub reclaimable: Option<bool>,
+    /// How fast its usage over time fades (`1h`, `30m`, `0`: none), for it and the queues
+    /// under it that set none.
+    #[serde(default)]
+    pub usage_half_life: Option<String>,
 }
 
 /// How pods are given to queues.
@@ -143,6 +150,14 @@ impl Tenants {
                 limit: bounds(&q.name, "limit", &q.limit, capacity)?,
                 weight: q.weight.unwrap_or(1.0),
                 reclaimable: q.reclaimable.unwrap_or(true),
+                usage_half_life_ms: q
+                    .usage_half_life
+                    .as_deref()
+                    .map(parse_half_life)
+                    .transpose()
+                    .map_err(|e| {
+                        TenantsError::Queue(q.name.clone(), format!("usageHalfLife: {e}"))
+                    })?,
             });
         }
         let tree = QueueTree::build(specs);

@@ -406,3 +406,85 @@ fn a_queue_at_its_per_model_limit_is_placed_on_other_models_as_the_scheduler_nar
     assert_eq!(on_a100, 2, "{:?}", outcome.jobs);
     assert!(outcome.jobs.iter().all(|j| j.start.is_some()));
 }
+
+/// One 4-GPU node; a runs four pods for 3,000 s alone; at 2,900 s a and b (a's first) each
+/// ask for four more. Who starts at 3,000 s, with the queues' half-life `half_life`.
+fn after_a_ran_alone(half_life: &str) -> (usize, usize, super::engine::TenantRun) {
+    let mut pods: Vec<TracePod> = (0..8)
+        .map(|i| pod(&format!("a{i}"), 1, 3_000, 0, None))
+        .collect();
+    // b4 arrives at 4,000 s: the replay runs to the last arrival.
+    pods.extend((0..5).map(|i| pod(&format!("b{i}"), 1, 3_000, 0, None)));
+    let s = Scenario {
+        pods,
+        nodes: vec![node("n", 4)],
+        preempt: false,
+        ..Scenario::default()
+    };
+    let file: super::tenants::TenantsFile = serde_json::from_value(serde_json::json!({
+        "queues": [
+            {"name": "a", "usageHalfLife": half_life},
+            {"name": "b", "usageHalfLife": half_life}
+        ],
+        "assign": {"by": "shape", "rules": [], "default": "a"}
+    }))
+    .unwrap();
+    let mut tenants =
+        super::tenants::Tenants::new(&file, [4000, 64_000, 1 << 20], &s.pods).unwrap();
+    let b = tenants.tree.index("b").unwrap();
+    for q in tenants.queue_of.iter_mut().skip(8) {
+        *q = b;
+    }
+    let mut arrivals: Vec<(u64, u32)> = (0..4).map(|i| (0, i)).collect();
+    arrivals.extend((4..12).map(|i| (2_900, i)));
+    arrivals.push((4_000, 12));
+    let outcome = s.run_all(&arrivals, true, DefragSim::default(), Some(&tenants));
+    // The first four end a little after 3,000 s (their start took the costs' time): what
+    // starts within the next minute took their places.
+    let first_end = outcome
+        .jobs
+        .iter()
+        .filter(|j| j.pod < 4)
+        .filter_map(|j| secs(j.end))
+        .min();
+    let started = |range: std::ops::Range<u32>| {
+        outcome
+            .jobs
+            .iter()
+            .filter(|j| range.contains(&j.pod))
+            .filter(|j| {
+                secs(j.start)
+                    .zip(first_end)
+                    .is_some_and(|(s, e)| s >= e && s < e + 60)
+            })
+            .count()
+    };
+    let a = started(4..8);
+    let b = started(8..12);
+    (a, b, outcome.tenants.expect("tenants measured"))
+}
+
+#[test]
+fn with_usage_over_time_a_queue_that_ran_alone_waits_behind_an_idle_one() {
+    // Half-life 20 minutes: after 50 minutes at 4 GPUs a stands at 3.3 GPUs, so b is
+    // served all four (with 1 h a would stand at 1.75, and b be served first only twice).
+    let (a, b, report) = after_a_ran_alone("20m");
+    assert_eq!((a, b), (0, 4), "b, idle, is served first");
+    let (a, b, _) = after_a_ran_alone("1h");
+    assert_eq!((a, b), (1, 3));
+    assert!(!report.jain_hourly.is_empty(), "contended hours measured");
+    // Without usage over time (as the scheduler without a half-life) they share.
+    let (a, b, _) = after_a_ran_alone("0");
+    assert_eq!((a, b), (2, 2));
+    // A half-life that is not one is refused with the queue's name.
+    let file: super::tenants::TenantsFile = serde_json::from_value(serde_json::json!({
+        "queues": [{"name": "a", "usageHalfLife": "-1h"}],
+        "assign": {"by": "shape", "rules": [], "default": "a"}
+    }))
+    .unwrap();
+    let err = super::tenants::Tenants::new(&file, [4000, 0, 0], &[]).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "queue a: usageHalfLife: \"-1h\" is negative"
+    );
+}

@@ -17,7 +17,7 @@
 
 use std::sync::Arc;
 
-use gpuplace_core::fairshare::{DIMS, QueueTree, Res, fair_shares_of};
+use gpuplace_core::fairshare::{DIMS, Ledger, QueueTree, Res, fair_shares_of};
 use serde::Serialize;
 
 use crate::timeline::options::Ms;
@@ -35,7 +35,12 @@ pub(crate) struct FairState {
     pub(crate) largest: Vec<u64>,
     capacity: [u64; DIMS],
     measure: Measure,
+    /// Each queue's usage over time (decayed with its half-life), as the scheduler keeps it.
+    pub(crate) ledger: Ledger,
 }
+
+/// The length of a window of Jain's index per window.
+const JAIN_WINDOW_MS: u64 = 3_600_000;
 
 /// Integrals over the measurement window.
 #[derive(Default)]
@@ -52,6 +57,13 @@ struct Measure {
     below_since: Vec<Option<Ms>>,
     to_guarantee_s: Vec<Vec<f64>>,
     reclaimed: Vec<u64>,
+    /// The current hour window (by its index from the window's start): contended time,
+    /// each queue's contended allocation and entitlement; and each finished window's index.
+    hour: u64,
+    hour_contended_ms: f64,
+    hour_alloc_ms: Vec<f64>,
+    hour_fair_ms: Vec<f64>,
+    hourly: Vec<f64>,
 }
 
 /// One queue's figures over a replay's window.
@@ -79,13 +91,17 @@ pub struct TenantRun {
     /// Jain's index of each leaf queue's allocation over its entitlement while the cluster
     /// was contended (see the module's text); none when it never was.
     pub jain: Option<f64>,
+    /// Jain's index per hour of the window (the same measure over each hour that was
+    /// contended for a tenth of it or more).
+    pub jain_hourly: Vec<f64>,
     /// Share of the window the cluster was contended, %.
     pub contended_pct: f64,
     pub queues: Vec<QueueRun>,
 }
 
 impl FairState {
-    pub(crate) fn new(tenants: &Tenants, capacity: [u64; DIMS]) -> FairState {
+    /// `half_life_ms`: that of queues that set none (0: no usage over time).
+    pub(crate) fn new(tenants: &Tenants, capacity: [u64; DIMS], half_life_ms: u64) -> FairState {
         let n = tenants.tree.len();
         FairState {
             tree: Arc::new(tenants.tree.clone()),
@@ -102,8 +118,11 @@ impl FairState {
                 below_since: vec![None; n],
                 to_guarantee_s: vec![Vec::new(); n],
                 reclaimed: vec![0; n],
+                hour_alloc_ms: vec![0.0; n],
+                hour_fair_ms: vec![0.0; n],
                 ..Measure::default()
             },
+            ledger: Ledger::new(&tenants.tree, half_life_ms),
         }
     }
 
@@ -119,11 +138,37 @@ impl FairState {
         fair_shares_of(&self.tree, &self.capacity, &self.held, &self.pending)
     }
 
-    /// Integrates the standing since the last call up to `now` (from `from` on).
+    /// Integrates the standing since the last call up to `now` (from `from` on); the
+    /// queues' usage over all of it (what they held before the window counts as it would
+    /// on a cluster).
     pub(crate) fn advance(&mut self, now: Ms, from: Ms) {
         let last = self.measure.last.replace(now).unwrap_or(now);
-        let start = last.max(from);
-        let dt = now.0.saturating_sub(start.0) as f64;
+        if self.ledger.decays() {
+            let totals = self.tree.subtree_totals(&self.held);
+            self.ledger.hold(totals.iter().map(|r| r.dims));
+            self.ledger.advance(now.0.saturating_sub(last.0));
+        }
+        let mut start = last.max(from);
+        // Split at the hour windows' ends, each window's index closed as it ends.
+        while start < now {
+            let hour = (start.0 - from.0) / JAIN_WINDOW_MS;
+            let end = Ms((from.0 + (hour + 1) * JAIN_WINDOW_MS).min(now.0));
+            self.integrate(start, end, from);
+            start = end;
+        }
+        if now >= from {
+            self.track_guarantees(now);
+        }
+    }
+
+    /// Adds `[start, end)` (within one hour window) to the integrals.
+    fn integrate(&mut self, start: Ms, end: Ms, from: Ms) {
+        let hour = (start.0 - from.0) / JAIN_WINDOW_MS;
+        if hour != self.measure.hour {
+            self.close_hour();
+            self.measure.hour = hour;
+        }
+        let dt = end.0.saturating_sub(start.0) as f64;
         let fair = self.shares();
         if dt > 0.0 {
             let asked: u64 = (1..self.tree.len())
@@ -138,16 +183,43 @@ impl FairState {
                 if contended {
                     self.measure.contended_alloc_ms[q] += held as f64 * dt;
                     self.measure.contended_fair_ms[q] += share[0] as f64 * dt;
+                    self.measure.hour_alloc_ms[q] += held as f64 * dt;
+                    self.measure.hour_fair_ms[q] += share[0] as f64 * dt;
                 }
             }
             if contended {
                 self.measure.contended_ms += dt;
+                self.measure.hour_contended_ms += dt;
             }
             self.measure.window_ms += dt;
         }
-        if now >= from {
-            self.track_guarantees(now);
+    }
+
+    /// The current hour window's Jain's index, if it was contended for at least a tenth of
+    /// an hour.
+    fn hour_jain(&self) -> Option<f64> {
+        let m = &self.measure;
+        (m.hour_contended_ms >= JAIN_WINDOW_MS as f64 / 10.0)
+            .then(|| jain_of(&self.tree, &m.hour_alloc_ms, &m.hour_fair_ms))
+            .flatten()
+    }
+
+    /// Every hour window's index, the current one's included.
+    fn hourly(&self) -> Vec<f64> {
+        let mut out = self.measure.hourly.clone();
+        out.extend(self.hour_jain());
+        out
+    }
+
+    /// Ends the current hour window, keeping its index.
+    fn close_hour(&mut self) {
+        if let Some(j) = self.hour_jain() {
+            self.measure.hourly.push(j);
         }
+        let m = &mut self.measure;
+        m.hour_contended_ms = 0.0;
+        m.hour_alloc_ms.iter_mut().for_each(|x| *x = 0.0);
+        m.hour_fair_ms.iter_mut().for_each(|x| *x = 0.0);
     }
 
     fn subtree_held(&self, q: usize) -> u64 {
@@ -193,16 +265,7 @@ impl FairState {
         if m.contended_ms <= 0.0 {
             return None;
         }
-        let xs: Vec<f64> = (1..self.tree.len())
-            .filter(|&q| self.tree.is_leaf(q) && m.contended_fair_ms[q] > 0.0)
-            .map(|q| m.contended_alloc_ms[q] / m.contended_fair_ms[q])
-            .collect();
-        let sum: f64 = xs.iter().sum();
-        let squares: f64 = xs.iter().map(|x| x * x).sum();
-        if xs.len() < 2 || squares <= 0.0 {
-            return Some(1.0);
-        }
-        Some(sum * sum / (xs.len() as f64 * squares))
+        jain_of(&self.tree, &m.contended_alloc_ms, &m.contended_fair_ms)
     }
 
     /// The figures over the window; `waits`: by queue, its measured pods' waits (s).
@@ -218,6 +281,7 @@ impl FairState {
         };
         TenantRun {
             jain: self.jain(),
+            jain_hourly: self.hourly(),
             contended_pct: 100.0 * self.measure.contended_ms / w,
             queues: (1..self.tree.len())
                 .filter(|&q| self.queue_of.contains(&q) || !self.tree.is_leaf(q))
@@ -236,4 +300,19 @@ impl FairState {
                 .collect(),
         }
     }
+}
+
+/// Jain's index of the leaves' `alloc` over `fair` (integrals by queue index); 1 with fewer
+/// than two leaves entitled.
+fn jain_of(tree: &QueueTree, alloc: &[f64], fair: &[f64]) -> Option<f64> {
+    let xs: Vec<f64> = (1..tree.len())
+        .filter(|&q| tree.is_leaf(q) && fair[q] > 0.0)
+        .map(|q| alloc[q] / fair[q])
+        .collect();
+    let sum: f64 = xs.iter().sum();
+    let squares: f64 = xs.iter().map(|x| x * x).sum();
+    if xs.len() < 2 || squares <= 0.0 {
+        return Some(1.0);
+    }
+    Some(sum * sum / (xs.len() as f64 * squares))
 }

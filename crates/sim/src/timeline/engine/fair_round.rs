@@ -65,6 +65,9 @@ impl Engine<'_> {
         };
         let tree = Arc::clone(&t.tree);
         let mut picker: Picker<'_, u32> = Picker::new(&tree, &t.held, t.shares());
+        if t.ledger.decays() {
+            picker = picker.with_usage(&t.ledger.means());
+        }
         for u in due {
             let first = self.units[u as usize].jobs[0];
             let q = t.queue(self.jobs[first as usize].pod);
