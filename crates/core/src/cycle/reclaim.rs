@@ -1,10 +1,13 @@
 //! Reclaim's plan: the victim search's plans (preemption's, for a pod or a whole gang)
 //! checked against every queue's guarantee. A plan that would take some queue below its
 //! guarantee is searched again without that queue's pods on the nodes it took them from,
-//! up to [`MAX_PLANS`] times. The scheduler and the simulator both plan reclaim here.
+//! up to [`MAX_PLANS`] times. With usage over time, the queue that has used most against
+//! its fair share ([`prefer_most_used`]) is asked first: a plan that takes only its pods is
+//! searched before one that may take anyone's. The scheduler and the simulator both plan
+//! reclaim here.
 
 use crate::ClusterState;
-use crate::fairshare::{Entitlement, Loss, Res};
+use crate::fairshare::{Entitlement, Loss, Picker, Res};
 use crate::preempt::Candidates;
 
 /// Plans tried before giving up (each drops one queue's pods on the nodes it lost them).
@@ -84,16 +87,59 @@ fn exclude(taken: &[Taken], units: &[usize], v: usize, excluded: &mut [bool]) {
     }
 }
 
+/// The queue among `taken`'s whose standing with usage over time is furthest past its
+/// fair share (`None` without usage over time, or with victims of one queue only).
+pub fn prefer_most_used<U>(taken: &[Taken], picker: &Picker<'_, U>) -> Option<usize> {
+    if !picker.uses_usage() {
+        return None;
+    }
+    let mut queues: Vec<usize> = taken.iter().map(|t| t.queue).collect();
+    queues.sort_unstable();
+    queues.dedup();
+    if queues.len() < 2 {
+        return None;
+    }
+    queues.into_iter().max_by(|&a, &b| {
+        picker
+            .over_share(a)
+            .total_cmp(&picker.over_share(b))
+            .then(b.cmp(&a))
+    })
+}
+
 /// The first plan `search` finds (given the units excluded so far) whose losses keep every
 /// queue at its guarantee as `entitled` says; `taken` describes the search's units and
-/// `units_of` gives a plan's evicted units.
+/// `units_of` gives a plan's evicted units. With `prefer`, a plan that takes only that
+/// queue's units is searched first.
 pub fn plan_within_guarantees<P>(
     taken: &[Taken],
     entitled: &Entitlement<'_>,
+    prefer: Option<usize>,
     mut search: impl FnMut(&[bool]) -> Option<P>,
     units_of: impl Fn(&P) -> &[usize],
 ) -> Option<WithinGuarantees<P>> {
-    let mut excluded = vec![false; taken.len()];
+    if let Some(q) = prefer {
+        let others: Vec<bool> = taken.iter().map(|t| t.queue != q).collect();
+        if let Some(found) = plan_from(taken, entitled, others, &mut search, &units_of) {
+            return Some(found);
+        }
+    }
+    plan_from(
+        taken,
+        entitled,
+        vec![false; taken.len()],
+        &mut search,
+        &units_of,
+    )
+}
+
+fn plan_from<P>(
+    taken: &[Taken],
+    entitled: &Entitlement<'_>,
+    mut excluded: Vec<bool>,
+    search: &mut impl FnMut(&[bool]) -> Option<P>,
+    units_of: &impl Fn(&P) -> &[usize],
+) -> Option<WithinGuarantees<P>> {
     for _ in 0..MAX_PLANS {
         let plan = search(&excluded)?;
         let losses = losses(taken, units_of(&plan));
@@ -103,4 +149,63 @@ pub fn plan_within_guarantees<P>(
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fairshare::{QueueSpec, QueueTree, fair_shares};
+
+    fn gpus(n: u64) -> Res {
+        Res {
+            dims: [n * 1000, 0, 0],
+            models: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn with_usage_the_queue_that_used_most_is_asked_first() {
+        let mut taker = QueueSpec::open("taker");
+        taker.guaranteed.dims[0] = Some(4000);
+        let tree = QueueTree::build(vec![
+            taker,
+            QueueSpec::open("heavy"),
+            QueueSpec::open("light"),
+        ]);
+        let (t, heavy, light) = (
+            tree.index("taker").unwrap(),
+            tree.index("heavy").unwrap(),
+            tree.index("light").unwrap(),
+        );
+        let mut held = vec![Res::default(); tree.len()];
+        held[heavy] = gpus(4);
+        held[light] = gpus(4);
+        let mut demand = held.clone();
+        demand[t] = gpus(4);
+        let fair = fair_shares(&tree, &[8000, 0, 0], &demand);
+        // Both hold 4 now; heavy held 8 on average lately, light 2.
+        let mut means = vec![Some([0.0; 3]); tree.len()];
+        means[heavy] = Some([8000.0, 0.0, 0.0]);
+        means[light] = Some([2000.0, 0.0, 0.0]);
+        let picker: Picker<'_, ()> = Picker::new(&tree, &held, fair.clone()).with_usage(&means);
+        let taken: Vec<Taken> = [light, heavy]
+            .into_iter()
+            .map(|queue| Taken {
+                queue,
+                nodes: vec![0],
+                res: gpus(1),
+            })
+            .collect();
+        assert_eq!(prefer_most_used(&taken, &picker), Some(heavy));
+        let entitled = Entitlement::new(&tree, picker.allocations(), t, &gpus(1)).unwrap();
+        // A search that takes the first unit not excluded: light's is first in the list.
+        let search = |excluded: &[bool]| excluded.iter().position(|e| !e).map(|u| vec![u]);
+        let found = plan_within_guarantees(&taken, &entitled, Some(heavy), search, |p| p).unwrap();
+        assert_eq!(found.plan, vec![1], "heavy's unit");
+        let found = plan_within_guarantees(&taken, &entitled, None, search, |p| p).unwrap();
+        assert_eq!(found.plan, vec![0], "without usage: the search's own order");
+        // Without usage over time nothing is preferred.
+        let plain: Picker<'_, ()> = Picker::new(&tree, &held, fair);
+        assert_eq!(prefer_most_used(&taken, &plain), None);
+    }
 }

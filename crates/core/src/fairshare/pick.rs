@@ -68,6 +68,27 @@ impl<'t, U> Picker<'t, U> {
         self
     }
 
+    /// Whether the order counts usage over time.
+    pub fn uses_usage(&self) -> bool {
+        self.past.is_some()
+    }
+
+    /// How far `q` stands past its fair share: its dominant resource's standing over its
+    /// share (infinite with no share).
+    pub fn over_share(&self, q: usize) -> f64 {
+        (0..DIMS)
+            .filter_map(|d| {
+                let fair = self.fair.get(q).map_or(0, |f| f[d]);
+                let standing = self.standing(q, d);
+                match (fair, standing > 0.0) {
+                    (0, true) => Some(f64::INFINITY),
+                    (0, false) => None,
+                    (f, _) => Some(standing / f as f64),
+                }
+            })
+            .fold(0.0, f64::max)
+    }
+
     /// Queue `q`'s standing in resource `d`: what it holds, or with usage over time, its
     /// decayed mean plus what it was given since.
     pub fn standing(&self, q: usize, d: usize) -> f64 {

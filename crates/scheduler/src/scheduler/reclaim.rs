@@ -141,10 +141,10 @@ impl<A: ClusterApi> Scheduler<A> {
                 taken,
             )
         };
+        let taken = pool.taken(snapshot);
+        let prefer = cycle::reclaim::prefer_most_used(&taken, fair.picker);
         let found =
-            cycle::reclaim::plan_within_guarantees(&pool.taken(snapshot), &entitled, search, |p| {
-                &p.units
-            });
+            cycle::reclaim::plan_within_guarantees(&taken, &entitled, prefer, search, |p| &p.units);
         round.preemption_times.push(started.elapsed());
         let found = found?;
         let victims = victims_of(&pool.cands, &pool.keys, &found.plan.units);
@@ -192,8 +192,10 @@ impl<A: ClusterApi> Scheduler<A> {
         };
         let placer = &mut self.placer;
         let search = |taken: &[bool]| gang.best(placer, snapshot, &pool.cands, taken).ok()?;
+        let taken = pool.taken(snapshot);
+        let prefer = cycle::reclaim::prefer_most_used(&taken, fair.picker);
         let found =
-            cycle::reclaim::plan_within_guarantees(&pool.taken(snapshot), &entitled, search, |p| {
+            cycle::reclaim::plan_within_guarantees(&taken, &entitled, prefer, search, |p| {
                 &p.plan.units
             });
         round.preemption_times.push(started.elapsed());

@@ -278,10 +278,12 @@ impl Engine<'_> {
             let asks = asks_of(pods, jobs, &self.units[unit as usize].jobs);
             let candidates = candidates_of(jobs, pods, &groups);
             let taken = cycle::reclaim::Taken::of_units(&self.state, &candidates, &unit_queue);
+            let prefer = cycle::reclaim::prefer_most_used(&taken, fair.picker);
             let (placer, state) = (&mut self.placer, &self.state);
             cycle::reclaim::plan_within_guarantees(
                 &taken,
                 &entitled,
+                prefer,
                 |excluded| search_on(placer, state, &asks, &candidates, excluded),
                 |(units, _)| units,
             )?
