@@ -96,6 +96,12 @@ pub struct TimelineArgs {
     /// With usage on, the same replay is also run with it off.
     #[arg(long, default_value = "0", requires = "tenants")]
     pub(crate) usage_half_life: String,
+    /// Share of pods (0 to 1, by a hash of the name) that declare their run time, as
+    /// `gpuplace.io/expected-duration` does: each pod that waits is told when it is
+    /// expected to start from them, and the error against its actual start is reported
+    /// per class.
+    #[arg(long, default_value_t = 0.0, requires = "timeline")]
+    pub(crate) declared_share: f64,
 }
 
 /// Reads a tenants file (YAML, of which JSON is a part).
@@ -163,6 +169,14 @@ impl TimelineArgs {
             tenants: self.tenants.as_deref().map(read_tenants).transpose()?,
             usage_half_life_ms: gpuplace_core::fairshare::parse_half_life(&self.usage_half_life)
                 .map_err(|e| anyhow::anyhow!("--usage-half-life: {e}"))?,
+            declared_share: {
+                anyhow::ensure!(
+                    (0.0..=1.0).contains(&self.declared_share),
+                    "--declared-share must be between 0 and 1, got {}",
+                    self.declared_share
+                );
+                self.declared_share
+            },
             queues_serve: true,
             costs: self.costs()?,
             checkpointed: self.checkpointed,

@@ -26,6 +26,7 @@ pub mod shortage;
 mod state;
 mod symmetry;
 pub mod topology;
+pub mod waiting;
 
 pub use fit::{Asked, FitFailure, Unschedulable};
 pub use frag::{Shape, ShapeCounts, TargetWorkload};

@@ -2,7 +2,7 @@
 //! for it (capacity), or enough in total but on every node too few (fragmentation), with
 //! the sizes of the blocks. Pure: read from the state, over the nodes the pod may use.
 
-use gpuplace_model::Request;
+use gpuplace_model::{GpuTopology, Request};
 
 use crate::state::ClusterState;
 
@@ -22,9 +22,12 @@ pub enum Shortage {
         /// Nodes with at least one such GPU free, of the `allowed` it may use.
         nodes: usize,
         allowed: usize,
-        /// The most on one node, and that node (the first of equals).
+        /// The most on one node (linked as the request's topology asks), and that node
+        /// (the first of equals).
         largest: u32,
         largest_node: usize,
+        /// How the request's GPUs must be linked (a block counts only GPUs so linked).
+        topology: GpuTopology,
     },
 }
 
@@ -50,13 +53,14 @@ pub fn shortage(
         }
         may_use += 1;
         let here = usable(state, n, request);
-        if here == 0 {
+        if here.is_empty() {
             continue;
         }
-        free += here;
+        free += here.len() as u32;
         nodes += 1;
-        if here > largest {
-            (largest, largest_node) = (here, n);
+        let block = block(state, n, request, &here);
+        if block > largest {
+            (largest, largest_node) = (block, n);
         }
     }
     if largest >= asked || may_use == 0 {
@@ -75,12 +79,13 @@ pub fn shortage(
             allowed: may_use,
             largest,
             largest_node,
+            topology: request.need.topology,
         })
     }
 }
 
-/// GPUs of node `n` that could take one of `request`'s GPUs now.
-fn usable(state: &ClusterState, n: usize, request: &Request) -> u32 {
+/// Positions of node `n`'s GPUs that could take one of `request`'s GPUs now.
+fn usable(state: &ClusterState, n: usize, request: &Request) -> Vec<usize> {
     let node = state.node(n);
     let gpus = &state.inventory(n).gpus;
     let whole = request.gpu_milli >= 1000;
@@ -88,7 +93,8 @@ fn usable(state: &ClusterState, n: usize, request: &Request) -> u32 {
         .iter()
         .zip(&node.gpu_capacity)
         .zip(gpus)
-        .filter(|((free, cap), gpu)| {
+        .enumerate()
+        .filter(|(_, ((free, cap), gpu))| {
             **cap > 0
                 && request.allows_model(&gpu.model)
                 && if whole {
@@ -97,7 +103,24 @@ fn usable(state: &ClusterState, n: usize, request: &Request) -> u32 {
                     **free >= request.gpu_milli
                 }
         })
-        .count() as u32
+        .map(|(p, _)| p)
+        .collect()
+}
+
+/// The most of `usable` (positions on node `n`) one container of `request` could take
+/// together: all of them, or with a topology, the largest set (up to what it asks) whose
+/// GPUs are so linked.
+fn block(state: &ClusterState, n: usize, request: &Request, usable: &[usize]) -> u32 {
+    let topology = request.need.topology;
+    let most = usable.len().min(request.gpu_count as usize);
+    if topology == GpuTopology::Any || most <= 1 {
+        return usable.len() as u32;
+    }
+    let (links, rules) = (state.links(n), state.pair_rules(n));
+    (1..=most)
+        .rev()
+        .find(|&k| crate::require::exists(links, rules, topology, usable, k))
+        .unwrap_or(1) as u32
 }
 
 impl Shortage {
@@ -118,10 +141,19 @@ impl Shortage {
                 allowed,
                 largest,
                 largest_node,
-            } => format!(
-                "Fragmentation: {free} GPU(s) with room for it free across {nodes} of the {allowed} node(s) it may use, {asked} asked on one node; the largest block is {largest} on node {}.",
-                name_of(*largest_node)
-            ),
+                topology,
+            } => {
+                let linked = match topology {
+                    GpuTopology::Any => String::new(),
+                    GpuTopology::Nvlink => " linked by NVLink".into(),
+                    GpuTopology::PcieSwitch => " behind one PCIe switch".into(),
+                    GpuTopology::Numa => " on one NUMA node".into(),
+                };
+                format!(
+                    "Fragmentation: {free} GPU(s) with room for it free across {nodes} of the {allowed} node(s) it may use, {asked} asked on one node{linked}; the largest block is {largest} on node {}.",
+                    name_of(*largest_node)
+                )
+            }
         }
     }
 }
@@ -171,6 +203,7 @@ mod tests {
                 allowed: 3,
                 largest: 3,
                 largest_node: 1,
+                topology: GpuTopology::Any,
             }
         );
         assert!(
@@ -203,6 +236,7 @@ mod tests {
                 allowed: 2,
                 largest: 2,
                 largest_node: 0,
+                topology: GpuTopology::Any,
             })
         );
         let mut t4_only = gpus(2, 1000);

@@ -30,6 +30,7 @@ pub mod run;
 mod units;
 mod usage;
 mod usage_watch;
+mod waiting;
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};

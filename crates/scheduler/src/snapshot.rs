@@ -397,6 +397,9 @@ impl Snapshot {
             return;
         }
         self.scalars.take(n, &demand.extended);
+        if let Err(e) = &pod.expected_end {
+            self.warnings.push(format!("pod {pod_name}: {e}"));
+        }
         self.held.insert(
             uid,
             Held {

@@ -131,6 +131,9 @@ pub struct PendingPod {
     pub since: Option<String>,
     /// The scheduler's latest reason, when one is known.
     pub reason: Option<String>,
+    /// The same read into its parts: kube-scheduler's message, what blocks it, its
+    /// position, its queue's standing, what would unblock it, its expected start.
+    pub waiting: Option<gpuplace_core::waiting::Parsed>,
 }
 
 /// A gang (PodGroup).
@@ -229,6 +232,7 @@ pub fn fleet(
                 .find(|s| s.namespace == p.namespace && &s.name == g)
                 .and_then(|s| s.message.clone())
         }) {
+            p.waiting = Some(gpuplace_core::waiting::Waiting::parse(&message));
             p.reason = Some(message);
         }
     }
@@ -429,6 +433,9 @@ fn pending_pods(
                 scheduler: p.scheduler_name.clone(),
                 since,
                 reason: reasons.get(&p.key.uid).map(|r| r.message.clone()),
+                waiting: reasons
+                    .get(&p.key.uid)
+                    .map(|r| gpuplace_core::waiting::Waiting::parse(&r.message)),
             })
         })
         .collect();

@@ -420,6 +420,12 @@ impl MemoryApi {
         pod.metadata
             .uid
             .get_or_insert_with(|| format!("uid-{ns}-{name}-{rv}"));
+        // As the API server does on create: the time to the second.
+        pod.metadata.creation_timestamp.get_or_insert_with(|| {
+            let now = k8s_openapi::jiff::Timestamp::now();
+            let second = k8s_openapi::jiff::Timestamp::from_second(now.as_second()).unwrap_or(now);
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(second)
+        });
         s.pods.insert((ns.clone(), name.clone()), Arc::new(pod));
         s.remember(&(ns, name));
         let v = s.version;

@@ -68,6 +68,11 @@ impl<'t, U> Picker<'t, U> {
         self
     }
 
+    /// `q`'s fair share (GPU milli, CPU milli, memory MiB).
+    pub fn fair_share(&self, q: usize) -> [u64; DIMS] {
+        self.fair.get(q).copied().unwrap_or([0; DIMS])
+    }
+
     /// Whether the order counts usage over time.
     pub fn uses_usage(&self) -> bool {
         self.past.is_some()

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use gpuplace_core::fairshare::{DIMS, Picker, QueueTree, Res};
+use gpuplace_core::waiting::Blocker;
 use tracing::info;
 
 use super::queue_status::{QueueFigures, WRITE_EVERY, WRITE_EVERY_BUSY};
@@ -54,12 +55,21 @@ impl<A: ClusterApi> Scheduler<A> {
             // A gang belongs to its first member's queue.
             let first = unit.pods()[0];
             match self.queues.of(first) {
-                Ok(q) => picker.push(q, unit),
+                Ok(q) => {
+                    round.order.total += 1;
+                    *round.order.queue_total.entry(q).or_default() += 1;
+                    picker.push(q, unit)
+                }
                 Err(e) => refused.push((unit.pods(), e)),
             }
         }
         for (pods, why) in refused {
-            let message = format!("{why}; the pod waits until it can be served.");
+            let none: Option<(&Picker<'_, ()>, usize)> = None;
+            let mut waiting =
+                self.why_waiting(snapshot, round, pods[0], Some(Blocker::Queue), None, none);
+            waiting.unblock = Some("its queue made, or fixed".into());
+            let segments = super::waiting::segments(&waiting);
+            let message = format!("{why}; the pod waits until it can be served.{segments}");
             self.refuse(&pods, message, now, report);
         }
         self.decide_units(snapshot, view, Order::Fair(&mut picker), round, report)
@@ -82,7 +92,7 @@ impl<A: ClusterApi> Scheduler<A> {
         order: &mut Order<'_, '_, '_>,
         q: usize,
         pods: &[&Arc<PodInfo>],
-        now: Instant,
+        round: &mut RoundState,
         report: &mut RoundReport,
     ) -> Limits {
         let Order::Fair(picker) = order else {
@@ -90,10 +100,27 @@ impl<A: ClusterApi> Scheduler<A> {
         };
         let want = asked(pods);
         if let Some(hit) = picker.limit_hit(q, &want) {
+            let fair = Some((&**picker, q));
+            let mut waiting = self.why_waiting(
+                snapshot,
+                round,
+                pods[0],
+                Some(Blocker::QueueLimit),
+                None,
+                fair,
+            );
+            waiting.unblock = Some(format!(
+                "pods of queue {} ending, or its limit raised",
+                hit.queue
+            ));
+            let segments = super::waiting::segments(&waiting);
             self.refuse(
                 pods,
-                format!("0/{} nodes are available: {hit}.", snapshot.nodes.len()),
-                now,
+                format!(
+                    "0/{} nodes are available: {hit}.{segments}",
+                    snapshot.nodes.len()
+                ),
+                round.now,
                 report,
             );
             return Limits::Refused;

@@ -286,7 +286,11 @@ impl<A: ClusterApi> Scheduler<A> {
                     gang.id,
                     bound + placed
                 );
-                let message = outcome.message(&sentence(&reason), snapshot.nodes.len());
+                let message = format!(
+                    "{}{}",
+                    outcome.message(&sentence(&reason), snapshot.nodes.len()),
+                    super::waiting::gang_segments(outcome.unblock())
+                );
                 report.waiting_gangs += 1;
                 if !matches!(outcome, Outcome::Waiting) {
                     for (pod, _) in members {

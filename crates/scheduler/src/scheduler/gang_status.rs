@@ -62,9 +62,10 @@ impl<A: ClusterApi> Scheduler<A> {
         } else {
             if self.gangs.told(&gang.id, why.message) {
                 let message = format!(
-                    "{} The gang waits up to {}s for its members to fit at once.",
+                    "{} The gang waits up to {}s for its members to fit at once.{}",
                     why.message,
-                    timeout.as_secs()
+                    timeout.as_secs(),
+                    super::waiting::gang_segments(None)
                 );
                 for (pod, _) in members {
                     self.events
@@ -166,6 +167,7 @@ impl<A: ClusterApi> Scheduler<A> {
         now: Instant,
         report: &mut RoundReport,
     ) {
+        let reason = format!("{reason}{}", super::waiting::gang_segments(None));
         for (pod, _) in members {
             self.queue.unschedulable(&pod.key.uid, now);
             self.events

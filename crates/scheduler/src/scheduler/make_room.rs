@@ -52,6 +52,23 @@ pub(super) enum Made {
 }
 
 impl Made {
+    /// What it says of the pod's way out (for the `unblocked by` segment).
+    pub(super) fn unblock(&self) -> Option<String> {
+        match self {
+            Made::Moving { node, moved } => Some(format!(
+                "make-room under way: {} pod(s) moving off node {node}",
+                moved.len()
+            )),
+            Made::Blocked(why) => Some(format!("a make-room plan, not carried out: {why}")),
+            Made::Stopped(why) => Some(format!("a make-room plan, stopped midway: {why}")),
+            Made::Nothing => None,
+            Made::Later(wait) => Some(format!(
+                "nothing found: no pods that may move make room for its shape; make-room looks again in {} s",
+                wait.as_secs().max(1)
+            )),
+        }
+    }
+
     /// The part of the failure message that says what defragmentation did.
     pub(super) fn message(&self) -> Option<String> {
         match self {

@@ -57,6 +57,34 @@ pub(super) enum Outcome {
 }
 
 impl Outcome {
+    /// Whether PostFilter found nothing to do (or did not look).
+    pub(super) fn found_nothing(&self) -> bool {
+        matches!(self, Outcome::NotTried | Outcome::NoVictims(_))
+    }
+
+    /// What would unblock the pod, as PostFilter found it: a plan under way, or why none.
+    pub(super) fn unblock(&self) -> Option<String> {
+        Some(match self {
+            Outcome::NotTried => return None,
+            Outcome::Never => "nothing: its preemptionPolicy is Never".into(),
+            Outcome::Waiting => "its preemption, under way: the pods it preempted are terminating".into(),
+            Outcome::NoVictims(_) => "nothing found: no pod of lower priority, of a queue above its guarantee, or opted in to moving would make room".into(),
+            Outcome::Nominated { node, victims } => format!(
+                "preemption under way: {} pod(s) of lower priority leaving node {node}",
+                victims.len()
+            ),
+            Outcome::Reclaimed { node, victims, .. } => format!(
+                "reclaim under way: {} pod(s) of queues above their guarantee leaving node {node}",
+                victims.len()
+            ),
+            Outcome::Moving { node, moved } => format!(
+                "make-room under way: {} pod(s) moving off node(s) {node}",
+                moved.len()
+            ),
+            Outcome::Unfinished(why) => format!("a make-room plan, not carried out: {why}"),
+        })
+    }
+
     /// The failure message with preemption's part, in kube-scheduler's form.
     pub(super) fn message(&self, failure: &str, nodes: usize) -> String {
         match self {

@@ -12,6 +12,7 @@ use tracing::{debug, info, warn};
 
 use super::chain::{PodSteps, Spent};
 use super::fair_round::Limits;
+use super::make_room::Made;
 use super::reclaim::Fair;
 use super::round_state::{Deciding, RoundState};
 use super::units::{Order, Unit};
@@ -197,6 +198,7 @@ impl<A: ClusterApi> Scheduler<A> {
             )
             .await;
         } else {
+            round.order.total = units.len();
             let order = Order::Plain(units.into_iter());
             self.decide_units(&mut snapshot, &view, order, &mut round, &mut report)
                 .await;
@@ -258,9 +260,9 @@ impl<A: ClusterApi> Scheduler<A> {
         round: &mut RoundState,
         report: &mut RoundReport,
     ) {
-        let now = round.now;
         let mut verdicts = VerdictCache::default();
         while let Some((queue, unit)) = order.next() {
+            round.order.take(queue);
             if !self.gate.is_open() {
                 // Leadership lost mid-round: stop deciding at once.
                 self.dirty = true;
@@ -274,7 +276,7 @@ impl<A: ClusterApi> Scheduler<A> {
             }
             let narrow = match queue {
                 None => None,
-                Some(q) => match self.within_limit(snapshot, &mut order, q, &pods, now, report) {
+                Some(q) => match self.within_limit(snapshot, &mut order, q, &pods, round, report) {
                     Limits::Within(narrow) => narrow,
                     Limits::Refused => {
                         if let Order::Fair(picker) = &mut order {
@@ -313,7 +315,10 @@ impl<A: ClusterApi> Scheduler<A> {
                 }
             }
             if let (Order::Fair(picker), Some(q)) = (&mut order, queue) {
+                let before = picker.alloc(q).dims[0];
                 self.account(snapshot, picker, q, &pods);
+                let placed = picker.alloc(q).dims[0].saturating_sub(before);
+                round.order.placed(q, placed);
             }
         }
     }
@@ -369,6 +374,7 @@ impl<A: ClusterApi> Scheduler<A> {
         report: &mut RoundReport,
     ) {
         let Deciding { round, narrow } = deciding;
+        let mut fair = fair;
         let now = round.now;
         // A preemptor is decided with the devices held for it free; preemption, reclaim and
         // make-room plan so too (a preemptor deciding again may keep its place), its hold
@@ -432,20 +438,40 @@ impl<A: ClusterApi> Scheduler<A> {
             ),
         };
         let started = Instant::now();
+        // Why it waits, as the round found it (PostFilter's plan holds places next).
+        let mut waiting = {
+            let filtered = self
+                .profile
+                .filter_alone(snapshot, &round.volumes, verdicts, pod)
+                .ok();
+            let mask = filtered.as_ref().and_then(|f| f.mask());
+            let fair = fair.as_ref().map(|f| (&*f.picker, f.queue));
+            self.why_waiting(snapshot, round, pod, None, mask, fair)
+        };
+        let reborrowed = fair.as_mut().map(|f| Fair {
+            picker: &mut *f.picker,
+            queue: f.queue,
+        });
         let (outcome, made) = self
-            .carry_out_pod(snapshot, view, pod, round, chained, fair, report)
+            .carry_out_pod(snapshot, view, pod, round, chained, reborrowed, report)
             .await;
         // A shape make-room searched lately looks again when its wait is over (or when a
         // pod leaves): it is told when rather than parked.
         let later = match made {
-            Some(super::make_room::Made::Later(wait)) => Some(now + wait),
+            Some(Made::Later(wait)) => Some(now + wait),
             _ => None,
         };
         let unfit = trial.failure.unwrap_or_default();
         let mut message = outcome.message(&unfit, snapshot.nodes.len());
-        if let Some(more) = made.as_ref().and_then(super::make_room::Made::message) {
+        if let Some(more) = made.as_ref().and_then(Made::message) {
             message = format!("{message} {more}");
         }
+        waiting.unblock = match (outcome.unblock(), made.as_ref().and_then(Made::unblock)) {
+            // What make-room did says more than preemption's finding nothing.
+            (Some(_) | None, Some(room)) if outcome.found_nothing() => Some(room),
+            (found, _) => found,
+        };
+        message.push_str(&super::waiting::segments(&waiting));
         self.cluster.hold_nominee(&pod.key.uid, snapshot);
         report.timings.api += started.elapsed();
         report.unschedulable += 1;

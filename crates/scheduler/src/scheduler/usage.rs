@@ -184,6 +184,12 @@ impl UsageBook {
         self.ledger.means()
     }
 
+    /// Queue `q`'s decayed mean (milli-GPU) and half-life (ms), when it keeps usage.
+    pub fn mean_of(&self, q: usize) -> Option<(f64, u64)> {
+        let h = *self.ledger.half_life_ms.get(q)?;
+        (h > 0).then(|| (self.ledger.usage[q].mean(h, &self.ledger.held[q])[0], h))
+    }
+
     /// Whether some queue keeps usage.
     pub fn decays(&self) -> bool {
         self.ledger.decays()

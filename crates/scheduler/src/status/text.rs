@@ -240,13 +240,37 @@ fn pending(out: &mut String, status: &FleetStatus) {
         .max()
         .unwrap_or(4);
     for p in &status.pending {
-        let reason = p.reason.as_deref().unwrap_or("(no reason recorded yet)");
+        let reason = match &p.waiting {
+            Some(w) => w.message.as_str(),
+            None => p.reason.as_deref().unwrap_or("(no reason recorded yet)"),
+        };
         let line = format!(
             "{:name_w$}  {:>6}  {reason}",
             format!("{}/{}", p.namespace, p.name),
             p.gpus
         );
         let _ = writeln!(out, "{line}");
+        let Some(w) = &p.waiting else {
+            continue;
+        };
+        let parts = [
+            ("blocked by", &w.blocked_by),
+            ("position", &w.position),
+            ("", &w.queue),
+            ("unblocked by", &w.unblocked_by),
+            ("expected start", &w.expected_start),
+        ];
+        for (key, value) in parts {
+            let Some(value) = value else {
+                continue;
+            };
+            let text = if key.is_empty() {
+                value.clone()
+            } else {
+                format!("{key}: {value}")
+            };
+            let _ = writeln!(out, "{:name_w$}          {text}", "");
+        }
     }
 }
 

@@ -40,6 +40,12 @@ pub fn merge(a: &mut serde_json::Value, b: serde_json::Value) {
 
 /// An 8-GPU node whose inventory annotation has NVLink pairs (0-1, 2-3, ...).
 pub fn nvlink_node(name: &str) -> Node {
+    linked_node(name, 2)
+}
+
+/// An 8-GPU A100 node whose GPUs are linked by NVLink in groups of `group` (0-1, 2-3... for
+/// 2; 0-3, 4-7 for 4).
+pub fn linked_node(name: &str, group: u32) -> Node {
     let mut inv = NodeInventory::uniform(name, 0, 0, 8, "A100");
     for g in &mut inv.gpus {
         g.id = format!("GPU-{name}-{}", g.index);
@@ -50,7 +56,7 @@ pub fn nvlink_node(name: &str) -> Node {
             inv.links.push(Link {
                 a,
                 b,
-                nvlinks: if a / 2 == b / 2 { 12 } else { 0 },
+                nvlinks: if a / group == b / group { 12 } else { 0 },
                 pcie: if a / 4 == b / 4 {
                     PcieLevel::SameCpu
                 } else {
@@ -188,4 +194,20 @@ pub fn bound_count(api: &MemoryApi, prefix: &str) -> usize {
         .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
         .filter(|p| p.metadata.deletion_timestamp.is_none())
         .count()
+}
+
+/// kube-scheduler's part of a FailedScheduling message (what precedes the scheduler's own
+/// segments: ` | blocked by: ...`).
+pub fn kube_part(message: &str) -> String {
+    gpuplace_core::waiting::Waiting::parse(message).message
+}
+
+/// The latest FailedScheduling message of pod `name`.
+pub fn last_message(api: &MemoryApi, name: &str) -> String {
+    api.events()
+        .into_iter()
+        .rev()
+        .find(|e| e.pod.name == name && e.reason == "FailedScheduling")
+        .map(|e| e.message)
+        .unwrap_or_default()
 }

@@ -114,7 +114,10 @@ async fn the_fewest_pods_move_and_their_replacements_land_where_planned() {
     );
     let failed = messages(&api, "big", "FailedScheduling");
     assert!(
-        failed[0].ends_with("defragmentation: moving 1 pod(s) to make room on node n1: ml/a."),
+        kube_part(&failed[0])
+            .ends_with("defragmentation: moving 1 pod(s) to make room on node n1: ml/a.")
+            && failed[0]
+                .contains(" | blocked by: fragmentation | position: 1 of 1 in the cluster | unblocked by: make-room under way: 1 pod(s) moving off node n1"),
         "{failed:?}"
     );
     assert_eq!(
@@ -195,7 +198,7 @@ async fn a_budget_that_allows_no_disruption_keeps_every_pod_in_place() {
     assert!(messages(&api, "a", "Moved").is_empty());
     let failed = messages(&api, "big", "FailedScheduling");
     assert!(
-        failed.last().unwrap().ends_with(
+        kube_part(failed.last().unwrap()).ends_with(
             "defragmentation: the pods in the way are covered by a PodDisruptionBudget that allows no disruption now."
         ),
         "{failed:?}"

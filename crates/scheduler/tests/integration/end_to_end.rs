@@ -89,8 +89,13 @@ async fn failures_are_explained_like_kube_scheduler() {
     let event = api.events().pop().unwrap();
     assert_eq!(event.reason, "FailedScheduling");
     assert_eq!(event.kind, "Warning");
+    assert!(
+        event.message.contains(" | blocked by: capacity | position: 1 of 1 in the cluster | unblocked by: nothing found"),
+        "{}",
+        event.message
+    );
     assert_eq!(
-        event.message,
+        kube_part(&event.message),
         "0/5 nodes are available: 3 Insufficient nvidia.com/gpu, 2 node(s) had untolerated taint {gpu: true}. \
          Capacity: 3 GPU(s) with room for it free on the 3 node(s) it may use, 4 asked. \
          preemption: 0/5 nodes are available: 3 No preemption victims found for incoming pod, \

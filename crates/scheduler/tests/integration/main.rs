@@ -23,3 +23,4 @@ mod ui_browser;
 mod usage;
 mod usage_stress;
 mod volumes;
+mod waiting;

@@ -53,15 +53,6 @@ fn nominated(api: &MemoryApi, name: &str) -> Option<String> {
     api.pod("ml", name)?.status?.nominated_node_name
 }
 
-fn last_message(api: &MemoryApi, name: &str) -> String {
-    api.events()
-        .into_iter()
-        .rev()
-        .find(|e| e.pod.name == name && e.reason == "FailedScheduling")
-        .map(|e| e.message)
-        .unwrap_or_default()
-}
-
 #[tokio::test]
 async fn never_and_equal_priority_pods_do_not_preempt() {
     let api = MemoryApi::new();
@@ -81,13 +72,13 @@ async fn never_and_equal_priority_pods_do_not_preempt() {
     settle(&mut scheduler, &mut t).await;
     assert!(!deleting(&api, "low"));
     assert!(
-        last_message(&api, "never")
+        kube_part(&last_message(&api, "never"))
             .ends_with("preemption: not eligible due to preemptionPolicy=Never."),
         "{}",
         last_message(&api, "never")
     );
     assert!(
-        last_message(&api, "equal").ends_with(
+        kube_part(&last_message(&api, "equal")).ends_with(
             "preemption: 0/1 nodes are available: 1 No preemption victims found for incoming pod."
         ),
         "{}",

@@ -48,15 +48,6 @@ fn finish_terminating(api: &MemoryApi) {
     }
 }
 
-fn last_message(api: &MemoryApi, name: &str) -> String {
-    api.events()
-        .into_iter()
-        .rev()
-        .find(|e| e.pod.name == name && e.reason == "FailedScheduling")
-        .map(|e| e.message)
-        .unwrap_or_default()
-}
-
 fn two_halves(api: &MemoryApi) {
     api.put_node(node("n1", 4, json!({})));
     api.put_node(node("n2", 4, json!({})));
@@ -168,8 +159,12 @@ async fn limits_hold_and_name_the_queue() {
     }
     settle(&mut scheduler, &mut t).await;
     assert_eq!(bound_count(&api, "c"), 2);
+    // Told the limit, where it stands and what would unblock it.
+    assert!(last_message(&api, "c2").contains(
+        " | blocked by: queue limit | position: 3 of 3 in the cluster, 3 of 3 in queue team-c | queue team-c: allocated 2, fair share 2, guarantee 0, limit 2 GPUs | unblocked by: pods of queue team-c ending, or its limit raised"
+    ));
     assert_eq!(
-        last_message(&api, "c2"),
+        kube_part(&last_message(&api, "c2")),
         "0/1 nodes are available: queue team-c is at its limit of 2 GPUs."
     );
     // The limit raised: the pod is woken and bound.
@@ -216,7 +211,7 @@ async fn missing_rejected_and_namespace_default_queues() {
     let mut t = Instant::now();
     settle(&mut scheduler, &mut t).await;
     assert_eq!(
-        last_message(&api, "lost"),
+        kube_part(&last_message(&api, "lost")),
         "queue nope does not exist; the pod waits until it can be served."
     );
     assert!(

@@ -62,7 +62,10 @@ async fn an_unbound_claim_is_said_and_the_pod_runs_where_its_volume_is_once_boun
         said[0]
     );
     assert_eq!(
-        failures(&api, "orphan"),
+        failures(&api, "orphan")
+            .iter()
+            .map(|m| kube_part(m))
+            .collect::<Vec<_>>(),
         ["0/3 nodes are available: persistentvolumeclaim \"nope\" not found."]
     );
     // Nothing changed: the pods stay parked (no new attempt, no new Event).

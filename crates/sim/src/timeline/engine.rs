@@ -17,6 +17,8 @@ mod chain;
 mod costs;
 mod defrag;
 mod defrag_state;
+mod estimate;
+mod estimating;
 mod fair;
 mod fair_round;
 mod leaving;
@@ -40,6 +42,7 @@ use super::tenants::Tenants;
 use crate::trace::TracePod;
 
 pub use defrag_state::{DefragCounts, movable_pod};
+pub use estimate::EstimateRun;
 pub use fair::{QueueRun, TenantRun};
 pub use units::Job;
 use units::{Placed, Tried, Unit};
@@ -67,6 +70,8 @@ pub struct Outcome {
     pub attempts: u64,
     pub defrag: DefragCounts,
     pub tenants: Option<fair::TenantRun>,
+    /// Per class, the expected starts' errors (with `--declared-share`).
+    pub estimates: std::collections::BTreeMap<super::metrics::Class, estimate::EstimateRun>,
 }
 
 /// The replay of one (policy, seed).
@@ -143,6 +148,8 @@ pub struct Engine<'a> {
     /// gone (their grace period over): each then wakes the parked units, as the Pod's
     /// deletion does in the scheduler.
     leaving: leaving::Leaving,
+    /// Expected starts told to waiting pods, and how good they were.
+    estimates: estimate::Estimates,
 }
 
 #[derive(Default)]
@@ -221,6 +228,7 @@ impl<'a> Engine<'a> {
             recreations: Vec::new(),
             give_ups: BinaryHeap::new(),
             leaving: leaving::Leaving::default(),
+            estimates: estimate::Estimates::new(options.declared_share),
         }
     }
 
@@ -313,6 +321,7 @@ impl<'a> Engine<'a> {
             attempts: counts.attempts,
             defrag: self.defrag.counts,
             tenants,
+            estimates: self.estimates.report(),
         }
     }
 
@@ -378,6 +387,9 @@ impl<'a> Engine<'a> {
                     }
                 };
                 let flush = self.queue.config().unschedulable_flush;
+                if self.units[unit as usize].fails == 0 {
+                    self.estimate_first_wait(unit, now);
+                }
                 let u = &mut self.units[unit as usize];
                 u.fails += 1;
                 u.failed_at = now;
@@ -461,6 +473,8 @@ impl<'a> Engine<'a> {
         let j = &mut self.jobs[job as usize];
         j.placed_at = Some(now);
         j.start = Some(bound);
+        self.estimate_started(job, bound);
+        let j = &mut self.jobs[job as usize];
         j.work_from = Some(work_from);
         j.node = placed.node as u32;
         j.gpus = placed.gpus;

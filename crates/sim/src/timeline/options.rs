@@ -47,6 +47,9 @@ pub struct TimelineOptions {
     /// With tenants: the half-life of the usage of queues that set none (ms; 0: no usage
     /// over time), as the scheduler's `--usage-half-life`.
     pub usage_half_life_ms: u64,
+    /// Share of pods that declare their run time (`--declared-share`, 0 to 1): waiting pods
+    /// are told an expected start from them, and its error is measured.
+    pub declared_share: f64,
     /// With tenants: whether the queues serve (fair order, limits, reclaim) or only measure
     /// (the same arrivals served by priority then arrival, as kube-scheduler does).
     pub queues_serve: bool,
@@ -160,6 +163,7 @@ impl Default for TimelineOptions {
             defrag: DefragSim::default(),
             tenants: None,
             usage_half_life_ms: 0,
+            declared_share: 0.0,
             queues_serve: true,
             costs: Costs::default(),
             checkpointed: false,

@@ -66,6 +66,8 @@ pub struct TimelineRun {
     /// Tenants' fairness and guarantees (`--tenants`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tenants: Option<super::engine::TenantRun>,
+    /// Per class, the expected start's error (with `--declared-share`).
+    pub estimates: BTreeMap<Class, super::engine::EstimateRun>,
     #[serde(skip)]
     pub elapsed: Duration,
 }
@@ -189,6 +191,7 @@ pub(super) fn measure(
         rounds: outcome.rounds,
         attempts: outcome.attempts,
         tenants: outcome.tenants.clone(),
+        estimates: outcome.estimates.clone(),
         elapsed,
     }
 }

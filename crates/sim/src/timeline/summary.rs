@@ -64,6 +64,45 @@ pub struct TimelinePolicy {
     /// Tenants' fairness and guarantees (`--tenants`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tenants: Option<super::tenant_summary::TenantSummary>,
+    /// Per class key, the expected start's median absolute error (s, mean and sd over
+    /// seeds) and the pods estimated and unknown over all seeds (`--declared-share`).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub start_estimates: BTreeMap<String, EstimateSummary>,
+}
+
+/// One class's expected starts across seeds.
+#[derive(Clone, Debug, Serialize)]
+pub struct EstimateSummary {
+    pub median_abs_error_s: Stat,
+    pub estimated: usize,
+    pub unknown: usize,
+}
+
+fn estimates(runs: &[&TimelineRun]) -> BTreeMap<String, EstimateSummary> {
+    let mut out = BTreeMap::new();
+    for class in Class::ALL {
+        let of: Vec<&super::engine::EstimateRun> = runs
+            .iter()
+            .filter_map(|r| r.estimates.get(&class))
+            .collect();
+        if of.is_empty() {
+            continue;
+        }
+        let medians: Vec<f64> = of
+            .iter()
+            .filter(|e| e.estimated > 0)
+            .map(|e| e.median_abs_error_s)
+            .collect();
+        out.insert(
+            class.key().to_string(),
+            EstimateSummary {
+                median_abs_error_s: Stat::of(&medians),
+                estimated: of.iter().map(|e| e.estimated).sum(),
+                unknown: of.iter().map(|e| e.unknown).sum(),
+            },
+        );
+    }
+    out
 }
 
 /// Everything `simulate --timeline --json` prints and `summary.json` holds.
@@ -193,6 +232,7 @@ pub fn summarize_policy(policy: Policy, runs: &[&TimelineRun]) -> TimelinePolicy
         cdf,
         elapsed_s: runs.iter().map(|r| r.elapsed.as_secs_f64()).sum(),
         tenants: super::tenant_summary::summarize(runs),
+        start_estimates: estimates(runs),
     }
 }
 
@@ -321,6 +361,29 @@ pub fn table(summary: &TimelineSummary) -> String {
                 p.move_lost_pct.mean
             );
         }
+    }
+    for p in &summary.policies {
+        if p.start_estimates.is_empty() {
+            continue;
+        }
+        let parts: Vec<String> = p
+            .start_estimates
+            .iter()
+            .map(|(class, e)| {
+                format!(
+                    "{class}: {} ({} estimated, {} unknown)",
+                    duration_text(e.median_abs_error_s.mean),
+                    e.estimated,
+                    e.unknown
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "{:<21} expected start, median |error| per class: {}",
+            p.policy,
+            parts.join("; ")
+        );
     }
     super::tenant_summary::table(
         summary.policies.iter().filter_map(|p| {

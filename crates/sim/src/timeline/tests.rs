@@ -40,6 +40,8 @@ struct Scenario {
     patience: Patience,
     /// Units running at t=0 (template, share of the run left).
     warm: Vec<(u32, f64)>,
+    /// Share of pods that declare their run time.
+    declared_share: f64,
 }
 
 impl Default for Scenario {
@@ -53,6 +55,7 @@ impl Default for Scenario {
             checkpointed: false,
             patience: Patience::Off,
             warm: Vec::new(),
+            declared_share: 0.0,
         }
     }
 }
@@ -95,6 +98,7 @@ impl Scenario {
             costs: self.costs,
             checkpointed: self.checkpointed,
             patience: self.patience,
+            declared_share: self.declared_share,
             ..TimelineOptions::default()
         };
         let schedule = Schedule {
@@ -486,5 +490,42 @@ fn with_usage_over_time_a_queue_that_ran_alone_waits_behind_an_idle_one() {
     assert_eq!(
         err.to_string(),
         "queue a: usageHalfLife: \"-1h\" is negative"
+    );
+}
+
+#[test]
+fn a_waiting_pod_is_told_when_a_declared_end_frees_its_place_and_the_error_is_measured() {
+    // One 4-GPU node: a 3-GPU pod (3,000 s) and a 1-GPU pod (1,000 s) from t=0; a 2-GPU pod
+    // arrives at 10 s and waits for the 1-GPU pod's end... which frees only 1: it starts
+    // when the 3-GPU pod ends. Every pod declares its run: the estimate is that end.
+    let pods = vec![
+        pod("big", 3, 3_000, 0, None),
+        pod("small", 1, 1_000, 0, None),
+        pod("two", 2, 100, 0, None),
+        pod("late", 1, 100, 0, None),
+    ];
+    let s = Scenario {
+        pods,
+        nodes: vec![node("n", 4)],
+        preempt: false,
+        declared_share: 1.0,
+        ..Scenario::default()
+    };
+    let arrivals = [(0, 0), (0, 1), (10, 2), (5_000, 3)];
+    let outcome = s.run_all(&arrivals, true, DefragSim::default(), None);
+    let two = &outcome.jobs[2];
+    assert_eq!(secs(two.start), Some(3_000), "{:?}", outcome.jobs);
+    let e = &outcome.estimates[&super::metrics::Class::TwoToFour];
+    assert_eq!((e.estimated, e.unknown), (1, 0));
+    assert!(e.median_abs_error_s < 1.0, "{e:?}");
+    // Nobody declares: unknown.
+    let s = Scenario {
+        declared_share: 0.0,
+        ..s
+    };
+    let outcome = s.run_all(&arrivals, true, DefragSim::default(), None);
+    assert!(
+        outcome.estimates.is_empty(),
+        "no estimates without declarations"
     );
 }
