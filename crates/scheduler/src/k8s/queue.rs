@@ -109,8 +109,9 @@ pub struct QueueStatus {
     #[serde(rename = "fairShareGPUs")]
     pub fair_share_gpus: String,
     /// Its usage over time (when it keeps any), as of `usage.updated`: the scheduler's one
-    /// record of it, read back after a restart or a change of leader.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// record of it, read back after a restart or a change of leader. Written `null` when
+    /// the queue keeps none (the status is merged: a field left out would stay).
+    #[serde(default)]
     pub usage: Option<QueueUsage>,
     /// `Valid`: `True`, or `False` with why the queue serves no pod; `UsageHalfLife`
     /// (when the spec sets one): `False` with why it was refused (the last valid one is

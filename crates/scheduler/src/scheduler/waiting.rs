@@ -60,7 +60,12 @@ impl<A: ClusterApi> Scheduler<A> {
             };
             let asked = u64::from(request.gpu_count) * u64::from(request.gpu_milli);
             match shortage(&snapshot.state, request, mask) {
-                Some(_) if queue.is_some_and(|q| round.order.placed_by_others(q) >= asked) => {
+                // What queues before it took this round would have covered it.
+                Some(Shortage::Capacity { free, .. })
+                    if queue.is_some_and(|q| {
+                        u64::from(free) * 1000 + round.order.placed_by_others(q) >= asked
+                    }) =>
+                {
                     Blocker::Ahead
                 }
                 Some(Shortage::Capacity { .. }) => Blocker::Capacity,

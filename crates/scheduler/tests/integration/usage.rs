@@ -206,4 +206,8 @@ async fn a_half_life_that_cannot_be_used_is_refused_and_the_last_valid_one_kept(
     let status = api.queue("a").unwrap().status.unwrap();
     assert!(status.conditions.iter().all(|c| c.type_ != "UsageHalfLife"));
     assert_eq!(status.usage.unwrap().half_life, "20m");
+    // Usage turned off: the record leaves the status (merged as the server merges it).
+    api.put_queue("a", queue(json!({"usageHalfLife": "0"})));
+    run_for(&mut scheduler, &mut t, Duration::from_secs(40)).await;
+    assert!(api.queue("a").unwrap().status.unwrap().usage.is_none());
 }

@@ -78,7 +78,14 @@ impl MemoryApi {
         let q = s.queues.get_mut(name).ok_or_else(|| {
             ApiError::NotFound(format!("queues.gpuplace.io \"{name}\" not found"))
         })?;
-        q.status = Some(status);
+        // A JSON merge patch of the status, as the scheduler sends it and the server applies
+        // it: fields left out keep their value, nulls remove theirs.
+        let mut merged = serde_json::to_value(&q.status).unwrap_or_default();
+        merge_patch(
+            &mut merged,
+            serde_json::to_value(&status).unwrap_or_default(),
+        );
+        q.status = serde_json::from_value(merged).map_err(|e| ApiError::Invalid(e.to_string()))?;
         q.metadata.resource_version = Some(rv);
         s.status_writes += 1;
         Ok(())
@@ -106,5 +113,25 @@ impl MemoryApi {
             message.to_string(),
         ));
         Ok(())
+    }
+}
+
+/// RFC 7386: `patch` merged into `target`.
+fn merge_patch(target: &mut serde_json::Value, patch: serde_json::Value) {
+    let serde_json::Value::Object(fields) = patch else {
+        *target = patch;
+        return;
+    };
+    if !target.is_object() {
+        *target = serde_json::Value::Object(Default::default());
+    }
+    if let serde_json::Value::Object(t) = target {
+        for (k, v) in fields {
+            if v.is_null() {
+                t.remove(&k);
+            } else {
+                merge_patch(t.entry(k).or_insert(serde_json::Value::Null), v);
+            }
+        }
     }
 }
