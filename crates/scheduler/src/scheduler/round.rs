@@ -439,7 +439,7 @@ impl<A: ClusterApi> Scheduler<A> {
         };
         let started = Instant::now();
         // Why it waits, as the round found it (PostFilter's plan holds places next).
-        let mut waiting = {
+        let waiting = {
             let filtered = self
                 .profile
                 .filter_alone(snapshot, &round.volumes, verdicts, pod)
@@ -462,16 +462,13 @@ impl<A: ClusterApi> Scheduler<A> {
             _ => None,
         };
         let unfit = trial.failure.unwrap_or_default();
-        let mut message = outcome.message(&unfit, snapshot.nodes.len());
-        if let Some(more) = made.as_ref().and_then(Made::message) {
-            message = format!("{message} {more}");
-        }
-        waiting.unblock = match (outcome.unblock(), made.as_ref().and_then(Made::unblock)) {
-            // What make-room did says more than preemption's finding nothing.
-            (Some(_) | None, Some(room)) if outcome.found_nothing() => Some(room),
-            (found, _) => found,
-        };
-        message.push_str(&super::waiting::segments(&waiting));
+        let message = failure_message(
+            &outcome,
+            made.as_ref(),
+            &unfit,
+            snapshot.nodes.len(),
+            waiting,
+        );
         self.cluster.hold_nominee(&pod.key.uid, snapshot);
         report.timings.api += started.elapsed();
         report.unschedulable += 1;
@@ -554,4 +551,26 @@ impl<A: ClusterApi> Scheduler<A> {
             self.gang_member_written(&gang, result.is_ok()).await;
         }
     }
+}
+
+/// A pod's FailedScheduling message: kube-scheduler's, with what preemption and make-room
+/// came to, then why it waits (`waiting`, with what would unblock it).
+fn failure_message(
+    outcome: &super::post_filter::Outcome,
+    made: Option<&Made>,
+    unfit: &str,
+    nodes: usize,
+    mut waiting: gpuplace_core::waiting::Waiting,
+) -> String {
+    let mut message = outcome.message(unfit, nodes);
+    if let Some(more) = made.and_then(Made::message) {
+        message = format!("{message} {more}");
+    }
+    waiting.unblock = match (outcome.unblock(), made.and_then(Made::unblock)) {
+        // What make-room did says more than preemption's finding nothing.
+        (Some(_) | None, Some(room)) if outcome.found_nothing() => Some(room),
+        (found, _) => found,
+    };
+    message.push_str(&super::waiting::segments(&waiting));
+    message
 }
