@@ -69,6 +69,8 @@ pub(super) struct PodSteps<'s, 'a, 'f, 'p, 't, A: ClusterApi, U> {
     /// The nodes the pod's queue's per-model limits leave (`None`: any).
     pub narrow: Option<&'s [bool]>,
     pub spent: Spent,
+    /// What the pod was found short of when it fit nowhere.
+    pub unfit: Option<crate::shared::members::UnfitFound>,
 }
 
 impl<'a, A: ClusterApi, U> Unit for PodSteps<'_, 'a, '_, '_, '_, A, U> {
@@ -89,6 +91,7 @@ impl<'a, A: ClusterApi, U> Unit for PodSteps<'_, 'a, '_, '_, '_, A, U> {
             ReserveOn::Assume,
         );
         let trial = place::trial(&mut members, &mut s.placer, self.narrow);
+        self.unfit = members.unfit.take();
         self.spent.filter += members.filter_time;
         self.spent.core += started.elapsed().saturating_sub(members.filter_time);
         trial

@@ -65,8 +65,7 @@ impl<A: ClusterApi> Scheduler<A> {
         }
         for (pods, why) in refused {
             let none: Option<(&Picker<'_, ()>, usize)> = None;
-            let mut waiting =
-                self.why_waiting(snapshot, round, pods[0], Some(Blocker::Queue), None, none);
+            let mut waiting = self.told(snapshot, round, pods[0], Blocker::Queue, None, none);
             waiting.unblock = Some("its queue made, or fixed".into());
             let segments = super::waiting::segments(&waiting);
             let message = format!("{why}; the pod waits until it can be served.{segments}");
@@ -101,14 +100,7 @@ impl<A: ClusterApi> Scheduler<A> {
         let want = asked(pods);
         if let Some(hit) = picker.limit_hit(q, &want) {
             let fair = Some((&**picker, q));
-            let mut waiting = self.why_waiting(
-                snapshot,
-                round,
-                pods[0],
-                Some(Blocker::QueueLimit),
-                None,
-                fair,
-            );
+            let mut waiting = self.told(snapshot, round, pods[0], Blocker::QueueLimit, None, fair);
             waiting.unblock = Some(format!(
                 "pods of queue {} ending, or its limit raised",
                 hit.queue

@@ -388,7 +388,7 @@ impl<A: ClusterApi> Scheduler<A> {
             steered.insert(pod.key.uid.clone(), steer.planned());
         }
         let cycle_started = Instant::now();
-        let (cycled, spent) = {
+        let (cycled, spent, unfit_found) = {
             let mut steps = PodSteps {
                 scheduler: self,
                 snapshot,
@@ -400,9 +400,10 @@ impl<A: ClusterApi> Scheduler<A> {
                 round: &mut *round,
                 narrow,
                 spent: Spent::default(),
+                unfit: None,
             };
             let cycled = cycle::schedule(&mut steps);
-            (cycled, steps.spent)
+            (cycled, steps.spent, steps.unfit)
         };
         report.timings.filter += spent.filter;
         report.timings.core += spent.core;
@@ -440,13 +441,8 @@ impl<A: ClusterApi> Scheduler<A> {
         let started = Instant::now();
         // Why it waits, as the round found it (PostFilter's plan holds places next).
         let waiting = {
-            let filtered = self
-                .profile
-                .filter_alone(snapshot, &round.volumes, verdicts, pod)
-                .ok();
-            let mask = filtered.as_ref().and_then(|f| f.mask());
             let fair = fair.as_ref().map(|f| (&*f.picker, f.queue));
-            self.why_waiting(snapshot, round, pod, None, mask, fair)
+            self.why_waiting(snapshot, round, pod, unfit_found.as_ref(), fair)
         };
         let reborrowed = fair.as_mut().map(|f| Fair {
             picker: &mut *f.picker,

@@ -10,7 +10,7 @@
 use std::time::SystemTime;
 
 use gpuplace_core::fairshare::{Picker, show_amount, show_half_life};
-use gpuplace_core::shortage::{Shortage, shortage};
+use gpuplace_core::shortage::Shortage;
 use gpuplace_core::waiting::{Blocker, Ending, QueueStanding, Start, Waiting, expected_start};
 use gpuplace_model::Request;
 
@@ -18,6 +18,7 @@ use super::Scheduler;
 use super::round_state::RoundState;
 use crate::api::ClusterApi;
 use crate::k8s::pod_info::PodInfo;
+use crate::shared::members::UnfitFound;
 use crate::snapshot::Snapshot;
 
 /// Milliseconds since the epoch, now.
@@ -40,39 +41,64 @@ pub(super) fn segments(waiting: &Waiting) -> String {
 
 impl<A: ClusterApi> Scheduler<A> {
     /// Why `pod` waits, taken as its round finds it (before PostFilter's plan is carried
-    /// out, which holds places that would read as taken). `blocker`: when the caller knows
-    /// it (a limit, a queue); else from the GPUs free on the nodes its filters leave
-    /// (`mask`). The caller adds what would unblock it and renders it ([`segments`]).
+    /// out, which holds places that would read as taken), from what its trial found it
+    /// short of (`found`: its GPU shortage over the nodes its filters left; `None`: GPUs
+    /// are not what it lacks). The caller adds what would unblock it and renders it
+    /// ([`segments`]).
     pub(super) fn why_waiting<U>(
         &self,
         snapshot: &Snapshot,
         round: &mut RoundState,
         pod: &PodInfo,
-        blocker: Option<Blocker>,
+        found: Option<&UnfitFound>,
+        fair: Option<(&Picker<'_, U>, usize)>,
+    ) -> Waiting {
+        let blocker = match found.and_then(|f| f.shortage.as_ref()) {
+            Some(shortage) => self.shortage_blocker(shortage, round, pod, fair.map(|(_, q)| q)),
+            None => Blocker::Constraints,
+        };
+        let mask = found.and_then(|f| f.mask.as_deref());
+        self.told(snapshot, round, pod, blocker, mask, fair)
+    }
+
+    /// The blocker of a pod short of GPUs: others ahead when what queues before it took
+    /// this round would have covered it.
+    fn shortage_blocker(
+        &self,
+        shortage: &Shortage,
+        round: &RoundState,
+        pod: &PodInfo,
+        queue: Option<usize>,
+    ) -> Blocker {
+        let asked = pod.demand.as_ref().map_or(0, |d| {
+            u64::from(d.request.gpu_count) * u64::from(d.request.gpu_milli)
+        });
+        match shortage {
+            Shortage::Capacity { free, .. }
+                if queue.is_some_and(|q| {
+                    u64::from(*free) * 1000 + round.order.placed_by_others(q) >= asked
+                }) =>
+            {
+                Blocker::Ahead
+            }
+            Shortage::Capacity { .. } => Blocker::Capacity,
+            Shortage::Fragmentation { .. } => Blocker::Fragmentation,
+        }
+    }
+
+    /// Why `pod` waits when the caller knows what blocks it (a limit, a queue), or once
+    /// found: with its position, its queue's standing and its expected start.
+    pub(super) fn told<U>(
+        &self,
+        snapshot: &Snapshot,
+        round: &mut RoundState,
+        pod: &PodInfo,
+        blocker: Blocker,
         mask: Option<&[bool]>,
         fair: Option<(&Picker<'_, U>, usize)>,
     ) -> Waiting {
         let request = pod.demand.as_ref().ok().map(|d| &d.request);
         let queue = fair.map(|(_, q)| q);
-        let blocker = blocker.unwrap_or_else(|| {
-            let Some(request) = request else {
-                return Blocker::Constraints;
-            };
-            let asked = u64::from(request.gpu_count) * u64::from(request.gpu_milli);
-            match shortage(&snapshot.state, request, mask) {
-                // What queues before it took this round would have covered it.
-                Some(Shortage::Capacity { free, .. })
-                    if queue.is_some_and(|q| {
-                        u64::from(free) * 1000 + round.order.placed_by_others(q) >= asked
-                    }) =>
-                {
-                    Blocker::Ahead
-                }
-                Some(Shortage::Capacity { .. }) => Blocker::Capacity,
-                Some(Shortage::Fragmentation { .. }) => Blocker::Fragmentation,
-                None => Blocker::Constraints,
-            }
-        });
         let now_ms = wall_ms();
         let start = match (&blocker, request) {
             (Blocker::QueueLimit | Blocker::Queue | Blocker::Gang, _) | (_, None) => None,

@@ -60,6 +60,17 @@ pub struct OnSnapshot<'s, 'a> {
     planned: Vec<(usize, Arc<PodInfo>)>,
     /// Time spent in Filter.
     pub filter_time: Duration,
+    /// What the last member that fit nowhere was found short of, and the nodes its filters
+    /// left (why it waits is told from it: nothing computed twice).
+    pub unfit: std::cell::RefCell<Option<UnfitFound>>,
+}
+
+/// A member that fits nowhere: its GPU shortage (none when GPUs are not what it lacks) over
+/// the nodes its filters left (`None`: every node).
+#[derive(Clone, Debug)]
+pub struct UnfitFound {
+    pub shortage: Option<gpuplace_core::shortage::Shortage>,
+    pub mask: Option<Vec<bool>>,
 }
 
 /// Where a member's Reserve takes its place.
@@ -103,6 +114,7 @@ impl<'s, 'a> OnSnapshot<'s, 'a> {
             scalars,
             planned: Vec::new(),
             filter_time: Duration::ZERO,
+            unfit: std::cell::RefCell::new(None),
         }
     }
 
@@ -207,13 +219,19 @@ impl<'s, 'a> place::Members for OnSnapshot<'s, 'a> {
         let Ok(demand) = &self.demands[i] else {
             return message;
         };
-        match shortage(&self.state, &demand.request, filtered.0.mask()) {
+        let found = shortage(&self.state, &demand.request, filtered.0.mask());
+        let message = match &found {
             Some(s) => {
                 let name_of = |n: usize| self.state.inventory(n).name.clone();
                 format!("{message} {}", s.sentence(name_of))
             }
             None => message,
-        }
+        };
+        self.unfit.replace(Some(UnfitFound {
+            shortage: found,
+            mask: filtered.0.mask().map(<[bool]>::to_vec),
+        }));
+        message
     }
 }
 
