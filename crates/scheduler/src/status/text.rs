@@ -295,3 +295,38 @@ fn groups(out: &mut String, status: &FleetStatus) {
         let _ = writeln!(out, "{line}");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::status::PendingPod;
+
+    #[test]
+    fn a_waiting_pod_shows_kubes_message_then_each_segment_on_its_own_line() {
+        let message = "0/1 nodes are available: 1 node(s) had no 4 GPUs linked by NVLink. | blocked by: fragmentation | position: 1 of 1 in the cluster | unblocked by: nothing found | expected start: 2026-11-29T10:30:09Z (in 29m)";
+        let status = FleetStatus {
+            pending: vec![PendingPod {
+                namespace: "ml".into(),
+                name: "quad".into(),
+                gpus: "4".into(),
+                reason: Some(message.into()),
+                waiting: Some(gpuplace_core::waiting::Waiting::parse(message)),
+                ..PendingPod::default()
+            }],
+            ..FleetStatus::default()
+        };
+        let text = render(&status, Style::default());
+        let lines: Vec<&str> = text.lines().map(str::trim).collect();
+        assert!(lines.contains(
+            &"ml/quad       4  0/1 nodes are available: 1 node(s) had no 4 GPUs linked by NVLink."
+        ), "{text}");
+        for segment in [
+            "blocked by: fragmentation",
+            "position: 1 of 1 in the cluster",
+            "unblocked by: nothing found",
+            "expected start: 2026-11-29T10:30:09Z (in 29m)",
+        ] {
+            assert!(lines.contains(&segment), "{segment}: {text}");
+        }
+    }
+}
