@@ -102,6 +102,11 @@ pub struct TimelineArgs {
     /// per class.
     #[arg(long, default_value_t = 0.0, requires = "timeline")]
     pub(crate) declared_share: f64,
+    /// Every GPU pod asks whole GPUs, a share one: a cluster without GPU sharing, as stock
+    /// Kubernetes with a plain device plugin (with `--policies kube-default`, what users run
+    /// today). The arrivals stay those of the pod list, so a seed offers the same pods.
+    #[arg(long, requires = "timeline")]
+    pub(crate) whole_gpus: bool,
 }
 
 /// Reads a tenants file (YAML, of which JSON is a part).
@@ -151,7 +156,7 @@ pub(crate) enum DefragArg {
 
 impl TimelineArgs {
     /// The replay's options from the flags (`preempt`: `simulate --preempt`).
-    fn options(&self, preempt: bool) -> anyhow::Result<TimelineOptions> {
+    pub(crate) fn options(&self, preempt: bool) -> anyhow::Result<TimelineOptions> {
         Ok(TimelineOptions {
             load: self.load,
             arrivals: self.arrivals,
@@ -184,6 +189,7 @@ impl TimelineArgs {
                 PatienceArg::Off => Patience::Off,
                 PatienceArg::Trace => Patience::Trace,
             },
+            whole_gpus: self.whole_gpus,
         })
     }
 
@@ -344,6 +350,7 @@ pub fn run(
         costs,
         checkpointed: t.checkpointed,
         patience: patience.to_string(),
+        whole_gpus: t.whole_gpus,
         seeds,
         arrivals_per_s: mean(|r| r.arrivals_per_s),
         simulated_h: mean(|r| r.simulated_s) / 3_600.0,

@@ -41,7 +41,7 @@ pub(crate) fn choose_gpus_on(
     if request.is_fractional() {
         let mut g = match policy {
             Policy::Fgd | Policy::Gpuplace(_) => hint as usize,
-            Policy::Random => {
+            Policy::Random | Policy::KubeDefault => {
                 let fitting: Vec<usize> = (0..node.gpu_free.len())
                     .filter(|&g| node.gpu_free[g] >= request.gpu_milli)
                     .collect();
@@ -63,6 +63,10 @@ pub(crate) fn choose_gpus_on(
     }
     let available = state.usable_gpus_on(n, node, request);
     let count = request.gpu_count as usize;
+    if policy == Policy::KubeDefault {
+        let picked = crate::policy::kube_default::whole_gpus(rng, &available, count);
+        return picked.into_iter().map(|g| (g, request.gpu_milli)).collect();
+    }
     let (links, rules) = (state.links(n), state.pair_rules(n));
     let set = match (need.topology, need.prefer) {
         (GpuTopology::Any, GpuTopology::Any) => topology::select(links, &available, &[], count),

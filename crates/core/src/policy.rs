@@ -11,6 +11,8 @@ use gpuplace_model::{NodeInventory, Request};
 
 use crate::state::NodeState;
 
+pub(crate) mod kube_default;
+
 /// CPU milli the paper normalises by (128 cores).
 pub(crate) const MAX_SPEC_CPU: f64 = 128_000.0;
 /// GPU milli the paper normalises by (8 GPUs).
@@ -39,6 +41,10 @@ pub enum Policy {
     GpuClustering,
     /// Fragmentation gradient descent: the node whose fragmentation grows least.
     Fgd,
+    /// What stock Kubernetes does: kube-scheduler's default scoring (NodeResourcesFit
+    /// LeastAllocated plus NodeResourcesBalancedAllocation, on CPU and memory; GPUs only
+    /// counted) and the kubelet's device choice (any free devices; see [`kube_default`]).
+    KubeDefault,
     /// gpuplace's own policy: FGD's fragmentation drop, minus the GPU milli the placement
     /// strands or leaves without CPU, minus what a flexible pod takes out of a model's
     /// reserve, with shares kept balanced across gap sizes (see [`Ideas`] and the README).
@@ -142,6 +148,10 @@ impl Policy {
         Policy::Fgd,
     ];
 
+    /// Policies outside `all`, named on their own: `kube-default` (stock Kubernetes, the
+    /// baseline an operator runs today).
+    pub const EXTRA: [Policy; 1] = [Policy::KubeDefault];
+
     /// gpuplace's own policy.
     pub const GPUPLACE: Policy = Policy::Gpuplace(Ideas::POLICY);
 
@@ -172,6 +182,7 @@ impl Policy {
             Policy::GpuPacking => "gpu-packing",
             Policy::GpuClustering => "gpu-clustering",
             Policy::Fgd => "fgd",
+            Policy::KubeDefault => "kube-default",
             Policy::Gpuplace(ideas) => match ideas {
                 Ideas {
                     stranded: false, ..
@@ -187,7 +198,11 @@ impl Policy {
     }
 
     pub fn names() -> Vec<&'static str> {
-        Policy::ALL.iter().map(|p| p.name()).collect()
+        Policy::ALL
+            .iter()
+            .chain(&Policy::EXTRA)
+            .map(|p| p.name())
+            .collect()
     }
 
     /// Parses a comma-separated list; `all` and `paper` expand to those sets.
@@ -234,11 +249,13 @@ impl FromStr for Policy {
             "gpuclustering" | "clustering" => "gpu-clustering",
             "most-allocated" => "binpack",
             "least-allocated" => "spread",
+            "kube" | "kubernetes" | "kube-scheduler" | "default-scheduler" => "kube-default",
             other => other,
         };
         Policy::ALL
             .into_iter()
             .chain(Policy::ABLATION)
+            .chain(Policy::EXTRA)
             .find(|p| p.name() == alias)
             .ok_or_else(|| UnknownPolicy(s.to_string()))
     }
@@ -298,6 +315,7 @@ pub(crate) fn simple_score(
         }
         Policy::GpuPacking => gpu_packing_score(state, request),
         Policy::GpuClustering => gpu_clustering_score(state, request),
+        Policy::KubeDefault => kube_default::score(node, state, request),
         Policy::Random | Policy::Fgd | Policy::Gpuplace(_) => 0,
     }
 }
@@ -369,9 +387,13 @@ mod tests {
             vec![Policy::Fgd, Policy::BestFit]
         );
         assert_eq!(Policy::parse_list("paper").unwrap().len(), 6);
-        for p in Policy::ABLATION {
+        for p in Policy::ABLATION.into_iter().chain(Policy::EXTRA) {
             assert_eq!(p.name().parse::<Policy>().unwrap(), p);
         }
+        assert_eq!(
+            "kube-scheduler".parse::<Policy>().unwrap(),
+            Policy::KubeDefault
+        );
         assert_eq!(
             Policy::parse_list("gpuplace,ablation").unwrap(),
             Policy::ABLATION.to_vec()

@@ -12,6 +12,7 @@ pub mod arrivals;
 pub mod durations;
 pub mod engine;
 pub mod metrics;
+pub mod observed;
 pub mod options;
 pub mod patience;
 mod plot;
@@ -114,6 +115,10 @@ impl Timeline {
         }
         let mix = Mix::new(&workload.pods, &options.durations);
         check_bounds(&mix, base.gpu_capacity_milli(), &options)?;
+        let mut workload = workload;
+        if options.whole_gpus {
+            whole_gpus(&mut workload.pods);
+        }
         let target = TargetWorkload::from_requests(workload.pods.iter().map(|p| &p.request), 0.95);
         base.set_workload(Arc::new(target));
         let mut ids: std::collections::HashMap<&gpuplace_model::Request, u32> = Default::default();
@@ -254,6 +259,16 @@ pub fn run_all(
         )
     });
     Ok(runs)
+}
+
+/// Gives every share a whole GPU (`--whole-gpus`).
+pub fn whole_gpus(pods: &mut [crate::trace::TracePod]) {
+    for pod in pods {
+        if pod.request.gpu_count > 0 && pod.request.gpu_milli < 1000 {
+            pod.request.gpu_count = 1;
+            pod.request.gpu_milli = 1000;
+        }
+    }
 }
 
 /// Refuses ahead a replay whose simulated time or warm start would have no useful end,

@@ -60,6 +60,10 @@ pub struct TimelineOptions {
     pub checkpointed: bool,
     /// Whether users give up on pods that wait (`--patience`).
     pub patience: Patience,
+    /// Every GPU pod asks whole GPUs, a share one (`--whole-gpus`): a cluster without GPU
+    /// sharing, as stock Kubernetes with a plain device plugin. The arrivals stay those of
+    /// the pod list as it is, so the same seed offers the same pods either way.
+    pub whole_gpus: bool,
 }
 
 /// What each step of carrying out a decision costs in simulated time, as on a real node
@@ -168,6 +172,7 @@ impl Default for TimelineOptions {
             costs: Costs::default(),
             checkpointed: false,
             patience: Patience::Off,
+            whole_gpus: false,
         }
     }
 }

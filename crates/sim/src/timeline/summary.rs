@@ -125,6 +125,9 @@ pub struct TimelineSummary {
     pub checkpointed: bool,
     /// `off`, or `trace`: users gave up on waiting pods as the openb trace's did.
     pub patience: String,
+    /// Shares were given whole GPUs (`--whole-gpus`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub whole_gpus: bool,
     pub seeds: Vec<u64>,
     pub arrivals_per_s: f64,
     /// Simulated hours of one run, and of its measurement window (means over seeds).

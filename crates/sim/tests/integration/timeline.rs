@@ -181,3 +181,71 @@ fn openb_default_trace_over_time() {
     assert!(one.p50 < 1.0, "{one:?}");
     assert!(run.arrived > 7_000);
 }
+
+/// A live replay's lives as the simulator's own jobs would show them.
+fn lives_of(jobs: &[Job]) -> Vec<gpuplace_sim::timeline::observed::Life> {
+    jobs.iter()
+        .map(|j| gpuplace_sim::timeline::observed::Life {
+            pod: j.pod,
+            unit: j.unit,
+            arrival: j.arrival,
+            run_ms: j.run_ms,
+            full_ms: j.full_ms,
+            measured: j.measured,
+            bound: j.start,
+            end: j.end,
+            evicted: j.evicted,
+            by_controller: j.by_controller,
+            node: j.start.map(|_| j.node as usize),
+            gpus: j.start.map(|_| j.gpus.clone()),
+        })
+        .collect()
+}
+
+#[test]
+fn lives_measured_as_a_live_replay_give_the_simulators_figures() {
+    // One measurement for both: the simulator's jobs, read back as a live replay reads its
+    // pods (created, bound, gone), give the run's own allocation, fragmentation and waits.
+    let t = Timeline::new(
+        builtin_workload(16),
+        TimelineOptions {
+            load: 0.9,
+            arrivals: 3_000,
+            costs: gpuplace_sim::timeline::options::Costs::FREE,
+            durations: DurationModel {
+                max_s: Some(14_400.0),
+                ..DurationModel::default()
+            },
+            ..TimelineOptions::default()
+        },
+    )
+    .expect("a valid timeline");
+    for policy in [Policy::GPUPLACE, Policy::KubeDefault] {
+        let (run, jobs) = t.run_with_jobs(policy, 5);
+        let live = t.measure_lives(
+            policy,
+            5,
+            &lives_of(&jobs),
+            Default::default(),
+            std::time::Duration::ZERO,
+        );
+        println!(
+            "{policy}: allocation {:.3} / {:.3}, fragmentation {:.3} / {:.3}",
+            run.means.allocation_pct,
+            live.means.allocation_pct,
+            run.means.fragmentation_pct,
+            live.means.fragmentation_pct
+        );
+        assert!((run.means.allocation_pct - live.means.allocation_pct).abs() < 1e-6);
+        assert!((run.means.fragmentation_pct - live.means.fragmentation_pct).abs() < 1e-6);
+        assert!(
+            (run.means.waiting - live.means.waiting).abs() < 1e-6,
+            "{} / {}",
+            run.means.waiting,
+            live.means.waiting
+        );
+        assert_eq!(run.waits, live.waits);
+        assert_eq!(run.arrived, live.arrived);
+        assert_eq!(run.never_started, live.never_started);
+    }
+}
