@@ -104,7 +104,7 @@ impl Timeline {
         }
         changes.sort_by_key(|(at, i, c)| (*at, c.rank(lives[*i].bound.is_some()), *i));
         let mut state = self.base.clone();
-        let mut placed: Vec<Option<(usize, Vec<(usize, u32)>)>> = vec![None; lives.len()];
+        let mut placed: Vec<Option<Held>> = vec![None; lives.len()];
         let mut values = Values::default();
         let mut lost: u128 = 0;
         for (at, i, change) in changes {
@@ -133,8 +133,8 @@ impl Timeline {
                 Change::End => {
                     if life.bound.is_some_and(|b| b <= at) {
                         values.allocated_milli = values.allocated_milli.saturating_sub(milli(life));
-                        if let Some((n, gpus)) = placed[i].take() {
-                            let _ = state.release(n, request, &gpus);
+                        if let Some(held) = placed[i].take() {
+                            let _ = state.release(held.node, request, &held.gpus);
                         }
                         if life.evicted {
                             let ran = at.0.saturating_sub(life.bound.map_or(at.0, |b| b.0));
@@ -194,6 +194,13 @@ impl Change {
     }
 }
 
+/// What a bound pod holds in the replayed state.
+#[derive(Clone, Debug)]
+struct Held {
+    node: usize,
+    gpus: Vec<(usize, u32)>,
+}
+
 /// Holds `request` on node `n` (its recorded GPUs, or the first that fit); `None` when the
 /// state cannot hold it (then only the allocation counts it).
 fn place_on(
@@ -201,7 +208,7 @@ fn place_on(
     n: usize,
     request: &gpuplace_model::Request,
     gpus: Option<&[(usize, u32)]>,
-) -> Option<(usize, Vec<(usize, u32)>)> {
+) -> Option<Held> {
     if n >= state.len() {
         return None;
     }
@@ -209,7 +216,7 @@ fn place_on(
         Some(g) => g.to_vec(),
         None => first_fitting(state.node(n), request),
     };
-    state.apply(n, request, &gpus).ok().map(|()| (n, gpus))
+    state.apply(n, request, &gpus).ok().map(|()| Held { node: n, gpus })
 }
 
 /// The GPUs a kubelet without a preference might give: the first that fit.
