@@ -8,6 +8,8 @@ mod kube_client;
 mod logging;
 mod ops;
 mod progress;
+mod replay;
+mod replay_report;
 mod scheduler;
 mod signals;
 mod simulate;
@@ -54,6 +56,10 @@ enum Command {
     /// nothing.
     #[command(args_override_self = true)]
     Defrag(defrag::DefragArgs),
+    /// Replay a GPU trace against a live cluster (real time scaled by --speed) with the
+    /// scheduler the pods name, and report as `simulate --timeline` does.
+    #[command(args_override_self = true)]
+    Replay(replay::ReplayArgs),
     /// Print the PodGroup and Queue CustomResourceDefinitions (YAML).
     Crd,
     /// List the placement policies.
@@ -97,9 +103,13 @@ fn main() -> ExitCode {
         Command::Extender(args) => extender::run(args),
         Command::Status(args) => status::run(args),
         Command::Defrag(args) => defrag::run(args),
+        Command::Replay(args) => replay::run(args),
         Command::Crd => scheduler::print_crd(),
         Command::Policies => {
-            for p in gpuplace_core::Policy::ALL {
+            for p in gpuplace_core::Policy::ALL
+                .into_iter()
+                .chain(gpuplace_core::Policy::EXTRA)
+            {
                 println!("{p}");
             }
             Ok(())

@@ -18,3 +18,18 @@ pub fn bar(jobs: u64) -> ProgressBar {
     );
     bar
 }
+
+/// A live replay's progress in simulated seconds, hidden off a terminal.
+pub fn replay_bar(end_ms: u64) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(end_ms / 1000);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} simulated s {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar
+}

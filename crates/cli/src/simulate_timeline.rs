@@ -107,6 +107,10 @@ pub struct TimelineArgs {
     /// today). The arrivals stay those of the pod list, so a seed offers the same pods.
     #[arg(long, requires = "timeline")]
     pub(crate) whole_gpus: bool,
+    /// Every pod at one priority, served in arrival order: what `gpuplace replay` gives
+    /// pods when it has no `--priority-classes` (a live replay's pods carry none).
+    #[arg(long, requires = "timeline")]
+    pub(crate) no_priorities: bool,
 }
 
 /// Reads a tenants file (YAML, of which JSON is a part).
@@ -190,6 +194,7 @@ impl TimelineArgs {
                 PatienceArg::Trace => Patience::Trace,
             },
             whole_gpus: self.whole_gpus,
+            no_priorities: self.no_priorities,
         })
     }
 
@@ -417,7 +422,7 @@ fn add_baseline(summary: &mut TimelineSummary, policies: &[Policy], baseline: &[
 }
 
 /// Where the run times came from and what was done to them, for the report.
-fn describe(model: &DurationModel, timed: usize, pods: usize) -> String {
+pub(crate) fn describe(model: &DurationModel, timed: usize, pods: usize) -> String {
     let source = if timed == pods {
         "deletion_time - creation_time of each pod".to_string()
     } else if timed == 0 {

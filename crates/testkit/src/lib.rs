@@ -13,6 +13,7 @@ pub mod kubelet_node;
 mod kubelet_record;
 pub mod node_feed;
 pub mod replay;
+pub mod replay_api;
 pub mod seed;
 pub mod timeline;
 pub mod workload;

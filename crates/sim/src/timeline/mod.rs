@@ -113,9 +113,12 @@ impl Timeline {
         {
             return Err(SimError::NoGpuPods.into());
         }
+        let mut workload = workload;
+        if options.no_priorities {
+            workload.pods.iter_mut().for_each(|p| p.priority = 0);
+        }
         let mix = Mix::new(&workload.pods, &options.durations);
         check_bounds(&mix, base.gpu_capacity_milli(), &options)?;
-        let mut workload = workload;
         if options.whole_gpus {
             whole_gpus(&mut workload.pods);
         }
@@ -157,6 +160,16 @@ impl Timeline {
 
     pub fn options(&self) -> &TimelineOptions {
         &self.options
+    }
+
+    /// The queues and each pod's queue (`--tenants`).
+    pub fn tenants(&self) -> Option<&tenants::Tenants> {
+        self.tenants.as_ref()
+    }
+
+    /// GPU milli of the whole cluster.
+    pub fn capacity_milli(&self) -> u64 {
+        self.base.gpu_capacity_milli()
     }
 
     pub fn mix(&self) -> &Mix {

@@ -216,7 +216,10 @@ fn place_on(
         Some(g) => g.to_vec(),
         None => first_fitting(state.node(n), request),
     };
-    state.apply(n, request, &gpus).ok().map(|()| Held { node: n, gpus })
+    state
+        .apply(n, request, &gpus)
+        .ok()
+        .map(|()| Held { node: n, gpus })
 }
 
 /// The GPUs a kubelet without a preference might give: the first that fit.

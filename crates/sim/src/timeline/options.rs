@@ -64,6 +64,9 @@ pub struct TimelineOptions {
     /// sharing, as stock Kubernetes with a plain device plugin. The arrivals stay those of
     /// the pod list as it is, so the same seed offers the same pods either way.
     pub whole_gpus: bool,
+    /// Every pod at one priority (`--no-priorities`): a live replay whose pods carry no
+    /// PriorityClass, served in arrival order.
+    pub no_priorities: bool,
 }
 
 /// What each step of carrying out a decision costs in simulated time, as on a real node
@@ -173,6 +176,7 @@ impl Default for TimelineOptions {
             checkpointed: false,
             patience: Patience::Off,
             whole_gpus: false,
+            no_priorities: false,
         }
     }
 }

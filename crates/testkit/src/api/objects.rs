@@ -42,6 +42,16 @@ impl MemoryApi {
         lock(&self.store).nodes.get(name).map(|n| (**n).clone())
     }
 
+    /// Every Node.
+    pub fn nodes(&self) -> Vec<Node> {
+        lock(&self.store)
+            .nodes
+            .listed()
+            .iter()
+            .map(|n| (**n).clone())
+            .collect()
+    }
+
     /// Merges annotations and labels into a Node (a JSON merge patch of metadata).
     pub fn merge_node_metadata(
         &self,
@@ -119,6 +129,13 @@ impl MemoryApi {
             .clone();
         let name = group.metadata.name.clone().unwrap_or_default();
         s.groups.insert((ns, name), Arc::new(group));
+    }
+
+    pub fn delete_group(&self, namespace: &str, name: &str) {
+        let mut s = lock(&self.store);
+        s.generation += 1;
+        s.bump();
+        s.groups.remove(&(namespace.to_string(), name.to_string()));
     }
 
     /// Creates or replaces a PodDisruptionBudget (its status as the disruption controller

@@ -7,4 +7,5 @@ mod fuzz;
 mod handshake;
 mod preemption;
 mod replay;
+mod replay_live;
 mod timeline;

@@ -1,0 +1,129 @@
+//! The replay's one boundary to the API server: create, force-delete and list what it made,
+//! read the cluster's Nodes, and watch its pods.
+
+use std::future::Future;
+
+use futures::stream::BoxStream;
+use gpuplace_scheduler::k8s::gang::PodGroup;
+use gpuplace_scheduler::k8s::queue::Queue;
+use k8s_openapi::api::core::v1::{Node, Pod};
+
+/// The kinds of object a replay makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    Node,
+    Pod,
+    Queue,
+    PodGroup,
+}
+
+impl Kind {
+    /// Every kind, in the order a clean-up deletes them (pods before what they use).
+    pub const CLEAN_ORDER: [Kind; 4] = [Kind::Pod, Kind::PodGroup, Kind::Queue, Kind::Node];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Node => "Node",
+            Kind::Pod => "Pod",
+            Kind::Queue => "Queue",
+            Kind::PodGroup => "PodGroup",
+        }
+    }
+}
+
+/// One object to create.
+#[derive(Clone, Debug)]
+pub enum Object {
+    /// A fake node: created, then its status (capacity, allocatable, Ready) written and the
+    /// not-ready taint admission adds taken off, as a kubelet would.
+    Node(Box<Node>),
+    Pod(Box<Pod>),
+    Queue(Box<Queue>),
+    PodGroup(Box<PodGroup>),
+}
+
+impl Object {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Object::Node(_) => Kind::Node,
+            Object::Pod(_) => Kind::Pod,
+            Object::Queue(_) => Kind::Queue,
+            Object::PodGroup(_) => Kind::PodGroup,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        let meta = match self {
+            Object::Node(o) => &o.metadata,
+            Object::Pod(o) => &o.metadata,
+            Object::Queue(o) => &o.metadata,
+            Object::PodGroup(o) => &o.metadata,
+        };
+        meta.name.as_deref().unwrap_or_default()
+    }
+}
+
+/// What the server answered when it refused.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ApiError {
+    #[error("{0} already exists")]
+    AlreadyExists(String),
+    #[error("{0} not found")]
+    NotFound(String),
+    #[error("the server refused it as invalid: {0}")]
+    Invalid(String),
+    #[error("forbidden: {0}")]
+    Forbidden(String),
+    /// The server could not be reached or did not answer in time (worth a retry).
+    #[error("the API server is unavailable: {0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    Other(String),
+}
+
+impl ApiError {
+    /// Whether the same request may succeed a moment later.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, ApiError::Unavailable(_))
+    }
+}
+
+/// A replay pod as the watch shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodState {
+    pub name: String,
+    /// Its node, once bound.
+    pub node: Option<String>,
+    /// gpuplace's record of its exact GPUs (`gpuplace.io/assignment`), if any.
+    pub assignment: Option<String>,
+    /// It has a deletion time (evicted gracefully, or being deleted).
+    pub terminating: bool,
+}
+
+/// What the watch of the replay's pods says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PodSeen {
+    Changed(PodState),
+    Gone(String),
+    /// The watch started over: these are all the replay's pods there are now (any other
+    /// it thought alive is gone).
+    Listed(Vec<String>),
+}
+
+/// The API server, as the replay uses it. Every call is namespaced to the replay's
+/// namespace where the kind is namespaced.
+pub trait ReplayApi: Send + Sync {
+    fn create(&self, object: &Object) -> impl Future<Output = Result<(), ApiError>> + Send;
+    /// Deletes at once (grace period 0): `Ok(false)` when it was not there.
+    fn delete(&self, kind: Kind, name: &str)
+    -> impl Future<Output = Result<bool, ApiError>> + Send;
+    /// Names of the objects of `kind` labelled [`crate::MANAGED_SELECTOR`].
+    fn list_managed(
+        &self,
+        kind: Kind,
+    ) -> impl Future<Output = Result<Vec<String>, ApiError>> + Send;
+    /// The cluster's Nodes.
+    fn nodes(&self) -> impl Future<Output = Result<Vec<Node>, ApiError>> + Send;
+    /// The replay's pods as they change (starting with a [`PodSeen::Listed`]).
+    fn watch_pods(&self) -> BoxStream<'static, Result<PodSeen, ApiError>>;
+}

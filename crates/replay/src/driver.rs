@@ -1,0 +1,627 @@
+//! The replay's clock: pods created at their arrivals (simulated time over `speed`), each
+//! deleted when its run ends (from the Binding the watch shows), and, as a controller
+//! would, an evicted pod created again with its whole run ahead. On fake nodes the driver
+//! also plays the kubelet: a pod someone deletes gracefully is gone at once (no container
+//! holds it). Every object is recorded in [`Created`] before it is asked for, so a clean-up
+//! deletes exactly what the replay made, whatever stopped it.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use gpuplace_model::{Assignment, NodeInventory};
+use gpuplace_sim::timeline::Ms;
+use gpuplace_sim::timeline::observed::{Life, LiveCounts};
+use gpuplace_sim::trace::TracePod;
+use tokio::sync::watch;
+
+use crate::api::{ApiError, Kind, Object, PodSeen, PodState, ReplayApi};
+use crate::objects::{self, ObjectError, PodTemplate};
+use crate::plan::Plan;
+
+/// How a replay runs.
+#[derive(Clone, Debug)]
+pub struct DriverConfig {
+    /// Simulated seconds per real second.
+    pub speed: f64,
+    /// The nodes are the replay's fakes: nobody else runs their pods' containers.
+    pub fake_nodes: bool,
+    pub template: PodTemplate,
+    /// Creations and deletions in flight at once.
+    pub in_flight: usize,
+    /// How long the pod watch may fail without a break before the replay gives up.
+    pub watch_patience: Duration,
+}
+
+/// Where a replay stands, for a progress bar.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Progress {
+    pub simulated_ms: u64,
+    pub end_ms: u64,
+    pub created: usize,
+    pub waiting: usize,
+    pub bound: usize,
+    pub finished: usize,
+    pub evicted: usize,
+}
+
+/// What a replay saw.
+#[derive(Clone, Debug, Default)]
+pub struct ReplayOutcome {
+    /// Every pod's life, in creation order.
+    pub lives: Vec<Life>,
+    pub counts: LiveCounts,
+    /// Requests the driver made (creations, deletions, retries included).
+    pub requests: u64,
+    /// How far behind its arrival each pod was created, real ms: p50, p99, most.
+    pub creation_lag_ms: [f64; 3],
+    pub wall: Duration,
+}
+
+/// Why a replay stopped early.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error("{doing}: {source}")]
+    Api {
+        doing: String,
+        #[source]
+        source: ApiError,
+    },
+    #[error("interrupted")]
+    Interrupted,
+    #[error("the pod watch failed for {0:?} without a break: {1}")]
+    Watch(Duration, ApiError),
+    #[error(transparent)]
+    Object(#[from] ObjectError),
+    #[error("--speed must be above 0 and at most 100000, got {0}")]
+    Speed(f64),
+}
+
+/// What a replay made, by kind, in the order made: the clean-up's list.
+#[derive(Debug, Default)]
+pub struct Created {
+    pub objects: Vec<(Kind, String)>,
+}
+
+/// The objects of `created` (shared with the caller, who cleans up).
+pub type Registry = Mutex<Created>;
+
+fn record(registry: &Registry, kind: Kind, name: &str) {
+    if let Ok(mut r) = registry.lock() {
+        r.objects.push((kind, name.to_string()));
+    }
+}
+
+/// Sends `object`, retrying a server that is briefly away; counts requests.
+async fn create_with_retry<A: ReplayApi>(
+    api: &A,
+    object: &Object,
+    requests: &mut u64,
+) -> Result<(), ApiError> {
+    let mut pause = Duration::from_millis(200);
+    for attempt in 0.. {
+        *requests += 1;
+        match api.create(object).await {
+            Err(e) if e.is_transient() && attempt < 5 => {
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+            }
+            other => return other,
+        }
+    }
+    Ok(())
+}
+
+async fn delete_with_retry<A: ReplayApi>(
+    api: &A,
+    kind: Kind,
+    name: &str,
+    requests: &mut u64,
+) -> Result<bool, ApiError> {
+    let mut pause = Duration::from_millis(200);
+    for attempt in 0.. {
+        *requests += 1;
+        match api.delete(kind, name).await {
+            Err(e) if e.is_transient() && attempt < 5 => {
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+            }
+            other => return other,
+        }
+    }
+    Ok(false)
+}
+
+/// Creates the objects every pod needs before the clock starts: fake nodes and queues.
+pub async fn prepare<A: ReplayApi>(
+    api: &A,
+    registry: &Registry,
+    nodes: &[(String, NodeInventory)],
+    queues: &[Object],
+) -> Result<u64, ReplayError> {
+    let mut requests = 0;
+    for object in queues {
+        record(registry, object.kind(), object.name());
+        create_with_retry(api, object, &mut requests)
+            .await
+            .map_err(|source| ReplayError::Api {
+                doing: format!("creating {} {}", object.kind().name(), object.name()),
+                source,
+            })?;
+    }
+    let made: Vec<Object> = nodes
+        .iter()
+        .map(|(name, inv)| objects::fake_node(name, inv).map(|n| Object::Node(Box::new(n))))
+        .collect::<Result<_, _>>()?;
+    let mut flights = FuturesUnordered::new();
+    let mut next = made.iter();
+    loop {
+        while flights.len() < 16
+            && let Some(object) = next.next()
+        {
+            record(registry, Kind::Node, object.name());
+            flights.push(async move {
+                let mut n = 0;
+                let done = create_with_retry(api, object, &mut n).await;
+                (object, done, n)
+            });
+        }
+        let Some((object, done, n)) = flights.next().await else {
+            break;
+        };
+        requests += n;
+        done.map_err(|source| ReplayError::Api {
+            doing: format!("creating the fake node {}", object.name()),
+            source,
+        })?;
+    }
+    Ok(requests)
+}
+
+/// A pod the driver made, by its Kubernetes name.
+struct Made {
+    /// Index into the plan's pods.
+    planned: usize,
+    /// Index into the lives.
+    life: usize,
+    /// The replay asked for its deletion (its run ended).
+    deleting: bool,
+    gone: bool,
+}
+
+/// What one flight came back with.
+enum Flight {
+    Created {
+        done: Result<(), (String, ApiError)>,
+        requests: u64,
+    },
+    Deleted {
+        name: String,
+        done: Result<bool, ApiError>,
+        requests: u64,
+    },
+}
+
+/// The replay's state while it runs.
+struct Run<'a> {
+    plan: &'a Plan,
+    pods: &'a [TracePod],
+    node_index: &'a HashMap<String, (usize, NodeInventory)>,
+    config: &'a DriverConfig,
+    start: Instant,
+    made: HashMap<String, Made>,
+    lives: Vec<Life>,
+    /// Deletions due, (simulated ms, pod name).
+    due: BinaryHeap<Reverse<(u64, String)>>,
+    /// Controllers' new pods to make, (planned index, run ms).
+    recreate: Vec<usize>,
+    recreated: HashMap<usize, u32>,
+    counts: LiveCounts,
+    lag_ms: Vec<f64>,
+    progress: Progress,
+}
+
+impl Run<'_> {
+    fn now_ms(&self) -> u64 {
+        (self.start.elapsed().as_secs_f64() * self.config.speed * 1000.0) as u64
+    }
+
+    fn real_at(&self, ms: u64) -> Instant {
+        self.start + Duration::from_secs_f64(ms as f64 / 1000.0 / self.config.speed)
+    }
+
+    /// The objects of planned pods `range` (one unit), recorded as made.
+    fn unit_objects(
+        &mut self,
+        planned: &[usize],
+        by_controller: bool,
+    ) -> Result<Vec<Object>, ObjectError> {
+        let mut out = Vec::new();
+        let now = self.now_ms();
+        for &i in planned {
+            let p = &self.plan.pods[i];
+            if !by_controller && let Some(g) = p.gang.as_ref().filter(|_| i == planned[0]) {
+                let group = objects::pod_group(&self.config.template.namespace, &g.name, g.members);
+                out.push(Object::PodGroup(Box::new(group)));
+            }
+            let name = if by_controller {
+                let n = self.recreated.entry(i).or_insert(0);
+                *n += 1;
+                format!("{}-r{n}", p.name)
+            } else {
+                p.name.clone()
+            };
+            let request = &self.pods[p.pod as usize].request;
+            let pod = objects::pod(&self.config.template, p, &name, request)?;
+            out.push(Object::Pod(Box::new(pod)));
+            self.made.insert(
+                name,
+                Made {
+                    planned: i,
+                    life: self.lives.len(),
+                    deleting: false,
+                    gone: false,
+                },
+            );
+            self.lives.push(Life {
+                pod: p.pod,
+                unit: p.unit,
+                arrival: Ms(now),
+                run_ms: if by_controller { p.full_ms } else { p.run_ms },
+                full_ms: p.full_ms,
+                measured: p.measured && !by_controller,
+                bound: None,
+                end: None,
+                evicted: false,
+                by_controller,
+                node: None,
+                gpus: None,
+            });
+            self.progress.created += 1;
+            self.progress.waiting += 1;
+        }
+        Ok(out)
+    }
+
+    /// A pod's Binding (or its deletion) as the watch shows it.
+    fn seen(&mut self, state: PodState) -> Option<String> {
+        let now = self.now_ms();
+        let made = self.made.get_mut(&state.name)?;
+        let life = &mut self.lives[made.life];
+        if let (Some(node), None) = (&state.node, life.bound) {
+            life.bound = Some(Ms(now.max(life.arrival.0)));
+            self.progress.waiting = self.progress.waiting.saturating_sub(1);
+            self.progress.bound += 1;
+            if let Some((n, inv)) = self.node_index.get(node) {
+                life.node = Some(*n);
+                life.gpus = state
+                    .assignment
+                    .as_deref()
+                    .and_then(|a| gpus_of(a, inv, &self.pods[life.pod as usize].request));
+            }
+            self.due
+                .push(Reverse((now + life.run_ms, state.name.clone())));
+        }
+        // Someone else is deleting it gracefully; on a fake node nothing holds it.
+        (state.terminating && !made.deleting && self.config.fake_nodes).then_some(state.name)
+    }
+
+    /// A pod gone: its run's end, or an eviction (then its controller makes another).
+    fn gone(&mut self, name: &str) {
+        let now = self.now_ms();
+        let Some(made) = self.made.get_mut(name) else {
+            return;
+        };
+        if made.gone {
+            return;
+        }
+        made.gone = true;
+        let life = &mut self.lives[made.life];
+        life.end = Some(Ms(now.max(life.arrival.0)));
+        if life.bound.is_none() {
+            self.progress.waiting = self.progress.waiting.saturating_sub(1);
+        } else {
+            self.progress.bound = self.progress.bound.saturating_sub(1);
+        }
+        if made.deleting {
+            self.progress.finished += 1;
+        } else {
+            life.evicted = true;
+            self.progress.evicted += 1;
+            if life.bound.is_some() {
+                self.counts.preempted_pods += 1;
+                self.counts.preempted_milli +=
+                    self.pods[life.pod as usize].request.total_gpu_milli();
+            }
+            self.recreate.push(made.planned);
+        }
+    }
+}
+
+/// The GPU positions of gpuplace's recorded assignment on `inventory`.
+fn gpus_of(
+    assignment: &str,
+    inventory: &NodeInventory,
+    request: &gpuplace_model::Request,
+) -> Option<Vec<(usize, u32)>> {
+    let a = Assignment::from_json(assignment).ok()?;
+    let mut out = Vec::new();
+    for c in &a.containers {
+        for d in &c.devices {
+            let g = inventory.gpus.iter().position(|g| g.id == d.id)?;
+            out.push((g, request.gpu_milli));
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    Some(out)
+}
+
+/// Replays `plan` (pods asking `pods`' requests) until its last arrival; `node_index` maps
+/// node names to the workload's node index and inventory (as the replay named them).
+#[allow(clippy::too_many_arguments)]
+pub async fn run<A: ReplayApi>(
+    api: &A,
+    registry: &Registry,
+    plan: &Plan,
+    pods: &[TracePod],
+    node_index: &HashMap<String, (usize, NodeInventory)>,
+    config: &DriverConfig,
+    mut cancel: watch::Receiver<bool>,
+    progress: &(dyn Fn(&Progress) + Sync),
+) -> Result<ReplayOutcome, ReplayError> {
+    if !(config.speed.is_finite() && config.speed > 0.0 && config.speed <= 100_000.0) {
+        return Err(ReplayError::Speed(config.speed));
+    }
+    let mut watch = api.watch_pods();
+    // The clock starts once the watch is live (its first listing is in).
+    let mut failing_since: Option<Instant> = None;
+    loop {
+        match watch.next().await {
+            Some(Ok(PodSeen::Listed(_))) => break,
+            Some(Ok(_)) => {}
+            Some(Err(e)) => {
+                let since = *failing_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > config.watch_patience {
+                    return Err(ReplayError::Watch(config.watch_patience, e));
+                }
+            }
+            None => {
+                return Err(ReplayError::Watch(
+                    Duration::ZERO,
+                    ApiError::Unavailable("the pod watch ended".into()),
+                ));
+            }
+        }
+    }
+    let mut run = Run {
+        plan,
+        pods,
+        node_index,
+        config,
+        start: Instant::now(),
+        made: HashMap::new(),
+        lives: Vec::new(),
+        due: BinaryHeap::new(),
+        recreate: Vec::new(),
+        recreated: HashMap::new(),
+        counts: LiveCounts::default(),
+        lag_ms: Vec::new(),
+        progress: Progress {
+            end_ms: plan.end_ms,
+            ..Progress::default()
+        },
+    };
+    let units = units_of(plan);
+    let mut next_unit = 0;
+    let mut requests = 0u64;
+    let mut flights = FuturesUnordered::new();
+    let mut last_progress = Instant::now();
+    let mut failing_since: Option<Instant> = None;
+    let tick = Duration::from_millis(20);
+    loop {
+        let now = run.now_ms().min(plan.end_ms);
+        // Creations and deletions due, within the flights allowed.
+        while flights.len() < config.in_flight {
+            let unit = units
+                .get(next_unit)
+                .filter(|u| plan.pods[u[0]].arrival_ms <= now);
+            let objects = if let Some(i) = run.recreate.pop() {
+                run.unit_objects(&[i], true)?
+            } else if let Some(unit) = unit {
+                next_unit += 1;
+                let lag = now.saturating_sub(plan.pods[unit[0]].arrival_ms) as f64 / config.speed;
+                run.lag_ms.push(lag);
+                run.unit_objects(unit, false)?
+            } else {
+                break;
+            };
+            for o in &objects {
+                record(registry, o.kind(), o.name());
+            }
+            flights.push(create_flight(api, objects));
+        }
+        while flights.len() < config.in_flight
+            && let Some(Reverse((at, _))) = run.due.peek()
+            && *at <= now
+        {
+            let Some(Reverse((_, name))) = run.due.pop() else {
+                break;
+            };
+            if let Some(m) = run.made.get_mut(&name).filter(|m| !m.gone) {
+                m.deleting = true;
+                flights.push(delete_flight(api, name));
+            }
+        }
+        if now >= plan.end_ms && next_unit == units.len() {
+            break;
+        }
+        let wake = [
+            units.get(next_unit).map(|u| plan.pods[u[0]].arrival_ms),
+            run.due.peek().map(|Reverse((at, _))| *at),
+            Some(plan.end_ms),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .map_or(Instant::now() + tick, |ms| run.real_at(ms))
+        .max(Instant::now() + Duration::from_millis(1))
+        .min(Instant::now() + Duration::from_millis(500));
+        tokio::select! {
+            changed = cancel.changed() => {
+                if changed.is_err() || *cancel.borrow() {
+                    return Err(ReplayError::Interrupted);
+                }
+            }
+            seen = watch.next() => match seen {
+                Some(Ok(seen)) => {
+                    failing_since = None;
+                    // Played kubelet: the evicted pod's container is gone at once.
+                    for name in handle_seen(&mut run, seen) {
+                        flights.push(delete_flight(api, name));
+                    }
+                }
+                Some(Err(e)) => {
+                    let since = *failing_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() > config.watch_patience {
+                        return Err(ReplayError::Watch(config.watch_patience, e));
+                    }
+                }
+                None => return Err(ReplayError::Watch(Duration::ZERO,
+                    ApiError::Unavailable("the pod watch ended".into()))),
+            },
+            Some(flight) = flights.next(), if !flights.is_empty() => {
+                requests += settle(flight)?;
+            }
+            _ = tokio::time::sleep_until(wake.into()) => {}
+        }
+        if last_progress.elapsed() >= Duration::from_millis(250) {
+            run.progress.simulated_ms = run.now_ms().min(plan.end_ms);
+            progress(&run.progress);
+            last_progress = Instant::now();
+        }
+    }
+    run.progress.simulated_ms = plan.end_ms;
+    progress(&run.progress);
+    let mut lag = run.lag_ms.clone();
+    lag.sort_by(f64::total_cmp);
+    let at = |q: f64| {
+        lag.get(((lag.len() as f64 - 1.0) * q).round() as usize)
+            .copied()
+            .unwrap_or(0.0)
+    };
+    Ok(ReplayOutcome {
+        lives: run.lives,
+        counts: run.counts,
+        requests,
+        creation_lag_ms: [at(0.5), at(0.99), lag.last().copied().unwrap_or(0.0)],
+        wall: run.start.elapsed(),
+    })
+}
+
+/// What the watch said, applied; returns pods to delete now (played kubelet).
+fn handle_seen(run: &mut Run<'_>, seen: PodSeen) -> Vec<String> {
+    match seen {
+        PodSeen::Changed(state) => run.seen(state).into_iter().collect(),
+        PodSeen::Gone(name) => {
+            run.gone(&name);
+            Vec::new()
+        }
+        PodSeen::Listed(names) => {
+            let listed: std::collections::HashSet<String> = names.into_iter().collect();
+            let missing: Vec<String> = run
+                .made
+                .iter()
+                .filter(|(n, m)| !m.gone && !listed.contains(*n))
+                .map(|(n, _)| n.clone())
+                .collect();
+            for name in missing {
+                run.gone(&name);
+            }
+            Vec::new()
+        }
+    }
+}
+
+/// A finished flight, applied: a refused creation stops the replay (a pod that already
+/// exists was made by an earlier run that was not cleaned); requests it made.
+fn settle(flight: Flight) -> Result<u64, ReplayError> {
+    match flight {
+        Flight::Created { done, requests } => {
+            if let Err((name, source)) = done {
+                let hint = if matches!(source, ApiError::AlreadyExists(_)) {
+                    ": an earlier replay left it (run `gpuplace replay --clean`)"
+                } else {
+                    ""
+                };
+                return Err(ReplayError::Api {
+                    doing: format!("creating {name}{hint}"),
+                    source,
+                });
+            }
+            Ok(requests)
+        }
+        Flight::Deleted {
+            name,
+            done,
+            requests,
+        } => match done {
+            Ok(_) => Ok(requests),
+            Err(source) => Err(ReplayError::Api {
+                doing: format!("deleting pod {name}"),
+                source,
+            }),
+        },
+    }
+}
+
+fn create_flight<A: ReplayApi>(
+    api: &A,
+    objects: Vec<Object>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Flight> + Send + '_>> {
+    Box::pin(async move {
+        let mut requests = 0;
+        for o in &objects {
+            if let Err(e) = create_with_retry(api, o, &mut requests).await {
+                return Flight::Created {
+                    done: Err((format!("{} {}", o.kind().name(), o.name()), e)),
+                    requests,
+                };
+            }
+        }
+        Flight::Created {
+            done: Ok(()),
+            requests,
+        }
+    })
+}
+
+fn delete_flight<A: ReplayApi>(
+    api: &A,
+    name: String,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Flight> + Send + '_>> {
+    Box::pin(async move {
+        let mut requests = 0;
+        let done = delete_with_retry(api, Kind::Pod, &name, &mut requests).await;
+        Flight::Deleted {
+            name,
+            done,
+            requests,
+        }
+    })
+}
+
+/// The plan's pods grouped by unit, in order.
+fn units_of(plan: &Plan) -> Vec<Vec<usize>> {
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    for (i, p) in plan.pods.iter().enumerate() {
+        match out.last_mut() {
+            Some(last) if plan.pods[last[0]].unit == p.unit => last.push(i),
+            _ => out.push(vec![i]),
+        }
+    }
+    out
+}

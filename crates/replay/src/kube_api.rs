@@ -1,0 +1,183 @@
+//! [`ReplayApi`] on a real API server through kube-rs.
+
+use futures::stream::{BoxStream, StreamExt};
+use gpuplace_scheduler::k8s::gang::PodGroup;
+use gpuplace_scheduler::k8s::queue::Queue;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use serde_json::json;
+
+use crate::MANAGED_SELECTOR;
+use crate::api::{ApiError, Kind, Object, PodSeen, PodState, ReplayApi};
+
+/// The replay's API on `client`, its pods and PodGroups in `namespace`.
+#[derive(Clone)]
+pub struct KubeReplayApi {
+    nodes: Api<Node>,
+    pods: Api<Pod>,
+    queues: Api<Queue>,
+    groups: Api<PodGroup>,
+}
+
+impl KubeReplayApi {
+    pub fn new(client: Client, namespace: &str) -> Self {
+        KubeReplayApi {
+            nodes: Api::all(client.clone()),
+            pods: Api::namespaced(client.clone(), namespace),
+            queues: Api::all(client.clone()),
+            groups: Api::namespaced(client, namespace),
+        }
+    }
+
+    /// A fake node: the object, its status as a kubelet would write it, and no taints.
+    async fn create_node(&self, node: &Node) -> Result<(), ApiError> {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let mut spec_only = node.clone();
+        spec_only.status = None;
+        self.nodes
+            .create(&PostParams::default(), &spec_only)
+            .await
+            .map_err(|e| api_error(e, "Node", &name))?;
+        let status = json!({"status": node.status});
+        self.nodes
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .map_err(|e| api_error(e, "Node", &name))?;
+        // Admission adds node.kubernetes.io/not-ready until a kubelet reports Ready.
+        let untainted = json!({"spec": {"taints": null}});
+        self.nodes
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&untainted))
+            .await
+            .map_err(|e| api_error(e, "Node", &name))?;
+        Ok(())
+    }
+}
+
+/// The replay's error for a kube-rs error about `kind` `name`.
+fn api_error(e: kube::Error, kind: &str, name: &str) -> ApiError {
+    let what = format!("{kind} {name}");
+    match e {
+        kube::Error::Api(s) => match s.code {
+            409 if s.reason == "AlreadyExists" => ApiError::AlreadyExists(what),
+            404 => ApiError::NotFound(format!("{what} ({})", s.message)),
+            400 | 422 => ApiError::Invalid(format!("{what}: {}", s.message)),
+            401 | 403 => ApiError::Forbidden(format!("{what}: {}", s.message)),
+            429 | 500..=599 => ApiError::Unavailable(format!("{what}: {}", s.message)),
+            _ => ApiError::Other(format!("{what}: {} ({})", s.message, s.code)),
+        },
+        kube::Error::HyperError(_) | kube::Error::Service(_) => {
+            ApiError::Unavailable(format!("{what}: {e}"))
+        }
+        other => ApiError::Other(format!("{what}: {other}")),
+    }
+}
+
+fn managed() -> ListParams {
+    ListParams::default().labels(MANAGED_SELECTOR)
+}
+
+fn names<K: kube::Resource + Clone>(list: kube::core::ObjectList<K>) -> Vec<String> {
+    list.items
+        .iter()
+        .filter_map(|o| o.meta().name.clone())
+        .collect()
+}
+
+impl ReplayApi for KubeReplayApi {
+    async fn create(&self, object: &Object) -> Result<(), ApiError> {
+        let name = object.name().to_string();
+        let kind = object.kind().name();
+        let params = PostParams::default();
+        let done = match object {
+            Object::Node(node) => return self.create_node(node).await,
+            Object::Pod(pod) => self.pods.create(&params, pod).await.map(|_| ()),
+            Object::Queue(q) => self.queues.create(&params, q).await.map(|_| ()),
+            Object::PodGroup(g) => self.groups.create(&params, g).await.map(|_| ()),
+        };
+        done.map_err(|e| api_error(e, kind, &name))
+    }
+
+    async fn delete(&self, kind: Kind, name: &str) -> Result<bool, ApiError> {
+        let now = DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        };
+        let done = match kind {
+            Kind::Node => self.nodes.delete(name, &now).await.map(|_| ()),
+            Kind::Pod => self.pods.delete(name, &now).await.map(|_| ()),
+            Kind::Queue => self.queues.delete(name, &now).await.map(|_| ()),
+            Kind::PodGroup => self.groups.delete(name, &now).await.map(|_| ()),
+        };
+        match done {
+            Ok(()) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+            Err(e) => Err(api_error(e, kind.name(), name)),
+        }
+    }
+
+    async fn list_managed(&self, kind: Kind) -> Result<Vec<String>, ApiError> {
+        let listed = match kind {
+            Kind::Node => self.nodes.list(&managed()).await.map(names),
+            Kind::Pod => self.pods.list(&managed()).await.map(names),
+            Kind::Queue => self.queues.list(&managed()).await.map(names),
+            Kind::PodGroup => self.groups.list(&managed()).await.map(names),
+        };
+        listed.map_err(|e| api_error(e, kind.name(), "(list)"))
+    }
+
+    async fn nodes(&self) -> Result<Vec<Node>, ApiError> {
+        self.nodes
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .map_err(|e| api_error(e, "Node", "(list)"))
+    }
+
+    fn watch_pods(&self) -> BoxStream<'static, Result<PodSeen, ApiError>> {
+        let config = watcher::Config::default().labels(MANAGED_SELECTOR);
+        let mut listing: Vec<String> = Vec::new();
+        watcher(self.pods.clone(), config)
+            .filter_map(move |event| {
+                let seen = match event {
+                    Ok(watcher::Event::Apply(pod)) => Some(Ok(PodSeen::Changed(state_of(&pod)))),
+                    Ok(watcher::Event::Delete(pod)) => {
+                        Some(Ok(PodSeen::Gone(pod.metadata.name.unwrap_or_default())))
+                    }
+                    Ok(watcher::Event::Init) => {
+                        listing.clear();
+                        None
+                    }
+                    Ok(watcher::Event::InitApply(pod)) => {
+                        listing.push(pod.metadata.name.clone().unwrap_or_default());
+                        Some(Ok(PodSeen::Changed(state_of(&pod))))
+                    }
+                    Ok(watcher::Event::InitDone) => {
+                        Some(Ok(PodSeen::Listed(std::mem::take(&mut listing))))
+                    }
+                    Err(e) => Some(Err(ApiError::Unavailable(format!("the pod watch: {e}")))),
+                };
+                std::future::ready(seen)
+            })
+            .boxed()
+    }
+}
+
+/// What the replay reads of one of its pods.
+pub fn state_of(pod: &Pod) -> PodState {
+    PodState {
+        name: pod.metadata.name.clone().unwrap_or_default(),
+        node: pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .filter(|n| !n.is_empty()),
+        assignment: pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(gpuplace_model::ASSIGNMENT_ANNOTATION).cloned()),
+        terminating: pod.metadata.deletion_timestamp.is_some(),
+    }
+}

@@ -1,0 +1,31 @@
+//! `gpuplace replay`: a GPU trace replayed against a live cluster, in real time scaled by a
+//! speed, with whatever scheduler the pods name (gpuplace, kube-scheduler with gpuplace as
+//! its extender, the stock kube-scheduler), and reported as `gpuplace simulate --timeline`
+//! reports, by the simulator's own measurement.
+//!
+//! - [`plan`]: what to create when (pure): the timeline's arrivals for one seed, each pod's
+//!   name, run time, queue and gang;
+//! - [`objects`]: the Kubernetes objects of a plan (fake Nodes, Pods, Queues, PodGroups),
+//!   every one labelled [`MANAGED_BY`];
+//! - [`api`]: the one boundary to the API server ([`ReplayApi`]), [`kube_api`] its kube-rs
+//!   adapter (the in-memory one is the test kit's);
+//! - [`driver`]: the clock: creates pods at their arrivals, deletes them when their run ends,
+//!   plays the kubelet and the controller on fake nodes, and records each pod's life;
+//! - [`clean`]: deletes what a replay made (after Ctrl-C, an error, or `--clean`).
+
+pub mod api;
+pub mod clean;
+pub mod driver;
+pub mod kube_api;
+pub mod objects;
+pub mod plan;
+
+pub use api::{ApiError, Kind, Object, PodSeen, PodState, ReplayApi};
+pub use driver::{DriverConfig, Progress, ReplayError, ReplayOutcome};
+pub use plan::{Plan, PlanError, PlannedPod};
+
+/// The label every object a replay makes carries, and its value.
+pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+pub const MANAGED_BY_VALUE: &str = "gpuplace-replay";
+/// The label selector of what replays made.
+pub const MANAGED_SELECTOR: &str = "app.kubernetes.io/managed-by=gpuplace-replay";

@@ -1,0 +1,340 @@
+//! The Kubernetes objects of a replay, each labelled [`MANAGED_BY`](crate::MANAGED_BY):
+//! fake Nodes (as KWOK makes them: capacity, allocatable, gpuplace's inventory annotation
+//! and a Ready condition, no kubelet), Pods, Queues and PodGroups.
+
+use std::collections::BTreeMap;
+
+use gpuplace_model::keys::{
+    GPU_PRODUCT_LABEL, GPU_RESOURCE, INVENTORY_ANNOTATION, MODEL_ANNOTATION, POD_GROUP_LABEL,
+    SHARE_RESOURCE,
+};
+use gpuplace_model::{NodeInventory, Request};
+use gpuplace_scheduler::k8s::gang::{PodGroup, PodGroupSpec};
+use gpuplace_scheduler::k8s::queue::{Queue, QueueSpec};
+use gpuplace_sim::timeline::tenants::TenantQueue;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use serde_json::json;
+
+use crate::plan::PlannedPod;
+use crate::{MANAGED_BY, MANAGED_BY_VALUE};
+
+/// The label that marks a replay's fake nodes.
+pub const FAKE_NODE_LABEL: &str = "gpuplace.io/replay-fake-node";
+/// The pod label of a replay pod's planned name (a controller's new pod keeps it).
+pub const PLANNED_LABEL: &str = "gpuplace.io/replay-pod";
+/// The most pods a fake node takes (the kubelet's `maxPods` is 110 by default; trace nodes
+/// run more small pods than that).
+const FAKE_NODE_PODS: u32 = 250;
+
+/// An object that could not be made from its input.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ObjectError {
+    #[error("queue {queue}: {field}.{resource}: {value} is not a quantity or a percent")]
+    Amount {
+        queue: String,
+        field: &'static str,
+        resource: String,
+        value: String,
+    },
+    #[error("{0}")]
+    Build(String),
+}
+
+fn managed_labels() -> BTreeMap<String, String> {
+    [(MANAGED_BY.to_string(), MANAGED_BY_VALUE.to_string())].into()
+}
+
+/// A fake node for `inventory`, named `name`: allocatable CPU and memory as the trace's
+/// node, its GPUs whole (`nvidia.com/gpu`) and as shares (`gpuplace.io/gpu-milli`).
+pub fn fake_node(name: &str, inventory: &NodeInventory) -> Result<Node, ObjectError> {
+    let mut inventory = inventory.clone();
+    inventory.name = name.to_string();
+    for (i, g) in inventory.gpus.iter_mut().enumerate() {
+        g.id = format!("{name}-gpu{i}");
+    }
+    let gpus = inventory.gpus.iter().filter(|g| g.healthy).count();
+    let resources = json!({
+        "cpu": format!("{}m", inventory.cpu_milli),
+        "memory": format!("{}Mi", inventory.memory_mib),
+        "pods": FAKE_NODE_PODS.to_string(),
+        GPU_RESOURCE: gpus.to_string(),
+        SHARE_RESOURCE: (gpus * 1000).to_string(),
+    });
+    let mut labels = managed_labels();
+    labels.insert("kubernetes.io/hostname".into(), name.into());
+    labels.insert(FAKE_NODE_LABEL.into(), "true".into());
+    if let Some(g) = inventory.gpus.first() {
+        labels.insert(GPU_PRODUCT_LABEL.into(), label_value(&g.model));
+    }
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": labels,
+            "annotations": {INVENTORY_ANNOTATION: inventory.to_json()}},
+        "status": {
+            "capacity": resources,
+            "allocatable": resources,
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                "message": "gpuplace replay: a fake node (no kubelet)"}]
+        }
+    }))
+    .map_err(|e| ObjectError::Build(format!("node {name}: {e}")))
+}
+
+/// A label value from free text: at most 63 of its letters, digits, '-', '_' and '.'.
+fn label_value(text: &str) -> String {
+    let cleaned: String = text
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(63)
+        .collect();
+    cleaned
+        .trim_matches(|c: char| !c.is_ascii_alphanumeric())
+        .to_string()
+}
+
+/// How pods are made.
+#[derive(Clone, Debug)]
+pub struct PodTemplate {
+    pub namespace: String,
+    pub scheduler_name: String,
+    /// The PriorityClass of each trace priority (0, 1, 2), when given.
+    pub priority_classes: Option<[String; 3]>,
+}
+
+/// The pod of `planned` (named `name`: a controller's new pod has its own) asking
+/// `request`: CPU and memory requests, whole GPUs as `nvidia.com/gpu`, a share as
+/// `gpuplace.io/gpu-milli`, models as `gpuplace.io/gpu-model`.
+pub fn pod(
+    template: &PodTemplate,
+    planned: &PlannedPod,
+    name: &str,
+    request: &Request,
+) -> Result<Pod, ObjectError> {
+    let mut limits = serde_json::Map::new();
+    if request.gpu_count > 0 {
+        if request.gpu_milli < 1000 {
+            limits.insert(SHARE_RESOURCE.into(), json!(request.gpu_milli.to_string()));
+        } else {
+            limits.insert(GPU_RESOURCE.into(), json!(request.gpu_count.to_string()));
+        }
+    }
+    let mut labels = managed_labels();
+    labels.insert(PLANNED_LABEL.into(), planned.name.clone());
+    if let Some(q) = &planned.queue {
+        labels.insert("gpuplace.io/queue".into(), q.clone());
+    }
+    if let Some(g) = &planned.gang {
+        labels.insert(POD_GROUP_LABEL.into(), g.name.clone());
+    }
+    let mut annotations = serde_json::Map::new();
+    if !request.allowed_models.is_empty() {
+        annotations.insert(
+            MODEL_ANNOTATION.into(),
+            json!(request.allowed_models.join(",")),
+        );
+    }
+    let mut spec = json!({
+        "schedulerName": template.scheduler_name,
+        "restartPolicy": "Never",
+        "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.9",
+            "resources": {"requests": {"cpu": format!("{}m", request.cpu_milli),
+                "memory": format!("{}Mi", request.memory_mib)}, "limits": limits}}]
+    });
+    if let Some(classes) = &template.priority_classes {
+        let class = &classes[planned.priority.clamp(0, 2) as usize];
+        spec["priorityClassName"] = json!(class);
+    }
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": template.namespace, "labels": labels,
+            "annotations": annotations},
+        "spec": spec,
+    }))
+    .map_err(|e| ObjectError::Build(format!("pod {name}: {e}")))
+}
+
+/// The PodGroup of a gang: every member must fit at once.
+pub fn pod_group(namespace: &str, name: &str, members: u32) -> PodGroup {
+    let mut group = PodGroup::new(
+        name,
+        PodGroupSpec {
+            min_member: members,
+            schedule_timeout_seconds: None,
+            topology_key: None,
+        },
+    );
+    group.metadata.namespace = Some(namespace.to_string());
+    group.metadata.labels = Some(managed_labels());
+    group
+}
+
+/// The Queue of a tenants file's queue; percents of the cluster are turned into amounts
+/// (`capacity`: GPU milli, CPU milli, memory MiB).
+pub fn queue(q: &TenantQueue, capacity: [u64; 3]) -> Result<Queue, ObjectError> {
+    let resolve = |field: &'static str, map: &BTreeMap<String, serde_json::Value>| {
+        map.iter()
+            .map(|(resource, value)| {
+                resolve_amount(resource, value, capacity)
+                    .map(|v| (resource.clone(), v))
+                    .ok_or_else(|| ObjectError::Amount {
+                        queue: q.name.clone(),
+                        field,
+                        resource: resource.clone(),
+                        value: value.to_string(),
+                    })
+            })
+            .collect::<Result<BTreeMap<_, _>, _>>()
+    };
+    let mut queue = Queue::new(
+        &q.name,
+        QueueSpec {
+            parent: q.parent.clone(),
+            guaranteed: resolve("guaranteed", &q.guaranteed)?,
+            limit: resolve("limit", &q.limit)?,
+            weight: q.weight,
+            reclaimable: q.reclaimable,
+            usage_half_life: q.usage_half_life.clone(),
+        },
+    );
+    queue.metadata.labels = Some(managed_labels());
+    Ok(queue)
+}
+
+/// An amount as the Queue takes it: quantities as they are, a percent of the cluster's
+/// capacity of that resource as a quantity.
+fn resolve_amount(
+    resource: &str,
+    value: &serde_json::Value,
+    capacity: [u64; 3],
+) -> Option<serde_json::Value> {
+    let Some(text) = value.as_str() else {
+        return value.is_number().then(|| value.clone());
+    };
+    let Some(percent) = text.strip_suffix('%') else {
+        return Some(value.clone());
+    };
+    let share = percent.trim().parse::<f64>().ok()? / 100.0;
+    if !(share.is_finite() && (0.0..=1.0).contains(&share)) {
+        return None;
+    }
+    let amount = if resource == "cpu" {
+        format!("{}m", (capacity[1] as f64 * share).floor() as u64)
+    } else if resource == "memory" {
+        format!("{}Mi", (capacity[2] as f64 * share).floor() as u64)
+    } else if resource.starts_with(GPU_RESOURCE) {
+        format!("{}", (capacity[0] as f64 * share / 1000.0).floor() as u64)
+    } else {
+        return None;
+    };
+    Some(json!(amount))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn planned() -> PlannedPod {
+        PlannedPod {
+            name: "rp1-000001-0".into(),
+            pod: 0,
+            unit: 1,
+            arrival_ms: 0,
+            run_ms: 10,
+            full_ms: 10,
+            measured: true,
+            queue: Some("team-a".into()),
+            gang: None,
+            priority: 2,
+        }
+    }
+
+    fn request(count: u32, milli: u32) -> Request {
+        Request {
+            cpu_milli: 4000,
+            memory_mib: 8192,
+            gpu_count: count,
+            gpu_milli: milli,
+            allowed_models: vec!["A100".into()],
+            need: Default::default(),
+        }
+    }
+
+    #[test]
+    fn pods_ask_whole_gpus_or_a_share_and_carry_the_replays_labels() {
+        let template = PodTemplate {
+            namespace: "default".into(),
+            scheduler_name: "gpuplace".into(),
+            priority_classes: Some(["be".into(), "burst".into(), "ls".into()]),
+        };
+        let whole = pod(&template, &planned(), "rp1-000001-0", &request(2, 1000)).expect("pod");
+        let spec = whole.spec.expect("spec");
+        let limits = spec.containers[0]
+            .resources
+            .as_ref()
+            .and_then(|r| r.limits.clone())
+            .expect("limits");
+        assert_eq!(limits[GPU_RESOURCE].0, "2");
+        assert_eq!(spec.priority_class_name.as_deref(), Some("ls"));
+        let labels = whole.metadata.labels.expect("labels");
+        assert_eq!(labels[MANAGED_BY], MANAGED_BY_VALUE);
+        assert_eq!(labels["gpuplace.io/queue"], "team-a");
+        let share = pod(&template, &planned(), "x", &request(1, 300)).expect("pod");
+        let limits = share.spec.expect("spec").containers[0]
+            .resources
+            .as_ref()
+            .and_then(|r| r.limits.clone())
+            .expect("limits");
+        assert_eq!(limits[SHARE_RESOURCE].0, "300");
+        assert!(!limits.contains_key(GPU_RESOURCE));
+    }
+
+    #[test]
+    fn fake_nodes_hold_the_inventory_and_are_ready() {
+        let inv = NodeInventory::uniform("openb-node-0001", 96_000, 786_432, 8, "A100 SXM4");
+        let node = fake_node("rp1-n0001", &inv).expect("node");
+        let status = node.status.expect("status");
+        let allocatable = status.allocatable.expect("allocatable");
+        assert_eq!(allocatable[GPU_RESOURCE].0, "8");
+        assert_eq!(allocatable[SHARE_RESOURCE].0, "8000");
+        assert_eq!(allocatable["cpu"].0, "96000m");
+        let labels = node.metadata.labels.expect("labels");
+        assert_eq!(labels[GPU_PRODUCT_LABEL], "A100-SXM4");
+        let annotation = &node.metadata.annotations.expect("annotations")[INVENTORY_ANNOTATION];
+        let back = NodeInventory::from_json(annotation).expect("inventory");
+        assert_eq!(back.name, "rp1-n0001");
+        assert_eq!(back.gpus[3].id, "rp1-n0001-gpu3");
+    }
+
+    #[test]
+    fn queue_percents_become_amounts() {
+        let q = TenantQueue {
+            name: "a".into(),
+            parent: None,
+            guaranteed: [("nvidia.com/gpu".to_string(), json!("25%"))].into(),
+            limit: [
+                ("cpu".to_string(), json!("50%")),
+                ("memory".to_string(), json!("64Gi")),
+            ]
+            .into(),
+            weight: Some(2.0),
+            reclaimable: None,
+            usage_half_life: None,
+        };
+        let made = queue(&q, [16_000, 512_000, 1_000_000]).expect("queue");
+        assert_eq!(made.spec.guaranteed["nvidia.com/gpu"], json!("4"));
+        assert_eq!(made.spec.limit["cpu"], json!("256000m"));
+        assert_eq!(made.spec.limit["memory"], json!("64Gi"));
+        let bad = TenantQueue {
+            guaranteed: [("nvidia.com/gpu".to_string(), json!("150%"))].into(),
+            ..q
+        };
+        assert!(matches!(
+            queue(&bad, [16_000, 1, 1]),
+            Err(ObjectError::Amount { .. })
+        ));
+    }
+}

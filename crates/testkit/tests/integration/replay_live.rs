@@ -1,0 +1,339 @@
+//! `gpuplace replay`'s driver against the in-memory API (strict names and labels, a latency
+//! on every request, a late watch) with gpuplace's scheduler binding the pods: every pod
+//! created, bound and deleted on the trace's clock; the lives measured as the simulator
+//! measures; exactly what the replay made deleted afterwards, whatever stopped it (the
+//! end, an interrupt, a server that went away), and nothing else touched.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use gpuplace_core::Policy;
+use gpuplace_model::NodeInventory;
+use gpuplace_replay::clean;
+use gpuplace_replay::driver::{self, Created, DriverConfig, ReplayError};
+use gpuplace_replay::objects::PodTemplate;
+use gpuplace_replay::{Kind, Plan, ReplayApi};
+use gpuplace_scheduler::{Scheduler, SchedulerConfig};
+use gpuplace_sim::builtin_workload;
+use gpuplace_sim::timeline::{DurationModel, Timeline, TimelineOptions};
+use gpuplace_testkit::MemoryApi;
+use gpuplace_testkit::replay_api::MemoryReplayApi;
+use serde_json::json;
+use tokio::sync::watch;
+
+const NAMESPACE: &str = "replay";
+
+fn timeline(arrivals: usize) -> Timeline {
+    let mut workload = builtin_workload(64);
+    workload.nodes.truncate(6);
+    for n in &mut workload.nodes {
+        n.name = n.name.to_ascii_lowercase().replace('_', "-");
+    }
+    Timeline::new(
+        workload,
+        TimelineOptions {
+            load: 0.9,
+            arrivals,
+            // Runs of 1 to 20 simulated minutes: at speed 600 a run is 0.1 to 2 s.
+            durations: DurationModel {
+                min_s: 60.0,
+                max_s: Some(1_200.0),
+                ..DurationModel::default()
+            },
+            no_priorities: true,
+            ..TimelineOptions::default()
+        },
+    )
+    .expect("timeline")
+}
+
+fn config(speed: f64) -> DriverConfig {
+    DriverConfig {
+        speed,
+        fake_nodes: true,
+        template: PodTemplate {
+            namespace: NAMESPACE.into(),
+            scheduler_name: "gpuplace".into(),
+            priority_classes: None,
+        },
+        in_flight: 8,
+        watch_patience: Duration::from_secs(2),
+    }
+}
+
+/// Objects nobody's replay made, which no replay may touch.
+fn put_foreign(api: &MemoryApi) {
+    api.put_node(
+        serde_json::from_value(json!({"metadata": {"name": "someone-elses-node",
+            "labels": {"app.kubernetes.io/managed-by": "helm"}}}))
+        .expect("node"),
+    );
+    api.put_pod(
+        serde_json::from_value(json!({"metadata": {"name": "someone-elses-pod",
+            "namespace": NAMESPACE}, "spec": {"schedulerName": "other",
+            "containers": [{"name": "c", "image": "x"}]}}))
+        .expect("pod"),
+    );
+}
+
+fn foreign_intact(api: &MemoryApi) {
+    assert!(api.node("someone-elses-node").is_some());
+    assert!(api.pod(NAMESPACE, "someone-elses-pod").is_some());
+}
+
+/// gpuplace's scheduler running rounds against `api` until `stop`.
+fn scheduler(api: MemoryApi, stop: watch::Receiver<bool>) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async move {
+            let mut s = Scheduler::new(
+                api,
+                SchedulerConfig {
+                    policy: Policy::GPUPLACE,
+                    ..Default::default()
+                },
+            );
+            while !*stop.borrow() {
+                let _ = s.round(Instant::now()).await;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+    })
+}
+
+struct Rig {
+    api: MemoryReplayApi,
+    timeline: Timeline,
+    plan: Plan,
+    index: HashMap<String, (usize, NodeInventory)>,
+    fakes: Vec<(String, NodeInventory)>,
+}
+
+fn rig(arrivals: usize) -> Rig {
+    let memory = MemoryApi::new();
+    put_foreign(&memory);
+    let api = MemoryReplayApi::new(
+        memory,
+        NAMESPACE,
+        Duration::from_millis(1),
+        Duration::from_millis(20),
+    );
+    let timeline = timeline(arrivals);
+    let plan = Plan::new(&timeline, 7, "rp7").expect("plan");
+    let nodes = &timeline.workload().nodes;
+    let index = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.name.clone(), (i, n.clone())))
+        .collect();
+    let fakes = nodes.iter().map(|n| (n.name.clone(), n.clone())).collect();
+    Rig {
+        api,
+        timeline,
+        plan,
+        index,
+        fakes,
+    }
+}
+
+/// Nothing labelled as a replay's is left.
+async fn nothing_left(api: &MemoryReplayApi) {
+    for kind in Kind::CLEAN_ORDER {
+        assert_eq!(
+            api.list_managed(kind).await.expect("list"),
+            Vec::<String>::new(),
+            "{kind:?} left"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_runs_every_pod_through_the_scheduler_and_leaves_nothing() {
+    let rig = rig(120);
+    let (stop_scheduler, stopped) = watch::channel(false);
+    let thread = scheduler(rig.api.api.clone(), stopped);
+    let registry = Mutex::new(Created::default());
+    let (_keep, cancel) = watch::channel(false);
+    driver::prepare(&rig.api, &registry, &rig.fakes, &[])
+        .await
+        .expect("nodes");
+    let outcome = driver::run(
+        &rig.api,
+        &registry,
+        &rig.plan,
+        &rig.timeline.workload().pods,
+        &rig.index,
+        &config(600.0),
+        cancel,
+        &|_| {},
+    )
+    .await
+    .expect("replay");
+    let _ = stop_scheduler.send(true);
+    let _ = thread.join();
+    let lives = &outcome.lives;
+    assert_eq!(lives.len(), rig.plan.pods.len(), "every planned pod made");
+    let bound = lives.iter().filter(|l| l.bound.is_some()).count();
+    assert!(
+        bound * 10 >= lives.len() * 8,
+        "{bound} of {} bound",
+        lives.len()
+    );
+    for l in lives {
+        if let Some(b) = l.bound {
+            assert!(b >= l.arrival);
+            // gpuplace records the exact GPUs; the replay reads them back.
+            assert!(l.node.is_some() && l.gpus.is_some(), "{l:?}");
+        }
+        if let (Some(b), Some(e)) = (l.bound, l.end) {
+            assert!(e >= b);
+        }
+    }
+    let run = rig
+        .timeline
+        .measure_lives(Policy::GPUPLACE, 7, lives, outcome.counts, outcome.wall);
+    assert!(run.means.allocation_pct > 10.0, "{:?}", run.means);
+    let sim = rig.timeline.run(Policy::GPUPLACE, 7);
+    println!(
+        "allocation live {:.1}% / simulated {:.1}%; requests {}; creation lag {:?} ms",
+        run.means.allocation_pct,
+        sim.means.allocation_pct,
+        outcome.requests,
+        outcome.creation_lag_ms
+    );
+    let made = registry.lock().expect("registry").objects.clone();
+    let cleaned = clean::delete_recorded(&rig.api, &made)
+        .await
+        .expect("clean");
+    assert!(cleaned.total() > 0);
+    nothing_left(&rig.api).await;
+    foreign_intact(&rig.api.api);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupt_at_any_moment_leaves_nothing_after_the_clean_up() {
+    for after_ms in [0u64, 30, 150, 400] {
+        let rig = rig(400);
+        let (stop_scheduler, stopped) = watch::channel(false);
+        let thread = scheduler(rig.api.api.clone(), stopped);
+        let registry = Mutex::new(Created::default());
+        let (interrupt, cancel) = watch::channel(false);
+        let work = async {
+            driver::prepare(&rig.api, &registry, &rig.fakes, &[]).await?;
+            driver::run(
+                &rig.api,
+                &registry,
+                &rig.plan,
+                &rig.timeline.workload().pods,
+                &rig.index,
+                &config(600.0),
+                cancel,
+                &|_| {},
+            )
+            .await
+        };
+        let trip = async {
+            tokio::time::sleep(Duration::from_millis(after_ms)).await;
+            let _ = interrupt.send(true);
+            std::future::pending::<()>().await;
+        };
+        let result = tokio::select! { r = work => r, _ = trip => unreachable!() };
+        assert!(
+            matches!(result, Err(ReplayError::Interrupted)),
+            "{after_ms} ms: {result:?}"
+        );
+        let made = registry.lock().expect("registry").objects.clone();
+        clean::delete_recorded(&rig.api, &made)
+            .await
+            .expect("clean");
+        let _ = stop_scheduler.send(true);
+        let _ = thread.join();
+        nothing_left(&rig.api).await;
+        foreign_intact(&rig.api.api);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_goes_away_stops_the_replay_with_a_clear_error_and_clean_finds_the_rest() {
+    let rig = rig(400);
+    let registry = Mutex::new(Created::default());
+    let (_keep, cancel) = watch::channel(false);
+    driver::prepare(&rig.api, &registry, &rig.fakes, &[])
+        .await
+        .expect("nodes");
+    let api = rig.api.clone();
+    let away = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        api.set_down(true);
+    });
+    let started = Instant::now();
+    let result = driver::run(
+        &rig.api,
+        &registry,
+        &rig.plan,
+        &rig.timeline.workload().pods,
+        &rig.index,
+        &config(600.0),
+        cancel,
+        &|_| {},
+    )
+    .await;
+    let _ = away.await;
+    let error = result.expect_err("the server went away").to_string();
+    assert!(
+        error.contains("unavailable") || error.contains("watch"),
+        "{error}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "gave up in time"
+    );
+    // Recorded clean-up fails while the server is away, with the server's words.
+    let made = registry.lock().expect("registry").objects.clone();
+    let refused = clean::delete_recorded(&rig.api, &made).await;
+    assert!(refused.is_err());
+    // Back: `--clean` finds everything by its label.
+    rig.api.set_down(false);
+    let cleaned = clean::delete_labelled(&rig.api).await.expect("clean");
+    assert!(cleaned.total() > 0);
+    nothing_left(&rig.api).await;
+    foreign_intact(&rig.api.api);
+}
+
+#[tokio::test]
+async fn leftovers_of_an_earlier_replay_are_named_and_bad_speeds_refused() {
+    let rig = rig(50);
+    let registry = Mutex::new(Created::default());
+    driver::prepare(&rig.api, &registry, &rig.fakes, &[])
+        .await
+        .expect("nodes");
+    // The same nodes again (a replay that was not cleaned).
+    let again = Mutex::new(Created::default());
+    let error = driver::prepare(&rig.api, &again, &rig.fakes, &[])
+        .await
+        .expect_err("exists")
+        .to_string();
+    assert!(error.contains("already exists"), "{error}");
+    let (_keep, cancel) = watch::channel(false);
+    for speed in [0.0, -1.0, f64::NAN, 1e9] {
+        let result = driver::run(
+            &rig.api,
+            &registry,
+            &rig.plan,
+            &rig.timeline.workload().pods,
+            &rig.index,
+            &config(speed),
+            cancel.clone(),
+            &|_| {},
+        )
+        .await;
+        assert!(matches!(result, Err(ReplayError::Speed(_))), "{speed}");
+    }
+    let cleaned = clean::delete_labelled(&rig.api).await.expect("clean");
+    assert_eq!(cleaned.total(), rig.fakes.len());
+    foreign_intact(&rig.api.api);
+}
