@@ -358,7 +358,7 @@ async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         outcome.counts,
         started.elapsed(),
     );
-    let summary = replay_report::summary(&timeline, &args, policy, run, live);
+    let summary = replay_report::summary(&timeline, args.seed, policy, run, live);
     replay_report::emit(&summary, args.out.as_deref(), args.json)
 }
 

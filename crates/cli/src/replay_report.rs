@@ -8,8 +8,6 @@ use gpuplace_sim::timeline::summary::{self, TimelineSummary};
 use gpuplace_sim::timeline::{Timeline, TimelineRun, report};
 use serde::Serialize;
 
-use crate::replay::ReplayArgs;
-
 /// What the live run cost, beside the timeline's figures.
 #[derive(Clone, Debug, Serialize)]
 pub struct Live {
@@ -38,7 +36,7 @@ pub struct ReplaySummary {
 
 pub fn summary(
     timeline: &Timeline,
-    args: &ReplayArgs,
+    seed: u64,
     policy: Policy,
     run: TimelineRun,
     live: Live,
@@ -74,7 +72,7 @@ pub fn summary(
             checkpointed: false,
             patience: "off".into(),
             whole_gpus: options.whole_gpus,
-            seeds: vec![args.seed],
+            seeds: vec![seed],
             arrivals_per_s: runs[0].arrivals_per_s,
             simulated_h: runs[0].simulated_s / 3_600.0,
             window_h: runs[0].window_s / 3_600.0,

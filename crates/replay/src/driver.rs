@@ -19,6 +19,8 @@ use gpuplace_sim::trace::TracePod;
 use tokio::sync::watch;
 
 use crate::api::{ApiError, Kind, Object, PodSeen, PodState, ReplayApi};
+pub use crate::error::ReplayError;
+use crate::flights::{create_flight, create_with_retry, delete_flight, settle};
 use crate::objects::{self, ObjectError, PodTemplate};
 use crate::plan::Plan;
 
@@ -61,25 +63,6 @@ pub struct ReplayOutcome {
     pub wall: Duration,
 }
 
-/// Why a replay stopped early.
-#[derive(Debug, thiserror::Error)]
-pub enum ReplayError {
-    #[error("{doing}: {source}")]
-    Api {
-        doing: String,
-        #[source]
-        source: ApiError,
-    },
-    #[error("interrupted")]
-    Interrupted,
-    #[error("the pod watch failed for {0:?} without a break: {1}")]
-    Watch(Duration, ApiError),
-    #[error(transparent)]
-    Object(#[from] ObjectError),
-    #[error("--speed must be above 0 and at most 100000, got {0}")]
-    Speed(f64),
-}
-
 /// What a replay made, by kind, in the order made: the clean-up's list.
 #[derive(Debug, Default)]
 pub struct Created {
@@ -93,46 +76,6 @@ fn record(registry: &Registry, kind: Kind, name: &str) {
     if let Ok(mut r) = registry.lock() {
         r.objects.push((kind, name.to_string()));
     }
-}
-
-/// Sends `object`, retrying a server that is briefly away; counts requests.
-async fn create_with_retry<A: ReplayApi>(
-    api: &A,
-    object: &Object,
-    requests: &mut u64,
-) -> Result<(), ApiError> {
-    let mut pause = Duration::from_millis(200);
-    for attempt in 0.. {
-        *requests += 1;
-        match api.create(object).await {
-            Err(e) if e.is_transient() && attempt < 5 => {
-                tokio::time::sleep(pause).await;
-                pause *= 2;
-            }
-            other => return other,
-        }
-    }
-    Ok(())
-}
-
-async fn delete_with_retry<A: ReplayApi>(
-    api: &A,
-    kind: Kind,
-    name: &str,
-    requests: &mut u64,
-) -> Result<bool, ApiError> {
-    let mut pause = Duration::from_millis(200);
-    for attempt in 0.. {
-        *requests += 1;
-        match api.delete(kind, name).await {
-            Err(e) if e.is_transient() && attempt < 5 => {
-                tokio::time::sleep(pause).await;
-                pause *= 2;
-            }
-            other => return other,
-        }
-    }
-    Ok(false)
 }
 
 /// Creates the objects every pod needs before the clock starts: fake nodes and queues.
@@ -190,19 +133,6 @@ struct Made {
     /// The replay asked for its deletion (its run ended).
     deleting: bool,
     gone: bool,
-}
-
-/// What one flight came back with.
-enum Flight {
-    Created {
-        done: Result<(), (String, ApiError)>,
-        requests: u64,
-    },
-    Deleted {
-        name: String,
-        done: Result<bool, ApiError>,
-        requests: u64,
-    },
 }
 
 /// The replay's state while it runs.
@@ -544,74 +474,6 @@ fn handle_seen(run: &mut Run<'_>, seen: PodSeen) -> Vec<String> {
             Vec::new()
         }
     }
-}
-
-/// A finished flight, applied: a refused creation stops the replay (a pod that already
-/// exists was made by an earlier run that was not cleaned); requests it made.
-fn settle(flight: Flight) -> Result<u64, ReplayError> {
-    match flight {
-        Flight::Created { done, requests } => {
-            if let Err((name, source)) = done {
-                let hint = if matches!(source, ApiError::AlreadyExists(_)) {
-                    ": an earlier replay left it (run `gpuplace replay --clean`)"
-                } else {
-                    ""
-                };
-                return Err(ReplayError::Api {
-                    doing: format!("creating {name}{hint}"),
-                    source,
-                });
-            }
-            Ok(requests)
-        }
-        Flight::Deleted {
-            name,
-            done,
-            requests,
-        } => match done {
-            Ok(_) => Ok(requests),
-            Err(source) => Err(ReplayError::Api {
-                doing: format!("deleting pod {name}"),
-                source,
-            }),
-        },
-    }
-}
-
-fn create_flight<A: ReplayApi>(
-    api: &A,
-    objects: Vec<Object>,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = Flight> + Send + '_>> {
-    Box::pin(async move {
-        let mut requests = 0;
-        for o in &objects {
-            if let Err(e) = create_with_retry(api, o, &mut requests).await {
-                return Flight::Created {
-                    done: Err((format!("{} {}", o.kind().name(), o.name()), e)),
-                    requests,
-                };
-            }
-        }
-        Flight::Created {
-            done: Ok(()),
-            requests,
-        }
-    })
-}
-
-fn delete_flight<A: ReplayApi>(
-    api: &A,
-    name: String,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = Flight> + Send + '_>> {
-    Box::pin(async move {
-        let mut requests = 0;
-        let done = delete_with_retry(api, Kind::Pod, &name, &mut requests).await;
-        Flight::Deleted {
-            name,
-            done,
-            requests,
-        }
-    })
 }
 
 /// The plan's pods grouped by unit, in order.

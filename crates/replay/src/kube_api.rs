@@ -9,8 +9,8 @@ use kube::runtime::watcher;
 use kube::{Api, Client};
 use serde_json::json;
 
-use crate::MANAGED_SELECTOR;
 use crate::api::{ApiError, Kind, Object, PodSeen, PodState, ReplayApi};
+use crate::labels::MANAGED_SELECTOR;
 
 /// The replay's API on `client`, its pods and PodGroups in `namespace`.
 #[derive(Clone)]

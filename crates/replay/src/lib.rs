@@ -16,16 +16,14 @@
 pub mod api;
 pub mod clean;
 pub mod driver;
+mod error;
+mod flights;
 pub mod kube_api;
+pub mod labels;
 pub mod objects;
 pub mod plan;
 
 pub use api::{ApiError, Kind, Object, PodSeen, PodState, ReplayApi};
 pub use driver::{DriverConfig, Progress, ReplayError, ReplayOutcome};
+pub use labels::{MANAGED_BY, MANAGED_BY_VALUE, MANAGED_SELECTOR};
 pub use plan::{Plan, PlanError, PlannedPod};
-
-/// The label every object a replay makes carries, and its value.
-pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
-pub const MANAGED_BY_VALUE: &str = "gpuplace-replay";
-/// The label selector of what replays made.
-pub const MANAGED_SELECTOR: &str = "app.kubernetes.io/managed-by=gpuplace-replay";

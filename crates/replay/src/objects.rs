@@ -15,8 +15,8 @@ use gpuplace_sim::timeline::tenants::TenantQueue;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::json;
 
+use crate::labels::{MANAGED_BY, MANAGED_BY_VALUE};
 use crate::plan::PlannedPod;
-use crate::{MANAGED_BY, MANAGED_BY_VALUE};
 
 /// The label that marks a replay's fake nodes.
 pub const FAKE_NODE_LABEL: &str = "gpuplace.io/replay-fake-node";

@@ -1,0 +1,130 @@
+//! The driver's requests in flight: creations and deletions retried while the server is
+//! briefly away, and what each came back with.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use crate::api::{ApiError, Kind, Object, ReplayApi};
+use crate::error::ReplayError;
+
+/// Sends `object`, retrying a server that is briefly away; counts requests.
+pub(crate) async fn create_with_retry<A: ReplayApi>(
+    api: &A,
+    object: &Object,
+    requests: &mut u64,
+) -> Result<(), ApiError> {
+    let mut pause = Duration::from_millis(200);
+    for attempt in 0.. {
+        *requests += 1;
+        match api.create(object).await {
+            Err(e) if e.is_transient() && attempt < 5 => {
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+            }
+            other => return other,
+        }
+    }
+    Ok(())
+}
+
+pub(crate) async fn delete_with_retry<A: ReplayApi>(
+    api: &A,
+    kind: Kind,
+    name: &str,
+    requests: &mut u64,
+) -> Result<bool, ApiError> {
+    let mut pause = Duration::from_millis(200);
+    for attempt in 0.. {
+        *requests += 1;
+        match api.delete(kind, name).await {
+            Err(e) if e.is_transient() && attempt < 5 => {
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+            }
+            other => return other,
+        }
+    }
+    Ok(false)
+}
+
+/// What one flight came back with.
+pub(crate) enum Flight {
+    Created {
+        done: Result<(), (String, ApiError)>,
+        requests: u64,
+    },
+    Deleted {
+        name: String,
+        done: Result<bool, ApiError>,
+        requests: u64,
+    },
+}
+
+/// A finished flight, applied: a refused creation stops the replay (a pod that already
+/// exists was made by an earlier run that was not cleaned); requests it made.
+pub(crate) fn settle(flight: Flight) -> Result<u64, ReplayError> {
+    match flight {
+        Flight::Created { done, requests } => {
+            if let Err((name, source)) = done {
+                let hint = if matches!(source, ApiError::AlreadyExists(_)) {
+                    ": an earlier replay left it (run `gpuplace replay --clean`)"
+                } else {
+                    ""
+                };
+                return Err(ReplayError::Api {
+                    doing: format!("creating {name}{hint}"),
+                    source,
+                });
+            }
+            Ok(requests)
+        }
+        Flight::Deleted {
+            name,
+            done,
+            requests,
+        } => match done {
+            Ok(_) => Ok(requests),
+            Err(source) => Err(ReplayError::Api {
+                doing: format!("deleting pod {name}"),
+                source,
+            }),
+        },
+    }
+}
+
+pub(crate) fn create_flight<A: ReplayApi>(
+    api: &A,
+    objects: Vec<Object>,
+) -> Pin<Box<dyn Future<Output = Flight> + Send + '_>> {
+    Box::pin(async move {
+        let mut requests = 0;
+        for o in &objects {
+            if let Err(e) = create_with_retry(api, o, &mut requests).await {
+                return Flight::Created {
+                    done: Err((format!("{} {}", o.kind().name(), o.name()), e)),
+                    requests,
+                };
+            }
+        }
+        Flight::Created {
+            done: Ok(()),
+            requests,
+        }
+    })
+}
+
+pub(crate) fn delete_flight<A: ReplayApi>(
+    api: &A,
+    name: String,
+) -> Pin<Box<dyn Future<Output = Flight> + Send + '_>> {
+    Box::pin(async move {
+        let mut requests = 0;
+        let done = delete_with_retry(api, Kind::Pod, &name, &mut requests).await;
+        Flight::Deleted {
+            name,
+            done,
+            requests,
+        }
+    })
+}
