@@ -8,6 +8,7 @@ mod kube_client;
 mod logging;
 mod ops;
 mod progress;
+mod queue_flags;
 mod replay;
 mod replay_report;
 mod scheduler;

@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Mutex;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
@@ -12,7 +11,7 @@ use clap::Args;
 use gpuplace_core::Policy;
 use gpuplace_model::NodeInventory;
 use gpuplace_replay::clean;
-use gpuplace_replay::driver::{self, Created, DriverConfig, Progress};
+use gpuplace_replay::driver::{self, DriverConfig, Progress};
 use gpuplace_replay::kube_api::KubeReplayApi;
 use gpuplace_replay::objects::{self, PodTemplate};
 use gpuplace_replay::{Object, Plan, ReplayApi};
@@ -89,6 +88,10 @@ pub struct ReplayArgs {
     /// without them pods carry no priority, as `simulate --no-priorities`.
     #[arg(long, value_delimiter = ',')]
     pub(crate) priority_classes: Option<Vec<String>>,
+    /// Seconds between renewals of the fake nodes' heartbeats (their Leases, as a kubelet
+    /// renews them; 0 to 30, 0: none, for a cluster without a node lifecycle controller).
+    #[arg(long, default_value_t = 20.0)]
+    pub(crate) node_heartbeat: f64,
     /// Creations and deletions in flight at once (1 to 256).
     #[arg(long, default_value_t = 32)]
     pub(crate) in_flight: usize,
@@ -156,7 +159,7 @@ impl ReplayArgs {
         })
     }
 
-    fn template(&self) -> anyhow::Result<PodTemplate> {
+    fn template(&self, run: &str) -> anyhow::Result<PodTemplate> {
         let priority_classes = match &self.priority_classes {
             Some(list) => match <[String; 3]>::try_from(list.clone()) {
                 Ok(three) => Some(three),
@@ -168,6 +171,7 @@ impl ReplayArgs {
             None => None,
         };
         Ok(PodTemplate {
+            run: run.to_string(),
             namespace: self.namespace.clone(),
             scheduler_name: self.scheduler_name.clone(),
             priority_classes,
@@ -220,6 +224,37 @@ async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         "--in-flight must be between 1 and 256, got {}",
         args.in_flight
     );
+    anyhow::ensure!(
+        args.speed.is_finite() && args.speed > 0.0 && args.speed <= 100_000.0,
+        "--speed must be above 0 and at most 100000 (simulated seconds per real second), got {}",
+        args.speed
+    );
+    anyhow::ensure!(
+        args.node_heartbeat.is_finite() && (0.0..=30.0).contains(&args.node_heartbeat),
+        "--node-heartbeat must be between 0 and 30 seconds (the node lifecycle controller's grace is 40), got {}",
+        args.node_heartbeat
+    );
+    anyhow::ensure!(
+        args.fake_nodes || args.sample_nodes.is_none(),
+        "--sample-nodes samples the node list, which only --fake-nodes creates"
+    );
+    // Every input is checked before the cluster is touched.
+    let policy = args.policy()?;
+    // This run's label: its clean-up deletes exactly what carries it.
+    let run_id = format!(
+        "rp{}-{}-{}",
+        args.seed,
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        std::process::id()
+    );
+    let template = args.template(&run_id)?;
+    let options = args.options()?;
+    let mut workload = match (&args.nodes, &args.pods) {
+        (Some(nodes), Some(pods)) => load_workload(nodes, pods)?,
+        _ => builtin_workload(args.scale),
+    };
     let client = crate::kube_client::client(args.kubeconfig.clone()).await?;
     let api = KubeReplayApi::new(client, &args.namespace);
     if args.clean {
@@ -231,12 +266,6 @@ async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let policy = args.policy()?;
-    let template = args.template()?;
-    let mut workload = match (&args.nodes, &args.pods) {
-        (Some(nodes), Some(pods)) => load_workload(nodes, pods)?,
-        _ => builtin_workload(args.scale),
-    };
     if args.fake_nodes {
         if let Some(count) = args.sample_nodes {
             workload.sample_nodes(count, args.sample_seed)?;
@@ -245,14 +274,9 @@ async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
             n.name = node_name(&n.name);
         }
     } else {
-        anyhow::ensure!(
-            args.sample_nodes.is_none(),
-            "--sample-nodes samples the node list, which only --fake-nodes creates"
-        );
         workload.nodes = cluster_nodes(&api).await?;
     }
-    let timeline =
-        Timeline::new(workload, args.options()?).context("cannot replay this workload")?;
+    let timeline = Timeline::new(workload, options).context("cannot replay this workload")?;
     let plan = Plan::new(&timeline, args.seed, &format!("rp{}", args.seed))?;
     let node_index: HashMap<String, (usize, NodeInventory)> = timeline
         .workload()
@@ -269,7 +293,7 @@ async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     let queues: Vec<Object> = plan
         .queues
         .iter()
-        .map(|q| objects::queue(q, capacity).map(|q| Object::Queue(Box::new(q))))
+        .map(|q| objects::queue(&run_id, q, capacity).map(|q| Object::Queue(Box::new(q))))
         .collect::<Result<_, _>>()?;
     let fakes: Vec<(String, NodeInventory)> = if args.fake_nodes {
         timeline
@@ -281,7 +305,6 @@ async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     } else {
         Vec::new()
     };
-    let registry = Mutex::new(Created::default());
     let (stop, cancel) = tokio::sync::watch::channel(false);
     let interrupted = crate::signals::shutdown();
     let cpu_before = args.scheduler_pid.map(cpu_seconds).transpose()?;
@@ -291,6 +314,7 @@ async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         template,
         in_flight: args.in_flight,
         watch_patience: std::time::Duration::from_secs(30),
+        heartbeat: std::time::Duration::from_secs_f64(args.node_heartbeat),
     };
     let bar = crate::progress::replay_bar(plan.end_ms);
     let show = |p: &Progress| {
@@ -302,10 +326,9 @@ async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     };
     let started = Instant::now();
     let work = async {
-        let prepared = driver::prepare(&api, &registry, &fakes, &queues).await?;
+        let prepared = driver::prepare(&api, &run_id, &fakes, &queues).await?;
         let outcome = driver::run(
             &api,
-            &registry,
             &plan,
             &timeline.workload().pods,
             &node_index,
@@ -316,20 +339,21 @@ async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         .await?;
         Ok::<_, driver::ReplayError>((prepared, outcome))
     };
+    tokio::pin!(work);
     let result = tokio::select! {
-        r = work => r,
-        _ = async { interrupted.await; let _ = stop.send(true); std::future::pending::<()>().await } => unreachable!(),
+        r = &mut work => r,
+        () = interrupted => {
+            // Ctrl-C: the driver stops at once and says so.
+            let _ = stop.send(true);
+            work.await
+        }
     };
     bar.finish_and_clear();
     let cpu_after = args.scheduler_pid.map(cpu_seconds).transpose()?;
-    // Whatever happened: delete exactly what this replay made.
-    let made = registry
-        .lock()
-        .map(|r| r.objects.clone())
-        .unwrap_or_default();
-    let cleaned = clean::delete_recorded(&api, &made).await;
-    let (prepared, outcome) = match (result, cleaned) {
-        (Ok(done), Ok(_)) => done,
+    // Whatever happened: delete exactly what this replay made (its run's label).
+    let cleaned = clean::delete_run(&api, &run_id).await;
+    let (prepared, outcome, made) = match (result, cleaned) {
+        (Ok((prepared, outcome)), Ok(c)) => (prepared, outcome, c.total()),
         (Ok(_), Err(e)) => {
             bail!("the replay ran, but cleaning up failed ({e}): run `gpuplace replay --clean`")
         }
@@ -348,8 +372,9 @@ async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         requests: outcome.requests + prepared,
         scheduler_cpu_s: cpu_before.zip(cpu_after).map(|(a, b)| b - a),
         creation_lag_ms: outcome.creation_lag_ms,
+        deletion_lag_ms: outcome.deletion_lag_ms,
         wall_s: outcome.wall.as_secs_f64(),
-        objects_made: made.len(),
+        objects_deleted_at_end: made,
     };
     let run = timeline.measure_lives(
         policy,

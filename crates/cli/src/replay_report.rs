@@ -22,8 +22,11 @@ pub struct Live {
     /// near a second or more mean the server (or this machine) did not keep up with
     /// `--speed`.
     pub creation_lag_ms: [f64; 3],
+    /// How much longer than its run a finished pod held its node, real ms: p50, p99, most.
+    pub deletion_lag_ms: [f64; 3],
     pub wall_s: f64,
-    pub objects_made: usize,
+    /// What the run still had at its end (nodes, leases, queues, pods), deleted then.
+    pub objects_deleted_at_end: usize,
 }
 
 /// The report: the live figures and the timeline's summary.
@@ -127,6 +130,10 @@ pub fn emit(
     println!(
         "pods created behind their arrival (real ms): p50 {:.0}, p99 {:.0}, most {:.0}",
         l.creation_lag_ms[0], l.creation_lag_ms[1], l.creation_lag_ms[2]
+    );
+    println!(
+        "pods gone after their run ended (real ms): p50 {:.0}, p99 {:.0}, most {:.0}",
+        l.deletion_lag_ms[0], l.deletion_lag_ms[1], l.deletion_lag_ms[2]
     );
     print!("{}", summary::table(&summary.timeline));
     Ok(())

@@ -37,6 +37,9 @@ struct FileSettings {
     defrag_budget: Option<f64>,
     defrag_max_moves: Option<usize>,
     usage_half_life: Option<String>,
+    pod_initial_backoff: Option<f64>,
+    pod_max_backoff: Option<f64>,
+    unschedulable_flush: Option<f64>,
 }
 
 #[derive(Args, Debug)]
@@ -57,7 +60,7 @@ pub struct SchedulerArgs {
     /// YAML config file (scheduler-name, policy, weights, resource, seed, metrics-addr, ui,
     /// leader-elect, lease-namespace, interval-ms, max-in-flight, kube-api-qps,
     /// kube-api-burst, defrag, defrag-min-age, defrag-budget, defrag-max-moves,
-    /// usage-half-life).
+    /// usage-half-life, pod-initial-backoff, pod-max-backoff, unschedulable-flush).
     #[arg(long, env = "GPUPLACE_CONFIG")]
     config: Option<PathBuf>,
     /// Serve /metrics, /healthz, /readyz and the live GPU map (/ui) here.
@@ -80,6 +83,18 @@ pub struct SchedulerArgs {
     /// [default: 1000].
     #[arg(long, env = "GPUPLACE_INTERVAL_MS")]
     interval_ms: Option<u64>,
+    /// Seconds a pod that failed waits before its next try, doubling per failure
+    /// (kube-scheduler's podInitialBackoffSeconds) [default: 1].
+    #[arg(long, env = "GPUPLACE_POD_INITIAL_BACKOFF")]
+    pod_initial_backoff: Option<f64>,
+    /// The longest backoff, seconds (podMaxBackoffSeconds) [default: 10].
+    #[arg(long, env = "GPUPLACE_POD_MAX_BACKOFF")]
+    pod_max_backoff: Option<f64>,
+    /// Seconds after which a pod parked as unschedulable is tried again even if nothing
+    /// happened (podMaxInUnschedulablePodsDuration) [default: 300]. A trace replayed at
+    /// `gpuplace replay --speed K` keeps the simulator's timing with all three divided by K.
+    #[arg(long, env = "GPUPLACE_UNSCHEDULABLE_FLUSH")]
+    unschedulable_flush: Option<f64>,
     /// Bindings in flight at once [default: 16].
     #[arg(long, env = "GPUPLACE_MAX_IN_FLIGHT")]
     max_in_flight: Option<usize>,
@@ -196,8 +211,20 @@ pub fn run(args: SchedulerArgs) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("--usage-half-life: {e}"))?,
         None => 0,
     };
+    let queue = crate::queue_flags::queue_config(
+        args.pod_initial_backoff
+            .or(file.pod_initial_backoff)
+            .unwrap_or(1.0),
+        args.pod_max_backoff
+            .or(file.pod_max_backoff)
+            .unwrap_or(10.0),
+        args.unschedulable_flush
+            .or(file.unschedulable_flush)
+            .unwrap_or(300.0),
+    )?;
     let config = SchedulerConfig {
         usage_half_life_ms,
+        queue,
         defrag,
         weights,
         scheduler_name: args

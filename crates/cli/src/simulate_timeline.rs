@@ -5,7 +5,6 @@ use std::time::Instant;
 use anyhow::Context;
 use gpuplace_core::Policy;
 use gpuplace_core::defrag::Settings;
-use gpuplace_core::queue::QueueConfig;
 use gpuplace_sim::Workload;
 use gpuplace_sim::report::ClusterSize;
 use gpuplace_sim::timeline::options::{Costs, DefragMode, DefragSim, Patience};
@@ -111,6 +110,16 @@ pub struct TimelineArgs {
     /// pods when it has no `--priority-classes` (a live replay's pods carry none).
     #[arg(long, requires = "timeline")]
     pub(crate) no_priorities: bool,
+    /// The scheduler's queue timers, seconds, as its flags of the same names: a failed
+    /// pod's first backoff, its longest, and how long a parked pod waits when nothing
+    /// happens. A live replay at `--speed K` with a scheduler on its default timers is
+    /// predicted with each multiplied by K (kube-scheduler at speed 10: 10, 100, 3000).
+    #[arg(long, default_value_t = 1.0, requires = "timeline")]
+    pub(crate) pod_initial_backoff: f64,
+    #[arg(long, default_value_t = 10.0, requires = "timeline")]
+    pub(crate) pod_max_backoff: f64,
+    #[arg(long, default_value_t = 300.0, requires = "timeline")]
+    pub(crate) unschedulable_flush: f64,
 }
 
 /// Reads a tenants file (YAML, of which JSON is a part).
@@ -172,7 +181,11 @@ impl TimelineArgs {
             },
             preempt,
             warm_start: !self.cold_start,
-            queue: QueueConfig::default(),
+            queue: crate::queue_flags::queue_config(
+                self.pod_initial_backoff,
+                self.pod_max_backoff,
+                self.unschedulable_flush,
+            )?,
             series_points: 240,
             defrag: self.defrag()?,
             tenants: self.tenants.as_deref().map(read_tenants).transpose()?,

@@ -15,11 +15,19 @@ pub enum Kind {
     Pod,
     Queue,
     PodGroup,
+    /// A fake node's heartbeat (`kube-node-lease/<node>`).
+    Lease,
 }
 
 impl Kind {
     /// Every kind, in the order a clean-up deletes them (pods before what they use).
-    pub const CLEAN_ORDER: [Kind; 4] = [Kind::Pod, Kind::PodGroup, Kind::Queue, Kind::Node];
+    pub const CLEAN_ORDER: [Kind; 5] = [
+        Kind::Pod,
+        Kind::PodGroup,
+        Kind::Queue,
+        Kind::Lease,
+        Kind::Node,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -27,6 +35,7 @@ impl Kind {
             Kind::Pod => "Pod",
             Kind::Queue => "Queue",
             Kind::PodGroup => "PodGroup",
+            Kind::Lease => "Lease",
         }
     }
 }
@@ -117,11 +126,18 @@ pub trait ReplayApi: Send + Sync {
     /// Deletes at once (grace period 0): `Ok(false)` when it was not there.
     fn delete(&self, kind: Kind, name: &str)
     -> impl Future<Output = Result<bool, ApiError>> + Send;
-    /// Names of the objects of `kind` labelled [`crate::MANAGED_SELECTOR`].
-    fn list_managed(
+    /// Names of the objects of `kind` that `selector` (one `key=value`) selects.
+    fn list_labelled(
         &self,
         kind: Kind,
+        selector: &str,
     ) -> impl Future<Output = Result<Vec<String>, ApiError>> + Send;
+    /// Renews fake node `node`'s heartbeat (its Lease in `kube-node-lease`, made on the
+    /// first call), as a kubelet does every 10 s: without it a cluster's node lifecycle
+    /// controller marks the node unreachable after 40 s and evicts its pods.
+    /// The Lease carries run `run`'s labels.
+    fn heartbeat(&self, run: &str, node: &str)
+    -> impl Future<Output = Result<(), ApiError>> + Send;
     /// The cluster's Nodes.
     fn nodes(&self) -> impl Future<Output = Result<Vec<Node>, ApiError>> + Send;
     /// The replay's pods as they change (starting with a [`PodSeen::Listed`]).

@@ -1,4 +1,4 @@
-//! Deleting what replays made: exactly the objects one replay recorded (after it ends, is
+//! Deleting what replays made: exactly what carries one run's label (after it ends, is
 //! interrupted or fails), or everything labelled as a replay's (`gpuplace replay --clean`).
 
 use crate::api::{ApiError, Kind, ReplayApi};
@@ -15,29 +15,21 @@ impl Cleaned {
     }
 }
 
-/// Deletes `objects` (pods first, nodes last); absent ones are skipped.
-pub async fn delete_recorded<A: ReplayApi>(
-    api: &A,
-    objects: &[(Kind, String)],
-) -> Result<Cleaned, ApiError> {
-    let mut cleaned = Cleaned::default();
-    for kind in Kind::CLEAN_ORDER {
-        let names: Vec<&str> = objects
-            .iter()
-            .filter(|(k, _)| *k == kind)
-            .map(|(_, n)| n.as_str())
-            .collect();
-        let deleted = delete_all(api, kind, &names).await?;
-        cleaned.deleted.push((kind, deleted));
-    }
-    Ok(cleaned)
+/// Deletes what run `run` made (its run label), pods first, nodes last.
+pub async fn delete_run<A: ReplayApi>(api: &A, run: &str) -> Result<Cleaned, ApiError> {
+    delete_selected(api, &crate::labels::run_selector(run)).await
 }
 
-/// Deletes every object labelled as a replay's, kind by kind.
+/// Deletes every object labelled as a replay's (`gpuplace replay --clean`).
 pub async fn delete_labelled<A: ReplayApi>(api: &A) -> Result<Cleaned, ApiError> {
+    delete_selected(api, crate::labels::MANAGED_SELECTOR).await
+}
+
+/// Deletes what `selector` selects, kind by kind.
+async fn delete_selected<A: ReplayApi>(api: &A, selector: &str) -> Result<Cleaned, ApiError> {
     let mut cleaned = Cleaned::default();
     for kind in Kind::CLEAN_ORDER {
-        let names = api.list_managed(kind).await?;
+        let names = api.list_labelled(kind, selector).await?;
         let names: Vec<&str> = names.iter().map(String::as_str).collect();
         let deleted = delete_all(api, kind, &names).await?;
         cleaned.deleted.push((kind, deleted));

@@ -2,12 +2,11 @@
 //! deleted when its run ends (from the Binding the watch shows), and, as a controller
 //! would, an evicted pod created again with its whole run ahead. On fake nodes the driver
 //! also plays the kubelet: a pod someone deletes gracefully is gone at once (no container
-//! holds it). Every object is recorded in [`Created`] before it is asked for, so a clean-up
+//! holds it). Every object carries the run's label, so a clean-up
 //! deletes exactly what the replay made, whatever stopped it.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -18,9 +17,9 @@ use gpuplace_sim::timeline::observed::{Life, LiveCounts};
 use gpuplace_sim::trace::TracePod;
 use tokio::sync::watch;
 
-use crate::api::{ApiError, Kind, Object, PodSeen, PodState, ReplayApi};
+use crate::api::{ApiError, Object, PodSeen, PodState, ReplayApi};
 pub use crate::error::ReplayError;
-use crate::flights::{create_flight, create_with_retry, delete_flight, settle};
+use crate::flights::{create_flight, create_with_retry, delete_flight, heartbeat_flight, settle};
 use crate::objects::{self, ObjectError, PodTemplate};
 use crate::plan::Plan;
 
@@ -36,6 +35,8 @@ pub struct DriverConfig {
     pub in_flight: usize,
     /// How long the pod watch may fail without a break before the replay gives up.
     pub watch_patience: Duration,
+    /// How often fake nodes' heartbeats are renewed (zero: never).
+    pub heartbeat: Duration,
 }
 
 /// Where a replay stands, for a progress bar.
@@ -58,36 +59,24 @@ pub struct ReplayOutcome {
     pub counts: LiveCounts,
     /// Requests the driver made (creations, deletions, retries included).
     pub requests: u64,
-    /// How far behind its arrival each pod was created, real ms: p50, p99, most.
+    /// How far behind its arrival each unit after the warm start was created, real ms:
+    /// p50, p99, most.
     pub creation_lag_ms: [f64; 3],
+    /// How much longer than its run each pod that ran to its end held its node (the
+    /// deletion's request and the watch that shows it gone), real ms: p50, p99, most.
+    pub deletion_lag_ms: [f64; 3],
     pub wall: Duration,
-}
-
-/// What a replay made, by kind, in the order made: the clean-up's list.
-#[derive(Debug, Default)]
-pub struct Created {
-    pub objects: Vec<(Kind, String)>,
-}
-
-/// The objects of `created` (shared with the caller, who cleans up).
-pub type Registry = Mutex<Created>;
-
-fn record(registry: &Registry, kind: Kind, name: &str) {
-    if let Ok(mut r) = registry.lock() {
-        r.objects.push((kind, name.to_string()));
-    }
 }
 
 /// Creates the objects every pod needs before the clock starts: fake nodes and queues.
 pub async fn prepare<A: ReplayApi>(
     api: &A,
-    registry: &Registry,
+    run: &str,
     nodes: &[(String, NodeInventory)],
     queues: &[Object],
 ) -> Result<u64, ReplayError> {
     let mut requests = 0;
     for object in queues {
-        record(registry, object.kind(), object.name());
         create_with_retry(api, object, &mut requests)
             .await
             .map_err(|source| ReplayError::Api {
@@ -97,7 +86,7 @@ pub async fn prepare<A: ReplayApi>(
     }
     let made: Vec<Object> = nodes
         .iter()
-        .map(|(name, inv)| objects::fake_node(name, inv).map(|n| Object::Node(Box::new(n))))
+        .map(|(name, inv)| objects::fake_node(run, name, inv).map(|n| Object::Node(Box::new(n))))
         .collect::<Result<_, _>>()?;
     let mut flights = FuturesUnordered::new();
     let mut next = made.iter();
@@ -105,10 +94,12 @@ pub async fn prepare<A: ReplayApi>(
         while flights.len() < 16
             && let Some(object) = next.next()
         {
-            record(registry, Kind::Node, object.name());
             flights.push(async move {
-                let mut n = 0;
-                let done = create_with_retry(api, object, &mut n).await;
+                let mut n = 1;
+                let mut done = create_with_retry(api, object, &mut n).await;
+                if done.is_ok() {
+                    done = api.heartbeat(run, object.name()).await;
+                }
                 (object, done, n)
             });
         }
@@ -174,7 +165,8 @@ impl Run<'_> {
         for &i in planned {
             let p = &self.plan.pods[i];
             if !by_controller && let Some(g) = p.gang.as_ref().filter(|_| i == planned[0]) {
-                let group = objects::pod_group(&self.config.template.namespace, &g.name, g.members);
+                let t = &self.config.template;
+                let group = objects::pod_group(&t.run, &t.namespace, &g.name, g.members);
                 out.push(Object::PodGroup(Box::new(group)));
             }
             let name = if by_controller {
@@ -295,7 +287,6 @@ fn gpus_of(
 #[allow(clippy::too_many_arguments)]
 pub async fn run<A: ReplayApi>(
     api: &A,
-    registry: &Registry,
     plan: &Plan,
     pods: &[TracePod],
     node_index: &HashMap<String, (usize, NodeInventory)>,
@@ -348,11 +339,22 @@ pub async fn run<A: ReplayApi>(
     let units = units_of(plan);
     let mut next_unit = 0;
     let mut requests = 0u64;
+    // Declared before the flights that borrow it.
+    let beating: Vec<String> = if config.fake_nodes && !config.heartbeat.is_zero() {
+        node_index.keys().cloned().collect()
+    } else {
+        Vec::new()
+    };
     let mut flights = FuturesUnordered::new();
     let mut last_progress = Instant::now();
     let mut failing_since: Option<Instant> = None;
     let tick = Duration::from_millis(20);
+    let mut last_beat = Instant::now();
     loop {
+        if !beating.is_empty() && last_beat.elapsed() >= config.heartbeat {
+            last_beat = Instant::now();
+            flights.push(heartbeat_flight(api, &config.template.run, &beating));
+        }
         let now = run.now_ms().min(plan.end_ms);
         // Creations and deletions due, within the flights allowed.
         while flights.len() < config.in_flight {
@@ -363,15 +365,16 @@ pub async fn run<A: ReplayApi>(
                 run.unit_objects(&[i], true)?
             } else if let Some(unit) = unit {
                 next_unit += 1;
-                let lag = now.saturating_sub(plan.pods[unit[0]].arrival_ms) as f64 / config.speed;
-                run.lag_ms.push(lag);
+                // The warm start is made at once; its lag says nothing of the pace.
+                let first = &plan.pods[unit[0]];
+                if !first.warm {
+                    let lag = now.saturating_sub(first.arrival_ms) as f64 / config.speed;
+                    run.lag_ms.push(lag);
+                }
                 run.unit_objects(unit, false)?
             } else {
                 break;
             };
-            for o in &objects {
-                record(registry, o.kind(), o.name());
-            }
             flights.push(create_flight(api, objects));
         }
         while flights.len() < config.in_flight
@@ -436,20 +439,34 @@ pub async fn run<A: ReplayApi>(
     }
     run.progress.simulated_ms = plan.end_ms;
     progress(&run.progress);
-    let mut lag = run.lag_ms.clone();
-    lag.sort_by(f64::total_cmp);
-    let at = |q: f64| {
-        lag.get(((lag.len() as f64 - 1.0) * q).round() as usize)
-            .copied()
-            .unwrap_or(0.0)
-    };
+    // Pods that ran to their end: how much longer than their run they held their node.
+    let held: Vec<f64> = run
+        .lives
+        .iter()
+        .filter(|l| !l.evicted)
+        .filter_map(|l| Some(l.end?.0.saturating_sub(l.bound?.0 + l.run_ms)))
+        .map(|ms| ms as f64 / config.speed)
+        .collect();
     Ok(ReplayOutcome {
+        creation_lag_ms: spread(run.lag_ms.clone()),
+        deletion_lag_ms: spread(held),
         lives: run.lives,
         counts: run.counts,
         requests,
-        creation_lag_ms: [at(0.5), at(0.99), lag.last().copied().unwrap_or(0.0)],
         wall: run.start.elapsed(),
     })
+}
+
+/// p50, p99 and the most of `values`.
+fn spread(mut values: Vec<f64>) -> [f64; 3] {
+    values.sort_by(f64::total_cmp);
+    let at = |q: f64| {
+        values
+            .get(((values.len() as f64 - 1.0) * q).round() as usize)
+            .copied()
+            .unwrap_or(0.0)
+    };
+    [at(0.5), at(0.99), values.last().copied().unwrap_or(0.0)]
 }
 
 /// What the watch said, applied; returns pods to delete now (played kubelet).

@@ -9,6 +9,8 @@ use crate::api::{ApiError, Kind, Object, ReplayApi};
 use crate::error::ReplayError;
 
 /// Sends `object`, retrying a server that is briefly away; counts requests.
+/// Asks for `object`, again while the server is briefly away: a name that exists after a
+/// try that got no answer is that try's (this run's own).
 pub(crate) async fn create_with_retry<A: ReplayApi>(
     api: &A,
     object: &Object,
@@ -22,6 +24,7 @@ pub(crate) async fn create_with_retry<A: ReplayApi>(
                 tokio::time::sleep(pause).await;
                 pause *= 2;
             }
+            Err(ApiError::AlreadyExists(_)) if attempt > 0 => return Ok(()),
             other => return other,
         }
     }
@@ -50,6 +53,11 @@ pub(crate) async fn delete_with_retry<A: ReplayApi>(
 
 /// What one flight came back with.
 pub(crate) enum Flight {
+    /// Every fake node's heartbeat renewed; the first refusal, if any.
+    Heartbeat {
+        refused: Option<ApiError>,
+        requests: u64,
+    },
     Created {
         done: Result<(), (String, ApiError)>,
         requests: u64,
@@ -65,6 +73,15 @@ pub(crate) enum Flight {
 /// exists was made by an earlier run that was not cleaned); requests it made.
 pub(crate) fn settle(flight: Flight) -> Result<u64, ReplayError> {
     match flight {
+        // A server briefly away shows in the watch and the pods' requests; a refusal
+        // (forbidden, invalid) would leave the nodes to be marked unreachable: stop.
+        Flight::Heartbeat { refused, requests } => match refused {
+            Some(source) if !source.is_transient() => Err(ReplayError::Api {
+                doing: "renewing the fake nodes' heartbeats".into(),
+                source,
+            }),
+            _ => Ok(requests),
+        },
         Flight::Created { done, requests } => {
             if let Err((name, source)) = done {
                 let hint = if matches!(source, ApiError::AlreadyExists(_)) {
@@ -93,10 +110,10 @@ pub(crate) fn settle(flight: Flight) -> Result<u64, ReplayError> {
     }
 }
 
-pub(crate) fn create_flight<A: ReplayApi>(
-    api: &A,
+pub(crate) fn create_flight<'a, A: ReplayApi>(
+    api: &'a A,
     objects: Vec<Object>,
-) -> Pin<Box<dyn Future<Output = Flight> + Send + '_>> {
+) -> Pin<Box<dyn Future<Output = Flight> + Send + 'a>> {
     Box::pin(async move {
         let mut requests = 0;
         for o in &objects {
@@ -125,6 +142,28 @@ pub(crate) fn delete_flight<A: ReplayApi>(
             name,
             done,
             requests,
+        }
+    })
+}
+
+pub(crate) fn heartbeat_flight<'a, A: ReplayApi>(
+    api: &'a A,
+    run: &'a str,
+    nodes: &'a [String],
+) -> Pin<Box<dyn Future<Output = Flight> + Send + 'a>> {
+    Box::pin(async move {
+        let mut refused = None;
+        for chunk in nodes.chunks(8) {
+            let beats = chunk.iter().map(|n| api.heartbeat(run, n.as_str()));
+            for r in futures::future::join_all(beats).await {
+                if let Err(e) = r {
+                    refused.get_or_insert(e);
+                }
+            }
+        }
+        Flight::Heartbeat {
+            refused,
+            requests: nodes.len() as u64,
         }
     })
 }

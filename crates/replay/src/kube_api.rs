@@ -3,14 +3,15 @@
 use futures::stream::{BoxStream, StreamExt};
 use gpuplace_scheduler::k8s::gang::PodGroup;
 use gpuplace_scheduler::k8s::queue::Queue;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use serde_json::json;
 
 use crate::api::{ApiError, Kind, Object, PodSeen, PodState, ReplayApi};
-use crate::labels::MANAGED_SELECTOR;
 
 /// The replay's API on `client`, its pods and PodGroups in `namespace`.
 #[derive(Clone)]
@@ -19,7 +20,13 @@ pub struct KubeReplayApi {
     pods: Api<Pod>,
     queues: Api<Queue>,
     groups: Api<PodGroup>,
+    leases: Api<Lease>,
 }
+
+/// Where nodes' heartbeats live.
+const LEASE_NAMESPACE: &str = "kube-node-lease";
+/// A fake node's lease duration, seconds (the kubelet's default).
+const LEASE_SECONDS: i32 = 40;
 
 impl KubeReplayApi {
     pub fn new(client: Client, namespace: &str) -> Self {
@@ -27,7 +34,8 @@ impl KubeReplayApi {
             nodes: Api::all(client.clone()),
             pods: Api::namespaced(client.clone(), namespace),
             queues: Api::all(client.clone()),
-            groups: Api::namespaced(client, namespace),
+            groups: Api::namespaced(client.clone(), namespace),
+            leases: Api::namespaced(client, LEASE_NAMESPACE),
         }
     }
 
@@ -40,7 +48,15 @@ impl KubeReplayApi {
             .create(&PostParams::default(), &spec_only)
             .await
             .map_err(|e| api_error(e, "Node", &name))?;
-        let status = json!({"status": node.status});
+        let mut status = json!({"status": node.status});
+        // As a kubelet reports it: Ready since now, heard from now.
+        let now = json!(k8s_openapi::jiff::Timestamp::now().to_string());
+        if let Some(conditions) = status["status"]["conditions"].as_array_mut() {
+            for c in conditions {
+                c["lastHeartbeatTime"] = now.clone();
+                c["lastTransitionTime"] = now.clone();
+            }
+        }
         self.nodes
             .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
             .await
@@ -74,8 +90,8 @@ fn api_error(e: kube::Error, kind: &str, name: &str) -> ApiError {
     }
 }
 
-fn managed() -> ListParams {
-    ListParams::default().labels(MANAGED_SELECTOR)
+fn selected(selector: &str) -> ListParams {
+    ListParams::default().labels(selector)
 }
 
 fn names<K: kube::Resource + Clone>(list: kube::core::ObjectList<K>) -> Vec<String> {
@@ -109,6 +125,7 @@ impl ReplayApi for KubeReplayApi {
             Kind::Pod => self.pods.delete(name, &now).await.map(|_| ()),
             Kind::Queue => self.queues.delete(name, &now).await.map(|_| ()),
             Kind::PodGroup => self.groups.delete(name, &now).await.map(|_| ()),
+            Kind::Lease => self.leases.delete(name, &now).await.map(|_| ()),
         };
         match done {
             Ok(()) => Ok(true),
@@ -117,14 +134,44 @@ impl ReplayApi for KubeReplayApi {
         }
     }
 
-    async fn list_managed(&self, kind: Kind) -> Result<Vec<String>, ApiError> {
+    async fn list_labelled(&self, kind: Kind, selector: &str) -> Result<Vec<String>, ApiError> {
+        let managed = || selected(selector);
         let listed = match kind {
             Kind::Node => self.nodes.list(&managed()).await.map(names),
             Kind::Pod => self.pods.list(&managed()).await.map(names),
             Kind::Queue => self.queues.list(&managed()).await.map(names),
             Kind::PodGroup => self.groups.list(&managed()).await.map(names),
+            Kind::Lease => self.leases.list(&managed()).await.map(names),
         };
         listed.map_err(|e| api_error(e, kind.name(), "(list)"))
+    }
+
+    async fn heartbeat(&self, run: &str, node: &str) -> Result<(), ApiError> {
+        let now = serde_json::to_value(MicroTime(k8s_openapi::jiff::Timestamp::now()))
+            .unwrap_or_default();
+        let lease = json!({
+            "metadata": {"name": node, "namespace": LEASE_NAMESPACE,
+                "labels": crate::objects::run_labels(run)},
+            "spec": {"holderIdentity": node, "leaseDurationSeconds": LEASE_SECONDS,
+                "renewTime": now}
+        });
+        let renewed = self
+            .leases
+            .patch(node, &PatchParams::default(), &Patch::Merge(&lease))
+            .await;
+        match renewed {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                let made: Lease = serde_json::from_value(lease)
+                    .map_err(|e| ApiError::Other(format!("Lease {node}: {e}")))?;
+                self.leases
+                    .create(&PostParams::default(), &made)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| api_error(e, "Lease", node))
+            }
+            Err(e) => Err(api_error(e, "Lease", node)),
+        }
     }
 
     async fn nodes(&self) -> Result<Vec<Node>, ApiError> {
@@ -136,7 +183,7 @@ impl ReplayApi for KubeReplayApi {
     }
 
     fn watch_pods(&self) -> BoxStream<'static, Result<PodSeen, ApiError>> {
-        let config = watcher::Config::default().labels(MANAGED_SELECTOR);
+        let config = watcher::Config::default().labels(crate::labels::MANAGED_SELECTOR);
         let mut listing: Vec<String> = Vec::new();
         watcher(self.pods.clone(), config)
             .filter_map(move |event| {

@@ -11,7 +11,8 @@
 //!   adapter (the in-memory one is the test kit's);
 //! - [`driver`]: the clock: creates pods at their arrivals, deletes them when their run ends,
 //!   plays the kubelet and the controller on fake nodes, and records each pod's life;
-//! - [`clean`]: deletes what a replay made (after Ctrl-C, an error, or `--clean`).
+//! - [`clean`]: deletes what one replay made (its run label: after it ends, Ctrl-C or an
+//!   error), or what any replay left (`--clean`).
 
 pub mod api;
 pub mod clean;
@@ -25,5 +26,5 @@ pub mod plan;
 
 pub use api::{ApiError, Kind, Object, PodSeen, PodState, ReplayApi};
 pub use driver::{DriverConfig, Progress, ReplayError, ReplayOutcome};
-pub use labels::{MANAGED_BY, MANAGED_BY_VALUE, MANAGED_SELECTOR};
+pub use labels::{MANAGED_BY, MANAGED_BY_VALUE, MANAGED_SELECTOR, RUN_LABEL, run_selector};
 pub use plan::{Plan, PlanError, PlannedPod};

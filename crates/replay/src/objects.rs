@@ -15,7 +15,7 @@ use gpuplace_sim::timeline::tenants::TenantQueue;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::json;
 
-use crate::labels::{MANAGED_BY, MANAGED_BY_VALUE};
+use crate::labels::{MANAGED_BY, MANAGED_BY_VALUE, RUN_LABEL};
 use crate::plan::PlannedPod;
 
 /// The label that marks a replay's fake nodes.
@@ -40,13 +40,18 @@ pub enum ObjectError {
     Build(String),
 }
 
-fn managed_labels() -> BTreeMap<String, String> {
-    [(MANAGED_BY.to_string(), MANAGED_BY_VALUE.to_string())].into()
+/// The labels of everything run `run` makes.
+pub fn run_labels(run: &str) -> BTreeMap<String, String> {
+    [
+        (MANAGED_BY.to_string(), MANAGED_BY_VALUE.to_string()),
+        (RUN_LABEL.to_string(), run.to_string()),
+    ]
+    .into()
 }
 
 /// A fake node for `inventory`, named `name`: allocatable CPU and memory as the trace's
 /// node, its GPUs whole (`nvidia.com/gpu`) and as shares (`gpuplace.io/gpu-milli`).
-pub fn fake_node(name: &str, inventory: &NodeInventory) -> Result<Node, ObjectError> {
+pub fn fake_node(run: &str, name: &str, inventory: &NodeInventory) -> Result<Node, ObjectError> {
     let mut inventory = inventory.clone();
     inventory.name = name.to_string();
     for (i, g) in inventory.gpus.iter_mut().enumerate() {
@@ -60,7 +65,7 @@ pub fn fake_node(name: &str, inventory: &NodeInventory) -> Result<Node, ObjectEr
         GPU_RESOURCE: gpus.to_string(),
         SHARE_RESOURCE: (gpus * 1000).to_string(),
     });
-    let mut labels = managed_labels();
+    let mut labels = run_labels(run);
     labels.insert("kubernetes.io/hostname".into(), name.into());
     labels.insert(FAKE_NODE_LABEL.into(), "true".into());
     if let Some(g) = inventory.gpus.first() {
@@ -100,6 +105,8 @@ fn label_value(text: &str) -> String {
 /// How pods are made.
 #[derive(Clone, Debug)]
 pub struct PodTemplate {
+    /// The replay's run (its label).
+    pub run: String,
     pub namespace: String,
     pub scheduler_name: String,
     /// The PriorityClass of each trace priority (0, 1, 2), when given.
@@ -123,7 +130,7 @@ pub fn pod(
             limits.insert(GPU_RESOURCE.into(), json!(request.gpu_count.to_string()));
         }
     }
-    let mut labels = managed_labels();
+    let mut labels = run_labels(&template.run);
     labels.insert(PLANNED_LABEL.into(), planned.name.clone());
     if let Some(q) = &planned.queue {
         labels.insert("gpuplace.io/queue".into(), q.clone());
@@ -158,7 +165,7 @@ pub fn pod(
 }
 
 /// The PodGroup of a gang: every member must fit at once.
-pub fn pod_group(namespace: &str, name: &str, members: u32) -> PodGroup {
+pub fn pod_group(run: &str, namespace: &str, name: &str, members: u32) -> PodGroup {
     let mut group = PodGroup::new(
         name,
         PodGroupSpec {
@@ -168,13 +175,13 @@ pub fn pod_group(namespace: &str, name: &str, members: u32) -> PodGroup {
         },
     );
     group.metadata.namespace = Some(namespace.to_string());
-    group.metadata.labels = Some(managed_labels());
+    group.metadata.labels = Some(run_labels(run));
     group
 }
 
 /// The Queue of a tenants file's queue; percents of the cluster are turned into amounts
 /// (`capacity`: GPU milli, CPU milli, memory MiB).
-pub fn queue(q: &TenantQueue, capacity: [u64; 3]) -> Result<Queue, ObjectError> {
+pub fn queue(run: &str, q: &TenantQueue, capacity: [u64; 3]) -> Result<Queue, ObjectError> {
     let resolve = |field: &'static str, map: &BTreeMap<String, serde_json::Value>| {
         map.iter()
             .map(|(resource, value)| {
@@ -200,7 +207,7 @@ pub fn queue(q: &TenantQueue, capacity: [u64; 3]) -> Result<Queue, ObjectError> 
             usage_half_life: q.usage_half_life.clone(),
         },
     );
-    queue.metadata.labels = Some(managed_labels());
+    queue.metadata.labels = Some(run_labels(run));
     Ok(queue)
 }
 
@@ -246,6 +253,7 @@ mod tests {
             run_ms: 10,
             full_ms: 10,
             measured: true,
+            warm: false,
             queue: Some("team-a".into()),
             gang: None,
             priority: 2,
@@ -266,6 +274,7 @@ mod tests {
     #[test]
     fn pods_ask_whole_gpus_or_a_share_and_carry_the_replays_labels() {
         let template = PodTemplate {
+            run: "rp1-x".into(),
             namespace: "default".into(),
             scheduler_name: "gpuplace".into(),
             priority_classes: Some(["be".into(), "burst".into(), "ls".into()]),
@@ -281,6 +290,7 @@ mod tests {
         assert_eq!(spec.priority_class_name.as_deref(), Some("ls"));
         let labels = whole.metadata.labels.expect("labels");
         assert_eq!(labels[MANAGED_BY], MANAGED_BY_VALUE);
+        assert_eq!(labels[RUN_LABEL], "rp1-x");
         assert_eq!(labels["gpuplace.io/queue"], "team-a");
         let share = pod(&template, &planned(), "x", &request(1, 300)).expect("pod");
         let limits = share.spec.expect("spec").containers[0]
@@ -295,7 +305,7 @@ mod tests {
     #[test]
     fn fake_nodes_hold_the_inventory_and_are_ready() {
         let inv = NodeInventory::uniform("openb-node-0001", 96_000, 786_432, 8, "A100 SXM4");
-        let node = fake_node("rp1-n0001", &inv).expect("node");
+        let node = fake_node("rp1-x", "rp1-n0001", &inv).expect("node");
         let status = node.status.expect("status");
         let allocatable = status.allocatable.expect("allocatable");
         assert_eq!(allocatable[GPU_RESOURCE].0, "8");
@@ -324,7 +334,7 @@ mod tests {
             reclaimable: None,
             usage_half_life: None,
         };
-        let made = queue(&q, [16_000, 512_000, 1_000_000]).expect("queue");
+        let made = queue("rp1-x", &q, [16_000, 512_000, 1_000_000]).expect("queue");
         assert_eq!(made.spec.guaranteed["nvidia.com/gpu"], json!("4"));
         assert_eq!(made.spec.limit["cpu"], json!("256000m"));
         assert_eq!(made.spec.limit["memory"], json!("64Gi"));
@@ -333,7 +343,7 @@ mod tests {
             ..q
         };
         assert!(matches!(
-            queue(&bad, [16_000, 1, 1]),
+            queue("rp1-x", &bad, [16_000, 1, 1]),
             Err(ObjectError::Amount { .. })
         ));
     }

@@ -22,6 +22,8 @@ pub struct PlannedPod {
     pub full_ms: u64,
     /// Arrived in the measurement window.
     pub measured: bool,
+    /// Part of the warm start (made at 0 with part of its run behind it).
+    pub warm: bool,
     /// Its queue (`--tenants`).
     pub queue: Option<String>,
     /// Its gang's PodGroup (named after the unit) and how many members it has.
@@ -101,6 +103,7 @@ impl Plan {
                     run_ms: run,
                     full_ms: full.max(run),
                     measured: left.is_none() && at >= measure_from_ms,
+                    warm: left.is_some(),
                     queue: tenants.map(|t| t.tree.name(t.queue_of[p]).to_string()),
                     gang: gang.clone(),
                     priority: workload.pods[p].priority,

@@ -16,6 +16,16 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 
 use crate::MemoryApi;
 
+type Labels = BTreeMap<String, String>;
+
+/// Whether `labels` hold `selector`'s one `key=value`.
+fn selects(selector: &str, labels: Option<&Labels>) -> bool {
+    let Some((key, value)) = selector.split_once('=') else {
+        return false;
+    };
+    labels.and_then(|l| l.get(key)).map(String::as_str) == Some(value)
+}
+
 /// The replay's view of a [`MemoryApi`].
 #[derive(Clone)]
 pub struct MemoryReplayApi {
@@ -25,8 +35,11 @@ pub struct MemoryReplayApi {
     watch_delay: Duration,
     down: Arc<AtomicBool>,
     requests: Arc<AtomicUsize>,
-    /// Queues and groups by name (the in-memory API keeps their specs, not labels).
-    labelled: Arc<std::sync::Mutex<BTreeMap<(Kind, String), bool>>>,
+    /// Labels of queues, groups and leases by name (the in-memory API keeps their specs,
+    /// not their labels).
+    labelled: Arc<std::sync::Mutex<BTreeMap<(Kind, String), Labels>>>,
+    /// Fake nodes' heartbeats: renewals per node.
+    leases: Arc<std::sync::Mutex<BTreeMap<String, u32>>>,
 }
 
 impl MemoryReplayApi {
@@ -41,12 +54,18 @@ impl MemoryReplayApi {
             down: Arc::default(),
             requests: Arc::default(),
             labelled: Arc::default(),
+            leases: Arc::default(),
         }
     }
 
     /// Takes the server away (`true`) or brings it back.
     pub fn set_down(&self, down: bool) {
         self.down.store(down, Ordering::SeqCst);
+    }
+
+    /// Each fake node's heartbeat renewals so far.
+    pub fn heartbeats(&self) -> BTreeMap<String, u32> {
+        self.leases.lock().map(|l| l.clone()).unwrap_or_default()
     }
 
     /// Requests served (or refused) so far.
@@ -70,12 +89,26 @@ impl MemoryReplayApi {
         labels.and_then(|l| l.get(MANAGED_BY)).map(String::as_str) == Some(MANAGED_BY_VALUE)
     }
 
+    fn keep_labels(&self, kind: Kind, name: &str, labels: Option<&Labels>) {
+        if let Ok(mut l) = self.labelled.lock() {
+            l.insert(
+                (kind, name.to_string()),
+                labels.cloned().unwrap_or_default(),
+            );
+        }
+    }
+
     fn exists(&self, kind: Kind, name: &str) -> bool {
         match kind {
             Kind::Node => self.api.node(name).is_some(),
             Kind::Pod => self.api.pod(&self.namespace, name).is_some(),
             Kind::Queue => self.api.queue(name).is_some(),
             Kind::PodGroup => self.api.group(&self.namespace, name).is_some(),
+            Kind::Lease => self
+                .leases
+                .lock()
+                .map(|l| l.contains_key(name))
+                .unwrap_or(false),
         }
     }
 }
@@ -179,14 +212,10 @@ impl ReplayApi for MemoryReplayApi {
                 self.api.put_group(g);
             }
         }
-        let managed = match object {
-            Object::Node(o) => Self::managed(o.metadata.labels.as_ref()),
-            Object::Pod(o) => Self::managed(o.metadata.labels.as_ref()),
-            Object::Queue(o) => Self::managed(o.metadata.labels.as_ref()),
-            Object::PodGroup(o) => Self::managed(o.metadata.labels.as_ref()),
-        };
-        if let Ok(mut l) = self.labelled.lock() {
-            l.insert((kind, name), managed);
+        match object {
+            Object::Queue(o) => self.keep_labels(kind, &name, o.metadata.labels.as_ref()),
+            Object::PodGroup(o) => self.keep_labels(kind, &name, o.metadata.labels.as_ref()),
+            _ => {}
         }
         Ok(())
     }
@@ -201,6 +230,11 @@ impl ReplayApi for MemoryReplayApi {
             Kind::Pod => self.api.delete_pod(&self.namespace, name),
             Kind::Queue => self.api.delete_queue(name),
             Kind::PodGroup => self.api.delete_group(&self.namespace, name),
+            Kind::Lease => {
+                if let Ok(mut l) = self.leases.lock() {
+                    l.remove(name);
+                }
+            }
         }
         if let Ok(mut l) = self.labelled.lock() {
             l.remove(&(kind, name.to_string()));
@@ -208,7 +242,7 @@ impl ReplayApi for MemoryReplayApi {
         Ok(true)
     }
 
-    async fn list_managed(&self, kind: Kind) -> Result<Vec<String>, ApiError> {
+    async fn list_labelled(&self, kind: Kind, selector: &str) -> Result<Vec<String>, ApiError> {
         self.charge().await?;
         Ok(match kind {
             Kind::Pod => self
@@ -216,14 +250,14 @@ impl ReplayApi for MemoryReplayApi {
                 .pods()
                 .iter()
                 .filter(|p| p.metadata.namespace.as_deref() == Some(self.namespace.as_str()))
-                .filter(|p| Self::managed(p.metadata.labels.as_ref()))
+                .filter(|p| selects(selector, p.metadata.labels.as_ref()))
                 .filter_map(|p| p.metadata.name.clone())
                 .collect(),
             Kind::Node => self
                 .api
                 .nodes()
                 .iter()
-                .filter(|n| Self::managed(n.metadata.labels.as_ref()))
+                .filter(|n| selects(selector, n.metadata.labels.as_ref()))
                 .filter_map(|n| n.metadata.name.clone())
                 .collect(),
             _ => self
@@ -231,12 +265,25 @@ impl ReplayApi for MemoryReplayApi {
                 .lock()
                 .map(|l| {
                     l.iter()
-                        .filter(|((k, n), managed)| *k == kind && **managed && self.exists(kind, n))
+                        .filter(|((k, n), labels)| {
+                            *k == kind && selects(selector, Some(labels)) && self.exists(kind, n)
+                        })
                         .map(|((_, n), _)| n.clone())
                         .collect()
                 })
                 .unwrap_or_default(),
         })
+    }
+
+    async fn heartbeat(&self, run: &str, node: &str) -> Result<(), ApiError> {
+        self.charge().await?;
+        check_name(Kind::Lease, node)?;
+        if let Ok(mut l) = self.leases.lock() {
+            *l.entry(node.to_string()).or_default() += 1;
+        }
+        let labels = gpuplace_replay::objects::run_labels(run);
+        self.keep_labels(Kind::Lease, node, Some(&labels));
+        Ok(())
     }
 
     async fn nodes(&self) -> Result<Vec<Node>, ApiError> {

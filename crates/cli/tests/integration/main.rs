@@ -4,5 +4,6 @@
 mod deploy;
 mod device_plugin;
 mod nvml;
+mod replay;
 mod scheduler;
 mod simulate;

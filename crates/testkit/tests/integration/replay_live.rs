@@ -5,13 +5,12 @@
 //! end, an interrupt, a server that went away), and nothing else touched.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use gpuplace_core::Policy;
 use gpuplace_model::NodeInventory;
 use gpuplace_replay::clean;
-use gpuplace_replay::driver::{self, Created, DriverConfig, ReplayError};
+use gpuplace_replay::driver::{self, DriverConfig, ReplayError};
 use gpuplace_replay::objects::PodTemplate;
 use gpuplace_replay::{Kind, Plan, ReplayApi};
 use gpuplace_scheduler::{Scheduler, SchedulerConfig};
@@ -23,6 +22,7 @@ use serde_json::json;
 use tokio::sync::watch;
 
 const NAMESPACE: &str = "replay";
+const RUN: &str = "rp7-test";
 
 fn timeline(arrivals: usize) -> Timeline {
     let mut workload = builtin_workload(64);
@@ -53,12 +53,14 @@ fn config(speed: f64) -> DriverConfig {
         speed,
         fake_nodes: true,
         template: PodTemplate {
+            run: RUN.into(),
             namespace: NAMESPACE.into(),
             scheduler_name: "gpuplace".into(),
             priority_classes: None,
         },
         in_flight: 8,
         watch_patience: Duration::from_secs(2),
+        heartbeat: Duration::from_millis(300),
     }
 }
 
@@ -144,7 +146,9 @@ fn rig(arrivals: usize) -> Rig {
 async fn nothing_left(api: &MemoryReplayApi) {
     for kind in Kind::CLEAN_ORDER {
         assert_eq!(
-            api.list_managed(kind).await.expect("list"),
+            api.list_labelled(kind, gpuplace_replay::MANAGED_SELECTOR)
+                .await
+                .expect("list"),
             Vec::<String>::new(),
             "{kind:?} left"
         );
@@ -156,14 +160,12 @@ async fn a_replay_runs_every_pod_through_the_scheduler_and_leaves_nothing() {
     let rig = rig(120);
     let (stop_scheduler, stopped) = watch::channel(false);
     let thread = scheduler(rig.api.api.clone(), stopped);
-    let registry = Mutex::new(Created::default());
     let (_keep, cancel) = watch::channel(false);
-    driver::prepare(&rig.api, &registry, &rig.fakes, &[])
+    driver::prepare(&rig.api, RUN, &rig.fakes, &[])
         .await
         .expect("nodes");
     let outcome = driver::run(
         &rig.api,
-        &registry,
         &rig.plan,
         &rig.timeline.workload().pods,
         &rig.index,
@@ -175,6 +177,10 @@ async fn a_replay_runs_every_pod_through_the_scheduler_and_leaves_nothing() {
     .expect("replay");
     let _ = stop_scheduler.send(true);
     let _ = thread.join();
+    // Every fake node's heartbeat was renewed while the replay ran (a second or more).
+    let beats = rig.api.heartbeats();
+    assert_eq!(beats.len(), rig.fakes.len());
+    assert!(beats.values().all(|&n| n >= 2), "{beats:?}");
     let lives = &outcome.lives;
     assert_eq!(lives.len(), rig.plan.pods.len(), "every planned pod made");
     let bound = lives.iter().filter(|l| l.bound.is_some()).count();
@@ -198,17 +204,22 @@ async fn a_replay_runs_every_pod_through_the_scheduler_and_leaves_nothing() {
         .measure_lives(Policy::GPUPLACE, 7, lives, outcome.counts, outcome.wall);
     assert!(run.means.allocation_pct > 10.0, "{:?}", run.means);
     let sim = rig.timeline.run(Policy::GPUPLACE, 7);
+    for (class, w) in &run.waits {
+        let sw = &sim.waits[class];
+        println!(
+            "{class:?}: live p50 {:.0} p90 {:.0} never {} / sim p50 {:.0} p90 {:.0} never {}",
+            w.p50, w.p90, w.never_started, sw.p50, sw.p90, sw.never_started
+        );
+    }
     println!(
-        "allocation live {:.1}% / simulated {:.1}%; requests {}; creation lag {:?} ms",
+        "allocation live {:.1}% / simulated {:.1}%; requests {}; creation lag {:?} ms, deletion lag {:?} ms",
         run.means.allocation_pct,
         sim.means.allocation_pct,
         outcome.requests,
-        outcome.creation_lag_ms
+        outcome.creation_lag_ms,
+        outcome.deletion_lag_ms
     );
-    let made = registry.lock().expect("registry").objects.clone();
-    let cleaned = clean::delete_recorded(&rig.api, &made)
-        .await
-        .expect("clean");
+    let cleaned = clean::delete_run(&rig.api, RUN).await.expect("clean");
     assert!(cleaned.total() > 0);
     nothing_left(&rig.api).await;
     foreign_intact(&rig.api.api);
@@ -220,13 +231,11 @@ async fn an_interrupt_at_any_moment_leaves_nothing_after_the_clean_up() {
         let rig = rig(400);
         let (stop_scheduler, stopped) = watch::channel(false);
         let thread = scheduler(rig.api.api.clone(), stopped);
-        let registry = Mutex::new(Created::default());
         let (interrupt, cancel) = watch::channel(false);
         let work = async {
-            driver::prepare(&rig.api, &registry, &rig.fakes, &[]).await?;
+            driver::prepare(&rig.api, RUN, &rig.fakes, &[]).await?;
             driver::run(
                 &rig.api,
-                &registry,
                 &rig.plan,
                 &rig.timeline.workload().pods,
                 &rig.index,
@@ -239,17 +248,17 @@ async fn an_interrupt_at_any_moment_leaves_nothing_after_the_clean_up() {
         let trip = async {
             tokio::time::sleep(Duration::from_millis(after_ms)).await;
             let _ = interrupt.send(true);
-            std::future::pending::<()>().await;
         };
-        let result = tokio::select! { r = work => r, _ = trip => unreachable!() };
+        tokio::pin!(work);
+        let result = tokio::select! {
+            r = &mut work => r,
+            () = trip => work.await,
+        };
         assert!(
             matches!(result, Err(ReplayError::Interrupted)),
             "{after_ms} ms: {result:?}"
         );
-        let made = registry.lock().expect("registry").objects.clone();
-        clean::delete_recorded(&rig.api, &made)
-            .await
-            .expect("clean");
+        clean::delete_run(&rig.api, RUN).await.expect("clean");
         let _ = stop_scheduler.send(true);
         let _ = thread.join();
         nothing_left(&rig.api).await;
@@ -260,9 +269,8 @@ async fn an_interrupt_at_any_moment_leaves_nothing_after_the_clean_up() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_goes_away_stops_the_replay_with_a_clear_error_and_clean_finds_the_rest() {
     let rig = rig(400);
-    let registry = Mutex::new(Created::default());
     let (_keep, cancel) = watch::channel(false);
-    driver::prepare(&rig.api, &registry, &rig.fakes, &[])
+    driver::prepare(&rig.api, RUN, &rig.fakes, &[])
         .await
         .expect("nodes");
     let api = rig.api.clone();
@@ -273,7 +281,6 @@ async fn a_server_that_goes_away_stops_the_replay_with_a_clear_error_and_clean_f
     let started = Instant::now();
     let result = driver::run(
         &rig.api,
-        &registry,
         &rig.plan,
         &rig.timeline.workload().pods,
         &rig.index,
@@ -292,9 +299,8 @@ async fn a_server_that_goes_away_stops_the_replay_with_a_clear_error_and_clean_f
         started.elapsed() < Duration::from_secs(20),
         "gave up in time"
     );
-    // Recorded clean-up fails while the server is away, with the server's words.
-    let made = registry.lock().expect("registry").objects.clone();
-    let refused = clean::delete_recorded(&rig.api, &made).await;
+    // The run's clean-up fails while the server is away, with the server's words.
+    let refused = clean::delete_run(&rig.api, RUN).await;
     assert!(refused.is_err());
     // Back: `--clean` finds everything by its label.
     rig.api.set_down(false);
@@ -307,22 +313,27 @@ async fn a_server_that_goes_away_stops_the_replay_with_a_clear_error_and_clean_f
 #[tokio::test]
 async fn leftovers_of_an_earlier_replay_are_named_and_bad_speeds_refused() {
     let rig = rig(50);
-    let registry = Mutex::new(Created::default());
-    driver::prepare(&rig.api, &registry, &rig.fakes, &[])
+    driver::prepare(&rig.api, RUN, &rig.fakes, &[])
         .await
         .expect("nodes");
-    // The same nodes again (a replay that was not cleaned).
-    let again = Mutex::new(Created::default());
-    let error = driver::prepare(&rig.api, &again, &rig.fakes, &[])
+    // The same nodes again (a replay that was not cleaned), by another run.
+    let error = driver::prepare(&rig.api, "rp7-other", &rig.fakes, &[])
         .await
         .expect_err("exists")
         .to_string();
     assert!(error.contains("already exists"), "{error}");
+    // The second run's clean-up deletes nothing of the first's (found on the real server:
+    // a clean-up by the names a run had asked for deleted another run's nodes, which the
+    // server had refused to it as existing).
+    let cleaned = clean::delete_run(&rig.api, "rp7-other")
+        .await
+        .expect("clean");
+    assert_eq!(cleaned.total(), 0);
+    assert!(rig.fakes.iter().all(|(n, _)| rig.api.api.node(n).is_some()));
     let (_keep, cancel) = watch::channel(false);
     for speed in [0.0, -1.0, f64::NAN, 1e9] {
         let result = driver::run(
             &rig.api,
-            &registry,
             &rig.plan,
             &rig.timeline.workload().pods,
             &rig.index,
@@ -334,6 +345,7 @@ async fn leftovers_of_an_earlier_replay_are_named_and_bad_speeds_refused() {
         assert!(matches!(result, Err(ReplayError::Speed(_))), "{speed}");
     }
     let cleaned = clean::delete_labelled(&rig.api).await.expect("clean");
-    assert_eq!(cleaned.total(), rig.fakes.len());
+    // The nodes and their heartbeats' Leases.
+    assert_eq!(cleaned.total(), 2 * rig.fakes.len());
     foreign_intact(&rig.api.api);
 }
