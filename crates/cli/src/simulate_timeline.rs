@@ -120,6 +120,11 @@ pub struct TimelineArgs {
     pub(crate) pod_max_backoff: f64,
     #[arg(long, default_value_t = 300.0, requires = "timeline")]
     pub(crate) unschedulable_flush: f64,
+    /// Break ties between equal nodes in the order of this seed instead of each run's
+    /// arrival seed: the same arrivals placed by another draw of equals, for how far a
+    /// figure moves by chance alone (a live replay's scheduler has its own order).
+    #[arg(long, requires = "timeline")]
+    pub(crate) tie_break_seed: Option<u64>,
 }
 
 /// Reads a tenants file (YAML, of which JSON is a part).
@@ -208,6 +213,7 @@ impl TimelineArgs {
             },
             whole_gpus: self.whole_gpus,
             no_priorities: self.no_priorities,
+            tie_break_seed: self.tie_break_seed,
         })
     }
 

@@ -299,25 +299,7 @@ pub async fn run<A: ReplayApi>(
     }
     let mut watch = api.watch_pods();
     // The clock starts once the watch is live (its first listing is in).
-    let mut failing_since: Option<Instant> = None;
-    loop {
-        match watch.next().await {
-            Some(Ok(PodSeen::Listed(_))) => break,
-            Some(Ok(_)) => {}
-            Some(Err(e)) => {
-                let since = *failing_since.get_or_insert_with(Instant::now);
-                if since.elapsed() > config.watch_patience {
-                    return Err(ReplayError::Watch(config.watch_patience, e));
-                }
-            }
-            None => {
-                return Err(ReplayError::Watch(
-                    Duration::ZERO,
-                    ApiError::Unavailable("the pod watch ended".into()),
-                ));
-            }
-        }
-    }
+    await_listing(&mut watch, &mut cancel, config.watch_patience).await?;
     let mut run = Run {
         plan,
         pods,
@@ -467,6 +449,45 @@ fn spread(mut values: Vec<f64>) -> [f64; 3] {
             .unwrap_or(0.0)
     };
     [at(0.5), at(0.99), values.last().copied().unwrap_or(0.0)]
+}
+
+/// Waits for the watch's first listing; an interrupt or a watch failing for `patience`
+/// ends the wait with its error.
+async fn await_listing(
+    watch: &mut futures::stream::BoxStream<'static, Result<PodSeen, ApiError>>,
+    cancel: &mut watch::Receiver<bool>,
+    patience: Duration,
+) -> Result<(), ReplayError> {
+    let mut failing_since: Option<Instant> = None;
+    loop {
+        let seen = tokio::select! {
+            changed = cancel.changed() => {
+                if changed.is_err() || *cancel.borrow() {
+                    return Err(ReplayError::Interrupted);
+                }
+                continue;
+            }
+            seen = watch.next() => seen,
+        };
+        match seen {
+            Some(Ok(PodSeen::Listed(_))) => return Ok(()),
+            Some(Ok(_)) => {}
+            Some(Err(e)) => {
+                let since = *failing_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > patience {
+                    return Err(ReplayError::Watch(patience, e));
+                }
+                // A watch that fails at once must not spin.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            None => {
+                return Err(ReplayError::Watch(
+                    Duration::ZERO,
+                    ApiError::Unavailable("the pod watch ended".into()),
+                ));
+            }
+        }
+    }
 }
 
 /// What the watch said, applied; returns pods to delete now (played kubelet).

@@ -7,7 +7,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use serde_json::json;
 
@@ -185,7 +185,9 @@ impl ReplayApi for KubeReplayApi {
     fn watch_pods(&self) -> BoxStream<'static, Result<PodSeen, ApiError>> {
         let config = watcher::Config::default().labels(crate::labels::MANAGED_SELECTOR);
         let mut listing: Vec<String> = Vec::new();
+        // A failing watch retries with kube's backoff (800 ms growing to 30 s), not at once.
         watcher(self.pods.clone(), config)
+            .default_backoff()
             .filter_map(move |event| {
                 let seen = match event {
                     Ok(watcher::Event::Apply(pod)) => Some(Ok(PodSeen::Changed(state_of(&pod)))),

@@ -218,7 +218,10 @@ impl Timeline {
                 request_ids: &self.request_ids,
             },
             self.base.clone(),
-            Placer::new(policy, Self::placer_seed(seed)),
+            Placer::new(
+                policy,
+                Self::placer_seed(self.options.tie_break_seed.unwrap_or(seed)),
+            ),
             &self.options,
             self.tenants.as_ref(),
             seed,

@@ -67,6 +67,10 @@ pub struct TimelineOptions {
     /// Every pod at one priority (`--no-priorities`): a live replay whose pods carry no
     /// PriorityClass, served in arrival order.
     pub no_priorities: bool,
+    /// The placer's tie-break order from this seed instead of the arrival seed
+    /// (`--tie-break-seed`): the same arrivals with equal nodes taken in another order, for
+    /// how far a figure moves by chance alone.
+    pub tie_break_seed: Option<u64>,
 }
 
 /// What each step of carrying out a decision costs in simulated time, as on a real node
@@ -177,6 +181,7 @@ impl Default for TimelineOptions {
             patience: Patience::Off,
             whole_gpus: false,
             no_priorities: false,
+            tie_break_seed: None,
         }
     }
 }
