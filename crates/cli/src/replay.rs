@@ -123,17 +123,11 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
 
 impl ReplayArgs {
     fn options(&self) -> anyhow::Result<TimelineOptions> {
-        let tenants = match &self.tenants {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .with_context(|| format!("cannot read the tenants file {}", path.display()))?;
-                Some(
-                    serde_saphyr::from_str(&text)
-                        .map_err(|e| anyhow::anyhow!("tenants file {}: {e}", path.display()))?,
-                )
-            }
-            None => None,
-        };
+        let tenants = self
+            .tenants
+            .as_deref()
+            .map(crate::simulate_timeline::read_tenants)
+            .transpose()?;
         Ok(TimelineOptions {
             load: self.load,
             arrivals: self.arrivals,

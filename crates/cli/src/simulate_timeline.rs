@@ -128,7 +128,7 @@ pub struct TimelineArgs {
 }
 
 /// Reads a tenants file (YAML, of which JSON is a part).
-fn read_tenants(
+pub(crate) fn read_tenants(
     path: &std::path::Path,
 ) -> anyhow::Result<gpuplace_sim::timeline::tenants::TenantsFile> {
     let text = std::fs::read_to_string(path)

@@ -213,20 +213,14 @@ impl ReplayApi for KubeReplayApi {
     }
 }
 
-/// What the replay reads of one of its pods.
+/// What the replay reads of one of its pods (its node and gpuplace's record as the
+/// scheduler reads them, [`gpuplace_scheduler::api::PodState::of`]).
 pub fn state_of(pod: &Pod) -> PodState {
+    let read = gpuplace_scheduler::api::PodState::of(pod);
     PodState {
         name: pod.metadata.name.clone().unwrap_or_default(),
-        node: pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.clone())
-            .filter(|n| !n.is_empty()),
-        assignment: pod
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(gpuplace_model::ASSIGNMENT_ANNOTATION).cloned()),
+        node: read.node_name,
+        assignment: read.assignment,
         terminating: pod.metadata.deletion_timestamp.is_some(),
     }
 }

@@ -202,6 +202,19 @@ impl Timeline {
         seed ^ 0x9e37_79b9_7f4a_7c15
     }
 
+    /// What [`run::measure`] needs of this timeline for `policy`'s run of `seed` (the
+    /// simulated and the live runs are measured alike).
+    fn context(&self, policy: Policy, seed: u64) -> run::Context<'_> {
+        run::Context {
+            policy,
+            seed,
+            pods: &self.workload.pods,
+            warmup: self.warmup_index(),
+            capacity_milli: self.base.gpu_capacity_milli(),
+            checkpointed: self.options.checkpointed,
+        }
+    }
+
     /// Replays one policy with one seed.
     pub fn run(&self, policy: Policy, seed: u64) -> TimelineRun {
         self.run_with_jobs(policy, seed).0
@@ -227,15 +240,12 @@ impl Timeline {
             seed,
         );
         let outcome = engine.run(&schedule, self.warmup_index(), self.options.series_points);
-        let context = run::Context {
-            policy,
-            seed,
-            pods: &self.workload.pods,
-            warmup: self.warmup_index(),
-            capacity_milli: self.base.gpu_capacity_milli(),
-            checkpointed: self.options.checkpointed,
-        };
-        let run = run::measure(&context, &schedule, &outcome, started.elapsed());
+        let run = run::measure(
+            &self.context(policy, seed),
+            &schedule,
+            &outcome,
+            started.elapsed(),
+        );
         (run, outcome.jobs)
     }
 }

@@ -61,15 +61,7 @@ impl Timeline {
     ) -> TimelineRun {
         let schedule = self.schedule(seed);
         let outcome = self.outcome_of(&schedule, lives, counts);
-        let context = run::Context {
-            policy,
-            seed,
-            pods: &self.workload.pods,
-            warmup: self.warmup_index(),
-            capacity_milli: self.base.gpu_capacity_milli(),
-            checkpointed: self.options.checkpointed,
-        };
-        run::measure(&context, &schedule, &outcome, elapsed)
+        run::measure(&self.context(policy, seed), &schedule, &outcome, elapsed)
     }
 
     /// The recorder and jobs the engine would have left, from the lives.

@@ -142,6 +142,26 @@ fn rig(arrivals: usize) -> Rig {
     }
 }
 
+impl Rig {
+    /// The driver on this rig at `speed`, until `cancel` or the plan's end.
+    async fn run(
+        &self,
+        speed: f64,
+        cancel: watch::Receiver<bool>,
+    ) -> Result<driver::ReplayOutcome, ReplayError> {
+        driver::run(
+            &self.api,
+            &self.plan,
+            &self.timeline.workload().pods,
+            &self.index,
+            &config(speed),
+            cancel,
+            &|_| {},
+        )
+        .await
+    }
+}
+
 /// Nothing labelled as a replay's is left.
 async fn nothing_left(api: &MemoryReplayApi) {
     for kind in Kind::CLEAN_ORDER {
@@ -164,17 +184,7 @@ async fn a_replay_runs_every_pod_through_the_scheduler_and_leaves_nothing() {
     driver::prepare(&rig.api, RUN, &rig.fakes, &[])
         .await
         .expect("nodes");
-    let outcome = driver::run(
-        &rig.api,
-        &rig.plan,
-        &rig.timeline.workload().pods,
-        &rig.index,
-        &config(600.0),
-        cancel,
-        &|_| {},
-    )
-    .await
-    .expect("replay");
+    let outcome = rig.run(600.0, cancel).await.expect("replay");
     let _ = stop_scheduler.send(true);
     let _ = thread.join();
     // Every fake node's heartbeat was renewed while the replay ran (a second or more).
@@ -234,16 +244,7 @@ async fn an_interrupt_at_any_moment_leaves_nothing_after_the_clean_up() {
         let (interrupt, cancel) = watch::channel(false);
         let work = async {
             driver::prepare(&rig.api, RUN, &rig.fakes, &[]).await?;
-            driver::run(
-                &rig.api,
-                &rig.plan,
-                &rig.timeline.workload().pods,
-                &rig.index,
-                &config(600.0),
-                cancel,
-                &|_| {},
-            )
-            .await
+            rig.run(600.0, cancel).await
         };
         let trip = async {
             tokio::time::sleep(Duration::from_millis(after_ms)).await;
@@ -279,16 +280,7 @@ async fn a_server_that_goes_away_stops_the_replay_with_a_clear_error_and_clean_f
         api.set_down(true);
     });
     let started = Instant::now();
-    let result = driver::run(
-        &rig.api,
-        &rig.plan,
-        &rig.timeline.workload().pods,
-        &rig.index,
-        &config(600.0),
-        cancel,
-        &|_| {},
-    )
-    .await;
+    let result = rig.run(600.0, cancel).await;
     let _ = away.await;
     let error = result.expect_err("the server went away").to_string();
     assert!(
@@ -332,16 +324,7 @@ async fn leftovers_of_an_earlier_replay_are_named_and_bad_speeds_refused() {
     assert!(rig.fakes.iter().all(|(n, _)| rig.api.api.node(n).is_some()));
     let (_keep, cancel) = watch::channel(false);
     for speed in [0.0, -1.0, f64::NAN, 1e9] {
-        let result = driver::run(
-            &rig.api,
-            &rig.plan,
-            &rig.timeline.workload().pods,
-            &rig.index,
-            &config(speed),
-            cancel.clone(),
-            &|_| {},
-        )
-        .await;
+        let result = rig.run(speed, cancel.clone()).await;
         assert!(matches!(result, Err(ReplayError::Speed(_))), "{speed}");
     }
     let cleaned = clean::delete_labelled(&rig.api).await.expect("clean");
