@@ -16,6 +16,7 @@
 set -euo pipefail
 REALNODE=${REALNODE:-../shared/realnode}
 source "$REALNODE/common.sh"
+source "$(dirname "$0")/realnode-lib.sh"
 SCHED=gpuplace-defrag
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 "$GPUPLACE" crd | kubectl apply -f - >/dev/null
@@ -39,17 +40,7 @@ apiVersion: v1
 kind: Pod
 metadata: {name: $1, namespace: default, labels: {app: defrag-check}, $topo}
 spec:
-  schedulerName: $sched
-  nodeSelector: {kubernetes.io/hostname: $NODE}
-  hostNetwork: true
-  automountServiceAccountToken: false
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: c0
-    image: local/busybox:1
-    imagePullPolicy: Never
-    command: ["/bin/sh", "-c", "env | sort; exec sleep 3600"]
-    resources: {limits: {nvidia.com/gpu: "$2"}}
+$(pod_spec "$2" "$sched")
 YAML
 }
 deployment() { # REPLICAS
@@ -63,26 +54,14 @@ spec:
   template:
     metadata: {labels: {app: mov, gpuplace.io/movable: "true"}}
     spec:
-      schedulerName: $SCHED
-      nodeSelector: {kubernetes.io/hostname: $NODE}
-      hostNetwork: true
-      automountServiceAccountToken: false
-      terminationGracePeriodSeconds: 1
-      containers:
-      - name: c0
-        image: local/busybox:1
-        imagePullPolicy: Never
-        command: ["/bin/sh", "-c", "env | sort; exec sleep 3600"]
-        resources: {limits: {nvidia.com/gpu: "1"}}
+$(pod_spec 1 | sed 's/^/    /')
 YAML
 }
-running() { [[ $(kubectl get pod "$1" -o jsonpath='{.status.phase}' 2>/dev/null) == Running ]]; }
 mov_running() { [[ $(kubectl get pods -l app=mov --field-selector=status.phase=Running -o name | wc -l) -eq $1 ]]; }
 inv=$(kubectl get node "$NODE" -o jsonpath='{.metadata.annotations.gpuplace\.io/inventory}')
 idx() { jq -r --arg ids "$1" '(.gpus | map({(.id): .index}) | add) as $m | [$ids | split(",")[] | select(. != "") | ($m[.] // .) | tostring] | sort | join(",")' <<<"$inv"; }
 recorded() { idx "$(kubectl get pod "$1" -o jsonpath='{.metadata.annotations.gpuplace\.io/assignment}' | jq -r '[.containers[].devices[].id] | join(",")')"; }
 kubelet() { idx "$(kubectl logs "$1" 2>/dev/null | sed -n 's/^NVIDIA_VISIBLE_DEVICES=//p' | head -1)"; }
-gone() { ! kubectl get pod "$1" >/dev/null 2>&1; }
 
 # --- one movable pod in each quad ---------------------------------------------------------
 pod quad-a 4 nvlink; wait_until 60 running quad-a

@@ -13,6 +13,7 @@
 set -euo pipefail
 REALNODE=${REALNODE:-../shared/realnode}
 source "$REALNODE/common.sh"
+source "$(dirname "$0")/realnode-lib.sh"
 SCHED=gpuplace-queues
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 "$GPUPLACE" crd | kubectl apply -f - >/dev/null
@@ -47,28 +48,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
-spec() { # QUEUE
-  cat <<YAML
-      schedulerName: $SCHED
-      nodeSelector: {kubernetes.io/hostname: $NODE}
-      hostNetwork: true
-      automountServiceAccountToken: false
-      terminationGracePeriodSeconds: 1
-      containers:
-      - name: c0
-        image: local/busybox:1
-        imagePullPolicy: Never
-        command: ["/bin/sh", "-c", "env | sort; exec sleep 3600"]
-        resources: {limits: {nvidia.com/gpu: "1"}}
-YAML
-}
 pod() { # NAME QUEUE
   kubectl apply -f - >/dev/null <<YAML
 apiVersion: v1
 kind: Pod
 metadata: {name: $1, namespace: default, labels: {app: queue-check, gpuplace.io/queue: $2}}
 spec:
-$(spec | sed 's/^    //')
+$(pod_spec 1)
 YAML
 }
 deployment() { # NAME QUEUE REPLICAS
@@ -82,13 +68,11 @@ spec:
   template:
     metadata: {labels: {app: $1, gpuplace.io/queue: $2}}
     spec:
-$(spec)
+$(pod_spec 1 | sed 's/^/    /')
 YAML
 }
-running() { [[ $(kubectl get pod "$1" -o jsonpath='{.status.phase}' 2>/dev/null) == Running ]]; }
 count() { kubectl get pods -l app="$1" --field-selector=status.phase=Running -o name | wc -l; }
 has_running() { [[ $(count "$1") -eq $2 ]]; }
-gone() { ! kubectl get pod "$1" >/dev/null 2>&1; }
 inv=$(kubectl get node "$NODE" -o jsonpath='{.metadata.annotations.gpuplace\.io/inventory}')
 idx() { jq -r --arg ids "$1" '(.gpus | map({(.id): .index}) | add) as $m | [$ids | split(",")[] | select(. != "") | ($m[.] // .) | tostring] | sort | join(",")' <<<"$inv"; }
 recorded() { idx "$(kubectl get pod "$1" -o jsonpath='{.metadata.annotations.gpuplace\.io/assignment}' | jq -r '[.containers[].devices[].id] | join(",")')"; }

@@ -14,6 +14,7 @@
 set -euo pipefail
 REALNODE=${REALNODE:-../shared/realnode}
 source "$REALNODE/common.sh"
+source "$(dirname "$0")/realnode-lib.sh"
 SCHED=gpuplace-waiting
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 "$GPUPLACE" crd | kubectl apply -f - >/dev/null
@@ -48,21 +49,9 @@ metadata:
   labels: {app: waiting-check, gpuplace.io/queue: "$3"}
   annotations: {$4}
 spec:
-  schedulerName: $SCHED
-  nodeSelector: {kubernetes.io/hostname: $NODE}
-  hostNetwork: true
-  automountServiceAccountToken: false
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: c0
-    image: local/busybox:1
-    imagePullPolicy: Never
-    command: ["/bin/sh", "-c", "exec sleep 3600"]
-    resources: {limits: {nvidia.com/gpu: "$2"}}
+$(pod_spec "$2")
 YAML
 }
-running() { [[ $(kubectl get pod "$1" -o jsonpath='{.status.phase}' 2>/dev/null) == Running ]]; }
-gone() { ! kubectl get pod "$1" >/dev/null 2>&1; }
 gpu_of() { kubectl get pod "$1" -o jsonpath='{.metadata.annotations.gpuplace\.io/assignment}' | jq -r '.containers[0].devices[0].index'; }
 event_of() { kubectl get events --field-selector "involvedObject.name=$1,reason=FailedScheduling" -o json | jq -r '[.items[] | (.message // .note)] | last // ""'; }
 condition_of() { kubectl get pod "$1" -o jsonpath='{.status.conditions[?(@.type=="PodScheduled")].message}'; }
