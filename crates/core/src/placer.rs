@@ -121,6 +121,8 @@ pub struct Placer {
     /// touched ids without sorting them).
     touched_mark: Vec<u32>,
     touched_gen: u32,
+    /// kube-scheduler's rotating, partial scan (`kube-default` only; see [`sampled`]).
+    sampling: Option<sampled::Sampling>,
 }
 
 /// Why a set of policy weights is refused.
@@ -170,6 +172,7 @@ impl Placer {
             touched_ids: Vec::new(),
             touched_mark: Vec::new(),
             touched_gen: 0,
+            sampling: (policy == Policy::KubeDefault).then(sampled::Sampling::default),
         }
     }
 
@@ -283,6 +286,9 @@ impl Placer {
         request: &Request,
         allowed: Option<&[bool]>,
     ) -> Result<Decision, Unschedulable> {
+        if self.sampling.is_some() && self.weights.is_empty() {
+            return self.choose_sampled(state, request, allowed);
+        }
         let indexable = self.index_enabled
             && self.tie_break == TieBreak::NodeOrder
             && !matches!(self.policy, Policy::FirstFit | Policy::Random);
@@ -593,6 +599,7 @@ fn splitmix64(mut x: u64) -> u64 {
 mod gpuplace;
 mod ranked;
 mod ranking;
+mod sampled;
 mod scores;
 
 #[cfg(test)]

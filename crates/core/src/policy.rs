@@ -43,7 +43,9 @@ pub enum Policy {
     Fgd,
     /// What stock Kubernetes does: kube-scheduler's default scoring (NodeResourcesFit
     /// LeastAllocated plus NodeResourcesBalancedAllocation, on CPU and memory; GPUs only
-    /// counted) and the kubelet's device choice (any free devices; see [`kube_default`]).
+    /// counted) over the part of the cluster its rotating scan finds
+    /// (`percentageOfNodesToScore`), equal scores broken uniformly, and the kubelet's
+    /// device choice (any free devices; see [`kube_default`]).
     KubeDefault,
     /// gpuplace's own policy: FGD's fragmentation drop, minus the GPU milli the placement
     /// strands or leaves without CPU, minus what a flexible pod takes out of a model's
