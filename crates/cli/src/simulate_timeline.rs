@@ -125,6 +125,16 @@ pub struct TimelineArgs {
     /// figure moves by chance alone (a live replay's scheduler has its own order).
     #[arg(long, requires = "timeline")]
     pub(crate) tie_break_seed: Option<u64>,
+    /// Break ties exactly as a gpuplace scheduler started with `--seed N` does (its default
+    /// is 42): the simulated twin of a live replay of that scheduler, whose decisions then
+    /// differ from the simulator's only where the two clusters' states do.
+    #[arg(long, requires = "timeline", conflicts_with = "tie_break_seed")]
+    pub(crate) scheduler_seed: Option<u64>,
+    /// kube-scheduler's `percentageOfNodesToScore` for `--policies kube-default`: it stops
+    /// filtering once it has found this share of the nodes feasible (0: its adaptive
+    /// default, 50% minus 1% per 125 nodes, at least 5% and 100 nodes; 100: every node).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=100), requires = "timeline")]
+    pub(crate) percentage_of_nodes_to_score: u32,
 }
 
 /// Reads a tenants file (YAML, of which JSON is a part).
@@ -214,6 +224,8 @@ impl TimelineArgs {
             whole_gpus: self.whole_gpus,
             no_priorities: self.no_priorities,
             tie_break_seed: self.tie_break_seed,
+            scheduler_seed: self.scheduler_seed,
+            percentage_of_nodes_to_score: self.percentage_of_nodes_to_score,
         })
     }
 

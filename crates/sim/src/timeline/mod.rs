@@ -233,8 +233,11 @@ impl Timeline {
             self.base.clone(),
             Placer::new(
                 policy,
-                Self::placer_seed(self.options.tie_break_seed.unwrap_or(seed)),
-            ),
+                self.options.scheduler_seed.unwrap_or_else(|| {
+                    Self::placer_seed(self.options.tie_break_seed.unwrap_or(seed))
+                }),
+            )
+            .with_percentage_of_nodes_to_score(self.options.percentage_of_nodes_to_score),
             &self.options,
             self.tenants.as_ref(),
             seed,

@@ -71,6 +71,12 @@ pub struct TimelineOptions {
     /// (`--tie-break-seed`): the same arrivals with equal nodes taken in another order, for
     /// how far a figure moves by chance alone.
     pub tie_break_seed: Option<u64>,
+    /// The placer's seed itself (`--scheduler-seed`): ties broken exactly as a gpuplace
+    /// scheduler started with `--seed` this value breaks them, for a live replay's twin.
+    pub scheduler_seed: Option<u64>,
+    /// kube-scheduler's `percentageOfNodesToScore` for `kube-default` (0: adaptive, its
+    /// default; 100: every node).
+    pub percentage_of_nodes_to_score: u32,
 }
 
 /// What each step of carrying out a decision costs in simulated time, as on a real node
@@ -182,6 +188,8 @@ impl Default for TimelineOptions {
             whole_gpus: false,
             no_priorities: false,
             tie_break_seed: None,
+            scheduler_seed: None,
+            percentage_of_nodes_to_score: 0,
         }
     }
 }
