@@ -367,6 +367,8 @@ async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         scheduler_cpu_s: cpu_before.zip(cpu_after).map(|(a, b)| b - a),
         creation_lag_ms: outcome.creation_lag_ms,
         deletion_lag_ms: outcome.deletion_lag_ms,
+        warm_start_s: outcome.warm_wall.as_secs_f64(),
+        warm_start_bound: outcome.warm_bound,
         wall_s: outcome.wall.as_secs_f64(),
         objects_deleted_at_end: made,
     };

@@ -24,6 +24,10 @@ pub struct Live {
     pub creation_lag_ms: [f64; 3],
     /// How much longer than its run a finished pod held its node, real ms: p50, p99, most.
     pub deletion_lag_ms: [f64; 3],
+    /// How long the warm start took to create and place before the clock started (s), and
+    /// how many of its pods were bound by then, of how many.
+    pub warm_start_s: f64,
+    pub warm_start_bound: [usize; 2],
     pub wall_s: f64,
     /// What the run still had at its end (nodes, leases, queues, pods), deleted then.
     pub objects_deleted_at_end: usize,
@@ -126,6 +130,10 @@ pub fn emit(
         l.scheduler_cpu_s
             .map(|s| format!(", scheduler {s:.1} CPU s"))
             .unwrap_or_default()
+    );
+    println!(
+        "warm start placed before the clock started: {} of {} pods bound in {:.1} s",
+        l.warm_start_bound[0], l.warm_start_bound[1], l.warm_start_s
     );
     println!(
         "pods created behind their arrival (real ms): p50 {:.0}, p99 {:.0}, most {:.0}",

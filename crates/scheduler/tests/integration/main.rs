@@ -19,6 +19,7 @@ mod requirements;
 mod status;
 mod status_read;
 mod stress;
+mod twin;
 mod ui_browser;
 mod usage;
 mod usage_stress;

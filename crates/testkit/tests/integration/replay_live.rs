@@ -15,7 +15,7 @@ use gpuplace_replay::objects::PodTemplate;
 use gpuplace_replay::{Kind, Plan, ReplayApi};
 use gpuplace_scheduler::{Scheduler, SchedulerConfig};
 use gpuplace_sim::builtin_workload;
-use gpuplace_sim::timeline::{DurationModel, Timeline, TimelineOptions};
+use gpuplace_sim::timeline::{DurationModel, Ms, Timeline, TimelineOptions};
 use gpuplace_testkit::MemoryApi;
 use gpuplace_testkit::replay_api::MemoryReplayApi;
 use serde_json::json;
@@ -193,6 +193,17 @@ async fn a_replay_runs_every_pod_through_the_scheduler_and_leaves_nothing() {
     assert!(beats.values().all(|&n| n >= 2), "{beats:?}");
     let lives = &outcome.lives;
     assert_eq!(lives.len(), rig.plan.pods.len(), "every planned pod made");
+    // The warm start was placed with the clock stopped: its pods bound then count as bound
+    // at time 0 (the simulator places them in one round there), and the arrivals did not
+    // queue behind its creations.
+    let [warm_bound, warm_pods] = outcome.warm_bound;
+    println!(
+        "warm start: {warm_bound} of {warm_pods} bound in {:?}",
+        outcome.warm_wall
+    );
+    assert!(warm_pods > 0 && warm_bound * 10 >= warm_pods * 9);
+    let at_zero = lives.iter().filter(|l| l.bound == Some(Ms(0))).count();
+    assert!(at_zero >= warm_bound, "{at_zero} bound at 0");
     let bound = lives.iter().filter(|l| l.bound.is_some()).count();
     assert!(
         bound * 10 >= lives.len() * 8,
