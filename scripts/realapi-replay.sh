@@ -1,0 +1,58 @@
+#!/bin/bash
+# One live replay on the real API server (../shared/realapi) and its simulated twin, side by
+# side (docs/replay.md). Not for CI. Run from the project root with KUBECONFIG set, the
+# release build made and the CRDs applied (gpuplace crd | kubectl apply -f -):
+#
+#   scripts/realapi-replay.sh gpuplace|kube SEED SPEED OUT_DIR NODES.csv PODS.csv
+#
+# gpuplace: starts gpuplace's scheduler with the pod list as its target workload, its timers
+#   divided by SPEED and its default tie-break seed (42); the twin simulates with
+#   `--scheduler-seed 42` (the same order of equal nodes) and the default timers.
+# kube: the stock kube-scheduler that `kcp.sh up --kube-scheduler` started (its timers cannot
+#   be divided); pods ask whole GPUs (`--whole-gpus`); the twin simulates `kube-default`
+#   with the timers multiplied by SPEED and every tie-break seed in TIE_BREAKS (default
+#   1-20), since kube-scheduler's own draw of equal nodes cannot be reproduced.
+# NODES: the node list to sample 500 nodes from (the openb 8-GPU nodes, say).
+set -euo pipefail
+which=${1:?gpuplace or kube}
+seed=${2:?seed}
+speed=${3:?speed}
+out=${4:?out dir}
+nodes=${5:?nodes csv}
+pods=${6:?pods csv}
+G=${GPUPLACE:-target/release/gpuplace}
+mkdir -p "$out"
+common=(--nodes "$nodes" --pods "$pods" --sample-nodes 500 --sample-seed 1 --load 0.9 --arrivals "${ARRIVALS:-1140}")
+sim=(simulate --timeline "${common[@]}" --seeds 1 --seed-start "$seed" --start 0 --eviction-grace 0 --no-priorities --json)
+div() { python3 -c "print($1 / $speed)"; }
+case $which in
+  gpuplace)
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    $G scheduler --kubeconfig "$KUBECONFIG" --leader-elect false --metrics-addr "127.0.0.1:$port" \
+      --fgd-workload "$pods" --seed 42 --interval-ms "$(python3 -c "print(int(1000 / $speed))")" \
+      --pod-initial-backoff "$(div 1)" --pod-max-backoff "$(div 10)" --unschedulable-flush "$(div 300)" \
+      > "$out/scheduler.log" 2>&1 &
+    pid=$!
+    trap 'kill $pid 2>/dev/null' EXIT
+    sleep 3
+    name=gpuplace
+    extra=()
+    $G "${sim[@]}" --policies gpuplace --scheduler-seed 42 > "$out/sim.json"
+    ;;
+  kube)
+    pid=$(cat "${KCP:-$HOME/kcp}/run/kube-scheduler.pid")
+    name=default-scheduler
+    extra=(--whole-gpus)
+    timers=(--pod-initial-backoff "$speed" --pod-max-backoff "$((10 * speed))" --unschedulable-flush "$((300 * speed))")
+    for t in ${TIE_BREAKS:-$(seq 1 20)}; do
+      $G "${sim[@]}" --policies kube-default --whole-gpus "${timers[@]}" --tie-break-seed "$t" > "$out/sim-t$t.json"
+    done
+    cp "$out/sim-t1.json" "$out/sim.json"
+    ;;
+  *) echo "gpuplace or kube, not $which" >&2; exit 2 ;;
+esac
+started=$(date +%s)
+$G replay --fake-nodes "${common[@]}" "${extra[@]}" --seed "$seed" --speed "$speed" \
+  --scheduler-name "$name" --scheduler-pid "$pid" --json > "$out/live.json" 2> "$out/replay.err"
+echo "$which seed $seed speed $speed: live run $(( $(date +%s) - started )) s"
+python3 scripts/replay-compare.py "$out/live.json" "$out/sim.json" --labels=live,simulated | tee "$out/compare.md"
