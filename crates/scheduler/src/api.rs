@@ -122,6 +122,9 @@ pub struct EventRecord {
 pub struct BindRequest {
     pub pod: PodKey,
     pub resource_version: String,
+    /// [`scheduling_inputs`](crate::k8s::pod_info::scheduling_inputs) of the pod as it was
+    /// decided.
+    pub inputs: u64,
     pub node: String,
     pub annotations: std::collections::BTreeMap<String, String>,
 }
@@ -131,6 +134,8 @@ pub struct BindRequest {
 pub struct PodState {
     pub uid: String,
     pub resource_version: String,
+    /// [`scheduling_inputs`](crate::k8s::pod_info::scheduling_inputs) of this version.
+    pub inputs: u64,
     pub node_name: Option<String>,
     /// The assignment annotation, to tell our Binding from another writer's.
     pub assignment: Option<String>,
@@ -142,6 +147,7 @@ impl PodState {
         PodState {
             uid: pod.metadata.uid.clone().unwrap_or_default(),
             resource_version: pod.metadata.resource_version.clone().unwrap_or_default(),
+            inputs: crate::k8s::pod_info::scheduling_inputs(pod),
             node_name: pod
                 .spec
                 .as_ref()

@@ -581,7 +581,9 @@ impl MemoryApi {
         lock(&self.store).relists
     }
 
-    /// Makes the next `n` binds fail with a 409 (another writer won).
+    /// Makes the next `n` Bindings find their pod changed by another writer (a label added
+    /// just before): a 409 that a fresh read explains, and that the decision, made on the
+    /// pod as it was, must not simply be sent again.
     pub fn fail_next_binds(&self, n: usize) {
         lock(&self.store).fail_binds = n;
     }

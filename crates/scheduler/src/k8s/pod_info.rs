@@ -94,11 +94,39 @@ impl SchedulingTerms {
     }
 }
 
+/// A digest of what scheduling reads of `pod`: its labels, annotations and spec, not its
+/// status nor its resourceVersion. The scheduler's own writes to a pending pod (its
+/// PodScheduled condition, its nominated node) are status writes and leave it as it was; a
+/// change by anyone else to what the pod asks or allows changes it. Deterministic within
+/// one process (`DefaultHasher::new` has fixed keys).
+pub fn scheduling_inputs(pod: &Pod) -> u64 {
+    use std::hash::Hasher;
+    struct Hashing(std::hash::DefaultHasher);
+    impl std::io::Write for Hashing {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.write(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut out = Hashing(std::hash::DefaultHasher::new());
+    let meta = &pod.metadata;
+    // Serialising maps and structs into a hasher cannot fail; a failure would only make
+    // two reads differ, and a Binding then wait for the pod's next round.
+    let _ = serde_json::to_writer(&mut out, &(&meta.labels, &meta.annotations, &pod.spec));
+    out.0.finish()
+}
+
 /// A pod as the scheduler's caches hold it.
 #[derive(Clone, Debug)]
 pub struct PodInfo {
     pub key: PodKey,
     pub resource_version: String,
+    /// [`scheduling_inputs`] of this version: a Binding refused for a newer resourceVersion
+    /// is sent again when the newer version's inputs are these.
+    pub inputs: u64,
     pub scheduler_name: Option<String>,
     /// The node it is bound to, if any.
     pub node_name: Option<String>,
@@ -192,6 +220,7 @@ impl PodInfo {
         PodInfo {
             key: PodKey::of(pod),
             resource_version: meta.resource_version.clone().unwrap_or_default(),
+            inputs: scheduling_inputs(pod),
             scheduler_name: spec.and_then(|s| s.scheduler_name.clone()),
             node_name: spec
                 .and_then(|s| s.node_name.clone())

@@ -265,6 +265,7 @@ pub fn reserve(
     let request = crate::api::BindRequest {
         pod: pod.key.clone(),
         resource_version: pod.resource_version.clone(),
+        inputs: pod.inputs,
         node: placement.node,
         annotations: BTreeMap::from([(ASSIGNMENT_ANNOTATION.to_string(), assignment.to_json())]),
     };

@@ -369,3 +369,54 @@ async fn ambiguous_failures_are_settled_by_reading_the_pod() {
     }
     assert_no_double_booking(&api);
 }
+
+/// Pod `b` waits on node `n`'s one GPU, taken by `a`; `a` leaves, and just before the round
+/// that places `b`, `change` rewrites `b` (the view still holds `b`'s earlier
+/// resourceVersion, the watch being late). Returns the Bindings written by that round.
+async fn bind_after_a_late_rewrite(change: impl Fn(&MemoryApi)) -> usize {
+    let api = lagging(500);
+    api.put_node(node("n", 1, json!({})));
+    api.put_pod(pod("a", 1, json!({"spec": {"nodeName": "n"}})));
+    api.put_pod(pod("b", 1, json!({})));
+    advance(600).await;
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    let t0 = Instant::now();
+    let report = scheduler.round(t0).await.unwrap();
+    assert_eq!(report.unschedulable, 1, "{report:?}");
+    api.delete_pod("ml", "a");
+    advance(600).await;
+    change(&api);
+    let report = scheduler.round(t0 + Duration::from_secs(2)).await.unwrap();
+    assert_eq!(report.unschedulable, 0, "{report:?}");
+    advance(10).await;
+    scheduler.round(t0 + Duration::from_secs(3)).await.unwrap();
+    assert_no_double_booking(&api);
+    api.bindings().len()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_binding_refused_for_a_status_write_is_sent_again_with_the_fresh_version() {
+    // Found on the real API server: the scheduler's own condition on a pod's last failed
+    // attempt moved its resourceVersion, the Binding that followed was refused (409) and the
+    // pod backed off, though nothing it asks or allows had changed.
+    let bound = bind_after_a_late_rewrite(|api| api.set_phase("ml", "b", "Pending")).await;
+    assert_eq!(
+        bound, 1,
+        "sent again at once with the fresh resourceVersion"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_binding_refused_for_a_changed_pod_is_not_sent_again() {
+    // Someone changed what the pod asks (its model): the decision was made on the old one.
+    let bound = bind_after_a_late_rewrite(|api| {
+        let uid = api.pod("ml", "b").unwrap().metadata.uid.unwrap();
+        api.set_annotation("ml", "b", &uid, "gpuplace.io/gpu-model", "H100")
+            .unwrap();
+    })
+    .await;
+    assert_eq!(
+        bound, 0,
+        "the pod goes back to the queue, to be decided anew"
+    );
+}

@@ -401,6 +401,7 @@ async fn writes_go_over_the_wire_as_the_api_server_expects() {
     let request = |rv: &str, pod: PodKey| BindRequest {
         pod,
         resource_version: rv.into(),
+        inputs: 0,
         node: "n1".into(),
         annotations: [(
             "gpuplace.io/assignment".to_string(),

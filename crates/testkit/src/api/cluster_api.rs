@@ -83,13 +83,46 @@ impl ClusterApi for MemoryApi {
         let (_permit, fault) = self.charge().await;
         let pod = &request.pod;
         let mut s = lock(&self.store);
-        if s.fail_binds > 0 {
+        // A real server answers a Binding 409 only when the pod is no longer the version
+        // the Binding names: someone wrote it. The fake writes it first, so a scheduler
+        // that reads the pod again finds what a real one would.
+        let key = (pod.namespace.clone(), pod.name.clone());
+        if s.fail_binds > 0 && s.pods.contains_key(&key) {
             s.fail_binds -= 1;
-            return Err(ApiError::Conflict(format!("{pod}: injected conflict")));
+            // Someone changed what the pod is (a label): the decision was made on another.
+            let n = s.fail_binds;
+            s.write_pod(&key, |p| {
+                p.metadata
+                    .labels
+                    .get_or_insert_with(Default::default)
+                    .insert("testkit.gpuplace.io/changed".into(), n.to_string());
+            });
+            let v = s.version;
+            drop(s);
+            self.pod_version.send_replace(v);
+            return Err(ApiError::Conflict(format!(
+                "{pod}: Precondition failed: ResourceVersion in precondition: {} (injected: the pod's labels changed)",
+                request.resource_version
+            )));
         }
         match fault {
+            Some(Fault::Conflict) if s.pods.contains_key(&key) => {
+                // Someone wrote the pod's status (a kubelet, a controller): nothing it
+                // asks or allows changed.
+                s.write_pod(&key, |p| {
+                    let status = p.status.get_or_insert_with(Default::default);
+                    status.message = Some("injected status write".into());
+                });
+                let v = s.version;
+                drop(s);
+                self.pod_version.send_replace(v);
+                return Err(ApiError::Conflict(format!(
+                    "{pod}: Precondition failed: ResourceVersion in precondition: {} (injected: a status write)",
+                    request.resource_version
+                )));
+            }
             Some(Fault::Conflict) => {
-                return Err(ApiError::Conflict(format!("{pod}: injected conflict")));
+                return Err(ApiError::NotFound(pod.to_string()));
             }
             Some(Fault::Error) => return Err(ApiError::Other("injected 500".into())),
             Some(Fault::TimeoutLost) => return Err(ApiError::Other("injected time-out".into())),
