@@ -98,6 +98,11 @@ impl<A: ClusterApi> Scheduler<A> {
         pod: &Arc<PodInfo>,
     ) -> Found<RoomPlanned, Made> {
         let now = round.now;
+        // No pod could move: nothing to filter, plan or search (as preemption skips when
+        // no pod of lower priority exists).
+        if self.cluster.pods().movable_candidates() == 0 {
+            return Found::Nothing(Made::Nothing);
+        }
         let Ok(demand) = pod.demand.clone() else {
             return Found::Nothing(Made::Nothing);
         };
@@ -376,6 +381,9 @@ impl<A: ClusterApi> Scheduler<A> {
         members: &[(&Arc<PodInfo>, Verdicts)],
         domains: &[Option<Vec<bool>>],
     ) -> Option<GangRoom> {
+        if self.cluster.pods().movable_candidates() == 0 {
+            return None;
+        }
         let masks = self.member_masks(snapshot, &round.volumes, members);
         let demands: Vec<&crate::k8s::demand::PodDemand> = members
             .iter()

@@ -28,7 +28,10 @@ impl<A: ClusterApi> Scheduler<A> {
         now: Instant,
         report: &mut RoundReport,
     ) {
-        if !self.config.defrag.settings.mode.rebalances() || !self.gate.is_open() {
+        if !self.config.defrag.settings.mode.rebalances()
+            || !self.gate.is_open()
+            || self.cluster.pods().movable_candidates() == 0
+        {
             return;
         }
         let fleet = Fleet {

@@ -1,7 +1,10 @@
 //! The pods as the cluster cache last took them: followed change by change from the pod
 //! store's feed, so the reservations can be checked against the same moment the state
 //! reflects, a rebuild has every pod at hand, and FGD's workload (the pods' shapes) is
-//! counted as pods come and go instead of over every pod.
+//! counted as pods come and go instead of over every pod. So are the pods that could be
+//! moved (opted in, controlled, bound and running): make-room has nothing to search while
+//! there are none, and asks [`PodIndex::movable_candidates`] before it walks every placed
+//! pod.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -23,6 +26,15 @@ pub struct PodIndex {
     pods: BTreeMap<ObjectKey, Arc<PodInfo>>,
     shapes: ShapeCounts,
     holding: BTreeMap<HolderKey, Res>,
+    /// Pods that opted in to moves, have a controller and run bound (see
+    /// [`movable_candidate`]).
+    movable: usize,
+}
+
+/// Whether `pod` is one make-room or rebalancing may move at some point: what
+/// `defrag::may_move` asks of it, less its age and the round's own exclusions.
+fn movable_candidate(pod: &PodInfo) -> bool {
+    pod.movable && pod.controller.is_some() && pod.is_active_bound() && !pod.deleting
 }
 
 /// A namespace and the queue its pods' label names (`None`: no label).
@@ -51,6 +63,7 @@ impl PodIndex {
         self.pods = pods.iter().map(|p| (key_of(p), Arc::clone(p))).collect();
         self.shapes = ShapeCounts::default();
         self.holding.clear();
+        self.movable = pods.iter().filter(|p| movable_candidate(p)).count();
         for pod in pods {
             if let Ok(demand) = &pod.demand {
                 self.shapes.add(&demand.request);
@@ -88,9 +101,13 @@ impl PodIndex {
                 self.shapes.remove(&demand.request);
             }
             self.unhold(before);
+            self.movable = self
+                .movable
+                .saturating_sub(usize::from(movable_candidate(before)));
         }
         match &change.after {
             Some(after) => {
+                self.movable += usize::from(movable_candidate(after));
                 if let Ok(demand) = &after.demand {
                     self.shapes.add(&demand.request);
                 }
@@ -101,6 +118,12 @@ impl PodIndex {
                 self.pods.remove(&change.key);
             }
         }
+    }
+
+    /// How many pods could be moved (opted in, controlled, bound and running); make-room
+    /// and rebalancing have nothing to search while there are none.
+    pub fn movable_candidates(&self) -> usize {
+        self.movable
     }
 
     /// Every pod, sorted by namespace and name.
@@ -169,5 +192,43 @@ mod tests {
         let fresh = TargetWorkload::from_requests(&requests, WORKLOAD_COVERAGE);
         assert_eq!(*index.workload(), fresh);
         assert!(index.pod("ns", "a").is_none());
+    }
+
+    /// A pod that opted in to moves, with a ReplicaSet, bound to `node` (or pending).
+    fn movable(name: &str, node: Option<&str>) -> Arc<PodInfo> {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ns", "uid": format!("u-{name}"),
+                "labels": {"gpuplace.io/movable": "true"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                    "name": "rs", "uid": "rs-1", "controller": true}]},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {
+                "limits": {"nvidia.com/gpu": "1"}}}]}
+        }))
+        .unwrap();
+        Arc::new(PodInfo::from_pod(&pod, "nvidia.com/gpu"))
+    }
+
+    #[test]
+    fn movable_candidates_follow_binding_and_deletion() {
+        let mut index = PodIndex::default();
+        index.reset(&[pod("plain", 1), movable("m1", Some("n1"))]);
+        assert_eq!(index.movable_candidates(), 1);
+        let change = |before: Option<Arc<PodInfo>>, after: Option<Arc<PodInfo>>| {
+            let key = key_of(before.as_ref().or(after.as_ref()).unwrap());
+            Change { key, before, after }
+        };
+        // A pending pod that opted in is no candidate until it is bound.
+        let pending = movable("m2", None);
+        index.apply(&change(None, Some(Arc::clone(&pending))));
+        assert_eq!(index.movable_candidates(), 1);
+        index.apply(&change(Some(pending), Some(movable("m2", Some("n2")))));
+        assert_eq!(index.movable_candidates(), 2);
+        let m1 = Arc::clone(index.pod("ns", "m1").unwrap());
+        index.apply(&change(Some(m1), None));
+        assert_eq!(index.movable_candidates(), 1);
+        // The same as a fresh count.
+        let mut fresh = PodIndex::default();
+        fresh.reset(&index.all());
+        assert_eq!(fresh.movable_candidates(), index.movable_candidates());
     }
 }
