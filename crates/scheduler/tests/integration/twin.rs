@@ -121,6 +121,9 @@ async fn pods_decided_one_per_round_go_where_the_simulator_puts_them() {
     ];
     for seed in [42, 7] {
         let want = simulated(seed, &pods);
+        // The placer packs the first pods onto one node: a scheduler that did not see the
+        // first pod where it went would spread them.
+        assert_eq!(want[0], want[1], "seed {seed}: {want:?}");
         for delay_ms in [0, 300] {
             assert_eq!(
                 live(seed, &pods, delay_ms).await,
