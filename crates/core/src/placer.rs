@@ -122,7 +122,16 @@ pub struct Placer {
     touched_mark: Vec<u32>,
     touched_gen: u32,
     /// kube-scheduler's rotating, partial scan (`kube-default` only; see [`sampled`]).
-    sampling: Option<sampled::Sampling>,
+    sampling: Option<Sampling>,
+}
+
+/// Where kube-scheduler's next scan starts, and how much of the cluster it scores.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Sampling {
+    /// `percentageOfNodesToScore`: 0 is adaptive, 100 or more scores every node.
+    percentage: u32,
+    /// `nextStartNodeIndex`.
+    next_start: usize,
 }
 
 /// Why a set of policy weights is refused.
@@ -172,7 +181,7 @@ impl Placer {
             touched_ids: Vec::new(),
             touched_mark: Vec::new(),
             touched_gen: 0,
-            sampling: (policy == Policy::KubeDefault).then(sampled::Sampling::default),
+            sampling: (policy == Policy::KubeDefault).then(Sampling::default),
         }
     }
 

@@ -15,7 +15,7 @@
 use gpuplace_model::Request;
 use rand::RngExt;
 
-use super::{Decision, Placer};
+use super::{Decision, Placer, Sampling};
 use crate::devices::{choose_gpus, preference_bonus};
 use crate::fit::{Asked, Unschedulable};
 use crate::policy::simple_score;
@@ -25,15 +25,6 @@ use crate::state::ClusterState;
 const MIN_FEASIBLE_NODES_TO_FIND: usize = 100;
 /// The adaptive percentage never goes below this (`minFeasibleNodesPercentageToFind`).
 const MIN_FEASIBLE_NODES_PERCENTAGE: usize = 5;
-
-/// Where kube-scheduler's next scan starts, and how much of the cluster it scores.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(super) struct Sampling {
-    /// `percentageOfNodesToScore`: 0 is adaptive, 100 or more scores every node.
-    pub(super) percentage: u32,
-    /// `nextStartNodeIndex`.
-    pub(super) next_start: usize,
-}
 
 /// `numFeasibleNodesToFind`: how many feasible nodes a scan of `nodes` looks for.
 pub fn nodes_to_find(percentage: u32, nodes: usize) -> usize {
