@@ -213,23 +213,29 @@ impl ClusterApi for Meddling {
     }
 }
 
-#[tokio::test]
-async fn a_pod_written_after_the_view_but_unchanged_is_bound_with_its_fresh_version() {
-    // The pod is written after the view (its resourceVersion moves, nothing it asks or
-    // allows changes): the Binding's precondition gets a 409, a read finds the same pod,
-    // and the Binding goes again with the fresh resourceVersion.
+/// Node `n` (2 GPUs), pod `p` asking both, and a scheduler whose API runs `action` after
+/// each view.
+fn meddled(action: fn(&MemoryApi)) -> (MemoryApi, Scheduler<Meddling>) {
     let api = MemoryApi::new();
     api.put_node(node("n", 2, json!({})));
     api.put_pod(pod("p", 2, json!({})));
     let meddling = Meddling {
         inner: api.clone(),
-        action: |api| {
-            if let Some(p) = api.pod("ml", "p") {
-                api.put_pod(p);
-            }
-        },
+        action,
     };
-    let mut scheduler = Scheduler::new(meddling, config());
+    (api, Scheduler::new(meddling, config()))
+}
+
+#[tokio::test]
+async fn a_pod_written_after_the_view_but_unchanged_is_bound_with_its_fresh_version() {
+    // The pod is written after the view (its resourceVersion moves, nothing it asks or
+    // allows changes): the Binding's precondition gets a 409, a read finds the same pod,
+    // and the Binding goes again with the fresh resourceVersion.
+    let (api, mut scheduler) = meddled(|api| {
+        if let Some(p) = api.pod("ml", "p") {
+            api.put_pod(p);
+        }
+    });
     let report = scheduler.round(Instant::now()).await.unwrap();
     assert_eq!((report.bound, report.conflicts), (1, 0), "{report:?}");
     assert_eq!(bound_node(&api, "p").as_deref(), Some("n"));
@@ -239,21 +245,14 @@ async fn a_pod_written_after_the_view_but_unchanged_is_bound_with_its_fresh_vers
 async fn conflicts_and_deletions_leave_nothing_reserved() {
     // The pod is changed after the view (a label: what others' affinities and the queues
     // read): the Binding's resourceVersion precondition gets a 409, nothing binds.
-    let api = MemoryApi::new();
-    api.put_node(node("n", 2, json!({})));
-    api.put_pod(pod("p", 2, json!({})));
-    let meddling = Meddling {
-        inner: api.clone(),
-        action: |api| {
-            if let Some(mut p) = api.pod("ml", "p")
-                && p.metadata.labels.is_none()
-            {
-                p.metadata.labels = Some([("team".to_string(), "a".to_string())].into());
-                api.put_pod(p);
-            }
-        },
-    };
-    let mut scheduler = Scheduler::new(meddling, config());
+    let (api, mut scheduler) = meddled(|api| {
+        if let Some(mut p) = api.pod("ml", "p")
+            && p.metadata.labels.is_none()
+        {
+            p.metadata.labels = Some([("team".to_string(), "a".to_string())].into());
+            api.put_pod(p);
+        }
+    });
     let report = scheduler.round(Instant::now()).await.unwrap();
     assert_eq!((report.bound, report.conflicts), (0, 1));
     assert!(bound_node(&api, "p").is_none());

@@ -5,7 +5,7 @@ use gpuplace_scheduler::api::{BindRequest, FedView, PodState};
 use gpuplace_scheduler::k8s::gang::PodGroupStatus;
 use gpuplace_scheduler::k8s::queue::QueueStatus;
 use gpuplace_scheduler::{ApiError, ClusterApi, ClusterView, EventRecord, PodKey};
-use k8s_openapi::api::core::v1::PodCondition;
+use k8s_openapi::api::core::v1::{Pod, PodCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::costs::{Fault, validate_annotations};
@@ -87,40 +87,44 @@ impl ClusterApi for MemoryApi {
         // the Binding names: someone wrote it. The fake writes it first, so a scheduler
         // that reads the pod again finds what a real one would.
         let key = (pod.namespace.clone(), pod.name.clone());
-        if s.fail_binds > 0 && s.pods.contains_key(&key) {
+        let present = s.pods.contains_key(&key);
+        let written: Option<(&str, Box<dyn FnOnce(&mut Pod)>)> = if s.fail_binds > 0 && present {
             s.fail_binds -= 1;
             // Someone changed what the pod is (a label): the decision was made on another.
-            let n = s.fail_binds;
-            s.write_pod(&key, |p| {
-                p.metadata
-                    .labels
-                    .get_or_insert_with(Default::default)
-                    .insert("testkit.gpuplace.io/changed".into(), n.to_string());
-            });
+            let n = s.fail_binds.to_string();
+            Some((
+                "the pod's labels changed",
+                Box::new(move |p: &mut Pod| {
+                    p.metadata
+                        .labels
+                        .get_or_insert_with(Default::default)
+                        .insert("testkit.gpuplace.io/changed".into(), n);
+                }),
+            ))
+        } else if matches!(fault, Some(Fault::Conflict)) && present {
+            // Someone wrote the pod's status (a kubelet, a controller): nothing it asks or
+            // allows changed.
+            Some((
+                "a status write",
+                Box::new(|p: &mut Pod| {
+                    p.status.get_or_insert_with(Default::default).message =
+                        Some("injected status write".into());
+                }),
+            ))
+        } else {
+            None
+        };
+        if let Some((what, change)) = written {
+            s.write_pod(&key, change);
             let v = s.version;
             drop(s);
             self.pod_version.send_replace(v);
             return Err(ApiError::Conflict(format!(
-                "{pod}: Precondition failed: ResourceVersion in precondition: {} (injected: the pod's labels changed)",
+                "{pod}: Precondition failed: ResourceVersion in precondition: {} (injected: {what})",
                 request.resource_version
             )));
         }
         match fault {
-            Some(Fault::Conflict) if s.pods.contains_key(&key) => {
-                // Someone wrote the pod's status (a kubelet, a controller): nothing it
-                // asks or allows changed.
-                s.write_pod(&key, |p| {
-                    let status = p.status.get_or_insert_with(Default::default);
-                    status.message = Some("injected status write".into());
-                });
-                let v = s.version;
-                drop(s);
-                self.pod_version.send_replace(v);
-                return Err(ApiError::Conflict(format!(
-                    "{pod}: Precondition failed: ResourceVersion in precondition: {} (injected: a status write)",
-                    request.resource_version
-                )));
-            }
             Some(Fault::Conflict) => {
                 return Err(ApiError::NotFound(pod.to_string()));
             }
