@@ -7,7 +7,9 @@
 #
 # gpuplace: starts gpuplace's scheduler with the pod list as its target workload, its timers
 #   divided by SPEED and its default tie-break seed (42); the twin simulates with
-#   `--scheduler-seed 42` (the same order of equal nodes) and the default timers.
+#   `--scheduler-seed 42` (the same order of equal nodes) and the default timers, once as it
+#   is (sim.json) and 20 times with `--bind-latency` 0.05..1 s (sim-t*.json): the latency a
+#   live pipeline adds at speed 20, which moves a congested run's waits (docs/replay.md).
 # kube: the stock kube-scheduler that `kcp.sh up --kube-scheduler` started (its timers cannot
 #   be divided); pods ask whole GPUs (`--whole-gpus`); the twin simulates `kube-default`
 #   with the timers multiplied by SPEED and every tie-break seed in TIE_BREAKS (default
@@ -38,6 +40,9 @@ case $which in
     name=gpuplace
     extra=()
     $G "${sim[@]}" --policies gpuplace --scheduler-seed 42 > "$out/sim.json"
+    for t in $(seq 1 20); do
+      $G "${sim[@]}" --policies gpuplace --scheduler-seed 42 --bind-latency "$(python3 -c "print($t * 0.05)")" > "$out/sim-t$t.json"
+    done
     ;;
   kube)
     pid=$(cat "${KCP:-$HOME/kcp}/run/kube-scheduler.pid")
@@ -59,4 +64,5 @@ if [[ $which == kube ]]; then
   python3 scripts/replay-compare.py "$out/live.json" "$out"/sim-t*.json --labels=live,kube-default | tee "$out/compare.md"
 else
   python3 scripts/replay-compare.py "$out/live.json" "$out/sim.json" --labels=live,simulated | tee "$out/compare.md"
+  python3 scripts/replay-compare.py "$out/live.json" "$out"/sim-t*.json --labels=live,latency-draws | tee "$out/compare-draws.md"
 fi
