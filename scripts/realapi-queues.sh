@@ -5,7 +5,9 @@
 # 1,000 fake 8-GPU nodes; per run, 5,000 one-GPU pods created pending, then the release
 # binary started; pods/s from the 10% to the 90% bound mark on one watch stream. Runs
 # alternate: without queues (no Queue object, no label), then with 100 queues guaranteed 80
-# GPUs each and the pods labelled round-robin. RUNS pairs (default 3).
+# GPUs each and the pods labelled round-robin. RUNS pairs (default 3). The scheduler's
+# `--defrag` is its default (make-room) in both unless PLAIN_DEFRAG / QUEUES_DEFRAG say
+# otherwise (issue 48, queues and make-room against neither: PLAIN_DEFRAG=off).
 set -euo pipefail
 RUNS=${RUNS:-3}
 PODS=${PODS:-5000}
@@ -19,9 +21,16 @@ sleep 2
 [[ $(kubectl get nodes -o name | wc -l) -ge 1000 ]] || $LOAD nodes 1000
 one() { # MODE
   local args=()
-  if [[ $1 == queues ]]; then $LOAD queues 100 --gpus 80; args=(--queues 100); fi
+  local defrag=()
+  [[ -n ${PLAIN_DEFRAG:-} ]] && defrag=(--defrag "$PLAIN_DEFRAG")
+  if [[ $1 == queues ]]; then
+    $LOAD queues 100 --gpus 80
+    args=(--queues 100)
+    defrag=()
+    [[ -n ${QUEUES_DEFRAG:-} ]] && defrag=(--defrag "$QUEUES_DEFRAG")
+  fi
   $LOAD pods "$PODS" "${args[@]}"
-  "$GPUPLACE" scheduler --kubeconfig "$KUBECONFIG" --leader-elect false --metrics-addr 127.0.0.1:0 >/tmp/queues-sched.log 2>&1 &
+  "$GPUPLACE" scheduler --kubeconfig "$KUBECONFIG" --leader-elect false --metrics-addr 127.0.0.1:0 "${defrag[@]}" >/tmp/queues-sched.log 2>&1 &
   local sched=$!
   local rate
   rate=$($LOAD watch "$PODS" --timeout 600)

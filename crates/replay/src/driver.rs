@@ -360,7 +360,8 @@ pub async fn run<A: ReplayApi>(
         return Err(ReplayError::Speed(config.speed));
     }
     let mut watch = api.watch_pods();
-    // The clock starts once the watch is live (its first listing is in).
+    // The warm start begins once the watch is live (its first listing is in); the clock
+    // starts once the warm start is placed.
     await_listing(&mut watch, &mut cancel, config.watch_patience).await?;
     let units = units_of(plan);
     let mut run = Run {

@@ -11,6 +11,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use super::costs::{Fault, validate_annotations};
 use super::{MemoryApi, lock};
 
+/// What another writer does to a pod just before the fake answers its Binding with a 409.
+struct Rewrite {
+    what: &'static str,
+    change: Box<dyn FnOnce(&mut Pod)>,
+}
+
 impl ClusterApi for MemoryApi {
     async fn view(&self) -> Result<ClusterView, ApiError> {
         // Every pod, from no cursor: the same lists as a feed's view.
@@ -88,33 +94,33 @@ impl ClusterApi for MemoryApi {
         // that reads the pod again finds what a real one would.
         let key = (pod.namespace.clone(), pod.name.clone());
         let present = s.pods.contains_key(&key);
-        let written: Option<(&str, Box<dyn FnOnce(&mut Pod)>)> = if s.fail_binds > 0 && present {
+        let written = if s.fail_binds > 0 && present {
             s.fail_binds -= 1;
             // Someone changed what the pod is (a label): the decision was made on another.
             let n = s.fail_binds.to_string();
-            Some((
-                "the pod's labels changed",
-                Box::new(move |p: &mut Pod| {
+            Some(Rewrite {
+                what: "the pod's labels changed",
+                change: Box::new(move |p: &mut Pod| {
                     p.metadata
                         .labels
                         .get_or_insert_with(Default::default)
                         .insert("testkit.gpuplace.io/changed".into(), n);
                 }),
-            ))
+            })
         } else if matches!(fault, Some(Fault::Conflict)) && present {
             // Someone wrote the pod's status (a kubelet, a controller): nothing it asks or
             // allows changed.
-            Some((
-                "a status write",
-                Box::new(|p: &mut Pod| {
+            Some(Rewrite {
+                what: "a status write",
+                change: Box::new(|p: &mut Pod| {
                     p.status.get_or_insert_with(Default::default).message =
                         Some("injected status write".into());
                 }),
-            ))
+            })
         } else {
             None
         };
-        if let Some((what, change)) = written {
+        if let Some(Rewrite { what, change }) = written {
             s.write_pod(&key, change);
             let v = s.version;
             drop(s);
