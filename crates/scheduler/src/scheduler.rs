@@ -219,6 +219,8 @@ pub struct Scheduler<A: ClusterApi> {
     queue_status: queue_status::StatusWriter,
     /// The queues' usage over time.
     usage: usage::UsageBook,
+    /// Wall time on the rounds' clock (pod ages, expected starts, stamps written).
+    wall: crate::clock::WallClock,
 }
 
 pub use crate::clock::rfc3339;
@@ -233,6 +235,7 @@ impl<A: ClusterApi> Scheduler<A> {
     pub fn with_gate(api: A, config: SchedulerConfig, gate: Gate) -> Self {
         let gpu_resource = config.gpu_resource.clone();
         let config_usage = config.usage_half_life_ms;
+        let wall = crate::clock::WallClock::default();
         let placer = crate::framework::placer(config.policy, &config.weights, config.seed);
         Scheduler {
             binder: crate::shared::bind::Binder::new(
@@ -260,7 +263,8 @@ impl<A: ClusterApi> Scheduler<A> {
             rebalancing: Default::default(),
             queues: crate::shared::queues::Queues::new(&gpu_resource),
             queue_status: Default::default(),
-            usage: usage::UsageBook::new(config_usage),
+            usage: usage::UsageBook::new(config_usage, wall),
+            wall,
         }
     }
 

@@ -422,7 +422,7 @@ impl MemoryApi {
             .get_or_insert_with(|| format!("uid-{ns}-{name}-{rv}"));
         // As the API server does on create: the time to the second.
         pod.metadata.creation_timestamp.get_or_insert_with(|| {
-            let now = k8s_openapi::jiff::Timestamp::now();
+            let now = crate::clock::server_time();
             let second = k8s_openapi::jiff::Timestamp::from_second(now.as_second()).unwrap_or(now);
             k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(second)
         });
@@ -460,10 +460,9 @@ impl MemoryApi {
             return;
         }
         s.write_pod(&key, |p| {
-            p.metadata.deletion_timestamp =
-                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                    k8s_openapi::jiff::Timestamp::now(),
-                ));
+            p.metadata.deletion_timestamp = Some(
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(crate::clock::server_time()),
+            );
         });
         let v = s.version;
         drop(s);

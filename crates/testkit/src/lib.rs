@@ -7,6 +7,7 @@
 //! `kubelet.sock`, again as the kubelet does.
 
 pub mod api;
+pub mod clock;
 pub mod cluster;
 pub mod kubelet;
 pub mod kubelet_node;

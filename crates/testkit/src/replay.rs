@@ -65,7 +65,7 @@ pub fn trace_pod(name: &str, request: &Request) -> Pod {
     }
     serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": "trace", "annotations": annotations,
-            "creationTimestamp": k8s_openapi::jiff::Timestamp::now().to_string()},
+            "creationTimestamp": crate::clock::server_time().to_string()},
         "spec": {"schedulerName": "gpuplace", "containers": [{"name": "main", "image": "busybox",
             "resources": {"requests": {"cpu": format!("{}m", request.cpu_milli),
                 "memory": format!("{}Mi", request.memory_mib)}, "limits": limits}}]},

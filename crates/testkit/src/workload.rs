@@ -92,7 +92,7 @@ pub fn pod_of(name: &str, shape: Shape, group: Option<&str>) -> Pod {
 }
 
 fn jiff_now() -> String {
-    k8s_openapi::jiff::Timestamp::now().to_string()
+    crate::clock::server_time().to_string()
 }
 
 /// Draws a shape: mostly whole-GPU pods, a quarter of multi-container kinds, a few gangs.

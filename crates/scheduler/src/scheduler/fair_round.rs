@@ -67,7 +67,7 @@ impl<A: ClusterApi> Scheduler<A> {
             let none: Option<(&Picker<'_, ()>, usize)> = None;
             let mut waiting = self.told(snapshot, round, pods[0], Blocker::Queue, None, none);
             waiting.unblock = Some("its queue made, or fixed".into());
-            let segments = super::waiting::segments(&waiting);
+            let segments = super::waiting::segments(&waiting, self.wall_ms());
             let message = format!("{why}; the pod waits until it can be served.{segments}");
             self.refuse(&pods, message, now, report);
         }
@@ -105,7 +105,7 @@ impl<A: ClusterApi> Scheduler<A> {
                 "pods of queue {} ending, or its limit raised",
                 hit.queue
             ));
-            let segments = super::waiting::segments(&waiting);
+            let segments = super::waiting::segments(&waiting, self.wall_ms());
             self.refuse(
                 pods,
                 format!(

@@ -289,7 +289,7 @@ impl<A: ClusterApi> Scheduler<A> {
                 let message = format!(
                     "{}{}",
                     outcome.message(&sentence(&reason), snapshot.nodes.len()),
-                    super::waiting::gang_segments(outcome.unblock())
+                    super::waiting::gang_segments(outcome.unblock(), self.wall_ms())
                 );
                 report.waiting_gangs += 1;
                 if !matches!(outcome, Outcome::Waiting) {

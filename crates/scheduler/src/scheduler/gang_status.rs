@@ -65,7 +65,7 @@ impl<A: ClusterApi> Scheduler<A> {
                     "{} The gang waits up to {}s for its members to fit at once.{}",
                     why.message,
                     timeout.as_secs(),
-                    super::waiting::gang_segments(None)
+                    super::waiting::gang_segments(None, self.wall_ms())
                 );
                 for (pod, _) in members {
                     self.events
@@ -145,7 +145,7 @@ impl<A: ClusterApi> Scheduler<A> {
             return;
         }
         let mut stamped = status.clone();
-        let now = crate::clock::rfc3339(std::time::SystemTime::now());
+        let now = crate::clock::rfc3339(self.wall.at(self.round_clock()));
         for c in &mut stamped.conditions {
             c.last_transition_time = Some(now.clone());
         }
@@ -167,7 +167,10 @@ impl<A: ClusterApi> Scheduler<A> {
         now: Instant,
         report: &mut RoundReport,
     ) {
-        let reason = format!("{reason}{}", super::waiting::gang_segments(None));
+        let reason = format!(
+            "{reason}{}",
+            super::waiting::gang_segments(None, self.wall_ms())
+        );
         for (pod, _) in members {
             self.queue.unschedulable(&pod.key.uid, now);
             self.events

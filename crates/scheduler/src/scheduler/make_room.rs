@@ -183,7 +183,7 @@ impl<A: ClusterApi> Scheduler<A> {
                 Moves::Done(_) => return Made::Nothing,
                 Moves::Refused { pod: stays, why } => {
                     self.refused_moves
-                        .insert(stays.uid.clone(), std::time::Instant::now());
+                        .insert(stays.uid.clone(), self.round_clock());
                     refused = Some(why);
                     continue;
                 }
@@ -213,7 +213,7 @@ impl<A: ClusterApi> Scheduler<A> {
             return Err(Made::Nothing);
         }
         let started = std::time::Instant::now();
-        let refused = self.refused_now();
+        let refused = self.refused_now(self.round_clock());
         let set = self.movable_now(snapshot, view, &round.volumes, &|uid| refused.contains(uid));
         if set.movables.units() == 0 {
             return Err(Made::Nothing);
@@ -277,8 +277,7 @@ impl<A: ClusterApi> Scheduler<A> {
     }
 
     /// The pods whose move the server refused lately (left out of plans).
-    fn refused_now(&mut self) -> std::collections::HashSet<String> {
-        let now = std::time::Instant::now();
+    fn refused_now(&mut self, now: std::time::Instant) -> std::collections::HashSet<String> {
         self.refused_moves
             .retain(|_, at| now.saturating_duration_since(*at) < REFUSED_FOR);
         self.refused_moves.keys().cloned().collect()
@@ -360,7 +359,7 @@ impl<A: ClusterApi> Scheduler<A> {
         };
         let rules = Eligibility {
             min_age: self.config.defrag.settings.min_age,
-            now: k8s_openapi::jiff::Timestamp::now(),
+            now: self.wall.timestamp(self.round_clock()),
             skip: &skip,
         };
         let filtering = Filtering {
@@ -392,7 +391,7 @@ impl<A: ClusterApi> Scheduler<A> {
         let order = gpuplace_core::preempt::largest_first(
             demands.iter().map(|d| d.request.total_gpu_milli()),
         );
-        let refused = self.refused_now();
+        let refused = self.refused_now(self.round_clock());
         let set = self.movable_now(snapshot, view, &round.volumes, &|uid| refused.contains(uid));
         if set.movables.units() == 0 {
             return None;
@@ -480,7 +479,7 @@ impl<A: ClusterApi> Scheduler<A> {
             Moves::Done(_) => return None,
             Moves::Refused { pod: stays, why } => {
                 self.refused_moves
-                    .insert(stays.uid.clone(), std::time::Instant::now());
+                    .insert(stays.uid.clone(), self.round_clock());
                 for (pod, _) in members {
                     self.unfinished.insert(pod.key.uid.clone());
                 }

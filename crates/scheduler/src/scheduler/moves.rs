@@ -94,7 +94,7 @@ impl<A: ClusterApi> Scheduler<A> {
                     .map(|d| d.extended.clone())
                     .unwrap_or_default(),
                 for_pod: for_pod.cloned(),
-                since: std::time::Instant::now(),
+                since: self.round_clock(),
             };
             self.steers.push_held(steer, snapshot.as_deref_mut());
             moved.push(key.clone());

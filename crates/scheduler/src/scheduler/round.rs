@@ -27,6 +27,17 @@ use crate::shared::members::Steered;
 use crate::snapshot::Snapshot;
 
 impl<A: ClusterApi> Scheduler<A> {
+    /// The clock of the round in progress (`schedule`'s `now`), so that holds and refusals
+    /// age with the driver's clock (a simulated one in stresses), never the wall's.
+    pub(super) fn round_clock(&self) -> Instant {
+        self.last_round.unwrap_or_else(Instant::now)
+    }
+
+    /// The wall time of the round in progress, ms since the epoch.
+    pub(super) fn wall_ms(&self) -> i64 {
+        self.wall.ms(self.round_clock())
+    }
+
     /// Whether nothing changed since the last round: no watch event, no write outcome,
     /// no backoff ended, and the gate as it was.
     fn is_idle(&self, now: Instant) -> bool {
@@ -163,7 +174,7 @@ impl<A: ClusterApi> Scheduler<A> {
         self.observe(&view);
         self.queue.flush(now);
         self.room_memo.forget_before(now);
-        let mut snapshot = self.state_for_round(&view, feed).await;
+        let mut snapshot = self.state_for_round(&view, feed, now).await;
         let waiting: Vec<&Arc<PodInfo>> = view
             .pods
             .iter()
@@ -209,7 +220,7 @@ impl<A: ClusterApi> Scheduler<A> {
         report.preemption_searches = std::mem::take(&mut round.preemption_times);
         self.finish_round(snapshot, &mut report);
         if queues_in_use {
-            let stamp = crate::clock::rfc3339(std::time::SystemTime::now());
+            let stamp = crate::clock::rfc3339(self.wall.at(now));
             self.queue_status.want(&report.queues, &view, &stamp);
             self.flush_queue_statuses(now).await;
         }
@@ -218,7 +229,12 @@ impl<A: ClusterApi> Scheduler<A> {
 
     /// The kept cluster state brought up to the view: reservations reconciled, the
     /// workload FGD measures against, and the devices held for preemptors.
-    async fn state_for_round(&mut self, view: &ClusterView, feed: PodFeed) -> Snapshot {
+    async fn state_for_round(
+        &mut self,
+        view: &ClusterView,
+        feed: PodFeed,
+        now: Instant,
+    ) -> Snapshot {
         let Brought {
             mut snapshot,
             lost,
@@ -246,7 +262,7 @@ impl<A: ClusterApi> Scheduler<A> {
         }
         // So are the places planned for moved pods' replacements.
         let ttl = self.config.defrag.steer_ttl;
-        self.steers.hold(&mut snapshot, Instant::now(), ttl);
+        self.steers.hold(&mut snapshot, now, ttl);
         snapshot
     }
 
@@ -464,6 +480,7 @@ impl<A: ClusterApi> Scheduler<A> {
             &unfit,
             snapshot.nodes.len(),
             waiting,
+            self.wall_ms(),
         );
         self.cluster.hold_nominee(&pod.key.uid, snapshot);
         report.timings.api += started.elapsed();
@@ -557,6 +574,7 @@ fn failure_message(
     unfit: &str,
     nodes: usize,
     mut waiting: gpuplace_core::waiting::Waiting,
+    now_ms: i64,
 ) -> String {
     let mut message = outcome.message(unfit, nodes);
     if let Some(more) = made.and_then(Made::message) {
@@ -567,6 +585,6 @@ fn failure_message(
         (Some(_) | None, Some(room)) if outcome.found_nothing() => Some(room),
         (found, _) => found,
     };
-    message.push_str(&super::waiting::segments(&waiting));
+    message.push_str(&super::waiting::segments(&waiting, now_ms));
     message
 }

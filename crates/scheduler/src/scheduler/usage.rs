@@ -16,13 +16,14 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use gpuplace_core::fairshare::{
     DIMS, Ledger, QueueTree, Res, Usage, parse_half_life, show_amount, show_half_life,
 };
 
 use crate::api::ClusterView;
+use crate::clock::WallClock;
 use crate::k8s::queue::QueueUsage;
 
 /// How often the usage shown in the queues' status is brought up to date (each time is a
@@ -42,14 +43,13 @@ pub struct UsageBook {
     /// The usage as last shown (by queue name), and when it was taken.
     shown: HashMap<String, QueueUsage>,
     shown_at: Option<Instant>,
-    /// A fixed pairing of the round clock and wall time: wall times follow the rounds'
-    /// `now` (tests drive them).
-    epoch: (Instant, SystemTime),
+    /// Wall times follow the rounds' `now` (tests drive them).
+    wall: WallClock,
 }
 
 impl UsageBook {
     /// `default_ms`: the half-life of queues that set none, nor their parents.
-    pub fn new(default_ms: u64) -> UsageBook {
+    pub fn new(default_ms: u64, wall: WallClock) -> UsageBook {
         UsageBook {
             default_ms,
             tree: None,
@@ -58,19 +58,13 @@ impl UsageBook {
             loaded: false,
             shown: HashMap::new(),
             shown_at: None,
-            epoch: (Instant::now(), SystemTime::now()),
+            wall,
         }
     }
 
     /// Wall time of the round clock's `now`, ms since the epoch.
     fn wall_ms(&self, now: Instant) -> i64 {
-        let wall = if now >= self.epoch.0 {
-            self.epoch.1 + (now - self.epoch.0)
-        } else {
-            self.epoch.1 - (self.epoch.0 - now)
-        };
-        wall.duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64)
+        self.wall.ms(now)
     }
 
     /// Brings the ledger to `now` for `tree` at a round's start: what each queue held since

@@ -21,22 +21,15 @@ use crate::k8s::pod_info::PodInfo;
 use crate::shared::members::UnfitFound;
 use crate::snapshot::Snapshot;
 
-/// Milliseconds since the epoch, now.
-fn wall_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
-
 fn time_text(ms: i64) -> String {
     crate::clock::rfc3339(
         SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64),
     )
 }
 
-/// `waiting` as written after a pod's message.
-pub(super) fn segments(waiting: &Waiting) -> String {
-    waiting.segments(wall_ms(), &time_text)
+/// `waiting` as written after a pod's message, at `now_ms` (the scheduler's wall clock).
+pub(super) fn segments(waiting: &Waiting, now_ms: i64) -> String {
+    waiting.segments(now_ms, &time_text)
 }
 
 impl<A: ClusterApi> Scheduler<A> {
@@ -99,7 +92,7 @@ impl<A: ClusterApi> Scheduler<A> {
     ) -> Waiting {
         let request = pod.demand.as_ref().ok().map(|d| &d.request);
         let queue = fair.map(|(_, q)| q);
-        let now_ms = wall_ms();
+        let now_ms = self.wall_ms();
         let start = match (&blocker, request) {
             (Blocker::QueueLimit | Blocker::Queue | Blocker::Gang, _) | (_, None) => None,
             (_, Some(request)) => {
@@ -164,7 +157,7 @@ impl<A: ClusterApi> Scheduler<A> {
 
 /// The segments of a gang member that waits for its gang (what PostFilter found for the
 /// gang, when it ran).
-pub(super) fn gang_segments(unblock: Option<String>) -> String {
+pub(super) fn gang_segments(unblock: Option<String>, now_ms: i64) -> String {
     Waiting {
         blocker: Blocker::Gang,
         position: None,
@@ -172,5 +165,5 @@ pub(super) fn gang_segments(unblock: Option<String>) -> String {
         unblock,
         start: None,
     }
-    .segments(wall_ms(), &time_text)
+    .segments(now_ms, &time_text)
 }

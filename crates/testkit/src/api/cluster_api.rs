@@ -179,7 +179,7 @@ impl ClusterApi for MemoryApi {
                 PodCondition {
                     type_: "PodScheduled".into(),
                     status: "True".into(),
-                    last_transition_time: Some(Time(k8s_openapi::jiff::Timestamp::now())),
+                    last_transition_time: Some(Time(crate::clock::server_time())),
                     ..Default::default()
                 },
             );
@@ -307,7 +307,7 @@ impl ClusterApi for MemoryApi {
             status: "False".into(),
             reason: Some("Unschedulable".into()),
             message: Some(message.to_string()),
-            last_transition_time: Some(Time(k8s_openapi::jiff::Timestamp::now())),
+            last_transition_time: Some(Time(crate::clock::server_time())),
             ..Default::default()
         };
         self.write_status(pod, |p| set_condition(p, condition))

@@ -203,7 +203,7 @@ impl MemoryApi {
                     .insert(
                         pod.name.clone(),
                         k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                            k8s_openapi::jiff::Timestamp::now(),
+                            crate::clock::server_time(),
                         ),
                     );
             }
