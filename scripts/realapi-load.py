@@ -7,6 +7,7 @@
   realapi-load.py unqueue                    # deletes the Queue objects
   realapi-load.py bind [--threads 16]         # a trivial binder: one Binding per pending pod
   realapi-load.py watch M [--timeout 600]    # one watch stream; pods/s from the 10% to the 90% bound mark
+  realapi-load.py check [--gpus 1]           # every bound pod's gpuplace.io/assignment: on its node, its GPUs, none overbooked
   realapi-load.py clean                      # deletes the pods (grace 0) and the nodes
 
 Talks to `kubectl proxy` on 127.0.0.1:8001 (start it first); standard library only. Not for CI.
@@ -107,9 +108,34 @@ def watch_bound(count, timeout):
     return 0
 
 
+def check(gpus):
+    """Each bound pod carries an assignment for its node with `gpus` whole GPUs, and no GPU
+    holds more than 1000 milli over all pods; prints the counts, returns 1 on any fault."""
+    pods = call("GET", "/api/v1/namespaces/default/pods").get("items", [])
+    used, bound, missing, wrong = {}, 0, 0, 0
+    for p in pods:
+        node = p["spec"].get("nodeName")
+        if not node:
+            continue
+        bound += 1
+        text = p["metadata"].get("annotations", {}).get("gpuplace.io/assignment")
+        if text is None:
+            missing += 1
+            continue
+        a = json.loads(text)
+        devices = [d for c in a.get("containers", []) for d in c.get("devices", [])]
+        if a.get("node") != node or sum(d["milli"] for d in devices) != 1000 * gpus:
+            wrong += 1
+        for d in devices:
+            used[(node, d["id"])] = used.get((node, d["id"]), 0) + d["milli"]
+    over = sum(1 for v in used.values() if v > 1000)
+    print(f"{bound} bound, {missing} without an assignment, {wrong} not on their node or size, {over} GPUs overbooked")
+    return 1 if missing or wrong or over else 0
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["nodes", "pods", "bind", "watch", "clean", "queues", "unqueue"])
+    ap.add_argument("what", choices=["nodes", "pods", "bind", "watch", "check", "clean", "queues", "unqueue"])
     ap.add_argument("count", type=int, nargs="?", default=0)
     ap.add_argument("--gpus", type=int, default=None)
     ap.add_argument("--scheduler", default="gpuplace")
@@ -146,6 +172,8 @@ def main():
             range(len(names))))
     elif a.what == "watch":
         return watch_bound(a.count, a.timeout)
+    elif a.what == "check":
+        return check(a.gpus or 1)
     else:
         pods = call("GET", "/api/v1/namespaces/default/pods").get("items", [])
         list(pool.map(lambda p: call("DELETE", "/api/v1/namespaces/default/pods/"

@@ -95,7 +95,8 @@ pub struct SchedulerArgs {
     /// `gpuplace replay --speed K` keeps the simulator's timing with all three divided by K.
     #[arg(long, env = "GPUPLACE_UNSCHEDULABLE_FLUSH")]
     unschedulable_flush: Option<f64>,
-    /// Bindings in flight at once [default: 16].
+    /// Bindings in flight at once [default: 64; on a real API server at 5,000 nodes and
+    /// 40,000 pods, 16 bound 570 pods/s where the Go null binder (64) bound 683 and 64 724].
     #[arg(long, env = "GPUPLACE_MAX_IN_FLIGHT")]
     max_in_flight: Option<usize>,
     /// The scheduler's requests per second to the API server (Bindings, Events, reads,
@@ -241,7 +242,7 @@ pub fn run(args: SchedulerArgs) -> anyhow::Result<()> {
         max_in_flight: args
             .max_in_flight
             .or(file.max_in_flight)
-            .unwrap_or(16)
+            .unwrap_or(64)
             .max(1),
         ..Default::default()
     };
