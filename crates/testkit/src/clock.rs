@@ -9,25 +9,17 @@
 //! time where it is paused.
 
 use std::sync::OnceLock;
-use std::time::{Instant, SystemTime};
 
+use gpuplace_scheduler::clock::WallClock;
 use k8s_openapi::jiff::Timestamp;
 
-/// A process-wide pairing of a monotonic instant with the wall time at that instant.
-fn epoch() -> &'static (Instant, SystemTime) {
-    static EPOCH: OnceLock<(Instant, SystemTime)> = OnceLock::new();
-    EPOCH.get_or_init(|| (Instant::now(), SystemTime::now()))
-}
-
-/// Wall time now on the current tokio clock (paused or not).
+/// Wall time now on the current tokio clock (paused or not): the scheduler's own mapping
+/// of an instant to wall time, from one process-wide pairing.
 pub fn server_time() -> Timestamp {
-    let (base, wall) = *epoch();
-    let now = tokio::time::Instant::now().into_std();
-    let at = match now.checked_duration_since(base) {
-        Some(ahead) => wall + ahead,
-        None => wall - base.duration_since(now),
-    };
-    Timestamp::try_from(at).unwrap_or_else(|_| Timestamp::now())
+    static EPOCH: OnceLock<WallClock> = OnceLock::new();
+    EPOCH
+        .get_or_init(WallClock::default)
+        .timestamp(tokio::time::Instant::now().into_std())
 }
 
 #[cfg(test)]
