@@ -213,7 +213,7 @@ impl<A: ClusterApi> Scheduler<A> {
             return Err(Made::Nothing);
         }
         let started = std::time::Instant::now();
-        let refused = self.refused_now(self.round_clock());
+        let refused = self.refused_now(now);
         let set = self.movable_now(snapshot, view, &round.volumes, &|uid| refused.contains(uid));
         if set.movables.units() == 0 {
             return Err(Made::Nothing);
