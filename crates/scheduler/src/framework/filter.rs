@@ -296,7 +296,7 @@ pub fn with_preferences<'a>(
 /// Node verdicts per filter key, computed once per round.
 #[derive(Default)]
 pub struct VerdictCache {
-    by_key: HashMap<String, Verdicts>,
+    by_key: HashMap<Arc<str>, Verdicts>,
 }
 
 impl VerdictCache {

@@ -7,6 +7,7 @@
 //! than once per round.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{NodeSelector, Pod, PreferredSchedulingTerm, Toleration};
 use k8s_openapi::jiff::Timestamp;
@@ -152,9 +153,11 @@ pub struct PodInfo {
     pub allocated: Option<String>,
     /// What it asks for, or why its requests are malformed.
     pub demand: Result<PodDemand, String>,
-    pub terms: Option<Box<SchedulingTerms>>,
+    /// Shared by the pods whose terms are equal (the pod store interns them: the API
+    /// server's default tolerations alone give every pod terms).
+    pub terms: Option<Arc<SchedulingTerms>>,
     /// [`SchedulingTerms::key`], empty for a pod without terms.
-    pub filter_key: String,
+    pub filter_key: Arc<str>,
     /// The pod's labels (other pods' affinity and spread constraints select on them).
     pub labels: BTreeMap<String, String>,
     /// Host ports, pod (anti-)affinity and spread constraints, if any.
@@ -260,11 +263,13 @@ impl PodInfo {
                 .and_then(|a| a.get(ALLOCATED_ANNOTATION))
                 .cloned(),
             demand: pod_demand(pod, gpu_resource).map_err(|e| e.to_string()),
-            filter_key: terms.as_ref().map(SchedulingTerms::key).unwrap_or_default(),
+            filter_key: terms
+                .as_ref()
+                .map_or_else(|| Arc::from(""), |t| Arc::from(t.key())),
             labels: meta.labels.clone().unwrap_or_default(),
             placement: crate::k8s::pod_terms::PodTerms::of(pod).map(Box::new),
             claims: crate::k8s::claims::claims_of(pod),
-            terms: terms.map(Box::new),
+            terms: terms.map(Arc::new),
             controller: controller_of(pod),
             expected_end: expected_end(pod),
             movable: movable_of(pod),
@@ -360,7 +365,7 @@ mod tests {
         assert!(!info.is_pending_for("default-scheduler"));
         assert_eq!(info.demand.as_ref().unwrap().request.gpu_count, 2);
         assert!(info.terms.is_none());
-        assert_eq!(info.filter_key, "");
+        assert_eq!(&*info.filter_key, "");
     }
 
     #[test]

@@ -9,7 +9,7 @@ use crate::k8s::pod_info::PodInfo;
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct RoomShape {
     request: gpuplace_model::Request,
-    terms: String,
+    terms: std::sync::Arc<str>,
 }
 
 impl RoomShape {
