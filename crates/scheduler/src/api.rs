@@ -112,6 +112,9 @@ pub struct EventRecord {
     pub kind: String,
     pub reason: String,
     pub message: String,
+    /// When it happened (the scheduler's wall clock when it was queued): an Event sent
+    /// late, behind Bindings, still says when.
+    pub at: k8s_openapi::jiff::Timestamp,
 }
 
 /// One Binding: the pod (its UID and the resourceVersion the decision saw, both sent as

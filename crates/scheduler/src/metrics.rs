@@ -47,6 +47,7 @@ pub struct Metrics {
     pub in_flight: Gauge,
     pub reservations: Gauge,
     pub events_dropped: Gauge,
+    pub events_queued: Gauge,
     /// Pods evicted by preemption.
     pub preempted: Counter,
     /// Pods moved by defragmentation, by reason.
@@ -108,6 +109,7 @@ impl Default for Metrics {
             in_flight: Gauge::default(),
             reservations: Gauge::default(),
             events_dropped: Gauge::default(),
+            events_queued: Gauge::default(),
             preempted: Counter::default(),
             defrag_moves: Family::default(),
             nominated: Gauge::default(),
@@ -169,6 +171,11 @@ impl Metrics {
             "events_dropped",
             "Events dropped because too many were queued",
             self.events_dropped.clone(),
+        );
+        r.register(
+            "events_queued",
+            "Events waiting to be sent (they yield to Bindings while those are busy)",
+            self.events_queued.clone(),
         );
         r.register(
             "preemption_victims",
@@ -278,6 +285,7 @@ impl Metrics {
         self.in_flight.set(report.in_flight as i64);
         self.reservations.set(report.reservations as i64);
         self.events_dropped.set(report.events_dropped as i64);
+        self.events_queued.set(report.events_queued as i64);
         self.nominated.set(report.nominated as i64);
         self.gpus_total
             .set((report.gpu_capacity_milli / 1000) as i64);

@@ -102,6 +102,8 @@ pub struct RoundReport {
     pub in_flight: usize,
     pub reservations: usize,
     pub events_dropped: u64,
+    /// Events waiting to be sent when it ended.
+    pub events_queued: usize,
     /// Nothing changed since the last round: no view was built.
     pub idle: bool,
     /// Decisions made (reservations taken, Bindings handed to the bind stage).
@@ -237,13 +239,17 @@ impl<A: ClusterApi> Scheduler<A> {
         let config_usage = config.usage_half_life_ms;
         let wall = crate::clock::WallClock::default();
         let placer = crate::framework::placer(config.policy, &config.weights, config.seed);
+        let binder =
+            crate::shared::bind::Binder::new(api.clone(), gate.clone(), config.max_in_flight);
+        let events = events::EventSink::new(
+            api.clone(),
+            config.max_in_flight.min(16),
+            binder.load(),
+            wall,
+        );
         Scheduler {
-            binder: crate::shared::bind::Binder::new(
-                api.clone(),
-                gate.clone(),
-                config.max_in_flight,
-            ),
-            events: events::EventSink::new(api.clone(), config.max_in_flight.min(16)),
+            binder,
+            events,
             queue: Queue::new(config.queue),
             api,
             config,

@@ -83,6 +83,7 @@ impl NodeApi for MemoryApi {
             kind: "Warning".into(),
             reason: reason.to_string(),
             message: note,
+            at: crate::clock::server_time(),
         });
         Ok(())
     }

@@ -407,6 +407,7 @@ impl ClusterApi for KubeApi {
                 action,
                 note: truncate_bytes(&event.message, MAX_NOTE_BYTES),
                 regarding: &reference,
+                at: event.at,
             })
             .await
             .map_err(api_error)
@@ -550,6 +551,7 @@ impl ClusterApi for KubeApi {
                 action: "Validating",
                 note: truncate_bytes(message, MAX_NOTE_BYTES),
                 regarding: &reference,
+                at: k8s_openapi::jiff::Timestamp::now(),
             })
             .await
             .map_err(api_error)

@@ -347,6 +347,7 @@ impl<A: ClusterApi> Scheduler<A> {
         report.in_flight = self.binder.in_flight();
         report.reservations = self.cluster.reserved_count();
         report.events_dropped = self.events.dropped();
+        report.events_queued = self.events.queued();
         report.gpu_capacity_milli = snapshot.state.gpu_capacity_milli();
         report.gpu_allocated_milli = snapshot.state.gpu_allocated_milli();
         report.fragmentation_milli = snapshot.state.total_frag() as u64;

@@ -434,6 +434,7 @@ async fn writes_go_over_the_wire_as_the_api_server_expects() {
         kind: "Normal".into(),
         reason: "Scheduled".into(),
         message: "Successfully assigned ml/train-0 to n1".into(),
+        at: k8s_openapi::jiff::Timestamp::now(),
     })
     .await
     .unwrap();
@@ -444,6 +445,7 @@ async fn writes_go_over_the_wire_as_the_api_server_expects() {
         kind: "Warning".into(),
         reason: "FailedScheduling".into(),
         message: "0/3 nodes are available: ".to_string() + &"é".repeat(900),
+        at: k8s_openapi::jiff::Timestamp::now(),
     };
     api.event(failed.clone()).await.unwrap();
     api.event(failed).await.unwrap();

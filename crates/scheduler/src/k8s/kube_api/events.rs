@@ -49,6 +49,8 @@ pub struct Record<'a> {
     pub action: &'a str,
     pub note: &'a str,
     pub regarding: &'a ObjectReference,
+    /// When it happened (its eventTime, or its series' lastObservedTime).
+    pub at: Timestamp,
 }
 
 /// Writes Events for one reporting controller and instance.
@@ -130,7 +132,7 @@ impl Publisher {
     /// Writes `record`: a repeat bumps its Event's series, anything else is a new Event.
     pub async fn publish(&self, record: Record<'_>) -> Result<(), kube::Error> {
         let key = key_of(&record);
-        let now = Timestamp::now();
+        let now = record.at;
         if let Some((namespace, name, count)) = self.repeat_of(&key) {
             let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
             let series = EventSeries {
@@ -157,7 +159,8 @@ impl Publisher {
             .clone()
             .unwrap_or_else(|| "default".to_string());
         let object = record.regarding.name.as_deref().unwrap_or(&self.controller);
-        let name = format!("{object}.{:x}", now.as_nanosecond());
+        // Named by the time it is written (unique), not when it happened.
+        let name = format!("{object}.{:x}", Timestamp::now().as_nanosecond());
         let event = Event {
             metadata: ObjectMeta {
                 name: Some(name.clone()),
@@ -200,6 +203,7 @@ mod tests {
             action: "Scheduling",
             note,
             regarding: &pod,
+            at: Timestamp::now(),
         };
         let first = key_of(&record("only 0 of 3 members fit"));
         assert_eq!(first, key_of(&record("only 0 of 3 members fit")));
