@@ -8,13 +8,19 @@
 # unless GPUPLACE_ARGS says otherwise). pods/s from the 10% to the 90% bound mark on one watch
 # stream, then the binder runs until every pod is bound. PAIRS pairs (default 3), alternating; gpuplace's pods checked after each run (every
 # bound pod's assignment on its node, no GPU overbooked). Peak RSS (VmHWM) of each binder.
-# ORDER="gpuplace" runs gpuplace alone (an experiment, not a pair).
+# ORDER="gpuplace" runs gpuplace alone (an experiment, not a pair); ORDER="go gpuplace kube" adds
+# the stock kube-scheduler (v1.26 from ../shared/realapi, qps 5000, its pods named
+# default-scheduler) to each round, for its peak RSS on the same pods. GPUPLACE_ENV: variables
+# for gpuplace's environment (e.g. MALLOC_ARENA_MAX=2). STREAM=1: the binder starts first and
+# the pods are created while it runs (16 at a time); the rate then follows the creation, and
+# "bound after" says how long after the last pod was created the last one was bound.
 set -euo pipefail
 PAIRS=${PAIRS:-3}
 NODES=${NODES:-1000}
 PODS=${PODS:-5000}
 GPUPLACE=${GPUPLACE:-target/release/gpuplace}
 NULLBINDER=${NULLBINDER:-$HOME/kcp/bin/nullbinder}
+KUBE_SCHEDULER=${KUBE_SCHEDULER:-$HOME/kcp/bin/kube-scheduler}
 LOAD="python3 scripts/realapi-load.py"
 kubectl proxy --port 8001 >/dev/null 2>&1 &
 proxy=$!
@@ -48,25 +54,47 @@ hwm() { awk '/VmHWM/ {printf "%.0f MiB", $2 / 1024}' "/proc/$1/status" 2>/dev/nu
 one() { # go|gpuplace PAIR
   local name=gpuplace
   [[ $1 == go ]] && name=nullgo
-  local t0=$SECONDS
-  $LOAD pods "$PODS" --scheduler "$name"
-  local made=$((SECONDS - t0))
+  [[ $1 == kube ]] && name=default-scheduler
+  local t0=$SECONDS made=0
+  if [[ -z ${STREAM:-} ]]; then
+    $LOAD pods "$PODS" --scheduler "$name"
+    made=$((SECONDS - t0))
+  fi
   local pid
   if [[ $1 == go ]]; then
     "$NULLBINDER" --kubeconfig "$KUBECONFIG" --scheduler-name nullgo --node-names /tmp/pairs-nodes.txt >/tmp/pairs-go.log 2>&1 &
     pid=$!
+  elif [[ $1 == kube ]]; then
+    printf 'apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\nclientConnection:\n  kubeconfig: %s\n  qps: 5000\n  burst: 5000\nleaderElection:\n  leaderElect: false\n' \
+      "$KUBECONFIG" >/tmp/pairs-kube.yaml
+    "$KUBE_SCHEDULER" --config=/tmp/pairs-kube.yaml --authentication-kubeconfig="$KUBECONFIG" \
+      --authorization-kubeconfig="$KUBECONFIG" --bind-address=127.0.0.1 --secure-port=10259 >/tmp/pairs-kube.log 2>&1 &
+    pid=$!
   else
     # shellcheck disable=SC2086
-    "$GPUPLACE" scheduler --kubeconfig "$KUBECONFIG" --leader-elect false --metrics-addr 127.0.0.1:0 ${GPUPLACE_ARGS:-} >/tmp/pairs-gpuplace.log 2>&1 &
+    env ${GPUPLACE_ENV:-} "$GPUPLACE" scheduler --kubeconfig "$KUBECONFIG" --leader-elect false --metrics-addr 127.0.0.1:0 ${GPUPLACE_ARGS:-} >/tmp/pairs-gpuplace.log 2>&1 &
     pid=$!
   fi
-  local rate
-  rate=$($LOAD watch "$PODS" --timeout 900)
+  local rate streamed=""
+  if [[ -n ${STREAM:-} ]]; then
+    sleep 5 # the binder's first list
+    $LOAD watch "$PODS" --timeout 900 >/tmp/pairs-rate.txt &
+    local watcher=$!
+    t0=$SECONDS
+    $LOAD pods "$PODS" --scheduler "$name"
+    made=$((SECONDS - t0))
+    local last=$SECONDS
+    wait "$watcher" || true
+    rate=$(cat /tmp/pairs-rate.txt)
+  else
+    rate=$($LOAD watch "$PODS" --timeout 900)
+  fi
   # The rate stops at the 90% mark; the binder goes on until every pod is bound (or 5 min).
   local waited=0
   while [[ $(kubectl get pods --field-selector=spec.nodeName= -o name | wc -l) -ne 0 && $waited -lt 300 ]]; do
     sleep 2; waited=$((waited + 2))
   done
+  [[ -n ${STREAM:-} ]] && streamed="; bound after $((SECONDS - last)) s"
   sleep 1
   local mem cpu
   mem=$(hwm "$pid")
@@ -75,7 +103,7 @@ one() { # go|gpuplace PAIR
   local unbound checked=""
   unbound=$(kubectl get pods --field-selector=spec.nodeName= -o name | wc -l)
   [[ $1 == gpuplace ]] && checked="; $($LOAD check --gpus 1 || true)"
-  echo "pair $2 $1: $rate; unbound $unbound; peak RSS $mem; CPU ${cpu} s; pods created in ${made} s$checked"
+  echo "pair $2 $1: $rate; unbound $unbound; peak RSS $mem; CPU ${cpu} s; pods created in ${made} s$streamed$checked"
   # Not a DELETE of the collection: the server's one delete-collection worker takes
   # many minutes over 40,000 pods.
   clean_pods

@@ -2,13 +2,15 @@
 """Loads a real API server (../shared/realapi) for gpuplace's checks, and times binding.
 
   realapi-load.py nodes N [--gpus 8]          # N Ready nodes with an 8-GPU gpuplace inventory
-  realapi-load.py pods M [--scheduler gpuplace] [--gpus 1] [--prefix p] [--queues K]
+  realapi-load.py pods M [--scheduler gpuplace] [--gpus 1] [--prefix p] [--queues K] [--mix]
+      # --mix: of every 20 pods 8 take one GPU, 4 half a GPU (gpu-milli 500), 3 two, 2 four, 1 eight,
+      # 2 are members of 4-pod gangs of 2-GPU pods (a PodGroup each): 1.8 GPUs a pod on average
   realapi-load.py queues K [--gpus G]        # K Queue objects q000.. guaranteed G GPUs each
   realapi-load.py unqueue                    # deletes the Queue objects
   realapi-load.py bind [--threads 16]         # a trivial binder: one Binding per pending pod
   realapi-load.py watch M [--timeout 600]    # one watch stream; pods/s from the 10% to the 90% bound mark
-  realapi-load.py check [--gpus 1]           # every bound pod's gpuplace.io/assignment: on its node, its GPUs, none overbooked
-  realapi-load.py clean                      # deletes the pods (grace 0) and the nodes
+  realapi-load.py check                      # every bound pod's gpuplace.io/assignment: on its node, its GPUs, none overbooked
+  realapi-load.py clean                      # deletes the pods (grace 0), the PodGroups and the nodes
 
 Talks to `kubectl proxy` on 127.0.0.1:8001 (start it first); standard library only. Not for CI.
 """
@@ -64,18 +66,57 @@ def make_node(name, gpus):
          "application/merge-patch+json")
 
 
-def make_pod(name, scheduler, gpus, queue=None):
-    metadata = {"name": name}
+def make_pod(name, scheduler, gpus, queue=None, milli=None, group=None):
+    metadata = {"name": name, "labels": {}}
     if queue is not None:
-        metadata["labels"] = {"gpuplace.io/queue": queue}
+        metadata["labels"]["gpuplace.io/queue"] = queue
+    if group is not None:
+        metadata["labels"]["gpuplace.io/pod-group"] = group
+    limits = {"gpuplace.io/gpu-milli": str(milli)} if milli else {"nvidia.com/gpu": str(gpus)}
     call("POST", "/api/v1/namespaces/default/pods", {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": metadata,
         "spec": {"schedulerName": scheduler, "terminationGracePeriodSeconds": 0,
                  "containers": [{"name": "main", "image": "busybox",
                                  "resources": {"requests": {"cpu": "100m", "memory": "100Mi"},
-                                               "limits": {"nvidia.com/gpu": str(gpus)}}}]},
+                                               "limits": limits}}]},
     })
+
+
+MIX = [("gpu", 1)] * 8 + [("milli", 500)] * 4 + [("gpu", 2)] * 3 + [("gpu", 4)] * 2 + [("gpu", 8)] \
+    + [("gang", 2)] * 2
+GANG = 4
+
+
+def mix_shapes(count):
+    """Pod i's shape in the mix: (gpus, milli, group); gangs of GANG members, the last one smaller."""
+    shapes, members = [], 0
+    for i in range(count):
+        kind, size = MIX[i % len(MIX)]
+        if kind == "gang":
+            shapes.append((size, None, f"g{members // GANG:05d}"))
+            members += 1
+        else:
+            shapes.append((size if kind == "gpu" else 0, size if kind == "milli" else None, None))
+    return shapes
+
+
+def make_groups(pool, shapes):
+    sizes = {}
+    for _, _, group in shapes:
+        if group:
+            sizes[group] = sizes.get(group, 0) + 1
+    list(pool.map(lambda g: call("POST", "/apis/gpuplace.io/v1alpha1/namespaces/default/podgroups", {
+        "apiVersion": "gpuplace.io/v1alpha1", "kind": "PodGroup", "metadata": {"name": g[0]},
+        "spec": {"minMember": g[1]}}), sizes.items()))
+
+
+def requested_milli(pod):
+    total = 0
+    for c in pod["spec"].get("containers", []):
+        limits = c.get("resources", {}).get("limits", {})
+        total += int(limits.get("nvidia.com/gpu", 0)) * 1000 + int(limits.get("gpuplace.io/gpu-milli", 0))
+    return total
 
 
 def watch_bound(count, timeout):
@@ -108,9 +149,10 @@ def watch_bound(count, timeout):
     return 0
 
 
-def check(gpus):
-    """Each bound pod carries an assignment for its node with `gpus` whole GPUs, and no GPU
-    holds more than 1000 milli over all pods; prints the counts, returns 1 on any fault."""
+def check():
+    """Each bound pod carries an assignment for its node with the GPUs (or share) it asks
+    for, and no GPU holds more than 1000 milli over all pods; prints the counts, returns 1 on
+    any fault."""
     pods = call("GET", "/api/v1/namespaces/default/pods").get("items", [])
     used, bound, missing, wrong = {}, 0, 0, 0
     for p in pods:
@@ -124,7 +166,7 @@ def check(gpus):
             continue
         a = json.loads(text)
         devices = [d for c in a.get("containers", []) for d in c.get("devices", [])]
-        if a.get("node") != node or sum(d["milli"] for d in devices) != 1000 * gpus:
+        if a.get("node") != node or sum(d["milli"] for d in devices) != requested_milli(p):
             wrong += 1
         for d in devices:
             used[(node, d["id"])] = used.get((node, d["id"]), 0) + d["milli"]
@@ -143,14 +185,20 @@ def main():
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--queues", type=int, default=0)
+    ap.add_argument("--mix", action="store_true")
     a = ap.parse_args()
     pool = cf.ThreadPoolExecutor(16)
     if a.what == "nodes":
         list(pool.map(lambda i: make_node(f"n{i:04d}", a.gpus or 8), range(a.count)))
     elif a.what == "pods":
         queue = (lambda i: f"q{i % a.queues:03d}") if a.queues else (lambda i: None)
-        list(pool.map(lambda i: make_pod(f"{a.prefix}{i:05d}", a.scheduler, a.gpus or 1,
-                                         queue(i)), range(a.count)))
+        if a.mix:
+            shapes = mix_shapes(a.count)
+            make_groups(pool, shapes)
+        else:
+            shapes = [(a.gpus or 1, None, None)] * a.count
+        list(pool.map(lambda i: make_pod(f"{a.prefix}{i:05d}", a.scheduler, shapes[i][0],
+                                         queue(i), shapes[i][1], shapes[i][2]), range(a.count)))
     elif a.what == "queues":
         group = "/apis/gpuplace.io/v1alpha1/queues"
         list(pool.map(lambda i: call("POST", group, {
@@ -173,11 +221,14 @@ def main():
     elif a.what == "watch":
         return watch_bound(a.count, a.timeout)
     elif a.what == "check":
-        return check(a.gpus or 1)
+        return check()
     else:
         pods = call("GET", "/api/v1/namespaces/default/pods").get("items", [])
         list(pool.map(lambda p: call("DELETE", "/api/v1/namespaces/default/pods/"
                                      + p["metadata"]["name"] + "?gracePeriodSeconds=0"), pods))
+        group = "/apis/gpuplace.io/v1alpha1/namespaces/default/podgroups"
+        for g in call("GET", group).get("items", []):
+            call("DELETE", f"{group}/{g['metadata']['name']}")
         nodes = call("GET", "/api/v1/nodes").get("items", [])
         list(pool.map(lambda n: call("DELETE", "/api/v1/nodes/" + n["metadata"]["name"]), nodes))
     return 0
