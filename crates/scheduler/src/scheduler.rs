@@ -61,6 +61,11 @@ pub struct SchedulerConfig {
     pub queue: QueueConfig,
     /// Bindings in flight at once.
     pub max_in_flight: usize,
+    /// Decisions one round makes at most; the pods it does not reach go in the next round,
+    /// which starts at once. A round holds what it decided (reservations, Bindings, the
+    /// pods' versions it saw) until it ends: one round over 40,000 pending pods lasted
+    /// most of a minute and held them all.
+    pub max_round_decisions: usize,
     /// Attempts at a single pod's Binding before it goes back to the queue.
     pub bind_attempts: u32,
     /// Attempts at a gang member's Binding (its gang is reserved whole: keep trying).
@@ -86,6 +91,7 @@ impl Default for SchedulerConfig {
             seed: 42,
             queue: QueueConfig::default(),
             max_in_flight: 16,
+            max_round_decisions: 4096,
             bind_attempts: 3,
             gang_bind_attempts: 30,
             workload: None,
@@ -106,6 +112,8 @@ pub struct RoundReport {
     pub events_queued: usize,
     /// Nothing changed since the last round: no view was built.
     pub idle: bool,
+    /// It stopped at `max_round_decisions`: the next round is due at once.
+    pub more: bool,
     /// Decisions made (reservations taken, Bindings handed to the bind stage).
     pub assumed: usize,
     /// Bindings the server accepted.

@@ -193,9 +193,17 @@ fn scheduler_thread(
         runtime.block_on(async move {
             while let Some((now, reply)) = rx.recv().await {
                 // Cannot fail against the in-memory API; if it did, the comparison fails on
-                // the pods the round left undecided.
-                if let Err(e) = scheduler.round(now).await {
-                    eprintln!("timeline replay: scheduling round failed: {e}");
+                // the pods the round left undecided. A round that stopped at its decision
+                // cap is followed at once, as the scheduler's loop does.
+                loop {
+                    match scheduler.round(now).await {
+                        Ok(report) if report.more => continue,
+                        Ok(_) => break,
+                        Err(e) => {
+                            eprintln!("timeline replay: scheduling round failed: {e}");
+                            break;
+                        }
+                    }
                 }
                 let _ = reply.send(scheduler.next_due(now));
             }

@@ -284,6 +284,12 @@ impl<A: ClusterApi> Scheduler<A> {
                 self.dirty = true;
                 break;
             }
+            if report.assumed >= self.config.max_round_decisions {
+                // The rest go in the next round, in their order then.
+                self.dirty = true;
+                report.more = true;
+                break;
+            }
             let pods = unit.pods();
             // The unit's own nominations are counted in its queue only once it is decided
             // (else a preemptor deciding again would see itself in its queue's share).

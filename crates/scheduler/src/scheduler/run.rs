@@ -80,10 +80,12 @@ impl<A: ClusterApi> Scheduler<A> {
             // Wake on watch events only after a round that saw the cluster; a standby or a
             // failed round waits for the tick.
             let mut listen = false;
+            let mut more = false;
             if self.gate.is_open() {
                 match self.schedule(now).await {
                     Ok(report) => {
                         listen = true;
+                        more = report.more;
                         observe(&report, now.elapsed());
                     }
                     Err(e) => {
@@ -101,6 +103,14 @@ impl<A: ClusterApi> Scheduler<A> {
                 .next_due(now)
                 .map_or(now + config.tick, |t| t.min(now + config.tick));
             let in_flight = self.in_flight() > 0;
+            if more {
+                // A round that stopped at its cap: the next goes at once (a shutdown first).
+                tokio::select! {
+                    biased;
+                    _ = &mut shutdown => break,
+                    () = std::future::ready(()) => continue,
+                }
+            }
             let outcome = tokio::select! {
                 _ = &mut shutdown => break,
                 _ = api.changed(seen), if listen => None,

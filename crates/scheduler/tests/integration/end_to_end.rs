@@ -643,3 +643,33 @@ async fn a_gang_whose_min_member_is_lowered_counts_only_its_bound_members() {
     assert_eq!(condition.message.as_deref(), Some(last.message.as_str()));
     assert!(!last.message.contains("only 2 of 3"), "{}", last.message);
 }
+
+#[tokio::test]
+async fn a_round_stops_at_its_decision_cap_and_the_next_takes_the_rest_in_order() {
+    let api = MemoryApi::new();
+    api.put_node(node("n", 8, json!({})));
+    for i in 0..8 {
+        api.put_pod(pod(&format!("p{i}"), 1, json!({})));
+    }
+    let config = SchedulerConfig {
+        max_round_decisions: 3,
+        ..config()
+    };
+    let mut scheduler = Scheduler::new(api.clone(), config);
+    let now = Instant::now();
+    let mut rounds = Vec::new();
+    loop {
+        let report = scheduler.round(now).await.unwrap();
+        rounds.push((report.assumed, report.more));
+        if !report.more {
+            break;
+        }
+        // What the capped round decided is bound; the pods it did not reach are not.
+        let decided: usize = rounds.iter().map(|r| r.0).sum();
+        for i in 0..8 {
+            let bound = bound_node(&api, &format!("p{i}")).is_some();
+            assert_eq!(bound, i < decided, "p{i} after {rounds:?}");
+        }
+    }
+    assert_eq!(rounds, [(3, true), (3, true), (2, false)]);
+}

@@ -7,6 +7,7 @@ mod common;
 mod defrag;
 mod end_to_end;
 mod event_driven;
+mod events_yield;
 mod extender;
 mod extender_stress;
 mod interpod;

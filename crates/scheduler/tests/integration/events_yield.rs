@@ -1,0 +1,167 @@
+//! Events yield to Bindings: while more than half the Binding slots are taken only the two
+//! trickle slots send Events; once the Bindings ease off the rest go at full concurrency;
+//! none is lost, and each says when it happened, not when it was sent.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use gpuplace_scheduler::api::{BindRequest, PodState};
+use gpuplace_scheduler::{
+    ApiError, ClusterApi, ClusterView, EventRecord, PodKey, Scheduler, SchedulerConfig,
+};
+use gpuplace_testkit::MemoryApi;
+use serde_json::json;
+
+use crate::common::*;
+
+const MAX_IN_FLIGHT: usize = 8;
+const BIND_TAKES: Duration = Duration::from_millis(100);
+const EVENT_TAKES: Duration = Duration::from_millis(50);
+
+/// Binding and Event calls in flight, and the most Events seen in flight.
+#[derive(Default)]
+struct Counts {
+    binds: AtomicUsize,
+    events: AtomicUsize,
+    most_events: AtomicUsize,
+    /// The most Events in flight when one started while the Bindings were busy.
+    most_events_busy: AtomicUsize,
+}
+
+/// The in-memory API with slow Bindings and Events, counting both.
+#[derive(Clone)]
+struct Paced {
+    inner: MemoryApi,
+    counts: Arc<Counts>,
+}
+
+impl ClusterApi for Paced {
+    async fn view(&self) -> Result<ClusterView, ApiError> {
+        self.inner.view().await
+    }
+    async fn view_since(
+        &self,
+        since: Option<gpuplace_model::Cursor>,
+        with_pods: bool,
+    ) -> Result<gpuplace_scheduler::api::FedView, ApiError> {
+        self.inner.view_since(since, with_pods).await
+    }
+    fn generation(&self) -> u64 {
+        self.inner.generation()
+    }
+    async fn changed(&self, since: u64) {
+        self.inner.changed(since).await
+    }
+    async fn bind(&self, request: &BindRequest) -> Result<(), ApiError> {
+        self.counts.binds.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(BIND_TAKES).await;
+        let result = self.inner.bind(request).await;
+        self.counts.binds.fetch_sub(1, Ordering::SeqCst);
+        result
+    }
+    async fn get_pod(&self, pod: &PodKey) -> Result<Option<PodState>, ApiError> {
+        self.inner.get_pod(pod).await
+    }
+    async fn event(&self, event: EventRecord) -> Result<(), ApiError> {
+        let c = &self.counts;
+        let now = c.events.fetch_add(1, Ordering::SeqCst) + 1;
+        c.most_events.fetch_max(now, Ordering::SeqCst);
+        if c.binds.load(Ordering::SeqCst) > MAX_IN_FLIGHT / 2 {
+            c.most_events_busy.fetch_max(now, Ordering::SeqCst);
+        }
+        tokio::time::sleep(EVENT_TAKES).await;
+        let result = self.inner.event(event).await;
+        c.events.fetch_sub(1, Ordering::SeqCst);
+        result
+    }
+    async fn unschedulable(&self, pod: &PodKey, message: &str) -> Result<(), ApiError> {
+        self.inner.unschedulable(pod, message).await
+    }
+    async fn evict(&self, victim: &PodKey, message: &str) -> Result<(), ApiError> {
+        self.inner.evict(victim, message).await
+    }
+    async fn evict_to_move(&self, pod: &PodKey, dry_run: bool) -> Result<(), ApiError> {
+        self.inner.evict_to_move(pod, dry_run).await
+    }
+    async fn nominate(&self, pod: &PodKey, node: Option<&str>) -> Result<(), ApiError> {
+        self.inner.nominate(pod, node).await
+    }
+    async fn group_status(
+        &self,
+        ns: &str,
+        name: &str,
+        s: gpuplace_scheduler::k8s::gang::PodGroupStatus,
+    ) -> Result<(), ApiError> {
+        self.inner.group_status(ns, name, s).await
+    }
+    async fn queue_status(
+        &self,
+        name: &str,
+        s: gpuplace_scheduler::k8s::queue::QueueStatus,
+    ) -> Result<(), ApiError> {
+        self.inner.queue_status(name, s).await
+    }
+    async fn queue_event(
+        &self,
+        queue: &str,
+        kind: &str,
+        reason: &str,
+        message: &str,
+    ) -> Result<(), ApiError> {
+        self.inner.queue_event(queue, kind, reason, message).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn events_trickle_while_bindings_are_busy_and_all_go_after() {
+    let api = MemoryApi::new();
+    for i in 0..MAX_IN_FLIGHT {
+        api.put_node(node(&format!("n{i}"), 1, json!({})));
+    }
+    // Eight pods that fit take every Binding slot; twenty that fit nowhere (two GPUs on
+    // one-GPU nodes) are told so while those Bindings are out.
+    for i in 0..MAX_IN_FLIGHT {
+        api.put_pod(pod(&format!("a-{i}"), 1, json!({})));
+    }
+    for i in 0..20 {
+        api.put_pod(pod(&format!("b-{i:02}"), 2, json!({})));
+    }
+    let counts = Arc::new(Counts::default());
+    let paced = Paced {
+        inner: api.clone(),
+        counts: Arc::clone(&counts),
+    };
+    let config = SchedulerConfig {
+        max_in_flight: MAX_IN_FLIGHT,
+        ..config()
+    };
+    let mut scheduler = Scheduler::new(paced, config);
+    let report = scheduler.round(Instant::now()).await.unwrap();
+    assert_eq!((report.bound, report.unschedulable), (8, 20), "{report:?}");
+    let busy = counts.most_events_busy.load(Ordering::SeqCst);
+    let most = counts.most_events.load(Ordering::SeqCst);
+    // Events went while the Bindings were busy (trickled, not starved), two at a time.
+    assert!(
+        (1..=2).contains(&busy),
+        "{busy} Events at once beside busy Bindings"
+    );
+    // And more at once after.
+    assert!(most > 2, "at most {most} Events at once");
+    let events = api.events();
+    let failed: Vec<_> = events
+        .iter()
+        .filter(|e| e.reason == "FailedScheduling")
+        .collect();
+    let scheduled = events.iter().filter(|e| e.reason == "Scheduled").count();
+    assert_eq!((failed.len(), scheduled), (20, 8));
+    // Sent over a few hundred milliseconds, yet stamped when the round decided them.
+    let first = failed.iter().map(|e| e.at).min().unwrap();
+    let last = failed.iter().map(|e| e.at).max().unwrap();
+    let spread = last.duration_since(first).as_secs_f64();
+    assert!(
+        spread < 0.05,
+        "FailedScheduling stamps spread over {spread} s"
+    );
+    assert_eq!(scheduler.dropped_events(), 0);
+}
