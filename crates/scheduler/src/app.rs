@@ -109,6 +109,7 @@ pub async fn serve(
         if let Some(ui) = &ui {
             ui.history().record_round(report, took);
         }
+        trace_round(report, took);
     };
     let loop_config = LoopConfig {
         tick: options.interval,
@@ -261,4 +262,30 @@ pub struct ServedExtender {
     pub metrics: ExtenderMetrics,
     pub ready: std::sync::Arc<std::sync::atomic::AtomicBool>,
     pub extra: Option<axum::Router>,
+}
+
+/// One line per round that built a view (`RUST_LOG=gpuplace_scheduler::rounds=debug`): its
+/// length and phases, what it decided, and the writes it left queued, for a trace of a run.
+fn trace_round(report: &RoundReport, took: Duration) {
+    if report.idle || took.is_zero() {
+        return;
+    }
+    let t = &report.timings;
+    tracing::debug!(
+        target: "gpuplace_scheduler::rounds",
+        took_ms = took.as_millis() as u64,
+        view_ms = t.view.as_millis() as u64,
+        snapshot_ms = t.snapshot.as_millis() as u64,
+        decide_ms = (t.filter + t.core).as_millis() as u64,
+        api_ms = t.api.as_millis() as u64,
+        assumed = report.assumed,
+        bound = report.bound,
+        unschedulable = report.unschedulable,
+        pending = report.pending,
+        more = report.more,
+        in_flight = report.in_flight,
+        reservations = report.reservations,
+        events_queued = report.events_queued,
+        "round"
+    );
 }

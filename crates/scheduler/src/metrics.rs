@@ -159,7 +159,7 @@ impl Metrics {
         );
         r.register(
             "bindings_in_flight",
-            "Bindings sent and not yet answered",
+            "Bindings sent whose outcome the scheduler has not yet taken",
             self.in_flight.clone(),
         );
         r.register(
