@@ -3,14 +3,12 @@
 
 use std::time::{Duration, Instant};
 
-use gpuplace_scheduler::api::{BindRequest, PodState};
-use gpuplace_scheduler::{
-    ApiError, ClusterApi, ClusterView, EventRecord, PodKey, Scheduler, SchedulerConfig,
-};
+use gpuplace_scheduler::{EventRecord, Scheduler, SchedulerConfig};
 use gpuplace_testkit::MemoryApi;
 use serde_json::json;
 
 use crate::common::*;
+use crate::wrapped::{Hooks, Wrapped};
 
 #[tokio::test]
 async fn mixed_workload_gets_exact_devices() {
@@ -138,90 +136,25 @@ async fn failures_are_explained_like_kube_scheduler() {
     );
 }
 
-/// Wraps the API to change the world between the view and the writes.
+/// Changes the world between the view and the writes.
 #[derive(Clone)]
-struct Meddling {
-    inner: MemoryApi,
-    action: fn(&MemoryApi),
-}
+struct Meddling(fn(&MemoryApi));
 
-impl ClusterApi for Meddling {
-    async fn view(&self) -> Result<ClusterView, ApiError> {
-        let view = self.inner.view().await;
-        (self.action)(&self.inner);
-        view
-    }
-    async fn view_since(
-        &self,
-        since: Option<gpuplace_model::Cursor>,
-        with_pods: bool,
-    ) -> Result<gpuplace_scheduler::api::FedView, ApiError> {
-        let view = self.inner.view_since(since, with_pods).await;
-        (self.action)(&self.inner);
-        view
-    }
-    fn generation(&self) -> u64 {
-        self.inner.generation()
-    }
-    async fn changed(&self, since: u64) {
-        self.inner.changed(since).await
-    }
-    async fn bind(&self, request: &BindRequest) -> Result<(), ApiError> {
-        self.inner.bind(request).await
-    }
-    async fn get_pod(&self, pod: &PodKey) -> Result<Option<PodState>, ApiError> {
-        self.inner.get_pod(pod).await
-    }
-    async fn event(&self, event: EventRecord) -> Result<(), ApiError> {
-        self.inner.event(event).await
-    }
-    async fn unschedulable(&self, pod: &PodKey, message: &str) -> Result<(), ApiError> {
-        self.inner.unschedulable(pod, message).await
-    }
-    async fn evict(&self, victim: &PodKey, message: &str) -> Result<(), ApiError> {
-        self.inner.evict(victim, message).await
-    }
-    async fn evict_to_move(&self, pod: &PodKey, dry_run: bool) -> Result<(), ApiError> {
-        self.inner.evict_to_move(pod, dry_run).await
-    }
-    async fn nominate(&self, pod: &PodKey, node: Option<&str>) -> Result<(), ApiError> {
-        self.inner.nominate(pod, node).await
-    }
-    async fn group_status(
-        &self,
-        ns: &str,
-        name: &str,
-        s: gpuplace_scheduler::k8s::gang::PodGroupStatus,
-    ) -> Result<(), ApiError> {
-        self.inner.group_status(ns, name, s).await
-    }
-    async fn queue_status(
-        &self,
-        name: &str,
-        s: gpuplace_scheduler::k8s::queue::QueueStatus,
-    ) -> Result<(), ApiError> {
-        self.inner.queue_status(name, s).await
-    }
-    async fn queue_event(
-        &self,
-        queue: &str,
-        kind: &str,
-        reason: &str,
-        message: &str,
-    ) -> Result<(), ApiError> {
-        self.inner.queue_event(queue, kind, reason, message).await
+impl Hooks for Meddling {
+    fn after_view(&self, api: &MemoryApi) {
+        (self.0)(api);
     }
 }
 
 /// Node `n` (2 GPUs), pod `p` asking both, and a scheduler whose API runs `action` after
 /// each view.
-fn meddled(action: fn(&MemoryApi)) -> (MemoryApi, Scheduler<Meddling>) {
+fn meddled(action: fn(&MemoryApi)) -> (MemoryApi, Scheduler<Wrapped<Meddling>>) {
     let api = MemoryApi::new();
     api.put_node(node("n", 2, json!({})));
     api.put_pod(pod("p", 2, json!({})));
-    let meddling = Meddling {
+    let meddling = Wrapped {
         inner: api.clone(),
-        action,
+        hooks: Meddling(action),
     };
     (api, Scheduler::new(meddling, config()))
 }
@@ -265,9 +198,9 @@ async fn conflicts_and_deletions_leave_nothing_reserved() {
     let api = MemoryApi::new();
     api.put_node(node("n", 2, json!({})));
     api.put_pod(pod("gone", 1, json!({})));
-    let meddling = Meddling {
+    let meddling = Wrapped {
         inner: api.clone(),
-        action: |api| api.delete_pod("ml", "gone"),
+        hooks: Meddling(|api| api.delete_pod("ml", "gone")),
     };
     let mut scheduler = Scheduler::new(meddling, config());
     let report = scheduler.round(Instant::now()).await.unwrap();

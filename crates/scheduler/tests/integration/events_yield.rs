@@ -6,14 +6,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use gpuplace_scheduler::api::{BindRequest, PodState};
-use gpuplace_scheduler::{
-    ApiError, ClusterApi, ClusterView, EventRecord, PodKey, Scheduler, SchedulerConfig,
-};
+use gpuplace_scheduler::{Scheduler, SchedulerConfig};
 use gpuplace_testkit::MemoryApi;
 use serde_json::json;
 
 use crate::common::*;
+use crate::wrapped::{Hooks, Wrapped};
 
 const MAX_IN_FLIGHT: usize = 8;
 const BIND_TAKES: Duration = Duration::from_millis(100);
@@ -29,87 +27,29 @@ struct Counts {
     most_events_busy: AtomicUsize,
 }
 
-/// The in-memory API with slow Bindings and Events, counting both.
-#[derive(Clone)]
-struct Paced {
-    inner: MemoryApi,
-    counts: Arc<Counts>,
-}
+/// Slow Bindings and Events, both counted.
+#[derive(Clone, Default)]
+struct Paced(Arc<Counts>);
 
-impl ClusterApi for Paced {
-    async fn view(&self) -> Result<ClusterView, ApiError> {
-        self.inner.view().await
-    }
-    async fn view_since(
-        &self,
-        since: Option<gpuplace_model::Cursor>,
-        with_pods: bool,
-    ) -> Result<gpuplace_scheduler::api::FedView, ApiError> {
-        self.inner.view_since(since, with_pods).await
-    }
-    fn generation(&self) -> u64 {
-        self.inner.generation()
-    }
-    async fn changed(&self, since: u64) {
-        self.inner.changed(since).await
-    }
-    async fn bind(&self, request: &BindRequest) -> Result<(), ApiError> {
-        self.counts.binds.fetch_add(1, Ordering::SeqCst);
+impl Hooks for Paced {
+    async fn before_bind(&self) {
+        self.0.binds.fetch_add(1, Ordering::SeqCst);
         tokio::time::sleep(BIND_TAKES).await;
-        let result = self.inner.bind(request).await;
-        self.counts.binds.fetch_sub(1, Ordering::SeqCst);
-        result
     }
-    async fn get_pod(&self, pod: &PodKey) -> Result<Option<PodState>, ApiError> {
-        self.inner.get_pod(pod).await
+    fn after_bind(&self) {
+        self.0.binds.fetch_sub(1, Ordering::SeqCst);
     }
-    async fn event(&self, event: EventRecord) -> Result<(), ApiError> {
-        let c = &self.counts;
+    async fn before_event(&self) {
+        let c = &self.0;
         let now = c.events.fetch_add(1, Ordering::SeqCst) + 1;
         c.most_events.fetch_max(now, Ordering::SeqCst);
         if c.binds.load(Ordering::SeqCst) > MAX_IN_FLIGHT / 2 {
             c.most_events_busy.fetch_max(now, Ordering::SeqCst);
         }
         tokio::time::sleep(EVENT_TAKES).await;
-        let result = self.inner.event(event).await;
-        c.events.fetch_sub(1, Ordering::SeqCst);
-        result
     }
-    async fn unschedulable(&self, pod: &PodKey, message: &str) -> Result<(), ApiError> {
-        self.inner.unschedulable(pod, message).await
-    }
-    async fn evict(&self, victim: &PodKey, message: &str) -> Result<(), ApiError> {
-        self.inner.evict(victim, message).await
-    }
-    async fn evict_to_move(&self, pod: &PodKey, dry_run: bool) -> Result<(), ApiError> {
-        self.inner.evict_to_move(pod, dry_run).await
-    }
-    async fn nominate(&self, pod: &PodKey, node: Option<&str>) -> Result<(), ApiError> {
-        self.inner.nominate(pod, node).await
-    }
-    async fn group_status(
-        &self,
-        ns: &str,
-        name: &str,
-        s: gpuplace_scheduler::k8s::gang::PodGroupStatus,
-    ) -> Result<(), ApiError> {
-        self.inner.group_status(ns, name, s).await
-    }
-    async fn queue_status(
-        &self,
-        name: &str,
-        s: gpuplace_scheduler::k8s::queue::QueueStatus,
-    ) -> Result<(), ApiError> {
-        self.inner.queue_status(name, s).await
-    }
-    async fn queue_event(
-        &self,
-        queue: &str,
-        kind: &str,
-        reason: &str,
-        message: &str,
-    ) -> Result<(), ApiError> {
-        self.inner.queue_event(queue, kind, reason, message).await
+    fn after_event(&self) {
+        self.0.events.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -127,10 +67,11 @@ async fn events_trickle_while_bindings_are_busy_and_all_go_after() {
     for i in 0..20 {
         api.put_pod(pod(&format!("b-{i:02}"), 2, json!({})));
     }
-    let counts = Arc::new(Counts::default());
-    let paced = Paced {
+    let hooks = Paced::default();
+    let counts = Arc::clone(&hooks.0);
+    let paced = Wrapped {
         inner: api.clone(),
-        counts: Arc::clone(&counts),
+        hooks,
     };
     let config = SchedulerConfig {
         max_in_flight: MAX_IN_FLIGHT,

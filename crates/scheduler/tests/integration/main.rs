@@ -26,3 +26,4 @@ mod usage;
 mod usage_stress;
 mod volumes;
 mod waiting;
+mod wrapped;
