@@ -52,8 +52,8 @@ pub struct BindLoad {
 }
 
 impl BindLoad {
-    /// A load of `max` slots that nothing takes (always quiet).
-    pub fn idle(max: usize) -> Self {
+    /// `max` slots, none taken yet.
+    pub fn new(max: usize) -> Self {
         BindLoad {
             slots: Arc::new(Semaphore::new(max.max(1))),
             max: max.max(1),
@@ -97,7 +97,7 @@ impl<A: ClusterApi> Binder<A> {
         Binder {
             api,
             gate,
-            load: BindLoad::idle(max_in_flight),
+            load: BindLoad::new(max_in_flight),
             writes: JoinSet::new(),
             ended: std::collections::VecDeque::new(),
         }
