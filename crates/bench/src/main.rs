@@ -9,6 +9,7 @@ mod extender;
 mod heap;
 mod preemption;
 mod scheduler;
+mod stream;
 
 use std::process::ExitCode;
 

@@ -67,6 +67,14 @@ pub struct SchedulerBenchArgs {
     /// GPUs), the pods labelled round-robin; 0: no queues (the stage stands aside).
     #[arg(long, default_value_t = 0)]
     queues: usize,
+    /// Create the pods at this many per second while the scheduler's production loop runs
+    /// (a round on every change), instead of all pending before it starts; reports the CPU
+    /// seconds per pod.
+    #[arg(long)]
+    stream_rate: Option<f64>,
+    /// Every pod asks one whole GPU (the real-API runs' pods) instead of the openb-like mix.
+    #[arg(long)]
+    one_gpu: bool,
 }
 
 /// Queue `q`'s name in the benchmark.
@@ -129,7 +137,12 @@ pub(crate) fn node(i: usize, gpus: u32, linked: bool) -> anyhow::Result<Node> {
 /// pods NVLink (required or preferred) or NUMA; one-GPU pods a model, an exclusion or a
 /// memory minimum.
 pub(crate) fn pod(i: usize, requirements: f64) -> anyhow::Result<Pod> {
-    let r = (i * 7919) % 100;
+    shaped(i, requirements, false)
+}
+
+/// Pod `i`: of the openb-like mix, or one whole GPU (`one_gpu`).
+fn shaped(i: usize, requirements: f64, one_gpu: bool) -> anyhow::Result<Pod> {
+    let r = if one_gpu { 51 } else { (i * 7919) % 100 };
     let (gpus, milli) = match r {
         0..=12 => (0, None),
         13..=50 => (1, Some([250, 500, 470, 810][i % 4])),
@@ -180,15 +193,26 @@ fn populated(args: &SchedulerBenchArgs) -> anyhow::Result<MemoryApi> {
         let spec = serde_json::from_value(json!({"guaranteed": {"nvidia.com/gpu": guaranteed}}))?;
         api.put_queue(&queue_name(q), spec);
     }
-    for i in 0..args.pods {
-        let mut p = pod(i, args.requirements)?;
-        if args.queues > 0 {
-            p.metadata.labels =
-                Some([("gpuplace.io/queue".to_string(), queue_name(i % args.queues))].into());
+    if args.stream_rate.is_none() {
+        for p in bench_pods(args)? {
+            api.put_pod(p);
         }
-        api.put_pod(p);
     }
     Ok(api)
+}
+
+/// The benchmark's pods, labelled with their queues.
+fn bench_pods(args: &SchedulerBenchArgs) -> anyhow::Result<Vec<Pod>> {
+    (0..args.pods)
+        .map(|i| {
+            let mut p = shaped(i, args.requirements, args.one_gpu)?;
+            if args.queues > 0 {
+                p.metadata.labels =
+                    Some([("gpuplace.io/queue".to_string(), queue_name(i % args.queues))].into());
+            }
+            Ok(p)
+        })
+        .collect()
 }
 
 fn peak_rss_mib() -> f64 {
@@ -269,7 +293,7 @@ fn median(values: &mut [f64]) -> f64 {
     }
 }
 
-fn add(total: &mut RoundTimings, t: &RoundTimings) {
+pub(crate) fn add(total: &mut RoundTimings, t: &RoundTimings) {
     total.view += t.view;
     total.snapshot += t.snapshot;
     total.filter += t.filter;
@@ -287,6 +311,9 @@ pub fn run(args: SchedulerBenchArgs) -> anyhow::Result<()> {
 }
 
 async fn bench(args: SchedulerBenchArgs) -> anyhow::Result<()> {
+    if let Some(rate) = args.stream_rate {
+        return streamed(&args, rate).await;
+    }
     let before_objects = heap::live();
     let api = MemoryApi::new();
     for i in 0..args.nodes {
@@ -453,6 +480,76 @@ async fn bench(args: SchedulerBenchArgs) -> anyhow::Result<()> {
         mib(objects),
         mib(node_objects),
         peak_rss_mib()
+    );
+    Ok(())
+}
+
+/// `--stream-rate`: the production loop while the pods come (no core-alone pass).
+async fn streamed(args: &SchedulerBenchArgs, rate: f64) -> anyhow::Result<()> {
+    let delay = Duration::from_millis(args.watch_delay_ms);
+    let api = populated(args)?.with_costs(ServerCosts {
+        latency: Duration::from_secs_f64(args.write_latency_ms.max(0.0) / 1000.0),
+        max_in_flight: args.server_concurrency,
+        watch_delay: (delay, delay),
+        ..Default::default()
+    });
+    let config = SchedulerConfig {
+        policy: args.policy,
+        max_in_flight: args.in_flight.max(1),
+        ..SchedulerConfig::default()
+    };
+    let s = crate::stream::run(api, config, bench_pods(args)?, rate).await?;
+    let per_pod_ms = 1000.0 * s.cpu.as_secs_f64() / s.created.max(1) as f64;
+    let t = &s.timings;
+    if args.json {
+        println!(
+            "{}",
+            json!({
+                "nodes": args.nodes, "pods": args.pods, "queues": args.queues, "one_gpu": args.one_gpu,
+                "stream_rate": rate, "created": s.created, "bound": s.bound,
+                "creating_s": s.creating.as_secs_f64(), "bound_after_s": s.bound_after.as_secs_f64(),
+                "rounds": s.rounds, "busy_rounds": s.busy_rounds,
+                "cpu_s": s.cpu.as_secs_f64(), "cpu_ms_per_pod": per_pod_ms,
+                "seconds_by_phase": {"view": t.view.as_secs_f64(), "snapshot": t.snapshot.as_secs_f64(),
+                    "filter": t.filter.as_secs_f64(), "core": t.core.as_secs_f64(),
+                    "api": t.api.as_secs_f64(), "gangs": t.gangs.as_secs_f64()},
+            })
+        );
+        return Ok(());
+    }
+    println!(
+        "{} nodes x {} GPUs, {} pods created at {rate} per second ({}), {} queues; the production loop; in-memory API: {} ms per request, watch {} ms late; {} Bindings in flight",
+        args.nodes,
+        args.gpus_per_node,
+        args.pods,
+        if args.one_gpu {
+            "one GPU each"
+        } else {
+            "openb-like mix"
+        },
+        args.queues,
+        args.write_latency_ms,
+        args.watch_delay_ms,
+        args.in_flight
+    );
+    println!(
+        "streamed: {} created in {:.1} s, {} bound, the last {:.2} s after the last was created; {} rounds ({} looked at the cluster)",
+        s.created,
+        s.creating.as_secs_f64(),
+        s.bound,
+        s.bound_after.as_secs_f64(),
+        s.rounds,
+        s.busy_rounds
+    );
+    println!(
+        "  CPU {:.2} s = {per_pod_ms:.3} ms a pod (the scheduler and the in-memory API together); in rounds: view {:.2} s, snapshot+queue {:.2} s, filters {:.2} s, core {:.2} s, API writes {:.2} s, gangs {:.2} s",
+        s.cpu.as_secs_f64(),
+        t.view.as_secs_f64(),
+        t.snapshot.as_secs_f64(),
+        t.filter.as_secs_f64(),
+        t.core.as_secs_f64(),
+        t.api.as_secs_f64(),
+        t.gangs.as_secs_f64(),
     );
     Ok(())
 }

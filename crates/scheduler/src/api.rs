@@ -46,7 +46,7 @@ pub type Listed<T> = Arc<Vec<Arc<T>>>;
 #[derive(Clone, Debug, Default)]
 pub struct ClusterView {
     pub nodes: Listed<Node>,
-    pub pods: Vec<Arc<PodInfo>>,
+    pub pods: Listed<PodInfo>,
     pub groups: Listed<crate::k8s::gang::PodGroup>,
     /// PersistentVolumeClaims and PersistentVolumes (stripped to what volume checks read).
     pub claims: Listed<PersistentVolumeClaim>,

@@ -81,7 +81,7 @@ pub fn plan(
 ) -> DefragPlan {
     let mut snapshot = crate::snapshot::build(&view.nodes, &view.pods, gpu_resource);
     let mut shapes = ShapeCounts::default();
-    for pod in &view.pods {
+    for pod in view.pods.iter() {
         if let Ok(d) = &pod.demand
             && (pod.is_active_bound() || waits(pod))
         {

@@ -18,6 +18,7 @@ mod gang_status;
 mod gangs;
 mod make_room;
 mod moves;
+mod observe;
 mod post_filter;
 pub mod preempt;
 mod queue_status;
@@ -47,6 +48,7 @@ pub type Queue = gpuplace_core::queue::Queue<String, Instant>;
 
 use crate::api::ClusterApi;
 use crate::k8s::leader::Gate;
+use observe::Seen;
 
 /// What the scheduler is configured with.
 #[derive(Clone, Debug)]
@@ -170,22 +172,6 @@ pub struct RoundTimings {
     pub api: Duration,
     /// Gang planning, all phases together.
     pub gangs: Duration,
-}
-
-/// What the last built view showed, to tell which changes could help parked pods.
-#[derive(Debug, Default)]
-struct Seen {
-    generation: Option<u64>,
-    nodes: Vec<std::sync::Arc<k8s_openapi::api::core::v1::Node>>,
-    active: HashSet<String>,
-    groups: HashMap<String, String>,
-    /// [`crate::framework::volumes::digest`] of the claims and volumes.
-    volumes: u64,
-    /// Disruption budgets' resourceVersions (a budget that allows more may let a pod
-    /// that waits for room make it by moving pods).
-    budgets: Vec<String>,
-    /// Queues' and namespaces' resourceVersions (a limit raised, a queue created).
-    queues: Vec<String>,
 }
 
 /// The scheduler over any [`ClusterApi`].

@@ -562,6 +562,11 @@ impl MemoryApi {
         lock(&self.store).bindings.clone()
     }
 
+    /// How many Bindings were written (without copying them, for a loop that polls).
+    pub fn binding_count(&self) -> usize {
+        lock(&self.store).bindings.len()
+    }
+
     /// Compacts the watch history up to now, as etcd does: the cache's next view must
     /// relist (unless it has already seen everything).
     pub fn compact_history(&self) {

@@ -310,12 +310,12 @@ impl ClusterApi for KubeApi {
         // the next generation differ, so it is never missed.
         let generation = *self.changes.borrow();
         let (feed, pods) = {
-            let store = self.pods.lock().unwrap_or_else(|p| p.into_inner());
+            let mut store = self.pods.lock().unwrap_or_else(|p| p.into_inner());
             let feed = store.feed(since);
             let pods = if with_pods || feed.changes.is_none() {
                 store.view()
             } else {
-                Vec::new()
+                Default::default()
             };
             (feed, pods)
         };

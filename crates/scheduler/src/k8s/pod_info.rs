@@ -290,8 +290,9 @@ impl PodInfo {
 
     /// Waits for `scheduler_name`: not bound, not being deleted, not gated, still Pending.
     pub fn is_pending_for(&self, scheduler_name: &str) -> bool {
-        self.scheduler_name.as_deref() == Some(scheduler_name)
-            && self.node_name.is_none()
+        // The cheap test first: a round asks this of every pod, most of them bound.
+        self.node_name.is_none()
+            && self.scheduler_name.as_deref() == Some(scheduler_name)
             && !self.deleting
             && !self.gated
             && self.phase.as_deref().is_none_or(|p| p == "Pending")

@@ -10,10 +10,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use gpuplace_model::{Cursor, ObjectKey, RelistStore};
+use gpuplace_model::{Change, Cursor, ObjectKey, RelistStore};
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::api::PodFeed;
+use crate::api::{Listed, PodFeed};
 use crate::k8s::pod_info::{PodInfo, SchedulingTerms};
 
 /// Pod changes the store remembers for readers of its feed: a reader further behind reads
@@ -42,6 +42,11 @@ pub struct PodStore {
     pods: RelistStore<PodInfo>,
     /// Node terms by filter key, shared by the pods that have them.
     terms: HashMap<Arc<str>, Arc<SchedulingTerms>>,
+    /// The last list handed out and where the store stood then: the next one is the same
+    /// list while nothing changed, else that list with the changes since applied in place
+    /// (once the views holding it are dropped, no copy), so a view costs what changed,
+    /// not a pointer per pod.
+    listed: Option<(Cursor, Listed<PodInfo>)>,
 }
 
 impl PodStore {
@@ -50,6 +55,7 @@ impl PodStore {
             gpu_resource: gpu_resource.to_string(),
             pods: RelistStore::journaled(FEED_CHANGES),
             terms: HashMap::new(),
+            listed: None,
         }
     }
 
@@ -150,8 +156,45 @@ impl PodStore {
     }
 
     /// Every pod, sorted by namespace and name.
-    pub fn view(&self) -> Vec<Arc<PodInfo>> {
-        self.pods.values().cloned().collect()
+    pub fn view(&mut self) -> Listed<PodInfo> {
+        let now = self.pods.cursor();
+        if let Some((at, list)) = &mut self.listed {
+            if *at == now {
+                return Arc::clone(list);
+            }
+            // Past a few changes per pod a fresh list is as cheap as shifting entries.
+            let changes = self
+                .pods
+                .changes_since(*at)
+                .filter(|c| c.len() <= 64 + list.len() / 16);
+            if let Some(changes) = changes {
+                let pods = Arc::make_mut(list);
+                for change in changes {
+                    patch(pods, change);
+                }
+                *at = now;
+                return Arc::clone(list);
+            }
+        }
+        let list: Listed<PodInfo> = Arc::new(self.pods.values().cloned().collect());
+        self.listed = Some((now, Arc::clone(&list)));
+        list
+    }
+}
+
+/// `change` applied to `pods`, which are in key order (as the store's own).
+fn patch(pods: &mut Vec<Arc<PodInfo>>, change: Change<PodInfo>) {
+    let (namespace, name) = &change.key;
+    let at = pods.binary_search_by(|p| {
+        (p.key.namespace.as_str(), p.key.name.as_str()).cmp(&(namespace.as_str(), name.as_str()))
+    });
+    match (at, change.after) {
+        (Ok(i), Some(after)) => pods[i] = after,
+        (Ok(i), None) => {
+            pods.remove(i);
+        }
+        (Err(i), Some(after)) => pods.insert(i, after),
+        (Err(_), None) => {}
     }
 }
 

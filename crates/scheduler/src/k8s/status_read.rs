@@ -156,7 +156,7 @@ pub async fn read(
     nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     let view = ClusterView {
         nodes: Arc::new(nodes),
-        pods,
+        pods: pods.into(),
         groups: Arc::new(groups.into_iter().map(Arc::new).collect()),
         queues: Arc::new(queues.into_iter().map(Arc::new).collect()),
         ..ClusterView::default()

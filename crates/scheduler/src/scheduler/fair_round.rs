@@ -41,7 +41,8 @@ impl<A: ClusterApi> Scheduler<A> {
         let now = round.now;
         let tree = self.queues.tree();
         let nominations = self.cluster.nominations();
-        let standing = Standing::measure(&self.queues, snapshot, waiting, &|uid| {
+        let built = self.cluster.builds;
+        let standing = Standing::measure(&mut self.queues, snapshot, built, waiting, &|uid| {
             nominations.get(uid).is_some()
         });
         let (fair, mut picker) = standing.picker::<Unit<'a>>(&tree);

@@ -2,7 +2,7 @@
 //! could help them, build the state with every reservation applied, and decide each due
 //! unit (a pod, or a gang at its highest member's priority) in queue order.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -16,7 +16,7 @@ use super::make_room::Made;
 use super::reclaim::Fair;
 use super::round_state::{Deciding, RoundState};
 use super::units::{Order, Unit};
-use super::{RoundReport, Scheduler, Seen};
+use super::{RoundReport, Scheduler};
 use crate::api::{ApiError, BindRequest, ClusterApi, ClusterView, PodFeed, PodKey};
 use crate::framework::filter::{VerdictCache, Verdicts};
 use crate::k8s::demand::{ASSIGNMENT_ANNOTATION, Assignment, PodDemand};
@@ -49,106 +49,6 @@ impl<A: ClusterApi> Scheduler<A> {
             && !self.usage.show_due(now)
     }
 
-    /// Compares `view` with the last one: parked pods wake on a node added or changed, a
-    /// pod on a node gone or finished (one the last view showed bound, or one this
-    /// scheduler bound since: a pod bound and deleted between two views held GPUs too);
-    /// a pod group made, changed in its spec or gone wakes its own members (its status,
-    /// which this scheduler writes, wakes nobody).
-    fn observe(&mut self, view: &ClusterView) {
-        let nodes = crate::shared::cluster_cache::sorted_nodes(view);
-        let active: HashSet<String> = view
-            .pods
-            .iter()
-            .filter(|p| p.is_active_bound())
-            .map(|p| p.key.uid.clone())
-            .collect();
-        let groups: HashMap<String, String> = view
-            .groups
-            .iter()
-            .map(|g| {
-                (
-                    format!(
-                        "{}/{}",
-                        g.metadata.namespace.as_deref().unwrap_or_default(),
-                        g.metadata.name.as_deref().unwrap_or_default()
-                    ),
-                    serde_json::to_string(&g.spec).unwrap_or_default(),
-                )
-            })
-            .collect();
-        let groups_changed: HashSet<&String> = groups
-            .iter()
-            .filter(|(id, spec)| self.seen.groups.get(*id) != Some(*spec))
-            .map(|(id, _)| id)
-            .chain(
-                self.seen
-                    .groups
-                    .keys()
-                    .filter(|id| !groups.contains_key(*id)),
-            )
-            .collect();
-        if !groups_changed.is_empty() {
-            for pod in view.pods.iter() {
-                if let Some(g) = &pod.group
-                    && groups_changed.contains(&format!("{}/{g}", pod.key.namespace))
-                {
-                    self.queue.wake(&pod.key.uid);
-                }
-            }
-        }
-        let freed = self.seen.active.iter().any(|uid| !active.contains(uid))
-            || self.cluster.reservations_gone(view);
-        let nodes_changed = crate::shared::cluster_cache::nodes_differ(&self.seen.nodes, &nodes);
-        let volumes = crate::framework::volumes::digest(&view.claims, &view.volumes);
-        let budgets: Vec<String> = view
-            .budgets
-            .iter()
-            .map(|b| b.metadata.resource_version.clone().unwrap_or_default())
-            .collect();
-        let budgets_changed =
-            self.config.defrag.settings.mode.makes_room() && budgets != self.seen.budgets;
-        // Specs and namespaces' defaults, not resourceVersions: the status this scheduler
-        // writes on a queue wakes nobody.
-        let queues: Vec<String> = view
-            .queues
-            .iter()
-            .map(|q| {
-                let spec = serde_json::to_string(&q.spec).unwrap_or_default();
-                format!("{:?}={spec}", q.metadata.name)
-            })
-            .chain(view.namespaces.iter().map(|n| {
-                let default = n
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get(crate::k8s::queue::DEFAULT_QUEUE_ANNOTATION));
-                format!("{:?}={default:?}", n.metadata.name)
-            }))
-            .collect();
-        if nodes_changed
-            || freed
-            || volumes != self.seen.volumes
-            || budgets_changed
-            || queues != self.seen.queues
-        {
-            self.queue.wake_all();
-        }
-        // Nodes or budgets changed: what make-room found nothing for may be found now (the
-        // timeline's nodes and budgets never change).
-        if nodes_changed || budgets_changed {
-            self.room_memo = Default::default();
-        }
-        self.seen = Seen {
-            generation: Some(view.generation),
-            nodes,
-            active,
-            groups,
-            volumes,
-            budgets,
-            queues,
-        };
-    }
-
     /// Decides every due unit; writes go to the bind stage (not waited for).
     pub async fn schedule(&mut self, now: Instant) -> Result<RoundReport, ApiError> {
         let mut report = self.take_finished_writes(now).await;
@@ -171,7 +71,7 @@ impl<A: ClusterApi> Scheduler<A> {
         let started = Instant::now();
         self.dirty = false;
         self.last_round = Some(now);
-        self.observe(&view);
+        self.observe(&view, &feed);
         self.queue.flush(now);
         self.room_memo.forget_before(now);
         let mut snapshot = self.state_for_round(&view, feed, now).await;
@@ -253,8 +153,11 @@ impl<A: ClusterApi> Scheduler<A> {
         }
         // FGD measures fragmentation against the declared workload, else the shapes of the
         // pods the cluster runs and is asked to run.
+        // Bound again only when it changed: binding measures every node afresh.
         let workload = self.cluster.workload(self.config.workload.as_ref());
-        snapshot.state.set_workload(workload);
+        if snapshot.state.workload() != Some(&*workload) {
+            snapshot.state.set_workload(workload);
+        }
         // Preemptors' devices, as far as their victims have freed them, are theirs.
         let clear = self.cluster.hold_nominations(view, &mut snapshot);
         if !clear.is_empty() {
@@ -518,6 +421,9 @@ impl<A: ClusterApi> Scheduler<A> {
 
     /// A Binding ended: success keeps the reservation until the watch shows the pod bound
     /// and says so in an Event; failure forgets it and sends the pod back to the queue.
+    /// Only a failure calls for a round of its own: a Binding written frees nothing and
+    /// wakes nobody (the watch that shows it bound makes the next round), and a round per
+    /// Binding was a third of a streamed run's rounds, each walking every pod.
     pub(super) async fn take_write_outcome(
         &mut self,
         outcome: WriteOutcome,
@@ -526,7 +432,7 @@ impl<A: ClusterApi> Scheduler<A> {
     ) {
         let WriteOutcome { request, result } = outcome;
         let key: &PodKey = &request.pod;
-        self.dirty = true;
+        self.dirty |= result.is_err();
         let gang = self.gangs.member_written(&key.uid);
         match &result {
             Ok(()) => {

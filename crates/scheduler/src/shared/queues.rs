@@ -11,10 +11,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use gpuplace_core::fairshare::{DIMS, Picker, QueueSpec, QueueTree, Res, fair_shares_of};
+use k8s_openapi::api::core::v1::Namespace;
 
-use crate::api::ClusterView;
+use crate::api::{ClusterView, Listed};
 use crate::k8s::pod_info::PodInfo;
-use crate::k8s::queue::{DEFAULT_QUEUE_ANNOTATION, core_spec, queue_name};
+use crate::k8s::queue::{DEFAULT_QUEUE_ANNOTATION, Queue, core_spec, queue_name};
 use crate::snapshot::Snapshot;
 
 /// Why a pod has no queue to wait in.
@@ -44,6 +45,41 @@ pub struct Queues {
     /// one cannot), and why the spec's present one was refused.
     last_half_life: HashMap<String, Option<u64>>,
     half_life_errors: BTreeMap<String, String>,
+    /// The queue and namespace lists the last refresh read (the caches hand out the same
+    /// list until that kind changes: then nothing is read again).
+    read: Option<(Listed<Queue>, Listed<Namespace>)>,
+    /// What each node's placed pods hold by queue, as last counted (see [`HeldMemo`]).
+    held_memo: HeldMemo,
+}
+
+/// Per node, the placed pods last counted (compared by pointer) and what they held by
+/// queue: a round recounts only the nodes whose pods changed, not every placed pod (at
+/// 40,000 pods the walk, a queue lookup and a hash of the UID per pod, was four fifths of a
+/// streamed run's CPU). Emptied whenever the queues are read anew (the queue a pod belongs
+/// to may have changed).
+#[derive(Default)]
+struct HeldMemo {
+    /// The state the counts were taken from (a state built anew may clamp what a pod holds
+    /// differently: nothing is kept across one).
+    built: usize,
+    nodes: Vec<NodeHeld>,
+    /// By queue index, the sum of every node's `held`.
+    totals: Vec<Res>,
+}
+
+#[derive(Default)]
+struct NodeHeld {
+    node: Option<Arc<k8s_openapi::api::core::v1::Node>>,
+    pods: Vec<Arc<PodInfo>>,
+    held: Vec<(usize, Res)>,
+}
+
+impl NodeHeld {
+    fn is_for(&self, node: &Arc<k8s_openapi::api::core::v1::Node>, pods: &[Arc<PodInfo>]) -> bool {
+        self.node.as_ref().is_some_and(|n| Arc::ptr_eq(n, node))
+            && self.pods.len() == pods.len()
+            && self.pods.iter().zip(pods).all(|(a, b)| Arc::ptr_eq(a, b))
+    }
 }
 
 impl Queues {
@@ -57,11 +93,21 @@ impl Queues {
             gpu_resource: gpu_resource.to_string(),
             last_half_life: HashMap::new(),
             half_life_errors: BTreeMap::new(),
+            read: None,
+            held_memo: HeldMemo::default(),
         }
     }
 
     /// Rebuilds the tree when the queue objects changed, and the namespaces' defaults.
     pub fn refresh(&mut self, view: &ClusterView) {
+        if let Some((queues, namespaces)) = &self.read
+            && Arc::ptr_eq(queues, &view.queues)
+            && Arc::ptr_eq(namespaces, &view.namespaces)
+        {
+            return;
+        }
+        self.read = Some((Arc::clone(&view.queues), Arc::clone(&view.namespaces)));
+        self.held_memo = HeldMemo::default();
         let from: Vec<(String, String)> = view
             .queues
             .iter()
@@ -213,6 +259,21 @@ impl Queues {
         Ok(q)
     }
 
+    /// What `pods` (one node's placed pods) hold, by queue: those not terminating, with
+    /// what the snapshot holds for them (GPUs counted by the node's model).
+    fn held_on(&self, snapshot: &Snapshot, pods: &[Arc<PodInfo>]) -> Vec<(usize, Res)> {
+        pods.iter()
+            .filter(|p| !p.deleting)
+            .filter_map(|pod| {
+                let (Ok(q), Some(h)) = (self.of(pod), snapshot.held.get(&pod.key.uid)) else {
+                    return None;
+                };
+                let model = snapshot.state.inventory(h.node).gpu_model();
+                Some((q, Res::of(&h.request, Some(model))))
+            })
+            .collect()
+    }
+
     /// Why each queue that serves no pod does not (spec errors and tree problems).
     pub fn problems(&self) -> BTreeMap<String, String> {
         let mut out = self.spec_errors.clone();
@@ -240,25 +301,57 @@ pub struct Standing {
 
 impl Standing {
     /// Counts the snapshot's placed pods and the waiting ones by queue.
+    /// `built` counts the states built anew so far (the memo of what nodes hold is
+    /// dropped when it moves).
     pub fn measure(
-        queues: &Queues,
+        queues: &mut Queues,
         snapshot: &Snapshot,
+        built: usize,
         waiting: &[&Arc<PodInfo>],
         nominated: &dyn Fn(&str) -> bool,
     ) -> Standing {
-        let tree = &queues.tree;
+        let tree = Arc::clone(&queues.tree);
         let mut held = vec![Res::default(); tree.len()];
         let mut pending = vec![Res::default(); tree.len()];
         let mut pending_pods = vec![0u32; tree.len()];
-        for list in &snapshot.placed {
-            for pod in list.iter().filter(|p| !p.deleting) {
-                let (Ok(q), Some(h)) = (queues.of(pod), snapshot.held.get(&pod.key.uid)) else {
-                    continue;
-                };
-                let model = snapshot.state.inventory(h.node).gpu_model();
-                held[q].add(&Res::of(&h.request, Some(model)));
+        let mut memo = std::mem::take(&mut queues.held_memo);
+        if memo.built != built
+            || memo.nodes.len() != snapshot.placed.len()
+            || memo.totals.len() != tree.len()
+        {
+            memo = HeldMemo {
+                built,
+                nodes: std::iter::repeat_with(NodeHeld::default)
+                    .take(snapshot.placed.len())
+                    .collect(),
+                totals: vec![Res::default(); tree.len()],
+            };
+        }
+        for ((list, node), kept) in snapshot
+            .placed
+            .iter()
+            .zip(&snapshot.nodes)
+            .zip(&mut memo.nodes)
+        {
+            if kept.is_for(node, list) {
+                continue;
+            }
+            for (q, res) in &kept.held {
+                memo.totals[*q].sub(res);
+                // As a fresh count: only the models that have some.
+                memo.totals[*q].models.retain(|(_, amount)| *amount > 0);
+            }
+            *kept = NodeHeld {
+                node: Some(Arc::clone(node)),
+                pods: list.clone(),
+                held: queues.held_on(snapshot, list),
+            };
+            for (q, res) in &kept.held {
+                memo.totals[*q].add(res);
             }
         }
+        held.clone_from(&memo.totals);
+        queues.held_memo = memo;
         for pod in waiting {
             let (Ok(q), Ok(demand)) = (queues.of(pod), pod.demand.as_ref()) else {
                 continue;

@@ -35,7 +35,7 @@ impl ClusterApi for MemoryApi {
         let pods = if with_pods || feed.changes.is_none() {
             s.cache.view()
         } else {
-            Vec::new()
+            Default::default()
         };
         Ok(FedView {
             view: ClusterView {

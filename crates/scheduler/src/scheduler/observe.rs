@@ -1,0 +1,199 @@
+//! What changed since the last view, and which parked pods that could help: a node added
+//! or changed, a pod on a node gone or finished, a pod group made or changed, volumes,
+//! budgets, queues. Its cost follows the changes, not the cluster: the pods are read from
+//! the pod store's change feed (a full comparison only when the feed cannot say, after a
+//! relist), and each kind of object is looked at only when the cache handed out a new list.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Node;
+
+use super::Scheduler;
+use crate::api::{ClusterApi, ClusterView, Listed, PodFeed};
+use crate::k8s::gang::PodGroup;
+
+/// What the last built view showed, to tell which changes could help parked pods.
+#[derive(Debug, Default)]
+pub(super) struct Seen {
+    pub(super) generation: Option<u64>,
+    /// The node list the cache handed out (compared by pointer first) and its nodes in
+    /// name order.
+    node_list: Option<Listed<Node>>,
+    nodes: Vec<Arc<Node>>,
+    /// UIDs of the pods bound and not finished, kept in step with the feed.
+    active: HashSet<String>,
+    group_list: Option<Listed<PodGroup>>,
+    /// `namespace/name` -> the group's spec as JSON.
+    groups: HashMap<String, String>,
+    /// [`crate::framework::volumes::digest`] of the claims and volumes.
+    volumes: u64,
+    /// Disruption budgets' resourceVersions (a budget that allows more may let a pod
+    /// that waits for room make it by moving pods).
+    budgets: Vec<String>,
+    queue_list: Option<Listed<crate::k8s::queue::Queue>>,
+    namespace_list: Option<Listed<k8s_openapi::api::core::v1::Namespace>>,
+    /// Queues' specs and namespaces' default queues (a limit raised, a queue created).
+    queues: Vec<String>,
+}
+
+/// Whether `list` is the very list `seen` holds (the caches hand out one list per kind
+/// until that kind changes).
+fn same<T>(seen: &Option<Listed<T>>, list: &Listed<T>) -> bool {
+    seen.as_ref().is_some_and(|s| Arc::ptr_eq(s, list))
+}
+
+impl Seen {
+    /// Brings the active pods up to `view` and says whether one that was active is not any
+    /// more (its GPUs freed): from the feed's changes when it has them (the value each
+    /// changed pod had in the last view, and now), else by comparing every pod.
+    fn pods_freed(&mut self, view: &ClusterView, feed: &PodFeed) -> bool {
+        let Some(changes) = &feed.changes else {
+            let active: HashSet<String> = view
+                .pods
+                .iter()
+                .filter(|p| p.is_active_bound())
+                .map(|p| p.key.uid.clone())
+                .collect();
+            let freed = self.active.iter().any(|uid| !active.contains(uid));
+            self.active = active;
+            return freed;
+        };
+        let mut freed = false;
+        for change in changes {
+            if let Some(before) = change.before.as_ref().filter(|p| p.is_active_bound()) {
+                self.active.remove(&before.key.uid);
+                let still = change
+                    .after
+                    .as_ref()
+                    .is_some_and(|p| p.is_active_bound() && p.key.uid == before.key.uid);
+                freed |= !still;
+            }
+            if let Some(after) = change.after.as_ref().filter(|p| p.is_active_bound()) {
+                self.active.insert(after.key.uid.clone());
+            }
+        }
+        freed
+    }
+
+    /// The groups whose spec changed, or that were made or are gone, by `namespace/name`.
+    fn groups_changed(&mut self, view: &ClusterView) -> HashSet<String> {
+        if same(&self.group_list, &view.groups) {
+            return HashSet::new();
+        }
+        let groups: HashMap<String, String> = view
+            .groups
+            .iter()
+            .map(|g| {
+                let id = format!(
+                    "{}/{}",
+                    g.metadata.namespace.as_deref().unwrap_or_default(),
+                    g.metadata.name.as_deref().unwrap_or_default()
+                );
+                (id, serde_json::to_string(&g.spec).unwrap_or_default())
+            })
+            .collect();
+        let changed = groups
+            .iter()
+            .filter(|(id, spec)| self.groups.get(*id) != Some(*spec))
+            .map(|(id, _)| id.clone())
+            .chain(
+                self.groups
+                    .keys()
+                    .filter(|id| !groups.contains_key(*id))
+                    .cloned(),
+            )
+            .collect();
+        self.groups = groups;
+        self.group_list = Some(Arc::clone(&view.groups));
+        changed
+    }
+
+    /// Whether the nodes changed in what scheduling reads.
+    fn nodes_changed(&mut self, view: &ClusterView) -> bool {
+        if same(&self.node_list, &view.nodes) {
+            return false;
+        }
+        let nodes = crate::shared::cluster_cache::sorted_nodes(view);
+        let changed = crate::shared::cluster_cache::nodes_differ(&self.nodes, &nodes);
+        self.nodes = nodes;
+        self.node_list = Some(Arc::clone(&view.nodes));
+        changed
+    }
+
+    /// Whether a queue's spec or a namespace's default queue changed (the status this
+    /// scheduler writes on a queue wakes nobody).
+    fn queues_changed(&mut self, view: &ClusterView) -> bool {
+        if same(&self.queue_list, &view.queues) && same(&self.namespace_list, &view.namespaces) {
+            return false;
+        }
+        let queues: Vec<String> = view
+            .queues
+            .iter()
+            .map(|q| {
+                let spec = serde_json::to_string(&q.spec).unwrap_or_default();
+                format!("{:?}={spec}", q.metadata.name)
+            })
+            .chain(view.namespaces.iter().map(|n| {
+                let default = n
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(crate::k8s::queue::DEFAULT_QUEUE_ANNOTATION));
+                format!("{:?}={default:?}", n.metadata.name)
+            }))
+            .collect();
+        let changed = queues != self.queues;
+        self.queues = queues;
+        self.queue_list = Some(Arc::clone(&view.queues));
+        self.namespace_list = Some(Arc::clone(&view.namespaces));
+        changed
+    }
+}
+
+impl<A: ClusterApi> Scheduler<A> {
+    /// Compares `view` (and `feed`, the pods changed since the last view) with the last
+    /// view: parked pods wake on a node added or changed, a pod on a node gone or finished
+    /// (one the last view showed bound, or one this scheduler bound since: a pod bound and
+    /// deleted between two views held GPUs too); a pod group made, changed in its spec or
+    /// gone wakes its own members (its status, which this scheduler writes, wakes nobody).
+    pub(super) fn observe(&mut self, view: &ClusterView, feed: &PodFeed) {
+        let groups_changed = self.seen.groups_changed(view);
+        if !groups_changed.is_empty() {
+            for pod in view.pods.iter() {
+                if let Some(g) = &pod.group
+                    && groups_changed.contains(&format!("{}/{g}", pod.key.namespace))
+                {
+                    self.queue.wake(&pod.key.uid);
+                }
+            }
+        }
+        let freed = self.seen.pods_freed(view, feed) || self.cluster.reservations_gone(view);
+        let nodes_changed = self.seen.nodes_changed(view);
+        let volumes = crate::framework::volumes::digest(&view.claims, &view.volumes);
+        let budgets: Vec<String> = view
+            .budgets
+            .iter()
+            .map(|b| b.metadata.resource_version.clone().unwrap_or_default())
+            .collect();
+        let budgets_changed =
+            self.config.defrag.settings.mode.makes_room() && budgets != self.seen.budgets;
+        let queues_changed = self.seen.queues_changed(view);
+        if nodes_changed
+            || freed
+            || volumes != self.seen.volumes
+            || budgets_changed
+            || queues_changed
+        {
+            self.queue.wake_all();
+        }
+        // Nodes or budgets changed: what make-room found nothing for may be found now (the
+        // timeline's nodes and budgets never change).
+        if nodes_changed || budgets_changed {
+            self.room_memo = Default::default();
+        }
+        self.seen.generation = Some(view.generation);
+        self.seen.volumes = volumes;
+        self.seen.budgets = budgets;
+    }
+}
