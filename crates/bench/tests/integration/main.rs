@@ -38,6 +38,52 @@ fn bench_scheduler_reports_throughput_phases_and_memory() {
 }
 
 #[test]
+fn bench_scheduler_streams_pods_through_the_production_loop() {
+    let report = json_of(&[
+        "scheduler",
+        "--nodes",
+        "20",
+        "--pods",
+        "120",
+        "--one-gpu",
+        "--stream-rate",
+        "2000",
+        "--queues",
+        "3",
+        "--json",
+    ]);
+    // 160 GPUs take every one-GPU pod, created while the loop runs.
+    assert_eq!(report["created"].as_u64(), Some(120), "{report}");
+    assert_eq!(report["bound"].as_u64(), Some(120), "{report}");
+    assert!(report["busy_rounds"].as_u64().unwrap() > 1, "{report}");
+    // CPU is counted in 10 ms ticks: a run this small may show none.
+    assert!(
+        report["cpu_ms_per_pod"].as_f64().unwrap() >= 0.0,
+        "{report}"
+    );
+}
+
+#[test]
+fn bench_scheduler_refuses_a_stream_rate_that_is_not_a_rate() {
+    let out = Command::cargo_bin("gpuplace-bench")
+        .unwrap()
+        .args([
+            "scheduler",
+            "--nodes",
+            "2",
+            "--pods",
+            "2",
+            "--stream-rate",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--stream-rate"), "{err}");
+}
+
+#[test]
 fn bench_extender_times_filter_prioritize_and_bind() {
     let report = json_of(&[
         "extender",

@@ -275,4 +275,57 @@ mod tests {
         assert!(terms(c).preferred_node_affinity.is_some());
         assert!(terms(a).preferred_node_affinity.is_none());
     }
+
+    /// The list a view hands out, patched in place from the feed, is always the list a
+    /// fresh walk of the store gives: through adds, changes, deletes, relists, views held
+    /// across changes (then patched on a copy) and bursts past the patching limit.
+    #[test]
+    fn a_patched_view_is_the_fresh_list() {
+        use proptest::prelude::*;
+        use proptest::test_runner::{Config, TestRunner};
+        let step = (0u8..6, 0usize..40, 0u32..4, any::<bool>());
+        let mut runner = TestRunner::new(Config {
+            cases: 64,
+            ..Config::default()
+        });
+        runner
+            .run(&proptest::collection::vec(step, 1..300), |steps| {
+                let mut store = PodStore::new("nvidia.com/gpu");
+                let mut held = Vec::new();
+                let mut rv = 0u64;
+                for (op, n, burst, hold) in steps {
+                    for k in 0..=burst as usize * 30 * usize::from(op == 5) {
+                        rv += 1;
+                        let name = format!("p{:02}", (n + k) % 40);
+                        match op {
+                            0 | 1 | 5 => store.apply(&pod(&name, &rv.to_string())),
+                            2 => store.delete_key("ns", &name),
+                            3 => {
+                                store.begin_relist();
+                                for i in (0..40).step_by(n % 5 + 1) {
+                                    store.relisted(&pod(&format!("p{i:02}"), &rv.to_string()));
+                                }
+                                store.relist_done();
+                            }
+                            _ => {}
+                        }
+                    }
+                    let view = store.view();
+                    let fresh: Vec<Arc<PodInfo>> = store.pods.values().cloned().collect();
+                    prop_assert_eq!(view.len(), fresh.len());
+                    prop_assert!(view.iter().zip(&fresh).all(|(a, b)| Arc::ptr_eq(a, b)));
+                    if hold {
+                        let copy: Vec<Arc<PodInfo>> = view.to_vec();
+                        held.push((view, copy));
+                    }
+                }
+                // Views held across changes were never changed under their holders.
+                for (view, copy) in &held {
+                    prop_assert_eq!(view.len(), copy.len());
+                    prop_assert!(view.iter().zip(copy).all(|(a, b)| Arc::ptr_eq(a, b)));
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
 }

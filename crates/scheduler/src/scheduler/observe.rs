@@ -168,7 +168,30 @@ impl<A: ClusterApi> Scheduler<A> {
                 }
             }
         }
-        let freed = self.seen.pods_freed(view, feed) || self.cluster.reservations_gone(view);
+        #[cfg(debug_assertions)]
+        let before = self.seen.active.clone();
+        let pods_freed = self.seen.pods_freed(view, feed);
+        // The tests' builds hold the feed's answer to a comparison of every pod.
+        #[cfg(debug_assertions)]
+        {
+            let now: HashSet<&str> = view
+                .pods
+                .iter()
+                .filter(|p| p.is_active_bound())
+                .map(|p| p.key.uid.as_str())
+                .collect();
+            let kept: HashSet<&str> = self.seen.active.iter().map(String::as_str).collect();
+            assert_eq!(
+                kept, now,
+                "the active pods kept from the feed differ from the view's"
+            );
+            let freed = before.iter().any(|uid| !now.contains(uid.as_str()));
+            assert_eq!(
+                pods_freed, freed,
+                "the feed's freed pods differ from the view's"
+            );
+        }
+        let freed = pods_freed || self.cluster.reservations_gone(view);
         let nodes_changed = self.seen.nodes_changed(view);
         let volumes = crate::framework::volumes::digest(&view.claims, &view.volumes);
         let budgets: Vec<String> = view

@@ -47,6 +47,10 @@ pub struct StatusWriter {
     pub(crate) last_write: Option<Instant>,
     /// The problem last told in an Event, per queue.
     pub(crate) told: HashMap<String, String>,
+    /// The figures each wanted status was made from: a queue whose figures did not change
+    /// keeps its status (a round changes a few queues' figures; making every status anew,
+    /// each amount written out, cost more than the round's decisions with 100 queues).
+    figures: HashMap<String, QueueFigures>,
 }
 
 fn amounts(values: &[u64; DIMS], skip_zero: bool) -> BTreeMap<String, String> {
@@ -123,16 +127,21 @@ impl StatusWriter {
             .iter()
             .filter_map(|q| q.metadata.name.as_deref())
             .collect();
-        self.wanted = figures
-            .iter()
-            .filter(|f| objects.contains(f.name.as_str()))
-            .map(|f| {
-                let previous = self
-                    .written
-                    .get(&f.name)
-                    .or_else(|| self.wanted.get(&f.name));
-                (f.name.clone(), status_of(f, previous, now))
-            })
-            .collect();
+        let mut wanted = BTreeMap::new();
+        for f in figures.iter().filter(|f| objects.contains(f.name.as_str())) {
+            let unchanged = self.figures.get(&f.name) == Some(f);
+            let status = match self.wanted.remove(&f.name) {
+                Some(kept) if unchanged => kept,
+                earlier => {
+                    let previous = self.written.get(&f.name).or(earlier.as_ref());
+                    let status = status_of(f, previous, now);
+                    self.figures.insert(f.name.clone(), f.clone());
+                    status
+                }
+            };
+            wanted.insert(f.name.clone(), status);
+        }
+        self.figures.retain(|name, _| wanted.contains_key(name));
+        self.wanted = wanted;
     }
 }

@@ -352,6 +352,20 @@ impl Standing {
         }
         held.clone_from(&memo.totals);
         queues.held_memo = memo;
+        // The tests' builds (every stress, every round) hold the memo to a fresh count.
+        #[cfg(debug_assertions)]
+        {
+            let mut fresh = vec![Res::default(); tree.len()];
+            for list in &snapshot.placed {
+                for (q, res) in queues.held_on(snapshot, list) {
+                    fresh[q].add(&res);
+                }
+            }
+            assert_eq!(
+                held, fresh,
+                "the queues' held GPUs, kept by node, differ from a fresh count"
+            );
+        }
         for pod in waiting {
             let (Ok(q), Ok(demand)) = (queues.of(pod), pod.demand.as_ref()) else {
                 continue;
