@@ -143,7 +143,8 @@ impl<'t, U> Picker<'t, U> {
     }
 
     /// How far `q` is from its due: below its guarantee first (by the dominant part of
-    /// the guarantee held), then by the dominant part of its fair share held. The
+    /// the guarantee held), then by the dominant part held of its fair share above its
+    /// guarantee. The
     /// guarantee counts as far as the fair share grants it: where guarantees together
     /// pass the capacity they are scaled down in the share ([`super::fair_shares`]), and
     /// a queue served past its scaled guarantee would take what the others' shares are due
@@ -169,13 +170,26 @@ impl<'t, U> Picker<'t, U> {
                 ratio: of_guarantee,
             };
         }
+        // Past the guarantee, the part of the share above it held: the shares hand out what
+        // the guarantees leave by weight (water filling), so serving by this part is what
+        // converges to them. By the whole share held, a queue whose share is mostly its
+        // guarantee stood near 1 while queues of small shares took the last GPUs (a queue
+        // guaranteed 8 of a 10.1 share ended at 8 once four small queues took theirs).
         let mut of_fair = 0f64;
         let mut any = false;
         for d in 0..DIMS {
             let fair = self.fair.get(q).map_or(0, |f| f[d]);
             if fair > 0 {
                 any = true;
-                of_fair = of_fair.max(self.standing(q, d) / fair as f64);
+                let g = guaranteed.dims[d].map_or(0, |g| g.min(fair)) as f64;
+                let standing = self.standing(q, d);
+                let part = if (fair as f64) > g {
+                    (standing - g).max(0.0) / (fair as f64 - g)
+                } else {
+                    // All of the share is guaranteed: due nothing more past it.
+                    standing / fair as f64
+                };
+                of_fair = of_fair.max(part);
             }
         }
         Key {
