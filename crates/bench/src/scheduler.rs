@@ -293,15 +293,6 @@ fn median(values: &mut [f64]) -> f64 {
     }
 }
 
-pub(crate) fn add(total: &mut RoundTimings, t: &RoundTimings) {
-    total.view += t.view;
-    total.snapshot += t.snapshot;
-    total.filter += t.filter;
-    total.core += t.core;
-    total.api += t.api;
-    total.gangs += t.gangs;
-}
-
 pub fn run(args: SchedulerBenchArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -391,7 +382,7 @@ async fn bench(args: SchedulerBenchArgs) -> anyhow::Result<()> {
         let report = scheduler.round(Instant::now()).await?;
         rounds += 1;
         bound += report.bound;
-        add(&mut timings, &report.timings);
+        crate::stream::add(&mut timings, &report.timings);
         if report.bound == 0 && report.assumed == 0 && !report.idle {
             break;
         }

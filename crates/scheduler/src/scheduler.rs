@@ -48,7 +48,6 @@ pub type Queue = gpuplace_core::queue::Queue<String, Instant>;
 
 use crate::api::ClusterApi;
 use crate::k8s::leader::Gate;
-use observe::Seen;
 
 /// What the scheduler is configured with.
 #[derive(Clone, Debug)]
@@ -172,6 +171,30 @@ pub struct RoundTimings {
     pub api: Duration,
     /// Gang planning, all phases together.
     pub gangs: Duration,
+}
+
+/// What the last built view showed, to tell which changes could help parked pods.
+#[derive(Debug, Default)]
+struct Seen {
+    generation: Option<u64>,
+    /// The node list the cache handed out (compared by pointer first) and its nodes in
+    /// name order.
+    node_list: Option<crate::api::Listed<k8s_openapi::api::core::v1::Node>>,
+    nodes: Vec<std::sync::Arc<k8s_openapi::api::core::v1::Node>>,
+    /// UIDs of the pods bound and not finished, kept in step with the feed.
+    active: HashSet<String>,
+    group_list: Option<crate::api::Listed<crate::k8s::gang::PodGroup>>,
+    /// `namespace/name` -> the group's spec as JSON.
+    groups: HashMap<String, String>,
+    /// [`crate::framework::volumes::digest`] of the claims and volumes.
+    volumes: u64,
+    /// Disruption budgets' resourceVersions (a budget that allows more may let a pod
+    /// that waits for room make it by moving pods).
+    budgets: Vec<String>,
+    queue_list: Option<crate::api::Listed<crate::k8s::queue::Queue>>,
+    namespace_list: Option<crate::api::Listed<k8s_openapi::api::core::v1::Namespace>>,
+    /// Queues' specs and namespaces' default queues (a limit raised, a queue created).
+    queues: Vec<String>,
 }
 
 /// The scheduler over any [`ClusterApi`].

@@ -7,35 +7,8 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Node;
-
-use super::Scheduler;
+use super::{Scheduler, Seen};
 use crate::api::{ClusterApi, ClusterView, Listed, PodFeed};
-use crate::k8s::gang::PodGroup;
-
-/// What the last built view showed, to tell which changes could help parked pods.
-#[derive(Debug, Default)]
-pub(super) struct Seen {
-    pub(super) generation: Option<u64>,
-    /// The node list the cache handed out (compared by pointer first) and its nodes in
-    /// name order.
-    node_list: Option<Listed<Node>>,
-    nodes: Vec<Arc<Node>>,
-    /// UIDs of the pods bound and not finished, kept in step with the feed.
-    active: HashSet<String>,
-    group_list: Option<Listed<PodGroup>>,
-    /// `namespace/name` -> the group's spec as JSON.
-    groups: HashMap<String, String>,
-    /// [`crate::framework::volumes::digest`] of the claims and volumes.
-    volumes: u64,
-    /// Disruption budgets' resourceVersions (a budget that allows more may let a pod
-    /// that waits for room make it by moving pods).
-    budgets: Vec<String>,
-    queue_list: Option<Listed<crate::k8s::queue::Queue>>,
-    namespace_list: Option<Listed<k8s_openapi::api::core::v1::Namespace>>,
-    /// Queues' specs and namespaces' default queues (a limit raised, a queue created).
-    queues: Vec<String>,
-}
 
 /// Whether `list` is the very list `seen` holds (the caches hand out one list per kind
 /// until that kind changes).
