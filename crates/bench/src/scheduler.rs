@@ -382,7 +382,7 @@ async fn bench(args: SchedulerBenchArgs) -> anyhow::Result<()> {
         let report = scheduler.round(Instant::now()).await?;
         rounds += 1;
         bound += report.bound;
-        crate::stream::add(&mut timings, &report.timings);
+        timings.add(&report.timings);
         if report.bound == 0 && report.assumed == 0 && !report.idle {
             break;
         }

@@ -55,16 +55,6 @@ pub fn process_cpu() -> Duration {
     Duration::from_millis(ticks * 10)
 }
 
-/// Adds one round's phase times to `total`.
-pub fn add(total: &mut RoundTimings, t: &RoundTimings) {
-    total.view += t.view;
-    total.snapshot += t.snapshot;
-    total.filter += t.filter;
-    total.core += t.core;
-    total.api += t.api;
-    total.gangs += t.gangs;
-}
-
 /// Runs the scheduler's loop over `api` while `pods` are created at `rate` per second.
 pub async fn run(
     api: MemoryApi,
@@ -93,7 +83,7 @@ pub async fn run(
             if !report.idle {
                 t.0 += 1;
             }
-            add(&mut t.2, &report.timings);
+            t.2.add(&report.timings);
         },
     );
     let total = pods.len();

@@ -148,6 +148,18 @@ pub struct RoundReport {
     pub preemption_searches: Vec<Duration>,
 }
 
+impl RoundTimings {
+    /// Adds `other`'s time, phase by phase (a run's rounds summed).
+    pub fn add(&mut self, other: &RoundTimings) {
+        self.view += other.view;
+        self.snapshot += other.snapshot;
+        self.filter += other.filter;
+        self.core += other.core;
+        self.api += other.api;
+        self.gangs += other.gangs;
+    }
+}
+
 impl RoundReport {
     /// Adds the outcome counts of `other` (writes settled after the round).
     pub fn add_outcomes(&mut self, other: &RoundReport) {

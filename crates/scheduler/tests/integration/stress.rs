@@ -266,13 +266,7 @@ impl Tally {
         self.preempted += r.preempted;
         self.made_room += r.made_room;
         self.moved += r.moved;
-        let t = &mut self.timings;
-        t.view += r.timings.view;
-        t.snapshot += r.timings.snapshot;
-        t.filter += r.timings.filter;
-        t.core += r.timings.core;
-        t.api += r.timings.api;
-        t.gangs += r.timings.gangs;
+        self.timings.add(&r.timings);
     }
 }
 
