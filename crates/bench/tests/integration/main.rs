@@ -56,11 +56,9 @@ fn bench_scheduler_streams_pods_through_the_production_loop() {
     assert_eq!(report["created"].as_u64(), Some(120), "{report}");
     assert_eq!(report["bound"].as_u64(), Some(120), "{report}");
     assert!(report["busy_rounds"].as_u64().unwrap() > 1, "{report}");
-    // CPU is counted in 10 ms ticks: a run this small may show none.
-    assert!(
-        report["cpu_ms_per_pod"].as_f64().unwrap() >= 0.0,
-        "{report}"
-    );
+    // CPU is counted in 10 ms ticks (a run this small may show none): reported, as a number.
+    assert!(report["cpu_ms_per_pod"].is_f64(), "{report}");
+    assert!(report["cpu_s"].is_f64(), "{report}");
 }
 
 #[test]
