@@ -9,7 +9,9 @@
 # Queue object, no label), then with 100 queues guaranteed 80% of the GPUs between them and
 # the pods labelled round-robin. RUNS pairs (default 3). The scheduler's
 # `--defrag` is its default (make-room) in both unless PLAIN_DEFRAG / QUEUES_DEFRAG say
-# otherwise (issue 48, queues and make-room against neither: PLAIN_DEFRAG=off).
+# otherwise (issue 48, queues and make-room against neither: PLAIN_DEFRAG=off). Each run's
+# scheduler log: /tmp/queues-sched-MODE-RUN.log (RUST_LOG=info,gpuplace_scheduler::rounds=debug
+# for a line per round).
 set -euo pipefail
 RUNS=${RUNS:-3}
 PODS=${PODS:-5000}
@@ -58,7 +60,7 @@ one() { # MODE
   fi
   # shellcheck disable=SC2086
   $LOAD pods "$PODS" "${args[@]}" $MIX
-  "$GPUPLACE" scheduler --kubeconfig "$KUBECONFIG" --leader-elect false --metrics-addr 127.0.0.1:0 "${defrag[@]}" >/tmp/queues-sched.log 2>&1 &
+  "$GPUPLACE" scheduler --kubeconfig "$KUBECONFIG" --leader-elect false --metrics-addr 127.0.0.1:0 "${defrag[@]}" >"/tmp/queues-sched-$1-$run.log" 2>&1 &
   local sched=$!
   local rate
   rate=$($LOAD watch "$PODS" --timeout 900)
@@ -78,7 +80,7 @@ one() { # MODE
   clean_pods
   $LOAD unqueue >/dev/null 2>&1 || true
 }
-for i in $(seq "$RUNS"); do
+for run in $(seq "$RUNS"); do
   one plain
   one queues
 done

@@ -278,6 +278,7 @@ fn trace_round(report: &RoundReport, took: Duration) {
         snapshot_ms = t.snapshot.as_millis() as u64,
         decide_ms = (t.filter + t.core).as_millis() as u64,
         api_ms = t.api.as_millis() as u64,
+        queues_ms = t.queues.as_millis() as u64,
         assumed = report.assumed,
         bound = report.bound,
         unschedulable = report.unschedulable,

@@ -157,6 +157,7 @@ impl RoundTimings {
         self.core += other.core;
         self.api += other.api;
         self.gangs += other.gangs;
+        self.queues += other.queues;
     }
 }
 
@@ -183,6 +184,9 @@ pub struct RoundTimings {
     pub api: Duration,
     /// Gang planning, all phases together.
     pub gangs: Duration,
+    /// The queues' own work: their standing and fair order, their figures, and writing
+    /// their statuses (zero without queues).
+    pub queues: Duration,
 }
 
 /// What the last built view showed, to tell which changes could help parked pods.

@@ -39,6 +39,7 @@ impl<A: ClusterApi> Scheduler<A> {
         report: &mut RoundReport,
     ) {
         let now = round.now;
+        let started = Instant::now();
         let tree = self.queues.tree();
         let nominations = self.cluster.nominations();
         let built = self.cluster.builds;
@@ -64,6 +65,7 @@ impl<A: ClusterApi> Scheduler<A> {
                 Err(e) => refused.push((unit.pods(), e)),
             }
         }
+        report.timings.queues += started.elapsed();
         for (pods, why) in refused {
             let none: Option<(&Picker<'_, ()>, usize)> = None;
             let mut waiting = self.told(snapshot, round, pods[0], Blocker::Queue, None, none);
@@ -74,6 +76,7 @@ impl<A: ClusterApi> Scheduler<A> {
         }
         self.decide_units(snapshot, view, Order::Fair(&mut picker), round, report)
             .await;
+        let started = Instant::now();
         self.usage.hold(picker.allocations());
         report.queues = figures(&tree, &standing, &fair, picker.allocations(), &self.queues);
         let half_life_problems = self.queues.half_life_problems();
@@ -81,6 +84,7 @@ impl<A: ClusterApi> Scheduler<A> {
             f.usage = self.usage.shown(q + 1, &f.name);
             f.half_life_problem = half_life_problems.get(&f.name).cloned();
         }
+        report.timings.queues += started.elapsed();
     }
 
     /// Whether `pods` fit under their queue's limits; if not they are told so and wait.

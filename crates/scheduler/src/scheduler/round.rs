@@ -120,9 +120,11 @@ impl<A: ClusterApi> Scheduler<A> {
         report.preemption_searches = std::mem::take(&mut round.preemption_times);
         self.finish_round(snapshot, &mut report);
         if queues_in_use {
+            let started = Instant::now();
             let stamp = crate::clock::rfc3339(self.wall.at(now));
             self.queue_status.want(&report.queues, &view, &stamp);
             self.flush_queue_statuses(now).await;
+            report.timings.queues += started.elapsed();
         }
         Ok(report)
     }

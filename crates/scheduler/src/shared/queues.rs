@@ -55,8 +55,8 @@ pub struct Queues {
 /// Per node, the placed pods last counted (compared by pointer) and what they held by
 /// queue: a round recounts only the nodes whose pods changed, not every placed pod (at
 /// 40,000 pods the walk, a queue lookup and a hash of the UID per pod, was four fifths of a
-/// streamed run's CPU). Emptied whenever the queues are read anew (the queue a pod belongs
-/// to may have changed).
+/// streamed run's CPU). Emptied whenever the queue specs or the namespaces' default queues
+/// change (the queue a pod belongs to may have changed), not on a status alone.
 #[derive(Default)]
 struct HeldMemo {
     /// The state the counts were taken from (a state built anew may clamp what a pod holds
@@ -107,7 +107,6 @@ impl Queues {
             return;
         }
         self.read = Some((Arc::clone(&view.queues), Arc::clone(&view.namespaces)));
-        self.held_memo = HeldMemo::default();
         let from: Vec<(String, String)> = view
             .queues
             .iter()
@@ -141,6 +140,9 @@ impl Queues {
             }
             self.tree = Arc::new(QueueTree::build(specs));
             self.built_from = from;
+            // The queue a pod belongs to may have changed; a status written (this
+            // scheduler's own, 100 queues every few seconds) changes nothing counted.
+            self.held_memo = HeldMemo::default();
         }
         let ns_from: Vec<(String, String)> = view
             .namespaces
@@ -166,6 +168,7 @@ impl Queues {
                 })
                 .collect();
             self.ns_from = ns_from;
+            self.held_memo = HeldMemo::default();
         }
     }
 
@@ -411,4 +414,99 @@ pub fn asked(pods: &[&Arc<PodInfo>]) -> Res {
         }
     }
     res
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    use serde_json::{Value, json};
+
+    fn node() -> Arc<Node> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": "n1"},
+                "status": {"allocatable": {"cpu": "64", "memory": "256Gi", "nvidia.com/gpu": "8"}}
+            }))
+            .expect("node"),
+        )
+    }
+
+    fn pod(name: &str, queue: &str) -> Arc<PodInfo> {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ns", "uid": format!("u-{name}"),
+                "labels": {"gpuplace.io/queue": queue}},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "resources": {
+                "limits": {"nvidia.com/gpu": "1"}}}]}
+        }))
+        .expect("pod");
+        Arc::new(PodInfo::from_pod(&pod, "nvidia.com/gpu"))
+    }
+
+    fn queue(name: &str, guaranteed: &str, status: Value) -> Arc<Queue> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "apiVersion": "gpuplace.io/v1alpha1", "kind": "Queue",
+                "metadata": {"name": name},
+                "spec": {"guaranteed": {"nvidia.com/gpu": guaranteed}},
+                "status": status
+            }))
+            .expect("queue"),
+        )
+    }
+
+    fn view(queues: Vec<Arc<Queue>>) -> ClusterView {
+        ClusterView {
+            queues: Arc::new(queues),
+            ..ClusterView::default()
+        }
+    }
+
+    /// The memo of what nodes hold by queue survives the statuses this scheduler writes
+    /// (100 queues' every few seconds, each a new queue list), and goes when a spec changes
+    /// (a pod's queue index may have moved).
+    #[test]
+    fn a_status_written_keeps_the_counts_a_spec_changed_drops_them() {
+        let pods = vec![pod("a1", "a"), pod("a2", "a"), pod("b1", "b")];
+        let snapshot = crate::snapshot::build(&[node()], &pods, "nvidia.com/gpu");
+        let mut queues = Queues::new("nvidia.com/gpu");
+        let held = |queues: &mut Queues| -> Vec<u64> {
+            let standing = Standing::measure(queues, &snapshot, 1, &[], &|_| false);
+            standing.held.iter().map(|r| r.dims[0]).collect()
+        };
+        let counted = |queues: &Queues| queues.held_memo.nodes.iter().any(|n| n.node.is_some());
+
+        queues.refresh(&view(vec![
+            queue("a", "2", json!({})),
+            queue("b", "1", json!({})),
+        ]));
+        let first = held(&mut queues);
+        let (a, b) = (queues.of(&pods[0]), queues.of(&pods[2]));
+        assert_eq!(
+            (first[a.clone().expect("a")], first[b.expect("b")]),
+            (2000, 1000)
+        );
+        assert!(counted(&queues));
+
+        let written = json!({"allocatedGPUs": "2", "pendingPods": 0});
+        queues.refresh(&view(vec![
+            queue("a", "2", written.clone()),
+            queue("b", "1", written),
+        ]));
+        assert!(counted(&queues), "a status alone dropped the counts");
+        assert_eq!(held(&mut queues), first);
+
+        // A queue added (and the list in another order): the tree is built again and the
+        // pods' queue indexes may move.
+        queues.refresh(&view(vec![
+            queue("b", "1", json!({})),
+            queue("c", "3", json!({})),
+            queue("a", "2", json!({})),
+        ]));
+        assert!(!counted(&queues), "a changed spec kept the counts");
+        let after = held(&mut queues);
+        let a = queues.of(&pods[0]).expect("a");
+        assert_eq!(after[a], 2000);
+        assert_eq!(after.iter().sum::<u64>(), 3000);
+    }
 }
