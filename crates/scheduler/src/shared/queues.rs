@@ -481,11 +481,11 @@ mod tests {
             queue("b", "1", json!({})),
         ]));
         let first = held(&mut queues);
-        let (a, b) = (queues.of(&pods[0]), queues.of(&pods[2]));
-        assert_eq!(
-            (first[a.clone().expect("a")], first[b.expect("b")]),
-            (2000, 1000)
+        let (a, b) = (
+            queues.of(&pods[0]).expect("a"),
+            queues.of(&pods[2]).expect("b"),
         );
+        assert_eq!((first[a], first[b]), (2000, 1000));
         assert!(counted(&queues));
 
         let written = json!({"allocatedGPUs": "2", "pendingPods": 0});
