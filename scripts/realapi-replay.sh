@@ -12,7 +12,7 @@
 #   live pipeline adds at speed 20, which moves a congested run's waits (docs/replay.md).
 # kube: the stock kube-scheduler that `kcp.sh up --kube-scheduler` started (its timers cannot
 #   be divided); pods ask whole GPUs (`--whole-gpus`); the twin simulates `kube-default`
-#   with the timers multiplied by SPEED and every tie-break seed in TIE_BREAKS (default
+#   with the timers (its queue's one-second loop too) multiplied by SPEED and every tie-break seed in TIE_BREAKS (default
 #   1-20), since kube-scheduler's own draw of equal nodes cannot be reproduced.
 # NODES: the node list to sample 500 nodes from (the openb 8-GPU nodes, say).
 set -euo pipefail
@@ -48,7 +48,8 @@ case $which in
     pid=$(cat "${KCP:-$HOME/kcp}/run/kube-scheduler.pid")
     name=default-scheduler
     extra=(--whole-gpus)
-    timers=(--pod-initial-backoff "$speed" --pod-max-backoff "$((10 * speed))" --unschedulable-flush "$((300 * speed))")
+    # kube-default's queue is kube-scheduler's: its one-second flush loop is SPEED simulated s.
+    timers=(--pod-initial-backoff "$speed" --pod-max-backoff "$((10 * speed))" --unschedulable-flush "$((300 * speed))" --kube-queue-tick "$speed")
     for t in ${TIE_BREAKS:-$(seq 1 20)}; do
       $G "${sim[@]}" --policies kube-default --whole-gpus "${timers[@]}" --tie-break-seed "$t" > "$out/sim-t$t.json"
     done
@@ -59,6 +60,16 @@ started=$(date +%s)
 $G replay --fake-nodes "${common[@]}" "${extra[@]}" --seed "$seed" --speed "$speed" \
   --scheduler-name "$name" --scheduler-pid "$pid" --json > "$out/live.json" 2> "$out/replay.err"
 echo "$which seed $seed speed $speed: live run $(( $(date +%s) - started )) s"
+if [[ $which == kube ]]; then
+  # kube-scheduler's own attempt counters (since it started: start it fresh for one run),
+  # beside the twin's failed_attempts.
+  k=$(mktemp -d)
+  kubectl config view --raw -o jsonpath='{.users[0].user.client-certificate-data}' | base64 -d > "$k/crt"
+  kubectl config view --raw -o jsonpath='{.users[0].user.client-key-data}' | base64 -d > "$k/key"
+  curl -sk --cert "$k/crt" --key "$k/key" https://127.0.0.1:10259/metrics |
+    grep -E '^scheduler_(schedule_attempts_total|queue_incoming_pods_total)' > "$out/kube-scheduler-attempts.txt" || true
+  rm -rf "$k"
+fi
 if [[ $which == kube ]]; then
   # kube-scheduler's twin is the spread of draws: the live run against their median and range.
   python3 scripts/replay-compare.py "$out/live.json" "$out"/sim-t*.json --labels=live,kube-default | tee "$out/compare.md"

@@ -5,6 +5,7 @@ use std::time::Instant;
 use anyhow::Context;
 use gpuplace_core::Policy;
 use gpuplace_core::defrag::Settings;
+use gpuplace_core::queue::Discipline;
 use gpuplace_sim::Workload;
 use gpuplace_sim::report::ClusterSize;
 use gpuplace_sim::timeline::options::{Costs, DefragMode, DefragSim, Patience};
@@ -135,6 +136,24 @@ pub struct TimelineArgs {
     /// default, 50% minus 1% per 125 nodes, at least 5% and 100 nodes; 100: every node).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=100), requires = "timeline")]
     pub(crate) percentage_of_nodes_to_score: u32,
+    /// For `--policies kube-default`, whose queue is kube-scheduler's (v1.26): seconds
+    /// between the moves of backed-off pods to its active queue (1 there; pods parked past
+    /// `--unschedulable-flush` are looked for every 30 of these). Multiply it by `--speed`
+    /// with the other timers to predict a live replay.
+    #[arg(long, default_value_t = 1.0, requires = "timeline")]
+    pub(crate) kube_queue_tick: f64,
+    /// Whose queue brings waiting pods back: by default each policy's own scheduler's
+    /// (kube-scheduler's for `kube-default`, gpuplace's for the others); set one for all,
+    /// to see what the queue alone changes.
+    #[arg(long, value_enum, requires = "timeline")]
+    pub(crate) queue_model: Option<QueueModelArg>,
+}
+
+/// `--queue-model`'s values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum QueueModelArg {
+    Gpuplace,
+    KubeScheduler,
 }
 
 /// Reads a tenants file (YAML, of which JSON is a part).
@@ -226,6 +245,19 @@ impl TimelineArgs {
             tie_break_seed: self.tie_break_seed,
             scheduler_seed: self.scheduler_seed,
             percentage_of_nodes_to_score: self.percentage_of_nodes_to_score,
+            kube_queue_tick: {
+                anyhow::ensure!(
+                    self.kube_queue_tick.is_finite()
+                        && (0.001..=MAX_COST_S).contains(&self.kube_queue_tick),
+                    "--kube-queue-tick must be between 0.001 and {MAX_COST_S} seconds, got {}",
+                    self.kube_queue_tick
+                );
+                std::time::Duration::from_secs_f64(self.kube_queue_tick)
+            },
+            queue_model: self.queue_model.map(|m| match m {
+                QueueModelArg::Gpuplace => Discipline::Gpuplace,
+                QueueModelArg::KubeScheduler => Discipline::KubeScheduler,
+            }),
         })
     }
 

@@ -9,6 +9,12 @@
 //! after its last attempt: a storm of events tries a pod at most once a second. A failed
 //! write backs off without parking (the cluster did not refuse the pod; the server did).
 //!
+//! [`Discipline::KubeScheduler`] keeps kube-scheduler v1.26's own rules instead, for the
+//! simulator's model of a stock cluster (`kube-default`): an event moves a parked pod to the
+//! backoff queue until its whole backoff has passed, and from there to the active queue only
+//! when that queue is next flushed (a one-second loop there: the caller's ticks, through
+//! [`Queue::end_backoff`]); a failed write, too, waits in the backoff queue.
+//!
 //! Pure: the caller says what time it is. The scheduler keys pods by UID and tells time
 //! with `Instant`; the simulator's timeline replay keys them by number and tells simulated
 //! time, so both retry a pod at exactly the same moments.
@@ -45,6 +51,22 @@ impl Default for QueueConfig {
     }
 }
 
+/// How a parked pod comes back when something happens.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Discipline {
+    /// gpuplace's scheduler: due one initial backoff after its last attempt (at once, if
+    /// that has passed), whatever its backoff had grown to.
+    #[default]
+    Gpuplace,
+    /// kube-scheduler v1.26 (`internal/queue/scheduling_queue.go`): `movePodsToActiveOrBackoffQueue`
+    /// puts a pod whose backoff (by attempts, from its last one) has not passed in the
+    /// backoff queue, which `flushBackoffQCompleted` empties into the active queue once a
+    /// second; `flushUnschedulablePodsLeftover` does the same for pods parked longer than the
+    /// flush interval (every 30 s there; the caller's ticks). A failure that does not park
+    /// (`retry_later`, `retry_at`) goes to the backoff queue too.
+    KubeScheduler,
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Entry<T> {
     attempts: u32,
@@ -52,14 +74,24 @@ struct Entry<T> {
     tried_at: T,
     not_before: T,
     parked_at: Option<T>,
+    /// In kube-scheduler's backoff queue: not due, even past `not_before`, until
+    /// [`Queue::end_backoff`] (its flush loop) moves it ([`Discipline::KubeScheduler`] only).
+    in_backoff: bool,
 }
 
 impl<T: QueueTime> Entry<T> {
-    /// Unparked, due `soonest` after its last attempt (at once, if that has passed),
-    /// whatever its backoff had grown to.
-    fn wake(&mut self, soonest: Duration) {
-        self.parked_at = None;
-        self.not_before = self.not_before.min(self.tried_at + soonest);
+    /// An event (or the flush) unparks the pod.
+    fn wake(&mut self, discipline: Discipline, soonest: Duration, now: T) {
+        if self.parked_at.take().is_none() && discipline == Discipline::KubeScheduler {
+            // Only parked pods move: one in the backoff queue stays there.
+            return;
+        }
+        match discipline {
+            Discipline::Gpuplace => {
+                self.not_before = self.not_before.min(self.tried_at + soonest);
+            }
+            Discipline::KubeScheduler => self.in_backoff = self.not_before > now,
+        }
     }
 }
 
@@ -67,6 +99,7 @@ impl<T: QueueTime> Entry<T> {
 #[derive(Debug)]
 pub struct Queue<K, T> {
     config: QueueConfig,
+    discipline: Discipline,
     /// foldhash: rounds look every waiting pod up (SipHash measured at 13% of a timeline
     /// replay).
     entries: HashMap<K, Entry<T>, foldhash::fast::RandomState>,
@@ -76,6 +109,7 @@ impl<K, T> Default for Queue<K, T> {
     fn default() -> Self {
         Queue {
             config: QueueConfig::default(),
+            discipline: Discipline::Gpuplace,
             entries: HashMap::default(),
         }
     }
@@ -83,14 +117,23 @@ impl<K, T> Default for Queue<K, T> {
 
 impl<K: Hash + Eq, T: QueueTime> Queue<K, T> {
     pub fn new(config: QueueConfig) -> Self {
+        Self::with_discipline(config, Discipline::Gpuplace)
+    }
+
+    pub fn with_discipline(config: QueueConfig, discipline: Discipline) -> Self {
         Queue {
             config,
+            discipline,
             entries: HashMap::default(),
         }
     }
 
     pub fn config(&self) -> QueueConfig {
         self.config
+    }
+
+    pub fn discipline(&self) -> Discipline {
+        self.discipline
     }
 
     /// The wait after `attempts` failed attempts.
@@ -110,7 +153,7 @@ impl<K: Hash + Eq, T: QueueTime> Queue<K, T> {
     {
         self.entries
             .get(key)
-            .is_none_or(|e| e.parked_at.is_none() && e.not_before <= now)
+            .is_none_or(|e| e.parked_at.is_none() && !e.in_backoff && e.not_before <= now)
     }
 
     fn fail<Q>(&mut self, key: &Q, now: T, park: bool)
@@ -124,6 +167,7 @@ impl<K: Hash + Eq, T: QueueTime> Queue<K, T> {
             tried_at: now,
             not_before: now + self.backoff(attempts),
             parked_at: park.then_some(now),
+            in_backoff: !park && self.discipline == Discipline::KubeScheduler,
         };
         match self.entries.get_mut(key) {
             Some(e) => *e = entry,
@@ -185,36 +229,56 @@ impl<K: Hash + Eq, T: QueueTime> Queue<K, T> {
         self.entries.remove(key);
     }
 
-    /// Something happened that could make waiting pods fit: they are unparked and due
-    /// the initial backoff after their last attempt (at once, when that has passed),
-    /// whatever their backoff had grown to.
-    pub fn wake_all(&mut self) {
-        let soonest = self.config.initial_backoff;
+    /// Something happened at `now` that could make waiting pods fit: they are unparked
+    /// and due the initial backoff after their last attempt (at once, when that has
+    /// passed), whatever their backoff had grown to; under
+    /// [`Discipline::KubeScheduler`], once their whole backoff has passed and the backoff
+    /// queue is flushed.
+    pub fn wake_all(&mut self, now: T) {
+        let (discipline, soonest) = (self.discipline, self.config.initial_backoff);
         for entry in self.entries.values_mut() {
-            entry.wake(soonest);
+            entry.wake(discipline, soonest, now);
         }
     }
 
     /// [`Self::wake_all`] for one pod: something happened that could make it alone fit
     /// (its gang's PodGroup made or changed).
-    pub fn wake<Q>(&mut self, key: &Q)
+    pub fn wake<Q>(&mut self, key: &Q, now: T)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let soonest = self.config.initial_backoff;
+        let (discipline, soonest) = (self.discipline, self.config.initial_backoff);
         if let Some(entry) = self.entries.get_mut(key) {
-            entry.wake(soonest);
+            entry.wake(discipline, soonest, now);
         }
     }
 
-    /// Unparks pods parked for longer than the flush interval.
+    /// Unparks pods parked for longer than the flush interval (under
+    /// [`Discipline::KubeScheduler`], into the backoff queue if their backoff has not passed).
     pub fn flush(&mut self, now: T) {
-        let flush = self.config.unschedulable_flush;
+        let (flush, discipline) = (self.config.unschedulable_flush, self.discipline);
         for entry in self.entries.values_mut() {
             if entry.parked_at.is_some_and(|at| at + flush <= now) {
                 entry.parked_at = None;
+                entry.in_backoff =
+                    discipline == Discipline::KubeScheduler && entry.not_before > now;
             }
+        }
+    }
+
+    /// kube-scheduler's backoff queue flushed at `now` for this pod: into the active queue
+    /// if its backoff has passed. The caller calls it at its flush loop's ticks only.
+    pub fn end_backoff<Q>(&mut self, key: &Q, now: T)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        if let Some(e) = self.entries.get_mut(key)
+            && e.in_backoff
+            && e.not_before <= now
+        {
+            e.in_backoff = false;
         }
     }
 
@@ -291,8 +355,8 @@ mod tests {
         let t0 = Instant::now();
         q.unschedulable("a", t0);
         q.unschedulable("b", t0);
-        q.wake("a");
-        q.wake("c");
+        q.wake("a", t0);
+        q.wake("c", t0);
         assert!(q.is_due("a", t0 + secs(1)));
         assert!(!q.is_due("b", t0 + secs(100)), "b is still parked");
     }
@@ -309,7 +373,7 @@ mod tests {
         assert!(q.is_due("a", t0 + secs(300)));
 
         q.unschedulable("b", t0);
-        q.wake_all();
+        q.wake_all(t0);
         assert!(!q.is_due("b", t0), "an event leaves the first second");
         assert!(q.is_due("b", t0 + secs(1)));
         assert!(q.became_due(t0, t0 + secs(1)));
@@ -318,7 +382,7 @@ mod tests {
             q.unschedulable("c", t0 + secs(i));
         }
         assert!(!q.is_due("c", t0 + secs(14)), "parked");
-        q.wake_all();
+        q.wake_all(t0);
         assert!(!q.is_due("c", t0 + secs(5)));
         assert!(
             q.is_due("c", t0 + secs(6)),
@@ -346,7 +410,7 @@ mod tests {
         );
         assert!(q.is_due("a", t0 + secs(60)));
         assert_eq!(q.next_due(t0), Some(t0 + secs(60)));
-        q.wake_all();
+        q.wake_all(t0);
         assert!(q.is_due("a", t0 + secs(1)), "an event may let it fit");
         // A time sooner than its backoff does not shorten the backoff.
         for i in 0..4 {
@@ -371,8 +435,59 @@ mod tests {
         q.unschedulable(&7, Millis(0));
         assert!(!q.is_due(&7, Millis(5_000)));
         assert_eq!(q.next_due(Millis(0)), Some(Millis(300_000)));
-        q.wake_all();
+        q.wake_all(Millis(0));
         assert!(q.is_due(&7, Millis(1_000)));
         assert_eq!(q.attempts(&7), 1);
+    }
+
+    #[test]
+    fn kube_scheduler_keeps_the_whole_backoff_and_waits_for_its_flush() {
+        let mut q: Queue<String, Instant> =
+            Queue::with_discipline(QueueConfig::default(), Discipline::KubeScheduler);
+        let t0 = Instant::now();
+        // Five failures in a row: the fifth backoff is 10 s, from t0 + 4 s to t0 + 14 s.
+        for i in 0..5 {
+            q.unschedulable("a", t0 + secs(i));
+        }
+        q.wake_all(t0 + secs(6));
+        assert!(
+            !q.is_due("a", t0 + secs(6)),
+            "moved to the backoff queue, not due"
+        );
+        assert!(
+            !q.is_due("a", t0 + secs(20)),
+            "past its backoff, still in the backoff queue until it is flushed"
+        );
+        q.end_backoff("a", t0 + secs(13));
+        assert!(
+            !q.is_due("a", t0 + secs(13)),
+            "a flush before the backoff ends"
+        );
+        q.end_backoff("a", t0 + secs(15));
+        assert!(q.is_due("a", t0 + secs(15)));
+
+        // An event after the backoff has passed moves the pod to the active queue at once.
+        q.unschedulable("b", t0);
+        q.wake_all(t0 + secs(1));
+        assert!(q.is_due("b", t0 + secs(1)));
+        // A pod in the backoff queue stays there when another event comes.
+        q.retry_later("c", t0);
+        q.wake_all(t0 + secs(5));
+        assert!(!q.is_due("c", t0 + secs(5)));
+        q.end_backoff("c", t0 + secs(5));
+        assert!(q.is_due("c", t0 + secs(5)));
+        // The flush of parked pods: into the active queue once the backoff has passed.
+        q.unschedulable("d", t0);
+        q.flush(t0 + secs(299));
+        assert!(!q.is_due("d", t0 + secs(299)));
+        q.flush(t0 + secs(300));
+        assert!(q.is_due("d", t0 + secs(300)));
+        // gpuplace's own discipline for the same history: due 1 s after the last attempt.
+        let mut g: Queue<String, Instant> = Queue::new(QueueConfig::default());
+        for i in 0..5 {
+            g.unschedulable("a", t0 + secs(i));
+        }
+        g.wake_all(t0 + secs(6));
+        assert!(g.is_due("a", t0 + secs(6)));
     }
 }

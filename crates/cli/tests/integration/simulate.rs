@@ -258,6 +258,7 @@ fn timeline_json_has_the_stable_shape_and_the_report_its_plots() {
             "gpu_hours_lost",
             "moves_per_hour",
             "abandoned",
+            "failed_attempts",
         ] {
             assert!(p[key]["mean"].is_f64(), "{key}: {p}");
         }
@@ -354,6 +355,14 @@ fn timeline_flags_are_checked() {
         (
             vec!["--timeline", "--bind-latency", "1e9"],
             "--bind-latency must be between 0 and 3600 seconds",
+        ),
+        (
+            vec!["--timeline", "--kube-queue-tick", "0"],
+            "--kube-queue-tick must be between 0.001 and 3600 seconds, got 0",
+        ),
+        (
+            vec!["--timeline", "--queue-model", "fifo"],
+            "invalid value 'fifo' for '--queue-model",
         ),
         (
             vec!["--timeline", "--recreate", "NaN"],

@@ -6,6 +6,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::{Scheduler, Seen};
 use crate::api::{ClusterApi, ClusterView, Listed, PodFeed};
@@ -130,14 +131,14 @@ impl<A: ClusterApi> Scheduler<A> {
     /// (one the last view showed bound, or one this scheduler bound since: a pod bound and
     /// deleted between two views held GPUs too); a pod group made, changed in its spec or
     /// gone wakes its own members (its status, which this scheduler writes, wakes nobody).
-    pub(super) fn observe(&mut self, view: &ClusterView, feed: &PodFeed) {
+    pub(super) fn observe(&mut self, view: &ClusterView, feed: &PodFeed, now: Instant) {
         let groups_changed = self.seen.groups_changed(view);
         if !groups_changed.is_empty() {
             for pod in view.pods.iter() {
                 if let Some(g) = &pod.group
                     && groups_changed.contains(&format!("{}/{g}", pod.key.namespace))
                 {
-                    self.queue.wake(&pod.key.uid);
+                    self.queue.wake(&pod.key.uid, now);
                 }
             }
         }
@@ -181,7 +182,7 @@ impl<A: ClusterApi> Scheduler<A> {
             || budgets_changed
             || queues_changed
         {
-            self.queue.wake_all();
+            self.queue.wake_all(now);
         }
         // Nodes or budgets changed: what make-room found nothing for may be found now (the
         // timeline's nodes and budgets never change).

@@ -71,7 +71,7 @@ impl<A: ClusterApi> Scheduler<A> {
         let started = Instant::now();
         self.dirty = false;
         self.last_round = Some(now);
-        self.observe(&view, &feed);
+        self.observe(&view, &feed, now);
         self.queue.flush(now);
         self.room_memo.forget_before(now);
         let mut snapshot = self.state_for_round(&view, feed, now).await;
@@ -463,7 +463,7 @@ impl<A: ClusterApi> Scheduler<A> {
                 // bound (the reservation is gone), what it holds is the bound pod's.
                 self.cluster.forget(&key.uid);
                 // What it held is free again: parked pods may fit.
-                self.queue.wake_all();
+                self.queue.wake_all(now);
                 if !matches!(failure, WriteFailure::NotLeader) {
                     self.queue.retry_later(&key.uid, now);
                 }

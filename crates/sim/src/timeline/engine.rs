@@ -30,10 +30,11 @@ mod wakeups;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::time::Duration;
 
 use gpuplace_core::cycle::{self, place::Trial};
-use gpuplace_core::queue::Queue;
-use gpuplace_core::{ClusterState, Placer};
+use gpuplace_core::queue::{Discipline, Queue};
+use gpuplace_core::{ClusterState, Placer, Policy};
 
 use super::arrivals::{Mix, Schedule};
 use super::metrics::{Recorder, Values};
@@ -68,6 +69,9 @@ pub struct Outcome {
     pub abandoned_units: usize,
     pub rounds: u64,
     pub attempts: u64,
+    /// Attempts that left the unit waiting (`None` in a live report: the scheduler counts
+    /// its own, kube-scheduler as `scheduler_schedule_attempts_total{result="unschedulable"}`).
+    pub failed_attempts: Option<u64>,
     pub defrag: DefragCounts,
     pub tenants: Option<fair::TenantRun>,
     /// Per class, the expected starts' errors (with `--declared-share`).
@@ -84,6 +88,8 @@ pub struct Engine<'a> {
     state: ClusterState,
     placer: Placer,
     queue: Queue<u32, Ms>,
+    /// Under [`Discipline::KubeScheduler`]: its backoff queue's flush period (ms).
+    queue_tick_ms: u64,
     jobs: Vec<Job>,
     units: Vec<Unit>,
     /// Units that joined the queue and were never tried.
@@ -160,6 +166,7 @@ struct Counts {
     abandoned_units: usize,
     rounds: u64,
     attempts: u64,
+    failed_attempts: u64,
 }
 
 impl<'a> Engine<'a> {
@@ -187,6 +194,14 @@ impl<'a> Engine<'a> {
         let tenants =
             tenants.map(|t| fair::FairState::new(t, capacity, options.usage_half_life_ms));
         let placer_seed = placer.seed();
+        // kube-default models a stock cluster, whose queue is kube-scheduler's.
+        let discipline = options
+            .queue_model
+            .unwrap_or(if placer.policy() == Policy::KubeDefault {
+                Discipline::KubeScheduler
+            } else {
+                Discipline::Gpuplace
+            });
         Engine {
             pods,
             mix,
@@ -194,7 +209,8 @@ impl<'a> Engine<'a> {
             preempt: options.preempt,
             state,
             placer,
-            queue: Queue::new(options.queue),
+            queue: Queue::with_discipline(options.queue, discipline),
+            queue_tick_ms: (options.kube_queue_tick.as_millis() as u64).max(1),
             jobs: Vec::new(),
             units: Vec::new(),
             fresh: Vec::new(),
@@ -319,6 +335,7 @@ impl<'a> Engine<'a> {
             abandoned_units: counts.abandoned_units,
             rounds: counts.rounds,
             attempts: counts.attempts,
+            failed_attempts: Some(counts.failed_attempts),
             defrag: self.defrag.counts,
             tenants,
             estimates: self.estimates.report(),
@@ -352,7 +369,7 @@ impl<'a> Engine<'a> {
     fn round(&mut self, now: Ms) {
         self.outcome_counts.rounds += 1;
         if self.freed {
-            self.queue.wake_all();
+            self.queue.wake_all(now);
             self.freed = false;
             let soonest = self.queue.config().initial_backoff;
             for unit in std::mem::take(&mut self.backing_off) {
@@ -361,8 +378,17 @@ impl<'a> Engine<'a> {
                 if !u.waiting {
                     continue;
                 }
+                let at = match self.queue.discipline() {
+                    Discipline::Gpuplace => u.failed_at + soonest,
+                    // In the backoff queue until its backoff has passed and the queue is
+                    // flushed; at once if it has passed.
+                    Discipline::KubeScheduler => match self.queue.due_at(&unit) {
+                        Some(due) if due > now => soon::next_tick(due, self.queue_tick_ms),
+                        _ => now,
+                    },
+                };
                 // Taken by this round's `due` when already due.
-                self.soon.push(u.failed_at + soonest, unit, u.fails);
+                self.soon.push(at, unit, u.fails);
             }
         }
         let due = self.due(now);
@@ -390,17 +416,33 @@ impl<'a> Engine<'a> {
                 if self.units[unit as usize].fails == 0 {
                     self.estimate_first_wait(unit, now);
                 }
+                self.outcome_counts.failed_attempts += 1;
+                let kube = self.queue.discipline() == Discipline::KubeScheduler;
+                let tick = self.queue_tick_ms;
                 let u = &mut self.units[unit as usize];
                 u.fails += 1;
                 u.failed_at = now;
+                u.queued_at = now;
                 if !u.backing_off {
                     u.backing_off = true;
                     self.backing_off.push(unit);
                 }
                 if let Some(due) = due {
+                    let due = if kube {
+                        soon::next_tick(due, tick)
+                    } else {
+                        due
+                    };
                     self.wakes.push(Reverse((due, unit, u.fails)));
                 }
-                self.flushes.push_back((now + flush, unit, u.fails));
+                // kube-scheduler looks for pods parked too long every 30 ticks, and only
+                // moves those parked longer than the interval.
+                let flush_at = if kube {
+                    soon::next_tick(now + flush + Duration::from_millis(1), 30 * tick)
+                } else {
+                    now + flush
+                };
+                self.flushes.push_back((flush_at, unit, u.fails));
             }
         }
         // After the round's decisions, as the scheduler rebalances.

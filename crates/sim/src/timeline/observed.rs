@@ -155,6 +155,7 @@ impl Timeline {
             abandoned_units: 0,
             rounds: 0,
             attempts: 0,
+            failed_attempts: None,
             defrag: DefragCounts {
                 moved_pods: counts.moved_pods,
                 ..DefragCounts::default()

@@ -3,7 +3,7 @@
 use std::ops::Add;
 use std::time::Duration;
 
-use gpuplace_core::queue::QueueConfig;
+use gpuplace_core::queue::{Discipline, QueueConfig};
 use serde::Serialize;
 
 use super::durations::DurationModel;
@@ -77,6 +77,13 @@ pub struct TimelineOptions {
     /// kube-scheduler's `percentageOfNodesToScore` for `kube-default` (0: adaptive, its
     /// default; 100: every node).
     pub percentage_of_nodes_to_score: u32,
+    /// For `kube-default`, whose queue is kube-scheduler's: how often that queue moves
+    /// backed-off pods to its active queue (a one-second loop in v1.26; pods parked past
+    /// the flush interval are looked for every 30 of these) (`--kube-queue-tick`).
+    pub kube_queue_tick: Duration,
+    /// Whose queue brings waiting pods back (`--queue-model`; `None`: the policy's own
+    /// scheduler's, kube-scheduler's for `kube-default`).
+    pub queue_model: Option<Discipline>,
 }
 
 /// What each step of carrying out a decision costs in simulated time, as on a real node
@@ -190,6 +197,8 @@ impl Default for TimelineOptions {
             tie_break_seed: None,
             scheduler_seed: None,
             percentage_of_nodes_to_score: 0,
+            kube_queue_tick: Duration::from_secs(1),
+            queue_model: None,
         }
     }
 }

@@ -63,6 +63,8 @@ pub struct TimelineRun {
     pub arrivals_per_s: f64,
     pub rounds: u64,
     pub attempts: u64,
+    /// Attempts that left the pod waiting (`None`: a live report).
+    pub failed_attempts: Option<u64>,
     /// Tenants' fairness and guarantees (`--tenants`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tenants: Option<super::engine::TenantRun>,
@@ -190,6 +192,7 @@ pub(super) fn measure(
         arrivals_per_s: schedule.rate_per_s,
         rounds: outcome.rounds,
         attempts: outcome.attempts,
+        failed_attempts: outcome.failed_attempts,
         tenants: outcome.tenants.clone(),
         estimates: outcome.estimates.clone(),
         elapsed,

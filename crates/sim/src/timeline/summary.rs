@@ -55,6 +55,11 @@ pub struct TimelinePolicy {
     pub moved_pods: Stat,
     pub moved_gpus_per_hour: Stat,
     pub move_lost_pct: Stat,
+    /// Scheduling attempts that left a pod waiting, over the whole run (warm start
+    /// included), to set beside a live scheduler's own count (kube-scheduler's
+    /// `scheduler_schedule_attempts_total{result="unschedulable"}`); absent in a live report.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failed_attempts: Option<Stat>,
     /// Means over seeds of the series over time.
     pub series: Series,
     /// Per class key, the mean wait (s) at each percent 0..=100.
@@ -226,6 +231,11 @@ pub fn summarize_policy(policy: Policy, runs: &[&TimelineRun]) -> TimelinePolicy
         moved_pods: stat(runs, |r| r.moved_pods as f64),
         moved_gpus_per_hour: stat(runs, |r| r.moved_gpus_per_hour),
         move_lost_pct: stat(runs, |r| r.move_lost_pct),
+        failed_attempts: runs
+            .iter()
+            .map(|r| r.failed_attempts.map(|n| n as f64))
+            .collect::<Option<Vec<f64>>>()
+            .map(|v| Stat::of(&v)),
         series: Series {
             t_s: mean_curve(runs.iter().map(|r| &r.series.t_s)),
             allocation_pct: mean_curve(runs.iter().map(|r| &r.series.allocation_pct)),

@@ -42,6 +42,8 @@ struct Scenario {
     warm: Vec<(u32, f64)>,
     /// Share of pods that declare their run time.
     declared_share: f64,
+    policy: Policy,
+    kube_queue_tick: std::time::Duration,
 }
 
 impl Default for Scenario {
@@ -56,6 +58,8 @@ impl Default for Scenario {
             patience: Patience::Off,
             warm: Vec::new(),
             declared_share: 0.0,
+            policy: Policy::BestFit,
+            kube_queue_tick: std::time::Duration::from_secs(1),
         }
     }
 }
@@ -99,6 +103,7 @@ impl Scenario {
             checkpointed: self.checkpointed,
             patience: self.patience,
             declared_share: self.declared_share,
+            kube_queue_tick: self.kube_queue_tick,
             ..TimelineOptions::default()
         };
         let schedule = Schedule {
@@ -123,7 +128,7 @@ impl Scenario {
                 request_ids: &ids,
             },
             state,
-            Placer::new(Policy::BestFit, 1),
+            Placer::new(self.policy, 1),
             &options,
             tenants,
             1,
@@ -207,6 +212,38 @@ fn a_woken_pod_is_due_a_second_after_its_last_attempt() {
     assert_eq!(secs(jobs[1].start), Some(2));
     assert_eq!(secs(jobs[1].end), Some(3));
     assert_eq!(secs(jobs[2].start), Some(3));
+}
+
+#[test]
+fn under_kube_default_a_woken_pod_keeps_its_backoff_and_waits_for_the_flush() {
+    // kube-default's queue is kube-scheduler's. The same arrivals as above: at 3 s b leaves
+    // and wakes small, whose second backoff (2 s from its attempt at 2 s) has not passed:
+    // it waits in the backoff queue until 4 s, and starts at the next flush of that queue.
+    let mut s = Scenario {
+        pods: vec![
+            pod("a", 8, 2, 0, None),
+            pod("b", 8, 1, 0, None),
+            pod("small", 1, 50, 0, None),
+        ],
+        nodes: vec![node("n", 8)],
+        policy: Policy::KubeDefault,
+        ..Scenario::default()
+    };
+    let arrivals = [(0, 0), (0, 1), (0, 2), (300, 0)];
+    let outcome = s.run_all(&arrivals, true, DefragSim::default(), None);
+    let jobs = outcome.jobs;
+    assert_eq!(secs(jobs[1].start), Some(2));
+    assert_eq!(
+        secs(jobs[2].start),
+        Some(4),
+        "its whole backoff, flushed at 4 s"
+    );
+    // b and small at 0 s, small at 2 s: what kube-scheduler counts as unschedulable.
+    assert_eq!(outcome.failed_attempts, Some(3));
+    // The flush every 3 s (a replay at speed 3): backoff over at 4 s, flushed at 6 s.
+    s.kube_queue_tick = std::time::Duration::from_secs(3);
+    let jobs = s.run(&arrivals);
+    assert_eq!(secs(jobs[2].start), Some(6));
 }
 
 #[test]

@@ -45,6 +45,12 @@ impl Soon {
     }
 }
 
+/// The first of the ticks every `tick_ms` (from time 0) at or after `at`: when
+/// kube-scheduler's loops (its backoff queue's flush) next run.
+pub(super) fn next_tick(at: Ms, tick_ms: u64) -> Ms {
+    Ms(at.0.div_ceil(tick_ms) * tick_ms)
+}
+
 /// Whether a wake-up entry made at failure count `fails` still speaks for `u`.
 pub(super) fn is_live(u: &Unit, fails: u32) -> bool {
     u.waiting && u.fails == fails
@@ -53,6 +59,14 @@ pub(super) fn is_live(u: &Unit, fails: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ticks_round_up_to_the_next_multiple() {
+        assert_eq!(next_tick(Ms(0), 1_000), Ms(0));
+        assert_eq!(next_tick(Ms(1), 1_000), Ms(1_000));
+        assert_eq!(next_tick(Ms(5_000), 5_000), Ms(5_000));
+        assert_eq!(next_tick(Ms(5_001), 5_000), Ms(10_000));
+    }
 
     #[test]
     fn soon_gives_the_earliest_live_time_and_takes_what_is_due() {

@@ -10,6 +10,8 @@
 
 use std::cmp::Reverse;
 
+use gpuplace_core::queue::Discipline;
+
 use super::Engine;
 use super::soon::is_live;
 use crate::timeline::options::Ms;
@@ -57,9 +59,17 @@ impl Engine<'_> {
                 woken.push((unit, fails));
             }
         }
+        let kube = self.queue.discipline() == Discipline::KubeScheduler;
         for (unit, fails) in woken {
             let u = &mut self.units[unit as usize];
-            if is_live(u, fails) && !u.ready {
+            if !is_live(u, fails) {
+                continue;
+            }
+            // Entries are due at the backoff queue's ticks: this is its flush.
+            if kube {
+                self.queue.end_backoff(&unit, now);
+            }
+            if !u.ready {
                 u.ready = true;
                 self.ready.push(unit);
             }
@@ -82,7 +92,16 @@ impl Engine<'_> {
             }
         }
         self.ready = parked;
-        due.sort_unstable_by_key(|u| self.units[*u as usize].key);
+        if kube {
+            // kube-scheduler's PrioritySort: priority, then when the pod last joined the
+            // queue (a failure puts it behind whoever came since).
+            due.sort_unstable_by_key(|u| {
+                let u = &self.units[*u as usize];
+                (u.key.0, u.queued_at, u.key.1)
+            });
+        } else {
+            due.sort_unstable_by_key(|u| self.units[*u as usize].key);
+        }
         due
     }
 }
