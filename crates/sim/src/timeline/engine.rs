@@ -369,27 +369,7 @@ impl<'a> Engine<'a> {
     fn round(&mut self, now: Ms) {
         self.outcome_counts.rounds += 1;
         if self.freed {
-            self.queue.wake_all(now);
-            self.freed = false;
-            let soonest = self.queue.config().initial_backoff;
-            for unit in std::mem::take(&mut self.backing_off) {
-                let u = &mut self.units[unit as usize];
-                u.backing_off = false;
-                if !u.waiting {
-                    continue;
-                }
-                let at = match self.queue.discipline() {
-                    Discipline::Gpuplace => u.failed_at + soonest,
-                    // In the backoff queue until its backoff has passed and the queue is
-                    // flushed; at once if it has passed.
-                    Discipline::KubeScheduler => match self.queue.due_at(&unit) {
-                        Some(due) if due > now => soon::next_tick(due, self.queue_tick_ms),
-                        _ => now,
-                    },
-                };
-                // Taken by this round's `due` when already due.
-                self.soon.push(at, unit, u.fails);
-            }
+            self.wake_parked(now);
         }
         let due = self.due(now);
         let tried = self.fair_round(due, now);

@@ -13,7 +13,7 @@ use std::cmp::Reverse;
 use gpuplace_core::queue::Discipline;
 
 use super::Engine;
-use super::soon::is_live;
+use super::soon::{is_live, next_tick};
 use crate::timeline::options::Ms;
 
 impl Engine<'_> {
@@ -37,6 +37,33 @@ impl Engine<'_> {
         let told = self.wakes.peek().map(|w| w.0.0);
         let flush = self.flushes.front().map(|f| f.0);
         [soon, told, flush].into_iter().flatten().min()
+    }
+
+    /// Something left since the last round: parked units wake, each due as its queue says
+    /// (gpuplace's: one initial backoff after its last attempt; kube-scheduler's: at the
+    /// first flush of its backoff queue after its whole backoff, at once if that passed).
+    pub(super) fn wake_parked(&mut self, now: Ms) {
+        self.queue.wake_all(now);
+        self.freed = false;
+        let soonest = self.queue.config().initial_backoff;
+        for unit in std::mem::take(&mut self.backing_off) {
+            let u = &mut self.units[unit as usize];
+            u.backing_off = false;
+            if !u.waiting {
+                continue;
+            }
+            let at = match self.queue.discipline() {
+                Discipline::Gpuplace => u.failed_at + soonest,
+                // In the backoff queue until its backoff has passed and the queue is
+                // flushed; at once if it has passed.
+                Discipline::KubeScheduler => match self.queue.due_at(&unit) {
+                    Some(due) if due > now => next_tick(due, self.queue_tick_ms),
+                    _ => now,
+                },
+            };
+            // Taken by this round's `due` when already due.
+            self.soon.push(at, unit, u.fails);
+        }
     }
 
     /// The units due at `now`, in queue order (the queue decides; the index only narrows
