@@ -402,7 +402,6 @@ impl<'a> Engine<'a> {
                 let u = &mut self.units[unit as usize];
                 u.fails += 1;
                 u.failed_at = now;
-                u.queued_at = now;
                 if !u.backing_off {
                     u.backing_off = true;
                     self.backing_off.push(unit);

@@ -72,7 +72,6 @@ impl Engine<'_> {
             fails: 0,
             ready: false,
             failed_at: Ms(0),
-            queued_at: now,
             backing_off: false,
             held: Vec::new(),
             held_until: Ms(0),

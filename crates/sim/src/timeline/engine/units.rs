@@ -109,9 +109,6 @@ pub(super) struct Unit {
     pub(super) ready: bool,
     /// When its last attempt failed.
     pub(super) failed_at: Ms,
-    /// When it last joined the queue (its arrival, then its last failure): kube-scheduler
-    /// orders equal priorities by it (`QueuedPodInfo.Timestamp`).
-    pub(super) queued_at: Ms,
     /// In [`Engine::backing_off`].
     pub(super) backing_off: bool,
     /// Nominated by PostFilter: the places held for its members (taken in the state) until

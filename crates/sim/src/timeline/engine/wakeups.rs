@@ -123,8 +123,15 @@ impl Engine<'_> {
             // kube-scheduler's PrioritySort: priority, then when the pod last joined the
             // queue (a failure puts it behind whoever came since).
             due.sort_unstable_by_key(|u| {
+                // When it last joined the queue (`QueuedPodInfo.Timestamp`): its last
+                // failure, else its arrival.
                 let u = &self.units[*u as usize];
-                (u.key.0, u.queued_at, u.key.1)
+                let joined = if u.fails > 0 {
+                    u.failed_at
+                } else {
+                    self.jobs[u.jobs[0] as usize].arrival
+                };
+                (u.key.0, joined, u.key.1)
             });
         } else {
             due.sort_unstable_by_key(|u| self.units[*u as usize].key);
