@@ -46,6 +46,11 @@ pub struct TimelineArgs {
     /// Start from an empty cluster instead of the mix's stationary population.
     #[arg(long, requires = "timeline")]
     pub(crate) cold_start: bool,
+    /// The warm start's pods that find no place failed before the clock started: their
+    /// backoff is over at t=0 and the first departure brings them back at once, as on a live
+    /// replay (`gpuplace replay` places its warm start with the clock stopped).
+    #[arg(long, requires = "timeline", conflicts_with = "cold_start")]
+    pub(crate) warm_pending_due: bool,
     /// Move pods: `make-room` for a unit that fits nowhere, `rebalance` to lower
     /// fragmentation in the background, `all` for both (the scheduler's words).
     #[arg(long, value_enum, default_value_t = DefragArg::Off, requires = "timeline")]
@@ -72,6 +77,16 @@ pub struct TimelineArgs {
     /// 3,600; measured: 1).
     #[arg(long, default_value_t = 1.0, requires = "timeline")]
     pub(crate) start: f64,
+    /// Seconds a failed scheduling attempt keeps the scheduler busy (0 to 3,600): attempts
+    /// run one after another and pods that come meanwhile wait their turn. 0 decides a round
+    /// at once (gpuplace's scheduler: about 0.3 ms a pod); kube-scheduler's failed attempts
+    /// take 14.7 ms on a 2-core test machine, times `--speed` for a live replay's twin.
+    #[arg(long, default_value_t = 0.0, requires = "timeline")]
+    pub(crate) attempt_cost: f64,
+    /// Seconds an attempt that places its pod keeps the scheduler busy (0 to 3,600; default
+    /// `--attempt-cost`; kube-scheduler: 4.9 ms there).
+    #[arg(long, requires = "timeline")]
+    pub(crate) placed_attempt_cost: Option<f64>,
     /// `trace`: users delete pods that wait longer than their patience, drawn from the openb
     /// trace's pods deleted while pending (11%: median 94 s, p90 342 s); `off`: pods wait as
     /// long as it takes.
@@ -215,6 +230,7 @@ impl TimelineArgs {
             },
             preempt,
             warm_start: !self.cold_start,
+            warm_pending_due: self.warm_pending_due,
             queue: crate::queue_flags::queue_config(
                 self.pod_initial_backoff,
                 self.pod_max_backoff,
@@ -267,6 +283,11 @@ impl TimelineArgs {
             recreate: cost("recreate", self.recreate)?,
             bind_latency: cost("bind-latency", self.bind_latency)?,
             start: cost("start", self.start)?,
+            attempt: cost("attempt-cost", self.attempt_cost)?,
+            placed_attempt: cost(
+                "placed-attempt-cost",
+                self.placed_attempt_cost.unwrap_or(self.attempt_cost),
+            )?,
         })
     }
 

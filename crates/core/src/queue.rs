@@ -220,6 +220,18 @@ impl<K: Hash + Eq, T: QueueTime> Queue<K, T> {
         self.entries.get(key).map(|e| e.not_before)
     }
 
+    /// The pod's backoff is over already (its last attempt long before `now`): a pod that
+    /// failed while the clock stood still, as a live replay's warm start does.
+    pub fn backoff_over<Q>(&mut self, key: &Q)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        if let Some(e) = self.entries.get_mut(key) {
+            e.not_before = e.tried_at;
+        }
+    }
+
     /// The pod is bound or gone.
     pub fn forget<Q>(&mut self, key: &Q)
     where
@@ -347,6 +359,26 @@ mod tests {
         assert!(!q.is_due("a", t0 + secs(2)));
         assert!(q.is_due("a", t0 + secs(3)));
         assert_eq!(q.attempts("a"), 2);
+    }
+
+    #[test]
+    fn a_pod_whose_backoff_is_over_is_due_at_the_first_event_even_under_kube_scheduler() {
+        let mut q: Queue<String, Instant> =
+            Queue::with_discipline(QueueConfig::default(), Discipline::KubeScheduler);
+        let t0 = Instant::now();
+        q.unschedulable("a", t0);
+        q.unschedulable("b", t0);
+        q.backoff_over("a");
+        q.backoff_over("c");
+        assert_eq!(q.due_at("a"), Some(t0));
+        assert!(!q.is_due("a", t0), "still parked until an event");
+        q.wake_all(t0);
+        assert!(
+            q.is_due("a", t0),
+            "its backoff is over: straight to the active queue"
+        );
+        assert!(!q.is_due("b", t0 + secs(5)), "b waits in the backoff queue");
+        assert_eq!(q.attempts("a"), 1);
     }
 
     #[test]

@@ -269,6 +269,8 @@ fn timeline_json_has_the_stable_shape_and_the_report_its_plots() {
         "recreate_s",
         "start_s",
         "bind_latency_s",
+        "attempt_s",
+        "placed_attempt_s",
     ] {
         assert!(v["costs"][key].is_f64(), "{key}: {}", v["costs"]);
     }
@@ -355,6 +357,18 @@ fn timeline_flags_are_checked() {
         (
             vec!["--timeline", "--bind-latency", "1e9"],
             "--bind-latency must be between 0 and 3600 seconds",
+        ),
+        (
+            vec!["--timeline", "--attempt-cost", "-0.01"],
+            "--attempt-cost must be between 0 and 3600 seconds, got -0.01",
+        ),
+        (
+            vec!["--timeline", "--placed-attempt-cost", "5000"],
+            "--placed-attempt-cost must be between 0 and 3600 seconds, got 5000",
+        ),
+        (
+            vec!["--timeline", "--warm-pending-due", "--cold-start"],
+            "cannot be used with",
         ),
         (
             vec!["--timeline", "--kube-queue-tick", "0"],

@@ -14,6 +14,7 @@
 
 mod arrive;
 mod chain;
+mod clock;
 mod costs;
 mod defrag;
 mod defrag_state;
@@ -23,6 +24,7 @@ mod fair;
 mod fair_round;
 mod leaving;
 mod members;
+mod pace;
 mod soon;
 mod units;
 mod victims;
@@ -85,6 +87,8 @@ pub struct Engine<'a> {
     /// Per pod, the id of its distinct request (for the failure memo).
     request_ids: &'a [u32],
     preempt: bool,
+    /// The warm start's waiting units failed before t=0 (their backoff over).
+    warm_pending_due: bool,
     state: ClusterState,
     placer: Placer,
     queue: Queue<u32, Ms>,
@@ -94,6 +98,11 @@ pub struct Engine<'a> {
     units: Vec<Unit>,
     /// Units that joined the queue and were never tried.
     fresh: Vec<u32>,
+    /// Due units a round had no time for (with an attempt cost): still in the active
+    /// queue when the scheduler is next free.
+    active: Vec<u32>,
+    /// When the scheduler's attempt in flight ends (with an attempt cost; [`pace`]).
+    busy_until: Ms,
     /// When units told when to look again (make-room's memo) are due, as (time, unit,
     /// failure count).
     wakes: BinaryHeap<Reverse<(Ms, u32, u32)>>,
@@ -207,6 +216,7 @@ impl<'a> Engine<'a> {
             mix,
             request_ids,
             preempt: options.preempt,
+            warm_pending_due: options.warm_pending_due,
             state,
             placer,
             queue: Queue::with_discipline(options.queue, discipline),
@@ -214,6 +224,8 @@ impl<'a> Engine<'a> {
             jobs: Vec::new(),
             units: Vec::new(),
             fresh: Vec::new(),
+            active: Vec::new(),
+            busy_until: Ms(0),
             wakes: BinaryHeap::new(),
             flushes: VecDeque::new(),
             soon: soon::Soon::default(),
@@ -275,13 +287,25 @@ impl<'a> Engine<'a> {
         let mut now = Ms(0);
         let mut next = 0;
         if !schedule.warm.is_empty() {
-            self.round(now);
+            // The warm start is the cluster before the clock starts: its round takes no
+            // time, as a live replay places it with the clock stopped.
+            self.round(now, None, clock::AttemptCosts::default());
+            if self.warm_pending_due {
+                for unit in 0..self.units.len() as u32 {
+                    if self.units[unit as usize].waiting {
+                        self.queue.backoff_over(&unit);
+                    }
+                }
+            }
         }
         loop {
+            // A busy scheduler takes up what became due once its attempt in flight ends.
+            let busy = self.busy_until;
             let at = [
                 arrivals.get(next).map(|a| a.at),
                 self.departures.peek().map(|d| d.0.0),
-                self.next_wake(),
+                self.next_wake().map(|w| w.max(busy)),
+                self.resume_at().map(|r| r.max(now)),
                 self.later.peek().map(|r| r.0.0),
                 self.give_ups.peek().map(|g| g.0.0),
                 self.leaving.next(),
@@ -312,7 +336,11 @@ impl<'a> Engine<'a> {
                 next += 1;
             }
             self.give_up_due(now);
-            self.round(now);
+            let costs = clock::AttemptCosts {
+                failed: self.costs.attempt,
+                placed: self.costs.placed_attempt,
+            };
+            self.round(now, arrivals.get(next).map(|a| a.at), costs);
             if next == arrivals.len() && now >= end {
                 break;
             }
@@ -365,67 +393,90 @@ impl<'a> Engine<'a> {
         }
     }
 
-    /// One scheduling round at `now` (see the module's text).
-    fn round(&mut self, now: Ms) {
-        self.outcome_counts.rounds += 1;
+    /// One scheduling round at `now` (see the module's text), its attempts taking their
+    /// `costs` one after another until the next event ([`pace`]; `next_arrival`: the next
+    /// unit to arrive).
+    fn round(&mut self, now: Ms, next_arrival: Option<Ms>, costs: clock::AttemptCosts) {
         if self.freed {
             self.wake_parked(now);
         }
+        if now < self.busy_until {
+            // An attempt is in flight: what is due waits for it in the active queue.
+            return;
+        }
+        self.outcome_counts.rounds += 1;
         let due = self.due(now);
-        let tried = self.fair_round(due, now);
-        for (unit, tried) in tried {
-            if tried == Tried::Started {
-                self.units[unit as usize].waiting = false;
-                self.queue.forget(&unit);
-            } else {
-                // A parked unit is due only once an event wakes it (then `backing_off`
-                // queues its wake-up) or its parking is flushed (the flush entry): a
-                // wake-up at its backoff's end would find it still parked. Only a unit
-                // told when to look again needs one.
-                let due = match tried {
-                    Tried::Later(at) => {
-                        self.queue.retry_at(&unit, now, at);
-                        self.queue.due_at(&unit)
-                    }
-                    _ => {
-                        self.queue.unschedulable(&unit, now);
-                        None
-                    }
-                };
-                let flush = self.queue.config().unschedulable_flush;
-                if self.units[unit as usize].fails == 0 {
-                    self.estimate_first_wait(unit, now);
-                }
-                self.outcome_counts.failed_attempts += 1;
-                let kube = self.queue.discipline() == Discipline::KubeScheduler;
-                let tick = self.queue_tick_ms;
-                let u = &mut self.units[unit as usize];
-                u.fails += 1;
-                u.failed_at = now;
-                if !u.backing_off {
-                    u.backing_off = true;
-                    self.backing_off.push(unit);
-                }
-                if let Some(due) = due {
-                    let due = if kube {
-                        soon::next_tick(due, tick)
-                    } else {
-                        due
-                    };
-                    self.wakes.push(Reverse((due, unit, u.fails)));
-                }
-                // kube-scheduler looks for pods parked too long every 30 ticks, and only
-                // moves those parked longer than the interval.
-                let flush_at = if kube {
-                    soon::next_tick(now + flush + Duration::from_millis(1), 30 * tick)
-                } else {
-                    now + flush
-                };
-                self.flushes.push_back((flush_at, unit, u.fails));
-            }
+        let horizon = if costs == clock::AttemptCosts::default() {
+            None
+        } else {
+            self.horizon(now, next_arrival)
+        };
+        let mut timer = clock::AttemptClock::new(now, horizon, costs);
+        let attempts = self.fair_round(due, &mut timer);
+        self.busy_until = timer.free_at();
+        self.active = attempts.left;
+        for attempt in attempts.done {
+            self.attempted(attempt);
         }
         // After the round's decisions, as the scheduler rebalances.
         self.maybe_rebalance(now);
+    }
+
+    /// The queue's bookkeeping after one attempt.
+    fn attempted(&mut self, attempt: clock::Attempt) {
+        let clock::Attempt {
+            unit,
+            tried,
+            at: now,
+        } = attempt;
+        if tried == Tried::Started {
+            self.units[unit as usize].waiting = false;
+            self.queue.forget(&unit);
+            return;
+        }
+        // A parked unit is due only once an event wakes it (then `backing_off` queues its
+        // wake-up) or its parking is flushed (the flush entry): a wake-up at its backoff's
+        // end would find it still parked. Only a unit told when to look again needs one.
+        let due = match tried {
+            Tried::Later(at) => {
+                self.queue.retry_at(&unit, now, at);
+                self.queue.due_at(&unit)
+            }
+            _ => {
+                self.queue.unschedulable(&unit, now);
+                None
+            }
+        };
+        let flush = self.queue.config().unschedulable_flush;
+        if self.units[unit as usize].fails == 0 {
+            self.estimate_first_wait(unit, now);
+        }
+        self.outcome_counts.failed_attempts += 1;
+        let kube = self.queue.discipline() == Discipline::KubeScheduler;
+        let tick = self.queue_tick_ms;
+        let u = &mut self.units[unit as usize];
+        u.fails += 1;
+        u.failed_at = now;
+        if !u.backing_off {
+            u.backing_off = true;
+            self.backing_off.push(unit);
+        }
+        if let Some(due) = due {
+            let due = if kube {
+                soon::next_tick(due, tick)
+            } else {
+                due
+            };
+            self.wakes.push(Reverse((due, unit, u.fails)));
+        }
+        // kube-scheduler looks for pods parked too long every 30 ticks, and only moves
+        // those parked longer than the interval.
+        let flush_at = if kube {
+            soon::next_tick(now + flush + Duration::from_millis(1), 30 * tick)
+        } else {
+            now + flush
+        };
+        self.flushes.push_back((flush_at, unit, u.fails));
     }
 
     /// Filter, Score and Reserve for `unit`'s members on the live state (core's

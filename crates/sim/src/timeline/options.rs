@@ -36,6 +36,11 @@ pub struct TimelineOptions {
     pub preempt: bool,
     /// Start from the mix's stationary population instead of an empty cluster.
     pub warm_start: bool,
+    /// The warm start's pods that find no place failed before the clock started
+    /// (`--warm-pending-due`): their backoff is over at t=0, so the first event brings them
+    /// back at once, as on a live replay, whose warm start is placed with the clock stopped
+    /// (over tens of real seconds). Otherwise they fail at t=0 and back off from there.
+    pub warm_pending_due: bool,
     /// The scheduler's backoff and parking.
     pub queue: QueueConfig,
     /// Points of the series over time.
@@ -100,6 +105,17 @@ pub struct Costs {
     pub bind_latency: Duration,
     /// From the Binding until the container runs: GPUs held, no work done (`--start`).
     pub start: Duration,
+    /// How long a scheduling attempt that fails keeps the scheduler busy
+    /// (`--attempt-cost`). Attempts then run one after another: a pod that arrives or
+    /// becomes due while the scheduler works waits in its active queue, in queue order, and
+    /// each attempt decides on the cluster as it stands when it starts. Zero (the default,
+    /// with [`Self::placed_attempt`]) decides a whole round at one instant, as gpuplace's
+    /// scheduler nearly does (about 0.3 ms a pod on the real server); kube-scheduler's
+    /// failed attempts take 14.7 ms here (docs/replay.md).
+    pub attempt: Duration,
+    /// The same for an attempt that places its unit (`--placed-attempt-cost`; 4.9 ms for
+    /// kube-scheduler here, which binds in the background).
+    pub placed_attempt: Duration,
 }
 
 impl Costs {
@@ -110,6 +126,8 @@ impl Costs {
         recreate: Duration::ZERO,
         bind_latency: Duration::ZERO,
         start: Duration::ZERO,
+        attempt: Duration::ZERO,
+        placed_attempt: Duration::ZERO,
     };
 }
 
@@ -120,6 +138,8 @@ impl Default for Costs {
             recreate: Duration::from_millis(COST_RECREATE_MS),
             bind_latency: Duration::from_millis(COST_BIND_MS),
             start: Duration::from_millis(COST_START_MS),
+            attempt: Duration::ZERO,
+            placed_attempt: Duration::ZERO,
         }
     }
 }
@@ -182,6 +202,7 @@ impl Default for TimelineOptions {
             durations: DurationModel::default(),
             preempt: false,
             warm_start: true,
+            warm_pending_due: false,
             queue: QueueConfig::default(),
             series_points: 240,
             defrag: DefragSim::default(),

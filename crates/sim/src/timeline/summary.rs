@@ -143,13 +143,15 @@ pub struct TimelineSummary {
 }
 
 /// The costs charged, seconds (`--eviction-grace`, `--recreate`, `--start`,
-/// `--bind-latency`).
+/// `--bind-latency`, `--attempt-cost`, `--placed-attempt-cost`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct CostsSummary {
     pub eviction_grace_s: f64,
     pub recreate_s: f64,
     pub start_s: f64,
     pub bind_latency_s: f64,
+    pub attempt_s: f64,
+    pub placed_attempt_s: f64,
 }
 
 impl From<super::options::Costs> for CostsSummary {
@@ -159,6 +161,8 @@ impl From<super::options::Costs> for CostsSummary {
             recreate_s: c.recreate.as_secs_f64(),
             start_s: c.start.as_secs_f64(),
             bind_latency_s: c.bind_latency.as_secs_f64(),
+            attempt_s: c.attempt.as_secs_f64(),
+            placed_attempt_s: c.placed_attempt.as_secs_f64(),
         }
     }
 }
@@ -409,11 +413,13 @@ pub fn table(summary: &TimelineSummary) -> String {
     let c = &summary.costs;
     let _ = writeln!(
         out,
-        "costs: eviction grace {}s, re-create {}s, bind {}s, start {}s; evicted pods {}; GPU-hours lost {}",
+        "costs: eviction grace {}s, re-create {}s, bind {}s, start {}s, attempt {}s (placing {}s); evicted pods {}; GPU-hours lost {}",
         c.eviction_grace_s,
         c.recreate_s,
         c.bind_latency_s,
         c.start_s,
+        c.attempt_s,
+        c.placed_attempt_s,
         if summary.checkpointed {
             "resume (checkpointed)"
         } else {

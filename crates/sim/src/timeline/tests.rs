@@ -44,6 +44,7 @@ struct Scenario {
     declared_share: f64,
     policy: Policy,
     kube_queue_tick: std::time::Duration,
+    warm_pending_due: bool,
 }
 
 impl Default for Scenario {
@@ -60,6 +61,7 @@ impl Default for Scenario {
             declared_share: 0.0,
             policy: Policy::BestFit,
             kube_queue_tick: std::time::Duration::from_secs(1),
+            warm_pending_due: false,
         }
     }
 }
@@ -104,6 +106,7 @@ impl Scenario {
             patience: self.patience,
             declared_share: self.declared_share,
             kube_queue_tick: self.kube_queue_tick,
+            warm_pending_due: self.warm_pending_due,
             ..TimelineOptions::default()
         };
         let schedule = Schedule {
@@ -244,6 +247,63 @@ fn under_kube_default_a_woken_pod_keeps_its_backoff_and_waits_for_the_flush() {
     s.kube_queue_tick = std::time::Duration::from_secs(3);
     let jobs = s.run(&arrivals);
     assert_eq!(secs(jobs[2].start), Some(6));
+}
+
+#[test]
+fn with_an_attempt_cost_attempts_run_one_after_another_and_newcomers_wait_their_turn() {
+    // kube-default, each attempt 2 s. At 0 s a (8 GPUs, 10 s) is tried 0-2 s and bound at
+    // 2 s; w (1 GPU) fails 2-4 s. At 3 s p and q (1 GPU) arrive while w is tried: they wait,
+    // p fails 4-6 s, q 6-8 s. a leaves at 12 s, when r (1 GPU) arrives: w, p and q are due
+    // (their backoffs passed) and go first, by when each last joined the queue (4, 6, 8 s),
+    // then r: bound at 14, 16, 18 and 20 s. Without the cost every attempt is at its
+    // round's instant.
+    let mut s = Scenario {
+        pods: vec![pod("a", 8, 10, 0, None), pod("one", 1, 100, 0, None)],
+        nodes: vec![node("n", 8)],
+        policy: Policy::KubeDefault,
+        ..Scenario::default()
+    };
+    s.costs.attempt = std::time::Duration::from_secs(2);
+    s.costs.placed_attempt = std::time::Duration::from_secs(2);
+    let arrivals = [(0, 0), (0, 1), (3, 1), (3, 1), (12, 1), (300, 0)];
+    let outcome = s.run_all(&arrivals, true, DefragSim::default(), None);
+    let starts: Vec<_> = outcome.jobs.iter().map(|j| secs(j.start)).collect();
+    assert_eq!(
+        starts[..5],
+        [Some(2), Some(14), Some(16), Some(18), Some(20)]
+    );
+    assert_eq!(secs(outcome.jobs[0].end), Some(12));
+    assert_eq!(outcome.failed_attempts, Some(3));
+    s.costs.attempt = std::time::Duration::ZERO;
+    s.costs.placed_attempt = std::time::Duration::ZERO;
+    let jobs = s.run(&arrivals);
+    let starts: Vec<_> = jobs.iter().map(|j| secs(j.start)).collect();
+    assert_eq!(
+        starts[..5],
+        [Some(0), Some(10), Some(10), Some(10), Some(12)]
+    );
+}
+
+#[test]
+fn a_warm_start_pod_that_waited_before_the_clock_started_is_back_at_the_first_departure() {
+    // kube-default: at t=0 a (8 GPUs) runs with half a second left and w (4 GPUs) finds no
+    // place. Failed at t=0, w backs off for 1 s: a's departure at 0.5 s puts it in the
+    // backoff queue, flushed at 1 s. Failed before the clock started (a live replay's warm
+    // start), its backoff is over: the departure brings it back at once.
+    let mut s = Scenario {
+        pods: vec![pod("a", 8, 1, 0, None), pod("w", 4, 100, 0, None)],
+        nodes: vec![node("n", 8)],
+        policy: Policy::KubeDefault,
+        warm: vec![(0, 0.5), (1, 1.0)],
+        ..Scenario::default()
+    };
+    let arrivals = [(300, 0)];
+    let jobs = s.run(&arrivals);
+    assert_eq!(jobs[0].end, Some(Ms(500)));
+    assert_eq!(jobs[1].start, Some(Ms(1_000)));
+    s.warm_pending_due = true;
+    let jobs = s.run(&arrivals);
+    assert_eq!(jobs[1].start, Some(Ms(500)));
 }
 
 #[test]

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use gpuplace_core::fairshare::{Picker, Res};
 
 use super::Engine;
+use super::clock::{Attempt, AttemptClock, Attempts};
 use super::units::Tried;
-use crate::timeline::options::Ms;
 
 impl Engine<'_> {
     fn fair_res(&self, job: u32, node: Option<usize>) -> (usize, Res) {
@@ -52,16 +52,23 @@ impl Engine<'_> {
 
     /// The due units in the queues' order (without tenants, as given), each tried as the
     /// scheduler tries a pod: placed, else PostFilter's chain (preemption, reclaim,
-    /// make-room); says how each attempt ended.
-    pub(super) fn fair_round(&mut self, due: Vec<u32>, now: Ms) -> Vec<(u32, Tried)> {
+    /// make-room), at the times `clock` gives; says how each attempt ended, and which due
+    /// units the clock left no time for.
+    pub(super) fn fair_round(&mut self, due: Vec<u32>, clock: &mut AttemptClock) -> Attempts {
+        let mut out = Attempts::default();
         let Some(t) = self.tenants.as_ref().filter(|_| self.queues_serve) else {
-            return due
-                .into_iter()
-                .map(|u| {
-                    let tried = self.cycle(u, None, None, now);
-                    (u, tried)
-                })
-                .collect();
+            let mut due = due.into_iter();
+            for unit in due.by_ref() {
+                let Some(decided) = clock.begin() else {
+                    out.left.push(unit);
+                    break;
+                };
+                let tried = self.cycle(unit, None, None, decided);
+                let at = clock.end(tried == Tried::Started);
+                out.done.push(Attempt { unit, tried, at });
+            }
+            out.left.extend(due);
+            return out;
         };
         let tree = Arc::clone(&t.tree);
         let mut picker: Picker<'_, u32> = Picker::new(&tree, &t.held, t.shares());
@@ -73,27 +80,33 @@ impl Engine<'_> {
             let q = t.queue(self.jobs[first as usize].pod);
             picker.push(q, u);
         }
-        let mut out = Vec::new();
         while let Some((q, unit)) = picker.pop() {
+            let Some(decided) = clock.begin() else {
+                out.left.push(unit);
+                continue;
+            };
             let jobs = self.units[unit as usize].jobs.clone();
             let mut asked = Res::default();
             for &j in &jobs {
                 asked.add(&self.fair_res(j, None).1);
             }
             if picker.limit_hit(q, &asked).is_some() {
-                out.push((unit, Tried::Parked));
+                let tried = Tried::Parked;
+                let at = clock.end(false);
+                out.done.push(Attempt { unit, tried, at });
                 continue;
             }
             // A queue's per-model limits narrow the nodes, as the scheduler's do.
             let narrow = picker.model_mask(q, asked.dims[0], &self.state);
-            let tried = self.cycle(unit, Some((q, &mut picker)), narrow.as_deref(), now);
+            let tried = self.cycle(unit, Some((q, &mut picker)), narrow.as_deref(), decided);
+            let at = clock.end(tried == Tried::Started);
             if tried == Tried::Started {
                 for &j in &jobs {
                     let node = self.jobs[j as usize].node as usize;
                     picker.placed(q, &self.fair_res(j, Some(node)).1);
                 }
             }
-            out.push((unit, tried));
+            out.done.push(Attempt { unit, tried, at });
         }
         out
     }

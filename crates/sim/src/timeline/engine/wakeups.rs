@@ -105,6 +105,8 @@ impl Engine<'_> {
             self.queue.flush(now);
         }
         let mut due: Vec<u32> = std::mem::take(&mut self.fresh);
+        // Due before and not yet tried: the scheduler was busy ([`super::pace`]).
+        due.append(&mut self.active);
         due.retain(|u| self.units[*u as usize].waiting);
         let mut parked = Vec::new();
         for unit in std::mem::take(&mut self.ready) {

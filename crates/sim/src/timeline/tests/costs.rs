@@ -15,6 +15,8 @@ fn costs(grace: u64, recreate: u64, bind: u64, start: u64) -> Costs {
         recreate: Duration::from_secs(recreate),
         bind_latency: Duration::from_secs(bind),
         start: Duration::from_secs(start),
+        attempt: Duration::ZERO,
+        placed_attempt: Duration::ZERO,
     }
 }
 
