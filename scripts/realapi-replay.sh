@@ -13,7 +13,10 @@
 # kube: the stock kube-scheduler that `kcp.sh up --kube-scheduler` started (its timers cannot
 #   be divided); pods ask whole GPUs (`--whole-gpus`); the twin simulates `kube-default`
 #   with the timers (its queue's one-second loop too) multiplied by SPEED and every tie-break seed in TIE_BREAKS (default
-#   1-20), since kube-scheduler's own draw of equal nodes cannot be reproduced.
+#   1-20), since kube-scheduler's own draw of equal nodes cannot be reproduced; ATTEMPT_MS
+#   and PLACED_ATTEMPT_MS (defaults 14.7 and 4.9, measured here) charge each simulated failed
+#   and placing attempt that many real ms (`--attempt-cost`, `--placed-attempt-cost`). Start
+#   kube-scheduler with --v=3 and `scripts/kube-attempt-time.py LOG` measures them on yours.
 # NODES: the node list to sample 500 nodes from (the openb 8-GPU nodes, say).
 set -euo pipefail
 which=${1:?gpuplace or kube}
@@ -25,7 +28,8 @@ pods=${6:?pods csv}
 G=${GPUPLACE:-target/release/gpuplace}
 mkdir -p "$out"
 common=(--nodes "$nodes" --pods "$pods" --sample-nodes 500 --sample-seed 1 --load 0.9 --arrivals "${ARRIVALS:-1140}")
-sim=(simulate --timeline "${common[@]}" --seeds 1 --seed-start "$seed" --start 0 --eviction-grace 0 --no-priorities --json)
+# The warm start is placed with the clock stopped: what it leaves waiting has backed off by t=0.
+sim=(simulate --timeline "${common[@]}" --seeds 1 --seed-start "$seed" --start 0 --eviction-grace 0 --no-priorities --warm-pending-due --json)
 div() { python3 -c "print($1 / $speed)"; }
 case $which in
   gpuplace)
@@ -50,6 +54,11 @@ case $which in
     extra=(--whole-gpus)
     # kube-default's queue is kube-scheduler's: its one-second flush loop is SPEED simulated s.
     timers=(--pod-initial-backoff "$speed" --pod-max-backoff "$((10 * speed))" --unschedulable-flush "$((300 * speed))" --kube-queue-tick "$speed")
+    # Its attempts take real time too, times SPEED in simulated time: ATTEMPT_MS a failed one,
+    # PLACED_ATTEMPT_MS one that places its pod (14.7 and 4.9 on this 2-core machine, from its
+    # --v=3 log by scripts/kube-attempt-time.py; 0 and 0 decide a round at once).
+    timers+=(--attempt-cost "$(python3 -c "print(${ATTEMPT_MS:-14.7} * $speed / 1000)")"
+      --placed-attempt-cost "$(python3 -c "print(${PLACED_ATTEMPT_MS:-4.9} * $speed / 1000)")")
     for t in ${TIE_BREAKS:-$(seq 1 20)}; do
       $G "${sim[@]}" --policies kube-default --whole-gpus "${timers[@]}" --tie-break-seed "$t" > "$out/sim-t$t.json"
     done
@@ -67,7 +76,7 @@ if [[ $which == kube ]]; then
   kubectl config view --raw -o jsonpath='{.users[0].user.client-certificate-data}' | base64 -d > "$k/crt"
   kubectl config view --raw -o jsonpath='{.users[0].user.client-key-data}' | base64 -d > "$k/key"
   curl -sk --cert "$k/crt" --key "$k/key" https://127.0.0.1:10259/metrics |
-    grep -E '^scheduler_(schedule_attempts_total|queue_incoming_pods_total)' > "$out/kube-scheduler-attempts.txt" || true
+    grep -E '^scheduler_(schedule_attempts_total|queue_incoming_pods_total|scheduling_attempt_duration_seconds_(sum|count)|scheduling_algorithm_duration_seconds_(sum|count))|^process_cpu_seconds_total' > "$out/kube-scheduler-attempts.txt" || true
   rm -rf "$k"
 fi
 if [[ $which == kube ]]; then

@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""How long one kube-scheduler attempt keeps its scheduling loop busy, from its log at --v=3
+or more (docs/replay.md): the `--attempt-cost` and `--placed-attempt-cost` a live replay's
+`kube-default` twin needs.
+
+    scripts/kube-attempt-time.py KUBE_SCHEDULER_LOG [--from HH:MM:SS] [--back-to-back-ms 30]
+
+kube-scheduler logs "Attempting to schedule pod" as each attempt starts and tries one pod at
+a time, so while its active queue holds pods the time between two such lines is one attempt:
+a failed one (its "Unable to schedule pod" line comes between) filters every node, runs
+PostFilter and waits for the pod's status PATCH; one that places its pod binds in the
+background. Gaps longer than --back-to-back-ms are the loop waiting for work and are left
+out. --from skips what came before (a replay's warm start, placed with the clock stopped).
+Prints, per outcome, the back-to-back attempts' median and mean (ms), and the loop's busy
+share. Not for CI.
+"""
+import re
+import statistics
+import sys
+
+LINE = re.compile(
+    r'^I\d{4} (\d\d):(\d\d):(\d\d\.\d+) .*"(Attempting to schedule pod|Unable to schedule pod; no fit; waiting)" pod="([^"]+)"'
+)
+
+
+def seconds(hms):
+    h, m, s = hms.split(":")
+    return int(h) * 3600 + int(m) * 60 + float(s)
+
+
+def options(args):
+    start, cap = 0.0, 0.030
+    for i, a in enumerate(args):
+        try:
+            if a == "--from":
+                start = seconds(args[i + 1])
+            elif a == "--back-to-back-ms":
+                cap = float(args[i + 1]) / 1000
+        except (IndexError, ValueError):
+            sys.exit(f"{a} needs a value (HH:MM:SS for --from, ms for --back-to-back-ms)")
+    return start, cap
+
+
+def attempts(path, start):
+    """[time, pod, failed] per attempt, in order."""
+    out = []
+    with open(path, errors="replace") as log:
+        for line in log:
+            m = LINE.match(line)
+            if not m:
+                continue
+            t = int(m[1]) * 3600 + int(m[2]) * 60 + float(m[3])
+            if t < start:
+                continue
+            if m[4].startswith("Attempting"):
+                out.append([t, m[5], False])
+            elif out and out[-1][1] == m[5]:
+                out[-1][2] = True
+    return out
+
+
+def main():
+    args = sys.argv[1:]
+    if not args or args[0].startswith("--"):
+        sys.exit(__doc__)
+    start, cap = options(args[1:])
+    tried = attempts(args[0], start)
+    if len(tried) < 2:
+        sys.exit(f"{args[0]}: fewer than two attempts logged (is kube-scheduler at --v=3?)")
+    gaps = {True: [], False: []}
+    for a, b in zip(tried, tried[1:]):
+        if b[0] - a[0] < cap:
+            gaps[a[2]].append(b[0] - a[0])
+    covered = tried[-1][0] - tried[0][0]
+    failed = sum(a[2] for a in tried)
+    print(f"attempts: {len(tried)} over {covered:.1f} s, {failed} failed")
+    busy = 0.0
+    for outcome, name, count in ((True, "failed", failed), (False, "placing", len(tried) - failed)):
+        g = gaps[outcome]
+        if not g:
+            print(f"{name}: none back to back")
+            continue
+        median = statistics.median(g)
+        busy += count * median
+        print(f"{name}: {len(g)} back to back (gaps under {cap * 1000:.0f} ms), "
+              f"median {median * 1000:.2f} ms, mean {statistics.mean(g) * 1000:.2f} ms")
+    print(f"busy share: {min(1.0, busy / covered):.2f}")
+
+
+if __name__ == "__main__":
+    main()
