@@ -55,8 +55,9 @@ case $which in
     # kube-default's queue is kube-scheduler's: its one-second flush loop is SPEED simulated s.
     timers=(--pod-initial-backoff "$speed" --pod-max-backoff "$((10 * speed))" --unschedulable-flush "$((300 * speed))" --kube-queue-tick "$speed")
     # Its attempts take real time too, times SPEED in simulated time: ATTEMPT_MS a failed one,
-    # PLACED_ATTEMPT_MS one that places its pod (14.7 and 4.9 on this 2-core machine, from its
-    # --v=3 log by scripts/kube-attempt-time.py; 0 and 0 decide a round at once).
+    # PLACED_ATTEMPT_MS one that places its pod (on this 2-core machine 14.7 and 4.9 at speed
+    # 20, 10.4 and 3.2 at speed 5: the server is less busy; from kube-scheduler's --v=3 log by
+    # scripts/kube-attempt-time.py; 0 and 0 decide a round at once).
     timers+=(--attempt-cost "$(python3 -c "print(${ATTEMPT_MS:-14.7} * $speed / 1000)")"
       --placed-attempt-cost "$(python3 -c "print(${PLACED_ATTEMPT_MS:-4.9} * $speed / 1000)")")
     for t in ${TIE_BREAKS:-$(seq 1 20)}; do
