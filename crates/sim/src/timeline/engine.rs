@@ -406,7 +406,7 @@ impl<'a> Engine<'a> {
         }
         self.outcome_counts.rounds += 1;
         let due = self.due(now);
-        let horizon = if costs == clock::AttemptCosts::default() {
+        let horizon = if costs.is_free() {
             None
         } else {
             self.horizon(now, next_arrival)

@@ -26,6 +26,13 @@ pub(super) struct AttemptCosts {
     pub(super) placed: Duration,
 }
 
+impl AttemptCosts {
+    /// Every attempt free: a round decides at one instant.
+    pub(super) fn is_free(&self) -> bool {
+        self.failed.is_zero() && self.placed.is_zero()
+    }
+}
+
 impl AttemptClock {
     pub(super) fn new(now: Ms, horizon: Option<Ms>, costs: AttemptCosts) -> Self {
         AttemptClock {
@@ -38,8 +45,7 @@ impl AttemptClock {
     /// The next attempt begins: the time it decides at if it places its unit (its end),
     /// or `None` when it would start at or after the next event (the round stops there).
     pub(super) fn begin(&self) -> Option<Ms> {
-        let free = self.costs.failed.is_zero() && self.costs.placed.is_zero();
-        if !free && self.horizon.is_some_and(|h| self.at >= h) {
+        if !self.costs.is_free() && self.horizon.is_some_and(|h| self.at >= h) {
             return None;
         }
         Some(self.at + self.costs.placed)
