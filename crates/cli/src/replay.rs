@@ -379,8 +379,14 @@ async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         outcome.counts,
         started.elapsed(),
     );
-    let summary = replay_report::summary(&timeline, args.seed, policy, run, live);
-    replay_report::emit(&summary, args.out.as_deref(), args.json)
+    let summary = replay_report::summary(&timeline, args.seed, policy, &run, live);
+    replay_report::emit(
+        &summary,
+        &run,
+        &timeline.workload().nodes,
+        args.out.as_deref(),
+        args.json,
+    )
 }
 
 /// User plus system CPU seconds of process `pid` so far.

@@ -2,8 +2,10 @@
 //! as `simulate --timeline`) with what the live run cost beside it.
 
 use gpuplace_core::Policy;
+use gpuplace_model::NodeInventory;
 use gpuplace_sim::report::ClusterSize;
 use gpuplace_sim::timeline::options::Costs;
+use gpuplace_sim::timeline::pods_csv;
 use gpuplace_sim::timeline::summary::{self, TimelineSummary};
 use gpuplace_sim::timeline::{Timeline, TimelineRun, report};
 use serde::Serialize;
@@ -45,7 +47,7 @@ pub fn summary(
     timeline: &Timeline,
     seed: u64,
     policy: Policy,
-    run: TimelineRun,
+    run: &TimelineRun,
     live: Live,
 ) -> ReplaySummary {
     let workload = timeline.workload();
@@ -55,7 +57,7 @@ pub fn summary(
         .iter()
         .filter(|p| p.duration_s.is_some())
         .count();
-    let runs = vec![run];
+    let runs = vec![run.clone()];
     ReplaySummary {
         timeline: TimelineSummary {
             workload: workload.name.clone(),
@@ -90,14 +92,17 @@ pub fn summary(
     }
 }
 
-/// Writes the plots (`--out`) and prints the JSON or the table.
+/// Writes the plots and every pod's life (`--out`) and prints the JSON or the table.
 pub fn emit(
     summary: &ReplaySummary,
+    run: &TimelineRun,
+    nodes: &[NodeInventory],
     out: Option<&std::path::Path>,
     json: bool,
 ) -> anyhow::Result<()> {
     if let Some(dir) = out {
-        let files = report::write_report(&summary.timeline, dir)?;
+        let mut files = report::write_report(&summary.timeline, dir)?;
+        files.extend(pods_csv::write_pods(std::slice::from_ref(run), nodes, dir)?);
         std::fs::write(
             dir.join("replay.json"),
             serde_json::to_string_pretty(summary)?,

@@ -9,9 +9,9 @@ use gpuplace_core::queue::Discipline;
 use gpuplace_sim::Workload;
 use gpuplace_sim::report::ClusterSize;
 use gpuplace_sim::timeline::options::{Costs, DefragMode, DefragSim, Patience};
-use gpuplace_sim::timeline::report;
 use gpuplace_sim::timeline::summary::{self, TimelineSummary};
 use gpuplace_sim::timeline::{DurationModel, Timeline, TimelineOptions, TimelineRun, run_all};
+use gpuplace_sim::timeline::{pods_csv, report};
 
 use clap::Args;
 
@@ -460,7 +460,12 @@ pub fn run(
         }
     }
     if let Some(dir) = args.out {
-        let files = report::write_report(&summary, dir)?;
+        let mut files = report::write_report(&summary, dir)?;
+        files.extend(pods_csv::write_pods(
+            &runs,
+            &timeline.workload().nodes,
+            dir,
+        )?);
         if !args.json {
             println!(
                 "wrote {} files to {}: {}",

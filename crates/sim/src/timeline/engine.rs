@@ -457,6 +457,11 @@ impl<'a> Engine<'a> {
         let u = &mut self.units[unit as usize];
         u.fails += 1;
         u.failed_at = now;
+        for &job in &u.jobs {
+            if let Some(job) = self.jobs.get_mut(job as usize) {
+                job.failed_attempts += 1;
+            }
+        }
         if !u.backing_off {
             u.backing_off = true;
             self.backing_off.push(unit);

@@ -16,6 +16,8 @@ pub mod observed;
 pub mod options;
 pub mod patience;
 mod plot;
+pub mod pods;
+pub mod pods_csv;
 pub mod report;
 pub mod run;
 pub mod summary;

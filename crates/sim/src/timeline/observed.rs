@@ -250,5 +250,7 @@ fn job_of(l: &Life) -> Job {
         abandoned: false,
         node: l.node.map_or(u32::MAX, |n| n as u32),
         gpus: l.gpus.clone().unwrap_or_default(),
+        // Not seen from outside the scheduler: the live report leaves it out.
+        failed_attempts: 0,
     }
 }

@@ -72,6 +72,9 @@ pub struct TimelineRun {
     pub estimates: BTreeMap<Class, super::engine::EstimateRun>,
     #[serde(skip)]
     pub elapsed: Duration,
+    /// Every pod's life (`pods.csv`).
+    #[serde(skip)]
+    pub pods: Vec<super::pods::PodRecord>,
 }
 
 fn policy_name<S: serde::Serializer>(p: &Policy, s: S) -> Result<S::Ok, S::Error> {
@@ -196,6 +199,11 @@ pub(super) fn measure(
         tenants: outcome.tenants.clone(),
         estimates: outcome.estimates.clone(),
         elapsed,
+        pods: outcome
+            .jobs
+            .iter()
+            .map(|job| super::pods::PodRecord::of(job, pods, outcome.failed_attempts.is_some()))
+            .collect(),
     }
 }
 
@@ -261,6 +269,7 @@ mod tests {
             abandoned: false,
             node: 0,
             gpus: vec![(0, 1_000), (1, 500)],
+            failed_attempts: 0,
         }
     }
 

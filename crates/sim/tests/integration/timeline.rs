@@ -247,5 +247,28 @@ fn lives_measured_as_a_live_replay_give_the_simulators_figures() {
         assert_eq!(run.waits, live.waits);
         assert_eq!(run.arrived, live.arrived);
         assert_eq!(run.never_started, live.never_started);
+        // Pod by pod too: `pods.csv` of the live measurement is the simulation's.
+        // (but for the attempts, which only the scheduler knows).
+        assert_eq!(run.pods.len(), jobs.len());
+        assert!(run.pods.iter().all(|p| p.failed_attempts.is_some()));
+        assert!(live.pods.iter().all(|p| p.failed_attempts.is_none()));
+        let unknown: Vec<_> = run
+            .pods
+            .iter()
+            .map(|p| gpuplace_sim::timeline::pods::PodRecord {
+                failed_attempts: None,
+                ..p.clone()
+            })
+            .collect();
+        assert_eq!(unknown, live.pods);
+        let failed: u64 = run
+            .pods
+            .iter()
+            .map(|p| u64::from(p.failed_attempts.unwrap_or(0)))
+            .sum();
+        assert!(
+            failed > 0 && Some(failed) >= run.failed_attempts,
+            "{failed}"
+        );
     }
 }

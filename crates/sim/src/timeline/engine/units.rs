@@ -34,6 +34,8 @@ pub struct Job {
     pub abandoned: bool,
     pub node: u32,
     pub gpus: Vec<(usize, u32)>,
+    /// The scheduler's attempts that left it waiting.
+    pub failed_attempts: u32,
 }
 
 impl Job {
@@ -61,6 +63,7 @@ impl Job {
             abandoned: false,
             node: 0,
             gpus: Vec::new(),
+            failed_attempts: 0,
         }
     }
 
