@@ -3,7 +3,7 @@
 or more (docs/replay.md): the `--attempt-cost` and `--placed-attempt-cost` a live replay's
 `kube-default` twin needs.
 
-    scripts/kube-attempt-time.py KUBE_SCHEDULER_LOG [--from HH:MM:SS] [--back-to-back-ms 30]
+    scripts/kube-attempt-time.py KUBE_SCHEDULER_LOG [--from HH:MM:SS] [--back-to-back-ms 30] [--costs]
 
 kube-scheduler logs "Attempting to schedule pod" as each attempt starts and tries one pod at
 a time, so while its active queue holds pods the time between two such lines is one attempt:
@@ -12,7 +12,12 @@ PostFilter and waits for the pod's status PATCH; one that places its pod binds i
 background. Gaps longer than --back-to-back-ms are the loop waiting for work and are left
 out. --from skips what came before (a replay's warm start, placed with the clock stopped).
 Prints, per outcome, the back-to-back attempts' median and mean (ms), and the loop's busy
-share. Not for CI.
+share; with --costs only `FAILED_MS PLACED_MS` for a twin's --attempt-cost and
+--placed-attempt-cost: failed attempts' mean (they run back to back through a backoff
+cohort, slow ones included) and placing attempts' median (the gap after one often includes
+the loop waiting for the next pod). scripts/realapi-replay.sh uses it with
+--back-to-back-ms 100: on a slow run most failed attempts take 20-30 ms, and a 30 ms cap
+cuts their tail off. Not for CI.
 """
 import re
 import statistics
@@ -30,6 +35,8 @@ def seconds(hms):
 
 def options(args):
     start, cap = 0.0, 0.030
+    if any(a.startswith("--") and a not in ("--from", "--back-to-back-ms", "--costs") for a in args):
+        sys.exit(f"unknown option in {' '.join(args)}\n{__doc__}")
     for i, a in enumerate(args):
         try:
             if a == "--from":
@@ -71,6 +78,11 @@ def main():
     for a, b in zip(tried, tried[1:]):
         if b[0] - a[0] < cap:
             gaps[a[2]].append(b[0] - a[0])
+    if "--costs" in args:
+        if not gaps[True] or not gaps[False]:
+            sys.exit(f"{args[0]}: no back-to-back failed or placing attempts to measure")
+        print(f"{statistics.mean(gaps[True]) * 1000:.2f} {statistics.median(gaps[False]) * 1000:.2f}")
+        return
     covered = tried[-1][0] - tried[0][0]
     failed = sum(a[2] for a in tried)
     print(f"attempts: {len(tried)} over {covered:.1f} s, {failed} failed")

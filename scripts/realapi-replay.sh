@@ -13,10 +13,15 @@
 # kube: the stock kube-scheduler that `kcp.sh up --kube-scheduler` started (its timers cannot
 #   be divided); pods ask whole GPUs (`--whole-gpus`); the twin simulates `kube-default`
 #   with the timers (its queue's one-second loop too) multiplied by SPEED and every tie-break seed in TIE_BREAKS (default
-#   1-20), since kube-scheduler's own draw of equal nodes cannot be reproduced; ATTEMPT_MS
-#   and PLACED_ATTEMPT_MS (defaults 14.7 and 4.9, measured here) charge each simulated failed
-#   and placing attempt that many real ms (`--attempt-cost`, `--placed-attempt-cost`). Start
-#   kube-scheduler with --v=3 and `scripts/kube-attempt-time.py LOG` measures them on yours.
+#   1-20), since kube-scheduler's own draw of equal nodes cannot be reproduced; each
+#   simulated failed and placing attempt costs what one took in this run
+#   (`--attempt-cost`, `--placed-attempt-cost`): with KUBE_LOG, kube-scheduler's log at
+#   --v=3 during the run, scripts/kube-attempt-time.py measures them after the run and the
+#   twins run then (the same box gave 17.9 ms one run and 29.4 ms the next: measured
+#   defaults do not carry over); ATTEMPT_MS and PLACED_ATTEMPT_MS set them instead (14.7
+#   and 4.9 without either, measured here once).
+# Both write every pod's life (OUT/live/pods.csv, OUT/sim*/pods.csv) and set them side by
+#   side pod by pod (scripts/replay-pods.py, OUT/pods.md).
 # NODES: the node list to sample 500 nodes from (the openb 8-GPU nodes, say).
 set -euo pipefail
 which=${1:?gpuplace or kube}
@@ -31,6 +36,18 @@ common=(--nodes "$nodes" --pods "$pods" --sample-nodes 500 --sample-seed 1 --loa
 # The warm start is placed with the clock stopped: what it leaves waiting has backed off by t=0.
 sim=(simulate --timeline "${common[@]}" --seeds 1 --seed-start "$seed" --start 0 --eviction-grace 0 --no-priorities --warm-pending-due --json)
 div() { python3 -c "print($1 / $speed)"; }
+# kube-scheduler's twins: kube-default with its queue's timers (its one-second loop too)
+# multiplied by SPEED, every tie-break seed in TIE_BREAKS, each attempt charged what one
+# takes live, times SPEED in simulated time.
+kube_twins() {
+  local timers=(--pod-initial-backoff "$speed" --pod-max-backoff "$((10 * speed))" --unschedulable-flush "$((300 * speed))" --kube-queue-tick "$speed"
+    --attempt-cost "$(python3 -c "print(${ATTEMPT_MS:-14.7} * $speed / 1000)")"
+    --placed-attempt-cost "$(python3 -c "print(${PLACED_ATTEMPT_MS:-4.9} * $speed / 1000)")")
+  echo "kube-default twins: attempts ${ATTEMPT_MS:-14.7} ms failed, ${PLACED_ATTEMPT_MS:-4.9} ms placing" > "$out/twins.txt"
+  for t in ${TIE_BREAKS:-$(seq 1 20)}; do
+    $G "${sim[@]}" --policies kube-default --whole-gpus "${timers[@]}" --tie-break-seed "$t" --out "$out/sim-t$t" > "$out/sim-t$t.json"
+  done
+}
 case $which in
   gpuplace)
     port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -43,32 +60,23 @@ case $which in
     sleep 3
     name=gpuplace
     extra=()
-    $G "${sim[@]}" --policies gpuplace --scheduler-seed 42 > "$out/sim.json"
+    $G "${sim[@]}" --policies gpuplace --scheduler-seed 42 --out "$out/sim" > "$out/sim.json"
     for t in $(seq 1 20); do
-      $G "${sim[@]}" --policies gpuplace --scheduler-seed 42 --bind-latency "$(python3 -c "print($t * 0.05)")" > "$out/sim-t$t.json"
+      $G "${sim[@]}" --policies gpuplace --scheduler-seed 42 --bind-latency "$(python3 -c "print($t * 0.05)")" --out "$out/sim-t$t" > "$out/sim-t$t.json"
     done
     ;;
   kube)
     pid=$(cat "${KCP:-$HOME/kcp}/run/kube-scheduler.pid")
     name=default-scheduler
     extra=(--whole-gpus)
-    # kube-default's queue is kube-scheduler's: its one-second flush loop is SPEED simulated s.
-    timers=(--pod-initial-backoff "$speed" --pod-max-backoff "$((10 * speed))" --unschedulable-flush "$((300 * speed))" --kube-queue-tick "$speed")
-    # Its attempts take real time too, times SPEED in simulated time: ATTEMPT_MS a failed one,
-    # PLACED_ATTEMPT_MS one that places its pod (on this 2-core machine 14.7 and 4.9 at speed
-    # 20, 10.4 and 3.2 at speed 5: the server is less busy; from kube-scheduler's --v=3 log by
-    # scripts/kube-attempt-time.py; 0 and 0 decide a round at once).
-    timers+=(--attempt-cost "$(python3 -c "print(${ATTEMPT_MS:-14.7} * $speed / 1000)")"
-      --placed-attempt-cost "$(python3 -c "print(${PLACED_ATTEMPT_MS:-4.9} * $speed / 1000)")")
-    for t in ${TIE_BREAKS:-$(seq 1 20)}; do
-      $G "${sim[@]}" --policies kube-default --whole-gpus "${timers[@]}" --tie-break-seed "$t" > "$out/sim-t$t.json"
-    done
+    # With KUBE_LOG the twins wait for the run: its own attempt times are measured first.
+    [[ -n ${KUBE_LOG:-} && -z ${ATTEMPT_MS:-} ]] || kube_twins
     ;;
   *) echo "gpuplace or kube, not $which" >&2; exit 2 ;;
 esac
 started=$(date +%s)
 $G replay --fake-nodes "${common[@]}" "${extra[@]}" --seed "$seed" --speed "$speed" \
-  --scheduler-name "$name" --scheduler-pid "$pid" --json > "$out/live.json" 2> "$out/replay.err"
+  --scheduler-name "$name" --scheduler-pid "$pid" --out "$out/live" --json > "$out/live.json" 2> "$out/replay.err"
 echo "$which seed $seed speed $speed: live run $(( $(date +%s) - started )) s"
 if [[ $which == kube ]]; then
   # kube-scheduler's own attempt counters (since it started: start it fresh for one run),
@@ -80,10 +88,19 @@ if [[ $which == kube ]]; then
     grep -E '^scheduler_(schedule_attempts_total|queue_incoming_pods_total|scheduling_attempt_duration_seconds_(sum|count)|scheduling_algorithm_duration_seconds_(sum|count))|^process_cpu_seconds_total' > "$out/kube-scheduler-attempts.txt" || true
   rm -rf "$k"
 fi
+if [[ $which == kube && -n ${KUBE_LOG:-} && -z ${ATTEMPT_MS:-} ]]; then
+  # The attempt times of this run, from the clock's start (the warm start is placed before).
+  clock=$(python3 -c "import json, time; print(time.strftime('%H:%M:%S', time.localtime($started + json.load(open('$out/live.json'))['live']['warm_start_s'])))")
+  read -r ATTEMPT_MS PLACED_ATTEMPT_MS < <(python3 scripts/kube-attempt-time.py "$KUBE_LOG" --from "$clock" --back-to-back-ms 100 --costs)
+  kube_twins
+fi
 if [[ $which == kube ]]; then
+  cat "$out/twins.txt"
   # kube-scheduler's twin is the spread of draws: the live run against their median and range.
   python3 scripts/replay-compare.py "$out/live.json" "$out"/sim-t*.json --labels=live,kube-default | tee "$out/compare.md"
+  python3 scripts/replay-pods.py "$out" ${KUBE_LOG:+--kube-log "$KUBE_LOG" --prefix "rp$seed"} > "$out/pods.md" || true
 else
   python3 scripts/replay-compare.py "$out/live.json" "$out/sim.json" --labels=live,simulated | tee "$out/compare.md"
   python3 scripts/replay-compare.py "$out/live.json" "$out"/sim-t*.json --labels=live,latency-draws | tee "$out/compare-draws.md"
+  python3 scripts/replay-pods.py "$out" > "$out/pods.md" || true
 fi
