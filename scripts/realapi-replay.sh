@@ -102,5 +102,6 @@ if [[ $which == kube ]]; then
 else
   python3 scripts/replay-compare.py "$out/live.json" "$out/sim.json" --labels=live,simulated | tee "$out/compare.md"
   python3 scripts/replay-compare.py "$out/live.json" "$out"/sim-t*.json --labels=live,latency-draws | tee "$out/compare-draws.md"
-  python3 scripts/replay-pods.py "$out" > "$out/pods.md" || true
+  # gpuplace decides in rounds (a simulated second at speed 20), a prompt Binding within 5 s.
+  python3 scripts/replay-pods.py "$out" --prompt-s 5 > "$out/pods.md" || true
 fi
