@@ -256,6 +256,8 @@ impl TimelineArgs {
                 PatienceArg::Off => Patience::Off,
                 PatienceArg::Trace => Patience::Trace,
             },
+            // Set by the run: only a report that writes them keeps every pod's record.
+            record_pods: false,
             whole_gpus: self.whole_gpus,
             no_priorities: self.no_priorities,
             tie_break_seed: self.tie_break_seed,
@@ -368,17 +370,23 @@ pub fn run(
     policies: &[Policy],
     seeds: Vec<u64>,
 ) -> anyhow::Result<()> {
-    let options = t.options(args.preempt)?;
+    let options = TimelineOptions {
+        // Every pod's life only for the report that writes it.
+        record_pods: args.out.is_some(),
+        ..t.options(args.preempt)?
+    };
     let durations = options.durations;
     // The same arrivals with the queues measuring only (served as kube-scheduler would).
     let baseline_options = options.tenants.is_some().then(|| TimelineOptions {
         queues_serve: false,
+        record_pods: false,
         ..options.clone()
     });
     // With usage over time: the same replay with it off.
     let no_decay_options = decays(&options).then(|| {
         let mut o = options.clone();
         o.usage_half_life_ms = 0;
+        o.record_pods = false;
         if let Some(t) = &mut o.tenants {
             t.queues.iter_mut().for_each(|q| q.usage_half_life = None);
         }

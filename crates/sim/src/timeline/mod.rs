@@ -214,6 +214,7 @@ impl Timeline {
             warmup: self.warmup_index(),
             capacity_milli: self.base.gpu_capacity_milli(),
             checkpointed: self.options.checkpointed,
+            record_pods: self.options.record_pods,
         }
     }
 

@@ -61,7 +61,12 @@ impl Timeline {
     ) -> TimelineRun {
         let schedule = self.schedule(seed);
         let outcome = self.outcome_of(&schedule, lives, counts);
-        run::measure(&self.context(policy, seed), &schedule, &outcome, elapsed)
+        // One run, and what a live report is for: every pod is kept.
+        let context = run::Context {
+            record_pods: true,
+            ..self.context(policy, seed)
+        };
+        run::measure(&context, &schedule, &outcome, elapsed)
     }
 
     /// The recorder and jobs the engine would have left, from the lives.

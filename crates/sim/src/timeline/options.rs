@@ -65,6 +65,9 @@ pub struct TimelineOptions {
     pub checkpointed: bool,
     /// Whether users give up on pods that wait (`--patience`).
     pub patience: Patience,
+    /// Keep every pod's life in each run ([`super::TimelineRun::pods`], `pods.csv`): about
+    /// 100 bytes per pod per run, so only when a report will write them (`--out`).
+    pub record_pods: bool,
     /// Every GPU pod asks whole GPUs, a share one (`--whole-gpus`): a cluster without GPU
     /// sharing, as stock Kubernetes with a plain device plugin. The arrivals stay those of
     /// the pod list as it is, so the same seed offers the same pods either way.
@@ -213,6 +216,7 @@ impl Default for TimelineOptions {
             costs: Costs::default(),
             checkpointed: false,
             patience: Patience::Off,
+            record_pods: false,
             whole_gpus: false,
             no_priorities: false,
             tie_break_seed: None,

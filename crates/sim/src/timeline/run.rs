@@ -72,7 +72,7 @@ pub struct TimelineRun {
     pub estimates: BTreeMap<Class, super::engine::EstimateRun>,
     #[serde(skip)]
     pub elapsed: Duration,
-    /// Every pod's life (`pods.csv`).
+    /// Every pod's life (`pods.csv`), when the options ask for it (`record_pods`).
     #[serde(skip)]
     pub pods: Vec<super::pods::PodRecord>,
 }
@@ -99,6 +99,8 @@ pub(super) struct Context<'a> {
     pub capacity_milli: u64,
     /// Evicted pods resume (their work is kept).
     pub checkpointed: bool,
+    /// Keep every pod's record ([`TimelineRun::pods`]).
+    pub record_pods: bool,
 }
 
 /// What one replay measured, from its pods' lives and the recorder.
@@ -199,11 +201,16 @@ pub(super) fn measure(
         tenants: outcome.tenants.clone(),
         estimates: outcome.estimates.clone(),
         elapsed,
-        pods: outcome
-            .jobs
-            .iter()
-            .map(|job| super::pods::PodRecord::of(job, pods, outcome.failed_attempts.is_some()))
-            .collect(),
+        pods: if context.record_pods {
+            let attempts_known = outcome.failed_attempts.is_some();
+            outcome
+                .jobs
+                .iter()
+                .map(|job| super::pods::PodRecord::of(job, pods, attempts_known))
+                .collect()
+        } else {
+            Vec::new()
+        },
     }
 }
 

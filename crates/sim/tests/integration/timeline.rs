@@ -216,6 +216,7 @@ fn lives_measured_as_a_live_replay_give_the_simulators_figures() {
                 max_s: Some(14_400.0),
                 ..DurationModel::default()
             },
+            record_pods: true,
             ..TimelineOptions::default()
         },
     )
@@ -271,4 +272,15 @@ fn lives_measured_as_a_live_replay_give_the_simulators_figures() {
             "{failed}"
         );
     }
+    // Unless asked (a report that writes them), a run keeps no pod records: they grow with
+    // the arrivals, policies and seeds.
+    let plain = Timeline::new(
+        builtin_workload(16),
+        TimelineOptions {
+            arrivals: 300,
+            ..TimelineOptions::default()
+        },
+    )
+    .expect("a valid timeline");
+    assert!(plain.run(Policy::GPUPLACE, 5).pods.is_empty());
 }
