@@ -8,7 +8,7 @@ use gpuplace_core::defrag::Settings;
 use gpuplace_core::queue::Discipline;
 use gpuplace_sim::Workload;
 use gpuplace_sim::report::ClusterSize;
-use gpuplace_sim::timeline::options::{Costs, DefragMode, DefragSim, Patience};
+use gpuplace_sim::timeline::options::{Costs, DefragMode, DefragSim, Patience, WarmAttempts};
 use gpuplace_sim::timeline::summary::{self, TimelineSummary};
 use gpuplace_sim::timeline::{DurationModel, Timeline, TimelineOptions, TimelineRun, run_all};
 use gpuplace_sim::timeline::{pods_csv, report};
@@ -51,6 +51,12 @@ pub struct TimelineArgs {
     /// replay (`gpuplace replay` places its warm start with the clock stopped).
     #[arg(long, requires = "timeline", conflicts_with = "cold_start")]
     pub(crate) warm_pending_due: bool,
+    /// How many times the warm start's pods that found no place had been tried when the
+    /// clock started, as ATTEMPTS:PODS pairs (`1:95,2:50,3:8`: a live replay's
+    /// kube-scheduler log, `scripts/kube-attempt-time.py --warm`); each such pod draws its
+    /// count from them. Unset: once each.
+    #[arg(long, requires = "timeline", conflicts_with = "cold_start", value_parser = parse_warm_attempts)]
+    pub(crate) warm_attempts: Option<WarmAttempts>,
     /// Move pods: `make-room` for a unit that fits nowhere, `rebalance` to lower
     /// fragmentation in the background, `all` for both (the scheduler's words).
     #[arg(long, value_enum, default_value_t = DefragArg::Off, requires = "timeline")]
@@ -181,6 +187,37 @@ pub(crate) fn read_tenants(
         .map_err(|e| anyhow::anyhow!("tenants file {}: {e}", path.display()))
 }
 
+/// `--warm-attempts`: ATTEMPTS:PODS pairs, attempts 1 to 1,000, some pods in all.
+fn parse_warm_attempts(text: &str) -> Result<WarmAttempts, String> {
+    let wrong = |why: &str| {
+        format!(
+            "--warm-attempts takes ATTEMPTS:PODS pairs separated by commas (1:95,2:50), {why}, got {text:?}"
+        )
+    };
+    let mut weights = Vec::new();
+    for pair in text.split(',') {
+        let (attempts, pods) = pair
+            .split_once(':')
+            .ok_or_else(|| wrong(&format!("{pair:?} has no ':'")))?;
+        let attempts: u32 = attempts
+            .trim()
+            .parse()
+            .map_err(|_| wrong(&format!("{attempts:?} is not a whole number of attempts")))?;
+        let pods: u32 = pods
+            .trim()
+            .parse()
+            .map_err(|_| wrong(&format!("{pods:?} is not a whole number of pods")))?;
+        if !(1..=1_000).contains(&attempts) {
+            return Err(wrong("attempts must be 1 to 1,000"));
+        }
+        weights.push((attempts, pods));
+    }
+    if weights.iter().all(|w| w.1 == 0) {
+        return Err(wrong("no pods in any pair"));
+    }
+    Ok(WarmAttempts { weights })
+}
+
 /// The longest `--defrag-min-age`, seconds (30 days).
 const MAX_MIN_AGE_S: f64 = 2_592_000.0;
 /// The largest `--defrag-budget`, GPUs per hour.
@@ -231,6 +268,7 @@ impl TimelineArgs {
             preempt,
             warm_start: !self.cold_start,
             warm_pending_due: self.warm_pending_due,
+            warm_attempts: self.warm_attempts.clone().unwrap_or_default(),
             queue: crate::queue_flags::queue_config(
                 self.pod_initial_backoff,
                 self.pod_max_backoff,

@@ -370,6 +370,22 @@ fn check_pods_csv(path: &std::path::Path, summary: &serde_json::Value) {
 fn timeline_flags_are_checked() {
     for (args, expected) in [
         (vec!["--timeline", "--load", "0"], "--load must be between"),
+        (
+            vec!["--timeline", "--warm-attempts", "1:95,2"],
+            "--warm-attempts takes ATTEMPTS:PODS pairs separated by commas (1:95,2:50), \"2\" has no ':'",
+        ),
+        (
+            vec!["--timeline", "--warm-attempts", "0:5"],
+            "attempts must be 1 to 1,000",
+        ),
+        (
+            vec!["--timeline", "--warm-attempts", "1:x"],
+            "\"x\" is not a whole number of pods",
+        ),
+        (
+            vec!["--timeline", "--warm-attempts", "1:0,2:0"],
+            "no pods in any pair",
+        ),
         (vec!["--timeline", "--warmup", "1.5"], "--warmup must be"),
         (
             vec!["--timeline", "--duration-scale=-1"],

@@ -29,6 +29,7 @@ mod soon;
 mod units;
 mod victims;
 mod wakeups;
+mod warm;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
@@ -40,7 +41,7 @@ use gpuplace_core::{ClusterState, Placer, Policy};
 
 use super::arrivals::{Mix, Schedule};
 use super::metrics::{Recorder, Values};
-use super::options::{Costs, Ms, Patience, TimelineOptions};
+use super::options::{Costs, Ms, Patience, TimelineOptions, WarmAttempts};
 use super::tenants::Tenants;
 use crate::trace::TracePod;
 
@@ -89,6 +90,8 @@ pub struct Engine<'a> {
     preempt: bool,
     /// The warm start's waiting units failed before t=0 (their backoff over).
     warm_pending_due: bool,
+    /// How many times they had been tried by then.
+    warm_attempts: WarmAttempts,
     state: ClusterState,
     placer: Placer,
     queue: Queue<u32, Ms>,
@@ -217,6 +220,7 @@ impl<'a> Engine<'a> {
             request_ids,
             preempt: options.preempt,
             warm_pending_due: options.warm_pending_due,
+            warm_attempts: options.warm_attempts.clone(),
             state,
             placer,
             queue: Queue::with_discipline(options.queue, discipline),
@@ -290,13 +294,7 @@ impl<'a> Engine<'a> {
             // The warm start is the cluster before the clock starts: its round takes no
             // time, as a live replay places it with the clock stopped.
             self.round(now, None, clock::AttemptCosts::default());
-            if self.warm_pending_due {
-                for unit in 0..self.units.len() as u32 {
-                    if self.units[unit as usize].waiting {
-                        self.queue.backoff_over(&unit);
-                    }
-                }
-            }
+            self.warm_leftovers(now);
         }
         loop {
             // A busy scheduler takes up what became due once its attempt in flight ends.

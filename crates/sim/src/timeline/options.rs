@@ -36,6 +36,9 @@ pub struct TimelineOptions {
     pub preempt: bool,
     /// Start from the mix's stationary population instead of an empty cluster.
     pub warm_start: bool,
+    /// How many times each of the warm start's pods that found no place had been tried
+    /// when the clock started (`--warm-attempts`; empty: once).
+    pub warm_attempts: WarmAttempts,
     /// The warm start's pods that find no place failed before the clock started
     /// (`--warm-pending-due`): their backoff is over at t=0, so the first event brings them
     /// back at once, as on a live replay, whose warm start is placed with the clock stopped
@@ -206,6 +209,7 @@ impl Default for TimelineOptions {
             preempt: false,
             warm_start: true,
             warm_pending_due: false,
+            warm_attempts: WarmAttempts::default(),
             queue: QueueConfig::default(),
             series_points: 240,
             defrag: DefragSim::default(),
@@ -225,5 +229,35 @@ impl Default for TimelineOptions {
             kube_queue_tick: Duration::from_secs(1),
             queue_model: None,
         }
+    }
+}
+
+/// How many times the warm start's pods that found no place had been tried when the clock
+/// started, as a live replay's scheduler log shows it (`--warm-attempts 1:95,2:50`): a live
+/// warm start takes a minute of real time, and kube-scheduler tries such a pod again
+/// whenever a Binding it observes overlaps its attempt (v1.26's `moveRequestCycle`), so some
+/// start the clock with a longer backoff. Each such pod draws its count from these weights.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WarmAttempts {
+    /// (attempts, how many pods had that many); attempts at least 1. Empty: once each (the
+    /// warm round's own attempt).
+    pub weights: Vec<(u32, u32)>,
+}
+
+impl WarmAttempts {
+    /// The attempts for the pod whose draw is `draw` (uniform over u64).
+    pub fn pick(&self, draw: u64) -> u32 {
+        let total: u64 = self.weights.iter().map(|w| u64::from(w.1)).sum();
+        if total == 0 {
+            return 1;
+        }
+        let mut at = draw % total;
+        for &(attempts, count) in &self.weights {
+            if at < u64::from(count) {
+                return attempts.max(1);
+            }
+            at -= u64::from(count);
+        }
+        1
     }
 }

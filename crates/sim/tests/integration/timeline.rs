@@ -284,3 +284,40 @@ fn lives_measured_as_a_live_replay_give_the_simulators_figures() {
     .expect("a valid timeline");
     assert!(plain.run(Policy::GPUPLACE, 5).pods.is_empty());
 }
+
+#[test]
+fn the_warm_starts_leftovers_start_the_clock_with_their_attempts() {
+    // `--warm-attempts 3:1`: every warm-start pod that found no place was tried three times
+    // before t=0 (the warm round's attempt and two more), as a live replay's log can show.
+    let options = |weights: Vec<(u32, u32)>| TimelineOptions {
+        load: 1.2,
+        arrivals: 300,
+        record_pods: true,
+        warm_attempts: gpuplace_sim::timeline::options::WarmAttempts { weights },
+        ..TimelineOptions::default()
+    };
+    let run = |weights| {
+        Timeline::new(builtin_workload(16), options(weights))
+            .expect("a valid timeline")
+            .run(Policy::KubeDefault, 3)
+    };
+    let (once, thrice) = (run(vec![]), run(vec![(3, 1)]));
+    // The warm start's pods and their failed attempts: 0 for those it placed.
+    let warm = |r: &TimelineRun| -> Vec<u32> {
+        r.pods
+            .iter()
+            .filter(|p| !p.measured && !p.by_controller && p.arrival_s == 0.0)
+            .map(|p| p.failed_attempts.unwrap_or(0))
+            .collect()
+    };
+    let (a, b) = (warm(&once), warm(&thrice));
+    let left = |v: &[u32], at_least: u32| v.iter().filter(|n| **n >= at_least).count();
+    assert!(
+        left(&a, 1) > 0,
+        "the warm start must leave pods waiting at load 1.2"
+    );
+    // The same pods were left (the warm round is the same), each now tried 3 times or more.
+    assert_eq!(left(&a, 1), left(&b, 3), "{a:?} / {b:?}");
+    assert!(b.iter().all(|n| *n == 0 || *n >= 3), "{b:?}");
+    assert!(a.iter().any(|n| (1..3).contains(n)), "{a:?}");
+}
