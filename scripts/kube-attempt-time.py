@@ -4,6 +4,7 @@ or more (docs/replay.md): the `--attempt-cost` and `--placed-attempt-cost` a liv
 `kube-default` twin needs.
 
     scripts/kube-attempt-time.py KUBE_SCHEDULER_LOG [--from HH:MM:SS] [--back-to-back-ms 30] [--costs]
+    scripts/kube-attempt-time.py KUBE_SCHEDULER_LOG --from HH:MM:SS --warm PREFIX
 
 kube-scheduler logs "Attempting to schedule pod" as each attempt starts and tries one pod at
 a time, so while its active queue holds pods the time between two such lines is one attempt:
@@ -17,7 +18,10 @@ share; with --costs only `FAILED_MS PLACED_MS` for a twin's --attempt-cost and
 cohort, slow ones included) and placing attempts' median (the gap after one often includes
 the loop waiting for the next pod). scripts/realapi-replay.sh uses it with
 --back-to-back-ms 100: on a slow run most failed attempts take 20-30 ms, and a 30 ms cap
-cuts their tail off. Not for CI.
+cuts their tail off. With --warm PREFIX (a replay's pod names, `rp` and its seed) it prints
+instead, for the pods of that replay tried before --from and not bound by then (the warm
+start's leftovers), how many times each had been tried, as `simulate --timeline
+--warm-attempts` takes it: `1:95,2:50,3:8`. Not for CI.
 """
 import re
 import statistics
@@ -35,7 +39,7 @@ def seconds(hms):
 
 def options(args):
     start, cap = 0.0, 0.030
-    if any(a.startswith("--") and a not in ("--from", "--back-to-back-ms", "--costs") for a in args):
+    if any(a.startswith("--") and a not in ("--from", "--back-to-back-ms", "--costs", "--warm") for a in args):
         sys.exit(f"unknown option in {' '.join(args)}\n{__doc__}")
     for i, a in enumerate(args):
         try:
@@ -66,11 +70,40 @@ def attempts(path, start):
     return out
 
 
+def warm(path, start, prefix):
+    """`ATTEMPTS:PODS,...` for the pods named PREFIX-... tried before `start`, not bound."""
+    line = re.compile(r'^I\d{4} (\d\d):(\d\d):(\d\d\.\d+) .*"(Attempting to schedule pod|Successfully bound pod to node)" pod="[^/]+/'
+                      + re.escape(prefix) + r'-([^"]+)"')
+    tried, bound = {}, set()
+    with open(path, errors="replace") as log:
+        for text in log:
+            m = line.match(text)
+            if not m or int(m[1]) * 3600 + int(m[2]) * 60 + float(m[3]) >= start:
+                continue
+            if m[4].startswith("Attempting"):
+                tried[m[5]] = tried.get(m[5], 0) + 1
+            else:
+                bound.add(m[5])
+    counts = {}
+    for pod, n in tried.items():
+        if pod not in bound:
+            counts[n] = counts.get(n, 0) + 1
+    if not counts:
+        sys.exit(f"{path}: no pod named {prefix}-... waited unbound before the clock")
+    return ",".join(f"{n}:{c}" for n, c in sorted(counts.items()))
+
+
 def main():
     args = sys.argv[1:]
     if not args or args[0].startswith("--"):
         sys.exit(__doc__)
     start, cap = options(args[1:])
+    if "--warm" in args:
+        i = args.index("--warm")
+        if i + 1 >= len(args) or "--from" not in args:
+            sys.exit("--warm needs a PREFIX, and --from the clock's start")
+        print(warm(args[0], start, args[i + 1]))
+        return
     tried = attempts(args[0], start)
     if len(tried) < 2:
         sys.exit(f"{args[0]}: fewer than two attempts logged (is kube-scheduler at --v=3?)")

@@ -18,8 +18,10 @@
 #   (`--attempt-cost`, `--placed-attempt-cost`): with KUBE_LOG, kube-scheduler's log at
 #   --v=3 during the run, scripts/kube-attempt-time.py measures them after the run and the
 #   twins run then (the same box gave 17.9 ms one run and 29.4 ms the next: measured
-#   defaults do not carry over); ATTEMPT_MS and PLACED_ATTEMPT_MS set them instead (14.7
-#   and 4.9 without either, measured here once).
+#   defaults do not carry over), as does how many times each pod the warm start left
+#   waiting had been tried when the clock started (`--warm-attempts`); ATTEMPT_MS and
+#   PLACED_ATTEMPT_MS (and WARM_ATTEMPTS) set them instead (14.7 and 4.9 without either,
+#   measured here once).
 # Both write every pod's life (OUT/live/pods.csv, OUT/sim*/pods.csv) and set them side by
 #   side pod by pod (scripts/replay-pods.py, OUT/pods.md).
 # NODES: the node list to sample 500 nodes from (the openb 8-GPU nodes, say).
@@ -42,8 +44,9 @@ div() { python3 -c "print($1 / $speed)"; }
 kube_twins() {
   local timers=(--pod-initial-backoff "$speed" --pod-max-backoff "$((10 * speed))" --unschedulable-flush "$((300 * speed))" --kube-queue-tick "$speed"
     --attempt-cost "$(python3 -c "print(${ATTEMPT_MS:-14.7} * $speed / 1000)")"
-    --placed-attempt-cost "$(python3 -c "print(${PLACED_ATTEMPT_MS:-4.9} * $speed / 1000)")")
-  echo "kube-default twins: attempts ${ATTEMPT_MS:-14.7} ms failed, ${PLACED_ATTEMPT_MS:-4.9} ms placing" > "$out/twins.txt"
+    --placed-attempt-cost "$(python3 -c "print(${PLACED_ATTEMPT_MS:-4.9} * $speed / 1000)")"
+    ${WARM_ATTEMPTS:+--warm-attempts "$WARM_ATTEMPTS"})
+  echo "kube-default twins: attempts ${ATTEMPT_MS:-14.7} ms failed, ${PLACED_ATTEMPT_MS:-4.9} ms placing; warm start's leftovers tried ${WARM_ATTEMPTS:-once each}" > "$out/twins.txt"
   for t in ${TIE_BREAKS:-$(seq 1 20)}; do
     $G "${sim[@]}" --policies kube-default --whole-gpus "${timers[@]}" --tie-break-seed "$t" --out "$out/sim-t$t" > "$out/sim-t$t.json"
   done
@@ -89,9 +92,22 @@ if [[ $which == kube ]]; then
   rm -rf "$k"
 fi
 if [[ $which == kube && -n ${KUBE_LOG:-} && -z ${ATTEMPT_MS:-} ]]; then
-  # The attempt times of this run, from the clock's start (the warm start is placed before).
-  clock=$(python3 -c "import json, time; print(time.strftime('%H:%M:%S', time.localtime($started + json.load(open('$out/live.json'))['live']['warm_start_s'])))")
+  # The clock started when the first pod after the warm start was tried (its pods are
+  # rpSEED-UNIT-0, the warm start's units first): from then, this run's attempt times;
+  # before, how many times each pod the warm start left waiting had been tried.
+  clock=$(python3 - "$KUBE_LOG" "rp$seed" "$out/live.json" <<'PY'
+import json, re, sys
+warm = json.load(open(sys.argv[3]))["live"]["warm_start_bound"][1]
+line = re.compile(r'^I\d{4} (\d\d:\d\d:\d\d\.\d+) .*"Attempting to schedule pod" pod="[^/]+/' + re.escape(sys.argv[2]) + r'-(\d+)-')
+for text in open(sys.argv[1], errors="replace"):
+    m = line.match(text)
+    if m and int(m[2]) >= warm:
+        print(m[1])
+        break
+PY
+)
   read -r ATTEMPT_MS PLACED_ATTEMPT_MS < <(python3 scripts/kube-attempt-time.py "$KUBE_LOG" --from "$clock" --back-to-back-ms 100 --costs)
+  WARM_ATTEMPTS=$(python3 scripts/kube-attempt-time.py "$KUBE_LOG" --from "$clock" --warm "rp$seed")
   kube_twins
 fi
 if [[ $which == kube ]]; then
