@@ -57,7 +57,7 @@ pub fn summary(
         .iter()
         .filter(|p| p.duration_s.is_some())
         .count();
-    let runs = vec![run.clone()];
+    let runs = std::slice::from_ref(run);
     ReplaySummary {
         timeline: TimelineSummary {
             workload: workload.name.clone(),
@@ -85,7 +85,7 @@ pub fn summary(
             arrivals_per_s: runs[0].arrivals_per_s,
             simulated_h: runs[0].simulated_s / 3_600.0,
             window_h: runs[0].window_s / 3_600.0,
-            policies: summary::summarize(&[policy], &runs),
+            policies: summary::summarize(&[policy], runs),
             wall_s: live.wall_s,
         },
         live,

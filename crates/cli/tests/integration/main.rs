@@ -7,3 +7,4 @@ mod nvml;
 mod replay;
 mod scheduler;
 mod simulate;
+mod simulate_pods;
