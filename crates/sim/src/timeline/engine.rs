@@ -449,17 +449,11 @@ impl<'a> Engine<'a> {
         if self.units[unit as usize].fails == 0 {
             self.estimate_first_wait(unit, now);
         }
-        self.outcome_counts.failed_attempts += 1;
+        self.tally_failure(unit);
         let kube = self.queue.discipline() == Discipline::KubeScheduler;
         let tick = self.queue_tick_ms;
         let u = &mut self.units[unit as usize];
-        u.fails += 1;
         u.failed_at = now;
-        for &job in &u.jobs {
-            if let Some(job) = self.jobs.get_mut(job as usize) {
-                job.failed_attempts += 1;
-            }
-        }
         if !u.backing_off {
             u.backing_off = true;
             self.backing_off.push(unit);

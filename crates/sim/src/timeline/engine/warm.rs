@@ -18,17 +18,26 @@ impl Engine<'_> {
             let tried = self.warm_attempts.pick(draw(seed, unit));
             for _ in 1..tried {
                 self.queue.unschedulable(&unit, now);
-                self.outcome_counts.failed_attempts += 1;
-                let u = &mut self.units[unit as usize];
-                u.fails += 1;
-                for &job in &u.jobs {
-                    if let Some(job) = self.jobs.get_mut(job as usize) {
-                        job.failed_attempts += 1;
-                    }
-                }
+                self.tally_failure(unit);
             }
             if self.warm_pending_due {
                 self.queue.backoff_over(&unit);
+            }
+        }
+    }
+}
+
+impl Engine<'_> {
+    /// One failed attempt of `unit` counted: the run's, the unit's (its wake-ups tell
+    /// attempts apart by it) and each of its pods' (`pods.csv`). [`Engine::attempted`] and
+    /// the warm start's earlier attempts both count through here.
+    pub(super) fn tally_failure(&mut self, unit: u32) {
+        self.outcome_counts.failed_attempts += 1;
+        let u = &mut self.units[unit as usize];
+        u.fails += 1;
+        for &job in &u.jobs {
+            if let Some(job) = self.jobs.get_mut(job as usize) {
+                job.failed_attempts += 1;
             }
         }
     }
