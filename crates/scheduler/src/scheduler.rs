@@ -367,13 +367,15 @@ impl<A: ClusterApi> Scheduler<A> {
         Ok(report)
     }
 
-    /// Waits for every write in flight and every queued Event, and takes their outcomes.
+    /// Waits for every write in flight (Bindings, queue statuses) and every queued Event,
+    /// and takes their outcomes.
     pub async fn drain_writes(&mut self, now: Instant) -> RoundReport {
         let mut report = RoundReport::default();
         while let Some(outcome) = self.binder.next().await {
             self.take_write_outcome(outcome, now, &mut report).await;
         }
         self.events.flush().await;
+        self.queue_status.finish().await;
         report
     }
 

@@ -217,17 +217,19 @@ fn figures(
 }
 
 impl<A: ClusterApi> Scheduler<A> {
-    /// Writes the statuses that changed, and tells new problems, if it is time: every
+    /// Sends the statuses that changed, and tells new problems, if it is time: every
     /// [`WRITE_EVERY`], or every [`WRITE_EVERY_BUSY`] while Bindings are in flight (they
-    /// go first). The writes go out together, not one after another.
+    /// go first). The writes go out together off the round, not one after another; the
+    /// next flush takes their outcome (a write that failed is sent again then).
     pub(super) async fn flush_queue_statuses(&mut self, now: Instant) {
+        self.queue_status.take_written();
         let every = if self.binder.in_flight() > 0 {
             WRITE_EVERY_BUSY
         } else {
             WRITE_EVERY
         };
         let w = &mut self.queue_status;
-        if !self.gate.is_open() || w.last_write.is_some_and(|t| now < t + every) {
+        if !self.gate.is_open() || w.sending() || w.last_write.is_some_and(|t| now < t + every) {
             return;
         }
         let changed: Vec<(String, QueueStatus)> = w
@@ -241,21 +243,8 @@ impl<A: ClusterApi> Scheduler<A> {
         }
         w.last_write = Some(now);
         self.tell_problems(&changed).await;
-        let writes = changed.into_iter().map(|(name, status)| {
-            let api = self.api.clone();
-            async move {
-                let result = api.queue_status(&name, status.clone()).await;
-                (name, status, result)
-            }
-        });
-        for (name, status, result) in futures::future::join_all(writes).await {
-            match result {
-                Ok(()) => {
-                    self.queue_status.written.insert(name, status);
-                }
-                Err(e) => info!(queue = %name, error = %e, "queue status not written"),
-            }
-        }
+        let load = self.binder.load();
+        self.queue_status.send(self.api.clone(), load, changed);
     }
 
     /// A Warning Event `Rejected` on each queue whose problem is new.

@@ -41,10 +41,12 @@ impl<A: ClusterApi> Scheduler<A> {
             return;
         }
         self.usage.carry_and_show(now);
+        self.queue_status.finish().await;
         for (name, status) in self.queue_status.wanted.iter_mut() {
             status.usage = self.usage.shown_named(name);
         }
         self.queue_status.last_write = None;
         self.flush_queue_statuses(now).await;
+        self.queue_status.finish().await;
     }
 }

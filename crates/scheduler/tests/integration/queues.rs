@@ -442,3 +442,35 @@ async fn a_leader_killed_after_a_reclaims_first_eviction_leaves_nothing_the_next
         );
     }
 }
+
+/// A round never waits for its queues' status writes (found on the real API server: a
+/// round that awaited 100 of them left the Binding slots idle meanwhile); they end true once
+/// the writes in flight are drained.
+#[tokio::test(start_paused = true)]
+async fn a_round_sends_the_statuses_without_waiting_for_them() {
+    let api = MemoryApi::new().with_costs(gpuplace_testkit::api::ServerCosts {
+        latency: Duration::from_millis(50),
+        ..Default::default()
+    });
+    two_halves(&api);
+    for i in 0..3 {
+        api.put_pod(in_queue(&format!("a{i}"), "a", 1));
+    }
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    let t = Instant::now();
+    let before = tokio::time::Instant::now();
+    let report = scheduler.schedule(t).await.unwrap();
+    assert_eq!(report.assumed, 3);
+    assert!(
+        api.queue("a").unwrap().status.is_none(),
+        "the round waited for the status write"
+    );
+    let spent = before.elapsed();
+    scheduler.drain_writes(t).await;
+    let status = api.queue("a").unwrap().status.unwrap();
+    assert_eq!(status.allocated_gpus, "3");
+    assert!(
+        before.elapsed() > spent,
+        "the writes were still in flight when the round returned"
+    );
+}
