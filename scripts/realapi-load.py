@@ -66,8 +66,10 @@ def make_node(name, gpus):
          "application/merge-patch+json")
 
 
-def make_pod(name, scheduler, gpus, queue=None, milli=None, group=None):
+def make_pod(name, scheduler, gpus, queue=None, milli=None, group=None, movable=False):
     metadata = {"name": name, "labels": {}}
+    if movable:
+        metadata["labels"]["gpuplace.io/movable"] = "true"
     if queue is not None:
         metadata["labels"]["gpuplace.io/queue"] = queue
     if group is not None:
@@ -119,9 +121,11 @@ def requested_milli(pod):
     return total
 
 
-def watch_bound(count, timeout):
+def watch_bound(count, timeout, until_all=False):
     """Counts pods as they are bound through one watch stream (a poll of 5,000 pods five times a
-    second costs the server more than the scheduler does); rate from the 10% to the 90% mark."""
+    second costs the server more than the scheduler does); rate from the 10% to the 90% mark.
+    `until_all`: watches on until every pod is bound and prints a second line, the wall time
+    (seconds since the epoch) when the last was seen bound, for a rate over the whole run."""
     listing = call("GET", "/api/v1/namespaces/default/pods")
     done = {p["metadata"]["name"] for p in listing.get("items", []) if p["spec"].get("nodeName")}
     rv = listing.get("metadata", {}).get("resourceVersion", "")
@@ -139,13 +143,18 @@ def watch_bound(count, timeout):
             for mark in (lo, hi):
                 if len(done) >= mark and mark not in marks:
                     marks[mark] = (now, len(done))
-            if len(done) >= hi or now - start > timeout:
+            if len(done) >= (count if until_all else hi) or now - start > timeout:
                 break
     if lo not in marks or hi not in marks or marks[hi][0] <= marks[lo][0]:
         print(f"not measured: bound {len(done)} of {count}")
         return 1
     (t0, n0), (t1, n1) = marks[lo], marks[hi]
     print(f"{(n1 - n0) / (t1 - t0):.0f} pods/s from {n0} to {n1} bound; {time.time() - start:.1f} s")
+    if until_all:
+        if len(done) < count:
+            print(f"not all bound: {len(done)} of {count}")
+            return 1
+        print(f"all {count} bound at {time.time():.3f}")
     return 0
 
 
@@ -186,6 +195,10 @@ def main():
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--queues", type=int, default=0)
     ap.add_argument("--mix", action="store_true")
+    ap.add_argument("--until-all", action="store_true",
+                    help="watch: on until every pod is bound, and say when the last was")
+    ap.add_argument("--movable", type=int, default=0,
+                    help="label every Nth pod gpuplace.io/movable=true (3: a third)")
     a = ap.parse_args()
     pool = cf.ThreadPoolExecutor(16)
     if a.what == "nodes":
@@ -197,8 +210,10 @@ def main():
             make_groups(pool, shapes)
         else:
             shapes = [(a.gpus or 1, None, None)] * a.count
+        movable = (lambda i: i % a.movable == 0) if a.movable > 0 else (lambda i: False)
         list(pool.map(lambda i: make_pod(f"{a.prefix}{i:05d}", a.scheduler, shapes[i][0],
-                                         queue(i), shapes[i][1], shapes[i][2]), range(a.count)))
+                                         queue(i), shapes[i][1], shapes[i][2], movable(i)),
+                      range(a.count)))
     elif a.what == "queues":
         group = "/apis/gpuplace.io/v1alpha1/queues"
         list(pool.map(lambda i: call("POST", group, {
@@ -219,7 +234,7 @@ def main():
             "target": {"apiVersion": "v1", "kind": "Node", "name": nodes[i % len(nodes)]}}),
             range(len(names))))
     elif a.what == "watch":
-        return watch_bound(a.count, a.timeout)
+        return watch_bound(a.count, a.timeout, a.until_all)
     elif a.what == "check":
         return check()
     else:

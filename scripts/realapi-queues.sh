@@ -7,7 +7,9 @@
 # binary started; pods/s from the 10% to the 90% bound mark on one watch stream, then the
 # scheduler runs until every pod is bound (or 5 min). Runs alternate: without queues (no
 # Queue object, no label), then with 100 queues guaranteed 80% of the GPUs between them and
-# the pods labelled round-robin. RUNS pairs (default 3). The scheduler's
+# the pods labelled round-robin. RUNS pairs (default 3); ORDER=abba puts the queues run
+# first in every second pair, so that neither run always follows the other's clean-up.
+# The scheduler's
 # `--defrag` is its default (make-room) in both unless PLAIN_DEFRAG / QUEUES_DEFRAG say
 # otherwise (issue 48, queues and make-room against neither: PLAIN_DEFRAG=off). Each run's
 # scheduler log: /tmp/queues-sched-MODE-RUN.log (RUST_LOG=info,gpuplace_scheduler::rounds=debug
@@ -17,6 +19,8 @@ RUNS=${RUNS:-3}
 PODS=${PODS:-5000}
 NODES=${NODES:-1000}
 MIX=${MIX:+--mix}
+# MOVABLE=3: every third pod labelled gpuplace.io/movable (in both runs of a pair).
+MOVABLE=${MOVABLE:+--movable $MOVABLE}
 GPUPLACE=${GPUPLACE:-target/release/gpuplace}
 LOAD="python3 scripts/realapi-load.py"
 kubectl proxy --port 8001 >/dev/null 2>&1 &
@@ -59,7 +63,7 @@ one() { # MODE
     [[ -n ${QUEUES_DEFRAG:-} ]] && defrag=(--defrag "$QUEUES_DEFRAG")
   fi
   # shellcheck disable=SC2086
-  $LOAD pods "$PODS" "${args[@]}" $MIX
+  $LOAD pods "$PODS" "${args[@]}" $MIX $MOVABLE
   "$GPUPLACE" scheduler --kubeconfig "$KUBECONFIG" --leader-elect false --metrics-addr 127.0.0.1:0 "${defrag[@]}" >"/tmp/queues-sched-$1-$run.log" 2>&1 &
   local sched=$!
   local rate
@@ -81,6 +85,11 @@ one() { # MODE
   $LOAD unqueue >/dev/null 2>&1 || true
 }
 for run in $(seq "$RUNS"); do
-  one plain
-  one queues
+  if [[ ${ORDER:-} == abba && $((run % 2)) -eq 0 ]]; then
+    one queues
+    one plain
+  else
+    one plain
+    one queues
+  fi
 done
