@@ -10,7 +10,7 @@ use gpuplace_core::fairshare::{DIMS, Picker, QueueTree, Res};
 use gpuplace_core::waiting::Blocker;
 use tracing::info;
 
-use super::queue_status::{QueueFigures, WRITE_EVERY, WRITE_EVERY_BUSY};
+use super::queue_status::{QueueFigures, WRITE_EVERY, WRITE_EVERY_BUSY, Yield};
 use super::round_state::RoundState;
 use super::units::{Order, Unit};
 use super::{RoundReport, Scheduler};
@@ -243,8 +243,11 @@ impl<A: ClusterApi> Scheduler<A> {
         }
         w.last_write = Some(now);
         self.tell_problems(&changed).await;
-        let load = self.binder.load();
-        self.queue_status.send(self.api.clone(), load, changed);
+        let to = Yield {
+            load: self.binder.load(),
+            gate: self.gate.clone(),
+        };
+        self.queue_status.send(self.api.clone(), to, changed);
     }
 
     /// A Warning Event `Rejected` on each queue whose problem is new.

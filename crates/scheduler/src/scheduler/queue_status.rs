@@ -22,6 +22,7 @@ use tokio::task::JoinSet;
 use tracing::info;
 
 use crate::api::{ApiError, ClusterApi, ClusterView};
+use crate::k8s::leader::Gate;
 use crate::k8s::queue::{QueueCondition, QueueStatus, QueueUsage};
 use crate::shared::bind::BindLoad;
 
@@ -73,7 +74,7 @@ pub struct StatusWriter {
     /// The problem last told in an Event, per queue.
     pub(crate) told: HashMap<String, String>,
     /// The batch of writes in flight (at most one), owned here: dropped, it is aborted.
-    batch: JoinSet<Vec<Written>>,
+    batch: JoinSet<Vec<Option<Written>>>,
     /// The figures each wanted status was made from: a queue whose figures did not change
     /// keeps its status (a round changes a few queues' figures; making every status anew,
     /// each amount written out, cost more than the round's decisions with 100 queues).
@@ -191,7 +192,7 @@ impl StatusWriter {
         }
     }
 
-    fn record(&mut self, ended: Result<Vec<Written>, tokio::task::JoinError>) {
+    fn record(&mut self, ended: Result<Vec<Option<Written>>, tokio::task::JoinError>) {
         let writes = match ended {
             Ok(writes) => writes,
             Err(e) => {
@@ -203,7 +204,7 @@ impl StatusWriter {
             name,
             status,
             result,
-        } in writes
+        } in writes.into_iter().flatten()
         {
             match result {
                 Ok(()) => {
@@ -214,30 +215,39 @@ impl StatusWriter {
         }
     }
 
-    /// Sends `changed` as one batch off the round (none may be in flight).
+    /// Sends `changed` as one batch off the round (none may be in flight); a write not yet
+    /// sent when `gate` closes is not sent (a leader that lost the lease writes nothing).
     pub(crate) fn send<A: ClusterApi>(
         &mut self,
         api: A,
-        load: BindLoad,
+        to: Yield,
         changed: Vec<(String, QueueStatus)>,
     ) {
         debug_assert!(!self.sending(), "one batch of status writes at a time");
-        self.batch.spawn(write_batch(api, load, changed));
+        self.batch.spawn(write_batch(api, to, changed));
     }
 }
 
+/// What a batch of status writes gives way to: the Bindings' load, and the leadership.
+pub(crate) struct Yield {
+    pub load: BindLoad,
+    pub gate: Gate,
+}
+
 /// Writes each status, [`WRITES_AT_ONCE`] at a time, each one waiting while the Bindings
-/// are busy unless one of [`WRITES_WHILE_BUSY`] slots is free.
+/// are busy unless one of [`WRITES_WHILE_BUSY`] slots is free (`None`: not sent, the gate
+/// closed).
 async fn write_batch<A: ClusterApi>(
     api: A,
-    load: BindLoad,
+    Yield { load, gate }: Yield,
     changed: Vec<(String, QueueStatus)>,
-) -> Vec<Written> {
+) -> Vec<Option<Written>> {
     let trickle = Arc::new(Semaphore::new(WRITES_WHILE_BUSY));
     futures::stream::iter(changed)
         .map(|(name, status)| {
             let api = api.clone();
             let load = load.clone();
+            let gate = gate.clone();
             let trickle = Arc::clone(&trickle);
             async move {
                 let permit = tokio::select! {
@@ -245,13 +255,16 @@ async fn write_batch<A: ClusterApi>(
                     () = load.quiet() => None,
                     permit = trickle.acquire_owned() => permit.ok(),
                 };
+                if !gate.is_open() {
+                    return None;
+                }
                 let result = api.queue_status(&name, status.clone()).await;
                 drop(permit);
-                Written {
+                Some(Written {
                     name,
                     status,
                     result,
-                }
+                })
             }
         })
         .buffer_unordered(WRITES_AT_ONCE)
