@@ -172,11 +172,7 @@ async fn send_queued<A: ClusterApi>(
     trickle: Arc<Semaphore>,
 ) {
     loop {
-        let permit = tokio::select! {
-            biased;
-            () = load.quiet() => None,
-            permit = Arc::clone(&trickle).acquire_owned() => permit.ok(),
-        };
+        let permit = load.give_way(&trickle).await;
         let next = {
             let mut outbox = lock(&outbox);
             let next = outbox.queue.pop_front();

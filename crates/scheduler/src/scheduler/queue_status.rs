@@ -250,11 +250,7 @@ async fn write_batch<A: ClusterApi>(
             let gate = gate.clone();
             let trickle = Arc::clone(&trickle);
             async move {
-                let permit = tokio::select! {
-                    biased;
-                    () = load.quiet() => None,
-                    permit = trickle.acquire_owned() => permit.ok(),
-                };
+                let permit = load.give_way(&trickle).await;
                 if !gate.is_open() {
                     return None;
                 }

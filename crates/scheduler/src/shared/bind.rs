@@ -14,7 +14,7 @@
 
 use std::sync::Arc;
 
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Duration;
 
@@ -64,6 +64,17 @@ impl BindLoad {
     pub fn is_busy(&self) -> bool {
         let taken = self.max.saturating_sub(self.slots.available_permits());
         taken > self.max / 2
+    }
+
+    /// Gives way to busy Bindings: returns once they are quiet (`None`), or with one of
+    /// `trickle`'s permits while they are busy, whichever comes first. For writes that
+    /// should yield (Events, queue statuses) without ever stopping.
+    pub async fn give_way(&self, trickle: &Arc<Semaphore>) -> Option<OwnedSemaphorePermit> {
+        tokio::select! {
+            biased;
+            () = self.quiet() => None,
+            permit = Arc::clone(trickle).acquire_owned() => permit.ok(),
+        }
     }
 
     /// Returns once the Bindings are not busy.
