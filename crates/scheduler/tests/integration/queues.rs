@@ -458,19 +458,13 @@ async fn a_round_sends_the_statuses_without_waiting_for_them() {
     }
     let mut scheduler = Scheduler::new(api.clone(), config());
     let t = Instant::now();
-    let before = tokio::time::Instant::now();
     let report = scheduler.schedule(t).await.unwrap();
     assert_eq!(report.assumed, 3);
     assert!(
         api.queue("a").unwrap().status.is_none(),
         "the round waited for the status write"
     );
-    let spent = before.elapsed();
     scheduler.drain_writes(t).await;
     let status = api.queue("a").unwrap().status.unwrap();
     assert_eq!(status.allocated_gpus, "3");
-    assert!(
-        before.elapsed() > spent,
-        "the writes were still in flight when the round returned"
-    );
 }
