@@ -12,7 +12,8 @@
 # the stock kube-scheduler (v1.26 from ../shared/realapi, qps 5000, its pods named
 # default-scheduler) to each round, for its peak RSS on the same pods. GPUPLACE_ENV: variables
 # for gpuplace's environment (e.g. MALLOC_ARENA_MAX=2). STREAM=1: the binder starts first and
-# the pods are created while it runs (16 at a time); the rate then follows the creation, and
+# the pods are created while it runs (SETTLE=1, the default: etcd compacted and
+# defragmented before each run, `realapi-load.py settle`; 0: not) (16 at a time); the rate then follows the creation, and
 # "bound after" says how long after the last pod was created the last one was bound.
 set -euo pipefail
 PAIRS=${PAIRS:-3}
@@ -55,6 +56,7 @@ one() { # go|gpuplace PAIR
   local name=gpuplace
   [[ $1 == go ]] && name=nullgo
   [[ $1 == kube ]] && name=default-scheduler
+  [[ ${SETTLE:-1} == 1 ]] && $LOAD settle >/dev/null
   local t0=$SECONDS made=0
   if [[ -z ${STREAM:-} ]]; then
     $LOAD pods "$PODS" --scheduler "$name"

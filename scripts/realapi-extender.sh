@@ -13,7 +13,11 @@
 #   cargo build --release; RUNS=3 PODS=2500 scripts/realapi-extender.sh
 #
 # Env: RUNS (3), PODS (2500), MODE (best|all, best), GPUPLACE (./target/release/gpuplace),
-# KCP (~/kcp), PERF (a file: record the extender with perf during the first extender run).
+# KCP (~/kcp), PERF (a file: record the extender with perf during the first extender run),
+# SETTLE (1: before each run etcd is compacted and defragmented, `realapi-load.py settle`, so
+# every run starts on the same store; 0: not), ORDER (abba: the second run of every two
+# puts the extender first, so a server that slows through a series does not always count
+# against the same side).
 # Not for CI (no API server there).
 set -euo pipefail
 RUNS=${RUNS:-3}
@@ -93,6 +97,7 @@ one_run() { # $1: alone|extender, $2: run number
   local kind=$1 run=$2 name="ks-$1" ext_pid="" ks_pid watch_pid cpu_before
   write_config "$name" "$kind"
   clean_pods
+  [ "${SETTLE:-1}" = 1 ] && $LOAD settle >/dev/null
   $LOAD pods "$PODS" --scheduler "$name" --prefix "r$run$kind-" >/dev/null
   if [ "$kind" = extender ]; then
     RUST_LOG=warn "$GPUPLACE" extender --listen 127.0.0.1:8888 --metrics-addr 127.0.0.1:9399 \
@@ -150,7 +155,12 @@ one_run() { # $1: alone|extender, $2: run number
 }
 
 for run in $(seq 1 "$RUNS"); do
-  one_run alone "$run"
-  one_run extender "$run"
+  if [ "${ORDER:-}" = abba ] && [ $((run % 2)) = 0 ]; then
+    one_run extender "$run"
+    one_run alone "$run"
+  else
+    one_run alone "$run"
+    one_run extender "$run"
+  fi
 done
 clean_pods

@@ -19,6 +19,10 @@ RUNS=${RUNS:-3}
 PODS=${PODS:-5000}
 NODES=${NODES:-1000}
 MIX=${MIX:+--mix}
+# SETTLE=1 (the default): etcd compacted and defragmented before each run (`realapi-load.py
+# settle`), so every run starts on the same store; 0: not.
+# WARMUP=1: one run without queues first, reported and not counted (a series on nodes just
+# made sped up run after run, 433 to 656 pods/s over six runs, 2026-12-03).
 # MOVABLE=3: every third pod labelled gpuplace.io/movable (in both runs of a pair).
 MOVABLE=${MOVABLE:+--movable $MOVABLE}
 GPUPLACE=${GPUPLACE:-target/release/gpuplace}
@@ -56,6 +60,7 @@ one() { # MODE
   local args=()
   local defrag=()
   [[ -n ${PLAIN_DEFRAG:-} ]] && defrag=(--defrag "$PLAIN_DEFRAG")
+  [[ ${SETTLE:-1} == 1 ]] && $LOAD settle >/dev/null
   if [[ $1 == queues ]]; then
     $LOAD queues 100 --gpus $((NODES * 8 * 8 / 1000))
     args=(--queues 100)
@@ -84,6 +89,10 @@ one() { # MODE
   clean_pods
   $LOAD unqueue >/dev/null 2>&1 || true
 }
+if [[ ${WARMUP:-0} == 1 ]]; then
+  echo "warm-up (not counted):"
+  run=0 one plain
+fi
 for run in $(seq "$RUNS"); do
   if [[ ${ORDER:-} == abba && $((run % 2)) -eq 0 ]]; then
     one queues
