@@ -219,19 +219,28 @@ fn figures(
 impl<A: ClusterApi> Scheduler<A> {
     /// Sends the statuses that changed, and tells new problems, if it is time: every
     /// [`WRITE_EVERY`], or every [`WRITE_EVERY_BUSY`] while Bindings are in flight (they
-    /// go first). The writes go out together off the round, not one after another; the
+    /// go first; counted from when they got busy too, so a burst starts with no status
+    /// write). The writes go out together off the round, not one after another; the
     /// next flush takes their outcome (a write that failed is sent again then).
     pub(super) async fn flush_queue_statuses(&mut self, now: Instant) {
         self.queue_status.take_written();
-        let every = if self.binder.in_flight() > 0 {
-            WRITE_EVERY_BUSY
-        } else {
-            WRITE_EVERY
-        };
+        let busy = self.binder.in_flight() > 0;
         let w = &mut self.queue_status;
-        if !self.gate.is_open() || w.sending() || w.last_write.is_some_and(|t| now < t + every) {
+        w.busy_since = if busy {
+            Some(w.busy_since.unwrap_or(now))
+        } else {
+            None
+        };
+        let (every, since) = if busy {
+            (WRITE_EVERY_BUSY, w.last_write.max(w.busy_since))
+        } else {
+            (WRITE_EVERY, w.last_write)
+        };
+        let due = w.forced || since.is_none_or(|t| now >= t + every);
+        if !self.gate.is_open() || w.sending() || !due {
             return;
         }
+        w.forced = false;
         let changed: Vec<(String, QueueStatus)> = w
             .wanted
             .iter()

@@ -1,9 +1,13 @@
 //! Queues' status on the server: what each queue holds, waits for, its fair share and
 //! what it borrows, and whether it is valid (`Valid` `False` with why, and one Warning
 //! Event `Rejected` on the queue each time its problem changes). Written by the leader, at
-//! most once every [`WRITE_EVERY`] ([`WRITE_EVERY_BUSY`] while Bindings are in flight) and
+//! most once every [`WRITE_EVERY`] ([`WRITE_EVERY_BUSY`] while Bindings are in flight,
+//! counted from the last write or from when the Bindings got busy, whichever is later) and
 //! only for queues whose status changed; the last figures are written by an idle round once
-//! that time has passed, so the status ends true.
+//! that time has passed, and on shutdown once the Bindings are drained, so the status ends
+//! true. A burst of Bindings shorter than [`WRITE_EVERY_BUSY`] thus sends no status write
+//! while it lasts: measured on the real API server at 1,000 nodes and 5,000 pods, the 100
+//! queues' first statuses, sent as the burst began, competed with its Bindings.
 //!
 //! A batch of writes runs off the round (a round never waits for it; one batch at a time,
 //! its outcomes taken by the next flush): found on the real API server at 5,000 nodes and
@@ -71,6 +75,10 @@ pub struct StatusWriter {
     pub(crate) written: HashMap<String, QueueStatus>,
     pub(crate) wanted: BTreeMap<String, QueueStatus>,
     pub(crate) last_write: Option<Instant>,
+    /// Since when Bindings have been in flight without a pause (`None` while none are).
+    pub(crate) busy_since: Option<Instant>,
+    /// The next flush writes whatever the time (a hand-over's usage record).
+    pub(crate) forced: bool,
     /// The problem last told in an Event, per queue.
     pub(crate) told: HashMap<String, String>,
     /// The batch of writes in flight (at most one), owned here: dropped, it is aborted.

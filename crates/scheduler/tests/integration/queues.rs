@@ -464,7 +464,19 @@ async fn a_round_sends_the_statuses_without_waiting_for_them() {
         api.queue("a").unwrap().status.is_none(),
         "the round waited for the status write"
     );
-    scheduler.drain_writes(t).await;
+    // The Bindings are in flight: a burst sends no status until WRITE_EVERY_BUSY has
+    // passed since it began (nor did this round send one that lands later).
+    scheduler
+        .schedule(t + Duration::from_secs(1))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        api.queue("a").unwrap().status.is_none(),
+        "a status was written while the Bindings were busy"
+    );
+    // Drained (as on shutdown), the statuses the Bindings changed go out.
+    scheduler.drain_writes(t + Duration::from_secs(2)).await;
     let status = api.queue("a").unwrap().status.unwrap();
     assert_eq!(status.allocated_gpus, "3");
 }
