@@ -375,10 +375,12 @@ impl<A: ClusterApi> Scheduler<A> {
             self.take_write_outcome(outcome, now, &mut report).await;
         }
         self.events.flush().await;
-        // The Bindings are done: the statuses they changed go out now (a burst sends none
-        // while it lasts), then the batch is awaited.
+        // The Bindings are done: the statuses they changed go out now, however recent the
+        // last write (a burst sends none while it lasts), then the batch is awaited.
         self.queue_status.finish().await;
+        self.queue_status.forced = true;
         self.flush_queue_statuses(now).await;
+        self.queue_status.forced = false;
         self.queue_status.finish().await;
         report
     }
