@@ -378,9 +378,7 @@ impl<A: ClusterApi> Scheduler<A> {
         // The Bindings are done: the statuses they changed go out now, however recent the
         // last write (a burst sends none while it lasts), then the batch is awaited.
         self.queue_status.finish().await;
-        self.queue_status.forced = true;
-        self.flush_queue_statuses(now).await;
-        self.queue_status.forced = false;
+        self.flush_queue_statuses_now(now).await;
         self.queue_status.finish().await;
         report
     }

@@ -223,6 +223,16 @@ impl<A: ClusterApi> Scheduler<A> {
     /// write). The writes go out together off the round, not one after another; the
     /// next flush takes their outcome (a write that failed is sent again then).
     pub(super) async fn flush_queue_statuses(&mut self, now: Instant) {
+        self.send_queue_statuses(now, false).await;
+    }
+
+    /// The same whatever the time since the last write (a leader's last usage record,
+    /// shutdown once the Bindings are drained).
+    pub(super) async fn flush_queue_statuses_now(&mut self, now: Instant) {
+        self.send_queue_statuses(now, true).await;
+    }
+
+    async fn send_queue_statuses(&mut self, now: Instant, force: bool) {
         self.queue_status.take_written();
         let busy = self.binder.in_flight() > 0;
         let w = &mut self.queue_status;
@@ -236,11 +246,10 @@ impl<A: ClusterApi> Scheduler<A> {
         } else {
             (WRITE_EVERY, w.last_write)
         };
-        let due = w.forced || since.is_none_or(|t| now >= t + every);
+        let due = force || since.is_none_or(|t| now >= t + every);
         if !self.gate.is_open() || w.sending() || !due {
             return;
         }
-        w.forced = false;
         let changed: Vec<(String, QueueStatus)> = w
             .wanted
             .iter()

@@ -77,8 +77,6 @@ pub struct StatusWriter {
     pub(crate) last_write: Option<Instant>,
     /// Since when Bindings have been in flight without a pause (`None` while none are).
     pub(crate) busy_since: Option<Instant>,
-    /// The next flush writes whatever the time (a hand-over's usage record).
-    pub(crate) forced: bool,
     /// The problem last told in an Event, per queue.
     pub(crate) told: HashMap<String, String>,
     /// The batch of writes in flight (at most one), owned here: dropped, it is aborted.

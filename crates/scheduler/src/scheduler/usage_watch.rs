@@ -45,8 +45,7 @@ impl<A: ClusterApi> Scheduler<A> {
         for (name, status) in self.queue_status.wanted.iter_mut() {
             status.usage = self.usage.shown_named(name);
         }
-        self.queue_status.forced = true;
-        self.flush_queue_statuses(now).await;
+        self.flush_queue_statuses_now(now).await;
         self.queue_status.finish().await;
     }
 }
