@@ -354,6 +354,11 @@ impl<A: ClusterApi> Scheduler<A> {
         self.events.dropped()
     }
 
+    /// Events queued and not yet sent.
+    pub fn queued_events(&self) -> usize {
+        self.events.queued()
+    }
+
     /// One round whose writes are then waited for: decisions, Bindings, their outcomes
     /// and Events, all done when it returns (tests and benchmarks; the production loop
     /// overlaps rounds and writes, see [`run`]; feature `bench-hooks`).

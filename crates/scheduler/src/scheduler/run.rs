@@ -129,9 +129,12 @@ impl<A: ClusterApi> Scheduler<A> {
         let now = tokio::time::Instant::now().into_std();
         match tokio::time::timeout(config.drain, self.drain_writes(now)).await {
             Ok(report) => observe(&report, Duration::ZERO),
+            // Bindings go first, then the Events a burst left queued (tens of thousands
+            // after 40,000 pods), then the queues' statuses: say which were cut short.
             Err(_) => warn!(
-                in_flight = self.in_flight(),
-                "shutting down with Bindings still in flight"
+                bindings_in_flight = self.in_flight(),
+                events_unsent = self.queued_events(),
+                "shutting down before every write was sent: the rest are dropped"
             ),
         }
         let now = tokio::time::Instant::now().into_std();
