@@ -25,6 +25,9 @@
 # Both write every pod's life (OUT/live/pods.csv, OUT/sim*/pods.csv) and set them side by
 #   side pod by pod (scripts/replay-pods.py, OUT/pods.md).
 # NODES: the node list to sample 500 nodes from (the openb 8-GPU nodes, say).
+# TWINS_ONLY=1 (kube, with KUBE_LOG): no live run; the twins of the one already in OUT
+#   (OUT/live.json and that run's kube-scheduler log) are made again, as after a change to
+#   the simulator. scripts/replay-runs.py sets several runs of a seed against all their twins.
 set -euo pipefail
 which=${1:?gpuplace or kube}
 seed=${2:?seed}
@@ -77,6 +80,9 @@ case $which in
     ;;
   *) echo "gpuplace or kube, not $which" >&2; exit 2 ;;
 esac
+if [[ -n ${TWINS_ONLY:-} ]]; then
+  [[ $which == kube && -n ${KUBE_LOG:-} && -s $out/live.json ]] || { echo "TWINS_ONLY needs kube, KUBE_LOG and $out/live.json" >&2; exit 2; }
+else
 started=$(date +%s)
 $G replay --fake-nodes "${common[@]}" "${extra[@]}" --seed "$seed" --speed "$speed" \
   --scheduler-name "$name" --scheduler-pid "$pid" --out "$out/live" --json > "$out/live.json" 2> "$out/replay.err"
@@ -90,6 +96,7 @@ if [[ $which == kube ]]; then
   curl -sk --cert "$k/crt" --key "$k/key" https://127.0.0.1:10259/metrics |
     grep -E '^scheduler_(schedule_attempts_total|queue_incoming_pods_total|scheduling_attempt_duration_seconds_(sum|count)|scheduling_algorithm_duration_seconds_(sum|count))|^process_cpu_seconds_total' > "$out/kube-scheduler-attempts.txt" || true
   rm -rf "$k"
+fi
 fi
 if [[ $which == kube && -n ${KUBE_LOG:-} && -z ${ATTEMPT_MS:-} ]]; then
   # The clock started when the first pod after the warm start was tried (its pods are
