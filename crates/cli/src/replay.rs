@@ -14,6 +14,7 @@ use gpuplace_replay::clean;
 use gpuplace_replay::driver::{self, DriverConfig, Progress};
 use gpuplace_replay::kube_api::KubeReplayApi;
 use gpuplace_replay::objects::{self, PodTemplate};
+use gpuplace_replay::pod_base::PodBase;
 use gpuplace_replay::{Object, Plan, ReplayApi};
 use gpuplace_sim::timeline::{DurationModel, Timeline, TimelineOptions};
 use gpuplace_sim::{builtin_workload, load_workload};
@@ -92,6 +93,11 @@ pub struct ReplayArgs {
     /// renews them; 0 to 30, 0: none, for a cluster without a node lifecycle controller).
     #[arg(long, default_value_t = 20.0)]
     pub(crate) node_heartbeat: f64,
+    /// A Pod (YAML or JSON) every replay pod is made from: the tolerations, node selector,
+    /// affinity, image, pull secrets or labels the cluster's own GPU pods need. The replay
+    /// sets the name, namespace, scheduler, node and the container's resources itself.
+    #[arg(long)]
+    pub(crate) pod_template: Option<PathBuf>,
     /// Creations and deletions in flight at once (1 to 256).
     #[arg(long, default_value_t = 32)]
     pub(crate) in_flight: usize,
@@ -164,11 +170,26 @@ impl ReplayArgs {
             },
             None => None,
         };
+        let base = match &self.pod_template {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("cannot read the pod template {}", path.display()))?;
+                PodBase::parse(&text)
+                    .with_context(|| format!("--pod-template {}", path.display()))?
+            }
+            None => PodBase::default(),
+        };
+        if let (Some(class), Some(_)) = (base.priority_class(), &priority_classes) {
+            bail!(
+                "the pod template sets priorityClassName {class} and --priority-classes gives each pod its own: drop one"
+            );
+        }
         Ok(PodTemplate {
             run: run.to_string(),
             namespace: self.namespace.clone(),
             scheduler_name: self.scheduler_name.clone(),
             priority_classes,
+            base,
         })
     }
 }

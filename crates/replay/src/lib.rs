@@ -6,7 +6,8 @@
 //! - [`plan`]: what to create when (pure): the timeline's arrivals for one seed, each pod's
 //!   name, run time, queue and gang;
 //! - [`objects`]: the Kubernetes objects of a plan (fake Nodes, Pods, Queues, PodGroups),
-//!   every one labelled [`MANAGED_BY`];
+//!   every one labelled [`MANAGED_BY`]; [`pod_base`] the cluster's own pod template
+//!   (`--pod-template`) they are made from;
 //! - [`api`]: the one boundary to the API server ([`ReplayApi`]), [`kube_api`] its kube-rs
 //!   adapter (the in-memory one is the test kit's);
 //! - [`driver`]: the clock: creates pods at their arrivals, deletes them when their run ends,
@@ -23,6 +24,7 @@ pub mod kube_api;
 pub mod labels;
 pub mod objects;
 pub mod plan;
+pub mod pod_base;
 
 pub use api::{ApiError, Kind, Object, PodSeen, PodState, ReplayApi};
 pub use driver::{DriverConfig, Progress, ReplayError, ReplayOutcome};

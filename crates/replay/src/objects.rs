@@ -17,11 +17,11 @@ use serde_json::json;
 
 use crate::labels::{MANAGED_BY, MANAGED_BY_VALUE, RUN_LABEL};
 use crate::plan::PlannedPod;
+use crate::pod_base::PodBase;
 
 /// The label that marks a replay's fake nodes.
 pub const FAKE_NODE_LABEL: &str = "gpuplace.io/replay-fake-node";
-/// The pod label of a replay pod's planned name (a controller's new pod keeps it).
-pub const PLANNED_LABEL: &str = "gpuplace.io/replay-pod";
+pub use crate::labels::PLANNED_LABEL;
 /// The most pods a fake node takes (the kubelet's `maxPods` is 110 by default; trace nodes
 /// run more small pods than that).
 const FAKE_NODE_PODS: u32 = 250;
@@ -111,6 +111,8 @@ pub struct PodTemplate {
     pub scheduler_name: String,
     /// The PriorityClass of each trace priority (0, 1, 2), when given.
     pub priority_classes: Option<[String; 3]>,
+    /// The cluster's own pod template (tolerations, node selector, image...), if any.
+    pub base: PodBase,
 }
 
 /// The pod of `planned` (named `name`: a controller's new pod has its own) asking
@@ -145,23 +147,26 @@ pub fn pod(
             json!(request.allowed_models.join(",")),
         );
     }
-    let mut spec = json!({
-        "schedulerName": template.scheduler_name,
-        "restartPolicy": "Never",
-        "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.9",
+    let mut spec = serde_json::Map::new();
+    spec.insert("schedulerName".into(), json!(template.scheduler_name));
+    spec.insert("restartPolicy".into(), json!("Never"));
+    spec.insert(
+        "containers".into(),
+        json!([{"name": "main", "image": "registry.k8s.io/pause:3.9",
             "resources": {"requests": {"cpu": format!("{}m", request.cpu_milli),
-                "memory": format!("{}Mi", request.memory_mib)}, "limits": limits}}]
-    });
+                "memory": format!("{}Mi", request.memory_mib)}, "limits": limits}}]),
+    );
     if let Some(classes) = &template.priority_classes {
         let class = &classes[planned.priority.clamp(0, 2) as usize];
-        spec["priorityClassName"] = json!(class);
+        spec.insert("priorityClassName".into(), json!(class));
     }
-    serde_json::from_value(json!({
-        "metadata": {"name": name, "namespace": template.namespace, "labels": labels,
-            "annotations": annotations},
-        "spec": spec,
-    }))
-    .map_err(|e| ObjectError::Build(format!("pod {name}: {e}")))
+    let mut metadata = serde_json::Map::new();
+    metadata.insert("name".into(), json!(name));
+    metadata.insert("namespace".into(), json!(template.namespace));
+    metadata.insert("labels".into(), json!(labels));
+    metadata.insert("annotations".into(), json!(annotations));
+    serde_json::from_value(template.base.fill(metadata, spec))
+        .map_err(|e| ObjectError::Build(format!("pod {name}: {e}")))
 }
 
 /// The PodGroup of a gang: every member must fit at once.
@@ -278,6 +283,7 @@ mod tests {
             namespace: "default".into(),
             scheduler_name: "gpuplace".into(),
             priority_classes: Some(["be".into(), "burst".into(), "ls".into()]),
+            base: PodBase::default(),
         };
         let whole = pod(&template, &planned(), "rp1-000001-0", &request(2, 1000)).expect("pod");
         let spec = whole.spec.expect("spec");
@@ -300,6 +306,37 @@ mod tests {
             .expect("limits");
         assert_eq!(limits[SHARE_RESOURCE].0, "300");
         assert!(!limits.contains_key(GPU_RESOURCE));
+    }
+
+    #[test]
+    fn pods_are_made_from_the_clusters_template() {
+        let base = PodBase::parse(
+            "metadata: {labels: {team: ml}}\nspec:\n  tolerations: [{key: nvidia.com/gpu, operator: Exists}]\n  containers: [{name: app, image: mirror.local/pause:3.9}]\n",
+        )
+        .expect("template");
+        let template = PodTemplate {
+            run: "rp1-x".into(),
+            namespace: "ml".into(),
+            scheduler_name: "default-scheduler".into(),
+            priority_classes: None,
+            base,
+        };
+        let made = pod(&template, &planned(), "rp1-000001-0", &request(2, 1000)).expect("pod");
+        assert_eq!(made.metadata.namespace.as_deref(), Some("ml"));
+        let labels = made.metadata.labels.expect("labels");
+        assert_eq!(labels["team"], "ml");
+        assert_eq!(labels[RUN_LABEL], "rp1-x");
+        assert_eq!(labels["gpuplace.io/queue"], "team-a");
+        let spec = made.spec.expect("spec");
+        assert_eq!(spec.scheduler_name.as_deref(), Some("default-scheduler"));
+        assert_eq!(spec.tolerations.map(|t| t.len()), Some(1));
+        let c = &spec.containers[0];
+        assert_eq!(
+            (c.name.as_str(), c.image.as_deref()),
+            ("app", Some("mirror.local/pause:3.9"))
+        );
+        let limits = c.resources.as_ref().and_then(|r| r.limits.clone());
+        assert_eq!(limits.expect("limits")[GPU_RESOURCE].0, "2");
     }
 
     #[test]

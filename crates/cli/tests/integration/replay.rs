@@ -37,6 +37,17 @@ fn bad_inputs_are_refused_before_the_cluster_is_touched() {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = nowhere(dir.path());
     let k = kubeconfig.to_str().unwrap();
+    let owned = dir.path().join("owned.yaml");
+    std::fs::write(&owned, "spec:\n  nodeName: gpu-1\n").unwrap();
+    let classed = dir.path().join("classed.yaml");
+    std::fs::write(&classed, "spec:\n  priorityClassName: high\n").unwrap();
+    let deployment = dir.path().join("deployment.yaml");
+    std::fs::write(&deployment, "kind: Deployment\n").unwrap();
+    let (owned, classed, deployment) = (
+        owned.to_str().unwrap(),
+        classed.to_str().unwrap(),
+        deployment.to_str().unwrap(),
+    );
     for (args, says) in [
         (vec!["--speed", "0"], "--speed must be above 0"),
         (vec!["--speed", "-3"], "--speed must be above 0"),
@@ -62,6 +73,22 @@ fn bad_inputs_are_refused_before_the_cluster_is_touched() {
         (
             vec!["--tenants", "/nonexistent/t.yaml"],
             "cannot read the tenants file",
+        ),
+        (
+            vec!["--pod-template", "/nonexistent/pod.yaml"],
+            "cannot read the pod template /nonexistent/pod.yaml",
+        ),
+        (
+            vec!["--pod-template", owned],
+            "sets spec.nodeName, which the replay sets itself",
+        ),
+        (
+            vec!["--pod-template", deployment],
+            "is not a Pod: its kind is \"Deployment\"",
+        ),
+        (
+            vec!["--pod-template", classed, "--priority-classes", "a,b,c"],
+            "priorityClassName high and --priority-classes",
         ),
     ] {
         let mut all = args.clone();

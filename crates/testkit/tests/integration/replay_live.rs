@@ -12,6 +12,7 @@ use gpuplace_model::NodeInventory;
 use gpuplace_replay::clean;
 use gpuplace_replay::driver::{self, DriverConfig, ReplayError};
 use gpuplace_replay::objects::PodTemplate;
+use gpuplace_replay::pod_base::PodBase;
 use gpuplace_replay::{Kind, Plan, ReplayApi};
 use gpuplace_scheduler::{Scheduler, SchedulerConfig};
 use gpuplace_sim::builtin_workload;
@@ -57,6 +58,7 @@ fn config(speed: f64) -> DriverConfig {
             namespace: NAMESPACE.into(),
             scheduler_name: "gpuplace".into(),
             priority_classes: None,
+            base: PodBase::default(),
         },
         in_flight: 8,
         watch_patience: Duration::from_secs(2),
