@@ -91,6 +91,10 @@ impl PodBase {
         for (field, why) in [
             ("nodeName", "the scheduler places the pods"),
             ("schedulerName", "give --scheduler-name"),
+            (
+                "priority",
+                "admission sets it from priorityClassName, and refuses a pod that sets it",
+            ),
         ] {
             if self.spec(field).is_some() {
                 return owned(&format!("spec.{field}"), why);
