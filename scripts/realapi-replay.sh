@@ -83,20 +83,20 @@ esac
 if [[ -n ${TWINS_ONLY:-} ]]; then
   [[ $which == kube && -n ${KUBE_LOG:-} && -s $out/live.json ]] || { echo "TWINS_ONLY needs kube, KUBE_LOG and $out/live.json" >&2; exit 2; }
 else
-started=$(date +%s)
-$G replay --fake-nodes "${common[@]}" "${extra[@]}" --seed "$seed" --speed "$speed" \
-  --scheduler-name "$name" --scheduler-pid "$pid" --out "$out/live" --json > "$out/live.json" 2> "$out/replay.err"
-echo "$which seed $seed speed $speed: live run $(( $(date +%s) - started )) s"
-if [[ $which == kube ]]; then
-  # kube-scheduler's own attempt counters (since it started: start it fresh for one run),
-  # beside the twin's failed_attempts.
-  k=$(mktemp -d)
-  kubectl config view --raw -o jsonpath='{.users[0].user.client-certificate-data}' | base64 -d > "$k/crt"
-  kubectl config view --raw -o jsonpath='{.users[0].user.client-key-data}' | base64 -d > "$k/key"
-  curl -sk --cert "$k/crt" --key "$k/key" https://127.0.0.1:10259/metrics |
-    grep -E '^scheduler_(schedule_attempts_total|queue_incoming_pods_total|scheduling_attempt_duration_seconds_(sum|count)|scheduling_algorithm_duration_seconds_(sum|count))|^process_cpu_seconds_total' > "$out/kube-scheduler-attempts.txt" || true
-  rm -rf "$k"
-fi
+  started=$(date +%s)
+  $G replay --fake-nodes "${common[@]}" "${extra[@]}" --seed "$seed" --speed "$speed" \
+    --scheduler-name "$name" --scheduler-pid "$pid" --out "$out/live" --json > "$out/live.json" 2> "$out/replay.err"
+  echo "$which seed $seed speed $speed: live run $(( $(date +%s) - started )) s"
+  if [[ $which == kube ]]; then
+    # kube-scheduler's own attempt counters (since it started: start it fresh for one run),
+    # beside the twin's failed_attempts.
+    k=$(mktemp -d)
+    kubectl config view --raw -o jsonpath='{.users[0].user.client-certificate-data}' | base64 -d > "$k/crt"
+    kubectl config view --raw -o jsonpath='{.users[0].user.client-key-data}' | base64 -d > "$k/key"
+    curl -sk --cert "$k/crt" --key "$k/key" https://127.0.0.1:10259/metrics |
+      grep -E '^scheduler_(schedule_attempts_total|queue_incoming_pods_total|scheduling_attempt_duration_seconds_(sum|count)|scheduling_algorithm_duration_seconds_(sum|count))|^process_cpu_seconds_total' > "$out/kube-scheduler-attempts.txt" || true
+    rm -rf "$k"
+  fi
 fi
 if [[ $which == kube && -n ${KUBE_LOG:-} && -z ${ATTEMPT_MS:-} ]]; then
   # The clock started when the first pod after the warm start was tried (its pods are
