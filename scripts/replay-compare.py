@@ -25,6 +25,10 @@ def first(path):
     return s, s["policies"][0]
 
 
+def close_pct(a, b):
+    return abs(a - b) <= 1.0
+
+
 def close_wait(a, b):
     return abs(a - b) <= max(30.0, 0.2 * max(abs(a), abs(b)))
 
@@ -62,7 +66,7 @@ def main():
 
     for key, name in (("allocation_pct", "allocation %"), ("fragmentation_pct", "fragmentation %")):
         row(name, a[key]["mean"], [d[key]["mean"] for d in draws],
-            lambda x, y: abs(x - y) <= 1.0, "{:.2f}", gating=key == "allocation_pct")
+            close_pct, "{:.2f}", gating=key == "allocation_pct")
     classes = set(a["wait_s"])
     for d in draws:
         classes |= set(d["wait_s"])
