@@ -22,9 +22,11 @@ pub struct ExtenderArgs {
     #[arg(long, env = "KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
     /// Serve the extender verbs (POST /filter, /prioritize, /bind) here; also /metrics,
-    /// /healthz and /readyz unless --metrics-addr is given (/metrics only on loopback). Beside kube-scheduler in one
-    /// pod, keep it on 127.0.0.1 so nothing else can ask for a bind.
-    #[arg(long, env = "GPUPLACE_LISTEN", default_value = "127.0.0.1:8888")]
+    /// /healthz and /readyz unless --metrics-addr is given. A loopback address only:
+    /// kube-scheduler calls its extender in the same pod, and whoever reaches this address
+    /// could make the extender post Bindings with its ServiceAccount (kube-scheduler's
+    /// extender client sends no credential that could be reviewed).
+    #[arg(long, env = "GPUPLACE_LISTEN", default_value = "127.0.0.1:8888", value_parser = loopback_addr)]
     listen: SocketAddr,
     /// Serve /metrics, /healthz and /readyz on their own address (not loopback: over TLS,
     /// callers need a bearer token allowed `get` on /metrics).
@@ -140,18 +142,8 @@ async fn serve(args: ExtenderArgs, config: ExtenderConfig) -> anyhow::Result<()>
             ));
             None
         }
-        // On the extender's own address (plain HTTP, for kube-scheduler): the metrics only
-        // when it is loopback; the probes always.
-        None if gpuplace_scheduler::access::may_serve_open(&args.listen) => {
-            Some(crate::ops::router(registry, probes))
-        }
-        None => {
-            tracing::warn!(
-                listen = %args.listen,
-                "metrics not served: the extender's address is not loopback; set --metrics-addr to serve them over TLS"
-            );
-            Some(crate::ops::probes_router(probes))
-        }
+        // On the extender's own address (plain HTTP on loopback, for kube-scheduler).
+        None => Some(crate::ops::router(registry, probes)),
     };
     let served = app::ServedExtender {
         metrics,
@@ -166,4 +158,20 @@ async fn serve(args: ExtenderArgs, config: ExtenderConfig) -> anyhow::Result<()>
     info!(listen = %args.listen, "extender starting");
     let shutdown = crate::signals::shutdown();
     Ok(app::serve_extender(client, config, options, listener, served, shutdown).await?)
+}
+
+/// `--listen`: a socket address on loopback, or the reason it is refused.
+fn loopback_addr(value: &str) -> Result<SocketAddr, String> {
+    let addr: SocketAddr = value
+        .parse()
+        .map_err(|e| format!("{value:?} is not an address and port: {e}"))?;
+    if gpuplace_scheduler::access::may_serve_open(&addr) {
+        Ok(addr)
+    } else {
+        Err(format!(
+            "{addr} is not a loopback address: the extender serves /bind without authentication \
+             (kube-scheduler sends it no credential), so anyone reaching it could make it post \
+             Bindings; run it beside kube-scheduler on 127.0.0.1 (deploy/base/extender)"
+        ))
+    }
 }

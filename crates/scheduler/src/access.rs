@@ -9,12 +9,14 @@
 //!   server a review per token and path every 10 s, not per request;
 //! - [`guard`]: the HTTP middleware (401 without a valid token, 403 without the right) and
 //!   the namespaces a map viewer may see pods of;
-//! - [`tls`]: the certificate (files, re-read when they change, or self-signed at start)
-//!   and a listener that handshakes off the accept loop.
+//! - [`tls`]: the certificate (files, re-read when they change, or self-signed at start);
+//! - [`listener`]: the connection loop, bounded in handshakes, header time and size, and
+//!   connections, so that idle or slow callers cannot keep `/healthz` from answering.
 
 pub mod cache;
 pub mod guard;
 pub mod kube_reviews;
+pub mod listener;
 pub mod review;
 pub mod tls;
 
@@ -53,18 +55,19 @@ pub fn guarded<R: Reviews>(router: Router, guard: Guard<R>) -> Router {
     ))
 }
 
-/// Serves `app` on `listener` as `exposure` says, until the task is dropped or the
-/// server fails.
+/// Serves `app` on `listener` as `exposure` says, within [`listener::Limits`], until the
+/// task is dropped.
 pub async fn serve<R: Reviews>(
     listener: TcpListener,
     app: Router,
     exposure: Exposure<R>,
 ) -> std::io::Result<()> {
+    let limits = listener::Limits::default();
     match exposure {
-        Exposure::Open => axum::serve(listener, app).await,
+        Exposure::Open => listener::serve(listener, app, None, limits).await,
         Exposure::Guarded { tls, guard } => {
-            let listener = tls::TlsListener::new(listener, tls)?;
-            axum::serve(listener, guarded(app, guard)).await
+            let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+            listener::serve(listener, guarded(app, guard), Some(acceptor), limits).await
         }
     }
 }

@@ -127,6 +127,13 @@ impl<R: Reviews> Guard<R> {
 
     /// The user behind `token` allowed `access`, or the response refusing it.
     async fn admit(&self, token: &str, access: &Access, path: &str) -> Result<User, Response> {
+        if token.len() > super::cache::MAX_TOKEN_BYTES {
+            let line = format!(
+                "Unauthorized: the token is longer than {} KiB, the most this server reviews",
+                super::cache::MAX_TOKEN_BYTES / 1024
+            );
+            return Err(self.refuse(path, StatusCode::UNAUTHORIZED, line));
+        }
         let user = match self.reviews.authenticate(token).await {
             Ok(Some(user)) => user,
             Ok(None) => {

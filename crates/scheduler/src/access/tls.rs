@@ -1,10 +1,8 @@
 //! TLS for the guarded surfaces: the certificate and key from PEM files (a Secret mounted
 //! as files; re-read within 10 s of a change, as cert-manager rotates them, the old pair
 //! kept if the new one does not load) or, without files, a self-signed pair made at start
-//! (as kube-scheduler does); and a listener whose handshakes run beside its accept loop, so
-//! a client that never finishes its handshake holds up no one (10 s each at most).
+//! (as kube-scheduler does). The connections themselves: [`super::listener`].
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -14,18 +12,10 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
-use tokio_rustls::TlsAcceptor;
-use tokio_rustls::server::TlsStream;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 /// How often the certificate files are looked at for a change.
 const RELOAD_EVERY: Duration = Duration::from_secs(10);
-/// The longest a client may take over its handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Handshakes in progress at once; past it new connections wait to be accepted.
-const HANDSHAKES_AT_ONCE: usize = 64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -191,85 +181,4 @@ pub fn server_config(source: &CertSource) -> Result<Arc<rustls::ServerConfig>, T
     };
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(config))
-}
-
-/// A TCP listener that hands out connections once their TLS handshake is done.
-pub struct TlsListener {
-    ready: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
-    local: SocketAddr,
-    accepting: tokio::task::JoinHandle<()>,
-}
-
-impl TlsListener {
-    pub fn new(listener: TcpListener, config: Arc<rustls::ServerConfig>) -> std::io::Result<Self> {
-        let local = listener.local_addr()?;
-        let (tx, ready) = mpsc::channel(HANDSHAKES_AT_ONCE);
-        let acceptor = TlsAcceptor::from(config);
-        let accepting = tokio::spawn(accept_loop(listener, acceptor, tx));
-        Ok(TlsListener {
-            ready,
-            local,
-            accepting,
-        })
-    }
-}
-
-impl Drop for TlsListener {
-    fn drop(&mut self) {
-        self.accepting.abort();
-    }
-}
-
-async fn accept_loop(
-    listener: TcpListener,
-    acceptor: TlsAcceptor,
-    ready: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
-) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(HANDSHAKES_AT_ONCE));
-    loop {
-        let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
-            return;
-        };
-        let (tcp, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(e) => {
-                // EMFILE and friends: wait as axum's own accept loop does.
-                debug!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
-            }
-        };
-        let _ = tcp.set_nodelay(true);
-        if ready.is_closed() {
-            return;
-        }
-        let (acceptor, ready) = (acceptor.clone(), ready.clone());
-        tokio::spawn(async move {
-            let _permit = permit;
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(tls)) => {
-                    let _ = ready.send((tls, peer)).await;
-                }
-                Ok(Err(e)) => debug!(%peer, error = %e, "TLS handshake failed"),
-                Err(_) => debug!(%peer, "TLS handshake timed out"),
-            }
-        });
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.ready.recv().await {
-            Some(connection) => connection,
-            // The accept loop ended (the listener is being dropped): nothing more comes.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local)
-    }
 }
