@@ -233,7 +233,7 @@ pub struct Scheduler<A: ClusterApi> {
     /// Gangs between rounds: waiting since, Bindings in flight, statuses written.
     gangs: gangs::Gangs,
     /// Object problems already logged: each is logged once while it lasts.
-    warned: HashSet<String>,
+    warned: HashSet<crate::snapshot::Warning>,
     /// Places planned for moved pods' replacements.
     steers: defrag::Steers,
     /// Preemptors (by UID) some of whose evictions or moves the server refused this

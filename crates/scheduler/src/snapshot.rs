@@ -100,7 +100,41 @@ pub struct Snapshot {
     /// Placed pods per priority: a preemptor with nothing below it needs no search.
     pub priorities: BTreeMap<i32, usize>,
     /// Problems found in objects (malformed annotations); nothing was lost because of them.
-    pub warnings: Vec<String>,
+    pub warnings: Vec<Warning>,
+}
+
+/// A problem found in an object. `namespace` is whose object it is (a pod's namespace;
+/// none for a node): the map shows it only to who may see that namespace's pods, by this
+/// field, never by reading the text.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub struct Warning {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    pub message: String,
+}
+
+impl Warning {
+    /// A warning about node `name`'s object.
+    pub fn node(message: String) -> Warning {
+        Warning {
+            namespace: None,
+            message,
+        }
+    }
+
+    /// A warning about `pod`: `pod NAMESPACE/NAME: what`.
+    pub fn pod(pod: &crate::api::PodKey, what: impl std::fmt::Display) -> Warning {
+        Warning {
+            namespace: Some(pod.namespace.clone()),
+            message: format!("pod {pod}: {what}"),
+        }
+    }
+}
+
+impl std::fmt::Display for Warning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
 }
 
 fn allocatable(node: &Node, name: &str) -> i128 {
@@ -132,7 +166,7 @@ pub fn replicas_of(node: &Node) -> u32 {
 /// every 10 s, does not show yet; 0 before the plugin registered), the last healthy GPUs
 /// beyond it get no capacity. Without a valid annotation: `count` plain GPUs named
 /// `<node>-gpu<i>` with the GFD product label as model.
-pub fn inventory_of(node: &Node, gpu_resource: &str) -> (NodeInventory, Option<String>) {
+pub fn inventory_of(node: &Node, gpu_resource: &str) -> (NodeInventory, Option<Warning>) {
     let name = node.metadata.name.clone().unwrap_or_default();
     let cpu_milli = u64::try_from(allocatable(node, "cpu")).unwrap_or(0);
     let memory_mib = (u64::try_from(allocatable(node, "memory")).unwrap_or(0) / 1000) >> 20;
@@ -151,10 +185,10 @@ pub fn inventory_of(node: &Node, gpu_resource: &str) -> (NodeInventory, Option<S
                 let healthy = inv.gpus.iter().filter(|g| g.healthy).count() as u32;
                 if count < healthy {
                     if count > 0 {
-                        warning = Some(format!(
+                        warning = Some(Warning::node(format!(
                             "node {name}: {INVENTORY_ANNOTATION} lists {healthy} healthy GPUs but {gpu_resource} allocatable is {count}; the last {} are not used until the kubelet counts them",
                             healthy - count
-                        ));
+                        )));
                     }
                     let mut keep = count;
                     for gpu in inv.gpus.iter_mut().filter(|g| g.healthy) {
@@ -172,9 +206,9 @@ pub fn inventory_of(node: &Node, gpu_resource: &str) -> (NodeInventory, Option<S
                 return (inv, warning);
             }
             Err(e) => {
-                warning = Some(format!(
+                warning = Some(Warning::node(format!(
                     "node {name}: {INVENTORY_ANNOTATION}: {e}; using the count"
-                ))
+                )))
             }
         }
     }
@@ -205,10 +239,10 @@ pub fn build(nodes: &[Arc<Node>], pods: &[Arc<PodInfo>], gpu_resource: &str) -> 
         let (inv, warning) = inventory_of(node, gpu_resource);
         warnings.extend(warning);
         if inv.name.is_empty() || !names.insert(inv.name.clone()) || inv.validate().is_err() {
-            warnings.push(format!(
+            warnings.push(Warning::node(format!(
                 "node {:?} skipped: no name, a duplicate, or an invalid inventory",
                 inv.name
-            ));
+            )));
             continue;
         }
         inventories.push(inv);
@@ -365,7 +399,7 @@ impl Snapshot {
             Ok(d) => d.clone(),
             Err(e) => {
                 self.warnings
-                    .push(format!("pod {pod_name}: {e}; not counted"));
+                    .push(Warning::pod(&pod.key, format_args!("{e}; not counted")));
                 return;
             }
         };
@@ -398,7 +432,7 @@ impl Snapshot {
         }
         self.scalars.take(n, &demand.extended);
         if let Err(e) = &pod.expected_end {
-            self.warnings.push(format!("pod {pod_name}: {e}"));
+            self.warnings.push(Warning::pod(&pod.key, e));
         }
         self.held.insert(
             uid,
@@ -415,7 +449,6 @@ impl Snapshot {
     /// node's record of what the kubelet gave the pod wins over the scheduler's plan. A
     /// record naming another node, or unreadable, is warned about and not used.
     fn recorded_gpus(&mut self, pod: &PodInfo, n: usize, milli: u32) -> Vec<(usize, u32)> {
-        let pod_name = &pod.key.name;
         let node_name = pod.node_name.as_deref().unwrap_or_default();
         let inventory = self.state.inventory(n);
         let mut gpus: Vec<(usize, u32)> = Vec::new();
@@ -434,11 +467,14 @@ impl Snapshot {
                 &mut gpus,
                 a.devices().iter().map(|d| d.id.as_str()).collect(),
             ),
-            Some(Ok(a)) => self.warnings.push(format!(
-                "pod {pod_name}: allocation names node {} but the pod is bound to {node_name}",
-                a.node
+            Some(Ok(a)) => self.warnings.push(Warning::pod(
+                &pod.key,
+                format_args!(
+                    "allocation names node {} but the pod is bound to {node_name}",
+                    a.node
+                ),
             )),
-            Some(Err(e)) => self.warnings.push(format!("pod {pod_name}: {e}")),
+            Some(Err(e)) => self.warnings.push(Warning::pod(&pod.key, e)),
             None => {}
         }
         if !gpus.is_empty() {
@@ -448,11 +484,14 @@ impl Snapshot {
             Some(Ok(a)) if a.node == node_name => {
                 hold(&mut gpus, a.devices().map(|d| d.id.as_str()).collect())
             }
-            Some(Ok(a)) => self.warnings.push(format!(
-                "pod {pod_name}: assignment names node {} but the pod is bound to {node_name}",
-                a.node
+            Some(Ok(a)) => self.warnings.push(Warning::pod(
+                &pod.key,
+                format_args!(
+                    "assignment names node {} but the pod is bound to {node_name}",
+                    a.node
+                ),
             )),
-            Some(Err(e)) => self.warnings.push(format!("pod {pod_name}: {e}")),
+            Some(Err(e)) => self.warnings.push(Warning::pod(&pod.key, e)),
             None => {}
         }
         gpus
@@ -500,7 +539,7 @@ mod tests {
         assert_eq!(healthy(&inv), vec![true, false, true, true]);
         // The kubelet counts fewer than the plugin: the last GPUs wait, the topology stays.
         let (inv, warning) = inventory_of(&node("2", &[true, true, true, true]), "nvidia.com/gpu");
-        assert!(warning.is_some_and(|w| w.contains("the last 2")));
+        assert!(warning.is_some_and(|w| w.message.contains("the last 2")));
         assert_eq!(inv.gpus[3].id, "GPU-3");
         assert_eq!(healthy(&inv), vec![true, true, false, false]);
         // No plugin registered yet: the GPUs are known, none takes a pod.

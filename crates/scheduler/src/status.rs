@@ -37,7 +37,7 @@ pub struct FleetStatus {
     /// The queues as their status says (the leader writes it).
     pub queues: Vec<queues::QueueLine>,
     /// Objects that could not be read (malformed annotations); nothing else was lost.
-    pub warnings: Vec<String>,
+    pub warnings: Vec<crate::snapshot::Warning>,
 }
 
 /// Fleet totals.

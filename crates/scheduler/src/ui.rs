@@ -227,7 +227,7 @@ struct FleetAnswer<'s> {
     pending: Vec<&'s PendingPod>,
     groups: Vec<&'s GroupStatus>,
     history: Vec<history::Point>,
-    warnings: Vec<&'s String>,
+    warnings: Vec<&'s crate::snapshot::Warning>,
     /// Absent when the map is served without sign-in (loopback).
     #[serde(skip_serializing_if = "Option::is_none")]
     viewer: Option<ViewerAnswer>,
@@ -250,7 +250,15 @@ fn namespaces(status: &FleetStatus) -> std::collections::BTreeSet<&str> {
         .map(|h| h.namespace.as_str());
     let pending = status.pending.iter().map(|p| p.namespace.as_str());
     let groups = status.groups.iter().map(|g| g.namespace.as_str());
-    holders.chain(pending).chain(groups).collect()
+    let warnings = status
+        .warnings
+        .iter()
+        .filter_map(|w| w.namespace.as_deref());
+    holders
+        .chain(pending)
+        .chain(groups)
+        .chain(warnings)
+        .collect()
 }
 
 /// What `viewer` may see of `status` (all of it when the map is not guarded).
@@ -261,15 +269,13 @@ async fn visible(viewer: Option<&Viewer>, status: &FleetStatus) -> Visible {
     }
 }
 
-/// A warning about a pod (`pod ns/name: ...`) is shown only to who sees its namespace.
-fn warning_visible(warning: &str, visible: &Visible) -> bool {
-    match warning
-        .strip_prefix("pod ")
-        .and_then(|rest| rest.split_once('/'))
-    {
-        Some((namespace, _)) => visible.sees(namespace),
-        None => true,
-    }
+/// A warning about a namespace's object is shown only to who sees that namespace (by its
+/// field, not its text); one about a node, to every viewer.
+fn warning_visible(warning: &crate::snapshot::Warning, visible: &Visible) -> bool {
+    warning
+        .namespace
+        .as_deref()
+        .is_none_or(|namespace| visible.sees(namespace))
 }
 
 async fn fleet<A: ClusterApi>(

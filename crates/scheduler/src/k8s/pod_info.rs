@@ -36,6 +36,18 @@ impl PodKey {
             uid: pod.metadata.uid.clone().unwrap_or_default(),
         }
     }
+
+    /// The pod as a message read in `namespace` may name it: `namespace/name` there, and
+    /// no name at all for a reader of another namespace (who may not list this pod's).
+    /// Every text that reaches the API or the map about a pod of another namespace goes
+    /// through here (or counts pods), so no message leaks a name across namespaces.
+    pub fn shown_to(&self, namespace: &str) -> String {
+        if self.namespace == namespace {
+            self.to_string()
+        } else {
+            "a pod of another namespace".to_string()
+        }
+    }
 }
 
 impl std::fmt::Display for PodKey {

@@ -22,7 +22,7 @@ use gpuplace_core::defrag::{self, Limits, ROOM_RETRY};
 
 use super::defrag::{Eligibility, MovableSet, movable_set};
 use super::moves::{Moves, PlannedMove, planned_moves};
-use super::preempt::victim_list;
+use super::preempt::victims_named_for;
 use super::room_shape::RoomShape;
 use super::round_state::RoundState;
 use super::{RoundReport, Scheduler};
@@ -69,13 +69,14 @@ impl Made {
         }
     }
 
-    /// The part of the failure message that says what defragmentation did.
-    pub(super) fn message(&self) -> Option<String> {
+    /// The part of the failure message, for a pod of `namespace`, that says what
+    /// defragmentation did (the pods moved counted, never named).
+    pub(super) fn message(&self, namespace: &str) -> Option<String> {
         match self {
             Made::Moving { node, moved } => Some(format!(
                 "defragmentation: moving {} pod(s) to make room on node {node}: {}.",
                 moved.len(),
-                victim_list(moved)
+                victims_named_for(moved, namespace)
             )),
             Made::Blocked(why) | Made::Stopped(why) => Some(format!("defragmentation: {why}.")),
             Made::Nothing => None,
@@ -173,9 +174,9 @@ impl<A: ClusterApi> Scheduler<A> {
                     Err(made) => return refused.map_or(made, Made::Blocked),
                 },
             };
-            let why = format!("Moved to make room for {}", pod.key);
+            let why = "Moved to make room for";
             let moved = match self
-                .start_moves(Some(&pod.key), &why, &planned.moves, Some(&mut *snapshot))
+                .start_moves(Some(&pod.key), why, &planned.moves, Some(&mut *snapshot))
                 .await
             {
                 Moves::Done(moved) if !moved.is_empty() => moved,
@@ -332,7 +333,7 @@ impl<A: ClusterApi> Scheduler<A> {
             format!(
                 "Moving {} pod(s) to make room on node {node}: {}",
                 moved.len(),
-                victim_list(&moved)
+                victims_named_for(&moved, &pod.key.namespace)
             ),
         );
         tracing::info!(pod = %pod.key, %node, moved = moved.len(), "making room");
@@ -470,9 +471,9 @@ impl<A: ClusterApi> Scheduler<A> {
             first,
         } = planned;
         let first = &members[first].0.key;
-        let why = format!("Moved to make room for the gang of {first}");
+        let why = "Moved to make room for the gang of";
         let moved = match self
-            .start_moves(Some(first), &why, &moves, Some(&mut *snapshot))
+            .start_moves(Some(first), why, &moves, Some(&mut *snapshot))
             .await
         {
             Moves::Done(moved) if !moved.is_empty() => moved,
@@ -483,13 +484,19 @@ impl<A: ClusterApi> Scheduler<A> {
                 for (pod, _) in members {
                     self.unfinished.insert(pod.key.uid.clone());
                 }
-                return Some(super::post_filter::Outcome::Unfinished(why));
+                return Some(super::post_filter::Outcome::Unfinished {
+                    by: "defragmentation",
+                    why,
+                });
             }
             Moves::Stopped(why) => {
                 for (pod, _) in members {
                     self.unfinished.insert(pod.key.uid.clone());
                 }
-                return Some(super::post_filter::Outcome::Unfinished(why));
+                return Some(super::post_filter::Outcome::Unfinished {
+                    by: "defragmentation",
+                    why,
+                });
             }
         };
         report.made_room += moved.len();

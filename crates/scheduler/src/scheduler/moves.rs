@@ -37,7 +37,7 @@ impl<A: ClusterApi> Scheduler<A> {
                             pod: m.pod.key.clone(),
                             why: format!(
                                 "moving {} would be refused ({e}); no pod was moved",
-                                m.pod.key
+                                shown(for_pod, &m.pod.key)
                             ),
                         };
                     }
@@ -47,6 +47,24 @@ impl<A: ClusterApi> Scheduler<A> {
         let mut moved = Vec::new();
         for m in moves {
             let key = &m.pod.key;
+            // Looked at before every move: a replica whose lease lapsed mid-plan moves no
+            // more (the new leader plans from what the cluster then shows).
+            if !self.gate.is_open() {
+                tracing::info!(
+                    moved = moved.len(),
+                    of = moves.len(),
+                    "lease lost mid-plan; no more moves"
+                );
+                if let Some(p) = for_pod {
+                    self.unfinished.insert(p.uid.clone());
+                    return Moves::Stopped(format!(
+                        "the plan stopped after moving {} of {} pod(s): this scheduler lost its lease",
+                        moved.len(),
+                        moves.len()
+                    ));
+                }
+                break;
+            }
             match self.api.evict_to_move(key, false).await {
                 Ok(()) | Err(ApiError::NotFound(_)) => {}
                 Err(e) => {
@@ -60,9 +78,10 @@ impl<A: ClusterApi> Scheduler<A> {
                         self.unfinished.insert(p.uid.clone());
                     }
                     return Moves::Stopped(format!(
-                        "the plan stopped after moving {} of {} pod(s): moving {key} was refused ({e}); the moved pods' replacements keep their planned places, the pod is not nominated and is tried again",
+                        "the plan stopped after moving {} of {} pod(s): moving {} was refused ({e}); the moved pods' replacements keep their planned places, the pod is not nominated and is tried again",
                         moved.len(),
-                        moves.len()
+                        moves.len(),
+                        shown(for_pod, key)
                     ));
                 }
             }
@@ -73,7 +92,16 @@ impl<A: ClusterApi> Scheduler<A> {
                 key,
                 "Normal",
                 "Moved",
-                format!("{why} (from node {} to node {})", m.from, m.to),
+                match for_pod {
+                    // "Moved to make room for" whom, as the moved pod's namespace may see it.
+                    Some(p) => format!(
+                        "{why} {} (from node {} to node {})",
+                        p.shown_to(&key.namespace),
+                        m.from,
+                        m.to
+                    ),
+                    None => format!("{why} (from node {} to node {})", m.from, m.to),
+                },
             );
             let steer = Steer {
                 moved: key.clone(),
@@ -156,4 +184,12 @@ pub(super) struct PlannedMove {
     pub to: String,
     pub request: gpuplace_model::Request,
     pub gpus: Vec<(String, u32)>,
+}
+
+/// `pod` as a message about `for_pod` may name it (a rebalance's messages go to no pod).
+fn shown(for_pod: Option<&PodKey>, pod: &PodKey) -> String {
+    match for_pod {
+        Some(reader) => pod.shown_to(&reader.namespace),
+        None => pod.to_string(),
+    }
 }

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use gpuplace_core::cycle::Found;
 use gpuplace_core::preempt;
 
-use super::preempt::{candidates, no_victims, victim_list, waiting_for_victims};
+use super::preempt::{candidates, no_victims, victims_named_for, waiting_for_victims};
 use super::round_state::RoundState;
 use super::{RoundReport, Scheduler};
 use crate::api::{ClusterApi, ClusterView, PodKey};
@@ -46,8 +46,9 @@ pub(super) enum Outcome {
     Nominated { node: String, victims: Vec<PodKey> },
     /// Pods that opted in are moving out of the way (a gang's make-room); nominated.
     Moving { node: String, moved: Vec<PodKey> },
-    /// A gang's make-room plan could not be carried out whole: why (nothing nominated).
-    Unfinished(String),
+    /// A gang's plan (`by` preemption or defragmentation) could not be carried out
+    /// whole: why (nothing nominated).
+    Unfinished { by: &'static str, why: String },
     /// Pods of queues above their guarantee evicted for the pod's queue; nominated.
     Reclaimed {
         node: String,
@@ -81,12 +82,16 @@ impl Outcome {
                 "make-room under way: {} pod(s) moving off node(s) {node}",
                 moved.len()
             ),
-            Outcome::Unfinished(why) => format!("a make-room plan, not carried out: {why}"),
+            Outcome::Unfinished { by, why } => match *by {
+                "preemption" => format!("a preemption plan, not carried out whole: {why}"),
+                _ => format!("a make-room plan, not carried out: {why}"),
+            },
         })
     }
 
-    /// The failure message with preemption's part, in kube-scheduler's form.
-    pub(super) fn message(&self, failure: &str, nodes: usize) -> String {
+    /// The failure message with preemption's part, in kube-scheduler's form, for a pod of
+    /// `namespace`: the pods evicted or moved are counted, never named.
+    pub(super) fn message(&self, failure: &str, nodes: usize, namespace: &str) -> String {
         match self {
             Outcome::NotTried => failure.to_string(),
             Outcome::Never => {
@@ -101,7 +106,7 @@ impl Outcome {
             Outcome::Nominated { node, victims } => format!(
                 "{failure} preemption: nominated node {node}; preempting {} pod(s) of lower priority: {}.",
                 victims.len(),
-                victim_list(victims)
+                victims_named_for(victims, namespace)
             ),
             Outcome::Reclaimed {
                 node,
@@ -110,13 +115,13 @@ impl Outcome {
             } => format!(
                 "{failure} reclaim: nominated node {node}; preempting {} pod(s) of queues above their guarantee to give queue {queue} its guarantee: {}.",
                 victims.len(),
-                victim_list(victims)
+                victims_named_for(victims, namespace)
             ),
-            Outcome::Unfinished(why) => format!("{failure} defragmentation: {why}."),
+            Outcome::Unfinished { by, why } => format!("{failure} {by}: {why}."),
             Outcome::Moving { node, moved } => format!(
                 "{failure} defragmentation: moving {} pod(s) to make room on node(s) {node}: {}.",
                 moved.len(),
-                victim_list(moved)
+                victims_named_for(moved, namespace)
             ),
         }
     }
@@ -429,11 +434,14 @@ impl<A: ClusterApi> Scheduler<A> {
                 self.unfinished.insert(pod.key.uid.clone());
             }
             tracing::info!(gang = %by, evicted = carried.evicted, error = %refused, "gang preemption stopped");
-            return Outcome::Unfinished(format!(
-                "preemption stopped after evicting {} of {} pod(s): {refused}; no member was nominated and the gang is tried again",
-                carried.evicted,
-                victims.len()
-            ));
+            return Outcome::Unfinished {
+                by: "preemption",
+                why: format!(
+                    "stopped after evicting {} of {} pod(s): {refused}; no member was nominated and the gang is tried again",
+                    carried.evicted,
+                    victims.len()
+                ),
+            };
         }
         for n in noms {
             self.cluster.nominate(n, snapshot);

@@ -212,13 +212,23 @@ pub fn no_victims(nodes: usize, not_helpful: usize) -> String {
     )
 }
 
-/// The names of `victims` for a message (the first few, then a count).
-pub fn victim_list(victims: &[PodKey]) -> String {
-    let mut names: Vec<String> = victims.iter().take(5).map(|v| v.to_string()).collect();
-    if victims.len() > 5 {
-        names.push(format!("and {} more", victims.len() - 5));
+/// `victims` as a message to a pod of `namespace` may name them: the first few of its own
+/// namespace by name, every other one counted, never named (a message reaches whoever
+/// reads pods or events of the pod's namespace).
+pub fn victims_named_for(victims: &[PodKey], namespace: &str) -> String {
+    let own: Vec<&PodKey> = victims
+        .iter()
+        .filter(|v| v.namespace == namespace)
+        .collect();
+    let mut parts: Vec<String> = own.iter().take(5).map(|v| v.to_string()).collect();
+    if own.len() > 5 {
+        parts.push(format!("{} more of namespace {namespace}", own.len() - 5));
     }
-    names.join(", ")
+    let other = victims.len() - own.len();
+    if other > 0 {
+        parts.push(format!("{other} of other namespaces"));
+    }
+    parts.join(", ")
 }
 
 /// When `pod` was made, in ms since the epoch (unknown: the epoch, the oldest).
