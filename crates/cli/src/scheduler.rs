@@ -239,11 +239,12 @@ pub fn run(args: SchedulerArgs) -> anyhow::Result<()> {
             .unwrap_or_else(|| gpuplace_model::keys::GPU_RESOURCE.into()),
         seed: args.seed.or(file.seed).unwrap_or(42),
         workload: args.fgd_workload.as_deref().map(fgd_workload).transpose()?,
-        max_in_flight: args
-            .max_in_flight
-            .or(file.max_in_flight)
-            .unwrap_or(64)
-            .max(1),
+        max_in_flight: ranged(
+            "max-in-flight",
+            args.max_in_flight.or(file.max_in_flight).unwrap_or(64),
+            1,
+            MAX_IN_FLIGHT,
+        )?,
         ..Default::default()
     };
     let metrics_addr = args.metrics_addr.or(file.metrics_addr);
@@ -253,22 +254,27 @@ pub fn run(args: SchedulerArgs) -> anyhow::Result<()> {
         .lease_namespace
         .or(file.lease_namespace)
         .unwrap_or_else(|| "kube-system".into());
-    let interval = Duration::from_millis(
-        args.interval_ms
-            .or(file.interval_ms)
-            .unwrap_or(1000)
-            .max(10),
-    );
+    let interval = Duration::from_millis(ranged(
+        "interval-ms",
+        args.interval_ms.or(file.interval_ms).unwrap_or(1000),
+        10,
+        3_600_000,
+    )?);
     let options = app::Options {
         leader_elect,
         lease_namespace,
         interval,
         kube_api_qps: args.kube_api_qps.or(file.kube_api_qps).unwrap_or(0.0),
-        kube_api_burst: args.kube_api_burst.or(file.kube_api_burst).unwrap_or(100),
+        kube_api_burst: ranged(
+            "kube-api-burst",
+            args.kube_api_burst.or(file.kube_api_burst).unwrap_or(100),
+            1,
+            100_000,
+        )?,
     };
-    if !(options.kube_api_qps >= 0.0 && options.kube_api_qps.is_finite()) {
+    if !(0.0..=1e6).contains(&options.kube_api_qps) {
         anyhow::bail!(
-            "kube-api-qps {} is not a number of requests per second",
+            "--kube-api-qps {:?} is not a number of requests per second from 0 (no limit) to 1000000",
             options.kube_api_qps
         );
     }
@@ -392,4 +398,21 @@ pub(crate) fn fgd_workload(
     Ok(std::sync::Arc::new(
         gpuplace_core::TargetWorkload::from_requests(pods.iter().map(|p| &p.request), 0.95),
     ))
+}
+
+/// The most Bindings in flight a scheduler takes (each holds a connection's slot).
+const MAX_IN_FLIGHT: usize = 4096;
+
+/// `value` of setting `name` (a flag or its key in the config file) when it lies in
+/// `min..=max`; otherwise an error naming the setting and its range. Nothing is clamped.
+fn ranged<T: PartialOrd + std::fmt::Display>(
+    name: &str,
+    value: T,
+    min: T,
+    max: T,
+) -> anyhow::Result<T> {
+    if value < min || value > max {
+        anyhow::bail!("--{name} {value} is out of range: from {min} to {max}");
+    }
+    Ok(value)
 }

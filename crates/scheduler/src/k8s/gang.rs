@@ -20,7 +20,10 @@ use serde::{Deserialize, Serialize};
 )]
 #[serde(rename_all = "camelCase")]
 pub struct PodGroupSpec {
-    /// Members that must fit at once before any binds.
+    /// Members that must fit at once before any binds (1 to 100000).
+    // The schema states the range so that the API server refuses what the scheduler could
+    // not read (`format: uint32` alone is not enforced); its watch skips such an object.
+    #[schemars(range(min = 1, max = 100000))]
     pub min_member: u32,
     /// After this long without fitting, members get a FailedScheduling event and back off.
     #[serde(default)]
@@ -89,7 +92,13 @@ mod tests {
         let crd = crd_json();
         assert_eq!(crd["metadata"]["name"], "podgroups.gpuplace.io");
         let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
-        assert!(schema["properties"]["spec"]["properties"]["minMember"].is_object());
+        let min_member = &schema["properties"]["spec"]["properties"]["minMember"];
+        assert_eq!(min_member["minimum"].as_f64(), Some(1.0), "{min_member}");
+        assert_eq!(
+            min_member["maximum"].as_f64(),
+            Some(100000.0),
+            "the server refuses what we cannot read"
+        );
         assert!(schema["properties"]["status"]["properties"]["scheduled"].is_object());
     }
 }

@@ -29,6 +29,7 @@ use crate::k8s::pod_store::PodStore;
 use crate::k8s::gang::{PodGroup, PodGroupStatus};
 use crate::k8s::queue::{DEFAULT_QUEUE_ANNOTATION, Queue, QueueStatus};
 
+mod checked;
 mod events;
 mod watch;
 pub use watch::{Changes, WatchLog, WatchNote, is_missing_resource};
@@ -197,10 +198,17 @@ impl KubeApi {
             gpu_resource,
             changes.clone(),
         );
-        // The CRD may be absent; gangs then stay unresolved until it is installed.
-        let groups = run_reflector(
-            Api::<PodGroup>::all(client.clone()),
-            |g| g.metadata.managed_fields = None,
+        let events = Arc::new(events::Publisher::new(
+            client.clone(),
+            "gpuplace.io/scheduler",
+            &reporting_instance,
+        ));
+        // The CRD may be absent; gangs then stay unresolved until it is installed. Read
+        // object by object: one bad PodGroup is skipped, not every gang with it.
+        let groups = checked::run_checked(
+            client.clone(),
+            Arc::clone(&events),
+            |g: &mut PodGroup| g.metadata.managed_fields = None,
             "gangs disabled until the PodGroup CRD is installed: `gpuplace crd | kubectl apply -f -`",
             changes.clone(),
             None,
@@ -226,9 +234,10 @@ impl KubeApi {
             changes.clone(),
             Some(budget_fingerprint),
         );
-        let queues = run_reflector(
-            Api::<Queue>::all(client.clone()),
-            |q| q.metadata.managed_fields = None,
+        let queues = checked::run_checked(
+            client.clone(),
+            Arc::clone(&events),
+            |q: &mut Queue| q.metadata.managed_fields = None,
             "queues disabled until the Queue CRD is installed: `gpuplace crd | kubectl apply -f -`",
             changes.clone(),
             Some(queue_fingerprint),
@@ -258,11 +267,7 @@ impl KubeApi {
             .await
             .map_err(|e| ApiError::Other(format!("pod watch: {e}")))?;
         Ok(KubeApi {
-            events: Arc::new(events::Publisher::new(
-                client.clone(),
-                "gpuplace.io/scheduler",
-                &reporting_instance,
-            )),
+            events,
             client,
             nodes,
             pods,
@@ -413,9 +418,25 @@ impl ClusterApi for KubeApi {
             .map_err(api_error)
     }
 
-    async fn evict(&self, victim: &PodKey, message: &str) -> Result<(), ApiError> {
+    async fn evict(&self, victim: &PodKey, message: &str, dry_run: bool) -> Result<(), ApiError> {
         self.throttle().await;
         let api = Api::<Pod>::namespaced(self.client.clone(), &victim.namespace);
+        let preconditions = Some(Preconditions {
+            uid: Some(victim.uid.clone()).filter(|u| !u.is_empty()),
+            resource_version: None,
+        });
+        if dry_run {
+            let params = DeleteParams {
+                dry_run: true,
+                preconditions,
+                ..DeleteParams::default()
+            };
+            return api
+                .delete(&victim.name, &params)
+                .await
+                .map(|_| ())
+                .map_err(api_error);
+        }
         // As kube-scheduler does: say why first (the DisruptionTarget condition), then
         // delete. The condition is best effort; the delete is what frees the devices.
         let condition = json!({"status": {"conditions": [{
@@ -441,10 +462,7 @@ impl ClusterApi for KubeApi {
         }
         self.throttle().await;
         let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: Some(victim.uid.clone()).filter(|u| !u.is_empty()),
-                resource_version: None,
-            }),
+            preconditions,
             ..DeleteParams::default()
         };
         api.delete(&victim.name, &params)

@@ -79,10 +79,10 @@ impl WatchLog {
 /// without errors), except that no event resets it early: kube resets on every non-error
 /// item, and a watch whose list keeps failing yields `Init` before each failure, so a
 /// missing CRD would be retried about once a second forever.
-struct PatientBackoff(watcher::DefaultBackoff);
+pub(super) struct PatientBackoff(watcher::DefaultBackoff);
 
 impl PatientBackoff {
-    fn new() -> PatientBackoff {
+    pub(super) fn new() -> PatientBackoff {
         PatientBackoff(watcher::DefaultBackoff::default())
     }
 }
@@ -166,6 +166,25 @@ where
         + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
 {
+    let events = watcher(api, watcher::Config::default())
+        .backoff(PatientBackoff::new())
+        .modify(strip);
+    run_events(events, missing_hint, changes, fingerprint)
+}
+
+/// The watch events of a kind (from [`run_reflector`] or [`super::checked`]) kept in a
+/// store, each change counted and the loop woken when a fingerprint moved.
+pub(super) fn run_events<K, S>(
+    events: S,
+    missing_hint: &'static str,
+    changes: Changes,
+    fingerprint: Option<fn(&K) -> u64>,
+) -> Watched<K>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+    S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+{
     let (store, writer) = reflector::store();
     let watched = Watched {
         store,
@@ -173,12 +192,7 @@ where
         kept: Arc::new(Mutex::new(None)),
     };
     let kind_changes = Arc::clone(&watched.changes);
-    let stream = reflector::reflector(
-        writer,
-        watcher(api, watcher::Config::default())
-            .backoff(PatientBackoff::new())
-            .modify(strip),
-    );
+    let stream = reflector::reflector(writer, events);
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         let mut log = WatchLog::default();
