@@ -209,11 +209,14 @@ pub trait ClusterApi: Clone + Send + Sync + 'static {
 
     /// Evicts a preemption victim: marks it with the `DisruptionTarget` condition (where
     /// the server supports it) and deletes it with its own grace period, the UID as a
-    /// precondition (a pod recreated under the name is not touched).
+    /// precondition (a pod recreated under the name is not touched). With `dry_run` the
+    /// server checks the delete (`dryRun: [All]`: precondition, admission, rights) and
+    /// changes nothing: a plan's evictions are checked whole before any is made.
     fn evict(
         &self,
         victim: &PodKey,
         message: &str,
+        dry_run: bool,
     ) -> impl Future<Output = Result<(), ApiError>> + Send;
 
     /// Evicts a pod that defragmentation moves, through the Eviction API (policy/v1), so

@@ -56,6 +56,11 @@ pub(super) struct Store {
     fail_binds: usize,
     /// The next N evictions fail with a 500 (nothing written).
     fail_evictions: usize,
+    /// Pods whose deletion the server refuses, dry runs too (an admission webhook that
+    /// protects them, or rights the scheduler lacks).
+    refuse_deletes: std::collections::HashSet<(String, String)>,
+    /// Preemption deletes sent as dry runs and accepted.
+    dry_run_deletes: usize,
     /// Pods whose move evictions (dry runs too) are refused, as by a budget the scheduler's
     /// view does not show: each pod with this chance, by the hash of (seed, its UID).
     refuse_moves: Option<(u64, f64)>,
@@ -119,6 +124,8 @@ impl Default for Store {
             bindings: Vec::new(),
             fail_binds: 0,
             fail_evictions: 0,
+            refuse_deletes: Default::default(),
+            dry_run_deletes: 0,
             refuse_moves: None,
             refuse_moves_at: Vec::new(),
             stall_move_at: None,
@@ -595,6 +602,19 @@ impl MemoryApi {
     /// Makes the next `n` evictions fail with a 500 (the victim stays as it was).
     pub fn fail_next_evictions(&self, n: usize) {
         lock(&self.store).fail_evictions = n;
+    }
+
+    /// Refuses every deletion of pod `namespace/name`, dry runs too, as an admission
+    /// webhook protecting it would.
+    pub fn refuse_deletes_of(&self, namespace: &str, name: &str) {
+        lock(&self.store)
+            .refuse_deletes
+            .insert((namespace.to_string(), name.to_string()));
+    }
+
+    /// Preemption deletes sent as dry runs and accepted so far.
+    pub fn dry_run_deletes(&self) -> usize {
+        lock(&self.store).dry_run_deletes
     }
 
     /// Refuses the move evictions (dry runs too) of a share `p` of pods, picked by the

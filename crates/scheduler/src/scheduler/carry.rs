@@ -6,7 +6,36 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use super::Scheduler;
-use crate::api::{ClusterApi, PodKey};
+use crate::api::{ApiError, ClusterApi, PodKey};
+use crate::k8s::leader::Gate;
+
+/// Why nothing more is evicted once the lease is lost.
+const NOT_LEADER: &str = "this scheduler is not the leader";
+
+/// Evicts `victim` unless this replica lost the lease (checked right before the request);
+/// a victim already gone counts as evicted.
+async fn evict_if_leader<A: ClusterApi>(
+    api: &A,
+    gate: &Gate,
+    victim: &PodKey,
+    message: &str,
+) -> Result<(), ApiError> {
+    if !gate.is_open() {
+        return Err(ApiError::Other(NOT_LEADER.into()));
+    }
+    match api.evict(victim, message, false).await {
+        Ok(()) | Err(ApiError::NotFound(_)) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// "evicting VICTIM was refused (why)", naming the victim only for its own namespace.
+fn refusal(by: &PodKey, victim: &PodKey, e: &ApiError) -> String {
+    format!(
+        "evicting {} was refused ({e})",
+        victim.shown_to(&by.namespace)
+    )
+}
 
 /// What carrying out evictions did.
 #[derive(Default)]
@@ -20,6 +49,11 @@ impl<A: ClusterApi> Scheduler<A> {
     /// Evicts `victims` (each with its Event) and nominates `pods` (pod, node): at once,
     /// or with `whole` one by one, stopping at the first refusal with nothing nominated (a
     /// gang's plan is carried out whole or not further).
+    ///
+    /// Every eviction is first sent as a dry run (the server checks the UID precondition,
+    /// its admission and the scheduler's rights and deletes nothing): a refusal there
+    /// evicts no one. Leadership is checked before each eviction, so a replica whose lease
+    /// lapsed mid-plan evicts no more.
     pub(super) async fn carry_out(
         &mut self,
         by: &PodKey,
@@ -31,23 +65,34 @@ impl<A: ClusterApi> Scheduler<A> {
     ) -> Carried {
         let mut carried = Carried::default();
         if !self.gate.is_open() {
-            carried.refused = Some("this scheduler is not the leader".into());
+            carried.refused = Some(NOT_LEADER.into());
             return carried;
         }
+        if let Some(refused) = self.dry_run_evictions(by, victims).await {
+            carried.refused = Some(refused);
+            for (pod, _) in nominate {
+                self.unfinished.insert(pod.uid.clone());
+            }
+            return carried;
+        }
+        let message_for = |v: &PodKey| {
+            let node = node_of_victims.get(&v.uid).cloned().unwrap_or_default();
+            let by = by.shown_to(&v.namespace);
+            match why {
+                Some(why) => format!("Preempted by {by} on node {node} {why}"),
+                None => format!("Preempted by {by} on node {node}"),
+            }
+        };
         if whole {
             for v in victims {
-                let node = node_of_victims.get(&v.uid).cloned().unwrap_or_default();
-                let message = match why {
-                    Some(why) => format!("Preempted by {by} on node {node} {why}"),
-                    None => format!("Preempted by {by} on node {node}"),
-                };
-                match self.api.evict(v, &message).await {
-                    Ok(()) | Err(crate::api::ApiError::NotFound(_)) => {
+                let message = message_for(v);
+                match self.evict_if_leader(v, &message).await {
+                    Ok(()) => {
                         carried.evicted += 1;
                         self.events.emit(v, "Normal", "Preempted", message);
                     }
                     Err(e) => {
-                        carried.refused = Some(format!("evicting {v} was refused ({e})"));
+                        carried.refused = Some(refusal(by, v, &e));
                         return carried;
                     }
                 }
@@ -56,23 +101,22 @@ impl<A: ClusterApi> Scheduler<A> {
             return carried;
         }
         let evictions = victims.iter().map(|v| {
-            let node = node_of_victims.get(&v.uid).cloned().unwrap_or_default();
-            let message = match why {
-                Some(why) => format!("Preempted by {by} on node {node} {why}"),
-                None => format!("Preempted by {by} on node {node}"),
-            };
-            let api = self.api.clone();
-            async move { (v, api.evict(v, &message).await, message) }
+            let message = message_for(v);
+            let (api, gate) = (self.api.clone(), self.gate.clone());
+            async move {
+                let result = evict_if_leader(&api, &gate, v, &message).await;
+                (v, result, message)
+            }
         });
         for (victim, result, message) in futures::future::join_all(evictions).await {
             match result {
-                Ok(()) | Err(crate::api::ApiError::NotFound(_)) => {
+                Ok(()) => {
                     carried.evicted += 1;
                     self.events.emit(victim, "Normal", "Preempted", message);
                 }
                 Err(e) => {
                     tracing::warn!(victim = %victim, preemptor = %by, error = %e, "victim not evicted; preemption is tried again later");
-                    carried.refused = Some(format!("evicting {victim} was refused ({e})"));
+                    carried.refused = Some(refusal(by, victim, &e));
                     for (pod, _) in nominate {
                         self.unfinished.insert(pod.uid.clone());
                     }
@@ -81,6 +125,29 @@ impl<A: ClusterApi> Scheduler<A> {
         }
         self.write_nominations(nominate).await;
         carried
+    }
+
+    /// Every eviction of the plan as a dry run: the first refusal, said as the preemptor
+    /// may read it, or `None` when the server would take them all.
+    async fn dry_run_evictions(&self, by: &PodKey, victims: &[PodKey]) -> Option<String> {
+        let checks = victims.iter().map(|v| {
+            let api = self.api.clone();
+            async move { (v, api.evict(v, "", true).await) }
+        });
+        for (v, result) in futures::future::join_all(checks).await {
+            match result {
+                Ok(()) | Err(ApiError::NotFound(_)) => {}
+                Err(e) => {
+                    tracing::info!(victim = %v, preemptor = %by, error = %e, "the plan's dry run was refused; nothing evicted");
+                    return Some(format!("{}; nothing was evicted", refusal(by, v, &e)));
+                }
+            }
+        }
+        None
+    }
+
+    async fn evict_if_leader(&self, victim: &PodKey, message: &str) -> Result<(), ApiError> {
+        evict_if_leader(&self.api, &self.gate, victim, message).await
     }
 
     /// Writes `status.nominatedNodeName` of each (pod, node).

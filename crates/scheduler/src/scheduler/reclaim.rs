@@ -236,7 +236,9 @@ impl<A: ClusterApi> Scheduler<A> {
         reclaimed(outcome, queue)
     }
 
-    /// Carries a gang's reclaim out: every member nominated or nothing evicted.
+    /// Carries a gang's reclaim out, as gang preemption is: every eviction dry-run first
+    /// (a refusal there evicts nothing), then one by one, each while this replica leads;
+    /// every member nominated, or, stopped midway, none nominated and the gang tried again.
     pub(super) async fn reclaim_gang<U>(
         &mut self,
         snapshot: &mut Snapshot,

@@ -161,7 +161,9 @@ impl<A: ClusterApi> Scheduler<A> {
             snapshot.state.set_workload(workload);
         }
         // Preemptors' devices, as far as their victims have freed them, are theirs.
-        let clear = self.cluster.hold_nominations(view, &mut snapshot);
+        let clear = self
+            .cluster
+            .hold_nominations(view, &mut snapshot, &self.config.scheduler_name);
         if !clear.is_empty() {
             self.clear_nominations(clear).await;
         }
@@ -391,6 +393,7 @@ impl<A: ClusterApi> Scheduler<A> {
             made.as_ref(),
             &unfit,
             snapshot.nodes.len(),
+            &pod.key.namespace,
             waiting,
             self.wall_ms(),
         );
@@ -476,7 +479,8 @@ impl<A: ClusterApi> Scheduler<A> {
             self.clear_nominations(vec![key.clone()]).await;
         }
         if let Some(gang) = gang {
-            self.gang_member_written(&gang, result.is_ok()).await;
+            self.gang_member_written(&gang, &key.uid, result.is_ok())
+                .await;
         }
     }
 }
@@ -488,11 +492,12 @@ fn failure_message(
     made: Option<&Made>,
     unfit: &str,
     nodes: usize,
+    namespace: &str,
     mut waiting: gpuplace_core::waiting::Waiting,
     now_ms: i64,
 ) -> String {
-    let mut message = outcome.message(unfit, nodes);
-    if let Some(more) = made.and_then(Made::message) {
+    let mut message = outcome.message(unfit, nodes, namespace);
+    if let Some(more) = made.and_then(|m| m.message(namespace)) {
         message = format!("{message} {more}");
     }
     waiting.unblock = match (outcome.unblock(), made.and_then(Made::unblock)) {

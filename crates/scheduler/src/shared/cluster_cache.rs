@@ -302,8 +302,13 @@ impl ClusterCache {
 
     /// Applies every nomination's hold for a round (see [`Nominations::hold`]); the pods
     /// whose `nominatedNodeName` is to be cleared.
-    pub fn hold_nominations(&mut self, view: &ClusterView, snapshot: &mut Snapshot) -> Vec<PodKey> {
-        self.nominations.hold(view, snapshot)
+    pub fn hold_nominations(
+        &mut self,
+        view: &ClusterView,
+        snapshot: &mut Snapshot,
+        scheduler_name: &str,
+    ) -> Vec<PodKey> {
+        self.nominations.hold(view, snapshot, scheduler_name)
     }
 
     /// Gives back every nomination's hold (before the state is kept).

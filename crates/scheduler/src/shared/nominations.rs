@@ -192,8 +192,24 @@ impl Nominations {
 
     /// Ends the nominations whose pod is gone or bound; returns the pods bound elsewhere
     /// than nominated (their `nominatedNodeName` is to be cleared), then applies the others'
-    /// holds to `snapshot`.
-    pub fn hold(&mut self, view: &ClusterView, snapshot: &mut Snapshot) -> Vec<PodKey> {
+    /// holds to `snapshot`. A pending pod of `scheduler_name` whose `nominatedNodeName` was
+    /// written by an earlier run (before a restart or a change of leader) is adopted
+    /// first: the nomination the API records is the hold it says it is.
+    pub fn hold(
+        &mut self,
+        view: &ClusterView,
+        snapshot: &mut Snapshot,
+        scheduler_name: &str,
+    ) -> Vec<PodKey> {
+        for pod in view.pods.iter() {
+            if pod.nominated.is_some()
+                && pod.is_pending_for(scheduler_name)
+                && !self.by_uid.contains_key(&pod.key.uid)
+                && let Some(adopted) = adopt(pod, snapshot)
+            {
+                self.by_uid.insert(pod.key.uid.clone(), adopted);
+            }
+        }
         let mut clear = Vec::new();
         self.by_uid.retain(|uid, n| {
             let Some(pod) = view
@@ -252,4 +268,52 @@ fn apply_hold(snapshot: &mut Snapshot, n: &Nomination) {
             extended: &n.extended,
         },
     );
+}
+
+/// The nomination an earlier run wrote for `pod` (`status.nominatedNodeName`), as far as
+/// the API shows it: the node, the pod's request, its victims taken to be the pods of
+/// lower priority terminating there, and the GPUs planned where the most will be free once
+/// they are gone (what is free now, plus what they hold). `None` when the node is unknown
+/// or the pod's demand unreadable.
+fn adopt(pod: &crate::k8s::pod_info::PodInfo, snapshot: &Snapshot) -> Option<Nomination> {
+    let node_name = pod.nominated.as_deref()?;
+    let demand = pod.demand.as_ref().ok()?;
+    let n = snapshot.node_index(node_name)?;
+    let terminating: Vec<&std::sync::Arc<crate::k8s::pod_info::PodInfo>> = snapshot.placed[n]
+        .iter()
+        .filter(|p| p.deleting && p.priority < pod.priority)
+        .collect();
+    let mut freed = snapshot.state.node(n).gpu_free.clone();
+    for p in &terminating {
+        if let Some(held) = snapshot.held.get(&p.key.uid) {
+            for &(g, milli) in &held.gpus {
+                if let Some(f) = freed.get_mut(g) {
+                    *f += milli;
+                }
+            }
+        }
+    }
+    let request = &demand.request;
+    let mut order: Vec<usize> = (0..freed.len())
+        .filter(|&g| freed[g] >= request.gpu_milli.max(1))
+        .collect();
+    // The GPUs the victims free first (then the emptiest), in index order among equals.
+    order.sort_by_key(|&g| {
+        std::cmp::Reverse(freed[g] - snapshot.state.node(n).gpu_free[g].min(freed[g]))
+    });
+    let inventory = snapshot.state.inventory(n);
+    let gpus = order
+        .into_iter()
+        .take(request.gpu_count as usize)
+        .filter_map(|g| Some((inventory.gpus.get(g)?.id.clone(), request.gpu_milli)))
+        .collect();
+    Some(Nomination {
+        key: pod.key.clone(),
+        priority: pod.priority,
+        node: node_name.to_string(),
+        request: request.clone(),
+        gpus,
+        extended: demand.extended.clone(),
+        victims: terminating.iter().map(|p| p.key.clone()).collect(),
+    })
 }

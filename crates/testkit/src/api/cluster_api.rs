@@ -258,7 +258,7 @@ impl ClusterApi for MemoryApi {
         Ok(())
     }
 
-    async fn evict(&self, victim: &PodKey, message: &str) -> Result<(), ApiError> {
+    async fn evict(&self, victim: &PodKey, message: &str, dry_run: bool) -> Result<(), ApiError> {
         let (_permit, fault) = self.charge().await;
         match fault {
             Some(Fault::Conflict) => return Err(ApiError::Conflict("injected conflict".into())),
@@ -269,6 +269,27 @@ impl ClusterApi for MemoryApi {
         }
         {
             let mut s = lock(&self.store);
+            let key = (victim.namespace.clone(), victim.name.clone());
+            if s.refuse_deletes.contains(&key) {
+                return Err(ApiError::Other(format!(
+                    "{victim}: admission webhook \"protect.example.com\" denied the request"
+                )));
+            }
+            if dry_run {
+                // The server's checks, nothing changed; injected 500s hit real requests.
+                let current = s
+                    .pods
+                    .get(&key)
+                    .ok_or_else(|| ApiError::NotFound(victim.to_string()))?;
+                if current.metadata.uid.as_deref() != Some(victim.uid.as_str()) {
+                    return Err(ApiError::Conflict(format!(
+                        "{victim}: Precondition failed: UID in precondition: {}",
+                        victim.uid
+                    )));
+                }
+                s.dry_run_deletes += 1;
+                return Ok(());
+            }
             if s.fail_evictions > 0 {
                 s.fail_evictions -= 1;
                 return Err(ApiError::Other(format!("{victim}: injected 500")));
