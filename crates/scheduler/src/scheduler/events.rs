@@ -53,12 +53,16 @@ pub struct EventSink<A> {
     dropped: Arc<AtomicU64>,
     /// The latest `FailedScheduling` message per waiting pod, sent or dropped.
     reasons: PendingReasons,
-    /// The message last put in each waiting pod's `PodScheduled` condition.
-    conditions: std::collections::HashMap<String, String>,
+    /// The message last put in each waiting pod's `PodScheduled` condition (a write that
+    /// fails is forgotten by its sender, so the same message is written again next time).
+    conditions: Conditions,
 }
 
-fn lock(outbox: &Mutex<Outbox>) -> MutexGuard<'_, Outbox> {
-    outbox.lock().unwrap_or_else(|p| p.into_inner())
+/// Each waiting pod's `PodScheduled` message, by UID, shared with the senders.
+type Conditions = Arc<Mutex<std::collections::HashMap<String, String>>>;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl<A: ClusterApi> EventSink<A> {
@@ -78,7 +82,7 @@ impl<A: ClusterApi> EventSink<A> {
             wall,
             dropped: Arc::default(),
             reasons: PendingReasons::default(),
-            conditions: std::collections::HashMap::new(),
+            conditions: Arc::default(),
         }
     }
 
@@ -94,18 +98,19 @@ impl<A: ClusterApi> EventSink<A> {
         let condition = match reason {
             "FailedScheduling" => {
                 self.reasons.failed(&pod.uid, &message);
-                let changed = self.conditions.get(&pod.uid) != Some(&message);
+                let mut conditions = lock(&self.conditions);
+                let changed = conditions.get(&pod.uid) != Some(&message);
                 if changed {
-                    if self.conditions.len() >= MAX_QUEUED_EVENTS {
-                        self.conditions.clear();
+                    if conditions.len() >= MAX_QUEUED_EVENTS {
+                        conditions.clear();
                     }
-                    self.conditions.insert(pod.uid.clone(), message.clone());
+                    conditions.insert(pod.uid.clone(), message.clone());
                 }
                 changed.then(|| message.clone())
             }
             "Scheduled" => {
                 self.reasons.clear(&pod.uid);
-                self.conditions.remove(&pod.uid);
+                lock(&self.conditions).remove(&pod.uid);
                 None
             }
             _ => None,
@@ -124,7 +129,7 @@ impl<A: ClusterApi> EventSink<A> {
                 drop(outbox);
                 self.dropped.fetch_add(1, Ordering::Relaxed);
                 if condition.is_some() {
-                    self.conditions.remove(&pod.uid);
+                    lock(&self.conditions).remove(&pod.uid);
                 }
                 return;
             }
@@ -143,6 +148,7 @@ impl<A: ClusterApi> EventSink<A> {
                 Arc::clone(&self.outbox),
                 self.load.clone(),
                 Arc::clone(&self.trickle),
+                Arc::clone(&self.conditions),
             ));
         }
     }
@@ -170,6 +176,7 @@ async fn send_queued<A: ClusterApi>(
     outbox: Arc<Mutex<Outbox>>,
     load: BindLoad,
     trickle: Arc<Semaphore>,
+    conditions: Conditions,
 ) {
     loop {
         let permit = load.give_way(&trickle).await;
@@ -190,7 +197,11 @@ async fn send_queued<A: ClusterApi>(
         if let Some(message) = condition
             && let Err(e) = api.unschedulable(&event.pod, &message).await
         {
-            tracing::debug!(pod = %event.pod, error = %e, "PodScheduled condition not written");
+            tracing::debug!(pod = %event.pod, error = %e, "PodScheduled condition not written; written again with the next message");
+            let mut written = lock(&conditions);
+            if written.get(&event.pod.uid) == Some(&message) {
+                written.remove(&event.pod.uid);
+            }
         }
         drop(permit);
     }

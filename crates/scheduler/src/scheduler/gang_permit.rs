@@ -195,19 +195,21 @@ impl<A: ClusterApi> Scheduler<A> {
             .map(|p| p.key.uid.as_str())
             .collect();
         // A reservation whose pod the view already shows bound counts once.
-        let reserved = self
-            .cluster
-            .reservations()
-            .of_gang(&id)
-            .filter(|r| !bound_uids.contains(r.key.uid.as_str()))
-            .count();
-        let bound = (bound_uids.len() + reserved) as u32;
+        let mut held: Vec<String> = bound_uids.iter().map(|u| u.to_string()).collect();
+        held.extend(
+            self.cluster
+                .reservations()
+                .of_gang(&id)
+                .filter(|r| !bound_uids.contains(r.key.uid.as_str()))
+                .map(|r| r.key.uid.clone()),
+        );
         Some(Gang {
             id,
             namespace: namespace.to_string(),
             group: group.to_string(),
             spec,
-            bound,
+            bound: held.len() as u32,
+            held,
         })
     }
 
@@ -236,7 +238,7 @@ impl<A: ClusterApi> Scheduler<A> {
             &gang.id,
             &gang.namespace,
             &gang.group,
-            gang.bound,
+            gang.held.iter().map(String::as_str),
             requests.iter().map(|r| r.pod.uid.as_str()),
         );
         let attempts = self.config.gang_bind_attempts;
@@ -288,7 +290,7 @@ impl<A: ClusterApi> Scheduler<A> {
                 );
                 let message = format!(
                     "{}{}",
-                    outcome.message(&sentence(&reason), snapshot.nodes.len()),
+                    outcome.message(&sentence(&reason), snapshot.nodes.len(), &gang.namespace),
                     super::waiting::gang_segments(outcome.unblock(), self.wall_ms())
                 );
                 report.waiting_gangs += 1;
@@ -336,7 +338,7 @@ impl<A: ClusterApi> Scheduler<A> {
             "NotEnoughResources"
         };
         let reason = match preemption {
-            Some(p) => p.message(&sentence(&reason), snapshot.nodes.len()),
+            Some(p) => p.message(&sentence(&reason), snapshot.nodes.len(), &gang.namespace),
             None => sentence(&reason),
         };
         let why = Why {

@@ -21,6 +21,8 @@ pub(super) struct Gang {
     pub spec: PodGroupSpec,
     /// Members bound or reserved already (they count towards `minMember`).
     pub bound: u32,
+    /// Their UIDs.
+    pub held: Vec<String>,
 }
 
 /// Why a gang waits: the condition's reason and the message its members are told.
@@ -96,13 +98,13 @@ impl<A: ClusterApi> Scheduler<A> {
     }
 
     /// One member's Binding ended; when the gang's last one does, its status says so.
-    pub(super) async fn gang_member_written(&mut self, gang_id: &str, ok: bool) {
+    pub(super) async fn gang_member_written(&mut self, gang_id: &str, uid: &str, ok: bool) {
         let Some(GangWritten {
             namespace,
             name,
             bound,
             failed,
-        }) = self.gangs.count_written(gang_id, ok)
+        }) = self.gangs.count_written(gang_id, uid, ok)
         else {
             return;
         };

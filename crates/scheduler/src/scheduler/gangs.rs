@@ -2,18 +2,24 @@
 //! waiting (for its timeout), its Bindings in flight, each member's gang while its Binding
 //! is in flight, and the PodGroup status last written.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use crate::k8s::gang::PodGroupStatus;
 
-/// A gang whose Bindings are in flight.
+/// A gang whose Bindings are in flight. Members are kept by UID, so a member counts once
+/// however many permits it was seen in (a second permit while the first members' Bindings
+/// fly sees them reserved: counted as bound there and again when their Bindings landed,
+/// a gang of 3 once read "5 scheduled").
 #[derive(Debug, Default)]
 pub(super) struct GangWrites {
     pub namespace: String,
     pub name: String,
-    pub waiting: u32,
-    pub bound: u32,
+    /// Members whose Binding is in flight.
+    pub waiting: HashSet<String>,
+    /// Members bound: before the permits (seen bound, or reserved with their Binding
+    /// done) and by these Bindings.
+    pub bound: HashSet<String>,
     pub failed: u32,
 }
 
@@ -64,14 +70,15 @@ impl Gangs {
         true
     }
 
-    /// The gang's members (`uids`) were reserved and their Bindings go out; `bound`
-    /// members were bound before.
+    /// The gang's members (`uids`) were reserved and their Bindings go out; `held` are
+    /// the members bound or reserved before (those whose Binding is still in flight are
+    /// counted when it ends, not here).
     pub fn permitted<'u>(
         &mut self,
         id: &str,
         namespace: &str,
         name: &str,
-        bound: u32,
+        held: impl Iterator<Item = &'u str>,
         uids: impl Iterator<Item = &'u str>,
     ) {
         self.since.remove(id);
@@ -79,9 +86,14 @@ impl Gangs {
         let writes = self.writes.entry(id.to_string()).or_default();
         writes.namespace = namespace.to_string();
         writes.name = name.to_string();
-        writes.bound = writes.bound.max(bound);
+        for uid in held {
+            if !writes.waiting.contains(uid) {
+                writes.bound.insert(uid.to_string());
+            }
+        }
         for uid in uids {
-            writes.waiting += 1;
+            writes.bound.remove(uid);
+            writes.waiting.insert(uid.to_string());
             self.of_member.insert(uid.to_string(), id.to_string());
         }
     }
@@ -91,16 +103,18 @@ impl Gangs {
         self.of_member.remove(uid)
     }
 
-    /// Counts one member's Binding outcome; the gang's last one returns the totals.
-    pub fn count_written(&mut self, id: &str, ok: bool) -> Option<GangWritten> {
+    /// Counts member `uid`'s Binding outcome; the gang's last one returns the totals.
+    pub fn count_written(&mut self, id: &str, uid: &str, ok: bool) -> Option<GangWritten> {
         let writes = self.writes.get_mut(id)?;
-        writes.waiting = writes.waiting.saturating_sub(1);
+        if !writes.waiting.remove(uid) {
+            return None;
+        }
         if ok {
-            writes.bound += 1;
+            writes.bound.insert(uid.to_string());
         } else {
             writes.failed += 1;
         }
-        if writes.waiting > 0 {
+        if !writes.waiting.is_empty() {
             return None;
         }
         let GangWrites {
@@ -113,7 +127,7 @@ impl Gangs {
         Some(GangWritten {
             namespace,
             name,
-            bound,
+            bound: bound.len() as u32,
             failed,
         })
     }
@@ -125,5 +139,38 @@ impl Gangs {
 
     pub fn status_written(&mut self, id: String, status: PodGroupStatus) {
         self.status.insert(id, status);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_member_counts_once_however_many_permits_saw_it() {
+        let mut gangs = Gangs::default();
+        // Members a and b go out; before they land, c is permitted, seeing a and b
+        // reserved (held).
+        gangs.permitted("ml/g", "ml", "g", [].into_iter(), ["a", "b"].into_iter());
+        gangs.permitted("ml/g", "ml", "g", ["a", "b"].into_iter(), ["c"].into_iter());
+        assert!(gangs.count_written("ml/g", "a", true).is_none());
+        assert!(gangs.count_written("ml/g", "b", true).is_none());
+        let done = gangs
+            .count_written("ml/g", "c", true)
+            .expect("the last one");
+        assert_eq!((done.bound, done.failed), (3, 0), "3 members, not 5");
+    }
+
+    #[test]
+    fn members_bound_before_count_and_failures_do_not() {
+        let mut gangs = Gangs::default();
+        gangs.permitted("ml/g", "ml", "g", ["a"].into_iter(), ["b", "c"].into_iter());
+        assert!(gangs.count_written("ml/g", "b", false).is_none());
+        // An outcome for a member not in flight changes nothing.
+        assert!(gangs.count_written("ml/g", "zz", true).is_none());
+        let done = gangs
+            .count_written("ml/g", "c", true)
+            .expect("the last one");
+        assert_eq!((done.bound, done.failed), (2, 1));
     }
 }
