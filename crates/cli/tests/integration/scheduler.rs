@@ -73,6 +73,63 @@ fn scheduler_refuses_bad_settings_clearly() {
     }
 }
 
+/// Numbers from flags are range-checked where they are read: out of range is refused,
+/// naming the flag and its range, never clamped (nor a panic: 2^61 Bindings in flight once
+/// overflowed a semaphore).
+#[test]
+fn scheduler_refuses_numbers_out_of_range_naming_them() {
+    for (flag, value, says) in [
+        (
+            "--max-in-flight",
+            "2305843009213693952",
+            "--max-in-flight 2305843009213693952 is out of range: from 1 to 4096",
+        ),
+        ("--max-in-flight", "0", "--max-in-flight 0 is out of range"),
+        (
+            "--interval-ms",
+            "0",
+            "--interval-ms 0 is out of range: from 10 to 3600000",
+        ),
+        (
+            "--kube-api-burst",
+            "0",
+            "--kube-api-burst 0 is out of range",
+        ),
+        (
+            "--kube-api-qps",
+            "1e300",
+            "kube-api-qps 1e300 is not a number",
+        ),
+        ("--kube-api-qps", "NaN", "kube-api-qps NaN is not a number"),
+    ] {
+        let out = Command::cargo_bin("gpuplace")
+            .unwrap()
+            .args(["scheduler", flag, value])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{flag} {value} accepted");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(says), "{flag} {value}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
+
+/// The extender serves /bind without authentication: an address off loopback is refused.
+#[test]
+fn extender_refuses_an_address_off_loopback() {
+    let out = Command::cargo_bin("gpuplace")
+        .unwrap()
+        .args(["extender", "--listen", "0.0.0.0:8888"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("0.0.0.0:8888 is not a loopback address"),
+        "{stderr}"
+    );
+}
+
 /// A metrics address off loopback is served over TLS: a certificate without its key, or
 /// files that do not load, stop the start with a line naming them.
 #[test]

@@ -478,3 +478,143 @@ async fn a_rotated_certificate_is_served_within_ten_seconds() {
     let a = site.get("/metrics", Some(&prom)).await;
     assert_eq!(a.status, 200, "the new certificate is served");
 }
+
+/// Connections that never speak do not keep the probes waiting: the accept loop only
+/// accepts, and past 256 handshakes the oldest is cut (it once held one of 64 permits for
+/// up to 10 s each, and /healthz timed out behind them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_do_not_keep_the_probes_waiting() {
+    let site = Site::start().await;
+    let mut idle = Vec::new();
+    for _ in 0..600 {
+        idle.push(
+            tokio::net::TcpStream::connect(site.addr)
+                .await
+                .expect("connects"),
+        );
+    }
+    for _ in 0..3 {
+        let started = std::time::Instant::now();
+        let answer = site.get("/healthz", None).await;
+        assert_eq!(answer.status, 200);
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "/healthz took {:?} beside 600 idle connections",
+            started.elapsed()
+        );
+        let started = std::time::Instant::now();
+        let metrics = site.get("/metrics", Some(&site.tokens.prom)).await;
+        assert_eq!(metrics.status, 200, "{}", metrics.body);
+        assert!(started.elapsed() < Duration::from_secs(2));
+    }
+    drop(idle);
+}
+
+/// A client that finishes its handshake and then sends nothing is closed once the header
+/// read time (5 s) has passed, not held for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_sends_no_request_is_closed() {
+    use tokio::io::AsyncReadExt;
+    let site = Site::start().await;
+    let tcp = tokio::net::TcpStream::connect(site.addr)
+        .await
+        .expect("connects");
+    let connector = tokio_rustls::TlsConnector::from(Arc::clone(&site.tls));
+    let name = ServerName::try_from("localhost").expect("a name");
+    let mut stream = connector.connect(name, tcp).await.expect("a handshake");
+    let started = std::time::Instant::now();
+    let mut buf = [0u8; 512];
+    let read = tokio::time::timeout(Duration::from_secs(15), stream.read(&mut buf)).await;
+    assert!(read.is_ok(), "still open after 15 s");
+    assert!(
+        started.elapsed() >= Duration::from_secs(4),
+        "closed too soon: {:?}",
+        started.elapsed()
+    );
+}
+
+/// A token over 16 KiB is refused before any review; a request head over 64 KiB is
+/// refused before it is read whole; neither costs the API server a TokenReview.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_tokens_are_refused_without_a_review() {
+    let site = Site::start().await;
+    let before = site.api.reviews();
+    let long = "a".repeat(20 * 1024);
+    let answer = site.get("/metrics", Some(&long)).await;
+    assert_eq!(answer.status, 401);
+    assert!(
+        answer.body.contains("longer than 16 KiB"),
+        "{}",
+        answer.body
+    );
+    let huge = "b".repeat(300 * 1024);
+    let tcp = tokio::net::TcpStream::connect(site.addr)
+        .await
+        .expect("connects");
+    let connector = tokio_rustls::TlsConnector::from(Arc::clone(&site.tls));
+    let name = ServerName::try_from("localhost").expect("a name");
+    let stream = connector.connect(name, tcp).await.expect("a handshake");
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("HTTP/1.1");
+    tokio::spawn(connection);
+    let request = http::Request::builder()
+        .uri("/metrics")
+        .header("host", "localhost")
+        .header("authorization", format!("Bearer {huge}"))
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .expect("a request");
+    match sender.send_request(request).await {
+        Ok(response) => assert_eq!(response.status().as_u16(), 431),
+        // The server may close before the client has written the whole head.
+        Err(e) => assert!(
+            e.is_closed() || e.is_incomplete_message() || e.to_string().contains("connection"),
+            "{e}"
+        ),
+    }
+    assert_eq!(site.api.reviews(), before, "no review for either");
+}
+
+/// A warning about a pod is shown to who sees its namespace, by the warning's field: a
+/// viewer of `ml` does not see one about `lab`'s pod (the text once said only `pod NAME:`,
+/// which every viewer saw).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warning_about_a_pod_is_shown_only_to_who_sees_its_namespace() {
+    let site = Site::start().await;
+    site.api.put_pod(pod(
+        "lab-broken-record",
+        1,
+        json!({"metadata": {"namespace": "lab",
+            "annotations": {"gpuplace.io/assignment": "{not json"}},
+            "spec": {"nodeName": "dgx-a"}}),
+    ));
+    let t = &site.tokens;
+    let mut admin = Value::Null;
+    for _ in 0..40 {
+        admin = site.get("/ui/api/fleet", Some(&t.admin)).await.json();
+        if admin["warnings"].to_string().contains("lab-broken-record") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let warnings = admin["warnings"].as_array().cloned().unwrap_or_default();
+    let about = warnings
+        .iter()
+        .find(|w| {
+            w["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("lab-broken-record")
+        })
+        .unwrap_or_else(|| panic!("no warning about the record: {warnings:?}"));
+    assert_eq!(about["namespace"], "lab");
+    assert!(
+        about["message"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("pod lab/lab-broken-record:")
+    );
+    let ml = site.get("/ui/api/fleet", Some(&t.ml)).await;
+    assert!(!ml.body.contains("lab-broken-record"), "{}", ml.body);
+}

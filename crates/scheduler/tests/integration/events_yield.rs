@@ -106,3 +106,48 @@ async fn events_trickle_while_bindings_are_busy_and_all_go_after() {
     );
     assert_eq!(scheduler.dropped_events(), 0);
 }
+
+/// Fails the first `PodScheduled` condition write.
+#[derive(Clone, Default)]
+struct FirstConditionFails(Arc<AtomicUsize>);
+
+impl Hooks for FirstConditionFails {
+    fn fail_unschedulable(&self) -> bool {
+        self.0.fetch_add(1, Ordering::SeqCst) == 0
+    }
+}
+
+/// A `PodScheduled` condition whose write failed is written again at the pod's next
+/// failed attempt, even with the same message (it was once remembered as written).
+#[tokio::test]
+async fn a_failed_condition_write_is_retried_with_the_same_message() {
+    let api = MemoryApi::new();
+    api.put_node(node("n", 2, json!({})));
+    let hooks = FirstConditionFails::default();
+    let wrapped = Wrapped {
+        inner: api.clone(),
+        hooks: hooks.clone(),
+    };
+    let mut scheduler = Scheduler::new(wrapped, config());
+    let mut t = Instant::now();
+    api.put_pod(pod("big", 4, json!({})));
+    scheduler.round(t).await.unwrap();
+    scheduler.drain_writes(t).await;
+    let condition = |api: &MemoryApi| {
+        api.pod("ml", "big")
+            .and_then(|p| p.status)
+            .and_then(|s| s.conditions)
+            .and_then(|c| c.into_iter().find(|c| c.type_ == "PodScheduled"))
+            .and_then(|c| c.message)
+    };
+    assert_eq!(condition(&api), None, "the first write failed");
+    let first = last_message(&api, "big");
+    // Past the unschedulable flush the pod is tried again and fails the same way.
+    t += Duration::from_secs(301);
+    scheduler.round(t).await.unwrap();
+    scheduler.drain_writes(t).await;
+    let second = last_message(&api, "big");
+    assert_eq!(first, second, "the same message both times");
+    assert!(hooks.0.load(Ordering::SeqCst) >= 2, "written again");
+    assert_eq!(condition(&api), Some(second));
+}

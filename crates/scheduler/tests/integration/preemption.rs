@@ -264,3 +264,177 @@ async fn a_preemptor_whose_binding_failed_keeps_the_devices_its_victims_freed() 
     assert!(!deleting(&api, "late"));
     assert!(scheduler.nominations().is_empty());
 }
+
+/// A scheduler that restarts (or a new leader) while a preemptor waits for its victims
+/// reads the nomination from the API and holds the room for it: a pod arriving meanwhile
+/// does not take the GPU the first victim freed, and the preemptor gets every GPU its
+/// victims held.
+#[tokio::test]
+async fn a_nomination_written_before_a_restart_still_holds_the_room() {
+    let api = MemoryApi::new();
+    api.put_node(nvlink_node("n"));
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    let mut t = Instant::now();
+    for (name, gpus, priority) in [("a", 1, 0), ("b", 1, 0), ("c", 2, 5), ("d", 4, 5)] {
+        api.put_pod(prio(name, gpus, priority, json!({})));
+        settle(&mut scheduler, &mut t).await;
+    }
+    api.put_pod(prio("hi", 2, 10, json!({})));
+    settle(&mut scheduler, &mut t).await;
+    assert!(deleting(&api, "a") && deleting(&api, "b"));
+    assert_eq!(nominated(&api, "hi").as_deref(), Some("n"));
+    // The scheduler restarts: nothing of the nomination is left in memory.
+    drop(scheduler);
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    api.delete_pod("ml", "a");
+    api.put_pod(prio("mid", 1, 1, json!({})));
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(scheduler.nominations().len(), 1, "adopted from the API");
+    assert_eq!(bound_node(&api, "mid"), None, "a's GPU is held for hi");
+    assert!(
+        !deleting(&api, "c") && !deleting(&api, "d"),
+        "no new victims"
+    );
+    api.delete_pod("ml", "b");
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(bound_node(&api, "hi").as_deref(), Some("n"));
+    assert_eq!(bound_node(&api, "mid"), None);
+    assert_no_double_booking(&api);
+}
+
+/// A gang's preemption sends every eviction as a dry run first: one the server would
+/// refuse (a webhook protecting the pod) evicts no one, where one by one the first victims
+/// would already be gone.
+#[tokio::test]
+async fn a_gang_preemption_refused_at_its_dry_run_evicts_no_one() {
+    let api = MemoryApi::new();
+    api.put_node(node("g", 2, json!({})));
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    let mut t = Instant::now();
+    api.put_pod(prio("low-0", 1, 0, json!({})));
+    api.put_pod(prio("low-1", 1, 0, json!({})));
+    settle(&mut scheduler, &mut t).await;
+    api.refuse_deletes_of("ml", "low-1");
+    api.put_group(group("pair", 2, 60));
+    let member = json!({"metadata": {"labels": {"gpuplace.io/pod-group": "pair"}}});
+    api.put_pod(prio("pair-0", 1, 10, member.clone()));
+    api.put_pod(prio("pair-1", 1, 10, member));
+    settle(&mut scheduler, &mut t).await;
+    assert!(
+        !deleting(&api, "low-0") && !deleting(&api, "low-1"),
+        "no one evicted"
+    );
+    assert!(api.dry_run_deletes() >= 1);
+    assert_eq!(nominated(&api, "pair-0"), None);
+    assert_eq!(nominated(&api, "pair-1"), None);
+    let said = last_message(&api, "pair-0");
+    assert!(said.contains("nothing was evicted"), "{said}");
+}
+
+/// A replica that loses its lease in the middle of a preemption evicts no more: the gate
+/// is looked at before every eviction, not once per plan.
+#[tokio::test]
+async fn a_replica_that_loses_the_lease_mid_preemption_evicts_no_more() {
+    use crate::wrapped::{Hooks, Wrapped};
+    use gpuplace_scheduler::k8s::leader::Gate;
+
+    /// Closes the gate once the first real eviction is answered.
+    #[derive(Clone)]
+    struct LoseLease(Gate);
+    impl Hooks for LoseLease {
+        fn after_evict(&self, dry_run: bool) {
+            if !dry_run {
+                self.0.close();
+            }
+        }
+    }
+
+    let api = MemoryApi::new();
+    api.put_node(node("g", 2, json!({})));
+    let gate = Gate::closed();
+    gate.extend(tokio::time::Instant::now(), Duration::from_secs(3600));
+    let wrapped = Wrapped {
+        inner: api.clone(),
+        hooks: LoseLease(Gate::always_open()),
+    };
+    let mut scheduler = Scheduler::with_gate(wrapped, config(), gate.clone());
+    let mut t = Instant::now();
+    api.put_pod(prio("low-0", 1, 0, json!({})));
+    api.put_pod(prio("low-1", 1, 0, json!({})));
+    for _ in 0..3 {
+        t += Duration::from_secs(5);
+        scheduler.round(t).await.unwrap();
+    }
+    assert!(bound_node(&api, "low-0").is_some() && bound_node(&api, "low-1").is_some());
+    // From here on the first eviction made costs the lease.
+    let wrapped = Wrapped {
+        inner: api.clone(),
+        hooks: LoseLease(gate.clone()),
+    };
+    let mut scheduler = Scheduler::with_gate(wrapped, config(), gate.clone());
+    api.put_group(group("pair", 2, 60));
+    let member = json!({"metadata": {"labels": {"gpuplace.io/pod-group": "pair"}}});
+    api.put_pod(prio("pair-0", 1, 10, member.clone()));
+    api.put_pod(prio("pair-1", 1, 10, member));
+    for _ in 0..3 {
+        t += Duration::from_secs(5);
+        scheduler.round(t).await.unwrap();
+    }
+    let evicted = ["low-0", "low-1"]
+        .iter()
+        .filter(|n| deleting(&api, n))
+        .count();
+    assert_eq!(evicted, 1, "the second eviction was not sent");
+    assert_eq!(nominated(&api, "pair-0"), None);
+    assert_eq!(nominated(&api, "pair-1"), None);
+}
+
+/// A preemptor's message, its Event and condition name no pod of another namespace, and a
+/// victim's Event does not name a preemptor of another namespace: both are counted or said
+/// "a pod of another namespace" (the preemptor's message once listed `lab/secret-...`).
+#[tokio::test]
+async fn preemption_messages_name_no_pod_of_another_namespace() {
+    let api = MemoryApi::new();
+    api.put_node(node("n", 2, json!({})));
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    let mut t = Instant::now();
+    let lab = json!({"metadata": {"namespace": "lab"}});
+    api.put_pod(prio("secret-victim-0", 1, 0, lab.clone()));
+    api.put_pod(prio("secret-victim-1", 1, 0, lab));
+    settle(&mut scheduler, &mut t).await;
+    api.put_pod(prio("hi", 2, 10, json!({})));
+    settle(&mut scheduler, &mut t).await;
+    let said = last_message(&api, "hi");
+    assert!(
+        said.contains("preempting 2 pod(s) of lower priority: 2 of other namespaces"),
+        "{said}"
+    );
+    let condition = api
+        .pod("ml", "hi")
+        .and_then(|p| p.status)
+        .and_then(|s| s.conditions)
+        .map(|c| serde_json::to_string(&c).unwrap_or_default())
+        .unwrap_or_default();
+    for text in [&said, &condition] {
+        assert!(
+            !text.contains("secret-victim") && !text.contains("lab/"),
+            "{text}"
+        );
+    }
+    let to_victims: Vec<String> = api
+        .events()
+        .into_iter()
+        .filter(|e| e.pod.namespace == "lab")
+        .map(|e| e.message)
+        .collect();
+    assert!(!to_victims.is_empty());
+    for m in &to_victims {
+        assert!(!m.contains("ml/hi"), "{m}");
+    }
+    assert!(
+        to_victims
+            .iter()
+            .any(|m| m.contains("Preempted by a pod of another namespace")),
+        "{to_victims:?}"
+    );
+}

@@ -21,6 +21,12 @@ pub trait Hooks: Clone + Send + Sync + 'static {
         async {}
     }
     fn after_event(&self) {}
+    /// After a preemption's eviction (or its dry run) is answered.
+    fn after_evict(&self, _dry_run: bool) {}
+    /// Whether a `PodScheduled` condition write fails (a 500) instead of being made.
+    fn fail_unschedulable(&self) -> bool {
+        false
+    }
 }
 
 /// `inner` with `hooks` around its calls.
@@ -67,10 +73,15 @@ impl<H: Hooks> ClusterApi for Wrapped<H> {
         result
     }
     async fn unschedulable(&self, pod: &PodKey, message: &str) -> Result<(), ApiError> {
+        if self.hooks.fail_unschedulable() {
+            return Err(ApiError::Other("injected 500".into()));
+        }
         self.inner.unschedulable(pod, message).await
     }
-    async fn evict(&self, victim: &PodKey, message: &str) -> Result<(), ApiError> {
-        self.inner.evict(victim, message).await
+    async fn evict(&self, victim: &PodKey, message: &str, dry_run: bool) -> Result<(), ApiError> {
+        let result = self.inner.evict(victim, message, dry_run).await;
+        self.hooks.after_evict(dry_run);
+        result
     }
     async fn evict_to_move(&self, pod: &PodKey, dry_run: bool) -> Result<(), ApiError> {
         self.inner.evict_to_move(pod, dry_run).await
