@@ -86,6 +86,13 @@ pub enum ApiError {
     /// The server could not be reached or did not answer in time (worth a retry).
     #[error("the API server is unavailable: {0}")]
     Unavailable(String),
+    /// 429: the server is busy (API Priority and Fairness, max in flight) and says when to
+    /// try again (its `Retry-After`, when given).
+    #[error("the API server asked to slow down: {what}")]
+    Throttled {
+        what: String,
+        retry_after: Option<std::time::Duration>,
+    },
     #[error("{0}")]
     Other(String),
 }
@@ -93,7 +100,15 @@ pub enum ApiError {
 impl ApiError {
     /// Whether the same request may succeed a moment later.
     pub fn is_transient(&self) -> bool {
-        matches!(self, ApiError::Unavailable(_))
+        matches!(self, ApiError::Unavailable(_) | ApiError::Throttled { .. })
+    }
+
+    /// How long the server asked to wait before the next try, if it said.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            ApiError::Throttled { retry_after, .. } => *retry_after,
+            _ => None,
+        }
     }
 }
 

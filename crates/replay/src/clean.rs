@@ -1,5 +1,7 @@
 //! Deleting what replays made: exactly what carries one run's label (after it ends, is
 //! interrupted or fails), or everything labelled as a replay's (`gpuplace replay --clean`).
+//! Each list and delete is tried again while the server is away or throttling, for
+//! [`crate::flights::PATIENCE`].
 
 use crate::api::{ApiError, Kind, ReplayApi};
 
@@ -29,7 +31,8 @@ pub async fn delete_labelled<A: ReplayApi>(api: &A) -> Result<Cleaned, ApiError>
 async fn delete_selected<A: ReplayApi>(api: &A, selector: &str) -> Result<Cleaned, ApiError> {
     let mut cleaned = Cleaned::default();
     for kind in Kind::CLEAN_ORDER {
-        let names = api.list_labelled(kind, selector).await?;
+        // A clean-up is what runs after a failure, often a busy server's.
+        let names = crate::flights::patiently(|| api.list_labelled(kind, selector)).await?;
         let names: Vec<&str> = names.iter().map(String::as_str).collect();
         let deleted = delete_all(api, kind, &names).await?;
         cleaned.deleted.push((kind, deleted));
@@ -41,7 +44,10 @@ async fn delete_selected<A: ReplayApi>(api: &A, selector: &str) -> Result<Cleane
 async fn delete_all<A: ReplayApi>(api: &A, kind: Kind, names: &[&str]) -> Result<usize, ApiError> {
     use futures::StreamExt;
     let results: Vec<Result<bool, ApiError>> = futures::stream::iter(names)
-        .map(|name| api.delete(kind, name))
+        .map(|name| async move {
+            let mut requests = 0;
+            crate::flights::delete_with_retry(api, kind, name, &mut requests).await
+        })
         .buffer_unordered(16)
         .collect()
         .await;

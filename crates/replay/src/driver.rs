@@ -116,7 +116,7 @@ pub async fn prepare<A: ReplayApi>(
                 let mut n = 1;
                 let mut done = create_with_retry(api, object, &mut n).await;
                 if done.is_ok() {
-                    done = api.heartbeat(run, object.name()).await;
+                    done = crate::flights::patiently(|| api.heartbeat(run, object.name())).await;
                 }
                 (object, done, n)
             });
@@ -142,6 +142,9 @@ struct Made {
     /// The replay asked for its deletion (its run ended).
     deleting: bool,
     gone: bool,
+    /// The watch has shown it: until then its creation may be in flight, and a relist that
+    /// lacks it says nothing of it.
+    seen: bool,
 }
 
 /// The replay's state while it runs.
@@ -244,6 +247,7 @@ impl Run<'_> {
                     life: self.lives.len(),
                     deleting: false,
                     gone: false,
+                    seen: false,
                 },
             );
             self.lives.push(Life {
@@ -270,6 +274,7 @@ impl Run<'_> {
     fn seen(&mut self, state: PodState) -> Option<String> {
         let now = self.now_ms();
         let made = self.made.get_mut(&state.name)?;
+        made.seen = true;
         let life = &mut self.lives[made.life];
         if let (Some(node), None) = (&state.node, life.bound) {
             life.bound = Some(Ms(now.max(life.arrival.0)));
@@ -580,10 +585,13 @@ fn handle_seen(run: &mut Run<'_>, seen: PodSeen) -> Vec<String> {
         }
         PodSeen::Listed(names) => {
             let listed: std::collections::HashSet<String> = names.into_iter().collect();
+            // Only pods the watch showed before: one whose creation is in flight (or
+            // answered after the list was taken) is not in the list and not gone; taking it
+            // for evicted would make its controller's pod while it comes.
             let missing: Vec<String> = run
                 .made
                 .iter()
-                .filter(|(n, m)| !m.gone && !listed.contains(*n))
+                .filter(|(n, m)| m.seen && !m.gone && !listed.contains(*n))
                 .map(|(n, _)| n.clone())
                 .collect();
             for name in missing {

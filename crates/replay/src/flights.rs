@@ -8,47 +8,118 @@ use std::time::Duration;
 use crate::api::{ApiError, Kind, Object, ReplayApi};
 use crate::error::ReplayError;
 
-/// Sends `object`, retrying a server that is briefly away; counts requests.
-/// Asks for `object`, again while the server is briefly away: a name that exists after a
-/// try that got no answer is that try's (this run's own).
+/// How long a request is tried again while the server throttles (429, as long as it keeps
+/// asking to wait) and while it cannot be reached.
+pub const PATIENCE: Duration = Duration::from_secs(60);
+pub const AWAY_PATIENCE: Duration = Duration::from_secs(10);
+/// The first pause between tries, doubled each time up to [`MAX_PAUSE`].
+const FIRST_PAUSE: Duration = Duration::from_millis(200);
+const MAX_PAUSE: Duration = Duration::from_secs(5);
+
+/// The pauses between tries of one request: the server's `Retry-After` when it gives one
+/// (as client-go waits), else doubling; for [`PATIENCE`] in all ([`AWAY_PATIENCE`] while
+/// it cannot be reached).
+pub(crate) struct Backoff {
+    pause: Duration,
+    waited: Duration,
+}
+
+impl Backoff {
+    pub(crate) fn new() -> Self {
+        Backoff {
+            pause: FIRST_PAUSE,
+            waited: Duration::ZERO,
+        }
+    }
+
+    /// After failure `e`: waits and says to try again, or `false` (not transient, or
+    /// patience spent).
+    pub(crate) async fn wait(&mut self, e: &ApiError) -> bool {
+        let patience = match e {
+            ApiError::Throttled { .. } => PATIENCE,
+            _ => AWAY_PATIENCE,
+        };
+        if !e.is_transient() || self.waited >= patience {
+            return false;
+        }
+        let pause = match e.retry_after() {
+            Some(asked) => asked,
+            None => {
+                let pause = self.pause;
+                self.pause = (self.pause * 2).min(MAX_PAUSE);
+                pause
+            }
+        }
+        .min(patience - self.waited);
+        tokio::time::sleep(pause).await;
+        self.waited += pause;
+        true
+    }
+}
+
+/// `call`'s answer, asked again while the server is away or throttling ([`Backoff`]).
+pub(crate) async fn patiently<T, F, Fut>(call: F) -> Result<T, ApiError>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<T, ApiError>>,
+{
+    let mut backoff = Backoff::new();
+    loop {
+        match call().await {
+            Ok(answer) => return Ok(answer),
+            Err(e) => {
+                if !backoff.wait(&e).await {
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+/// Asks for `object`, again while the server is briefly away or throttling (as its
+/// `Retry-After` says): a name that exists after a try that got no answer is that try's
+/// (this run's own); counts requests.
 pub(crate) async fn create_with_retry<A: ReplayApi>(
     api: &A,
     object: &Object,
     requests: &mut u64,
 ) -> Result<(), ApiError> {
-    let mut pause = Duration::from_millis(200);
-    for attempt in 0.. {
+    let mut backoff = Backoff::new();
+    let mut tried = false;
+    loop {
         *requests += 1;
         match api.create(object).await {
-            Err(e) if e.is_transient() && attempt < 5 => {
-                tokio::time::sleep(pause).await;
-                pause *= 2;
+            Err(ApiError::AlreadyExists(_)) if tried => return Ok(()),
+            Err(e) => {
+                if !backoff.wait(&e).await {
+                    return Err(e);
+                }
+                tried = true;
             }
-            Err(ApiError::AlreadyExists(_)) if attempt > 0 => return Ok(()),
-            other => return other,
+            Ok(()) => return Ok(()),
         }
     }
-    Ok(())
 }
 
+/// Deletes `kind` `name`, again while the server is briefly away or throttling.
 pub(crate) async fn delete_with_retry<A: ReplayApi>(
     api: &A,
     kind: Kind,
     name: &str,
     requests: &mut u64,
 ) -> Result<bool, ApiError> {
-    let mut pause = Duration::from_millis(200);
-    for attempt in 0.. {
+    let mut backoff = Backoff::new();
+    loop {
         *requests += 1;
         match api.delete(kind, name).await {
-            Err(e) if e.is_transient() && attempt < 5 => {
-                tokio::time::sleep(pause).await;
-                pause *= 2;
+            Err(e) => {
+                if !backoff.wait(&e).await {
+                    return Err(e);
+                }
             }
-            other => return other,
+            Ok(there) => return Ok(there),
         }
     }
-    Ok(false)
 }
 
 /// What one flight came back with.

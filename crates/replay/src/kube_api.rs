@@ -12,6 +12,7 @@ use kube::{Api, Client};
 use serde_json::json;
 
 use crate::api::{ApiError, Kind, Object, PodSeen, PodState, ReplayApi};
+use crate::labels::RUN_LABEL;
 
 /// The replay's API on `client`, its pods and PodGroups in `namespace`.
 #[derive(Clone)]
@@ -39,15 +40,36 @@ impl KubeReplayApi {
         }
     }
 
-    /// A fake node: the object, its status as a kubelet would write it, and no taints.
+    /// A fake node: the object, its status as a kubelet would write it, and its own taints
+    /// only (admission's not-ready taint off). Each step is tried again while the server
+    /// is away or throttling, and a node this run already made (an earlier try whose
+    /// answer was lost, or whose status patch failed) is finished, not taken as done: it
+    /// counts as created only once its status and taints are written.
     async fn create_node(&self, node: &Node) -> Result<(), ApiError> {
         let name = node.metadata.name.clone().unwrap_or_default();
         let mut spec_only = node.clone();
         spec_only.status = None;
-        self.nodes
-            .create(&PostParams::default(), &spec_only)
-            .await
-            .map_err(|e| api_error(e, "Node", &name))?;
+        let created = self.nodes.create(&PostParams::default(), &spec_only).await;
+        match created.map_err(|e| api_error(e, "Node", &name)) {
+            Ok(_) => {}
+            Err(ApiError::AlreadyExists(what)) => {
+                // Ours only if it carries this run's label: finish it; else refuse.
+                let run = node.metadata.labels.as_ref().and_then(|l| l.get(RUN_LABEL));
+                let there = self
+                    .nodes
+                    .get_opt(&name)
+                    .await
+                    .map_err(|e| api_error(e, "Node", &name))?;
+                let theirs = there
+                    .as_ref()
+                    .and_then(|n| n.metadata.labels.as_ref())
+                    .and_then(|l| l.get(RUN_LABEL));
+                if run.is_none() || theirs != run {
+                    return Err(ApiError::AlreadyExists(what));
+                }
+            }
+            Err(e) => return Err(e),
+        }
         let mut status = json!({"status": node.status});
         // As a kubelet reports it: Ready since now, heard from now.
         let now = json!(k8s_openapi::jiff::Timestamp::now().to_string());
@@ -57,17 +79,27 @@ impl KubeReplayApi {
                 c["lastTransitionTime"] = now.clone();
             }
         }
-        self.nodes
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
-            .await
-            .map_err(|e| api_error(e, "Node", &name))?;
-        // Admission adds node.kubernetes.io/not-ready until a kubelet reports Ready.
-        let untainted = json!({"spec": {"taints": null}});
-        self.nodes
-            .patch(&name, &PatchParams::default(), &Patch::Merge(&untainted))
-            .await
-            .map_err(|e| api_error(e, "Node", &name))?;
-        Ok(())
+        let params = PatchParams::default();
+        crate::flights::patiently(|| async {
+            self.nodes
+                .patch_status(&name, &params, &Patch::Merge(&status))
+                .await
+                .map(|_| ())
+                .map_err(|e| api_error(e, "Node", &name))
+        })
+        .await?;
+        // Admission adds node.kubernetes.io/not-ready until a kubelet reports Ready; the
+        // node keeps only its own taints (the replay's, that its pods tolerate).
+        let taints = node.spec.as_ref().and_then(|s| s.taints.clone());
+        let own_taints = json!({"spec": {"taints": taints}});
+        crate::flights::patiently(|| async {
+            self.nodes
+                .patch(&name, &params, &Patch::Merge(&own_taints))
+                .await
+                .map(|_| ())
+                .map_err(|e| api_error(e, "Node", &name))
+        })
+        .await
     }
 }
 
@@ -80,7 +112,16 @@ fn api_error(e: kube::Error, kind: &str, name: &str) -> ApiError {
             404 => ApiError::NotFound(format!("{what} ({})", s.message)),
             400 | 422 => ApiError::Invalid(format!("{what}: {}", s.message)),
             401 | 403 => ApiError::Forbidden(format!("{what}: {}", s.message)),
-            429 | 500..=599 => ApiError::Unavailable(format!("{what}: {}", s.message)),
+            429 => ApiError::Throttled {
+                retry_after: s
+                    .details
+                    .as_ref()
+                    .map(|d| d.retry_after_seconds)
+                    .filter(|&s| s > 0)
+                    .map(|s| std::time::Duration::from_secs(u64::from(s))),
+                what: format!("{what}: {}", s.message),
+            },
+            500..=599 => ApiError::Unavailable(format!("{what}: {}", s.message)),
             _ => ApiError::Other(format!("{what}: {} ({})", s.message, s.code)),
         },
         kube::Error::HyperError(_) | kube::Error::Service(_) => {

@@ -21,6 +21,10 @@ use crate::pod_base::PodBase;
 
 /// The label that marks a replay's fake nodes.
 pub const FAKE_NODE_LABEL: &str = "gpuplace.io/replay-fake-node";
+/// The taint every fake node carries (`NoSchedule`): no kubelet runs there, so nothing
+/// but the replay's pods, which tolerate it, may land on one (a DaemonSet's pods or a
+/// shared cluster's pending pods would otherwise be bound to a node that never runs them).
+pub const FAKE_NODE_TAINT: &str = "gpuplace.io/replay-fake-node";
 pub use crate::labels::PLANNED_LABEL;
 /// The most pods a fake node takes (the kubelet's `maxPods` is 110 by default; trace nodes
 /// run more small pods than that).
@@ -74,6 +78,7 @@ pub fn fake_node(run: &str, name: &str, inventory: &NodeInventory) -> Result<Nod
     serde_json::from_value(json!({
         "metadata": {"name": name, "labels": labels,
             "annotations": {INVENTORY_ANNOTATION: inventory.to_json()}},
+        "spec": {"taints": [fake_node_taint()]},
         "status": {
             "capacity": resources,
             "allocatable": resources,
@@ -82,6 +87,11 @@ pub fn fake_node(run: &str, name: &str, inventory: &NodeInventory) -> Result<Nod
         }
     }))
     .map_err(|e| ObjectError::Build(format!("node {name}: {e}")))
+}
+
+/// The taint of a fake node, as the Node's `spec.taints` holds it.
+pub fn fake_node_taint() -> serde_json::Value {
+    json!({"key": FAKE_NODE_TAINT, "value": "true", "effect": "NoSchedule"})
 }
 
 /// A label value from free text: at most 63 of its letters, digits, '-', '_' and '.'.
@@ -150,6 +160,11 @@ pub fn pod(
     let mut spec = serde_json::Map::new();
     spec.insert("schedulerName".into(), json!(template.scheduler_name));
     spec.insert("restartPolicy".into(), json!("Never"));
+    // Fake nodes are tainted so that nothing else lands there; the replay's pods may.
+    spec.insert(
+        "tolerations".into(),
+        json!([{"key": FAKE_NODE_TAINT, "operator": "Equal", "value": "true", "effect": "NoSchedule"}]),
+    );
     spec.insert(
         "containers".into(),
         json!([{"name": "main", "image": "registry.k8s.io/pause:3.9",
@@ -329,7 +344,11 @@ mod tests {
         assert_eq!(labels["gpuplace.io/queue"], "team-a");
         let spec = made.spec.expect("spec");
         assert_eq!(spec.scheduler_name.as_deref(), Some("default-scheduler"));
-        assert_eq!(spec.tolerations.map(|t| t.len()), Some(1));
+        // The template's toleration, then the replay's own for its fake nodes' taint.
+        let tolerations = spec.tolerations.expect("tolerations");
+        assert_eq!(tolerations.len(), 2);
+        assert_eq!(tolerations[1].key.as_deref(), Some(FAKE_NODE_TAINT));
+        assert_eq!(tolerations[1].effect.as_deref(), Some("NoSchedule"));
         let c = &spec.containers[0];
         assert_eq!(
             (c.name.as_str(), c.image.as_deref()),
@@ -354,6 +373,13 @@ mod tests {
         let back = NodeInventory::from_json(annotation).expect("inventory");
         assert_eq!(back.name, "rp1-n0001");
         assert_eq!(back.gpus[3].id, "rp1-n0001-gpu3");
+        // Tainted: nothing but the replay's pods (which tolerate it) lands there.
+        let taints = node.spec.and_then(|s| s.taints).expect("taints");
+        assert_eq!(taints.len(), 1);
+        assert_eq!(
+            (taints[0].key.as_str(), taints[0].effect.as_str()),
+            (FAKE_NODE_TAINT, "NoSchedule")
+        );
     }
 
     #[test]

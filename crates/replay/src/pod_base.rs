@@ -157,6 +157,17 @@ impl PodBase {
             match key.as_str() {
                 "containers" => merge_container(&mut into, value),
                 "restartPolicy" if into.contains_key("restartPolicy") => {}
+                // The template's tolerations and the replay's own, both.
+                "tolerations" => {
+                    let mut all = match into.remove("tolerations") {
+                        Some(Value::Array(theirs)) => theirs,
+                        _ => Vec::new(),
+                    };
+                    if let Value::Array(mine) = value {
+                        all.extend(mine);
+                    }
+                    into.insert(key, Value::Array(all));
+                }
                 _ => {
                     into.insert(key, value);
                 }

@@ -40,6 +40,10 @@ pub struct MemoryReplayApi {
     labelled: Arc<std::sync::Mutex<BTreeMap<(Kind, String), Labels>>>,
     /// Fake nodes' heartbeats: renewals per node.
     leases: Arc<std::sync::Mutex<BTreeMap<String, u32>>>,
+    /// The watch lists again at its next look (as after a dropped watch or a restart).
+    relist: Arc<AtomicBool>,
+    /// Requests still to be answered 429, and the `Retry-After` they carry.
+    throttled: Arc<std::sync::Mutex<(usize, Duration)>>,
 }
 
 impl MemoryReplayApi {
@@ -55,6 +59,23 @@ impl MemoryReplayApi {
             requests: Arc::default(),
             labelled: Arc::default(),
             leases: Arc::default(),
+            relist: Arc::default(),
+            throttled: Arc::default(),
+        }
+    }
+
+    /// The watch starts over at its next look: a listing of the pods there are then
+    /// (without those whose creation is still in flight), as after a dropped watch or an
+    /// API server restart.
+    pub fn relist(&self) {
+        self.relist.store(true, Ordering::SeqCst);
+    }
+
+    /// The next `n` requests are answered 429 with `Retry-After: retry_after`, as API
+    /// Priority and Fairness answers a busy server's.
+    pub fn throttle(&self, n: usize, retry_after: Duration) {
+        if let Ok(mut t) = self.throttled.lock() {
+            *t = (n, retry_after);
         }
     }
 
@@ -81,6 +102,15 @@ impl MemoryReplayApi {
                 "error trying to connect: tcp connect error: Connection refused (os error 111)"
                     .into(),
             ));
+        }
+        if let Ok(mut t) = self.throttled.lock()
+            && t.0 > 0
+        {
+            t.0 -= 1;
+            return Err(ApiError::Throttled {
+                what: "the server is currently unable to handle the request".into(),
+                retry_after: Some(t.1),
+            });
         }
         Ok(())
     }
@@ -316,7 +346,7 @@ impl ReplayApi for MemoryReplayApi {
                 .filter(|(n, s)| seen.get(*n) != Some(*s))
                 .map(|(_, s)| Ok(PodSeen::Changed(s.clone())))
                 .collect();
-            if first {
+            if first || this.relist.swap(false, Ordering::SeqCst) {
                 events.push(Ok(PodSeen::Listed(now.keys().cloned().collect())));
             } else {
                 events.extend(

@@ -79,11 +79,23 @@ fn put_foreign(api: &MemoryApi) {
             "containers": [{"name": "c", "image": "x"}]}}))
         .expect("pod"),
     );
+    // A shared cluster's pending pod that gpuplace schedules (or a DaemonSet's): no fake
+    // node takes it, their taint keeps it off.
+    api.put_pod(
+        serde_json::from_value(json!({"metadata": {"name": "someone-elses-gpu-pod",
+            "namespace": "lab"}, "spec": {"schedulerName": "gpuplace",
+            "containers": [{"name": "c", "image": "x",
+                "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}))
+        .expect("pod"),
+    );
 }
 
 fn foreign_intact(api: &MemoryApi) {
     assert!(api.node("someone-elses-node").is_some());
     assert!(api.pod(NAMESPACE, "someone-elses-pod").is_some());
+    let gpu_pod = api.pod("lab", "someone-elses-gpu-pod").expect("left alone");
+    let bound = gpu_pod.spec.and_then(|s| s.node_name);
+    assert_eq!(bound, None, "a foreign pod landed on a fake node");
 }
 
 /// gpuplace's scheduler running rounds against `api` until `stop`.
@@ -118,14 +130,14 @@ struct Rig {
 }
 
 fn rig(arrivals: usize) -> Rig {
+    rig_with(arrivals, Duration::from_millis(1))
+}
+
+/// A rig whose every request takes `latency`.
+fn rig_with(arrivals: usize, latency: Duration) -> Rig {
     let memory = MemoryApi::new();
     put_foreign(&memory);
-    let api = MemoryReplayApi::new(
-        memory,
-        NAMESPACE,
-        Duration::from_millis(1),
-        Duration::from_millis(20),
-    );
+    let api = MemoryReplayApi::new(memory, NAMESPACE, latency, Duration::from_millis(20));
     let timeline = timeline(arrivals);
     let plan = Plan::new(&timeline, 7, "rp7").expect("plan");
     let nodes = &timeline.workload().nodes;
@@ -343,5 +355,65 @@ async fn leftovers_of_an_earlier_replay_are_named_and_bad_speeds_refused() {
     let cleaned = clean::delete_labelled(&rig.api).await.expect("clean");
     // The nodes and their heartbeats' Leases.
     assert_eq!(cleaned.total(), 2 * rig.fakes.len());
+    foreign_intact(&rig.api.api);
+}
+
+/// A watch that starts over mid-run (a dropped watch, an API server restart) lists the
+/// pods there are: those whose creation is still in flight are not in it, and are not
+/// taken for evicted (their controller's pod would be made while the first comes, and the
+/// first never leave on schedule).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relist_mid_run_makes_no_pod_twice() {
+    let rig = rig_with(200, Duration::from_millis(15));
+    let (stop_scheduler, stopped) = watch::channel(false);
+    let thread = scheduler(rig.api.api.clone(), stopped);
+    let (_keep, cancel) = watch::channel(false);
+    driver::prepare(&rig.api, RUN, &rig.fakes, &[])
+        .await
+        .expect("nodes");
+    let api = rig.api.clone();
+    let relisting = tokio::spawn(async move {
+        for _ in 0..40 {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            api.relist();
+        }
+    });
+    let outcome = rig.run(600.0, cancel).await.expect("replay");
+    relisting.abort();
+    let _ = stop_scheduler.send(true);
+    let _ = thread.join();
+    let again: Vec<_> = outcome.lives.iter().filter(|l| l.by_controller).collect();
+    assert!(
+        again.is_empty(),
+        "{} pods made again: {again:?}",
+        again.len()
+    );
+    assert!(outcome.lives.iter().all(|l| !l.evicted));
+    assert_eq!(outcome.lives.len(), rig.plan.pods.len());
+    clean::delete_run(&rig.api, RUN).await.expect("clean");
+    nothing_left(&rig.api).await;
+    foreign_intact(&rig.api.api);
+}
+
+/// A busy server answers 429 with `Retry-After`: the replay's creations and its clean-up
+/// wait as asked and go on (they once gave up after five tries, about 6 s, and a
+/// clean-up at the first refusal).
+#[tokio::test]
+async fn throttled_requests_wait_as_the_server_asks_and_go_on() {
+    let rig = rig(50);
+    let asked = Duration::from_millis(100);
+    rig.api.throttle(60, asked);
+    let started = Instant::now();
+    driver::prepare(&rig.api, RUN, &rig.fakes, &[])
+        .await
+        .expect("the nodes, once the server lets them through");
+    // 60 answers of 429 over 6 nodes' creations and heartbeats, each waited out.
+    assert!(started.elapsed() >= asked * 5, "{:?}", started.elapsed());
+    assert!(rig.fakes.iter().all(|(n, _)| rig.api.api.node(n).is_some()));
+    rig.api.throttle(60, asked);
+    let cleaned = clean::delete_run(&rig.api, RUN).await.expect("clean");
+    // Each fake node and its heartbeat Lease.
+    assert_eq!(cleaned.total(), 2 * rig.fakes.len());
+    nothing_left(&rig.api).await;
     foreign_intact(&rig.api.api);
 }
