@@ -24,5 +24,5 @@ plugdir=$(mktemp -d)
 pid=$!; sleep 12
 curl -s 127.0.0.1:9400/metrics > "$out/metrics.txt" 2>&1 || python3 -c "import urllib.request;print(urllib.request.urlopen('http://127.0.0.1:9400/metrics').read().decode())" > "$out/metrics.txt" 2>&1
 kill -TERM $pid; wait $pid; echo "plugin exit rc=$?"
-target/devcheck/integration nvml:: --nocapture --test-threads=1 > "$out/tests.txt" 2>&1; echo "tests rc=$?"
+target/devcheck/integration nvml:: --ignored --nocapture --test-threads=1 > "$out/tests.txt" 2>&1; echo "tests rc=$?"
 tail -5 "$out/tests.txt"; grep -n numa "$out/discover.json"; grep numa_node= "$out/nvidia-smi.txt"; cat "$out/discover.err"; head -20 "$out/nvidia-smi.txt"

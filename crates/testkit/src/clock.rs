@@ -21,24 +21,3 @@ pub fn server_time() -> Timestamp {
         .get_or_init(WallClock::default)
         .timestamp(tokio::time::Instant::now().into_std())
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    #[tokio::test(start_paused = true)]
-    async fn stamps_follow_paused_time() {
-        let before = server_time();
-        tokio::time::sleep(Duration::from_secs(3600)).await;
-        let after = server_time();
-        let apart = after.as_second() - before.as_second();
-        assert!((3599..=3601).contains(&apart), "{apart}");
-    }
-
-    #[test]
-    fn outside_a_runtime_it_is_the_wall_clock() {
-        let apart = (server_time().as_millisecond() - Timestamp::now().as_millisecond()).abs();
-        assert!(apart < 1_000, "{apart}");
-    }
-}

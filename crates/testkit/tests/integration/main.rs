@@ -3,7 +3,9 @@
 //! runs one file's tests.
 
 mod api;
+mod clock;
 mod fuzz;
+mod fuzz_properties;
 mod handshake;
 mod preemption;
 mod replay;
