@@ -9,9 +9,10 @@ use crate::api::{ApiError, Kind, Object, ReplayApi};
 use crate::error::ReplayError;
 
 /// How long a request is tried again while the server throttles (429, as long as it keeps
-/// asking to wait) and while it cannot be reached.
+/// asking to wait) and while it cannot be reached (as long as the pod watch waits for it:
+/// an API server restart takes several seconds to answer again).
 pub const PATIENCE: Duration = Duration::from_secs(60);
-pub const AWAY_PATIENCE: Duration = Duration::from_secs(10);
+pub const AWAY_PATIENCE: Duration = Duration::from_secs(30);
 /// The first pause between tries, doubled each time up to [`MAX_PAUSE`].
 const FIRST_PAUSE: Duration = Duration::from_millis(200);
 const MAX_PAUSE: Duration = Duration::from_secs(5);
