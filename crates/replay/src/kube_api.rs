@@ -265,3 +265,7 @@ pub fn state_of(pod: &Pod) -> PodState {
         terminating: pod.metadata.deletion_timestamp.is_some(),
     }
 }
+
+#[cfg(test)]
+#[path = "kube_api_tests.rs"]
+mod tests;
