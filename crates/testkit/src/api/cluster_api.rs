@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{Pod, PodCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::costs::{Fault, validate_annotations};
-use super::{MemoryApi, lock};
+use super::{MemoryApi, Store, lock};
 
 /// What another writer does to a pod just before the fake answers its Binding with a 409.
 struct Rewrite {
@@ -277,16 +277,7 @@ impl ClusterApi for MemoryApi {
             }
             if dry_run {
                 // The server's checks, nothing changed; injected 500s hit real requests.
-                let current = s
-                    .pods
-                    .get(&key)
-                    .ok_or_else(|| ApiError::NotFound(victim.to_string()))?;
-                if current.metadata.uid.as_deref() != Some(victim.uid.as_str()) {
-                    return Err(ApiError::Conflict(format!(
-                        "{victim}: Precondition failed: UID in precondition: {}",
-                        victim.uid
-                    )));
-                }
+                same_pod(&s, &key, victim)?;
                 s.dry_run_deletes += 1;
                 return Ok(());
             }
@@ -294,17 +285,7 @@ impl ClusterApi for MemoryApi {
                 s.fail_evictions -= 1;
                 return Err(ApiError::Other(format!("{victim}: injected 500")));
             }
-            let key = (victim.namespace.clone(), victim.name.clone());
-            let current = s
-                .pods
-                .get(&key)
-                .ok_or_else(|| ApiError::NotFound(victim.to_string()))?;
-            if current.metadata.uid.as_deref() != Some(victim.uid.as_str()) {
-                return Err(ApiError::Conflict(format!(
-                    "{victim}: Precondition failed: UID in precondition: {}",
-                    victim.uid
-                )));
-            }
+            same_pod(&s, &key, victim)?;
             // The DisruptionTarget condition, one write, as kube-scheduler patches it.
             let condition = PodCondition {
                 type_: "DisruptionTarget".into(),
@@ -425,4 +406,20 @@ fn set_condition(pod: &mut k8s_openapi::api::core::v1::Pod, condition: PodCondit
         .get_or_insert_with(Vec::new);
     conditions.retain(|c| c.type_ != condition.type_);
     conditions.push(condition);
+}
+
+/// The delete's UID precondition as the server checks it: 404 when the pod is gone, 409
+/// when the name now holds another pod.
+fn same_pod(s: &Store, key: &(String, String), victim: &PodKey) -> Result<(), ApiError> {
+    let current = s
+        .pods
+        .get(key)
+        .ok_or_else(|| ApiError::NotFound(victim.to_string()))?;
+    if current.metadata.uid.as_deref() != Some(victim.uid.as_str()) {
+        return Err(ApiError::Conflict(format!(
+            "{victim}: Precondition failed: UID in precondition: {}",
+            victim.uid
+        )));
+    }
+    Ok(())
 }
