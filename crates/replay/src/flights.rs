@@ -102,25 +102,22 @@ pub(crate) async fn create_with_retry<A: ReplayApi>(
     }
 }
 
-/// Deletes `kind` `name`, again while the server is briefly away or throttling.
+/// Deletes `kind` `name`, again while the server is briefly away or throttling
+/// ([`patiently`]); counts requests.
 pub(crate) async fn delete_with_retry<A: ReplayApi>(
     api: &A,
     kind: Kind,
     name: &str,
     requests: &mut u64,
 ) -> Result<bool, ApiError> {
-    let mut backoff = Backoff::new();
-    loop {
-        *requests += 1;
-        match api.delete(kind, name).await {
-            Err(e) => {
-                if !backoff.wait(&e).await {
-                    return Err(e);
-                }
-            }
-            Ok(there) => return Ok(there),
-        }
-    }
+    let tries = std::sync::atomic::AtomicU64::new(0);
+    let done = patiently(|| {
+        tries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        api.delete(kind, name)
+    })
+    .await;
+    *requests += tries.into_inner();
+    done
 }
 
 /// What one flight came back with.

@@ -86,7 +86,7 @@ impl<A: ClusterApi> Scheduler<A> {
         if whole {
             for v in victims {
                 let message = message_for(v);
-                match self.evict_if_leader(v, &message).await {
+                match evict_if_leader(&self.api, &self.gate, v, &message).await {
                     Ok(()) => {
                         carried.evicted += 1;
                         self.events.emit(v, "Normal", "Preempted", message);
@@ -144,10 +144,6 @@ impl<A: ClusterApi> Scheduler<A> {
             }
         }
         None
-    }
-
-    async fn evict_if_leader(&self, victim: &PodKey, message: &str) -> Result<(), ApiError> {
-        evict_if_leader(&self.api, &self.gate, victim, message).await
     }
 
     /// Writes `status.nominatedNodeName` of each (pod, node).
