@@ -162,7 +162,14 @@ struct ByNode {
 }
 
 impl ByNode {
-    fn new(state: &ClusterState, candidates: &Candidates<'_>, taken: &[bool]) -> ByNode {
+    /// Skips the units marked in `taken` and the terminating pods marked in `freed` (what a
+    /// gang's earlier members already counted on).
+    fn new(
+        state: &ClusterState,
+        candidates: &Candidates<'_>,
+        taken: &[bool],
+        freed: &[bool],
+    ) -> ByNode {
         let mut by = ByNode {
             units: vec![Vec::new(); state.len()],
             freeing: vec![Vec::new(); state.len()],
@@ -180,6 +187,9 @@ impl ByNode {
             }
         }
         for (i, h) in candidates.freeing.iter().enumerate() {
+            if freed.get(i).copied().unwrap_or(false) {
+                continue;
+            }
             if let Some(list) = by.freeing.get_mut(h.node) {
                 list.push(i);
             }
@@ -367,7 +377,20 @@ pub fn find(
     allowed: Option<&[bool]>,
     taken: &[bool],
 ) -> Option<Preemption> {
-    let by = ByNode::new(state, candidates, taken);
+    find_with(state, request, candidates, allowed, taken, &[])
+}
+
+/// [`find`], counting on no terminating pod marked in `freed`: a gang's earlier member
+/// already took what it frees (in `state`), so a later member must not count it again.
+fn find_with(
+    state: &ClusterState,
+    request: &Request,
+    candidates: &Candidates<'_>,
+    allowed: Option<&[bool]>,
+    taken: &[bool],
+    freed: &[bool],
+) -> Option<Preemption> {
+    let by = ByNode::new(state, candidates, taken, freed);
     let mut scratch = Scratch {
         node: NodeState {
             cpu_free: 0,
@@ -467,7 +490,7 @@ pub fn find_for_all(
             placements.push((d.node, d.gpus));
             continue;
         }
-        let plan = find(&trial, request, candidates, *allowed, &taken)?;
+        let plan = find_with(&trial, request, candidates, *allowed, &taken, &freed)?;
         for (i, h) in candidates.freeing.iter().enumerate() {
             if h.node == plan.node && !freed[i] {
                 freed[i] = true;

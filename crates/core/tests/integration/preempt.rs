@@ -231,6 +231,47 @@ fn a_gang_preempts_for_all_its_members_or_not_at_all() {
     );
 }
 
+/// A pod already terminating frees its devices once: the gang member that counts on them
+/// takes them, and the next member evicts what it needs instead of counting them again
+/// (which planned both members on the same GPU, so the gang found no plan at all while
+/// an earlier leader's victim was terminating).
+#[test]
+fn a_terminating_pod_frees_its_devices_for_one_gang_member_only() {
+    let mut state = ClusterState::new(vec![node("a")]).unwrap();
+    let gone = hold(&mut state, 0, gpus(4, 1000), &[0, 1, 2, 3]);
+    let low = hold(&mut state, 0, gpus(4, 1000), &[4, 5, 6, 7]);
+    let candidates = cands(&[(1, vec![&low])], &[&gone], &[]);
+    let mut placer = Placer::new(Policy::BestFit, 1);
+    let four = gpus(4, 1000);
+    let plan = find_for_all(
+        &mut placer,
+        &state,
+        &[(&four, None), (&four, None)],
+        &candidates,
+        &[],
+    )
+    .expect("the terminating pod's four and the victim's four");
+    assert_eq!(plan.units, vec![0]);
+    let mut taken: Vec<usize> = plan
+        .placements
+        .iter()
+        .flat_map(|(_, g)| g.iter().map(|&(g, _)| g))
+        .collect();
+    taken.sort();
+    assert_eq!(taken, (0..8).collect::<Vec<_>>(), "no GPU planned twice");
+    // Three fours: what is terminating and every victim make room for two only.
+    assert!(
+        find_for_all(
+            &mut placer,
+            &state,
+            &[(&four, None), (&four, None), (&four, None)],
+            &candidates,
+            &[],
+        )
+        .is_none()
+    );
+}
+
 /// Per node, pods as (GPU count, milli, priority).
 type Pods = Vec<Vec<(u8, u32, i32)>>;
 

@@ -438,3 +438,44 @@ async fn preemption_messages_name_no_pod_of_another_namespace() {
         "{to_victims:?}"
     );
 }
+
+/// A leader killed in the middle of a gang's preemption (one victim evicted, still
+/// terminating; nothing nominated): the next leader counts that terminating victim
+/// towards the gang's plan and finishes it at once (evicts the second, nominates both),
+/// rather than finding "no preemption victims" until the first is gone. Once the victims
+/// are gone the members are bound to the two GPUs, none booked twice.
+#[tokio::test]
+async fn the_next_leader_finishes_a_gang_preemption_its_predecessor_began() {
+    let api = MemoryApi::new();
+    api.put_node(node("g", 2, json!({})));
+    let mut t = Instant::now();
+    let mut first = Scheduler::new(api.clone(), config());
+    api.put_pod(prio("low-0", 1, 0, json!({})));
+    api.put_pod(prio("low-1", 1, 0, json!({})));
+    settle(&mut first, &mut t).await;
+    // What the killed leader left: one victim evicted (terminating), no nomination.
+    api.delete_pod_gracefully("ml", "low-0");
+    drop(first);
+    api.put_group(group("pair", 2, 60));
+    let member = json!({"metadata": {"labels": {"gpuplace.io/pod-group": "pair"}}});
+    api.put_pod(prio("pair-0", 1, 10, member.clone()));
+    api.put_pod(prio("pair-1", 1, 10, member));
+    let mut next = Scheduler::new(api.clone(), config());
+    for _ in 0..2 {
+        t += Duration::from_secs(5);
+        next.round(t).await.unwrap();
+    }
+    assert!(
+        deleting(&api, "low-1"),
+        "the plan was finished: {:?}",
+        last_message(&api, "pair-0")
+    );
+    assert_eq!(nominated(&api, "pair-0").as_deref(), Some("g"));
+    assert_eq!(nominated(&api, "pair-1").as_deref(), Some("g"));
+    api.delete_pod("ml", "low-0");
+    api.delete_pod("ml", "low-1");
+    settle(&mut next, &mut t).await;
+    assert_eq!(bound_node(&api, "pair-0").as_deref(), Some("g"));
+    assert_eq!(bound_node(&api, "pair-1").as_deref(), Some("g"));
+    assert_no_double_booking(&api);
+}
