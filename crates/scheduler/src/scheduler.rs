@@ -17,6 +17,7 @@ mod gang_permit;
 mod gang_status;
 mod gangs;
 mod make_room;
+mod make_room_gang;
 mod moves;
 mod observe;
 mod post_filter;

@@ -47,8 +47,9 @@ pub(super) struct Carried {
 
 impl<A: ClusterApi> Scheduler<A> {
     /// Evicts `victims` (each with its Event) and nominates `pods` (pod, node): at once,
-    /// or with `whole` one by one, stopping at the first refusal with nothing nominated (a
-    /// gang's plan is carried out whole or not further).
+    /// or with `whole` one by one, the nominations written first and the evictions stopped
+    /// at the first refusal (a gang's plan goes no further this round; once a victim is
+    /// evicted the nominations stay, for a later round, or the next leader, to finish it).
     ///
     /// Every eviction is first sent as a dry run (the server checks the UID precondition,
     /// its admission and the scheduler's rights and deletes nothing): a refusal there
@@ -84,6 +85,9 @@ impl<A: ClusterApi> Scheduler<A> {
             }
         };
         if whole {
+            // The nominations first: while the plan is carried out the API records whom
+            // the room is for, so a leader killed midway leaves the next one holds to adopt.
+            self.write_nominations(nominate).await;
             for v in victims {
                 let message = message_for(v);
                 match evict_if_leader(&self.api, &self.gate, v, &message).await {
@@ -93,11 +97,17 @@ impl<A: ClusterApi> Scheduler<A> {
                     }
                     Err(e) => {
                         carried.refused = Some(refusal(by, v, &e));
+                        // Nothing evicted: nothing to finish, no room to hold.
+                        if carried.evicted == 0 {
+                            self.clear_nominations(
+                                nominate.iter().map(|(p, _)| p.clone()).collect(),
+                            )
+                            .await;
+                        }
                         return carried;
                     }
                 }
             }
-            self.write_nominations(nominate).await;
             return carried;
         }
         let evictions = victims.iter().map(|v| {

@@ -12,7 +12,8 @@ use gpuplace_core::cycle::place::{self, Quorum, Trial};
 use gpuplace_core::cycle::{Chained, Found, Planner, Step, Unit};
 
 use super::gang_status::Gang;
-use super::make_room::{GangRoom, Made, RoomPlanned};
+use super::make_room::{Made, RoomPlanned};
+use super::make_room_gang::GangRoom;
 use super::post_filter::{GangPreempted, Outcome, Preempted};
 use super::reclaim::{Fair, GangReclaimed, Reclaimed};
 use super::round_state::RoundState;

@@ -4,15 +4,18 @@
 //! moved pod has a planned place; budgets never broken).
 //!
 //! Carried out all or nothing: every eviction of the plan is first checked with a dry run
-//! of the Eviction API (budgets, UIDs); if one would be refused, no pod moves. Then each
-//! moved pod is evicted, told why in an Event (`Moved to make room for ml/train-8`), and
-//! its place is planned for the replacement its controller makes
-//! ([`super::defrag::Steers`]); the pending pod is nominated to the node with the freed
-//! devices held for it, exactly as a preemptor waits for its victims, and told in an Event.
-//! An eviction refused between the check and the move (a budget tightened) stops the plan:
-//! no further pod moves, the waiting pod is not nominated (it is told why and tried again
-//! after a backoff), and the places planned for the replacements of pods already evicted
-//! stay held until they land, so no moved pod is stranded.
+//! of the Eviction API (budgets, UIDs); if one would be refused, no pod moves. Then the
+//! pending pod's `nominatedNodeName` is written (the API records whom the room is for
+//! before any pod moves), each moved pod is evicted, told why in an Event (`Moved to make
+//! room for ml/train-8`), and its place is planned for the replacement its controller
+//! makes ([`super::defrag::Steers`]); the pending pod waits with the freed devices held for
+//! it, exactly as a preemptor waits for its victims, and is told in an Event. An eviction
+//! refused between the check and the move (a budget tightened) stops the plan: no further
+//! pod moves this round, the places planned for the replacements of pods already evicted
+//! stay held until they land (no moved pod is stranded), and the room made stays the
+//! waiting pod's: it stays nominated, and once the moved pods are gone a later round plans
+//! again on its nominated node first and finishes the plan there. A leader killed midway
+//! or after its last move leaves the nomination, which the next leader adopts as a hold.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,7 +45,8 @@ pub(super) enum Made {
     /// dry run was refused): nothing moved.
     Blocked(String),
     /// An eviction was refused midway: the pods before it moved (their replacements keep
-    /// their places), no more will, and the pod is not nominated.
+    /// their places), no more will this round; the pod stays nominated to the room made
+    /// (when a pod moved), which a later round finishes.
     Stopped(String),
     /// No plan: nothing that may move makes room.
     Nothing,
@@ -121,14 +125,14 @@ impl<A: ClusterApi> Scheduler<A> {
         {
             return Found::Nothing(Made::Later(until - now));
         }
-        match self.plan_room(
-            round,
-            snapshot,
-            view,
-            &demand,
-            mask.as_deref(),
-            shape.as_ref(),
-        ) {
+        let prefer = self.nominated_node(pod);
+        let ask = RoomAsk {
+            demand: &demand,
+            mask: mask.as_deref(),
+            shape: shape.as_ref(),
+            prefer: prefer.as_deref(),
+        };
+        match self.plan_room(round, snapshot, view, &ask) {
             Ok(room) => Found::Plan(RoomPlanned {
                 demand,
                 mask,
@@ -166,17 +170,27 @@ impl<A: ClusterApi> Scheduler<A> {
                     round,
                     snapshot,
                     view,
-                    &demand,
-                    mask.as_deref(),
-                    shape.as_ref(),
+                    &RoomAsk {
+                        demand: &demand,
+                        mask: mask.as_deref(),
+                        shape: shape.as_ref(),
+                        prefer: self.nominated_node(pod).as_deref(),
+                    },
                 ) {
                     Ok(planned) => planned,
                     Err(made) => return refused.map_or(made, Made::Blocked),
                 },
             };
             let why = "Moved to make room for";
+            let announce = unless_written(pod, &planned.node);
             let moved = match self
-                .start_moves(Some(&pod.key), why, &planned.moves, Some(&mut *snapshot))
+                .start_moves(
+                    Some(&pod.key),
+                    why,
+                    &planned.moves,
+                    &announce,
+                    Some(&mut *snapshot),
+                )
                 .await
             {
                 Moves::Done(moved) if !moved.is_empty() => moved,
@@ -188,7 +202,13 @@ impl<A: ClusterApi> Scheduler<A> {
                     refused = Some(why);
                     continue;
                 }
-                Moves::Stopped(why) => return Made::Stopped(why),
+                Moves::Stopped { why, moved } => {
+                    if !moved.is_empty() {
+                        let RoomFor { node, gpus, .. } = planned;
+                        self.nominate_to_room(snapshot, pod, &demand, &node, gpus, &moved);
+                    }
+                    return Made::Stopped(why);
+                }
             };
             return self
                 .nominate_for_room(snapshot, pod, &demand, planned, moved, report)
@@ -204,10 +224,14 @@ impl<A: ClusterApi> Scheduler<A> {
         round: &mut RoundState,
         snapshot: &Snapshot,
         view: &ClusterView,
-        demand: &crate::k8s::demand::PodDemand,
-        mask: Option<&[bool]>,
-        shape: Option<&RoomShape>,
+        ask: &RoomAsk<'_>,
     ) -> Result<RoomFor, Made> {
+        let RoomAsk {
+            demand,
+            mask,
+            shape,
+            prefer,
+        } = *ask;
         let now = round.now;
         // Moved pods take back what they free: a cluster too full is no failed search.
         if !defrag::room_possible(&snapshot.state, [&demand.request]) {
@@ -226,14 +250,30 @@ impl<A: ClusterApi> Scheduler<A> {
             max_pods: self.config.defrag.settings.max_moves,
             max_milli: u64::MAX,
         };
-        let plan = defrag::make_room(
-            &mut self.placer,
-            &mut trial,
-            &demand.request,
-            mask,
-            &set.movables,
-            limits,
-        );
+        // A pod nominated to a room made for it (a plan stopped midway, or an earlier
+        // leader's) has it finished there when that is possible: the pods already moved
+        // then moved for it.
+        let only = prefer.and_then(|node| only_node(snapshot, node, mask));
+        let mut plan = only.as_deref().and_then(|only| {
+            defrag::make_room(
+                &mut self.placer,
+                &mut snapshot.state.clone(),
+                &demand.request,
+                Some(only),
+                &set.movables,
+                limits,
+            )
+        });
+        if plan.is_none() {
+            plan = defrag::make_room(
+                &mut self.placer,
+                &mut trial,
+                &demand.request,
+                mask,
+                &set.movables,
+                limits,
+            );
+        }
         round.preemption_times.push(started.elapsed());
         let Some(plan) = plan else {
             // Say so when only a budget stands in the way.
@@ -277,8 +317,19 @@ impl<A: ClusterApi> Scheduler<A> {
         })
     }
 
+    /// The node `pod` is nominated to (by this run, or adopted from the API), if any.
+    fn nominated_node(&self, pod: &PodInfo) -> Option<String> {
+        self.cluster
+            .nomination(&pod.key.uid)
+            .map(|n| n.node.clone())
+            .or_else(|| pod.nominated.clone())
+    }
+
     /// The pods whose move the server refused lately (left out of plans).
-    fn refused_now(&mut self, now: std::time::Instant) -> std::collections::HashSet<String> {
+    pub(super) fn refused_now(
+        &mut self,
+        now: std::time::Instant,
+    ) -> std::collections::HashSet<String> {
         self.refused_moves
             .retain(|_, at| now.saturating_duration_since(*at) < REFUSED_FOR);
         self.refused_moves.keys().cloned().collect()
@@ -286,8 +337,8 @@ impl<A: ClusterApi> Scheduler<A> {
 
     /// `pod` waits for the room `moved` makes: nominated, the devices held, told why.
     /// Nominates `pod` to the room made for it on `node` (`gpus`), the moved pods its
-    /// victims, and writes its `nominatedNodeName`.
-    async fn nominate_to_room(
+    /// victims (its `nominatedNodeName` was written before the first move).
+    pub(super) fn nominate_to_room(
         &mut self,
         snapshot: &mut Snapshot,
         pod: &PodInfo,
@@ -306,11 +357,6 @@ impl<A: ClusterApi> Scheduler<A> {
             victims: moved.to_vec(),
         };
         self.cluster.nominate(nomination, snapshot);
-        if self.gate.is_open()
-            && let Err(e) = self.api.nominate(&pod.key, Some(node)).await
-        {
-            tracing::info!(pod = %pod.key, error = %e, "nominatedNodeName not written");
-        }
     }
 
     async fn nominate_for_room(
@@ -324,8 +370,7 @@ impl<A: ClusterApi> Scheduler<A> {
     ) -> Made {
         let RoomFor { node, gpus, .. } = planned;
         report.made_room += moved.len();
-        self.nominate_to_room(snapshot, pod, demand, &node, gpus, &moved)
-            .await;
+        self.nominate_to_room(snapshot, pod, demand, &node, gpus, &moved);
         self.events.emit(
             &pod.key,
             "Normal",
@@ -369,154 +414,23 @@ impl<A: ClusterApi> Scheduler<A> {
         };
         movable_set(snapshot, view, filtering, &rules)
     }
+}
 
-    /// Plans make-room for a gang whose waiting `members` fit nowhere at once and for
-    /// which no preemption exists: every member planned within one of `domains` (largest
-    /// first); `None` when no plan.
-    pub(super) fn plan_make_room_gang(
-        &mut self,
-        round: &mut RoundState,
-        snapshot: &Snapshot,
-        view: &ClusterView,
-        members: &[(&Arc<PodInfo>, Verdicts)],
-        domains: &[Option<Vec<bool>>],
-    ) -> Option<GangRoom> {
-        if self.cluster.pods().movable_candidates() == 0 {
-            return None;
-        }
-        let masks = self.member_masks(snapshot, &round.volumes, members);
-        let demands: Vec<&crate::k8s::demand::PodDemand> = members
-            .iter()
-            .map(|(p, _)| p.demand.as_ref().ok())
-            .collect::<Option<_>>()?;
-        let order = gpuplace_core::preempt::largest_first(
-            demands.iter().map(|d| d.request.total_gpu_milli()),
-        );
-        let refused = self.refused_now(self.round_clock());
-        let set = self.movable_now(snapshot, view, &round.volumes, &|uid| refused.contains(uid));
-        if set.movables.units() == 0 {
-            return None;
-        }
-        let limits = Limits {
-            max_pods: self.config.defrag.settings.max_moves,
-            max_milli: u64::MAX,
-        };
-        let mut trial = snapshot.state.clone();
-        let mut best: Option<defrag::RoomPlan> = None;
-        for domain in domains {
-            let within: Vec<Vec<bool>> = order
-                .iter()
-                .map(|&i| {
-                    let mut m = masks[i].clone().unwrap_or_default();
-                    if let Some(d) = domain {
-                        m.iter_mut().zip(d).for_each(|(a, b)| *a &= *b);
-                    }
-                    m
-                })
-                .collect();
-            let asks: Vec<(&gpuplace_model::Request, Option<&[bool]>)> = order
-                .iter()
-                .zip(&within)
-                .map(|(&i, m)| (&demands[i].request, Some(m.as_slice())))
-                .collect();
-            let plan = defrag::make_room_for_all(
-                &mut self.placer,
-                &mut trial,
-                &asks,
-                &set.movables,
-                limits,
-            );
-            if let Some(plan) = plan
-                && best.as_ref().is_none_or(|b| plan.cost < b.cost)
-            {
-                best = Some(plan);
-            }
-        }
-        let plan = best?;
-        let moves = planned_moves(snapshot, &set, &plan.moves);
-        let places: Vec<MemberPlace> = order
-            .iter()
-            .zip(&plan.placements)
-            .map(|(&i, p)| {
-                let inventory = snapshot.state.inventory(p.node);
-                MemberPlace {
-                    member: i,
-                    node: inventory.name.clone(),
-                    gpus: p
-                        .gpus
-                        .iter()
-                        .map(|&(g, m)| (inventory.gpus[g].id.clone(), m))
-                        .collect(),
-                }
-            })
-            .collect();
-        Some(GangRoom {
-            moves,
-            places,
-            first: order[0],
-        })
+/// The nomination of `pod` to `node` to write before a plan's moves, unless the API already
+/// shows it (write on change).
+pub(super) fn unless_written(pod: &PodInfo, node: &str) -> Vec<(PodKey, String)> {
+    if pod.nominated.as_deref() == Some(node) {
+        return Vec::new();
     }
+    vec![(pod.key.clone(), node.to_string())]
+}
 
-    /// Starts a gang's planned moves and nominates every member to its place.
-    pub(super) async fn make_room_gang(
-        &mut self,
-        snapshot: &mut Snapshot,
-        members: &[(&Arc<PodInfo>, Verdicts)],
-        planned: GangRoom,
-        report: &mut RoundReport,
-    ) -> Option<super::post_filter::Outcome> {
-        let GangRoom {
-            moves,
-            places,
-            first,
-        } = planned;
-        let first = &members[first].0.key;
-        let why = "Moved to make room for the gang of";
-        let moved = match self
-            .start_moves(Some(first), why, &moves, Some(&mut *snapshot))
-            .await
-        {
-            Moves::Done(moved) if !moved.is_empty() => moved,
-            Moves::Done(_) => return None,
-            Moves::Refused { pod: stays, why } => {
-                self.refused_moves
-                    .insert(stays.uid.clone(), self.round_clock());
-                for (pod, _) in members {
-                    self.unfinished.insert(pod.key.uid.clone());
-                }
-                return Some(super::post_filter::Outcome::Unfinished {
-                    by: "defragmentation",
-                    why,
-                });
-            }
-            Moves::Stopped(why) => {
-                for (pod, _) in members {
-                    self.unfinished.insert(pod.key.uid.clone());
-                }
-                return Some(super::post_filter::Outcome::Unfinished {
-                    by: "defragmentation",
-                    why,
-                });
-            }
-        };
-        report.made_room += moved.len();
-        for MemberPlace {
-            member: i,
-            node,
-            gpus,
-        } in &places
-        {
-            let (pod, _) = &members[*i];
-            let Ok(demand) = &pod.demand else { continue };
-            self.nominate_to_room(snapshot, pod, demand, node, gpus.clone(), &moved)
-                .await;
-        }
-        let nodes: std::collections::BTreeSet<&str> =
-            places.iter().map(|p| p.node.as_str()).collect();
-        let node = nodes.into_iter().collect::<Vec<_>>().join(",");
-        tracing::info!(gang = %first, %node, moved = moved.len(), "making room for a gang");
-        Some(super::post_filter::Outcome::Moving { node, moved })
-    }
+/// A mask of `node` alone (where `mask` allows it), or `None` when the node is unknown.
+fn only_node(snapshot: &Snapshot, node: &str, mask: Option<&[bool]>) -> Option<Vec<bool>> {
+    let n = snapshot.node_index(node)?;
+    let mut only = vec![false; snapshot.nodes.len()];
+    only[n] = mask.is_none_or(|m| m.get(n).copied().unwrap_or(false));
+    Some(only)
 }
 
 /// How long a pod whose move the server refused is left out of plans.
@@ -531,6 +445,16 @@ struct RoomFor {
     gpus: Vec<(String, u32)>,
 }
 
+/// What a make-room search is asked: the pod's requests, its filter mask, its memo shape
+/// and the node it is nominated to (tried first).
+#[derive(Clone, Copy)]
+struct RoomAsk<'a> {
+    demand: &'a crate::k8s::demand::PodDemand,
+    mask: Option<&'a [bool]>,
+    shape: Option<&'a RoomShape>,
+    prefer: Option<&'a str>,
+}
+
 /// A make-room plan for one pod, with its requests, filter mask and memo shape (to plan
 /// again when the server refuses a move).
 pub(super) struct RoomPlanned {
@@ -538,19 +462,4 @@ pub(super) struct RoomPlanned {
     mask: Option<Vec<bool>>,
     shape: Option<RoomShape>,
     room: RoomFor,
-}
-
-/// A make-room plan for a gang: the moves, each member's place, the member named in the
-/// moved pods' Events.
-pub(super) struct GangRoom {
-    moves: Vec<PlannedMove>,
-    places: Vec<MemberPlace>,
-    first: usize,
-}
-
-/// Where a gang member goes: its index, the node, GPU IDs and milli.
-struct MemberPlace {
-    member: usize,
-    node: String,
-    gpus: Vec<(String, u32)>,
 }

@@ -16,11 +16,19 @@ use crate::snapshot::Snapshot;
 impl<A: ClusterApi> Scheduler<A> {
     /// Carries a plan out for `for_pod` (all or nothing: see the module's text), or for
     /// rebalancing (`None`: each move stands alone, so a refusal only stops the rest).
+    ///
+    /// `announce` (pod, node) are the nominations the plan makes room for: written once
+    /// the dry run passed and before the first move, so that the API records whom the room
+    /// is for while it is being made (a leader killed mid-plan or right after its last move
+    /// leaves the next one a nomination to adopt as a hold, and the room goes to its pod);
+    /// cleared again when a refusal stops the plan before any pod moved (once one has, the
+    /// room made stays the pod's, nominated, and the plan is finished in a later round).
     pub(super) async fn start_moves(
         &mut self,
         for_pod: Option<&PodKey>,
         why: &str,
         moves: &[PlannedMove],
+        announce: &[(PodKey, String)],
         mut snapshot: Option<&mut Snapshot>,
     ) -> Moves {
         if !self.gate.is_open() {
@@ -44,6 +52,9 @@ impl<A: ClusterApi> Scheduler<A> {
                 }
             }
         }
+        if !moves.is_empty() {
+            self.announce(announce, true).await;
+        }
         let mut moved = Vec::new();
         for m in moves {
             let key = &m.pod.key;
@@ -57,11 +68,14 @@ impl<A: ClusterApi> Scheduler<A> {
                 );
                 if let Some(p) = for_pod {
                     self.unfinished.insert(p.uid.clone());
-                    return Moves::Stopped(format!(
-                        "the plan stopped after moving {} of {} pod(s): this scheduler lost its lease",
-                        moved.len(),
-                        moves.len()
-                    ));
+                    return Moves::Stopped {
+                        why: format!(
+                            "the plan stopped after moving {} of {} pod(s): this scheduler lost its lease",
+                            moved.len(),
+                            moves.len()
+                        ),
+                        moved,
+                    };
                 }
                 break;
             }
@@ -77,12 +91,19 @@ impl<A: ClusterApi> Scheduler<A> {
                     if let Some(p) = for_pod {
                         self.unfinished.insert(p.uid.clone());
                     }
-                    return Moves::Stopped(format!(
-                        "the plan stopped after moving {} of {} pod(s): moving {} was refused ({e}); the moved pods' replacements keep their planned places, the pod is not nominated and is tried again",
-                        moved.len(),
-                        moves.len(),
-                        shown(for_pod, key)
-                    ));
+                    // Nothing moved yet: nothing to finish, no room to hold.
+                    if moved.is_empty() {
+                        self.announce(announce, false).await;
+                    }
+                    return Moves::Stopped {
+                        why: format!(
+                            "the plan stopped after moving {} of {} pod(s): moving {} was refused ({e}); the moved pods' replacements keep their planned places, and the room made stays the pod's, to be finished in a later round",
+                            moved.len(),
+                            moves.len(),
+                            shown(for_pod, key)
+                        ),
+                        moved,
+                    };
                 }
             }
             let Some(owner) = m.pod.controller.as_ref() else {
@@ -130,6 +151,19 @@ impl<A: ClusterApi> Scheduler<A> {
         Moves::Done(moved)
     }
 
+    /// Writes (`on`) or clears the nominations `announce` names, while the leader.
+    async fn announce(&self, announce: &[(PodKey, String)], on: bool) {
+        for (pod, node) in announce {
+            if !self.gate.is_open() {
+                return;
+            }
+            let node = on.then_some(node.as_str());
+            if let Err(e) = self.api.nominate(pod, node).await {
+                tracing::info!(pod = %pod, error = %e, "nominatedNodeName not written");
+            }
+        }
+    }
+
     /// A refusal by a budget that allows no disruption waits for the budget to change;
     /// any other is tried again after a backoff.
     fn retry_unless_budget(&mut self, for_pod: Option<&PodKey>, e: &ApiError) {
@@ -147,8 +181,8 @@ pub(super) enum Moves {
     Done(Vec<PodKey>),
     /// The dry run was refused for `pod`: nothing moved.
     Refused { pod: PodKey, why: String },
-    /// Refused midway: the pods before moved, no others.
-    Stopped(String),
+    /// Refused midway (or the lease lost): `moved`, the pods before, moved; no others.
+    Stopped { why: String, moved: Vec<PodKey> },
 }
 
 /// `moves` (of pods of `set`) with names: pod, from, to, GPU IDs.

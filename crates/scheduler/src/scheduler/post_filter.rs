@@ -68,7 +68,7 @@ impl Outcome {
         Some(match self {
             Outcome::NotTried => return None,
             Outcome::Never => "nothing: its preemptionPolicy is Never".into(),
-            Outcome::Waiting => "its preemption, under way: the pods it preempted are terminating".into(),
+            Outcome::Waiting => "its preemption or make-room, under way: the pods it preempted or moved are terminating".into(),
             Outcome::NoVictims(_) => "nothing found: no pod of lower priority, of a queue above its guarantee, or opted in to moving would make room".into(),
             Outcome::Nominated { node, victims } => format!(
                 "preemption under way: {} pod(s) of lower priority leaving node {node}",
@@ -98,7 +98,7 @@ impl Outcome {
                 format!("{failure} preemption: not eligible due to preemptionPolicy=Never.")
             }
             Outcome::Waiting => format!(
-                "{failure} preemption: waiting for the pods preempted earlier to terminate."
+                "{failure} preemption: waiting for the pods preempted or moved earlier to terminate."
             ),
             Outcome::NoVictims(not_helpful) => {
                 format!("{failure} {}", no_victims(nodes, *not_helpful))
@@ -428,18 +428,30 @@ impl<A: ClusterApi> Scheduler<A> {
             .await;
         report.preempted += carried.evicted;
         if let Some(refused) = carried.refused {
-            // All or nothing: the rest are not evicted, no member is nominated; the gang
-            // backs off and plans again from what the cluster then shows.
+            // No further this round: the gang backs off and plans again. Once a victim is
+            // evicted the members stay nominated (the room made is the gang's, and the
+            // plan made again counts the terminating victims); else none is.
             for (pod, _) in members {
                 self.unfinished.insert(pod.key.uid.clone());
+            }
+            let kept = carried.evicted > 0;
+            if kept {
+                for n in noms {
+                    self.cluster.nominate(n, snapshot);
+                }
             }
             tracing::info!(gang = %by, evicted = carried.evicted, error = %refused, "gang preemption stopped");
             return Outcome::Unfinished {
                 by: "preemption",
                 why: format!(
-                    "stopped after evicting {} of {} pod(s): {refused}; no member was nominated and the gang is tried again",
+                    "stopped after evicting {} of {} pod(s): {refused}; {} and the gang is tried again",
                     carried.evicted,
-                    victims.len()
+                    victims.len(),
+                    if kept {
+                        "the members stay nominated to the room made"
+                    } else {
+                        "no member was nominated"
+                    }
                 ),
             };
         }

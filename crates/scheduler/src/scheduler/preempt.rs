@@ -158,9 +158,10 @@ fn gang_members<'a>(
     gpuplace_core::preempt::unit_may_be_evicted(allowed).then_some(out)
 }
 
-/// Whether a pod that preempted before (ours, or by `status.nominatedNodeName` after a
-/// restart) should wait for its victims rather than evict more: kube-scheduler's rule, a
-/// pod nominated to a node where lower-priority pods are still terminating waits.
+/// Whether a pod that preempted or made room before (ours, or by `status.nominatedNodeName`
+/// after a restart) should wait for its victims rather than evict or move more:
+/// kube-scheduler's rule, a pod nominated to a node where pods are still terminating waits
+/// (any priority: the pods a make-room plan moved may rank above the pod it was for).
 pub fn waiting_for_victims(
     pod: &PodInfo,
     nomination: Option<&Nomination>,
@@ -186,9 +187,7 @@ pub fn waiting_for_victims(
     else {
         return false;
     };
-    snapshot.placed[node]
-        .iter()
-        .any(|p| p.deleting && p.priority < pod.priority)
+    snapshot.placed[node].iter().any(|p| p.deleting)
 }
 
 /// kube-scheduler's words when no eviction can help: nodes its filters rejected for

@@ -51,11 +51,11 @@ impl<A: ClusterApi> Scheduler<A> {
             return;
         }
         let moved = match self
-            .start_moves(None, "Moved to lower fragmentation", &moves, None)
+            .start_moves(None, "Moved to lower fragmentation", &moves, &[], None)
             .await
         {
             Moves::Done(moved) => moved,
-            Moves::Refused { .. } | Moves::Stopped(_) => Vec::new(),
+            Moves::Refused { .. } | Moves::Stopped { .. } => Vec::new(),
         };
         for m in moves.iter().filter(|m| moved.contains(&m.pod.key)) {
             let milli: u64 = m.gpus.iter().map(|(_, milli)| u64::from(*milli)).sum();

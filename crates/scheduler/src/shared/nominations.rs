@@ -271,18 +271,17 @@ fn apply_hold(snapshot: &mut Snapshot, n: &Nomination) {
 }
 
 /// The nomination an earlier run wrote for `pod` (`status.nominatedNodeName`), as far as
-/// the API shows it: the node, the pod's request, its victims taken to be the pods of
-/// lower priority terminating there, and the GPUs planned where the most will be free once
-/// they are gone (what is free now, plus what they hold). `None` when the node is unknown
-/// or the pod's demand unreadable.
+/// the API shows it: the node, the pod's request, its victims taken to be the pods
+/// terminating there (a preemption's victims, or the pods a make-room plan moved, which
+/// may be of any priority), and the GPUs planned where the most will be free once they are
+/// gone (what is free now, plus what they hold). `None` when the node is unknown or the
+/// pod's demand unreadable.
 fn adopt(pod: &crate::k8s::pod_info::PodInfo, snapshot: &Snapshot) -> Option<Nomination> {
     let node_name = pod.nominated.as_deref()?;
     let demand = pod.demand.as_ref().ok()?;
     let n = snapshot.node_index(node_name)?;
-    let terminating: Vec<&std::sync::Arc<crate::k8s::pod_info::PodInfo>> = snapshot.placed[n]
-        .iter()
-        .filter(|p| p.deleting && p.priority < pod.priority)
-        .collect();
+    let terminating: Vec<&std::sync::Arc<crate::k8s::pod_info::PodInfo>> =
+        snapshot.placed[n].iter().filter(|p| p.deleting).collect();
     let mut freed = snapshot.state.node(n).gpu_free.clone();
     for p in &terminating {
         if let Some(held) = snapshot.held.get(&p.key.uid) {

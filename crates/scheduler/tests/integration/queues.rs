@@ -379,8 +379,9 @@ async fn a_gang_reclaims_its_guarantee_all_at_once_and_never_past_it() {
 }
 
 /// The leader killed right after the first eviction of a gang's reclaim (its round dropped
-/// while the next eviction waits on the server, 2-6 ms a request): no member is nominated,
-/// and the next leader, from what the API shows, reclaims what is still missing, and only
+/// while the next eviction waits on the server, 2-6 ms a request): the members are
+/// nominated (written before the first eviction), and the next leader, from what the API
+/// shows (the nominations adopted as holds), reclaims what is still missing, and only
 /// that (a keeps its guarantee), runs the gang, and no device is booked twice.
 #[tokio::test]
 async fn a_leader_killed_after_a_reclaims_first_eviction_leaves_nothing_the_next_cannot_finish() {
@@ -418,7 +419,10 @@ async fn a_leader_killed_after_a_reclaims_first_eviction_leaves_nothing_the_next
             let nominated = api
                 .pod("ml", member)
                 .and_then(|p| p.status?.nominated_node_name);
-            assert_eq!(nominated, None, "run {run}: {member} not nominated");
+            assert!(
+                nominated.is_some(),
+                "run {run}: {member} nominated before the first eviction"
+            );
         }
         assert_no_double_booking(&api);
 

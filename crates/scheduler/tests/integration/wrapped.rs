@@ -23,6 +23,10 @@ pub trait Hooks: Clone + Send + Sync + 'static {
     fn after_event(&self) {}
     /// After a preemption's eviction (or its dry run) is answered.
     fn after_evict(&self, _dry_run: bool) {}
+    /// After a move's eviction (or its dry run) is answered.
+    fn after_move(&self, _dry_run: bool) -> impl Future<Output = ()> + Send {
+        async {}
+    }
     /// Whether a `PodScheduled` condition write fails (a 500) instead of being made.
     fn fail_unschedulable(&self) -> bool {
         false
@@ -84,7 +88,9 @@ impl<H: Hooks> ClusterApi for Wrapped<H> {
         result
     }
     async fn evict_to_move(&self, pod: &PodKey, dry_run: bool) -> Result<(), ApiError> {
-        self.inner.evict_to_move(pod, dry_run).await
+        let result = self.inner.evict_to_move(pod, dry_run).await;
+        self.hooks.after_move(dry_run).await;
+        result
     }
     async fn nominate(&self, pod: &PodKey, node: Option<&str>) -> Result<(), ApiError> {
         self.inner.nominate(pod, node).await
