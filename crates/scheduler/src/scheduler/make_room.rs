@@ -253,7 +253,7 @@ impl<A: ClusterApi> Scheduler<A> {
         // A pod nominated to a room made for it (a plan stopped midway, or an earlier
         // leader's) has it finished there when that is possible: the pods already moved
         // then moved for it.
-        let only = prefer.and_then(|node| only_node(snapshot, node, mask));
+        let only = prefer.and_then(|node| super::preempt::on_node_only(snapshot, node, mask));
         let mut plan = only.as_deref().and_then(|only| {
             defrag::make_room(
                 &mut self.placer,
@@ -355,6 +355,7 @@ impl<A: ClusterApi> Scheduler<A> {
             gpus,
             extended: demand.extended.clone(),
             victims: moved.to_vec(),
+            adopted: false,
         };
         self.cluster.nominate(nomination, snapshot);
     }
@@ -423,14 +424,6 @@ pub(super) fn unless_written(pod: &PodInfo, node: &str) -> Vec<(PodKey, String)>
         return Vec::new();
     }
     vec![(pod.key.clone(), node.to_string())]
-}
-
-/// A mask of `node` alone (where `mask` allows it), or `None` when the node is unknown.
-fn only_node(snapshot: &Snapshot, node: &str, mask: Option<&[bool]>) -> Option<Vec<bool>> {
-    let n = snapshot.node_index(node)?;
-    let mut only = vec![false; snapshot.nodes.len()];
-    only[n] = mask.is_none_or(|m| m.get(n).copied().unwrap_or(false));
-    Some(only)
 }
 
 /// How long a pod whose move the server refused is left out of plans.

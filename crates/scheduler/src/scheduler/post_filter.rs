@@ -21,7 +21,9 @@ use std::sync::Arc;
 use gpuplace_core::cycle::Found;
 use gpuplace_core::preempt;
 
-use super::preempt::{candidates, no_victims, victims_named_for, waiting_for_victims};
+use super::preempt::{
+    candidates, no_victims, on_node_only, victims_named_for, waiting_for_victims, waiting_on_node,
+};
 use super::round_state::RoundState;
 use super::{RoundReport, Scheduler};
 use crate::api::{ClusterApi, ClusterView, PodKey};
@@ -164,6 +166,7 @@ fn nomination(
             .collect(),
         extended: demand.extended.clone(),
         victims: victims.to_vec(),
+        adopted: false,
     }
 }
 
@@ -199,11 +202,27 @@ impl<A: ClusterApi> Scheduler<A> {
         if waiting_for_victims(pod, self.cluster.nomination(&pod.key.uid), view, snapshot) {
             return Found::Stop(Outcome::Waiting);
         }
+        // An adopted nomination is planned again on its node only, once.
+        let adopted = self
+            .cluster
+            .nomination(&pod.key.uid)
+            .filter(|n| n.adopted)
+            .map(|n| n.node.clone());
+        self.cluster.settle_nomination(&pod.key.uid);
         let Ok(filtered) = self
             .profile
             .filter_alone(snapshot, &round.volumes, verdicts, pod)
         else {
             return Found::Stop(Outcome::NotTried);
+        };
+        let only = adopted
+            .as_deref()
+            .and_then(|node| on_node_only(snapshot, node, filtered.mask()));
+        let mask = only.as_deref().or(filtered.mask());
+        // Nothing more to evict on an adopted nomination's node: it waits there.
+        let nothing = |not_helpful| match &adopted {
+            Some(_) if waiting_on_node(pod, snapshot) => Found::Stop(Outcome::Waiting),
+            _ => Found::Nothing(Outcome::NoVictims(not_helpful)),
         };
         let not_helpful = filtered
             .mask()
@@ -232,21 +251,15 @@ impl<A: ClusterApi> Scheduler<A> {
             own.map(|_| &same_queue as &dyn Fn(&PodInfo) -> bool),
             &|uid| !reservations.is_empty() && reservations.contains(uid),
             &promised,
-            filtered.mask(),
+            mask,
         );
         if cands.units.is_empty() && cands.freeing.is_empty() {
-            return Found::Nothing(Outcome::NoVictims(not_helpful));
+            return nothing(not_helpful);
         }
-        let plan = preempt::find(
-            &snapshot.state,
-            &demand.request,
-            &cands,
-            filtered.mask(),
-            &[],
-        );
+        let plan = preempt::find(&snapshot.state, &demand.request, &cands, mask, &[]);
         round.preemption_times.push(started.elapsed());
         let Some(plan) = plan else {
-            return Found::Nothing(Outcome::NoVictims(not_helpful));
+            return nothing(not_helpful);
         };
         let victims = victims_of(&cands, &keys, &plan.units);
         Found::Plan(Preempted {
@@ -305,6 +318,28 @@ impl<A: ClusterApi> Scheduler<A> {
         if let Some(outcome) = self.gang_not_eligible(snapshot, view, members) {
             return Found::Stop(outcome);
         }
+        // Members nominated by an earlier run are planned again on their nodes only, once.
+        let adopted: Vec<Option<String>> = members
+            .iter()
+            .map(|(p, _)| {
+                let node = self
+                    .cluster
+                    .nomination(&p.key.uid)
+                    .filter(|n| n.adopted)
+                    .map(|n| n.node.clone());
+                self.cluster.settle_nomination(&p.key.uid);
+                node
+            })
+            .collect();
+        let any_adopted = adopted.iter().any(Option::is_some);
+        // Nothing more to evict for an adopted plan: the gang waits for what terminates.
+        let nothing = |not_helpful| {
+            if any_adopted && members.iter().any(|(p, _)| waiting_on_node(p, snapshot)) {
+                Found::Stop(Outcome::Waiting)
+            } else {
+                Found::Nothing(Outcome::NoVictims(not_helpful))
+            }
+        };
         // A gang evicts only what every member outranks.
         let priority = preempt::gang_priority(members.iter().map(|(p, _)| p.priority)).unwrap_or(0);
         let reservations = self.cluster.reservations();
@@ -335,15 +370,22 @@ impl<A: ClusterApi> Scheduler<A> {
             None,
         );
         let started = std::time::Instant::now();
-        let masks = self.member_masks(snapshot, &round.volumes, members);
+        let mut masks = self.member_masks(snapshot, &round.volumes, members);
         let not_helpful = masks
             .iter()
             .flatten()
             .map(|m| m.iter().filter(|a| !**a).count())
             .min()
             .unwrap_or(0);
+        for (mask, node) in masks.iter_mut().zip(&adopted) {
+            if let (Some(m), Some(node)) = (mask.as_mut(), node)
+                && let Some(only) = on_node_only(snapshot, node, Some(m))
+            {
+                *m = only;
+            }
+        }
         if cands.units.is_empty() && cands.freeing.is_empty() {
-            return Found::Nothing(Outcome::NoVictims(not_helpful));
+            return nothing(not_helpful);
         }
         let search = GangSearch {
             members,
@@ -354,7 +396,7 @@ impl<A: ClusterApi> Scheduler<A> {
         round.preemption_times.push(started.elapsed());
         let plan = match best {
             Err(NotPlanned) => return Found::Stop(Outcome::NotTried),
-            Ok(None) => return Found::Nothing(Outcome::NoVictims(not_helpful)),
+            Ok(None) => return nothing(not_helpful),
             Ok(Some(plan)) => plan,
         };
         let victims = victims_of(&cands, &keys, &plan.plan.units);

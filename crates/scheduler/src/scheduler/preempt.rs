@@ -169,6 +169,10 @@ pub fn waiting_for_victims(
     snapshot: &Snapshot,
 ) -> bool {
     if let Some(n) = nomination {
+        // Adopted from an earlier run: planned again first (its plan is unknown).
+        if n.adopted {
+            return false;
+        }
         // Every victim is gone or terminating: wait; one still running means an eviction
         // failed, and preemption is tried again.
         return n.victims.iter().all(|v| {
@@ -180,6 +184,11 @@ pub fn waiting_for_victims(
                 .is_some_and(|p| p.key.uid == v.uid && p.is_active_bound())
         });
     }
+    waiting_on_node(pod, snapshot)
+}
+
+/// Whether pods are terminating on the node `pod`'s `status.nominatedNodeName` names.
+pub fn waiting_on_node(pod: &PodInfo, snapshot: &Snapshot) -> bool {
     let Some(node) = pod
         .nominated
         .as_deref()
@@ -188,6 +197,16 @@ pub fn waiting_for_victims(
         return false;
     };
     snapshot.placed[node].iter().any(|p| p.deleting)
+}
+
+/// `mask` (all nodes when `None`) narrowed to `node` alone: an adopted nomination's
+/// preemption, and a nominee's make-room, are planned on its node first. `None` when the
+/// node is unknown.
+pub fn on_node_only(snapshot: &Snapshot, node: &str, mask: Option<&[bool]>) -> Option<Vec<bool>> {
+    let n = snapshot.node_index(node)?;
+    let mut only = vec![false; snapshot.nodes.len()];
+    only[n] = mask.is_none_or(|m| m.get(n).copied().unwrap_or(false));
+    Some(only)
 }
 
 /// kube-scheduler's words when no eviction can help: nodes its filters rejected for

@@ -295,6 +295,11 @@ impl ClusterCache {
         self.nominations.restore(&uid, snapshot);
     }
 
+    /// Pod `uid`'s adopted nomination was planned again (see [`Nomination::adopted`]).
+    pub fn settle_nomination(&mut self, uid: &str) {
+        self.nominations.settle(uid);
+    }
+
     /// Victims some nomination of a pod other than `deciding` waits for (promised).
     pub fn promised_victims(&self, deciding: &[&PodKey]) -> std::collections::HashSet<&str> {
         self.nominations.victims(deciding)

@@ -105,6 +105,11 @@ pub struct Nomination {
     pub gpus: Vec<(String, u32)>,
     pub extended: BTreeMap<String, i64>,
     pub victims: Vec<PodKey>,
+    /// Adopted from the API (an earlier run's): its plan is not known, only that pods
+    /// terminate on its node, so the pod's next preemption is planned again on that node
+    /// (what is still to evict is evicted, what terminates counts as freeing) before it
+    /// waits; cleared then ([`Nominations::settle`]).
+    pub adopted: bool,
 }
 
 /// Nominations by pod UID.
@@ -149,6 +154,14 @@ impl Nominations {
             }
         }
         self.by_uid.insert(nomination.key.uid.clone(), nomination);
+    }
+
+    /// Pod `uid`'s adopted nomination was planned again: from now on it waits for its
+    /// victims as any nomination does.
+    pub fn settle(&mut self, uid: &str) {
+        if let Some(n) = self.by_uid.get_mut(uid) {
+            n.adopted = false;
+        }
     }
 
     /// Pod `uid` was decided onto `decided` (a node's name and the GPU IDs and milli it
@@ -314,5 +327,6 @@ fn adopt(pod: &crate::k8s::pod_info::PodInfo, snapshot: &Snapshot) -> Option<Nom
         gpus,
         extended: demand.extended.clone(),
         victims: terminating.iter().map(|p| p.key.clone()).collect(),
+        adopted: true,
     })
 }

@@ -332,7 +332,8 @@ async fn a_gang_preemption_refused_at_its_dry_run_evicts_no_one() {
 }
 
 /// A replica that loses its lease in the middle of a preemption evicts no more: the gate
-/// is looked at before every eviction, not once per plan.
+/// is looked at before every eviction, not once per plan; the next leader finishes the
+/// plan from the nominations written before the first eviction.
 #[tokio::test]
 async fn a_replica_that_loses_the_lease_mid_preemption_evicts_no_more() {
     use crate::wrapped::{Hooks, Wrapped};
@@ -388,6 +389,33 @@ async fn a_replica_that_loses_the_lease_mid_preemption_evicts_no_more() {
     // The nominations were written before the first eviction: the next leader adopts them.
     assert_eq!(nominated(&api, "pair-0").as_deref(), Some("g"));
     assert_eq!(nominated(&api, "pair-1").as_deref(), Some("g"));
+
+    // The next leader plans the adopted nominations again on their node: it evicts the
+    // second victim while the first still terminates (not a grace period later), and no
+    // other pod; once both are gone the members are bound there.
+    let mut next = Scheduler::new(api.clone(), config());
+    t += Duration::from_secs(5);
+    next.round(t).await.unwrap();
+    assert!(
+        deleting(&api, "low-0") && deleting(&api, "low-1"),
+        "the plan was finished while its first victim terminated: {}",
+        last_message(&api, "pair-0")
+    );
+    for _ in 0..3 {
+        t += Duration::from_secs(5);
+        next.round(t).await.unwrap();
+    }
+    assert_eq!(
+        bound_node(&api, "pair-0"),
+        None,
+        "the victims are still there"
+    );
+    api.delete_pod("ml", "low-0");
+    api.delete_pod("ml", "low-1");
+    settle(&mut next, &mut t).await;
+    assert_eq!(bound_node(&api, "pair-0").as_deref(), Some("g"));
+    assert_eq!(bound_node(&api, "pair-1").as_deref(), Some("g"));
+    assert_no_double_booking(&api);
 }
 
 /// A preemptor's message, its Event and condition name no pod of another namespace, and a
