@@ -51,7 +51,7 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = 0, requires = "sample_nodes")]
     pub(crate) sample_seed: u64,
     /// Fraction (0-1) of multi-GPU pods that require `--topology` (nodes without links get
-    /// an assumed layout by model: see README).
+    /// an assumed layout by model: see docs/simulate.md).
     #[arg(long, default_value_t = 0.0)]
     pub(crate) require_topology: f64,
     /// Fraction (0-1) of the other multi-GPU pods that prefer `--topology`.

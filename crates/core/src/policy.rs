@@ -49,7 +49,7 @@ pub enum Policy {
     KubeDefault,
     /// gpuplace's own policy: FGD's fragmentation drop, minus the GPU milli the placement
     /// strands or leaves without CPU, minus what a flexible pod takes out of a model's
-    /// reserve, with shares kept balanced across gap sizes (see [`Ideas`] and the README).
+    /// reserve, with shares kept balanced across gap sizes (see [`Ideas`] and docs/policy.md).
     /// `Ideas::POLICY` is the policy; the others are its ablations.
     Gpuplace(Ideas),
 }
@@ -82,7 +82,7 @@ pub struct Ideas {
     /// Off in the policy: on the 1,213-node traces it is within 0.03 points either way, but
     /// on clusters of 8-128 nodes it loses part of the packing that FGD's coarse ties give
     /// (the tied node first in the seeded order takes the pod): 13.0% less unallocated GPU
-    /// than FGD instead of 14.0% (README, small clusters).
+    /// than FGD instead of 14.0% (docs/results.md, small clusters).
     pub fine: bool,
 }
 

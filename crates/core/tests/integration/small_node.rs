@@ -38,7 +38,7 @@ fn shares_open_no_more_gpus_than_fgd() {
     // without its multi-GPU weighting. With it, the 2-GPU shape weighs twice: the sixth
     // share fills GPU 2 instead of opening GPU 3, and the eighth (320) then opens a fifth
     // GPU rather than leave a 210-milli gap on GPU 3 that no seen share fits (the stranded
-    // rule): one GPU more here, for what it gains over time (README, the timeline).
+    // rule): one GPU more here, for what it gains over time (docs/timeline.md).
     let whole = vec![gpus(1, 1000), gpus(2, 1000)];
     let without_multi = Policy::Gpuplace(Ideas {
         multi: false,

@@ -1,4 +1,4 @@
-//! A pod's GPU requirements from its annotations (documented in README):
+//! A pod's GPU requirements from its annotations (documented in docs/scheduler.md):
 //!
 //! | annotation | meaning |
 //! |---|---|

@@ -34,7 +34,7 @@ fn every_shared_pod_list_loads() {
 }
 
 /// A slice (every fourth node, first 2,000 pods) keeps the suite fast; the full numbers come
-/// from `gpuplace simulate` (see README).
+/// from `gpuplace simulate` (see docs/simulate.md).
 #[test]
 fn slice_replay_ranks_fgd_above_random() {
     let Some(dir) = trace_dir() else { return };
@@ -93,7 +93,7 @@ fn the_index_decides_as_the_scan_on_the_trace() {
 
 /// gpuplace's claim on the trace it is measured on: lower unallocated GPU than FGD at
 /// arrived 100% and 130% and less fragmentation at 80%, on three seeds of the default trace
-/// and of `gpushare40` (the README's table has ten seeds and every trace).
+/// and of `gpushare40` (docs/results.md has ten seeds and every trace).
 #[test]
 fn gpuplace_beats_fgd_on_the_trace() {
     let Some(dir) = trace_dir() else { return };
@@ -124,7 +124,7 @@ fn gpuplace_beats_fgd_on_the_trace() {
             mean(Policy::Fgd, 100, false),
         );
         println!("{trace}: unallocated at 100%: gpuplace {ours:.2}, fgd {fgd:.2}");
-        // Ten seeds: -12.4% on default, -7.3% on gpushare40 (README); three seeds vary more.
+        // Ten seeds: -12.4% on default, -7.3% on gpushare40 (docs/results.md); three seeds vary more.
         assert!(ours < 0.95 * fgd, "{trace}: {ours} vs {fgd}");
         assert!(mean(Policy::GPUPLACE, 130, false) < mean(Policy::Fgd, 130, false));
         assert!(mean(Policy::GPUPLACE, 80, true) < mean(Policy::Fgd, 80, true));
@@ -132,7 +132,7 @@ fn gpuplace_beats_fgd_on_the_trace() {
 }
 
 /// gpuplace also beats FGD on small clusters of the trace's own nodes: 64 nodes drawn at
-/// random (five samples, three seeds each, default trace). The README's table has 8 to 128
+/// random (five samples, three seeds each, default trace). docs/results.md has 8 to 128
 /// nodes on every trace.
 #[test]
 fn gpuplace_beats_fgd_on_small_clusters() {
