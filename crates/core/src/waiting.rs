@@ -245,6 +245,67 @@ impl Waiting {
         }
         out
     }
+
+    /// What a message means, for deciding whether it is worth a write to the API: its
+    /// kube-scheduler part, its blocker and what would unblock it, with every number made
+    /// `#` (free GPU counts, node counts, "looks again in 55 s" move from attempt to
+    /// attempt); its position, its queue's standing and its expected start left out (they
+    /// are served on demand). Two messages of the same meaning are one Event and one
+    /// condition; names (`node-7`) are kept.
+    pub fn meaning(text: &str) -> String {
+        let parsed = Waiting::parse(text);
+        let mut out = numbers_hidden(&parsed.message);
+        for (key, value) in [
+            ("blocked by", &parsed.blocked_by),
+            ("unblocked by", &parsed.unblocked_by),
+        ] {
+            if let Some(v) = value {
+                out.push_str(&format!(" | {key}: {}", numbers_hidden(v)));
+            }
+        }
+        out
+    }
+}
+
+/// `text` with every number that stands alone (not part of a name such as `n1` or
+/// `gpu-0`'s `0` after a dash is kept as part of the name) written `#`.
+fn numbers_hidden(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let chars: Vec<char> = text.chars().collect();
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        let starts_alone = c.is_ascii_digit()
+            && i.checked_sub(1)
+                .and_then(|j| chars.get(j))
+                .is_none_or(|p| !p.is_alphanumeric() && *p != '-' && *p != '_');
+        if !starts_alone {
+            out.push(c);
+            i += 1;
+            continue;
+        }
+        let mut j = i;
+        while j < chars.len() && (chars[j].is_ascii_digit() || chars[j] == '.' || chars[j] == ',') {
+            j += 1;
+        }
+        // A number glued to letters after it (`2x`, `8GB`) is part of a name: kept.
+        if chars
+            .get(j)
+            .is_some_and(|n| n.is_alphabetic() || *n == '-' || *n == '_')
+        {
+            out.extend(&chars[i..j]);
+        } else {
+            // A trailing '.' or ',' ends the sentence, not the number.
+            let mut end = j;
+            while end > i && matches!(chars[end - 1], '.' | ',') {
+                end -= 1;
+            }
+            out.push('#');
+            out.extend(&chars[end..j]);
+        }
+        i = j;
+    }
+    out
 }
 
 #[cfg(test)]
@@ -360,5 +421,29 @@ mod tests {
             expected_start(&state, &gpus(8), None, &endings, 0),
             Start::Unknown
         );
+    }
+
+    #[test]
+    fn a_meaning_leaves_out_what_moves_from_attempt_to_attempt() {
+        let a = "0/12 nodes are available: 12 Insufficient nvidia.com/gpu. Fragmentation: 13 GPU(s) with room for it free across 2 of the 2 node(s) it may use; the largest block is 7 on node n2. defragmentation: no pods that may move made room for a pod like this one; it looks again in 55 s. | blocked by: fragmentation | position: 3 of 9 in the cluster, 2 of 4 in queue team-a | queue team-a: allocated 8, fair share 8, guarantee 4, limit none, decayed use 7.5 (half-life 1h) GPUs | unblocked by: nothing found: no pods that may move make room for its shape; make-room looks again in 55 s | expected start: 2026-12-04T01:00:00Z (in 29m)";
+        let b = a
+            .replace("13 GPU(s)", "11 GPU(s)")
+            .replace("again in 55 s", "again in 50 s")
+            .replace("3 of 9", "1 of 1")
+            .replace("decayed use 7.5", "decayed use 7.499")
+            .replace("in 29m", "in 28m");
+        assert_eq!(Waiting::meaning(a), Waiting::meaning(&b));
+        assert!(Waiting::meaning(a).contains("largest block is # on node n2"));
+        // Another blocker, plan or node is another meaning.
+        for other in [
+            a.replace("blocked by: fragmentation", "blocked by: capacity"),
+            a.replace(
+                "unblocked by: nothing found",
+                "unblocked by: make-room under way",
+            ),
+            a.replace("on node n2", "on node n3"),
+        ] {
+            assert_ne!(Waiting::meaning(a), Waiting::meaning(&other), "{other}");
+        }
     }
 }

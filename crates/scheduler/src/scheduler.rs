@@ -12,6 +12,7 @@ mod carry;
 mod chain;
 pub mod defrag;
 pub(crate) mod events;
+pub use events::SAME_MEANING_FOR;
 mod fair_round;
 mod gang_permit;
 mod gang_status;

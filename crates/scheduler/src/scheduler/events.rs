@@ -28,6 +28,10 @@ const MAX_QUEUED_EVENTS: usize = 65_536;
 /// Events in flight while the Bindings are busy.
 pub const TRICKLE_SLOTS: usize = 2;
 
+/// How long a waiting pod's `FailedScheduling` of an unchanged meaning is not sent again:
+/// under the API server's Event time-to-live (1 h), so the pod always has one.
+pub const SAME_MEANING_FOR: std::time::Duration = std::time::Duration::from_secs(30 * 60);
+
 /// One Event to write, and the `PodScheduled` condition to write after it.
 struct Queued {
     event: EventRecord,
@@ -56,7 +60,15 @@ pub struct EventSink<A> {
     /// The message last put in each waiting pod's `PodScheduled` condition (a write that
     /// fails is forgotten by its sender, so the same message is written again next time).
     conditions: Conditions,
+    /// The meaning ([`Waiting::meaning`]) of each waiting pod's last `FailedScheduling`
+    /// sent, and when: a message of the same meaning within [`SAME_MEANING_FOR`] is kept
+    /// for the on-demand views and not written (write on change). Shared with the
+    /// senders: an Event or condition write that fails is forgotten, so it is made again.
+    sent: Sent,
 }
+
+/// Each waiting pod's last `FailedScheduling` meaning sent and when, by UID.
+type Sent = Arc<Mutex<std::collections::HashMap<String, (String, tokio::time::Instant)>>>;
 
 /// Each waiting pod's `PodScheduled` message, by UID, shared with the senders.
 type Conditions = Arc<Mutex<std::collections::HashMap<String, String>>>;
@@ -83,6 +95,7 @@ impl<A: ClusterApi> EventSink<A> {
             dropped: Arc::default(),
             reasons: PendingReasons::default(),
             conditions: Arc::default(),
+            sent: Arc::default(),
         }
     }
 
@@ -98,6 +111,9 @@ impl<A: ClusterApi> EventSink<A> {
         let condition = match reason {
             "FailedScheduling" => {
                 self.reasons.failed(&pod.uid, &message);
+                if !self.meaning_changed(&pod.uid, &message) {
+                    return;
+                }
                 let mut conditions = lock(&self.conditions);
                 let changed = conditions.get(&pod.uid) != Some(&message);
                 if changed {
@@ -111,6 +127,7 @@ impl<A: ClusterApi> EventSink<A> {
             "Scheduled" => {
                 self.reasons.clear(&pod.uid);
                 lock(&self.conditions).remove(&pod.uid);
+                lock(&self.sent).remove(&pod.uid);
                 None
             }
             _ => None,
@@ -131,6 +148,7 @@ impl<A: ClusterApi> EventSink<A> {
                 if condition.is_some() {
                     lock(&self.conditions).remove(&pod.uid);
                 }
+                lock(&self.sent).remove(&pod.uid);
                 return;
             }
             outbox.queue.push_back(Queued { event, condition });
@@ -148,9 +166,31 @@ impl<A: ClusterApi> EventSink<A> {
                 Arc::clone(&self.outbox),
                 self.load.clone(),
                 Arc::clone(&self.trickle),
-                Arc::clone(&self.conditions),
+                Written {
+                    conditions: Arc::clone(&self.conditions),
+                    sent: Arc::clone(&self.sent),
+                },
             ));
         }
+    }
+
+    /// Whether pod `uid`'s `message` means something else than its last one sent (or that
+    /// was sent [`SAME_MEANING_FOR`] ago); if so it counts as sent now.
+    fn meaning_changed(&mut self, uid: &str, message: &str) -> bool {
+        let meaning = gpuplace_core::waiting::Waiting::meaning(message);
+        let now = tokio::time::Instant::now();
+        let mut sent = lock(&self.sent);
+        if let Some((last, at)) = sent.get(uid)
+            && *last == meaning
+            && now.saturating_duration_since(*at) < SAME_MEANING_FOR
+        {
+            return false;
+        }
+        if sent.len() >= MAX_QUEUED_EVENTS {
+            sent.clear();
+        }
+        sent.insert(uid.to_string(), (meaning, now));
+        true
     }
 
     /// Waits until every queued Event is sent.
@@ -176,7 +216,7 @@ async fn send_queued<A: ClusterApi>(
     outbox: Arc<Mutex<Outbox>>,
     load: BindLoad,
     trickle: Arc<Semaphore>,
-    conditions: Conditions,
+    written: Written,
 ) {
     loop {
         let permit = load.give_way(&trickle).await;
@@ -193,16 +233,39 @@ async fn send_queued<A: ClusterApi>(
         };
         if let Err(e) = api.event(event.clone()).await {
             tracing::warn!(pod = %event.pod, error = %e, "cannot record event");
+            written.forget_meaning(&event);
         }
         if let Some(message) = condition
             && let Err(e) = api.unschedulable(&event.pod, &message).await
         {
-            tracing::debug!(pod = %event.pod, error = %e, "PodScheduled condition not written; written again with the next message");
-            let mut written = lock(&conditions);
-            if written.get(&event.pod.uid) == Some(&message) {
-                written.remove(&event.pod.uid);
+            tracing::debug!(pod = %event.pod, error = %e, "PodScheduled condition not written; written again at the next attempt");
+            let mut conditions = lock(&written.conditions);
+            if conditions.get(&event.pod.uid) == Some(&message) {
+                conditions.remove(&event.pod.uid);
             }
+            drop(conditions);
+            written.forget_meaning(&event);
         }
         drop(permit);
+    }
+}
+
+/// What the senders forget when a write fails, so the next attempt makes it again.
+struct Written {
+    conditions: Conditions,
+    sent: Sent,
+}
+
+impl Written {
+    /// Forgets the meaning `event` carried for its pod (unless a newer one was sent since).
+    fn forget_meaning(&self, event: &EventRecord) {
+        if event.reason != "FailedScheduling" {
+            return;
+        }
+        let meaning = gpuplace_core::waiting::Waiting::meaning(&event.message);
+        let mut sent = lock(&self.sent);
+        if sent.get(&event.pod.uid).is_some_and(|(m, _)| *m == meaning) {
+            sent.remove(&event.pod.uid);
+        }
     }
 }

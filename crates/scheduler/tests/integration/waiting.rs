@@ -121,3 +121,70 @@ async fn a_pod_behind_others_in_fair_order_is_told_so_with_its_queue() {
         )
     );
 }
+
+/// Written on change: a pod that waits for the same reason while its position, the free
+/// GPU counts and its expected start move gets one `FailedScheduling` Event and one
+/// condition write, however many times it is tried; its latest message is kept for the
+/// on-demand views (`gpuplace status`, the map); another blocker is written at once, and
+/// the same meaning again once [`SAME_MEANING_FOR`] has passed (under the Event TTL).
+#[tokio::test(start_paused = true)]
+async fn a_pod_waiting_for_the_same_reason_is_written_once() {
+    use gpuplace_scheduler::scheduler::SAME_MEANING_FOR;
+    let api = MemoryApi::new();
+    api.put_node(node("n", 4, json!({})));
+    api.put_pod(pod("low", 3, json!({})));
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    let mut t = Instant::now();
+    scheduler.round(t).await.unwrap();
+    api.put_pod(pod("big", 4, json!({})));
+    let failed = |api: &MemoryApi| {
+        api.events()
+            .iter()
+            .filter(|e| e.pod.name == "big" && e.reason == "FailedScheduling")
+            .map(|e| e.message.clone())
+            .collect::<Vec<_>>()
+    };
+    let mut messages = std::collections::BTreeSet::new();
+    for i in 0..20 {
+        // Others arrive behind it and take the one free GPU in turn: its position and
+        // the free count move from attempt to attempt.
+        api.put_pod(pod(&format!("w{i}"), 8, json!({})));
+        t += Duration::from_secs(301);
+        scheduler.round(t).await.unwrap();
+        scheduler.drain_writes(t).await;
+        let uid = api
+            .pod("ml", "big")
+            .and_then(|p| p.metadata.uid)
+            .unwrap_or_default();
+        let reasons = scheduler.reasons().snapshot();
+        messages.insert(
+            reasons
+                .get(&uid)
+                .map(|r| r.message.clone())
+                .unwrap_or_default(),
+        );
+    }
+    assert!(messages.len() > 1, "the message moved: {messages:?}");
+    assert_eq!(failed(&api).len(), 1, "{:?}", failed(&api));
+    let condition = api
+        .pod("ml", "big")
+        .and_then(|p| p.status?.conditions)
+        .and_then(|c| c.into_iter().find(|c| c.type_ == "PodScheduled"))
+        .and_then(|c| c.message);
+    assert_eq!(
+        condition.as_deref(),
+        failed(&api).first().map(String::as_str)
+    );
+    // Another blocker: the node goes; written at once.
+    api.delete_node("n");
+    t += Duration::from_secs(301);
+    scheduler.round(t).await.unwrap();
+    scheduler.drain_writes(t).await;
+    assert_eq!(failed(&api).len(), 2, "{:?}", failed(&api));
+    // The same meaning again past SAME_MEANING_FOR: written again (the Event expires).
+    tokio::time::advance(SAME_MEANING_FOR).await;
+    t += SAME_MEANING_FOR;
+    scheduler.round(t).await.unwrap();
+    scheduler.drain_writes(t).await;
+    assert_eq!(failed(&api).len(), 3, "{:?}", failed(&api));
+}
