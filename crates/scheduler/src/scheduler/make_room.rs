@@ -24,7 +24,7 @@ use gpuplace_core::cycle::Found;
 use gpuplace_core::defrag::{self, Limits, ROOM_RETRY};
 
 use super::defrag::{Eligibility, MovableSet, movable_set};
-use super::moves::{Moves, PlannedMove, planned_moves};
+use super::moves::{Announce, Moves, PlannedMove, planned_moves};
 use super::preempt::victims_named_for;
 use super::room_shape::RoomShape;
 use super::round_state::RoundState;
@@ -419,11 +419,15 @@ impl<A: ClusterApi> Scheduler<A> {
 
 /// The nomination of `pod` to `node` to write before a plan's moves, unless the API already
 /// shows it (write on change).
-pub(super) fn unless_written(pod: &PodInfo, node: &str) -> Vec<(PodKey, String)> {
+pub(super) fn unless_written(pod: &PodInfo, node: &str) -> Vec<Announce> {
     if pod.nominated.as_deref() == Some(node) {
         return Vec::new();
     }
-    vec![(pod.key.clone(), node.to_string())]
+    vec![Announce {
+        pod: pod.key.clone(),
+        node: node.to_string(),
+        before: pod.nominated.clone(),
+    }]
 }
 
 /// How long a pod whose move the server refused is left out of plans.

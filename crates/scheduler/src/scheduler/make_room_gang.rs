@@ -8,7 +8,7 @@ use std::sync::Arc;
 use gpuplace_core::defrag::{self, Limits};
 
 use super::make_room::unless_written;
-use super::moves::{Moves, PlannedMove, planned_moves};
+use super::moves::{Announce, Moves, PlannedMove, planned_moves};
 use super::round_state::RoundState;
 use super::{RoundReport, Scheduler};
 use crate::api::{ClusterApi, ClusterView, PodKey};
@@ -119,7 +119,7 @@ impl<A: ClusterApi> Scheduler<A> {
         } = planned;
         let first = &members[first].0.key;
         let why = "Moved to make room for the gang of";
-        let announce: Vec<(PodKey, String)> = places
+        let announce: Vec<Announce> = places
             .iter()
             .flat_map(|p| unless_written(members[p.member].0, &p.node))
             .collect();

@@ -17,18 +17,19 @@ impl<A: ClusterApi> Scheduler<A> {
     /// Carries a plan out for `for_pod` (all or nothing: see the module's text), or for
     /// rebalancing (`None`: each move stands alone, so a refusal only stops the rest).
     ///
-    /// `announce` (pod, node) are the nominations the plan makes room for: written once
+    /// `announce` are the nominations the plan makes room for: written once
     /// the dry run passed and before the first move, so that the API records whom the room
     /// is for while it is being made (a leader killed mid-plan or right after its last move
     /// leaves the next one a nomination to adopt as a hold, and the room goes to its pod);
-    /// cleared again when a refusal stops the plan before any pod moved (once one has, the
-    /// room made stays the pod's, nominated, and the plan is finished in a later round).
+    /// put back as they were when a refusal stops the plan before any pod moved (once one
+    /// has, the room made stays the pod's, nominated, and the plan is finished in a later
+    /// round).
     pub(super) async fn start_moves(
         &mut self,
         for_pod: Option<&PodKey>,
         why: &str,
         moves: &[PlannedMove],
-        announce: &[(PodKey, String)],
+        announce: &[Announce],
         mut snapshot: Option<&mut Snapshot>,
     ) -> Moves {
         if !self.gate.is_open() {
@@ -151,15 +152,16 @@ impl<A: ClusterApi> Scheduler<A> {
         Moves::Done(moved)
     }
 
-    /// Writes (`on`) or clears the nominations `announce` names, while the leader.
-    async fn announce(&self, announce: &[(PodKey, String)], on: bool) {
-        for (pod, node) in announce {
+    /// Writes (`on`) the nominations `announce` names, or puts back what they replaced,
+    /// while the leader.
+    async fn announce(&self, announce: &[Announce], on: bool) {
+        for a in announce {
             if !self.gate.is_open() {
                 return;
             }
-            let node = on.then_some(node.as_str());
-            if let Err(e) = self.api.nominate(pod, node).await {
-                tracing::info!(pod = %pod, error = %e, "nominatedNodeName not written");
+            let node = if on { Some(&a.node) } else { a.before.as_ref() };
+            if let Err(e) = self.api.nominate(&a.pod, node.map(String::as_str)).await {
+                tracing::info!(pod = %a.pod, error = %e, "nominatedNodeName not written");
             }
         }
     }
@@ -173,6 +175,14 @@ impl<A: ClusterApi> Scheduler<A> {
             self.unfinished.insert(p.uid.clone());
         }
     }
+}
+
+/// A nomination a make-room plan writes before its first move: the pod, the node, and the
+/// pod's `nominatedNodeName` before (put back if the plan stops with nothing moved).
+pub(super) struct Announce {
+    pub pod: PodKey,
+    pub node: String,
+    pub before: Option<String>,
 }
 
 /// How carrying a plan out went.

@@ -452,3 +452,34 @@ async fn a_leader_killed_after_the_last_eviction_leaves_the_room_to_its_pod() {
         );
     }
 }
+
+/// A plan that stops before any pod moved puts the pod's nomination back as it was: a pod
+/// nominated to n2 (by an earlier run) whose make-room plans n1 writes n1 before the first
+/// move, and n2 again when that move is refused.
+#[tokio::test]
+async fn a_plan_refused_at_its_first_move_puts_the_nomination_back() {
+    let api = MemoryApi::new();
+    let mut scheduler = Scheduler::new(api.clone(), defrag_config(Duration::ZERO));
+    let mut t = Instant::now();
+    two_moves_needed(&api, &mut scheduler, &mut t).await;
+    api.refuse_move_evictions_at(&[0]);
+    api.put_pod(pod(
+        "big",
+        8,
+        json!({"status": {"nominatedNodeName": "n2"}}),
+    ));
+    t += Duration::from_secs(5);
+    scheduler.round(t).await.unwrap();
+    assert!(
+        !deleting(&api, "a") && !deleting(&api, "b"),
+        "nothing moved"
+    );
+    let failed = messages(&api, "big", "FailedScheduling");
+    assert!(
+        failed
+            .last()
+            .is_some_and(|m| m.contains("the plan stopped after moving 0 of 2")),
+        "{failed:?}"
+    );
+    assert_eq!(nominated(&api, "big").as_deref(), Some("n2"), "put back");
+}
