@@ -203,12 +203,7 @@ impl<A: ClusterApi> Scheduler<A> {
             return Found::Stop(Outcome::Waiting);
         }
         // An adopted nomination is planned again on its node only, once.
-        let adopted = self
-            .cluster
-            .nomination(&pod.key.uid)
-            .filter(|n| n.adopted)
-            .map(|n| n.node.clone());
-        self.cluster.settle_nomination(&pod.key.uid);
+        let adopted = self.cluster.take_adopted(&pod.key.uid);
         let Ok(filtered) = self
             .profile
             .filter_alone(snapshot, &round.volumes, verdicts, pod)
@@ -321,15 +316,7 @@ impl<A: ClusterApi> Scheduler<A> {
         // Members nominated by an earlier run are planned again on their nodes only, once.
         let adopted: Vec<Option<String>> = members
             .iter()
-            .map(|(p, _)| {
-                let node = self
-                    .cluster
-                    .nomination(&p.key.uid)
-                    .filter(|n| n.adopted)
-                    .map(|n| n.node.clone());
-                self.cluster.settle_nomination(&p.key.uid);
-                node
-            })
+            .map(|(p, _)| self.cluster.take_adopted(&p.key.uid))
             .collect();
         let any_adopted = adopted.iter().any(Option::is_some);
         // Nothing more to evict for an adopted plan: the gang waits for what terminates.

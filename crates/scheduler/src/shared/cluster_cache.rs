@@ -295,9 +295,10 @@ impl ClusterCache {
         self.nominations.restore(&uid, snapshot);
     }
 
-    /// Pod `uid`'s adopted nomination was planned again (see [`Nomination::adopted`]).
-    pub fn settle_nomination(&mut self, uid: &str) {
-        self.nominations.settle(uid);
+    /// The node of pod `uid`'s nomination when it was adopted from an earlier run and not
+    /// yet planned again (see [`Nomination::adopted`]); from now on it is not.
+    pub fn take_adopted(&mut self, uid: &str) -> Option<String> {
+        self.nominations.take_adopted(uid)
     }
 
     /// Victims some nomination of a pod other than `deciding` waits for (promised).

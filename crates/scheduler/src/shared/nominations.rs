@@ -108,7 +108,7 @@ pub struct Nomination {
     /// Adopted from the API (an earlier run's): its plan is not known, only that pods
     /// terminate on its node, so the pod's next preemption is planned again on that node
     /// (what is still to evict is evicted, what terminates counts as freeing) before it
-    /// waits; cleared then ([`Nominations::settle`]).
+    /// waits; cleared then ([`Nominations::take_adopted`]).
     pub adopted: bool,
 }
 
@@ -156,12 +156,11 @@ impl Nominations {
         self.by_uid.insert(nomination.key.uid.clone(), nomination);
     }
 
-    /// Pod `uid`'s adopted nomination was planned again: from now on it waits for its
-    /// victims as any nomination does.
-    pub fn settle(&mut self, uid: &str) {
-        if let Some(n) = self.by_uid.get_mut(uid) {
-            n.adopted = false;
-        }
+    /// The node of pod `uid`'s nomination if adopted and not yet planned again; from now
+    /// on it waits for its victims as any nomination does.
+    pub fn take_adopted(&mut self, uid: &str) -> Option<String> {
+        let n = self.by_uid.get_mut(uid)?;
+        std::mem::take(&mut n.adopted).then(|| n.node.clone())
     }
 
     /// Pod `uid` was decided onto `decided` (a node's name and the GPU IDs and milli it
