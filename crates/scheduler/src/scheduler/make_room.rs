@@ -210,9 +210,7 @@ impl<A: ClusterApi> Scheduler<A> {
                     return Made::Stopped(why);
                 }
             };
-            return self
-                .nominate_for_room(snapshot, pod, &demand, planned, moved, report)
-                .await;
+            return self.nominate_for_room(snapshot, pod, &demand, planned, moved, report);
         }
         Made::Blocked(refused.unwrap_or_default())
     }
@@ -360,7 +358,7 @@ impl<A: ClusterApi> Scheduler<A> {
         self.cluster.nominate(nomination, snapshot);
     }
 
-    async fn nominate_for_room(
+    fn nominate_for_room(
         &mut self,
         snapshot: &mut Snapshot,
         pod: &Arc<PodInfo>,

@@ -51,16 +51,7 @@ impl<A: ClusterApi> Scheduler<A> {
         let mut trial = snapshot.state.clone();
         let mut best: Option<defrag::RoomPlan> = None;
         for domain in domains {
-            let within: Vec<Vec<bool>> = order
-                .iter()
-                .map(|&i| {
-                    let mut m = masks[i].clone().unwrap_or_default();
-                    if let Some(d) = domain {
-                        m.iter_mut().zip(d).for_each(|(a, b)| *a &= *b);
-                    }
-                    m
-                })
-                .collect();
+            let within = super::preempt::masks_within(&order, &masks, domain.as_deref());
             let asks: Vec<(&gpuplace_model::Request, Option<&[bool]>)> = order
                 .iter()
                 .zip(&within)

@@ -544,16 +544,7 @@ impl GangSearch<'_, '_> {
         );
         let mut best: Option<GangPlan> = None;
         for domain in self.domains {
-            let within: Vec<Vec<bool>> = order
-                .iter()
-                .map(|&i| {
-                    let mut m = self.masks[i].clone().unwrap_or_default();
-                    if let Some(d) = domain {
-                        m.iter_mut().zip(d).for_each(|(a, b)| *a &= *b);
-                    }
-                    m
-                })
-                .collect();
+            let within = super::preempt::masks_within(&order, self.masks, domain.as_deref());
             let asks: Vec<(&gpuplace_model::Request, Option<&[bool]>)> = order
                 .iter()
                 .zip(&within)

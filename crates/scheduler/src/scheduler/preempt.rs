@@ -209,6 +209,26 @@ pub fn on_node_only(snapshot: &Snapshot, node: &str, mask: Option<&[bool]>) -> O
     Some(only)
 }
 
+/// Each member's filter mask (in `order`) narrowed to `domain` (all nodes when `None`): a
+/// gang's search, preemption's and make-room's, plans every member within one domain. A
+/// member whose filters reject everything (`None`) gets an empty mask.
+pub fn masks_within(
+    order: &[usize],
+    masks: &[Option<Vec<bool>>],
+    domain: Option<&[bool]>,
+) -> Vec<Vec<bool>> {
+    order
+        .iter()
+        .map(|&i| {
+            let mut m = masks[i].clone().unwrap_or_default();
+            if let Some(d) = domain {
+                m.iter_mut().zip(d).for_each(|(a, b)| *a &= *b);
+            }
+            m
+        })
+        .collect()
+}
+
 /// kube-scheduler's words when no eviction can help: nodes its filters rejected for
 /// reasons eviction cannot change, and the others.
 pub fn no_victims(nodes: usize, not_helpful: usize) -> String {
