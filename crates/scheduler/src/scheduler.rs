@@ -17,6 +17,7 @@ mod fair_round;
 mod gang_permit;
 mod gang_status;
 mod gangs;
+mod line;
 mod make_room;
 mod make_room_gang;
 mod moves;
@@ -258,6 +259,8 @@ pub struct Scheduler<A: ClusterApi> {
     usage: usage::UsageBook,
     /// Wall time on the rounds' clock (pod ages, expected starts, stamps written).
     wall: crate::clock::WallClock,
+    /// How long pods ran, by queue and shape (expected starts read it).
+    runs: gpuplace_core::waiting::history::RunHistory,
 }
 
 pub use crate::clock::rfc3339;
@@ -306,6 +309,7 @@ impl<A: ClusterApi> Scheduler<A> {
             queue_status: Default::default(),
             usage: usage::UsageBook::new(config_usage, wall),
             wall,
+            runs: Default::default(),
         }
     }
 

@@ -431,7 +431,7 @@ impl Snapshot {
             return;
         }
         self.scalars.take(n, &demand.extended);
-        if let Err(e) = &pod.expected_end {
+        if let Err(e) = &pod.declared_ms {
             self.warnings.push(Warning::pod(&pod.key, e));
         }
         self.held.insert(

@@ -134,6 +134,9 @@ pub struct PendingPod {
     /// The same read into its parts: kube-scheduler's message, what blocks it, its
     /// position, its queue's standing, what would unblock it, its expected start.
     pub waiting: Option<gpuplace_core::waiting::Parsed>,
+    /// The scheduler's structured record, typed (served by the scheduler from its memory;
+    /// absent when read back from Events).
+    pub record: Option<gpuplace_core::waiting::Waiting>,
 }
 
 /// A gang (PodGroup).
@@ -223,9 +226,9 @@ pub fn fleet(
     nodes.sort_by(|a, b| a.name.cmp(&b.name));
     let groups = groups(view, filter);
     let mut pending = pending_pods(view, reasons, filter);
-    // A gang member's freshest reason is its PodGroup's (a member in backoff missed the
-    // latest Event).
-    for p in &mut pending {
+    // Without the scheduler's record, a gang member's freshest reason is its PodGroup's (a
+    // member in backoff missed the latest Event).
+    for p in pending.iter_mut().filter(|p| p.record.is_none()) {
         if let Some(message) = p.group.as_ref().and_then(|g| {
             groups
                 .iter()
@@ -436,6 +439,9 @@ fn pending_pods(
                 waiting: reasons
                     .get(&p.key.uid)
                     .map(|r| gpuplace_core::waiting::Waiting::parse(&r.message)),
+                record: reasons
+                    .get(&p.key.uid)
+                    .and_then(|r| r.record.as_deref().cloned()),
             })
         })
         .collect();

@@ -6,7 +6,9 @@
 //! - `GET /ui`: the page; `/ui/app.js`, `/ui/app.css`;
 //! - `GET /ui/api/fleet?q=&sort=&limit=`: totals, models, the matching nodes' GPU cells
 //!   (at most `limit`, so 5,000 nodes stay light), pending pods and gangs, the last hour;
-//! - `GET /ui/api/node?name=`: one node's GPUs, holders and NVLink topology.
+//! - `GET /ui/api/node?name=`: one node's GPUs, holders and NVLink topology;
+//! - `GET /ui/api/waiting?namespace=&limit=`: the waiting pods with the scheduler's
+//!   structured records ([`waiting`]).
 //!
 //! Off a loopback address the map is served behind [`crate::access::guard`]: then a
 //! viewer sees cluster-wide totals and every GPU, but names, reasons and gangs only of the
@@ -14,6 +16,7 @@
 //! such, without its name; search does not match it).
 
 pub mod history;
+mod waiting;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -153,6 +156,7 @@ pub fn router<A: ClusterApi>(ui: Arc<Ui<A>>) -> Router {
         )
         .route("/ui/api/fleet", get(fleet::<A>))
         .route("/ui/api/node", get(node::<A>))
+        .route("/ui/api/waiting", get(waiting::waiting::<A>))
         .with_state(ui)
 }
 

@@ -22,7 +22,7 @@ pub const MAX_HALF_LIFE_MS: u64 = 365 * 24 * 3600 * 1000;
 /// Why a half-life cannot be used.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum HalfLifeError {
-    #[error("{0:?} is not a duration (a number and a unit: 90s, 30m, 1h, 1h30m, 0)")]
+    #[error("{0:?} is not a duration (a number and a unit: 90s, 30m, 1h, 1h30m, 2d, 0)")]
     NotDuration(String),
     #[error("{0:?} is negative")]
     Negative(String),
@@ -62,6 +62,7 @@ pub fn parse_half_life(text: &str) -> Result<u64, HalfLifeError> {
             "s" => 1e3,
             "m" => 60e3,
             "h" => 3600e3,
+            "d" => 86_400e3,
             _ => return Err(bad()),
         };
         ms += value * scale;
@@ -241,6 +242,9 @@ mod tests {
         assert_eq!(parse_half_life("1.5h"), Ok(5_400_000));
         assert_eq!(parse_half_life("90s"), Ok(90_000));
         assert_eq!(parse_half_life("250ms"), Ok(250));
+        // Days, as people write a long run (Go's durations stop at hours).
+        assert_eq!(parse_half_life("1d"), Ok(86_400_000));
+        assert_eq!(parse_half_life("2d12h"), Ok(216_000_000));
         assert_eq!(parse_half_life("0"), Ok(0));
         assert_eq!(parse_half_life("0s"), Ok(0));
         assert!(matches!(
@@ -251,7 +255,7 @@ mod tests {
             parse_half_life("9000h"),
             Err(HalfLifeError::TooLong(_))
         ));
-        for bad in ["", "1", "h", "1d", "one hour", "1h 30m", "1..5h"] {
+        for bad in ["", "1", "h", "1w", "one hour", "1h 30m", "1..5h"] {
             assert!(
                 matches!(parse_half_life(bad), Err(HalfLifeError::NotDuration(_))),
                 "{bad:?}"

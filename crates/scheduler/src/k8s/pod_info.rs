@@ -179,10 +179,10 @@ pub struct PodInfo {
     /// Its controller, when one that makes pods again owns it (ReplicaSet, StatefulSet,
     /// Job): what defragmentation may move.
     pub controller: Option<Box<Controller>>,
-    /// When it is expected to end: its start (else creation) plus the annotation
+    /// How long it declares it runs, in ms, from its start (else creation): the annotation
     /// `gpuplace.io/expected-duration`, else its `activeDeadlineSeconds`; an annotation that
     /// is not a duration is why not (shown as a warning, the pod otherwise unaffected).
-    pub expected_end: Result<Option<Timestamp>, String>,
+    pub declared_ms: Result<Option<u64>, String>,
     /// `gpuplace.io/movable: "true"` as a label or an annotation.
     pub movable: bool,
     /// `status.startTime`: when the kubelet took it.
@@ -283,7 +283,7 @@ impl PodInfo {
             claims: crate::k8s::claims::claims_of(pod),
             terms: terms.map(Arc::new),
             controller: controller_of(pod),
-            expected_end: expected_end(pod),
+            declared_ms: declared_run(pod),
             movable: movable_of(pod),
             started: pod
                 .status
@@ -315,20 +315,14 @@ impl PodInfo {
 /// `45m`), from its start: what a waiting pod's expected start is reckoned from.
 pub const EXPECTED_DURATION_ANNOTATION: &str = "gpuplace.io/expected-duration";
 
-/// When `pod` is expected to end (see [`PodInfo::expected_end`]).
-fn expected_end(pod: &Pod) -> Result<Option<Timestamp>, String> {
-    let from = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.start_time.as_ref())
-        .or(pod.metadata.creation_timestamp.as_ref())
-        .map(|t| t.0);
+/// How long `pod` declares it runs (see [`PodInfo::declared_ms`]).
+fn declared_run(pod: &Pod) -> Result<Option<u64>, String> {
     let declared = pod
         .metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(EXPECTED_DURATION_ANNOTATION));
-    let ms = match declared {
+    Ok(match declared {
         Some(text) => Some(
             gpuplace_core::fairshare::parse_half_life(text)
                 .map_err(|e| format!("{EXPECTED_DURATION_ANNOTATION}: {e}"))?,
@@ -339,12 +333,7 @@ fn expected_end(pod: &Pod) -> Result<Option<Timestamp>, String> {
             .and_then(|s| s.active_deadline_seconds)
             .filter(|s| *s > 0)
             .map(|s| s as u64 * 1000),
-    };
-    let (Some(from), Some(ms)) = (from, ms) else {
-        return Ok(None);
-    };
-    let span = k8s_openapi::jiff::SignedDuration::from_millis(ms as i64);
-    Ok(from.checked_add(span).ok())
+    })
 }
 
 #[cfg(test)]

@@ -153,6 +153,8 @@ pub(super) struct GangSteps<'s, 'm, 'f, 'p, 't, A: ClusterApi, U> {
     pub narrow: Option<&'s [bool]>,
     /// Why members did not fit, over the domains where too few did.
     pub failure: Option<String>,
+    /// What the first member that fit nowhere was short of (the first domain's).
+    pub unfit: Option<crate::shared::members::UnfitFound>,
 }
 
 impl<'m, A: ClusterApi, U> Unit for GangSteps<'_, 'm, '_, '_, '_, A, U> {
@@ -179,6 +181,9 @@ impl<'m, A: ClusterApi, U> Unit for GangSteps<'_, 'm, '_, '_, '_, A, U> {
             );
             on.domain = domain.as_deref();
             let trial = place::trial(&mut on, &mut s.placer, self.narrow);
+            if self.unfit.is_none() {
+                self.unfit = on.unfit.take();
+            }
             trials.push((trial, on.frag()));
         }
         let (best, failure) = place::keep_best(trials, quorum);

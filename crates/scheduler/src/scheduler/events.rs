@@ -104,13 +104,24 @@ impl<A: ClusterApi> EventSink<A> {
         self.reasons.clone()
     }
 
+    /// Pod `pod` waits: `message` (its rendered `record`) is kept for the on-demand views,
+    /// and goes out as a `FailedScheduling` Event (and condition) when its meaning changed.
+    pub fn failed(
+        &mut self,
+        pod: &PodKey,
+        message: String,
+        record: Option<Arc<gpuplace_core::waiting::Waiting>>,
+    ) {
+        self.reasons.failed(&pod.uid, &message, record);
+        self.emit(pod, "Warning", "FailedScheduling", message);
+    }
+
     /// Queues an Event; dropped when too many are waiting.
     pub fn emit(&mut self, pod: &PodKey, kind: &str, reason: &str, message: String) {
         // A pod that fits nowhere also gets its PodScheduled=False condition with the same
         // message when it changed, written after its Event (so the Event never lags it).
         let condition = match reason {
             "FailedScheduling" => {
-                self.reasons.failed(&pod.uid, &message);
                 if !self.meaning_changed(&pod.uid, &message) {
                     return;
                 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use gpuplace_core::fairshare::{DIMS, Picker, QueueTree, Res};
-use gpuplace_core::waiting::Blocker;
+use gpuplace_core::waiting::{Blocker, Waiting};
 use tracing::info;
 
 use super::queue_status::{QueueFigures, WRITE_EVERY, WRITE_EVERY_BUSY, Yield};
@@ -57,22 +57,22 @@ impl<A: ClusterApi> Scheduler<A> {
             // A gang belongs to its first member's queue.
             let first = unit.pods()[0];
             match self.queues.of(first) {
-                Ok(q) => {
-                    round.order.total += 1;
-                    *round.order.queue_total.entry(q).or_default() += 1;
-                    picker.push(q, unit)
-                }
+                Ok(q) => picker.push(q, unit),
                 Err(e) => refused.push((unit.pods(), e)),
             }
         }
         report.timings.queues += started.elapsed();
         for (pods, why) in refused {
             let none: Option<(&Picker<'_, ()>, usize)> = None;
-            let mut waiting = self.told(snapshot, round, pods[0], Blocker::Queue, None, none);
+            let mut waiting = self.told(snapshot, round, pods[0], Blocker::Queue, none);
+            waiting.gang = super::waiting::gang_standing(view, &pods, None);
             waiting.unblock = Some("its queue made, or fixed".into());
-            let segments = super::waiting::segments(&waiting, self.wall_ms());
-            let message = format!("{why}; the pod waits until it can be served.{segments}");
-            self.refuse(&pods, message, now, report);
+            let message = super::waiting::render(
+                &waiting,
+                &format!("{why}; the pod waits until it can be served."),
+                self.wall_ms(),
+            );
+            self.refuse(&pods, message, waiting, now, report);
         }
         self.decide_units(snapshot, view, Order::Fair(&mut picker), round, report)
             .await;
@@ -92,7 +92,7 @@ impl<A: ClusterApi> Scheduler<A> {
     /// `Picker::model_mask`, as the timeline narrows).
     pub(super) fn within_limit(
         &mut self,
-        snapshot: &Snapshot,
+        (snapshot, view): (&Snapshot, &ClusterView),
         order: &mut Order<'_, '_, '_>,
         q: usize,
         pods: &[&Arc<PodInfo>],
@@ -105,21 +105,15 @@ impl<A: ClusterApi> Scheduler<A> {
         let want = asked(pods);
         if let Some(hit) = picker.limit_hit(q, &want) {
             let fair = Some((&**picker, q));
-            let mut waiting = self.told(snapshot, round, pods[0], Blocker::QueueLimit, None, fair);
+            let mut waiting = self.told(snapshot, round, pods[0], Blocker::QueueLimit, fair);
+            waiting.gang = super::waiting::gang_standing(view, pods, None);
             waiting.unblock = Some(format!(
                 "pods of queue {} ending, or its limit raised",
                 hit.queue
             ));
-            let segments = super::waiting::segments(&waiting, self.wall_ms());
-            self.refuse(
-                pods,
-                format!(
-                    "0/{} nodes are available: {hit}.{segments}",
-                    snapshot.nodes.len()
-                ),
-                round.now,
-                report,
-            );
+            let message = format!("0/{} nodes are available: {hit}.", snapshot.nodes.len());
+            let message = super::waiting::render(&waiting, &message, self.wall_ms());
+            self.refuse(pods, message, waiting, round.now, report);
             return Limits::Refused;
         }
         Limits::Within(picker.model_mask(q, want.dims[0], &snapshot.state))
@@ -167,14 +161,16 @@ impl<A: ClusterApi> Scheduler<A> {
         &mut self,
         pods: &[&Arc<PodInfo>],
         message: String,
+        record: Waiting,
         now: Instant,
         report: &mut RoundReport,
     ) {
+        let record = Arc::new(record);
         for p in pods {
             report.unschedulable += 1;
             self.queue.unschedulable(&p.key.uid, now);
             self.events
-                .emit(&p.key, "Warning", "FailedScheduling", message.clone());
+                .failed(&p.key, message.clone(), Some(Arc::clone(&record)));
         }
     }
 }
@@ -250,16 +246,22 @@ impl<A: ClusterApi> Scheduler<A> {
         if !self.gate.is_open() || w.sending() || !due {
             return;
         }
-        let changed: Vec<(String, QueueStatus)> = w
-            .wanted
-            .iter()
-            .filter(|(name, s)| w.written.get(*name) != Some(*s))
-            .map(|(n, s)| (n.clone(), s.clone()))
-            .collect();
+        let changed: Vec<(String, QueueStatus)> = if force {
+            w.wanted
+                .iter()
+                .filter(|(name, s)| w.written.get(*name) != Some(*s))
+                .map(|(n, s)| (n.clone(), s.clone()))
+                .collect()
+        } else {
+            w.worth_writing(now)
+        };
         if changed.is_empty() {
             return;
         }
         w.last_write = Some(now);
+        for (name, _) in &changed {
+            w.written_at.insert(name.clone(), now);
+        }
         self.tell_problems(&changed).await;
         let to = Yield {
             load: self.binder.load(),

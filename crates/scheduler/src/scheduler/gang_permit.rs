@@ -12,11 +12,14 @@ use gpuplace_core::Decision;
 use gpuplace_core::cycle::place::Trial;
 use gpuplace_core::cycle::{self, Chained, Cycled};
 
+use gpuplace_core::waiting::{Blocker, Waiting};
+
 use super::chain::{GangPlanned, GangSteps, Why as ChainWhy};
 use super::gang_status::{Gang, Why, sentence};
 use super::post_filter::Outcome;
 use super::reclaim::Fair;
 use super::round_state::Deciding;
+use super::waiting::gang_standing;
 use super::{RoundReport, Scheduler};
 use crate::api::{ClusterApi, ClusterView};
 use crate::framework::filter::Verdicts;
@@ -35,6 +38,8 @@ struct GangAttempt<'g, 'a> {
     /// Members the best trial placed.
     placed: u32,
     failure: Option<String>,
+    /// Why it waits, as the round found it.
+    record: Waiting,
 }
 
 impl<A: ClusterApi> Scheduler<A> {
@@ -55,9 +60,15 @@ impl<A: ClusterApi> Scheduler<A> {
     ) {
         let Deciding { round, narrow } = deciding;
         let now = round.now;
+        let pods: Vec<&Arc<PodInfo>> = members.iter().map(|(p, _)| *p).collect();
+        let fair_pair = fair.as_ref().map(|f| (&*f.picker, f.queue));
         let Some(gang) = self.gang_of_view(view, namespace, group) else {
             let reason = format!("pod group {namespace}/{group} does not exist");
-            self.refuse_gang(&members, reason, now, report).await;
+            let mut record = self.told(snapshot, round, pods[0], Blocker::Gang, fair_pair);
+            record.gang = gang_standing(view, &pods, None);
+            record.unblock = Some(format!("its PodGroup {namespace}/{group} made"));
+            self.refuse_gang(&members, reason, &record, now, report)
+                .await;
             return;
         };
         // Try all members on a copy of the state, in each allowed domain (one value of
@@ -72,7 +83,11 @@ impl<A: ClusterApi> Scheduler<A> {
         ) {
             Ok(d) => d,
             Err(reason) => {
-                self.refuse_gang(&members, reason, now, report).await;
+                let mut record =
+                    self.told(snapshot, round, pods[0], Blocker::Constraints, fair_pair);
+                record.gang = gang_standing(view, &pods, None);
+                self.refuse_gang(&members, reason, &record, now, report)
+                    .await;
                 return;
             }
         };
@@ -90,7 +105,7 @@ impl<A: ClusterApi> Scheduler<A> {
             .iter()
             .map(|(uid, steer)| (uid.clone(), steer.planned()))
             .collect();
-        let (cycled, failure) = {
+        let (cycled, failure, unfit) = {
             let mut steps = GangSteps {
                 scheduler: self,
                 snapshot,
@@ -100,16 +115,32 @@ impl<A: ClusterApi> Scheduler<A> {
                 domains: &domains,
                 steered: &steered,
                 fair: fair.as_ref(),
-                round,
+                round: &mut *round,
                 narrow,
                 failure: None,
+                unfit: None,
             };
             let cycled = cycle::schedule(&mut steps);
-            (cycled, steps.failure)
+            (cycled, steps.failure, steps.unfit)
         };
+        let fit = match &cycled {
+            Cycled::Allowed(t)
+            | Cycled::MembersMissing(t)
+            | Cycled::PostFiltered { trial: t, .. } => t.placed.len() as u32,
+        };
+        // Why it waits, as the round found it (PostFilter's plan holds places next).
+        let mut record = {
+            let fair_pair = fair.as_ref().map(|f| (&*f.picker, f.queue));
+            if gang.bound + (members.len() as u32) < gang.spec.min_member {
+                self.told(snapshot, round, pods[0], Blocker::Gang, fair_pair)
+            } else {
+                self.why_waiting(snapshot, round, &pods, unfit.as_ref(), fair_pair)
+            }
+        };
+        record.gang = gang_standing(view, &pods, Some(gang.bound + fit));
         let (trial, chained) = match cycled {
             Cycled::Allowed(trial) => {
-                self.permit_and_refuse(snapshot, &gang, &members, trial, now, report)
+                self.permit_and_refuse(snapshot, &gang, &members, trial, record, now, report)
                     .await;
                 return;
             }
@@ -121,6 +152,7 @@ impl<A: ClusterApi> Scheduler<A> {
             members: &members,
             placed: trial.placed.len() as u32,
             failure,
+            record,
         };
         self.gang_does_not_fit(snapshot, attempt, chained, fair, now, report)
             .await;
@@ -129,12 +161,14 @@ impl<A: ClusterApi> Scheduler<A> {
     /// Permit allowed the gang: its placed members reserved and bound together; the
     /// members that do not fit now (the gang has its minMember) are told so as single pods
     /// are, and wait for an event that may make room.
+    #[allow(clippy::too_many_arguments)]
     async fn permit_and_refuse(
         &mut self,
         snapshot: &mut Snapshot,
         gang: &Gang,
         members: &[(&Arc<PodInfo>, Verdicts)],
         trial: Trial<Trialled<'_>, String>,
+        record: Waiting,
         now: Instant,
         report: &mut RoundReport,
     ) {
@@ -168,7 +202,7 @@ impl<A: ClusterApi> Scheduler<A> {
                 gang.spec.min_member,
                 sentence(&why)
             );
-            self.refuse_gang(&left, reason, now, report).await;
+            self.refuse_gang(&left, reason, &record, now, report).await;
         }
     }
 
@@ -264,6 +298,7 @@ impl<A: ClusterApi> Scheduler<A> {
             members,
             placed,
             failure,
+            mut record,
         } = attempt;
         let (bound, min_member) = (gang.bound, gang.spec.min_member);
         let present = bound + members.len() as u32;
@@ -288,16 +323,18 @@ impl<A: ClusterApi> Scheduler<A> {
                     gang.id,
                     bound + placed
                 );
-                let message = format!(
-                    "{}{}",
-                    outcome.message(&sentence(&reason), snapshot.nodes.len(), &gang.namespace),
-                    super::waiting::gang_segments(outcome.unblock(), self.wall_ms())
+                record.unblock = outcome.unblock();
+                let message = super::waiting::render(
+                    &record,
+                    &outcome.message(&sentence(&reason), snapshot.nodes.len(), &gang.namespace),
+                    self.wall_ms(),
                 );
                 report.waiting_gangs += 1;
                 if !matches!(outcome, Outcome::Waiting) {
+                    let record = Arc::new(record);
                     for (pod, _) in members {
-                        self.events
-                            .emit(&pod.key, "Warning", "FailedScheduling", message.clone());
+                        let record = Some(Arc::clone(&record));
+                        self.events.failed(&pod.key, message.clone(), record);
                     }
                 }
                 for (pod, _) in members {
@@ -338,14 +375,18 @@ impl<A: ClusterApi> Scheduler<A> {
             "NotEnoughResources"
         };
         let reason = match preemption {
-            Some(p) => p.message(&sentence(&reason), snapshot.nodes.len(), &gang.namespace),
+            Some(ref p) => p.message(&sentence(&reason), snapshot.nodes.len(), &gang.namespace),
             None => sentence(&reason),
         };
         let why = Why {
             reason: why,
             message: &reason,
         };
-        self.wait_or_time_out(gang, members, why, now, report).await;
+        if let Some(p) = &preemption {
+            record.unblock = p.unblock();
+        }
+        self.wait_or_time_out(gang, members, why, &record, now, report)
+            .await;
     }
 
     /// The node masks to try: one per value of the topology key (nodes without the label

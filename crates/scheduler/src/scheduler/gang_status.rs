@@ -5,6 +5,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use gpuplace_core::waiting::Waiting;
+
 use super::gangs::GangWritten;
 use super::{RoundReport, Scheduler};
 use crate::api::ClusterApi;
@@ -48,13 +50,14 @@ impl<A: ClusterApi> Scheduler<A> {
         gang: &Gang,
         members: &[(&Arc<PodInfo>, Verdicts)],
         why: Why<'_>,
+        record: &Waiting,
         now: Instant,
         report: &mut RoundReport,
     ) {
         let since = self.gangs.waiting_since(&gang.id, now);
         let timeout = Duration::from_secs(gang.spec.schedule_timeout_seconds.unwrap_or(60));
         if now.duration_since(since) >= timeout {
-            self.refuse_gang(members, why.message.to_string(), now, report)
+            self.refuse_gang(members, why.message.to_string(), record, now, report)
                 .await;
             self.gangs.restart_wait(&gang.id, now);
             self.gangs.told(&gang.id, why.message);
@@ -64,14 +67,15 @@ impl<A: ClusterApi> Scheduler<A> {
         } else {
             if self.gangs.told(&gang.id, why.message) {
                 let message = format!(
-                    "{} The gang waits up to {}s for its members to fit at once.{}",
+                    "{} The gang waits up to {}s for its members to fit at once.",
                     why.message,
                     timeout.as_secs(),
-                    super::waiting::gang_segments(None, self.wall_ms())
                 );
+                let message = super::waiting::render(record, &message, self.wall_ms());
+                let record = Arc::new(record.clone());
                 for (pod, _) in members {
-                    self.events
-                        .emit(&pod.key, "Warning", "FailedScheduling", message.clone());
+                    let record = Some(Arc::clone(&record));
+                    self.events.failed(&pod.key, message.clone(), record);
                 }
             }
             self.set_phase(
@@ -166,17 +170,16 @@ impl<A: ClusterApi> Scheduler<A> {
         &mut self,
         members: &[(&Arc<PodInfo>, Verdicts)],
         reason: String,
+        record: &Waiting,
         now: Instant,
         report: &mut RoundReport,
     ) {
-        let reason = format!(
-            "{reason}{}",
-            super::waiting::gang_segments(None, self.wall_ms())
-        );
+        let reason = super::waiting::render(record, &reason, self.wall_ms());
+        let record = Arc::new(record.clone());
         for (pod, _) in members {
             self.queue.unschedulable(&pod.key.uid, now);
-            self.events
-                .emit(&pod.key, "Warning", "FailedScheduling", reason.clone());
+            let record = Some(Arc::clone(&record));
+            self.events.failed(&pod.key, reason.clone(), record);
         }
         report.unschedulable += members.len();
     }

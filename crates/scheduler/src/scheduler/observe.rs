@@ -21,7 +21,13 @@ impl Seen {
     /// Brings the active pods up to `view` and says whether one that was active is not any
     /// more (its GPUs freed): from the feed's changes when it has them (the value each
     /// changed pod had in the last view, and now), else by comparing every pod.
-    fn pods_freed(&mut self, view: &ClusterView, feed: &PodFeed) -> bool {
+    /// Each pod that ended so (as the last view showed it) is handed to `ended`.
+    fn pods_freed(
+        &mut self,
+        view: &ClusterView,
+        feed: &PodFeed,
+        ended: &mut dyn FnMut(&crate::k8s::pod_info::PodInfo),
+    ) -> bool {
         let Some(changes) = &feed.changes else {
             let active: HashSet<String> = view
                 .pods
@@ -41,6 +47,9 @@ impl Seen {
                     .after
                     .as_ref()
                     .is_some_and(|p| p.is_active_bound() && p.key.uid == before.key.uid);
+                if !still {
+                    ended(before);
+                }
                 freed |= !still;
             }
             if let Some(after) = change.after.as_ref().filter(|p| p.is_active_bound()) {
@@ -144,7 +153,17 @@ impl<A: ClusterApi> Scheduler<A> {
         }
         #[cfg(debug_assertions)]
         let before = self.seen.active.clone();
-        let pods_freed = self.seen.pods_freed(view, feed);
+        // What ran, for the expected starts: each pod that ended, from its start to now.
+        let now_ms = self.wall.ms(now);
+        let runs = &mut self.runs;
+        let mut ended = |pod: &crate::k8s::pod_info::PodInfo| {
+            if let Some(since) = pod.started.or(pod.created) {
+                let ran = now_ms.saturating_sub(since.as_millisecond()).max(0) as u64;
+                let declared = pod.declared_ms.as_ref().ok().copied().flatten();
+                runs.ran(&super::line::run_class(pod), ran, declared);
+            }
+        };
+        let pods_freed = self.seen.pods_freed(view, feed, &mut ended);
         // The tests' builds hold the feed's answer to a comparison of every pod.
         #[cfg(debug_assertions)]
         {

@@ -90,6 +90,7 @@ impl<A: ClusterApi> Scheduler<A> {
             Default::default()
         };
         let mut round = RoundState::new(now, volumes);
+        round.order.waiting = waiting.iter().map(|p| Arc::clone(p)).collect();
         self.queue.retain(|uid| waiting_uids.contains(uid.as_str()));
         self.unfinished
             .retain(|uid| waiting_uids.contains(uid.as_str()));
@@ -109,7 +110,6 @@ impl<A: ClusterApi> Scheduler<A> {
             )
             .await;
         } else {
-            round.order.total = units.len();
             let order = Order::Plain(units.into_iter());
             self.decide_units(&mut snapshot, &view, order, &mut round, &mut report)
                 .await;
@@ -185,7 +185,6 @@ impl<A: ClusterApi> Scheduler<A> {
     ) {
         let mut verdicts = VerdictCache::default();
         while let Some((queue, unit)) = order.next() {
-            round.order.take(queue);
             if !self.gate.is_open() {
                 // Leadership lost mid-round: stop deciding at once.
                 self.dirty = true;
@@ -205,15 +204,17 @@ impl<A: ClusterApi> Scheduler<A> {
             }
             let narrow = match queue {
                 None => None,
-                Some(q) => match self.within_limit(snapshot, &mut order, q, &pods, round, report) {
-                    Limits::Within(narrow) => narrow,
-                    Limits::Refused => {
-                        if let Order::Fair(picker) = &mut order {
-                            self.account(snapshot, picker, q, &pods);
+                Some(q) => {
+                    match self.within_limit((snapshot, view), &mut order, q, &pods, round, report) {
+                        Limits::Within(narrow) => narrow,
+                        Limits::Refused => {
+                            if let Order::Fair(picker) = &mut order {
+                                self.account(snapshot, picker, q, &pods);
+                            }
+                            continue;
                         }
-                        continue;
                     }
-                },
+                }
             };
             let deciding = Deciding {
                 round: &mut *round,
@@ -370,9 +371,9 @@ impl<A: ClusterApi> Scheduler<A> {
         };
         let started = Instant::now();
         // Why it waits, as the round found it (PostFilter's plan holds places next).
-        let waiting = {
+        let mut waiting = {
             let fair = fair.as_ref().map(|f| (&*f.picker, f.queue));
-            self.why_waiting(snapshot, round, pod, unfit_found.as_ref(), fair)
+            self.why_waiting(snapshot, round, &[pod], unfit_found.as_ref(), fair)
         };
         let reborrowed = fair.as_mut().map(|f| Fair {
             picker: &mut *f.picker,
@@ -394,7 +395,7 @@ impl<A: ClusterApi> Scheduler<A> {
             &unfit,
             snapshot.nodes.len(),
             &pod.key.namespace,
-            waiting,
+            &mut waiting,
             self.wall_ms(),
         );
         self.cluster.hold_nominee(&pod.key.uid, snapshot);
@@ -403,7 +404,7 @@ impl<A: ClusterApi> Scheduler<A> {
         self.wait(&pod.key.uid, now, later);
         debug!(pod = %pod.key, %message, "unschedulable");
         self.events
-            .emit(&pod.key, "Warning", "FailedScheduling", message);
+            .failed(&pod.key, message, Some(Arc::new(waiting)));
     }
 
     /// Reserves the decision in the state and among the reservations; returns the
@@ -493,7 +494,7 @@ fn failure_message(
     unfit: &str,
     nodes: usize,
     namespace: &str,
-    mut waiting: gpuplace_core::waiting::Waiting,
+    waiting: &mut gpuplace_core::waiting::Waiting,
     now_ms: i64,
 ) -> String {
     let mut message = outcome.message(unfit, nodes, namespace);
@@ -505,6 +506,5 @@ fn failure_message(
         (Some(_) | None, Some(room)) if outcome.found_nothing() => Some(room),
         (found, _) => found,
     };
-    message.push_str(&super::waiting::segments(&waiting, now_ms));
-    message
+    super::waiting::render(waiting, &message, now_ms)
 }

@@ -1,22 +1,23 @@
-//! Why each pod that waits does, in one structured reason (core's [`Waiting`]) written after
-//! its `FailedScheduling` message: what blocks it (its queue's limit, others ahead in fair
-//! order, capacity, fragmentation, its own constraints, its gang), its place in the round's
-//! order and its queue's, its queue's standing (usage over time included), what would
-//! unblock it (PostFilter's plan under way, or why there is none) and when it is expected
-//! to start (by the declared ends of the pods running: `gpuplace.io/expected-duration` or
-//! `activeDeadlineSeconds`). The Event, the pod's condition, `gpuplace status` and the live
-//! map carry the same text.
+//! Why each pod that waits does, in one structured record (core's [`Waiting`]) computed
+//! here for single pods and gangs alike: what blocks it (its queue's limit, others ahead
+//! in fair order, capacity of GPUs, CPU or memory, fragmentation, its own constraints, its
+//! gang), its gang (members waiting, needed, fitting at once), its true place in the line
+//! of every waiting unit and in its queue's, its queue's standing, what would unblock it
+//! and when it is expected to start (the line projected: [`super::line`]). Rendered with
+//! the blocker and the start first; the Event and the condition carry it when its meaning
+//! changed, the scheduler's memory always (`gpuplace status --scheduler`, the live map).
 
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use gpuplace_core::fairshare::{Picker, show_amount, show_half_life};
 use gpuplace_core::shortage::Shortage;
-use gpuplace_core::waiting::{Blocker, Ending, QueueStanding, Start, Waiting, expected_start};
-use gpuplace_model::Request;
+use gpuplace_core::waiting::{Blocker, GangStanding, QueueStanding, Resource, Start, Waiting};
 
 use super::Scheduler;
+use super::line::Line;
 use super::round_state::RoundState;
-use crate::api::ClusterApi;
+use crate::api::{ClusterApi, ClusterView};
 use crate::k8s::pod_info::PodInfo;
 use crate::shared::members::UnfitFound;
 use crate::snapshot::Snapshot;
@@ -27,61 +28,78 @@ fn time_text(ms: i64) -> String {
     )
 }
 
-/// `waiting` as written after a pod's message, at `now_ms` (the scheduler's wall clock).
-pub(super) fn segments(waiting: &Waiting, now_ms: i64) -> String {
-    waiting.segments(now_ms, &time_text)
+/// `waiting` with kube-scheduler's `message`, as written, at `now_ms` (the scheduler's
+/// wall clock).
+pub(super) fn render(waiting: &Waiting, message: &str, now_ms: i64) -> String {
+    waiting.render(message, now_ms, &time_text)
+}
+
+/// The blocker of a unit that fits nowhere, from what its trial found it short of
+/// (`None`: not tried); `placed_by_others` is what other queues placed this round (a GPU
+/// shortage they would have covered is "others ahead"), `asked` its milli-GPU.
+pub(super) fn blocker_of(
+    found: Option<&UnfitFound>,
+    fair_placed_by_others: Option<u64>,
+    asked: u64,
+) -> Blocker {
+    match found.and_then(|f| f.shortage.as_ref()) {
+        Some(Shortage::Capacity { free, .. })
+            if fair_placed_by_others.is_some_and(|o| u64::from(*free) * 1000 + o >= asked) =>
+        {
+            Blocker::Ahead
+        }
+        Some(Shortage::Capacity { .. }) => Blocker::Capacity(Resource::Gpu),
+        Some(Shortage::Fragmentation { .. }) => Blocker::Fragmentation,
+        None => match found.and_then(|f| f.short_of) {
+            Some(r) => Blocker::Capacity(r),
+            None => Blocker::Constraints,
+        },
+    }
+}
+
+/// Milli-GPU `pods` ask.
+fn asked(pods: &[&Arc<PodInfo>]) -> u64 {
+    pods.iter()
+        .filter_map(|p| p.demand.as_ref().ok())
+        .map(|d| u64::from(d.request.gpu_count) * u64::from(d.request.gpu_milli))
+        .sum()
 }
 
 impl<A: ClusterApi> Scheduler<A> {
-    /// Why `pod` waits, taken as its round finds it (before PostFilter's plan is carried
-    /// out, which holds places that would read as taken), from what its trial found it
-    /// short of (`found`: its GPU shortage over the nodes its filters left; `None`: GPUs
-    /// are not what it lacks). The caller adds what would unblock it and renders it
-    /// ([`segments`]).
+    /// Why `pods` (a pod, or a gang's members) wait, taken as the round finds them (before
+    /// PostFilter's plan is carried out, which holds places that would read as taken), from
+    /// what their trial found them short of (`found`). The caller adds its gang and what
+    /// would unblock them.
     pub(super) fn why_waiting<U>(
         &self,
         snapshot: &Snapshot,
         round: &mut RoundState,
-        pod: &PodInfo,
+        pods: &[&Arc<PodInfo>],
         found: Option<&UnfitFound>,
         fair: Option<(&Picker<'_, U>, usize)>,
     ) -> Waiting {
-        let blocker = match found.and_then(|f| f.shortage.as_ref()) {
-            Some(shortage) => self.shortage_blocker(shortage, round, pod, fair.map(|(_, q)| q)),
-            None => Blocker::Constraints,
-        };
+        let others = fair.map(|(_, q)| round.order.placed_by_others(q));
+        let blocker = blocker_of(found, others, asked(pods));
         let mask = found.and_then(|f| f.mask.as_deref());
-        self.told(snapshot, round, pod, blocker, mask, fair)
-    }
-
-    /// The blocker of a pod short of GPUs: others ahead when what queues before it took
-    /// this round would have covered it.
-    fn shortage_blocker(
-        &self,
-        shortage: &Shortage,
-        round: &RoundState,
-        pod: &PodInfo,
-        queue: Option<usize>,
-    ) -> Blocker {
-        let asked = pod.demand.as_ref().map_or(0, |d| {
-            u64::from(d.request.gpu_count) * u64::from(d.request.gpu_milli)
-        });
-        match shortage {
-            Shortage::Capacity { free, .. }
-                if queue.is_some_and(|q| {
-                    u64::from(*free) * 1000 + round.order.placed_by_others(q) >= asked
-                }) =>
-            {
-                Blocker::Ahead
-            }
-            Shortage::Capacity { .. } => Blocker::Capacity,
-            Shortage::Fragmentation { .. } => Blocker::Fragmentation,
-        }
+        self.told_within(snapshot, round, pods[0], blocker, mask, fair)
     }
 
     /// Why `pod` waits when the caller knows what blocks it (a limit, a queue), or once
-    /// found: with its position, its queue's standing and its expected start.
+    /// found: with its place in the line, its queue's standing and, when room is what it
+    /// waits for, its expected start.
     pub(super) fn told<U>(
+        &self,
+        snapshot: &Snapshot,
+        round: &mut RoundState,
+        pod: &PodInfo,
+        blocker: Blocker,
+        fair: Option<(&Picker<'_, U>, usize)>,
+    ) -> Waiting {
+        self.told_within(snapshot, round, pod, blocker, None, fair)
+    }
+
+    /// [`Self::told`] for a pod its filters keep to the nodes of `mask`.
+    fn told_within<U>(
         &self,
         snapshot: &Snapshot,
         round: &mut RoundState,
@@ -90,23 +108,27 @@ impl<A: ClusterApi> Scheduler<A> {
         mask: Option<&[bool]>,
         fair: Option<(&Picker<'_, U>, usize)>,
     ) -> Waiting {
-        let request = pod.demand.as_ref().ok().map(|d| &d.request);
-        let queue = fair.map(|(_, q)| q);
         let now_ms = self.wall_ms();
-        let start = match (&blocker, request) {
-            (Blocker::QueueLimit | Blocker::Queue | Blocker::Gang, _) | (_, None) => None,
-            (_, Some(request)) => {
-                match self.expected(snapshot, round, request, mask, now_ms) {
-                    // GPUs are not what it waits for: no start to tell from them.
-                    Start::At(ms) if ms <= now_ms => None,
-                    Start::Unknown if blocker == Blocker::Constraints => None,
-                    start => Some(start),
-                }
+        let queues_in_use = round.queues_in_use;
+        let line = round.order.line.get_or_insert_with(|| {
+            let queue_of = |p: &PodInfo| queues_in_use.then(|| self.queues.of(p).ok()).flatten();
+            Line::new(&round.order.waiting, &queue_of, &self.runs)
+        });
+        let start = if blocker.waits_for_room() {
+            match line.start(&pod.key.uid, mask, snapshot, &self.runs, now_ms) {
+                // Room is not what it waits for after all: no start to tell from it.
+                Start::At(span) if span.at_ms <= now_ms => None,
+                // Not shown where it cannot beat "unknown".
+                Start::Unknown => None,
+                start => Some(start),
             }
+        } else {
+            None
         };
         Waiting {
             blocker,
-            position: Some(round.order.position(queue)),
+            gang: None,
+            position: line.position(&pod.key.uid),
             queue: fair.map(|(picker, q)| self.standing(picker, q)),
             unblock: None,
             start,
@@ -130,40 +152,31 @@ impl<A: ClusterApi> Scheduler<A> {
             }),
         }
     }
-
-    /// When a pod asking `request` on the nodes of `mask` is expected to start.
-    fn expected(
-        &self,
-        snapshot: &Snapshot,
-        round: &mut RoundState,
-        request: &Request,
-        mask: Option<&[bool]>,
-        now_ms: i64,
-    ) -> Start {
-        let key = format!("{request:?}");
-        if mask.is_none()
-            && let Some(s) = round.order.starts.get(&key)
-        {
-            return s.clone();
-        }
-        let endings: Vec<Ending<'_>> = round.order.endings(snapshot);
-        let start = expected_start(&snapshot.state, request, mask, &endings, now_ms);
-        if mask.is_none() {
-            round.order.starts.insert(key, start.clone());
-        }
-        start
-    }
 }
 
-/// The segments of a gang member that waits for its gang (what PostFilter found for the
-/// gang, when it ran).
-pub(super) fn gang_segments(unblock: Option<String>, now_ms: i64) -> String {
-    Waiting {
-        blocker: Blocker::Gang,
-        position: None,
-        queue: None,
-        unblock,
-        start: None,
-    }
-    .segments(now_ms, &time_text)
+/// The gang `pods` belong to, as the record shows it: its `namespace/name`, the members
+/// waiting, its minMember from `view` (the members waiting when its PodGroup is not
+/// there), and how many fit at once when a trial said.
+pub(super) fn gang_standing(
+    view: &ClusterView,
+    pods: &[&Arc<PodInfo>],
+    fit: Option<u32>,
+) -> Option<GangStanding> {
+    let first = pods.first()?;
+    let group = first.group.as_deref()?;
+    let namespace = first.key.namespace.as_str();
+    let min_member = view
+        .groups
+        .iter()
+        .find(|g| {
+            g.metadata.namespace.as_deref() == Some(namespace)
+                && g.metadata.name.as_deref() == Some(group)
+        })
+        .map_or(pods.len() as u32, |g| g.spec.min_member);
+    Some(GangStanding {
+        name: format!("{namespace}/{group}"),
+        waiting: pods.len() as u32,
+        min_member,
+        fit,
+    })
 }

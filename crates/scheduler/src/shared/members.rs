@@ -70,6 +70,8 @@ pub struct OnSnapshot<'s, 'a> {
 #[derive(Clone, Debug)]
 pub struct UnfitFound {
     pub shortage: Option<gpuplace_core::shortage::Shortage>,
+    /// With no GPU shortage: CPU or memory, when some node it may use lacks them.
+    pub short_of: Option<gpuplace_core::waiting::Resource>,
     pub mask: Option<Vec<bool>>,
 }
 
@@ -212,6 +214,7 @@ impl<'s, 'a> place::Members for OnSnapshot<'s, 'a> {
     /// kube-scheduler's message, then, when GPUs are what it lacks, whether the cluster has
     /// too few free (capacity) or enough only in pieces (fragmentation, with the blocks).
     fn unfit(&self, i: usize, why: Unschedulable, filtered: &Kept<'s>) -> String {
+        let short_of = gpuplace_core::waiting::short_of(&why);
         let message = self
             .filtering
             .profile
@@ -228,6 +231,7 @@ impl<'s, 'a> place::Members for OnSnapshot<'s, 'a> {
             None => message,
         };
         self.unfit.replace(Some(UnfitFound {
+            short_of: found.is_none().then_some(short_of).flatten(),
             shortage: found,
             mask: filtered.0.mask().map(<[bool]>::to_vec),
         }));

@@ -17,6 +17,9 @@ pub struct Reason {
     pub message: String,
     /// Order of arrival (larger is later).
     pub seq: u64,
+    /// The structured record the message was rendered from (the scheduler's own; `None`
+    /// when read back from an Event).
+    pub record: Option<Arc<gpuplace_core::waiting::Waiting>>,
 }
 
 /// Reasons by pod UID, shared between the scheduler (writer) and the map (reader).
@@ -34,8 +37,13 @@ struct Inner {
 }
 
 impl PendingReasons {
-    /// The pod `uid` failed to schedule because of `message`.
-    pub fn failed(&self, uid: &str, message: &str) {
+    /// The pod `uid` failed to schedule because of `message` (rendered from `record`).
+    pub fn failed(
+        &self,
+        uid: &str,
+        message: &str,
+        record: Option<Arc<gpuplace_core::waiting::Waiting>>,
+    ) {
         let Ok(mut inner) = self.inner.lock() else {
             return;
         };
@@ -47,6 +55,7 @@ impl PendingReasons {
             Reason {
                 message: message.to_string(),
                 seq,
+                record,
             },
         );
         if inner.by_uid.len() > MAX_PODS {
@@ -114,6 +123,7 @@ pub fn from_events(events: &[Event]) -> HashMap<String, Reason> {
             let reason = Reason {
                 message,
                 seq: i as u64,
+                record: None,
             };
             (uid, reason)
         })
@@ -187,7 +197,7 @@ mod tests {
     fn the_store_is_bounded() {
         let store = PendingReasons::default();
         for i in 0..(MAX_PODS + 10) {
-            store.failed(&format!("u{i}"), "no");
+            store.failed(&format!("u{i}"), "no", None);
         }
         let kept = store.snapshot();
         assert!(kept.len() <= MAX_PODS);

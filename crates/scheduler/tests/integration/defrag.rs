@@ -116,8 +116,9 @@ async fn the_fewest_pods_move_and_their_replacements_land_where_planned() {
     assert!(
         kube_part(&failed[0])
             .ends_with("defragmentation: moving 1 pod(s) to make room on node n1: ml/a.")
+            && failed[0].starts_with("blocked by: fragmentation | ")
             && failed[0]
-                .contains(" | blocked by: fragmentation | position: 1 of 1 in the cluster | unblocked by: make-room under way: 1 pod(s) moving off node n1"),
+                .contains(" | position: 1 of 1 in the cluster | unblocked by: make-room under way: 1 pod(s) moving off node n1"),
         "{failed:?}"
     );
     assert_eq!(

@@ -88,7 +88,10 @@ async fn failures_are_explained_like_kube_scheduler() {
     assert_eq!(event.reason, "FailedScheduling");
     assert_eq!(event.kind, "Warning");
     assert!(
-        event.message.contains(" | blocked by: capacity | position: 1 of 1 in the cluster | unblocked by: nothing found"),
+        event.message.starts_with("blocked by: capacity (gpu) | ")
+            && event
+                .message
+                .contains(" | position: 1 of 1 in the cluster | unblocked by: nothing found"),
         "{}",
         event.message
     );

@@ -25,5 +25,6 @@ mod ui_browser;
 mod usage;
 mod usage_stress;
 mod volumes;
+mod wait_record;
 mod waiting;
 mod wrapped;

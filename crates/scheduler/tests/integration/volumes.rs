@@ -56,7 +56,8 @@ async fn an_unbound_claim_is_said_and_the_pod_runs_where_its_volume_is_once_boun
     let said = failures(&api, "train");
     assert_eq!(said.len(), 1);
     assert!(
-        said[0].starts_with("0/3 nodes are available: persistentvolumeclaim \"data\" is not bound")
+        kube_part(&said[0])
+            .starts_with("0/3 nodes are available: persistentvolumeclaim \"data\" is not bound")
             && said[0].contains("WaitForFirstConsumer"),
         "{}",
         said[0]

@@ -429,6 +429,7 @@ impl<'a> Engine<'a> {
         } = attempt;
         if tried == Tried::Started {
             self.units[unit as usize].waiting = false;
+            self.estimate_left_line(unit);
             self.queue.forget(&unit);
             return;
         }
@@ -582,6 +583,9 @@ impl<'a> Engine<'a> {
         }
         let node = j.node as usize;
         self.released.push(j.node);
+        if !evicted {
+            self.estimate_ended(job);
+        }
         if evicted {
             // Terminating until its grace period ends: what its plan does not take of its
             // place is still its until then ([`Self::hold_remains`]).

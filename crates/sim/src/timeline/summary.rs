@@ -79,6 +79,12 @@ pub struct TimelinePolicy {
 #[derive(Clone, Debug, Serialize)]
 pub struct EstimateSummary {
     pub median_abs_error_s: Stat,
+    /// The baselines' in the same runs: "starts now", and "when the longest running pod
+    /// on the best node ends".
+    pub now_median_abs_error_s: Stat,
+    pub longest_median_abs_error_s: Stat,
+    /// Share of starts within the stated range, in percent.
+    pub range_held_pct: Stat,
     pub estimated: usize,
     pub unknown: usize,
 }
@@ -93,15 +99,21 @@ fn estimates(runs: &[&TimelineRun]) -> BTreeMap<String, EstimateSummary> {
         if of.is_empty() {
             continue;
         }
-        let medians: Vec<f64> = of
-            .iter()
-            .filter(|e| e.estimated > 0)
-            .map(|e| e.median_abs_error_s)
-            .collect();
+        let stat = |f: fn(&super::engine::EstimateRun) -> f64| {
+            let v: Vec<f64> = of
+                .iter()
+                .filter(|e| e.estimated > 0)
+                .map(|e| f(e))
+                .collect();
+            Stat::of(&v)
+        };
         out.insert(
             class.key().to_string(),
             EstimateSummary {
-                median_abs_error_s: Stat::of(&medians),
+                median_abs_error_s: stat(|e| e.median_abs_error_s),
+                now_median_abs_error_s: stat(|e| e.now_median_abs_error_s),
+                longest_median_abs_error_s: stat(|e| e.longest_median_abs_error_s),
+                range_held_pct: stat(|e| e.range_held_pct),
                 estimated: of.iter().map(|e| e.estimated).sum(),
                 unknown: of.iter().map(|e| e.unknown).sum(),
             },
@@ -388,8 +400,11 @@ pub fn table(summary: &TimelineSummary) -> String {
             .iter()
             .map(|(class, e)| {
                 format!(
-                    "{class}: {} ({} estimated, {} unknown)",
+                    "{class}: {} (now {}, longest-on-best-node {}; range held {:.0}%; {} estimated, {} unknown)",
                     duration_text(e.median_abs_error_s.mean),
+                    duration_text(e.now_median_abs_error_s.mean),
+                    duration_text(e.longest_median_abs_error_s.mean),
+                    e.range_held_pct.mean,
                     e.estimated,
                     e.unknown
                 )

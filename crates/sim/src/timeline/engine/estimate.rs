@@ -1,26 +1,61 @@
-//! How good the expected start a waiting pod is told is (core's
-//! [`gpuplace_core::waiting::expected_start`], the scheduler's own reckoning): when a share
-//! of pods declares its run time (`--declared-share`, chosen by a hash of the pod's name),
-//! each measured pod that waits is given, at its first failed attempt, the earliest end of
-//! a running declaring pod after which a place of its shape frees; when it starts, the
-//! estimate's error against its actual start (its Binding) is kept by class. Pods whose
-//! estimate is "unknown" (no declaring pod frees a place) are counted apart.
+//! How good the expected start a waiting pod is told is: the scheduler's own reckoning
+//! (core's [`gpuplace_core::waiting::project`]: the line of waiting units projected forward
+//! over the running pods' expected ends), against two baselines a user could reckon alone:
+//! "now" (its error is the wait itself) and "when the longest running pod on the best node
+//! ends" (the node whose declared ends free soonest).
+//!
+//! Declarations are drawn as users declare them: a share of pods (`--declared-share`,
+//! chosen by a hash of the name) declares its run time as its true run times a factor
+//! drawn from a log-normal of median 1.5 (σ 0.6 in log: from about half to four times
+//! the true run), not the true run. Where a pod declares nothing, the projection reads its
+//! class's run times learnt from the pods that ended before it ([`RunHistory`]), as the
+//! scheduler does. Each measured pod that waits is told at its first failed attempt; when
+//! it starts, each reckoning's error against its actual start (its Binding) is kept by
+//! class, and whether the projection's stated range held it. Pods whose estimate is
+//! "unknown" are counted apart.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use gpuplace_core::waiting::Span;
+use gpuplace_core::waiting::history::RunHistory;
 use serde::Serialize;
 
+use super::units::OrderKey;
 use crate::timeline::metrics::Class;
 use crate::trace::name_hash;
+
+/// What a waiting pod was told and could have reckoned, at its first wait.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Told {
+    /// The projection (`None`: unknown).
+    pub estimate: Option<Span>,
+    /// When the longest running pod on the best node ends (`None`: no node's end known).
+    pub longest: Option<i64>,
+    /// When it was told (the baseline "now").
+    pub at: i64,
+}
+
+/// One class's errors.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Errors {
+    estimate: Vec<f64>,
+    now: Vec<f64>,
+    longest: Vec<f64>,
+    held: usize,
+}
 
 /// The estimates of one replay.
 #[derive(Default)]
 pub(crate) struct Estimates {
     /// Share of pods that declare their run time (0: none, no estimates made).
     pub(super) share: f64,
-    /// By job: the estimate made at its first wait (ms; `None`: unknown).
-    pub(super) made: HashMap<u32, Option<u64>>,
-    pub(super) errors: BTreeMap<Class, Vec<f64>>,
+    /// What ran, by class, and declared against actual.
+    pub(super) history: RunHistory,
+    /// The waiting units in line order.
+    pub(super) line: BTreeSet<(OrderKey, u32)>,
+    /// By job: what it was told at its first wait.
+    pub(super) made: HashMap<u32, Told>,
+    pub(super) errors: BTreeMap<Class, Errors>,
     pub(super) unknown: BTreeMap<Class, usize>,
 }
 
@@ -29,10 +64,28 @@ pub(crate) struct Estimates {
 pub struct EstimateRun {
     /// Median absolute error of the expected start against the actual start, seconds.
     pub median_abs_error_s: f64,
+    /// The same for the baseline "starts now" (the median wait).
+    pub now_median_abs_error_s: f64,
+    /// The same for "when the longest running pod on the best node ends".
+    pub longest_median_abs_error_s: f64,
+    /// Share of pods whose actual start fell within the stated range, in percent.
+    pub range_held_pct: f64,
     /// Pods that waited, started and had an estimate.
     pub estimated: usize,
     /// Pods that waited and started with an unknown estimate.
     pub unknown: usize,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// A standard normal draw from `hash` (Box-Muller over its two halves).
+fn normal(hash: u64) -> f64 {
+    let u1 = ((hash >> 32) as f64 + 1.0) / (u32::MAX as f64 + 2.0);
+    let u2 = ((hash & 0xffff_ffff) as f64 + 1.0) / (u32::MAX as f64 + 2.0);
+    (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
 }
 
 impl Estimates {
@@ -48,26 +101,78 @@ impl Estimates {
         self.share > 0.0 && (name_hash(name) % 10_000) as f64 / 10_000.0 < self.share
     }
 
+    /// What pod `name` whose whole run is `full_ms` declares (`None`: nothing): its true
+    /// run times its user's factor.
+    pub(super) fn declared(&self, name: &str, full_ms: u64) -> Option<u64> {
+        if !self.declares(name) {
+            return None;
+        }
+        let z = normal(name_hash(&format!("{name}/declared")));
+        let factor = (1.5f64.ln() + 0.6 * z).exp();
+        Some(((full_ms as f64) * factor).max(1_000.0) as u64)
+    }
+
+    /// A measured job of `classes` told `told` started at `bound`.
+    pub(super) fn started(&mut self, classes: &[Class], told: Told, bound: i64) {
+        let err = |at: i64| (bound - at).abs() as f64 / 1e3;
+        for &class in classes {
+            let Some(span) = told.estimate else {
+                *self.unknown.entry(class).or_default() += 1;
+                continue;
+            };
+            let e = self.errors.entry(class).or_default();
+            e.estimate.push(err(span.at_ms));
+            e.now.push(err(told.at));
+            e.longest.push(err(told.longest.unwrap_or(told.at)));
+            if span.holds(bound) {
+                e.held += 1;
+            }
+        }
+    }
+
     /// Per class, what the replay's estimates came to.
     pub(crate) fn report(&self) -> BTreeMap<Class, EstimateRun> {
         let mut out = BTreeMap::new();
         for class in Class::ALL {
-            let mut errors = self.errors.get(&class).cloned().unwrap_or_default();
+            let errors = self.errors.get(&class).cloned().unwrap_or_default();
             let unknown = self.unknown.get(&class).copied().unwrap_or(0);
-            if errors.is_empty() && unknown == 0 {
+            if errors.estimate.is_empty() && unknown == 0 {
                 continue;
             }
-            errors.sort_by(f64::total_cmp);
-            let median = errors.get(errors.len() / 2).copied().unwrap_or(0.0);
+            let estimated = errors.estimate.len();
             out.insert(
                 class,
                 EstimateRun {
-                    median_abs_error_s: median,
-                    estimated: errors.len(),
+                    range_held_pct: if estimated == 0 {
+                        0.0
+                    } else {
+                        100.0 * errors.held as f64 / estimated as f64
+                    },
+                    median_abs_error_s: median(errors.estimate),
+                    now_median_abs_error_s: median(errors.now),
+                    longest_median_abs_error_s: median(errors.longest),
+                    estimated,
                     unknown,
                 },
             );
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn declarations_are_noisy_and_mostly_over() {
+        let e = Estimates::new(1.0);
+        let factors: Vec<f64> = (0..2_000)
+            .map(|i| e.declared(&format!("pod-{i}"), 100_000).unwrap() as f64 / 100_000.0)
+            .collect();
+        let over = factors.iter().filter(|f| **f > 1.0).count();
+        assert!((1_400..1_700).contains(&over), "{over} of 2000 over");
+        assert!(median(factors.clone()) > 1.3 && median(factors) < 1.7);
+        assert_eq!(Estimates::new(0.0).declared("p", 1), None);
     }
 }

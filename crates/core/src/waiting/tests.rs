@@ -1,0 +1,229 @@
+use super::*;
+use gpuplace_model::{NodeInventory, Request};
+
+fn gpus(n: u32) -> Request {
+    Request {
+        cpu_milli: 1000,
+        memory_mib: 1024,
+        gpu_count: n,
+        gpu_milli: 1000,
+        allowed_models: Vec::new(),
+        need: Default::default(),
+    }
+}
+
+fn standing() -> QueueStanding {
+    QueueStanding {
+        name: "team-a".into(),
+        allocated: "8".into(),
+        fair_share: "8".into(),
+        guaranteed: "4".into(),
+        limit: "none".into(),
+        decayed: Some(("7.5".into(), "1h".into())),
+    }
+}
+
+#[test]
+fn the_blocker_and_the_start_come_first_and_read_back() {
+    let w = Waiting {
+        blocker: Blocker::Fragmentation,
+        gang: None,
+        position: Some(Position {
+            in_cluster: Place { at: 3, of: 9 },
+            in_queue: Some(Place { at: 2, of: 4 }),
+        }),
+        queue: Some(standing()),
+        unblock: Some("make-room: no pod that opted in to moving frees a block of 4".into()),
+        start: Some(Start::At(Span {
+            earliest_ms: 600_000,
+            at_ms: 1_500_000,
+            latest_ms: 3_600_000,
+        })),
+    };
+    let time = |ms: i64| format!("t{ms}");
+    let text = w.render(
+        "0/2 nodes are available: 2 Insufficient nvidia.com/gpu.",
+        0,
+        &time,
+    );
+    assert_eq!(
+        text,
+        "blocked by: fragmentation | expected start: t1500000 (in 25m; 10m to 1h) | 0/2 nodes are available: 2 Insufficient nvidia.com/gpu. | position: 3 of 9 in the cluster, 2 of 4 in queue team-a | queue team-a: allocated 8, fair share 8, guarantee 4, limit none, decayed use 7.5 (half-life 1h) GPUs | unblocked by: make-room: no pod that opted in to moving frees a block of 4"
+    );
+    let p = Waiting::parse(&text);
+    assert_eq!(
+        p.message,
+        "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
+    );
+    assert_eq!(p.blocked_by.as_deref(), Some("fragmentation"));
+    assert_eq!(
+        p.position.as_deref(),
+        Some("3 of 9 in the cluster, 2 of 4 in queue team-a")
+    );
+    assert!(p.queue.unwrap().starts_with("queue team-a: allocated 8"));
+    assert_eq!(
+        p.expected_start.as_deref(),
+        Some("t1500000 (in 25m; 10m to 1h)")
+    );
+    assert_eq!(Waiting::parse("plain").message, "plain");
+    for b in Blocker::ALL {
+        assert!(!b.label().contains(" | "));
+    }
+    // A message of an earlier version (segments after kube-scheduler's part) reads too.
+    let old = "0/2 nodes are available. | blocked by: capacity | position: 1 of 1 in the cluster";
+    let p = Waiting::parse(old);
+    assert_eq!(p.message, "0/2 nodes are available.");
+    assert_eq!(p.blocked_by.as_deref(), Some("capacity"));
+    // A cut at 1 KiB keeps the blocker and the start.
+    let long = w.render(&"x".repeat(2_000), 0, &time);
+    let cut = Waiting::parse(&long[..1024]);
+    assert_eq!(cut.blocked_by.as_deref(), Some("fragmentation"));
+    assert!(cut.expected_start.is_some());
+}
+
+#[test]
+fn a_gang_says_how_many_members_wait_and_how_many_fit() {
+    let mut w = Waiting::blocked(Blocker::QueueLimit);
+    w.gang = Some(GangStanding {
+        name: "ml/train".into(),
+        waiting: 4,
+        min_member: 4,
+        fit: None,
+    });
+    let text = w.render(
+        "0/3 nodes are available: queue a is at its limit.",
+        0,
+        &|_| String::new(),
+    );
+    assert_eq!(
+        text,
+        "blocked by: queue limit | 0/3 nodes are available: queue a is at its limit. | gang: ml/train, 4 member(s) waiting of 4 needed"
+    );
+    assert_eq!(
+        Waiting::parse(&text).gang.as_deref(),
+        Some("ml/train, 4 member(s) waiting of 4 needed")
+    );
+    w.gang.as_mut().unwrap().fit = Some(2);
+    assert!(
+        w.render("", 0, &|_| String::new())
+            .ends_with(", 2 fit at once")
+    );
+}
+
+#[test]
+fn cpu_or_memory_short_where_the_gpus_are_is_capacity() {
+    use crate::fit::{FitFailure, Unschedulable};
+    let mut why = Unschedulable::new(3);
+    why.add(FitFailure::InsufficientCpu);
+    why.add(FitFailure::InsufficientGpus);
+    why.add(FitFailure::ModelNotAllowed);
+    assert_eq!(short_of(&why), Some(Resource::Cpu));
+    why.add(FitFailure::InsufficientMemory);
+    why.add(FitFailure::InsufficientMemory);
+    assert_eq!(short_of(&why), Some(Resource::Memory));
+    let mut only_rules = Unschedulable::new(1);
+    only_rules.add(FitFailure::ModelNotAllowed);
+    assert_eq!(short_of(&only_rules), None);
+    assert_eq!(Blocker::Capacity(Resource::Cpu).label(), "capacity (cpu)");
+}
+
+/// Two 4-GPU nodes, each half held by two 1-GPU pods (ends 10, 40 on a; 20, 30 on b).
+fn half_held() -> (ClusterState, Request, Vec<Vec<(usize, u32)>>) {
+    let mut state = ClusterState::new(vec![
+        NodeInventory::uniform("a", 64_000, 1 << 20, 4, "A100"),
+        NodeInventory::uniform("b", 64_000, 1 << 20, 4, "A100"),
+    ])
+    .unwrap();
+    let one = gpus(1);
+    let gpu_sets: Vec<Vec<(usize, u32)>> =
+        PLACES.iter().map(|&(_, g, _)| vec![(g, 1000)]).collect();
+    for (&(n, _, _), g) in PLACES.iter().zip(&gpu_sets) {
+        state.apply(n, &one, g).unwrap();
+    }
+    (state, one, gpu_sets)
+}
+
+const PLACES: [(usize, usize, i64); 4] = [(0, 0, 10), (0, 1, 40), (1, 0, 20), (1, 1, 30)];
+
+use crate::state::ClusterState;
+
+#[test]
+fn the_start_is_the_first_end_that_frees_a_place_of_its_shape() {
+    let (state, one, gpu_sets) = half_held();
+    let endings: Vec<Ending<'_>> = PLACES
+        .iter()
+        .zip(&gpu_sets)
+        .map(|(&(node, _, end), g)| Ending {
+            node,
+            request: &one,
+            gpus: g,
+            end: Span::exactly(end),
+        })
+        .collect();
+    let at = |ms| Start::At(Span::exactly(ms));
+    // A 4-GPU pod starts when one node is whole again, at 30 (b's last), not 10.
+    assert_eq!(project(&state, &gpus(4), None, &[], &endings, 0), at(30));
+    assert_eq!(expected_start(&state, &gpus(4), None, &endings, 0), at(30));
+    // Only node a allowed: at 40.
+    let only_a = [true, false];
+    assert_eq!(
+        project(&state, &gpus(4), Some(&only_a), &[], &endings, 0),
+        at(40)
+    );
+    // Fits now: now.
+    assert_eq!(project(&state, &gpus(2), None, &[], &endings, 5), at(5));
+    // Nothing ends: unknown. Eight GPUs never fit on four-GPU nodes.
+    assert_eq!(project(&state, &gpus(4), None, &[], &[], 0), Start::Unknown);
+    assert_eq!(
+        project(&state, &gpus(8), None, &[], &endings, 0),
+        Start::Unknown
+    );
+}
+
+#[test]
+fn units_ahead_in_line_take_the_room_first() {
+    let (state, one, gpu_sets) = half_held();
+    let endings: Vec<Ending<'_>> = PLACES
+        .iter()
+        .zip(&gpu_sets)
+        .map(|(&(node, _, end), g)| Ending {
+            node,
+            request: &one,
+            gpus: g,
+            end: Span {
+                earliest_ms: end - 5,
+                at_ms: end,
+                latest_ms: end + 5,
+            },
+        })
+        .collect();
+    // A 4-GPU pod ahead takes b at 30 and runs 100: ours gets a at 40.
+    let four = gpus(4);
+    let ahead = [Ahead {
+        request: &four,
+        allowed: None,
+        runs: Some(Span::exactly(100)),
+    }];
+    let Start::At(span) = project(&state, &four, None, &ahead, &endings, 0) else {
+        panic!("unknown");
+    };
+    assert_eq!(span.at_ms, 40);
+    assert_eq!((span.earliest_ms, span.latest_ms), (35, 45));
+    assert!(span.holds(40) && !span.holds(46));
+    // One that never ends and holds every node: unknown behind it... unless it fits
+    // nowhere, when it is passed over (as the scheduler passes over it).
+    let eight = gpus(8);
+    let blocked = [Ahead {
+        request: &eight,
+        allowed: None,
+        runs: None,
+    }];
+    assert_eq!(
+        project(&state, &four, None, &blocked, &endings, 0),
+        Start::At(Span {
+            earliest_ms: 25,
+            at_ms: 30,
+            latest_ms: 35
+        })
+    );
+}

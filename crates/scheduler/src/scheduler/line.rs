@@ -1,0 +1,238 @@
+//! The line of every waiting unit (those in backoff too, not only the round's due ones),
+//! for a waiting pod's true place in the cluster's line and in its queue's, and for its
+//! expected start: the line projected forward by core ([`project_line`]) over the running
+//! pods' expected ends, declared (`gpuplace.io/expected-duration`, `activeDeadlineSeconds`)
+//! or learnt from what pods of the same queue and shape ran before ([`RunHistory`]).
+//!
+//! Built once a round, and only when a pod of it is told why it waits; the projection
+//! covers the first [`PROJECTED`] pods of the line (pods further back are told "unknown").
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use gpuplace_core::waiting::history::RunHistory;
+use gpuplace_core::waiting::{Ahead, Ending, Place, Position, Span, Start, project, project_line};
+use gpuplace_model::Request;
+
+use super::units::Unit;
+use crate::k8s::pod_info::PodInfo;
+use crate::snapshot::Snapshot;
+
+/// Pods of the line projected at most.
+pub const PROJECTED: usize = 2_048;
+/// Pods ahead a pod projected on its own nodes is put behind at most.
+pub const AHEAD_OF_MASKED: usize = 256;
+
+/// A pod's place in the line.
+#[derive(Clone, Copy, Debug)]
+struct Placed {
+    /// Its unit's index in the cluster's line.
+    unit: usize,
+    /// Its unit's place in its queue's line.
+    in_queue: Option<Place>,
+    /// Its index among the projected pods.
+    pod: Option<usize>,
+}
+
+/// The round's line.
+pub(super) struct Line {
+    places: HashMap<String, Placed>,
+    units: usize,
+    /// The projected pods, in line order.
+    requests: Vec<(Request, Option<Span>)>,
+    /// Their expected starts, once projected.
+    starts: Option<Vec<Start>>,
+    /// The running pods' expected ends, once read.
+    endings: Option<Vec<Owned>>,
+}
+
+/// What the run history knows a pod by: its queue (else namespace) and its GPUs.
+pub(super) fn run_class(pod: &PodInfo) -> String {
+    let queue = pod
+        .labels
+        .get(crate::k8s::queue::QUEUE_LABEL)
+        .unwrap_or(&pod.key.namespace);
+    let shape = pod.demand.as_ref().map_or(String::new(), |d| {
+        crate::status::gpus_text(d.request.gpu_count, d.request.gpu_milli)
+    });
+    format!("{queue}|{shape}")
+}
+
+/// How long `pod` declared it runs, in ms.
+fn declared(pod: &PodInfo) -> Option<u64> {
+    pod.declared_ms.as_ref().ok().copied().flatten()
+}
+
+impl Line {
+    /// The line of `waiting` (units as the round forms them, in their order), each pod's
+    /// queue from `queue_of`.
+    pub fn new(
+        waiting: &[Arc<PodInfo>],
+        queue_of: &dyn Fn(&PodInfo) -> Option<usize>,
+        runs: &RunHistory,
+    ) -> Line {
+        let mut gangs: BTreeMap<(String, String), Vec<&Arc<PodInfo>>> = BTreeMap::new();
+        let mut units: Vec<Unit<'_>> = Vec::new();
+        for pod in waiting {
+            match &pod.group {
+                Some(g) => gangs
+                    .entry((pod.key.namespace.clone(), g.clone()))
+                    .or_default()
+                    .push(pod),
+                None => units.push(Unit::Single(pod)),
+            }
+        }
+        units.extend(gangs.into_iter().map(|(id, m)| Unit::Gang(id, m)));
+        units.sort_by_cached_key(Unit::order);
+        let mut places = HashMap::new();
+        let mut requests = Vec::new();
+        let mut queue_seen: HashMap<Option<usize>, usize> = HashMap::new();
+        let mut unit_queue = Vec::with_capacity(units.len());
+        for (i, unit) in units.iter().enumerate() {
+            let pods = unit.pods();
+            let q = queue_of(pods[0]);
+            let at = queue_seen.entry(q).or_default();
+            *at += 1;
+            unit_queue.push((q, *at));
+            for pod in pods {
+                let index = match &pod.demand {
+                    Ok(d) if requests.len() < PROJECTED => {
+                        let runs = runs.remaining(&run_class(pod), 0, declared(pod));
+                        requests.push((d.request.clone(), runs));
+                        Some(requests.len() - 1)
+                    }
+                    _ => None,
+                };
+                places.insert(
+                    pod.key.uid.clone(),
+                    Placed {
+                        unit: i,
+                        in_queue: None,
+                        pod: index,
+                    },
+                );
+            }
+        }
+        for placed in places.values_mut() {
+            let (q, at) = unit_queue[placed.unit];
+            placed.in_queue = q.map(|q| Place {
+                at,
+                of: queue_seen.get(&Some(q)).copied().unwrap_or(at),
+            });
+        }
+        Line {
+            places,
+            units: units.len(),
+            requests,
+            starts: None,
+            endings: None,
+        }
+    }
+
+    /// Where pod `uid` stands (`None`: not in the line).
+    pub fn position(&self, uid: &str) -> Option<Position> {
+        let placed = self.places.get(uid)?;
+        Some(Position {
+            in_cluster: Place {
+                at: placed.unit + 1,
+                of: self.units,
+            },
+            in_queue: placed.in_queue,
+        })
+    }
+
+    /// When pod `uid` is expected to start: the line projected once a round; a pod its
+    /// filters keep off some nodes (`mask`) is projected on its own, behind the
+    /// [`AHEAD_OF_MASKED`] pods ahead of it.
+    pub fn start(
+        &mut self,
+        uid: &str,
+        mask: Option<&[bool]>,
+        snapshot: &Snapshot,
+        runs: &RunHistory,
+        now_ms: i64,
+    ) -> Start {
+        let Some(index) = self.places.get(uid).and_then(|p| p.pod) else {
+            return Start::Unknown;
+        };
+        if let Some(mask) = mask.filter(|m| m.iter().any(|ok| !ok)) {
+            let from = index.saturating_sub(AHEAD_OF_MASKED);
+            let ahead: Vec<Ahead<'_>> = self.requests[from..index]
+                .iter()
+                .map(|(request, runs)| Ahead {
+                    request,
+                    allowed: None,
+                    runs: *runs,
+                })
+                .collect();
+            let owned = self
+                .endings
+                .get_or_insert_with(|| endings(snapshot, runs, now_ms));
+            let ends: Vec<Ending<'_>> = owned.iter().map(Owned::ending).collect();
+            let request = &self.requests[index].0;
+            return project(&snapshot.state, request, Some(mask), &ahead, &ends, now_ms);
+        }
+        let requests = &self.requests;
+        let owned = self
+            .endings
+            .get_or_insert_with(|| endings(snapshot, runs, now_ms));
+        let starts = self.starts.get_or_insert_with(|| {
+            let line: Vec<Ahead<'_>> = requests
+                .iter()
+                .map(|(request, runs)| Ahead {
+                    request,
+                    allowed: None,
+                    runs: *runs,
+                })
+                .collect();
+            let ends: Vec<Ending<'_>> = owned.iter().map(Owned::ending).collect();
+            project_line(&snapshot.state, &line, &ends, now_ms)
+        });
+        starts.get(index).cloned().unwrap_or(Start::Unknown)
+    }
+}
+
+/// A running pod's place and expected end.
+struct Owned {
+    node: usize,
+    request: Request,
+    gpus: Vec<(usize, u32)>,
+    end: Span,
+}
+
+impl Owned {
+    fn ending(&self) -> Ending<'_> {
+        Ending {
+            node: self.node,
+            request: &self.request,
+            gpus: &self.gpus,
+            end: self.end,
+        }
+    }
+}
+
+/// The running pods of `snapshot` whose end is expected: declared (scaled by how
+/// declarations turned out), else learnt from their class's run times.
+fn endings(snapshot: &Snapshot, runs: &RunHistory, now_ms: i64) -> Vec<Owned> {
+    let mut out = Vec::new();
+    for pod in snapshot.placed.iter().flatten() {
+        let Some(held) = snapshot.held.get(&pod.key.uid) else {
+            continue;
+        };
+        let since = pod
+            .started
+            .or(pod.created)
+            .map_or(now_ms, |t| t.as_millisecond());
+        let elapsed = now_ms.saturating_sub(since).max(0) as u64;
+        let Some(left) = runs.remaining(&run_class(pod), elapsed, declared(pod)) else {
+            continue;
+        };
+        out.push(Owned {
+            node: held.node,
+            request: held.request.clone(),
+            gpus: held.gpus.clone(),
+            end: left.shifted(now_ms),
+        });
+    }
+    out
+}
