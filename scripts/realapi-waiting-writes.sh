@@ -6,12 +6,15 @@
 # position moves, the freed GPU goes to the new filler). Then it counts, over the waiting
 # pods: FailedScheduling Event objects, their summed counts (a repeat folded into an
 # Event's series), and the resourceVersion bumps of the pods (condition patches: nothing
-# else writes them). Not for CI. Prints one line: waiting-writes: ...
+# else writes them). With QUEUE=1 every pod is of one Queue, and the Queue's status writes
+# in the window are counted too (a watch on it). Not for CI. Prints one line:
+# waiting-writes: ...
 set -euo pipefail
 G=${GPUPLACE:-target/release/gpuplace}
 NODES=${NODES:-10}
 WAITING=${WAITING:-200}
 DURATION=${DURATION:-300}
+QUEUE=${QUEUE:-0}
 NS=ww
 LOG=${LOG:-/tmp/waiting-writes.log}
 kubectl create namespace $NS >/dev/null 2>&1 || true
@@ -21,6 +24,15 @@ clean() {
   kubectl delete nodes -l waiting-writes=true >/dev/null 2>&1 || true
 }
 clean
+if [[ $QUEUE == 1 ]]; then
+  "$G" crd | kubectl apply -f - >/dev/null
+  kubectl apply -f - >/dev/null <<YAML
+apiVersion: gpuplace.io/v1alpha1
+kind: Queue
+metadata: {name: ww-q}
+spec: {usageHalfLife: 1h}
+YAML
+fi
 stamp=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 for i in $(seq 1 "$NODES"); do
   n=ww-$i
@@ -38,7 +50,9 @@ pods() { # PREFIX FROM TO GPUS
   python3 - "$@" <<'PY' | kubectl apply -f - >/dev/null
 import json, sys
 prefix, a, b, gpus = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-items = [{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{prefix}-{i}", "namespace": "ww"},
+import os
+labels = {"gpuplace.io/queue": "ww-q"} if os.environ.get("QUEUE") == "1" else {}
+items = [{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{prefix}-{i}", "namespace": "ww", "labels": labels},
           "spec": {"schedulerName": "gpuplace", "containers": [{"name": "main", "image": "busybox",
                    "resources": {"requests": {"cpu": "100m", "memory": "100Mi"}, "limits": {"nvidia.com/gpu": gpus}}}]}}
          for i in range(a, b)]
@@ -49,11 +63,18 @@ PY
 sched=$!
 trap 'kill $sched 2>/dev/null || true; clean' EXIT
 fill=$((NODES * 8))
+export QUEUE
 pods fill 0 $fill 1
 until [[ $(kubectl get pods -n $NS -o jsonpath='{range .items[*]}{.spec.nodeName}{"\n"}{end}' | grep -c .) -ge $fill ]]; do sleep 1; done
 pods wait 0 "$WAITING" 2
 sleep 10
 rv_before=$(kubectl get pods -n $NS -o json | python3 -c "import json,sys; print(json.dumps({p['metadata']['name']: int(p['metadata']['resourceVersion']) for p in json.load(sys.stdin)['items'] if p['metadata']['name'].startswith('wait-')}))")
+qwrites=/tmp/waiting-writes-queue.txt
+: > $qwrites
+if [[ $QUEUE == 1 ]]; then
+  kubectl get queue ww-q -w --output-watch-events -o jsonpath='{.metadata.resourceVersion}{"\n"}' > $qwrites 2>/dev/null &
+  watcher=$!
+fi
 end=$(($(date +%s) + DURATION))
 k=$fill
 while (($(date +%s) < end)); do
@@ -63,6 +84,8 @@ while (($(date +%s) < end)); do
   k=$((k + 1))
   sleep 3
 done
+if [[ $QUEUE == 1 ]]; then kill $watcher 2>/dev/null || true; fi
+export QUEUE_WRITES=$(( $(grep -c . $qwrites || true) > 0 ? $(grep -c . $qwrites) - 1 : 0 ))
 kubectl get pods -n $NS -o json > /tmp/waiting-writes-pods.json
 kubectl get events -n $NS -o json > /tmp/waiting-writes-events.json
 python3 - "$rv_before" "$WAITING" "$DURATION" "$((k - fill))" <<'PY'
@@ -87,5 +110,6 @@ for e in events:
 worst = max(per_pod.values()) if per_pod else 0
 print(f"waiting-writes: {waiting} pods waited {sys.argv[3]} s through {sys.argv[4]} filler replacements; "
       f"{still} still waiting; FailedScheduling Event objects {objects} (at most {worst} per pod), "
-      f"summed counts {counted}; pods whose object changed during the window {sum(bumps)} of {len(bumps)}")
+      f"summed counts {counted}; pods whose object changed during the window {sum(bumps)} of {len(bumps)}"
+      + (f"; queue status writes {__import__('os').environ.get('QUEUE_WRITES')}" if __import__('os').environ.get('QUEUE') == '1' else ""))
 PY

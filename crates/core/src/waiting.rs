@@ -17,7 +17,7 @@ mod tests;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-pub use start::{Ahead, Ending, Span, expected_start, project, project_line};
+pub use start::{Ahead, Ending, Span, project, project_line};
 
 /// What a pod is short of when capacity blocks it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

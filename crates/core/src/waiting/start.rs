@@ -300,24 +300,3 @@ fn gpus_for(
     let hint = crate::devices::first_fitting(state.node(n), request.gpu_milli) as u32;
     crate::devices::choose_gpus(Policy::BestFit, rng, state, n, request, hint)
 }
-
-/// The earliest end after which `request` fits on a node of `allowed`, the running pods'
-/// places given back in order of their likeliest ends, nothing ahead of it: the estimate
-/// gpuplace told before it projected the line (kept as a baseline for the timeline).
-pub fn expected_start(
-    state: &ClusterState,
-    request: &Request,
-    allowed: Option<&[bool]>,
-    endings: &[Ending<'_>],
-    now_ms: i64,
-) -> Start {
-    let line = [Ahead {
-        request,
-        allowed,
-        runs: None,
-    }];
-    match play(state, &line, endings, now_ms, Scenario::Likeliest)[0] {
-        Some(at) => Start::At(Span::exactly(at)),
-        None => Start::Unknown,
-    }
-}

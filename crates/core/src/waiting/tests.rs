@@ -163,7 +163,6 @@ fn the_start_is_the_first_end_that_frees_a_place_of_its_shape() {
     let at = |ms| Start::At(Span::exactly(ms));
     // A 4-GPU pod starts when one node is whole again, at 30 (b's last), not 10.
     assert_eq!(project(&state, &gpus(4), None, &[], &endings, 0), at(30));
-    assert_eq!(expected_start(&state, &gpus(4), None, &endings, 0), at(30));
     // Only node a allowed: at 40.
     let only_a = [true, false];
     assert_eq!(

@@ -79,10 +79,14 @@ pub struct TimelinePolicy {
 #[derive(Clone, Debug, Serialize)]
 pub struct EstimateSummary {
     pub median_abs_error_s: Stat,
+    /// Actual start less the estimate, median (positive: later than told).
+    pub median_signed_error_s: Stat,
     /// The baselines' in the same runs: "starts now", and "when the longest running pod
     /// on the best node ends".
     pub now_median_abs_error_s: Stat,
     pub longest_median_abs_error_s: Stat,
+    /// The projection with nothing ahead in the line.
+    pub alone_median_abs_error_s: Stat,
     /// Share of starts within the stated range, in percent.
     pub range_held_pct: Stat,
     pub estimated: usize,
@@ -111,8 +115,10 @@ fn estimates(runs: &[&TimelineRun]) -> BTreeMap<String, EstimateSummary> {
             class.key().to_string(),
             EstimateSummary {
                 median_abs_error_s: stat(|e| e.median_abs_error_s),
+                median_signed_error_s: stat(|e| e.median_signed_error_s),
                 now_median_abs_error_s: stat(|e| e.now_median_abs_error_s),
                 longest_median_abs_error_s: stat(|e| e.longest_median_abs_error_s),
+                alone_median_abs_error_s: stat(|e| e.alone_median_abs_error_s),
                 range_held_pct: stat(|e| e.range_held_pct),
                 estimated: of.iter().map(|e| e.estimated).sum(),
                 unknown: of.iter().map(|e| e.unknown).sum(),
@@ -400,10 +406,13 @@ pub fn table(summary: &TimelineSummary) -> String {
             .iter()
             .map(|(class, e)| {
                 format!(
-                    "{class}: {} (now {}, longest-on-best-node {}; range held {:.0}%; {} estimated, {} unknown)",
+                    "{class}: {} (bias {}{}; now {}, longest-on-best-node {}, nothing-ahead {}; range held {:.0}%; {} estimated, {} unknown)",
                     duration_text(e.median_abs_error_s.mean),
+                    if e.median_signed_error_s.mean < 0.0 { "-" } else { "+" },
+                    duration_text(e.median_signed_error_s.mean.abs()),
                     duration_text(e.now_median_abs_error_s.mean),
                     duration_text(e.longest_median_abs_error_s.mean),
+                    duration_text(e.alone_median_abs_error_s.mean),
                     e.range_held_pct.mean,
                     e.estimated,
                     e.unknown

@@ -29,6 +29,8 @@ use crate::trace::name_hash;
 pub(super) struct Told {
     /// The projection (`None`: unknown).
     pub estimate: Option<Span>,
+    /// The same projection with nothing ahead in the line (`None`: unknown).
+    pub alone: Option<i64>,
     /// When the longest running pod on the best node ends (`None`: no node's end known).
     pub longest: Option<i64>,
     /// When it was told (the baseline "now").
@@ -39,8 +41,11 @@ pub(super) struct Told {
 #[derive(Clone, Debug, Default)]
 pub(super) struct Errors {
     estimate: Vec<f64>,
+    /// Actual start less the estimate (positive: it started later than told).
+    signed: Vec<f64>,
     now: Vec<f64>,
     longest: Vec<f64>,
+    alone: Vec<f64>,
     held: usize,
 }
 
@@ -64,10 +69,15 @@ pub(crate) struct Estimates {
 pub struct EstimateRun {
     /// Median absolute error of the expected start against the actual start, seconds.
     pub median_abs_error_s: f64,
+    /// Median of the actual start less the expected (positive: later than told), seconds.
+    pub median_signed_error_s: f64,
     /// The same for the baseline "starts now" (the median wait).
     pub now_median_abs_error_s: f64,
     /// The same for "when the longest running pod on the best node ends".
     pub longest_median_abs_error_s: f64,
+    /// The same for the projection with nothing ahead in the line (running pods' ends
+    /// only, as gpuplace told before it projected the line).
+    pub alone_median_abs_error_s: f64,
     /// Share of pods whose actual start fell within the stated range, in percent.
     pub range_held_pct: f64,
     /// Pods that waited, started and had an estimate.
@@ -122,8 +132,10 @@ impl Estimates {
             };
             let e = self.errors.entry(class).or_default();
             e.estimate.push(err(span.at_ms));
+            e.signed.push((bound - span.at_ms) as f64 / 1e3);
             e.now.push(err(told.at));
             e.longest.push(err(told.longest.unwrap_or(told.at)));
+            e.alone.push(err(told.alone.unwrap_or(told.at)));
             if span.holds(bound) {
                 e.held += 1;
             }
@@ -149,8 +161,10 @@ impl Estimates {
                         100.0 * errors.held as f64 / estimated as f64
                     },
                     median_abs_error_s: median(errors.estimate),
+                    median_signed_error_s: median(errors.signed),
                     now_median_abs_error_s: median(errors.now),
                     longest_median_abs_error_s: median(errors.longest),
+                    alone_median_abs_error_s: median(errors.alone),
                     estimated,
                     unknown,
                 },

@@ -85,8 +85,13 @@ impl Engine<'_> {
             Start::At(span) => Some(span),
             Start::Unknown => None,
         };
+        let alone = match project(&self.state, request, None, &[], &endings, now_ms) {
+            Start::At(span) => Some(span.at_ms),
+            Start::Unknown => None,
+        };
         Told {
             estimate,
+            alone,
             longest: self.longest_on_best_node(request, now_ms),
             at: now_ms,
         }
@@ -149,6 +154,8 @@ impl Engine<'_> {
 
     /// `job` started (its Binding) at `bound`: each reckoning's error is kept.
     pub(super) fn estimate_started(&mut self, job: u32, bound: Ms) {
+        // However it started (its round, a nomination, a gang), its unit left the line.
+        self.estimate_left_line(self.jobs[job as usize].unit);
         let Some(told) = self.estimates.made.remove(&job) else {
             return;
         };
