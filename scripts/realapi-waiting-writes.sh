@@ -72,7 +72,7 @@ rv_before=$(kubectl get pods -n $NS -o json | python3 -c "import json,sys; print
 qwrites=/tmp/waiting-writes-queue.txt
 : > $qwrites
 if [[ $QUEUE == 1 ]]; then
-  kubectl get queue ww-q -w --output-watch-events -o jsonpath='{.metadata.resourceVersion}{"\n"}' > $qwrites 2>/dev/null &
+  kubectl get queue ww-q -w -o jsonpath='{.metadata.resourceVersion}{"\n"}' > $qwrites 2>/dev/null &
   watcher=$!
 fi
 end=$(($(date +%s) + DURATION))

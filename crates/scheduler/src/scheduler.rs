@@ -261,6 +261,8 @@ pub struct Scheduler<A: ClusterApi> {
     wall: crate::clock::WallClock,
     /// How long pods ran, by queue and shape (expected starts read it).
     runs: gpuplace_core::waiting::history::RunHistory,
+    /// The starts projected lately.
+    starts: waiting::Starts,
 }
 
 pub use crate::clock::rfc3339;
@@ -310,6 +312,7 @@ impl<A: ClusterApi> Scheduler<A> {
             usage: usage::UsageBook::new(config_usage, wall),
             wall,
             runs: Default::default(),
+            starts: Default::default(),
         }
     }
 

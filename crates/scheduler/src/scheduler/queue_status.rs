@@ -277,9 +277,11 @@ fn moved(old: &QueueStatus, new: &QueueStatus) -> bool {
 fn value_moved(a: &serde_json::Value, b: &serde_json::Value) -> bool {
     use serde_json::Value;
     match (a, b) {
+        // When the usage figures were taken moves with every round: the figures say it.
         (Value::Object(x), Value::Object(y)) => {
             x.len() != y.len()
                 || x.iter()
+                    .filter(|(k, _)| *k != "updated")
                     .any(|(k, v)| y.get(k).is_none_or(|w| value_moved(v, w)))
         }
         (Value::Array(x), Value::Array(y)) => {
@@ -390,6 +392,22 @@ mod tests {
         // The same: never.
         w.wanted.insert("a".into(), status("100", 200, ""));
         assert!(w.worth_writing(t0 + REFRESH_EVERY * 3).is_empty());
+        // The usage record's time alone is no change; its figures are.
+        let usage = |seconds: f64, updated: &str| QueueUsage {
+            half_life: "1h".into(),
+            updated: updated.into(),
+            gpu_seconds: seconds,
+            ..QueueUsage::default()
+        };
+        let mut with_usage = status("100", 200, "");
+        with_usage.usage = Some(usage(1000.0, "2026-01-01T00:00:00.000Z"));
+        w.written.insert("a".into(), with_usage.clone());
+        with_usage.usage = Some(usage(1005.0, "2026-01-01T00:00:10.000Z"));
+        w.wanted.insert("a".into(), with_usage.clone());
+        assert!(w.worth_writing(t0 + Duration::from_secs(60)).is_empty());
+        with_usage.usage = Some(usage(1020.0, "2026-01-01T00:00:20.000Z"));
+        w.wanted.insert("a".into(), with_usage);
+        assert_eq!(w.worth_writing(t0 + Duration::from_secs(60)).len(), 1);
         // Units are compared as such.
         assert!(value_moved(&"8Gi".into(), &"8Mi".into()));
         assert!(!value_moved(&"8Gi".into(), &"8.01Gi".into()));
