@@ -262,7 +262,7 @@ pub struct Scheduler<A: ClusterApi> {
     /// How long pods ran, by queue and shape (expected starts read it).
     runs: gpuplace_core::waiting::history::RunHistory,
     /// The starts projected lately.
-    starts: waiting::Starts,
+    starts: line::Starts,
 }
 
 pub use crate::clock::rfc3339;

@@ -7,8 +7,9 @@
 //! - `GET /ui/api/fleet?q=&sort=&limit=`: totals, models, the matching nodes' GPU cells
 //!   (at most `limit`, so 5,000 nodes stay light), pending pods and gangs, the last hour;
 //! - `GET /ui/api/node?name=`: one node's GPUs, holders and NVLink topology;
-//! - `GET /ui/api/waiting?namespace=&limit=`: the waiting pods with the scheduler's
-//!   structured records ([`waiting`]).
+//! - `GET /ui/api/waiting?namespace=&limit=`: every waiting GPU pod the viewer may see,
+//!   with the scheduler's structured record from its memory (blocker, gang, true position,
+//!   queue standing, plan, expected start as a range): nothing of it written to the pods.
 //!
 //! Off a loopback address the map is served behind [`crate::access::guard`]: then a
 //! viewer sees cluster-wide totals and every GPU, but names, reasons and gangs only of the
@@ -16,7 +17,6 @@
 //! such, without its name; search does not match it).
 
 pub mod history;
-mod waiting;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -156,7 +156,7 @@ pub fn router<A: ClusterApi>(ui: Arc<Ui<A>>) -> Router {
         )
         .route("/ui/api/fleet", get(fleet::<A>))
         .route("/ui/api/node", get(node::<A>))
-        .route("/ui/api/waiting", get(waiting::waiting::<A>))
+        .route("/ui/api/waiting", get(waiting::<A>))
         .with_state(ui)
 }
 
@@ -470,6 +470,54 @@ async fn node<A: ClusterApi>(
         g.holders = g.holders.iter().map(|h| shown(h, &visible)).collect();
     }
     json(&shown_node)
+}
+
+/// Pods sent unless asked otherwise, and at most.
+const WAITING_DEFAULT_LIMIT: usize = 1_000;
+const WAITING_MAX_LIMIT: usize = 10_000;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct WaitingQuery {
+    /// Only this namespace's pods.
+    namespace: Option<String>,
+    limit: Option<usize>,
+}
+
+#[derive(Debug, Serialize)]
+struct WaitingAnswer<'s> {
+    /// Waiting pods the viewer may see (of which `pending` are sent).
+    total: usize,
+    pending: Vec<&'s PendingPod>,
+}
+
+/// `GET /ui/api/waiting`: every waiting GPU pod the viewer may see, with the scheduler's
+/// structured record from its memory, oldest first.
+async fn waiting<A: ClusterApi>(
+    State(ui): State<Arc<Ui<A>>>,
+    viewer: Option<Extension<Viewer>>,
+    Query(query): Query<WaitingQuery>,
+) -> Response {
+    let status = match ui.status().await {
+        Ok(s) => s,
+        Err(e) => return unavailable(e),
+    };
+    let viewer = viewer.map(|Extension(v)| v);
+    let visible = visible(viewer.as_ref(), &status).await;
+    let pending: Vec<&PendingPod> = status
+        .pending
+        .iter()
+        .filter(|p| visible.sees(&p.namespace))
+        .filter(|p| query.namespace.as_ref().is_none_or(|ns| &p.namespace == ns))
+        .collect();
+    let limit = query
+        .limit
+        .unwrap_or(WAITING_DEFAULT_LIMIT)
+        .clamp(1, WAITING_MAX_LIMIT);
+    json(&WaitingAnswer {
+        total: pending.len(),
+        pending: pending.into_iter().take(limit).collect(),
+    })
 }
 
 /// The map's sign-in form with `line` on it, answered with `status` (401 or 403).

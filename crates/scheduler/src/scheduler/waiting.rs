@@ -28,51 +28,6 @@ fn time_text(ms: i64) -> String {
     )
 }
 
-/// How long the projected starts are kept before the line is projected again: projecting
-/// reads every running pod and plays the line out three times, and an estimate of minutes
-/// to hours does not need it every round.
-pub const PROJECT_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// The starts projected lately, by pod UID (a pod the last projection did not cover is
-/// projected at the next one, within [`PROJECT_EVERY`]).
-#[derive(Default)]
-pub(super) struct Starts {
-    inner: std::sync::Mutex<StartsInner>,
-}
-
-#[derive(Default)]
-struct StartsInner {
-    at: Option<std::time::Instant>,
-    by_uid: std::collections::HashMap<String, Start>,
-}
-
-impl Starts {
-    /// Pod `uid`'s start: as projected within [`PROJECT_EVERY`] of `now` (the round's
-    /// time), else by `project` in the round that starts a new period (the line is
-    /// projected once in it); a pod first told in a later round of the period waits for
-    /// the next.
-    fn get(&self, uid: &str, now: std::time::Instant, project: impl FnOnce() -> Start) -> Start {
-        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let fresh = inner
-            .at
-            .is_some_and(|at| now.saturating_duration_since(at) < PROJECT_EVERY);
-        if let Some(start) = inner.by_uid.get(uid).filter(|_| fresh) {
-            return start.clone();
-        }
-        if fresh && inner.at != Some(now) {
-            // Projected in an earlier round without it: told at the next projection.
-            return Start::Unknown;
-        }
-        if !fresh {
-            inner.by_uid.clear();
-            inner.at = Some(now);
-        }
-        let start = project();
-        inner.by_uid.insert(uid.to_string(), start.clone());
-        start
-    }
-}
-
 /// `waiting` with kube-scheduler's `message`, as written, at `now_ms` (the scheduler's
 /// wall clock).
 pub(super) fn render(waiting: &Waiting, message: &str, now_ms: i64) -> String {
@@ -227,29 +182,4 @@ pub(super) fn gang_standing(
         min_member,
         fit,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use gpuplace_core::waiting::Span;
-    use std::time::{Duration, Instant};
-
-    #[test]
-    fn the_line_is_projected_at_most_once_a_period() {
-        let starts = Starts::default();
-        let t0 = Instant::now();
-        let at = |ms| Start::At(Span::exactly(ms));
-        assert_eq!(starts.get("a", t0, || at(1)), at(1));
-        // The same round: another pod is projected too (the round's line is projected).
-        assert_eq!(starts.get("b", t0, || at(2)), at(2));
-        // A later round of the period: kept; a pod not covered waits for the next.
-        let t1 = t0 + Duration::from_secs(3);
-        assert_eq!(starts.get("a", t1, || at(9)), at(1));
-        assert_eq!(starts.get("c", t1, || at(9)), Start::Unknown);
-        // The next period: projected again.
-        let t2 = t0 + PROJECT_EVERY;
-        assert_eq!(starts.get("c", t2, || at(3)), at(3));
-        assert_eq!(starts.get("a", t2, || at(4)), at(4));
-    }
 }
