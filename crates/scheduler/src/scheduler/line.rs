@@ -7,14 +7,13 @@
 //! Built once a round, and only when a pod of it is told why it waits; the projection
 //! covers the first [`PROJECTED`] pods of the line (pods further back are told "unknown").
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use gpuplace_core::waiting::history::RunHistory;
 use gpuplace_core::waiting::{Ahead, Ending, Place, Position, Span, Start, project, project_line};
 use gpuplace_model::Request;
 
-use super::units::Unit;
 use crate::k8s::pod_info::PodInfo;
 use crate::snapshot::Snapshot;
 
@@ -71,19 +70,7 @@ impl Line {
         queue_of: &dyn Fn(&PodInfo) -> Option<usize>,
         runs: &RunHistory,
     ) -> Line {
-        let mut gangs: BTreeMap<(String, String), Vec<&Arc<PodInfo>>> = BTreeMap::new();
-        let mut units: Vec<Unit<'_>> = Vec::new();
-        for pod in waiting {
-            match &pod.group {
-                Some(g) => gangs
-                    .entry((pod.key.namespace.clone(), g.clone()))
-                    .or_default()
-                    .push(pod),
-                None => units.push(Unit::Single(pod)),
-            }
-        }
-        units.extend(gangs.into_iter().map(|(id, m)| Unit::Gang(id, m)));
-        units.sort_by_cached_key(Unit::order);
+        let units = super::units::form(waiting, |_| true);
         let mut places = HashMap::new();
         let mut requests = Vec::new();
         let mut queue_seen: HashMap<Option<usize>, usize> = HashMap::new();
@@ -157,14 +144,7 @@ impl Line {
         };
         if let Some(mask) = mask.filter(|m| m.iter().any(|ok| !ok)) {
             let from = index.saturating_sub(AHEAD_OF_MASKED);
-            let ahead: Vec<Ahead<'_>> = self.requests[from..index]
-                .iter()
-                .map(|(request, runs)| Ahead {
-                    request,
-                    allowed: None,
-                    runs: *runs,
-                })
-                .collect();
+            let ahead = as_ahead(&self.requests[from..index]);
             let owned = self
                 .endings
                 .get_or_insert_with(|| endings(snapshot, runs, now_ms));
@@ -177,19 +157,24 @@ impl Line {
             .endings
             .get_or_insert_with(|| endings(snapshot, runs, now_ms));
         let starts = self.starts.get_or_insert_with(|| {
-            let line: Vec<Ahead<'_>> = requests
-                .iter()
-                .map(|(request, runs)| Ahead {
-                    request,
-                    allowed: None,
-                    runs: *runs,
-                })
-                .collect();
+            let line = as_ahead(requests);
             let ends: Vec<Ending<'_>> = owned.iter().map(Owned::ending).collect();
             project_line(&snapshot.state, &line, &ends, now_ms)
         });
         starts.get(index).cloned().unwrap_or(Start::Unknown)
     }
+}
+
+/// The projected pods as core's projection reads them (on any node).
+fn as_ahead(requests: &[(Request, Option<Span>)]) -> Vec<Ahead<'_>> {
+    requests
+        .iter()
+        .map(|(request, runs)| Ahead {
+            request,
+            allowed: None,
+            runs: *runs,
+        })
+        .collect()
 }
 
 /// A running pod's place and expected end.

@@ -2,7 +2,7 @@
 //! could help them, build the state with every reservation applied, and decide each due
 //! unit (a pod, or a gang at its highest member's priority) in queue order.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -270,25 +270,9 @@ impl<A: ClusterApi> Scheduler<A> {
 
     /// The due units in queue order. A gang is due when any member is.
     fn units<'a>(&self, waiting: &[&'a Arc<PodInfo>], now: Instant) -> Vec<Unit<'a>> {
-        let mut gangs: BTreeMap<(String, String), Vec<&Arc<PodInfo>>> = BTreeMap::new();
-        let mut units = Vec::new();
-        for pod in waiting {
-            match &pod.group {
-                Some(g) => gangs
-                    .entry((pod.key.namespace.clone(), g.clone()))
-                    .or_default()
-                    .push(pod),
-                None if self.queue.is_due(&pod.key.uid, now) => units.push(Unit::Single(pod)),
-                None => {}
-            }
-        }
-        for (id, members) in gangs {
-            if members.iter().any(|p| self.queue.is_due(&p.key.uid, now)) {
-                units.push(Unit::Gang(id, members));
-            }
-        }
-        units.sort_by_cached_key(Unit::order);
-        units
+        super::units::form(waiting.iter().copied(), |p| {
+            self.queue.is_due(&p.key.uid, now)
+        })
     }
 
     /// One pod through core's cycle: placed and handed to the bind stage, else

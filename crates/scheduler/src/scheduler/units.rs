@@ -37,6 +37,35 @@ impl<'a> Unit<'a> {
     }
 }
 
+/// The units of `waiting` in queue order: each pod alone, the members of a gang (its
+/// namespace and group) together; a pod alone is kept when `due` says so, a gang when any
+/// member is due.
+pub(crate) fn form<'a>(
+    waiting: impl IntoIterator<Item = &'a Arc<PodInfo>>,
+    due: impl Fn(&PodInfo) -> bool,
+) -> Vec<Unit<'a>> {
+    let mut gangs: std::collections::BTreeMap<(String, String), Vec<&'a Arc<PodInfo>>> =
+        Default::default();
+    let mut units = Vec::new();
+    for pod in waiting {
+        match &pod.group {
+            Some(g) => gangs
+                .entry((pod.key.namespace.clone(), g.clone()))
+                .or_default()
+                .push(pod),
+            None if due(pod) => units.push(Unit::Single(pod)),
+            None => {}
+        }
+    }
+    for (id, members) in gangs {
+        if members.iter().any(|p| due(p)) {
+            units.push(Unit::Gang(id, members));
+        }
+    }
+    units.sort_by_cached_key(Unit::order);
+    units
+}
+
 /// The order units are decided in: as sorted (no queues), or by the queues' picker.
 pub(crate) enum Order<'p, 't, 'a> {
     Plain(std::vec::IntoIter<Unit<'a>>),
