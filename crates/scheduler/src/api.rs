@@ -62,6 +62,14 @@ pub struct ClusterView {
 }
 
 impl ClusterView {
+    /// The PodGroup `namespace/name`, if the view has it.
+    pub fn group(&self, namespace: &str, name: &str) -> Option<&crate::k8s::gang::PodGroup> {
+        self.groups.iter().map(|g| &**g).find(|g| {
+            g.metadata.namespace.as_deref() == Some(namespace)
+                && g.metadata.name.as_deref() == Some(name)
+        })
+    }
+
     /// The pod `namespace/name`, found by binary search (pods are sorted).
     pub fn pod(&self, namespace: &str, name: &str) -> Option<&Arc<PodInfo>> {
         self.pods

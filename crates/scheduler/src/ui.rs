@@ -282,17 +282,26 @@ fn warning_visible(warning: &crate::snapshot::Warning, visible: &Visible) -> boo
         .is_none_or(|namespace| visible.sees(namespace))
 }
 
+/// The fleet now, who asks, and what they may see of it (503 until the caches sync).
+async fn seen<A: ClusterApi>(
+    ui: &Ui<A>,
+    viewer: Option<Extension<Viewer>>,
+) -> Result<(Arc<FleetStatus>, Option<Viewer>, Visible), Response> {
+    let status = ui.status().await.map_err(unavailable)?;
+    let viewer = viewer.map(|Extension(v)| v);
+    let visible = visible(viewer.as_ref(), &status).await;
+    Ok((status, viewer, visible))
+}
+
 async fn fleet<A: ClusterApi>(
     State(ui): State<Arc<Ui<A>>>,
     viewer: Option<Extension<Viewer>>,
     Query(query): Query<FleetQuery>,
 ) -> Response {
-    let status = match ui.status().await {
-        Ok(s) => s,
-        Err(e) => return unavailable(e),
+    let (status, viewer, visible) = match seen(&ui, viewer).await {
+        Ok(seen) => seen,
+        Err(response) => return response,
     };
-    let viewer = viewer.map(|Extension(v)| v);
-    let visible = visible(viewer.as_ref(), &status).await;
     let q = query.q.trim().to_lowercase();
     let mut matched: Vec<&NodeStatus> = status
         .nodes
@@ -498,12 +507,10 @@ async fn waiting<A: ClusterApi>(
     viewer: Option<Extension<Viewer>>,
     Query(query): Query<WaitingQuery>,
 ) -> Response {
-    let status = match ui.status().await {
-        Ok(s) => s,
-        Err(e) => return unavailable(e),
+    let (status, _, visible) = match seen(&ui, viewer).await {
+        Ok(seen) => seen,
+        Err(response) => return response,
     };
-    let viewer = viewer.map(|Extension(v)| v);
-    let visible = visible(viewer.as_ref(), &status).await;
     let pending: Vec<&PendingPod> = status
         .pending
         .iter()

@@ -147,19 +147,32 @@ const PLACES: [(usize, usize, i64); 4] = [(0, 0, 10), (0, 1, 40), (1, 0, 20), (1
 
 use crate::state::ClusterState;
 
+/// The pods of [`PLACES`] ending at their time, each spread by `spread` either way.
+fn endings<'a>(
+    one: &'a Request,
+    gpu_sets: &'a [Vec<(usize, u32)>],
+    spread: i64,
+) -> Vec<Ending<'a>> {
+    PLACES
+        .iter()
+        .zip(gpu_sets)
+        .map(|(&(node, _, end), g)| Ending {
+            node,
+            request: one,
+            gpus: g,
+            end: Span {
+                earliest_ms: end - spread,
+                at_ms: end,
+                latest_ms: end + spread,
+            },
+        })
+        .collect()
+}
+
 #[test]
 fn the_start_is_the_first_end_that_frees_a_place_of_its_shape() {
     let (state, one, gpu_sets) = half_held();
-    let endings: Vec<Ending<'_>> = PLACES
-        .iter()
-        .zip(&gpu_sets)
-        .map(|(&(node, _, end), g)| Ending {
-            node,
-            request: &one,
-            gpus: g,
-            end: Span::exactly(end),
-        })
-        .collect();
+    let endings = endings(&one, &gpu_sets, 0);
     let at = |ms| Start::At(Span::exactly(ms));
     // A 4-GPU pod starts when one node is whole again, at 30 (b's last), not 10.
     assert_eq!(project(&state, &gpus(4), None, &[], &endings, 0), at(30));
@@ -182,20 +195,7 @@ fn the_start_is_the_first_end_that_frees_a_place_of_its_shape() {
 #[test]
 fn units_ahead_in_line_take_the_room_first() {
     let (state, one, gpu_sets) = half_held();
-    let endings: Vec<Ending<'_>> = PLACES
-        .iter()
-        .zip(&gpu_sets)
-        .map(|(&(node, _, end), g)| Ending {
-            node,
-            request: &one,
-            gpus: g,
-            end: Span {
-                earliest_ms: end - 5,
-                at_ms: end,
-                latest_ms: end + 5,
-            },
-        })
-        .collect();
+    let endings = endings(&one, &gpu_sets, 5);
     // A 4-GPU pod ahead takes b at 30 and runs 100: ours gets a at 40.
     let four = gpus(4);
     let ahead = [Ahead {

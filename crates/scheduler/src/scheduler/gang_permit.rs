@@ -209,14 +209,7 @@ impl<A: ClusterApi> Scheduler<A> {
     /// The gang's spec, identity and members already bound or reserved; `None` when its
     /// PodGroup does not exist.
     fn gang_of_view(&self, view: &ClusterView, namespace: &str, group: &str) -> Option<Gang> {
-        let spec = view
-            .groups
-            .iter()
-            .find(|g| {
-                g.metadata.namespace.as_deref() == Some(namespace)
-                    && g.metadata.name.as_deref() == Some(group)
-            })
-            .map(|g| g.spec.clone())?;
+        let spec = view.group(namespace, group).map(|g| g.spec.clone())?;
         let id = format!("{namespace}/{group}");
         let bound_uids: std::collections::HashSet<&str> = view
             .pods

@@ -169,12 +169,7 @@ pub(super) fn gang_standing(
     let group = first.group.as_deref()?;
     let namespace = first.key.namespace.as_str();
     let min_member = view
-        .groups
-        .iter()
-        .find(|g| {
-            g.metadata.namespace.as_deref() == Some(namespace)
-                && g.metadata.name.as_deref() == Some(group)
-        })
+        .group(namespace, group)
         .map_or(pods.len() as u32, |g| g.spec.min_member);
     Some(GangStanding {
         name: format!("{namespace}/{group}"),
