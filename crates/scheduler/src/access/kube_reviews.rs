@@ -93,7 +93,7 @@ impl Reviews for KubeReviews {
         }
         let review = TokenReview {
             spec: TokenReviewSpec {
-                token: Some(token.to_string()),
+                token: token.to_string(),
                 audiences: None,
             },
             ..TokenReview::default()

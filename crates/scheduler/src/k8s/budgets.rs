@@ -30,7 +30,8 @@ impl Budgets {
             .map(|b| {
                 b.status
                     .as_ref()
-                    .map_or(0, |s| s.disruptions_allowed)
+                    .and_then(|s| s.disruptions_allowed)
+                    .unwrap_or(0)
                     .max(0)
             })
             .collect()

@@ -182,8 +182,12 @@ impl MemoryApi {
             })
             .map(|(k, _)| k.clone())
             .collect();
-        let allowed =
-            |b: &PodDisruptionBudget| b.status.as_ref().map_or(0, |s| s.disruptions_allowed);
+        let allowed = |b: &PodDisruptionBudget| {
+            b.status
+                .as_ref()
+                .and_then(|s| s.disruptions_allowed)
+                .unwrap_or(0)
+        };
         if covering.iter().any(|k| allowed(&s.budgets[k]) <= 0) {
             return Err(ApiError::Blocked(
                 "Cannot evict pod as it would violate the pod's disruption budget.".into(),
@@ -196,7 +200,7 @@ impl MemoryApi {
         for k in covering {
             let mut b = (*s.budgets[&k]).clone();
             if let Some(status) = b.status.as_mut() {
-                status.disruptions_allowed -= 1;
+                status.disruptions_allowed = Some(status.disruptions_allowed.unwrap_or(0) - 1);
                 status
                     .disrupted_pods
                     .get_or_insert_with(Default::default)
