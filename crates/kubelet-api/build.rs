@@ -6,7 +6,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     unsafe { std::env::set_var("PROTOC", protoc) };
     println!("cargo:rerun-if-changed=proto");
     tonic_prost_build::configure().compile_protos(
-        &["proto/deviceplugin.proto", "proto/podresources.proto"],
+        &[
+            "proto/deviceplugin.proto",
+            "proto/podresources.proto",
+            "proto/dra.proto",
+            "proto/pluginregistration.proto",
+        ],
         &["proto"],
     )?;
     Ok(())

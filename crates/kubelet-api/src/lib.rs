@@ -14,6 +14,25 @@ pub mod podresources {
     tonic::include_proto!("v1");
 }
 
+/// DRA kubelet plugin API v1 (`/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/...`).
+pub mod dra {
+    tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1");
+}
+
+/// The plugin watcher's registration API (`/pluginregistration.Registration/...`).
+pub mod pluginregistration {
+    tonic::include_proto!("pluginregistration");
+}
+
+/// The gRPC service a DRA plugin lists in `PluginInfo.supported_versions`.
+pub const DRA_SERVICE_V1: &str = "v1.DRAPlugin";
+/// `PluginInfo.type` of a DRA plugin.
+pub const DRA_PLUGIN_TYPE: &str = "DRAPlugin";
+/// Where the kubelet's plugin watcher looks for registration sockets.
+pub const DEFAULT_PLUGINS_REGISTRY: &str = "/var/lib/kubelet/plugins_registry";
+/// Where plugins keep their own sockets and state.
+pub const DEFAULT_PLUGINS_DIR: &str = "/var/lib/kubelet/plugins";
+
 /// API version string sent in `RegisterRequest.version`.
 pub const VERSION: &str = "v1beta1";
 /// Device health values.
