@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Args;
 use gpuplace_deviceplugin::config::{
-    BackendKind, DeviceIdStrategy, DeviceListStrategy, LogFormat, Settings,
+    BackendKind, DeviceIdStrategy, DeviceListStrategy, KubeletApi, LogFormat, Settings,
 };
 use gpuplace_deviceplugin::metrics::{self, Metrics};
 
@@ -89,6 +89,23 @@ pub struct DevicePluginArgs {
     /// Backstop poll of the plugin directory, in ms [default: 500].
     #[arg(long, env = "GPUPLACE_POLL_INTERVAL_MS")]
     poll_interval_ms: Option<u64>,
+    /// Which kubelet API to serve: device-plugin (extended resources, any cluster from
+    /// 1.26) or dra (a DRA driver: ResourceSlices and the DRA kubelet plugin, 1.34+)
+    /// [default: device-plugin].
+    #[arg(long, env = "GPUPLACE_KUBELET_API")]
+    kubelet_api: Option<KubeletApi>,
+    /// The DRA driver's name [default: gpu.gpuplace.io].
+    #[arg(long, env = "GPUPLACE_DRA_DRIVER")]
+    dra_driver: Option<String>,
+    /// CDI spec directory the container runtime reads (DRA) [default: /var/run/cdi].
+    #[arg(long, env = "GPUPLACE_CDI_ROOT")]
+    cdi_root: Option<PathBuf>,
+    /// The kubelet's plugin watcher directory (DRA) [default: /var/lib/kubelet/plugins_registry].
+    #[arg(long, env = "GPUPLACE_PLUGINS_REGISTRY")]
+    plugins_registry: Option<PathBuf>,
+    /// Directory of DRA plugin sockets and state [default: /var/lib/kubelet/plugins].
+    #[arg(long, env = "GPUPLACE_DRA_PLUGIN_DIR")]
+    dra_plugin_dir: Option<PathBuf>,
     /// Read the GPUs once (inventory, links, health; with NVML also the driver, MIG mode and
     /// XID support), print them as JSON and exit: no kubelet, no API.
     #[arg(long)]
@@ -119,6 +136,11 @@ impl DevicePluginArgs {
             xid_ignore: self.xid_ignore.clone(),
             health_recovery_seconds: self.health_recovery_seconds,
             poll_interval_ms: self.poll_interval_ms,
+            kubelet_api: self.kubelet_api,
+            dra_driver: self.dra_driver.clone(),
+            cdi_root: self.cdi_root.clone(),
+            plugins_registry: self.plugins_registry.clone(),
+            dra_plugin_dir: self.dra_plugin_dir.clone(),
         }
     }
 }

@@ -13,7 +13,7 @@ use tracing::{info, warn};
 use crate::backend::{
     Backend, BackendError, DiscoveryReport, FileBackend, NvmlBackend, file_report, nvml_report,
 };
-use crate::config::{BackendKind, Config};
+use crate::config::{BackendKind, Config, KubeletApi};
 use crate::devices::DeviceTable;
 use crate::kubelet::podresources::PodResources;
 use crate::kubelet::registration::{self, PluginError};
@@ -35,6 +35,8 @@ pub enum AppError {
     NoNodeName,
     #[error(transparent)]
     Plugin(#[from] PluginError),
+    #[error(transparent)]
+    Dra(#[from] crate::dra::DraError),
 }
 
 /// The name the inventory carries: the node's, else the host's (logs only).
@@ -81,11 +83,16 @@ fn start_backend(config: &Config) -> Result<Box<dyn Backend>, AppError> {
 /// A client when publishing or the handshake want the API; none (with a warning) when
 /// there is no API access, so the plugin still serves the kubelet.
 async fn api_client(config: &Config) -> Result<Option<kube::Client>, AppError> {
-    if !(config.publish_inventory || config.handshake) {
+    let dra = config.kubelet_api == KubeletApi::Dra;
+    if !(config.publish_inventory || config.handshake || dra) {
         return Ok(None);
     }
     let client = match kube::Client::try_default().await {
         Ok(client) => client,
+        Err(e) if dra => {
+            warn!(error = %e, "no Kubernetes API access");
+            return Err(crate::dra::DraError::NoApi.into());
+        }
         Err(e) => {
             warn!(
                 error = %e,
@@ -174,6 +181,15 @@ pub async fn serve(
             inventory.clone(),
             config.replicas,
         )));
+    }
+    if config.kubelet_api == KubeletApi::Dra {
+        let client = client.ok_or(crate::dra::DraError::NoApi)?;
+        let served = crate::dra::serve(config, inventory, client, metrics, shutdown).await;
+        for task in tasks {
+            task.abort();
+        }
+        drop(backend);
+        return Ok(served?);
     }
     let tables = service::device_tables(inventory, config.replicas, config.shares, metrics.clone());
     let handshake = match (&client, config.handshake) {

@@ -42,6 +42,16 @@ pub enum DeviceListStrategy {
     Both,
 }
 
+/// How the node agent serves the kubelet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KubeletApi {
+    /// The device plugin API (v1beta1): extended resources; any cluster from 1.26.
+    DevicePlugin,
+    /// A DRA driver: ResourceSlices and the DRA kubelet plugin (v1); 1.34 and later.
+    Dra,
+}
+
 /// Log line format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -78,6 +88,8 @@ parse_choice!(BackendKind, "nvml, file", "nvml" => BackendKind::Nvml, "file" => 
 parse_choice!(DeviceIdStrategy, "uuid, index", "uuid" => DeviceIdStrategy::Uuid, "index" => DeviceIdStrategy::Index);
 parse_choice!(DeviceListStrategy, "envvar, cdi, both",
     "envvar" => DeviceListStrategy::Envvar, "cdi" => DeviceListStrategy::Cdi, "both" => DeviceListStrategy::Both);
+parse_choice!(KubeletApi, "device-plugin, dra",
+    "device-plugin" => KubeletApi::DevicePlugin, "dra" => KubeletApi::Dra);
 parse_choice!(LogFormat, "text, json", "text" => LogFormat::Text, "json" => LogFormat::Json);
 
 /// Settings as given: every field optional, so sources can be layered.
@@ -109,6 +121,15 @@ pub struct Settings {
     pub xid_ignore: Option<Vec<u64>>,
     pub health_recovery_seconds: Option<u64>,
     pub poll_interval_ms: Option<u64>,
+    pub kubelet_api: Option<KubeletApi>,
+    /// The DRA driver's name (DNS subdomain).
+    pub dra_driver: Option<String>,
+    /// The CDI spec directory the container runtime reads.
+    pub cdi_root: Option<PathBuf>,
+    /// The kubelet's plugin watcher directory.
+    pub plugins_registry: Option<PathBuf>,
+    /// Where DRA plugins keep their sockets and state.
+    pub dra_plugin_dir: Option<PathBuf>,
 }
 
 /// Why settings could not be used.
@@ -135,6 +156,14 @@ pub enum ConfigError {
     BadPollInterval(u64),
     #[error("cdi kind {0:?} is not vendor.domain/class")]
     BadCdiKind(String),
+    #[error(
+        "DRA driver name {0:?} is not a DNS subdomain of at most 63 characters with a dot (e.g. gpu.gpuplace.io)"
+    )]
+    BadDriver(String),
+    #[error(
+        "time-slicing replicas ({0}) are a device plugin feature; a DRA driver shares GPUs through consumable capacity (claims ask `milli`)"
+    )]
+    ReplicasWithDra(u32),
 }
 
 /// Settings resolved over the defaults and checked.
@@ -168,6 +197,17 @@ pub struct Config {
     pub health_recovery: Duration,
     /// Backstop stat of the plugin directory (inotify is the primary signal).
     pub poll_interval: Duration,
+    pub kubelet_api: KubeletApi,
+    pub dra: DraConfig,
+}
+
+/// The DRA driver's settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DraConfig {
+    pub driver: String,
+    pub cdi_root: PathBuf,
+    pub plugins_registry: PathBuf,
+    pub plugin_dir: PathBuf,
 }
 
 /// XIDs NVIDIA's plugin also treats as application errors, not GPU faults.
@@ -215,6 +255,11 @@ impl Settings {
                 .health_recovery_seconds
                 .or(lower.health_recovery_seconds),
             poll_interval_ms: self.poll_interval_ms.or(lower.poll_interval_ms),
+            kubelet_api: self.kubelet_api.or(lower.kubelet_api),
+            dra_driver: self.dra_driver.or(lower.dra_driver),
+            cdi_root: self.cdi_root.or(lower.cdi_root),
+            plugins_registry: self.plugins_registry.or(lower.plugins_registry),
+            dra_plugin_dir: self.dra_plugin_dir.or(lower.dra_plugin_dir),
         }
     }
 
@@ -253,7 +298,31 @@ impl Settings {
         if !is_extended_resource(&cdi_kind) {
             return Err(ConfigError::BadCdiKind(cdi_kind));
         }
+        let kubelet_api = self.kubelet_api.unwrap_or(KubeletApi::DevicePlugin);
+        if kubelet_api == KubeletApi::Dra && replicas > 1 {
+            return Err(ConfigError::ReplicasWithDra(replicas));
+        }
+        let driver = self
+            .dra_driver
+            .unwrap_or_else(|| crate::dra::DEFAULT_DRIVER.to_string());
+        if !is_driver_name(&driver) {
+            return Err(ConfigError::BadDriver(driver));
+        }
+        let dra = DraConfig {
+            driver,
+            cdi_root: self
+                .cdi_root
+                .unwrap_or_else(|| PathBuf::from("/var/run/cdi")),
+            plugins_registry: self
+                .plugins_registry
+                .unwrap_or_else(|| PathBuf::from(gpuplace_kubelet_api::DEFAULT_PLUGINS_REGISTRY)),
+            plugin_dir: self
+                .dra_plugin_dir
+                .unwrap_or_else(|| PathBuf::from(gpuplace_kubelet_api::DEFAULT_PLUGINS_DIR)),
+        };
         Ok(Config {
+            kubelet_api,
+            dra,
             plugin_dir: self
                 .plugin_dir
                 .unwrap_or_else(|| PathBuf::from(gpuplace_kubelet_api::DEFAULT_PLUGIN_DIR)),
@@ -290,6 +359,20 @@ impl Settings {
             poll_interval: Duration::from_millis(poll),
         })
     }
+}
+
+/// A DRA driver name: a lowercase DNS subdomain with a dot, at most 63 characters.
+pub fn is_driver_name(name: &str) -> bool {
+    name.len() <= 63
+        && name.contains('.')
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
 }
 
 /// `vendor.domain/name`: a DNS-like prefix with a dot, a slash, and a non-empty name.

@@ -16,6 +16,7 @@ use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -88,6 +89,11 @@ fn check(object: &Value) -> Result<(), String> {
         ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding") => {
             check_as::<ValidatingAdmissionPolicyBinding>(object)
         }
+        ("resource.k8s.io/v1", "DeviceClass") => check_as::<DeviceClass>(object),
+        ("resource.k8s.io/v1", "ResourceClaim") => check_as::<ResourceClaim>(object),
+        ("resource.k8s.io/v1", "ResourceClaimTemplate") => {
+            check_as::<ResourceClaimTemplate>(object)
+        }
         ("gpuplace.io/v1alpha1", "PodGroup") => {
             check_as::<gpuplace_scheduler::k8s::gang::PodGroup>(object)
         }
@@ -157,21 +163,25 @@ fn every_overlay_renders_into_typed_objects() {
             }
         }
         let kinds: Vec<String> = objects.iter().map(name).collect();
-        for wanted in [
-            "CustomResourceDefinition podgroups.gpuplace.io",
-            "DaemonSet gpuplace-device-plugin",
-        ] {
-            assert!(
-                kinds.iter().any(|k| k == wanted),
-                "{}: no {wanted}",
-                dir.display()
-            );
-        }
+        assert!(
+            kinds
+                .iter()
+                .any(|k| k == "CustomResourceDefinition podgroups.gpuplace.io"),
+            "{}: no PodGroup CRD",
+            dir.display()
+        );
+        // A node agent: the device plugin, or (1.34+) the DRA driver with its classes.
+        let agent = kinds
+            .iter()
+            .any(|k| k == "DaemonSet gpuplace-device-plugin")
+            || (kinds.iter().any(|k| k == "DaemonSet gpuplace-dra-driver")
+                && kinds.iter().any(|k| k == "DeviceClass gpu.gpuplace.io"));
+        assert!(agent, "{}: no node agent", dir.display());
         rendered += 1;
     }
     assert!(
-        rendered >= 3,
-        "standalone, extender and standalone-1.30 at least"
+        rendered >= 4,
+        "standalone, extender, standalone-1.30 and standalone-1.36 at least"
     );
 }
 

@@ -191,7 +191,13 @@ pub(super) fn discover(nvml: &Nvml, node_name: &str) -> Result<NodeInventory, Ba
         memory_mib: 0,
         gpus,
         links,
-        labels: Default::default(),
+        // The DRA driver publishes it as each device's `driverVersion`.
+        labels: nvml
+            .sys_driver_version()
+            .ok()
+            .map(|v| (crate::dra::slices::DRIVER_VERSION_LABEL.to_string(), v))
+            .into_iter()
+            .collect(),
         replicas: 1,
     };
     inventory
