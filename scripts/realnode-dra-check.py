@@ -126,12 +126,12 @@ def podresources():
 
 
 # --- the driver ---------------------------------------------------------------------------
-def driver_up(extra=()):
+def driver_up(extra=(), inventory=None):
     os.makedirs(os.path.dirname(LOG), exist_ok=True)
     start = os.path.getsize(LOG) if os.path.exists(LOG) else 0
     with open(LOG, "a") as f:
         p = subprocess.Popen([GPUPLACE, "device-plugin", "--kubelet-api", "dra", "--backend", "file",
-                              "--inventory", INVENTORY, "--node-name", NODE, "--pass-device-specs", "false",
+                              "--inventory", inventory or INVENTORY, "--node-name", NODE, "--pass-device-specs", "false",
                               *extra], stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
                              env=dict(os.environ, NO_COLOR="1"))
     open(PIDFILE, "w").write(str(p.pid))
@@ -452,8 +452,57 @@ def case_bad_claims():
     expect_clean("bad claims")
 
 
+def tainted():
+    out = set()
+    for s in (get("resourceslices", ns=None) or {"items": []})["items"]:
+        if s["spec"]["driver"] == DRIVER and s["spec"].get("nodeName") == NODE:
+            out |= {d["name"] for d in s["spec"].get("devices", []) if d.get("taints")}
+    return out
+
+
+def case_health():
+    """Seven GPUs turn unhealthy in the inventory file: their devices are tainted in the slice
+    (as the server stores it), a new claim gets the eighth, and the taints go when they heal."""
+    log("== unhealthy GPUs become device taints")
+    sick_file = "/tmp/dra-check-inventory.yaml"
+    text = open(INVENTORY).read()
+    open(sick_file, "w").write(text)
+    driver_down()
+    driver_up(inventory=sick_file)
+    sick = "\n".join(l.replace("healthy: true", "healthy: false") if any(f"index: {i}," in l for i in range(7)) else l
+                     for l in text.splitlines()) + "\n"
+    open(sick_file, "w").write(sick)
+    want = {f"gpu-{i}" for i in range(7)}
+    t0 = time.time()
+    while tainted() != want and time.time() - t0 < 30:
+        time.sleep(0.5)
+    got = tainted()
+    log(f"tainted after {time.time() - t0:.1f} s: {sorted(got)}")
+    if got != want:
+        STATS["mismatches"] += 1
+    apply(template("one"))
+    names = phase("a claim while seven GPUs are unhealthy", [pod("while-sick", {"gpu": ("template", "one")})])
+    p = get("pod", "while-sick")
+    cname = next((s.get("resourceClaimName") for s in p["status"].get("resourceClaimStatuses", [])), None)
+    devices = sorted(r["device"] for r in allocation(get("resourceclaim", cname))) if cname else []
+    log(f"while-sick got {devices}")
+    if devices != ["gpu-7"]:
+        STATS["mismatches"] += 1
+    delete_pods(names)
+    open(sick_file, "w").write(text)
+    t0 = time.time()
+    while tainted() and time.time() - t0 < 30:
+        time.sleep(0.5)
+    log(f"healed: taints left {sorted(tainted())} after {time.time() - t0:.1f} s")
+    STATS["mismatches"] += 1 if tainted() else 0
+    expect_clean("health")
+    driver_down()
+    driver_up()
+
+
 CASES = {"basic": case_basic, "init": case_init_quad_burst, "deleted": case_deleted_while_preparing,
-         "restarts": case_restarts, "bad": case_bad_claims}
+         "restarts": case_restarts, "bad": case_bad_claims,
+         "health": case_health}
 
 
 def main():

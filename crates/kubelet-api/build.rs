@@ -10,6 +10,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "proto/deviceplugin.proto",
             "proto/podresources.proto",
             "proto/dra.proto",
+            "proto/drahealth.proto",
             "proto/pluginregistration.proto",
         ],
         &["proto"],

@@ -19,6 +19,11 @@ pub mod dra {
     tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1");
 }
 
+/// DRA device health v1alpha1 (`/v1alpha1.DRAResourceHealth/NodeWatchResources`).
+pub mod drahealth {
+    tonic::include_proto!("v1alpha1");
+}
+
 /// The plugin watcher's registration API (`/pluginregistration.Registration/...`).
 pub mod pluginregistration {
     tonic::include_proto!("pluginregistration");

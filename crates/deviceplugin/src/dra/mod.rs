@@ -7,11 +7,13 @@
 //! - [`claim`] reads a claim's allocation into the node's GPUs and the containers' env;
 //!   [`prepare`] prepares and unprepares claims for the kubelet, with a checkpoint and a
 //!   CDI spec per claim ([`state`]);
-//! - [`server`] serves the kubelet's plugin watcher registration and `v1.DRAPlugin`;
+//! - [`server`] serves the kubelet's plugin watcher registration, `v1.DRAPlugin` and the
+//!   device health stream ([`health`]);
 //! - [`kube`] is the API adapter.
 
 pub mod authority;
 pub mod claim;
+pub mod health;
 pub mod kube;
 pub mod prepare;
 pub mod publish;

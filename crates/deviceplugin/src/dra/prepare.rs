@@ -78,6 +78,16 @@ impl<S: ClaimSource> Preparer<S> {
         })
     }
 
+    /// The GPUs this preparer plans against (the health stream reads them too).
+    pub fn inventory(&self) -> watch::Receiver<Arc<NodeInventory>> {
+        self.inventory.clone()
+    }
+
+    /// This node's pool.
+    pub fn pool(&self) -> &str {
+        &self.settings.pool
+    }
+
     /// The CDI device ID the runtime is given for a claim's devices.
     pub fn cdi_device_id(&self, claim_uid: &str) -> String {
         self.settings.cdi.device_id(claim_uid)

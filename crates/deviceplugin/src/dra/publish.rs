@@ -3,10 +3,11 @@
 //! driver's slices after it unregisters), and never otherwise. The slices are owned by the
 //! Node, so they go with it.
 //!
-//! "Equal" is judged on what we asked for: the server may add defaults, and a server whose
-//! feature gates drop a field (device taints, consumable capacity) answers with less than
-//! was written. What the server made of our last write is remembered and compared against,
-//! so neither case rewrites the slices on every event.
+//! "Equal" is judged on what we asked for, quantities by value (the server stores `1000` as
+//! `1k`), and both ways (a healed GPU's taint left in the API is a difference). A server
+//! may add defaults, and one whose feature gates drop a field (device taints, consumable
+//! capacity) answers with less than was written: what the server made of our last write is
+//! remembered and compared against, so neither case rewrites the slices on every event.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -81,15 +82,23 @@ fn within(want: &Value, have: &Value) -> bool {
         (Value::Array(w), Value::Array(h)) => {
             w.len() == h.len() && w.iter().zip(h).all(|(a, b)| within(a, b))
         }
-        (Value::String(w), Value::String(h)) => {
-            w == h
-                || matches!(
-                    (gpuplace_model::quantity_milli(w), gpuplace_model::quantity_milli(h)),
-                    (Ok(a), Ok(b)) if a == b
-                )
-        }
+        (Value::String(w), Value::String(h)) => same_string(w, h),
         _ => want == have,
     }
+}
+
+/// Whether two specs say the same: [`within`] both ways, so that a field we no longer
+/// write (a healed GPU's taint) counts as a difference.
+fn same(a: &Value, b: &Value) -> bool {
+    within(a, b) && within(b, a)
+}
+
+fn same_string(a: &str, b: &str) -> bool {
+    a == b
+        || matches!(
+            (gpuplace_model::quantity_milli(a), gpuplace_model::quantity_milli(b)),
+            (Ok(x), Ok(y)) if x == y
+        )
 }
 
 /// One publisher: call [`Publisher::reconcile`] on every change; it writes only on a
@@ -187,7 +196,7 @@ impl<A: SliceApi> Publisher<A> {
             observed.iter().any(|o| {
                 o.metadata.name.as_deref() == Some(want.name.as_str())
                     && o.metadata.deletion_timestamp.is_none()
-                    && within(expect, &comparable(&o.spec))
+                    && same(expect, &comparable(&o.spec))
             })
         })
     }

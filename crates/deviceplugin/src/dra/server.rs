@@ -14,6 +14,7 @@ use gpuplace_kubelet_api::dra::{
     NodePrepareResourcesResponse, NodeUnprepareResourceResponse, NodeUnprepareResourcesRequest,
     NodeUnprepareResourcesResponse,
 };
+use gpuplace_kubelet_api::drahealth::dra_resource_health_server::DraResourceHealthServer;
 use gpuplace_kubelet_api::pluginregistration::registration_server::{
     Registration, RegistrationServer,
 };
@@ -227,6 +228,10 @@ pub async fn serve<S: ClaimSource>(
         let plugin = bind(&sockets.plugin)?;
         let registration = bind(&sockets.registration)?;
         let dra = DraPluginServer::new(DraService::new(preparer.clone(), metrics.clone()));
+        let health = DraResourceHealthServer::new(super::health::HealthService {
+            pool: preparer.pool().to_string(),
+            inventory: preparer.inventory(),
+        });
         let reg = RegistrationServer::new(RegistrationService {
             driver: driver.clone(),
             endpoint: sockets.plugin.display().to_string(),
@@ -238,6 +243,7 @@ pub async fn serve<S: ClaimSource>(
         let plugin_task = tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(dra)
+                .add_service(health)
                 .serve_with_incoming_shutdown(
                     UnixListenerStream::new(plugin),
                     until(stop_rx.clone()),

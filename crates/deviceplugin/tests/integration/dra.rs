@@ -504,6 +504,28 @@ async fn slices_are_written_on_change_only() {
             (owner.kind.as_str(), owner.uid.as_str()),
             ("Node", "node-uid")
         );
+        // The GPU heals: its taint goes (where the server kept it), written once.
+        inv.gpus[2].healthy = true;
+        let healed = publisher.reconcile(&inv).await.unwrap();
+        assert_eq!(healed, usize::from(!drop_taints), "healed ({drop_taints})");
+        assert_eq!(publisher.reconcile(&inv).await.unwrap(), 0);
+        // A restarted driver finds a taint left from before and a healthy GPU: it writes.
+        inv.gpus[3].healthy = false;
+        assert_eq!(publisher.reconcile(&inv).await.unwrap(), 1);
+        inv.gpus[3].healthy = true;
+        let mut restarted = Publisher::new(&api, publish_settings());
+        let left = restarted.reconcile(&inv).await.unwrap();
+        assert_eq!(left, usize::from(!drop_taints), "restarted ({drop_taints})");
+        assert_eq!(restarted.reconcile(&inv).await.unwrap(), 0);
+        assert!(
+            api.stored
+                .lock()
+                .unwrap()
+                .values()
+                .flat_map(|s| s.spec.devices.iter().flatten())
+                .all(|d| d.taints.is_none()),
+            "no taint left"
+        );
     }
 }
 
@@ -612,6 +634,61 @@ async fn registration_answers_a_kubelet_that_sends_the_socket_path_as_authority(
         );
     }
     drop(conn);
+    let _ = stop.send(true);
+    serving.await.unwrap().expect("served");
+}
+
+/// The kubelet 1.36 asks the plugin socket for device health: every GPU at first, then a
+/// new report when one turns unhealthy.
+#[tokio::test]
+async fn the_health_stream_reports_every_gpu_then_each_change() {
+    use gpuplace_kubelet_api::drahealth::NodeWatchResourcesRequest;
+    use gpuplace_kubelet_api::drahealth::dra_resource_health_client::DraResourceHealthClient;
+    let dir = tempfile::tempdir().unwrap();
+    let (inventory_tx, inventory_rx) = watch::channel(Arc::new(inventory()));
+    let prep = Arc::new(
+        Preparer::new(Claims::default(), settings(dir.path()), inventory_rx).expect("preparer"),
+    );
+    let sockets = Sockets::new(
+        &dir.path().join("registry"),
+        &dir.path().join("plugins"),
+        DRIVER,
+    );
+    let (stop, stopped) = watch::channel(false);
+    let serving = tokio::spawn(server::serve(
+        sockets.clone(),
+        DRIVER.into(),
+        prep,
+        Metrics::default(),
+        stopped,
+    ));
+    wait_for(&sockets.plugin).await;
+    let mut client = DraResourceHealthClient::new(unix_channel(&sockets.plugin));
+    let mut reports = client
+        .node_watch_resources(NodeWatchResourcesRequest {})
+        .await
+        .expect("stream")
+        .into_inner();
+    let first = reports.message().await.unwrap().expect("a first report");
+    assert_eq!(first.devices.len(), 4);
+    assert!(first.devices.iter().all(|d| d.health == 1));
+    let mut sick = inventory();
+    sick.gpus[1].healthy = false;
+    inventory_tx.send(Arc::new(sick)).unwrap();
+    let second = reports
+        .message()
+        .await
+        .unwrap()
+        .expect("a report on the change");
+    let d = &second.devices[1];
+    assert_eq!(
+        d.device.as_ref().map(|i| i.device_name.as_str()),
+        Some("gpu-1")
+    );
+    assert_eq!(d.health, 2, "unhealthy");
+    assert!(d.message.contains("unhealthy"));
+    drop(reports);
+    drop(client);
     let _ = stop.send(true);
     serving.await.unwrap().expect("served");
 }
