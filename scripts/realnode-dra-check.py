@@ -452,6 +452,44 @@ def case_bad_claims():
     expect_clean("bad claims")
 
 
+def case_extended():
+    """Pods asking `nvidia.com/gpu` with no device plugin on the node: kube-scheduler serves
+    them through the class's extendedResourceName (DRAExtendedResource) with a claim it makes."""
+    log("== nvidia.com/gpu through DRA (extendedResourceName)")
+    pods = []
+    for name, n in (("ext-1", 1), ("ext-2", 2)):
+        p = pod(name, {}, containers=(("c0", ()),))
+        p["spec"].pop("resourceClaims")
+        p["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": str(n)}}
+        pods.append(p)
+    create_pods(pods)
+    names = [p["metadata"]["name"] for p in pods]
+    wait_running(names)
+    podres, uuids = podresources(), slice_uuids()
+    for n, want_count in (("ext-1", 1), ("ext-2", 2)):
+        p = get("pod", n)
+        status = (p or {}).get("status", {}).get("extendedResourceClaimStatus") or {}
+        cname = status.get("resourceClaimName")
+        cobj = get("resourceclaim", cname) if cname else None
+        if not cobj:
+            log(f"MISMATCH {n}: no extended-resource claim ({status})"); STATS["mismatches"] += 1; continue
+        results = allocation(cobj)
+        want = {(NS, cname, r["driver"], r["pool"], r["device"]) for r in results}
+        got = {g for g in podres.get((NS, n, "c0"), set()) if g[2] == DRIVER}
+        visible = {uuids.get((r["pool"], r["device"]), "?") for r in results}
+        logs = kubectl("logs", "-n", NS, n, "-c", "c0", check=False)
+        line = next((l for l in logs.splitlines() if l.startswith("NVIDIA_VISIBLE_DEVICES=")), "")
+        env = set(line.split("=", 1)[1].split(",")) if line else set()
+        STATS["compared"] += 1
+        STATS["env_checked"] += 1 if line else 0
+        ok = len(results) == want_count and got == want and env == visible
+        log(f"{n}: claim {cname} got {sorted(r['device'] for r in results)}; kubelet {'same' if got == want else sorted(got)}; env {line or 'none'}")
+        STATS["mismatches"] += 0 if ok else 1
+    over_check()
+    delete_pods(names)
+    expect_clean("extended")
+
+
 def tainted():
     out = set()
     for s in (get("resourceslices", ns=None) or {"items": []})["items"]:
@@ -502,7 +540,7 @@ def case_health():
 
 CASES = {"basic": case_basic, "init": case_init_quad_burst, "deleted": case_deleted_while_preparing,
          "restarts": case_restarts, "bad": case_bad_claims,
-         "health": case_health}
+         "health": case_health, "extended": case_extended}
 
 
 def main():

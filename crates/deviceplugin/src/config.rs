@@ -490,6 +490,48 @@ mod tests {
             "cdx".parse::<DeviceListStrategy>().unwrap_err().to_string(),
             "\"cdx\" is not one of: envvar, cdi, both"
         );
+        assert!(
+            bad(Settings {
+                kubelet_api: Some(KubeletApi::Dra),
+                replicas: Some(2),
+                shares: Some(false),
+                ..Default::default()
+            })
+            .contains("consumable capacity")
+        );
+        for name in ["gpu", "GPU.example.com", "-a.example.com", &"a.".repeat(40)] {
+            assert!(
+                bad(Settings {
+                    dra_driver: Some(name.to_string()),
+                    ..Default::default()
+                })
+                .contains("DNS subdomain"),
+                "{name}"
+            );
+        }
+        assert_eq!(
+            "csi".parse::<KubeletApi>().unwrap_err().to_string(),
+            "\"csi\" is not one of: device-plugin, dra"
+        );
+    }
+
+    #[test]
+    fn the_dra_driver_is_chosen_by_a_flag_or_the_file() {
+        let file: Settings = serde_saphyr::from_str(
+            "kubelet-api: dra\ndra-driver: gpu.example.com\ncdi-root: /etc/cdi\n",
+        )
+        .expect("parses");
+        let config = Settings::default().over(file).resolve().expect("resolves");
+        assert_eq!(config.kubelet_api, KubeletApi::Dra);
+        assert_eq!(config.dra.driver, "gpu.example.com");
+        assert_eq!(config.dra.cdi_root, PathBuf::from("/etc/cdi"));
+        assert_eq!(
+            config.dra.plugins_registry,
+            PathBuf::from("/var/lib/kubelet/plugins_registry")
+        );
+        let plain = Settings::default().resolve().expect("defaults");
+        assert_eq!(plain.kubelet_api, KubeletApi::DevicePlugin);
+        assert_eq!(plain.dra.driver, "gpu.gpuplace.io");
     }
 
     #[test]

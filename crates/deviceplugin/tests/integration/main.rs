@@ -2,5 +2,6 @@
 //! gpuplace-deviceplugin --test integration kubelet::` runs one file's tests.
 
 mod dra;
+mod dra_slices;
 mod kubelet;
 mod publish;
