@@ -156,25 +156,46 @@ fn cdi_env(dir: &Path, uid: &str) -> Vec<String> {
         .collect()
 }
 
+/// The driver serving both sockets under `dir` until `stop` is sent.
+struct Serving {
+    sockets: Sockets,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+async fn serve(dir: &Path, prep: Arc<Preparer<Claims>>) -> Serving {
+    let sockets = Sockets::new(&dir.join("registry"), &dir.join("plugins"), DRIVER);
+    let (stop, stopped) = watch::channel(false);
+    let task = tokio::spawn(server::serve(
+        sockets.clone(),
+        DRIVER.into(),
+        prep,
+        Metrics::default(),
+        stopped,
+    ));
+    wait_for(&sockets.registration).await;
+    wait_for(&sockets.plugin).await;
+    Serving {
+        sockets,
+        stop,
+        task,
+    }
+}
+
+impl Serving {
+    async fn end(self) {
+        let _ = self.stop.send(true);
+        self.task.await.unwrap().expect("served");
+    }
+}
+
 #[tokio::test]
 async fn the_kubelet_registers_prepares_and_unprepares_over_the_sockets() {
     let dir = tempfile::tempdir().unwrap();
     let claims = Claims::default();
     claims.put("a", "uid-a", &["gpu-1", "gpu-3"]);
-    let sockets = Sockets::new(
-        &dir.path().join("registry"),
-        &dir.path().join("plugins"),
-        DRIVER,
-    );
-    let (stop, stopped) = watch::channel(false);
-    let serving = tokio::spawn(server::serve(
-        sockets.clone(),
-        DRIVER.into(),
-        preparer(dir.path(), &claims),
-        Metrics::default(),
-        stopped,
-    ));
-    wait_for(&sockets.registration).await;
+    let serving = serve(dir.path(), preparer(dir.path(), &claims)).await;
+    let sockets = serving.sockets.clone();
     let mut reg = RegistrationClient::new(unix_channel(&sockets.registration));
     let info = reg
         .get_info(InfoRequest {})
@@ -239,8 +260,7 @@ async fn the_kubelet_registers_prepares_and_unprepares_over_the_sockets() {
             .exists()
     );
 
-    let _ = stop.send(true);
-    serving.await.unwrap().expect("served");
+    serving.end().await;
     assert!(
         !sockets.registration.exists(),
         "the kubelet unregisters the driver"
@@ -371,20 +391,8 @@ async fn a_seeded_storm_leaves_cdi_specs_equal_to_the_checkpoint() {
 async fn registration_answers_a_kubelet_that_sends_the_socket_path_as_authority() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let dir = tempfile::tempdir().unwrap();
-    let sockets = Sockets::new(
-        &dir.path().join("registry"),
-        &dir.path().join("plugins"),
-        DRIVER,
-    );
-    let (stop, stopped) = watch::channel(false);
-    let serving = tokio::spawn(server::serve(
-        sockets.clone(),
-        DRIVER.into(),
-        preparer(dir.path(), &Claims::default()),
-        Metrics::default(),
-        stopped,
-    ));
-    wait_for(&sockets.registration).await;
+    let serving = serve(dir.path(), preparer(dir.path(), &Claims::default())).await;
+    let sockets = serving.sockets.clone();
     let mut conn = tokio::net::UnixStream::connect(&sockets.registration)
         .await
         .unwrap();
@@ -468,8 +476,7 @@ async fn registration_answers_a_kubelet_that_sends_the_socket_path_as_authority(
         );
     }
     drop(conn);
-    let _ = stop.send(true);
-    serving.await.unwrap().expect("served");
+    serving.end().await;
 }
 
 /// The kubelet 1.36 asks the plugin socket for device health: every GPU at first, then a
@@ -483,20 +490,8 @@ async fn the_health_stream_reports_every_gpu_then_each_change() {
     let prep = Arc::new(
         Preparer::new(Claims::default(), settings(dir.path()), inventory_rx).expect("preparer"),
     );
-    let sockets = Sockets::new(
-        &dir.path().join("registry"),
-        &dir.path().join("plugins"),
-        DRIVER,
-    );
-    let (stop, stopped) = watch::channel(false);
-    let serving = tokio::spawn(server::serve(
-        sockets.clone(),
-        DRIVER.into(),
-        prep,
-        Metrics::default(),
-        stopped,
-    ));
-    wait_for(&sockets.plugin).await;
+    let serving = serve(dir.path(), prep).await;
+    let sockets = serving.sockets.clone();
     let mut client = DraResourceHealthClient::new(unix_channel(&sockets.plugin));
     let mut reports = client
         .node_watch_resources(NodeWatchResourcesRequest {})
@@ -523,6 +518,5 @@ async fn the_health_stream_reports_every_gpu_then_each_change() {
     assert!(d.message.contains("unhealthy"));
     drop(reports);
     drop(client);
-    let _ = stop.send(true);
-    serving.await.unwrap().expect("served");
+    serving.end().await;
 }
