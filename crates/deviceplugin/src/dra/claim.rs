@@ -10,10 +10,7 @@ use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClai
 use serde::{Deserialize, Serialize};
 
 use super::slices::{MEMORY_CAPACITY, MILLI_CAPACITY, UNHEALTHY_TAINT, device_index};
-use crate::kubelet::service::{
-    DEVICE_IDS_ENV, MPS_MEMORY_ENV, MPS_THREADS_ENV, SHARE_MEMORY_ENV, SHARE_MILLI_ENV,
-    VISIBLE_DEVICES_ENV,
-};
+use crate::kubelet::service::{DEVICE_IDS_ENV, ShareLimit, VISIBLE_DEVICES_ENV, share_limit_envs};
 
 /// The claim the kubelet names in a prepare or unprepare call.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -253,34 +250,17 @@ pub fn claim_env(claim: &PreparedClaim) -> BTreeMap<String, String> {
         })
         .collect();
     env.insert(DEVICE_IDS_ENV.to_string(), ids.join(","));
-    let shares: Vec<(usize, &PreparedDevice)> = devices
+    let shares: Vec<ShareLimit> = devices
         .iter()
         .enumerate()
         .filter(|(_, d)| d.share)
+        .map(|(device, d)| ShareLimit {
+            device,
+            milli: u64::from(d.milli),
+            memory_mib: d.memory_mib,
+        })
         .collect();
-    if shares.is_empty() {
-        return env;
-    }
-    let join = |f: &dyn Fn(&(usize, &PreparedDevice)) -> String| {
-        shares.iter().map(f).collect::<Vec<_>>().join(",")
-    };
-    env.insert(
-        SHARE_MILLI_ENV.to_string(),
-        join(&|(_, d)| d.milli.to_string()),
-    );
-    env.insert(
-        SHARE_MEMORY_ENV.to_string(),
-        join(&|(_, d)| d.memory_mib.to_string()),
-    );
-    let threads = shares.iter().map(|(_, d)| d.milli).max().unwrap_or(0);
-    env.insert(
-        MPS_THREADS_ENV.to_string(),
-        threads.div_ceil(10).max(1).to_string(),
-    );
-    let limits = join(&|(i, d)| format!("{i}={}M", d.memory_mib));
-    if shares.iter().any(|(_, d)| d.memory_mib > 0) {
-        env.insert(MPS_MEMORY_ENV.to_string(), limits);
-    }
+    env.extend(share_limit_envs(&shares));
     env
 }
 

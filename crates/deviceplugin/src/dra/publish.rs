@@ -127,7 +127,7 @@ impl<A: SliceApi> Publisher<A> {
             .map(|o| o.spec.pool.generation)
             .max()
             .unwrap_or(0);
-        let desired = node_slices(SliceInput {
+        let mut desired = node_slices(SliceInput {
             inventory,
             driver: &s.driver,
             node: &s.node,
@@ -143,13 +143,10 @@ impl<A: SliceApi> Publisher<A> {
                 s.node
             )));
         };
-        let desired = node_slices(SliceInput {
-            inventory,
-            driver: &s.driver,
-            node: &s.node,
-            generation: generation + 1,
-            shares: s.shares,
-        });
+        // A new generation, so that readers drop the slices it replaces.
+        for slice in &mut desired {
+            slice.spec.pool.generation = generation + 1;
+        }
         let mut written = 0;
         let mut stored = Vec::new();
         for want in &desired {

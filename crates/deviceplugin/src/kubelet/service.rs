@@ -212,19 +212,54 @@ fn device_ids(
 /// A share's limits for the container (milli-GPU, memory, MPS thread and memory limits);
 /// none for whole GPUs.
 fn share_envs(gpus: &[&gpuplace_model::Gpu], slices: u64) -> HashMap<String, String> {
-    let mut envs = HashMap::new();
     if slices == 0 {
-        return envs;
+        return HashMap::new();
     }
-    let memory = gpus.first().map_or(0, |g| g.memory_mib) * slices / 1000;
-    envs.insert(SHARE_MILLI_ENV.to_string(), slices.to_string());
-    envs.insert(SHARE_MEMORY_ENV.to_string(), memory.to_string());
-    envs.insert(
-        MPS_THREADS_ENV.to_string(),
-        slices.div_ceil(10).max(1).to_string(),
-    );
-    if memory > 0 {
-        envs.insert(MPS_MEMORY_ENV.to_string(), format!("0={memory}M"));
+    let memory_mib = gpus.first().map_or(0, |g| g.memory_mib) * slices / 1000;
+    share_limit_envs(&[ShareLimit {
+        device: 0,
+        milli: slices,
+        memory_mib,
+    }])
+    .into_iter()
+    .collect()
+}
+
+/// What one GPU share holds: its milli-GPU and its memory limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShareLimit {
+    /// The GPU's position among the container's visible GPUs (its CUDA ordinal).
+    pub device: usize,
+    pub milli: u64,
+    pub memory_mib: u64,
+}
+
+/// The environment of shares, in device order (the device plugin's one share, a DRA
+/// claim's several): milli and memory per share, MPS threads by the largest share, MPS
+/// memory limits by device position. Both node agents write it through here.
+pub fn share_limit_envs(shares: &[ShareLimit]) -> Vec<(String, String)> {
+    if shares.is_empty() {
+        return Vec::new();
+    }
+    let join =
+        |f: &dyn Fn(&ShareLimit) -> String| shares.iter().map(f).collect::<Vec<_>>().join(",");
+    let threads = shares.iter().map(|s| s.milli).max().unwrap_or(0);
+    let mut envs = vec![
+        (SHARE_MILLI_ENV.to_string(), join(&|s| s.milli.to_string())),
+        (
+            SHARE_MEMORY_ENV.to_string(),
+            join(&|s| s.memory_mib.to_string()),
+        ),
+        (
+            MPS_THREADS_ENV.to_string(),
+            threads.div_ceil(10).max(1).to_string(),
+        ),
+    ];
+    if shares.iter().any(|s| s.memory_mib > 0) {
+        envs.push((
+            MPS_MEMORY_ENV.to_string(),
+            join(&|s| format!("{}={}M", s.device, s.memory_mib)),
+        ));
     }
     envs
 }

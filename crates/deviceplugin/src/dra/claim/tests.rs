@@ -1,4 +1,5 @@
 use super::*;
+use crate::kubelet::service::{MPS_MEMORY_ENV, MPS_THREADS_ENV, SHARE_MEMORY_ENV, SHARE_MILLI_ENV};
 use gpuplace_model::Gpu;
 use k8s_openapi::api::resource::v1::{
     AllocationResult, DeviceAllocationResult, DeviceToleration, ResourceClaimStatus,
