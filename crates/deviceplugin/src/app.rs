@@ -179,7 +179,11 @@ pub async fn serve(
             client.clone(),
             config.node_name.clone(),
             inventory.clone(),
-            config.replicas,
+            crate::publish::patch::Publish {
+                replicas: config.replicas,
+                dra_driver: (config.kubelet_api == KubeletApi::Dra)
+                    .then(|| config.dra.driver.clone()),
+            },
         )));
     }
     if config.kubelet_api == KubeletApi::Dra {

@@ -53,9 +53,10 @@ pub async fn keep_published<P: NodePatcher>(
     patcher: P,
     node: String,
     mut inventory: watch::Receiver<Arc<NodeInventory>>,
-    replicas: u32,
+    publish: impl Into<patch::Publish>,
     mut node_events: mpsc::Receiver<NodeSeen>,
 ) {
+    let publish = publish.into();
     // The Node as last seen, once the watch has said anything.
     let mut seen: Option<NodeSeen> = None;
     let mut published: Option<Value> = None;
@@ -65,7 +66,7 @@ pub async fn keep_published<P: NodePatcher>(
     loop {
         let want = desired(
             &inventory.borrow_and_update(),
-            replicas,
+            publish.clone(),
             seen.as_ref().and_then(Option::as_ref),
         );
         let needed = match &seen {

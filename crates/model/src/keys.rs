@@ -57,6 +57,10 @@ pub const MEMORY_MIN_ANNOTATION: &str = "gpuplace.io/gpu-memory-min";
 /// The former way to ask for a share, refused with a message saying what to write instead.
 pub const GPU_MILLI_ANNOTATION: &str = "gpuplace.io/gpu-milli";
 
+/// Node label naming the DRA driver that serves the node's GPUs (set by gpuplace's node
+/// agent in DRA mode): pods get them through ResourceClaims there, not the device plugin.
+pub const DRA_DRIVER_LABEL: &str = "gpuplace.io/dra-driver";
+
 // --- Node labels (GPU Feature Discovery's names) -----------------------------------------
 
 /// The GPU model.

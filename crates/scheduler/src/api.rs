@@ -129,7 +129,7 @@ pub struct EventRecord {
 /// preconditions), the node, and the annotations the API server merges into the pod in
 /// the same update that sets `spec.nodeName` (kube-apiserver's BindingREST), so the
 /// assignment and the bind are one atomic write.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct BindRequest {
     pub pod: PodKey,
     pub resource_version: String,
@@ -138,6 +138,9 @@ pub struct BindRequest {
     pub inputs: u64,
     pub node: String,
     pub annotations: std::collections::BTreeMap<String, String>,
+    /// The pod's DRA claims to allocate or join, written before the Binding (and undone
+    /// when it fails).
+    pub claims: Vec<crate::k8s::dra::write::ClaimWrite>,
 }
 
 /// What a fresh read of a pod says (to settle a write whose outcome is unknown).
@@ -197,6 +200,23 @@ pub trait ClusterApi: Clone + Send + Sync + 'static {
 
     /// Creates the pod's Binding (with the assignment annotation) in one write.
     fn bind(&self, request: &BindRequest) -> impl Future<Output = Result<(), ApiError>> + Send;
+
+    /// Writes one claim for a pod about to be bound: the delete-protection finalizer when
+    /// missing, then the allocation and `reservedFor`, each with the claim's
+    /// resourceVersion as the precondition (a claim changed since the decision is a
+    /// `Conflict`). Refused (`Conflict`) when a device it allocates is held by another
+    /// claim the scheduler knows.
+    fn write_claim(
+        &self,
+        write: &crate::k8s::dra::write::ClaimWrite,
+    ) -> impl Future<Output = Result<(), ApiError>> + Send;
+
+    /// Undoes a claim write whose Binding failed: the pod out of `reservedFor`, and the
+    /// allocation cleared when the write made it and no user is left.
+    fn undo_claim(
+        &self,
+        write: &crate::k8s::dra::write::ClaimWrite,
+    ) -> impl Future<Output = Result<(), ApiError>> + Send;
 
     /// Reads the pod from the server (not the cache); `None` when it does not exist.
     fn get_pod(

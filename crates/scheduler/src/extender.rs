@@ -412,8 +412,11 @@ impl<A: ClusterApi> Extender<A> {
                     }
                 })?;
             let policy = self.config.policy.to_string();
-            let (mut reservation, request) =
+            let (mut reservation, mut request) =
                 reserve(snapshot, &pod, &demand, &decision, &policy, None);
+            // Behind kube-scheduler, its DynamicResources plugin allocates a pod's claims
+            // (in PreBind, before this bind): the extender writes none.
+            request.claims.clear();
             // kube-scheduler sent the pod: the lagging watch may not have shown it yet.
             reservation.seen = false;
             inner.cache.assume(reservation);

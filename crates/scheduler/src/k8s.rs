@@ -9,6 +9,7 @@ pub mod budgets;
 pub mod claims;
 pub mod demand;
 pub mod demand_error;
+pub mod dra;
 pub mod gang;
 pub mod kube_api;
 pub mod leader;

@@ -167,6 +167,34 @@ pub fn replicas_of(node: &Node) -> u32 {
 /// beyond it get no capacity. Without a valid annotation: `count` plain GPUs named
 /// `<node>-gpu<i>` with the GFD product label as model.
 pub fn inventory_of(node: &Node, gpu_resource: &str) -> (NodeInventory, Option<Warning>) {
+    let (mut inv, warning) = counted_inventory(node, gpu_resource);
+    if is_dra_node(node) {
+        // The kubelet counts no device plugin GPUs here: its GPUs are the inventory's.
+        if let Some(published) = node
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(INVENTORY_ANNOTATION))
+            .and_then(|t| NodeInventory::from_json(t).ok())
+        {
+            for (gpu, was) in inv.gpus.iter_mut().zip(&published.gpus) {
+                gpu.healthy = was.healthy;
+            }
+            return (inv, None);
+        }
+    }
+    (inv, warning)
+}
+
+/// Whether gpuplace's DRA driver serves `node`'s GPUs (claim pods go there).
+pub fn is_dra_node(node: &Node) -> bool {
+    node.metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(gpuplace_model::keys::DRA_DRIVER_LABEL))
+}
+
+fn counted_inventory(node: &Node, gpu_resource: &str) -> (NodeInventory, Option<Warning>) {
     let name = node.metadata.name.clone().unwrap_or_default();
     let cpu_milli = u64::try_from(allocatable(node, "cpu")).unwrap_or(0);
     let memory_mib = (u64::try_from(allocatable(node, "memory")).unwrap_or(0) / 1000) >> 20;
@@ -261,6 +289,12 @@ pub fn build(nodes: &[Arc<Node>], pods: &[Arc<PodInfo>], gpu_resource: &str) -> 
                         })
                         .map(|(k, q)| (k.clone(), (milli_value(q).unwrap_or(0) / 1000) as i64))
                         .collect()
+                })
+                .map(|mut free: BTreeMap<String, i64>| {
+                    if is_dra_node(node) {
+                        free.insert(crate::k8s::dra::DRA_GPUS.to_string(), i64::MAX / 2);
+                    }
+                    free
                 })
                 .unwrap_or_default()
         })
@@ -478,6 +512,17 @@ impl Snapshot {
             None => {}
         }
         if !gpus.is_empty() {
+            return gpus;
+        }
+        // A claim pod's GPUs: its claims' allocation, the record (its own part of each).
+        if let Some(held) = pod.claim_gpus.as_deref().filter(|h| !h.is_empty()) {
+            for &(index, part) in held {
+                if let Some(pos) = inventory.gpus.iter().position(|g| g.index == index)
+                    && !gpus.iter().any(|(p, _)| *p == pos)
+                {
+                    gpus.push((pos, part.min(milli).max(1)));
+                }
+            }
             return gpus;
         }
         match pod.assignment.as_deref().map(Assignment::from_json) {

@@ -21,6 +21,7 @@ mod listing;
 mod objects;
 mod queues;
 mod rbac;
+mod resource_claims;
 mod watches;
 
 use std::collections::{BTreeMap, HashMap};
@@ -105,6 +106,8 @@ pub(super) struct Store {
     pod_node: HashMap<(String, String), String>,
     /// Per node, the resourceVersion of its pods' last change, for watchers to wait on.
     node_watchers: HashMap<String, tokio::sync::watch::Sender<u64>>,
+    /// DRA ResourceClaims (`api/resource_claims.rs`).
+    resource_claims: BTreeMap<(String, String), k8s_openapi::api::resource::v1::ResourceClaim>,
 }
 
 impl Default for Store {
@@ -149,6 +152,7 @@ impl Default for Store {
             node_changes: HashMap::new(),
             pod_node: HashMap::new(),
             node_watchers: HashMap::new(),
+            resource_claims: BTreeMap::new(),
         }
     }
 }
@@ -443,9 +447,10 @@ impl MemoryApi {
     pub fn delete_pod(&self, namespace: &str, name: &str) {
         let mut s = lock(&self.store);
         let key = (namespace.to_string(), name.to_string());
-        if s.pods.remove(&key).is_some() {
+        if let Some(pod) = s.pods.remove(&key) {
             s.bump_pod(&key);
             s.remember(&key);
+            s.release_claims_of(pod.metadata.uid.as_deref().unwrap_or_default());
         }
         let v = s.version;
         drop(s);

@@ -77,10 +77,10 @@ pub async fn run(
     client: Client,
     node: String,
     inventory: watch::Receiver<Arc<NodeInventory>>,
-    replicas: u32,
+    publish: super::patch::Publish,
 ) {
     let (tx, rx) = mpsc::channel(16);
     let watch = tokio::spawn(watch_node(client.clone(), node.clone(), tx));
-    keep_published(KubePatcher::new(client), node, inventory, replicas, rx).await;
+    keep_published(KubePatcher::new(client), node, inventory, publish, rx).await;
     watch.abort();
 }

@@ -24,9 +24,34 @@ pub fn label_value(text: &str) -> String {
         .to_string()
 }
 
-/// The merge patch that publishes `inventory` (GPUs advertised `replicas` times each).
-pub fn node_patch(inventory: &NodeInventory, replicas: u32) -> Value {
+/// What the Node says besides the inventory: how many times each GPU is advertised, and
+/// the DRA driver serving the GPUs (DRA mode).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Publish {
+    pub replicas: u32,
+    pub dra_driver: Option<String>,
+}
+
+impl From<u32> for Publish {
+    fn from(replicas: u32) -> Self {
+        Publish {
+            replicas,
+            dra_driver: None,
+        }
+    }
+}
+
+/// The merge patch that publishes `inventory` (GPUs advertised `replicas` times each; the
+/// DRA driver's label in DRA mode).
+pub fn node_patch(inventory: &NodeInventory, publish: impl Into<Publish>) -> Value {
+    let Publish {
+        replicas,
+        dra_driver,
+    } = publish.into();
     let mut labels = serde_json::Map::new();
+    if let Some(driver) = dra_driver {
+        labels.insert(keys::DRA_DRIVER_LABEL.into(), json!(label_value(&driver)));
+    }
     labels.insert(
         keys::GPU_COUNT_LABEL.into(),
         json!(inventory.gpus.len().to_string()),
@@ -63,12 +88,25 @@ pub fn gfd_present(node: &Node) -> bool {
 }
 
 /// The patch for `inventory` on `node` as last seen: without GFD's labels where GFD runs.
-pub fn desired(inventory: &NodeInventory, replicas: u32, node: Option<&Node>) -> Value {
-    let mut patch = node_patch(inventory, replicas);
+pub fn desired(
+    inventory: &NodeInventory,
+    publish: impl Into<Publish>,
+    node: Option<&Node>,
+) -> Value {
+    let publish = publish.into();
+    let dra = publish.dra_driver.clone();
+    let mut patch = node_patch(inventory, publish);
     if node.is_some_and(gfd_present)
         && let Some(meta) = patch.get_mut("metadata").and_then(Value::as_object_mut)
     {
+        // GFD owns the GPU labels; the DRA driver's label is still gpuplace's.
         meta.remove("labels");
+        if let Some(driver) = dra {
+            meta.insert(
+                "labels".into(),
+                json!({keys::DRA_DRIVER_LABEL: label_value(&driver)}),
+            );
+        }
     }
     patch
 }

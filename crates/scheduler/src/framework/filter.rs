@@ -103,6 +103,14 @@ pub struct NodeFilter {
     /// `plain` without the nodes whose device plugin advertises no shares (made on first
     /// use by a share pod).
     shares: std::sync::OnceLock<Filtered>,
+    /// `plain` without the nodes whose GPUs are served through DRA claims (made on first
+    /// use by a pod asking whole GPUs of the device plugin).
+    plugin: std::sync::OnceLock<Filtered>,
+}
+
+/// Whether node `n` serves its GPUs through gpuplace's DRA driver.
+fn is_dra(scalars: &Scalars, n: usize) -> bool {
+    scalars.free[n].contains_key(crate::k8s::dra::DRA_GPUS)
 }
 
 /// Whether node `n` advertises the share resource (`gpuplace.io/gpu-milli`).
@@ -133,7 +141,27 @@ pub fn filter_nodes<'a>(
     demand: &crate::k8s::demand::PodDemand,
 ) -> Cow<'a, Filtered> {
     let share = demand.is_share();
+    let plugin =
+        demand.request.gpu_count > 0 && !demand.extended.contains_key(crate::k8s::dra::DRA_GPUS);
     if !scalars.must_check(&demand.extended) {
+        if plugin && !share {
+            let mask = filter.plugin.get_or_init(|| {
+                let verdicts: Vec<Result<(), NodeRejection>> = filter
+                    .verdicts
+                    .iter()
+                    .enumerate()
+                    .map(|(n, v)| match v {
+                        Err(r) => Err(r.clone()),
+                        Ok(()) if is_dra(scalars, n) => Err(NodeRejection::Extended(
+                            crate::k8s::dra::PLUGIN_GPUS.to_string(),
+                        )),
+                        Ok(()) => Ok(()),
+                    })
+                    .collect();
+                mask_of(verdicts.iter().map(|v| v.as_ref().map(|_| ())))
+            });
+            return Cow::Borrowed(mask);
+        }
         if share {
             let mask = filter.shares.get_or_init(|| {
                 let verdicts = filter.verdicts.iter().enumerate().map(|(n, v)| match v {
@@ -154,6 +182,11 @@ pub fn filter_nodes<'a>(
         // A node that declares no pod limit is not limited.
         if scalars.free[n].get("pods").is_some_and(|slots| *slots < 1) {
             return Some(NodeRejection::Extended("pods".into()));
+        }
+        if plugin && is_dra(scalars, n) {
+            return Some(NodeRejection::Extended(
+                crate::k8s::dra::PLUGIN_GPUS.to_string(),
+            ));
         }
         if share && !has_shares(scalars, n) {
             return Some(NodeRejection::Extended(
@@ -315,6 +348,7 @@ impl VerdictCache {
             verdicts,
             plain,
             shares: std::sync::OnceLock::new(),
+            plugin: std::sync::OnceLock::new(),
         });
         self.by_key.insert(pod.filter_key.clone(), filter.clone());
         filter

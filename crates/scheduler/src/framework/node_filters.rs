@@ -32,6 +32,13 @@ impl NodeRejection {
                 "node(s) didn't match Pod's node affinity/selector".to_string()
             }
             NodeRejection::Extended(r) if r == "pods" => "Too many pods".to_string(),
+            NodeRejection::Extended(r) if r == crate::k8s::dra::DRA_GPUS => {
+                "node(s) had no gpuplace DRA driver (their GPUs come through the device plugin)"
+                    .to_string()
+            }
+            NodeRejection::Extended(r) if r == crate::k8s::dra::PLUGIN_GPUS => {
+                "node(s) serve their GPUs through DRA claims, not the device plugin".to_string()
+            }
             NodeRejection::Extended(r) => format!("Insufficient {r}"),
         }
     }

@@ -95,7 +95,6 @@ impl PodDemand {
 /// number. `gpu_resource` is e.g. `nvidia.com/gpu`.
 pub fn pod_demand(pod: &Pod, gpu_resource: &str) -> Result<PodDemand, DemandError> {
     refuse_milli_annotation(pod, gpu_resource)?;
-    refuse_resource_claims(pod)?;
     let Effective { sums, containers } = effective_requests(pod, gpu_resource)?;
     let gpus = gpus_of(&containers, &sums, gpu_resource)?;
     let whole = |milli: i128| u64::try_from(milli / 1000).unwrap_or(u64::MAX);
@@ -111,15 +110,6 @@ pub fn pod_demand(pod: &Pod, gpu_resource: &str) -> Result<PodDemand, DemandErro
         extended: extended_of(&sums, gpu_resource),
         containers,
     })
-}
-
-/// Pods with DRA claims are refused until gpuplace allocates claims: a Binding without the
-/// allocation would leave the kubelet unable to prepare them.
-fn refuse_resource_claims(pod: &Pod) -> Result<(), DemandError> {
-    match pod.spec.as_ref().and_then(|s| s.resource_claims.as_ref()) {
-        Some(claims) if !claims.is_empty() => Err(DemandError::ResourceClaims(claims.len())),
-        _ => Ok(()),
-    }
 }
 
 /// The old share annotation is refused with how to ask for a share instead.
@@ -463,12 +453,10 @@ mod tests {
             "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one"}],
                      "containers": [{"name": "a", "resources": {"claims": [{"name": "gpu"}]}}]}
         }));
-        let refused = pod_demand(&claimed, "nvidia.com/gpu")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            refused.contains("does not allocate ResourceClaims"),
-            "{refused}"
+        let demand = pod_demand(&claimed, "nvidia.com/gpu").unwrap();
+        assert_eq!(
+            demand.request.gpu_count, 0,
+            "a claim pod's GPUs come from its claims"
         );
         assert!(
             e.starts_with("annotation gpuplace.io/gpu-milli: \"250\": a share is asked as the container resource gpuplace.io/gpu-milli"),

@@ -28,10 +28,6 @@ pub enum DemandError {
         "the pod's {SHARE_RESOURCE} totals {0} (counted as Kubernetes counts requests); a share is of one GPU, at most 1000"
     )]
     ShareTooLarge(i128),
-    #[error(
-        "the pod asks devices through {0} resourceClaims (DRA): gpuplace's scheduler does not allocate ResourceClaims yet, and binding the pod without its claims allocated would leave it failing on the node; let kube-scheduler place it (leave spec.schedulerName unset): gpuplace's DRA driver serves the claims on the node"
-    )]
-    ResourceClaims(usize),
 }
 
 /// A quantity in thousandths of its unit (`500m` CPU is 500; `1Gi` memory is 1073741824000),

@@ -30,7 +30,10 @@ use crate::k8s::gang::{PodGroup, PodGroupStatus};
 use crate::k8s::queue::{DEFAULT_QUEUE_ANNOTATION, Queue, QueueStatus};
 
 mod checked;
+mod claims;
+mod errors;
 mod events;
+use errors::api_error;
 mod watch;
 pub use watch::{Changes, WatchLog, WatchNote, is_missing_resource};
 use watch::{
@@ -72,22 +75,6 @@ fn truncate_bytes(text: &str, max: usize) -> &str {
         end -= 1;
     }
     &text[..end]
-}
-
-fn api_error(e: kube::Error) -> ApiError {
-    match &e {
-        kube::Error::Api(status) if status.code == 409 => {
-            ApiError::Conflict(status.message.clone())
-        }
-        kube::Error::Api(status) if status.code == 404 => {
-            ApiError::NotFound(status.message.clone())
-        }
-        kube::Error::Api(status) if status.code == 422 || status.code == 400 => {
-            ApiError::Invalid(status.message.clone())
-        }
-        kube::Error::Api(status) if status.code == 429 => ApiError::Blocked(status.message.clone()),
-        _ => ApiError::Other(e.to_string()),
-    }
 }
 
 /// Drops what node filters and inventories never read (images, volumes, managed fields,
@@ -146,9 +133,10 @@ fn namespace_fingerprint(ns: &Namespace) -> u64 {
 fn run_pod_cache(
     api: Api<Pod>,
     gpu_resource: &str,
+    dra: crate::k8s::dra::DraSettings,
     changes: Changes,
 ) -> (Arc<Mutex<PodStore>>, tokio::sync::watch::Receiver<bool>) {
-    let cache = Arc::new(Mutex::new(PodStore::new(gpu_resource)));
+    let cache = Arc::new(Mutex::new(PodStore::new(gpu_resource).with_dra(dra)));
     let (listed, ready) = tokio::sync::watch::channel(false);
     let writer = Arc::clone(&cache);
     tokio::spawn(async move {
@@ -185,6 +173,22 @@ impl KubeApi {
         reporting_instance: String,
         gpu_resource: &str,
     ) -> Result<KubeApi, ApiError> {
+        Self::start_with(
+            client,
+            reporting_instance,
+            gpu_resource,
+            crate::k8s::dra::DraSettings::default(),
+        )
+        .await
+    }
+
+    /// As [`KubeApi::start`], with `dra` saying which DRA claims are gpuplace's.
+    pub async fn start_with(
+        client: Client,
+        reporting_instance: String,
+        gpu_resource: &str,
+        dra: crate::k8s::dra::DraSettings,
+    ) -> Result<KubeApi, ApiError> {
         let changes: Changes = Arc::new(tokio::sync::watch::channel(0).0);
         let nodes = run_reflector(
             Api::<Node>::all(client.clone()),
@@ -193,11 +197,20 @@ impl KubeApi {
             changes.clone(),
             Some(node_fingerprint),
         );
+        let dra_served = claims::served(&client).await;
         let (pods, mut pods_listed) = run_pod_cache(
             Api::<Pod>::all(client.clone()),
             gpu_resource,
+            dra.clone(),
             changes.clone(),
         );
+        if dra_served {
+            tokio::spawn(claims::watch_claims(
+                client.clone(),
+                Arc::clone(&pods),
+                changes.clone(),
+            ));
+        }
         let events = Arc::new(events::Publisher::new(
             client.clone(),
             "gpuplace.io/scheduler",
@@ -379,6 +392,33 @@ impl ClusterApi for KubeApi {
         .await
         .map(|_| ())
         .map_err(api_error)
+    }
+
+    async fn write_claim(
+        &self,
+        write: &crate::k8s::dra::write::ClaimWrite,
+    ) -> Result<(), ApiError> {
+        self.throttle().await;
+        let taken = {
+            let store = self.pods.lock().unwrap_or_else(|p| p.into_inner());
+            store.claims().taken(write)
+        };
+        if let Some(why) = taken {
+            return Err(ApiError::Conflict(format!(
+                "ResourceClaim {}/{}: {why}",
+                write.namespace, write.name
+            )));
+        }
+        claims::write_claim(&self.client, write).await
+    }
+
+    async fn undo_claim(&self, write: &crate::k8s::dra::write::ClaimWrite) -> Result<(), ApiError> {
+        self.throttle().await;
+        let settings = {
+            let store = self.pods.lock().unwrap_or_else(|p| p.into_inner());
+            store.claims().settings.clone()
+        };
+        claims::undo_claim(&self.client, write, &settings).await
     }
 
     async fn get_pod(&self, pod: &PodKey) -> Result<Option<PodState>, ApiError> {

@@ -187,6 +187,23 @@ pub struct PodInfo {
     pub movable: bool,
     /// `status.startTime`: when the kubelet took it.
     pub started: Option<Timestamp>,
+    /// Its DRA claims (`spec.resourceClaims`), when it has any; the pod store resolves
+    /// them against the claims it knows ([`crate::k8s::dra`]).
+    pub dra: Option<Arc<PodDra>>,
+    /// The GPUs (index, milli) a bound pod holds through its claims, counted on it.
+    pub claim_gpus: Option<Arc<[(u32, u32)]>>,
+}
+
+/// A claim pod's claims, its own demand before them, and what a pending one still needs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodDra {
+    pub refs: Vec<crate::k8s::dra::pod::PodClaimRef>,
+    /// The pod's demand without its claims (CPU, memory, other resources).
+    pub base: Result<PodDemand, String>,
+    /// The pod's node terms without the node its allocated claims bind it to.
+    pub base_terms: Option<Arc<SchedulingTerms>>,
+    /// For a pending pod: the claims to allocate and join.
+    pub plan: Option<Arc<crate::k8s::dra::pod::ClaimPlan>>,
 }
 
 /// A pod's controlling owner that re-creates its pods.
@@ -290,7 +307,37 @@ impl PodInfo {
                 .as_ref()
                 .and_then(|s| s.start_time.as_ref())
                 .map(|t| t.0),
+            dra: None,
+            claim_gpus: None,
         }
+        .with_claims(pod)
+    }
+
+    /// A pod with claims keeps them and its own demand; the GPUs come from the claims.
+    fn with_claims(mut self, pod: &Pod) -> PodInfo {
+        let refs = crate::k8s::dra::pod::refs_of(pod);
+        let has_claims = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.resource_claims.as_ref())
+            .is_some_and(|c| !c.is_empty());
+        if !has_claims {
+            return self;
+        }
+        let base = match &self.demand {
+            Ok(d) if d.request.gpu_count > 0 => Err(
+                "the pod asks GPUs through both the device plugin's resources and DRA claims; a pod asks one way"
+                    .to_string(),
+            ),
+            other => other.clone(),
+        };
+        self.dra = Some(Arc::new(PodDra {
+            refs,
+            base,
+            base_terms: self.terms.clone(),
+            plan: None,
+        }));
+        self
     }
 
     /// Holds resources on a node: bound and not finished. A pod being deleted still holds

@@ -14,7 +14,10 @@ use gpuplace_model::{Change, Cursor, ObjectKey, RelistStore};
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::api::{Listed, PodFeed};
+use crate::k8s::dra::store::ClaimIndex;
+use crate::k8s::dra::{ClaimInfo, DraSettings};
 use crate::k8s::pod_info::{PodInfo, SchedulingTerms};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 
 /// Pod changes the store remembers for readers of its feed: a reader further behind reads
 /// every pod again. Readers take the feed on every call (the extender) or round (the
@@ -47,6 +50,8 @@ pub struct PodStore {
     /// (once the views holding it are dropped, no copy), so a view costs what changed,
     /// not a pointer per pod.
     listed: Option<(Cursor, Listed<PodInfo>)>,
+    /// The DRA claims and the pods that name them.
+    claims: ClaimIndex,
 }
 
 impl PodStore {
@@ -56,7 +61,78 @@ impl PodStore {
             pods: RelistStore::journaled(FEED_CHANGES),
             terms: HashMap::new(),
             listed: None,
+            claims: ClaimIndex::default(),
         }
+    }
+
+    /// The store, with `settings` saying which claims are gpuplace's.
+    pub fn with_dra(mut self, settings: DraSettings) -> Self {
+        self.claims = ClaimIndex::new(settings);
+        self
+    }
+
+    /// The claims it knows.
+    pub fn claims(&self) -> &ClaimIndex {
+        &self.claims
+    }
+
+    /// A ResourceClaim was added or changed: the pods that name it are resolved again.
+    pub fn apply_claim(&mut self, claim: &ResourceClaim) {
+        let info = ClaimInfo::of(claim, &self.claims.settings);
+        let users = self.claims.apply(info);
+        self.resolve_again(&users);
+    }
+
+    /// A ResourceClaim was deleted.
+    pub fn delete_claim(&mut self, namespace: &str, name: &str) {
+        let users = self.claims.remove(namespace, name);
+        self.resolve_again(&users);
+    }
+
+    /// `info` resolved against the claims (a pod without claims as it is).
+    fn resolved(&self, info: PodInfo) -> PodInfo {
+        if info.dra.is_none() {
+            return info;
+        }
+        let pods = &self.pods;
+        let ns = info.key.namespace.clone();
+        let me = (info.key.uid.clone(), info.is_active_bound());
+        self.claims.resolve(&info, |name, uid| {
+            // The pod resolved is alive as it is now, stored or not yet.
+            if uid == me.0 {
+                return me.1;
+            }
+            pods.get(&(ns.clone(), name.to_string()))
+                .is_some_and(|p| p.key.uid == uid && p.is_active_bound())
+        })
+    }
+
+    /// The pods `keys` resolved again against the claims, stored where that changed them.
+    fn resolve_again(&mut self, keys: &[ObjectKey]) {
+        for key in keys {
+            let Some(info) = self.pods.get(key) else {
+                continue;
+            };
+            let next = self.resolved((**info).clone());
+            let same = next.demand == info.demand
+                && next.claim_gpus == info.claim_gpus
+                && next.filter_key == info.filter_key
+                && next.dra.as_ref().map(|d| &d.plan) == info.dra.as_ref().map(|d| &d.plan);
+            if !same {
+                let next = Arc::new(self.share_terms(next));
+                self.pods.apply(key.clone(), next);
+            }
+        }
+    }
+
+    /// Tracks the claims `key` names (`info`, or none when it is gone) and resolves the
+    /// other users of those claims again (a claim's owner may change).
+    fn track(&mut self, key: &ObjectKey, info: Option<&PodInfo>) {
+        if info.is_none_or(|i| i.dra.is_none()) && !self.claims.names_any(key) {
+            return;
+        }
+        let others = self.claims.track(key, info);
+        self.resolve_again(&others);
     }
 
     /// `info` with its filter key, and its terms where equal, shared with earlier pods.
@@ -94,7 +170,7 @@ impl PodStore {
                 Arc::clone(info)
             }
             _ => {
-                let info = PodInfo::from_pod(pod, &self.gpu_resource);
+                let info = self.resolved(PodInfo::from_pod(pod, &self.gpu_resource));
                 Arc::new(self.share_terms(info))
             }
         }
@@ -104,17 +180,22 @@ impl PodStore {
     pub fn apply(&mut self, pod: &Pod) {
         let key = key_of(pod);
         let info = self.convert(pod, &key);
-        self.pods.apply(key, info);
+        self.pods.apply(key.clone(), Arc::clone(&info));
+        self.track(&key, Some(&info));
     }
 
     /// A pod was deleted.
     pub fn delete(&mut self, pod: &Pod) {
-        self.pods.remove(&key_of(pod));
+        let key = key_of(pod);
+        self.pods.remove(&key);
+        self.track(&key, None);
     }
 
     /// The pod `namespace/name` was deleted (a watch event that carries only the key).
     pub fn delete_key(&mut self, namespace: &str, name: &str) {
-        self.pods.remove(&(namespace.to_string(), name.to_string()));
+        let key = (namespace.to_string(), name.to_string());
+        self.pods.remove(&key);
+        self.track(&key, None);
     }
 
     /// The watch restarted: a full list follows.
@@ -126,7 +207,8 @@ impl PodStore {
     pub fn relisted(&mut self, pod: &Pod) {
         let key = key_of(pod);
         let info = self.convert(pod, &key);
-        self.pods.relisted(key, info);
+        self.pods.relisted(key.clone(), Arc::clone(&info));
+        self.track(&key, Some(&info));
     }
 
     /// The list is complete: it replaces the cache (pods deleted meanwhile disappear).

@@ -236,9 +236,19 @@ pub fn reserve(
 ) -> (Reservation, crate::api::BindRequest) {
     use crate::k8s::demand::{ASSIGNMENT_ANNOTATION, Assignment, split_devices};
     let placement = decision.to_placement(&snapshot.state);
+    let claims = claim_writes(snapshot, pod, decision, &placement.node);
+    let containers = if pod.dra.is_some() {
+        // A claim pod's containers take their devices through the claims.
+        vec![gpuplace_model::ContainerAssignment {
+            name: CLAIMS_ENTRY.to_string(),
+            devices: placement.devices.clone(),
+        }]
+    } else {
+        split_devices(&demand.containers, &placement.devices)
+    };
     let assignment = Assignment {
         node: placement.node.clone(),
-        containers: split_devices(&demand.containers, &placement.devices),
+        containers,
         policy: policy.to_string(),
         time: crate::clock::rfc3339(std::time::SystemTime::now()),
     };
@@ -268,6 +278,42 @@ pub fn reserve(
         inputs: pod.inputs,
         node: placement.node,
         annotations: BTreeMap::from([(ASSIGNMENT_ANNOTATION.to_string(), assignment.to_json())]),
+        claims,
     };
     (reservation, request)
+}
+
+/// The assignment's one entry for a claim pod: its containers take the devices through
+/// their claims.
+pub const CLAIMS_ENTRY: &str = "resourceclaims";
+
+/// The claim writes that give `pod` the GPUs of `decision` (none for a pod without
+/// claims).
+fn claim_writes(
+    snapshot: &Snapshot,
+    pod: &crate::k8s::pod_info::PodInfo,
+    decision: &gpuplace_core::Decision,
+    node: &str,
+) -> Vec<crate::k8s::dra::write::ClaimWrite> {
+    use crate::k8s::dra::write::{PlacedGpu, writes_for};
+    let Some(plan) = pod.dra.as_ref().and_then(|d| d.plan.as_ref()) else {
+        return Vec::new();
+    };
+    let inventory = snapshot.state.inventory(decision.node);
+    let gpus: Vec<PlacedGpu> = decision
+        .gpus
+        .iter()
+        .map(|&(g, milli)| PlacedGpu {
+            index: inventory.gpus[g].index,
+            milli,
+            memory_mib: inventory.gpus[g].memory_mib,
+        })
+        .collect();
+    match writes_for(plan, &pod.key, node, &gpus) {
+        Ok(writes) => writes,
+        Err(e) => {
+            tracing::error!(pod = %pod.key, error = %e, "the claims cannot be written");
+            Vec::new()
+        }
+    }
 }

@@ -131,7 +131,7 @@ impl<A: ClusterApi> Binder<A> {
         let gate = self.gate.clone();
         let freed = Arc::clone(&self.load.freed);
         self.writes.spawn(async move {
-            let result = write(&api, &gate, request.clone(), retries, refresh).await;
+            let result = write_with_claims(&api, &gate, request.clone(), retries, refresh).await;
             drop(permit);
             freed.notify_waiters();
             WriteOutcome { request, result }
@@ -170,6 +170,49 @@ impl<A: ClusterApi> Binder<A> {
     pub fn in_flight(&self) -> usize {
         self.writes.len() + self.ended.len()
     }
+}
+
+/// The pod's claims first (allocated, or joined), then its Binding; when the Binding does
+/// not land, the claim writes that did are undone, so no device stays allocated to a pod
+/// that is not bound. A claim write that fails is not retried here: the pod goes back to
+/// the queue and is decided again on the claims as the watch then shows them.
+pub(crate) async fn write_with_claims<A: ClusterApi>(
+    api: &A,
+    gate: &Gate,
+    request: BindRequest,
+    retries: u32,
+    refresh: bool,
+) -> Result<(), WriteFailure> {
+    let mut done = Vec::new();
+    let mut failed = None;
+    for claim in &request.claims {
+        if !gate.is_open() {
+            failed = Some(WriteFailure::NotLeader);
+            break;
+        }
+        match api.write_claim(claim).await {
+            Ok(()) => done.push(claim),
+            Err(e) => {
+                failed = Some(WriteFailure::Refused(e));
+                break;
+            }
+        }
+    }
+    let result = match failed {
+        Some(failure) => Err(failure),
+        None => write(api, gate, request.clone(), retries, refresh).await,
+    };
+    // A Binding that may have landed is never undone under the pod: `write` settles an
+    // unknown outcome by reading the pod, so an error here means it did not.
+    if result.is_err() && gate.is_open() {
+        for claim in done {
+            if let Err(e) = api.undo_claim(claim).await {
+                tracing::warn!(claim = %format!("{}/{}", claim.namespace, claim.name), error = %e,
+                    "a claim written for a Binding that failed could not be undone; the resource claim controller releases it once the pod is gone");
+            }
+        }
+    }
+    result
 }
 
 pub(crate) async fn write<A: ClusterApi>(

@@ -408,6 +408,7 @@ async fn writes_go_over_the_wire_as_the_api_server_expects() {
             "{\"node\":\"n1\"}".to_string(),
         )]
         .into(),
+        claims: Vec::new(),
     };
     let stale = api.bind(&request("4", key())).await;
     assert!(

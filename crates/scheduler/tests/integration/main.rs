@@ -3,6 +3,7 @@
 //! --test integration stress::` runs one file's tests.
 
 mod access;
+mod claims;
 mod common;
 mod defrag;
 mod end_to_end;

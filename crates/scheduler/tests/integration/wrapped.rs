@@ -67,6 +67,18 @@ impl<H: Hooks> ClusterApi for Wrapped<H> {
         self.hooks.after_bind();
         result
     }
+    async fn write_claim(
+        &self,
+        write: &gpuplace_scheduler::k8s::dra::write::ClaimWrite,
+    ) -> Result<(), ApiError> {
+        self.inner.write_claim(write).await
+    }
+    async fn undo_claim(
+        &self,
+        write: &gpuplace_scheduler::k8s::dra::write::ClaimWrite,
+    ) -> Result<(), ApiError> {
+        self.inner.undo_claim(write).await
+    }
     async fn get_pod(&self, pod: &PodKey) -> Result<Option<PodState>, ApiError> {
         self.inner.get_pod(pod).await
     }

@@ -194,6 +194,20 @@ impl ClusterApi for MemoryApi {
         }
     }
 
+    async fn write_claim(
+        &self,
+        write: &gpuplace_scheduler::k8s::dra::write::ClaimWrite,
+    ) -> Result<(), ApiError> {
+        self.take_claim_write(write).await
+    }
+
+    async fn undo_claim(
+        &self,
+        write: &gpuplace_scheduler::k8s::dra::write::ClaimWrite,
+    ) -> Result<(), ApiError> {
+        self.take_claim_undo(write).await
+    }
+
     async fn get_pod(&self, pod: &PodKey) -> Result<Option<PodState>, ApiError> {
         let (_permit, fault) = self.charge().await;
         if matches!(

@@ -1,0 +1,387 @@
+//! DRA claims (`resource.k8s.io/v1`) as the scheduler reads them: what a ResourceClaim
+//! asks of gpuplace's driver ([`ClaimShape`]: whole GPUs or a share, how they are linked),
+//! what it holds once allocated, and who uses it. Pure: the pod store keeps the claims
+//! and resolves each pod's against them ([`pod`]); the Binding's writes are built in
+//! [`write`].
+//!
+//! The claims in the API are the record of which devices are taken: a claim's allocation
+//! is counted once (on the first pod it is reserved for), a claim allocated by anyone is
+//! honoured, and nothing else is kept (no annotation), so a restart or a new leader reads
+//! the same record.
+
+pub mod pod;
+pub mod store;
+pub mod write;
+
+use gpuplace_model::{GpuTopology, MILLI_PER_GPU, quantity_milli};
+use k8s_openapi::api::resource::v1::{DeviceRequest, ExactDeviceRequest, ResourceClaim};
+
+/// The finalizer kube-scheduler (and gpuplace) puts on a claim it allocates: the
+/// resource claim controller deallocates the claim when its last user is gone, and then
+/// removes it.
+pub const DELETE_PROTECTION: &str = "resource.kubernetes.io/delete-protection";
+/// What a claim pod asks among its node's scalar resources, and what a node served by
+/// gpuplace's DRA driver (label [`gpuplace_model::keys::DRA_DRIVER_LABEL`]) offers without
+/// limit: claim pods go to such nodes only.
+pub const DRA_GPUS: &str = "dra.gpuplace.io/gpus";
+/// The phrase key for a device plugin pod on a DRA node (no resource of that name exists).
+pub const PLUGIN_GPUS: &str = "dra.gpuplace.io/device-plugin";
+/// The most entries `status.reservedFor` may hold (the API's limit).
+pub const MAX_RESERVED_FOR: usize = 256;
+
+/// Which claims are gpuplace's to allocate: its driver, and the DeviceClasses that select
+/// the driver's GPUs (those of `deploy/base/dra-driver`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DraSettings {
+    pub driver: String,
+    pub classes: Vec<String>,
+}
+
+impl Default for DraSettings {
+    fn default() -> Self {
+        DraSettings {
+            driver: "gpu.gpuplace.io".into(),
+            classes: vec!["gpu.gpuplace.io".into(), "gpu-share.gpuplace.io".into()],
+        }
+    }
+}
+
+/// One request of a claim, as gpuplace allocates it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShapeRequest {
+    /// The request's name (the allocation results name it).
+    pub name: String,
+    pub count: u32,
+    /// Milli-GPU each device gives: 1000 for whole GPUs, less for a share.
+    pub milli: u32,
+    /// The memory a share asks (`capacity.requests.memory`), MiB.
+    pub memory_mib: Option<u64>,
+}
+
+/// What a claim asks of gpuplace's GPUs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimShape {
+    pub requests: Vec<ShapeRequest>,
+    /// How the claim's devices must be linked (its `matchAttribute` constraints).
+    pub topology: GpuTopology,
+}
+
+impl ClaimShape {
+    /// Devices asked, over every request.
+    pub fn count(&self) -> u32 {
+        self.requests.iter().map(|r| r.count).sum()
+    }
+}
+
+/// One device a claim holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldDevice {
+    pub request: String,
+    pub driver: String,
+    pub pool: String,
+    pub device: String,
+    /// Milli-GPU it consumed (1000 when the allocation names none).
+    pub milli: u32,
+}
+
+/// A user in `status.reservedFor`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Consumer {
+    pub api_group: Option<String>,
+    pub resource: String,
+    pub name: String,
+    pub uid: String,
+}
+
+/// What the scheduler keeps of a ResourceClaim.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimInfo {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub resource_version: String,
+    pub finalizers: Vec<String>,
+    pub deleting: bool,
+    /// What it asks, or why gpuplace cannot allocate it.
+    pub shape: Result<ClaimShape, String>,
+    /// Its allocation: the node it was allocated on and the devices, when allocated.
+    pub allocation: Option<Allocated>,
+    pub reserved_for: Vec<Consumer>,
+}
+
+/// An allocated claim's node and devices.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Allocated {
+    /// The node its `nodeSelector` names (`metadata.name In [node]`), if one.
+    pub node: Option<String>,
+    pub devices: Vec<HeldDevice>,
+}
+
+impl ClaimInfo {
+    /// Reads `claim`; what gpuplace cannot allocate is kept as the shape's error.
+    pub fn of(claim: &ResourceClaim, settings: &DraSettings) -> ClaimInfo {
+        let meta = &claim.metadata;
+        let status = claim.status.as_ref();
+        ClaimInfo {
+            namespace: meta.namespace.clone().unwrap_or_else(|| "default".into()),
+            name: meta.name.clone().unwrap_or_default(),
+            uid: meta.uid.clone().unwrap_or_default(),
+            resource_version: meta.resource_version.clone().unwrap_or_default(),
+            finalizers: meta.finalizers.clone().unwrap_or_default(),
+            deleting: meta.deletion_timestamp.is_some(),
+            shape: shape_of(claim, settings),
+            allocation: status.and_then(|s| s.allocation.as_ref()).map(allocated_of),
+            reserved_for: status
+                .and_then(|s| s.reserved_for.as_ref())
+                .into_iter()
+                .flatten()
+                .map(|r| Consumer {
+                    api_group: r.api_group.clone().filter(|g| !g.is_empty()),
+                    resource: r.resource.clone(),
+                    name: r.name.clone(),
+                    uid: r.uid.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    /// `namespace/name`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// Whether the pod with `uid` is among its users.
+    pub fn reserved_for_pod(&self, uid: &str) -> bool {
+        self.reserved_for
+            .iter()
+            .any(|c| c.resource == "pods" && c.uid == uid)
+    }
+
+    /// The pod its devices are counted on: its first user that is a pod.
+    pub fn owner(&self) -> Option<&str> {
+        self.reserved_for
+            .iter()
+            .find(|c| c.resource == "pods")
+            .map(|c| c.uid.as_str())
+    }
+}
+
+fn allocated_of(allocation: &k8s_openapi::api::resource::v1::AllocationResult) -> Allocated {
+    let node = allocation.node_selector.as_ref().and_then(|s| {
+        s.node_selector_terms
+            .iter()
+            .flat_map(|t| t.match_fields.iter().flatten())
+            .find(|f| f.key == "metadata.name" && f.operator == "In")
+            .and_then(|f| f.values.as_ref()?.first().cloned())
+    });
+    let devices = allocation
+        .devices
+        .as_ref()
+        .and_then(|d| d.results.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|r| HeldDevice {
+            request: r.request.clone(),
+            driver: r.driver.clone(),
+            pool: r.pool.clone(),
+            device: r.device.clone(),
+            milli: consumed_milli(r.consumed_capacity.as_ref()),
+        })
+        .collect();
+    Allocated { node, devices }
+}
+
+/// The milli-GPU an allocation result consumed (a whole GPU when it names none).
+pub fn consumed_milli(
+    consumed: Option<
+        &std::collections::BTreeMap<
+            String,
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity,
+        >,
+    >,
+) -> u32 {
+    consumed
+        .and_then(|c| c.get("milli"))
+        .and_then(|q| quantity_milli(&q.0).ok())
+        .map_or(MILLI_PER_GPU, |m| {
+            u32::try_from(m / 1000)
+                .unwrap_or(MILLI_PER_GPU)
+                .clamp(1, MILLI_PER_GPU)
+        })
+}
+
+/// What `claim` asks of gpuplace's GPUs, or why gpuplace cannot allocate it.
+pub fn shape_of(claim: &ResourceClaim, settings: &DraSettings) -> Result<ClaimShape, String> {
+    let devices = claim.spec.devices.as_ref();
+    let requests: Vec<ShapeRequest> = devices
+        .and_then(|d| d.requests.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|r| shape_request(r, settings))
+        .collect::<Result<_, _>>()?;
+    if requests.is_empty() {
+        return Err("it requests no devices".into());
+    }
+    let mut topology = GpuTopology::Any;
+    for c in devices
+        .and_then(|d| d.constraints.as_ref())
+        .into_iter()
+        .flatten()
+    {
+        if let Some(attribute) = &c.distinct_attribute {
+            return Err(format!(
+                "constraint distinctAttribute {attribute:?} is not supported by gpuplace's allocator (every device it allocates is distinct)"
+            ));
+        }
+        let Some(attribute) = &c.match_attribute else {
+            continue;
+        };
+        topology = strictest(topology, match_topology(attribute, &settings.driver)?);
+    }
+    let shape = ClaimShape { requests, topology };
+    let shares = shape.requests.iter().filter(|r| r.milli < MILLI_PER_GPU);
+    if shares.count() > 0 && (shape.requests.len() > 1 || shape.count() > 1) {
+        return Err(
+            "a share (capacity milli below 1000) is asked of one device in a claim of one request; ask whole GPUs or one share"
+                .into(),
+        );
+    }
+    Ok(shape)
+}
+
+fn strictest(a: GpuTopology, b: GpuTopology) -> GpuTopology {
+    match (a, b) {
+        (GpuTopology::Any, x) | (x, GpuTopology::Any) => x,
+        (x, _) => x,
+    }
+}
+
+/// The topology a `matchAttribute` constraint asks: GPUs in one NVLink clique or domain
+/// (linked), behind one PCIe switch, on one NUMA node; attributes every GPU of a node
+/// shares (model, driver version, type) ask nothing more.
+fn match_topology(attribute: &str, driver: &str) -> Result<GpuTopology, String> {
+    let (domain, name) = attribute.split_once('/').unwrap_or((driver, attribute));
+    if domain != driver {
+        return Err(format!(
+            "constraint matchAttribute {attribute:?} is not an attribute of driver {driver}"
+        ));
+    }
+    match name {
+        "nvlinkClique" | "nvlinkDomain" => Ok(GpuTopology::Nvlink),
+        "pcieSwitch" => Ok(GpuTopology::PcieSwitch),
+        "numaNode" => Ok(GpuTopology::Numa),
+        "model" | "driverVersion" | "type" => Ok(GpuTopology::Any),
+        _ => Err(format!(
+            "constraint matchAttribute {attribute:?}: gpuplace matches nvlinkClique, nvlinkDomain, pcieSwitch, numaNode, model, driverVersion and type"
+        )),
+    }
+}
+
+fn shape_request(request: &DeviceRequest, settings: &DraSettings) -> Result<ShapeRequest, String> {
+    let name = &request.name;
+    if request
+        .first_available
+        .as_ref()
+        .is_some_and(|f| !f.is_empty())
+    {
+        return Err(format!(
+            "request {name:?} uses firstAvailable, which gpuplace's allocator does not offer yet; ask `exactly`"
+        ));
+    }
+    let Some(exactly) = &request.exactly else {
+        return Err(format!(
+            "request {name:?} has neither exactly nor firstAvailable"
+        ));
+    };
+    exact_request(name, exactly, settings)
+}
+
+fn exact_request(
+    name: &str,
+    exactly: &ExactDeviceRequest,
+    settings: &DraSettings,
+) -> Result<ShapeRequest, String> {
+    let class = &exactly.device_class_name;
+    if !settings.classes.iter().any(|c| c == class) {
+        return Err(format!(
+            "request {name:?} asks DeviceClass {class:?}, which is not one of gpuplace's ({}); let kube-scheduler place the pod",
+            settings.classes.join(", ")
+        ));
+    }
+    if exactly.admin_access == Some(true) {
+        return Err(format!(
+            "request {name:?} asks adminAccess, which gpuplace does not grant"
+        ));
+    }
+    if let Some(selectors) = exactly.selectors.as_ref().filter(|s| !s.is_empty()) {
+        let first = selectors
+            .iter()
+            .find_map(|s| s.cel.as_ref().map(|c| c.expression.as_str()))
+            .unwrap_or_default();
+        return Err(format!(
+            "request {name:?} has CEL selectors ({first:?}), which gpuplace's allocator does not evaluate yet; ask a model through the DeviceClass or let kube-scheduler place the pod"
+        ));
+    }
+    let mode = exactly.allocation_mode.as_deref().unwrap_or("ExactCount");
+    if mode != "ExactCount" {
+        return Err(format!(
+            "request {name:?} has allocationMode {mode}; gpuplace allocates ExactCount"
+        ));
+    }
+    let count = exactly.count.unwrap_or(1);
+    let count = u32::try_from(count)
+        .ok()
+        .filter(|c| (1..=64).contains(c))
+        .ok_or_else(|| format!("request {name:?} has count {count}; 1 to 64 devices"))?;
+    let (milli, memory_mib) = capacity_of(name, exactly)?;
+    Ok(ShapeRequest {
+        name: name.to_string(),
+        count,
+        milli,
+        memory_mib,
+    })
+}
+
+fn capacity_of(name: &str, exactly: &ExactDeviceRequest) -> Result<(u32, Option<u64>), String> {
+    let Some(requests) = exactly.capacity.as_ref().and_then(|c| c.requests.as_ref()) else {
+        return Ok((MILLI_PER_GPU, None));
+    };
+    let mut milli = MILLI_PER_GPU;
+    let mut memory = None;
+    for (key, q) in requests {
+        let value = quantity_milli(&q.0).map_err(|e| format!("request {name:?}: {key}: {e}"))?;
+        match key.as_str() {
+            "milli" => {
+                let m = value / 1000;
+                milli = u32::try_from(m)
+                    .ok()
+                    .filter(|m| (1..=MILLI_PER_GPU).contains(m))
+                    .ok_or_else(|| {
+                        format!(
+                            "request {name:?}: capacity milli {:?} is not 1 to 1000",
+                            q.0
+                        )
+                    })?;
+            }
+            "memory" => {
+                let bytes = value / 1000;
+                let mib = u64::try_from(bytes.div_euclid(1 << 20))
+                    .ok()
+                    .filter(|m| *m > 0)
+                    .ok_or_else(|| {
+                        format!("request {name:?}: capacity memory {:?} is below 1Mi", q.0)
+                    })?;
+                memory = Some(mib);
+            }
+            other => {
+                return Err(format!(
+                    "request {name:?} asks capacity {other:?}; gpuplace's GPUs offer milli and memory"
+                ));
+            }
+        }
+    }
+    Ok((milli, memory))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,222 @@
+//! A pod's claims resolved against the claims the scheduler knows: what a pending pod
+//! still has to get allocated (its GPU demand) and which allocated claims it joins, and
+//! which devices a bound pod holds (each claim's devices counted on one pod only).
+
+use std::sync::Arc;
+
+use gpuplace_model::{GpuTopology, MILLI_PER_GPU};
+use k8s_openapi::api::core::v1::Pod;
+
+use super::{ClaimInfo, DraSettings, MAX_RESERVED_FOR, ShapeRequest};
+
+/// One of `spec.resourceClaims`: its name in the pod and the ResourceClaim it names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodClaimRef {
+    pub name: String,
+    /// The ResourceClaim's name; `None` while the claim of a template is not made yet.
+    pub claim: Option<String>,
+}
+
+/// The pod's `spec.resourceClaims`, each with its claim: named, or made from a template
+/// (the name the controller wrote in `status.resourceClaimStatuses`). An entry whose
+/// status says no claim was needed is left out.
+pub fn refs_of(pod: &Pod) -> Vec<PodClaimRef> {
+    let statuses = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.resource_claim_statuses.as_ref());
+    pod.spec
+        .iter()
+        .flat_map(|s| s.resource_claims.iter().flatten())
+        .filter_map(|c| {
+            if let Some(name) = &c.resource_claim_name {
+                return Some(PodClaimRef {
+                    name: c.name.clone(),
+                    claim: Some(name.clone()),
+                });
+            }
+            match statuses.and_then(|s| s.iter().find(|s| s.name == c.name)) {
+                Some(status) => status.resource_claim_name.as_ref().map(|n| PodClaimRef {
+                    name: c.name.clone(),
+                    claim: Some(n.clone()),
+                }),
+                None => Some(PodClaimRef {
+                    name: c.name.clone(),
+                    claim: None,
+                }),
+            }
+        })
+        .collect()
+}
+
+/// What a pending pod's claims ask of the scheduler.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimPlan {
+    /// Claims to allocate, in the pod's order, with the pod's name for each.
+    pub allocate: Vec<Arc<ClaimInfo>>,
+    /// Allocated claims the pod is not yet a user of.
+    pub join: Vec<Arc<ClaimInfo>>,
+    /// The node the allocated claims are on (the pod must go there).
+    pub node: Option<String>,
+    /// The GPUs to allocate: per device, milli (all equal), and how they are linked.
+    pub count: u32,
+    pub milli: u32,
+    pub topology: GpuTopology,
+    /// The share's memory, when a share asks one.
+    pub memory_mib: Option<u64>,
+    /// The driver whose devices are allocated.
+    pub driver: String,
+}
+
+impl ClaimPlan {
+    /// Requests to allocate, in the order devices are handed to them.
+    pub fn requests(&self) -> impl Iterator<Item = (&Arc<ClaimInfo>, &ShapeRequest)> {
+        self.allocate.iter().flat_map(|c| {
+            c.shape
+                .as_ref()
+                .map(|s| s.requests.iter())
+                .into_iter()
+                .flatten()
+                .map(move |r| (c, r))
+        })
+    }
+}
+
+/// Looks claims up by namespace and name.
+pub trait ClaimLookup {
+    fn claim(&self, namespace: &str, name: &str) -> Option<&Arc<ClaimInfo>>;
+}
+
+/// The claims of a pending pod, resolved: what to allocate and join, or why it waits.
+pub fn plan_of(
+    driver: &str,
+    namespace: &str,
+    uid: &str,
+    refs: &[PodClaimRef],
+    claims: &impl ClaimLookup,
+) -> Result<ClaimPlan, String> {
+    let mut plan = ClaimPlan {
+        allocate: Vec::new(),
+        join: Vec::new(),
+        node: None,
+        count: 0,
+        milli: MILLI_PER_GPU,
+        topology: GpuTopology::Any,
+        memory_mib: None,
+        driver: driver.to_string(),
+    };
+    for r in refs {
+        let Some(name) = &r.claim else {
+            return Err(format!(
+                "waiting for the ResourceClaim of {:?} to be made from its template",
+                r.name
+            ));
+        };
+        let claim = claims
+            .claim(namespace, name)
+            .ok_or_else(|| format!("waiting for ResourceClaim {namespace}/{name}"))?;
+        if claim.deleting {
+            return Err(format!("ResourceClaim {namespace}/{name} is being deleted"));
+        }
+        match &claim.allocation {
+            Some(allocated) => {
+                if let Some(node) = &allocated.node {
+                    if plan.node.as_ref().is_some_and(|n| n != node) {
+                        return Err(format!(
+                            "its claims are allocated on two nodes ({} and {node})",
+                            plan.node.as_deref().unwrap_or_default()
+                        ));
+                    }
+                    plan.node = Some(node.clone());
+                }
+                if !claim.reserved_for_pod(uid) {
+                    if claim.reserved_for.len() >= MAX_RESERVED_FOR {
+                        return Err(format!(
+                            "ResourceClaim {namespace}/{name} already has {MAX_RESERVED_FOR} users, the most the API allows"
+                        ));
+                    }
+                    plan.join.push(Arc::clone(claim));
+                }
+            }
+            None => {
+                let shape = claim
+                    .shape
+                    .as_ref()
+                    .map_err(|e| format!("ResourceClaim {namespace}/{name}: {e}"))?;
+                plan.topology = match plan.topology {
+                    GpuTopology::Any => shape.topology,
+                    t => t,
+                };
+                for request in &shape.requests {
+                    if request.milli < MILLI_PER_GPU || plan.milli < MILLI_PER_GPU {
+                        if plan.count > 0 {
+                            return Err(
+                                "its claims ask a share and other devices; a pod asks whole GPUs or one share"
+                                    .into(),
+                            );
+                        }
+                        plan.milli = request.milli;
+                        plan.memory_mib = request.memory_mib;
+                    }
+                    plan.count += request.count;
+                }
+                plan.allocate.push(Arc::clone(claim));
+            }
+        }
+    }
+    Ok(plan)
+}
+
+/// The GPUs a bound pod holds through its claims: each allocated claim's devices of
+/// `settings.driver` in the node's pool, counted on its owner (its first user that is
+/// in the store: `alive(name, uid)`), as (GPU index, milli).
+pub fn held_by(
+    namespace: &str,
+    uid: &str,
+    node: &str,
+    refs: &[PodClaimRef],
+    claims: &impl ClaimLookup,
+    settings: &DraSettings,
+    alive: impl Fn(&str, &str) -> bool,
+) -> Vec<(u32, u32)> {
+    let mut held = Vec::new();
+    for r in refs {
+        let Some(claim) = r.claim.as_ref().and_then(|n| claims.claim(namespace, n)) else {
+            continue;
+        };
+        let Some(allocated) = &claim.allocation else {
+            continue;
+        };
+        let owner = claim
+            .reserved_for
+            .iter()
+            .find(|c| c.resource == "pods" && alive(&c.name, &c.uid));
+        if owner.is_none_or(|c| c.uid != uid) {
+            continue;
+        }
+        for d in &allocated.devices {
+            if d.driver != settings.driver || d.pool != node {
+                continue;
+            }
+            if let Some(index) = device_index(&d.device)
+                && !held.iter().any(|(i, _)| *i == index)
+            {
+                held.push((index, d.milli));
+            }
+        }
+    }
+    held
+}
+
+/// The GPU index of a device gpuplace's driver publishes (`gpu-3`).
+pub fn device_index(name: &str) -> Option<u32> {
+    let digits = name.strip_prefix("gpu-")?;
+    (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| digits.parse().ok())
+        .flatten()
+}
+
+/// The device name of GPU `index` (as the driver publishes it).
+pub fn device_name(index: u32) -> String {
+    format!("gpu-{index}")
+}

@@ -1,0 +1,230 @@
+//! The claims the pod store knows, which pods use each, and a claim pod's [`PodInfo`]
+//! resolved against them: a pending pod's GPU demand is what its unallocated claims ask
+//! (and the node its allocated ones bind it to); a bound pod's GPUs are those of the
+//! claims it owns.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use gpuplace_model::{GpuNeed, ObjectKey};
+use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement};
+
+use super::pod::{ClaimLookup, held_by, plan_of};
+use super::{ClaimInfo, DraSettings};
+use crate::k8s::pod_info::{PodInfo, SchedulingTerms};
+
+/// Claims by namespace and name, and the pods that name each.
+#[derive(Debug, Default)]
+pub struct ClaimIndex {
+    pub settings: DraSettings,
+    claims: HashMap<ObjectKey, Arc<ClaimInfo>>,
+    users: HashMap<ObjectKey, BTreeSet<ObjectKey>>,
+    /// The claims each claim pod names (the other way round).
+    named: HashMap<ObjectKey, Vec<ObjectKey>>,
+}
+
+impl ClaimLookup for ClaimIndex {
+    fn claim(&self, namespace: &str, name: &str) -> Option<&Arc<ClaimInfo>> {
+        self.claims.get(&(namespace.to_string(), name.to_string()))
+    }
+}
+
+impl ClaimIndex {
+    pub fn new(settings: DraSettings) -> Self {
+        ClaimIndex {
+            settings,
+            ..Default::default()
+        }
+    }
+
+    /// A claim was added or changed; the pods that name it (to resolve again).
+    pub fn apply(&mut self, claim: ClaimInfo) -> Vec<ObjectKey> {
+        let key = (claim.namespace.clone(), claim.name.clone());
+        self.claims.insert(key.clone(), Arc::new(claim));
+        self.users_of(&key)
+    }
+
+    /// A claim was deleted; the pods that name it.
+    pub fn remove(&mut self, namespace: &str, name: &str) -> Vec<ObjectKey> {
+        let key = (namespace.to_string(), name.to_string());
+        self.claims.remove(&key);
+        self.users_of(&key)
+    }
+
+    /// Every claim (for checks across claims).
+    pub fn claims(&self) -> impl Iterator<Item = &Arc<ClaimInfo>> {
+        self.claims.values()
+    }
+
+    pub fn len(&self) -> usize {
+        self.claims.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.claims.is_empty()
+    }
+
+    fn users_of(&self, claim: &ObjectKey) -> Vec<ObjectKey> {
+        self.users
+            .get(claim)
+            .map(|u| u.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Why `write` would allocate a device that another claim known here already holds
+    /// beyond what is left of it (the record says it is taken), if it would.
+    pub fn taken(&self, write: &super::write::ClaimWrite) -> Option<String> {
+        let allocation = write.allocation.as_ref()?;
+        let results = allocation.devices.as_ref()?.results.as_ref()?;
+        for r in results {
+            let wanted = super::consumed_milli(r.consumed_capacity.as_ref());
+            let held: u32 = self
+                .claims
+                .values()
+                .filter(|c| c.uid != write.uid)
+                .filter_map(|c| c.allocation.as_ref())
+                .flat_map(|a| a.devices.iter())
+                .filter(|d| d.driver == r.driver && d.pool == r.pool && d.device == r.device)
+                .map(|d| d.milli)
+                .sum();
+            if held + wanted > gpuplace_model::MILLI_PER_GPU {
+                return Some(format!(
+                    "device {} of pool {} is held by other claims ({held} milli of 1000)",
+                    r.device, r.pool
+                ));
+            }
+        }
+        None
+    }
+
+    /// Whether the pod `pod` was recorded as naming claims.
+    pub fn names_any(&self, pod: &ObjectKey) -> bool {
+        self.named.contains_key(pod)
+    }
+
+    /// Records which claims the pod `pod` names (`None`: it is gone); returns the other
+    /// users of the claims it named, whose owner may change.
+    pub fn track(&mut self, pod: &ObjectKey, info: Option<&PodInfo>) -> Vec<ObjectKey> {
+        let mut others = Vec::new();
+        for claim in self.named.remove(pod).unwrap_or_default() {
+            if let Some(users) = self.users.get_mut(&claim) {
+                users.remove(pod);
+                others.extend(users.iter().cloned());
+                if users.is_empty() {
+                    self.users.remove(&claim);
+                }
+            }
+        }
+        if let Some(dra) = info.and_then(|i| i.dra.as_ref()) {
+            let claims: Vec<ObjectKey> = dra
+                .refs
+                .iter()
+                .filter_map(|r| r.claim.as_ref().map(|n| (pod.0.clone(), n.clone())))
+                .collect();
+            for claim in &claims {
+                self.users
+                    .entry(claim.clone())
+                    .or_default()
+                    .insert(pod.clone());
+            }
+            self.named.insert(pod.clone(), claims);
+        }
+        others.sort();
+        others.dedup();
+        others.retain(|k| k != pod);
+        others
+    }
+
+    /// `info` resolved against the claims: its demand, node terms and held GPUs.
+    /// `alive` says whether a pod (name, UID) of the pod's namespace is in the store.
+    pub fn resolve(&self, info: &PodInfo, alive: impl Fn(&str, &str) -> bool) -> PodInfo {
+        let mut out = info.clone();
+        let Some(dra) = &info.dra else {
+            return out;
+        };
+        let ns = &info.key.namespace;
+        match &info.node_name {
+            None => {
+                let mut dra = (**dra).clone();
+                let planned = plan_of(&self.settings.driver, ns, &info.key.uid, &dra.refs, self);
+                out.terms = dra.base_terms.clone();
+                out.demand = match (&dra.base, &planned) {
+                    (Err(e), _) | (Ok(_), Err(e)) => Err(e.clone()),
+                    (Ok(base), Ok(plan)) => {
+                        let mut demand = base.clone();
+                        demand.request.gpu_count = plan.count;
+                        demand.request.gpu_milli = if plan.count > 0 { plan.milli } else { 0 };
+                        demand.request.need = GpuNeed {
+                            topology: plan.topology,
+                            ..demand.request.need.clone()
+                        };
+                        if plan.count > 0 {
+                            demand.extended.insert(super::DRA_GPUS.to_string(), 1);
+                        }
+                        if let Some(node) = &plan.node {
+                            out.terms = Some(Arc::new(on_node(out.terms.as_deref(), node)));
+                        }
+                        Ok(demand)
+                    }
+                };
+                out.filter_key = out
+                    .terms
+                    .as_ref()
+                    .map_or_else(|| Arc::from(""), |t| Arc::from(t.key()));
+                dra.plan = planned.ok().map(Arc::new);
+                out.dra = Some(Arc::new(dra));
+                out.claim_gpus = None;
+            }
+            Some(node) => {
+                let held = held_by(
+                    ns,
+                    &info.key.uid,
+                    node,
+                    &dra.refs,
+                    self,
+                    &self.settings,
+                    alive,
+                );
+                out.demand = dra.base.clone().map(|mut demand| {
+                    demand.request.gpu_count = held.len() as u32;
+                    demand.request.gpu_milli = match held.first() {
+                        Some(&(_, m)) if held.iter().all(|&(_, x)| x == m) => m,
+                        Some(_) => gpuplace_model::MILLI_PER_GPU,
+                        None => 0,
+                    };
+                    if !held.is_empty() {
+                        demand.extended.insert(super::DRA_GPUS.to_string(), 1);
+                    }
+                    demand
+                });
+                out.claim_gpus = Some(held.into());
+            }
+        }
+        out
+    }
+}
+
+/// `terms` with the pod held to `node` (the node its allocated claims are on), as the
+/// allocation's node selector says: `metadata.name In [node]` added to every term.
+fn on_node(terms: Option<&SchedulingTerms>, node: &str) -> SchedulingTerms {
+    let mut terms = terms.cloned().unwrap_or_default();
+    let field = NodeSelectorRequirement {
+        key: "metadata.name".into(),
+        operator: "In".into(),
+        values: Some(vec![node.to_string()]),
+    };
+    let selector = terms
+        .required_node_affinity
+        .get_or_insert_with(|| NodeSelector {
+            node_selector_terms: vec![Default::default()],
+        });
+    if selector.node_selector_terms.is_empty() {
+        selector.node_selector_terms.push(Default::default());
+    }
+    for term in &mut selector.node_selector_terms {
+        term.match_fields
+            .get_or_insert_with(Vec::new)
+            .push(field.clone());
+    }
+    terms
+}

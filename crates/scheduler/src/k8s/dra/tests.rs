@@ -1,0 +1,339 @@
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use gpuplace_model::GpuTopology;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use serde_json::json;
+
+use super::pod::{ClaimLookup, PodClaimRef, plan_of, refs_of};
+use super::write::{PlacedGpu, undo_patch, writes_for};
+use super::*;
+use crate::k8s::pod_info::PodKey;
+
+fn claim(value: serde_json::Value) -> ResourceClaim {
+    serde_json::from_value(value).unwrap()
+}
+
+fn requesting(requests: serde_json::Value, constraints: serde_json::Value) -> ResourceClaim {
+    claim(json!({
+        "metadata": {"name": "c", "namespace": "ml", "uid": "cu", "resourceVersion": "5"},
+        "spec": {"devices": {"requests": requests, "constraints": constraints}}
+    }))
+}
+
+fn shape(
+    requests: serde_json::Value,
+    constraints: serde_json::Value,
+) -> Result<ClaimShape, String> {
+    shape_of(&requesting(requests, constraints), &DraSettings::default())
+}
+
+#[test]
+fn whole_gpus_and_their_link_are_read() {
+    let s = shape(
+        json!([{"name": "gpu", "exactly": {"deviceClassName": "gpu.gpuplace.io", "count": 4}}]),
+        json!([{"requests": ["gpu"], "matchAttribute": "gpu.gpuplace.io/nvlinkClique"}]),
+    )
+    .unwrap();
+    assert_eq!(s.count(), 4);
+    assert_eq!(s.topology, GpuTopology::Nvlink);
+    assert_eq!(s.requests[0].milli, 1000);
+    let numa = shape(
+        json!([{"name": "a", "exactly": {"deviceClassName": "gpu.gpuplace.io"}},
+               {"name": "b", "exactly": {"deviceClassName": "gpu.gpuplace.io", "count": 1}}]),
+        json!([{"matchAttribute": "numaNode"}]),
+    )
+    .unwrap();
+    assert_eq!((numa.count(), numa.topology), (2, GpuTopology::Numa));
+}
+
+#[test]
+fn a_share_asks_milli_and_memory() {
+    let s = shape(
+        json!([{"name": "gpu", "exactly": {"deviceClassName": "gpu-share.gpuplace.io",
+            "capacity": {"requests": {"milli": "250", "memory": "10Gi"}}}}]),
+        json!(null),
+    )
+    .unwrap();
+    assert_eq!(s.requests[0].milli, 250);
+    assert_eq!(s.requests[0].memory_mib, Some(10240));
+}
+
+#[test]
+fn what_gpuplace_cannot_allocate_is_said() {
+    let cases = [
+        (
+            json!([{"name": "g", "exactly": {"deviceClassName": "fpga.example.com"}}]),
+            json!(null),
+            "not one of gpuplace's",
+        ),
+        (
+            json!([{"name": "g", "exactly": {"deviceClassName": "gpu.gpuplace.io",
+                "selectors": [{"cel": {"expression": "device.attributes[\"gpu.gpuplace.io\"].model == \"A100\""}}]}}]),
+            json!(null),
+            "CEL selectors",
+        ),
+        (
+            json!([{"name": "g", "firstAvailable": [{"name": "a", "deviceClassName": "gpu.gpuplace.io"}]}]),
+            json!(null),
+            "firstAvailable",
+        ),
+        (
+            json!([{"name": "g", "exactly": {"deviceClassName": "gpu.gpuplace.io", "allocationMode": "All"}}]),
+            json!(null),
+            "allocationMode All",
+        ),
+        (
+            json!([{"name": "g", "exactly": {"deviceClassName": "gpu.gpuplace.io", "count": 0}}]),
+            json!(null),
+            "count 0",
+        ),
+        (
+            json!([{"name": "g", "exactly": {"deviceClassName": "gpu.gpuplace.io", "count": 2,
+                "capacity": {"requests": {"milli": "500"}}}}]),
+            json!(null),
+            "a share",
+        ),
+        (
+            json!([{"name": "g", "exactly": {"deviceClassName": "gpu.gpuplace.io",
+                "capacity": {"requests": {"cores": "2"}}}}]),
+            json!(null),
+            "capacity \"cores\"",
+        ),
+        (
+            json!([{"name": "g", "exactly": {"deviceClassName": "gpu.gpuplace.io", "count": 2}}]),
+            json!([{"distinctAttribute": "gpu.gpuplace.io/uuid"}]),
+            "distinctAttribute",
+        ),
+        (
+            json!([{"name": "g", "exactly": {"deviceClassName": "gpu.gpuplace.io", "count": 2}}]),
+            json!([{"matchAttribute": "other.example.com/rack"}]),
+            "not an attribute of driver",
+        ),
+        (json!([]), json!(null), "no devices"),
+    ];
+    for (requests, constraints, said) in cases {
+        let e = shape(requests.clone(), constraints).unwrap_err();
+        assert!(e.contains(said), "{requests}: {e}");
+    }
+}
+
+fn pod(value: serde_json::Value) -> Pod {
+    serde_json::from_value(value).unwrap()
+}
+
+#[test]
+fn a_pods_claims_are_named_directly_or_through_its_status() {
+    let p = pod(json!({
+        "metadata": {"name": "p", "namespace": "ml"},
+        "spec": {"containers": [], "resourceClaims": [
+            {"name": "shared", "resourceClaimName": "big"},
+            {"name": "own", "resourceClaimTemplateName": "t"},
+            {"name": "later", "resourceClaimTemplateName": "t"},
+            {"name": "none", "resourceClaimTemplateName": "t"}]},
+        "status": {"resourceClaimStatuses": [
+            {"name": "own", "resourceClaimName": "p-own-x2"}, {"name": "none"}]}
+    }));
+    let refs = refs_of(&p);
+    let named: Vec<(&str, Option<&str>)> = refs
+        .iter()
+        .map(|r| (r.name.as_str(), r.claim.as_deref()))
+        .collect();
+    assert_eq!(
+        named,
+        [
+            ("shared", Some("big")),
+            ("own", Some("p-own-x2")),
+            ("later", None)
+        ]
+    );
+}
+
+struct Claims(HashMap<(String, String), Arc<ClaimInfo>>);
+
+impl ClaimLookup for Claims {
+    fn claim(&self, namespace: &str, name: &str) -> Option<&Arc<ClaimInfo>> {
+        self.0.get(&(namespace.to_string(), name.to_string()))
+    }
+}
+
+fn known(claims: &[ResourceClaim]) -> Claims {
+    Claims(
+        claims
+            .iter()
+            .map(|c| {
+                let info = ClaimInfo::of(c, &DraSettings::default());
+                ((info.namespace.clone(), info.name.clone()), Arc::new(info))
+            })
+            .collect(),
+    )
+}
+
+fn named(name: &str, claim: &str) -> PodClaimRef {
+    PodClaimRef {
+        name: name.into(),
+        claim: Some(claim.into()),
+    }
+}
+
+fn whole(name: &str, count: u32) -> ResourceClaim {
+    claim(json!({
+        "metadata": {"name": name, "namespace": "ml", "uid": format!("u-{name}"), "resourceVersion": "3"},
+        "spec": {"devices": {"requests": [{"name": "gpu",
+            "exactly": {"deviceClassName": "gpu.gpuplace.io", "count": count}}]}}
+    }))
+}
+
+fn allocated(name: &str, node: &str, devices: &[&str], users: &[(&str, &str)]) -> ResourceClaim {
+    let mut c = whole(name, devices.len() as u32);
+    c.metadata.finalizers = Some(vec![DELETE_PROTECTION.into()]);
+    c.status = Some(
+        serde_json::from_value(json!({
+            "allocation": {
+                "devices": {"results": devices.iter().map(|d| json!({
+                    "request": "gpu", "driver": "gpu.gpuplace.io", "pool": node, "device": d}))
+                    .collect::<Vec<_>>()},
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": [node]}]}]}},
+            "reservedFor": users.iter().map(|(n, u)| json!({"resource": "pods", "name": n, "uid": u}))
+                .collect::<Vec<_>>()
+        }))
+        .unwrap(),
+    );
+    c
+}
+
+#[test]
+fn a_pending_pod_allocates_its_new_claims_and_joins_allocated_ones() {
+    let claims = known(&[
+        whole("mine", 2),
+        allocated("shared", "n3", &["gpu-1"], &[("a", "ua")]),
+    ]);
+    let plan = plan_of(
+        "gpu.gpuplace.io",
+        "ml",
+        "ub",
+        &[named("x", "mine"), named("y", "shared")],
+        &claims,
+    )
+    .unwrap();
+    assert_eq!(plan.count, 2);
+    assert_eq!(plan.allocate.len(), 1);
+    assert_eq!(plan.join.len(), 1);
+    assert_eq!(plan.node.as_deref(), Some("n3"));
+    let waiting = plan_of(
+        "gpu.gpuplace.io",
+        "ml",
+        "ub",
+        &[named("x", "gone")],
+        &claims,
+    );
+    assert_eq!(waiting.unwrap_err(), "waiting for ResourceClaim ml/gone");
+    let template = PodClaimRef {
+        name: "t".into(),
+        claim: None,
+    };
+    assert!(
+        plan_of("gpu.gpuplace.io", "ml", "ub", &[template], &claims)
+            .unwrap_err()
+            .contains("made from its template")
+    );
+    let split = known(&[
+        allocated("a", "n1", &["gpu-0"], &[]),
+        allocated("b", "n2", &["gpu-0"], &[]),
+    ]);
+    assert!(
+        plan_of(
+            "gpu.gpuplace.io",
+            "ml",
+            "u",
+            &[named("a", "a"), named("b", "b")],
+            &split
+        )
+        .unwrap_err()
+        .contains("two nodes")
+    );
+}
+
+#[test]
+fn the_writes_give_each_request_its_devices_and_the_undo_takes_them_back() {
+    let claims = known(&[
+        whole("mine", 2),
+        allocated("shared", "n3", &["gpu-1"], &[("a", "ua")]),
+    ]);
+    let plan = plan_of(
+        "gpu.gpuplace.io",
+        "ml",
+        "ub",
+        &[named("x", "mine"), named("y", "shared")],
+        &claims,
+    )
+    .unwrap();
+    let pod = PodKey {
+        namespace: "ml".into(),
+        name: "b".into(),
+        uid: "ub".into(),
+    };
+    let gpus = [4, 5].map(|index| PlacedGpu {
+        index,
+        milli: 1000,
+        memory_mib: 81920,
+    });
+    let writes = writes_for(&plan, &pod, "n3", &gpus).unwrap();
+    assert_eq!(writes.len(), 2);
+    let first = &writes[0];
+    assert_eq!(
+        first.finalizers.as_deref(),
+        Some(&[DELETE_PROTECTION.to_string()][..])
+    );
+    let allocation = first.allocation.as_ref().unwrap();
+    let results = allocation
+        .devices
+        .as_ref()
+        .unwrap()
+        .results
+        .as_ref()
+        .unwrap();
+    let devices: Vec<&str> = results.iter().map(|r| r.device.as_str()).collect();
+    assert_eq!(devices, ["gpu-4", "gpu-5"]);
+    assert!(results.iter().all(|r| r.pool == "n3" && r.request == "gpu"));
+    let id = results[0].share_id.as_deref().unwrap();
+    assert_eq!(id.len(), 36);
+    assert_eq!(id, id.to_lowercase());
+    assert_eq!(first.reserved_for.len(), 1);
+    let joined = &writes[1];
+    assert!(joined.allocation.is_none() && joined.finalizers.is_none());
+    let users: Vec<&str> = joined.reserved_for.iter().map(|u| u.uid.as_str()).collect();
+    assert_eq!(users, ["ua", "ub"]);
+    assert!(writes_for(&plan, &pod, "n3", &gpus[..1]).is_err());
+
+    // Undo: out of reservedFor; the allocation cleared only where the write made it and
+    // no user is left.
+    let now_mine = ClaimInfo::of(
+        &allocated("mine", "n3", &["gpu-4", "gpu-5"], &[("b", "ub")]),
+        &DraSettings::default(),
+    );
+    let undo = undo_patch(first, &now_mine).unwrap();
+    assert_eq!(undo["status"]["allocation"], serde_json::Value::Null);
+    assert!(
+        undo["status"]
+            .as_object()
+            .unwrap()
+            .contains_key("allocation")
+    );
+    let now_shared = ClaimInfo::of(
+        &allocated("shared", "n3", &["gpu-1"], &[("a", "ua"), ("b", "ub")]),
+        &DraSettings::default(),
+    );
+    let undo = undo_patch(joined, &now_shared).unwrap();
+    assert!(
+        !undo["status"]
+            .as_object()
+            .unwrap()
+            .contains_key("allocation")
+    );
+    assert_eq!(undo["status"]["reservedFor"].as_array().unwrap().len(), 1);
+    let untouched = ClaimInfo::of(&whole("mine", 2), &DraSettings::default());
+    assert!(undo_patch(first, &untouched).is_none());
+}

@@ -1,0 +1,242 @@
+//! DRA claims allocated by gpuplace through the real scheduling loop on the in-memory API:
+//! the claim's exact devices chosen by gpuplace's policy and written before the Binding,
+//! shared claims joined, an NVLink quad found on a fragmented node, device plugin pods
+//! and claim pods kept to their own nodes, a failed Binding undone, and no device
+//! allocated twice, also after a restart.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use gpuplace_scheduler::Scheduler;
+use gpuplace_testkit::MemoryApi;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use serde_json::json;
+
+use crate::common::*;
+
+/// An 8-GPU node served by gpuplace's DRA driver: NVLink quads 0-3 and 4-7, no device
+/// plugin GPUs in its allocatable.
+fn dra_node(name: &str) -> Node {
+    let mut node = linked_node(name, 4);
+    node.metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert("gpuplace.io/dra-driver".into(), "gpu.gpuplace.io".into());
+    if let Some(a) = node.status.as_mut().and_then(|s| s.allocatable.as_mut()) {
+        a.remove("nvidia.com/gpu");
+        a.remove("gpuplace.io/gpu-milli");
+    }
+    node
+}
+
+fn claim(name: &str, count: u32, extra: serde_json::Value) -> ResourceClaim {
+    let mut v = json!({
+        "metadata": {"name": name, "namespace": "ml"},
+        "spec": {"devices": {"requests": [{"name": "gpu",
+            "exactly": {"deviceClassName": "gpu.gpuplace.io", "count": count}}]}}
+    });
+    merge(&mut v, extra);
+    serde_json::from_value(v).unwrap()
+}
+
+fn claim_pod(name: &str, claims: &[&str]) -> Pod {
+    let refs: Vec<_> = claims
+        .iter()
+        .map(|c| json!({"name": c, "resourceClaimName": c}))
+        .collect();
+    let uses: Vec<_> = claims.iter().map(|c| json!({"name": c})).collect();
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "ml"},
+        "spec": {"schedulerName": "gpuplace", "resourceClaims": refs,
+            "containers": [{"name": "main", "resources": {
+                "requests": {"cpu": "1", "memory": "1Gi"}, "claims": uses}}]},
+        "status": {"phase": "Pending"}
+    }))
+    .unwrap()
+}
+
+/// The devices a claim holds (sorted), and its users.
+fn held(api: &MemoryApi, name: &str) -> (Vec<String>, Vec<String>) {
+    let c = api.resource_claim("ml", name).expect("claim");
+    let status = c.status.unwrap_or_default();
+    let mut devices: Vec<String> = status
+        .allocation
+        .and_then(|a| a.devices)
+        .and_then(|d| d.results)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|r| format!("{}/{}", r.pool, r.device))
+        .collect();
+    devices.sort();
+    let users = status
+        .reserved_for
+        .unwrap_or_default()
+        .into_iter()
+        .map(|u| u.name)
+        .collect();
+    (devices, users)
+}
+
+/// No device is allocated beyond 1000 milli over every claim.
+fn assert_no_device_twice(api: &MemoryApi) {
+    let mut used: BTreeMap<String, u32> = BTreeMap::new();
+    for c in api.resource_claims() {
+        let results = c
+            .status
+            .and_then(|s| s.allocation)
+            .and_then(|a| a.devices)
+            .and_then(|d| d.results)
+            .unwrap_or_default();
+        for r in results {
+            let milli = gpuplace_scheduler::k8s::dra::consumed_milli(r.consumed_capacity.as_ref());
+            *used.entry(format!("{}/{}", r.pool, r.device)).or_default() += milli;
+        }
+    }
+    for (device, milli) in used {
+        assert!(milli <= 1000, "{device} allocated {milli} milli");
+    }
+}
+
+/// `n` rounds, each 20 s after the last (past any backoff), with their writes finished.
+async fn rounds(scheduler: &mut Scheduler<MemoryApi>, n: usize) {
+    for i in 0..n {
+        let now = Instant::now() + std::time::Duration::from_secs(20 * (i as u64 + 1));
+        scheduler.round(now).await.unwrap();
+        scheduler.drain_writes(now).await;
+    }
+}
+
+#[tokio::test]
+async fn claims_get_the_devices_gpuplace_chooses_before_the_binding() {
+    let api = MemoryApi::new();
+    api.put_node(dra_node("d1"));
+    api.put_node(nvlink_node("dp"));
+    // Fragment d1: GPU 0 and GPU 5 are held by claims of running pods.
+    for (pin, device) in [("pin-a", "gpu-0"), ("pin-b", "gpu-5")] {
+        api.put_resource_claim(claim(
+            pin,
+            1,
+            json!({"metadata": {"finalizers": ["resource.kubernetes.io/delete-protection"]}}),
+        ));
+        let mut pod = claim_pod(pin, &[pin]);
+        pod.spec.as_mut().unwrap().node_name = Some("d1".into());
+        pod.status.as_mut().unwrap().phase = Some("Running".into());
+        api.put_pod(pod);
+        let uid = api.pod("ml", pin).unwrap().metadata.uid.unwrap();
+        let mut c = api.resource_claim("ml", pin).unwrap();
+        c.status = Some(
+            serde_json::from_value(json!({
+                "allocation": {"devices": {"results": [{"request": "gpu",
+                    "driver": "gpu.gpuplace.io", "pool": "d1", "device": device}]},
+                    "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                        {"key": "metadata.name", "operator": "In", "values": ["d1"]}]}]}},
+                "reservedFor": [{"resource": "pods", "name": pin, "uid": uid}]
+            }))
+            .unwrap(),
+        );
+        api.put_resource_claim(c);
+    }
+    let mut scheduler = Scheduler::new(api.clone(), config());
+
+    // An NVLink quad on a node with no free quad: it waits, said so.
+    api.put_resource_claim(claim(
+        "quad",
+        4,
+        json!({"spec": {"devices": {"constraints": [
+            {"requests": ["gpu"], "matchAttribute": "gpu.gpuplace.io/nvlinkClique"}]}}}),
+    ));
+    api.put_pod(claim_pod("quad", &["quad"]));
+    // Two GPUs, and a claim two pods share.
+    api.put_resource_claim(claim("two", 2, json!({})));
+    api.put_pod(claim_pod("two", &["two"]));
+    api.put_resource_claim(claim("shared", 1, json!({})));
+    api.put_pod(claim_pod("s1", &["shared"]));
+    // A device plugin pod never goes to the DRA node.
+    api.put_pod(pod("plugin", 2, json!({})));
+    rounds(&mut scheduler, 3).await;
+    api.put_pod(claim_pod("s2", &["shared"]));
+    rounds(&mut scheduler, 3).await;
+
+    for e in api.events() {
+        eprintln!("EVENT {} {} {}", e.pod, e.reason, e.message);
+    }
+    eprintln!("POD {:?}", api.pod("ml", "two").unwrap().status);
+    eprintln!("REASONS {:?}", scheduler.reasons());
+    assert_eq!(bound_node(&api, "plugin").as_deref(), Some("dp"));
+    for name in ["two", "s1", "s2"] {
+        assert_eq!(
+            bound_node(&api, name).as_deref(),
+            Some("d1"),
+            "{name}: {}",
+            last_message(&api, name)
+        );
+    }
+    let (two, users) = held(&api, "two");
+    assert_eq!(two.len(), 2);
+    assert_eq!(users, ["two"]);
+    let (shared, users) = held(&api, "shared");
+    assert_eq!(shared.len(), 1);
+    assert_eq!(users, ["s1", "s2"], "the second pod joined the claim");
+    assert!(
+        bound_node(&api, "quad").is_none(),
+        "no free NVLink quad on d1"
+    );
+    let c = api.resource_claim("ml", "two").unwrap();
+    assert_eq!(
+        c.metadata.finalizers.unwrap_or_default(),
+        ["resource.kubernetes.io/delete-protection"]
+    );
+    assert_no_device_twice(&api);
+
+    // The pins leave: the quad gets a linked quad, the one left whole.
+    api.delete_pod("ml", "pin-a");
+    api.delete_pod("ml", "pin-b");
+    rounds(&mut scheduler, 4).await;
+    assert_eq!(bound_node(&api, "quad").as_deref(), Some("d1"));
+    let (quad, _) = held(&api, "quad");
+    let indexes: Vec<u32> = quad
+        .iter()
+        .map(|d| d.trim_start_matches("d1/gpu-").parse().unwrap())
+        .collect();
+    assert!(
+        indexes.iter().all(|i| i / 4 == indexes[0] / 4),
+        "an NVLink quad: {quad:?}"
+    );
+    assert_no_device_twice(&api);
+
+    // A restarted scheduler reads the claims as the record: nothing allocated twice.
+    let mut restarted = Scheduler::new(api.clone(), config());
+    api.put_resource_claim(claim("more", 2, json!({})));
+    api.put_pod(claim_pod("more", &["more"]));
+    rounds(&mut restarted, 3).await;
+    assert_no_device_twice(&api);
+    let (more, _) = held(&api, "more");
+    assert!(more.is_empty(), "d1 is full: {more:?}");
+}
+
+#[tokio::test]
+async fn a_failed_binding_gives_the_claim_back() {
+    let api = MemoryApi::new();
+    api.put_node(dra_node("d1"));
+    api.put_resource_claim(claim("one", 1, json!({})));
+    api.put_pod(claim_pod("p", &["one"]));
+    // The Binding is refused: another writer changed the pod between decision and write.
+    api.fail_next_binds(1);
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    scheduler.round(Instant::now()).await.unwrap();
+    scheduler.drain_writes(Instant::now()).await;
+    let (devices, users) = held(&api, "one");
+    assert!(
+        bound_node(&api, "p").is_none() && devices.is_empty() && users.is_empty(),
+        "undone: {devices:?} {users:?}"
+    );
+    rounds(&mut scheduler, 3).await;
+    assert_eq!(
+        bound_node(&api, "p").as_deref(),
+        Some("d1"),
+        "{}",
+        last_message(&api, "p")
+    );
+    assert_eq!(held(&api, "one").1, ["p"]);
+}
