@@ -14,6 +14,52 @@ use gpuplace_scheduler::metrics::{Health, Metrics};
 use gpuplace_scheduler::scheduler::run::Heartbeat;
 use serde::Deserialize;
 
+/// Which DRA claims are gpuplace's: the driver and its classes, checked as the API checks
+/// their names.
+fn dra_settings(
+    driver: Option<String>,
+    classes: Option<Vec<String>>,
+) -> anyhow::Result<gpuplace_scheduler::k8s::dra::DraSettings> {
+    let mut settings = gpuplace_scheduler::k8s::dra::DraSettings::default();
+    if let Some(driver) = driver {
+        settings.driver = driver.trim().to_string();
+    }
+    if let Some(classes) = classes {
+        settings.classes = classes
+            .iter()
+            .map(|c| c.trim().to_string())
+            .filter(|c| !c.is_empty())
+            .collect();
+    }
+    let subdomain = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 253
+            && s.split('.').all(|l| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && l.bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+            })
+    };
+    if !subdomain(&settings.driver) {
+        anyhow::bail!(
+            "--dra-driver {:?}: a driver name is a lowercase DNS subdomain (gpu.gpuplace.io)",
+            settings.driver
+        );
+    }
+    if settings.classes.is_empty() {
+        anyhow::bail!("--dra-classes: name at least one DeviceClass");
+    }
+    if let Some(bad) = settings.classes.iter().find(|c| !subdomain(c)) {
+        anyhow::bail!(
+            "--dra-classes: {bad:?} is not a DeviceClass name (a lowercase DNS subdomain)"
+        );
+    }
+    Ok(settings)
+}
+
 /// Settings from the optional YAML file (keys as the flags); flags win.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
@@ -40,6 +86,8 @@ struct FileSettings {
     pod_initial_backoff: Option<f64>,
     pod_max_backoff: Option<f64>,
     unschedulable_flush: Option<f64>,
+    dra_driver: Option<String>,
+    dra_classes: Option<Vec<String>>,
 }
 
 #[derive(Args, Debug)]
@@ -106,6 +154,14 @@ pub struct SchedulerArgs {
     /// Requests allowed at once before the QPS limit applies [default: 100].
     #[arg(long, env = "GPUPLACE_KUBE_API_BURST")]
     kube_api_burst: Option<u32>,
+    /// The DRA driver whose claims gpuplace allocates (Kubernetes 1.34+; its node agent's
+    /// `--dra-driver`) [default: gpu.gpuplace.io].
+    #[arg(long, env = "GPUPLACE_DRA_DRIVER")]
+    dra_driver: Option<String>,
+    /// The DeviceClasses that select that driver's GPUs, comma-separated
+    /// [default: gpu.gpuplace.io,gpu-share.gpuplace.io].
+    #[arg(long, env = "GPUPLACE_DRA_CLASSES", value_delimiter = ',')]
+    dra_classes: Option<Vec<String>>,
     /// Seed of the node order that breaks ties [default: 42].
     #[arg(long, env = "GPUPLACE_SEED")]
     seed: Option<u64>,
@@ -238,6 +294,10 @@ pub fn run(args: SchedulerArgs) -> anyhow::Result<()> {
             .or(file.resource)
             .unwrap_or_else(|| gpuplace_model::keys::GPU_RESOURCE.into()),
         seed: args.seed.or(file.seed).unwrap_or(42),
+        dra: dra_settings(
+            args.dra_driver.or(file.dra_driver),
+            args.dra_classes.or(file.dra_classes),
+        )?,
         workload: args.fgd_workload.as_deref().map(fgd_workload).transpose()?,
         max_in_flight: ranged(
             "max-in-flight",

@@ -68,7 +68,7 @@ pub async fn serve(
     info!(scheduler = %config.scheduler_name, policy = %config.policy, "starting watches");
     let stopped = stop_on(shutdown);
     let api = tokio::select! {
-        api = KubeApi::start(client.clone(), identity.clone(), &config.gpu_resource) => {
+        api = KubeApi::start_with(client.clone(), identity.clone(), &config.gpu_resource, config.dra.clone()) => {
             api?.with_rate_limit(options.kube_api_qps, options.kube_api_burst)
         }
         _ = until_stopped(stopped.clone()) => return Ok(()),

@@ -83,6 +83,8 @@ pub struct SchedulerConfig {
     /// The half-life of the usage over time of queues whose tree sets none (ms; 0: fair
     /// order by the allocation now).
     pub usage_half_life_ms: u64,
+    /// Which DRA claims are gpuplace's to allocate.
+    pub dra: crate::k8s::dra::DraSettings,
 }
 
 impl Default for SchedulerConfig {
@@ -101,6 +103,7 @@ impl Default for SchedulerConfig {
             workload: None,
             defrag: defrag::DefragConfig::default(),
             usage_half_life_ms: 0,
+            dra: Default::default(),
         }
     }
 }

@@ -135,6 +135,38 @@ impl Seen {
 }
 
 impl<A: ClusterApi> Scheduler<A> {
+    /// What DRA claims changed for the pods that name them (the pod store resolves a
+    /// claim pod again when its claims change): a waiting pod whose claims now say
+    /// something else (made from its template, allocated by another, gone) is woken; a
+    /// bound pod that holds fewer GPUs through its claims freed them (true).
+    fn claim_changes(&mut self, feed: &PodFeed, now: Instant) -> bool {
+        let Some(changes) = &feed.changes else {
+            return false;
+        };
+        let mut freed = false;
+        for change in changes {
+            let (Some(before), Some(after)) = (&change.before, &change.after) else {
+                continue;
+            };
+            if after.dra.is_none() || before.key.uid != after.key.uid {
+                continue;
+            }
+            if after.node_name.is_none() {
+                let plan =
+                    |p: &crate::k8s::pod_info::PodInfo| p.dra.as_ref().map(|d| d.plan.clone());
+                if before.demand != after.demand || plan(before) != plan(after) {
+                    self.queue.wake(&after.key.uid, now);
+                }
+            } else {
+                let held = |p: &crate::k8s::pod_info::PodInfo| {
+                    p.claim_gpus.as_ref().map_or(0, |h| h.len())
+                };
+                freed |= held(after) < held(before);
+            }
+        }
+        freed
+    }
+
     /// Compares `view` (and `feed`, the pods changed since the last view) with the last
     /// view: parked pods wake on a node added or changed, a pod on a node gone or finished
     /// (one the last view showed bound, or one this scheduler bound since: a pod bound and
@@ -184,7 +216,8 @@ impl<A: ClusterApi> Scheduler<A> {
                 "the feed's freed pods differ from the view's"
             );
         }
-        let freed = pods_freed || self.cluster.reservations_gone(view);
+        let claims_freed = self.claim_changes(feed, now);
+        let freed = pods_freed || claims_freed || self.cluster.reservations_gone(view);
         let nodes_changed = self.seen.nodes_changed(view);
         let volumes = crate::framework::volumes::digest(&view.claims, &view.volumes);
         let budgets: Vec<String> = view

@@ -240,3 +240,34 @@ async fn a_failed_binding_gives_the_claim_back() {
     );
     assert_eq!(held(&api, "one").1, ["p"]);
 }
+
+#[tokio::test]
+async fn a_claim_made_from_a_template_after_the_pod_wakes_it() {
+    let api = MemoryApi::new();
+    api.put_node(dra_node("d1"));
+    let mut p: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "t", "namespace": "ml"},
+        "spec": {"schedulerName": "gpuplace",
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "two"}],
+            "containers": [{"name": "main", "resources": {"claims": [{"name": "gpu"}]}}]},
+        "status": {"phase": "Pending"}
+    }))
+    .unwrap();
+    api.put_pod(p.clone());
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    rounds(&mut scheduler, 1).await;
+    assert!(last_message(&api, "t").contains("made from its template"));
+    // The resource claim controller makes the claim and names it in the pod's status.
+    api.put_resource_claim(claim("t-gpu-x1", 2, json!({})));
+    p.metadata.uid = api.pod("ml", "t").unwrap().metadata.uid;
+    p.status.as_mut().unwrap().resource_claim_statuses = Some(vec![
+        serde_json::from_value(json!({"name": "gpu", "resourceClaimName": "t-gpu-x1"})).unwrap(),
+    ]);
+    api.put_pod(p);
+    // Woken by its own change, not after the 5-minute flush.
+    let now = Instant::now() + std::time::Duration::from_secs(30);
+    scheduler.round(now).await.unwrap();
+    scheduler.drain_writes(now).await;
+    assert_eq!(bound_node(&api, "t").as_deref(), Some("d1"));
+    assert_eq!(held(&api, "t-gpu-x1").0.len(), 2);
+}
