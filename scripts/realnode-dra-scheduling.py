@@ -1,0 +1,169 @@
+#!/usr/bin/python3
+"""Claim pods placed by gpuplace on the real 1.36 node: what only a scheduler that chooses
+the devices can do. Runs the claim handshake check's machinery (scripts/realnode-dra-check.py:
+the driver, the comparison of every container with its claims' allocation, the clean-up) on
+these cases, each compared the same way:
+
+- fragmented: GPUs 0 and 1 held by claims of running pods; a 4-GPU claim with
+  `matchAttribute: gpu.gpuplace.io/nvlinkDomain` (the DGX-1's one NVLink domain) must get a
+  quad whose every pair is linked (gpu-4..7). kube-scheduler's allocator takes the first four
+  of the domain (gpu-2..5: 2-4 and 3-5 are not linked); run with SCHEDULER unset to see it.
+- gang: a PodGroup (gpuplace.io) of three 2-GPU claim pods runs whole; a gang of three 4-GPU
+  claim pods on the 8-GPU node holds nothing (no claim allocated, no pod bound).
+- preempt: four low-priority 2-GPU claim pods fill the node; a high-priority one preempts one
+  of them, whose claim the resource claim controller frees; the preemptor runs on its devices.
+
+Settings as realnode-dra-check.py (GPUPLACE, KCP, NODE, SCHEDULER, WAIT) and CASES (comma list
+of fragmented,gang,preempt). Needs `gpuplace scheduler` running when SCHEDULER=gpuplace.
+Last line: dra-scheduling: pods=N running=R compared=C mismatches=M over=O leaked=L
+"""
+import importlib.util, json, os, subprocess, sys, time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+spec = importlib.util.spec_from_file_location("check", os.path.join(HERE, "realnode-dra-check.py"))
+check = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(check)
+from_check = ("NS", "NODE", "DRIVER", "STATS", "log", "kubectl", "get", "apply", "template", "pod",
+              "claim", "create_pods", "wait_running", "delete_pods", "compare", "allocation", "expect_clean",
+              "phase", "driver_up", "driver_down", "SCHEDULER", "GPUPLACE", "ROOT")
+globals().update({k: getattr(check, k) for k in from_check})
+
+LINKED_QUADS = [{"gpu-0", "gpu-1", "gpu-2", "gpu-3"}, {"gpu-4", "gpu-5", "gpu-6", "gpu-7"}]
+
+
+def claim_devices(pod_name):
+    p = get("pod", pod_name)
+    names = [s.get("resourceClaimName") for s in (p or {}).get("status", {}).get("resourceClaimStatuses", [])]
+    names += [c["resourceClaimName"] for c in (p or {}).get("spec", {}).get("resourceClaims", []) if c.get("resourceClaimName")]
+    out = []
+    for n in filter(None, names):
+        c = get("resourceclaim", n)
+        out += [r["device"] for r in allocation(c)] if c else []
+    return sorted(out)
+
+
+def pinned(name, device):
+    """A pod bound to the node by name whose claim holds `device` (allocated as a scheduler
+    would: finalizer, allocation with the node selector, the pod in reservedFor)."""
+    apply(claim(name))
+    kubectl("patch", "resourceclaim", "-n", NS, name, "--type=merge", "-p",
+            json.dumps({"metadata": {"finalizers": ["resource.kubernetes.io/delete-protection"]}}))
+    p = pod(name, {"gpu": ("claim", name)})
+    p["spec"].pop("schedulerName", None)
+    p["spec"]["nodeName"] = NODE
+    apply(p)
+    STATS["pods"] += 1
+    uid = get("pod", name)["metadata"]["uid"]
+    status = {"status": {"allocation": {
+        "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [NODE]}]}]}},
+        "reservedFor": [{"resource": "pods", "name": name, "uid": uid}]}}
+    kubectl("patch", "resourceclaim", "-n", NS, name, "--subresource=status", "--type=merge", "-p", json.dumps(status))
+
+
+def case_fragmented():
+    log("== an NVLink quad on a fragmented node (gpu-0 and gpu-1 held)")
+    pinned("pin-0", "gpu-0")
+    pinned("pin-1", "gpu-1")
+    wait_running(["pin-0", "pin-1"])
+    objs = [template("quad-domain", count=4, constraint=f"{DRIVER}/nvlinkDomain")]
+    names = phase("the quad", [pod("quad-domain", {"gpu": ("template", "quad-domain")})], objs)
+    devices = claim_devices("quad-domain")
+    linked = set(devices) in LINKED_QUADS
+    log(f"quad got {devices}: {'every pair NVLinked' if linked else 'NOT every pair linked'}")
+    if SCHEDULER == "gpuplace" and not linked:
+        STATS["mismatches"] += 1
+    compare(["pin-0", "pin-1"])
+    delete_pods(names + ["pin-0", "pin-1"])
+    kubectl("delete", "resourceclaim", "-n", NS, "pin-0", "pin-1", "--wait=true", check=False)
+    expect_clean("fragmented")
+
+
+def gang_pods(group, size, count):
+    apply({"apiVersion": "gpuplace.io/v1alpha1", "kind": "PodGroup",
+           "metadata": {"name": group, "namespace": NS}, "spec": {"minMember": size}})
+    pods = []
+    for i in range(size):
+        p = pod(f"{group}-{i}", {"gpu": ("template", f"gpus-{count}")})
+        p["metadata"]["labels"]["gpuplace.io/pod-group"] = group
+        pods.append(p)
+    return pods
+
+
+def case_gang():
+    if SCHEDULER != "gpuplace":
+        log("== gang: gpuplace's PodGroup needs SCHEDULER=gpuplace; skipped")
+        return
+    kubectl("apply", "-f", "-", input=subprocess.run([GPUPLACE, "crd"], capture_output=True, text=True).stdout)
+    objs = [template("gpus-2", count=2), template("gpus-4", count=4)]
+    names = phase("a gang of three 2-GPU claim pods", gang_pods("trio", 3, 2), objs)
+    delete_pods(names)
+    expect_clean("gang")
+    log("== a gang of three 4-GPU claim pods on an 8-GPU node holds nothing")
+    big = gang_pods("too-big", 3, 4)
+    for p in big:
+        apply(p)
+    time.sleep(8)
+    bound = [p["metadata"]["name"] for p in big if (get("pod", p["metadata"]["name"]) or {}).get("spec", {}).get("nodeName")]
+    held = [n for p in big for n in claim_devices(p["metadata"]["name"])]
+    log(f"bound {bound or 'none'}, devices allocated {held or 'none'}")
+    if bound or held:
+        STATS["mismatches"] += 1
+    delete_pods([p["metadata"]["name"] for p in big])
+    kubectl("delete", "podgroups.gpuplace.io", "-n", NS, "--all", check=False)
+    expect_clean("gang too big")
+
+
+def case_preempt():
+    log("== a high-priority claim pod preempts a low-priority one")
+    for name, value in (("dra-low", 0), ("dra-high", 1000)):
+        apply({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name}, "value": value})
+    objs = [template("gpus-2", count=2)]
+    low = []
+    for i in range(4):
+        p = pod(f"low-{i}", {"gpu": ("template", "gpus-2")})
+        p["spec"]["priorityClassName"] = "dra-low"
+        low.append(p)
+    names = phase("four low-priority pods fill the node", low, objs)
+    high = pod("high", {"gpu": ("template", "gpus-2")})
+    high["spec"]["priorityClassName"] = "dra-high"
+    got = phase("the high-priority pod", [high])
+    left = [n for n in names if (get("pod", n) or {}).get("status", {}).get("phase") == "Running"]
+    log(f"high got {claim_devices('high')}; low pods left running {len(left)} of 4")
+    if len(left) != 3:
+        STATS["mismatches"] += 1
+    compare(left + got)
+    delete_pods(names + got)
+    expect_clean("preempt")
+
+
+CASES = {"fragmented": case_fragmented, "gang": case_gang, "preempt": case_preempt}
+
+
+def main():
+    if not os.path.exists(GPUPLACE):
+        sys.exit(f"no gpuplace binary at {GPUPLACE} (set GPUPLACE)")
+    kubectl("create", "namespace", NS, check=False)
+    kubectl("apply", "-f", ROOT + "/deploy/base/dra-driver/deviceclasses.yaml")
+    driver_down()
+    chosen = os.environ.get("CASES", ",".join(CASES)).split(",")
+    t0 = time.time()
+    try:
+        driver_up()
+        for c in chosen:
+            CASES[c]()
+    finally:
+        kubectl("delete", "pods", "-n", NS, "--all", "--grace-period=1", "--timeout=60s", check=False)
+        kubectl("delete", "resourceclaims,resourceclaimtemplates", "-n", NS, "--all", "--timeout=60s", check=False)
+        driver_down()
+    s = STATS
+    log(f"{time.time() - t0:.0f} s")
+    print(f"dra-scheduling: pods={s['pods']} running={s['running']} compared={s['compared']} "
+          f"mismatches={s['mismatches']} over={s['over']} leaked={s['leaked']}")
+    ok = s["running"] >= s["pods"] and s["mismatches"] == 0 and s["over"] == 0 and s["leaked"] == 0
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
