@@ -21,3 +21,4 @@ pub mod queue;
 pub mod rate;
 pub mod selector;
 pub mod status_read;
+pub mod workload;

@@ -33,6 +33,7 @@ mod checked;
 mod claims;
 mod errors;
 mod events;
+mod groups;
 use errors::api_error;
 mod watch;
 pub use watch::{Changes, WatchLog, WatchNote, is_missing_resource};
@@ -47,7 +48,7 @@ pub struct KubeApi {
     client: Client,
     nodes: Watched<Node>,
     pods: Arc<Mutex<PodStore>>,
-    groups: Watched<PodGroup>,
+    groups: groups::Groups,
     claims: Watched<PersistentVolumeClaim>,
     volumes: Watched<PersistentVolume>,
     budgets: Watched<PodDisruptionBudget>,
@@ -226,6 +227,18 @@ impl KubeApi {
             changes.clone(),
             None,
         );
+        // The Workload API's gangs (1.36 with GenericWorkload), read like the CRD's.
+        let upstream_groups = checked::run_checked(
+            client.clone(),
+            Arc::clone(&events),
+            |g: &mut k8s_openapi::api::scheduling::v1alpha2::PodGroup| {
+                g.metadata.managed_fields = None
+            },
+            "Workload API gangs off: the server does not serve scheduling.k8s.io/v1alpha2 PodGroups (Kubernetes 1.36 with the GenericWorkload gate)",
+            changes.clone(),
+            None,
+        );
+        let groups = groups::Groups::new(groups, upstream_groups);
         let claims = run_reflector(
             Api::<PersistentVolumeClaim>::all(client.clone()),
             crate::k8s::claims::strip_claim,
@@ -622,14 +635,8 @@ impl ClusterApi for KubeApi {
         status: PodGroupStatus,
     ) -> Result<(), ApiError> {
         self.throttle().await;
-        let api = Api::<PodGroup>::namespaced(self.client.clone(), namespace);
-        api.patch_status(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": status})),
-        )
-        .await
-        .map(|_| ())
-        .map_err(api_error)
+        self.groups
+            .write_status(&self.client, namespace, name, status)
+            .await
     }
 }

@@ -274,7 +274,8 @@ impl PodInfo {
                 .labels
                 .as_ref()
                 .and_then(|l| l.get(POD_GROUP_LABEL))
-                .cloned(),
+                .cloned()
+                .or_else(|| crate::k8s::workload::group_of(pod)),
             topology_key: meta
                 .annotations
                 .as_ref()

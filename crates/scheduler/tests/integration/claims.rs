@@ -271,3 +271,60 @@ async fn a_claim_made_from_a_template_after_the_pod_wakes_it() {
     assert_eq!(bound_node(&api, "t").as_deref(), Some("d1"));
     assert_eq!(held(&api, "t-gpu-x1").0.len(), 2);
 }
+
+fn workload_pod(name: &str, group: &str, claim: &str) -> Pod {
+    let mut p = claim_pod(name, &[claim]);
+    p.spec.as_mut().unwrap().scheduling_group =
+        Some(serde_json::from_value(json!({"podGroupName": group})).unwrap());
+    p
+}
+
+#[tokio::test]
+async fn workload_api_gangs_of_claim_pods_are_all_or_nothing() {
+    let api = MemoryApi::new();
+    api.put_node(dra_node("d1"));
+    let group = |name: &str, min: i32| {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ml"},
+            "spec": {"schedulingPolicy": {"gang": {"minCount": min}}}
+        }))
+        .unwrap()
+    };
+    // Three 4-GPU pods on an 8-GPU node, all three needed: none binds, no claim allocated.
+    api.put_workload_group(group("big", 3));
+    for i in 0..3 {
+        let c = format!("big-{i}");
+        api.put_resource_claim(claim(&c, 4, json!({})));
+        api.put_pod(workload_pod(&c, "big", &c));
+    }
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    rounds(&mut scheduler, 3).await;
+    for i in 0..3 {
+        let c = format!("big-{i}");
+        assert!(bound_node(&api, &c).is_none(), "{c}");
+        assert!(held(&api, &c).0.is_empty(), "{c} holds nothing");
+    }
+    let status = api.group("ml", "big").unwrap().status.unwrap();
+    assert_ne!(status.phase, "Scheduled");
+    assert!(
+        status.unschedulable_message().is_some(),
+        "the gang says why: {status:?}"
+    );
+    // With minCount 2, two run and the third waits, said so.
+    api.put_workload_group(group("big", 2));
+    rounds(&mut scheduler, 3).await;
+    let bound: Vec<String> = (0..3)
+        .map(|i| format!("big-{i}"))
+        .filter(|c| bound_node(&api, c).is_some())
+        .collect();
+    assert_eq!(bound.len(), 2, "{bound:?}");
+    assert_no_device_twice(&api);
+    let waiting = (0..3)
+        .map(|i| format!("big-{i}"))
+        .find(|c| bound_node(&api, c).is_none())
+        .unwrap();
+    assert!(
+        !last_message(&api, &waiting).is_empty(),
+        "the third says why it waits"
+    );
+}

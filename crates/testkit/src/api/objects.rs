@@ -131,6 +131,12 @@ impl MemoryApi {
         s.groups.insert((ns, name), Arc::new(group));
     }
 
+    /// Creates or replaces a Workload API PodGroup (`scheduling.k8s.io/v1alpha2`), held as the
+    /// scheduler's watch hands it over: read as a gang of gpuplace's.
+    pub fn put_workload_group(&self, group: k8s_openapi::api::scheduling::v1alpha2::PodGroup) {
+        self.put_group(gpuplace_scheduler::k8s::workload::gang_of(&group));
+    }
+
     pub fn delete_group(&self, namespace: &str, name: &str) {
         let mut s = lock(&self.store);
         s.generation += 1;
