@@ -10,11 +10,14 @@ these cases, each compared the same way:
   of the domain (gpu-2..5: 2-4 and 3-5 are not linked); run with SCHEDULER unset to see it.
 - gang: a PodGroup (gpuplace.io) of three 2-GPU claim pods runs whole; a gang of three 4-GPU
   claim pods on the 8-GPU node holds nothing (no claim allocated, no pod bound).
+- workload: the same through the Workload API (scheduling.k8s.io/v1alpha2 PodGroup, the pods'
+  spec.schedulingGroup): minCount 3 of three 4-GPU pods holds nothing and says so in the
+  group's PodGroupScheduled condition; minCount 2 runs two, the third waits with its reason.
 - preempt: four low-priority 2-GPU claim pods fill the node; a high-priority one preempts one
   of them, whose claim the resource claim controller frees; the preemptor runs on its devices.
 
 Settings as realnode-dra-check.py (GPUPLACE, KCP, NODE, SCHEDULER, WAIT) and CASES (comma list
-of fragmented,gang,preempt). Needs `gpuplace scheduler` running when SCHEDULER=gpuplace.
+of fragmented,gang,preempt,workload). Needs `gpuplace scheduler` running when SCHEDULER=gpuplace.
 Last line: dra-scheduling: pods=N running=R compared=C mismatches=M over=O leaked=L
 """
 import importlib.util, json, os, subprocess, sys, time
@@ -138,7 +141,67 @@ def case_preempt():
     expect_clean("preempt")
 
 
-CASES = {"fragmented": case_fragmented, "gang": case_gang, "preempt": case_preempt}
+def workload_gang(group, min_count, size, count):
+    apply({"apiVersion": "scheduling.k8s.io/v1alpha2", "kind": "PodGroup",
+           "metadata": {"name": group, "namespace": NS},
+           "spec": {"schedulingPolicy": {"gang": {"minCount": min_count}}}})
+    pods = []
+    for i in range(size):
+        p = pod(f"{group}-{i}", {"gpu": ("template", f"gpus-{count}")})
+        p["spec"]["schedulingGroup"] = {"podGroupName": group}
+        pods.append(p)
+    return pods
+
+
+def case_workload():
+    if SCHEDULER != "gpuplace":
+        log("== workload: needs SCHEDULER=gpuplace; skipped")
+        return
+    apply(template("gpus-4", count=4))
+    log("== Workload API: three 4-GPU claim pods, minCount 3, on an 8-GPU node hold nothing")
+    big = workload_gang("wl-all", 3, 3, 4)
+    for p in big:
+        apply(p)
+    time.sleep(8)
+    names = [p["metadata"]["name"] for p in big]
+    bound = [n for n in names if (get("pod", n) or {}).get("spec", {}).get("nodeName")]
+    held = [d for n in names for d in claim_devices(n)]
+    cond = next((c for c in (get("podgroups.scheduling.k8s.io", "wl-all") or {}).get("status", {}).get("conditions", [])
+                 if c["type"] == "PodGroupScheduled"), {})
+    log(f"bound {bound or 'none'}, devices {held or 'none'}; PodGroupScheduled={cond.get('status')} "
+        f"{cond.get('reason')}: {cond.get('message', '')[:200]}")
+    if bound or held or cond.get("status") != "False":
+        STATS["mismatches"] += 1
+    delete_pods(names)
+    log("== Workload API: the same with minCount 2: two run, the third waits with its reason")
+    two = workload_gang("wl-two", 2, 3, 4)
+    for p in two:
+        apply(p)
+    STATS["pods"] += 2
+    names = [p["metadata"]["name"] for p in two]
+    t0 = time.time()
+    while time.time() - t0 < 60:
+        running = [n for n in names if (get("pod", n) or {}).get("status", {}).get("phase") == "Running"]
+        if len(running) >= 2:
+            break
+        time.sleep(0.5)
+    STATS["running"] += min(len(running), 2)
+    waiting = [n for n in names if n not in running]
+    reason = ""
+    if waiting:
+        cond = next((c for c in (get("pod", waiting[0]) or {}).get("status", {}).get("conditions", [])
+                     if c["type"] == "PodScheduled"), {})
+        reason = cond.get("message", "")
+    log(f"running {running}; waiting {waiting}: {reason[:300]}")
+    if len(running) != 2 or len(waiting) != 1 or not reason:
+        STATS["mismatches"] += 1
+    compare(running)
+    delete_pods(names)
+    kubectl("delete", "podgroups.scheduling.k8s.io", "-n", NS, "--all", check=False)
+    expect_clean("workload")
+
+
+CASES = {"fragmented": case_fragmented, "gang": case_gang, "preempt": case_preempt, "workload": case_workload}
 
 
 def main():
