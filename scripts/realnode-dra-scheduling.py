@@ -13,11 +13,13 @@ these cases, each compared the same way:
 - workload: the same through the Workload API (scheduling.k8s.io/v1alpha2 PodGroup, the pods'
   spec.schedulingGroup): minCount 3 of three 4-GPU pods holds nothing and says so in the
   group's PodGroupScheduled condition; minCount 2 runs two, the third waits with its reason.
+- selected: CEL selectors (a model prefix and a memory bound) pick the GPUs; a claim for a
+  model the node lacks waits with "no GPU matching the claim's selectors".
 - preempt: four low-priority 2-GPU claim pods fill the node; a high-priority one preempts one
   of them, whose claim the resource claim controller frees; the preemptor runs on its devices.
 
 Settings as realnode-dra-check.py (GPUPLACE, KCP, NODE, SCHEDULER, WAIT) and CASES (comma list
-of fragmented,gang,preempt,workload). Needs `gpuplace scheduler` running when SCHEDULER=gpuplace.
+of fragmented,gang,preempt,workload,selected). Needs `gpuplace scheduler` running when SCHEDULER=gpuplace.
 Last line: dra-scheduling: pods=N running=R compared=C mismatches=M over=O leaked=L
 """
 import importlib.util, json, os, subprocess, sys, time
@@ -201,7 +203,26 @@ def case_workload():
     expect_clean("workload")
 
 
-CASES = {"fragmented": case_fragmented, "gang": case_gang, "preempt": case_preempt, "workload": case_workload}
+def case_selected():
+    log("== CEL selectors: a model and a memory floor match; a model absent waits, said so")
+    model = 'device.attributes["gpu.gpuplace.io"].model.startsWith("Tesla-V100")'
+    memory = 'device.capacity["gpu.gpuplace.io"].memory.compareTo(quantity("16Gi")) < 0'
+    objs = [template("v100", count=2, selector=f"{model} && {memory}"),
+            template("h100", selector='device.attributes["gpu.gpuplace.io"].model == "H100"')]
+    names = phase("two V100s by selector", [pod("by-model", {"gpu": ("template", "v100")})], objs)
+    log(f"by-model got {claim_devices('by-model')}")
+    apply(pod("no-h100", {"gpu": ("template", "h100")}))
+    time.sleep(5)
+    p = get("pod", "no-h100")
+    cond = next((c for c in p["status"].get("conditions", []) if c["type"] == "PodScheduled"), {})
+    log(f"no-h100: {cond.get('message', '')[:300]}")
+    if p["spec"].get("nodeName") or "selectors" not in cond.get("message", ""):
+        STATS["mismatches"] += 1
+    delete_pods(names + ["no-h100"])
+    expect_clean("selected")
+
+
+CASES = {"fragmented": case_fragmented, "gang": case_gang, "preempt": case_preempt, "workload": case_workload, "selected": case_selected}
 
 
 def main():

@@ -6,6 +6,7 @@
 
 mod assignment;
 mod container;
+pub mod device_attributes;
 mod inventory;
 pub mod keys;
 mod need;

@@ -18,6 +18,7 @@
 //! A new filter is one new function in [`filter`] called from [`Profile::filter`]; a new
 //! driver calls the profile instead of writing the chain out again.
 
+pub mod claim_selectors;
 pub mod filter;
 pub mod interpod;
 pub mod node_filters;

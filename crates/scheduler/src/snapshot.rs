@@ -101,6 +101,9 @@ pub struct Snapshot {
     pub priorities: BTreeMap<i32, usize>,
     /// Problems found in objects (malformed annotations); nothing was lost because of them.
     pub warnings: Vec<Warning>,
+    /// Per set of DRA claim selectors, each node's verdict (see
+    /// [`crate::framework::claim_selectors`]), made once per node set.
+    pub selector_verdicts: std::sync::Mutex<HashMap<String, Arc<Vec<Option<String>>>>>,
 }
 
 /// A problem found in an object. `namespace` is whose object it is (a pod's namespace;
@@ -315,6 +318,7 @@ pub fn build(nodes: &[Arc<Node>], pods: &[Arc<PodInfo>], gpu_resource: &str) -> 
         soft_taint_nodes: 0,
         priorities: BTreeMap::new(),
         warnings,
+        selector_verdicts: Default::default(),
     };
     snapshot.soft_taint_nodes = snapshot
         .nodes

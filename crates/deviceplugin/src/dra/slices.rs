@@ -11,7 +11,8 @@
 
 use std::collections::BTreeMap;
 
-use gpuplace_model::{Link, NodeInventory, PcieLevel};
+use gpuplace_model::NodeInventory;
+use gpuplace_model::device_attributes::device_attributes;
 use k8s_openapi::api::resource::v1::{
     CapacityRequestPolicy, CapacityRequestPolicyRange, Device, DeviceAttribute, DeviceCapacity,
     DeviceTaint, ResourcePool, ResourceSliceSpec,
@@ -29,7 +30,7 @@ pub const MEMORY_CAPACITY: &str = "memory";
 /// Devices per slice: the API allows 64 per slice when devices carry taints.
 pub const DEVICES_PER_SLICE: usize = 64;
 /// Inventory label carrying the NVIDIA driver's version (NVML fills it; GFD's name).
-pub const DRIVER_VERSION_LABEL: &str = "nvidia.com/cuda.driver-version.full";
+pub use gpuplace_model::device_attributes::DRIVER_VERSION_LABEL;
 
 /// One slice to publish: its object name and spec.
 #[derive(Clone, Debug, PartialEq)]
@@ -85,12 +86,9 @@ pub fn node_slices(input: SliceInput<'_>) -> Vec<SliceSpec> {
         generation,
         shares,
     } = input;
-    let groups = Groups::of(inventory);
-    let devices: Vec<Device> = inventory
-        .gpus
-        .iter()
-        .enumerate()
-        .map(|(i, gpu)| {
+    let devices: Vec<Device> = device_attributes(inventory)
+        .into_iter()
+        .map(|gpu| {
             let mut attributes = BTreeMap::new();
             attributes.insert("type".to_string(), string("gpu"));
             attributes.insert("index".to_string(), int(i64::from(gpu.index)));
@@ -99,10 +97,10 @@ pub fn node_slices(input: SliceInput<'_>) -> Vec<SliceSpec> {
             if let Some(numa) = gpu.numa_node {
                 attributes.insert("numaNode".to_string(), int(i64::from(numa)));
             }
-            attributes.insert("nvlinkDomain".to_string(), int(groups.nvlink_domain[i]));
-            attributes.insert("nvlinkClique".to_string(), int(groups.nvlink_clique[i]));
-            attributes.insert("pcieSwitch".to_string(), int(groups.pcie_switch[i]));
-            if let Some(version) = driver_version(inventory) {
+            attributes.insert("nvlinkDomain".to_string(), int(gpu.nvlink_domain));
+            attributes.insert("nvlinkClique".to_string(), int(gpu.nvlink_clique));
+            attributes.insert("pcieSwitch".to_string(), int(gpu.pcie_switch));
+            if let Some(version) = gpu.driver_version.clone() {
                 attributes.insert(
                     "driverVersion".to_string(),
                     DeviceAttribute {
@@ -114,7 +112,7 @@ pub fn node_slices(input: SliceInput<'_>) -> Vec<SliceSpec> {
             Device {
                 name: device_name(gpu.index),
                 attributes: Some(attributes),
-                capacity: Some(capacity(gpu.memory_mib, gpu.milli_capacity, shares)),
+                capacity: Some(capacity(gpu.memory_mib, gpu.milli, shares)),
                 allow_multiple_allocations: shares.then_some(true),
                 taints: (!gpu.healthy).then(|| {
                     vec![DeviceTaint {
@@ -155,31 +153,6 @@ pub fn node_slices(input: SliceInput<'_>) -> Vec<SliceSpec> {
             },
         })
         .collect()
-}
-
-/// The driver version as a semantic version (`550.54.15` -> `550.54.15`; `535.104` ->
-/// `535.104.0`), `None` when unknown or not numeric.
-fn driver_version(inventory: &NodeInventory) -> Option<String> {
-    let raw = inventory.labels.get(DRIVER_VERSION_LABEL)?;
-    let mut parts: Vec<&str> = raw.trim().split('.').collect();
-    if parts.is_empty()
-        || parts.len() > 3
-        || parts
-            .iter()
-            .any(|p| p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()))
-    {
-        return None;
-    }
-    while parts.len() < 3 {
-        parts.push("0");
-    }
-    // Semantic versions forbid leading zeros.
-    let parts: Vec<String> = parts
-        .iter()
-        .map(|p| p.parse::<u64>().map(|n| n.to_string()))
-        .collect::<Result<_, _>>()
-        .ok()?;
-    Some(parts.join("."))
 }
 
 /// The GPU's capacities; with shares off they only inform (no request policy).
@@ -245,96 +218,6 @@ fn int(n: i64) -> DeviceAttribute {
         int: Some(n),
         ..Default::default()
     }
-}
-
-/// Topology groups by position in the inventory: NVLink-connected components, greedy
-/// fully-NVLinked cliques (a DGX-1's two quads), and GPUs behind one PCIe switch.
-struct Groups {
-    nvlink_domain: Vec<i64>,
-    nvlink_clique: Vec<i64>,
-    pcie_switch: Vec<i64>,
-}
-
-impl Groups {
-    fn of(inventory: &NodeInventory) -> Groups {
-        let n = inventory.gpus.len();
-        let position: BTreeMap<u32, usize> = inventory
-            .gpus
-            .iter()
-            .enumerate()
-            .map(|(i, g)| (g.index, i))
-            .collect();
-        let mut nvlinked = vec![vec![false; n]; n];
-        let mut switched = vec![vec![false; n]; n];
-        for Link {
-            a,
-            b,
-            nvlinks,
-            pcie,
-        } in &inventory.links
-        {
-            let (Some(&a), Some(&b)) = (position.get(a), position.get(b)) else {
-                continue;
-            };
-            nvlinked[a][b] = *nvlinks > 0;
-            nvlinked[b][a] = *nvlinks > 0;
-            let near = *pcie >= PcieLevel::SingleSwitch;
-            switched[a][b] = near;
-            switched[b][a] = near;
-        }
-        Groups {
-            nvlink_domain: components(&nvlinked),
-            nvlink_clique: cliques(&nvlinked),
-            pcie_switch: components(&switched),
-        }
-    }
-}
-
-/// Connected components, numbered by their first member.
-fn components(adjacent: &[Vec<bool>]) -> Vec<i64> {
-    let n = adjacent.len();
-    let mut group = vec![-1i64; n];
-    let mut next = 0;
-    for start in 0..n {
-        if group[start] >= 0 {
-            continue;
-        }
-        let mut stack = vec![start];
-        group[start] = next;
-        while let Some(i) = stack.pop() {
-            for j in 0..n {
-                if adjacent[i][j] && group[j] < 0 {
-                    group[j] = next;
-                    stack.push(j);
-                }
-            }
-        }
-        next += 1;
-    }
-    group
-}
-
-/// Greedy cliques in index order: each GPU joins the first group all of whose members it
-/// is linked to.
-fn cliques(adjacent: &[Vec<bool>]) -> Vec<i64> {
-    let n = adjacent.len();
-    let mut group = vec![-1i64; n];
-    let mut next = 0;
-    for start in 0..n {
-        if group[start] >= 0 {
-            continue;
-        }
-        let mut members = vec![start];
-        group[start] = next;
-        for j in start + 1..n {
-            if group[j] < 0 && members.iter().all(|&m| adjacent[m][j]) {
-                group[j] = next;
-                members.push(j);
-            }
-        }
-        next += 1;
-    }
-    group
 }
 
 #[cfg(test)]

@@ -45,7 +45,7 @@ impl Filtered {
     }
 
     /// Rejects node `n` for `phrase` (counted once per node).
-    fn reject(&mut self, n: usize, phrase: &str) {
+    pub(crate) fn reject(&mut self, n: usize, phrase: &str) {
         if n >= self.allowed.len() || !self.allowed[n] {
             return;
         }

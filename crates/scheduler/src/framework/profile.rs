@@ -119,6 +119,8 @@ impl Profile {
         input: &FilterInput<'_>,
     ) -> Result<Cow<'v, Filtered>, String> {
         let filtered = filter_nodes(input.scalars, verdicts, input.demand);
+        let filtered =
+            super::claim_selectors::with_claim_selectors(filtered, input.snapshot, input.pod);
         let filtered = with_volumes(filtered, input.snapshot, input.volumes, input.pod)?;
         Ok(with_interpod(
             filtered,

@@ -10,6 +10,7 @@
 //! the same record.
 
 pub mod pod;
+pub mod selectors;
 pub mod store;
 pub mod write;
 
@@ -56,6 +57,8 @@ pub struct ShapeRequest {
     pub milli: u32,
     /// The memory a share asks (`capacity.requests.memory`), MiB.
     pub memory_mib: Option<u64>,
+    /// Its CEL selectors, compiled: every device it gets must match them.
+    pub selectors: Option<std::sync::Arc<selectors::Selectors>>,
 }
 
 /// What a claim asks of gpuplace's GPUs.
@@ -313,15 +316,24 @@ fn exact_request(
             "request {name:?} asks adminAccess, which gpuplace does not grant"
         ));
     }
-    if let Some(selectors) = exactly.selectors.as_ref().filter(|s| !s.is_empty()) {
-        let first = selectors
-            .iter()
-            .find_map(|s| s.cel.as_ref().map(|c| c.expression.as_str()))
-            .unwrap_or_default();
-        return Err(format!(
-            "request {name:?} has CEL selectors ({first:?}), which gpuplace's allocator does not evaluate yet; ask a model through the DeviceClass or let kube-scheduler place the pod"
-        ));
-    }
+    let texts: Vec<String> = exactly
+        .selectors
+        .iter()
+        .flatten()
+        .map(|s| {
+            s.cel
+                .as_ref()
+                .map(|c| c.expression.clone())
+                .ok_or_else(|| format!("request {name:?} has a selector without cel"))
+        })
+        .collect::<Result<_, _>>()?;
+    let selectors = if texts.is_empty() {
+        None
+    } else {
+        Some(std::sync::Arc::new(
+            selectors::Selectors::compile(&texts).map_err(|e| format!("request {name:?}: {e}"))?,
+        ))
+    };
     let mode = exactly.allocation_mode.as_deref().unwrap_or("ExactCount");
     if mode != "ExactCount" {
         return Err(format!(
@@ -339,6 +351,7 @@ fn exact_request(
         count,
         milli,
         memory_mib,
+        selectors,
     })
 }
 

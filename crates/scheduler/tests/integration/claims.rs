@@ -19,6 +19,13 @@ use crate::common::*;
 /// plugin GPUs in its allocatable.
 fn dra_node(name: &str) -> Node {
     let mut node = linked_node(name, 4);
+    let annotations = node.metadata.annotations.as_mut().unwrap();
+    let mut inv =
+        gpuplace_model::NodeInventory::from_json(&annotations["gpuplace.io/inventory"]).unwrap();
+    for g in &mut inv.gpus {
+        g.memory_mib = 81920;
+    }
+    annotations.insert("gpuplace.io/inventory".into(), inv.to_json());
     node.metadata
         .labels
         .get_or_insert_with(Default::default)
@@ -326,5 +333,65 @@ async fn workload_api_gangs_of_claim_pods_are_all_or_nothing() {
     assert!(
         !last_message(&api, &waiting).is_empty(),
         "the third says why it waits"
+    );
+}
+
+#[tokio::test]
+async fn cel_selectors_choose_the_nodes_whose_gpus_match() {
+    let api = MemoryApi::new();
+    api.put_node(dra_node("a100"));
+    let mut v100 = dra_node("v100");
+    let mut inv = gpuplace_model::NodeInventory::from_json(
+        &v100.metadata.annotations.as_ref().unwrap()["gpuplace.io/inventory"],
+    )
+    .unwrap();
+    for g in &mut inv.gpus {
+        g.model = "Tesla-V100-SXM2-16GB".into();
+        g.memory_mib = 16160;
+    }
+    v100.metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert("gpuplace.io/inventory".into(), inv.to_json());
+    api.put_node(v100);
+    let selecting = |name: &str, expression: &str| {
+        claim(
+            name,
+            1,
+            json!({"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "gpu.gpuplace.io", "count": 1,
+                "selectors": [{"cel": {"expression": expression}}]}}]}}}),
+        )
+    };
+    api.put_resource_claim(selecting(
+        "big",
+        r#"device.capacity["gpu.gpuplace.io"].memory.compareTo(quantity("40Gi")) >= 0"#,
+    ));
+    api.put_pod(claim_pod("big", &["big"]));
+    api.put_resource_claim(selecting(
+        "tesla",
+        r#"device.attributes["gpu.gpuplace.io"].model.startsWith("Tesla")"#,
+    ));
+    api.put_pod(claim_pod("tesla", &["tesla"]));
+    api.put_resource_claim(selecting(
+        "h100",
+        r#"device.attributes["gpu.gpuplace.io"].model == "H100""#,
+    ));
+    api.put_pod(claim_pod("h100", &["h100"]));
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    rounds(&mut scheduler, 2).await;
+    assert_eq!(
+        bound_node(&api, "big").as_deref(),
+        Some("a100"),
+        "{}",
+        last_message(&api, "big")
+    );
+    assert_eq!(bound_node(&api, "tesla").as_deref(), Some("v100"));
+    assert!(bound_node(&api, "h100").is_none());
+    let why = last_message(&api, "h100");
+    assert!(
+        why.contains("no GPU matching the claim's selectors"),
+        "{why}"
     );
 }

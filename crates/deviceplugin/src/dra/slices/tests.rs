@@ -1,5 +1,6 @@
 use super::*;
 use gpuplace_model::Gpu;
+use gpuplace_model::device_attributes::driver_version;
 
 fn dgx1() -> NodeInventory {
     let path = concat!(

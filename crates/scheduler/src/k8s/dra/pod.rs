@@ -66,6 +66,8 @@ pub struct ClaimPlan {
     pub memory_mib: Option<u64>,
     /// The driver whose devices are allocated.
     pub driver: String,
+    /// The CEL selectors of the requests to allocate: every device must match them all.
+    pub selectors: Vec<Arc<super::selectors::Selectors>>,
 }
 
 impl ClaimPlan {
@@ -104,6 +106,7 @@ pub fn plan_of(
         topology: GpuTopology::Any,
         memory_mib: None,
         driver: driver.to_string(),
+        selectors: Vec::new(),
     };
     for r in refs {
         let Some(name) = &r.claim else {
@@ -159,6 +162,11 @@ pub fn plan_of(
                         plan.memory_mib = request.memory_mib;
                     }
                     plan.count += request.count;
+                    if let Some(s) = &request.selectors
+                        && !plan.selectors.contains(s)
+                    {
+                        plan.selectors.push(Arc::clone(s));
+                    }
                 }
                 plan.allocate.push(Arc::clone(claim));
             }
