@@ -1,8 +1,12 @@
 #!/usr/bin/env python3
 """Loads a real API server (../shared/realapi) for gpuplace's checks, and times binding.
 
-  realapi-load.py nodes N [--gpus 8]          # N Ready nodes with an 8-GPU gpuplace inventory
-  realapi-load.py pods M [--scheduler gpuplace] [--gpus 1] [--prefix p] [--queues K] [--mix]
+  realapi-load.py nodes N [--gpus 8] [--dra]  # N Ready nodes with an 8-GPU gpuplace inventory
+      # --dra (1.34+): the GPUs served by gpuplace's DRA driver instead: the node labelled
+      # gpuplace.io/dra-driver, no nvidia.com/gpu allocatable, a ResourceSlice of its GPUs
+  realapi-load.py pods M [--scheduler gpuplace] [--gpus 1] [--prefix p] [--queues K] [--mix] [--dra]
+      # --dra: each pod asks its GPUs through a ResourceClaim of its own (DeviceClass
+      # gpu.gpuplace.io), made just before it
       # --mix: of every 20 pods 8 take one GPU, 4 half a GPU (gpu-milli 500), 3 two, 2 four, 1 eight,
       # 2 are members of 4-pod gangs of 2-GPU pods (a PodGroup each): 1.8 GPUs a pod on average
   realapi-load.py queues K [--gpus G]        # K Queue objects q000.. guaranteed G GPUs each
@@ -10,7 +14,8 @@
   realapi-load.py bind [--threads 16]         # a trivial binder: one Binding per pending pod
   realapi-load.py watch M [--timeout 600]    # one watch stream; pods/s from the 10% to the 90% bound mark
   realapi-load.py check                      # every bound pod's gpuplace.io/assignment: on its node, its GPUs, none overbooked
-  realapi-load.py clean                      # deletes the pods (grace 0), the PodGroups and the nodes
+  realapi-load.py clean [--dra]              # deletes the pods (grace 0), the PodGroups, claims and fake nodes
+  realapi-load.py clean-pods                 # deletes the pods (grace 0) and their ResourceClaims
   realapi-load.py settle [--etcd URL]        # etcd compacted to its current revision and defragmented,
       # so that each run of a series starts on the same store (the API server compacts every
       # 5 min but never defragments: the kcp store grew to 128 MB in 36 min of runs, and the
@@ -43,6 +48,16 @@ def call(method, path, body=None, content="application/json"):
         raise SystemExit(f"{method} {path}: {e.code} {e.read()[:300]!r}")
 
 
+def gone_ok(method, path):
+    """`call`, where an object already gone is fine."""
+    try:
+        return call(method, path)
+    except SystemExit as e:
+        if ": 404 " not in str(e):
+            raise
+        return {}
+
+
 def inventory(name, gpus):
     return json.dumps({
         "name": name, "cpu_milli": 96000, "memory_mib": 786432,
@@ -68,6 +83,55 @@ def make_node(name, gpus):
         "application/merge-patch+json")
     call("PATCH", f"/api/v1/nodes/{name}", {"spec": {"taints": None}},
          "application/merge-patch+json")
+
+
+DRIVER = "gpu.gpuplace.io"
+
+
+def make_dra_node(name, gpus):
+    """A fake node whose GPUs gpuplace's DRA driver would serve: its label, no device
+    plugin resources, and the driver's ResourceSlice (as the driver publishes it)."""
+    call("POST", "/api/v1/nodes", {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "gpuplace.io/dra-driver": DRIVER},
+                     "annotations": {"gpuplace.io/inventory": inventory(name, gpus)}},
+    })
+    resources = {"cpu": "96", "memory": "768Gi", "pods": "250"}
+    call("PATCH", f"/api/v1/nodes/{name}/status", {"status": {
+        "capacity": resources, "allocatable": resources,
+        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                        "message": "fake", "lastHeartbeatTime": "2026-01-01T00:00:00Z",
+                        "lastTransitionTime": "2026-01-01T00:00:00Z"}]}},
+        "application/merge-patch+json")
+    call("PATCH", f"/api/v1/nodes/{name}", {"spec": {"taints": None}},
+         "application/merge-patch+json")
+    devices = [{"name": f"gpu-{i}",
+                "attributes": {"type": {"string": "gpu"}, "index": {"int": i}, "model": {"string": "A100"},
+                               "uuid": {"string": f"{name}-gpu{i}"}},
+                "capacity": {"milli": {"value": "1000"}, "memory": {"value": "80Gi"}}} for i in range(gpus)]
+    call("POST", "/apis/resource.k8s.io/v1/resourceslices", {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": f"{name}-{DRIVER}-0"},
+        "spec": {"driver": DRIVER, "nodeName": name,
+                 "pool": {"name": name, "generation": 1, "resourceSliceCount": 1}, "devices": devices}})
+
+
+def make_claim_pod(name, scheduler, gpus):
+    # A 409 here would leave the pod with a claim of another run: refused.
+    if call("GET", f"/apis/resource.k8s.io/v1/namespaces/default/resourceclaims?fieldSelector=metadata.name%3D{name}").get("items"):
+        raise SystemExit(f"ResourceClaim {name} exists (a claim of an earlier run still on its way out)")
+    call("POST", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims", {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": DRIVER, "count": gpus}}]}}})
+    call("POST", "/api/v1/namespaces/default/pods", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"schedulerName": scheduler, "terminationGracePeriodSeconds": 0,
+                 "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+                 "containers": [{"name": "main", "image": "busybox",
+                                 "resources": {"requests": {"cpu": "100m", "memory": "100Mi"},
+                                               "claims": [{"name": "gpu"}]}}]},
+    })
 
 
 def make_pod(name, scheduler, gpus, queue=None, milli=None, group=None, movable=False):
@@ -208,8 +272,8 @@ def settle(etcd):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["nodes", "pods", "bind", "watch", "check", "clean", "queues", "unqueue",
-                                       "settle"])
+    ap.add_argument("what", choices=["nodes", "pods", "bind", "watch", "check", "clean", "clean-pods", "queues",
+                                       "unqueue", "settle"])
     ap.add_argument("count", type=int, nargs="?", default=0)
     ap.add_argument("--gpus", type=int, default=None)
     ap.add_argument("--scheduler", default="gpuplace")
@@ -218,6 +282,7 @@ def main():
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--queues", type=int, default=0)
     ap.add_argument("--mix", action="store_true")
+    ap.add_argument("--dra", action="store_true", help="nodes, pods: GPUs through DRA (see above)")
     ap.add_argument("--until-all", action="store_true",
                     help="watch: on until every pod is bound, and say when the last was")
     ap.add_argument("--etcd", default="http://127.0.0.1:2379", help="settle: etcd's client URL")
@@ -226,7 +291,10 @@ def main():
     a = ap.parse_args()
     pool = cf.ThreadPoolExecutor(16)
     if a.what == "nodes":
-        list(pool.map(lambda i: make_node(f"n{i:04d}", a.gpus or 8), range(a.count)))
+        make = make_dra_node if a.dra else make_node
+        list(pool.map(lambda i: make(f"n{i:04d}", a.gpus or 8), range(a.count)))
+    elif a.what == "pods" and a.dra:
+        list(pool.map(lambda i: make_claim_pod(f"{a.prefix}{i:05d}", a.scheduler, a.gpus or 1), range(a.count)))
     elif a.what == "pods":
         queue = (lambda i: f"q{i % a.queues:03d}") if a.queues else (lambda i: None)
         if a.mix:
@@ -263,6 +331,17 @@ def main():
         return check()
     elif a.what == "settle":
         return settle(a.etcd)
+    elif a.what == "clean-pods":
+        pods = call("GET", "/api/v1/namespaces/default/pods").get("items", [])
+        list(pool.map(lambda p: call("DELETE", "/api/v1/namespaces/default/pods/"
+                                     + p["metadata"]["name"] + "?gracePeriodSeconds=0"), pods))
+        claims = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
+        for _ in range(120):  # their finalizers go once the controller has released them
+            left = call("GET", claims).get("items", [])
+            if not left:
+                break
+            list(pool.map(lambda c: gone_ok("DELETE", f"{claims}/{c['metadata']['name']}"), left))
+            time.sleep(1)
     else:
         pods = call("GET", "/api/v1/namespaces/default/pods").get("items", [])
         list(pool.map(lambda p: call("DELETE", "/api/v1/namespaces/default/pods/"
@@ -270,8 +349,17 @@ def main():
         group = "/apis/gpuplace.io/v1alpha1/namespaces/default/podgroups"
         for g in call("GET", group).get("items", []):
             call("DELETE", f"{group}/{g['metadata']['name']}")
-        nodes = call("GET", "/api/v1/nodes").get("items", [])
+        claims = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
+        try:
+            call("DELETE", claims)
+        except SystemExit:
+            pass  # no resource.k8s.io on this server
+        nodes = [n for n in call("GET", "/api/v1/nodes").get("items", [])
+                 if n["metadata"]["name"].startswith("n") and "gpuplace.io/inventory" in n["metadata"].get("annotations", {})
+                 and n["metadata"]["name"][1:].isdigit()]
         list(pool.map(lambda n: call("DELETE", "/api/v1/nodes/" + n["metadata"]["name"]), nodes))
+        if a.dra:
+            call("DELETE", "/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.driver%3D" + DRIVER)
     return 0
 
 

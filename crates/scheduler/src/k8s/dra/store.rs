@@ -21,6 +21,9 @@ pub struct ClaimIndex {
     users: HashMap<ObjectKey, BTreeSet<ObjectKey>>,
     /// The claims each claim pod names (the other way round).
     named: HashMap<ObjectKey, Vec<ObjectKey>>,
+    /// Per allocated device (driver, pool, device): the claims (UID) holding it, and how
+    /// much (milli), so a write is checked against the record without a walk over claims.
+    held: HashMap<(String, String, String), HashMap<String, u32>>,
 }
 
 impl ClaimLookup for ClaimIndex {
@@ -40,15 +43,43 @@ impl ClaimIndex {
     /// A claim was added or changed; the pods that name it (to resolve again).
     pub fn apply(&mut self, claim: ClaimInfo) -> Vec<ObjectKey> {
         let key = (claim.namespace.clone(), claim.name.clone());
-        self.claims.insert(key.clone(), Arc::new(claim));
+        if let Some(old) = self.claims.get(&key).cloned() {
+            self.release(&old);
+        }
+        let claim = Arc::new(claim);
+        self.hold(&claim);
+        self.claims.insert(key.clone(), claim);
         self.users_of(&key)
     }
 
     /// A claim was deleted; the pods that name it.
     pub fn remove(&mut self, namespace: &str, name: &str) -> Vec<ObjectKey> {
         let key = (namespace.to_string(), name.to_string());
-        self.claims.remove(&key);
+        if let Some(old) = self.claims.remove(&key) {
+            self.release(&old);
+        }
         self.users_of(&key)
+    }
+
+    fn hold(&mut self, claim: &ClaimInfo) {
+        for d in claim.allocation.iter().flat_map(|a| a.devices.iter()) {
+            self.held
+                .entry((d.driver.clone(), d.pool.clone(), d.device.clone()))
+                .or_default()
+                .insert(claim.uid.clone(), d.milli);
+        }
+    }
+
+    fn release(&mut self, claim: &ClaimInfo) {
+        for d in claim.allocation.iter().flat_map(|a| a.devices.iter()) {
+            let key = (d.driver.clone(), d.pool.clone(), d.device.clone());
+            if let Some(holders) = self.held.get_mut(&key) {
+                holders.remove(&claim.uid);
+                if holders.is_empty() {
+                    self.held.remove(&key);
+                }
+            }
+        }
     }
 
     /// Every claim (for checks across claims).
@@ -78,14 +109,14 @@ impl ClaimIndex {
         let results = allocation.devices.as_ref()?.results.as_ref()?;
         for r in results {
             let wanted = super::consumed_milli(r.consumed_capacity.as_ref());
+            let key = (r.driver.clone(), r.pool.clone(), r.device.clone());
             let held: u32 = self
-                .claims
-                .values()
-                .filter(|c| c.uid != write.uid)
-                .filter_map(|c| c.allocation.as_ref())
-                .flat_map(|a| a.devices.iter())
-                .filter(|d| d.driver == r.driver && d.pool == r.pool && d.device == r.device)
-                .map(|d| d.milli)
+                .held
+                .get(&key)
+                .into_iter()
+                .flatten()
+                .filter(|(uid, _)| **uid != write.uid)
+                .map(|(_, milli)| *milli)
                 .sum();
             if held + wanted > gpuplace_model::MILLI_PER_GPU {
                 return Some(format!(

@@ -337,3 +337,51 @@ fn the_writes_give_each_request_its_devices_and_the_undo_takes_them_back() {
     let untouched = ClaimInfo::of(&whole("mine", 2), &DraSettings::default());
     assert!(undo_patch(first, &untouched).is_none());
 }
+
+#[test]
+fn the_index_knows_which_devices_claims_hold_as_they_change() {
+    use super::store::ClaimIndex;
+    let mut index = ClaimIndex::default();
+    let pod = PodKey {
+        namespace: "ml".into(),
+        name: "b".into(),
+        uid: "ub".into(),
+    };
+    let plan = plan_of(
+        "gpu.gpuplace.io",
+        "ml",
+        "ub",
+        &[named("x", "mine")],
+        &known(&[whole("mine", 1)]),
+    )
+    .unwrap();
+    let gpu = [PlacedGpu {
+        index: 3,
+        milli: 1000,
+        memory_mib: 81920,
+    }];
+    let write = &writes_for(&plan, &pod, "n1", &gpu).unwrap()[0];
+    assert_eq!(index.taken(write), None);
+    let other = |devices: &[&str]| {
+        ClaimInfo::of(
+            &allocated("other", "n1", devices, &[]),
+            &DraSettings::default(),
+        )
+    };
+    index.apply(other(&["gpu-3"]));
+    assert!(index.taken(write).unwrap().contains("gpu-3"));
+    // Reallocated elsewhere (a new version of the claim), then deleted: free again.
+    index.apply(other(&["gpu-4"]));
+    assert_eq!(index.taken(write), None);
+    index.apply(other(&["gpu-3"]));
+    index.remove("ml", "other");
+    assert_eq!(index.taken(write), None);
+    // The claim's own allocation never counts against it.
+    index.apply(ClaimInfo::of(
+        &allocated("mine", "n1", &["gpu-3"], &[("b", "ub")]),
+        &DraSettings::default(),
+    ));
+    let mut mine = write.clone();
+    mine.uid = "u-mine".into();
+    assert_eq!(index.taken(&mine), None);
+}

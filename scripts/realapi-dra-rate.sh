@@ -1,0 +1,70 @@
+#!/bin/bash
+# Claim pods bound per second on the real 1.36 API server (scripts/k136.sh up --kube-scheduler;
+# KUBECONFIG=~/k136/admin.kubeconfig): NODES fake 8-GPU nodes served through DRA (a ResourceSlice
+# each, realapi-load.py nodes --dra), then per run PODS one-GPU pods each with a ResourceClaim
+# of its own, created pending, then the scheduler started: gpuplace (the release binary) or
+# kube-scheduler 1.36 (its DynamicResources plugin allocating), alternating, PAIRS pairs. Each
+# run: the store settled first (etcd compacted and defragmented), the rate over the whole run
+# from the scheduler's start to the last Binding, and the scheduler's peak RSS (VmHWM).
+# Every claim allocated is then checked: no device in two claims. Not for CI.
+set -euo pipefail
+NODES=${NODES:-500}
+PODS=${PODS:-2000}
+PAIRS=${PAIRS:-2}
+KCP=${KCP:-$HOME/k136}
+GPUPLACE=${GPUPLACE:-target/release/gpuplace}
+LOAD="python3 scripts/realapi-load.py"
+kubectl proxy --port 8001 >/dev/null 2>&1 &
+proxy=$!
+trap 'kill $proxy 2>/dev/null || true; [[ -n ${sched:-} ]] && kill $sched 2>/dev/null || true' EXIT
+sleep 2
+kill "$(cat "$KCP/run/kube-scheduler.pid" 2>/dev/null)" 2>/dev/null || true
+pkill -f "gpuplace scheduler" 2>/dev/null || true
+kubectl apply -f deploy/base/dra-driver/deviceclasses.yaml >/dev/null
+kubectl cordon kcp-node-1 >/dev/null 2>&1 || true
+$LOAD clean --dra >/dev/null 2>&1 || true
+$LOAD clean-pods >/dev/null 2>&1 || true
+$LOAD nodes "$NODES" --dra
+no_twice() { # every allocated claim's devices: none in two claims
+  kubectl get resourceclaims -n default -o json | python3 -c '
+import json, sys, collections
+used = collections.Counter()
+claims = json.load(sys.stdin)["items"]
+allocated = 0
+for c in claims:
+    allocation = (c.get("status") or {}).get("allocation") or {}
+    allocated += 1 if allocation else 0
+    for r in allocation.get("devices", {}).get("results", []):
+        used[(r["pool"], r["device"])] += 1
+twice = sum(1 for n in used.values() if n > 1)
+print("claims allocated %d, devices in two claims %d" % (allocated, twice))'
+}
+run() { # run gpuplace|kube
+  local who=$1 name start end rss
+  name=$([[ $who == gpuplace ]] && echo gpuplace || echo default-scheduler)
+  $LOAD settle >/dev/null
+  # Names of their own per run: a claim of the last run's name may still be on its way out.
+  round=$((round + 1))
+  $LOAD pods "$PODS" --dra --scheduler "$name" --prefix "${who:0:1}${round}-"
+  start=$(date +%s.%N)
+  if [[ $who == gpuplace ]]; then
+    "$GPUPLACE" scheduler --kubeconfig "$KUBECONFIG" --scheduler-name gpuplace >/tmp/dra-rate-gpuplace.log 2>&1 &
+  else
+    "$KCP/bin/kube-scheduler" --config="$KCP/kube-scheduler.yaml" --authentication-kubeconfig="$KUBECONFIG" \
+      --authorization-kubeconfig="$KUBECONFIG" --bind-address=127.0.0.1 --secure-port=10259 \
+      --feature-gates="DRAExtendedResource=true,DRAPartitionableDevices=true,DRAConsumableCapacity=true,DRADeviceTaints=true,DRADeviceBindingConditions=true,GenericWorkload=true,GangScheduling=true" >/tmp/dra-rate-kube.log 2>&1 &
+  fi
+  sched=$!
+  $LOAD watch "$PODS" --until-all --timeout 900 | tail -2
+  end=$(date +%s.%N)
+  rss=$(awk '/VmHWM/ {print $2}' /proc/$sched/status)
+  kill $sched; wait $sched 2>/dev/null || true; sched=
+  echo "RESULT $who nodes=$NODES pods=$PODS whole_run_s=$(echo "$end - $start" | bc) pods_per_s=$(echo "scale=1; $PODS / ($end - $start)" | bc) peak_rss_kib=$rss"
+  no_twice
+  $LOAD clean-pods >/dev/null 2>&1 || true
+  sleep 5
+}
+round=0
+for _ in $(seq "$PAIRS"); do run gpuplace; run kube; done
+$LOAD clean --dra >/dev/null 2>&1 || true
+kubectl uncordon kcp-node-1 >/dev/null 2>&1 || true
