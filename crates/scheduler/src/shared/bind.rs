@@ -193,6 +193,11 @@ pub(crate) async fn write_with_claims<A: ClusterApi>(
         match api.write_claim(claim).await {
             Ok(()) => done.push(claim),
             Err(e) => {
+                // A time-out or a 500 may have applied: undone with the rest (the undo
+                // reads the claim and changes it only where the pod is a user).
+                if matches!(e, ApiError::Other(_)) {
+                    done.push(claim);
+                }
                 failed = Some(WriteFailure::Refused(e));
                 break;
             }

@@ -207,7 +207,30 @@ impl MemoryApi {
 
     /// The scheduler's claim write, as the real server takes it.
     pub(super) async fn take_claim_write(&self, write: &ClaimWrite) -> Result<(), ApiError> {
-        let (_permit, _fault) = self.charge().await;
+        let (_permit, fault) = self.charge().await;
+        match fault {
+            Some(super::Fault::Conflict) => {
+                return Err(conflict(
+                    &(write.namespace.clone(), write.name.clone()),
+                    "injected",
+                ));
+            }
+            Some(super::Fault::Error) => return Err(ApiError::Other("injected 500".into())),
+            Some(super::Fault::TimeoutLost) => {
+                return Err(ApiError::Other("injected time-out".into()));
+            }
+            _ => {}
+        }
+        let applied = self.apply_claim_write(write);
+        match (applied, fault) {
+            (Ok(()), Some(super::Fault::TimeoutApplied)) => {
+                Err(ApiError::Other("injected time-out (applied)".into()))
+            }
+            (result, _) => result,
+        }
+    }
+
+    fn apply_claim_write(&self, write: &ClaimWrite) -> Result<(), ApiError> {
         let mut s = lock(&self.store);
         let key = (write.namespace.clone(), write.name.clone());
         // The scheduler's own check against the claims it has seen (the server has none).
@@ -242,7 +265,10 @@ impl MemoryApi {
 
     /// The scheduler's undo of a claim write.
     pub(super) async fn take_claim_undo(&self, write: &ClaimWrite) -> Result<(), ApiError> {
-        let (_permit, _fault) = self.charge().await;
+        let (_permit, fault) = self.charge().await;
+        if matches!(fault, Some(super::Fault::Error | super::Fault::TimeoutLost)) {
+            return Err(ApiError::Other("injected 500".into()));
+        }
         let mut s = lock(&self.store);
         let key = (write.namespace.clone(), write.name.clone());
         let Some(mut claim) = s.resource_claims.get(&key).cloned() else {
