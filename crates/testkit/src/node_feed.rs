@@ -103,20 +103,36 @@ pub async fn feed_node(api: MemoryApi, node: String, tx: mpsc::Sender<NodeSeen>)
 
 impl NodePatcher for MemoryApi {
     async fn patch(&self, node: &str, patch: &serde_json::Value) -> Result<Node, PublishError> {
+        // A merge patch: strings set, nulls remove (as the API server applies it).
         let map = |field: &str| -> std::collections::BTreeMap<String, String> {
             patch["metadata"][field]
                 .as_object()
                 .map(|m| {
                     m.iter()
-                        .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+                        .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_string())))
                         .collect()
                 })
                 .unwrap_or_default()
         };
-        self.merge_node_metadata(node, &map("annotations"), &map("labels"))
-            .map_err(|e| PublishError::Refused {
-                node: node.to_string(),
-                message: e.to_string(),
+        let removed: Vec<String> = patch["metadata"]["labels"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .filter(|(_, v)| v.is_null())
+                    .map(|(k, _)| k.clone())
+                    .collect()
             })
+            .unwrap_or_default();
+        let refused = |e: gpuplace_scheduler::ApiError| PublishError::Refused {
+            node: node.to_string(),
+            message: e.to_string(),
+        };
+        let merged = self
+            .merge_node_metadata(node, &map("annotations"), &map("labels"))
+            .map_err(refused)?;
+        if removed.is_empty() {
+            return Ok(merged);
+        }
+        self.remove_node_labels(node, &removed).map_err(refused)
     }
 }

@@ -49,9 +49,12 @@ pub fn node_patch(inventory: &NodeInventory, publish: impl Into<Publish>) -> Val
         dra_driver,
     } = publish.into();
     let mut labels = serde_json::Map::new();
-    if let Some(driver) = dra_driver {
-        labels.insert(keys::DRA_DRIVER_LABEL.into(), json!(label_value(&driver)));
-    }
+    // A node that served its GPUs through DRA and now runs the device plugin loses the
+    // label (null removes it), or the scheduler would keep its device plugin pods away.
+    labels.insert(
+        keys::DRA_DRIVER_LABEL.into(),
+        dra_driver.map_or(Value::Null, |d| json!(label_value(&d))),
+    );
     labels.insert(
         keys::GPU_COUNT_LABEL.into(),
         json!(inventory.gpus.len().to_string()),
@@ -100,13 +103,10 @@ pub fn desired(
         && let Some(meta) = patch.get_mut("metadata").and_then(Value::as_object_mut)
     {
         // GFD owns the GPU labels; the DRA driver's label is still gpuplace's.
-        meta.remove("labels");
-        if let Some(driver) = dra {
-            meta.insert(
-                "labels".into(),
-                json!({keys::DRA_DRIVER_LABEL: label_value(&driver)}),
-            );
-        }
+        meta.insert(
+            "labels".into(),
+            json!({keys::DRA_DRIVER_LABEL: dra.map(|d| label_value(&d))}),
+        );
     }
     patch
 }
@@ -144,10 +144,29 @@ mod tests {
             "labels": {"nvidia.com/gfd.timestamp": "1", "nvidia.com/gpu.product": "GFD-NAME"}}}))
         .unwrap();
         let want = desired(&inv, 1, Some(&node));
-        assert!(
-            want["metadata"].get("labels").is_none(),
-            "GFD's labels stay GFD's"
+        let labels = want["metadata"]["labels"].as_object().unwrap();
+        assert_eq!(
+            labels.keys().collect::<Vec<_>>(),
+            ["gpuplace.io/dra-driver"],
+            "GFD's labels stay GFD's; only the DRA label is gpuplace's"
         );
+        assert!(
+            labels["gpuplace.io/dra-driver"].is_null(),
+            "removed in device plugin mode"
+        );
+        let dra = desired(
+            &inv,
+            Publish {
+                replicas: 1,
+                dra_driver: Some("gpu.gpuplace.io".into()),
+            },
+            Some(&node),
+        );
+        assert_eq!(
+            dra["metadata"]["labels"]["gpuplace.io/dra-driver"],
+            "gpu.gpuplace.io"
+        );
+        assert!(!in_place(&node, &dra), "the DRA label is missing");
         assert!(!in_place(&node, &want), "the annotation is missing");
         node.metadata.annotations = Some(
             [(INVENTORY_ANNOTATION.to_string(), inv.to_json())]

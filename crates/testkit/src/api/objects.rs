@@ -82,6 +82,28 @@ impl MemoryApi {
         Ok(out)
     }
 
+    /// Removes labels from a Node (a merge patch's nulls, as the API server applies them).
+    pub fn remove_node_labels(&self, name: &str, labels: &[String]) -> Result<Node, ApiError> {
+        let mut s = lock(&self.store);
+        s.generation += 1;
+        let rv = s.bump();
+        let node = s
+            .nodes
+            .get_mut(name)
+            .ok_or_else(|| ApiError::NotFound(format!("node {name}")))?;
+        if let Some(have) = node.metadata.labels.as_mut() {
+            for l in labels {
+                have.remove(l);
+            }
+        }
+        node.metadata.resource_version = Some(rv);
+        let out = node.clone();
+        let v = s.version;
+        drop(s);
+        self.node_version.send_replace(v);
+        Ok(out)
+    }
+
     /// Waits until a Node changes after version `since`; returns the version now.
     pub async fn wait_node_change(&self, since: u64) -> u64 {
         let mut rx = self.node_version.subscribe();
