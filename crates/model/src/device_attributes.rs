@@ -9,6 +9,21 @@ use crate::inventory::{Link, NodeInventory, PcieLevel};
 /// Inventory label carrying the NVIDIA driver's version (NVML fills it; GFD's name).
 pub const DRIVER_VERSION_LABEL: &str = "nvidia.com/cuda.driver-version.full";
 
+/// The device name of GPU `index` in gpuplace's ResourceSlices (`gpu-3`): DNS labels,
+/// stable across restarts and the same on every node of a kind, as users expect to read in
+/// allocations.
+pub fn device_name(index: u32) -> String {
+    format!("gpu-{index}")
+}
+
+/// The GPU index of a device name, `None` for names gpuplace's driver never publishes.
+pub fn device_index(name: &str) -> Option<u32> {
+    let digits = name.strip_prefix("gpu-")?;
+    (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| digits.parse().ok())
+        .flatten()
+}
+
 /// One GPU's DRA attributes and capacities.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceAttributes {

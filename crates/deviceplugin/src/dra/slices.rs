@@ -39,19 +39,7 @@ pub struct SliceSpec {
     pub spec: ResourceSliceSpec,
 }
 
-/// The device name of GPU `index` in the slices (`gpu-3`): DNS labels, stable across
-/// restarts and the same on every node of a kind, as users expect to read in allocations.
-pub fn device_name(index: u32) -> String {
-    format!("gpu-{index}")
-}
-
-/// The GPU index of a device name, `None` for names this driver never publishes.
-pub fn device_index(name: &str) -> Option<u32> {
-    let digits = name.strip_prefix("gpu-")?;
-    (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
-        .then(|| digits.parse().ok())
-        .flatten()
-}
+pub use gpuplace_model::device_attributes::{device_index, device_name};
 
 /// The slice object names of `node` for `driver`: `<node>-<driver>-<k>`, with dots kept
 /// (object names are DNS subdomains) and cut to the API's 253 characters.

@@ -303,9 +303,8 @@ fn claim_writes(
     let gpus: Vec<PlacedGpu> = decision
         .gpus
         .iter()
-        .map(|&(g, milli)| PlacedGpu {
+        .map(|&(g, _)| PlacedGpu {
             index: inventory.gpus[g].index,
-            milli,
             memory_mib: inventory.gpus[g].memory_mib,
         })
         .collect();

@@ -117,7 +117,7 @@ impl MemoryApi {
 }
 
 /// RFC 7386: `patch` merged into `target`.
-fn merge_patch(target: &mut serde_json::Value, patch: serde_json::Value) {
+pub(super) fn merge_patch(target: &mut serde_json::Value, patch: serde_json::Value) {
     let serde_json::Value::Object(fields) = patch else {
         *target = patch;
         return;

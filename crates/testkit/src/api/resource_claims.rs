@@ -75,26 +75,11 @@ fn patched_status(
 ) -> Result<ResourceClaimStatus, ApiError> {
     let mut status = serde_json::to_value(claim.status.clone().unwrap_or_default())
         .map_err(|e| ApiError::Other(e.to_string()))?;
-    json_merge(&mut status, &patch["status"]);
+    super::queues::merge_patch(&mut status, patch["status"].clone());
     let next: ResourceClaimStatus =
         serde_json::from_value(status).map_err(|e| ApiError::Invalid(format!("status: {e}")))?;
     validate(claim, &next)?;
     Ok(next)
-}
-
-fn json_merge(target: &mut serde_json::Value, patch: &serde_json::Value) {
-    match (target, patch) {
-        (serde_json::Value::Object(t), serde_json::Value::Object(p)) => {
-            for (k, v) in p {
-                if v.is_null() {
-                    t.remove(k);
-                } else {
-                    json_merge(t.entry(k.clone()).or_insert(serde_json::Value::Null), v);
-                }
-            }
-        }
-        (t, p) => *t = p.clone(),
-    }
 }
 
 fn validate(claim: &ResourceClaim, next: &ResourceClaimStatus) -> Result<(), ApiError> {

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use gpuplace_model::device_attributes::device_index;
 use gpuplace_model::{GpuTopology, MILLI_PER_GPU};
 use k8s_openapi::api::core::v1::Pod;
 
@@ -214,17 +215,4 @@ pub fn held_by(
         }
     }
     held
-}
-
-/// The GPU index of a device gpuplace's driver publishes (`gpu-3`).
-pub fn device_index(name: &str) -> Option<u32> {
-    let digits = name.strip_prefix("gpu-")?;
-    (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
-        .then(|| digits.parse().ok())
-        .flatten()
-}
-
-/// The device name of GPU `index` (as the driver publishes it).
-pub fn device_name(index: u32) -> String {
-    format!("gpu-{index}")
 }

@@ -277,7 +277,6 @@ fn the_writes_give_each_request_its_devices_and_the_undo_takes_them_back() {
     };
     let gpus = [4, 5].map(|index| PlacedGpu {
         index,
-        milli: 1000,
         memory_mib: 81920,
     });
     let writes = writes_for(&plan, &pod, "n3", &gpus).unwrap();
@@ -357,7 +356,6 @@ fn the_index_knows_which_devices_claims_hold_as_they_change() {
     .unwrap();
     let gpu = [PlacedGpu {
         index: 3,
-        milli: 1000,
         memory_mib: 81920,
     }];
     let write = &writes_for(&plan, &pod, "n1", &gpu).unwrap()[0];

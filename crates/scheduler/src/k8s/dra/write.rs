@@ -13,7 +13,9 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use super::pod::{ClaimPlan, device_name};
+use gpuplace_model::device_attributes::device_name;
+
+use super::pod::ClaimPlan;
 use super::{ClaimInfo, DELETE_PROTECTION};
 use crate::k8s::pod_info::PodKey;
 
@@ -21,7 +23,6 @@ use crate::k8s::pod_info::PodKey;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PlacedGpu {
     pub index: u32,
-    pub milli: u32,
     /// The GPU's memory, MiB.
     pub memory_mib: u64,
 }
