@@ -239,7 +239,7 @@ pub fn shape_of(claim: &ResourceClaim, settings: &DraSettings) -> Result<ClaimSh
         let Some(attribute) = &c.match_attribute else {
             continue;
         };
-        topology = strictest(topology, match_topology(attribute, &settings.driver)?);
+        topology = both(topology, match_topology(attribute, &settings.driver)?)?;
     }
     let shape = ClaimShape { requests, topology };
     let shares = shape.requests.iter().filter(|r| r.milli < MILLI_PER_GPU);
@@ -252,10 +252,17 @@ pub fn shape_of(claim: &ResourceClaim, settings: &DraSettings) -> Result<ClaimSh
     Ok(shape)
 }
 
-fn strictest(a: GpuTopology, b: GpuTopology) -> GpuTopology {
+/// Two topologies asked at once: one may be none; two different ones are refused (gpuplace
+/// meets one topology per pod), rather than one silently dropped.
+pub fn both(a: GpuTopology, b: GpuTopology) -> Result<GpuTopology, String> {
     match (a, b) {
-        (GpuTopology::Any, x) | (x, GpuTopology::Any) => x,
-        (x, _) => x,
+        (GpuTopology::Any, x) | (x, GpuTopology::Any) => Ok(x),
+        (x, y) if x == y => Ok(x),
+        (x, y) => Err(format!(
+            "its constraints ask GPUs {} and {} at once; gpuplace meets one such constraint a pod",
+            x.phrase(),
+            y.phrase()
+        )),
     }
 }
 

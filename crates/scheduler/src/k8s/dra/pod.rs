@@ -147,10 +147,7 @@ pub fn plan_of(
                     .shape
                     .as_ref()
                     .map_err(|e| format!("ResourceClaim {namespace}/{name}: {e}"))?;
-                plan.topology = match plan.topology {
-                    GpuTopology::Any => shape.topology,
-                    t => t,
-                };
+                plan.topology = super::both(plan.topology, shape.topology)?;
                 for request in &shape.requests {
                     if request.milli < MILLI_PER_GPU || plan.milli < MILLI_PER_GPU {
                         if plan.count > 0 {

@@ -112,6 +112,12 @@ fn what_gpuplace_cannot_allocate_is_said() {
             "not an attribute of driver",
         ),
         (json!([]), json!(null), "no devices"),
+        (
+            json!([{"name": "g", "exactly": {"deviceClassName": "gpu.gpuplace.io", "count": 2}}]),
+            json!([{"matchAttribute": "gpu.gpuplace.io/nvlinkClique"},
+                   {"matchAttribute": "gpu.gpuplace.io/numaNode"}]),
+            "at once",
+        ),
     ];
     for (requests, constraints, said) in cases {
         let e = shape(requests.clone(), constraints).unwrap_err();
