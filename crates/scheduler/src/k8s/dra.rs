@@ -96,6 +96,30 @@ pub struct Consumer {
     pub uid: String,
 }
 
+impl Consumer {
+    /// The user as `status.reservedFor` names it.
+    pub fn reference(&self) -> k8s_openapi::api::resource::v1::ResourceClaimConsumerReference {
+        k8s_openapi::api::resource::v1::ResourceClaimConsumerReference {
+            api_group: self.api_group.clone(),
+            resource: self.resource.clone(),
+            name: self.name.clone(),
+            uid: self.uid.clone(),
+        }
+    }
+}
+
+/// A claim's namespace and name (`default` when it names none), as stores key it.
+pub fn claim_key(claim: &ResourceClaim) -> (String, String) {
+    (
+        claim
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into()),
+        claim.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
 /// What the scheduler keeps of a ResourceClaim.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClaimInfo {

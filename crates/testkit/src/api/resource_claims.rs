@@ -9,7 +9,7 @@
 
 use gpuplace_scheduler::ApiError;
 use gpuplace_scheduler::k8s::dra::write::{ClaimWrite, status_patch, undo_patch};
-use gpuplace_scheduler::k8s::dra::{ClaimInfo, DELETE_PROTECTION, MAX_RESERVED_FOR};
+use gpuplace_scheduler::k8s::dra::{ClaimInfo, DELETE_PROTECTION, MAX_RESERVED_FOR, claim_key};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimStatus};
 
 use super::{MemoryApi, Store, lock};
@@ -48,17 +48,6 @@ impl Store {
             self.store_claim(claim);
         }
     }
-}
-
-fn claim_key(claim: &ResourceClaim) -> (String, String) {
-    (
-        claim
-            .metadata
-            .namespace
-            .clone()
-            .unwrap_or_else(|| "default".into()),
-        claim.metadata.name.clone().unwrap_or_default(),
-    )
 }
 
 fn conflict(key: &(String, String), sent: &str) -> ApiError {

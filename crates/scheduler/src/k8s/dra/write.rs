@@ -66,12 +66,7 @@ fn users_with(claim: &ClaimInfo, pod: &PodKey) -> Vec<ResourceClaimConsumerRefer
     let mut users: Vec<_> = claim
         .reserved_for
         .iter()
-        .map(|c| ResourceClaimConsumerReference {
-            api_group: c.api_group.clone(),
-            resource: c.resource.clone(),
-            name: c.name.clone(),
-            uid: c.uid.clone(),
-        })
+        .map(super::Consumer::reference)
         .collect();
     if !users.iter().any(|u| u.uid == pod.uid) {
         users.push(consumer(pod));
@@ -225,12 +220,7 @@ pub fn undo_patch(write: &ClaimWrite, current: &ClaimInfo) -> Option<serde_json:
         .reserved_for
         .iter()
         .filter(|c| c.uid != write.pod_uid)
-        .map(|c| ResourceClaimConsumerReference {
-            api_group: c.api_group.clone(),
-            resource: c.resource.clone(),
-            name: c.name.clone(),
-            uid: c.uid.clone(),
-        })
+        .map(super::Consumer::reference)
         .collect();
     let mut status = serde_json::json!({ "reservedFor": remaining });
     if write.allocation.is_some() && remaining.is_empty() {

@@ -16,7 +16,7 @@ use super::errors::api_error;
 use super::watch::{Changes, bump};
 use crate::api::ApiError;
 use crate::k8s::dra::write::{ClaimWrite, status_patch, undo_patch};
-use crate::k8s::dra::{ClaimInfo, DraSettings};
+use crate::k8s::dra::{ClaimInfo, DraSettings, claim_key};
 use crate::k8s::pod_store::PodStore;
 
 /// Whether the server serves ResourceClaims (`resource.k8s.io/v1`).
@@ -45,7 +45,7 @@ pub async fn watch_claims(client: Client, pods: Arc<Mutex<PodStore>>, changes: C
             Ok(watcher::Event::Init) => listing = Some(HashSet::new()),
             Ok(watcher::Event::InitApply(claim)) => {
                 if let Some(seen) = listing.as_mut() {
-                    seen.insert(key(&claim));
+                    seen.insert(claim_key(&claim));
                 }
                 store.apply_claim(&claim);
             }
@@ -68,24 +68,13 @@ pub async fn watch_claims(client: Client, pods: Arc<Mutex<PodStore>>, changes: C
                 bump(&changes);
             }
             Ok(watcher::Event::Delete(claim)) => {
-                let (ns, name) = key(&claim);
+                let (ns, name) = claim_key(&claim);
                 store.delete_claim(&ns, &name);
                 bump(&changes);
             }
             Err(e) => warn!(error = %e, "resourceclaim watch error (retrying with backoff)"),
         }
     }
-}
-
-fn key(claim: &ResourceClaim) -> (String, String) {
-    (
-        claim
-            .metadata
-            .namespace
-            .clone()
-            .unwrap_or_else(|| "default".into()),
-        claim.metadata.name.clone().unwrap_or_default(),
-    )
 }
 
 /// Sends `write`: the finalizer first when missing, then the status, each with the
