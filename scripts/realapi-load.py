@@ -67,14 +67,8 @@ def inventory(name, gpus):
     })
 
 
-def make_node(name, gpus):
-    call("POST", "/api/v1/nodes", {
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name},
-                     "annotations": {"gpuplace.io/inventory": inventory(name, gpus)}},
-    })
-    resources = {"cpu": "96", "memory": "768Gi", "pods": "250", "nvidia.com/gpu": str(gpus),
-                 "gpuplace.io/gpu-milli": str(gpus * 1000)}
+def ready(name, resources):
+    """The fake node `name` Ready with `resources` allocatable, untainted."""
     call("PATCH", f"/api/v1/nodes/{name}/status", {"status": {
         "capacity": resources, "allocatable": resources,
         "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
@@ -83,6 +77,17 @@ def make_node(name, gpus):
         "application/merge-patch+json")
     call("PATCH", f"/api/v1/nodes/{name}", {"spec": {"taints": None}},
          "application/merge-patch+json")
+
+
+def make_node(name, gpus):
+    call("POST", "/api/v1/nodes", {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name},
+                     "annotations": {"gpuplace.io/inventory": inventory(name, gpus)}},
+    })
+    resources = {"cpu": "96", "memory": "768Gi", "pods": "250", "nvidia.com/gpu": str(gpus),
+                 "gpuplace.io/gpu-milli": str(gpus * 1000)}
+    ready(name, resources)
 
 
 DRIVER = "gpu.gpuplace.io"
@@ -97,14 +102,7 @@ def make_dra_node(name, gpus):
                      "annotations": {"gpuplace.io/inventory": inventory(name, gpus)}},
     })
     resources = {"cpu": "96", "memory": "768Gi", "pods": "250"}
-    call("PATCH", f"/api/v1/nodes/{name}/status", {"status": {
-        "capacity": resources, "allocatable": resources,
-        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                        "message": "fake", "lastHeartbeatTime": "2026-01-01T00:00:00Z",
-                        "lastTransitionTime": "2026-01-01T00:00:00Z"}]}},
-        "application/merge-patch+json")
-    call("PATCH", f"/api/v1/nodes/{name}", {"spec": {"taints": None}},
-         "application/merge-patch+json")
+    ready(name, resources)
     devices = [{"name": f"gpu-{i}",
                 "attributes": {"type": {"string": "gpu"}, "index": {"int": i}, "model": {"string": "A100"},
                                "uuid": {"string": f"{name}-gpu{i}"}},

@@ -543,24 +543,30 @@ CASES = {"basic": case_basic, "init": case_init_quad_burst, "deleted": case_dele
          "health": case_health, "extended": case_extended}
 
 
-def main():
+def run_cases(cases):
+    """Runs the CASES chosen of `cases` with the driver up, cleans up; seconds taken."""
     if not os.path.exists(GPUPLACE):
         sys.exit(f"no gpuplace binary at {GPUPLACE} (set GPUPLACE)")
     kubectl("create", "namespace", NS, check=False)
     kubectl("apply", "-f", ROOT + "/deploy/base/dra-driver/deviceclasses.yaml")
     driver_down()
-    chosen = os.environ.get("CASES", ",".join(CASES)).split(",")
+    chosen = os.environ.get("CASES", ",".join(cases)).split(",")
     t0 = time.time()
     try:
         driver_up()
         for c in chosen:
-            CASES[c]()
+            cases[c]()
     finally:
         kubectl("delete", "pods", "-n", NS, "--all", "--grace-period=1", "--timeout=60s", check=False)
         kubectl("delete", "resourceclaims,resourceclaimtemplates", "-n", NS, "--all", "--timeout=60s", check=False)
         driver_down()
+    return time.time() - t0
+
+
+def main():
+    took = run_cases(CASES)
     s = STATS
-    log(f"{time.time() - t0:.0f} s; env checked {s['env_checked']}, not applied by the runtime {s['env_unapplied']}")
+    log(f"{took:.0f} s; env checked {s['env_checked']}, not applied by the runtime {s['env_unapplied']}")
     print(f"dra-handshake: pods={s['pods']} running={s['running']} compared={s['compared']} "
           f"mismatches={s['mismatches']} over={s['over']} bad_refused={s['bad_refused']}/{s['bad']} leaked={s['leaked']}")
     ok = (s["running"] == s["pods"] and s["mismatches"] == 0 and s["over"] == 0 and s["leaked"] == 0

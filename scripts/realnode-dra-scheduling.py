@@ -226,23 +226,9 @@ CASES = {"fragmented": case_fragmented, "gang": case_gang, "preempt": case_preem
 
 
 def main():
-    if not os.path.exists(GPUPLACE):
-        sys.exit(f"no gpuplace binary at {GPUPLACE} (set GPUPLACE)")
-    kubectl("create", "namespace", NS, check=False)
-    kubectl("apply", "-f", ROOT + "/deploy/base/dra-driver/deviceclasses.yaml")
-    driver_down()
-    chosen = os.environ.get("CASES", ",".join(CASES)).split(",")
-    t0 = time.time()
-    try:
-        driver_up()
-        for c in chosen:
-            CASES[c]()
-    finally:
-        kubectl("delete", "pods", "-n", NS, "--all", "--grace-period=1", "--timeout=60s", check=False)
-        kubectl("delete", "resourceclaims,resourceclaimtemplates", "-n", NS, "--all", "--timeout=60s", check=False)
-        driver_down()
+    took = check.run_cases(CASES)
     s = STATS
-    log(f"{time.time() - t0:.0f} s")
+    log(f"{took:.0f} s")
     print(f"dra-scheduling: pods={s['pods']} running={s['running']} compared={s['compared']} "
           f"mismatches={s['mismatches']} over={s['over']} leaked={s['leaked']}")
     ok = s["running"] >= s["pods"] and s["mismatches"] == 0 and s["over"] == 0 and s["leaked"] == 0
