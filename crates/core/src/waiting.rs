@@ -53,6 +53,9 @@ pub enum Blocker {
     /// Its own requirements (model, memory, selectors, NVLink...): the nodes each rules out
     /// are in kube-scheduler's message.
     Constraints,
+    /// Its DRA claims' selectors: no node whose GPUs match them (the nodes each rules out
+    /// are in kube-scheduler's message).
+    ClaimSelectors,
     /// Its gang is not all there, or is being placed.
     Gang,
     /// Its queue does not exist or serves no pod.
@@ -60,7 +63,7 @@ pub enum Blocker {
 }
 
 impl Blocker {
-    pub const ALL: [Blocker; 9] = [
+    pub const ALL: [Blocker; 10] = [
         Blocker::QueueLimit,
         Blocker::Ahead,
         Blocker::Capacity(Resource::Gpu),
@@ -68,6 +71,7 @@ impl Blocker {
         Blocker::Capacity(Resource::Memory),
         Blocker::Fragmentation,
         Blocker::Constraints,
+        Blocker::ClaimSelectors,
         Blocker::Gang,
         Blocker::Queue,
     ];
@@ -82,6 +86,7 @@ impl Blocker {
             Blocker::Capacity(Resource::Memory) => "capacity (memory)",
             Blocker::Fragmentation => "fragmentation",
             Blocker::Constraints => "its own constraints",
+            Blocker::ClaimSelectors => "claim selectors",
             Blocker::Gang => "gang",
             Blocker::Queue => "queue",
         }

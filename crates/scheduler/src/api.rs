@@ -57,6 +57,8 @@ pub struct ClusterView {
     pub queues: Listed<crate::k8s::queue::Queue>,
     /// Namespaces (stripped to their name and the default-queue annotation).
     pub namespaces: Listed<Namespace>,
+    /// The Jobs, looked up by name (their deadlines).
+    pub jobs: crate::k8s::job::Jobs,
     /// Grows with every watch event the view reflects: equal generations, equal views.
     pub generation: u64,
 }

@@ -11,6 +11,7 @@ pub mod demand;
 pub mod demand_error;
 pub mod dra;
 pub mod gang;
+pub mod job;
 pub mod kube_api;
 pub mod leader;
 pub mod need;

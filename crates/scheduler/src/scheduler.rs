@@ -264,6 +264,8 @@ pub struct Scheduler<A: ClusterApi> {
     wall: crate::clock::WallClock,
     /// How long pods ran, by queue and shape (expected starts read it).
     runs: gpuplace_core::waiting::history::RunHistory,
+    /// The Jobs the last view could look up (their deadlines bound their pods' runs).
+    jobs: crate::k8s::job::Jobs,
     /// The starts projected lately.
     starts: line::Starts,
 }
@@ -315,6 +317,7 @@ impl<A: ClusterApi> Scheduler<A> {
             usage: usage::UsageBook::new(config_usage, wall),
             wall,
             runs: Default::default(),
+            jobs: Default::default(),
             starts: Default::default(),
         }
     }

@@ -17,6 +17,7 @@
 
 mod cluster_api;
 mod costs;
+mod jobs;
 mod listing;
 mod objects;
 mod queues;
@@ -304,6 +305,7 @@ pub struct MemoryApi {
     node_version: tokio::sync::watch::Sender<u64>,
     /// Tokens and RBAC objects, for TokenReview and SubjectAccessReview.
     rbac: Arc<Mutex<Rbac>>,
+    jobs: Arc<jobs::MemoryJobs>,
 }
 
 impl Default for MemoryApi {
@@ -314,6 +316,7 @@ impl Default for MemoryApi {
             pod_version: tokio::sync::watch::channel(0).0,
             node_version: tokio::sync::watch::channel(0).0,
             rbac: Arc::default(),
+            jobs: Arc::default(),
         }
     }
 }

@@ -62,6 +62,18 @@ fn verdicts(
     made
 }
 
+/// A node none of whose GPUs matches the pod's claim selectors.
+pub const NO_MATCH: &str = "node(s) had no GPU matching the claim's selectors";
+/// A node some of whose GPUs match, not all.
+pub const SOME_MATCH: &str = "node(s) had GPUs of which only some match the claim's selectors (gpuplace uses nodes whose GPUs all match)";
+/// The start of the phrase for a node whose GPUs the selectors cannot be evaluated on.
+pub const NOT_EVALUATED: &str = "node(s) had GPUs the claim's selectors cannot be evaluated on";
+
+/// Whether `phrase` is this filter's (a node its claim selectors rule out).
+pub fn is_selector_phrase(phrase: &str) -> bool {
+    phrase == NO_MATCH || phrase == SOME_MATCH || phrase.starts_with(NOT_EVALUATED)
+}
+
 fn node_verdict(
     inventory: &gpuplace_model::NodeInventory,
     plan: &crate::k8s::dra::pod::ClaimPlan,
@@ -74,9 +86,7 @@ fn node_verdict(
                 Ok(true) => {}
                 Ok(false) => all = false,
                 Err(e) => {
-                    return Some(format!(
-                        "node(s) had GPUs the claim's selectors cannot be evaluated on ({e})"
-                    ));
+                    return Some(format!("{NOT_EVALUATED} ({e})"));
                 }
             }
         }
@@ -87,11 +97,8 @@ fn node_verdict(
         }
     }
     match (matching, other) {
-        (0, _) => Some("node(s) had no GPU matching the claim's selectors".to_string()),
+        (0, _) => Some(NO_MATCH.to_string()),
         (_, 0) => None,
-        _ => Some(
-            "node(s) had GPUs of which only some match the claim's selectors (gpuplace uses nodes whose GPUs all match)"
-                .to_string(),
-        ),
+        _ => Some(SOME_MATCH.to_string()),
     }
 }

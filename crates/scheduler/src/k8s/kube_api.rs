@@ -34,6 +34,7 @@ mod claims;
 mod errors;
 mod events;
 mod groups;
+mod jobs;
 use errors::api_error;
 mod watch;
 pub use watch::{Changes, WatchLog, WatchNote, is_missing_resource};
@@ -54,6 +55,7 @@ pub struct KubeApi {
     budgets: Watched<PodDisruptionBudget>,
     queues: Watched<Queue>,
     namespaces: Watched<Namespace>,
+    jobs: crate::k8s::job::Jobs,
     events: Arc<events::Publisher>,
     /// Counts watch events of all three caches: the view's generation.
     changes: Changes,
@@ -275,6 +277,15 @@ impl KubeApi {
             changes.clone(),
             Some(namespace_fingerprint),
         );
+        // Jobs for their deadlines only: a Job's status updates wake nobody.
+        let jobs = run_reflector(
+            Api::<k8s_openapi::api::batch::v1::Job>::all(client.clone()),
+            crate::k8s::job::strip_job,
+            "jobs cannot be listed (RBAC?): a Job's activeDeadlineSeconds is not known",
+            changes.clone(),
+            Some(crate::k8s::job::job_fingerprint),
+        );
+        let jobs = crate::k8s::job::Jobs::new(Arc::new(jobs::WatchedJobs(jobs)));
         nodes
             .wait_until_ready()
             .await
@@ -303,6 +314,7 @@ impl KubeApi {
             budgets,
             queues,
             namespaces,
+            jobs,
             changes,
             limit: None,
         })
@@ -360,6 +372,7 @@ impl ClusterApi for KubeApi {
                 budgets: self.budgets.listed(),
                 queues: self.queues.listed(),
                 namespaces: self.namespaces.listed(),
+                jobs: self.jobs.clone(),
                 generation,
             },
             feed,

@@ -180,9 +180,11 @@ pub struct PodInfo {
     /// Job): what defragmentation may move.
     pub controller: Option<Box<Controller>>,
     /// How long it declares it runs, in ms, from its start (else creation): the annotation
-    /// `gpuplace.io/expected-duration`, else its `activeDeadlineSeconds`; an annotation that
-    /// is not a duration is why not (shown as a warning, the pod otherwise unaffected).
+    /// `gpuplace.io/expected-duration`; an annotation that is not a duration is why not
+    /// (shown as a warning, the pod otherwise unaffected). See [`crate::k8s::job::Jobs::declared_run`].
     pub declared_ms: Result<Option<u64>, String>,
+    /// Its own `activeDeadlineSeconds`, in ms.
+    pub deadline_ms: Option<u64>,
     /// `gpuplace.io/movable: "true"` as a label or an annotation.
     pub movable: bool,
     /// `status.startTime`: when the kubelet took it.
@@ -302,6 +304,7 @@ impl PodInfo {
             terms: terms.map(Arc::new),
             controller: controller_of(pod),
             declared_ms: declared_run(pod),
+            deadline_ms: deadline_of(pod),
             movable: movable_of(pod),
             started: pod
                 .status
@@ -370,18 +373,21 @@ fn declared_run(pod: &Pod) -> Result<Option<u64>, String> {
         .annotations
         .as_ref()
         .and_then(|a| a.get(EXPECTED_DURATION_ANNOTATION));
-    Ok(match declared {
-        Some(text) => Some(
+    declared
+        .map(|text| {
             gpuplace_core::fairshare::parse_half_life(text)
-                .map_err(|e| format!("{EXPECTED_DURATION_ANNOTATION}: {e}"))?,
-        ),
-        None => pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.active_deadline_seconds)
-            .filter(|s| *s > 0)
-            .map(|s| s as u64 * 1000),
-    })
+                .map_err(|e| format!("{EXPECTED_DURATION_ANNOTATION}: {e}"))
+        })
+        .transpose()
+}
+
+/// `pod`'s own `activeDeadlineSeconds`, in ms.
+fn deadline_of(pod: &Pod) -> Option<u64> {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.active_deadline_seconds)
+        .filter(|s| *s > 0)
+        .map(|s| s as u64 * 1000)
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ use gpuplace_core::waiting::history::RunHistory;
 use gpuplace_core::waiting::{Ahead, Ending, Place, Position, Span, Start, project, project_line};
 use gpuplace_model::Request;
 
+use crate::k8s::job::Jobs;
 use crate::k8s::pod_info::PodInfo;
 use crate::snapshot::Snapshot;
 
@@ -57,9 +58,21 @@ pub(super) fn run_class(pod: &PodInfo) -> String {
     format!("{queue}|{shape}")
 }
 
-/// How long `pod` declared it runs, in ms.
-fn declared(pod: &PodInfo) -> Option<u64> {
-    pod.declared_ms.as_ref().ok().copied().flatten()
+/// What a pod's run is expected from: the run history and its declarations (its own, its
+/// Job's deadline).
+pub(super) struct Runs<'a> {
+    pub history: &'a RunHistory,
+    pub jobs: &'a Jobs,
+}
+
+impl Runs<'_> {
+    /// How much longer `pod`, started at `since_ms` (`now_ms` for a pod not started), runs
+    /// at `now_ms`.
+    fn remaining(&self, pod: &PodInfo, since_ms: i64, now_ms: i64) -> Option<Span> {
+        let elapsed = now_ms.saturating_sub(since_ms).max(0) as u64;
+        let declared = self.jobs.declared_run(pod, since_ms);
+        self.history.remaining(&run_class(pod), elapsed, declared)
+    }
 }
 
 impl Line {
@@ -68,7 +81,8 @@ impl Line {
     pub fn new(
         waiting: &[Arc<PodInfo>],
         queue_of: &dyn Fn(&PodInfo) -> Option<usize>,
-        runs: &RunHistory,
+        runs: &Runs<'_>,
+        now_ms: i64,
     ) -> Line {
         let units = super::units::form(waiting, |_| true);
         let mut places = HashMap::new();
@@ -84,7 +98,7 @@ impl Line {
             for pod in pods {
                 let index = match &pod.demand {
                     Ok(d) if requests.len() < PROJECTED => {
-                        let runs = runs.remaining(&run_class(pod), 0, declared(pod));
+                        let runs = runs.remaining(pod, now_ms, now_ms);
                         requests.push((d.request.clone(), runs));
                         Some(requests.len() - 1)
                     }
@@ -136,7 +150,7 @@ impl Line {
         uid: &str,
         mask: Option<&[bool]>,
         snapshot: &Snapshot,
-        runs: &RunHistory,
+        runs: &Runs<'_>,
         now_ms: i64,
     ) -> Start {
         let Some(index) = self.places.get(uid).and_then(|p| p.pod) else {
@@ -198,7 +212,7 @@ impl Owned {
 
 /// The running pods of `snapshot` whose end is expected: declared (scaled by how
 /// declarations turned out), else learnt from their class's run times.
-fn endings(snapshot: &Snapshot, runs: &RunHistory, now_ms: i64) -> Vec<Owned> {
+fn endings(snapshot: &Snapshot, runs: &Runs<'_>, now_ms: i64) -> Vec<Owned> {
     let mut out = Vec::new();
     for pod in snapshot.placed.iter().flatten() {
         let Some(held) = snapshot.held.get(&pod.key.uid) else {
@@ -208,8 +222,7 @@ fn endings(snapshot: &Snapshot, runs: &RunHistory, now_ms: i64) -> Vec<Owned> {
             .started
             .or(pod.created)
             .map_or(now_ms, |t| t.as_millisecond());
-        let elapsed = now_ms.saturating_sub(since).max(0) as u64;
-        let Some(left) = runs.remaining(&run_class(pod), elapsed, declared(pod)) else {
+        let Some(left) = runs.remaining(pod, since, now_ms) else {
             continue;
         };
         out.push(Owned {

@@ -187,11 +187,13 @@ impl<A: ClusterApi> Scheduler<A> {
         let before = self.seen.active.clone();
         // What ran, for the expected starts: each pod that ended, from its start to now.
         let now_ms = self.wall.ms(now);
-        let runs = &mut self.runs;
+        self.jobs = view.jobs.clone();
+        let (runs, jobs) = (&mut self.runs, &self.jobs);
         let mut ended = |pod: &crate::k8s::pod_info::PodInfo| {
             if let Some(since) = pod.started.or(pod.created) {
-                let ran = now_ms.saturating_sub(since.as_millisecond()).max(0) as u64;
-                let declared = pod.declared_ms.as_ref().ok().copied().flatten();
+                let since = since.as_millisecond();
+                let ran = now_ms.saturating_sub(since).max(0) as u64;
+                let declared = jobs.declared_run(pod, since);
                 runs.ran(&super::line::run_class(pod), ran, declared);
             }
         };

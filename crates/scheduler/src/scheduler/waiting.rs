@@ -52,6 +52,7 @@ pub(super) fn blocker_of(
         Some(Shortage::Fragmentation { .. }) => Blocker::Fragmentation,
         None => match found.and_then(|f| f.short_of) {
             Some(r) => Blocker::Capacity(r),
+            None if found.is_some_and(|f| f.by_claim_selectors) => Blocker::ClaimSelectors,
             None => Blocker::Constraints,
         },
     }
@@ -66,6 +67,14 @@ fn asked(pods: &[&Arc<PodInfo>]) -> u64 {
 }
 
 impl<A: ClusterApi> Scheduler<A> {
+    /// What runs are expected from: the history and the Jobs of the last view.
+    pub(super) fn runs(&self) -> super::line::Runs<'_> {
+        super::line::Runs {
+            history: &self.runs,
+            jobs: &self.jobs,
+        }
+    }
+
     /// Why `pods` (a pod, or a gang's members) wait, taken as the round finds them (before
     /// PostFilter's plan is carried out, which holds places that would read as taken), from
     /// what their trial found them short of (`found`). The caller adds its gang and what
@@ -112,11 +121,11 @@ impl<A: ClusterApi> Scheduler<A> {
         let queues_in_use = round.queues_in_use;
         let line = round.order.line.get_or_insert_with(|| {
             let queue_of = |p: &PodInfo| queues_in_use.then(|| self.queues.of(p).ok()).flatten();
-            Line::new(&round.order.waiting, &queue_of, &self.runs)
+            Line::new(&round.order.waiting, &queue_of, &self.runs(), now_ms)
         });
         let start = if blocker.waits_for_room() {
             let start = self.starts.get(&pod.key.uid, round.now, || {
-                line.start(&pod.key.uid, mask, snapshot, &self.runs, now_ms)
+                line.start(&pod.key.uid, mask, snapshot, &self.runs(), now_ms)
             });
             match start {
                 // Room is not what it waits for after all: no start to tell from it.

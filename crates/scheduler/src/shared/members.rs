@@ -72,6 +72,8 @@ pub struct UnfitFound {
     pub shortage: Option<gpuplace_core::shortage::Shortage>,
     /// With no GPU shortage: CPU or memory, when some node it may use lacks them.
     pub short_of: Option<gpuplace_core::waiting::Resource>,
+    /// Its DRA claims' selectors ruled out some node.
+    pub by_claim_selectors: bool,
     pub mask: Option<Vec<bool>>,
 }
 
@@ -232,6 +234,11 @@ impl<'s, 'a> place::Members for OnSnapshot<'s, 'a> {
         };
         self.unfit.replace(Some(UnfitFound {
             short_of: found.is_none().then_some(short_of).flatten(),
+            by_claim_selectors: filtered
+                .0
+                .rejected
+                .keys()
+                .any(|p| crate::framework::claim_selectors::is_selector_phrase(p)),
             shortage: found,
             mask: filtered.0.mask().map(<[bool]>::to_vec),
         }));

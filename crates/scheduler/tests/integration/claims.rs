@@ -391,7 +391,8 @@ async fn cel_selectors_choose_the_nodes_whose_gpus_match() {
     assert!(bound_node(&api, "h100").is_none());
     let why = last_message(&api, "h100");
     assert!(
-        why.contains("no GPU matching the claim's selectors"),
+        why.starts_with("blocked by: claim selectors")
+            && why.contains("no GPU matching the claim's selectors"),
         "{why}"
     );
 }

@@ -80,6 +80,67 @@ async fn a_quad_pod_blocked_by_two_singles_is_told_fragmentation_and_when_it_sta
     let _ = Duration::ZERO;
 }
 
+/// A 1-GPU pod of Job `job` running on GPU `gpu` of node `n1`, declaring nothing itself,
+/// and its Job, started now with a deadline of `minutes`.
+fn job_pod(
+    job: &str,
+    gpu: u32,
+    minutes: u64,
+) -> (
+    k8s_openapi::api::core::v1::Pod,
+    k8s_openapi::api::batch::v1::Job,
+) {
+    let mut p = running(&format!("{job}-x"), gpu, 0);
+    p.metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .remove("gpuplace.io/expected-duration");
+    p.metadata.owner_references = Some(vec![
+        serde_json::from_value(json!({
+            "apiVersion": "batch/v1", "kind": "Job", "name": job, "uid": format!("uid-{job}"),
+            "controller": true
+        }))
+        .unwrap(),
+    ]);
+    let started = k8s_openapi::jiff::Timestamp::now().to_string();
+    let j = serde_json::from_value(json!({
+        "metadata": {"name": job, "namespace": "ml", "uid": format!("uid-{job}")},
+        "spec": {"activeDeadlineSeconds": minutes * 60,
+            "template": {"spec": {"containers": [{"name": "main", "image": "x"}]}}},
+        "status": {"startTime": started}
+    }))
+    .unwrap();
+    (p, j)
+}
+
+/// The Job controller does not copy a Job's activeDeadlineSeconds onto its pods: the
+/// scheduler reads it from the Job, from the Job's start.
+#[tokio::test]
+async fn a_job_pods_end_is_its_jobs_deadline() {
+    let api = MemoryApi::new();
+    api.put_node(linked_node("n1", 4));
+    for (job, gpu, minutes) in [("train-a", 0, 30), ("train-b", 4, 90)] {
+        let (p, j) = job_pod(job, gpu, minutes);
+        api.put_pod(p);
+        api.put_job(j);
+    }
+    api.put_pod(pod(
+        "quad",
+        4,
+        json!({"metadata": {"annotations": {"gpuplace.io/topology": "nvlink"}}}),
+    ));
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    scheduler.round(Instant::now()).await.unwrap();
+    let message = last_message(&api, "quad");
+    let parsed = gpuplace_core::waiting::Waiting::parse(&message);
+    let start = parsed.expected_start.expect(&message);
+    assert!(
+        start.ends_with("(in 30m)") || start.ends_with("(in 29m)"),
+        "{start}"
+    );
+}
+
 #[tokio::test]
 async fn a_pod_behind_others_in_fair_order_is_told_so_with_its_queue() {
     let api = MemoryApi::new();

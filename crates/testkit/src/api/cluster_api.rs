@@ -47,6 +47,7 @@ impl ClusterApi for MemoryApi {
                 budgets: s.budgets.listed(),
                 queues: s.queues.listed(),
                 namespaces: s.namespaces.listed(),
+                jobs: self.job_lookup(),
                 generation: s.generation,
             },
             feed,

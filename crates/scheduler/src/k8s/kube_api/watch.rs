@@ -301,6 +301,15 @@ where
         }
     }
 
+    /// The object `namespace/name`, when the store has it.
+    pub(super) fn get(&self, namespace: &str, name: &str) -> Option<Arc<K>>
+    where
+        K::DynamicType: Default,
+    {
+        self.store
+            .get(&kube::runtime::reflector::ObjectRef::new(name).within(namespace))
+    }
+
     pub(super) async fn wait_until_ready(&self) -> Result<(), reflector::store::WriterDropped> {
         self.store.wait_until_ready().await
     }
