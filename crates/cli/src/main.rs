@@ -16,6 +16,7 @@ mod signals;
 mod simulate;
 mod simulate_timeline;
 mod status;
+mod status_source;
 
 use std::process::ExitCode;
 

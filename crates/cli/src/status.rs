@@ -1,5 +1,7 @@
 //! `gpuplace status`: the fleet's GPUs, who holds them, why pods wait, how fragmented the
-//! cluster is; read once (or every 2 s with `--watch`) with the caller's kubeconfig.
+//! cluster is; read once (or every 2 s with `--watch`) with the caller's kubeconfig. Why
+//! pods wait comes from the Events, or with `--scheduler URL` from the scheduler's memory
+//! ([`crate::status_source`]).
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -41,6 +43,8 @@ pub struct StatusArgs {
     /// Colour: always, never or auto (a terminal, unless NO_COLOR is set).
     #[arg(long, default_value = "auto")]
     color: String,
+    #[command(flatten)]
+    source: crate::status_source::SourceArgs,
 }
 
 pub fn run(args: StatusArgs) -> anyhow::Result<()> {
@@ -77,12 +81,20 @@ async fn show(args: StatusArgs) -> anyhow::Result<()> {
         colour,
         width,
     };
+    let source = crate::status_source::Source::from_args(&args.source)?;
     loop {
         let read = status_read::read(client.clone(), &resource, args.namespace.as_deref())
             .await
             .context("cannot read the cluster")?;
         let reasons = status::reasons::from_events(&read.failures);
-        let fleet = status::fleet(&read.view, &resource, &reasons, &filter);
+        let mut fleet = status::fleet(&read.view, &resource, &reasons, &filter);
+        if let Some(source) = &source
+            && let Err(e) =
+                crate::status_source::merge(source, &mut fleet, args.namespace.as_deref()).await
+        {
+            // The Events still say why, as last written.
+            eprintln!("gpuplace status: {e:#}; why pods wait is read from the Events");
+        }
         let out = match args.output {
             Some(Output::Json) => serde_json::to_string_pretty(&fleet)? + "\n",
             _ => text::render(&fleet, style),
