@@ -2,17 +2,22 @@
 //! end at their expected ends (declared, else learnt: [`super::history`]), one after the
 //! other on a copy of the cluster; after each end, the units ahead of the pod in the line
 //! that now fit take their places (and end in turn after their expected run), then the pod
-//! is tried. Done three times (every end at its earliest, likeliest and latest) for a range.
+//! is tried. Played [`PLAYS`] times, each end drawn at random from its span (its 10th, 50th
+//! and 90th percentile), and the pod is told the median of its starts, with the 10th to
+//! 90th percentile as its spread (the drivers tell the range from how projections turned
+//! out: [`super::history::RunHistory::calibrated`]): a pod that waits for the first of
+//! many nodes to empty starts with the first of many uncertain ends, sooner than the first
+//! of their medians.
 //!
 //! What the projection does not know it leaves out: a running pod with no expected end
 //! never frees its place, a unit ahead with no expected run never ends. Bounded: at most
-//! [`MAX_STEPS`] ends are played out per scenario (past them the start is unknown).
+//! [`MAX_STEPS`] ends are played out per play (past them the start is unknown).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use gpuplace_model::Request;
-use rand::SeedableRng;
+use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
@@ -20,8 +25,10 @@ use super::Start;
 use crate::policy::Policy;
 use crate::state::ClusterState;
 
-/// Ends played out at most per scenario.
+/// Ends played out at most per play.
 pub const MAX_STEPS: usize = 4_096;
+/// Plays of the line, each with its own draw of every end.
+pub const PLAYS: usize = 7;
 
 /// Earliest, likeliest and latest: of a time (ms since the epoch) or of a duration (ms).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -50,25 +57,30 @@ impl Span {
         }
     }
 
-    fn pick(self, scenario: Scenario) -> i64 {
-        match scenario {
-            Scenario::Earliest => self.earliest_ms,
-            Scenario::Likeliest => self.at_ms,
-            Scenario::Latest => self.latest_ms,
-        }
+    /// A draw from the span at quantile `u` (0..=1): through its 10th, 50th and 90th
+    /// percentile, straight between them and a quarter of the neighbouring gap past them.
+    fn draw(self, u: f64) -> i64 {
+        let (e, m, l) = (
+            self.earliest_ms as f64,
+            self.at_ms as f64,
+            self.latest_ms as f64,
+        );
+        let v = if u < 0.1 {
+            e - (m - e) * (0.1 - u) / 0.4
+        } else if u < 0.5 {
+            e + (m - e) * (u - 0.1) / 0.4
+        } else if u < 0.9 {
+            m + (l - m) * (u - 0.5) / 0.4
+        } else {
+            l + (l - m) * (u - 0.9) / 0.4
+        };
+        v.round() as i64
     }
 
     /// Whether `ms` lies within the span.
     pub fn holds(&self, ms: i64) -> bool {
         self.earliest_ms <= ms && ms <= self.latest_ms
     }
-}
-
-#[derive(Clone, Copy)]
-enum Scenario {
-    Earliest,
-    Likeliest,
-    Latest,
 }
 
 /// A running pod: where it is and when it is expected to end.
@@ -121,18 +133,24 @@ pub fn project_line(
     endings: &[Ending<'_>],
     now_ms: i64,
 ) -> Vec<Start> {
-    let runs: Vec<Vec<Option<i64>>> = [Scenario::Earliest, Scenario::Likeliest, Scenario::Latest]
-        .into_iter()
-        .map(|scenario| play(state, line, endings, now_ms, scenario))
+    let plays: Vec<Vec<Option<i64>>> = (0..PLAYS as u64)
+        .map(|seed| play(state, line, endings, now_ms, seed))
         .collect();
     (0..line.len())
-        .map(|u| match (runs[0][u], runs[1][u], runs[2][u]) {
-            (Some(a), Some(b), Some(c)) => Start::At(Span {
-                earliest_ms: a.min(b).min(c),
-                at_ms: b,
-                latest_ms: a.max(b).max(c),
-            }),
-            _ => Start::Unknown,
+        .map(|u| {
+            let mut starts: Vec<i64> = plays.iter().filter_map(|p| p[u]).collect();
+            // Unknown when fewer than half the plays start it.
+            if starts.len() * 2 < PLAYS {
+                return Start::Unknown;
+            }
+            starts.sort_unstable();
+            // Nearest ranks over every play, a play that never starts it counted last.
+            let rank = |q: usize| starts[((PLAYS - 1) * q / 100).min(starts.len() - 1)];
+            Start::At(Span {
+                earliest_ms: rank(10),
+                at_ms: rank(50),
+                latest_ms: rank(90),
+            })
         })
         .collect()
 }
@@ -151,7 +169,7 @@ struct Shape<'a> {
     units: std::collections::VecDeque<usize>,
 }
 
-/// One scenario being played out on a copy of the cluster.
+/// One play on a copy of the cluster.
 struct Play<'a, 'r> {
     copy: ClusterState,
     rng: ChaCha8Rng,
@@ -159,7 +177,8 @@ struct Play<'a, 'r> {
     shapes: Vec<Shape<'a>>,
     held: Vec<Held<'a>>,
     ends: BinaryHeap<Reverse<(i64, usize)>>,
-    scenario: Scenario,
+    /// The play's draws of the ends.
+    draws: ChaCha8Rng,
     /// When each unit started.
     started: Vec<Option<i64>>,
 }
@@ -177,7 +196,8 @@ impl<'a> Play<'a, '_> {
             return false;
         }
         if let Some(runs) = a.runs {
-            let end = t + runs.pick(self.scenario).max(0);
+            let u = self.draws.random::<f64>();
+            let end = t + runs.draw(u).max(0);
             self.ends.push(Reverse((end, self.held.len())));
         }
         self.held.push(Held {
@@ -226,14 +246,16 @@ impl<'a> Play<'a, '_> {
     }
 }
 
-/// One scenario played out: when each unit starts (`None`: not within what is known).
+/// One play (its draws seeded by `seed`): when each unit starts (`None`: not within what
+/// is known).
 fn play<'a>(
     state: &ClusterState,
     line: &[Ahead<'a>],
     endings: &[Ending<'a>],
     now_ms: i64,
-    scenario: Scenario,
+    seed: u64,
 ) -> Vec<Option<i64>> {
+    let mut draws = ChaCha8Rng::seed_from_u64(seed);
     let mut shapes: Vec<Shape<'a>> = Vec::new();
     for (u, a) in line.iter().enumerate() {
         match shapes
@@ -264,9 +286,9 @@ fn play<'a>(
         ends: endings
             .iter()
             .enumerate()
-            .map(|(i, e)| Reverse((e.end.pick(scenario).max(now_ms), i)))
+            .map(|(i, e)| Reverse((e.end.draw(draws.random::<f64>()).max(now_ms), i)))
             .collect(),
-        scenario,
+        draws,
         started: vec![None; line.len()],
     };
     let mut t = now_ms;

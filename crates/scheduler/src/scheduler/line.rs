@@ -251,9 +251,47 @@ pub(super) struct Starts {
 struct StartsInner {
     at: Option<std::time::Instant>,
     by_uid: std::collections::HashMap<String, Start>,
+    /// Each pod's first projected start, to learn from at its Binding.
+    first: std::collections::HashMap<String, FirstTold>,
+}
+
+/// Pods whose first projection is kept at most (past it the record starts again).
+const MAX_FIRST_TOLD: usize = 100_000;
+
+/// A pod's first projected start: when it was told, the projection's likeliest start
+/// (before calibration), and its wait class.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct FirstTold {
+    pub told_ms: i64,
+    pub projected_ms: i64,
+    pub class: usize,
+}
+
+impl FirstTold {
+    /// What the run history learns from it, the pod bound at `bound_ms`: the projected
+    /// wait and the actual one.
+    pub fn learn(&self, runs: &mut RunHistory, bound_ms: i64) {
+        let waited = |at: i64| (at - self.told_ms).max(0) as u64;
+        runs.waited(self.class, waited(self.projected_ms), waited(bound_ms));
+    }
 }
 
 impl Starts {
+    /// Keeps `first` as pod `uid`'s first projection, unless one is kept already.
+    pub(super) fn remember(&self, uid: &str, first: FirstTold) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if inner.first.len() >= MAX_FIRST_TOLD && !inner.first.contains_key(uid) {
+            inner.first.clear();
+        }
+        inner.first.entry(uid.to_string()).or_insert(first);
+    }
+
+    /// Pod `uid`'s first projection, taken (it was bound or is gone).
+    pub(super) fn take_first(&self, uid: &str) -> Option<FirstTold> {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner.first.remove(uid)
+    }
+
     /// Pod `uid`'s start: as projected within [`PROJECT_EVERY`] of `now` (the round's
     /// time), else by `project` in the round that starts a new period (the line is
     /// projected once in it); a pod first told in a later round of the period waits for

@@ -428,6 +428,11 @@ impl<A: ClusterApi> Scheduler<A> {
             Ok(()) => {
                 report.bound += 1;
                 self.cluster.written(&key.uid);
+                // How its first projected start turned out.
+                if let Some(first) = self.starts.take_first(&key.uid) {
+                    let bound_ms = self.wall_ms();
+                    first.learn(&mut self.runs, bound_ms);
+                }
                 let devices: Vec<String> = request
                     .annotations
                     .get(ASSIGNMENT_ANNOTATION)

@@ -12,6 +12,7 @@ use std::time::SystemTime;
 
 use gpuplace_core::fairshare::{Picker, show_amount, show_half_life};
 use gpuplace_core::shortage::Shortage;
+use gpuplace_core::waiting::history::wait_class;
 use gpuplace_core::waiting::{Blocker, GangStanding, QueueStanding, Resource, Start, Waiting};
 
 use super::Scheduler;
@@ -130,9 +131,22 @@ impl<A: ClusterApi> Scheduler<A> {
             match start {
                 // Room is not what it waits for after all: no start to tell from it.
                 Start::At(span) if span.at_ms <= now_ms => None,
+                Start::At(span) => {
+                    let class = pod
+                        .demand
+                        .as_ref()
+                        .map_or(0, |d| wait_class(d.request.gpu_count, d.request.gpu_milli));
+                    let first = super::line::FirstTold {
+                        told_ms: now_ms,
+                        projected_ms: span.at_ms,
+                        class,
+                    };
+                    self.starts.remember(&pod.key.uid, first);
+                    let wait = span.shifted(-now_ms);
+                    Some(Start::At(self.runs.calibrated(class, wait).shifted(now_ms)))
+                }
                 // Not shown where it cannot beat "unknown".
                 Start::Unknown => None,
-                start => Some(start),
             }
         } else {
             None

@@ -27,8 +27,10 @@ use crate::trace::name_hash;
 /// What a waiting pod was told and could have reckoned, at its first wait.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Told {
-    /// The projection (`None`: unknown).
+    /// The projection as told, calibrated by how projections turned out (`None`: unknown).
     pub estimate: Option<Span>,
+    /// The projection's own likeliest start, before the calibration (what it learns from).
+    pub projected: Option<i64>,
     /// The same projection with nothing ahead in the line (`None`: unknown).
     pub alone: Option<i64>,
     /// When the longest running pod on the best node ends (`None`: no node's end known).

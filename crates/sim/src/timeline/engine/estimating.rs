@@ -1,6 +1,7 @@
 //! The engine's side of expected starts ([`super::estimate`]): the line kept, told at a
 //! unit's first wait, checked at its start, learnt from at each end.
 
+use gpuplace_core::waiting::history::wait_class;
 use gpuplace_core::waiting::{Ahead, Ending, Span, Start, project};
 use gpuplace_model::Request;
 
@@ -22,8 +23,9 @@ impl Engine<'_> {
         self.estimates.declared(&pod.name, j.full_ms)
     }
 
-    /// `unit` failed its first attempt at `now`: it joins the line, and each of its
-    /// measured jobs is told when it is expected to start.
+    /// `unit` failed its first attempt at `now`: it joins the line, and each of its jobs is
+    /// told when it is expected to start (the measured ones' errors are reported; every
+    /// one's start teaches the calibration how projections turn out).
     pub(super) fn estimate_first_wait(&mut self, unit: u32, now: Ms) {
         if self.estimates.share <= 0.0 {
             return;
@@ -35,7 +37,6 @@ impl Engine<'_> {
             .jobs
             .clone()
             .into_iter()
-            .filter(|&job| self.jobs[job as usize].measured)
             .map(|job| (job, self.tell(unit, job, now_ms)))
             .collect();
         for (job, t) in told {
@@ -81,16 +82,24 @@ impl Engine<'_> {
                 }
             })
             .collect();
-        let estimate = match project(&self.state, request, None, &ahead, &endings, now_ms) {
+        let projected = match project(&self.state, request, None, &ahead, &endings, now_ms) {
             Start::At(span) => Some(span),
             Start::Unknown => None,
         };
+        let class = wait_class(request.gpu_count, request.gpu_milli);
+        let estimate = projected.map(|p| {
+            let history = &self.estimates.history;
+            history
+                .calibrated(class, p.shifted(-now_ms))
+                .shifted(now_ms)
+        });
         let alone = match project(&self.state, request, None, &[], &endings, now_ms) {
             Start::At(span) => Some(span.at_ms),
             Start::Unknown => None,
         };
         Told {
             estimate,
+            projected: projected.map(|p| p.at_ms),
             alone,
             longest: self.longest_on_best_node(request, now_ms),
             at: now_ms,
@@ -159,8 +168,19 @@ impl Engine<'_> {
         let Some(told) = self.estimates.made.remove(&job) else {
             return;
         };
-        let classes = Class::of(&self.pods[self.jobs[job as usize].pod as usize].request);
-        self.estimates.started(&classes, told, bound.0 as i64);
+        let j = &self.jobs[job as usize];
+        let request = &self.pods[j.pod as usize].request;
+        let bound = bound.0 as i64;
+        if let Some(projected) = told.projected {
+            let class = wait_class(request.gpu_count, request.gpu_milli);
+            let waited = |at: i64| (at - told.at).max(0) as u64;
+            let history = &mut self.estimates.history;
+            history.waited(class, waited(projected), waited(bound));
+        }
+        if j.measured {
+            let classes = Class::of(request);
+            self.estimates.started(&classes, told, bound);
+        }
     }
 
     /// `job` ended its run: its class learns how long it ran, and against what it declared.
