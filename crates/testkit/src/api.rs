@@ -305,8 +305,12 @@ pub struct MemoryApi {
     node_version: tokio::sync::watch::Sender<u64>,
     /// Tokens and RBAC objects, for TokenReview and SubjectAccessReview.
     rbac: Arc<Mutex<Rbac>>,
-    jobs: Arc<jobs::MemoryJobs>,
+    jobs: Arc<MemoryJobs>,
 }
+
+/// The Jobs by (namespace, name) (`api/jobs.rs`).
+#[derive(Default)]
+struct MemoryJobs(Mutex<HashMap<(String, String), Arc<k8s_openapi::api::batch::v1::Job>>>);
 
 impl Default for MemoryApi {
     fn default() -> Self {

@@ -1,17 +1,12 @@
 //! Jobs in the fake server, as the scheduler's Job watch keeps them: by name, with their
 //! deadline and start.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use gpuplace_scheduler::k8s::job::{JobDeadline, JobLookup, Jobs};
 use k8s_openapi::api::batch::v1::Job;
 
-use super::MemoryApi;
-
-/// The Jobs by (namespace, name).
-#[derive(Default)]
-pub(super) struct MemoryJobs(Mutex<HashMap<(String, String), Arc<Job>>>);
+use super::{MemoryApi, MemoryJobs};
 
 impl JobLookup for MemoryJobs {
     fn deadline(&self, namespace: &str, name: &str) -> Option<JobDeadline> {
