@@ -166,7 +166,7 @@ impl Source {
         // The connection's task ends with the exchange (the sender is dropped after it).
         let connection = tokio::spawn(conn);
         let mut request = hyper::Request::get(path)
-            .header(hyper::header::HOST, format!("{}:{}", self.host, self.port))
+            .header(hyper::header::HOST, host_header(&self.host, self.port))
             .header(hyper::header::ACCEPT, "application/json");
         if let Some(token) = &self.token {
             request = request.header(hyper::header::AUTHORIZATION, format!("Bearer {token}"));
@@ -191,6 +191,15 @@ impl Source {
             );
         }
         Ok(body)
+    }
+}
+
+/// `Host` for `host` and `port` (an IPv6 address in brackets).
+fn host_header(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
     }
 }
 
@@ -327,6 +336,16 @@ mod tests {
         let other = &fleet.pending[1];
         assert!(other.record.is_none());
         assert_eq!(other.reason.as_deref(), Some("as the Event said"));
+    }
+
+    #[test]
+    fn an_ipv6_host_is_bracketed() {
+        let source = Source::from_args(&args("http://[::1]:9911"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(source.host, "::1");
+        assert_eq!(host_header(&source.host, source.port), "[::1]:9911");
+        assert_eq!(host_header("127.0.0.1", 80), "127.0.0.1:80");
     }
 
     #[tokio::test]
