@@ -15,7 +15,13 @@ bash ../shared/realnode/node.sh plugin-down; bash ../shared/realnode/node.sh plu
 setsid nohup $GPUPLACE scheduler --kubeconfig $KUBECONFIG --scheduler-name gpuplace --metrics-addr 127.0.0.1:9911 > /tmp/gpuplace-wait-record.log 2>&1 &
 echo $! > /tmp/gpuplace-wait-record.pid
 sleep 3
-cat <<Y | kubectl apply -f -
+# One container asking all 8 GPUs, indented by $1 spaces.
+container() {
+  local p; p=$(printf '%*s' "$1" '')
+  printf '%s- name: main\n%s  image: local/busybox:1\n%s  imagePullPolicy: Never\n' "$p" "$p" "$p"
+  printf '%s  command: ["sleep", "3600"]\n%s  resources: {limits: {nvidia.com/gpu: "8"}}\n' "$p" "$p"
+}
+kubectl apply -f - <<Y
 apiVersion: batch/v1
 kind: Job
 metadata: {name: hold, namespace: default}
@@ -27,31 +33,20 @@ spec:
       schedulerName: gpuplace
       restartPolicy: Never
       containers:
-      - name: main
-        image: local/busybox:1
-        imagePullPolicy: Never
-        command: ["sleep", "3600"]
-        resources: {limits: {nvidia.com/gpu: "8"}}
+$(container 6)
 Y
 for i in $(seq 60); do
   kubectl get pods -l job-name=hold -o jsonpath='{.items[0].status.phase}' 2>/dev/null | grep -q Running && break; sleep 1
 done
-cat <<Y | kubectl apply -f -
+kubectl apply -f - <<Y
 apiVersion: v1
 kind: Pod
 metadata: {name: waiter, namespace: default}
 spec:
   schedulerName: gpuplace
   containers:
-  - name: main
-    image: local/busybox:1
-    imagePullPolicy: Never
-    command: ["sleep", "3600"]
-    resources: {limits: {nvidia.com/gpu: "8"}}
+$(container 2)
 Y
-for i in $(seq 60); do
-  kubectl get pods -l job-name=hold -o jsonpath='{.items[0].status.phase}' 2>/dev/null | grep -q Running && break; sleep 1
-done
 kubectl get pods -o wide
 sleep 12
 kubectl get job hold -o yaml | grep -A3 "startTime\|activeDeadline"; kubectl get pod -l job-name=hold -o yaml | grep -A6 ownerRef

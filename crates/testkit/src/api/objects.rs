@@ -59,31 +59,33 @@ impl MemoryApi {
         annotations: &BTreeMap<String, String>,
         labels: &BTreeMap<String, String>,
     ) -> Result<Node, ApiError> {
-        let mut s = lock(&self.store);
-        s.generation += 1;
-        let rv = s.bump();
-        let node = s
-            .nodes
-            .get_mut(name)
-            .ok_or_else(|| ApiError::NotFound(format!("node {name}")))?;
-        node.metadata
-            .annotations
-            .get_or_insert_with(Default::default)
-            .extend(annotations.iter().map(|(k, v)| (k.clone(), v.clone())));
-        node.metadata
-            .labels
-            .get_or_insert_with(Default::default)
-            .extend(labels.iter().map(|(k, v)| (k.clone(), v.clone())));
-        node.metadata.resource_version = Some(rv);
-        let out = node.clone();
-        let v = s.version;
-        drop(s);
-        self.node_version.send_replace(v);
-        Ok(out)
+        self.patch_node_metadata(name, |meta| {
+            meta.annotations
+                .get_or_insert_with(Default::default)
+                .extend(annotations.iter().map(|(k, v)| (k.clone(), v.clone())));
+            meta.labels
+                .get_or_insert_with(Default::default)
+                .extend(labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+        })
     }
 
     /// Removes labels from a Node (a merge patch's nulls, as the API server applies them).
     pub fn remove_node_labels(&self, name: &str, labels: &[String]) -> Result<Node, ApiError> {
+        self.patch_node_metadata(name, |meta| {
+            if let Some(have) = meta.labels.as_mut() {
+                for l in labels {
+                    have.remove(l);
+                }
+            }
+        })
+    }
+
+    /// Changes a Node's metadata as a patch does: a new resourceVersion, its watchers told.
+    fn patch_node_metadata(
+        &self,
+        name: &str,
+        change: impl FnOnce(&mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta),
+    ) -> Result<Node, ApiError> {
         let mut s = lock(&self.store);
         s.generation += 1;
         let rv = s.bump();
@@ -91,11 +93,7 @@ impl MemoryApi {
             .nodes
             .get_mut(name)
             .ok_or_else(|| ApiError::NotFound(format!("node {name}")))?;
-        if let Some(have) = node.metadata.labels.as_mut() {
-            for l in labels {
-                have.remove(l);
-            }
-        }
+        change(&mut node.metadata);
         node.metadata.resource_version = Some(rv);
         let out = node.clone();
         let v = s.version;
