@@ -58,7 +58,13 @@ pub struct TracePod {
 /// A stable hash of a pod's name (FNV-1a), to pick pods by name: the same pods whatever
 /// the seed and the policy.
 pub fn name_hash(text: &str) -> u64 {
-    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+    name_hash_on(0xcbf2_9ce4_8422_2325, text)
+}
+
+/// [`name_hash`] of a text that begins with one whose hash is `hash` and goes on with
+/// `more` (`name_hash_on(name_hash(a), b) == name_hash(a + b)`), with no text made.
+pub fn name_hash_on(hash: u64, more: &str) -> u64 {
+    more.bytes().fold(hash, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })
 }

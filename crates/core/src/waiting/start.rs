@@ -13,6 +13,7 @@
 //! never frees its place, a unit ahead with no expected run never ends. Bounded: at most
 //! [`MAX_STEPS`] ends are played out per play (past them the start is unknown).
 
+use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
@@ -159,7 +160,8 @@ pub fn project_line(
 struct Held<'a> {
     node: usize,
     request: &'a Request,
-    gpus: Vec<(usize, u32)>,
+    /// A running pod's own (borrowed), or those a unit took on the copy.
+    gpus: Cow<'a, [(usize, u32)]>,
 }
 
 /// Units of one shape (request and nodes) not placed yet, in line order.
@@ -181,6 +183,8 @@ struct Play<'a, 'r> {
     draws: ChaCha8Rng,
     /// When each unit started.
     started: Vec<Option<i64>>,
+    /// [`Play::fill`]'s shapes by their next unit (kept to spare an allocation a fill).
+    next: BinaryHeap<Reverse<(usize, usize)>>,
 }
 
 fn may(mask: Option<&[bool]>, n: usize) -> bool {
@@ -203,7 +207,7 @@ impl<'a> Play<'a, '_> {
         self.held.push(Held {
             node: n,
             request: a.request,
-            gpus,
+            gpus: Cow::Owned(gpus),
         });
         self.started[u] = Some(t);
         true
@@ -223,22 +227,24 @@ impl<'a> Play<'a, '_> {
     /// earliest in line first. A shape that does not fit stays out until the next end
     /// (placing only takes room).
     fn fill(&mut self, only: Option<usize>, t: i64) {
-        let mut open: Vec<bool> = vec![true; self.shapes.len()];
-        loop {
-            let next = (0..self.shapes.len())
-                .filter(|&s| open[s])
-                .filter_map(|s| self.shapes[s].units.front().map(|&u| (u, s)))
-                .min();
-            let Some((u, s)) = next else {
-                return;
-            };
-            match self.fits(s, only) {
-                Some(n) if self.place(n, u, t) => {
-                    self.shapes[s].units.pop_front();
+        let mut next = std::mem::take(&mut self.next);
+        next.clear();
+        next.extend(
+            (self.shapes.iter().enumerate())
+                .filter_map(|(s, shape)| shape.units.front().map(|&u| Reverse((u, s)))),
+        );
+        while let Some(Reverse((u, s))) = next.pop() {
+            // A shape that does not fit is not pushed again: it stays out.
+            if let Some(n) = self.fits(s, only)
+                && self.place(n, u, t)
+            {
+                self.shapes[s].units.pop_front();
+                if let Some(&v) = self.shapes[s].units.front() {
+                    next.push(Reverse((v, s)));
                 }
-                _ => open[s] = false,
             }
         }
+        self.next = next;
     }
 
     fn done(&self) -> bool {
@@ -280,7 +286,7 @@ fn play<'a>(
             .map(|e| Held {
                 node: e.node,
                 request: e.request,
-                gpus: e.gpus.to_vec(),
+                gpus: Cow::Borrowed(e.gpus),
             })
             .collect(),
         ends: endings
@@ -290,6 +296,7 @@ fn play<'a>(
             .collect(),
         draws,
         started: vec![None; line.len()],
+        next: BinaryHeap::new(),
     };
     let mut t = now_ms;
     play.fill(None, t);
