@@ -6,7 +6,8 @@
 //! so that a note cut at 1 KiB keeps them; read back from that text by [`Waiting::parse`].
 //!
 //! - [`start`]: the expected start, by projecting the line forward over the running pods'
-//!   expected ends (declared, else learnt from what ran before: [`history`]), as a range.
+//!   expected ends (declared, else learnt from what ran before: [`history`]), as a range;
+//! - [`told`]: how often the line is projected and what a pod is told from it.
 //!
 //! Pure: times are milliseconds since the epoch, passed in.
 
@@ -14,6 +15,7 @@ pub mod history;
 pub mod start;
 #[cfg(test)]
 mod tests;
+pub mod told;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 

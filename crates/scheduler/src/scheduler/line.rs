@@ -18,10 +18,7 @@ use crate::k8s::job::Jobs;
 use crate::k8s::pod_info::PodInfo;
 use crate::snapshot::Snapshot;
 
-/// Pods of the line projected at most.
-pub const PROJECTED: usize = 2_048;
-/// Pods ahead a pod projected on its own nodes is put behind at most.
-pub const AHEAD_OF_MASKED: usize = 256;
+pub use gpuplace_core::waiting::told::{AHEAD_OF_MASKED, FirstTold, PROJECTED};
 
 /// A pod's place in the line.
 #[derive(Clone, Copy, Debug)]
@@ -235,10 +232,10 @@ fn endings(snapshot: &Snapshot, runs: &Runs<'_>, now_ms: i64) -> Vec<Owned> {
     out
 }
 
-/// How long the projected starts are kept before the line is projected again: projecting
-/// reads every running pod and plays the line out three times, and an estimate of minutes
-/// to hours does not need it every round.
-pub const PROJECT_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long the projected starts are kept before the line is projected again (core's
+/// [`gpuplace_core::waiting::told::PROJECT_EVERY_MS`]).
+pub const PROJECT_EVERY: std::time::Duration =
+    std::time::Duration::from_millis(gpuplace_core::waiting::told::PROJECT_EVERY_MS);
 
 /// The starts projected lately, by pod UID (a pod the last projection did not cover is
 /// projected at the next one, within [`PROJECT_EVERY`]).
@@ -257,24 +254,6 @@ struct StartsInner {
 
 /// Pods whose first projection is kept at most (past it the record starts again).
 const MAX_FIRST_TOLD: usize = 100_000;
-
-/// A pod's first projected start: when it was told, the projection's likeliest start
-/// (before calibration), and its wait class.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct FirstTold {
-    pub told_ms: i64,
-    pub projected_ms: i64,
-    pub class: usize,
-}
-
-impl FirstTold {
-    /// What the run history learns from it, the pod bound at `bound_ms`: the projected
-    /// wait and the actual one.
-    pub fn learn(&self, runs: &mut RunHistory, bound_ms: i64) {
-        let waited = |at: i64| (at - self.told_ms).max(0) as u64;
-        runs.waited(self.class, waited(self.projected_ms), waited(bound_ms));
-    }
-}
 
 impl Starts {
     /// Keeps `first` as pod `uid`'s first projection, unless one is kept already.

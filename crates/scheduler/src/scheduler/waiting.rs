@@ -13,6 +13,7 @@ use std::time::SystemTime;
 use gpuplace_core::fairshare::{Picker, show_amount, show_half_life};
 use gpuplace_core::shortage::Shortage;
 use gpuplace_core::waiting::history::wait_class;
+use gpuplace_core::waiting::told::tell;
 use gpuplace_core::waiting::{Blocker, GangStanding, QueueStanding, Resource, Start, Waiting};
 
 use super::Scheduler;
@@ -128,26 +129,16 @@ impl<A: ClusterApi> Scheduler<A> {
             let start = self.starts.get(&pod.key.uid, round.now, || {
                 line.start(&pod.key.uid, mask, snapshot, &self.runs(), now_ms)
             });
-            match start {
-                // Room is not what it waits for after all: no start to tell from it.
-                Start::At(span) if span.at_ms <= now_ms => None,
-                Start::At(span) => {
-                    let class = pod
-                        .demand
-                        .as_ref()
-                        .map_or(0, |d| wait_class(d.request.gpu_count, d.request.gpu_milli));
-                    let first = super::line::FirstTold {
-                        told_ms: now_ms,
-                        projected_ms: span.at_ms,
-                        class,
-                    };
-                    self.starts.remember(&pod.key.uid, first);
-                    let wait = span.shifted(-now_ms);
-                    Some(Start::At(self.runs.calibrated(class, wait).shifted(now_ms)))
-                }
-                // Not shown where it cannot beat "unknown".
-                Start::Unknown => None,
-            }
+            let class = pod
+                .demand
+                .as_ref()
+                .map_or(0, |d| wait_class(d.request.gpu_count, d.request.gpu_milli));
+            // Nothing where it cannot beat "unknown", or where room is not what it waits
+            // for after all.
+            tell(&self.runs, class, &start, now_ms).map(|told| {
+                self.starts.remember(&pod.key.uid, told.first);
+                Start::At(told.span)
+            })
         } else {
             None
         };

@@ -79,6 +79,8 @@ pub struct Outcome {
     pub tenants: Option<fair::TenantRun>,
     /// Per class, the expected starts' errors (with `--declared-share`).
     pub estimates: std::collections::BTreeMap<super::metrics::Class, estimate::EstimateRun>,
+    /// How often the line was projected for them.
+    pub projections: u64,
 }
 
 /// The replay of one (policy, seed).
@@ -365,6 +367,7 @@ impl<'a> Engine<'a> {
             defrag: self.defrag.counts,
             tenants,
             estimates: self.estimates.report(),
+            projections: self.estimates.projections,
         }
     }
 
@@ -447,9 +450,8 @@ impl<'a> Engine<'a> {
             }
         };
         let flush = self.queue.config().unschedulable_flush;
-        if self.units[unit as usize].fails == 0 {
-            self.estimate_first_wait(unit, now);
-        }
+        let first = self.units[unit as usize].fails == 0;
+        self.estimate_failed(unit, now, first);
         self.tally_failure(unit);
         let kube = self.queue.discipline() == Discipline::KubeScheduler;
         let tick = self.queue_tick_ms;

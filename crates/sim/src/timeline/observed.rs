@@ -167,6 +167,7 @@ impl Timeline {
             },
             tenants: None,
             estimates: Default::default(),
+            projections: 0,
         }
     }
 }

@@ -631,3 +631,36 @@ fn a_waiting_pod_is_told_when_a_declared_end_frees_its_place_and_the_error_is_me
         "no estimates without declarations"
     );
 }
+
+#[test]
+fn the_line_is_projected_once_a_period_and_a_pod_that_joins_between_is_told_at_the_next() {
+    // A 4-GPU pod holds the one node for 3,000 s; five 1-GPU pods join at 10-18 s. The
+    // first is told at the projection of its first failure (10 s); those joining within
+    // the period are told at the next one: two projections, five pods told.
+    let mut pods = vec![pod("big", 4, 3_000, 0, None)];
+    pods.extend((0..5).map(|i| pod(&format!("one-{i}"), 1, 100, 0, None)));
+    // The run lasts until the last arrival.
+    pods.push(pod("late", 1, 100, 0, None));
+    let s = Scenario {
+        pods,
+        nodes: vec![node("n", 4)],
+        declared_share: 1.0,
+        ..Scenario::default()
+    };
+    let arrivals = [
+        (0, 0),
+        (10, 1),
+        (12, 2),
+        (14, 3),
+        (16, 4),
+        (18, 5),
+        (5_000, 6),
+    ];
+    let outcome = s.run_all(&arrivals, true, DefragSim::default(), None);
+    let one = &outcome.estimates[&super::metrics::Class::One];
+    assert_eq!((one.estimated, one.unknown), (5, 0), "{one:?}");
+    assert_eq!(outcome.projections, 2);
+    // Told at the second projection, a pod's wait from then is shorter than from its
+    // arrival (2,990 s at the most).
+    assert!(one.now_median_abs_error_s < 2_980.0, "{one:?}");
+}

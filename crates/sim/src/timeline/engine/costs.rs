@@ -108,7 +108,7 @@ impl Engine<'_> {
                 continue;
             }
             self.units[unit as usize].waiting = false;
-            self.estimate_left_line(unit);
+            self.estimate_gave_up(unit);
             self.queue.forget(&unit);
             self.outcome_counts.abandoned_units += 1;
             // A nominee given up gives its held places back.

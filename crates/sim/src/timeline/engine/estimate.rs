@@ -9,28 +9,31 @@
 //! drawn from a log-normal of median 1.5 (σ 0.6 in log: from about half to four times
 //! the true run), not the true run. Where a pod declares nothing, the projection reads its
 //! class's run times learnt from the pods that ended before it ([`RunHistory`]), as the
-//! scheduler does. Each measured pod that waits is told at its first failed attempt; when
-//! it starts, each reckoning's error against its actual start (its Binding) is kept by
-//! class, and whether the projection's stated range held it. Pods whose estimate is
-//! "unknown" are counted apart.
+//! scheduler does. As in the scheduler (core's [`gpuplace_core::waiting::told`]), the line
+//! is projected at most once every 10 s, in a round where a pod fails, and each pod that
+//! waits is told at the first projection that gives it a start to come; when it starts,
+//! each reckoning's error against its actual start (its Binding) is kept by class, and
+//! whether the stated range held it. Pods that started without being told a start are
+//! counted apart as "unknown".
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use gpuplace_core::waiting::Span;
 use gpuplace_core::waiting::history::RunHistory;
+use gpuplace_core::waiting::told::FirstTold;
 use serde::Serialize;
 
 use super::units::OrderKey;
 use crate::timeline::metrics::Class;
-use crate::trace::name_hash;
+use crate::trace::{name_hash, name_hash_on};
 
 /// What a waiting pod was told and could have reckoned, at its first wait.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Told {
-    /// The projection as told, calibrated by how projections turned out (`None`: unknown).
-    pub estimate: Option<Span>,
+    /// The projection as told, its range from how projections turned out.
+    pub estimate: Span,
     /// The projection's own likeliest start, before the calibration (what it learns from).
-    pub projected: Option<i64>,
+    pub first: FirstTold,
     /// The same projection with nothing ahead in the line (`None`: unknown).
     pub alone: Option<i64>,
     /// When the longest running pod on the best node ends (`None`: no node's end known).
@@ -60,8 +63,14 @@ pub(crate) struct Estimates {
     pub(super) history: RunHistory,
     /// The waiting units in line order.
     pub(super) line: BTreeSet<(OrderKey, u32)>,
-    /// By job: what it was told at its first wait.
+    /// By job: what it was told at the first projection that gave it a start to come.
     pub(super) made: HashMap<u32, Told>,
+    /// The jobs waiting to be told a start.
+    pub(super) untold: BTreeSet<u32>,
+    /// When the line was last looked at (projected when a job to tell was within reach).
+    pub(super) projected_at: Option<i64>,
+    /// Projections of the line made.
+    pub(super) projections: u64,
     pub(super) errors: BTreeMap<Class, Errors>,
     pub(super) unknown: BTreeMap<Class, usize>,
 }
@@ -108,30 +117,32 @@ impl Estimates {
         }
     }
 
-    /// Whether pod `name` declares its run time.
-    pub(super) fn declares(&self, name: &str) -> bool {
-        self.share > 0.0 && (name_hash(name) % 10_000) as f64 / 10_000.0 < self.share
+    /// Whether the pod whose name's hash is `hash` declares its run time.
+    fn declares_hash(&self, hash: u64) -> bool {
+        self.share > 0.0 && (hash % 10_000) as f64 / 10_000.0 < self.share
     }
 
     /// What pod `name` whose whole run is `full_ms` declares (`None`: nothing): its true
     /// run times its user's factor.
     pub(super) fn declared(&self, name: &str, full_ms: u64) -> Option<u64> {
-        if !self.declares(name) {
+        let hash = name_hash(name);
+        if !self.declares_hash(hash) {
             return None;
         }
-        let z = normal(name_hash(&format!("{name}/declared")));
+        let z = normal(name_hash_on(hash, "/declared"));
         let factor = (1.5f64.ln() + 0.6 * z).exp();
         Some(((full_ms as f64) * factor).max(1_000.0) as u64)
     }
 
     /// A measured job of `classes` told `told` started at `bound`.
-    pub(super) fn started(&mut self, classes: &[Class], told: Told, bound: i64) {
+    pub(super) fn started(&mut self, classes: &[Class], told: Option<Told>, bound: i64) {
         let err = |at: i64| (bound - at).abs() as f64 / 1e3;
         for &class in classes {
-            let Some(span) = told.estimate else {
+            let Some(told) = told else {
                 *self.unknown.entry(class).or_default() += 1;
                 continue;
             };
+            let span = told.estimate;
             let e = self.errors.entry(class).or_default();
             e.estimate.push(err(span.at_ms));
             e.signed.push((bound - span.at_ms) as f64 / 1e3);

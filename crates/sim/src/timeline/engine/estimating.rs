@@ -2,7 +2,7 @@
 //! unit's first wait, checked at its start, learnt from at each end.
 
 use gpuplace_core::waiting::history::wait_class;
-use gpuplace_core::waiting::{Ahead, Ending, Span, Start, project};
+use gpuplace_core::waiting::{Ahead, Ending, Span, Start, project, project_line, told};
 use gpuplace_model::Request;
 
 use super::Engine;
@@ -23,49 +23,62 @@ impl Engine<'_> {
         self.estimates.declared(&pod.name, j.full_ms)
     }
 
-    /// `unit` failed its first attempt at `now`: it joins the line, and each of its jobs is
-    /// told when it is expected to start (the measured ones' errors are reported; every
+    /// `unit` failed an attempt at `now` (its first: it joins the line, its jobs wait to be
+    /// told). As the scheduler does, the line is projected at most once every
+    /// [`told::PROJECT_EVERY_MS`], in a round where a pod is told why it waits, and each
+    /// job not told yet is told from it (the measured ones' errors are reported; every
     /// one's start teaches the calibration how projections turn out).
-    pub(super) fn estimate_first_wait(&mut self, unit: u32, now: Ms) {
+    pub(super) fn estimate_failed(&mut self, unit: u32, now: Ms, first: bool) {
         if self.estimates.share <= 0.0 {
             return;
         }
-        let key = self.units[unit as usize].key;
-        self.estimates.line.insert((key, unit));
+        if first {
+            let key = self.units[unit as usize].key;
+            self.estimates.line.insert((key, unit));
+            let jobs = self.units[unit as usize].jobs.clone();
+            self.estimates.untold.extend(jobs);
+        }
         let now_ms = now.0 as i64;
-        let told: Vec<(u32, Told)> = self.units[unit as usize]
-            .jobs
-            .clone()
-            .into_iter()
-            .map(|job| (job, self.tell(unit, job, now_ms)))
-            .collect();
-        for (job, t) in told {
-            self.estimates.made.entry(job).or_insert(t);
+        if self.estimates.untold.is_empty() || told::fresh(self.estimates.projected_at, now_ms) {
+            return;
+        }
+        // Looked at once a period: projected only when a job to tell is within reach.
+        self.estimates.projected_at = Some(now_ms);
+        let covered = self.line_jobs().any(|j| self.estimates.untold.contains(&j));
+        if !covered {
+            return;
+        }
+        self.estimates.projections += 1;
+        for (job, t) in self.project_untold(now_ms) {
+            self.estimates.untold.remove(&job);
+            self.estimates.made.insert(job, t);
         }
     }
 
-    /// What `job` of `unit` is told at `now_ms`, and what the baselines say.
-    fn tell(&self, unit: u32, job: u32, now_ms: i64) -> Told {
-        let key = self.units[unit as usize].key;
-        let request = &self.pods[self.jobs[job as usize].pod as usize].request;
-        let ahead_jobs: Vec<u32> = self
-            .estimates
+    /// The line's first [`told::PROJECTED`] jobs, in its order.
+    fn line_jobs(&self) -> impl Iterator<Item = u32> + '_ {
+        self.estimates
             .line
-            .range(..(key, unit))
-            .take(gpuplace_core::waiting::start::MAX_STEPS / 2)
+            .iter()
             .flat_map(|&(_, u)| self.units[u as usize].jobs.iter().copied())
-            .collect();
-        let ahead: Vec<Ahead<'_>> = ahead_jobs
+            .take(told::PROJECTED)
+    }
+
+    /// The line's first [`told::PROJECTED`] jobs projected at `now_ms`: what each job not
+    /// told yet is told, and what the baselines say (a job the projection gives no start
+    /// to come is told nothing, and stays to be told).
+    fn project_untold(&self, now_ms: i64) -> Vec<(u32, Told)> {
+        let line: Vec<u32> = self.line_jobs().collect();
+        let ahead: Vec<Ahead<'_>> = line
             .iter()
             .map(|&a| {
                 let r = &self.pods[self.jobs[a as usize].pod as usize].request;
+                let declared = self.declared_of(a);
+                let class = declared.map_or_else(|| class_of(r), |_| String::new());
                 Ahead {
                     request: r,
                     allowed: None,
-                    runs: self
-                        .estimates
-                        .history
-                        .remaining(&class_of(r), 0, self.declared_of(a)),
+                    runs: self.estimates.history.remaining(&class, 0, declared),
                 }
             })
             .collect();
@@ -82,28 +95,28 @@ impl Engine<'_> {
                 }
             })
             .collect();
-        let projected = match project(&self.state, request, None, &ahead, &endings, now_ms) {
-            Start::At(span) => Some(span),
-            Start::Unknown => None,
-        };
-        let class = wait_class(request.gpu_count, request.gpu_milli);
-        let estimate = projected.map(|p| {
-            let history = &self.estimates.history;
-            history
-                .calibrated(class, p.shifted(-now_ms))
-                .shifted(now_ms)
-        });
-        let alone = match project(&self.state, request, None, &[], &endings, now_ms) {
-            Start::At(span) => Some(span.at_ms),
-            Start::Unknown => None,
-        };
-        Told {
-            estimate,
-            projected: projected.map(|p| p.at_ms),
-            alone,
-            longest: self.longest_on_best_node(request, now_ms),
-            at: now_ms,
-        }
+        let starts = project_line(&self.state, &ahead, &endings, now_ms);
+        line.iter()
+            .zip(&starts)
+            .filter(|(job, _)| self.estimates.untold.contains(job))
+            .filter_map(|(&job, start)| {
+                let request = &self.pods[self.jobs[job as usize].pod as usize].request;
+                let class = wait_class(request.gpu_count, request.gpu_milli);
+                let telling = told::tell(&self.estimates.history, class, start, now_ms)?;
+                let alone = match project(&self.state, request, None, &[], &endings, now_ms) {
+                    Start::At(span) => Some(span.at_ms),
+                    Start::Unknown => None,
+                };
+                let t = Told {
+                    estimate: telling.span,
+                    first: telling.first,
+                    alone,
+                    longest: self.longest_on_best_node(request, now_ms),
+                    at: now_ms,
+                };
+                Some((job, t))
+            })
+            .collect()
     }
 
     /// The running jobs' expected ends at `now_ms`: declared (scaled as declarations
@@ -117,11 +130,10 @@ impl Engine<'_> {
                 // Its whole pod's age: what ran before this job too.
                 let age = (now_ms - from).max(0) as u64 + j.full_ms.saturating_sub(j.run_ms);
                 let request = &self.pods[j.pod as usize].request;
-                let left = self.estimates.history.remaining(
-                    &class_of(request),
-                    age,
-                    self.declared_of(job),
-                )?;
+                let declared = self.declared_of(job);
+                // Its class is read only when it declares nothing.
+                let class = declared.map_or_else(|| class_of(request), |_| String::new());
+                let left = self.estimates.history.remaining(&class, age, declared)?;
                 Some((job, left.shifted(now_ms)))
             })
             .collect()
@@ -161,24 +173,29 @@ impl Engine<'_> {
         }
     }
 
-    /// `job` started (its Binding) at `bound`: each reckoning's error is kept.
+    /// `unit`'s user gave up: it left the line, and nothing it was told is checked.
+    pub(super) fn estimate_gave_up(&mut self, unit: u32) {
+        self.estimate_left_line(unit);
+        for job in &self.units[unit as usize].jobs {
+            self.estimates.untold.remove(job);
+            self.estimates.made.remove(job);
+        }
+    }
+
+    /// `job` started (its Binding) at `bound`: each reckoning's error is kept (a measured
+    /// job never told a start is counted unknown).
     pub(super) fn estimate_started(&mut self, job: u32, bound: Ms) {
         // However it started (its round, a nomination, a gang), its unit left the line.
         self.estimate_left_line(self.jobs[job as usize].unit);
-        let Some(told) = self.estimates.made.remove(&job) else {
-            return;
-        };
-        let j = &self.jobs[job as usize];
-        let request = &self.pods[j.pod as usize].request;
+        let untold = self.estimates.untold.remove(&job);
+        let told = self.estimates.made.remove(&job);
         let bound = bound.0 as i64;
-        if let Some(projected) = told.projected {
-            let class = wait_class(request.gpu_count, request.gpu_milli);
-            let waited = |at: i64| (at - told.at).max(0) as u64;
-            let history = &mut self.estimates.history;
-            history.waited(class, waited(projected), waited(bound));
+        if let Some(t) = &told {
+            t.first.learn(&mut self.estimates.history, bound);
         }
-        if j.measured {
-            let classes = Class::of(request);
+        let j = &self.jobs[job as usize];
+        if j.measured && (untold || told.is_some()) {
+            let classes = Class::of(&self.pods[j.pod as usize].request);
             self.estimates.started(&classes, told, bound);
         }
     }
