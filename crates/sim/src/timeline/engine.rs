@@ -46,6 +46,7 @@ use super::tenants::Tenants;
 use crate::trace::TracePod;
 
 pub use defrag_state::{DefragCounts, movable_pod};
+pub(crate) use estimate::Errors as EstimateErrors;
 pub use estimate::EstimateRun;
 pub use fair::{QueueRun, TenantRun};
 pub use units::Job;

@@ -91,6 +91,9 @@ pub struct EstimateSummary {
     pub range_held_pct: Stat,
     pub estimated: usize,
     pub unknown: usize,
+    /// The same over every seed's pods together (the medians of all pods, not the mean
+    /// of each seed's median).
+    pub pooled: super::engine::EstimateRun,
 }
 
 fn estimates(runs: &[&TimelineRun]) -> BTreeMap<String, EstimateSummary> {
@@ -122,6 +125,8 @@ fn estimates(runs: &[&TimelineRun]) -> BTreeMap<String, EstimateSummary> {
                 range_held_pct: stat(|e| e.range_held_pct),
                 estimated: of.iter().map(|e| e.estimated).sum(),
                 unknown: of.iter().map(|e| e.unknown).sum(),
+                pooled: super::engine::EstimateErrors::merged(of.iter().map(|e| &e.errors))
+                    .run(of.iter().map(|e| e.unknown).sum()),
             },
         );
     }
@@ -405,15 +410,16 @@ pub fn table(summary: &TimelineSummary) -> String {
             .start_estimates
             .iter()
             .map(|(class, e)| {
+                let e = &e.pooled;
                 format!(
                     "{class}: {} (bias {}{}; now {}, longest-on-best-node {}, nothing-ahead {}; range held {:.0}%; {} estimated, {} unknown)",
-                    duration_text(e.median_abs_error_s.mean),
-                    if e.median_signed_error_s.mean < 0.0 { "-" } else { "+" },
-                    duration_text(e.median_signed_error_s.mean.abs()),
-                    duration_text(e.now_median_abs_error_s.mean),
-                    duration_text(e.longest_median_abs_error_s.mean),
-                    duration_text(e.alone_median_abs_error_s.mean),
-                    e.range_held_pct.mean,
+                    duration_text(e.median_abs_error_s),
+                    if e.median_signed_error_s < 0.0 { "-" } else { "+" },
+                    duration_text(e.median_signed_error_s.abs()),
+                    duration_text(e.now_median_abs_error_s),
+                    duration_text(e.longest_median_abs_error_s),
+                    duration_text(e.alone_median_abs_error_s),
+                    e.range_held_pct,
                     e.estimated,
                     e.unknown
                 )
@@ -421,7 +427,7 @@ pub fn table(summary: &TimelineSummary) -> String {
             .collect();
         let _ = writeln!(
             out,
-            "{:<21} expected start, median |error| per class: {}",
+            "{:<21} expected start, median |error| per class (every seed's pods together): {}",
             p.policy,
             parts.join("; ")
         );

@@ -43,8 +43,8 @@ pub(super) struct Told {
 }
 
 /// One class's errors.
-#[derive(Clone, Debug, Default)]
-pub(super) struct Errors {
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct Errors {
     estimate: Vec<f64>,
     /// Actual start less the estimate (positive: it started later than told).
     signed: Vec<f64>,
@@ -95,6 +95,9 @@ pub struct EstimateRun {
     pub estimated: usize,
     /// Pods that waited and started with an unknown estimate.
     pub unknown: usize,
+    /// Each pod's errors, for figures over several runs' pods together.
+    #[serde(skip)]
+    pub(crate) errors: Errors,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -164,26 +167,45 @@ impl Estimates {
             if errors.estimate.is_empty() && unknown == 0 {
                 continue;
             }
-            let estimated = errors.estimate.len();
-            out.insert(
-                class,
-                EstimateRun {
-                    range_held_pct: if estimated == 0 {
-                        0.0
-                    } else {
-                        100.0 * errors.held as f64 / estimated as f64
-                    },
-                    median_abs_error_s: median(errors.estimate),
-                    median_signed_error_s: median(errors.signed),
-                    now_median_abs_error_s: median(errors.now),
-                    longest_median_abs_error_s: median(errors.longest),
-                    alone_median_abs_error_s: median(errors.alone),
-                    estimated,
-                    unknown,
-                },
-            );
+            out.insert(class, errors.run(unknown));
         }
         out
+    }
+}
+
+impl Errors {
+    /// The errors of `all` together.
+    pub(crate) fn merged<'a>(all: impl Iterator<Item = &'a Errors>) -> Errors {
+        let mut out = Errors::default();
+        for e in all {
+            out.estimate.extend(&e.estimate);
+            out.signed.extend(&e.signed);
+            out.now.extend(&e.now);
+            out.longest.extend(&e.longest);
+            out.alone.extend(&e.alone);
+            out.held += e.held;
+        }
+        out
+    }
+
+    /// What they come to, with `unknown` pods never told a start.
+    pub(crate) fn run(self, unknown: usize) -> EstimateRun {
+        let estimated = self.estimate.len();
+        EstimateRun {
+            range_held_pct: if estimated == 0 {
+                0.0
+            } else {
+                100.0 * self.held as f64 / estimated as f64
+            },
+            median_abs_error_s: median(self.estimate.clone()),
+            median_signed_error_s: median(self.signed.clone()),
+            now_median_abs_error_s: median(self.now.clone()),
+            longest_median_abs_error_s: median(self.longest.clone()),
+            alone_median_abs_error_s: median(self.alone.clone()),
+            estimated,
+            unknown,
+            errors: self,
+        }
     }
 }
 
