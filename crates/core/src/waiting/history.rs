@@ -143,28 +143,27 @@ impl RunHistory {
         }
     }
 
-    /// The wait to tell for a projected wait of `projected` (ms from now): the projection's
-    /// likeliest times the median of how projections of `class` turned out (actual over
-    /// projected), in the range of their 5th to 95th percentile; the projection as it is
+    /// The range to tell around a projected wait of `projected` (ms from now): the 5th to
+    /// 95th percentile of how projections of `class` turned out (actual over projected),
+    /// applied to its likeliest, which stays the projection's; the projection's own range
     /// until [`MIN_SAMPLES`] pods of the class started. The projection leaves out what it
-    /// cannot know (pods yet to arrive, users who give up waiting, the order attempts
-    /// really take, ends that are not independent), and what it left out shows in how its
-    /// waits turned out.
+    /// cannot know (pods yet to arrive, the order attempts really take, ends that are not
+    /// independent), and what it left out shows in how its waits turned out.
     pub fn calibrated(&self, class: usize, projected: Span) -> Span {
         let Some(waits) = self.waits.get(class) else {
             return projected;
         };
         let (lo, hi) = RANGE_PERCENTILES;
-        let (Some(lo), Some(mid), Some(hi)) = (
-            waits.percentile(lo),
-            waits.percentile(50),
-            waits.percentile(hi),
-        ) else {
+        let (Some(lo), Some(hi)) = (waits.percentile(lo), waits.percentile(hi)) else {
             return projected;
         };
         let base = projected.at_ms.max(0) as f64 + WAIT_FLOOR_MS;
         let at = |r: i64| ((base * (r as f64 / 1000.0).exp()) - WAIT_FLOOR_MS).max(0.0) as i64;
-        span(at(lo), at(mid), at(hi))
+        span(
+            at(lo).min(projected.at_ms),
+            projected.at_ms,
+            at(hi).max(projected.at_ms),
+        )
     }
 
     /// Pods learnt from.
@@ -261,7 +260,7 @@ mod tests {
     }
 
     #[test]
-    fn the_wait_told_is_how_projections_turned_out() {
+    fn the_range_told_is_how_projections_turned_out() {
         let mut h = RunHistory::default();
         let ten = Span::exactly(10 * 60_000);
         // Unlearnt: the projection as it is.
@@ -271,9 +270,12 @@ mod tests {
             h.waited(wait_class(8, 1000), 10 * 60_000, m * 60_000);
         }
         let told = h.calibrated(3, ten);
-        // The median by nearest rank among ten: the fifth, 18 minutes.
-        assert!(told.at_ms.abs_diff(18 * 60_000) < 1_000, "{told:?}");
-        assert!(told.earliest_ms.abs_diff(10 * 60_000) < 1_000, "{told:?}");
+        assert_eq!(
+            told.at_ms,
+            10 * 60_000,
+            "the likeliest stays the projection's"
+        );
+        assert!(told.earliest_ms == 10 * 60_000, "{told:?}");
         // The 95th percentile by nearest rank among ten: the ninth, 26 minutes.
         assert!(told.latest_ms.abs_diff(26 * 60_000) < 1_000, "{told:?}");
         // Another class is not told from it.
