@@ -57,6 +57,24 @@ impl Clone for InstanceId {
     }
 }
 
+/// Nodes in the order their state changed, for an index that follows a state
+/// ([`ClusterState::changes_since`]). A clone starts empty: it is another state (its
+/// [`InstanceId`] is new), so an index rebuilds on it anyway, and copying the whole history
+/// of a long-lived state into every copy cost more than the copy. Past [`JOURNAL_MAX`]
+/// entries it starts again under a new id (indexes rebuild once) instead of growing
+/// without end.
+#[derive(Debug, Default)]
+struct Journal(Vec<u32>);
+
+/// Changes a journal holds at most.
+const JOURNAL_MAX: usize = if cfg!(test) { 64 } else { 1 << 20 };
+
+impl Clone for Journal {
+    fn clone(&self) -> Self {
+        Journal::default()
+    }
+}
+
 /// What placement reads of a node's inventory, without names and IDs: nodes with equal
 /// keys and equal [`NodeState`] fit and score every request the same.
 #[derive(PartialEq, Eq, Hash)]
@@ -74,18 +92,20 @@ struct NodeTypeKey {
 #[derive(Clone, Debug)]
 pub struct ClusterState {
     id: InstanceId,
-    nodes: Vec<NodeInventory>,
+    /// What never changes after [`ClusterState::new`] is shared by copies (a projection
+    /// copies the state several times a period).
+    nodes: Arc<Vec<NodeInventory>>,
     state: Vec<NodeState>,
-    links: Vec<LinkMatrix>,
-    rules: Vec<PairRules>,
+    links: Arc<Vec<LinkMatrix>>,
+    rules: Arc<Vec<PairRules>>,
     /// FNV-1a of each node name, the stable key of seeded node orders.
     name_hash: Vec<u64>,
     /// Node index by name.
-    by_name: HashMap<String, usize>,
+    by_name: Arc<HashMap<String, usize>>,
     /// Interned [`NodeTypeKey`] of each node.
     node_type: Vec<u32>,
     /// The symmetries of each node type's GPUs (see [`Symmetry`]), by type.
-    symmetry: Vec<Symmetry>,
+    symmetry: Arc<Vec<Symmetry>>,
     /// Whether all of a node's GPUs are of one model.
     one_model: Vec<bool>,
     /// Per node: its GPUs are time-sliced (replicas above 1), read on every decision.
@@ -93,7 +113,7 @@ pub struct ClusterState {
     /// Whether any node's GPUs are time-sliced.
     any_time_sliced: bool,
     /// Nodes in the order their state changed (one entry per apply or release).
-    journal: Vec<u32>,
+    journal: Journal,
     /// Bumped whenever a new workload is bound (scores against the old one are stale).
     workload_generation: u64,
     workload: Option<Arc<TargetWorkload>>,
@@ -184,7 +204,7 @@ impl ClusterState {
                 symmetry[t as usize] = Some(Symmetry::of(&nodes[n], &links[n], &rules[n]));
             }
         }
-        let symmetry = symmetry.into_iter().flatten().collect();
+        let symmetry = Arc::new(symmetry.into_iter().flatten().collect());
         let one_model = nodes
             .iter()
             .map(|node| node.gpus.windows(2).all(|w| w[0].model == w[1].model))
@@ -194,18 +214,18 @@ impl ClusterState {
         let reserve = ModelReserve::new(&nodes, state.iter().map(NodeState::gpu_idle));
         Ok(ClusterState {
             id: InstanceId::fresh(),
-            nodes,
+            nodes: Arc::new(nodes),
             state,
-            links,
-            rules,
+            links: Arc::new(links),
+            rules: Arc::new(rules),
             name_hash,
-            by_name,
+            by_name: Arc::new(by_name),
             node_type,
             symmetry,
             one_model,
             any_time_sliced: time_sliced.iter().any(|&t| t),
             time_sliced,
-            journal: Vec::new(),
+            journal: Journal::default(),
             workload_generation: 0,
             workload: None,
             total_frag: 0.0,
@@ -253,6 +273,25 @@ impl ClusterState {
     /// The bound target workload, if any.
     pub fn workload(&self) -> Option<&TargetWorkload> {
         self.workload.as_deref()
+    }
+
+    /// Node `n`'s state changed: the journal notes it (see [`Journal`]).
+    fn note_change(&mut self, n: usize) {
+        if self.journal.0.len() >= JOURNAL_MAX {
+            self.journal.0.clear();
+            self.id = InstanceId::fresh();
+        }
+        self.journal.0.push(n as u32);
+    }
+
+    /// A copy that does not measure fragmentation as it changes, for a projection that
+    /// asks only where room goes (fits and places as this state does; its fragmentation
+    /// figures are not kept: measuring a node against the workload on every change was
+    /// the most of a projection's time).
+    pub fn unmeasured_copy(&self) -> ClusterState {
+        let mut copy = self.clone();
+        copy.workload = None;
+        copy
     }
 
     fn refresh_frag(&mut self, n: usize) {
@@ -357,12 +396,12 @@ impl ClusterState {
 
     /// Nodes changed since the journal had `mark` entries, in order (see [`Self::journal_len`]).
     pub fn changes_since(&self, mark: usize) -> &[u32] {
-        self.journal.get(mark..).unwrap_or(&[])
+        self.journal.0.get(mark..).unwrap_or(&[])
     }
 
     /// How many changes the journal holds.
     pub fn journal_len(&self) -> usize {
-        self.journal.len()
+        self.journal.0.len()
     }
 
     /// Generation of the bound workload; scores computed under another are stale.

@@ -82,3 +82,24 @@ fn binding_the_workload_again_keeps_the_total_fragmentation() {
         "the same workload again: the same total"
     );
 }
+
+#[test]
+fn the_change_journal_is_bounded_and_a_copy_starts_its_own() {
+    let mut c = cluster();
+    let r = req(1000, 1, 300);
+    let first = c.instance();
+    for _ in 0..JOURNAL_MAX / 2 {
+        c.apply(0, &r, &[(1, 300)]).unwrap();
+        c.release(0, &r, &[(1, 300)]).unwrap();
+    }
+    assert_eq!((c.journal_len(), c.instance()), (JOURNAL_MAX, first));
+    // Full: it starts again under a new id, so an index following it rebuilds.
+    c.apply(0, &r, &[(1, 300)]).unwrap();
+    assert_eq!(c.journal_len(), 1);
+    assert_ne!(c.instance(), first);
+    // A copy is another state, with none of the history.
+    let copy = c.clone();
+    assert_eq!(copy.journal_len(), 0);
+    assert_ne!(copy.instance(), c.instance());
+    assert_eq!(copy.node(0).gpu_free, c.node(0).gpu_free);
+}

@@ -49,7 +49,7 @@ impl ClusterState {
             }
         }
         s.version += 1;
-        self.journal.push(n as u32);
+        self.note_change(n);
         self.gpu_free_milli -= taken;
         let idle = self.state[n].gpu_idle();
         self.reserve.update(n, idle + taken, idle);
@@ -105,7 +105,7 @@ impl ClusterState {
             s.classes.retain(|(_, count)| *count > 0);
         }
         s.version += 1;
-        self.journal.push(n as u32);
+        self.note_change(n);
         self.gpu_free_milli += given;
         let idle = self.state[n].gpu_idle();
         self.reserve.update(n, idle - given, idle);
