@@ -277,7 +277,7 @@ fn play<'a>(
         }
     }
     let mut play = Play {
-        copy: state.clone(),
+        copy: state.unmeasured_copy(),
         rng: ChaCha8Rng::seed_from_u64(0),
         line,
         shapes,

@@ -10,6 +10,13 @@ use super::estimate::Told;
 use crate::timeline::metrics::Class;
 use crate::timeline::options::Ms;
 
+/// The baselines of one shape at one projection.
+#[derive(Clone, Copy, Default)]
+struct Baselines {
+    alone: Option<i64>,
+    longest: Option<i64>,
+}
+
 /// What the run history knows a pod by: its shape.
 fn class_of(request: &Request) -> String {
     format!("{}x{}", request.gpu_count, request.gpu_milli)
@@ -96,27 +103,52 @@ impl Engine<'_> {
             })
             .collect();
         let starts = project_line(&self.state, &ahead, &endings, now_ms);
-        line.iter()
-            .zip(&starts)
-            .filter(|(job, _)| self.estimates.untold.contains(job))
-            .filter_map(|(&job, start)| {
-                let request = &self.pods[self.jobs[job as usize].pod as usize].request;
-                let class = wait_class(request.gpu_count, request.gpu_milli);
-                let telling = told::tell(&self.estimates.history, class, start, now_ms)?;
-                let alone = match project(&self.state, request, None, &[], &endings, now_ms) {
-                    Start::At(span) => Some(span.at_ms),
-                    Start::Unknown => None,
-                };
-                let t = Told {
-                    estimate: telling.span,
-                    first: telling.first,
-                    alone,
-                    longest: self.longest_on_best_node(request, now_ms),
-                    at: now_ms,
-                };
-                Some((job, t))
-            })
-            .collect()
+        // The baselines depend on the request only: reckoned once a shape.
+        let mut baselines: Vec<(&Request, Baselines)> = Vec::new();
+        let mut told = Vec::new();
+        for (&job, start) in line.iter().zip(&starts) {
+            if !self.estimates.untold.contains(&job) {
+                continue;
+            }
+            let request = &self.pods[self.jobs[job as usize].pod as usize].request;
+            let class = wait_class(request.gpu_count, request.gpu_milli);
+            let Some(telling) = told::tell(&self.estimates.history, class, start, now_ms) else {
+                continue;
+            };
+            let b = match baselines.iter().find(|(r, _)| *r == request) {
+                // Only the measured jobs' baselines are reported.
+                _ if !self.jobs[job as usize].measured => Baselines::default(),
+                Some((_, b)) => *b,
+                None => {
+                    let b = self.baselines(request, &endings, now_ms);
+                    baselines.push((request, b));
+                    b
+                }
+            };
+            let t = Told {
+                estimate: telling.span,
+                first: telling.first,
+                alone: b.alone,
+                longest: b.longest,
+                at: now_ms,
+            };
+            told.push((job, t));
+        }
+        told
+    }
+
+    /// What a pod asking `request` could be told at `now_ms` without the line: when it
+    /// would start with nothing ahead, and when the longest running pod on the best node
+    /// ends.
+    fn baselines(&self, request: &Request, endings: &[Ending<'_>], now_ms: i64) -> Baselines {
+        let alone = match project(&self.state, request, None, &[], endings, now_ms) {
+            Start::At(span) => Some(span.at_ms),
+            Start::Unknown => None,
+        };
+        Baselines {
+            alone,
+            longest: self.longest_on_best_node(request, now_ms),
+        }
     }
 
     /// The running jobs' expected ends at `now_ms`: declared (scaled as declarations
