@@ -1,5 +1,6 @@
-//! The engine's side of expected starts ([`super::estimate`]): the line kept, told at a
-//! unit's first wait, checked at its start, learnt from at each end.
+//! The engine's side of expected starts ([`super::estimate`]): the line kept, projected
+//! once a period as the scheduler projects it, each waiting unit told at the first
+//! projection after its first wait, checked at its start, learnt from at each end.
 
 use gpuplace_core::waiting::history::wait_class;
 use gpuplace_core::waiting::{Ahead, Ending, Span, Start, project, project_line, told};
