@@ -69,7 +69,13 @@ pub fn tell(runs: &RunHistory, class: usize, projected: &Start, now_ms: i64) -> 
 
 /// Whether a projection made at `made_ms` is still kept at `now_ms`.
 pub fn fresh(made_ms: Option<i64>, now_ms: i64) -> bool {
-    made_ms.is_some_and(|m| now_ms.saturating_sub(m) < PROJECT_EVERY_MS as i64)
+    made_ms.is_some_and(|m| kept_after(now_ms.saturating_sub(m).max(0) as u64))
+}
+
+/// Whether a projection made `elapsed_ms` ago is still kept (for a driver on a monotonic
+/// clock).
+pub fn kept_after(elapsed_ms: u64) -> bool {
+    elapsed_ms < PROJECT_EVERY_MS
 }
 
 #[cfg(test)]

@@ -232,13 +232,9 @@ fn endings(snapshot: &Snapshot, runs: &Runs<'_>, now_ms: i64) -> Vec<Owned> {
     out
 }
 
-/// How long the projected starts are kept before the line is projected again (core's
-/// [`gpuplace_core::waiting::told::PROJECT_EVERY_MS`]).
-pub const PROJECT_EVERY: std::time::Duration =
-    std::time::Duration::from_millis(gpuplace_core::waiting::told::PROJECT_EVERY_MS);
-
 /// The starts projected lately, by pod UID (a pod the last projection did not cover is
-/// projected at the next one, within [`PROJECT_EVERY`]).
+/// projected at the next one, within core's
+/// [`gpuplace_core::waiting::told::PROJECT_EVERY_MS`]).
 #[derive(Default)]
 pub(super) struct Starts {
     inner: std::sync::Mutex<StartsInner>,
@@ -271,7 +267,8 @@ impl Starts {
         inner.first.remove(uid)
     }
 
-    /// Pod `uid`'s start: as projected within [`PROJECT_EVERY`] of `now` (the round's
+    /// Pod `uid`'s start: as projected while core keeps a projection
+    /// ([`gpuplace_core::waiting::told::kept_after`]) before `now` (the round's
     /// time), else by `project` in the round that starts a new period (the line is
     /// projected once in it); a pod first told in a later round of the period waits for
     /// the next.
@@ -282,9 +279,10 @@ impl Starts {
         project: impl FnOnce() -> Start,
     ) -> Start {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let fresh = inner
-            .at
-            .is_some_and(|at| now.saturating_duration_since(at) < PROJECT_EVERY);
+        let fresh = inner.at.is_some_and(|at| {
+            let elapsed = now.saturating_duration_since(at).as_millis();
+            gpuplace_core::waiting::told::kept_after(elapsed.min(u64::MAX as u128) as u64)
+        });
         if let Some(start) = inner.by_uid.get(uid).filter(|_| fresh) {
             return start.clone();
         }
@@ -321,7 +319,7 @@ mod tests {
         assert_eq!(starts.get("a", t1, || at(9)), at(1));
         assert_eq!(starts.get("c", t1, || at(9)), Start::Unknown);
         // The next period: projected again.
-        let t2 = t0 + PROJECT_EVERY;
+        let t2 = t0 + Duration::from_millis(gpuplace_core::waiting::told::PROJECT_EVERY_MS);
         assert_eq!(starts.get("c", t2, || at(3)), at(3));
         assert_eq!(starts.get("a", t2, || at(4)), at(4));
     }
