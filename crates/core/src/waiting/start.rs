@@ -126,8 +126,10 @@ pub fn project(
 }
 
 /// When each unit of `line` (in its order) is expected to start: the line projected
-/// forward over `endings`, three times (earliest, likeliest, latest). A unit that does not
-/// fit when its turn comes is passed over (as the scheduler passes over it), not waited for.
+/// forward over `endings` [`PLAYS`] times, each end drawn from its span, and each unit's
+/// starts read as their 10th, 50th and 90th percentile (unknown when fewer than half the
+/// plays start it). A unit that does not fit when its turn comes is passed over (as the
+/// scheduler passes over it), not waited for.
 pub fn project_line(
     state: &ClusterState,
     line: &[Ahead<'_>],
