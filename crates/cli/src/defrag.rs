@@ -29,6 +29,9 @@ pub struct DefragArgs {
     /// How long a pod must have run before it may move (e.g. 5m, 90s, 0s; at most 30 days).
     #[arg(long, default_value = "5m")]
     min_age: String,
+    /// Seed of the policy's tie-breaks: give the scheduler's `--seed` to plan as it would.
+    #[arg(long, env = "GPUPLACE_SEED", default_value_t = 42)]
+    seed: u64,
     /// Pods one plan may move (1 to 1000).
     #[arg(long, default_value_t = 4)]
     max_moves: usize,
@@ -81,6 +84,7 @@ pub fn run(args: DefragArgs) -> anyhow::Result<()> {
         &view,
         &resource,
         policy,
+        args.seed,
         &config,
         k8s_openapi::jiff::Timestamp::now(),
     );

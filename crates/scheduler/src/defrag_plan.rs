@@ -1,6 +1,7 @@
 //! `gpuplace defrag --plan`: what defragmentation would do in the live cluster, touching
-//! nothing. For each pending GPU pod that fits nowhere (oldest first), the make-room plan
-//! the scheduler would carry out (the same rules and core planner); each plan is applied
+//! nothing. For each pending GPU pod that fits nowhere, in the scheduler's order (priority,
+//! then age, then name), the make-room plan the scheduler would carry out (the same rules,
+//! core planner and seed); each plan is applied
 //! to a working copy, so later pods see the earlier plans. Then the rebalancing moves on
 //! what is left, and the fleet's fragmentation before and after.
 
@@ -18,6 +19,7 @@ use crate::framework::filter::VerdictCache;
 use crate::framework::volumes::VolumeIndex;
 use crate::framework::{Filtering, Profile};
 use crate::k8s::pod_info::PodInfo;
+use crate::scheduler::Unit as QueueUnit;
 use crate::scheduler::defrag::{DefragConfig, Eligibility, movable_set};
 use crate::shared::members::Alone;
 use crate::snapshot::Snapshot;
@@ -71,11 +73,13 @@ fn waits(pod: &PodInfo) -> bool {
     pod.node_name.is_none() && !pod.deleting && pod.phase.as_deref().is_none_or(|p| p == "Pending")
 }
 
-/// Plans as the scheduler would, with `policy` placing moved pods.
+/// Plans as the scheduler would, with `policy` (its ties broken by `seed`, as the
+/// scheduler's `--seed`) placing moved pods.
 pub fn plan(
     view: &ClusterView,
     gpu_resource: &str,
     policy: Policy,
+    seed: u64,
     config: &DefragConfig,
     now: k8s_openapi::jiff::Timestamp,
 ) -> DefragPlan {
@@ -99,16 +103,15 @@ pub fn plan(
                     .is_ok_and(|d| d.request.total_gpu_milli() > 0)
         })
         .collect();
-    pending.sort_by(|a, b| {
-        (a.created, &a.key.namespace, &a.key.name).cmp(&(b.created, &b.key.namespace, &b.key.name))
-    });
+    // The scheduler's order for a pod alone.
+    pending.sort_by_cached_key(|p| QueueUnit::Single(p).order());
     let volumes = VolumeIndex::new(&view.claims, &view.volumes);
-    let profile = Profile::new(gpuplace_model::keys::GPU_RESOURCE);
+    let profile = Profile::new(gpu_resource);
     let filtering = Filtering {
         profile: &profile,
         volumes: &volumes,
     };
-    let mut placer = Placer::new(policy, 42);
+    let mut placer = Placer::new(policy, seed);
     let mut out = DefragPlan {
         blocked: Vec::new(),
         make_room: Vec::new(),
@@ -200,7 +203,7 @@ pub fn plan(
             skip: &skip,
         };
         let set = movable_set(&snapshot, view, filtering, &rules);
-        let mut fgd = Placer::new(Policy::Fgd, 42);
+        let mut fgd = Placer::new(Policy::Fgd, seed);
         let r = defrag::rebalance(
             &mut fgd,
             &work,

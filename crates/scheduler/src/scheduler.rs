@@ -45,6 +45,7 @@ pub use crate::shared::assume::{Reservation, Reservations};
 pub use crate::shared::bind::{WriteFailure, WriteOutcome};
 pub use gpuplace_core::queue::QueueConfig;
 pub use queue_status::QueueFigures;
+pub(crate) use units::Unit;
 
 /// The scheduling queue's attempt state, by pod UID (see [`gpuplace_core::queue`]).
 pub type Queue = gpuplace_core::queue::Queue<String, Instant>;

@@ -265,6 +265,7 @@ async fn the_dry_run_plans_what_the_scheduler_would_do_and_touches_nothing() {
         &view,
         "nvidia.com/gpu",
         gpuplace_core::Policy::Fgd,
+        42,
         &config,
         k8s_openapi::jiff::Timestamp::now(),
     );
@@ -313,10 +314,49 @@ async fn the_dry_run_plans_what_the_scheduler_would_do_and_touches_nothing() {
         &view,
         "nvidia.com/gpu",
         gpuplace_core::Policy::Fgd,
+        42,
         &config,
         k8s_openapi::jiff::Timestamp::now(),
     );
     assert!(plan.make_room.is_empty());
+    assert_eq!(plan.unhelped, vec!["ml/big".to_string()]);
+}
+
+#[tokio::test]
+async fn the_dry_run_plans_in_the_schedulers_order_priority_first() {
+    use gpuplace_scheduler::ClusterApi;
+    let api = MemoryApi::new();
+    let mut off = defrag_config(Duration::ZERO);
+    off.defrag.settings.mode = DefragMode::Off;
+    let mut scheduler = Scheduler::new(api.clone(), off);
+    let mut t = Instant::now();
+    fragmented(&api, &mut scheduler, &mut t, true).await;
+    // Made after `big` (and after it by name): only its priority puts it first (it does
+    // not preempt, so that `a` stays to be moved).
+    api.put_pod(pod(
+        "urgent",
+        8,
+        json!({"spec": {"priority": 1000, "preemptionPolicy": "Never"}}),
+    ));
+    settle(&mut scheduler, &mut t).await;
+    let view = api.view().await.unwrap();
+    let mut config = DefragConfig::default();
+    config.settings.min_age = Duration::ZERO;
+    let plan = gpuplace_scheduler::defrag_plan::plan(
+        &view,
+        "nvidia.com/gpu",
+        gpuplace_core::Policy::Fgd,
+        7,
+        &config,
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    assert_eq!(
+        plan.blocked,
+        vec!["ml/urgent".to_string(), "ml/big".to_string()]
+    );
+    // The one node that can be emptied goes to the pod the scheduler would try first.
+    assert_eq!(plan.make_room.len(), 1, "{plan:?}");
+    assert_eq!(plan.make_room[0].pod, "ml/urgent");
     assert_eq!(plan.unhelped, vec!["ml/big".to_string()]);
 }
 
