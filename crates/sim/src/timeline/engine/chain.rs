@@ -83,10 +83,12 @@ impl Planner for SimSteps<'_, '_, '_, '_> {
 
     fn plan(&mut self, step: Step) -> Found<SimPlan, Wait> {
         let planned = match step {
-            Step::Preempt => self.engine.plan_preempt(self.unit).map(SimPlan::Preempt),
+            Step::Preempt => (self.engine)
+                .plan_preempt(self.unit, self.now)
+                .map(SimPlan::Preempt),
             Step::Reclaim => self
                 .fair
-                .and_then(|fair| self.engine.plan_reclaim(self.unit, fair)),
+                .and_then(|fair| self.engine.plan_reclaim(self.unit, fair, self.now)),
             Step::MakeRoom => {
                 if let Some(until) = self.engine.room_memo_until(self.unit, self.now) {
                     return Found::Nothing(Wait::Later(until));
@@ -228,7 +230,7 @@ impl Engine<'_> {
 
     /// Priority preemption for `unit`: lower-priority units (within its queue when the
     /// queues serve) evicted so that every member fits.
-    fn plan_preempt(&mut self, unit: u32) -> Option<Eviction> {
+    fn plan_preempt(&mut self, unit: u32, now: Ms) -> Option<Eviction> {
         let jobs = &self.units[unit as usize].jobs;
         // A gang evicts only what every member outranks.
         let priority = preempt::gang_priority(
@@ -244,15 +246,16 @@ impl Engine<'_> {
             queue: tenants.map(|t| t.queue_of_pod(pod)),
         };
         let me = contender(self.jobs[jobs[0] as usize].pod, priority);
-        let groups = self.victim_groups(&|pod| {
-            preempt::may_preempt(&me, &contender(pod, self.pods[pod as usize].priority))
-        });
+        let groups = self.victim_groups(
+            &|pod| preempt::may_preempt(&me, &contender(pod, self.pods[pod as usize].priority)),
+            now,
+        );
         self.search(unit, &groups, &[])
     }
 
     /// Reclaim for `unit` of queue `fair.queue`: units of queues above their guarantee
     /// evicted, every queue kept at its guarantee (core's check).
-    fn plan_reclaim(&mut self, unit: u32, fair: FairView<'_, '_>) -> Option<SimPlan> {
+    fn plan_reclaim(&mut self, unit: u32, fair: FairView<'_, '_>, now: Ms) -> Option<SimPlan> {
         let t = self.tenants.as_ref()?;
         let queue_of = Arc::clone(&t.queue_of);
         let mut asked = Res::default();
@@ -265,7 +268,7 @@ impl Engine<'_> {
         let tree = fair.picker.tree();
         let entitled = Entitlement::new(tree, fair.picker.allocations(), fair.queue, &asked)?;
         let of = |pod: u32| queue_of.get(pod as usize).copied().unwrap_or(0);
-        let groups = self.victim_groups(&|pod| entitled.may_take_from(of(pod)));
+        let groups = self.victim_groups(&|pod| entitled.may_take_from(of(pod)), now);
         if groups.is_empty() {
             return None;
         }

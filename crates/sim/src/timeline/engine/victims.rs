@@ -22,10 +22,11 @@ pub(super) struct Eviction {
 
 impl Engine<'_> {
     /// Running pods grouped by unit, the units whose every running member `take`
-    /// accepts (by pod index): a gang is evicted whole or not at all, so one member the
-    /// preemptor may not evict (its priority, its queue) keeps the whole gang, as the
-    /// scheduler's candidates do.
-    pub(super) fn victim_groups(&self, take: &dyn Fn(u32) -> bool) -> Vec<Vec<u32>> {
+    /// accepts (by pod index) and whose Binding landed by `now`: a gang is evicted whole or
+    /// not at all, so one member the preemptor may not evict (its priority, its queue, its
+    /// Binding still in flight) keeps the whole gang, as the scheduler's candidates do (a
+    /// pod decided and not yet bound is reserved there, not a candidate).
+    pub(super) fn victim_groups(&self, take: &dyn Fn(u32) -> bool, now: Ms) -> Vec<Vec<u32>> {
         let mut by_unit: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
         for &r in &self.running {
             by_unit
@@ -36,9 +37,10 @@ impl Engine<'_> {
         let mut groups: Vec<Vec<u32>> = by_unit
             .into_values()
             .filter(|members| {
-                preempt::unit_may_be_evicted(
-                    members.iter().map(|&r| take(self.jobs[r as usize].pod)),
-                )
+                preempt::unit_may_be_evicted(members.iter().map(|&r| {
+                    let j = &self.jobs[r as usize];
+                    j.start.is_some_and(|bound| bound <= now) && take(j.pod)
+                }))
             })
             .collect();
         groups.sort_by_key(|group| self.cluster_order(group));

@@ -87,6 +87,30 @@ fn a_preemptor_runs_only_once_its_victims_grace_and_its_own_start_have_passed() 
 }
 
 #[test]
+fn a_pod_whose_binding_is_in_flight_is_not_a_victim() {
+    // Bind 10 s: low is decided at 0 and bound at 10; high, of higher priority, arrives at
+    // 5. The scheduler holds low as reserved (decided, Binding in flight), not a
+    // candidate, and so does the replay: low is not evicted before it is bound.
+    let s = Scenario {
+        pods: vec![pod("low", 8, 1_000, 0, None), pod("high", 8, 10, 5, None)],
+        nodes: vec![node("n", 8)],
+        preempt: true,
+        costs: costs(0, 0, 10, 0),
+        ..Scenario::default()
+    };
+    let outcome = s.run_all(
+        &[(0, 0), (5, 1), (2_000, 0)],
+        true,
+        DefragSim::default(),
+        None,
+    );
+    let low = &outcome.jobs[0];
+    assert_eq!(secs(low.start), Some(10));
+    let evicted_at = secs(low.end).filter(|_| low.evicted);
+    assert!(evicted_at.is_some_and(|at| at >= 10), "{evicted_at:?}");
+}
+
+#[test]
 fn what_a_preemptor_does_not_take_of_its_victims_place_stays_taken_until_they_are_gone() {
     // low holds the whole node; high (4 GPUs) evicts it at 100 s and mid (4 GPUs, lower
     // priority, same instant) waits for the other half: it is low's until low is gone,
