@@ -249,6 +249,22 @@ async fn the_eviction_api_refuses_what_a_budget_forbids() {
     assert!(api.pod("ml", "free").is_none() || deleting(&api, "free"));
 }
 
+/// `gpuplace defrag --plan` on `view`: FGD placing, ties broken by `seed`.
+fn dry_run(
+    view: &gpuplace_scheduler::api::ClusterView,
+    seed: u64,
+    config: &DefragConfig,
+) -> gpuplace_scheduler::defrag_plan::DefragPlan {
+    gpuplace_scheduler::defrag_plan::plan(
+        view,
+        "nvidia.com/gpu",
+        gpuplace_core::Policy::Fgd,
+        seed,
+        config,
+        k8s_openapi::jiff::Timestamp::now(),
+    )
+}
+
 #[tokio::test]
 async fn the_dry_run_plans_what_the_scheduler_would_do_and_touches_nothing() {
     use gpuplace_scheduler::ClusterApi;
@@ -261,14 +277,7 @@ async fn the_dry_run_plans_what_the_scheduler_would_do_and_touches_nothing() {
     let view = api.view().await.unwrap();
     let mut config = DefragConfig::default();
     config.settings.min_age = Duration::ZERO;
-    let plan = gpuplace_scheduler::defrag_plan::plan(
-        &view,
-        "nvidia.com/gpu",
-        gpuplace_core::Policy::Fgd,
-        42,
-        &config,
-        k8s_openapi::jiff::Timestamp::now(),
-    );
+    let plan = dry_run(&view, 42, &config);
     assert_eq!(plan.blocked, vec!["ml/big".to_string()]);
     assert_eq!(plan.make_room.len(), 1);
     let room = &plan.make_room[0];
@@ -310,14 +319,7 @@ async fn the_dry_run_plans_what_the_scheduler_would_do_and_touches_nothing() {
         }))
         .unwrap(),
     )]);
-    let plan = gpuplace_scheduler::defrag_plan::plan(
-        &view,
-        "nvidia.com/gpu",
-        gpuplace_core::Policy::Fgd,
-        42,
-        &config,
-        k8s_openapi::jiff::Timestamp::now(),
-    );
+    let plan = dry_run(&view, 42, &config);
     assert!(plan.make_room.is_empty());
     assert_eq!(plan.unhelped, vec!["ml/big".to_string()]);
 }
@@ -342,14 +344,7 @@ async fn the_dry_run_plans_in_the_schedulers_order_priority_first() {
     let view = api.view().await.unwrap();
     let mut config = DefragConfig::default();
     config.settings.min_age = Duration::ZERO;
-    let plan = gpuplace_scheduler::defrag_plan::plan(
-        &view,
-        "nvidia.com/gpu",
-        gpuplace_core::Policy::Fgd,
-        7,
-        &config,
-        k8s_openapi::jiff::Timestamp::now(),
-    );
+    let plan = dry_run(&view, 7, &config);
     assert_eq!(
         plan.blocked,
         vec!["ml/urgent".to_string(), "ml/big".to_string()]
