@@ -296,7 +296,7 @@ pub struct Standing {
     /// By queue index: what its pods hold (bound or reserved, not terminating, plus
     /// preemptors' nominated requests).
     pub held: Vec<Res>,
-    /// What its waiting pods ask for.
+    /// What its waiting pods ask for (nominees counted in `held` instead).
     pub pending: Vec<Res>,
     pub pending_pods: Vec<u32>,
     pub capacity: [u64; DIMS],
@@ -374,10 +374,13 @@ impl Standing {
                 continue;
             };
             let res = Res::of(&demand.request, None);
+            // A nominee's GPUs are held for it: counted there, once, and not as demand
+            // again (the timeline counts it so from nomination to its next decision).
             if nominated(&pod.key.uid) {
                 held[q].add(&res);
+            } else {
+                pending[q].add(&res);
             }
-            pending[q].add(&res);
             pending_pods[q] += 1;
         }
         let capacity = [
@@ -437,6 +440,17 @@ mod tests {
             "metadata": {"name": name, "namespace": "ns", "uid": format!("u-{name}"),
                 "labels": {"gpuplace.io/queue": queue}},
             "spec": {"nodeName": "n1", "containers": [{"name": "c", "resources": {
+                "limits": {"nvidia.com/gpu": "1"}}}]}
+        }))
+        .expect("pod");
+        Arc::new(PodInfo::from_pod(&pod, "nvidia.com/gpu"))
+    }
+
+    fn waiting(name: &str, queue: &str) -> Arc<PodInfo> {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ns", "uid": format!("u-{name}"),
+                "labels": {"gpuplace.io/queue": queue}},
+            "spec": {"containers": [{"name": "c", "resources": {
                 "limits": {"nvidia.com/gpu": "1"}}}]}
         }))
         .expect("pod");
@@ -508,5 +522,23 @@ mod tests {
         let a = queues.of(&pods[0]).expect("a");
         assert_eq!(after[a], 2000);
         assert_eq!(after.iter().sum::<u64>(), 3000);
+    }
+
+    /// A nominee's GPUs are held for it: its queue counts them once, as held and not as
+    /// demand too (the timeline counts it so; its fair share and reclaim see it once).
+    #[test]
+    fn a_nominee_counts_once_as_held() {
+        let placed = vec![pod("a1", "a")];
+        let snapshot = crate::snapshot::build(&[node()], &placed, "nvidia.com/gpu");
+        let mut queues = Queues::new("nvidia.com/gpu");
+        queues.refresh(&view(vec![queue("a", "2", json!({}))]));
+        let (nominee, other) = (waiting("a2", "a"), waiting("a3", "a"));
+        let standing = Standing::measure(&mut queues, &snapshot, 1, &[&nominee, &other], &|uid| {
+            uid == "u-a2"
+        });
+        let a = queues.of(&placed[0]).expect("a");
+        assert_eq!(standing.held[a].dims[0], 2000);
+        assert_eq!(standing.pending[a].dims[0], 1000);
+        assert_eq!(standing.pending_pods[a], 2);
     }
 }

@@ -43,6 +43,27 @@ impl Engine<'_> {
         }
     }
 
+    /// `unit` was nominated (`true`) or its held places given back to decide it again:
+    /// its members' requests move from its queue's waiting demand to what it holds, or
+    /// back (the scheduler counts a nominee as held, once).
+    pub(super) fn fair_nominated(&mut self, unit: u32, nominated: bool) {
+        let Some(t) = &mut self.tenants else {
+            return;
+        };
+        for &job in &self.units[unit as usize].jobs {
+            let pod = self.jobs[job as usize].pod;
+            let q = t.queue(pod);
+            let asked = Res::of(&self.pods[pod as usize].request, None);
+            if nominated {
+                t.pending[q].sub(&asked);
+                t.held[q].add(&asked);
+            } else {
+                t.held[q].sub(&asked);
+                t.pending[q].add(&asked);
+            }
+        }
+    }
+
     pub(super) fn fair_departed(&mut self, job: u32, node: usize) {
         let (q, placed) = self.fair_res(job, Some(node));
         if let Some(t) = &mut self.tenants {
@@ -90,7 +111,15 @@ impl Engine<'_> {
             for &j in &jobs {
                 asked.add(&self.fair_res(j, None).1);
             }
+            // A nominee is out of its queue's allocation while it is decided again, and
+            // back in if it stays nominated, as the scheduler's `unaccount`/`account`.
+            if !self.units[unit as usize].held.is_empty() {
+                picker.removed(q, &asked);
+            }
             if picker.limit_hit(q, &asked).is_some() {
+                if !self.units[unit as usize].held.is_empty() {
+                    picker.placed(q, &asked);
+                }
                 let tried = Tried::Parked;
                 let at = clock.end(false);
                 out.done.push(Attempt { unit, tried, at });
@@ -105,6 +134,8 @@ impl Engine<'_> {
                     let node = self.jobs[j as usize].node as usize;
                     picker.placed(q, &self.fair_res(j, Some(node)).1);
                 }
+            } else if !self.units[unit as usize].held.is_empty() {
+                picker.placed(q, &asked);
             }
             out.done.push(Attempt { unit, tried, at });
         }

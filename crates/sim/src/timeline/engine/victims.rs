@@ -67,10 +67,16 @@ impl Engine<'_> {
     /// is decided again, not before its victims are gone (their grace period), as the
     /// scheduler holds a nominee's devices and decides it anew once its victims' deletion
     /// makes it due. Not started: the attempt failed, as the scheduler's did.
+    /// Its queue counts the members' requests as held from here, not as waiting, as the
+    /// scheduler's standing counts a nominee.
     pub(super) fn nominate(&mut self, unit: u32, placed: Vec<(u32, Placed)>, now: Ms) -> bool {
         let u = &mut self.units[unit as usize];
+        let was_held = !u.held.is_empty();
         u.held = placed;
         u.held_until = now + self.costs.eviction_grace;
+        if !was_held {
+            self.fair_nominated(unit, true);
+        }
         false
     }
 
@@ -91,6 +97,7 @@ impl Engine<'_> {
             // The failure memo must see the node's resources come back.
             self.released.push(p.node as u32);
         }
+        self.fair_nominated(unit, false);
         true
     }
 

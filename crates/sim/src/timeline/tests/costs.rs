@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use super::{HALVES, Scenario, halves, moving_all, node, pod, secs};
 use crate::timeline::options::{Costs, DefragMode, DefragSim, Patience};
-use crate::timeline::tenants::TenantsFile;
+use crate::timeline::tenants::{Tenants, TenantsFile};
 use crate::timeline::{Ms, Timeline, TimelineOptions};
+use crate::trace::TracePod;
 
 fn costs(grace: u64, recreate: u64, bind: u64, start: u64) -> Costs {
     Costs {
@@ -143,6 +144,46 @@ fn what_a_preemptor_does_not_take_of_its_victims_place_stays_taken_until_they_ar
         assert_eq!(secs(high.start), Some(due), "grace {grace}: {jobs:?}");
         assert_ne!(high.gpus, mid.gpus);
     }
+}
+
+#[test]
+fn a_nominee_counts_in_its_queues_limit_while_its_victims_leave() {
+    // a fills the node with four 1-GPU pods; b (guaranteed 2 GPUs, limit 2) reclaims two
+    // of them for b0 (2 GPUs) at 100 s, whose victims take 30 s to go. b1 (1 GPU) arrives
+    // at 110 s: b already holds its guarantee and its limit in the nominee (the
+    // scheduler's standing counts it), so b1 waits for b0 to end instead of reclaiming a
+    // third pod of a.
+    let mut pods: Vec<TracePod> = (0..4)
+        .map(|i| pod(&format!("a{i}"), 1, 10_000, 0, None))
+        .collect();
+    pods.push(pod("b0", 2, 100, 5, None));
+    pods.push(pod("b1", 1, 100, 5, None));
+    let s = Scenario {
+        pods,
+        nodes: vec![node("n", 4)],
+        preempt: true,
+        costs: costs(30, 0, 0, 0),
+        ..Scenario::default()
+    };
+    let file: TenantsFile = serde_json::from_value(serde_json::json!({
+        "queues": [{"name": "a"}, {"name": "b", "guaranteed": {"nvidia.com/gpu": "2"}, "limit": {"nvidia.com/gpu": "2"}}],
+        "assign": {"by": "shape", "rules": [], "default": "a"}
+    }))
+    .unwrap();
+    let mut tenants = Tenants::new(&file, [4000, 64_000, 1 << 20], &s.pods).unwrap();
+    let b = tenants.tree.index("b").unwrap();
+    for q in tenants.queue_of.iter_mut().skip(4) {
+        *q = b;
+    }
+    let mut arrivals: Vec<(u64, u32)> = (0..4).map(|i| (0, i)).collect();
+    arrivals.extend([(100, 4), (110, 5), (1_000, 0)]);
+    let jobs = s
+        .run_all(&arrivals, true, DefragSim::default(), Some(&tenants))
+        .jobs;
+    let (b0, b1) = (&jobs[4], &jobs[5]);
+    assert_eq!(secs(b0.start), Some(130), "{jobs:?}");
+    assert!(b1.start.is_some_and(|t| Some(t) >= b0.end), "{jobs:?}");
+    assert_eq!(jobs.iter().filter(|j| j.evicted).count(), 2, "{jobs:?}");
 }
 
 #[test]
