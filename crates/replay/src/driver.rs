@@ -164,6 +164,9 @@ struct Run<'a> {
     /// Controllers' new pods to make, (planned index, run ms).
     recreate: Vec<usize>,
     recreated: HashMap<usize, u32>,
+    /// By planned index, the life of its pod last evicted (its controller's new pod
+    /// replaces that one).
+    evicted_life: HashMap<usize, u32>,
     counts: LiveCounts,
     lag_ms: Vec<f64>,
     progress: Progress,
@@ -263,6 +266,11 @@ impl Run<'_> {
                 by_controller,
                 node: None,
                 gpus: None,
+                replaces: if by_controller {
+                    self.evicted_life.get(&i).copied()
+                } else {
+                    None
+                },
             });
             self.progress.created += 1;
             self.progress.waiting += 1;
@@ -325,6 +333,7 @@ impl Run<'_> {
                 self.counts.preempted_milli +=
                     self.pods[life.pod as usize].request.total_gpu_milli();
             }
+            self.evicted_life.insert(made.planned, made.life as u32);
             self.recreate.push(made.planned);
         }
     }
@@ -381,6 +390,7 @@ pub async fn run<A: ReplayApi>(
         due: BinaryHeap::new(),
         recreate: Vec::new(),
         recreated: HashMap::new(),
+        evicted_life: HashMap::new(),
         counts: LiveCounts::default(),
         lag_ms: Vec::new(),
         progress: Progress {

@@ -39,6 +39,8 @@ pub struct Life {
     /// pick them (the first that fit).
     pub node: Option<usize>,
     pub gpus: Option<Vec<(usize, u32)>>,
+    /// The life (index) of the evicted pod this one was made for (`by_controller`).
+    pub replaces: Option<u32>,
 }
 
 /// What the live run cost beside the lives.
@@ -258,5 +260,6 @@ fn job_of(l: &Life) -> Job {
         gpus: l.gpus.clone().unwrap_or_default(),
         // Not seen from outside the scheduler: the live report leaves it out.
         failed_attempts: 0,
+        replaces: l.replaces,
     }
 }

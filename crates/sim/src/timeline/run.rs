@@ -124,7 +124,8 @@ pub(super) fn measure(
     let mut waits: BTreeMap<Class, ClassTally> = BTreeMap::new();
     let (mut all, mut arrived, mut never, mut completed) = (0.0, 0usize, 0usize, 0.0);
     let (mut abandoned, mut useful) = (0usize, 0.0);
-    for job in &outcome.jobs {
+    let redone = redone_to(&outcome.jobs, from);
+    for (job, &redo_to) in outcome.jobs.iter().zip(&redone) {
         let request = &pods[job.pod as usize].request;
         if job.measured {
             let started = job.start.filter(|s| *s <= end);
@@ -142,7 +143,7 @@ pub(super) fn measure(
                 entry.abandoned += usize::from(job.abandoned);
             }
         }
-        useful += kept_work(job, from, end, context.checkpointed);
+        useful += kept_work(job, Window { from, end }, context.checkpointed, redo_to);
         if let (Some(start), Some(stop)) = (job.work_from, job.end)
             && !job.evicted
             && stop >= from
@@ -224,14 +225,48 @@ struct ClassTally {
 
 /// Milli-GPU-milliseconds of `job`'s work inside the window `[from, end]` that was kept:
 /// none of an evicted job's unless checkpointed.
-fn kept_work(job: &super::engine::Job, from: Ms, end: Ms, checkpointed: bool) -> f64 {
+/// The measurement window.
+#[derive(Clone, Copy)]
+struct Window {
+    from: Ms,
+    end: Ms,
+}
+
+/// By job, the progress (ms of its pod's run) up to which it runs again what an earlier
+/// copy of its pod had done by the window's start: that work was done once, before the
+/// window, and running it again in the window is not goodput. A job made to replace an
+/// evicted or moved one carries that one's figure on.
+fn redone_to(jobs: &[super::engine::Job], from: Ms) -> Vec<u64> {
+    let mut out = vec![0u64; jobs.len()];
+    for (i, job) in jobs.iter().enumerate() {
+        let Some(p) = job.replaces.map(|p| p as usize).filter(|&p| p < i) else {
+            continue;
+        };
+        let prev = &jobs[p];
+        let before = prev.full_ms.saturating_sub(prev.run_ms);
+        let at = prev.end.map_or(from, |e| e.min(from));
+        let ran = prev
+            .work_from
+            .map_or(0, |w| at.0.saturating_sub(w.0).min(prev.run_ms));
+        out[i] = out[p].max(before + ran);
+    }
+    out
+}
+
+/// The work `job` did in `window` and kept (milli-GPU ms): none when it was evicted and
+/// not checkpointed (thrown away), and none of what it ran again up to `redo_to` (see
+/// [`redone_to`]): each piece of a pod's work counts once.
+fn kept_work(job: &super::engine::Job, window: Window, checkpointed: bool, redo_to: u64) -> f64 {
+    let Window { from, end } = window;
     let Some(work_from) = job.work_from else {
         return 0.0;
     };
     if job.evicted && !checkpointed {
         return 0.0;
     }
-    let lo = work_from.max(from);
+    let done_before = job.full_ms.saturating_sub(job.run_ms);
+    let new_from = Ms(work_from.0 + redo_to.saturating_sub(done_before));
+    let lo = work_from.max(from).max(new_from);
     let hi = job.end.unwrap_or(end).min(end);
     if hi <= lo {
         return 0.0;
@@ -277,29 +312,76 @@ mod tests {
             node: 0,
             gpus: vec![(0, 1_000), (1, 500)],
             failed_attempts: 0,
+            replaces: None,
         }
     }
 
     #[test]
     fn goodput_keeps_work_in_the_window_and_drops_evicted_work_unless_checkpointed() {
-        let (from, end) = (Ms(100), Ms(1_000));
+        let w = Window {
+            from: Ms(100),
+            end: Ms(1_000),
+        };
         // 1,500 milli from 50 to 600: 500 ms in the window.
         assert_eq!(
-            kept_work(&job(50, Some(600), false), from, end, false),
+            kept_work(&job(50, Some(600), false), w, false, 0),
             750_000.0
         );
         // Still running at the end: counted to the end.
-        assert_eq!(
-            kept_work(&job(900, None, false), from, end, false),
-            150_000.0
-        );
+        assert_eq!(kept_work(&job(900, None, false), w, false, 0), 150_000.0);
         // Evicted: thrown away, unless checkpointed.
-        assert_eq!(kept_work(&job(200, Some(400), true), from, end, false), 0.0);
-        assert_eq!(
-            kept_work(&job(200, Some(400), true), from, end, true),
-            300_000.0
-        );
+        assert_eq!(kept_work(&job(200, Some(400), true), w, false, 0), 0.0);
+        assert_eq!(kept_work(&job(200, Some(400), true), w, true, 0), 300_000.0);
         // Evicted before its container ran: nothing either way.
-        assert_eq!(kept_work(&job(500, Some(400), true), from, end, true), 0.0);
+        assert_eq!(kept_work(&job(500, Some(400), true), w, true, 0), 0.0);
+    }
+
+    #[test]
+    fn goodput_counts_work_run_again_in_the_window_once() {
+        let w = Window {
+            from: Ms(100),
+            end: Ms(1_000),
+        };
+        // A warm pod 9,000 ms into a 10,000-ms run, working from 0, evicted at 300; its
+        // replacement runs the whole 10,000 again from 400. What it runs again by the end
+        // (600 ms of the 9,100 done before the window) is not counted; the old pod's work is
+        // thrown away.
+        let mut warm = job(0, Some(300), true);
+        warm.full_ms = 10_000;
+        let mut again = job(400, None, false);
+        again.full_ms = 10_000;
+        again.run_ms = 10_000;
+        again.replaces = Some(0);
+        let jobs = vec![warm, again];
+        let redone = redone_to(&jobs, w.from);
+        assert_eq!(redone, vec![0, 9_100]);
+        assert_eq!(kept_work(&jobs[1], w, false, redone[1]), 0.0);
+        // Without it the run again counted whole: 600 ms.
+        assert_eq!(kept_work(&jobs[1], w, false, 0), 900_000.0);
+        // A pod that arrived in the window, evicted at 500 and made again: its first run
+        // is thrown away and its replacement's counts whole, once.
+        let mut first = job(200, Some(500), true);
+        let mut second = job(600, None, false);
+        second.replaces = Some(0);
+        let jobs = vec![first, second];
+        let redone = redone_to(&jobs, w.from);
+        assert_eq!(redone[1], 0);
+        assert_eq!(kept_work(&jobs[0], w, false, redone[0]), 0.0);
+        assert_eq!(kept_work(&jobs[1], w, false, redone[1]), 600_000.0);
+        // The same chain one copy on: a replacement of the replacement carries the figure.
+        let mut third = job(700, None, false);
+        third.full_ms = 10_000;
+        third.run_ms = 10_000;
+        third.replaces = Some(1);
+        let mut warm = job(0, Some(300), true);
+        warm.full_ms = 10_000;
+        let mut again = job(400, Some(600), true);
+        again.full_ms = 10_000;
+        again.run_ms = 10_000;
+        again.replaces = Some(0);
+        assert_eq!(
+            redone_to(&[warm, again, third], w.from),
+            vec![0, 9_100, 9_100]
+        );
     }
 }

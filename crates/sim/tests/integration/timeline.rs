@@ -198,6 +198,7 @@ fn lives_of(jobs: &[Job]) -> Vec<gpuplace_sim::timeline::observed::Life> {
             by_controller: j.by_controller,
             node: j.start.map(|_| j.node as usize),
             gpus: j.start.map(|_| j.gpus.clone()),
+            replaces: j.replaces,
         })
         .collect()
 }

@@ -31,6 +31,7 @@ impl Engine<'_> {
                     pod: p as u32,
                     full_ms: full.max(run),
                     done_ms: full.saturating_sub(run),
+                    replaces: None,
                 }
             })
             .collect();

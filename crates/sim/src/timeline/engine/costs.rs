@@ -32,6 +32,7 @@ impl Engine<'_> {
             pod: j.pod,
             full_ms: j.full_ms,
             done_ms,
+            replaces: Some(job),
         };
         self.depart(job, now, true);
         Evicted {

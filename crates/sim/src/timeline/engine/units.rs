@@ -36,6 +36,9 @@ pub struct Job {
     pub gpus: Vec<(usize, u32)>,
     /// The scheduler's attempts that left it waiting.
     pub failed_attempts: u32,
+    /// The job whose pod was evicted or moved for this one to be made (its controller's
+    /// new pod): what that one did, this one may run again.
+    pub replaces: Option<u32>,
 }
 
 impl Job {
@@ -64,6 +67,7 @@ impl Job {
             node: 0,
             gpus: Vec::new(),
             failed_attempts: 0,
+            replaces: work.replaces,
         }
     }
 
@@ -88,6 +92,8 @@ pub(super) struct Work {
     pub(super) pod: u32,
     pub(super) full_ms: u64,
     pub(super) done_ms: u64,
+    /// The job it is the work of again (evicted or moved), if any.
+    pub(super) replaces: Option<u32>,
 }
 
 /// Where a pod was placed: the node and its GPUs (position, milli).
