@@ -20,6 +20,7 @@ mod defrag;
 mod defrag_state;
 mod estimate;
 mod estimating;
+mod evictable;
 mod fair;
 mod fair_round;
 mod leaving;
@@ -32,7 +33,7 @@ mod wakeups;
 mod warm;
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::collections::{BinaryHeap, VecDeque};
 use std::time::Duration;
 
 use gpuplace_core::cycle::{self, place::Trial};
@@ -129,8 +130,9 @@ pub struct Engine<'a> {
     running: Vec<u32>,
     /// Per job, its index in `running` (`u32::MAX`: not running).
     running_at: Vec<u32>,
-    /// Running pods per priority (no victim search when none is below the preemptor).
-    by_priority: BTreeMap<i32, usize>,
+    /// Running pods by priority, and their GPUs per node (no victim search where no
+    /// eviction could make room).
+    by_priority: evictable::ByPriority,
     /// Per request id, the length of `released` when it last fitted nowhere (`u32::MAX`:
     /// never failed). Nodes nothing left since then only lost free resources, so the request
     /// fits somewhere only if it fits one of the nodes released since: those alone are
@@ -193,6 +195,7 @@ impl<'a> Engine<'a> {
         tenants: Option<&Tenants>,
         seed: u64,
     ) -> Self {
+        let nodes = state.len();
         let Inputs {
             pods,
             mix,
@@ -241,7 +244,7 @@ impl<'a> Engine<'a> {
             departures: BinaryHeap::new(),
             running: Vec::new(),
             running_at: Vec::new(),
-            by_priority: BTreeMap::new(),
+            by_priority: evictable::ByPriority::new(nodes),
             failed_at: vec![u32::MAX; distinct],
             released: Vec::new(),
             seen_nodes: Default::default(),
@@ -554,7 +557,8 @@ impl<'a> Engine<'a> {
         let request = &self.pods[j.pod as usize];
         self.pending_milli -= request.request.total_gpu_milli();
         self.waiting_pods -= 1;
-        *self.by_priority.entry(request.priority).or_default() += 1;
+        self.by_priority
+            .started(placed.node, request.priority, &request.request);
         self.departures
             .push(Reverse((Ms(work_from.0 + j.run_ms), job)));
         self.running_at[job as usize] = self.running.len() as u32;
@@ -581,9 +585,8 @@ impl<'a> Engine<'a> {
         debug_assert!(given.is_ok(), "timeline replay: {given:?}");
         j.end = Some(now);
         j.evicted = evicted;
-        if let Some(count) = self.by_priority.get_mut(&pod.priority) {
-            *count = count.saturating_sub(1);
-        }
+        self.by_priority
+            .left(j.node as usize, pod.priority, &pod.request);
         let node = j.node as usize;
         self.released.push(j.node);
         if !evicted {

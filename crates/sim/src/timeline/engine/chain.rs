@@ -237,8 +237,18 @@ impl Engine<'_> {
             jobs.iter()
                 .map(|&j| self.pods[self.jobs[j as usize].pod as usize].priority),
         )?;
-        if self.by_priority.range(..priority).all(|(_, n)| *n == 0) {
+        if self.by_priority.none_below(priority) {
             return None;
+        }
+        // A pod alone: no victim search where no node could take it after evictions.
+        if let [job] = jobs[..] {
+            let request = &self.pods[self.jobs[job as usize].pod as usize].request;
+            if !self
+                .by_priority
+                .may_make_room(&self.state, priority, request)
+            {
+                return None;
+            }
         }
         let tenants = self.tenants.as_ref().filter(|_| self.queues_serve);
         let contender = |pod: u32, priority: i32| preempt::Contender {

@@ -1,0 +1,183 @@
+//! What running pods hold by priority, cluster-wide and per node, so that preemption can
+//! tell at once that no eviction could make room: a pod fits on a node after evictions
+//! only if the node's free GPU milli, CPU and memory, with what pods of lower priority hold
+//! there, cover its request. That bound is necessary, not sufficient: the victim search
+//! runs where it holds.
+//! A failed attempt of a high-priority pod otherwise grouped every running pod (thousands)
+//! for a search that could not succeed, attempt after attempt.
+
+use std::collections::BTreeMap;
+
+use gpuplace_core::ClusterState;
+use gpuplace_model::Request;
+
+/// GPU milli, CPU milli and memory MiB.
+type Dims = [u64; 3];
+
+fn dims_of(request: &Request) -> Dims {
+    [
+        request.total_gpu_milli(),
+        request.cpu_milli,
+        request.memory_mib,
+    ]
+}
+
+/// Running pods by priority.
+#[derive(Debug, Default)]
+pub(super) struct ByPriority {
+    /// Running pods per priority.
+    pods: BTreeMap<i32, usize>,
+    /// Per node, what running pods hold per priority (few levels: a short list).
+    held: Vec<Vec<(i32, Dims)>>,
+    /// Bumped on every change of the above.
+    generation: u64,
+    /// Answers of [`Self::may_make_room`] for the state and tallies of `memo_key`
+    /// (the state's identity and journal length, this generation): a round's failed
+    /// attempts ask again and again while nothing changes.
+    memo_key: (u64, usize, u64),
+    memo: Vec<(i32, Dims, bool)>,
+}
+
+impl ByPriority {
+    pub(super) fn new(nodes: usize) -> ByPriority {
+        ByPriority {
+            pods: BTreeMap::new(),
+            held: vec![Vec::new(); nodes],
+            ..ByPriority::default()
+        }
+    }
+
+    /// A pod of `priority` asking `request` started on `node`.
+    pub(super) fn started(&mut self, node: usize, priority: i32, request: &Request) {
+        *self.pods.entry(priority).or_default() += 1;
+        self.generation += 1;
+        let add = dims_of(request);
+        if let Some(levels) = self.held.get_mut(node) {
+            match levels.iter_mut().find(|(p, _)| *p == priority) {
+                Some((_, held)) => {
+                    for (h, a) in held.iter_mut().zip(add) {
+                        *h += a;
+                    }
+                }
+                None => levels.push((priority, add)),
+            }
+        }
+    }
+
+    /// A pod that [`Self::started`] so left.
+    pub(super) fn left(&mut self, node: usize, priority: i32, request: &Request) {
+        if let Some(count) = self.pods.get_mut(&priority) {
+            *count = count.saturating_sub(1);
+        }
+        self.generation += 1;
+        let sub = dims_of(request);
+        if let Some(levels) = self.held.get_mut(node)
+            && let Some((_, held)) = levels.iter_mut().find(|(p, _)| *p == priority)
+        {
+            for (h, s) in held.iter_mut().zip(sub) {
+                *h = h.saturating_sub(s);
+            }
+        }
+    }
+
+    /// Whether no running pod is below `priority`.
+    pub(super) fn none_below(&self, priority: i32) -> bool {
+        self.pods.range(..priority).all(|(_, n)| *n == 0)
+    }
+
+    /// Whether some node's free GPU milli, CPU and memory plus what pods below `priority`
+    /// hold there reach what `request` asks (a pod asking no GPU: always).
+    pub(super) fn may_make_room(
+        &mut self,
+        state: &ClusterState,
+        priority: i32,
+        request: &Request,
+    ) -> bool {
+        let need = dims_of(request);
+        if need[0] == 0 {
+            return true;
+        }
+        let key = (state.instance(), state.journal_len(), self.generation);
+        if key != self.memo_key {
+            self.memo_key = key;
+            self.memo.clear();
+        }
+        if let Some(&(_, _, known)) = self
+            .memo
+            .iter()
+            .find(|(p, n, _)| *p == priority && *n == need)
+        {
+            return known;
+        }
+        let answer = self.held.iter().enumerate().any(|(n, levels)| {
+            let mut below = [0u64; 3];
+            for (_, held) in levels.iter().filter(|(p, _)| *p < priority) {
+                for (b, h) in below.iter_mut().zip(held) {
+                    *b += h;
+                }
+            }
+            below[0] > 0 && {
+                let free = free_of(state, n);
+                (0..3).all(|d| below[d] + free[d] >= need[d])
+            }
+        });
+        self.memo.push((priority, need, answer));
+        answer
+    }
+}
+
+fn free_of(state: &ClusterState, node: usize) -> Dims {
+    let s = state.node(node);
+    [
+        s.gpu_free.iter().map(|&m| u64::from(m)).sum(),
+        s.cpu_free,
+        s.memory_free,
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuplace_model::NodeInventory;
+
+    fn asking(gpus: u32, cpu_milli: u64) -> Request {
+        Request {
+            cpu_milli,
+            memory_mib: 1_000,
+            gpu_count: gpus,
+            gpu_milli: 1_000,
+            ..Request::default()
+        }
+    }
+
+    #[test]
+    fn room_is_possible_only_where_lower_pods_and_free_resources_cover_the_request() {
+        let nodes = vec![
+            NodeInventory::uniform("a", 64_000, 1 << 20, 8, "V100"),
+            NodeInventory::uniform("b", 64_000, 1 << 20, 8, "V100"),
+        ];
+        let state = ClusterState::new(nodes).expect("state");
+        let mut by = ByPriority::new(2);
+        assert!(by.none_below(5));
+        // Node a: 4 GPUs and 8 cores of priority 0 (the state itself left all free here).
+        let low = asking(4, 8_000);
+        by.started(0, 0, &low);
+        assert!(!by.none_below(1));
+        assert!(by.none_below(0));
+        assert!(by.may_make_room(&state, 1, &asking(12, 1_000)));
+        assert!(
+            !by.may_make_room(&state, 0, &asking(1, 1_000)),
+            "none below 0"
+        );
+        assert!(!by.may_make_room(&state, 1, &asking(13, 1_000)));
+        assert!(by.may_make_room(&state, 1, &asking(1, 72_000)));
+        assert!(
+            !by.may_make_room(&state, 1, &asking(1, 72_001)),
+            "CPU short"
+        );
+        by.left(0, 0, &low);
+        assert!(by.none_below(1));
+        assert!(!by.may_make_room(&state, 1, &asking(1, 1_000)));
+        assert!(by.may_make_room(&state, 1, &asking(0, 1_000)));
+    }
+}
