@@ -61,12 +61,17 @@ pub struct SimulateArgs {
     #[arg(long, default_value = "nvlink")]
     pub(crate) topology: GpuTopology,
     /// A pod that fits nowhere evicts pods of lower priority (the scheduler's victim
-    /// search); priorities from the trace's `qos` column (LS 2, Burstable 1, BE 0).
+    /// search); priorities from the trace's `qos` column (LS 2, Burstable 1, BE 0). The
+    /// static replay preempts only with it; the timeline always does, as the scheduler
+    /// does, unless `--no-preempt`.
     #[arg(long)]
     pub(crate) preempt: bool,
-    /// With --preempt: give this fraction (0-1) of pods, chosen by name, priority 3 (for
-    /// traces without a `qos` column).
-    #[arg(long, default_value_t = 0.0, requires = "preempt")]
+    /// With --timeline: never preempt (the scheduler always may).
+    #[arg(long, conflicts_with = "preempt")]
+    pub(crate) no_preempt: bool,
+    /// Where pods preempt: give this fraction (0-1) of pods, chosen by name, priority 3
+    /// (for traces without a `qos` column).
+    #[arg(long, default_value_t = 0.0, conflicts_with = "no_preempt")]
     pub(crate) high_priority: f64,
     /// Refuse a pod list holding pods that fit no node even in the empty cluster. Without
     /// it they are named on stderr and replayed: they count as unallocated, as they were
@@ -137,7 +142,17 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         None
     };
     say_unplaceable(&workload, args.refuse_unplaceable)?;
-    let preemption = if args.preempt {
+    if args.no_preempt && !args.timeline.timeline {
+        anyhow::bail!(
+            "--no-preempt is for --timeline: the static replay preempts only with --preempt"
+        );
+    }
+    // The timeline preempts as the scheduler does unless told not to.
+    let preempt = args.preempt || (args.timeline.timeline && !args.no_preempt);
+    if args.high_priority > 0.0 && !preempt {
+        anyhow::bail!("--high-priority raises pods that preempt: add --preempt");
+    }
+    let preemption = if preempt {
         let raised = gpuplace_sim::preemption::raise_priority(&mut workload, args.high_priority)
             .map_err(anyhow::Error::msg)?;
         let mut levels: Vec<i32> = workload.pods.iter().map(|p| p.priority).collect();
@@ -157,7 +172,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
     let seeds: Vec<u64> = (0..args.seeds).map(|i| args.seed_start + i).collect();
     if args.timeline.timeline {
         let run = crate::simulate_timeline::Run {
-            preempt: args.preempt,
+            preempt,
             out: args.out.as_deref(),
             json: args.json,
         };
@@ -165,7 +180,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
     }
     let prepared = Prepared::new(workload)
         .context("cannot replay this workload")?
-        .with_preemption(args.preempt);
+        .with_preemption(preempt);
     let jobs = (policies.len() * seeds.len()) as u64;
     let bar = crate::progress::bar(jobs);
     let started = Instant::now();

@@ -276,6 +276,8 @@ fn timeline_json_has_the_stable_shape_and_the_report_its_plots() {
     }
     assert_eq!(v["costs"]["eviction_grace_s"], 31.0);
     assert_eq!(v["patience"], "off");
+    // The timeline preempts as the scheduler does unless --no-preempt.
+    assert_eq!(v["preempt"], true);
     for f in [
         "summary.json",
         "series.csv",
@@ -409,6 +411,16 @@ fn timeline_flags_are_checked() {
             "--recreate must be between 0 and 3600 seconds, got NaN",
         ),
         (vec!["--timeline", "--patience", "sometimes"], "--patience"),
+        (vec!["--no-preempt"], "--no-preempt is for --timeline"),
+        (
+            vec!["--timeline", "--preempt", "--no-preempt"],
+            "cannot be used with",
+        ),
+        (
+            vec!["--timeline", "--no-preempt", "--high-priority", "0.5"],
+            "cannot be used with",
+        ),
+        (vec!["--high-priority", "0.5"], "add --preempt"),
     ] {
         let out = gpuplace()
             .args(["simulate", "--scale", "32", "--seeds", "1"])
