@@ -360,7 +360,7 @@ mod tests {
         assert_eq!(kept_work(&jobs[1], w, false, 0), 900_000.0);
         // A pod that arrived in the window, evicted at 500 and made again: its first run
         // is thrown away and its replacement's counts whole, once.
-        let mut first = job(200, Some(500), true);
+        let first = job(200, Some(500), true);
         let mut second = job(600, None, false);
         second.replaces = Some(0);
         let jobs = vec![first, second];

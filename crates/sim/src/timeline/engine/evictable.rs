@@ -86,7 +86,8 @@ impl ByPriority {
     }
 
     /// Whether some node's free GPU milli, CPU and memory plus what pods below `priority`
-    /// hold there reach what `request` asks (a pod asking no GPU: always).
+    /// hold there reach what `request` asks (a pod asking no GPU, or a cluster with
+    /// time-sliced GPUs, where a request takes another share per node: always).
     pub(super) fn may_make_room(
         &mut self,
         state: &ClusterState,
@@ -94,7 +95,7 @@ impl ByPriority {
         request: &Request,
     ) -> bool {
         let need = dims_of(request);
-        if need[0] == 0 {
+        if need[0] == 0 || state.any_time_sliced() {
             return true;
         }
         let key = (state.instance(), state.journal_len(), self.generation);
