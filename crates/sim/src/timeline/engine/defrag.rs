@@ -1,8 +1,10 @@
 //! Defragmentation in the timeline replay: core's make-room and rebalance plans, carried
 //! out on simulated time. A moved pod is evicted at the decision and its planned place is
 //! held for its replacement (the scheduler steers the controller's new pod there), which
-//! runs once the old pod's grace period and the re-create have passed, then the bind and
-//! start costs; the unit the room was made for is bound as a preemptor is. Unless the
+//! is bound once its controller made it (the re-create) where that place was free before
+//! the plan, as the scheduler binds it there at once, or else once the pod that held the
+//! place is gone too (its grace period); then the bind and start costs. The unit the room
+//! was made for is bound as a preemptor is. Unless the
 //! replay is checkpointed the replacement runs its whole duration again and everything the
 //! pod had done counts as lost.
 //!
@@ -176,6 +178,7 @@ impl Engine<'_> {
             .iter()
             .flat_map(|&u| groups[u].iter().copied())
             .collect();
+        let at_once = self.free_before(&holders, &plan.moves);
         let mut replacements = Vec::with_capacity(moved.len());
         for &job in &moved {
             replacements.push((job, self.leave_for_move(job, now)));
@@ -193,14 +196,37 @@ impl Engine<'_> {
             };
             held.push((job, placed));
         }
-        for mv in &plan.moves {
+        for (mv, &free) in plan.moves.iter().zip(&at_once) {
             let job = holders[mv.holder];
             if let Some((_, work)) = replacements.iter().find(|(j, _)| *j == job) {
-                let _ = self.restart(job, *work, mv.to, &mv.gpus, now);
+                let _ = self.restart(job, *work, mv, free, now);
             }
         }
         self.defrag.counts.plans += 1;
         self.nominate(unit, held, now)
+    }
+
+    /// Which of `moves` (of `holders`' jobs) go to places free before any pod leaves,
+    /// each taking its place in order, as core's state sees them.
+    fn free_before(&mut self, holders: &[u32], moves: &[defrag::Move]) -> Vec<bool> {
+        let mut taken = Vec::new();
+        let mut free = Vec::with_capacity(moves.len());
+        for mv in moves {
+            let job = holders[mv.holder];
+            let request = &self.pods[self.jobs[job as usize].pod as usize].request;
+            let ok = self.state.apply(mv.to, request, &mv.gpus).is_ok();
+            if ok {
+                taken.push(mv);
+            }
+            free.push(ok);
+        }
+        for mv in taken.into_iter().rev() {
+            let job = holders[mv.holder];
+            let request = &self.pods[self.jobs[job as usize].pod as usize].request;
+            let given = self.state.release(mv.to, request, &mv.gpus);
+            debug_assert!(given.is_ok(), "a place just taken: {given:?}");
+        }
+        free
     }
 
     /// `job` leaves its place to move: counted, and its work lost unless checkpointed;
@@ -215,18 +241,19 @@ impl Engine<'_> {
     }
 
     /// The replacement of moved `job`, running `work`, is made by its controller and bound
-    /// to node `to`, GPUs `gpus`: it runs once the old pod's grace period and the
-    /// controller's re-create have passed. Not measured (its pod's wait was measured when
-    /// it first arrived).
+    /// to the move's node and GPUs: once the controller's re-create has passed where its
+    /// place was `free` before the plan, else once the grace period of the pod that held
+    /// it has passed too. Not measured (its pod's wait was measured when it first arrived).
     /// Returns when the replacement is bound.
     fn restart(
         &mut self,
         job: u32,
         work: Work,
-        to: usize,
-        gpus: &[(usize, u32)],
+        mv: &defrag::Move,
+        free: bool,
         now: Ms,
     ) -> Option<Ms> {
+        let (to, gpus) = (mv.to, &mv.gpus[..]);
         let unit = self.jobs[job as usize].unit;
         let request = &self.pods[work.pod as usize].request;
         if self.state.apply(to, request, gpus).is_err() {
@@ -242,7 +269,11 @@ impl Engine<'_> {
             node: to,
             gpus: gpus.to_vec(),
         };
-        let room_in = self.costs.eviction_grace.max(self.costs.recreate);
+        let room_in = if free {
+            self.costs.recreate
+        } else {
+            self.costs.eviction_grace.max(self.costs.recreate)
+        };
         self.start(new, placed, now, room_in);
         self.jobs[new as usize].start
     }
@@ -283,13 +314,14 @@ impl Engine<'_> {
             return;
         }
         let holders: Vec<u32> = groups.iter().flatten().copied().collect();
-        for mv in &moves {
+        let at_once = self.free_before(&holders, &moves);
+        for (mv, &free) in moves.iter().zip(&at_once) {
             let job = holders[mv.holder];
             let milli = self.jobs[job as usize].milli();
             let unit = self.jobs[job as usize].unit;
             self.defrag.pace.moved(now, Some(unit), milli);
             let work = self.leave_for_move(job, now);
-            if let Some(bound) = self.restart(job, work, mv.to, &mv.gpus, now) {
+            if let Some(bound) = self.restart(job, work, mv, free, now) {
                 self.defrag.in_flight.push(bound);
             }
         }
