@@ -1,7 +1,7 @@
 //! What running pods hold by priority, cluster-wide and per node, so that preemption can
 //! tell at once that no eviction could make room: a pod fits on a node after evictions
-//! only if the node's free GPU milli, CPU and memory, with what pods of lower priority hold
-//! there, cover its request. That bound is necessary, not sufficient: the victim search
+//! only if the node's GPUs are of a model it allows and the node's free GPU milli, CPU and
+//! memory, with what pods of lower priority hold there, cover its request. That bound is necessary, not sufficient: the victim search
 //! runs where it holds.
 //! A failed attempt of a high-priority pod otherwise grouped every running pod (thousands)
 //! for a search that could not succeed, attempt after attempt.
@@ -35,7 +35,17 @@ pub(super) struct ByPriority {
     /// (the state's identity and journal length, this generation): a round's failed
     /// attempts ask again and again while nothing changes.
     memo_key: (u64, usize, u64),
-    memo: Vec<(i32, Dims, bool)>,
+    memo: Vec<Answer>,
+}
+
+/// One answer of [`ByPriority::may_make_room`]: for a priority, a request's amounts and
+/// the models it allows.
+#[derive(Debug)]
+struct Answer {
+    priority: i32,
+    need: Dims,
+    models: Vec<String>,
+    may: bool,
 }
 
 impl ByPriority {
@@ -103,12 +113,10 @@ impl ByPriority {
             self.memo_key = key;
             self.memo.clear();
         }
-        if let Some(&(_, _, known)) = self
-            .memo
-            .iter()
-            .find(|(p, n, _)| *p == priority && *n == need)
-        {
-            return known;
+        if let Some(known) = self.memo.iter().find(|a| {
+            a.priority == priority && a.need == need && a.models == request.allowed_models
+        }) {
+            return known.may;
         }
         let answer = self.held.iter().enumerate().any(|(n, levels)| {
             let mut below = [0u64; 3];
@@ -117,12 +125,21 @@ impl ByPriority {
                     *b += h;
                 }
             }
-            below[0] > 0 && {
-                let free = free_of(state, n);
-                (0..3).all(|d| below[d] + free[d] >= need[d])
-            }
+            below[0] > 0
+                // core's fit refuses a node of another model at once (`ModelNotAllowed`).
+                && (request.allowed_models.is_empty()
+                    || request.allows_model(state.inventory(n).gpu_model()))
+                && {
+                    let free = free_of(state, n);
+                    (0..3).all(|d| below[d] + free[d] >= need[d])
+                }
         });
-        self.memo.push((priority, need, answer));
+        self.memo.push(Answer {
+            priority,
+            need,
+            models: request.allowed_models.clone(),
+            may: answer,
+        });
         answer
     }
 }
@@ -180,5 +197,12 @@ mod tests {
         assert!(by.none_below(1));
         assert!(!by.may_make_room(&state, 1, &asking(1, 1_000)));
         assert!(by.may_make_room(&state, 1, &asking(0, 1_000)));
+        // A pod that allows only another model: no node could take it.
+        by.started(1, 0, &low);
+        let mut a100 = asking(1, 1_000);
+        a100.allowed_models = vec!["A100".into()];
+        assert!(!by.may_make_room(&state, 1, &a100));
+        a100.allowed_models.push("V100".into());
+        assert!(by.may_make_room(&state, 1, &a100));
     }
 }
