@@ -3,7 +3,9 @@
 gpuplace, FGD and best-fit, ten seeds at load 0.95, and prints its Markdown rows.
 
 Usage: scripts/defrag-table.py [--gpuplace target/release/gpuplace] [--traces ../shared/traces/openb]
-                               [--seeds 10] [--arrivals N] TRACE...   (TRACE: default, cpu050, ..)
+                               [--seeds 10] [--arrivals N] [--no-preempt] TRACE...
+                               (TRACE: default, cpu050, ..; --no-preempt: the rows measured
+                               before the timeline preempted by default)
 gpuspec10 runs with 10,000 arrivals unless --arrivals is given (see docs/defrag.md).
 """
 import argparse
@@ -31,6 +33,7 @@ def main():
     ap.add_argument("--traces", default="../shared/traces/openb")
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--arrivals", type=int)
+    ap.add_argument("--no-preempt", action="store_true")
     ap.add_argument("trace", nargs="+")
     args = ap.parse_args()
     nodes = os.path.join(args.traces, "openb_node_list_gpu_node.csv")
@@ -48,6 +51,8 @@ def main():
                    "--load", "0.95", "--defrag", defrag, "--movable", "0.5", "--json"]
             if arrivals:
                 cmd += ["--arrivals", str(arrivals)]
+            if args.no_preempt:
+                cmd.append("--no-preempt")
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             report = json.loads(out)
             for p in report["policies"]:
