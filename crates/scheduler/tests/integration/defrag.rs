@@ -265,15 +265,21 @@ fn dry_run(
     )
 }
 
-#[tokio::test]
-async fn the_dry_run_plans_what_the_scheduler_would_do_and_touches_nothing() {
-    use gpuplace_scheduler::ClusterApi;
+/// The fragmented cluster, placed by a scheduler that moves nothing.
+async fn fragmented_without_moves() -> (MemoryApi, Scheduler<MemoryApi>, Instant) {
     let api = MemoryApi::new();
     let mut off = defrag_config(Duration::ZERO);
     off.defrag.settings.mode = DefragMode::Off;
     let mut scheduler = Scheduler::new(api.clone(), off);
     let mut t = Instant::now();
     fragmented(&api, &mut scheduler, &mut t, true).await;
+    (api, scheduler, t)
+}
+
+#[tokio::test]
+async fn the_dry_run_plans_what_the_scheduler_would_do_and_touches_nothing() {
+    use gpuplace_scheduler::ClusterApi;
+    let (api, _scheduler, _t) = fragmented_without_moves().await;
     let view = api.view().await.unwrap();
     let mut config = DefragConfig::default();
     config.settings.min_age = Duration::ZERO;
@@ -327,12 +333,7 @@ async fn the_dry_run_plans_what_the_scheduler_would_do_and_touches_nothing() {
 #[tokio::test]
 async fn the_dry_run_plans_in_the_schedulers_order_priority_first() {
     use gpuplace_scheduler::ClusterApi;
-    let api = MemoryApi::new();
-    let mut off = defrag_config(Duration::ZERO);
-    off.defrag.settings.mode = DefragMode::Off;
-    let mut scheduler = Scheduler::new(api.clone(), off);
-    let mut t = Instant::now();
-    fragmented(&api, &mut scheduler, &mut t, true).await;
+    let (api, mut scheduler, mut t) = fragmented_without_moves().await;
     // Made after `big` (and after it by name): only its priority puts it first (it does
     // not preempt, so that `a` stays to be moved).
     api.put_pod(pod(
