@@ -32,6 +32,50 @@ pub struct Holder<'a> {
     pub budgets: Vec<usize>,
 }
 
+/// GPU milli, CPU milli and memory MiB: what pods hold on a node, what a request asks.
+pub type Amounts = [u64; 3];
+
+/// What `request` asks, as [`Amounts`].
+pub fn amounts_of(request: &Request) -> Amounts {
+    [
+        request.total_gpu_milli(),
+        request.cpu_milli,
+        request.memory_mib,
+    ]
+}
+
+/// Whether evicting the candidates that hold `evictable` on node `n` could let `request`
+/// fit there: something is evictable, the node's GPUs are of a model the request allows
+/// (the fit refuses others at once), and its free GPU milli, CPU and memory with
+/// `evictable` cover the request. Necessary, not sufficient (the search decides), so a
+/// driver may skip the victim search where no node passes. Always true where GPUs are
+/// time-sliced (a request takes another share per node there, so its amounts bound
+/// nothing).
+pub fn room_possible(
+    state: &ClusterState,
+    n: usize,
+    evictable: &Amounts,
+    request: &Request,
+) -> bool {
+    if state.any_time_sliced() {
+        return true;
+    }
+    if evictable.iter().all(|&a| a == 0) {
+        return false;
+    }
+    if !request.allowed_models.is_empty() && !request.allows_model(state.inventory(n).gpu_model()) {
+        return false;
+    }
+    let s = state.node(n);
+    let free = [
+        s.gpu_free.iter().map(|&m| u64::from(m)).sum(),
+        s.cpu_free,
+        s.memory_free,
+    ];
+    let need = amounts_of(request);
+    (0..3).all(|d| evictable[d] + free[d] >= need[d])
+}
+
 /// Pods evicted together or not at all: one pod, or every member of a gang.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Unit {

@@ -1,26 +1,14 @@
 //! What running pods hold by priority, cluster-wide and per node, so that preemption can
-//! tell at once that no eviction could make room: a pod fits on a node after evictions
-//! only if the node's GPUs are of a model it allows and the node's free GPU milli, CPU and
-//! memory, with what pods of lower priority hold there, cover its request. That bound is necessary, not sufficient: the victim search
-//! runs where it holds.
-//! A failed attempt of a high-priority pod otherwise grouped every running pod (thousands)
-//! for a search that could not succeed, attempt after attempt.
+//! tell at once that no eviction could make room (core's [`preempt::room_possible`] on
+//! each node with what pods of lower priority hold there): the victim search runs only
+//! where some node passes. A failed attempt of a high-priority pod otherwise grouped every
+//! running pod (thousands) for a search that could not succeed, attempt after attempt.
 
 use std::collections::BTreeMap;
 
 use gpuplace_core::ClusterState;
+use gpuplace_core::preempt::{self, Amounts as Dims, amounts_of as dims_of};
 use gpuplace_model::Request;
-
-/// GPU milli, CPU milli and memory MiB.
-type Dims = [u64; 3];
-
-fn dims_of(request: &Request) -> Dims {
-    [
-        request.total_gpu_milli(),
-        request.cpu_milli,
-        request.memory_mib,
-    ]
-}
 
 /// Running pods by priority.
 #[derive(Debug, Default)]
@@ -95,9 +83,8 @@ impl ByPriority {
         self.pods.range(..priority).all(|(_, n)| *n == 0)
     }
 
-    /// Whether some node's free GPU milli, CPU and memory plus what pods below `priority`
-    /// hold there reach what `request` asks (a pod asking no GPU, or a cluster with
-    /// time-sliced GPUs, where a request takes another share per node: always).
+    /// Whether some node could take `request` once pods below `priority` on it are gone
+    /// (core's [`preempt::room_possible`]; a pod asking no GPU: always).
     pub(super) fn may_make_room(
         &mut self,
         state: &ClusterState,
@@ -105,7 +92,7 @@ impl ByPriority {
         request: &Request,
     ) -> bool {
         let need = dims_of(request);
-        if need[0] == 0 || state.any_time_sliced() {
+        if need[0] == 0 {
             return true;
         }
         let key = (state.instance(), state.journal_len(), self.generation);
@@ -125,14 +112,7 @@ impl ByPriority {
                     *b += h;
                 }
             }
-            below[0] > 0
-                // core's fit refuses a node of another model at once (`ModelNotAllowed`).
-                && (request.allowed_models.is_empty()
-                    || request.allows_model(state.inventory(n).gpu_model()))
-                && {
-                    let free = free_of(state, n);
-                    (0..3).all(|d| below[d] + free[d] >= need[d])
-                }
+            preempt::room_possible(state, n, &below, request)
         });
         self.memo.push(Answer {
             priority,
@@ -142,15 +122,6 @@ impl ByPriority {
         });
         answer
     }
-}
-
-fn free_of(state: &ClusterState, node: usize) -> Dims {
-    let s = state.node(node);
-    [
-        s.gpu_free.iter().map(|&m| u64::from(m)).sum(),
-        s.cpu_free,
-        s.memory_free,
-    ]
 }
 
 #[cfg(test)]
@@ -204,5 +175,17 @@ mod tests {
         assert!(!by.may_make_room(&state, 1, &a100));
         a100.allowed_models.push("V100".into());
         assert!(by.may_make_room(&state, 1, &a100));
+    }
+
+    #[test]
+    fn a_pod_short_of_cpu_may_make_room_by_evicting_a_cpu_only_pod() {
+        let nodes = vec![NodeInventory::uniform("a", 64_000, 1 << 20, 8, "V100")];
+        let state = ClusterState::new(nodes).expect("state");
+        let mut by = ByPriority::new(1);
+        let wide = asking(1, 72_000);
+        assert!(!by.may_make_room(&state, 1, &wide));
+        // A CPU-only pod of priority 0 holds 8 cores: evicting it could make room.
+        by.started(0, 0, &asking(0, 8_000));
+        assert!(by.may_make_room(&state, 1, &wide));
     }
 }
