@@ -17,6 +17,7 @@ use gpuplace_core::fairshare::{Entitlement, Loss, Picker, Res};
 use gpuplace_core::preempt;
 
 use super::Engine;
+use super::evictable::Room;
 use super::units::{Job, Placed, Tried};
 use super::victims::{Eviction, candidates_of};
 use crate::timeline::options::Ms;
@@ -240,15 +241,17 @@ impl Engine<'_> {
         if self.by_priority.none_below(priority) {
             return None;
         }
-        // A pod alone: no victim search where no node could take it after evictions.
-        if let [job] = jobs[..] {
-            let request = &self.pods[self.jobs[job as usize].pod as usize].request;
-            if !self
-                .by_priority
-                .may_make_room(&self.state, priority, request)
-            {
-                return None;
+        // A pod alone: no victim search where no node could take it after evictions, and
+        // only the candidates on the nodes that could.
+        let room = match jobs[..] {
+            [job] => {
+                let request = &self.pods[self.jobs[job as usize].pod as usize].request;
+                self.by_priority.room(&self.state, priority, request)
             }
+            _ => Room::Anywhere,
+        };
+        if !room.possible() {
+            return None;
         }
         let tenants = self.tenants.as_ref().filter(|_| self.queues_serve);
         let contender = |pod: u32, priority: i32| preempt::Contender {
@@ -259,6 +262,7 @@ impl Engine<'_> {
         let groups = self.victim_groups(
             &|pod| preempt::may_preempt(&me, &contender(pod, self.pods[pod as usize].priority)),
             now,
+            &room,
         );
         self.search(unit, &groups, &[])
     }
@@ -278,7 +282,8 @@ impl Engine<'_> {
         let tree = fair.picker.tree();
         let entitled = Entitlement::new(tree, fair.picker.allocations(), fair.queue, &asked)?;
         let of = |pod: u32| queue_of.get(pod as usize).copied().unwrap_or(0);
-        let groups = self.victim_groups(&|pod| entitled.may_take_from(of(pod)), now);
+        let groups =
+            self.victim_groups(&|pod| entitled.may_take_from(of(pod)), now, &Room::Anywhere);
         if groups.is_empty() {
             return None;
         }

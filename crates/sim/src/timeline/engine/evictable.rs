@@ -5,10 +5,38 @@
 //! running pod (thousands) for a search that could not succeed, attempt after attempt.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use gpuplace_core::ClusterState;
-use gpuplace_core::preempt::{self, Amounts as Dims, amounts_of as dims_of};
+use gpuplace_core::preempt::{self, Amounts, amounts_of};
 use gpuplace_model::Request;
+
+/// Where evictions could make room for a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Room {
+    /// On no node: no victim search.
+    Nowhere,
+    /// Possibly on any node (a pod asking no GPU): the search looks at every candidate.
+    Anywhere,
+    /// On the nodes marked (at least one): candidates elsewhere cannot help.
+    On(Arc<[bool]>),
+}
+
+impl Room {
+    /// Whether evictions could make room anywhere.
+    pub(super) fn possible(&self) -> bool {
+        *self != Room::Nowhere
+    }
+
+    /// Whether node `n`'s pods may be victims that help.
+    pub(super) fn on(&self, n: usize) -> bool {
+        match self {
+            Room::Nowhere => false,
+            Room::Anywhere => true,
+            Room::On(nodes) => nodes.get(n).copied().unwrap_or(false),
+        }
+    }
+}
 
 /// Running pods by priority.
 #[derive(Debug, Default)]
@@ -16,24 +44,24 @@ pub(super) struct ByPriority {
     /// Running pods per priority.
     pods: BTreeMap<i32, usize>,
     /// Per node, what running pods hold per priority (few levels: a short list).
-    held: Vec<Vec<(i32, Dims)>>,
+    held: Vec<Vec<(i32, Amounts)>>,
     /// Bumped on every change of the above.
     generation: u64,
-    /// Answers of [`Self::may_make_room`] for the state and tallies of `memo_key`
+    /// Answers of [`Self::room`] for the state and tallies of `memo_key`
     /// (the state's identity and journal length, this generation): a round's failed
     /// attempts ask again and again while nothing changes.
     memo_key: (u64, usize, u64),
     memo: Vec<Answer>,
 }
 
-/// One answer of [`ByPriority::may_make_room`]: for a priority, a request's amounts and
-/// the models it allows.
+/// One answer of [`ByPriority::room`]: for a priority, a request's amounts and the
+/// models it allows.
 #[derive(Debug)]
 struct Answer {
     priority: i32,
-    need: Dims,
+    need: Amounts,
     models: Vec<String>,
-    may: bool,
+    room: Room,
 }
 
 impl ByPriority {
@@ -49,7 +77,7 @@ impl ByPriority {
     pub(super) fn started(&mut self, node: usize, priority: i32, request: &Request) {
         *self.pods.entry(priority).or_default() += 1;
         self.generation += 1;
-        let add = dims_of(request);
+        let add = amounts_of(request);
         if let Some(levels) = self.held.get_mut(node) {
             match levels.iter_mut().find(|(p, _)| *p == priority) {
                 Some((_, held)) => {
@@ -68,7 +96,7 @@ impl ByPriority {
             *count = count.saturating_sub(1);
         }
         self.generation += 1;
-        let sub = dims_of(request);
+        let sub = amounts_of(request);
         if let Some(levels) = self.held.get_mut(node)
             && let Some((_, held)) = levels.iter_mut().find(|(p, _)| *p == priority)
         {
@@ -83,17 +111,12 @@ impl ByPriority {
         self.pods.range(..priority).all(|(_, n)| *n == 0)
     }
 
-    /// Whether some node could take `request` once pods below `priority` on it are gone
-    /// (core's [`preempt::room_possible`]; a pod asking no GPU: always).
-    pub(super) fn may_make_room(
-        &mut self,
-        state: &ClusterState,
-        priority: i32,
-        request: &Request,
-    ) -> bool {
-        let need = dims_of(request);
+    /// The nodes that could take `request` once pods below `priority` on them are gone
+    /// (core's [`preempt::room_possible`]; a pod asking no GPU: anywhere).
+    pub(super) fn room(&mut self, state: &ClusterState, priority: i32, request: &Request) -> Room {
+        let need = amounts_of(request);
         if need[0] == 0 {
-            return true;
+            return Room::Anywhere;
         }
         let key = (state.instance(), state.journal_len(), self.generation);
         if key != self.memo_key {
@@ -103,24 +126,34 @@ impl ByPriority {
         if let Some(known) = self.memo.iter().find(|a| {
             a.priority == priority && a.need == need && a.models == request.allowed_models
         }) {
-            return known.may;
+            return known.room.clone();
         }
-        let answer = self.held.iter().enumerate().any(|(n, levels)| {
-            let mut below = [0u64; 3];
-            for (_, held) in levels.iter().filter(|(p, _)| *p < priority) {
-                for (b, h) in below.iter_mut().zip(held) {
-                    *b += h;
+        let nodes: Vec<bool> = self
+            .held
+            .iter()
+            .enumerate()
+            .map(|(n, levels)| {
+                let mut below = [0u64; 3];
+                for (_, held) in levels.iter().filter(|(p, _)| *p < priority) {
+                    for (b, h) in below.iter_mut().zip(held) {
+                        *b += h;
+                    }
                 }
-            }
-            preempt::room_possible(state, n, &below, request)
-        });
+                preempt::room_possible(state, n, &below, request)
+            })
+            .collect();
+        let room = if nodes.contains(&true) {
+            Room::On(nodes.into())
+        } else {
+            Room::Nowhere
+        };
         self.memo.push(Answer {
             priority,
             need,
             models: request.allowed_models.clone(),
-            may: answer,
+            room: room.clone(),
         });
-        answer
+        room
     }
 }
 
@@ -153,28 +186,30 @@ mod tests {
         by.started(0, 0, &low);
         assert!(!by.none_below(1));
         assert!(by.none_below(0));
-        assert!(by.may_make_room(&state, 1, &asking(12, 1_000)));
+        let room = by.room(&state, 1, &asking(12, 1_000));
+        assert!(room.possible());
+        assert!(room.on(0) && !room.on(1), "nothing evictable on b");
         assert!(
-            !by.may_make_room(&state, 0, &asking(1, 1_000)),
+            !by.room(&state, 0, &asking(1, 1_000)).possible(),
             "none below 0"
         );
-        assert!(!by.may_make_room(&state, 1, &asking(13, 1_000)));
-        assert!(by.may_make_room(&state, 1, &asking(1, 72_000)));
+        assert!(!by.room(&state, 1, &asking(13, 1_000)).possible());
+        assert!(by.room(&state, 1, &asking(1, 72_000)).possible());
         assert!(
-            !by.may_make_room(&state, 1, &asking(1, 72_001)),
+            !by.room(&state, 1, &asking(1, 72_001)).possible(),
             "CPU short"
         );
         by.left(0, 0, &low);
         assert!(by.none_below(1));
-        assert!(!by.may_make_room(&state, 1, &asking(1, 1_000)));
-        assert!(by.may_make_room(&state, 1, &asking(0, 1_000)));
+        assert!(!by.room(&state, 1, &asking(1, 1_000)).possible());
+        assert!(by.room(&state, 1, &asking(0, 1_000)).possible());
         // A pod that allows only another model: no node could take it.
         by.started(1, 0, &low);
         let mut a100 = asking(1, 1_000);
         a100.allowed_models = vec!["A100".into()];
-        assert!(!by.may_make_room(&state, 1, &a100));
+        assert!(!by.room(&state, 1, &a100).possible());
         a100.allowed_models.push("V100".into());
-        assert!(by.may_make_room(&state, 1, &a100));
+        assert!(by.room(&state, 1, &a100).possible());
     }
 
     #[test]
@@ -183,9 +218,9 @@ mod tests {
         let state = ClusterState::new(nodes).expect("state");
         let mut by = ByPriority::new(1);
         let wide = asking(1, 72_000);
-        assert!(!by.may_make_room(&state, 1, &wide));
+        assert!(!by.room(&state, 1, &wide).possible());
         // A CPU-only pod of priority 0 holds 8 cores: evicting it could make room.
         by.started(0, 0, &asking(0, 8_000));
-        assert!(by.may_make_room(&state, 1, &wide));
+        assert!(by.room(&state, 1, &wide).possible());
     }
 }

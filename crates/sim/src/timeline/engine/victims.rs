@@ -3,11 +3,10 @@
 //! queue, to start over; the pod started where the plan puts it). Shared by preemption and
 //! reclaim.
 
-use std::collections::BTreeMap;
-
 use gpuplace_core::preempt::{self, Candidates, Holder};
 
 use super::Engine;
+use super::evictable::Room;
 use super::units::{Job, Placed};
 use crate::timeline::options::Ms;
 use crate::trace::TracePod;
@@ -25,25 +24,46 @@ impl Engine<'_> {
     /// accepts (by pod index) and whose Binding landed by `now`: a gang is evicted whole or
     /// not at all, so one member the preemptor may not evict (its priority, its queue, its
     /// Binding still in flight) keeps the whole gang, as the scheduler's candidates do (a
-    /// pod decided and not yet bound is reserved there, not a candidate).
-    pub(super) fn victim_groups(&self, take: &dyn Fn(u32) -> bool, now: Ms) -> Vec<Vec<u32>> {
-        let mut by_unit: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-        for &r in &self.running {
-            by_unit
-                .entry(self.jobs[r as usize].unit)
-                .or_default()
-                .push(r);
-        }
-        let mut groups: Vec<Vec<u32>> = by_unit
-            .into_values()
-            .filter(|members| {
-                preempt::unit_may_be_evicted(members.iter().map(|&r| {
+    /// pod decided and not yet bound is reserved there, not a candidate). Only units with
+    /// a member on a node of `room` (the search finds nothing on the others, whose
+    /// candidates taken together cannot make room).
+    pub(super) fn victim_groups(
+        &self,
+        take: &dyn Fn(u32) -> bool,
+        now: Ms,
+        room: &Room,
+    ) -> Vec<Vec<u32>> {
+        // The units with a running member on a node of `room`, then each with its running
+        // members in the order of `running` (as a walk over it groups them; a moved pod's
+        // replacement is of its unit without being among the unit's jobs).
+        let unit_of = |r: u32| self.jobs[r as usize].unit;
+        let mut touched: Vec<u32> = self
+            .running
+            .iter()
+            .filter(|&&r| room.on(self.jobs[r as usize].node as usize))
+            .map(|&r| unit_of(r))
+            .collect();
+        touched.sort_unstable();
+        touched.dedup();
+        let mut members: Vec<u32> = self
+            .running
+            .iter()
+            .copied()
+            .filter(|&r| touched.binary_search(&unit_of(r)).is_ok())
+            .collect();
+        // Stable: members keep the order of `running`.
+        members.sort_by_key(|&r| unit_of(r));
+        let mut groups: Vec<Vec<u32>> = members
+            .chunk_by(|&a, &b| unit_of(a) == unit_of(b))
+            .filter(|group| {
+                preempt::unit_may_be_evicted(group.iter().map(|&r| {
                     let j = &self.jobs[r as usize];
                     j.start.is_some_and(|bound| bound <= now) && take(j.pod)
                 }))
             })
+            .map(<[u32]>::to_vec)
             .collect();
-        groups.sort_by_key(|group| self.cluster_order(group));
+        groups.sort_by_cached_key(|group| self.cluster_order(group));
         groups
     }
 
