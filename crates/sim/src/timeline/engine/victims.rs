@@ -19,6 +19,37 @@ pub(super) struct Eviction {
     pub places: Vec<(usize, Vec<(usize, u32)>)>,
 }
 
+/// Units marked in one victim search (a stamp per search: nothing to clear).
+#[derive(Debug, Default)]
+pub(super) struct UnitMarks {
+    stamps: Vec<u32>,
+    last: u32,
+}
+
+impl UnitMarks {
+    /// A new stamp: no unit is marked with it yet.
+    fn stamp(&mut self) -> u32 {
+        self.last = self.last.wrapping_add(1);
+        if self.last == 0 {
+            self.stamps.fill(0);
+            self.last = 1;
+        }
+        self.last
+    }
+
+    fn mark(&mut self, unit: u32, stamp: u32) {
+        let u = unit as usize;
+        if self.stamps.len() <= u {
+            self.stamps.resize(u + 1, 0);
+        }
+        self.stamps[u] = stamp;
+    }
+
+    fn marked(&self, unit: u32, stamp: u32) -> bool {
+        self.stamps.get(unit as usize) == Some(&stamp)
+    }
+}
+
 impl Engine<'_> {
     /// Running pods grouped by unit, the units whose every running member `take`
     /// accepts (by pod index) and whose Binding landed by `now`: a gang is evicted whole or
@@ -37,19 +68,18 @@ impl Engine<'_> {
         // members in the order of `running` (as a walk over it groups them; a moved pod's
         // replacement is of its unit without being among the unit's jobs).
         let unit_of = |r: u32| self.jobs[r as usize].unit;
-        let mut touched: Vec<u32> = self
-            .running
-            .iter()
-            .filter(|&&r| room.on(self.jobs[r as usize].node as usize))
-            .map(|&r| unit_of(r))
-            .collect();
-        touched.sort_unstable();
-        touched.dedup();
+        let mut marks = self.unit_marks.borrow_mut();
+        let stamp = marks.stamp();
+        for &r in &self.running {
+            if room.on(self.jobs[r as usize].node as usize) {
+                marks.mark(unit_of(r), stamp);
+            }
+        }
         let mut members: Vec<u32> = self
             .running
             .iter()
             .copied()
-            .filter(|&r| touched.binary_search(&unit_of(r)).is_ok())
+            .filter(|&r| marks.marked(unit_of(r), stamp))
             .collect();
         // Stable: members keep the order of `running`.
         members.sort_by_key(|&r| unit_of(r));
