@@ -133,6 +133,8 @@ pub struct Engine<'a> {
     /// Running pods by priority, and their GPUs per node (no victim search where no
     /// eviction could make room).
     by_priority: evictable::ByPriority,
+    /// Victim searches that found nothing while nothing changed.
+    failed_searches: evictable::FailedSearches,
     /// Scratch for the victim search's grouping.
     unit_marks: std::cell::RefCell<victims::UnitMarks>,
     /// Per request id, the length of `released` when it last fitted nowhere (`u32::MAX`:
@@ -248,6 +250,7 @@ impl<'a> Engine<'a> {
             running_at: Vec::new(),
             by_priority: evictable::ByPriority::new(nodes),
             unit_marks: Default::default(),
+            failed_searches: Default::default(),
             failed_at: vec![u32::MAX; distinct],
             released: Vec::new(),
             seen_nodes: Default::default(),

@@ -241,30 +241,51 @@ impl Engine<'_> {
         if self.by_priority.none_below(priority) {
             return None;
         }
-        // A pod alone: no victim search where no node could take it after evictions, and
-        // only the candidates on the nodes that could.
-        let room = match jobs[..] {
-            [job] => {
-                let request = &self.pods[self.jobs[job as usize].pod as usize].request;
-                self.by_priority.room(&self.state, priority, request)
-            }
-            _ => Room::Anywhere,
-        };
-        if !room.possible() {
-            return None;
-        }
         let tenants = self.tenants.as_ref().filter(|_| self.queues_serve);
         let contender = |pod: u32, priority: i32| preempt::Contender {
             priority,
             queue: tenants.map(|t| t.queue_of_pod(pod)),
         };
         let me = contender(self.jobs[jobs[0] as usize].pod, priority);
+        // A pod alone: no victim search where no node could take it after evictions, nor
+        // where the same search found nothing with nothing changed since, and only the
+        // candidates on the nodes that could.
+        let (room, ask) = match jobs[..] {
+            [job] => {
+                let pod = self.jobs[job as usize].pod;
+                let request = &self.pods[pod as usize].request;
+                let room = self.by_priority.room(&self.state, priority, request);
+                let ask = (self.request_ids[pod as usize], priority, me.queue);
+                (room, Some(ask))
+            }
+            _ => (Room::Anywhere, None),
+        };
+        if !room.possible() {
+            return None;
+        }
+        let key = (
+            self.state.instance(),
+            self.state.journal_len(),
+            self.by_priority.generation(),
+            now.0,
+        );
+        if let Some(ask) = ask
+            && self.failed_searches.known(key, ask)
+        {
+            return None;
+        }
         let groups = self.victim_groups(
             &|pod| preempt::may_preempt(&me, &contender(pod, self.pods[pod as usize].priority)),
             now,
             &room,
         );
-        self.search(unit, &groups, &[])
+        let found = self.search(unit, &groups, &[]);
+        if let Some(ask) = ask
+            && found.is_none()
+        {
+            self.failed_searches.failed(ask);
+        }
+        found
     }
 
     /// Reclaim for `unit` of queue `fair.queue`: units of queues above their guarantee

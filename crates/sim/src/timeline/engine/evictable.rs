@@ -155,6 +155,43 @@ impl ByPriority {
         });
         room
     }
+
+    /// Bumped whenever a pod starts or leaves.
+    pub(super) fn generation(&self) -> u64 {
+        self.generation
+    }
+}
+
+/// Victim searches of pods alone that found nothing, while nothing they read changed:
+/// the state (its identity and journal), the running pods (their generation) and the time
+/// (a pod decided becomes a candidate once its Binding lands). A round's failed attempts
+/// of pods of one request search again and again for the same nothing.
+#[derive(Debug, Default)]
+pub(super) struct FailedSearches {
+    key: (u64, usize, u64, u64),
+    /// (request id, priority, queue when the queues serve).
+    asks: Vec<(u32, i32, Option<usize>)>,
+}
+
+impl FailedSearches {
+    /// Whether the search for `ask` found nothing under `key` (forgetting every answer
+    /// when the key moved on).
+    pub(super) fn known(
+        &mut self,
+        key: (u64, usize, u64, u64),
+        ask: (u32, i32, Option<usize>),
+    ) -> bool {
+        if key != self.key {
+            self.key = key;
+            self.asks.clear();
+        }
+        self.asks.contains(&ask)
+    }
+
+    /// The search for `ask` found nothing under the key [`Self::known`] was last asked.
+    pub(super) fn failed(&mut self, ask: (u32, i32, Option<usize>)) {
+        self.asks.push(ask);
+    }
 }
 
 #[cfg(test)]
