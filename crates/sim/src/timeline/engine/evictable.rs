@@ -47,21 +47,39 @@ pub(super) struct ByPriority {
     held: Vec<Vec<(i32, Amounts)>>,
     /// Bumped on every change of the above.
     generation: u64,
-    /// Answers of [`Self::room`] for the state and tallies of `memo_key`
-    /// (the state's identity and journal length, this generation): a round's failed
-    /// attempts ask again and again while nothing changes.
-    memo_key: (u64, usize, u64),
-    memo: Vec<Answer>,
+    /// The nodes whose tallies changed, in order (cleared past [`CHANGES_MAX`], with
+    /// `epoch` bumped: every answer is then made again).
+    changed: Vec<u32>,
+    epoch: u64,
+    /// Answers of [`Self::room`], each kept up to date by looking again only at the nodes
+    /// that changed since it was last asked (in the state's journal or in `changed`): a
+    /// state changes between most attempts, and looking at every node each time was half
+    /// of a replay's time.
+    answers: Vec<Answer>,
 }
 
+/// Tally changes kept before the answers are made again from scratch.
+const CHANGES_MAX: usize = 1 << 20;
+
+/// Answers kept at most (one per priority, request amounts and models asked).
+const ANSWERS_MAX: usize = 4_096;
+
 /// One answer of [`ByPriority::room`]: for a priority, a request's amounts and the
-/// models it allows.
+/// models it allows, per node, as of the marks.
 #[derive(Debug)]
 struct Answer {
     priority: i32,
     need: Amounts,
     models: Vec<String>,
-    room: Room,
+    /// Per node, whether room is possible there; how many nodes pass.
+    nodes: Vec<bool>,
+    passing: usize,
+    /// `nodes` shared with the callers, made again when a node's answer changed.
+    shared: Option<Arc<[bool]>>,
+    /// The state (identity, journal length) and the tallies (epoch, length of `changed`)
+    /// the answer is up to date with.
+    state: (u64, usize),
+    tallies: (u64, usize),
 }
 
 impl ByPriority {
@@ -76,7 +94,7 @@ impl ByPriority {
     /// A pod of `priority` asking `request` started on `node`.
     pub(super) fn started(&mut self, node: usize, priority: i32, request: &Request) {
         *self.pods.entry(priority).or_default() += 1;
-        self.generation += 1;
+        self.note_change(node);
         let add = amounts_of(request);
         if let Some(levels) = self.held.get_mut(node) {
             match levels.iter_mut().find(|(p, _)| *p == priority) {
@@ -95,7 +113,7 @@ impl ByPriority {
         if let Some(count) = self.pods.get_mut(&priority) {
             *count = count.saturating_sub(1);
         }
-        self.generation += 1;
+        self.note_change(node);
         let sub = amounts_of(request);
         if let Some(levels) = self.held.get_mut(node)
             && let Some((_, held)) = levels.iter_mut().find(|(p, _)| *p == priority)
@@ -111,6 +129,33 @@ impl ByPriority {
         self.pods.range(..priority).all(|(_, n)| *n == 0)
     }
 
+    fn note_change(&mut self, node: usize) {
+        self.generation += 1;
+        if self.changed.len() >= CHANGES_MAX {
+            self.changed.clear();
+            self.epoch += 1;
+        }
+        self.changed.push(node as u32);
+    }
+
+    /// Whether room is possible on node `n` for `request` once pods below `priority` there
+    /// are gone (core's [`preempt::room_possible`]).
+    fn possible_on(
+        &self,
+        state: &ClusterState,
+        n: usize,
+        priority: i32,
+        request: &Request,
+    ) -> bool {
+        let mut below = [0u64; 3];
+        for (_, held) in self.held[n].iter().filter(|(p, _)| *p < priority) {
+            for (b, h) in below.iter_mut().zip(held) {
+                *b += h;
+            }
+        }
+        preempt::room_possible(state, n, &below, request)
+    }
+
     /// The nodes that could take `request` once pods below `priority` on them are gone
     /// (core's [`preempt::room_possible`]; a pod asking no GPU: anywhere).
     pub(super) fn room(&mut self, state: &ClusterState, priority: i32, request: &Request) -> Room {
@@ -118,42 +163,85 @@ impl ByPriority {
         if need[0] == 0 {
             return Room::Anywhere;
         }
-        let key = (state.instance(), state.journal_len(), self.generation);
-        if key != self.memo_key {
-            self.memo_key = key;
-            self.memo.clear();
-        }
-        if let Some(known) = self.memo.iter().find(|a| {
+        let marks = (
+            (state.instance(), state.journal_len()),
+            (self.epoch, self.changed.len()),
+        );
+        let found = self.answers.iter().position(|a| {
             a.priority == priority && a.need == need && a.models == request.allowed_models
-        }) {
-            return known.room.clone();
-        }
-        let nodes: Vec<bool> = self
-            .held
-            .iter()
-            .enumerate()
-            .map(|(n, levels)| {
-                let mut below = [0u64; 3];
-                for (_, held) in levels.iter().filter(|(p, _)| *p < priority) {
-                    for (b, h) in below.iter_mut().zip(held) {
-                        *b += h;
-                    }
-                }
-                preempt::room_possible(state, n, &below, request)
-            })
-            .collect();
-        let room = if nodes.contains(&true) {
-            Room::On(nodes.into())
-        } else {
-            Room::Nowhere
-        };
-        self.memo.push(Answer {
-            priority,
-            need,
-            models: request.allowed_models.clone(),
-            room: room.clone(),
         });
-        room
+        let i = match found {
+            Some(i)
+                if self.answers[i].state.0 == marks.0.0
+                    && self.answers[i].tallies.0 == marks.1.0 =>
+            {
+                self.refresh(i, state, request);
+                i
+            }
+            _ => {
+                if let Some(i) = found {
+                    self.answers.swap_remove(i);
+                }
+                if self.answers.len() >= ANSWERS_MAX {
+                    self.answers.clear();
+                }
+                let nodes: Vec<bool> = (0..self.held.len())
+                    .map(|n| self.possible_on(state, n, priority, request))
+                    .collect();
+                self.answers.push(Answer {
+                    priority,
+                    need,
+                    models: request.allowed_models.clone(),
+                    passing: nodes.iter().filter(|&&p| p).count(),
+                    nodes,
+                    shared: None,
+                    state: marks.0,
+                    tallies: marks.1,
+                });
+                self.answers.len() - 1
+            }
+        };
+        let answer = &mut self.answers[i];
+        if answer.passing == 0 {
+            return Room::Nowhere;
+        }
+        let shared = answer
+            .shared
+            .get_or_insert_with(|| Arc::from(answer.nodes.as_slice()));
+        Room::On(Arc::clone(shared))
+    }
+
+    /// Brings answer `i` up to date: only the nodes changed since its marks are looked at
+    /// again.
+    fn refresh(&mut self, i: usize, state: &ClusterState, request: &Request) {
+        let (journal, tallies) = (self.answers[i].state.1, self.answers[i].tallies.1);
+        let priority = self.answers[i].priority;
+        let nodes: Vec<u32> = state
+            .changes_since(journal)
+            .iter()
+            .chain(self.changed.get(tallies..).unwrap_or(&[]))
+            .copied()
+            .collect();
+        for n in nodes {
+            let n = n as usize;
+            if n >= self.held.len() {
+                continue;
+            }
+            let now = self.possible_on(state, n, priority, request);
+            let answer = &mut self.answers[i];
+            if answer.nodes[n] != now {
+                answer.nodes[n] = now;
+                if now {
+                    answer.passing += 1;
+                } else {
+                    answer.passing -= 1;
+                }
+                answer.shared = None;
+            }
+        }
+        let answer = &mut self.answers[i];
+        answer.state.1 = state.journal_len();
+        answer.tallies.1 = self.changed.len();
     }
 
     /// Bumped whenever a pod starts or leaves.
@@ -259,5 +347,32 @@ mod tests {
         // A CPU-only pod of priority 0 holds 8 cores: evicting it could make room.
         by.started(0, 0, &asking(0, 8_000));
         assert!(by.room(&state, 1, &wide).possible());
+    }
+
+    #[test]
+    fn an_answer_follows_the_states_changes_and_the_tallies() {
+        let nodes = vec![
+            NodeInventory::uniform("a", 64_000, 1 << 20, 8, "V100"),
+            NodeInventory::uniform("b", 64_000, 1 << 20, 8, "V100"),
+        ];
+        let mut state = ClusterState::new(nodes).expect("state");
+        let mut by = ByPriority::new(2);
+        by.started(0, 0, &asking(4, 8_000));
+        let wide = asking(12, 1_000);
+        assert!(by.room(&state, 1, &wide).on(0));
+        // A GPU taken on a (in the state alone): 4 evictable and 7 free fall short.
+        state
+            .apply(0, &asking(1, 1_000), &[(7, 1_000)])
+            .expect("apply");
+        assert_eq!(by.room(&state, 1, &wide), Room::Nowhere);
+        // Low pods on b: room there, asked again without the state changing.
+        by.started(1, 0, &asking(4, 1_000));
+        let room = by.room(&state, 1, &wide);
+        assert!(!room.on(0) && room.on(1));
+        // The same as an answer made from scratch.
+        let mut fresh = ByPriority::new(2);
+        fresh.started(0, 0, &asking(4, 8_000));
+        fresh.started(1, 0, &asking(4, 1_000));
+        assert_eq!(fresh.room(&state, 1, &wide), room);
     }
 }
