@@ -1,8 +1,10 @@
 //! Preemption's victim search: priorities, disruption budgets, gangs, topology, pods
 //! already terminating, and (proptest) that every plan fits and evicts no unit it could
-//! spare.
+//! spare, and that `room_possible` never rules out a node a plan uses.
 
-use gpuplace_core::preempt::{Candidates, Holder, find, find_for_all};
+use gpuplace_core::preempt::{
+    Amounts, Candidates, Holder, amounts_of, find, find_for_all, room_possible,
+};
 use gpuplace_core::{ClusterState, Placer, Policy};
 use gpuplace_model::{GpuTopology, NodeInventory, Request};
 use proptest::prelude::*;
@@ -319,7 +321,43 @@ proptest! {
             // The scheduler preempts only for a pod that fits nowhere as things are.
             return Ok(());
         }
-        let Some(plan) = find(&state, &request, &candidates, None, &[]) else {
+        // room_possible is necessary: a plan's node passes it, and a search over only the
+        // candidates on passing nodes finds the same plan (the timeline searches so).
+        let evictable = |n: usize| -> Amounts {
+            let mut sum = [0u64; 3];
+            for m in candidates.holders.iter().filter(|m| m.node == n) {
+                for (s, a) in sum.iter_mut().zip(amounts_of(m.request)) {
+                    *s += a;
+                }
+            }
+            sum
+        };
+        let passing: Vec<bool> = (0..state.len())
+            .map(|n| room_possible(&state, n, &evictable(n), &request))
+            .collect();
+        // Made at their index in the whole list, as the timeline's units keep their
+        // creation times; `kept[i]`: the whole list's index of narrowed unit i.
+        let kept: Vec<usize> = (0..units.len())
+            .filter(|&u| units[u].1.iter().any(|h| passing[h.node]))
+            .collect();
+        let mut narrowed = Candidates::default();
+        for &u in &kept {
+            narrowed.push_unit(units[u].0, u as i64, units[u].1.iter().map(|h| h.holder()));
+        }
+        let found = find(&state, &request, &candidates, None, &[]);
+        let found_narrowed = find(&state, &request, &narrowed, None, &[]);
+        prop_assert_eq!(found.is_some(), found_narrowed.is_some());
+        if let (Some(all), Some(few)) = (&found, &found_narrowed) {
+            prop_assert!(passing[all.node]);
+            prop_assert_eq!(all.node, few.node);
+            prop_assert_eq!(&all.gpus, &few.gpus);
+            let mut few_units: Vec<usize> = few.units.iter().map(|&u| kept[u]).collect();
+            let mut all_units = all.units.clone();
+            few_units.sort_unstable();
+            all_units.sort_unstable();
+            prop_assert_eq!(all_units, few_units);
+        }
+        let Some(plan) = found else {
             // No plan: then not even evicting everything on a node lets it fit.
             for n in 0..state.len() {
                 let mut s = state.clone();
