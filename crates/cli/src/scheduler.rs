@@ -172,7 +172,7 @@ pub struct SchedulerArgs {
     fgd_workload: Option<PathBuf>,
     /// Move pods that opted in (`gpuplace.io/movable: "true"`, owned by a ReplicaSet,
     /// StatefulSet or Job): `make-room` for a pod that fits nowhere, `rebalance` to lower
-    /// fragmentation in the background, `all` for both, or `off` [default: make-room].
+    /// fragmentation in the background, `all` for both, or `off` [default: off].
     #[arg(long, env = "GPUPLACE_DEFRAG")]
     defrag: Option<String>,
     /// How long a pod must have run before it may move, e.g. 5m, 90s, 0s; at most 720h

@@ -285,3 +285,20 @@ fn the_kube_scheduler_configuration_calls_the_extender() {
     assert_eq!(ext.managed_resources[0].name, "nvidia.com/gpu");
     assert!(!ext.managed_resources[0].ignored_by_scheduler);
 }
+
+#[test]
+fn the_schedulers_config_map_says_the_defaults_as_strings() {
+    let path = deploy().join("base/scheduler/config.yaml");
+    let text = std::fs::read_to_string(&path).expect("readable");
+    let map: ConfigMap = serde_saphyr::from_str(&text).expect("a ConfigMap");
+    let inner = map
+        .data
+        .as_ref()
+        .and_then(|d| d.get("config.yaml"))
+        .expect("config.yaml in the ConfigMap");
+    let config: Value = serde_saphyr::from_str(inner).expect("config.yaml parses");
+    // `off` unquoted would read as a boolean to YAML 1.1 tools; the scheduler wants the
+    // word, and its default (core's defrag::Settings) is off.
+    assert_eq!(config["defrag"], Value::String("off".into()));
+    assert_eq!(config["policy"], Value::String("gpuplace".into()));
+}

@@ -98,7 +98,7 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
-            mode: Mode::MakeRoom,
+            mode: Mode::Off,
             min_age: Duration::from_secs(300),
             max_moves: 4,
             budget_gpus_per_hour: 16.0,
