@@ -135,6 +135,8 @@ pub struct Engine<'a> {
     by_priority: evictable::ByPriority,
     /// Victim searches that found nothing while nothing changed.
     failed_searches: evictable::FailedSearches,
+    /// Make-room's movable units at a generation of the running pods and a time.
+    movable_kept: std::cell::RefCell<Option<defrag::MovableKept>>,
     /// Scratch for the victim search's grouping.
     unit_marks: std::cell::RefCell<victims::UnitMarks>,
     /// Per request id, the length of `released` when it last fitted nowhere (`u32::MAX`:
@@ -250,6 +252,7 @@ impl<'a> Engine<'a> {
             running_at: Vec::new(),
             by_priority: evictable::ByPriority::new(nodes),
             unit_marks: Default::default(),
+            movable_kept: Default::default(),
             failed_searches: Default::default(),
             failed_at: vec![u32::MAX; distinct],
             released: Vec::new(),

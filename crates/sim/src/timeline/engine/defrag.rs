@@ -29,6 +29,14 @@ use super::victims::created_ms;
 use crate::timeline::options::Ms;
 use crate::trace::TracePod;
 
+/// Make-room's movable units as listed at a generation of the running pods and a time.
+#[derive(Debug)]
+pub(super) struct MovableKept {
+    generation: u64,
+    at: Ms,
+    groups: std::sync::Arc<Vec<Vec<u32>>>,
+}
+
 /// The movable `groups` (running jobs) as core's movables.
 fn movables<'s>(jobs: &'s [Job], pods: &'s [TracePod], groups: &[Vec<u32>]) -> Movables<'s> {
     let mut m = Movables::default();
@@ -95,8 +103,29 @@ impl Engine<'_> {
             running.sort_unstable();
             whole.then_some(running)
         }));
-        singles.sort_by_key(|group| self.cluster_order(group));
+        singles.sort_by_cached_key(|group| self.cluster_order(group));
         singles
+    }
+
+    /// [`Self::movable_units`], kept while the running pods and the time are the same: a
+    /// round's failed attempts asked for it again and again (most of a make-room run's
+    /// time on multigpu20).
+    fn movable_units_now(&self, now: Ms) -> std::sync::Arc<Vec<Vec<u32>>> {
+        let generation = self.by_priority.generation();
+        let mut kept = self.movable_kept.borrow_mut();
+        if let Some(k) = kept.as_ref()
+            && k.generation == generation
+            && k.at == now
+        {
+            return std::sync::Arc::clone(&k.groups);
+        }
+        let groups = std::sync::Arc::new(self.movable_units(now));
+        *kept = Some(MovableKept {
+            generation,
+            at: now,
+            groups: std::sync::Arc::clone(&groups),
+        });
+        groups
     }
 
     /// The request id of `unit`'s one pod (a gang has none: its make-room is not
@@ -126,7 +155,7 @@ impl Engine<'_> {
         if !defrag::room_possible(&self.state, requests) {
             return None;
         }
-        let groups = self.movable_units(now);
+        let groups = self.movable_units_now(now);
         if groups.is_empty() {
             return None;
         }
@@ -154,7 +183,7 @@ impl Engine<'_> {
             return None;
         };
         Some(SimPlan::Room {
-            groups,
+            groups: groups.to_vec(),
             plan,
             order,
         })
