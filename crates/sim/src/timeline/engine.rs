@@ -23,6 +23,7 @@ mod estimating;
 mod evictable;
 mod fair;
 mod fair_round;
+mod kept;
 mod leaving;
 mod members;
 mod pace;
@@ -136,9 +137,9 @@ pub struct Engine<'a> {
     /// Victim searches that found nothing while nothing changed.
     failed_searches: evictable::FailedSearches,
     /// Make-room's movable units at a generation of the running pods and a time.
-    movable_kept: std::cell::RefCell<Option<defrag::MovableKept>>,
+    movable_kept: std::cell::RefCell<Option<kept::MovableKept>>,
     /// Scratch for the victim search's grouping.
-    unit_marks: std::cell::RefCell<victims::UnitMarks>,
+    unit_marks: std::cell::RefCell<kept::UnitMarks>,
     /// Per request id, the length of `released` when it last fitted nowhere (`u32::MAX`:
     /// never failed). Nodes nothing left since then only lost free resources, so the request
     /// fits somewhere only if it fits one of the nodes released since: those alone are

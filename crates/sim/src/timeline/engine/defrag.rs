@@ -24,18 +24,11 @@ use gpuplace_core::{Placer, Policy};
 use super::Engine;
 use super::chain::{SimPlan, asks_of};
 use super::defrag_state::movable_pod;
+use super::kept::MovableKept;
 use super::units::{Job, Placed, Work};
 use super::victims::created_ms;
 use crate::timeline::options::Ms;
 use crate::trace::TracePod;
-
-/// Make-room's movable units as listed at a generation of the running pods and a time.
-#[derive(Debug)]
-pub(super) struct MovableKept {
-    generation: u64,
-    at: Ms,
-    groups: std::sync::Arc<Vec<Vec<u32>>>,
-}
 
 /// The movable `groups` (running jobs) as core's movables.
 fn movables<'s>(jobs: &'s [Job], pods: &'s [TracePod], groups: &[Vec<u32>]) -> Movables<'s> {
@@ -113,10 +106,7 @@ impl Engine<'_> {
     fn movable_units_now(&self, now: Ms) -> std::sync::Arc<Vec<Vec<u32>>> {
         let generation = self.by_priority.generation();
         let mut kept = self.movable_kept.borrow_mut();
-        if let Some(k) = kept.as_ref()
-            && k.generation == generation
-            && k.at == now
-        {
+        if let Some(k) = kept.as_ref().filter(|k| k.is(generation, now)) {
             return std::sync::Arc::clone(&k.groups);
         }
         let groups = std::sync::Arc::new(self.movable_units(now));

@@ -19,37 +19,6 @@ pub(super) struct Eviction {
     pub places: Vec<(usize, Vec<(usize, u32)>)>,
 }
 
-/// Units marked in one victim search (a stamp per search: nothing to clear).
-#[derive(Debug, Default)]
-pub(super) struct UnitMarks {
-    stamps: Vec<u32>,
-    last: u32,
-}
-
-impl UnitMarks {
-    /// A new stamp: no unit is marked with it yet.
-    fn stamp(&mut self) -> u32 {
-        self.last = self.last.wrapping_add(1);
-        if self.last == 0 {
-            self.stamps.fill(0);
-            self.last = 1;
-        }
-        self.last
-    }
-
-    fn mark(&mut self, unit: u32, stamp: u32) {
-        let u = unit as usize;
-        if self.stamps.len() <= u {
-            self.stamps.resize(u + 1, 0);
-        }
-        self.stamps[u] = stamp;
-    }
-
-    fn marked(&self, unit: u32, stamp: u32) -> bool {
-        self.stamps.get(unit as usize) == Some(&stamp)
-    }
-}
-
 impl Engine<'_> {
     /// Running pods grouped by unit, the units whose every running member `take`
     /// accepts (by pod index) and whose Binding landed by `now`: a gang is evicted whole or
