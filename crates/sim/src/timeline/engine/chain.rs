@@ -17,7 +17,7 @@ use gpuplace_core::fairshare::{Entitlement, Loss, Picker, Res};
 use gpuplace_core::preempt;
 
 use super::Engine;
-use super::evictable::Room;
+use super::evictable::{Room, SearchAsk, SearchedAt};
 use super::units::{Job, Placed, Tried};
 use super::victims::{Eviction, candidates_of};
 use crate::timeline::options::Ms;
@@ -255,7 +255,11 @@ impl Engine<'_> {
                 let pod = self.jobs[job as usize].pod;
                 let request = &self.pods[pod as usize].request;
                 let room = self.by_priority.room(&self.state, priority, request);
-                let ask = (self.request_ids[pod as usize], priority, me.queue);
+                let ask = SearchAsk {
+                    request: self.request_ids[pod as usize],
+                    priority,
+                    queue: me.queue,
+                };
                 (room, Some(ask))
             }
             _ => (Room::Anywhere, None),
@@ -263,12 +267,12 @@ impl Engine<'_> {
         if !room.possible() {
             return None;
         }
-        let key = (
-            self.state.instance(),
-            self.state.journal_len(),
-            self.by_priority.generation(),
-            now.0,
-        );
+        let key = SearchedAt {
+            state: self.state.instance(),
+            journal: self.state.journal_len(),
+            running: self.by_priority.generation(),
+            now_ms: now.0,
+        };
         if let Some(ask) = ask
             && self.failed_searches.known(key, ask)
         {

@@ -256,28 +256,41 @@ impl ByPriority {
 /// of pods of one request search again and again for the same nothing.
 #[derive(Debug, Default)]
 pub(super) struct FailedSearches {
-    key: (u64, usize, u64, u64),
-    /// (request id, priority, queue when the queues serve).
-    asks: Vec<(u32, i32, Option<usize>)>,
+    at: SearchedAt,
+    asks: Vec<SearchAsk>,
+}
+
+/// What a victim search read besides its ask.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct SearchedAt {
+    pub(super) state: u64,
+    pub(super) journal: usize,
+    pub(super) running: u64,
+    pub(super) now_ms: u64,
+}
+
+/// Whom a victim search was for: its request, its priority and its queue when the queues
+/// serve.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct SearchAsk {
+    pub(super) request: u32,
+    pub(super) priority: i32,
+    pub(super) queue: Option<usize>,
 }
 
 impl FailedSearches {
-    /// Whether the search for `ask` found nothing under `key` (forgetting every answer
-    /// when the key moved on).
-    pub(super) fn known(
-        &mut self,
-        key: (u64, usize, u64, u64),
-        ask: (u32, i32, Option<usize>),
-    ) -> bool {
-        if key != self.key {
-            self.key = key;
+    /// Whether the search for `ask` found nothing at `at` (forgetting every answer when
+    /// `at` moved on).
+    pub(super) fn known(&mut self, at: SearchedAt, ask: SearchAsk) -> bool {
+        if at != self.at {
+            self.at = at;
             self.asks.clear();
         }
         self.asks.contains(&ask)
     }
 
-    /// The search for `ask` found nothing under the key [`Self::known`] was last asked.
-    pub(super) fn failed(&mut self, ask: (u32, i32, Option<usize>)) {
+    /// The search for `ask` found nothing at the `at` [`Self::known`] was last asked.
+    pub(super) fn failed(&mut self, ask: SearchAsk) {
         self.asks.push(ask);
     }
 }
