@@ -27,6 +27,7 @@ mod state;
 mod symmetry;
 pub mod topology;
 pub mod waiting;
+pub mod wake;
 
 pub use fit::{Asked, FitFailure, Unschedulable};
 pub use frag::{Shape, ShapeCounts, TargetWorkload};

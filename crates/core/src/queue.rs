@@ -253,6 +253,23 @@ impl<K: Hash + Eq, T: QueueTime> Queue<K, T> {
         }
     }
 
+    /// Pods left nodes at `now`: as [`Self::wake_all`], except that under
+    /// [`Discipline::Gpuplace`] a parked pod stays parked unless `helped` says the
+    /// departures could let it start ([`crate::wake`]); pods not parked (backing off after
+    /// a failed write, or told when to look again) wake as at any event. kube-scheduler
+    /// v1.26 wakes every parked pod.
+    pub fn wake_where(&mut self, now: T, mut helped: impl FnMut(&K) -> bool) {
+        if self.discipline == Discipline::KubeScheduler {
+            return self.wake_all(now);
+        }
+        let (discipline, soonest) = (self.discipline, self.config.initial_backoff);
+        for (key, entry) in self.entries.iter_mut() {
+            if entry.parked_at.is_none() || helped(key) {
+                entry.wake(discipline, soonest, now);
+            }
+        }
+    }
+
     /// [`Self::wake_all`] for one pod: something happened that could make it alone fit
     /// (its gang's PodGroup made or changed).
     pub fn wake<Q>(&mut self, key: &Q, now: T)
@@ -391,6 +408,22 @@ mod tests {
         q.wake("c", t0);
         assert!(q.is_due("a", t0 + secs(1)));
         assert!(!q.is_due("b", t0 + secs(100)), "b is still parked");
+    }
+
+    #[test]
+    fn a_departure_wakes_only_the_parked_pods_it_could_help() {
+        let mut q: Queue<String, Instant> = Queue::new(QueueConfig::default());
+        let t0 = Instant::now();
+        q.unschedulable("helped", t0);
+        q.unschedulable("not", t0);
+        q.retry_at("told", t0, t0 + secs(60));
+        let t1 = t0 + secs(5);
+        q.wake_where(t1, |k| k == "helped");
+        assert!(q.is_due("helped", t1));
+        assert!(!q.is_due("not", t1), "still parked");
+        assert!(q.is_due("told", t1), "not parked: woken as by any event");
+        q.wake_all(t1);
+        assert!(q.is_due("not", t1));
     }
 
     #[test]
