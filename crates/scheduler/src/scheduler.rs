@@ -35,6 +35,7 @@ mod units;
 mod usage;
 mod usage_watch;
 mod waiting;
+mod wakes;
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -218,6 +219,8 @@ struct Seen {
     namespace_list: Option<crate::api::Listed<k8s_openapi::api::core::v1::Namespace>>,
     /// Queues' specs and namespaces' default queues (a limit raised, a queue created).
     queues: Vec<String>,
+    /// What left since parked pods were last woken ([`wakes`]).
+    left: wakes::Left,
 }
 
 /// The scheduler over any [`ClusterApi`].

@@ -189,7 +189,11 @@ impl<A: ClusterApi> Scheduler<A> {
         let now_ms = self.wall.ms(now);
         self.jobs = view.jobs.clone();
         let (runs, jobs) = (&mut self.runs, &self.jobs);
+        let mut left: Vec<String> = Vec::new();
         let mut ended = |pod: &crate::k8s::pod_info::PodInfo| {
+            if let Some(node) = &pod.node_name {
+                left.push(node.clone());
+            }
             if let Some(since) = pod.started.or(pod.created) {
                 let since = since.as_millisecond();
                 let ran = now_ms.saturating_sub(since).max(0) as u64;
@@ -198,6 +202,13 @@ impl<A: ClusterApi> Scheduler<A> {
             }
         };
         let pods_freed = self.seen.pods_freed(view, feed, &mut ended);
+        for node in &left {
+            self.seen.left.node(node);
+        }
+        if pods_freed && feed.changes.is_none() {
+            // Compared without the feed: which nodes pods left is not known.
+            self.seen.left.anything();
+        }
         // The tests' builds hold the feed's answer to a comparison of every pod.
         #[cfg(debug_assertions)]
         {
@@ -219,7 +230,6 @@ impl<A: ClusterApi> Scheduler<A> {
             );
         }
         let claims_freed = self.claim_changes(feed, now);
-        let freed = pods_freed || claims_freed || self.cluster.reservations_gone(view);
         let nodes_changed = self.seen.nodes_changed(view);
         let volumes = crate::framework::volumes::digest(&view.claims, &view.volumes);
         let budgets: Vec<String> = view
@@ -230,13 +240,16 @@ impl<A: ClusterApi> Scheduler<A> {
         let budgets_changed =
             self.config.defrag.settings.mode.makes_room() && budgets != self.seen.budgets;
         let queues_changed = self.seen.queues_changed(view);
+        // Pods that left wake who they could help, once the round's state shows them gone
+        // ([`super::wakes`]); anything else wakes every parked pod.
         if nodes_changed
-            || freed
+            || claims_freed
+            || self.cluster.reservations_gone(view)
             || volumes != self.seen.volumes
             || budgets_changed
             || queues_changed
         {
-            self.queue.wake_all(now);
+            self.seen.left.anything();
         }
         // Nodes or budgets changed: what make-room found nothing for may be found now (the
         // timeline's nodes and budgets never change).

@@ -94,9 +94,10 @@ impl<A: ClusterApi> Scheduler<A> {
         self.queue.retain(|uid| waiting_uids.contains(uid.as_str()));
         self.unfinished
             .retain(|uid| waiting_uids.contains(uid.as_str()));
-        let units = self.units(&waiting, now);
         self.queues.refresh(&view);
         round.queues_in_use = self.queues.in_use(&view, &waiting);
+        self.wake_parked(&snapshot, &view, round.queues_in_use, now);
+        let units = self.units(&waiting, now);
         report.timings.snapshot = started.elapsed();
         let queues_in_use = round.queues_in_use;
         if queues_in_use {

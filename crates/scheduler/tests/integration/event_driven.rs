@@ -67,27 +67,62 @@ async fn a_lagging_watch_never_gets_one_gpu_given_twice() {
 async fn backoff_is_per_pod_and_unrelated_events_do_not_reset_it() {
     let api = MemoryApi::new();
     api.put_node(node("n", 2, json!({})));
-    api.put_pod(pod("big", 4, json!({})));
-    api.put_pod(pod("other", 0, json!({"spec": {"nodeName": "n"}})));
+    // Room on n is not what it lacks (its selector matches no node), so a departure
+    // from n wakes it and it fails again.
+    api.put_pod(pod(
+        "picky",
+        1,
+        json!({"spec": {"nodeSelector": {"zone": "elsewhere"}}}),
+    ));
+    api.put_pod(pod("other", 1, json!({"spec": {"nodeName": "n"}})));
     api.put_pod(pod("pending-other", 8, json!({})));
     let mut scheduler = Scheduler::new(api.clone(), config());
     let t0 = Instant::now();
     let report = scheduler.round(t0).await.unwrap();
     assert_eq!(report.unschedulable, 2);
     let events = api.events().len();
-    // Deleting a pending pod frees nothing: big stays parked, however often rounds run.
+    // Deleting a pending pod frees nothing: picky stays parked, however often rounds run.
     api.delete_pod("ml", "pending-other");
     for s in 1..=5 {
         let report = scheduler.round(t0 + Duration::from_secs(s)).await.unwrap();
         assert_eq!(report.unschedulable, 0, "round {s}: {report:?}");
     }
     assert_eq!(api.events().len(), events, "no Event without an attempt");
-    // A bound pod leaving could help: big is tried again, once, and backs off longer.
+    // A bound pod leaving could help: picky is tried again, once, and backs off longer.
     api.delete_pod("ml", "other");
     let report = scheduler.round(t0 + Duration::from_secs(6)).await.unwrap();
     assert_eq!(report.unschedulable, 1);
     let report = scheduler.round(t0 + Duration::from_secs(7)).await.unwrap();
     assert_eq!(report.unschedulable, 0);
+}
+
+#[tokio::test]
+async fn a_departure_that_cannot_make_room_wakes_nobody() {
+    // core's wake rule: a pod alone wakes only where a node pods left could take it once
+    // what pods of its priority or higher keep there is counted.
+    let api = MemoryApi::new();
+    api.put_node(node("n", 2, json!({})));
+    api.put_pod(pod("a", 1, json!({"spec": {"nodeName": "n"}})));
+    api.put_pod(pod("cpu-only", 0, json!({"spec": {"nodeName": "n"}})));
+    api.put_pod(pod("big", 2, json!({})));
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    let t0 = Instant::now();
+    let report = scheduler.round(t0).await.unwrap();
+    assert_eq!(report.unschedulable, 1, "{report:?}");
+    // a keeps one of n's two GPUs: big cannot start there, so it is not tried.
+    api.delete_pod("ml", "cpu-only");
+    for s in 2..=4 {
+        let report = scheduler.round(t0 + Duration::from_secs(s)).await.unwrap();
+        assert_eq!(
+            (report.bound, report.unschedulable),
+            (0, 0),
+            "round {s}: {report:?}"
+        );
+    }
+    api.delete_pod("ml", "a");
+    let report = scheduler.round(t0 + Duration::from_secs(5)).await.unwrap();
+    assert_eq!(report.bound, 1, "big is woken by a leaving: {report:?}");
+    assert_no_double_booking(&api);
 }
 
 #[tokio::test]

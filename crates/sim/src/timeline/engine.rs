@@ -27,6 +27,7 @@ mod kept;
 mod leaving;
 mod members;
 mod pace;
+mod parked;
 mod soon;
 mod units;
 mod victims;
@@ -92,6 +93,8 @@ pub struct Engine<'a> {
     mix: &'a Mix,
     /// Per pod, the id of its distinct request (for the failure memo).
     request_ids: &'a [u32],
+    /// Per request id, a pod that asks it.
+    shape_requests: Vec<u32>,
     preempt: bool,
     /// The warm start's waiting units failed before t=0 (their backoff over).
     warm_pending_due: bool,
@@ -124,9 +127,10 @@ pub struct Engine<'a> {
     /// that can be due instead of every waiting one; which are due is still the queue's
     /// answer.)
     ready: Vec<u32>,
-    /// Units that failed since the last wake-up: a wake-up makes them due sooner (the
-    /// queue's initial backoff after their failure), which the wake-up entries must say.
-    backing_off: Vec<u32>,
+    /// Units that failed since they were last woken, by what could wake them: a wake-up
+    /// makes them due sooner (the queue's initial backoff after their failure), which the
+    /// wake-up entries must say.
+    parked: parked::Parked,
     departures: BinaryHeap<Reverse<(Ms, u32)>>,
     running: Vec<u32>,
     /// Per job, its index in `running` (`u32::MAX`: not running).
@@ -151,8 +155,8 @@ pub struct Engine<'a> {
     memo: bool,
     /// Scratch for [`Self::still_fails`].
     seen_nodes: std::collections::HashSet<u32, foldhash::fast::RandomState>,
-    /// Something left since the last round: parked units wake.
-    freed: bool,
+    /// The nodes pods left since the last round (parked units they could help wake).
+    left: Vec<u32>,
     sequence: u64,
     pending_milli: u64,
     waiting_pods: usize,
@@ -209,6 +213,10 @@ impl<'a> Engine<'a> {
             request_ids,
         } = inputs;
         let distinct = request_ids.iter().max().map_or(0, |m| *m as usize + 1);
+        let mut shape_requests = vec![0; distinct];
+        for (pod, &rid) in request_ids.iter().enumerate().rev() {
+            shape_requests[rid as usize] = pod as u32;
+        }
         let capacity = [
             state.gpu_capacity_milli(),
             (0..state.len()).map(|n| state.inventory(n).cpu_milli).sum(),
@@ -231,6 +239,7 @@ impl<'a> Engine<'a> {
             pods,
             mix,
             request_ids,
+            shape_requests,
             preempt: options.preempt,
             warm_pending_due: options.warm_pending_due,
             warm_attempts: options.warm_attempts.clone(),
@@ -247,7 +256,7 @@ impl<'a> Engine<'a> {
             flushes: VecDeque::new(),
             soon: soon::Soon::default(),
             ready: Vec::new(),
-            backing_off: Vec::new(),
+            parked: parked::Parked::default(),
             departures: BinaryHeap::new(),
             running: Vec::new(),
             running_at: Vec::new(),
@@ -259,7 +268,7 @@ impl<'a> Engine<'a> {
             released: Vec::new(),
             seen_nodes: Default::default(),
             memo: true,
-            freed: false,
+            left: Vec::new(),
             sequence: 0,
             pending_milli: 0,
             waiting_pods: 0,
@@ -412,7 +421,7 @@ impl<'a> Engine<'a> {
     /// `costs` one after another until the next event ([`pace`]; `next_arrival`: the next
     /// unit to arrive).
     fn round(&mut self, now: Ms, next_arrival: Option<Ms>, costs: clock::AttemptCosts) {
-        if self.freed {
+        if !self.left.is_empty() {
             self.wake_parked(now);
         }
         if now < self.busy_until {
@@ -469,11 +478,12 @@ impl<'a> Engine<'a> {
         self.tally_failure(unit);
         let kube = self.queue.discipline() == Discipline::KubeScheduler;
         let tick = self.queue_tick_ms;
+        let slot = self.park_slot(unit, tried);
         let u = &mut self.units[unit as usize];
         u.failed_at = now;
-        if !u.backing_off {
-            u.backing_off = true;
-            self.backing_off.push(unit);
+        if u.parked != Some(slot) {
+            u.parked = Some(slot);
+            self.parked.push(unit, slot);
         }
         if let Some(due) = due {
             let due = if kube {
@@ -607,7 +617,7 @@ impl<'a> Engine<'a> {
             // place is still its until then ([`Self::hold_remains`]).
             self.leaving.evicted(job);
         } else {
-            self.freed = true;
+            self.left.push(node as u32);
         }
         self.fair_departed(job, node);
     }

@@ -73,7 +73,7 @@ impl Engine<'_> {
             fails: 0,
             ready: false,
             failed_at: Ms(0),
-            backing_off: false,
+            parked: None,
             held: Vec::new(),
             held_until: Ms(0),
         });

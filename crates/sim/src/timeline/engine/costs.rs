@@ -58,10 +58,8 @@ impl Engine<'_> {
     /// the parked units wake (as the Pod's deletion wakes them in the scheduler).
     pub(super) fn gone_due(&mut self, now: Ms) {
         let nodes = self.leaving.gone_due(&mut self.state, now);
-        if !nodes.is_empty() {
-            self.released.extend(nodes);
-            self.freed = true;
-        }
+        self.left.extend(&nodes);
+        self.released.extend(nodes);
     }
 
     /// `pods` join the queue as one unit once their controller has made them again.

@@ -124,6 +124,18 @@ impl ByPriority {
         }
     }
 
+    /// What running pods of `priority` or higher hold on node `n` (core's
+    /// [`gpuplace_core::wake`] reads it).
+    pub(super) fn kept(&self, n: usize, priority: i32) -> Amounts {
+        let mut kept = [0u64; 3];
+        for (_, held) in self.held[n].iter().filter(|(p, _)| *p >= priority) {
+            for (k, h) in kept.iter_mut().zip(held) {
+                *k += h;
+            }
+        }
+        kept
+    }
+
     /// Whether no running pod is below `priority`.
     pub(super) fn none_below(&self, priority: i32) -> bool {
         self.pods.range(..priority).all(|(_, n)| *n == 0)

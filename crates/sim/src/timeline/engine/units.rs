@@ -118,8 +118,8 @@ pub(super) struct Unit {
     pub(super) ready: bool,
     /// When its last attempt failed.
     pub(super) failed_at: Ms,
-    /// In [`Engine::backing_off`].
-    pub(super) backing_off: bool,
+    /// Where it is listed in [`Engine::parked`] (`None`: woken since it last failed).
+    pub(super) parked: Option<super::parked::Slot>,
     /// Nominated by PostFilter: the places held for its members (taken in the state) until
     /// it is decided again, which is not before `held_until` (its victims gone).
     pub(super) held: Vec<(u32, Placed)>,

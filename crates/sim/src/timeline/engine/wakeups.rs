@@ -11,9 +11,12 @@
 use std::cmp::Reverse;
 
 use gpuplace_core::queue::Discipline;
+use gpuplace_core::wake;
 
 use super::Engine;
+use super::parked::Slot;
 use super::soon::{is_live, next_tick};
+use super::units::Tried;
 use crate::timeline::options::Ms;
 
 impl Engine<'_> {
@@ -39,21 +42,42 @@ impl Engine<'_> {
         [soon, told, flush].into_iter().flatten().min()
     }
 
-    /// Something left since the last round: parked units wake, each due as its queue says
-    /// (gpuplace's: one initial backoff after its last attempt; kube-scheduler's: at the
-    /// first flush of its backoff queue after its whole backoff, at once if that passed).
+    /// Pods left nodes since the last round: the parked units they could help wake (core's
+    /// [`wake`]: under gpuplace's discipline, a single pod only where a node it left could
+    /// take it; every one under kube-scheduler's), each due as its queue says (gpuplace's:
+    /// one initial backoff after its last attempt; kube-scheduler's: at the first flush of
+    /// its backoff queue after its whole backoff, at once if that passed).
     pub(super) fn wake_parked(&mut self, now: Ms) {
-        self.queue.wake_all(now);
-        self.freed = false;
+        let mut left: Vec<usize> = self.left.drain(..).map(|n| n as usize).collect();
+        left.sort_unstable();
+        left.dedup();
+        let narrow = self.queue.discipline() == Discipline::Gpuplace;
+        let woken = if narrow {
+            let (state, by_priority) = (&self.state, &self.by_priority);
+            let (pods, requests) = (self.pods, &self.shape_requests);
+            self.parked.take_helped(|rid, priority| {
+                let request = &pods[requests[rid as usize] as usize].request;
+                wake::helped_by(state, &left, |n| by_priority.kept(n, priority), request)
+            })
+        } else {
+            self.queue.wake_all(now);
+            self.parked.take_all()
+        };
         let soonest = self.queue.config().initial_backoff;
-        for unit in std::mem::take(&mut self.backing_off) {
+        for (unit, slot) in woken {
             let u = &mut self.units[unit as usize];
-            u.backing_off = false;
+            if u.parked != Some(slot) {
+                continue;
+            }
+            u.parked = None;
             if !u.waiting {
                 continue;
             }
             let at = match self.queue.discipline() {
-                Discipline::Gpuplace => u.failed_at + soonest,
+                Discipline::Gpuplace => {
+                    self.queue.wake(&unit, now);
+                    u.failed_at + soonest
+                }
                 // In the backoff queue until its backoff has passed and the queue is
                 // flushed; at once if it has passed.
                 Discipline::KubeScheduler => match self.queue.due_at(&unit) {
@@ -63,6 +87,32 @@ impl Engine<'_> {
             };
             // Taken by this round's `due` when already due.
             self.soon.push(at, unit, u.fails);
+        }
+    }
+
+    /// Where failed `unit` waits to be woken (core's [`wake::Reach`]): a single pod that
+    /// found no place, under gpuplace's discipline, by its shape; anything else at every
+    /// departure.
+    pub(super) fn park_slot(&self, unit: u32, tried: Tried) -> Slot {
+        let u = &self.units[unit as usize];
+        let reach = wake::Reach {
+            gang: u.jobs.len() > 1,
+            nominated: !u.held.is_empty(),
+            queued: self.tenants.is_some() && self.queues_serve,
+            moves: self.defrag.config.settings.mode.makes_room(),
+            inter_pod: false,
+            claims: false,
+        };
+        let narrow = self.queue.discipline() == Discipline::Gpuplace;
+        match (tried, &u.jobs[..]) {
+            (Tried::Parked, [job]) if narrow && !reach.anywhere() => {
+                let pod = self.jobs[*job as usize].pod as usize;
+                Slot::Shape {
+                    rid: self.request_ids[pod],
+                    priority: self.pods[pod].priority,
+                }
+            }
+            _ => Slot::Anywhere,
         }
     }
 
