@@ -11,3 +11,4 @@ mod replicas;
 mod requirements;
 mod small_node;
 mod symmetric_classes;
+mod wake;
