@@ -270,6 +270,15 @@ impl<K: Hash + Eq, T: QueueTime> Queue<K, T> {
         }
     }
 
+    /// Whether the pod waits for an event (or the flush) to be tried again.
+    pub fn is_parked<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.entries.get(key).is_some_and(|e| e.parked_at.is_some())
+    }
+
     /// [`Self::wake_all`] for one pod: something happened that could make it alone fit
     /// (its gang's PodGroup made or changed).
     pub fn wake<Q>(&mut self, key: &Q, now: T)

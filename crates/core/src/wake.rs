@@ -4,12 +4,13 @@
 //!
 //! A pod parks when an attempt found no place, no victims and no moves for it. Until the
 //! cluster changes it would fail the same way, so the drivers wake it only when a pod
-//! leaves a node where it could start afterwards: where what pods of its priority or
-//! higher keep holding (those still running, not leaving) leaves room for its request, on
-//! a GPU model it allows. That bound is necessary, not sufficient: a pod it wakes may
-//! still fail, a pod it leaves parked would have failed. Since the pod's last attempt, a
-//! node no pod left only filled up (or had room taken by higher priorities), so the nodes
-//! pods left are the only ones to look at.
+//! leaves a node where it could start afterwards: where what is free, with what running
+//! pods below its priority hold (evictions could free it), covers its request, per GPU
+//! too, on a GPU model it allows. What pods of its priority or higher, pods already
+//! leaving and nominees hold is out of its reach. That bound is necessary, not
+//! sufficient: a pod it wakes may still fail. Since the pod's last attempt, a node no pod
+//! left only filled up (or had room taken by higher priorities), so the nodes pods left
+//! are the only ones to look at.
 //!
 //! The bound reads one node, so what a pod waits for elsewhere is not covered: such a
 //! pod wakes at every departure ([`Reach::anywhere`]).
@@ -56,43 +57,91 @@ impl Reach {
     }
 }
 
-/// Whether `request`, at some priority, could start on node `n` once pods left it, where
-/// `kept` is what pods of that priority or higher hold there and keep holding (running,
-/// not leaving): the node's GPU model is allowed and its capacity less `kept` covers the
-/// request in GPU milli, CPU and memory. Always true where GPUs are time-sliced (a request
-/// takes another share per node there, so its amounts bound nothing).
-pub fn may_start_on(state: &ClusterState, n: usize, kept: &Amounts, request: &Request) -> bool {
+/// What running pods below a waiting pod's priority hold on one node (not leaving):
+/// evicting them could free it for the pod.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Below {
+    /// GPU milli, CPU milli and memory MiB in all.
+    pub amounts: Amounts,
+    /// Milli per GPU, by the GPU's position on the node (shorter: the rest hold none).
+    pub gpu_milli: Vec<u32>,
+}
+
+/// How many pods asking `request`, at some priority, could start on node `n` as the state
+/// stands (what left is free; what leaving pods and nominees hold is not), evicting what
+/// pods below that priority hold there (`below`): none where the node's GPU model is not
+/// allowed; else as many as its free GPU milli, CPU and memory with `below` cover, and as
+/// its GPUs' room (free with `below`) holds the request's milli per GPU (a whole GPU: all
+/// of it). An upper bound, not a promise. Unbounded where GPUs are time-sliced (a
+/// request takes another share per node there, so its amounts bound nothing).
+pub fn slots_on(state: &ClusterState, n: usize, below: &Below, request: &Request) -> usize {
     if state.any_time_sliced() {
-        return true;
+        return usize::MAX;
     }
     let inventory = state.inventory(n);
     if !request.allowed_models.is_empty() && !request.allows_model(inventory.gpu_model()) {
-        return false;
+        return 0;
     }
-    let capacity = [
-        state
-            .node(n)
-            .gpu_capacity
-            .iter()
-            .map(|&m| u64::from(m))
-            .sum(),
-        inventory.cpu_milli,
-        inventory.memory_mib,
+    let s = state.node(n);
+    let free = [
+        s.gpu_free.iter().map(|&m| u64::from(m)).sum(),
+        s.cpu_free,
+        s.memory_free,
     ];
     let need = amounts_of(request);
-    (0..3).all(|d| capacity[d].saturating_sub(kept[d]) >= need[d])
+    let mut slots = usize::MAX;
+    for d in 0..3 {
+        if let Some(fit) = (free[d] + below.amounts[d]).checked_div(need[d]) {
+            slots = slots.min(usize::try_from(fit).unwrap_or(usize::MAX));
+        }
+    }
+    if request.gpu_count == 0 || request.gpu_milli == 0 {
+        return slots;
+    }
+    let below_on = |g: usize| below.gpu_milli.get(g).copied().unwrap_or(0);
+    let per_gpu: u32 = s
+        .gpu_free
+        .iter()
+        .enumerate()
+        .map(|(g, &f)| (f + below_on(g)) / request.gpu_milli)
+        .sum();
+    slots.min((per_gpu / request.gpu_count) as usize)
 }
 
-/// Whether a pod leaving any of `left` (nodes, repeats allowed) could let `request` start
-/// ([`may_start_on`]; `kept(n)`: what pods of its priority or higher keep on node `n`).
+/// Whether one pod asking `request` could start on node `n` ([`slots_on`]).
+pub fn may_start_on(state: &ClusterState, n: usize, below: &Below, request: &Request) -> bool {
+    slots_on(state, n, below, request) > 0
+}
+
+/// How many pods asking `request` the departures from `left` (nodes, repeats allowed)
+/// could let start: [`slots_on`] summed over those nodes (`below(n)`: what running pods
+/// below their priority hold on node `n`). Since such a pod's last attempt, a node no
+/// pod left only filled up, so no more of them can start; the drivers wake that many
+/// of the waiting pods of the request and priority, first in queue order.
+pub fn slots(
+    state: &ClusterState,
+    left: &[usize],
+    mut below: impl FnMut(usize) -> Below,
+    request: &Request,
+) -> usize {
+    let mut nodes: Vec<usize> = left.iter().copied().filter(|&n| n < state.len()).collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    nodes
+        .into_iter()
+        .map(|n| slots_on(state, n, &below(n), request))
+        .fold(0, usize::saturating_add)
+}
+
+/// Whether a pod leaving any of `left` could let one pod asking `request` start
+/// ([`slots`]).
 pub fn helped_by(
     state: &ClusterState,
     left: &[usize],
-    mut kept: impl FnMut(usize) -> Amounts,
+    below: impl FnMut(usize) -> Below,
     request: &Request,
 ) -> bool {
-    left.iter()
-        .any(|&n| n < state.len() && may_start_on(state, n, &kept(n), request))
+    slots(state, left, below, request) > 0
 }
 
 #[cfg(test)]
@@ -119,26 +168,78 @@ mod tests {
         }
     }
 
+    fn below(amounts: Amounts, gpu_milli: &[u32]) -> Below {
+        Below {
+            amounts,
+            gpu_milli: gpu_milli.to_vec(),
+        }
+    }
+
+    /// Node a (8 A100) with `milli` taken on each GPU.
+    fn taken(milli: u32) -> ClusterState {
+        let mut s = state();
+        let mut share = gpus(1, None);
+        share.gpu_milli = milli;
+        for g in 0..8 {
+            s.apply(0, &share, &[(g, milli)]).expect("fits");
+        }
+        s
+    }
+
     #[test]
-    fn room_counts_capacity_less_what_higher_priorities_keep() {
+    fn room_is_what_is_free_with_what_lower_priorities_hold() {
         let s = state();
-        assert!(may_start_on(&s, 0, &[0; 3], &gpus(8, None)));
-        assert!(may_start_on(&s, 0, &[4_000, 0, 0], &gpus(4, None)));
-        assert!(!may_start_on(&s, 0, &[4_001, 0, 0], &gpus(4, None)));
-        assert!(!may_start_on(&s, 0, &[0, 31_500, 0], &gpus(1, None)));
-        assert!(!may_start_on(&s, 1, &[0; 3], &gpus(8, None)));
+        let none = Below::default();
+        assert!(may_start_on(&s, 0, &none, &gpus(8, None)));
+        assert!(!may_start_on(&s, 1, &none, &gpus(8, None)));
+        let full = taken(1000);
+        assert!(!may_start_on(&full, 0, &none, &gpus(1, None)));
+        let four = below([4_000, 4_000, 4_096], &[1000, 1000, 1000, 1000]);
+        assert!(may_start_on(&full, 0, &four, &gpus(4, None)));
+        assert!(!may_start_on(&full, 0, &four, &gpus(5, None)));
+    }
+
+    #[test]
+    fn a_share_kept_on_every_gpu_leaves_no_whole_gpu() {
+        let peppered = taken(100);
+        let none = Below::default();
+        assert!(!may_start_on(&peppered, 0, &none, &gpus(1, None)));
+        let mut share = gpus(1, None);
+        share.gpu_milli = 900;
+        assert!(may_start_on(&peppered, 0, &none, &share));
+        share.gpu_milli = 901;
+        assert!(!may_start_on(&peppered, 0, &none, &share));
+        let one = below([100, 1_000, 1_024], &[100]);
+        assert!(may_start_on(&peppered, 0, &one, &gpus(1, None)));
+        share.gpu_milli = 460;
+        assert_eq!(slots_on(&peppered, 0, &none, &share), 8, "one per GPU");
+        share.gpu_milli = 400;
+        assert_eq!(slots_on(&peppered, 0, &none, &share), 16, "two per GPU");
+        share.cpu_milli = 10_000;
+        assert_eq!(slots_on(&peppered, 0, &none, &share), 2, "CPU for two");
+    }
+
+    #[test]
+    fn slots_add_up_over_distinct_nodes_left() {
+        let s = state();
+        let none = |_| Below::default();
+        assert_eq!(slots(&s, &[0, 0, 1], none, &gpus(2, None)), 4 + 2);
+        assert_eq!(slots(&s, &[1], none, &gpus(8, None)), 0);
     }
 
     #[test]
     fn a_model_the_pod_refuses_never_helps() {
         let s = state();
-        assert!(!may_start_on(&s, 1, &[0; 3], &gpus(1, Some("A100"))));
-        assert!(helped_by(&s, &[1, 0], |_| [0; 3], &gpus(1, Some("A100"))));
-        assert!(!helped_by(&s, &[1, 1], |_| [0; 3], &gpus(1, Some("A100"))));
-        assert!(
-            !helped_by(&s, &[7], |_| [0; 3], &gpus(1, None)),
-            "no such node"
-        );
+        let none = |_| Below::default();
+        assert!(!may_start_on(
+            &s,
+            1,
+            &Below::default(),
+            &gpus(1, Some("A100"))
+        ));
+        assert!(helped_by(&s, &[1, 0], none, &gpus(1, Some("A100"))));
+        assert!(!helped_by(&s, &[1, 1], none, &gpus(1, Some("A100"))));
+        assert!(!helped_by(&s, &[7], none, &gpus(1, None)), "no such node");
     }
 
     #[test]

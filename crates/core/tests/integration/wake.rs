@@ -1,11 +1,12 @@
 //! core's wake rule (proptest): a pod that fits nowhere and can make room nowhere stays
-//! so after pods leave some nodes whenever `helped_by` says the departures cannot help it.
-//! The scheduler and the timeline leave such a pod parked; this says they lose nothing.
+//! so after pods leave some nodes whenever `helped_by` says the departures cannot help it,
+//! and no more copies of it fit than the `slots` the departures opened. The scheduler
+//! and the timeline leave such pods parked; this says they lose nothing.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use gpuplace_core::preempt::{Amounts, Candidates, Holder, amounts_of, find};
-use gpuplace_core::wake::helped_by;
+use gpuplace_core::preempt::{Candidates, Holder, amounts_of, find};
+use gpuplace_core::wake::{Below, helped_by, slots};
 use gpuplace_core::{ClusterState, Placer, Policy};
 use gpuplace_model::{NodeInventory, Request};
 use proptest::prelude::*;
@@ -44,17 +45,23 @@ fn could_start(state: &ClusterState, placed: &[Placed], request: &Request, prior
     find(state, request, &candidates, None, &[]).is_some()
 }
 
-fn kept(placed: &[Placed], n: usize, priority: i32) -> Amounts {
-    let mut kept = [0u64; 3];
+fn below(placed: &[Placed], n: usize, priority: i32) -> Below {
+    let mut below = Below::default();
     for p in placed
         .iter()
-        .filter(|p| p.node == n && p.priority >= priority)
+        .filter(|p| p.node == n && p.priority < priority)
     {
-        for (k, a) in kept.iter_mut().zip(amounts_of(&p.request)) {
-            *k += a;
+        for (b, a) in below.amounts.iter_mut().zip(amounts_of(&p.request)) {
+            *b += a;
+        }
+        for &(g, milli) in &p.gpus {
+            if below.gpu_milli.len() <= g {
+                below.gpu_milli.resize(g + 1, 0);
+            }
+            below.gpu_milli[g] += milli;
         }
     }
-    kept
+    below
 }
 
 /// How many cases checked a departure the rule called no help, and one it called help.
@@ -119,7 +126,17 @@ proptest! {
                 stay.push(p);
             }
         }
-        let helped = helped_by(&state, &left, |n| kept(&stay, n, priority), &request);
+        let helped = helped_by(&state, &left, |n| below(&stay, n, priority), &request);
+        // As many copies as fit one after another without evictions: no more than the
+        // slots the departures opened.
+        let bound = slots(&state, &left, |n| below(&stay, n, priority), &request);
+        let mut filled = state.clone();
+        let mut fitted = 0;
+        while let Ok(d) = Placer::new(Policy::BestFit, 0).choose(&filled, &request, None) {
+            filled.apply(d.node, &request, &d.gpus).expect("fits");
+            fitted += 1;
+        }
+        prop_assert!(fitted <= bound, "{} fitted, {} slots", fitted, bound);
         if helped {
             HELP.fetch_add(1, Ordering::Relaxed);
         } else {

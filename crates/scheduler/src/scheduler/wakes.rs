@@ -1,17 +1,18 @@
 //! Which parked pods the pods that left since the last round wake: core's
-//! [`gpuplace_core::wake`] rule, as the timeline follows it. A pod alone wakes only where
-//! a node a pod left could take it once what pods of its priority or higher keep there is
-//! counted; a gang, a nominee, a pod with inter-pod terms, volumes or claims, and every
+//! [`gpuplace_core::wake`] rule, as the timeline follows it, on the round's state (with
+//! nominees' holds). Pods alone of one shape wake only as many as the nodes pods left
+//! could take (what is free there with what running pods below their priority hold),
+//! first in queue order; a gang, a nominee, a pod with inter-pod terms, volumes or claims, and every
 //! pod while queues serve, make-room looks for room or a placed pod has anti-affinity,
 //! wake at any departure. Anything else that changed (nodes, volumes, budgets, queues, a
 //! reservation gone, a claim giving GPUs back) wakes every parked pod, as before.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use gpuplace_core::preempt::{Amounts, amounts_of};
-use gpuplace_core::wake::{Reach, helped_by};
+use gpuplace_core::preempt::amounts_of;
+use gpuplace_core::wake::{Below, Reach, slots};
 
 use super::Scheduler;
 use crate::api::{ClusterApi, ClusterView};
@@ -45,28 +46,32 @@ impl Left {
     }
 }
 
-/// What pods of `priority` or higher that are not leaving hold on node `n`.
-fn kept(snapshot: &Snapshot, n: usize, priority: i32) -> Amounts {
-    let mut kept = [0u64; 3];
+/// What running pods below `priority` that are not leaving hold on node `n`.
+fn below(snapshot: &Snapshot, n: usize, priority: i32) -> Below {
+    let mut below = Below::default();
     let Some(pods) = snapshot.placed.get(n) else {
-        return kept;
+        return below;
     };
-    for pod in pods
-        .iter()
-        .filter(|p| p.priority >= priority && !p.deleting)
-    {
-        if let Some(held) = snapshot.held.get(&pod.key.uid) {
-            for (k, a) in kept.iter_mut().zip(amounts_of(&held.request)) {
-                *k += a;
+    for pod in pods.iter().filter(|p| p.priority < priority && !p.deleting) {
+        let Some(held) = snapshot.held.get(&pod.key.uid) else {
+            continue;
+        };
+        for (b, a) in below.amounts.iter_mut().zip(amounts_of(&held.request)) {
+            *b += a;
+        }
+        for &(g, milli) in &held.gpus {
+            if below.gpu_milli.len() <= g {
+                below.gpu_milli.resize(g + 1, 0);
             }
+            below.gpu_milli[g] += milli;
         }
     }
-    kept
+    below
 }
 
 impl<A: ClusterApi> Scheduler<A> {
     /// Wakes the parked pods what left since the last round could help (see the module's
-    /// text), on the round's `snapshot` (what left is gone from it).
+    /// text), on the round's `snapshot` (what left is gone from it; nominees' places held).
     pub(super) fn wake_parked(
         &mut self,
         snapshot: &Snapshot,
@@ -91,43 +96,72 @@ impl<A: ClusterApi> Scheduler<A> {
             .collect();
         nodes.sort_unstable();
         nodes.dedup();
-        let pending: HashMap<&str, &Arc<PodInfo>> = view
-            .pods
-            .iter()
-            .filter(|p| p.node_name.is_none())
-            .map(|p| (p.key.uid.as_str(), p))
-            .collect();
-        let cluster = &self.cluster;
-        let mut helped: HashMap<(&gpuplace_model::Request, i32), bool> = HashMap::new();
-        self.queue.wake_where(now, |uid| {
-            let Some(pod) = pending.get(uid.as_str()) else {
-                return true;
-            };
+        let chosen = self.chosen(snapshot, view, &nodes);
+        self.queue
+            .wake_where(now, |uid| chosen.contains(uid.as_str()));
+    }
+
+    /// The parked pods to wake: those that wait for more than room on one node, and of
+    /// each shape (the same request, priority and node terms) the first in queue order,
+    /// as many as the departures from `nodes` opened slots for (core's [`slots`]).
+    fn chosen<'v>(
+        &self,
+        snapshot: &Snapshot,
+        view: &'v ClusterView,
+        nodes: &[usize],
+    ) -> HashSet<&'v str> {
+        let mut chosen: HashSet<&str> = HashSet::new();
+        let mut shapes: HashMap<Shape<'v>, Vec<&'v Arc<PodInfo>>> = HashMap::new();
+        for pod in view.pods.iter().filter(|p| p.node_name.is_none()) {
+            let uid = pod.key.uid.as_str();
+            if !self.queue.is_parked(uid) {
+                continue;
+            }
             let reach = Reach {
                 gang: pod.group.is_some(),
-                nominated: pod.nominated.is_some() || cluster.nomination(uid).is_some(),
+                nominated: pod.nominated.is_some() || self.cluster.nomination(uid).is_some(),
                 queued: false,
                 moves: false,
                 inter_pod: pod.placement.is_some(),
                 claims: !pod.claims.is_empty() || pod.dra.is_some(),
             };
-            let Ok(demand) = &pod.demand else {
-                return true;
-            };
-            if reach.anywhere() {
-                return true;
+            match &pod.demand {
+                Ok(demand) if !reach.anywhere() => {
+                    let shape = Shape {
+                        request: &demand.request,
+                        extended: &demand.extended,
+                        priority: pod.priority,
+                        never_preempts: pod.never_preempts,
+                        terms: &pod.filter_key,
+                    };
+                    shapes.entry(shape).or_default().push(pod);
+                }
+                _ => {
+                    chosen.insert(uid);
+                }
             }
-            let priority = pod.priority;
-            *helped
-                .entry((&demand.request, priority))
-                .or_insert_with(|| {
-                    helped_by(
-                        &snapshot.state,
-                        &nodes,
-                        |n| kept(snapshot, n, priority),
-                        &demand.request,
-                    )
-                })
-        });
+        }
+        for (shape, mut pods) in shapes {
+            let priority = shape.priority;
+            let below = |n| below(snapshot, n, priority);
+            let open = slots(&snapshot.state, nodes, below, shape.request);
+            if open == 0 {
+                continue;
+            }
+            // Queue order, as the round's units (priority, then creation, then name).
+            pods.sort_by_cached_key(|p| (p.created, p.key.to_string()));
+            chosen.extend(pods.iter().take(open).map(|p| p.key.uid.as_str()));
+        }
+        chosen
     }
+}
+
+/// Pods that fit the same nodes the same way: woken in queue order, as many as slots.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct Shape<'a> {
+    request: &'a gpuplace_model::Request,
+    extended: &'a std::collections::BTreeMap<String, i64>,
+    priority: i32,
+    never_preempts: bool,
+    terms: &'a str,
 }

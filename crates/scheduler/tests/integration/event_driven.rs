@@ -126,6 +126,45 @@ async fn a_departure_that_cannot_make_room_wakes_nobody() {
 }
 
 #[tokio::test]
+async fn one_slot_opened_wakes_one_pod_of_a_shape_the_first_in_queue_order() {
+    let api = MemoryApi::new();
+    api.put_node(node("n", 2, json!({})));
+    api.put_pod(pod("a", 1, json!({"spec": {"nodeName": "n"}})));
+    api.put_pod(pod("b", 1, json!({"spec": {"nodeName": "n"}})));
+    api.put_pod(pod(
+        "first",
+        1,
+        json!({"metadata": {"creationTimestamp": "2030-01-01T00:00:00Z"}}),
+    ));
+    api.put_pod(pod(
+        "second",
+        1,
+        json!({"metadata": {"creationTimestamp": "2030-01-01T00:00:01Z"}}),
+    ));
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    let t0 = Instant::now();
+    let report = scheduler.round(t0).await.unwrap();
+    assert_eq!(report.unschedulable, 2, "{report:?}");
+    // One GPU comes free: the first waiting pod is tried and bound, the second is not
+    // tried (it would fail).
+    api.delete_pod("ml", "a");
+    let report = scheduler.round(t0 + Duration::from_secs(2)).await.unwrap();
+    assert_eq!((report.bound, report.unschedulable), (1, 0), "{report:?}");
+    assert!(
+        api.pod("ml", "first")
+            .unwrap()
+            .spec
+            .unwrap()
+            .node_name
+            .is_some()
+    );
+    api.delete_pod("ml", "b");
+    let report = scheduler.round(t0 + Duration::from_secs(4)).await.unwrap();
+    assert_eq!(report.bound, 1, "{report:?}");
+    assert_no_double_booking(&api);
+}
+
+#[tokio::test]
 async fn a_pod_bound_and_deleted_between_two_views_wakes_parked_pods() {
     // Found by the timeline replay through the stack: a short pod bound in one round and
     // gone before the next view never showed it bound, so its departure woke nobody and

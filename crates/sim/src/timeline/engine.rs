@@ -23,6 +23,7 @@ mod estimating;
 mod evictable;
 mod fair;
 mod fair_round;
+mod gpu_levels;
 mod kept;
 mod leaving;
 mod members;
@@ -138,6 +139,8 @@ pub struct Engine<'a> {
     /// Running pods by priority, and their GPUs per node (no victim search where no
     /// eviction could make room).
     by_priority: evictable::ByPriority,
+    /// What running pods hold per GPU, by node and priority (core's wake rule reads it).
+    gpu_levels: gpu_levels::GpuLevels,
     /// Victim searches that found nothing while nothing changed.
     failed_searches: evictable::FailedSearches,
     /// Make-room's movable units at a generation of the running pods and a time.
@@ -261,6 +264,7 @@ impl<'a> Engine<'a> {
             running: Vec::new(),
             running_at: Vec::new(),
             by_priority: evictable::ByPriority::new(nodes),
+            gpu_levels: gpu_levels::GpuLevels::new(nodes),
             unit_marks: Default::default(),
             movable_kept: Default::default(),
             failed_searches: Default::default(),
@@ -483,7 +487,7 @@ impl<'a> Engine<'a> {
         u.failed_at = now;
         if u.parked != Some(slot) {
             u.parked = Some(slot);
-            self.parked.push(unit, slot);
+            self.parked.push(unit, u.key, slot);
         }
         if let Some(due) = due {
             let due = if kube {
@@ -579,6 +583,8 @@ impl<'a> Engine<'a> {
         self.waiting_pods -= 1;
         self.by_priority
             .started(placed.node, request.priority, &request.request);
+        self.gpu_levels
+            .started(placed.node, request.priority, &j.gpus);
         self.departures
             .push(Reverse((Ms(work_from.0 + j.run_ms), job)));
         self.running_at[job as usize] = self.running.len() as u32;
@@ -607,6 +613,7 @@ impl<'a> Engine<'a> {
         j.evicted = evicted;
         self.by_priority
             .left(j.node as usize, pod.priority, &pod.request);
+        self.gpu_levels.left(j.node as usize, pod.priority, &j.gpus);
         let node = j.node as usize;
         self.released.push(j.node);
         if !evicted {

@@ -124,16 +124,15 @@ impl ByPriority {
         }
     }
 
-    /// What running pods of `priority` or higher hold on node `n` (core's
-    /// [`gpuplace_core::wake`] reads it).
-    pub(super) fn kept(&self, n: usize, priority: i32) -> Amounts {
-        let mut kept = [0u64; 3];
-        for (_, held) in self.held[n].iter().filter(|(p, _)| *p >= priority) {
-            for (k, h) in kept.iter_mut().zip(held) {
-                *k += h;
+    /// What running pods below `priority` hold on node `n`.
+    pub(super) fn below(&self, n: usize, priority: i32) -> Amounts {
+        let mut below = [0u64; 3];
+        for (_, held) in self.held[n].iter().filter(|(p, _)| *p < priority) {
+            for (b, h) in below.iter_mut().zip(held) {
+                *b += h;
             }
         }
-        kept
+        below
     }
 
     /// Whether no running pod is below `priority`.
@@ -159,13 +158,7 @@ impl ByPriority {
         priority: i32,
         request: &Request,
     ) -> bool {
-        let mut below = [0u64; 3];
-        for (_, held) in self.held[n].iter().filter(|(p, _)| *p < priority) {
-            for (b, h) in below.iter_mut().zip(held) {
-                *b += h;
-            }
-        }
-        preempt::room_possible(state, n, &below, request)
+        preempt::room_possible(state, n, &self.below(n, priority), request)
     }
 
     /// The nodes that could take `request` once pods below `priority` on them are gone

@@ -53,12 +53,21 @@ impl Engine<'_> {
         left.dedup();
         let narrow = self.queue.discipline() == Discipline::Gpuplace;
         let woken = if narrow {
-            let (state, by_priority) = (&self.state, &self.by_priority);
+            let (state, tallies, levels) = (&self.state, &self.by_priority, &self.gpu_levels);
             let (pods, requests) = (self.pods, &self.shape_requests);
-            self.parked.take_helped(|rid, priority| {
-                let request = &pods[requests[rid as usize] as usize].request;
-                wake::helped_by(state, &left, |n| by_priority.kept(n, priority), request)
-            })
+            let units = &self.units;
+            self.parked.take_helped(
+                |rid, priority| {
+                    let request = &pods[requests[rid as usize] as usize].request;
+                    wake::slots(
+                        state,
+                        &left,
+                        |n| levels.below(tallies, n, priority),
+                        request,
+                    )
+                },
+                |unit, slot| units[unit as usize].parked == Some(slot),
+            )
         } else {
             self.queue.wake_all(now);
             self.parked.take_all()
