@@ -305,6 +305,23 @@ impl<K: Hash + Eq, T: QueueTime> Queue<K, T> {
         }
     }
 
+    /// [`Self::flush`] for one pod: a caller that knows whose parking ends when (the
+    /// timeline keeps each parked unit's flush time) unparks just those, at the same
+    /// moments, instead of looking at every pod.
+    pub fn flush_one<Q>(&mut self, key: &Q, now: T)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let (flush, discipline) = (self.config.unschedulable_flush, self.discipline);
+        if let Some(entry) = self.entries.get_mut(key)
+            && entry.parked_at.is_some_and(|at| at + flush <= now)
+        {
+            entry.parked_at = None;
+            entry.in_backoff = discipline == Discipline::KubeScheduler && entry.not_before > now;
+        }
+    }
+
     /// kube-scheduler's backoff queue flushed at `now` for this pod: into the active queue
     /// if its backoff has passed. The caller calls it at its flush loop's ticks only.
     pub fn end_backoff<Q>(&mut self, key: &Q, now: T)
@@ -433,6 +450,19 @@ mod tests {
         assert!(q.is_due("told", t1), "not parked: woken as by any event");
         q.wake_all(t1);
         assert!(q.is_due("not", t1));
+    }
+
+    #[test]
+    fn flushing_one_pod_unparks_it_alone_once_its_time_came() {
+        let mut q: Queue<String, Instant> = Queue::new(QueueConfig::default());
+        let t0 = Instant::now();
+        q.unschedulable("a", t0);
+        q.unschedulable("b", t0);
+        q.flush_one("a", t0 + secs(299));
+        assert!(!q.is_due("a", t0 + secs(299)), "not yet");
+        q.flush_one("a", t0 + secs(300));
+        assert!(q.is_due("a", t0 + secs(300)));
+        assert!(!q.is_due("b", t0 + secs(300)), "b waits for its own flush");
     }
 
     #[test]

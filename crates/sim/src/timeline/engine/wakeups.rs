@@ -135,6 +135,7 @@ impl Engine<'_> {
             self.wakes.pop();
             woken.push((unit, fails));
         }
+        let kube = self.queue.discipline() == Discipline::KubeScheduler;
         let mut flush = false;
         while let Some(&(at, unit, fails)) = self.flushes.front()
             && at <= now
@@ -143,9 +144,13 @@ impl Engine<'_> {
             if is_live(&self.units[unit as usize], fails) {
                 flush = true;
                 woken.push((unit, fails));
+                // gpuplace's queue: each parked unit's flush is at its own time, so the
+                // units whose time came are all the flush would unpark.
+                if !kube {
+                    self.queue.flush_one(&unit, now);
+                }
             }
         }
-        let kube = self.queue.discipline() == Discipline::KubeScheduler;
         for (unit, fails) in woken {
             let u = &mut self.units[unit as usize];
             if !is_live(u, fails) {
@@ -160,7 +165,8 @@ impl Engine<'_> {
                 self.ready.push(unit);
             }
         }
-        if flush {
+        // kube-scheduler's flush is a loop over every parked pod at its ticks.
+        if flush && kube {
             self.queue.flush(now);
         }
         let mut due: Vec<u32> = std::mem::take(&mut self.fresh);

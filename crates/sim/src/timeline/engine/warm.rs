@@ -2,6 +2,8 @@
 //! scheduler had tried each ([`crate::timeline::options::WarmAttempts`]), and whether their
 //! backoff is over.
 
+use gpuplace_core::queue::Discipline;
+
 use super::Engine;
 use crate::timeline::options::Ms;
 use crate::timeline::patience::mix;
@@ -19,6 +21,13 @@ impl Engine<'_> {
             for _ in 1..tried {
                 self.queue.unschedulable(&unit, now);
                 self.tally_failure(unit);
+            }
+            // Its parking's flush entry speaks for its last failure (gpuplace's queue
+            // flushes each unit at its own time; kube-scheduler's looks at every pod).
+            if tried > 1 && self.queue.discipline() == Discipline::Gpuplace {
+                let at = now + self.queue.config().unschedulable_flush;
+                let fails = self.units[unit as usize].fails;
+                self.flushes.push_back((at, unit, fails));
             }
             if self.warm_pending_due {
                 self.queue.backoff_over(&unit);
