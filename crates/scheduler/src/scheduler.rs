@@ -17,6 +17,7 @@ mod fair_round;
 mod gang_permit;
 mod gang_status;
 mod gangs;
+mod left;
 mod line;
 mod make_room;
 mod make_room_gang;
@@ -220,7 +221,7 @@ struct Seen {
     /// Queues' specs and namespaces' default queues (a limit raised, a queue created).
     queues: Vec<String>,
     /// What left since parked pods were last woken ([`wakes`]).
-    left: wakes::Left,
+    left: left::Left,
 }
 
 /// The scheduler over any [`ClusterApi`].

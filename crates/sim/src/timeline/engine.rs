@@ -398,20 +398,6 @@ impl<'a> Engine<'a> {
         }
     }
 
-    /// By queue, the waits (s) of the pods measured, to their Binding (or the end, or
-    /// their user giving up).
-    fn queue_waits(&self, end: Ms) -> Vec<Vec<f64>> {
-        let Some(t) = &self.tenants else {
-            return Vec::new();
-        };
-        let mut waits = vec![Vec::new(); t.tree.len()];
-        for j in self.jobs.iter().filter(|j| j.measured) {
-            let until = j.waited_until(end);
-            waits[t.queue(j.pod)].push(until.0.saturating_sub(j.arrival.0) as f64 / 1e3);
-        }
-        waits
-    }
-
     fn values(&self) -> Values {
         Values {
             allocated_milli: self.state.gpu_allocated_milli(),
@@ -542,26 +528,6 @@ impl<'a> Engine<'a> {
             self.failed_at[rid] = self.released.len() as u32;
         }
         trial
-    }
-
-    /// Whether request `rid` (of `job`) is known to fit nowhere: it failed before and no
-    /// node released since then fits it now. Remembers the answer.
-    fn still_fails(&mut self, rid: usize, job: u32) -> bool {
-        let since = self.failed_at[rid];
-        if since == u32::MAX || !self.memo {
-            return false;
-        }
-        let request = &self.pods[self.jobs[job as usize].pod as usize].request;
-        let mut seen = std::mem::take(&mut self.seen_nodes);
-        seen.clear();
-        let fits = self.released[since as usize..]
-            .iter()
-            .any(|&n| seen.insert(n) && self.state.fit(n as usize, request).is_ok());
-        self.seen_nodes = seen;
-        if !fits {
-            self.failed_at[rid] = self.released.len() as u32;
-        }
-        !fits
     }
 
     /// `job` was decided at `now` where it was placed (its GPUs already taken in the state):

@@ -10,6 +10,7 @@ use gpuplace_core::fairshare::{Picker, Res};
 use super::Engine;
 use super::clock::{Attempt, AttemptClock, Attempts};
 use super::units::Tried;
+use crate::timeline::options::Ms;
 
 impl Engine<'_> {
     fn fair_res(&self, job: u32, node: Option<usize>) -> (usize, Res) {
@@ -140,5 +141,21 @@ impl Engine<'_> {
             out.done.push(Attempt { unit, tried, at });
         }
         out
+    }
+}
+
+impl Engine<'_> {
+    /// By queue, the waits (s) of the pods measured, to their Binding (or the end, or
+    /// their user giving up).
+    pub(super) fn queue_waits(&self, end: Ms) -> Vec<Vec<f64>> {
+        let Some(t) = &self.tenants else {
+            return Vec::new();
+        };
+        let mut waits = vec![Vec::new(); t.tree.len()];
+        for j in self.jobs.iter().filter(|j| j.measured) {
+            let until = j.waited_until(end);
+            waits[t.queue(j.pod)].push(until.0.saturating_sub(j.arrival.0) as f64 / 1e3);
+        }
+        waits
     }
 }

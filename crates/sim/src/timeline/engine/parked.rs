@@ -11,16 +11,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use super::units::OrderKey;
-
-/// Where a failed unit waits to be woken.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Slot {
-    /// Woken at every departure.
-    Anywhere,
-    /// Woken when a departure could let a pod of this request id and priority start.
-    Shape { rid: u32, priority: i32 },
-}
+use super::units::{OrderKey, Slot};
 
 /// The failed units by [`Slot`].
 #[derive(Debug, Default)]

@@ -119,11 +119,20 @@ pub(super) struct Unit {
     /// When its last attempt failed.
     pub(super) failed_at: Ms,
     /// Where it is listed in [`Engine::parked`] (`None`: woken since it last failed).
-    pub(super) parked: Option<super::parked::Slot>,
+    pub(super) parked: Option<Slot>,
     /// Nominated by PostFilter: the places held for its members (taken in the state) until
     /// it is decided again, which is not before `held_until` (its victims gone).
     pub(super) held: Vec<(u32, Placed)>,
     pub(super) held_until: Ms,
+}
+
+/// Where a failed unit waits to be woken ([`super::parked`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Slot {
+    /// Woken at every departure.
+    Anywhere,
+    /// Woken when a departure could let a pod of this request id and priority start.
+    Shape { rid: u32, priority: i32 },
 }
 
 /// How a unit's attempt ended.

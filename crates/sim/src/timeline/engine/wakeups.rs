@@ -14,9 +14,8 @@ use gpuplace_core::queue::Discipline;
 use gpuplace_core::wake;
 
 use super::Engine;
-use super::parked::Slot;
 use super::soon::{is_live, next_tick};
-use super::units::Tried;
+use super::units::{Slot, Tried};
 use crate::timeline::options::Ms;
 
 impl Engine<'_> {
@@ -123,6 +122,26 @@ impl Engine<'_> {
             }
             _ => Slot::Anywhere,
         }
+    }
+
+    /// Whether request `rid` (of `job`) is known to fit nowhere: it failed before and no
+    /// node released since then fits it now. Remembers the answer.
+    pub(super) fn still_fails(&mut self, rid: usize, job: u32) -> bool {
+        let since = self.failed_at[rid];
+        if since == u32::MAX || !self.memo {
+            return false;
+        }
+        let request = &self.pods[self.jobs[job as usize].pod as usize].request;
+        let mut seen = std::mem::take(&mut self.seen_nodes);
+        seen.clear();
+        let fits = self.released[since as usize..]
+            .iter()
+            .any(|&n| seen.insert(n) && self.state.fit(n as usize, request).is_ok());
+        self.seen_nodes = seen;
+        if !fits {
+            self.failed_at[rid] = self.released.len() as u32;
+        }
+        !fits
     }
 
     /// The units due at `now`, in queue order (the queue decides; the index only narrows
