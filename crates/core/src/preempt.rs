@@ -63,17 +63,27 @@ pub fn room_possible(
     if evictable.iter().all(|&a| a == 0) {
         return false;
     }
-    if !request.allowed_models.is_empty() && !request.allows_model(state.inventory(n).gpu_model()) {
+    if refuses_model(state, n, request) {
         return false;
     }
+    let free = free_amounts(state, n);
+    let need = amounts_of(request);
+    (0..3).all(|d| evictable[d] + free[d] >= need[d])
+}
+
+/// Whether `request` refuses node `n`'s GPU model (the fit refuses the node at once).
+pub(crate) fn refuses_model(state: &ClusterState, n: usize, request: &Request) -> bool {
+    !request.allowed_models.is_empty() && !request.allows_model(state.inventory(n).gpu_model())
+}
+
+/// What node `n` has free, as [`Amounts`].
+pub(crate) fn free_amounts(state: &ClusterState, n: usize) -> Amounts {
     let s = state.node(n);
-    let free = [
+    [
         s.gpu_free.iter().map(|&m| u64::from(m)).sum(),
         s.cpu_free,
         s.memory_free,
-    ];
-    let need = amounts_of(request);
-    (0..3).all(|d| evictable[d] + free[d] >= need[d])
+    ]
 }
 
 /// Pods evicted together or not at all: one pod, or every member of a gang.

@@ -17,7 +17,7 @@
 
 use gpuplace_model::Request;
 
-use crate::preempt::{Amounts, amounts_of};
+use crate::preempt::{Amounts, amounts_of, free_amounts, refuses_model};
 use crate::state::ClusterState;
 
 /// What a parked pod may wait for beyond room on one node. Any of these makes it wake at
@@ -67,6 +67,21 @@ pub struct Below {
     pub gpu_milli: Vec<u32>,
 }
 
+impl Below {
+    /// Counts a pod that asks `request` and holds `gpus` (position, milli).
+    pub fn add(&mut self, request: &Request, gpus: &[(usize, u32)]) {
+        for (b, a) in self.amounts.iter_mut().zip(amounts_of(request)) {
+            *b += a;
+        }
+        for &(g, milli) in gpus {
+            if self.gpu_milli.len() <= g {
+                self.gpu_milli.resize(g + 1, 0);
+            }
+            self.gpu_milli[g] += milli;
+        }
+    }
+}
+
 /// How many pods asking `request`, at some priority, could start on node `n` as the state
 /// stands (what left is free; what leaving pods and nominees hold is not), evicting what
 /// pods below that priority hold there (`below`): none where the node's GPU model is not
@@ -78,16 +93,11 @@ pub fn slots_on(state: &ClusterState, n: usize, below: &Below, request: &Request
     if state.any_time_sliced() {
         return usize::MAX;
     }
-    let inventory = state.inventory(n);
-    if !request.allowed_models.is_empty() && !request.allows_model(inventory.gpu_model()) {
+    if refuses_model(state, n, request) {
         return 0;
     }
     let s = state.node(n);
-    let free = [
-        s.gpu_free.iter().map(|&m| u64::from(m)).sum(),
-        s.cpu_free,
-        s.memory_free,
-    ];
+    let free = free_amounts(state, n);
     let need = amounts_of(request);
     let mut slots = usize::MAX;
     for d in 0..3 {

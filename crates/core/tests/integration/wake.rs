@@ -5,7 +5,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use gpuplace_core::preempt::{Candidates, Holder, amounts_of, find};
+use gpuplace_core::preempt::{Candidates, Holder, find};
 use gpuplace_core::wake::{Below, helped_by, slots};
 use gpuplace_core::{ClusterState, Placer, Policy};
 use gpuplace_model::{NodeInventory, Request};
@@ -51,15 +51,7 @@ fn below(placed: &[Placed], n: usize, priority: i32) -> Below {
         .iter()
         .filter(|p| p.node == n && p.priority < priority)
     {
-        for (b, a) in below.amounts.iter_mut().zip(amounts_of(&p.request)) {
-            *b += a;
-        }
-        for &(g, milli) in &p.gpus {
-            if below.gpu_milli.len() <= g {
-                below.gpu_milli.resize(g + 1, 0);
-            }
-            below.gpu_milli[g] += milli;
-        }
+        below.add(&p.request, &p.gpus);
     }
     below
 }

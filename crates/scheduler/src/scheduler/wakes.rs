@@ -11,7 +11,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use gpuplace_core::preempt::amounts_of;
 use gpuplace_core::wake::{Below, Reach, slots};
 
 use super::Scheduler;
@@ -27,17 +26,8 @@ fn below(snapshot: &Snapshot, n: usize, priority: i32) -> Below {
         return below;
     };
     for pod in pods.iter().filter(|p| p.priority < priority && !p.deleting) {
-        let Some(held) = snapshot.held.get(&pod.key.uid) else {
-            continue;
-        };
-        for (b, a) in below.amounts.iter_mut().zip(amounts_of(&held.request)) {
-            *b += a;
-        }
-        for &(g, milli) in &held.gpus {
-            if below.gpu_milli.len() <= g {
-                below.gpu_milli.resize(g + 1, 0);
-            }
-            below.gpu_milli[g] += milli;
+        if let Some(held) = snapshot.held.get(&pod.key.uid) {
+            below.add(&held.request, &held.gpus);
         }
     }
     below
