@@ -76,10 +76,23 @@ struct Answer {
     passing: usize,
     /// `nodes` shared with the callers, made again when a node's answer changed.
     shared: Option<Arc<[bool]>>,
-    /// The state (identity, journal length) and the tallies (epoch, length of `changed`)
-    /// the answer is up to date with.
-    state: (u64, usize),
-    tallies: (u64, usize),
+    /// How far the answer is up to date with the state and the tallies.
+    marks: Marks,
+}
+
+/// How far an answer is up to date: a log (the state's journal, the tallies' `changed`)
+/// in one life of it (the state's identity, the tallies' epoch), and how much of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Mark {
+    life: u64,
+    read: usize,
+}
+
+/// An answer's [`Mark`]s on the state and on the tallies.
+#[derive(Clone, Copy, Debug)]
+struct Marks {
+    state: Mark,
+    tallies: Mark,
 }
 
 impl ByPriority {
@@ -168,17 +181,23 @@ impl ByPriority {
         if need[0] == 0 {
             return Room::Anywhere;
         }
-        let marks = (
-            (state.instance(), state.journal_len()),
-            (self.epoch, self.changed.len()),
-        );
+        let marks = Marks {
+            state: Mark {
+                life: state.instance(),
+                read: state.journal_len(),
+            },
+            tallies: Mark {
+                life: self.epoch,
+                read: self.changed.len(),
+            },
+        };
         let found = self.answers.iter().position(|a| {
             a.priority == priority && a.need == need && a.models == request.allowed_models
         });
         let i = match found {
             Some(i)
-                if self.answers[i].state.0 == marks.0.0
-                    && self.answers[i].tallies.0 == marks.1.0 =>
+                if self.answers[i].marks.state.life == marks.state.life
+                    && self.answers[i].marks.tallies.life == marks.tallies.life =>
             {
                 self.refresh(i, state, request);
                 i
@@ -200,8 +219,7 @@ impl ByPriority {
                     passing: nodes.iter().filter(|&&p| p).count(),
                     nodes,
                     shared: None,
-                    state: marks.0,
-                    tallies: marks.1,
+                    marks,
                 });
                 self.answers.len() - 1
             }
@@ -219,7 +237,11 @@ impl ByPriority {
     /// Brings answer `i` up to date: only the nodes changed since its marks are looked at
     /// again.
     fn refresh(&mut self, i: usize, state: &ClusterState, request: &Request) {
-        let (journal, tallies) = (self.answers[i].state.1, self.answers[i].tallies.1);
+        let Marks {
+            state: seen,
+            tallies: counted,
+        } = self.answers[i].marks;
+        let (journal, tallies) = (seen.read, counted.read);
         let priority = self.answers[i].priority;
         let nodes: Vec<u32> = state
             .changes_since(journal)
@@ -245,8 +267,8 @@ impl ByPriority {
             }
         }
         let answer = &mut self.answers[i];
-        answer.state.1 = state.journal_len();
-        answer.tallies.1 = self.changed.len();
+        answer.marks.state.read = state.journal_len();
+        answer.marks.tallies.read = self.changed.len();
     }
 
     /// Bumped whenever a pod starts or leaves.
