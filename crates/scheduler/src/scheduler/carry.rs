@@ -41,6 +41,8 @@ fn refusal(by: &PodKey, victim: &PodKey, e: &ApiError) -> String {
 #[derive(Default)]
 pub(super) struct Carried {
     pub evicted: usize,
+    /// Whether each victim (in the order given) was evicted or was gone already.
+    pub gone: Vec<bool>,
     /// The first refusal, if any.
     pub refused: Option<String>,
 }
@@ -64,7 +66,10 @@ impl<A: ClusterApi> Scheduler<A> {
         why: Option<&str>,
         whole: bool,
     ) -> Carried {
-        let mut carried = Carried::default();
+        let mut carried = Carried {
+            gone: vec![false; victims.len()],
+            ..Carried::default()
+        };
         if !self.gate.is_open() {
             carried.refused = Some(NOT_LEADER.into());
             return carried;
@@ -88,11 +93,12 @@ impl<A: ClusterApi> Scheduler<A> {
             // The nominations first: while the plan is carried out the API records whom
             // the room is for, so a leader killed midway leaves the next one holds to adopt.
             self.write_nominations(nominate).await;
-            for v in victims {
+            for (i, v) in victims.iter().enumerate() {
                 let message = message_for(v);
                 match evict_if_leader(&self.api, &self.gate, v, &message).await {
                     Ok(()) => {
                         carried.evicted += 1;
+                        carried.gone[i] = true;
                         self.events.emit(v, "Normal", "Preempted", message);
                     }
                     Err(e) => {
@@ -118,10 +124,12 @@ impl<A: ClusterApi> Scheduler<A> {
                 (v, result, message)
             }
         });
-        for (victim, result, message) in futures::future::join_all(evictions).await {
+        let results = futures::future::join_all(evictions).await;
+        for (i, (victim, result, message)) in results.into_iter().enumerate() {
             match result {
                 Ok(()) => {
                     carried.evicted += 1;
+                    carried.gone[i] = true;
                     self.events.emit(victim, "Normal", "Preempted", message);
                 }
                 Err(e) => {

@@ -281,7 +281,8 @@ impl<A: ClusterApi> Scheduler<A> {
             Some(PodPlan::Preempt(p)) => {
                 outcome = self
                     .nominate_one(snapshot, pod, &p.demand, &p.plan, p.victims, None, report)
-                    .await;
+                    .await
+                    .outcome;
             }
             Some(PodPlan::Reclaim(r)) => {
                 if let Some(fair) = fair {
@@ -312,6 +313,7 @@ impl<A: ClusterApi> Scheduler<A> {
             Some(GangPlanned::Preempt(p)) => {
                 self.nominate_gang(snapshot, members, &p.plan, p.victims, None, report)
                     .await
+                    .outcome
             }
             Some(GangPlanned::Reclaim(r)) => match fair {
                 Some(fair) => self.reclaim_gang(snapshot, members, r, fair, report).await,

@@ -33,6 +33,13 @@ use crate::k8s::pod_info::PodInfo;
 use crate::shared::nominations::Nomination;
 use crate::snapshot::Snapshot;
 
+/// A plan carried out: what it came to, and whether each of its victims (in the plan's
+/// order) was evicted (a refused eviction leaves its victim running, counted where it is).
+pub(super) struct CarriedOut {
+    pub outcome: Outcome,
+    pub gone: Vec<bool>,
+}
+
 /// What preemption did for a pod that fits nowhere.
 pub(super) enum Outcome {
     /// Not tried (the pod's requests or volumes are what is wrong).
@@ -276,7 +283,7 @@ impl<A: ClusterApi> Scheduler<A> {
         victims: Vec<PodKey>,
         why: Option<&str>,
         report: &mut RoundReport,
-    ) -> Outcome {
+    ) -> CarriedOut {
         let node = snapshot.state.inventory(plan.node).name.clone();
         let nomination = nomination(snapshot, pod, demand, plan.node, &plan.gpus, &victims);
         let where_ = Self::nodes_of(snapshot, &victims.iter().collect::<Vec<_>>());
@@ -296,7 +303,10 @@ impl<A: ClusterApi> Scheduler<A> {
         // A nomination made anew replaces the pod's earlier one and its hold.
         self.cluster.nominate(nomination, snapshot);
         tracing::info!(pod = %pod.key, %node, victims = victims.len(), "preempting");
-        Outcome::Nominated { node, victims }
+        CarriedOut {
+            outcome: Outcome::Nominated { node, victims },
+            gone: carried.gone,
+        }
     }
 
     /// Plans priority preemption for a gang whose waiting `members` do not fit at once:
@@ -440,7 +450,7 @@ impl<A: ClusterApi> Scheduler<A> {
         victims: Vec<PodKey>,
         why: Option<&str>,
         report: &mut RoundReport,
-    ) -> Outcome {
+    ) -> CarriedOut {
         let mut nominate = Vec::new();
         let mut noms = Vec::new();
         for (&i, (n, gpus)) in plan.order.iter().zip(&plan.plan.placements) {
@@ -470,18 +480,21 @@ impl<A: ClusterApi> Scheduler<A> {
                 }
             }
             tracing::info!(gang = %by, evicted = carried.evicted, error = %refused, "gang preemption stopped");
-            return Outcome::Unfinished {
-                by: "preemption",
-                why: format!(
-                    "stopped after evicting {} of {} pod(s): {refused}; {} and the gang is tried again",
-                    carried.evicted,
-                    victims.len(),
-                    if kept {
-                        "the members stay nominated to the room made"
-                    } else {
-                        "no member was nominated"
-                    }
-                ),
+            return CarriedOut {
+                outcome: Outcome::Unfinished {
+                    by: "preemption",
+                    why: format!(
+                        "stopped after evicting {} of {} pod(s): {refused}; {} and the gang is tried again",
+                        carried.evicted,
+                        victims.len(),
+                        if kept {
+                            "the members stay nominated to the room made"
+                        } else {
+                            "no member was nominated"
+                        }
+                    ),
+                },
+                gone: carried.gone,
             };
         }
         for n in noms {
@@ -495,7 +508,10 @@ impl<A: ClusterApi> Scheduler<A> {
             .collect::<Vec<_>>()
             .join(",");
         tracing::info!(gang = %by, nodes = %node, victims = victims.len(), "gang preempting");
-        Outcome::Nominated { node, victims }
+        CarriedOut {
+            outcome: Outcome::Nominated { node, victims },
+            gone: carried.gone,
+        }
     }
 }
 

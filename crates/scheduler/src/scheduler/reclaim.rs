@@ -42,19 +42,29 @@ impl Pool<'_> {
         cycle::reclaim::Taken::of_units(&snapshot.state, &self.cands, &self.unit_queue)
     }
 
-    /// Pods evicted per queue by the plan's `units`.
-    fn counts(&self, units: &[usize]) -> Vec<(usize, usize)> {
-        units
+    /// What each victim of the plan's `units` takes from its queue, in the order of
+    /// [`victims_of`] (unit by unit, each unit's members in order).
+    fn taking(&self, snapshot: &Snapshot, units: &[usize]) -> Taking {
+        let each = units
             .iter()
-            .map(|&u| (self.unit_queue[u], self.cands.units[u].members.len()))
-            .collect()
+            .flat_map(|&u| {
+                self.cands.members(u).iter().map(move |h| Loss {
+                    queue: self.unit_queue[u],
+                    res: Res::of(
+                        h.request,
+                        Some(snapshot.state.inventory(h.node).gpu_model()),
+                    ),
+                })
+            })
+            .collect();
+        Taking { each }
     }
 }
 
-/// What a reclaim plan takes: the losses per queue and the pods evicted per queue.
+/// What a reclaim plan takes from each victim's queue, victim by victim (what the server
+/// refuses to evict stays counted).
 pub(super) struct Taking {
-    losses: Vec<Loss>,
-    counts: Vec<(usize, usize)>,
+    each: Vec<Loss>,
 }
 
 /// A pod's reclaim as planned.
@@ -149,10 +159,7 @@ impl<A: ClusterApi> Scheduler<A> {
         let found = found?;
         let victims = victims_of(&pool.cands, &pool.keys, &found.plan.units);
         Some(Reclaimed {
-            taking: Taking {
-                losses: found.losses,
-                counts: pool.counts(&found.plan.units),
-            },
+            taking: pool.taking(snapshot, &found.plan.units),
             preempted: Preempted {
                 demand,
                 plan: found.plan,
@@ -202,10 +209,7 @@ impl<A: ClusterApi> Scheduler<A> {
         let found = found?;
         let victims = victims_of(&pool.cands, &pool.keys, &found.plan.plan.units);
         Some(GangReclaimed {
-            taking: Taking {
-                losses: found.losses,
-                counts: pool.counts(&found.plan.plan.units),
-            },
+            taking: pool.taking(snapshot, &found.plan.plan.units),
             preempted: GangPreempted {
                 plan: found.plan,
                 victims,
@@ -223,17 +227,18 @@ impl<A: ClusterApi> Scheduler<A> {
         fair: Fair<'_, '_, U>,
         report: &mut RoundReport,
     ) -> Outcome {
-        let queue = taken_back(fair, &planned.taking, report);
+        let queue = fair.picker.tree().name(fair.queue).to_string();
         let why = format!("to give queue {queue} its guarantee");
         let Preempted {
             demand,
             plan,
             victims,
         } = planned.preempted;
-        let outcome = self
+        let carried = self
             .nominate_one(snapshot, pod, &demand, &plan, victims, Some(&why), report)
             .await;
-        reclaimed(outcome, queue)
+        taken_back(fair, &planned.taking, &carried.gone, report);
+        reclaimed(carried.outcome, queue)
     }
 
     /// Carries a gang's reclaim out, as gang preemption is: every eviction dry-run first
@@ -247,31 +252,27 @@ impl<A: ClusterApi> Scheduler<A> {
         fair: Fair<'_, '_, U>,
         report: &mut RoundReport,
     ) -> Outcome {
-        let queue = taken_back(fair, &planned.taking, report);
+        let queue = fair.picker.tree().name(fair.queue).to_string();
         let why = format!("to give queue {queue} its guarantee");
         let GangPreempted { plan, victims } = planned.preempted;
-        let outcome = self
+        let carried = self
             .nominate_gang(snapshot, members, &plan, victims, Some(&why), report)
             .await;
-        reclaimed(outcome, queue)
+        taken_back(fair, &planned.taking, &carried.gone, report);
+        reclaimed(carried.outcome, queue)
     }
 }
 
-/// Takes what the plan takes from the victims' queues off the round's allocations (the
-/// taker's nominations are counted once the unit is decided) and counts the victims per
-/// queue in the round's report; the taker's queue name.
-fn taken_back<U>(fair: Fair<'_, '_, U>, taking: &Taking, report: &mut RoundReport) -> String {
-    let tree = fair.picker.tree();
-    for &(q, pods) in &taking.counts {
-        *report
-            .reclaimed
-            .entry(tree.name(q).to_string())
-            .or_default() += pods;
-    }
-    for loss in &taking.losses {
+/// Takes what the victims that are `gone` (evicted, in the plan's order) held off their
+/// queues' allocations for the rest of the round (the taker's nominations are counted once
+/// the unit is decided) and counts them per queue in the round's report. A victim the
+/// server would not evict still runs: its queue keeps counting it, against its limit too.
+fn taken_back<U>(fair: Fair<'_, '_, U>, taking: &Taking, gone: &[bool], report: &mut RoundReport) {
+    for (loss, _) in taking.each.iter().zip(gone).filter(|(_, gone)| **gone) {
+        let name = fair.picker.tree().name(loss.queue).to_string();
+        *report.reclaimed.entry(name).or_default() += 1;
         fair.picker.removed(loss.queue, &loss.res);
     }
-    fair.picker.tree().name(fair.queue).to_string()
 }
 
 /// A nomination made by reclaim, told as one.

@@ -379,6 +379,74 @@ async fn a_gang_reclaims_its_guarantee_all_at_once_and_never_past_it() {
     assert_no_double_booking(&api);
 }
 
+/// A reclaim whose eviction the server refuses takes nothing off its victim's queue: later
+/// in the same round that queue's own pods still count the victim against their limit.
+/// Found by the queue stress (a capped team 3 GPUs past its limit for 600 ms): the round
+/// took the planned losses off before the evictions were sent, and kept them when one
+/// failed.
+#[tokio::test]
+async fn a_refused_reclaim_eviction_leaves_the_victims_queue_at_its_limit() {
+    let api = MemoryApi::new();
+    // n1 (pool one) is full of a's pods; n2 has one GPU free that b cannot use.
+    api.put_node(node(
+        "n1",
+        6,
+        json!({"metadata": {"labels": {"pool": "one"}}}),
+    ));
+    api.put_node(node("n2", 1, json!({})));
+    api.put_queue(
+        "a",
+        queue(json!({"limit": {"nvidia.com/gpu": "6"}, "reclaimable": true})),
+    );
+    api.put_queue("b", queue(json!({"guaranteed": {"nvidia.com/gpu": "2"}})));
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    let mut t = Instant::now();
+    for i in 0..6 {
+        api.put_pod(pod(
+            &format!("a{i}"),
+            1,
+            json!({"metadata": {"labels": {"gpuplace.io/queue": "a"}},
+                "spec": {"nodeSelector": {"pool": "one"}}}),
+        ));
+    }
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(bound_count(&api, "a"), 6);
+    // b (owed 2) reclaims one of a's on n1; a asks for a seventh GPU in the same round.
+    api.put_pod(pod(
+        "b0",
+        1,
+        json!({"metadata": {"labels": {"gpuplace.io/queue": "b"}},
+            "spec": {"nodeSelector": {"pool": "one"}}}),
+    ));
+    api.put_pod(in_queue("a6", "a", 1));
+    api.fail_next_evictions(1);
+    t += Duration::from_secs(5);
+    let report = scheduler.round(t).await.unwrap();
+    assert!(
+        deleting(&api).is_empty(),
+        "the eviction was refused: {report:?}"
+    );
+    assert_eq!(
+        bound_count(&api, "a"),
+        6,
+        "a stays at its limit while its victim runs"
+    );
+    assert!(
+        last_message(&api, "a6").contains("queue limit"),
+        "{}",
+        last_message(&api, "a6")
+    );
+    // Tried again, the reclaim goes through and a stays within its limit throughout.
+    for _ in 0..6 {
+        t += Duration::from_secs(5);
+        scheduler.round(t).await.unwrap();
+        finish_terminating(&api);
+        assert!(bound_count(&api, "a") <= 6);
+    }
+    assert_eq!(bound_count(&api, "b"), 1, "b runs");
+    assert_no_double_booking(&api);
+}
+
 /// The leader killed right after the first eviction of a gang's reclaim (its round dropped
 /// while the next eviction waits on the server, 2-6 ms a request): the members are
 /// nominated (written before the first eviction), and the next leader, from what the API
