@@ -19,7 +19,7 @@ use gpuplace_core::preempt;
 use super::Engine;
 use super::evictable::{Room, SearchAsk, SearchedAt};
 use super::units::{Job, Placed, Tried};
-use super::victims::{Eviction, candidates_of};
+use super::victims::{Eviction, Groups, candidates_of};
 use crate::timeline::options::Ms;
 use crate::trace::TracePod;
 
@@ -215,15 +215,15 @@ impl Engine<'_> {
 
     /// Core's victim search for `unit` over `groups`, not evicting those in `excluded`
     /// (the candidates built once); the units evicted and the places in member order.
-    fn search(&mut self, unit: u32, groups: &[Vec<u32>], excluded: &[bool]) -> Option<Eviction> {
+    fn search(&mut self, unit: u32, groups: Groups, excluded: &[bool]) -> Option<Eviction> {
         let found = {
             let (pods, jobs) = (self.pods, &self.jobs);
             let asks = asks_of(pods, jobs, &self.units[unit as usize].jobs);
-            let candidates = candidates_of(jobs, pods, groups);
+            let candidates = candidates_of(jobs, pods, &groups);
             search_on(&mut self.placer, &self.state, &asks, &candidates, excluded)
         };
         found.map(|(units, places)| Eviction {
-            groups: groups.to_vec(),
+            groups,
             units,
             places,
         })
@@ -283,7 +283,7 @@ impl Engine<'_> {
             now,
             &room,
         );
-        let found = self.search(unit, &groups, &[]);
+        let found = self.search(unit, groups, &[]);
         if let Some(ask) = ask
             && found.is_none()
         {
@@ -334,7 +334,7 @@ impl Engine<'_> {
         let (units, places) = found.plan;
         let counts = units
             .iter()
-            .map(|&u| (unit_queue[u], groups[u].len() as u64))
+            .map(|&u| (unit_queue[u], groups.get(u).len() as u64))
             .collect();
         Some(SimPlan::Reclaim {
             eviction: Eviction {

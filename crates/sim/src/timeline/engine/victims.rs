@@ -14,9 +14,44 @@ use crate::trace::TracePod;
 /// Evictions planned for a unit: the victim groups searched, the groups evicted (indices)
 /// and each member's place (in the unit's member order).
 pub(super) struct Eviction {
-    pub groups: Vec<Vec<u32>>,
+    pub groups: Groups,
     pub units: Vec<usize>,
     pub places: Vec<(usize, Vec<(usize, u32)>)>,
+}
+
+/// Running pods grouped by unit, the victim search's candidates in its order: every group's
+/// members in one buffer (a search lists hundreds of groups; one vector each was a
+/// tenth of a preempting replay's time in allocations).
+#[derive(Debug, Default)]
+pub(super) struct Groups {
+    members: Vec<u32>,
+    /// Where each group ends in `members`.
+    ends: Vec<u32>,
+}
+
+impl Groups {
+    pub(super) fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// Group `i`'s members.
+    pub(super) fn get(&self, i: usize) -> &[u32] {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        &self.members[start..self.ends[i] as usize]
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = &[u32]> {
+        (0..self.len()).map(|i| self.get(i))
+    }
+
+    fn push(&mut self, group: &[u32]) {
+        self.members.extend_from_slice(group);
+        self.ends.push(self.members.len() as u32);
+    }
 }
 
 impl Engine<'_> {
@@ -27,12 +62,7 @@ impl Engine<'_> {
     /// pod decided and not yet bound is reserved there, not a candidate). Only units with
     /// a member on a node of `room` (the search finds nothing on the others, whose
     /// candidates taken together cannot make room).
-    pub(super) fn victim_groups(
-        &self,
-        take: &dyn Fn(u32) -> bool,
-        now: Ms,
-        room: &Room,
-    ) -> Vec<Vec<u32>> {
+    pub(super) fn victim_groups(&self, take: &dyn Fn(u32) -> bool, now: Ms, room: &Room) -> Groups {
         // The units with a running member on a node of `room`, then each with its running
         // members in the order of `running` (as a walk over it groups them; a moved pod's
         // replacement is of its unit without being among the unit's jobs).
@@ -52,7 +82,7 @@ impl Engine<'_> {
             .collect();
         // Stable: members keep the order of `running`.
         members.sort_by_key(|&r| unit_of(r));
-        let mut groups: Vec<Vec<u32>> = members
+        let mut kept: Vec<(ClusterOrder, &[u32])> = members
             .chunk_by(|&a, &b| unit_of(a) == unit_of(b))
             .filter(|group| {
                 preempt::unit_may_be_evicted(group.iter().map(|&r| {
@@ -60,9 +90,17 @@ impl Engine<'_> {
                     j.start.is_some_and(|bound| bound <= now) && take(j.pod)
                 }))
             })
-            .map(<[u32]>::to_vec)
+            .map(|group| (self.cluster_order(group), group))
             .collect();
-        groups.sort_by_cached_key(|group| self.cluster_order(group));
+        // Each group's place in the cluster's order is its own (its first pod's index).
+        kept.sort_unstable_by_key(|(order, _)| *order);
+        let mut groups = Groups {
+            members: Vec::with_capacity(kept.iter().map(|(_, g)| g.len()).sum()),
+            ends: Vec::with_capacity(kept.len()),
+        };
+        for (_, group) in kept {
+            groups.push(group);
+        }
         groups
     }
 
@@ -70,7 +108,7 @@ impl Engine<'_> {
     /// second, then name), which the victim search and make-room use to tell equals
     /// apart. Its first pod's name, as the test stack gives names: by when it was made,
     /// a controller's pod before an arrival of the same instant, then in job order.
-    pub(super) fn cluster_order(&self, group: &[u32]) -> (i64, u64, bool, u32) {
+    pub(super) fn cluster_order(&self, group: &[u32]) -> ClusterOrder {
         let first = group.iter().copied().min_by_key(|&r| {
             let j = &self.jobs[r as usize];
             (j.arrival, !j.by_controller, r)
@@ -125,7 +163,7 @@ impl Engine<'_> {
     /// held ([`Self::nominate`]).
     pub(super) fn evict_and_nominate(&mut self, unit: u32, plan: &Eviction, now: Ms) -> bool {
         for &u in &plan.units {
-            let group = &plan.groups[u];
+            let group = plan.groups.get(u);
             let mut again = Vec::with_capacity(group.len());
             let mut top = i32::MIN;
             for &victim in group {
@@ -168,10 +206,10 @@ impl Engine<'_> {
 pub(super) fn candidates_of<'s>(
     jobs: &'s [Job],
     pods: &'s [TracePod],
-    groups: &[Vec<u32>],
+    groups: &Groups,
 ) -> Candidates<'s> {
     let mut candidates = Candidates::default();
-    for group in groups {
+    for group in groups.iter() {
         let top = group
             .iter()
             .map(|&r| pods[jobs[r as usize].pod as usize].priority)
@@ -198,6 +236,10 @@ pub(super) fn candidates_of<'s>(
     }
     candidates
 }
+
+/// A group's place in the cluster's order of pods: creation to the second, arrival,
+/// arrival or re-creation, first job.
+pub(super) type ClusterOrder = (i64, u64, bool, u32);
 
 /// A pod's creation time as the API server keeps it (`creationTimestamp`, to the second),
 /// for a pod that arrived at `arrival`.
