@@ -29,6 +29,7 @@ mod leaving;
 mod members;
 mod pace;
 mod parked;
+mod running;
 mod soon;
 mod units;
 mod victims;
@@ -133,9 +134,7 @@ pub struct Engine<'a> {
     /// wake-up entries must say.
     parked: parked::Parked,
     departures: BinaryHeap<Reverse<(Ms, u32)>>,
-    running: Vec<u32>,
-    /// Per job, its index in `running` (`u32::MAX`: not running).
-    running_at: Vec<u32>,
+    running: running::Running,
     /// Running pods by priority, and their GPUs per node (no victim search where no
     /// eviction could make room).
     by_priority: evictable::ByPriority,
@@ -261,8 +260,7 @@ impl<'a> Engine<'a> {
             ready: Vec::new(),
             parked: parked::Parked::default(),
             departures: BinaryHeap::new(),
-            running: Vec::new(),
-            running_at: Vec::new(),
+            running: Default::default(),
             by_priority: evictable::ByPriority::new(nodes),
             gpu_levels: gpu_levels::GpuLevels::new(nodes),
             unit_marks: Default::default(),
@@ -553,23 +551,18 @@ impl<'a> Engine<'a> {
             .started(placed.node, request.priority, &j.gpus);
         self.departures
             .push(Reverse((Ms(work_from.0 + j.run_ms), job)));
-        self.running_at[job as usize] = self.running.len() as u32;
-        self.running.push(job);
+        let unit = self.jobs[job as usize].unit;
+        self.running.start(job, placed.node, unit);
         self.fair_started(job, placed.node);
     }
 
     /// `job` leaves at `now` (finished, or evicted); a stale departure of a job evicted
     /// earlier is ignored.
     fn depart(&mut self, job: u32, now: Ms, evicted: bool) {
-        let at = self.running_at[job as usize];
-        if at == u32::MAX {
+        let (node, unit) = (self.jobs[job as usize].node, self.jobs[job as usize].unit);
+        if !self.running.end(job, node as usize, unit) {
             return;
         }
-        let last = self.running.len() - 1;
-        self.running.swap(at as usize, last);
-        self.running_at[self.running[at as usize] as usize] = at;
-        self.running.pop();
-        self.running_at[job as usize] = u32::MAX;
         let j = &mut self.jobs[job as usize];
         let pod = &self.pods[j.pod as usize];
         let given = self.state.release(j.node as usize, &pod.request, &j.gpus);

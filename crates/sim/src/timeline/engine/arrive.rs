@@ -57,7 +57,7 @@ impl Engine<'_> {
             jobs.push(self.jobs.len() as u32);
             self.pending_milli += self.pods[w.pod as usize].request.total_gpu_milli();
             self.waiting_pods += 1;
-            self.running_at.push(u32::MAX);
+            self.running.add_job();
             self.jobs
                 .push(Job::waiting(unit, now, *w, measured, by_controller));
         }

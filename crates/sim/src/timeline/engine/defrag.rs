@@ -78,7 +78,7 @@ impl Engine<'_> {
         };
         let mut singles = Vec::new();
         let mut gangs: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-        for &r in &self.running {
+        for &r in self.running.all() {
             let unit = self.jobs[r as usize].unit;
             if self.units[unit as usize].jobs.len() == 1 {
                 if eligible(r) {
@@ -282,7 +282,7 @@ impl Engine<'_> {
         self.pending_milli += request.total_gpu_milli();
         self.waiting_pods += 1;
         let new = self.jobs.len() as u32;
-        self.running_at.push(u32::MAX);
+        self.running.add_job();
         self.jobs.push(Job::waiting(unit, now, work, false, true));
         let placed = Placed {
             node: to,

@@ -156,6 +156,7 @@ impl Engine<'_> {
     /// turned out), else learnt from their class's run times.
     fn running_ends(&self, now_ms: i64) -> Vec<(u32, Span)> {
         self.running
+            .all()
             .iter()
             .filter_map(|&job| {
                 let j = &self.jobs[job as usize];
@@ -177,7 +178,7 @@ impl Engine<'_> {
     /// nothing is left out); `None` when no node's end is known.
     fn longest_on_best_node(&self, request: &Request, now_ms: i64) -> Option<i64> {
         let mut latest: Vec<Option<i64>> = vec![Some(now_ms); self.state.len()];
-        for &job in &self.running {
+        for &job in self.running.all() {
             let j = &self.jobs[job as usize];
             let n = j.node as usize;
             let end = match (j.work_from, self.declared_of(job)) {

@@ -63,43 +63,56 @@ impl Engine<'_> {
     /// a member on a node of `room` (the search finds nothing on the others, whose
     /// candidates taken together cannot make room).
     pub(super) fn victim_groups(&self, take: &dyn Fn(u32) -> bool, now: Ms, room: &Room) -> Groups {
-        // The units with a running member on a node of `room`, then each with its running
-        // members in the order of `running` (as a walk over it groups them; a moved pod's
-        // replacement is of its unit without being among the unit's jobs).
-        let unit_of = |r: u32| self.jobs[r as usize].unit;
+        // The units with a running member on a node of `room`, from those nodes' pods.
         let mut marks = self.unit_marks.borrow_mut();
         let stamp = marks.stamp();
-        for &r in &self.running {
-            if room.on(self.jobs[r as usize].node as usize) {
-                marks.mark(unit_of(r), stamp);
+        let mut units: Vec<u32> = Vec::new();
+        let mut visit = |unit: u32| {
+            if !marks.marked(unit, stamp) {
+                marks.mark(unit, stamp);
+                units.push(unit);
+            }
+        };
+        match room {
+            Room::Nowhere => {}
+            Room::Anywhere => {
+                for &r in self.running.all() {
+                    visit(self.jobs[r as usize].unit);
+                }
+            }
+            Room::On(nodes) => {
+                for (n, _) in nodes.iter().enumerate().filter(|(_, on)| **on) {
+                    for o in self.running.on(n) {
+                        visit(o.unit);
+                    }
+                }
             }
         }
-        let mut members: Vec<u32> = self
-            .running
-            .iter()
-            .copied()
-            .filter(|&r| marks.marked(unit_of(r), stamp))
-            .collect();
-        // Stable: members keep the order of `running`.
-        members.sort_by_key(|&r| unit_of(r));
-        let mut kept: Vec<(ClusterOrder, &[u32])> = members
-            .chunk_by(|&a, &b| unit_of(a) == unit_of(b))
-            .filter(|group| {
-                preempt::unit_may_be_evicted(group.iter().map(|&r| {
-                    let j = &self.jobs[r as usize];
-                    j.start.is_some_and(|bound| bound <= now) && take(j.pod)
-                }))
-            })
-            .map(|group| (self.cluster_order(group), group))
-            .collect();
+        // Each with its running members in the order of the running list (a moved pod's
+        // replacement is of its unit without being among the unit's jobs), in one buffer.
+        let mut members: Vec<u32> = Vec::with_capacity(units.len());
+        let mut kept: Vec<(ClusterOrder, u32, u32)> = Vec::with_capacity(units.len());
+        for unit in units {
+            let from = members.len();
+            self.running.of_unit_into(unit, &mut members);
+            let group = &members[from..];
+            if preempt::unit_may_be_evicted(group.iter().map(|&r| {
+                let j = &self.jobs[r as usize];
+                j.start.is_some_and(|bound| bound <= now) && take(j.pod)
+            })) {
+                kept.push((self.cluster_order(group), from as u32, members.len() as u32));
+            } else {
+                members.truncate(from);
+            }
+        }
         // Each group's place in the cluster's order is its own (its first pod's index).
-        kept.sort_unstable_by_key(|(order, _)| *order);
+        kept.sort_unstable_by_key(|&(order, _, _)| order);
         let mut groups = Groups {
-            members: Vec::with_capacity(kept.iter().map(|(_, g)| g.len()).sum()),
+            members: Vec::with_capacity(members.len()),
             ends: Vec::with_capacity(kept.len()),
         };
-        for (_, group) in kept {
-            groups.push(group);
+        for (_, from, to) in kept {
+            groups.push(&members[from as usize..to as usize]);
         }
         groups
     }

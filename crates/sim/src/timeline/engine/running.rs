@@ -1,0 +1,127 @@
+//! The running jobs, kept three ways: all of them (in an order that changes only where a
+//! job leaves, the last one taking its place), by node (with each job's unit, so that a
+//! walk over a node's pods reads no job), and by unit (a gang's members; a moved pod's
+//! replacement with the unit of the pod it replaces). The victim search reads the nodes
+//! where evictions could make room and the units found there, instead of every running job.
+
+/// A running job and its unit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct OnNode {
+    pub job: u32,
+    pub unit: u32,
+}
+
+/// Running jobs, by job index.
+#[derive(Debug, Default)]
+pub(super) struct Running {
+    all: Vec<u32>,
+    /// Per job, its index in `all` (`u32::MAX`: not running).
+    at: Vec<u32>,
+    /// Per node, its running jobs (in no particular order).
+    on_node: Vec<Vec<OnNode>>,
+    /// Per unit, its running jobs (in no particular order).
+    of_unit: Vec<Vec<u32>>,
+}
+
+impl Running {
+    /// Makes room for one more job (not running).
+    pub(super) fn add_job(&mut self) {
+        self.at.push(u32::MAX);
+    }
+
+    /// `job` of `unit` started on `node`.
+    pub(super) fn start(&mut self, job: u32, node: usize, unit: u32) {
+        self.at[job as usize] = self.all.len() as u32;
+        self.all.push(job);
+        grow_to(&mut self.on_node, node).push(OnNode { job, unit });
+        grow_to(&mut self.of_unit, unit as usize).push(job);
+    }
+
+    /// `job` of `unit` on `node` left; false when it was not running.
+    pub(super) fn end(&mut self, job: u32, node: usize, unit: u32) -> bool {
+        let at = self.at[job as usize];
+        if at == u32::MAX {
+            return false;
+        }
+        self.all.swap_remove(at as usize);
+        if let Some(&moved) = self.all.get(at as usize) {
+            self.at[moved as usize] = at;
+        }
+        self.at[job as usize] = u32::MAX;
+        if let Some(list) = self.on_node.get_mut(node)
+            && let Some(i) = list.iter().position(|o| o.job == job)
+        {
+            list.swap_remove(i);
+        }
+        if let Some(list) = self.of_unit.get_mut(unit as usize)
+            && let Some(i) = list.iter().position(|&j| j == job)
+        {
+            list.swap_remove(i);
+        }
+        true
+    }
+
+    /// Every running job.
+    pub(super) fn all(&self) -> &[u32] {
+        &self.all
+    }
+
+    /// The jobs running on `node`, each with its unit.
+    pub(super) fn on(&self, node: usize) -> &[OnNode] {
+        self.on_node.get(node).map_or(&[], Vec::as_slice)
+    }
+
+    /// The running jobs of `unit`, in the order of [`Self::all`], appended to `out`.
+    pub(super) fn of_unit_into(&self, unit: u32, out: &mut Vec<u32>) {
+        let Some(jobs) = self.of_unit.get(unit as usize) else {
+            return;
+        };
+        let from = out.len();
+        out.extend_from_slice(jobs);
+        out[from..].sort_unstable_by_key(|&j| self.at[j as usize]);
+    }
+}
+
+fn grow_to<T>(lists: &mut Vec<Vec<T>>, i: usize) -> &mut Vec<T> {
+    if lists.len() <= i {
+        lists.resize_with(i + 1, Vec::new);
+    }
+    &mut lists[i]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn of_unit(r: &Running, unit: u32) -> Vec<u32> {
+        let mut out = Vec::new();
+        r.of_unit_into(unit, &mut out);
+        out
+    }
+
+    #[test]
+    fn the_three_views_agree_as_jobs_start_and_leave() {
+        let mut r = Running::default();
+        for _ in 0..5 {
+            r.add_job();
+        }
+        r.start(0, 1, 0);
+        r.start(1, 1, 1);
+        r.start(2, 0, 1);
+        r.start(3, 2, 2);
+        assert_eq!(r.all(), &[0, 1, 2, 3]);
+        assert!(r.end(0, 1, 0));
+        assert!(!r.end(0, 1, 0), "not running any more");
+        // The last took the leaver's place.
+        assert_eq!(r.all(), &[3, 1, 2]);
+        assert_eq!(r.on(1), &[OnNode { job: 1, unit: 1 }]);
+        assert!(r.on(7).is_empty());
+        assert_eq!(of_unit(&r, 1), vec![1, 2], "in the order of all()");
+        r.start(4, 0, 1);
+        assert!(r.end(1, 1, 1));
+        assert_eq!(r.all(), &[3, 4, 2]);
+        assert_eq!(of_unit(&r, 1), vec![4, 2]);
+        assert!(of_unit(&r, 0).is_empty());
+        assert!(of_unit(&r, 9).is_empty());
+    }
+}
