@@ -54,6 +54,14 @@ impl Groups {
     }
 }
 
+/// A group found by [`Engine::victim_groups`]: its place in the cluster's order and its
+/// members' span in the search's buffer.
+struct Kept {
+    order: ClusterOrder,
+    from: usize,
+    to: usize,
+}
+
 impl Engine<'_> {
     /// Running pods grouped by unit, the units whose every running member `take`
     /// accepts (by pod index) and whose Binding landed by `now`: a gang is evicted whole or
@@ -91,7 +99,7 @@ impl Engine<'_> {
         // Each with its running members in the order of the running list (a moved pod's
         // replacement is of its unit without being among the unit's jobs), in one buffer.
         let mut members: Vec<u32> = Vec::with_capacity(units.len());
-        let mut kept: Vec<(ClusterOrder, u32, u32)> = Vec::with_capacity(units.len());
+        let mut kept: Vec<Kept> = Vec::with_capacity(units.len());
         for unit in units {
             let from = members.len();
             self.running.of_unit_into(unit, &mut members);
@@ -100,19 +108,23 @@ impl Engine<'_> {
                 let j = &self.jobs[r as usize];
                 j.start.is_some_and(|bound| bound <= now) && take(j.pod)
             })) {
-                kept.push((self.cluster_order(group), from as u32, members.len() as u32));
+                kept.push(Kept {
+                    order: self.cluster_order(group),
+                    from,
+                    to: members.len(),
+                });
             } else {
                 members.truncate(from);
             }
         }
         // Each group's place in the cluster's order is its own (its first pod's index).
-        kept.sort_unstable_by_key(|&(order, _, _)| order);
+        kept.sort_unstable_by_key(|k| k.order);
         let mut groups = Groups {
             members: Vec::with_capacity(members.len()),
             ends: Vec::with_capacity(kept.len()),
         };
-        for (_, from, to) in kept {
-            groups.push(&members[from as usize..to as usize]);
+        for k in kept {
+            groups.push(&members[k.from..k.to]);
         }
         groups
     }
