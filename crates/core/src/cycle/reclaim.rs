@@ -34,8 +34,7 @@ impl Taken {
                 let mut res = Res::default();
                 let mut nodes = Vec::new();
                 for h in candidates.members(u) {
-                    let model = state.inventory(h.node).gpu_model();
-                    res.add(&Res::of(h.request, Some(model)));
+                    res.add(&held(state, h));
                     if !nodes.contains(&h.node) {
                         nodes.push(h.node);
                     }
@@ -50,11 +49,37 @@ impl Taken {
     }
 }
 
-/// A plan that keeps every queue at its guarantee, and what it takes from each queue.
+/// What a victim holds, as its queue counts it (GPUs by its node's model).
+fn held(state: &ClusterState, h: &crate::preempt::Holder<'_>) -> Res {
+    Res::of(h.request, Some(state.inventory(h.node).gpu_model()))
+}
+
+/// What evicting each pod of `units` takes from its unit's queue (`unit_queue`), pod by
+/// pod, units in the order given and each unit's members in order: a driver takes off
+/// its queues only what the pods it evicted held (a refused eviction leaves its pod
+/// counted). Their sum over whole units is [`losses`]'.
+pub fn victim_losses(
+    state: &ClusterState,
+    candidates: &Candidates<'_>,
+    unit_queue: &[usize],
+    units: &[usize],
+) -> Vec<Loss> {
+    units
+        .iter()
+        .flat_map(|&u| {
+            candidates.members(u).iter().map(move |h| Loss {
+                queue: unit_queue[u],
+                res: held(state, h),
+            })
+        })
+        .collect()
+}
+
+/// A plan that keeps every queue at its guarantee (what it takes from each victim:
+/// [`victim_losses`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WithinGuarantees<P> {
     pub plan: P,
-    pub losses: Vec<Loss>,
 }
 
 /// What evicting `units` (of `taken`) takes from each queue.
@@ -144,7 +169,7 @@ fn plan_from<P>(
         let plan = search(&excluded)?;
         let losses = losses(taken, units_of(&plan));
         match entitled.check(&losses) {
-            Ok(()) => return Some(WithinGuarantees { plan, losses }),
+            Ok(()) => return Some(WithinGuarantees { plan }),
             Err(v) => exclude(taken, units_of(&plan), v, &mut excluded),
         }
     }

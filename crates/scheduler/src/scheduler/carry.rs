@@ -40,11 +40,17 @@ fn refusal(by: &PodKey, victim: &PodKey, e: &ApiError) -> String {
 /// What carrying out evictions did.
 #[derive(Default)]
 pub(super) struct Carried {
-    pub evicted: usize,
     /// Whether each victim (in the order given) was evicted or was gone already.
     pub gone: Vec<bool>,
     /// The first refusal, if any.
     pub refused: Option<String>,
+}
+
+impl Carried {
+    /// How many victims were evicted (or were gone already).
+    pub fn evicted(&self) -> usize {
+        self.gone.iter().filter(|g| **g).count()
+    }
 }
 
 impl<A: ClusterApi> Scheduler<A> {
@@ -97,14 +103,13 @@ impl<A: ClusterApi> Scheduler<A> {
                 let message = message_for(v);
                 match evict_if_leader(&self.api, &self.gate, v, &message).await {
                     Ok(()) => {
-                        carried.evicted += 1;
                         carried.gone[i] = true;
                         self.events.emit(v, "Normal", "Preempted", message);
                     }
                     Err(e) => {
                         carried.refused = Some(refusal(by, v, &e));
                         // Nothing evicted: nothing to finish, no room to hold.
-                        if carried.evicted == 0 {
+                        if carried.evicted() == 0 {
                             self.clear_nominations(
                                 nominate.iter().map(|(p, _)| p.clone()).collect(),
                             )
@@ -128,7 +133,6 @@ impl<A: ClusterApi> Scheduler<A> {
         for (i, (victim, result, message)) in results.into_iter().enumerate() {
             match result {
                 Ok(()) => {
-                    carried.evicted += 1;
                     carried.gone[i] = true;
                     self.events.emit(victim, "Normal", "Preempted", message);
                 }

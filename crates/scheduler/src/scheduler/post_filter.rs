@@ -299,7 +299,7 @@ impl<A: ClusterApi> Scheduler<A> {
             .await;
         // A pod keeps what its evicted victims freed even when some eviction was refused
         // (it is tried again after a backoff, the hold kept from others).
-        report.preempted += carried.evicted;
+        report.preempted += carried.evicted();
         // A nomination made anew replaces the pod's earlier one and its hold.
         self.cluster.nominate(nomination, snapshot);
         tracing::info!(pod = %pod.key, %node, victims = victims.len(), "preempting");
@@ -465,27 +465,27 @@ impl<A: ClusterApi> Scheduler<A> {
         let carried = self
             .carry_out(by, &where_, &victims, &nominate, why, true)
             .await;
-        report.preempted += carried.evicted;
-        if let Some(refused) = carried.refused {
+        report.preempted += carried.evicted();
+        if let Some(refused) = &carried.refused {
             // No further this round: the gang backs off and plans again. Once a victim is
             // evicted the members stay nominated (the room made is the gang's, and the
             // plan made again counts the terminating victims); else none is.
             for (pod, _) in members {
                 self.unfinished.insert(pod.key.uid.clone());
             }
-            let kept = carried.evicted > 0;
+            let kept = carried.evicted() > 0;
             if kept {
                 for n in noms {
                     self.cluster.nominate(n, snapshot);
                 }
             }
-            tracing::info!(gang = %by, evicted = carried.evicted, error = %refused, "gang preemption stopped");
+            tracing::info!(gang = %by, evicted = carried.evicted(), error = %refused, "gang preemption stopped");
             return CarriedOut {
                 outcome: Outcome::Unfinished {
                     by: "preemption",
                     why: format!(
                         "stopped after evicting {} of {} pod(s): {refused}; {} and the gang is tried again",
-                        carried.evicted,
+                        carried.evicted(),
                         victims.len(),
                         if kept {
                             "the members stay nominated to the room made"

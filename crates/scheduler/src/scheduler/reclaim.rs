@@ -43,21 +43,16 @@ impl Pool<'_> {
     }
 
     /// What each victim of the plan's `units` takes from its queue, in the order of
-    /// [`victims_of`] (unit by unit, each unit's members in order).
+    /// [`victims_of`] (core's [`cycle::reclaim::victim_losses`]).
     fn taking(&self, snapshot: &Snapshot, units: &[usize]) -> Taking {
-        let each = units
-            .iter()
-            .flat_map(|&u| {
-                self.cands.members(u).iter().map(move |h| Loss {
-                    queue: self.unit_queue[u],
-                    res: Res::of(
-                        h.request,
-                        Some(snapshot.state.inventory(h.node).gpu_model()),
-                    ),
-                })
-            })
-            .collect();
-        Taking { each }
+        Taking {
+            each: cycle::reclaim::victim_losses(
+                &snapshot.state,
+                &self.cands,
+                &self.unit_queue,
+                units,
+            ),
+        }
     }
 }
 

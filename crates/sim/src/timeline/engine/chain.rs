@@ -316,20 +316,24 @@ impl Engine<'_> {
             .iter()
             .map(|g| of(self.jobs[g[0] as usize].pod))
             .collect();
-        let found = {
+        let (found, losses) = {
             let (pods, jobs) = (self.pods, &self.jobs);
             let asks = asks_of(pods, jobs, &self.units[unit as usize].jobs);
             let candidates = candidates_of(jobs, pods, &groups);
             let taken = cycle::reclaim::Taken::of_units(&self.state, &candidates, &unit_queue);
             let prefer = cycle::reclaim::prefer_most_used(&taken, fair.picker);
             let (placer, state) = (&mut self.placer, &self.state);
-            cycle::reclaim::plan_within_guarantees(
+            let found = cycle::reclaim::plan_within_guarantees(
                 &taken,
                 &entitled,
                 prefer,
                 |excluded| search_on(placer, state, &asks, &candidates, excluded),
                 |(units, _)| units,
-            )?
+            )?;
+            // Pod by pod, as the scheduler takes them off (every eviction lands here).
+            let losses =
+                cycle::reclaim::victim_losses(state, &candidates, &unit_queue, &found.plan.0);
+            (found, losses)
         };
         let (units, places) = found.plan;
         let counts = units
@@ -342,7 +346,7 @@ impl Engine<'_> {
                 units,
                 places,
             },
-            losses: found.losses,
+            losses,
             counts,
         })
     }
