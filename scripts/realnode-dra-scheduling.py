@@ -17,9 +17,12 @@ these cases, each compared the same way:
   model the node lacks waits with "no GPU matching the claim's selectors".
 - preempt: four low-priority 2-GPU claim pods fill the node; a high-priority one preempts one
   of them, whose claim the resource claim controller frees; the preemptor runs on its devices.
+- first: firstAvailable subrequests, GPUs 0 and 1 held: a claim asking eight GPUs else four
+  gets four (its results name `gpu/four`), one asking an H100 (the node has none) else any
+  GPU gets one (`gpu/any`).
 
 Settings as realnode-dra-check.py (GPUPLACE, KCP, NODE, SCHEDULER, WAIT) and CASES (comma list
-of fragmented,gang,preempt,workload,selected). Needs `gpuplace scheduler` running when SCHEDULER=gpuplace.
+of fragmented,gang,preempt,workload,selected,first). Needs `gpuplace scheduler` running when SCHEDULER=gpuplace.
 Last line: dra-scheduling: pods=N running=R compared=C mismatches=M over=O leaked=L
 """
 import importlib.util, json, os, subprocess, sys, time
@@ -36,15 +39,20 @@ globals().update({k: getattr(check, k) for k in from_check})
 LINKED_QUADS = [{"gpu-0", "gpu-1", "gpu-2", "gpu-3"}, {"gpu-4", "gpu-5", "gpu-6", "gpu-7"}]
 
 
-def claim_devices(pod_name):
+def claim_results(pod_name):
+    """The allocation results of the claims `pod_name` uses."""
     p = get("pod", pod_name)
     names = [s.get("resourceClaimName") for s in (p or {}).get("status", {}).get("resourceClaimStatuses", [])]
     names += [c["resourceClaimName"] for c in (p or {}).get("spec", {}).get("resourceClaims", []) if c.get("resourceClaimName")]
     out = []
     for n in filter(None, names):
         c = get("resourceclaim", n)
-        out += [r["device"] for r in allocation(c)] if c else []
-    return sorted(out)
+        out += allocation(c) if c else []
+    return out
+
+
+def claim_devices(pod_name):
+    return sorted(r["device"] for r in claim_results(pod_name))
 
 
 def pinned(name, device):
@@ -222,7 +230,44 @@ def case_selected():
     expect_clean("selected")
 
 
-CASES = {"fragmented": case_fragmented, "gang": case_gang, "preempt": case_preempt, "workload": case_workload, "selected": case_selected}
+def first_template(name, subrequests):
+    """A claim template whose request `gpu` lists `subrequests` (name, count, CEL or None)
+    as firstAvailable."""
+    first = []
+    for sub, count, selector in subrequests:
+        s = {"name": sub, "deviceClassName": "gpu.gpuplace.io", "count": count}
+        if selector:
+            s["selectors"] = [{"cel": {"expression": selector}}]
+        first.append(s)
+    spec = {"devices": {"requests": [{"name": "gpu", "firstAvailable": first}]}}
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": NS}, "spec": {"spec": spec}}
+
+
+def case_first():
+    log("== firstAvailable: the first subrequest that has a place (gpu-0 and gpu-1 held)")
+    pinned("pin-0", "gpu-0")
+    pinned("pin-1", "gpu-1")
+    wait_running(["pin-0", "pin-1"])
+    h100 = 'device.attributes["gpu.gpuplace.io"].model == "H100"'
+    objs = [first_template("eight-or-four", [("eight", 8, None), ("four", 4, None)]),
+            first_template("h100-or-any", [("h100", 1, h100), ("any", 1, None)])]
+    pods = [pod("flex", {"gpu": ("template", "eight-or-four")}),
+            pod("fallback", {"gpu": ("template", "h100-or-any")})]
+    names = phase("eight else four, and an H100 else any GPU", pods, objs)
+    for name, want in (("flex", "gpu/four"), ("fallback", "gpu/any")):
+        results = claim_results(name)
+        requests = sorted({r["request"] for r in results})
+        log(f"{name} got {sorted(r['device'] for r in results)} for {requests}")
+        if requests != [want]:
+            STATS["mismatches"] += 1
+    compare(["pin-0", "pin-1"])
+    delete_pods(names + ["pin-0", "pin-1"])
+    kubectl("delete", "resourceclaim", "-n", NS, "pin-0", "pin-1", "--wait=true", check=False)
+    expect_clean("first")
+
+
+CASES = {"fragmented": case_fragmented, "gang": case_gang, "preempt": case_preempt, "workload": case_workload, "selected": case_selected, "first": case_first}
 
 
 def main():

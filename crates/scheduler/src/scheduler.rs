@@ -14,6 +14,7 @@ pub mod defrag;
 pub(crate) mod events;
 pub use events::SAME_MEANING_FOR;
 mod fair_round;
+mod first_available;
 mod gang_permit;
 mod gang_status;
 mod gangs;

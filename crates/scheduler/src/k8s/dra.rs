@@ -15,7 +15,7 @@ pub mod store;
 pub mod write;
 
 use gpuplace_model::{GpuTopology, MILLI_PER_GPU, quantity_milli};
-use k8s_openapi::api::resource::v1::{DeviceRequest, ExactDeviceRequest, ResourceClaim};
+use k8s_openapi::api::resource::v1::{DeviceRequest, ResourceClaim};
 
 /// The finalizer kube-scheduler (and gpuplace) puts on a claim it allocates: the
 /// resource claim controller deallocates the claim when its last user is gone, and then
@@ -50,7 +50,8 @@ impl Default for DraSettings {
 /// One request of a claim, as gpuplace allocates it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShapeRequest {
-    /// The request's name (the allocation results name it).
+    /// The name the allocation results give it: the request's, or for a `firstAvailable`
+    /// subrequest `<request>/<subrequest>`.
     pub name: String,
     pub count: u32,
     /// Milli-GPU each device gives: 1000 for whole GPUs, less for a share.
@@ -64,17 +65,33 @@ pub struct ShapeRequest {
 /// What a claim asks of gpuplace's GPUs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClaimShape {
-    pub requests: Vec<ShapeRequest>,
+    /// The ways the claim can be met, in its order of preference: one where every request
+    /// is `exactly`; where requests list `firstAvailable` subrequests, each combination of
+    /// one subrequest per request, the earlier requests' choices changing slowest (the
+    /// order kube-scheduler's allocator tries them in). Combinations gpuplace cannot
+    /// allocate (another driver's class, a share beside other devices) are left out; at
+    /// least one is kept.
+    pub options: Vec<ClaimOption>,
     /// How the claim's devices must be linked (its `matchAttribute` constraints).
     pub topology: GpuTopology,
 }
 
-impl ClaimShape {
+/// One way to meet a claim: a device request for each of its requests.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimOption {
+    pub requests: Vec<ShapeRequest>,
+}
+
+impl ClaimOption {
     /// Devices asked, over every request.
     pub fn count(&self) -> u32 {
         self.requests.iter().map(|r| r.count).sum()
     }
 }
+
+/// The most ways one pod's claims may be met that gpuplace tries (combinations of
+/// `firstAvailable` subrequests, over every claim of the pod to allocate).
+pub const MAX_OPTIONS: usize = 16;
 
 /// One device a claim holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -240,13 +257,13 @@ pub fn consumed_milli(
 /// What `claim` asks of gpuplace's GPUs, or why gpuplace cannot allocate it.
 pub fn shape_of(claim: &ResourceClaim, settings: &DraSettings) -> Result<ClaimShape, String> {
     let devices = claim.spec.devices.as_ref();
-    let requests: Vec<ShapeRequest> = devices
+    let choices: Vec<Vec<Result<ShapeRequest, String>>> = devices
         .and_then(|d| d.requests.as_ref())
         .into_iter()
         .flatten()
-        .map(|r| shape_request(r, settings))
+        .map(|r| request_choices(r, settings))
         .collect::<Result<_, _>>()?;
-    if requests.is_empty() {
+    if choices.is_empty() {
         return Err("it requests no devices".into());
     }
     let mut topology = GpuTopology::Any;
@@ -265,15 +282,68 @@ pub fn shape_of(claim: &ResourceClaim, settings: &DraSettings) -> Result<ClaimSh
         };
         topology = both(topology, match_topology(attribute, &settings.driver)?)?;
     }
-    let shape = ClaimShape { requests, topology };
-    let shares = shape.requests.iter().filter(|r| r.milli < MILLI_PER_GPU);
-    if shares.count() > 0 && (shape.requests.len() > 1 || shape.count() > 1) {
+    let options = options_of(&choices)?;
+    Ok(ClaimShape { options, topology })
+}
+
+/// Every combination of one choice per request, in preference order, without those
+/// gpuplace cannot allocate; the first reason when none is left.
+fn options_of(choices: &[Vec<Result<ShapeRequest, String>>]) -> Result<Vec<ClaimOption>, String> {
+    let combinations: usize = choices
+        .iter()
+        .map(Vec::len)
+        .try_fold(1usize, |n, k| n.checked_mul(k))
+        .unwrap_or(usize::MAX);
+    if combinations > MAX_OPTIONS {
+        return Err(format!(
+            "its firstAvailable lists make {combinations} combinations of subrequests; gpuplace tries at most {MAX_OPTIONS} a claim"
+        ));
+    }
+    let mut options = Vec::new();
+    let mut first_error = None;
+    for picks in combinations_of(&choices.iter().map(Vec::len).collect::<Vec<_>>()) {
+        let option: Result<Vec<ShapeRequest>, String> = picks
+            .iter()
+            .zip(choices)
+            .map(|(&k, c)| c[k].clone())
+            .collect();
+        match option.and_then(checked_option) {
+            Ok(option) => options.push(option),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    if options.is_empty() {
+        return Err(first_error.unwrap_or_else(|| "it requests no devices".into()));
+    }
+    Ok(options)
+}
+
+/// Every pick of one index below each of `sizes`, the first position changing slowest.
+pub fn combinations_of(sizes: &[usize]) -> impl Iterator<Item = Vec<usize>> + '_ {
+    let total: usize = sizes.iter().product();
+    (0..total).map(move |mut n| {
+        let mut picks = vec![0; sizes.len()];
+        for (i, &size) in sizes.iter().enumerate().rev() {
+            picks[i] = n % size.max(1);
+            n /= size.max(1);
+        }
+        picks
+    })
+}
+
+/// A share is one device in a claim of one request.
+fn checked_option(requests: Vec<ShapeRequest>) -> Result<ClaimOption, String> {
+    let option = ClaimOption { requests };
+    let shares = option.requests.iter().filter(|r| r.milli < MILLI_PER_GPU);
+    if shares.count() > 0 && (option.requests.len() > 1 || option.count() > 1) {
         return Err(
             "a share (capacity milli below 1000) is asked of one device in a claim of one request; ask whole GPUs or one share"
                 .into(),
         );
     }
-    Ok(shape)
+    Ok(option)
 }
 
 /// Two topologies asked at once: one may be none; two different ones are refused (gpuplace
@@ -311,45 +381,80 @@ fn match_topology(attribute: &str, driver: &str) -> Result<GpuTopology, String> 
     }
 }
 
-fn shape_request(request: &DeviceRequest, settings: &DraSettings) -> Result<ShapeRequest, String> {
+/// What one request may be met by: itself when it is `exactly` (or the reason gpuplace
+/// cannot allocate it), each subrequest when it lists `firstAvailable` (a subrequest
+/// gpuplace cannot allocate is kept as its reason, so another may be chosen).
+fn request_choices(
+    request: &DeviceRequest,
+    settings: &DraSettings,
+) -> Result<Vec<Result<ShapeRequest, String>>, String> {
     let name = &request.name;
-    if request
-        .first_available
-        .as_ref()
-        .is_some_and(|f| !f.is_empty())
-    {
-        return Err(format!(
-            "request {name:?} uses firstAvailable, which gpuplace's allocator does not offer yet; ask `exactly`"
-        ));
+    if let Some(subrequests) = request.first_available.as_ref().filter(|f| !f.is_empty()) {
+        if request.exactly.is_some() {
+            return Err(format!(
+                "request {name:?} has both exactly and firstAvailable"
+            ));
+        }
+        return Ok(subrequests
+            .iter()
+            .map(|sub| {
+                asked(
+                    &format!("{name}/{}", sub.name),
+                    Asked {
+                        class: &sub.device_class_name,
+                        admin_access: None,
+                        selectors: sub.selectors.as_deref(),
+                        allocation_mode: sub.allocation_mode.as_deref(),
+                        count: sub.count,
+                        capacity: sub.capacity.as_ref(),
+                    },
+                    settings,
+                )
+            })
+            .collect());
     }
     let Some(exactly) = &request.exactly else {
         return Err(format!(
             "request {name:?} has neither exactly nor firstAvailable"
         ));
     };
-    exact_request(name, exactly, settings)
+    let asked_for = Asked {
+        class: &exactly.device_class_name,
+        admin_access: exactly.admin_access,
+        selectors: exactly.selectors.as_deref(),
+        allocation_mode: exactly.allocation_mode.as_deref(),
+        count: exactly.count,
+        capacity: exactly.capacity.as_ref(),
+    };
+    Ok(vec![asked(name, asked_for, settings)])
 }
 
-fn exact_request(
-    name: &str,
-    exactly: &ExactDeviceRequest,
-    settings: &DraSettings,
-) -> Result<ShapeRequest, String> {
-    let class = &exactly.device_class_name;
+/// What an `exactly` request or a `firstAvailable` subrequest asks.
+struct Asked<'a> {
+    class: &'a str,
+    admin_access: Option<bool>,
+    selectors: Option<&'a [k8s_openapi::api::resource::v1::DeviceSelector]>,
+    allocation_mode: Option<&'a str>,
+    count: Option<i64>,
+    capacity: Option<&'a k8s_openapi::api::resource::v1::CapacityRequirements>,
+}
+
+fn asked(name: &str, asked: Asked<'_>, settings: &DraSettings) -> Result<ShapeRequest, String> {
+    let class = asked.class;
     if !settings.classes.iter().any(|c| c == class) {
         return Err(format!(
             "request {name:?} asks DeviceClass {class:?}, which is not one of gpuplace's ({}); let kube-scheduler place the pod",
             settings.classes.join(", ")
         ));
     }
-    if exactly.admin_access == Some(true) {
+    if asked.admin_access == Some(true) {
         return Err(format!(
             "request {name:?} asks adminAccess, which gpuplace does not grant"
         ));
     }
-    let texts: Vec<String> = exactly
+    let texts: Vec<String> = asked
         .selectors
-        .iter()
+        .into_iter()
         .flatten()
         .map(|s| {
             s.cel
@@ -365,18 +470,18 @@ fn exact_request(
             selectors::Selectors::compile(&texts).map_err(|e| format!("request {name:?}: {e}"))?,
         ))
     };
-    let mode = exactly.allocation_mode.as_deref().unwrap_or("ExactCount");
+    let mode = asked.allocation_mode.unwrap_or("ExactCount");
     if mode != "ExactCount" {
         return Err(format!(
             "request {name:?} has allocationMode {mode}; gpuplace allocates ExactCount"
         ));
     }
-    let count = exactly.count.unwrap_or(1);
+    let count = asked.count.unwrap_or(1);
     let count = u32::try_from(count)
         .ok()
         .filter(|c| (1..=64).contains(c))
         .ok_or_else(|| format!("request {name:?} has count {count}; 1 to 64 devices"))?;
-    let (milli, memory_mib) = capacity_of(name, exactly)?;
+    let (milli, memory_mib) = capacity_of(name, asked.capacity)?;
     Ok(ShapeRequest {
         name: name.to_string(),
         count,
@@ -386,8 +491,11 @@ fn exact_request(
     })
 }
 
-fn capacity_of(name: &str, exactly: &ExactDeviceRequest) -> Result<(u32, Option<u64>), String> {
-    let Some(requests) = exactly.capacity.as_ref().and_then(|c| c.requests.as_ref()) else {
+fn capacity_of(
+    name: &str,
+    capacity: Option<&k8s_openapi::api::resource::v1::CapacityRequirements>,
+) -> Result<(u32, Option<u64>), String> {
+    let Some(requests) = capacity.and_then(|c| c.requests.as_ref()) else {
         return Ok((MILLI_PER_GPU, None));
     };
     let mut milli = MILLI_PER_GPU;

@@ -204,8 +204,11 @@ pub struct PodDra {
     pub base: Result<PodDemand, String>,
     /// The pod's node terms without the node its allocated claims bind it to.
     pub base_terms: Option<Arc<SchedulingTerms>>,
-    /// For a pending pod: the claims to allocate and join.
+    /// For a pending pod: the claims to allocate and join, met the first way their
+    /// `firstAvailable` subrequests allow.
     pub plan: Option<Arc<crate::k8s::dra::pod::ClaimPlan>>,
+    /// The other ways, in order of preference (`dra::store::alternatives`).
+    pub alternatives: Vec<Arc<crate::k8s::dra::pod::ClaimPlan>>,
 }
 
 /// A pod's controlling owner that re-creates its pods.
@@ -340,6 +343,7 @@ impl PodInfo {
             base,
             base_terms: self.terms.clone(),
             plan: None,
+            alternatives: Vec::new(),
         }));
         self
     }

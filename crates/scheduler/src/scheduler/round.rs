@@ -229,7 +229,9 @@ impl<A: ClusterApi> Scheduler<A> {
                 Unit::Single(pod) => {
                     let started = Instant::now();
                     let v = verdicts.get(snapshot, pod);
+                    let chosen = self.first_available(snapshot, &v, pod, &deciding);
                     report.timings.filter += started.elapsed();
+                    let pod = chosen.as_ref().unwrap_or(pod);
                     self.schedule_one(snapshot, view, &v, pod, fair, deciding, report)
                         .await;
                 }

@@ -17,7 +17,7 @@ use crate::common::*;
 
 /// An 8-GPU node served by gpuplace's DRA driver: NVLink quads 0-3 and 4-7, no device
 /// plugin GPUs in its allocatable.
-fn dra_node(name: &str) -> Node {
+pub(crate) fn dra_node(name: &str) -> Node {
     let mut node = linked_node(name, 4);
     let annotations = node.metadata.annotations.as_mut().unwrap();
     let mut inv =
@@ -37,7 +37,7 @@ fn dra_node(name: &str) -> Node {
     node
 }
 
-fn claim(name: &str, count: u32, extra: serde_json::Value) -> ResourceClaim {
+pub(crate) fn claim(name: &str, count: u32, extra: serde_json::Value) -> ResourceClaim {
     let mut v = json!({
         "metadata": {"name": name, "namespace": "ml"},
         "spec": {"devices": {"requests": [{"name": "gpu",
@@ -47,7 +47,7 @@ fn claim(name: &str, count: u32, extra: serde_json::Value) -> ResourceClaim {
     serde_json::from_value(v).unwrap()
 }
 
-fn claim_pod(name: &str, claims: &[&str]) -> Pod {
+pub(crate) fn claim_pod(name: &str, claims: &[&str]) -> Pod {
     let refs: Vec<_> = claims
         .iter()
         .map(|c| json!({"name": c, "resourceClaimName": c}))
@@ -64,7 +64,7 @@ fn claim_pod(name: &str, claims: &[&str]) -> Pod {
 }
 
 /// The devices a claim holds (sorted), and its users.
-fn held(api: &MemoryApi, name: &str) -> (Vec<String>, Vec<String>) {
+pub(crate) fn held(api: &MemoryApi, name: &str) -> (Vec<String>, Vec<String>) {
     let c = api.resource_claim("ml", name).expect("claim");
     let status = c.status.unwrap_or_default();
     let mut devices: Vec<String> = status
@@ -86,7 +86,7 @@ fn held(api: &MemoryApi, name: &str) -> (Vec<String>, Vec<String>) {
 }
 
 /// No device is allocated beyond 1000 milli over every claim.
-fn assert_no_device_twice(api: &MemoryApi) {
+pub(crate) fn assert_no_device_twice(api: &MemoryApi) {
     let mut used: BTreeMap<String, u32> = BTreeMap::new();
     for c in api.resource_claims() {
         let results = c
@@ -106,7 +106,7 @@ fn assert_no_device_twice(api: &MemoryApi) {
 }
 
 /// `n` rounds, each 20 s after the last (past any backoff), with their writes finished.
-async fn rounds(scheduler: &mut Scheduler<MemoryApi>, n: usize) {
+pub(crate) async fn rounds(scheduler: &mut Scheduler<MemoryApi>, n: usize) {
     for i in 0..n {
         let now = Instant::now() + std::time::Duration::from_secs(20 * (i as u64 + 1));
         scheduler.round(now).await.unwrap();

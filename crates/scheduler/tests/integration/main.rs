@@ -11,6 +11,7 @@ mod event_driven;
 mod events_yield;
 mod extender;
 mod extender_stress;
+mod first_available;
 mod interpod;
 mod kube_api;
 mod make_room_stress;

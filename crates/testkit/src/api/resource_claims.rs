@@ -98,14 +98,13 @@ fn validate(claim: &ResourceClaim, next: &ResourceClaimStatus) -> Result<(), Api
             "status.reservedFor: Forbidden: new entries may not be added while `deletionTimestamp` is set".into(),
         ));
     }
-    let requests: Vec<&str> = claim
+    let requests: Vec<&k8s_openapi::api::resource::v1::DeviceRequest> = claim
         .spec
         .devices
         .as_ref()
         .and_then(|d| d.requests.as_ref())
         .into_iter()
         .flatten()
-        .map(|r| r.name.as_str())
         .collect();
     let results = next
         .allocation
@@ -113,7 +112,7 @@ fn validate(claim: &ResourceClaim, next: &ResourceClaimStatus) -> Result<(), Api
         .and_then(|a| a.devices.as_ref())
         .and_then(|d| d.results.as_ref());
     for (i, r) in results.into_iter().flatten().enumerate() {
-        if !requests.contains(&r.request.as_str()) {
+        if !names_a_request(&requests, &r.request) {
             return Err(ApiError::Invalid(format!(
                 "status.allocation.devices.results[{i}].request: Invalid value: {:?}: must be the name of a request in the claim or the name of a request and a subrequest separated by '/'",
                 r.request
@@ -128,6 +127,28 @@ fn validate(claim: &ResourceClaim, next: &ResourceClaimStatus) -> Result<(), Api
         }
     }
     Ok(())
+}
+
+/// Whether `name` is a request of the claim, or `<request>/<subrequest>` of one of its
+/// `firstAvailable` lists (the API server's `requestNames.Has`).
+fn names_a_request(
+    requests: &[&k8s_openapi::api::resource::v1::DeviceRequest],
+    name: &str,
+) -> bool {
+    let mut segments = name.split('/');
+    let (Some(main), sub, None) = (segments.next(), segments.next(), segments.next()) else {
+        return false;
+    };
+    let Some(request) = requests.iter().find(|r| r.name == main) else {
+        return false;
+    };
+    sub.is_none_or(|sub| {
+        request
+            .first_available
+            .iter()
+            .flatten()
+            .any(|s| s.name == sub)
+    })
 }
 
 fn is_uuid(id: &str) -> bool {

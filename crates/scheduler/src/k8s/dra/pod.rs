@@ -8,7 +8,7 @@ use gpuplace_model::device_attributes::device_index;
 use gpuplace_model::{GpuTopology, MILLI_PER_GPU};
 use k8s_openapi::api::core::v1::Pod;
 
-use super::{ClaimInfo, DraSettings, MAX_RESERVED_FOR, ShapeRequest};
+use super::{ClaimInfo, DraSettings, MAX_OPTIONS, MAX_RESERVED_FOR, ShapeRequest};
 
 /// One of `spec.resourceClaims`: its name in the pod and the ResourceClaim it names.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -69,19 +69,27 @@ pub struct ClaimPlan {
     pub driver: String,
     /// The CEL selectors of the requests to allocate: every device must match them all.
     pub selectors: Vec<Arc<super::selectors::Selectors>>,
+    /// For each claim of `allocate`, which of its options (`ClaimShape::options`) this
+    /// plan meets it by.
+    pub picks: Vec<usize>,
 }
 
 impl ClaimPlan {
     /// Requests to allocate, in the order devices are handed to them.
     pub fn requests(&self) -> impl Iterator<Item = (&Arc<ClaimInfo>, &ShapeRequest)> {
-        self.allocate.iter().flat_map(|c| {
-            c.shape
-                .as_ref()
-                .map(|s| s.requests.iter())
-                .into_iter()
-                .flatten()
-                .map(move |r| (c, r))
-        })
+        self.allocate
+            .iter()
+            .zip(&self.picks)
+            .flat_map(|(c, &pick)| {
+                c.shape
+                    .as_ref()
+                    .ok()
+                    .and_then(|s| s.options.get(pick))
+                    .map(|o| o.requests.iter())
+                    .into_iter()
+                    .flatten()
+                    .map(move |r| (c, r))
+            })
     }
 }
 
@@ -91,14 +99,16 @@ pub trait ClaimLookup {
 }
 
 /// The claims of a pending pod, resolved: what to allocate and join, or why it waits.
-pub fn plan_of(
+/// One plan for each way its claims may be met (their `firstAvailable` subrequests), in
+/// order of preference; never empty.
+pub fn plans_of(
     driver: &str,
     namespace: &str,
     uid: &str,
     refs: &[PodClaimRef],
     claims: &impl ClaimLookup,
-) -> Result<ClaimPlan, String> {
-    let mut plan = ClaimPlan {
+) -> Result<Vec<ClaimPlan>, String> {
+    let mut base = ClaimPlan {
         allocate: Vec::new(),
         join: Vec::new(),
         node: None,
@@ -108,66 +118,113 @@ pub fn plan_of(
         memory_mib: None,
         driver: driver.to_string(),
         selectors: Vec::new(),
+        picks: Vec::new(),
     };
     for r in refs {
-        let Some(name) = &r.claim else {
-            return Err(format!(
-                "waiting for the ResourceClaim of {:?} to be made from its template",
-                r.name
-            ));
-        };
-        let claim = claims
-            .claim(namespace, name)
-            .ok_or_else(|| format!("waiting for ResourceClaim {namespace}/{name}"))?;
-        if claim.deleting {
-            return Err(format!("ResourceClaim {namespace}/{name} is being deleted"));
-        }
+        let claim = resolved(namespace, r, claims)?;
         match &claim.allocation {
             Some(allocated) => {
                 if let Some(node) = &allocated.node {
-                    if plan.node.as_ref().is_some_and(|n| n != node) {
+                    if base.node.as_ref().is_some_and(|n| n != node) {
                         return Err(format!(
                             "its claims are allocated on two nodes ({} and {node})",
-                            plan.node.as_deref().unwrap_or_default()
+                            base.node.as_deref().unwrap_or_default()
                         ));
                     }
-                    plan.node = Some(node.clone());
+                    base.node = Some(node.clone());
                 }
                 if !claim.reserved_for_pod(uid) {
                     if claim.reserved_for.len() >= MAX_RESERVED_FOR {
                         return Err(format!(
-                            "ResourceClaim {namespace}/{name} already has {MAX_RESERVED_FOR} users, the most the API allows"
+                            "ResourceClaim {} already has {MAX_RESERVED_FOR} users, the most the API allows",
+                            claim.key()
                         ));
                     }
-                    plan.join.push(Arc::clone(claim));
+                    base.join.push(Arc::clone(claim));
                 }
             }
             None => {
                 let shape = claim
                     .shape
                     .as_ref()
-                    .map_err(|e| format!("ResourceClaim {namespace}/{name}: {e}"))?;
-                plan.topology = super::both(plan.topology, shape.topology)?;
-                for request in &shape.requests {
-                    if request.milli < MILLI_PER_GPU || plan.milli < MILLI_PER_GPU {
-                        if plan.count > 0 {
-                            return Err(
-                                "its claims ask a share and other devices; a pod asks whole GPUs or one share"
-                                    .into(),
-                            );
-                        }
-                        plan.milli = request.milli;
-                        plan.memory_mib = request.memory_mib;
-                    }
-                    plan.count += request.count;
-                    if let Some(s) = &request.selectors
-                        && !plan.selectors.contains(s)
-                    {
-                        plan.selectors.push(Arc::clone(s));
-                    }
-                }
-                plan.allocate.push(Arc::clone(claim));
+                    .map_err(|e| format!("ResourceClaim {}: {e}", claim.key()))?;
+                base.topology = super::both(base.topology, shape.topology)?;
+                base.allocate.push(Arc::clone(claim));
             }
+        }
+    }
+    let sizes: Vec<usize> = base
+        .allocate
+        .iter()
+        .map(|c| c.shape.as_ref().map_or(1, |s| s.options.len()))
+        .collect();
+    let combinations: usize = sizes.iter().product();
+    if combinations > MAX_OPTIONS {
+        return Err(format!(
+            "its claims' firstAvailable lists make {combinations} combinations; gpuplace tries at most {MAX_OPTIONS} a pod"
+        ));
+    }
+    let mut plans = Vec::new();
+    let mut first_error = None;
+    for picks in super::combinations_of(&sizes) {
+        match with_picks(&base, picks) {
+            Ok(plan) => plans.push(plan),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    if plans.is_empty() {
+        return Err(first_error.unwrap_or_else(|| "its claims ask nothing".into()));
+    }
+    Ok(plans)
+}
+
+/// The claim `r` names, or why the pod waits for it.
+fn resolved<'c>(
+    namespace: &str,
+    r: &PodClaimRef,
+    claims: &'c impl ClaimLookup,
+) -> Result<&'c Arc<ClaimInfo>, String> {
+    let Some(name) = &r.claim else {
+        return Err(format!(
+            "waiting for the ResourceClaim of {:?} to be made from its template",
+            r.name
+        ));
+    };
+    let claim = claims
+        .claim(namespace, name)
+        .ok_or_else(|| format!("waiting for ResourceClaim {namespace}/{name}"))?;
+    if claim.deleting {
+        return Err(format!("ResourceClaim {namespace}/{name} is being deleted"));
+    }
+    Ok(claim)
+}
+
+/// `base` with its claims to allocate met by the options `picks` names: the GPUs they
+/// ask together, or why they cannot be asked of one pod.
+fn with_picks(base: &ClaimPlan, picks: Vec<usize>) -> Result<ClaimPlan, String> {
+    let mut plan = ClaimPlan {
+        picks,
+        ..base.clone()
+    };
+    let requests: Vec<ShapeRequest> = plan.requests().map(|(_, r)| r.clone()).collect();
+    for request in &requests {
+        if request.milli < MILLI_PER_GPU || plan.milli < MILLI_PER_GPU {
+            if plan.count > 0 {
+                return Err(
+                    "its claims ask a share and other devices; a pod asks whole GPUs or one share"
+                        .into(),
+                );
+            }
+            plan.milli = request.milli;
+            plan.memory_mib = request.memory_mib;
+        }
+        plan.count += request.count;
+        if let Some(s) = &request.selectors
+            && !plan.selectors.contains(s)
+        {
+            plan.selectors.push(Arc::clone(s));
         }
     }
     Ok(plan)

@@ -9,9 +9,10 @@ use std::sync::Arc;
 use gpuplace_model::{GpuNeed, ObjectKey};
 use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement};
 
-use super::pod::{ClaimLookup, held_by, plan_of};
+use super::pod::{ClaimLookup, ClaimPlan, held_by, plans_of};
 use super::{ClaimInfo, DraSettings};
-use crate::k8s::pod_info::{PodInfo, SchedulingTerms};
+use crate::k8s::demand::PodDemand;
+use crate::k8s::pod_info::{PodDra, PodInfo, SchedulingTerms};
 
 /// Claims by namespace and name, and the pods that name each.
 #[derive(Debug, Default)]
@@ -177,32 +178,25 @@ impl ClaimIndex {
         match &info.node_name {
             None => {
                 let mut dra = (**dra).clone();
-                let planned = plan_of(&self.settings.driver, ns, &info.key.uid, &dra.refs, self);
+                let planned = plans_of(&self.settings.driver, ns, &info.key.uid, &dra.refs, self);
                 out.terms = dra.base_terms.clone();
-                out.demand = match (&dra.base, &planned) {
+                let first = planned.as_ref().map(|plans| &plans[0]);
+                out.demand = match (&dra.base, first) {
                     (Err(e), _) | (Ok(_), Err(e)) => Err(e.clone()),
                     (Ok(base), Ok(plan)) => {
-                        let mut demand = base.clone();
-                        demand.request.gpu_count = plan.count;
-                        demand.request.gpu_milli = if plan.count > 0 { plan.milli } else { 0 };
-                        demand.request.need = GpuNeed {
-                            topology: plan.topology,
-                            ..demand.request.need.clone()
-                        };
-                        if plan.count > 0 {
-                            demand.extended.insert(super::DRA_GPUS.to_string(), 1);
-                        }
                         if let Some(node) = &plan.node {
                             out.terms = Some(Arc::new(on_node(out.terms.as_deref(), node)));
                         }
-                        Ok(demand)
+                        Ok(demand_with(base, plan))
                     }
                 };
                 out.filter_key = out
                     .terms
                     .as_ref()
                     .map_or_else(|| Arc::from(""), |t| Arc::from(t.key()));
-                dra.plan = planned.ok().map(Arc::new);
+                let mut plans = planned.unwrap_or_default().into_iter().map(Arc::new);
+                dra.plan = plans.next();
+                dra.alternatives = plans.collect();
                 out.dra = Some(Arc::new(dra));
                 out.claim_gpus = None;
             }
@@ -233,6 +227,47 @@ impl ClaimIndex {
         }
         out
     }
+}
+
+/// A pending pod's demand with its claims met by `plan`: its own (CPU, memory, other
+/// resources) and the plan's GPUs.
+fn demand_with(base: &PodDemand, plan: &ClaimPlan) -> PodDemand {
+    let mut demand = base.clone();
+    demand.request.gpu_count = plan.count;
+    demand.request.gpu_milli = if plan.count > 0 { plan.milli } else { 0 };
+    demand.request.need = GpuNeed {
+        topology: plan.topology,
+        ..demand.request.need.clone()
+    };
+    if plan.count > 0 {
+        demand.extended.insert(super::DRA_GPUS.to_string(), 1);
+    }
+    demand
+}
+
+/// A resolved pending claim pod's other ways to be met (its claims' `firstAvailable`
+/// subrequests after the first), each as the pod asking it: the demand and the plan
+/// that way, in order of preference. Empty for a pod with one way.
+pub fn alternatives(info: &PodInfo) -> Vec<Arc<PodInfo>> {
+    let Some(dra) = &info.dra else {
+        return Vec::new();
+    };
+    let Ok(base) = &dra.base else {
+        return Vec::new();
+    };
+    dra.alternatives
+        .iter()
+        .map(|plan| {
+            let mut alternative = info.clone();
+            alternative.demand = Ok(demand_with(base, plan));
+            alternative.dra = Some(Arc::new(PodDra {
+                plan: Some(Arc::clone(plan)),
+                alternatives: Vec::new(),
+                ..(**dra).clone()
+            }));
+            Arc::new(alternative)
+        })
+        .collect()
 }
 
 /// `terms` with the pod held to `node` (the node its allocated claims are on), as the

@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde_json::json;
 
-use super::pod::{ClaimLookup, PodClaimRef, plan_of, refs_of};
+use super::pod::{ClaimLookup, ClaimPlan, PodClaimRef, plans_of, refs_of};
 use super::write::{PlacedGpu, undo_patch, writes_for};
 use super::*;
 use crate::k8s::pod_info::PodKey;
@@ -36,16 +36,19 @@ fn whole_gpus_and_their_link_are_read() {
         json!([{"requests": ["gpu"], "matchAttribute": "gpu.gpuplace.io/nvlinkClique"}]),
     )
     .unwrap();
-    assert_eq!(s.count(), 4);
+    assert_eq!(s.options[0].count(), 4);
     assert_eq!(s.topology, GpuTopology::Nvlink);
-    assert_eq!(s.requests[0].milli, 1000);
+    assert_eq!(s.options[0].requests[0].milli, 1000);
     let numa = shape(
         json!([{"name": "a", "exactly": {"deviceClassName": "gpu.gpuplace.io"}},
                {"name": "b", "exactly": {"deviceClassName": "gpu.gpuplace.io", "count": 1}}]),
         json!([{"matchAttribute": "numaNode"}]),
     )
     .unwrap();
-    assert_eq!((numa.count(), numa.topology), (2, GpuTopology::Numa));
+    assert_eq!(
+        (numa.options[0].count(), numa.topology),
+        (2, GpuTopology::Numa)
+    );
 }
 
 #[test]
@@ -56,8 +59,8 @@ fn a_share_asks_milli_and_memory() {
         json!(null),
     )
     .unwrap();
-    assert_eq!(s.requests[0].milli, 250);
-    assert_eq!(s.requests[0].memory_mib, Some(10240));
+    assert_eq!(s.options[0].requests[0].milli, 250);
+    assert_eq!(s.options[0].requests[0].memory_mib, Some(10240));
 }
 
 #[test]
@@ -75,9 +78,22 @@ fn what_gpuplace_cannot_allocate_is_said() {
             "does not parse",
         ),
         (
-            json!([{"name": "g", "firstAvailable": [{"name": "a", "deviceClassName": "gpu.gpuplace.io"}]}]),
+            json!([{"name": "g", "firstAvailable": [{"name": "a", "deviceClassName": "fpga.example.com"},
+                {"name": "b", "deviceClassName": "gpu.gpuplace.io", "allocationMode": "All"}]}]),
             json!(null),
-            "firstAvailable",
+            "request \"g/a\" asks DeviceClass \"fpga.example.com\"",
+        ),
+        (
+            json!([{"name": "g", "firstAvailable": [{"name": "a", "deviceClassName": "gpu.gpuplace.io"}],
+                "exactly": {"deviceClassName": "gpu.gpuplace.io"}}]),
+            json!(null),
+            "both exactly and firstAvailable",
+        ),
+        (
+            json!([{"name": "a", "firstAvailable": subrequests(5)},
+                   {"name": "b", "firstAvailable": subrequests(4)}]),
+            json!(null),
+            "20 combinations",
         ),
         (
             json!([{"name": "g", "exactly": {"deviceClassName": "gpu.gpuplace.io", "allocationMode": "All"}}]),
@@ -123,6 +139,159 @@ fn what_gpuplace_cannot_allocate_is_said() {
         let e = shape(requests.clone(), constraints).unwrap_err();
         assert!(e.contains(said), "{requests}: {e}");
     }
+}
+
+/// `n` subrequests of whole GPUs, asking n, n-1, ... 1 devices.
+fn subrequests(n: u32) -> serde_json::Value {
+    (0..n)
+        .map(|i| json!({"name": format!("s{i}"), "deviceClassName": "gpu.gpuplace.io", "count": n - i}))
+        .collect()
+}
+
+#[test]
+fn first_available_subrequests_are_the_claims_ways_in_order() {
+    let s = shape(
+        json!([{"name": "a", "firstAvailable": [
+                    {"name": "eight", "deviceClassName": "gpu.gpuplace.io", "count": 8},
+                    {"name": "other", "deviceClassName": "fpga.example.com"},
+                    {"name": "four", "deviceClassName": "gpu.gpuplace.io", "count": 4}]},
+               {"name": "b", "firstAvailable": [
+                    {"name": "h100", "deviceClassName": "gpu.gpuplace.io",
+                     "selectors": [{"cel": {"expression": "device.attributes[\"gpu.gpuplace.io\"].model == \"H100\""}}]},
+                    {"name": "any", "deviceClassName": "gpu.gpuplace.io"}]},
+               {"name": "c", "exactly": {"deviceClassName": "gpu.gpuplace.io"}}]),
+        json!(null),
+    )
+    .unwrap();
+    let ways: Vec<Vec<(&str, u32)>> = s
+        .options
+        .iter()
+        .map(|o| {
+            o.requests
+                .iter()
+                .map(|r| (r.name.as_str(), r.count))
+                .collect()
+        })
+        .collect();
+    assert_eq!(
+        ways,
+        [
+            vec![("a/eight", 8), ("b/h100", 1), ("c", 1)],
+            vec![("a/eight", 8), ("b/any", 1), ("c", 1)],
+            vec![("a/four", 4), ("b/h100", 1), ("c", 1)],
+            vec![("a/four", 4), ("b/any", 1), ("c", 1)],
+        ]
+    );
+    assert!(s.options[0].requests[1].selectors.is_some());
+    assert!(s.options[1].requests[1].selectors.is_none());
+    // A share is one device in a request alone: the ways that break it are left out.
+    let share = shape(
+        json!([{"name": "g", "firstAvailable": [
+            {"name": "two-halves", "deviceClassName": "gpu-share.gpuplace.io", "count": 2,
+             "capacity": {"requests": {"milli": "500"}}},
+            {"name": "half", "deviceClassName": "gpu-share.gpuplace.io",
+             "capacity": {"requests": {"milli": "500"}}}]}]),
+        json!(null),
+    )
+    .unwrap();
+    assert_eq!(share.options.len(), 1);
+    assert_eq!(share.options[0].requests[0].name, "g/half");
+}
+
+fn plan_of(
+    driver: &str,
+    namespace: &str,
+    uid: &str,
+    refs: &[PodClaimRef],
+    claims: &impl ClaimLookup,
+) -> Result<ClaimPlan, String> {
+    plans_of(driver, namespace, uid, refs, claims).map(|plans| plans.into_iter().next().unwrap())
+}
+
+fn choosing(name: &str, counts: &[u32]) -> ResourceClaim {
+    let subrequests: Vec<serde_json::Value> = counts
+        .iter()
+        .map(|c| json!({"name": format!("n{c}"), "deviceClassName": "gpu.gpuplace.io", "count": c}))
+        .collect();
+    claim(json!({
+        "metadata": {"name": name, "namespace": "ml", "uid": format!("u-{name}"), "resourceVersion": "3"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": subrequests}]}}
+    }))
+}
+
+#[test]
+fn a_pods_plans_are_its_claims_ways_combined_and_each_writes_its_own() {
+    let claims = known(&[
+        choosing("x", &[4, 2]),
+        choosing("y", &[2, 1]),
+        whole("z", 1),
+    ]);
+    let refs = [named("x", "x"), named("y", "y"), named("z", "z")];
+    let plans = plans_of("gpu.gpuplace.io", "ml", "ub", &refs, &claims).unwrap();
+    let counts: Vec<(u32, &[usize])> = plans
+        .iter()
+        .map(|p| (p.count, p.picks.as_slice()))
+        .collect();
+    assert_eq!(
+        counts,
+        [
+            (7, &[0, 0, 0][..]),
+            (6, &[0, 1, 0][..]),
+            (5, &[1, 0, 0][..]),
+            (4, &[1, 1, 0][..])
+        ]
+    );
+    let pod = PodKey {
+        namespace: "ml".into(),
+        name: "b".into(),
+        uid: "ub".into(),
+    };
+    let gpus: Vec<PlacedGpu> = (0..4)
+        .map(|index| PlacedGpu {
+            index,
+            memory_mib: 81920,
+        })
+        .collect();
+    let writes = writes_for(&plans[3], &pod, "n1", &gpus).unwrap();
+    let asked: Vec<Vec<(String, String)>> = writes
+        .iter()
+        .map(|w| {
+            let results = w.allocation.as_ref().unwrap().devices.as_ref().unwrap();
+            results
+                .results
+                .iter()
+                .flatten()
+                .map(|r| (r.request.clone(), r.device.clone()))
+                .collect()
+        })
+        .collect();
+    let pairs = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+        v.iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    };
+    assert_eq!(
+        asked,
+        [
+            pairs(&[("gpu/n2", "gpu-0"), ("gpu/n2", "gpu-1")]),
+            pairs(&[("gpu/n1", "gpu-2")]),
+            pairs(&[("gpu", "gpu-3")])
+        ]
+    );
+    // Past the bound the pod is told so.
+    let many = known(&[
+        choosing("p", &[1, 2, 3, 4, 5]),
+        choosing("q", &[1, 2, 3, 4]),
+    ]);
+    let e = plans_of(
+        "gpu.gpuplace.io",
+        "ml",
+        "ub",
+        &[named("p", "p"), named("q", "q")],
+        &many,
+    )
+    .unwrap_err();
+    assert!(e.contains("20 combinations"), "{e}");
 }
 
 fn pod(value: serde_json::Value) -> Pod {

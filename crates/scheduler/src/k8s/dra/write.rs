@@ -121,7 +121,7 @@ fn mebibytes(mib: u64) -> Quantity {
 }
 
 /// The writes that give `pod` its claims on `node`: each claim of `plan.allocate` gets
-/// `gpus` in the order of its requests, each claim of `plan.join` gets the pod as a user.
+/// `gpus` in the order of its requests (as the plan meets them), each claim of `plan.join` gets the pod as a user.
 pub fn writes_for(
     plan: &ClaimPlan,
     pod: &PodKey,
@@ -136,10 +136,10 @@ pub fn writes_for(
     }
     let mut next = gpus.iter();
     let mut writes = Vec::new();
-    for claim in &plan.allocate {
+    for (claim, &pick) in plan.allocate.iter().zip(&plan.picks) {
         let mut results = Vec::new();
-        let requests = claim.shape.as_ref().map(|s| s.requests.as_slice());
-        for request in requests.unwrap_or_default() {
+        let option = claim.shape.as_ref().ok().and_then(|s| s.options.get(pick));
+        for request in option.map(|o| o.requests.as_slice()).unwrap_or_default() {
             for gpu in next.by_ref().take(request.count as usize) {
                 let device = device_name(gpu.index);
                 let memory = request.memory_mib.unwrap_or_else(|| {
