@@ -6,13 +6,17 @@
 # kube-scheduler 1.36 (its DynamicResources plugin allocating), alternating, PAIRS pairs. Each
 # run: the store settled first (etcd compacted and defragmented), the rate over the whole run
 # from the scheduler's start to the last Binding, and the scheduler's peak RSS (VmHWM).
-# Every claim allocated is then checked: no device in two claims. Not for CI.
+# Every claim allocated is then checked: no device in two claims. WHO (default "gpuplace kube")
+# names the schedulers of a pair, in order; `null` is tools/nullbinder-dra (built with its
+# build.sh: the same three writes a pod, no scheduling), the ceiling gpuplace is held to.
+# Not for CI.
 set -euo pipefail
 NODES=${NODES:-500}
 PODS=${PODS:-2000}
 PAIRS=${PAIRS:-2}
 KCP=${KCP:-$HOME/k136}
 GPUPLACE=${GPUPLACE:-target/release/gpuplace}
+WHO=${WHO:-gpuplace kube}
 LOAD="python3 scripts/realapi-load.py"
 kubectl proxy --port 8001 >/dev/null 2>&1 &
 proxy=$!
@@ -39,15 +43,17 @@ for c in claims:
 twice = sum(1 for n in used.values() if n > 1)
 print("claims allocated %d, devices in two claims %d" % (allocated, twice))'
 }
-run() { # run gpuplace|kube
+run() { # run gpuplace|kube|null
   local who=$1 name start end rss
-  name=$([[ $who == gpuplace ]] && echo gpuplace || echo default-scheduler)
+  case $who in gpuplace) name=gpuplace ;; null) name=nullgo ;; *) name=default-scheduler ;; esac
   $LOAD settle >/dev/null
   # Names of their own per run: a claim of the last run's name may still be on its way out.
   round=$((round + 1))
   $LOAD pods "$PODS" --dra --scheduler "$name" --prefix "${who:0:1}${round}-"
   start=$(date +%s.%N)
-  if [[ $who == gpuplace ]]; then
+  if [[ $who == null ]]; then
+    "$KCP/bin/nullbinder-dra" --kubeconfig "$KUBECONFIG" --scheduler-name nullgo --nodes "$NODES" >/tmp/dra-rate-null.log 2>&1 &
+  elif [[ $who == gpuplace ]]; then
     "$GPUPLACE" scheduler --kubeconfig "$KUBECONFIG" --scheduler-name gpuplace >/tmp/dra-rate-gpuplace.log 2>&1 &
   else
     "$KCP/bin/kube-scheduler" --config="$KCP/kube-scheduler.yaml" --authentication-kubeconfig="$KUBECONFIG" \
@@ -65,6 +71,6 @@ run() { # run gpuplace|kube
   sleep 5
 }
 round=0
-for _ in $(seq "$PAIRS"); do run gpuplace; run kube; done
+for _ in $(seq "$PAIRS"); do for who in $WHO; do run "$who"; done; done
 $LOAD clean --dra >/dev/null 2>&1 || true
 kubectl uncordon kcp-node-1 >/dev/null 2>&1 || true

@@ -347,7 +347,8 @@ def main():
         list(pool.map(lambda p: call("DELETE", "/api/v1/namespaces/default/pods/"
                                      + p["metadata"]["name"] + "?gracePeriodSeconds=0"), pods))
         group = "/apis/gpuplace.io/v1alpha1/namespaces/default/podgroups"
-        for g in call("GET", group).get("items", []):
+        # No PodGroup CRD installed (a bare 1.36 control plane): nothing to delete there.
+        for g in gone_ok("GET", group).get("items", []):
             call("DELETE", f"{group}/{g['metadata']['name']}")
         claims = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
         try:
