@@ -400,17 +400,16 @@ impl<A: ClusterApi> Extender<A> {
                 .ok_or_else(|| BindError::UnknownNode(args.node.clone()))?;
             let mut only = vec![false; snapshot.nodes.len()];
             only[n] = true;
-            let decision = inner
-                .placer
-                .choose(&snapshot.state, &demand.request, Some(&only))
-                .map_err(|mut why| {
-                    why.nodes = 1;
-                    BindError::NoLongerFits {
-                        pod: id.clone(),
-                        node: args.node.clone(),
-                        why: why.message(&self.config.gpu_resource),
-                    }
-                })?;
+            let (demand, decision) =
+                evaluate::choose_way(&mut inner.placer, &snapshot.state, &pod, demand, &only)
+                    .map_err(|mut why| {
+                        why.nodes = 1;
+                        BindError::NoLongerFits {
+                            pod: id.clone(),
+                            node: args.node.clone(),
+                            why: why.message(&self.config.gpu_resource),
+                        }
+                    })?;
             let policy = self.config.policy.to_string();
             let (mut reservation, mut request) =
                 reserve(snapshot, &pod, &demand, &decision, &policy, None);
@@ -515,15 +514,17 @@ impl Inner {
         }
     }
 
-    /// Judges the candidates (see [`evaluate`]).
-    fn evaluate(
-        &mut self,
-        pod: &Arc<PodInfo>,
-        names: &Names,
-        resource: &str,
-        need: Need,
-    ) -> Verdicts {
-        self.parts().evaluate(pod, names, resource, need)
+    /// Judges the candidates (see [`evaluate`]) for the first of the pod's ways to meet
+    /// its claims (`firstAvailable`) that fits one of them, as the scheduler decides.
+    fn evaluate(&mut self, pod: &Arc<PodInfo>, names: &Names, res: &str, need: Need) -> Verdicts {
+        let verdicts = self.parts().evaluate(pod, names, res, need);
+        (!verdicts.any_fits())
+            .then(|| crate::k8s::dra::store::alternatives(pod))
+            .into_iter()
+            .flatten()
+            .map(|way| self.parts().evaluate(&way, names, res, need))
+            .find(Verdicts::any_fits)
+            .unwrap_or(verdicts)
     }
 
     /// Why `pod`'s queue lets it take nothing now, if so.

@@ -54,6 +54,11 @@ pub(super) struct Verdicts {
 }
 
 impl Verdicts {
+    /// Whether some candidate fits.
+    pub fn any_fits(&self) -> bool {
+        self.nodes.iter().any(|v| matches!(v, Verdict::Fits(_)))
+    }
+
     /// Every candidate fails for one reason no preemption can change.
     fn all_unresolvable(count: usize, why: &str) -> Verdicts {
         let why: Arc<str> = Arc::from(why);
@@ -413,4 +418,28 @@ pub(super) fn unresolvable(phrase: &str) -> bool {
 fn unresolvable_fit(failure: gpuplace_core::FitFailure) -> bool {
     use gpuplace_core::FitFailure::*;
     matches!(failure, NoGpus | ModelNotAllowed | GpuMemoryTooSmall)
+}
+
+/// The first of `pod`'s ways to meet its claims (its claims' `firstAvailable` subrequests,
+/// `demand` being the first way's) that fits on the nodes `only` allows: that way's demand
+/// and the decision, else why the first way does not fit.
+pub(super) fn choose_way(
+    placer: &mut Placer,
+    state: &gpuplace_core::ClusterState,
+    pod: &PodInfo,
+    demand: PodDemand,
+    only: &[bool],
+) -> Result<(PodDemand, gpuplace_core::Decision), gpuplace_core::Unschedulable> {
+    let first = match placer.choose(state, &demand.request, Some(only)) {
+        Ok(decision) => return Ok((demand, decision)),
+        Err(why) => why,
+    };
+    for way in crate::k8s::dra::store::alternatives(pod) {
+        if let Ok(d) = &way.demand
+            && let Ok(decision) = placer.choose(state, &d.request, Some(only))
+        {
+            return Ok((d.clone(), decision));
+        }
+    }
+    Err(first)
 }

@@ -20,7 +20,7 @@ use tower::ServiceExt;
 
 use crate::common::*;
 
-async fn call(app: &Router, verb: &str, body: Vec<u8>) -> (StatusCode, Value, String) {
+pub(crate) async fn call(app: &Router, verb: &str, body: Vec<u8>) -> (StatusCode, Value, String) {
     let response = app
         .clone()
         .oneshot(
@@ -43,7 +43,7 @@ async fn call(app: &Router, verb: &str, body: Vec<u8>) -> (StatusCode, Value, St
     )
 }
 
-fn app(api: &MemoryApi, mode: FilterMode) -> Router {
+pub(crate) fn app(api: &MemoryApi, mode: FilterMode) -> Router {
     let config = ExtenderConfig {
         filter_mode: mode,
         ..Default::default()

@@ -1,7 +1,7 @@
 //! Claims whose requests list `firstAvailable` subrequests, through the real scheduling
 //! loop on the in-memory API: each claim gets the first subrequest that has a place now,
 //! its results name `<request>/<subrequest>` (as the API server requires), and a pod none
-//! of whose ways fits waits until one does.
+//! of whose ways fits waits until one does. The extender judges such a pod the same way.
 
 use gpuplace_scheduler::Scheduler;
 use gpuplace_testkit::MemoryApi;
@@ -10,6 +10,7 @@ use serde_json::json;
 
 use crate::claims::{assert_no_device_twice, claim, claim_pod, dra_node, held, rounds};
 use crate::common::*;
+use crate::extender::{app, call};
 
 /// A claim whose one request `gpu` asks `counts[0]` GPUs, else `counts[1]`, ... (its
 /// subrequests named `n<count>`).
@@ -85,4 +86,32 @@ async fn each_claim_gets_its_first_subrequest_that_has_a_place() {
     assert_eq!(bound_node(&api, "later").as_deref(), Some("d1"));
     assert_eq!(answered(&api, "later"), (vec!["gpu/n4".to_string()], 4));
     assert_no_device_twice(&api);
+}
+
+#[tokio::test]
+async fn the_extender_passes_and_binds_a_node_where_a_later_way_fits() {
+    let api = MemoryApi::new();
+    api.put_node(dra_node("d1"));
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    api.put_resource_claim(claim("pin", 6, json!({})));
+    api.put_pod(claim_pod("pin", &["pin"]));
+    rounds(&mut scheduler, 2).await;
+    assert_eq!(held(&api, "pin").0.len(), 6);
+
+    // Behind kube-scheduler: its allocator would take the two-GPU subrequest on d1.
+    api.put_resource_claim(flexible("flex", &[8, 2]));
+    let mut pod = claim_pod("flex", &["flex"]);
+    pod.spec.as_mut().unwrap().scheduler_name = Some("default-scheduler".into());
+    api.put_pod(pod);
+    let pod = api.pod("ml", "flex").unwrap();
+    let app = app(&api, gpuplace_scheduler::extender::FilterMode::Best);
+    let body = serde_json::to_vec(&json!({"Pod": pod, "NodeNames": ["d1"]})).unwrap();
+    let (_, filtered, text) = call(&app, "filter", body).await;
+    assert_eq!(filtered["NodeNames"], json!(["d1"]), "{text}");
+    let meta = &pod.metadata;
+    let bind = json!({"PodName": meta.name, "PodNamespace": meta.namespace,
+        "PodUID": meta.uid, "Node": "d1"});
+    let (_, bound, text) = call(&app, "bind", serde_json::to_vec(&bind).unwrap()).await;
+    assert_eq!(bound["Error"], "", "{text}");
+    assert_eq!(bound_node(&api, "flex").as_deref(), Some("d1"));
 }
