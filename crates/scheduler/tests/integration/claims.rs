@@ -510,3 +510,46 @@ async fn claim_pods_under_faults_never_share_a_device() {
         assert!(bound > 0, "seed {seed}: something was bound");
     }
 }
+
+#[tokio::test]
+async fn claim_gpus_count_in_their_queue_and_its_limit_holds() {
+    let api = MemoryApi::new();
+    api.put_node(dra_node("d1"));
+    api.put_queue(
+        "team",
+        serde_json::from_value(json!({"limit": {"nvidia.com/gpu": 4}})).unwrap(),
+    );
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    for i in 0..3 {
+        let name = format!("q{i}");
+        api.put_resource_claim(claim(&name, 2, json!({})));
+        let mut pod = claim_pod(&name, &[&name]);
+        pod.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert("gpuplace.io/queue".into(), "team".into());
+        api.put_pod(pod);
+    }
+    rounds(&mut scheduler, 3).await;
+    let bound: Vec<String> = (0..3)
+        .map(|i| format!("q{i}"))
+        .filter(|n| bound_node(&api, n).is_some())
+        .collect();
+    assert_eq!(bound.len(), 2, "4 of the node's 8 GPUs: {bound:?}");
+    let waiting = ["q0", "q1", "q2"]
+        .into_iter()
+        .find(|n| bound_node(&api, n).is_none())
+        .unwrap();
+    let said = last_message(&api, waiting);
+    assert!(
+        said.starts_with("blocked by: queue limit")
+            && said.contains("queue team is at its limit of 4 GPUs"),
+        "{said}"
+    );
+    assert_eq!(
+        held(&api, waiting).0.len(),
+        0,
+        "its claim stays unallocated"
+    );
+    assert_no_device_twice(&api);
+}
