@@ -289,14 +289,11 @@ pub fn shape_of(claim: &ResourceClaim, settings: &DraSettings) -> Result<ClaimSh
 /// Every combination of one choice per request, in preference order, without those
 /// gpuplace cannot allocate; the first reason when none is left.
 fn options_of(choices: &[Vec<Result<ShapeRequest, String>>]) -> Result<Vec<ClaimOption>, String> {
-    let combinations: usize = choices
-        .iter()
-        .map(Vec::len)
-        .try_fold(1usize, |n, k| n.checked_mul(k))
-        .unwrap_or(usize::MAX);
+    let combinations = product(&choices.iter().map(Vec::len).collect::<Vec<_>>());
     if combinations > MAX_OPTIONS {
         return Err(format!(
-            "its firstAvailable lists make {combinations} combinations of subrequests; gpuplace tries at most {MAX_OPTIONS} a claim"
+            "its firstAvailable lists make {} combinations of subrequests; gpuplace tries at most {MAX_OPTIONS} a claim",
+            counted(combinations)
         ));
     }
     let mut options = Vec::new();
@@ -320,9 +317,27 @@ fn options_of(choices: &[Vec<Result<ShapeRequest, String>>]) -> Result<Vec<Claim
     Ok(options)
 }
 
-/// Every pick of one index below each of `sizes`, the first position changing slowest.
+/// How many picks `sizes` makes (`usize::MAX` past it: a pod may name many claims).
+pub fn product(sizes: &[usize]) -> usize {
+    sizes
+        .iter()
+        .try_fold(1usize, |n, &k| n.checked_mul(k))
+        .unwrap_or(usize::MAX)
+}
+
+/// A count [`product`] made, as a message says it.
+pub fn counted(n: usize) -> String {
+    if n == usize::MAX {
+        "more than can be counted".into()
+    } else {
+        n.to_string()
+    }
+}
+
+/// Every pick of one index below each of `sizes`, the first position changing slowest
+/// (callers bound [`product`] first).
 pub fn combinations_of(sizes: &[usize]) -> impl Iterator<Item = Vec<usize>> + '_ {
-    let total: usize = sizes.iter().product();
+    let total = product(sizes);
     (0..total).map(move |mut n| {
         let mut picks = vec![0; sizes.len()];
         for (i, &size) in sizes.iter().enumerate().rev() {

@@ -158,10 +158,11 @@ pub fn plans_of(
         .iter()
         .map(|c| c.shape.as_ref().map_or(1, |s| s.options.len()))
         .collect();
-    let combinations: usize = sizes.iter().product();
+    let combinations = super::product(&sizes);
     if combinations > MAX_OPTIONS {
         return Err(format!(
-            "its claims' firstAvailable lists make {combinations} combinations; gpuplace tries at most {MAX_OPTIONS} a pod"
+            "its claims' firstAvailable lists make {} combinations; gpuplace tries at most {MAX_OPTIONS} a pod",
+            super::counted(combinations)
         ));
     }
     let mut plans = Vec::new();

@@ -292,6 +292,17 @@ fn a_pods_plans_are_its_claims_ways_combined_and_each_writes_its_own() {
     )
     .unwrap_err();
     assert!(e.contains("20 combinations"), "{e}");
+    // Many claims of two ways each: counted without overflowing, and refused.
+    let names: Vec<String> = (0..70).map(|i| format!("c{i}")).collect();
+    let lots = known(
+        &names
+            .iter()
+            .map(|n| choosing(n, &[2, 1]))
+            .collect::<Vec<_>>(),
+    );
+    let refs: Vec<PodClaimRef> = names.iter().map(|n| named(n, n)).collect();
+    let e = plans_of("gpu.gpuplace.io", "ml", "ub", &refs, &lots).unwrap_err();
+    assert!(e.contains("more than can be counted"), "{e}");
 }
 
 fn pod(value: serde_json::Value) -> Pod {
