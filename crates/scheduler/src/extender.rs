@@ -376,10 +376,12 @@ impl<A: ClusterApi> Extender<A> {
                 }
                 return Err(BindError::Elsewhere(id.clone(), r.node.clone()));
             }
-            let demand = pod
-                .demand
-                .clone()
-                .map_err(|e| BindError::BadPod(id.clone(), e))?;
+            // A pod whose claim asks all of a node's GPUs has no demand until sized.
+            let bad = |e: String| BindError::BadPod(id.clone(), e);
+            let demand = match pod.demand.clone() {
+                Err(e) if !crate::k8s::dra::store::has_ways(&pod) => return Err(bad(e)),
+                demand => demand.ok(),
+            };
             if let Some(why) = inner.queue_refused(&pod) {
                 return Err(BindError::Queue(id.clone(), why));
             }
@@ -402,13 +404,16 @@ impl<A: ClusterApi> Extender<A> {
             only[n] = true;
             let (demand, decision) =
                 evaluate::choose_way(&mut inner.placer, &snapshot.state, &pod, demand, &only)
-                    .map_err(|mut why| {
-                        why.nodes = 1;
-                        BindError::NoLongerFits {
-                            pod: id.clone(),
-                            node: args.node.clone(),
-                            why: why.message(&self.config.gpu_resource),
+                    .map_err(|why| match why {
+                        Some(mut why) => {
+                            why.nodes = 1;
+                            BindError::NoLongerFits {
+                                pod: id.clone(),
+                                node: args.node.clone(),
+                                why: why.message(&self.config.gpu_resource),
+                            }
                         }
+                        None => bad(pod.demand.clone().err().unwrap_or_default()),
                     })?;
             let policy = self.config.policy.to_string();
             let (mut reservation, mut request) =
@@ -517,9 +522,11 @@ impl Inner {
     /// Judges the candidates (see [`evaluate`]) for the first of the pod's ways to meet
     /// its claims (`firstAvailable`) that fits one of them, as the scheduler decides.
     fn evaluate(&mut self, pod: &Arc<PodInfo>, names: &Names, res: &str, need: Need) -> Verdicts {
+        use crate::k8s::dra::store::{alternatives, node_sizes};
         let verdicts = self.parts().evaluate(pod, names, res, need);
+        let sizes = |s: Option<&crate::snapshot::Snapshot>| s.map(|s| node_sizes(&s.state));
         (!verdicts.any_fits())
-            .then(|| crate::k8s::dra::store::alternatives(pod))
+            .then(|| alternatives(pod, &sizes(self.cache.snapshot()).unwrap_or_default()))
             .into_iter()
             .flatten()
             .map(|way| self.parts().evaluate(&way, names, res, need))

@@ -421,24 +421,31 @@ fn unresolvable_fit(failure: gpuplace_core::FitFailure) -> bool {
 }
 
 /// The first of `pod`'s ways to meet its claims (its claims' `firstAvailable` subrequests,
-/// `demand` being the first way's) that fits on the nodes `only` allows: that way's demand
-/// and the decision, else why the first way does not fit.
+/// `demand` being the first way's, `None` when the first way asks all of a node's GPUs)
+/// that fits on the nodes `only` allows: that way's demand and the decision, else why the
+/// first way tried does not fit (`None`: no way was tried).
 pub(super) fn choose_way(
     placer: &mut Placer,
     state: &gpuplace_core::ClusterState,
     pod: &PodInfo,
-    demand: PodDemand,
+    demand: Option<PodDemand>,
     only: &[bool],
-) -> Result<(PodDemand, gpuplace_core::Decision), gpuplace_core::Unschedulable> {
-    let first = match placer.choose(state, &demand.request, Some(only)) {
-        Ok(decision) => return Ok((demand, decision)),
-        Err(why) => why,
-    };
-    for way in crate::k8s::dra::store::alternatives(pod) {
-        if let Ok(d) = &way.demand
-            && let Ok(decision) = placer.choose(state, &d.request, Some(only))
-        {
-            return Ok((d.clone(), decision));
+) -> Result<(PodDemand, gpuplace_core::Decision), Option<gpuplace_core::Unschedulable>> {
+    let mut first = None;
+    if let Some(demand) = demand {
+        match placer.choose(state, &demand.request, Some(only)) {
+            Ok(decision) => return Ok((demand, decision)),
+            Err(why) => first = Some(why),
+        }
+    }
+    let sizes = crate::k8s::dra::store::node_sizes(state);
+    for way in crate::k8s::dra::store::alternatives(pod, &sizes) {
+        let Ok(d) = &way.demand else { continue };
+        match placer.choose(state, &d.request, Some(only)) {
+            Ok(decision) => return Ok((d.clone(), decision)),
+            Err(why) => {
+                first.get_or_insert(why);
+            }
         }
     }
     Err(first)

@@ -23,6 +23,7 @@ pub fn with_claim_selectors<'a>(
     let Some(plan) = pod.dra.as_ref().and_then(|d| d.plan.as_ref()) else {
         return filtered;
     };
+    let filtered = of_its_size(filtered, snapshot, plan);
     if plan.selectors.is_empty() {
         return filtered;
     }
@@ -31,6 +32,30 @@ pub fn with_claim_selectors<'a>(
     for (n, verdict) in verdicts.iter().enumerate() {
         if let Some(phrase) = verdict {
             out.reject(n, phrase);
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// A node of another size than the way is for.
+pub const OTHER_SIZE: &str = "node(s) had another number of GPUs than this way of a claim asking all of a node's (allocationMode All)";
+
+/// For a way that asks all of a node's GPUs (sized by `dra::store::alternatives`):
+/// `filtered` without the nodes whose number of healthy GPUs is not the way's, so that
+/// every GPU of the node is allocated, and only when every one is free.
+fn of_its_size<'a>(
+    filtered: Cow<'a, Filtered>,
+    snapshot: &Snapshot,
+    plan: &crate::k8s::dra::pod::ClaimPlan,
+) -> Cow<'a, Filtered> {
+    if !plan.all {
+        return filtered;
+    }
+    let mut out = filtered.into_owned();
+    for n in 0..snapshot.nodes.len() {
+        let gpus = &snapshot.state.inventory(n).gpus;
+        if gpus.iter().filter(|g| g.healthy).count() != plan.count as usize {
+            out.reject(n, OTHER_SIZE);
         }
     }
     Cow::Owned(out)

@@ -60,6 +60,9 @@ pub struct ShapeRequest {
     pub memory_mib: Option<u64>,
     /// Its CEL selectors, compiled: every device it gets must match them.
     pub selectors: Option<std::sync::Arc<selectors::Selectors>>,
+    /// `allocationMode: All`: every GPU of the node it is allocated on (`count` is 0 until
+    /// the node's size is known: [`store::alternatives`]).
+    pub all: bool,
 }
 
 /// What a claim asks of gpuplace's GPUs.
@@ -348,9 +351,16 @@ pub fn combinations_of(sizes: &[usize]) -> impl Iterator<Item = Vec<usize>> + '_
     })
 }
 
-/// A share is one device in a claim of one request.
+/// A share is one device in a claim of one request; so is a request for all of a node's
+/// GPUs.
 fn checked_option(requests: Vec<ShapeRequest>) -> Result<ClaimOption, String> {
     let option = ClaimOption { requests };
+    if option.requests.iter().any(|r| r.all) && option.requests.len() > 1 {
+        return Err(
+            "a request for all of a node's GPUs (allocationMode All) is its claim's only request in gpuplace"
+                .into(),
+        );
+    }
     let shares = option.requests.iter().filter(|r| r.milli < MILLI_PER_GPU);
     if shares.count() > 0 && (option.requests.len() > 1 || option.count() > 1) {
         return Err(
@@ -485,24 +495,37 @@ fn asked(name: &str, asked: Asked<'_>, settings: &DraSettings) -> Result<ShapeRe
             selectors::Selectors::compile(&texts).map_err(|e| format!("request {name:?}: {e}"))?,
         ))
     };
-    let mode = asked.allocation_mode.unwrap_or("ExactCount");
-    if mode != "ExactCount" {
+    let all = match asked.allocation_mode.unwrap_or("ExactCount") {
+        "ExactCount" => false,
+        "All" => true,
+        mode => {
+            return Err(format!(
+                "request {name:?} has allocationMode {mode}; gpuplace allocates ExactCount and All"
+            ));
+        }
+    };
+    let count = if all {
+        0
+    } else {
+        let count = asked.count.unwrap_or(1);
+        u32::try_from(count)
+            .ok()
+            .filter(|c| (1..=64).contains(c))
+            .ok_or_else(|| format!("request {name:?} has count {count}; 1 to 64 devices"))?
+    };
+    let (milli, memory_mib) = capacity_of(name, asked.capacity)?;
+    if all && milli < MILLI_PER_GPU {
         return Err(format!(
-            "request {name:?} has allocationMode {mode}; gpuplace allocates ExactCount"
+            "request {name:?} asks all devices (allocationMode All) as shares; All gives whole GPUs"
         ));
     }
-    let count = asked.count.unwrap_or(1);
-    let count = u32::try_from(count)
-        .ok()
-        .filter(|c| (1..=64).contains(c))
-        .ok_or_else(|| format!("request {name:?} has count {count}; 1 to 64 devices"))?;
-    let (milli, memory_mib) = capacity_of(name, asked.capacity)?;
     Ok(ShapeRequest {
         name: name.to_string(),
         count,
         milli,
         memory_mib,
         selectors,
+        all,
     })
 }
 

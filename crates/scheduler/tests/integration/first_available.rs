@@ -1,7 +1,8 @@
 //! Claims whose requests list `firstAvailable` subrequests, through the real scheduling
 //! loop on the in-memory API: each claim gets the first subrequest that has a place now,
 //! its results name `<request>/<subrequest>` (as the API server requires), and a pod none
-//! of whose ways fits waits until one does. The extender judges such a pod the same way.
+//! of whose ways fits waits until one does. The extender judges such a pod the same way. A
+//! claim asking all of a node's GPUs gets every GPU of a wholly free node, the smallest.
 
 use gpuplace_scheduler::Scheduler;
 use gpuplace_testkit::MemoryApi;
@@ -114,4 +115,70 @@ async fn the_extender_passes_and_binds_a_node_where_a_later_way_fits() {
     let (_, bound, text) = call(&app, "bind", serde_json::to_vec(&bind).unwrap()).await;
     assert_eq!(bound["Error"], "", "{text}");
     assert_eq!(bound_node(&api, "flex").as_deref(), Some("d1"));
+}
+
+/// A claim asking every GPU of the node it gets (`allocationMode: All`).
+fn all_of_a_node(name: &str) -> ResourceClaim {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "ml"},
+        "spec": {"devices": {"requests": [{"name": "gpu",
+            "exactly": {"deviceClassName": "gpu.gpuplace.io", "allocationMode": "All"}}]}}
+    }))
+    .unwrap()
+}
+
+/// The node a claim's devices are on, and how many.
+fn devices_on(api: &MemoryApi, name: &str) -> (Vec<String>, usize) {
+    let (devices, _) = held(api, name);
+    let mut nodes: Vec<String> = devices
+        .iter()
+        .map(|d| d.split('/').next().unwrap_or_default().to_string())
+        .collect();
+    nodes.dedup();
+    (nodes, devices.len())
+}
+
+#[tokio::test]
+async fn a_claim_for_all_of_a_nodes_gpus_gets_every_gpu_of_a_free_node_the_smallest_first() {
+    let api = MemoryApi::new();
+    api.put_node(dra_node("d8"));
+    // d4: four of its eight GPUs unhealthy, so four is all it has.
+    let mut small = dra_node("d4");
+    let annotations = small.metadata.annotations.as_mut().unwrap();
+    let mut inv =
+        gpuplace_model::NodeInventory::from_json(&annotations["gpuplace.io/inventory"]).unwrap();
+    for g in inv.gpus.iter_mut().filter(|g| g.index >= 4) {
+        g.healthy = false;
+    }
+    annotations.insert("gpuplace.io/inventory".into(), inv.to_json());
+    api.put_node(small);
+    let mut scheduler = Scheduler::new(api.clone(), config());
+
+    api.put_resource_claim(all_of_a_node("first"));
+    api.put_pod(claim_pod("first", &["first"]));
+    rounds(&mut scheduler, 2).await;
+    assert_eq!(
+        devices_on(&api, "first"),
+        (vec!["d4".to_string()], 4),
+        "{}",
+        last_message(&api, "first")
+    );
+    assert_eq!(answered(&api, "first").0, ["gpu"]);
+
+    // One GPU of d8 taken: d8 is not wholly free, so the next waits.
+    api.put_resource_claim(claim("one", 1, json!({})));
+    api.put_pod(claim_pod("one", &["one"]));
+    rounds(&mut scheduler, 2).await;
+    api.put_resource_claim(all_of_a_node("second"));
+    api.put_pod(claim_pod("second", &["second"]));
+    rounds(&mut scheduler, 2).await;
+    assert!(bound_node(&api, "second").is_none());
+    let said = last_message(&api, "second");
+    assert!(said.contains("0/2 nodes are available"), "{said}");
+
+    // d8 free again: the whole of it.
+    api.delete_pod("ml", "one");
+    rounds(&mut scheduler, 3).await;
+    assert_eq!(devices_on(&api, "second"), (vec!["d8".to_string()], 8));
+    assert_no_device_twice(&api);
 }

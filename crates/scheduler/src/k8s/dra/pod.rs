@@ -72,6 +72,9 @@ pub struct ClaimPlan {
     /// For each claim of `allocate`, which of its options (`ClaimShape::options`) this
     /// plan meets it by.
     pub picks: Vec<usize>,
+    /// Its one request asks all of a node's GPUs (`allocationMode: All`): `count` is the
+    /// size of the nodes this plan is for (0 until [`super::store::alternatives`] says).
+    pub all: bool,
 }
 
 impl ClaimPlan {
@@ -119,6 +122,7 @@ pub fn plans_of(
         driver: driver.to_string(),
         selectors: Vec::new(),
         picks: Vec::new(),
+        all: false,
     };
     for r in refs {
         let claim = resolved(namespace, r, claims)?;
@@ -210,7 +214,14 @@ fn with_picks(base: &ClaimPlan, picks: Vec<usize>) -> Result<ClaimPlan, String> 
         ..base.clone()
     };
     let requests: Vec<ShapeRequest> = plan.requests().map(|(_, r)| r.clone()).collect();
+    if requests.iter().any(|r| r.all) && requests.len() > 1 {
+        return Err(
+            "its claims ask all of a node's GPUs (allocationMode All) and other devices; gpuplace allocates All as a pod's only request"
+                .into(),
+        );
+    }
     for request in &requests {
+        plan.all |= request.all;
         if request.milli < MILLI_PER_GPU || plan.milli < MILLI_PER_GPU {
             if plan.count > 0 {
                 return Err(

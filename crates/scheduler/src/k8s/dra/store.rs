@@ -187,7 +187,11 @@ impl ClaimIndex {
                         if let Some(node) = &plan.node {
                             out.terms = Some(Arc::new(on_node(out.terms.as_deref(), node)));
                         }
-                        Ok(demand_with(base, plan))
+                        if plan.all {
+                            Err(ALL_OF_A_NODE.to_string())
+                        } else {
+                            Ok(demand_with(base, plan))
+                        }
                     }
                 };
                 out.filter_key = out
@@ -245,29 +249,77 @@ fn demand_with(base: &PodDemand, plan: &ClaimPlan) -> PodDemand {
     demand
 }
 
+/// What a pod whose claim asks all of a node's GPUs is told until a node's size is
+/// chosen for it ([`alternatives`]).
+pub const ALL_OF_A_NODE: &str = "its claim asks all of a node's GPUs (allocationMode All), which gpuplace gives on a node whose every GPU is free";
+
 /// A resolved pending claim pod's other ways to be met (its claims' `firstAvailable`
 /// subrequests after the first), each as the pod asking it: the demand and the plan
-/// that way, in order of preference. Empty for a pod with one way.
-pub fn alternatives(info: &PodInfo) -> Vec<Arc<PodInfo>> {
+/// that way, in order of preference. A way that asks all of a node's GPUs
+/// (`allocationMode: All`, the first way included) becomes one way for each of `sizes`
+/// (the nodes' numbers of healthy GPUs, smallest first, so that a pod asking a whole
+/// node takes the smallest that serves). Empty for a pod with one way of a fixed size.
+pub fn alternatives(info: &PodInfo, sizes: &[u32]) -> Vec<Arc<PodInfo>> {
     let Some(dra) = &info.dra else {
         return Vec::new();
     };
     let Ok(base) = &dra.base else {
         return Vec::new();
     };
-    dra.alternatives
-        .iter()
-        .map(|plan| {
-            let mut alternative = info.clone();
-            alternative.demand = Ok(demand_with(base, plan));
-            alternative.dra = Some(Arc::new(PodDra {
-                plan: Some(Arc::clone(plan)),
-                alternatives: Vec::new(),
-                ..(**dra).clone()
-            }));
-            Arc::new(alternative)
+    let first_all = dra.plan.as_ref().filter(|p| p.all);
+    let as_way = |plan: Arc<ClaimPlan>| {
+        let mut alternative = info.clone();
+        alternative.demand = Ok(demand_with(base, &plan));
+        alternative.dra = Some(Arc::new(PodDra {
+            plan: Some(plan),
+            alternatives: Vec::new(),
+            ..(**dra).clone()
+        }));
+        Arc::new(alternative)
+    };
+    first_all
+        .into_iter()
+        .chain(&dra.alternatives)
+        .flat_map(|plan| {
+            let sized: Vec<Arc<ClaimPlan>> = if plan.all {
+                sizes
+                    .iter()
+                    .map(|&count| {
+                        Arc::new(ClaimPlan {
+                            count,
+                            ..(**plan).clone()
+                        })
+                    })
+                    .collect()
+            } else {
+                vec![Arc::clone(plan)]
+            };
+            sized
         })
+        .map(as_way)
         .collect()
+}
+
+/// The numbers of healthy GPUs `state`'s nodes have, smallest first, each once (the
+/// sizes a claim asking all of a node's GPUs is tried at).
+pub fn node_sizes(state: &gpuplace_core::ClusterState) -> Vec<u32> {
+    let mut sizes: Vec<u32> = (0..state.len())
+        .map(|n| {
+            let gpus = &state.inventory(n).gpus;
+            gpus.iter().filter(|g| g.healthy).count() as u32
+        })
+        .filter(|&n| n > 0)
+        .collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    sizes
+}
+
+/// Whether the pod's first way asks all of a node's GPUs, or it has other ways.
+pub fn has_ways(info: &PodInfo) -> bool {
+    info.dra
+        .as_ref()
+        .is_some_and(|d| !d.alternatives.is_empty() || d.plan.as_ref().is_some_and(|p| p.all))
 }
 
 /// `terms` with the pod held to `node` (the node its allocated claims are on), as the

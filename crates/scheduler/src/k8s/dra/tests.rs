@@ -52,6 +52,18 @@ fn whole_gpus_and_their_link_are_read() {
 }
 
 #[test]
+fn all_of_a_nodes_gpus_is_asked_without_a_count() {
+    let s = shape(
+        json!([{"name": "gpu", "exactly": {"deviceClassName": "gpu.gpuplace.io", "allocationMode": "All"}}]),
+        json!(null),
+    )
+    .unwrap();
+    let r = &s.options[0].requests[0];
+    assert!(r.all);
+    assert_eq!((r.count, r.milli), (0, 1000));
+}
+
+#[test]
 fn a_share_asks_milli_and_memory() {
     let s = shape(
         json!([{"name": "gpu", "exactly": {"deviceClassName": "gpu-share.gpuplace.io",
@@ -79,7 +91,7 @@ fn what_gpuplace_cannot_allocate_is_said() {
         ),
         (
             json!([{"name": "g", "firstAvailable": [{"name": "a", "deviceClassName": "fpga.example.com"},
-                {"name": "b", "deviceClassName": "gpu.gpuplace.io", "allocationMode": "All"}]}]),
+                {"name": "b", "deviceClassName": "gpu.gpuplace.io", "allocationMode": "Some"}]}]),
             json!(null),
             "request \"g/a\" asks DeviceClass \"fpga.example.com\"",
         ),
@@ -96,9 +108,21 @@ fn what_gpuplace_cannot_allocate_is_said() {
             "20 combinations",
         ),
         (
-            json!([{"name": "g", "exactly": {"deviceClassName": "gpu.gpuplace.io", "allocationMode": "All"}}]),
+            json!([{"name": "g", "exactly": {"deviceClassName": "gpu.gpuplace.io", "allocationMode": "Some"}}]),
             json!(null),
-            "allocationMode All",
+            "allocationMode Some",
+        ),
+        (
+            json!([{"name": "g", "exactly": {"deviceClassName": "gpu-share.gpuplace.io", "allocationMode": "All",
+                "capacity": {"requests": {"milli": "500"}}}}]),
+            json!(null),
+            "as shares",
+        ),
+        (
+            json!([{"name": "g", "exactly": {"deviceClassName": "gpu.gpuplace.io", "allocationMode": "All"}},
+                   {"name": "h", "exactly": {"deviceClassName": "gpu.gpuplace.io"}}]),
+            json!(null),
+            "its claim's only request",
         ),
         (
             json!([{"name": "g", "exactly": {"deviceClassName": "gpu.gpuplace.io", "count": 0}}]),

@@ -140,7 +140,12 @@ pub fn writes_for(
         let mut results = Vec::new();
         let option = claim.shape.as_ref().ok().and_then(|s| s.options.get(pick));
         for request in option.map(|o| o.requests.as_slice()).unwrap_or_default() {
-            for gpu in next.by_ref().take(request.count as usize) {
+            let take = if request.all {
+                usize::MAX
+            } else {
+                request.count as usize
+            };
+            for gpu in next.by_ref().take(take) {
                 let device = device_name(gpu.index);
                 let memory = request.memory_mib.unwrap_or_else(|| {
                     gpu.memory_mib * u64::from(request.milli) / u64::from(MILLI_PER_GPU)
