@@ -20,9 +20,10 @@ these cases, each compared the same way:
 - first: firstAvailable subrequests, GPUs 0 and 1 held: a claim asking eight GPUs else four
   gets four (its results name `gpu/four`), one asking an H100 (the node has none) else any
   GPU gets one (`gpu/any`).
+- all: a claim with `allocationMode: All` waits while GPU 0 is held, then gets all eight.
 
 Settings as realnode-dra-check.py (GPUPLACE, KCP, NODE, SCHEDULER, WAIT) and CASES (comma list
-of fragmented,gang,preempt,workload,selected,first). Needs `gpuplace scheduler` running when SCHEDULER=gpuplace.
+of fragmented,gang,preempt,workload,selected,first,all). Needs `gpuplace scheduler` running when SCHEDULER=gpuplace.
 Last line: dra-scheduling: pods=N running=R compared=C mismatches=M over=O leaked=L
 """
 import importlib.util, json, os, subprocess, sys, time
@@ -267,7 +268,33 @@ def case_first():
     expect_clean("first")
 
 
-CASES = {"fragmented": case_fragmented, "gang": case_gang, "preempt": case_preempt, "workload": case_workload, "selected": case_selected, "first": case_first}
+def case_all():
+    log("== allocationMode All: waits while gpu-0 is held, then gets every GPU")
+    pinned("pin-0", "gpu-0")
+    wait_running(["pin-0"])
+    apply(template("every", mode="All"))
+    apply(pod("whole-node", {"gpu": ("template", "every")}))
+    STATS["pods"] += 1
+    time.sleep(5)
+    p = get("pod", "whole-node")
+    cond = next((c for c in p["status"].get("conditions", []) if c["type"] == "PodScheduled"), {})
+    log(f"whole-node while gpu-0 is held: {cond.get('message', '')[:200]}")
+    if p["spec"].get("nodeName"):
+        STATS["mismatches"] += 1
+    compare(["pin-0"])
+    delete_pods(["pin-0"])
+    kubectl("delete", "resourceclaim", "-n", NS, "pin-0", "--wait=true", check=False)
+    wait_running(["whole-node"])
+    compare(["whole-node"])
+    devices = claim_devices("whole-node")
+    log(f"whole-node got {devices}")
+    if len(devices) != 8:
+        STATS["mismatches"] += 1
+    delete_pods(["whole-node"])
+    expect_clean("all")
+
+
+CASES = {"fragmented": case_fragmented, "gang": case_gang, "preempt": case_preempt, "workload": case_workload, "selected": case_selected, "first": case_first, "all": case_all}
 
 
 def main():
