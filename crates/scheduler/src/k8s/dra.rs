@@ -299,25 +299,38 @@ fn options_of(choices: &[Vec<Result<ShapeRequest, String>>]) -> Result<Vec<Claim
             counted(combinations)
         ));
     }
-    let mut options = Vec::new();
-    let mut first_error = None;
-    for picks in combinations_of(&choices.iter().map(Vec::len).collect::<Vec<_>>()) {
-        let option: Result<Vec<ShapeRequest>, String> = picks
+    let sizes: Vec<usize> = choices.iter().map(Vec::len).collect();
+    let tried = combinations_of(&sizes).map(|picks| {
+        picks
             .iter()
             .zip(choices)
             .map(|(&k, c)| c[k].clone())
-            .collect();
-        match option.and_then(checked_option) {
-            Ok(option) => options.push(option),
+            .collect::<Result<Vec<ShapeRequest>, String>>()
+            .and_then(checked_option)
+    });
+    kept(tried, "it requests no devices")
+}
+
+/// The ways that can be had, in order, else the first reason one cannot (`none` when
+/// none was tried).
+pub fn kept<T>(
+    tried: impl Iterator<Item = Result<T, String>>,
+    none: &str,
+) -> Result<Vec<T>, String> {
+    let mut kept = Vec::new();
+    let mut first_error = None;
+    for way in tried {
+        match way {
+            Ok(way) => kept.push(way),
             Err(e) => {
                 first_error.get_or_insert(e);
             }
         }
     }
-    if options.is_empty() {
-        return Err(first_error.unwrap_or_else(|| "it requests no devices".into()));
+    if kept.is_empty() {
+        return Err(first_error.unwrap_or_else(|| none.to_string()));
     }
-    Ok(options)
+    Ok(kept)
 }
 
 /// How many picks `sizes` makes (`usize::MAX` past it: a pod may name many claims).

@@ -85,17 +85,23 @@ pub(crate) fn held(api: &MemoryApi, name: &str) -> (Vec<String>, Vec<String>) {
     (devices, users)
 }
 
+/// The allocation results of a claim (none while it is not allocated).
+pub(crate) fn results_of(
+    claim: ResourceClaim,
+) -> Vec<k8s_openapi::api::resource::v1::DeviceRequestAllocationResult> {
+    claim
+        .status
+        .and_then(|s| s.allocation)
+        .and_then(|a| a.devices)
+        .and_then(|d| d.results)
+        .unwrap_or_default()
+}
+
 /// No device is allocated beyond 1000 milli over every claim.
 pub(crate) fn assert_no_device_twice(api: &MemoryApi) {
     let mut used: BTreeMap<String, u32> = BTreeMap::new();
     for c in api.resource_claims() {
-        let results = c
-            .status
-            .and_then(|s| s.allocation)
-            .and_then(|a| a.devices)
-            .and_then(|d| d.results)
-            .unwrap_or_default();
-        for r in results {
+        for r in results_of(c) {
             let milli = gpuplace_scheduler::k8s::dra::consumed_milli(r.consumed_capacity.as_ref());
             *used.entry(format!("{}/{}", r.pool, r.device)).or_default() += milli;
         }

@@ -9,7 +9,7 @@ use gpuplace_testkit::MemoryApi;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde_json::json;
 
-use crate::claims::{assert_no_device_twice, claim, claim_pod, dra_node, held, rounds};
+use crate::claims::{assert_no_device_twice, claim, claim_pod, dra_node, held, results_of, rounds};
 use crate::common::*;
 use crate::extender::{app, call};
 
@@ -29,13 +29,7 @@ fn flexible(name: &str, counts: &[u32]) -> ResourceClaim {
 
 /// The request names a claim's allocation results carry, and how many devices.
 fn answered(api: &MemoryApi, name: &str) -> (Vec<String>, usize) {
-    let c = api.resource_claim("ml", name).expect("claim");
-    let results = c
-        .status
-        .and_then(|s| s.allocation)
-        .and_then(|a| a.devices)
-        .and_then(|d| d.results)
-        .unwrap_or_default();
+    let results = results_of(api.resource_claim("ml", name).expect("claim"));
     let mut requests: Vec<String> = results.iter().map(|r| r.request.clone()).collect();
     requests.dedup();
     (requests, results.len())

@@ -169,20 +169,8 @@ pub fn plans_of(
             super::counted(combinations)
         ));
     }
-    let mut plans = Vec::new();
-    let mut first_error = None;
-    for picks in super::combinations_of(&sizes) {
-        match with_picks(&base, picks) {
-            Ok(plan) => plans.push(plan),
-            Err(e) => {
-                first_error.get_or_insert(e);
-            }
-        }
-    }
-    if plans.is_empty() {
-        return Err(first_error.unwrap_or_else(|| "its claims ask nothing".into()));
-    }
-    Ok(plans)
+    let tried = super::combinations_of(&sizes).map(|picks| with_picks(&base, picks));
+    super::kept(tried, "its claims ask nothing")
 }
 
 /// The claim `r` names, or why the pod waits for it.
