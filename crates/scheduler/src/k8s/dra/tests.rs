@@ -222,7 +222,7 @@ fn first_available_subrequests_are_the_claims_ways_in_order() {
     assert_eq!(share.options[0].requests[0].name, "g/half");
 }
 
-fn plan_of(
+fn first_plan(
     driver: &str,
     namespace: &str,
     uid: &str,
@@ -420,7 +420,7 @@ fn a_pending_pod_allocates_its_new_claims_and_joins_allocated_ones() {
         whole("mine", 2),
         allocated("shared", "n3", &["gpu-1"], &[("a", "ua")]),
     ]);
-    let plan = plan_of(
+    let plan = first_plan(
         "gpu.gpuplace.io",
         "ml",
         "ub",
@@ -432,7 +432,7 @@ fn a_pending_pod_allocates_its_new_claims_and_joins_allocated_ones() {
     assert_eq!(plan.allocate.len(), 1);
     assert_eq!(plan.join.len(), 1);
     assert_eq!(plan.node.as_deref(), Some("n3"));
-    let waiting = plan_of(
+    let waiting = first_plan(
         "gpu.gpuplace.io",
         "ml",
         "ub",
@@ -445,7 +445,7 @@ fn a_pending_pod_allocates_its_new_claims_and_joins_allocated_ones() {
         claim: None,
     };
     assert!(
-        plan_of("gpu.gpuplace.io", "ml", "ub", &[template], &claims)
+        first_plan("gpu.gpuplace.io", "ml", "ub", &[template], &claims)
             .unwrap_err()
             .contains("made from its template")
     );
@@ -454,7 +454,7 @@ fn a_pending_pod_allocates_its_new_claims_and_joins_allocated_ones() {
         allocated("b", "n2", &["gpu-0"], &[]),
     ]);
     assert!(
-        plan_of(
+        first_plan(
             "gpu.gpuplace.io",
             "ml",
             "u",
@@ -472,7 +472,7 @@ fn the_writes_give_each_request_its_devices_and_the_undo_takes_them_back() {
         whole("mine", 2),
         allocated("shared", "n3", &["gpu-1"], &[("a", "ua")]),
     ]);
-    let plan = plan_of(
+    let plan = first_plan(
         "gpu.gpuplace.io",
         "ml",
         "ub",
@@ -556,7 +556,7 @@ fn the_index_knows_which_devices_claims_hold_as_they_change() {
         name: "b".into(),
         uid: "ub".into(),
     };
-    let plan = plan_of(
+    let plan = first_plan(
         "gpu.gpuplace.io",
         "ml",
         "ub",
