@@ -328,7 +328,11 @@ impl Admitter {
                                 }
                             }
                         }
-                    } else if let Some((ns, name)) = graceful {
+                    } else if let Some((ns, name)) = graceful
+                        && !terminating.iter().any(|(_, _, g)| g.as_ref() == Some(&key))
+                    {
+                        // Never admitted: nothing to stop. A pod already stopping (seen
+                        // again as its record is written) is deleted when it has stopped.
                         self.api.delete_pod(&ns, &name);
                     }
                     continue;
