@@ -85,6 +85,12 @@ pub struct ReplayArgs {
     /// Every GPU pod asks whole GPUs (a share one): stock Kubernetes without sharing.
     #[arg(long)]
     pub(crate) whole_gpus: bool,
+    /// GPUs through DRA (Kubernetes 1.34+): fake nodes publish theirs as gpuplace's DRA
+    /// driver does (ResourceSlices), and each pod claims its own from a
+    /// ResourceClaimTemplate of its shape, allocated by whichever scheduler places it. The
+    /// cluster needs gpuplace's DeviceClasses (deploy/base/dra-driver/deviceclasses.yaml).
+    #[arg(long)]
+    pub(crate) dra: bool,
     /// The PriorityClasses of the trace's priorities 0, 1 and 2 (e.g. `be,burstable,ls`);
     /// without them pods carry no priority, as `simulate --no-priorities`.
     #[arg(long, value_delimiter = ',')]
@@ -190,6 +196,7 @@ impl ReplayArgs {
             scheduler_name: self.scheduler_name.clone(),
             priority_classes,
             base,
+            dra: self.dra,
         })
     }
 }
@@ -305,11 +312,21 @@ async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         timeline.workload().nodes.iter().map(|n| n.cpu_milli).sum(),
         timeline.workload().nodes.iter().map(|n| n.memory_mib).sum(),
     ];
-    let queues: Vec<Object> = plan
+    let mut before: Vec<Object> = plan
         .queues
         .iter()
         .map(|q| objects::queue(&run_id, q, capacity).map(|q| Object::Queue(Box::new(q))))
         .collect::<Result<_, _>>()?;
+    if args.dra {
+        let pods = &timeline.workload().pods;
+        let asked = plan.pods.iter().map(|p| &pods[p.pod as usize].request);
+        let templates = gpuplace_replay::claims::claim_templates(&run_id, &args.namespace, asked)?;
+        before.extend(
+            templates
+                .into_iter()
+                .map(|t| Object::ClaimTemplate(Box::new(t))),
+        );
+    }
     let fakes: Vec<(String, NodeInventory)> = if args.fake_nodes {
         timeline
             .workload()
@@ -341,7 +358,7 @@ async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     };
     let started = Instant::now();
     let work = async {
-        let prepared = driver::prepare(&api, &run_id, &fakes, &queues).await?;
+        let prepared = driver::prepare(&api, &run_id, &fakes, &before, args.dra).await?;
         let outcome = driver::run(
             &api,
             &plan,

@@ -7,6 +7,7 @@ use futures::stream::BoxStream;
 use gpuplace_scheduler::k8s::gang::PodGroup;
 use gpuplace_scheduler::k8s::queue::Queue;
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::{ResourceClaimTemplate, ResourceSlice};
 
 /// The kinds of object a replay makes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -17,15 +18,21 @@ pub enum Kind {
     PodGroup,
     /// A fake node's heartbeat (`kube-node-lease/<node>`).
     Lease,
+    /// A fake node's GPUs as gpuplace's DRA driver publishes them (`--dra`).
+    ResourceSlice,
+    /// What the pods of one shape claim (`--dra`): one template per GPU request.
+    ClaimTemplate,
 }
 
 impl Kind {
     /// Every kind, in the order a clean-up deletes them (pods before what they use).
-    pub const CLEAN_ORDER: [Kind; 5] = [
+    pub const CLEAN_ORDER: [Kind; 7] = [
         Kind::Pod,
+        Kind::ClaimTemplate,
         Kind::PodGroup,
         Kind::Queue,
         Kind::Lease,
+        Kind::ResourceSlice,
         Kind::Node,
     ];
 
@@ -36,6 +43,8 @@ impl Kind {
             Kind::Queue => "Queue",
             Kind::PodGroup => "PodGroup",
             Kind::Lease => "Lease",
+            Kind::ResourceSlice => "ResourceSlice",
+            Kind::ClaimTemplate => "ResourceClaimTemplate",
         }
     }
 }
@@ -49,6 +58,8 @@ pub enum Object {
     Pod(Box<Pod>),
     Queue(Box<Queue>),
     PodGroup(Box<PodGroup>),
+    ResourceSlice(Box<ResourceSlice>),
+    ClaimTemplate(Box<ResourceClaimTemplate>),
 }
 
 impl Object {
@@ -58,6 +69,8 @@ impl Object {
             Object::Pod(_) => Kind::Pod,
             Object::Queue(_) => Kind::Queue,
             Object::PodGroup(_) => Kind::PodGroup,
+            Object::ResourceSlice(_) => Kind::ResourceSlice,
+            Object::ClaimTemplate(_) => Kind::ClaimTemplate,
         }
     }
 
@@ -67,6 +80,8 @@ impl Object {
             Object::Pod(o) => &o.metadata,
             Object::Queue(o) => &o.metadata,
             Object::PodGroup(o) => &o.metadata,
+            Object::ResourceSlice(o) => &o.metadata,
+            Object::ClaimTemplate(o) => &o.metadata,
         };
         meta.name.as_deref().unwrap_or_default()
     }

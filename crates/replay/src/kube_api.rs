@@ -5,6 +5,7 @@ use gpuplace_scheduler::k8s::gang::PodGroup;
 use gpuplace_scheduler::k8s::queue::Queue;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::{ResourceClaimTemplate, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -22,6 +23,8 @@ pub struct KubeReplayApi {
     queues: Api<Queue>,
     groups: Api<PodGroup>,
     leases: Api<Lease>,
+    slices: Api<ResourceSlice>,
+    templates: Api<ResourceClaimTemplate>,
 }
 
 /// Where nodes' heartbeats live.
@@ -36,6 +39,8 @@ impl KubeReplayApi {
             pods: Api::namespaced(client.clone(), namespace),
             queues: Api::all(client.clone()),
             groups: Api::namespaced(client.clone(), namespace),
+            slices: Api::all(client.clone()),
+            templates: Api::namespaced(client.clone(), namespace),
             leases: Api::namespaced(client, LEASE_NAMESPACE),
         }
     }
@@ -152,6 +157,8 @@ impl ReplayApi for KubeReplayApi {
             Object::Pod(pod) => self.pods.create(&params, pod).await.map(|_| ()),
             Object::Queue(q) => self.queues.create(&params, q).await.map(|_| ()),
             Object::PodGroup(g) => self.groups.create(&params, g).await.map(|_| ()),
+            Object::ResourceSlice(o) => self.slices.create(&params, o).await.map(|_| ()),
+            Object::ClaimTemplate(o) => self.templates.create(&params, o).await.map(|_| ()),
         };
         done.map_err(|e| api_error(e, kind, &name))
     }
@@ -167,6 +174,8 @@ impl ReplayApi for KubeReplayApi {
             Kind::Queue => self.queues.delete(name, &now).await.map(|_| ()),
             Kind::PodGroup => self.groups.delete(name, &now).await.map(|_| ()),
             Kind::Lease => self.leases.delete(name, &now).await.map(|_| ()),
+            Kind::ResourceSlice => self.slices.delete(name, &now).await.map(|_| ()),
+            Kind::ClaimTemplate => self.templates.delete(name, &now).await.map(|_| ()),
         };
         match done {
             Ok(()) => Ok(true),
@@ -183,6 +192,8 @@ impl ReplayApi for KubeReplayApi {
             Kind::Queue => self.queues.list(&managed()).await.map(names),
             Kind::PodGroup => self.groups.list(&managed()).await.map(names),
             Kind::Lease => self.leases.list(&managed()).await.map(names),
+            Kind::ResourceSlice => self.slices.list(&managed()).await.map(names),
+            Kind::ClaimTemplate => self.templates.list(&managed()).await.map(names),
         };
         listed.map_err(|e| api_error(e, kind.name(), "(list)"))
     }

@@ -7,7 +7,8 @@
 //!   name, run time, queue and gang;
 //! - [`objects`]: the Kubernetes objects of a plan (fake Nodes, Pods, Queues, PodGroups),
 //!   every one labelled [`MANAGED_BY`]; [`pod_base`] the cluster's own pod template
-//!   (`--pod-template`) they are made from;
+//!   (`--pod-template`) they are made from; [`claims`] the same GPUs through DRA
+//!   (`--dra`): ResourceSlices for the fake nodes, a ResourceClaimTemplate per pod shape;
 //! - [`api`]: the one boundary to the API server ([`ReplayApi`]), [`kube_api`] its kube-rs
 //!   adapter (the in-memory one is the test kit's);
 //! - [`driver`]: the clock: creates pods at their arrivals, deletes them when their run ends,
@@ -16,6 +17,7 @@
 //!   error), or what any replay left (`--clean`).
 
 pub mod api;
+pub mod claims;
 pub mod clean;
 pub mod driver;
 mod error;

@@ -123,6 +123,9 @@ pub struct PodTemplate {
     pub priority_classes: Option<[String; 3]>,
     /// The cluster's own pod template (tolerations, node selector, image...), if any.
     pub base: PodBase,
+    /// GPUs through DRA: each pod claims them from its shape's ResourceClaimTemplate
+    /// ([`crate::claims`]) instead of asking the device plugin's resources.
+    pub dra: bool,
 }
 
 /// The pod of `planned` (named `name`: a controller's new pod has its own) asking
@@ -135,7 +138,8 @@ pub fn pod(
     request: &Request,
 ) -> Result<Pod, ObjectError> {
     let mut limits = serde_json::Map::new();
-    if request.gpu_count > 0 {
+    let claims = template.dra && request.gpu_count > 0;
+    if request.gpu_count > 0 && !claims {
         if request.gpu_milli < 1000 {
             limits.insert(SHARE_RESOURCE.into(), json!(request.gpu_milli.to_string()));
         } else {
@@ -151,7 +155,7 @@ pub fn pod(
         labels.insert(POD_GROUP_LABEL.into(), g.name.clone());
     }
     let mut annotations = serde_json::Map::new();
-    if !request.allowed_models.is_empty() {
+    if !request.allowed_models.is_empty() && !claims {
         annotations.insert(
             MODEL_ANNOTATION.into(),
             json!(request.allowed_models.join(",")),
@@ -165,11 +169,20 @@ pub fn pod(
         "tolerations".into(),
         json!([{"key": FAKE_NODE_TAINT, "operator": "Equal", "value": "true", "effect": "NoSchedule"}]),
     );
+    let mut resources = json!({"requests": {"cpu": format!("{}m", request.cpu_milli),
+        "memory": format!("{}Mi", request.memory_mib)}, "limits": limits});
+    if claims {
+        let claim = crate::claims::POD_CLAIM;
+        resources["claims"] = json!([{"name": claim}]);
+        spec.insert(
+            "resourceClaims".into(),
+            json!([{"name": claim,
+                "resourceClaimTemplateName": crate::claims::template_name(request)}]),
+        );
+    }
     spec.insert(
         "containers".into(),
-        json!([{"name": "main", "image": "registry.k8s.io/pause:3.9",
-            "resources": {"requests": {"cpu": format!("{}m", request.cpu_milli),
-                "memory": format!("{}Mi", request.memory_mib)}, "limits": limits}}]),
+        json!([{"name": "main", "image": "registry.k8s.io/pause:3.9", "resources": resources}]),
     );
     if let Some(classes) = &template.priority_classes {
         let class = &classes[planned.priority.clamp(0, 2) as usize];
@@ -299,6 +312,7 @@ mod tests {
             scheduler_name: "gpuplace".into(),
             priority_classes: Some(["be".into(), "burst".into(), "ls".into()]),
             base: PodBase::default(),
+            dra: false,
         };
         let whole = pod(&template, &planned(), "rp1-000001-0", &request(2, 1000)).expect("pod");
         let spec = whole.spec.expect("spec");
@@ -335,6 +349,7 @@ mod tests {
             scheduler_name: "default-scheduler".into(),
             priority_classes: None,
             base,
+            dra: false,
         };
         let made = pod(&template, &planned(), "rp1-000001-0", &request(2, 1000)).expect("pod");
         assert_eq!(made.metadata.namespace.as_deref(), Some("ml"));

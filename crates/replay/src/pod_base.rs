@@ -91,6 +91,7 @@ impl PodBase {
         for (field, why) in [
             ("nodeName", "the scheduler places the pods"),
             ("schedulerName", "give --scheduler-name"),
+            ("resourceClaims", "each pod claims what its trace row asks"),
             (
                 "priority",
                 "admission sets it from priorityClassName, and refuses a pod that sets it",

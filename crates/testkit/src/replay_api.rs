@@ -139,6 +139,12 @@ impl MemoryReplayApi {
                 .lock()
                 .map(|l| l.contains_key(name))
                 .unwrap_or(false),
+            // Kept by their labels alone: nothing in the in-memory API reads them.
+            Kind::ResourceSlice | Kind::ClaimTemplate => self
+                .labelled
+                .lock()
+                .map(|l| l.contains_key(&(kind, name.to_string())))
+                .unwrap_or(false),
         }
     }
 }
@@ -241,10 +247,14 @@ impl ReplayApi for MemoryReplayApi {
                 g.metadata.namespace = Some(self.namespace.clone());
                 self.api.put_group(g);
             }
+            Object::ResourceSlice(o) => check_labels(o.metadata.labels.as_ref())?,
+            Object::ClaimTemplate(o) => check_labels(o.metadata.labels.as_ref())?,
         }
         match object {
             Object::Queue(o) => self.keep_labels(kind, &name, o.metadata.labels.as_ref()),
             Object::PodGroup(o) => self.keep_labels(kind, &name, o.metadata.labels.as_ref()),
+            Object::ResourceSlice(o) => self.keep_labels(kind, &name, o.metadata.labels.as_ref()),
+            Object::ClaimTemplate(o) => self.keep_labels(kind, &name, o.metadata.labels.as_ref()),
             _ => {}
         }
         Ok(())
@@ -265,6 +275,7 @@ impl ReplayApi for MemoryReplayApi {
                     l.remove(name);
                 }
             }
+            Kind::ResourceSlice | Kind::ClaimTemplate => {}
         }
         if let Ok(mut l) = self.labelled.lock() {
             l.remove(&(kind, name.to_string()));
@@ -296,7 +307,11 @@ impl ReplayApi for MemoryReplayApi {
                 .map(|l| {
                     l.iter()
                         .filter(|((k, n), labels)| {
-                            *k == kind && selects(selector, Some(labels)) && self.exists(kind, n)
+                            // Slices and templates are this map (`exists` would lock it again).
+                            *k == kind
+                                && selects(selector, Some(labels))
+                                && (matches!(kind, Kind::ResourceSlice | Kind::ClaimTemplate)
+                                    || self.exists(kind, n))
                         })
                         .map(|((_, n), _)| n.clone())
                         .collect()

@@ -13,7 +13,7 @@ use gpuplace_replay::clean;
 use gpuplace_replay::driver::{self, DriverConfig, ReplayError};
 use gpuplace_replay::objects::PodTemplate;
 use gpuplace_replay::pod_base::PodBase;
-use gpuplace_replay::{Kind, Plan, ReplayApi};
+use gpuplace_replay::{Kind, Object, Plan, ReplayApi};
 use gpuplace_scheduler::{Scheduler, SchedulerConfig};
 use gpuplace_sim::builtin_workload;
 use gpuplace_sim::timeline::{DurationModel, Ms, Timeline, TimelineOptions};
@@ -59,6 +59,7 @@ fn config(speed: f64) -> DriverConfig {
             scheduler_name: "gpuplace".into(),
             priority_classes: None,
             base: PodBase::default(),
+            dra: false,
         },
         in_flight: 8,
         watch_patience: Duration::from_secs(2),
@@ -195,7 +196,7 @@ async fn a_replay_runs_every_pod_through_the_scheduler_and_leaves_nothing() {
     let (stop_scheduler, stopped) = watch::channel(false);
     let thread = scheduler(rig.api.api.clone(), stopped);
     let (_keep, cancel) = watch::channel(false);
-    driver::prepare(&rig.api, RUN, &rig.fakes, &[])
+    driver::prepare(&rig.api, RUN, &rig.fakes, &[], false)
         .await
         .expect("nodes");
     let outcome = rig.run(600.0, cancel).await.expect("replay");
@@ -268,7 +269,7 @@ async fn an_interrupt_at_any_moment_leaves_nothing_after_the_clean_up() {
         let thread = scheduler(rig.api.api.clone(), stopped);
         let (interrupt, cancel) = watch::channel(false);
         let work = async {
-            driver::prepare(&rig.api, RUN, &rig.fakes, &[]).await?;
+            driver::prepare(&rig.api, RUN, &rig.fakes, &[], false).await?;
             rig.run(600.0, cancel).await
         };
         let trip = async {
@@ -296,7 +297,7 @@ async fn an_interrupt_at_any_moment_leaves_nothing_after_the_clean_up() {
 async fn a_server_that_goes_away_stops_the_replay_with_a_clear_error_and_clean_finds_the_rest() {
     let rig = rig(400);
     let (_keep, cancel) = watch::channel(false);
-    driver::prepare(&rig.api, RUN, &rig.fakes, &[])
+    driver::prepare(&rig.api, RUN, &rig.fakes, &[], false)
         .await
         .expect("nodes");
     let api = rig.api.clone();
@@ -330,11 +331,11 @@ async fn a_server_that_goes_away_stops_the_replay_with_a_clear_error_and_clean_f
 #[tokio::test]
 async fn leftovers_of_an_earlier_replay_are_named_and_bad_speeds_refused() {
     let rig = rig(50);
-    driver::prepare(&rig.api, RUN, &rig.fakes, &[])
+    driver::prepare(&rig.api, RUN, &rig.fakes, &[], false)
         .await
         .expect("nodes");
     // The same nodes again (a replay that was not cleaned), by another run.
-    let error = driver::prepare(&rig.api, "rp7-other", &rig.fakes, &[])
+    let error = driver::prepare(&rig.api, "rp7-other", &rig.fakes, &[], false)
         .await
         .expect_err("exists")
         .to_string();
@@ -368,7 +369,7 @@ async fn a_relist_mid_run_makes_no_pod_twice() {
     let (stop_scheduler, stopped) = watch::channel(false);
     let thread = scheduler(rig.api.api.clone(), stopped);
     let (_keep, cancel) = watch::channel(false);
-    driver::prepare(&rig.api, RUN, &rig.fakes, &[])
+    driver::prepare(&rig.api, RUN, &rig.fakes, &[], false)
         .await
         .expect("nodes");
     let api = rig.api.clone();
@@ -404,7 +405,7 @@ async fn throttled_requests_wait_as_the_server_asks_and_go_on() {
     let asked = Duration::from_millis(100);
     rig.api.throttle(60, asked);
     let started = Instant::now();
-    driver::prepare(&rig.api, RUN, &rig.fakes, &[])
+    driver::prepare(&rig.api, RUN, &rig.fakes, &[], false)
         .await
         .expect("the nodes, once the server lets them through");
     // 60 answers of 429 over 6 nodes' creations and heartbeats, each waited out.
@@ -414,6 +415,47 @@ async fn throttled_requests_wait_as_the_server_asks_and_go_on() {
     let cleaned = clean::delete_run(&rig.api, RUN).await.expect("clean");
     // Each fake node and its heartbeat Lease.
     assert_eq!(cleaned.total(), 2 * rig.fakes.len());
+    nothing_left(&rig.api).await;
+    foreign_intact(&rig.api.api);
+}
+
+#[tokio::test]
+async fn a_dra_replay_makes_slices_and_templates_and_its_clean_up_deletes_them() {
+    let rig = rig(50);
+    let pods = &rig.timeline.workload().pods;
+    let asked = rig.plan.pods.iter().map(|p| &pods[p.pod as usize].request);
+    let templates: Vec<Object> = gpuplace_replay::claims::claim_templates(RUN, NAMESPACE, asked)
+        .expect("templates")
+        .into_iter()
+        .map(|t| Object::ClaimTemplate(Box::new(t)))
+        .collect();
+    assert!(!templates.is_empty());
+    driver::prepare(&rig.api, RUN, &rig.fakes, &templates, true)
+        .await
+        .expect("nodes");
+    let selector = gpuplace_replay::run_selector(RUN);
+    let listed = |kind| rig.api.list_labelled(kind, &selector);
+    let with_gpus = rig.fakes.iter().filter(|(_, n)| !n.gpus.is_empty()).count();
+    assert_eq!(
+        listed(Kind::ResourceSlice).await.expect("list").len(),
+        with_gpus
+    );
+    assert_eq!(
+        listed(Kind::ClaimTemplate).await.expect("list").len(),
+        templates.len()
+    );
+    for (name, _) in &rig.fakes {
+        let node = rig.api.api.node(name).expect("node");
+        let allocatable = node
+            .status
+            .and_then(|s| s.allocatable)
+            .expect("allocatable");
+        assert!(
+            !allocatable.contains_key(gpuplace_model::keys::GPU_RESOURCE),
+            "{name}"
+        );
+    }
+    clean::delete_run(&rig.api, RUN).await.expect("clean");
     nothing_left(&rig.api).await;
     foreign_intact(&rig.api.api);
 }
