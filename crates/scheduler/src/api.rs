@@ -59,6 +59,8 @@ pub struct ClusterView {
     pub namespaces: Listed<Namespace>,
     /// The Jobs, looked up by name (their deadlines).
     pub jobs: crate::k8s::job::Jobs,
+    /// Allocated DRA claims no pod holds, whose devices stay taken until deallocated.
+    pub claim_holds: Arc<[crate::k8s::dra::store::ClaimHold]>,
     /// Grows with every watch event the view reflects: equal generations, equal views.
     pub generation: u64,
 }

@@ -84,6 +84,7 @@ pub fn plan(
     now: k8s_openapi::jiff::Timestamp,
 ) -> DefragPlan {
     let mut snapshot = crate::snapshot::build(&view.nodes, &view.pods, gpu_resource);
+    snapshot.hold_claims(&[], &view.claim_holds);
     let mut shapes = ShapeCounts::default();
     for pod in view.pods.iter() {
         if let Ok(d) = &pod.demand

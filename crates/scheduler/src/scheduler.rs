@@ -223,6 +223,8 @@ struct Seen {
     queues: Vec<String>,
     /// What left since parked pods were last woken ([`wakes`]).
     left: left::Left,
+    /// The allocated claims no pod held (their devices free once deallocated).
+    claim_holds: std::sync::Arc<[crate::k8s::dra::store::ClaimHold]>,
 }
 
 /// The scheduler over any [`ClusterApi`].

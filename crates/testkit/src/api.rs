@@ -109,6 +109,9 @@ pub(super) struct Store {
     node_watchers: HashMap<String, tokio::sync::watch::Sender<u64>>,
     /// DRA ResourceClaims (`api/resource_claims.rs`).
     resource_claims: BTreeMap<(String, String), k8s_openapi::api::resource::v1::ResourceClaim>,
+    /// The resource claim controller held back: the UIDs of deleted pods whose claims it
+    /// has not released yet (`None`: it releases them as the pod goes).
+    claim_releases: Option<Vec<String>>,
 }
 
 impl Default for Store {
@@ -154,6 +157,7 @@ impl Default for Store {
             pod_node: HashMap::new(),
             node_watchers: HashMap::new(),
             resource_claims: BTreeMap::new(),
+            claim_releases: None,
         }
     }
 }
@@ -457,7 +461,11 @@ impl MemoryApi {
         if let Some(pod) = s.pods.remove(&key) {
             s.bump_pod(&key);
             s.remember(&key);
-            s.release_claims_of(pod.metadata.uid.as_deref().unwrap_or_default());
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            match s.claim_releases.as_mut() {
+                Some(later) => later.push(uid),
+                None => s.release_claims_of(&uid),
+            }
         }
         let v = s.version;
         drop(s);

@@ -352,7 +352,7 @@ impl ClusterApi for KubeApi {
         // The generation is read first: a change landing while the view is copied makes
         // the next generation differ, so it is never missed.
         let generation = *self.changes.borrow();
-        let (feed, pods) = {
+        let (feed, pods, claim_holds) = {
             let mut store = self.pods.lock().unwrap_or_else(|p| p.into_inner());
             let feed = store.feed(since);
             let pods = if with_pods || feed.changes.is_none() {
@@ -360,7 +360,7 @@ impl ClusterApi for KubeApi {
             } else {
                 Default::default()
             };
-            (feed, pods)
+            (feed, pods, store.claim_holds())
         };
         Ok(FedView {
             view: ClusterView {
@@ -373,6 +373,7 @@ impl ClusterApi for KubeApi {
                 queues: self.queues.listed(),
                 namespaces: self.namespaces.listed(),
                 jobs: self.jobs.clone(),
+                claim_holds,
                 generation,
             },
             feed,

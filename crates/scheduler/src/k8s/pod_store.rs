@@ -14,7 +14,7 @@ use gpuplace_model::{Change, Cursor, ObjectKey, RelistStore};
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::api::{Listed, PodFeed};
-use crate::k8s::dra::store::ClaimIndex;
+use crate::k8s::dra::store::{ClaimHold, ClaimIndex};
 use crate::k8s::dra::{ClaimInfo, DraSettings};
 use crate::k8s::pod_info::{PodInfo, SchedulingTerms};
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -52,6 +52,10 @@ pub struct PodStore {
     listed: Option<(Cursor, Listed<PodInfo>)>,
     /// The DRA claims and the pods that name them.
     claims: ClaimIndex,
+    /// Claim changes so far, and the unowned holds as of the last ask (with the pods'
+    /// cursor and that count then).
+    claim_changes: u64,
+    holds: Option<(Cursor, u64, Arc<[ClaimHold]>)>,
 }
 
 impl PodStore {
@@ -62,6 +66,8 @@ impl PodStore {
             terms: HashMap::new(),
             listed: None,
             claims: ClaimIndex::default(),
+            claim_changes: 0,
+            holds: None,
         }
     }
 
@@ -79,14 +85,40 @@ impl PodStore {
     /// A ResourceClaim was added or changed: the pods that name it are resolved again.
     pub fn apply_claim(&mut self, claim: &ResourceClaim) {
         let info = ClaimInfo::of(claim, &self.claims.settings);
+        self.claim_changes += 1;
         let users = self.claims.apply(info);
         self.resolve_again(&users);
     }
 
     /// A ResourceClaim was deleted.
     pub fn delete_claim(&mut self, namespace: &str, name: &str) {
+        self.claim_changes += 1;
         let users = self.claims.remove(namespace, name);
         self.resolve_again(&users);
+    }
+
+    /// The allocated claims no pod here holds ([`ClaimHold`]): recomputed only when a pod
+    /// or a claim changed since the last ask.
+    pub fn claim_holds(&mut self) -> Arc<[ClaimHold]> {
+        let now = self.pods.cursor();
+        if let Some((at, changes, holds)) = &self.holds
+            && *at == now
+            && *changes == self.claim_changes
+        {
+            return Arc::clone(holds);
+        }
+        let pods = &self.pods;
+        let holds: Arc<[ClaimHold]> = self
+            .claims
+            .unowned(|namespace, name, uid| {
+                let pod = pods.get(&(namespace.to_string(), name.to_string()))?;
+                let waits = pod.node_name.is_none()
+                    && !matches!(pod.phase.as_deref(), Some("Succeeded" | "Failed"));
+                (pod.key.uid == uid).then_some(pod.is_active_bound() || waits)
+            })
+            .into();
+        self.holds = Some((now, self.claim_changes, Arc::clone(&holds)));
+        holds
     }
 
     /// `info` resolved against the claims (a pod without claims as it is).

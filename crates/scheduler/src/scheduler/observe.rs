@@ -229,7 +229,13 @@ impl<A: ClusterApi> Scheduler<A> {
                 "the feed's freed pods differ from the view's"
             );
         }
-        let claims_freed = self.claim_changes(feed, now);
+        let claims_freed = self.claim_changes(feed, now)
+            || self
+                .seen
+                .claim_holds
+                .iter()
+                .any(|h| !view.claim_holds.contains(h));
+        self.seen.claim_holds = std::sync::Arc::clone(&view.claim_holds);
         let nodes_changed = self.seen.nodes_changed(view);
         let volumes = crate::framework::volumes::digest(&view.claims, &view.volumes);
         let budgets: Vec<String> = view

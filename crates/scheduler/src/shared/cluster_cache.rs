@@ -48,6 +48,8 @@ pub struct ClusterCache {
     reservations: Reservations,
     /// Preemptors waiting for their victims, and the devices held for them.
     nominations: Nominations,
+    /// The claims no pod holds, as the state counts them now.
+    claim_holds: Arc<[crate::k8s::dra::store::ClaimHold]>,
 }
 
 /// The state brought up to a view.
@@ -134,6 +136,19 @@ impl ClusterCache {
     /// The round takes the state out and gives it back with [`keep`](Self::keep); a round
     /// that fails before giving it back makes the next one build it anew.
     pub fn update(&mut self, view: &ClusterView, feed: PodFeed, gpu_resource: &str) -> Brought {
+        let mut brought = self.bring(view, feed, gpu_resource);
+        // Claims no pod holds: the state's earlier ones given back where they changed.
+        let before: &[_] = if brought.rebuilt {
+            &[]
+        } else {
+            &self.claim_holds
+        };
+        brought.snapshot.hold_claims(before, &view.claim_holds);
+        self.claim_holds = Arc::clone(&view.claim_holds);
+        brought
+    }
+
+    fn bring(&mut self, view: &ClusterView, feed: PodFeed, gpu_resource: &str) -> Brought {
         let nodes_changed = self.nodes_changed(view);
         let kept = self.snapshot.take().filter(|_| !nodes_changed);
         self.cursor = Some(feed.cursor);
@@ -214,6 +229,7 @@ impl ClusterCache {
             return Ok(());
         };
         let mut fresh = build(&view.nodes, &view.pods, gpu_resource);
+        fresh.hold_claims(&[], &view.claim_holds);
         let mut copy = Reservations::default();
         for uid in self.reservations.uids() {
             if let Some(r) = self.reservations.get(&uid) {

@@ -3,6 +3,7 @@
 //! --test integration stress::` runs one file's tests.
 
 mod access;
+mod claim_holds;
 mod claims;
 mod common;
 mod defrag;

@@ -48,6 +48,7 @@ impl ClusterApi for MemoryApi {
                 queues: s.queues.listed(),
                 namespaces: s.namespaces.listed(),
                 jobs: self.job_lookup(),
+                claim_holds: s.cache.claim_holds(),
                 generation: s.generation,
             },
             feed,

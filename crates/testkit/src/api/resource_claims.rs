@@ -50,6 +50,30 @@ impl Store {
     }
 }
 
+impl MemoryApi {
+    /// Holds the resource claim controller back: a deleted pod's claims keep it as a user
+    /// (and stay allocated) until [`release_held_claims`](Self::release_held_claims), as
+    /// they do on a real cluster until the controller gets to them.
+    pub fn hold_claim_releases(&self) {
+        lock(&self.store)
+            .claim_releases
+            .get_or_insert_with(Vec::new);
+    }
+
+    /// The controller catches up: the claims of the pods deleted since
+    /// [`hold_claim_releases`](Self::hold_claim_releases) are released, and it works at
+    /// once again.
+    pub fn release_held_claims(&self) {
+        let mut s = lock(&self.store);
+        for uid in s.claim_releases.take().unwrap_or_default() {
+            s.release_claims_of(&uid);
+        }
+        let v = s.version;
+        drop(s);
+        self.pod_version.send_replace(v);
+    }
+}
+
 fn conflict(key: &(String, String), sent: &str) -> ApiError {
     ApiError::Conflict(format!(
         "Operation cannot be fulfilled on resourceclaims.resource.k8s.io \"{}\" in {}: the object has been modified; please apply your changes to the latest version and try again (precondition {sent})",

@@ -14,6 +14,23 @@ use super::{ClaimInfo, DraSettings};
 use crate::k8s::demand::PodDemand;
 use crate::k8s::pod_info::{PodDra, PodInfo, SchedulingTerms};
 
+/// An allocated claim no pod in the store holds: reserved for nobody, or only for pods
+/// gone or finished while the resource claim controller has not yet deallocated it. Its
+/// devices stay taken until then (the write check counts every allocation), so the state
+/// counts them too, under `key` (no pod's UID), never as a victim.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimHold {
+    /// `claim/<namespace>/<name>`.
+    pub key: String,
+    pub node: String,
+    /// (GPU index, milli) of the driver's devices in the node's pool.
+    pub gpus: Vec<(u32, u32)>,
+}
+
+/// What the store says of a claim's user: gone (`None`), or whether it holds or will hold
+/// the claim's devices itself (bound and running, or waiting to be placed).
+pub type UserState = Option<bool>;
+
 /// Claims by namespace and name, and the pods that name each.
 #[derive(Debug, Default)]
 pub struct ClaimIndex {
@@ -127,6 +144,47 @@ impl ClaimIndex {
             }
         }
         None
+    }
+
+    /// The allocations of gpuplace's driver that no user holds (see [`ClaimHold`]), by
+    /// key; `user(namespace, name, uid)` says what the store has of a user.
+    pub fn unowned(&self, user: impl Fn(&str, &str, &str) -> UserState) -> Vec<ClaimHold> {
+        let mut holds: Vec<ClaimHold> = self
+            .claims
+            .values()
+            .filter_map(|claim| {
+                let allocated = claim.allocation.as_ref()?;
+                let held = claim
+                    .reserved_for
+                    .iter()
+                    .filter(|c| c.resource == "pods")
+                    .any(|c| user(&claim.namespace, &c.name, &c.uid) == Some(true));
+                if held {
+                    return None;
+                }
+                let mine = allocated
+                    .devices
+                    .iter()
+                    .filter(|d| d.driver == self.settings.driver);
+                let node = mine.clone().next()?.pool.clone();
+                let mut gpus: Vec<(u32, u32)> = Vec::new();
+                for d in mine.filter(|d| d.pool == node) {
+                    if let Some(index) = gpuplace_model::device_attributes::device_index(&d.device)
+                        && !gpus.iter().any(|(i, _)| *i == index)
+                    {
+                        gpus.push((index, d.milli));
+                    }
+                }
+                Some(ClaimHold {
+                    key: format!("claim/{}/{}", claim.namespace, claim.name),
+                    node,
+                    gpus,
+                })
+            })
+            .filter(|h| !h.gpus.is_empty())
+            .collect();
+        holds.sort_by(|a, b| a.key.cmp(&b.key));
+        holds
     }
 
     /// Whether the pod `pod` was recorded as naming claims.
