@@ -110,11 +110,12 @@ impl PodStore {
         let pods = &self.pods;
         let holds: Arc<[ClaimHold]> = self
             .claims
-            .unowned(|namespace, name, uid| {
-                let pod = pods.get(&(namespace.to_string(), name.to_string()))?;
-                let waits = pod.node_name.is_none()
-                    && !matches!(pod.phase.as_deref(), Some("Succeeded" | "Failed"));
-                (pod.key.uid == uid).then_some(pod.is_active_bound() || waits)
+            .unowned(|key, uid| {
+                pods.get(key).is_some_and(|pod| {
+                    let waits = pod.node_name.is_none()
+                        && !matches!(pod.phase.as_deref(), Some("Succeeded" | "Failed"));
+                    pod.key.uid == uid && (pod.is_active_bound() || waits)
+                })
             })
             .into();
         self.holds = Some((now, self.claim_changes, Arc::clone(&holds)));

@@ -27,10 +27,6 @@ pub struct ClaimHold {
     pub gpus: Vec<(u32, u32)>,
 }
 
-/// What the store says of a claim's user: gone (`None`), or whether it holds or will hold
-/// the claim's devices itself (bound and running, or waiting to be placed).
-pub type UserState = Option<bool>;
-
 /// Claims by namespace and name, and the pods that name each.
 #[derive(Debug, Default)]
 pub struct ClaimIndex {
@@ -147,18 +143,21 @@ impl ClaimIndex {
     }
 
     /// The allocations of gpuplace's driver that no user holds (see [`ClaimHold`]), by
-    /// key; `user(namespace, name, uid)` says what the store has of a user.
-    pub fn unowned(&self, user: impl Fn(&str, &str, &str) -> UserState) -> Vec<ClaimHold> {
-        let mut holds: Vec<ClaimHold> = self
+    /// key. `holds(pod, uid)`: the store's pod `pod` has UID `uid` and holds the claim's
+    /// devices itself or will (bound and running, or waiting to be placed). Only the pods
+    /// that name a claim are asked, and nothing is allocated for the asking.
+    pub fn unowned(&self, holds: impl Fn(&ObjectKey, &str) -> bool) -> Vec<ClaimHold> {
+        let mut found: Vec<ClaimHold> = self
             .claims
-            .values()
-            .filter_map(|claim| {
+            .iter()
+            .filter_map(|(key, claim)| {
                 let allocated = claim.allocation.as_ref()?;
-                let held = claim
-                    .reserved_for
-                    .iter()
-                    .filter(|c| c.resource == "pods")
-                    .any(|c| user(&claim.namespace, &c.name, &c.uid) == Some(true));
+                let held = self.users.get(key).into_iter().flatten().any(|pod| {
+                    claim
+                        .reserved_for
+                        .iter()
+                        .any(|c| c.resource == "pods" && c.name == pod.1 && holds(pod, &c.uid))
+                });
                 if held {
                     return None;
                 }
@@ -183,8 +182,8 @@ impl ClaimIndex {
             })
             .filter(|h| !h.gpus.is_empty())
             .collect();
-        holds.sort_by(|a, b| a.key.cmp(&b.key));
-        holds
+        found.sort_by(|a, b| a.key.cmp(&b.key));
+        found
     }
 
     /// Whether the pod `pod` was recorded as naming claims.
