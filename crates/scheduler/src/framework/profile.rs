@@ -71,6 +71,10 @@ impl Filtering<'_> {
     }
 }
 
+/// What a claim pod short of GPUs is short of, in kube-scheduler's "Insufficient ..." and
+/// "node(s) had no ..." phrases.
+pub const CLAIMED_GPUS: &str = "GPUs for its ResourceClaims";
+
 /// The stages of one scheduling profile, as configured.
 #[derive(Clone, Debug)]
 pub struct Profile {
@@ -104,8 +108,21 @@ impl Profile {
 
     /// Why a pod fits on none of the `nodes` nodes, `filtered` saying which its filters
     /// rejected, as kube-scheduler words it.
-    pub fn explain(&self, why: Unschedulable, filtered: &Filtered, nodes: usize) -> String {
-        explain(why, &filtered.rejected, nodes, &self.gpu_resource)
+    /// A pod that claims its GPUs through DRA is short of claimable GPUs, not of the
+    /// device plugin's resource.
+    pub fn explain(
+        &self,
+        why: Unschedulable,
+        filtered: &Filtered,
+        nodes: usize,
+        claims: bool,
+    ) -> String {
+        let resource = if claims {
+            CLAIMED_GPUS
+        } else {
+            self.gpu_resource.as_str()
+        };
+        explain(why, &filtered.rejected, nodes, resource)
     }
 
     /// PreFilter and Filter: node verdicts (taints, selectors, node affinity, readiness,

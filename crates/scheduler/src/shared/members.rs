@@ -217,10 +217,11 @@ impl<'s, 'a> place::Members for OnSnapshot<'s, 'a> {
     /// too few free (capacity) or enough only in pieces (fragmentation, with the blocks).
     fn unfit(&self, i: usize, why: Unschedulable, filtered: &Kept<'s>) -> String {
         let short_of = gpuplace_core::waiting::short_of(&why);
-        let message = self
-            .filtering
-            .profile
-            .explain(why, &filtered.0, self.snapshot.nodes.len());
+        let claims = self.members[i].0.dra.is_some();
+        let message =
+            self.filtering
+                .profile
+                .explain(why, &filtered.0, self.snapshot.nodes.len(), claims);
         let Ok(demand) = &self.demands[i] else {
             return message;
         };

@@ -31,7 +31,7 @@ async fn an_allocated_claim_whose_pod_is_gone_keeps_its_devices_until_deallocate
     assert!(held(&api, "second").0.is_empty());
     let message = last_message(&api, "b");
     assert!(
-        message.contains("0/1 nodes are available"),
+        message.contains("0/1 nodes are available: 1 Insufficient GPUs for its ResourceClaims"),
         "told it waits for GPUs, not sent to a write the record refuses: {message}"
     );
     // Deallocated: the pod is placed without waiting for a timer (the state says so).
