@@ -20,8 +20,11 @@ pods=${5:?pods csv}
 G=${GPUPLACE:-target/release/gpuplace}
 KCP=${KCP:-$HOME/k136}
 mkdir -p "$out"
+# The warm start ends after WARM_QUIET s without a Binding (a claim pod's first attempt
+# waits for its claim to be made from its template: 2 s cut kube-scheduler's short).
 common=(--nodes "$nodes" --pods "$pods" --sample-nodes "${SAMPLE:-500}" --sample-seed 1 --load 0.9
-  --arrivals "${ARRIVALS:-1140}" --seed "$seed" --speed "$speed" --dra --fake-nodes)
+  --arrivals "${ARRIVALS:-1140}" --seed "$seed" --speed "$speed" --dra --fake-nodes
+  --warm-quiet "${WARM_QUIET:-30}")
 kubectl cordon kcp-node-1 >/dev/null 2>&1 || true
 kill "$(cat "$KCP/run/kube-scheduler.pid" 2>/dev/null)" 2>/dev/null || true
 pkill -f "gpuplace scheduler" 2>/dev/null || true

@@ -99,6 +99,11 @@ pub struct ReplayArgs {
     /// renews them; 0 to 30, 0: none, for a cluster without a node lifecycle controller).
     #[arg(long, default_value_t = 20.0)]
     pub(crate) node_heartbeat: f64,
+    /// Seconds without a Binding that end the warm start (its pods created with the clock
+    /// stopped; those still waiting then wait from time 0); 0.5 to 600. With `--dra` a
+    /// pod's first attempt may wait for its claim to be made: give it longer.
+    #[arg(long, default_value_t = 2.0)]
+    pub(crate) warm_quiet: f64,
     /// A Pod (YAML or JSON) every replay pod is made from: the tolerations, node selector,
     /// affinity, image, pull secrets or labels the cluster's own GPU pods need. The replay
     /// sets the name, namespace, scheduler, node and the container's resources itself.
@@ -257,6 +262,11 @@ async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         args.node_heartbeat
     );
     anyhow::ensure!(
+        args.warm_quiet.is_finite() && (0.5..=600.0).contains(&args.warm_quiet),
+        "--warm-quiet must be between 0.5 and 600 seconds, got {}",
+        args.warm_quiet
+    );
+    anyhow::ensure!(
         args.fake_nodes || args.sample_nodes.is_none(),
         "--sample-nodes samples the node list, which only --fake-nodes creates"
     );
@@ -347,6 +357,7 @@ async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         in_flight: args.in_flight,
         watch_patience: std::time::Duration::from_secs(30),
         heartbeat: std::time::Duration::from_secs_f64(args.node_heartbeat),
+        warm_quiet: std::time::Duration::from_secs_f64(args.warm_quiet),
     };
     let bar = crate::progress::replay_bar(plan.end_ms);
     let show = |p: &Progress| {

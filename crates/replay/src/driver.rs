@@ -34,7 +34,8 @@ use crate::objects::{self, ObjectError, PodTemplate};
 use crate::plan::Plan;
 
 /// The warm start is taken as placed once this long passes without a Binding of one of its
-/// pods (the rest wait, as in the simulator, from time 0).
+/// pods (the rest wait, as in the simulator, from time 0), by default
+/// ([`DriverConfig::warm_quiet`]).
 pub const WARM_QUIET: Duration = Duration::from_secs(2);
 
 /// How a replay runs.
@@ -51,6 +52,9 @@ pub struct DriverConfig {
     pub watch_patience: Duration,
     /// How often fake nodes' heartbeats are renewed (zero: never).
     pub heartbeat: Duration,
+    /// How long without a Binding ends the warm start ([`WARM_QUIET`]; longer where a
+    /// pod's first attempt waits for its claim to be made, as with DRA).
+    pub warm_quiet: Duration,
 }
 
 /// Where a replay stands, for a progress bar.
@@ -231,11 +235,11 @@ impl WarmStart {
     }
 
     /// Every warm-start unit created (`next_unit` past them, no flight left) and either
-    /// every pod bound or none bound for [`WARM_QUIET`].
-    fn placed(&self, next_unit: usize, flights: usize) -> bool {
+    /// every pod bound or none bound for `quiet`.
+    fn placed(&self, next_unit: usize, flights: usize, quiet: Duration) -> bool {
         next_unit >= self.units
             && flights == 0
-            && (self.bound >= self.pods || self.last.elapsed() >= WARM_QUIET)
+            && (self.bound >= self.pods || self.last.elapsed() >= quiet)
     }
 }
 
@@ -453,7 +457,7 @@ pub async fn run<A: ReplayApi>(
             last_beat = Instant::now();
             flights.push(heartbeat_flight(api, &config.template.run, &beating));
         }
-        if run.start.is_none() && run.warm.placed(next_unit, flights.len()) {
+        if run.start.is_none() && run.warm.placed(next_unit, flights.len(), config.warm_quiet) {
             run.start = Some(Instant::now());
         }
         let now = run.now_ms().min(plan.end_ms);

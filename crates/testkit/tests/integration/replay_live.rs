@@ -64,6 +64,7 @@ fn config(speed: f64) -> DriverConfig {
         in_flight: 8,
         watch_patience: Duration::from_secs(2),
         heartbeat: Duration::from_millis(300),
+        warm_quiet: gpuplace_replay::driver::WARM_QUIET,
     }
 }
 
