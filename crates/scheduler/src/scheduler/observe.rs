@@ -154,7 +154,12 @@ impl<A: ClusterApi> Scheduler<A> {
             if after.node_name.is_none() {
                 let plan =
                     |p: &crate::k8s::pod_info::PodInfo| p.dra.as_ref().map(|d| d.plan.clone());
-                if before.demand != after.demand || plan(before) != plan(after) {
+                if before.demand.is_err() && after.demand.is_ok() {
+                    // Its claims could not be read before (not yet made from their
+                    // template): it was never really tried, as kube-scheduler holds such a
+                    // pod before its queue, so no backoff; it is tried at once.
+                    self.queue.forget(&after.key.uid);
+                } else if before.demand != after.demand || plan(before) != plan(after) {
                     self.queue.wake(&after.key.uid, now);
                 }
             } else {

@@ -277,8 +277,9 @@ async fn a_claim_made_from_a_template_after_the_pod_wakes_it() {
         serde_json::from_value(json!({"name": "gpu", "resourceClaimName": "t-gpu-x1"})).unwrap(),
     ]);
     api.put_pod(p);
-    // Woken by its own change, not after the 5-minute flush.
-    let now = Instant::now() + std::time::Duration::from_secs(30);
+    // Tried as soon as its claim is made: no backoff (it was never really tried), not
+    // after the 5-minute flush (the first round was 20 s on).
+    let now = Instant::now() + std::time::Duration::from_millis(20_100);
     scheduler.round(now).await.unwrap();
     scheduler.drain_writes(now).await;
     assert_eq!(bound_node(&api, "t").as_deref(), Some("d1"));
