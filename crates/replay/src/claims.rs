@@ -21,8 +21,7 @@ use crate::objects::{ObjectError, fake_node, run_labels};
 pub const WHOLE_CLASS: &str = "gpu.gpuplace.io";
 /// The DeviceClass of GPU shares (consumable capacity).
 pub const SHARE_CLASS: &str = "gpu-share.gpuplace.io";
-/// The name a pod's claim has in its spec (and its container's `resources.claims`).
-pub const POD_CLAIM: &str = "gpu";
+pub use crate::objects::{POD_CLAIM, template_name};
 
 /// A fake node whose GPUs the DRA driver serves: the fake node without the device
 /// plugin's resources, labelled with the driver.
@@ -92,30 +91,6 @@ pub fn claim_templates<'a>(
         .filter(|r| r.gpu_count > 0 && seen.insert(template_name(r)))
         .map(|r| claim_template(run, namespace, r))
         .collect()
-}
-
-/// The template of the pods asking `request` (one per shape): `gpus-<n>` or
-/// `share-<milli>`, with `-m<hash>` for a list of allowed models.
-pub fn template_name(request: &Request) -> String {
-    let mut name = if request.gpu_milli < 1000 {
-        format!("share-{}", request.gpu_milli)
-    } else {
-        format!("gpus-{}", request.gpu_count)
-    };
-    if !request.allowed_models.is_empty() {
-        name.push_str(&format!("-m{:08x}", models_hash(&request.allowed_models)));
-    }
-    name
-}
-
-/// FNV-1a of the models, in order: a stable short name for a list of any length.
-fn models_hash(models: &[String]) -> u32 {
-    let mut h: u32 = 0x811c_9dc5;
-    for b in models.join(",").bytes() {
-        h ^= u32::from(b);
-        h = h.wrapping_mul(0x0100_0193);
-    }
-    h
 }
 
 /// The ResourceClaimTemplate of `request`'s shape, in `namespace`.

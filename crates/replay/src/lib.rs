@@ -27,6 +27,7 @@ pub mod labels;
 pub mod objects;
 pub mod plan;
 pub mod pod_base;
+mod prepare;
 
 pub use api::{ApiError, Kind, Object, PodSeen, PodState, ReplayApi};
 pub use driver::{DriverConfig, Progress, ReplayError, ReplayOutcome};

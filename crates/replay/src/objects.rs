@@ -124,7 +124,7 @@ pub struct PodTemplate {
     /// The cluster's own pod template (tolerations, node selector, image...), if any.
     pub base: PodBase,
     /// GPUs through DRA: each pod claims them from its shape's ResourceClaimTemplate
-    /// ([`crate::claims`]) instead of asking the device plugin's resources.
+    /// (the `claims` module) instead of asking the device plugin's resources.
     pub dra: bool,
 }
 
@@ -172,12 +172,12 @@ pub fn pod(
     let mut resources = json!({"requests": {"cpu": format!("{}m", request.cpu_milli),
         "memory": format!("{}Mi", request.memory_mib)}, "limits": limits});
     if claims {
-        let claim = crate::claims::POD_CLAIM;
+        let claim = POD_CLAIM;
         resources["claims"] = json!([{"name": claim}]);
         spec.insert(
             "resourceClaims".into(),
             json!([{"name": claim,
-                "resourceClaimTemplateName": crate::claims::template_name(request)}]),
+                "resourceClaimTemplateName": template_name(request)}]),
         );
     }
     spec.insert(
@@ -195,6 +195,34 @@ pub fn pod(
     metadata.insert("annotations".into(), json!(annotations));
     serde_json::from_value(template.base.fill(metadata, spec))
         .map_err(|e| ObjectError::Build(format!("pod {name}: {e}")))
+}
+
+/// The name a pod's claim has in its spec (and its container's `resources.claims`), with
+/// `--dra` (the `claims` module).
+pub const POD_CLAIM: &str = "gpu";
+
+/// The template of the pods asking `request` (one per shape): `gpus-<n>` or
+/// `share-<milli>`, with `-m<hash>` for a list of allowed models.
+pub fn template_name(request: &Request) -> String {
+    let mut name = if request.gpu_milli < 1000 {
+        format!("share-{}", request.gpu_milli)
+    } else {
+        format!("gpus-{}", request.gpu_count)
+    };
+    if !request.allowed_models.is_empty() {
+        name.push_str(&format!("-m{:08x}", models_hash(&request.allowed_models)));
+    }
+    name
+}
+
+/// FNV-1a of the models, in order: a stable short name for a list of any length.
+fn models_hash(models: &[String]) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in models.join(",").bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h
 }
 
 /// The PodGroup of a gang: every member must fit at once.

@@ -12,6 +12,8 @@ use tracing::warn;
 use crate::k8s::demand::{Allocated, Assignment, milli_value};
 use crate::k8s::pod_info::PodInfo;
 
+mod holds;
+
 /// What a bound pod holds on its node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Held {
@@ -339,59 +341,6 @@ pub fn build(nodes: &[Arc<Node>], pods: &[Arc<PodInfo>], gpu_resource: &str) -> 
 }
 
 impl Snapshot {
-    /// Takes the devices of allocated claims no pod holds (`holds`), each under its key
-    /// (never placed, so never a victim); one the state cannot take is skipped with a
-    /// warning. Gives back the earlier holds of `before` first.
-    pub fn hold_claims(
-        &mut self,
-        before: &[crate::k8s::dra::store::ClaimHold],
-        holds: &[crate::k8s::dra::store::ClaimHold],
-    ) {
-        for old in before.iter().filter(|h| !holds.contains(h)) {
-            self.release(&old.key);
-        }
-        for hold in holds.iter().filter(|h| !before.contains(h)) {
-            let Some(n) = self.node_index(&hold.node) else {
-                continue;
-            };
-            let inventory = self.state.inventory(n);
-            let gpus: Vec<(usize, u32)> = hold
-                .gpus
-                .iter()
-                .filter_map(|&(index, milli)| {
-                    let pos = inventory.gpus.iter().position(|g| g.index == index)?;
-                    Some((pos, milli.clamp(1, gpuplace_model::MILLI_PER_GPU)))
-                })
-                .collect();
-            let milli = match gpus.first() {
-                Some(&(_, m)) if gpus.iter().all(|&(_, x)| x == m) => m,
-                _ => gpuplace_model::MILLI_PER_GPU,
-            };
-            let request = Request {
-                gpu_count: gpus.len() as u32,
-                gpu_milli: milli,
-                ..Request::default()
-            };
-            match self.state.apply(n, &request, &gpus) {
-                Ok(()) => {
-                    self.held.insert(
-                        hold.key.clone(),
-                        Held {
-                            node: n,
-                            request,
-                            gpus,
-                            extended: BTreeMap::new(),
-                        },
-                    );
-                }
-                Err(e) => self.warnings.push(Warning::node(format!(
-                    "{}: its devices on {} cannot be counted: {e}",
-                    hold.key, hold.node
-                ))),
-            }
-        }
-    }
-
     /// Records `pod` as placed on node `n` for the inter-pod filters.
     pub fn place(&mut self, n: usize, pod: &Arc<PodInfo>) {
         if pod
