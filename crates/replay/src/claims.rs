@@ -134,19 +134,23 @@ mod tests {
         }
     }
 
-    #[test]
-    fn templates_ask_whole_gpus_a_share_or_allowed_models() {
-        let whole = claim_template("r1", "ns", &request(4, 1000, &[])).unwrap();
-        assert_eq!(whole.metadata.name.as_deref(), Some("gpus-4"));
-        let r = &whole
-            .spec
+    /// The template's one request.
+    fn only_request(t: &ResourceClaimTemplate) -> &k8s_openapi::api::resource::v1::DeviceRequest {
+        &t.spec
             .spec
             .devices
             .as_ref()
             .unwrap()
             .requests
             .as_ref()
-            .unwrap()[0];
+            .unwrap()[0]
+    }
+
+    #[test]
+    fn templates_ask_whole_gpus_a_share_or_allowed_models() {
+        let whole = claim_template("r1", "ns", &request(4, 1000, &[])).unwrap();
+        assert_eq!(whole.metadata.name.as_deref(), Some("gpus-4"));
+        let r = only_request(&whole);
         let exactly = r.exactly.as_ref().unwrap();
         assert_eq!(
             (exactly.device_class_name.as_str(), exactly.count),
@@ -154,15 +158,7 @@ mod tests {
         );
         let share = claim_template("r1", "ns", &request(1, 250, &[])).unwrap();
         assert_eq!(share.metadata.name.as_deref(), Some("share-250"));
-        let r = &share
-            .spec
-            .spec
-            .devices
-            .as_ref()
-            .unwrap()
-            .requests
-            .as_ref()
-            .unwrap()[0];
+        let r = only_request(&share);
         let exactly = r.exactly.as_ref().unwrap();
         assert_eq!(exactly.device_class_name, SHARE_CLASS);
         let asked = exactly
@@ -179,15 +175,7 @@ mod tests {
             name.starts_with("gpus-2-m") && name.len() == "gpus-2-m".len() + 8,
             "{name}"
         );
-        let r = &models
-            .spec
-            .spec
-            .devices
-            .as_ref()
-            .unwrap()
-            .requests
-            .as_ref()
-            .unwrap()[0];
+        let r = only_request(&models);
         let cel = &r.exactly.as_ref().unwrap().selectors.as_ref().unwrap()[0];
         assert_eq!(
             cel.cel.as_ref().unwrap().expression,
