@@ -173,8 +173,9 @@ pub fn waiting_for_victims(
         if n.adopted {
             return false;
         }
-        // Every victim is gone or terminating: wait; one still running means an eviction
-        // failed, and preemption is tried again.
+        // Every victim is gone or terminating: wait while one still holds devices (a pod
+        // stopping, or a claim of a gone pod not yet deallocated); one still running means
+        // an eviction failed, and preemption is tried again.
         return n.victims.iter().all(|v| {
             view.pod(&v.namespace, &v.name)
                 .filter(|p| p.key.uid == v.uid)
@@ -182,6 +183,10 @@ pub fn waiting_for_victims(
         }) && n.victims.iter().any(|v| {
             view.pod(&v.namespace, &v.name)
                 .is_some_and(|p| p.key.uid == v.uid && p.is_active_bound())
+                || view
+                    .claim_holds
+                    .iter()
+                    .any(|h| h.reserved_for.contains(&v.uid))
         });
     }
     waiting_on_node(pod, snapshot)

@@ -25,6 +25,9 @@ pub struct ClaimHold {
     pub node: String,
     /// (GPU index, milli) of the driver's devices in the node's pool.
     pub gpus: Vec<(u32, u32)>,
+    /// The UIDs of the pods still in its `reservedFor` (gone or finished): a preemptor
+    /// whose victim is among them waits for the claim, as for a victim still stopping.
+    pub reserved_for: Vec<String>,
 }
 
 /// Claims by namespace and name, and the pods that name each.
@@ -178,6 +181,12 @@ impl ClaimIndex {
                     key: format!("claim/{}/{}", claim.namespace, claim.name),
                     node,
                     gpus,
+                    reserved_for: claim
+                        .reserved_for
+                        .iter()
+                        .filter(|c| c.resource == "pods")
+                        .map(|c| c.uid.clone())
+                        .collect(),
                 })
             })
             .filter(|h| !h.gpus.is_empty())
