@@ -352,7 +352,12 @@ impl PodInfo {
     /// them until it is gone: the kubelet keeps its devices while it terminates, and a new
     /// pod planned onto them would get other devices or be refused at admission.
     pub fn is_active_bound(&self) -> bool {
-        self.node_name.is_some() && !matches!(self.phase.as_deref(), Some("Succeeded" | "Failed"))
+        self.node_name.is_some() && !self.is_finished()
+    }
+
+    /// Its containers are done (phase Succeeded or Failed).
+    pub fn is_finished(&self) -> bool {
+        matches!(self.phase.as_deref(), Some("Succeeded" | "Failed"))
     }
 
     /// Waits for `scheduler_name`: not bound, not being deleted, not gated, still Pending.

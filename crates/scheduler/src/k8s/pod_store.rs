@@ -111,11 +111,9 @@ impl PodStore {
         let holds: Arc<[ClaimHold]> = self
             .claims
             .unowned(|key, uid| {
-                pods.get(key).is_some_and(|pod| {
-                    let waits = pod.node_name.is_none()
-                        && !matches!(pod.phase.as_deref(), Some("Succeeded" | "Failed"));
-                    pod.key.uid == uid && (pod.is_active_bound() || waits)
-                })
+                // Bound and running, or waiting to be placed: not finished.
+                pods.get(key)
+                    .is_some_and(|pod| pod.key.uid == uid && !pod.is_finished())
             })
             .into();
         self.holds = Some((now, self.claim_changes, Arc::clone(&holds)));

@@ -239,7 +239,7 @@ impl<A: ClusterApi> Scheduler<A> {
                 .seen
                 .claim_holds
                 .iter()
-                .any(|h| !view.claim_holds.contains(h));
+                .any(|h| !h.is_in(&view.claim_holds));
         self.seen.claim_holds = std::sync::Arc::clone(&view.claim_holds);
         let nodes_changed = self.seen.nodes_changed(view);
         let volumes = crate::framework::volumes::digest(&view.claims, &view.volumes);

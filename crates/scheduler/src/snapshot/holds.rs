@@ -10,12 +10,12 @@ use crate::k8s::dra::store::ClaimHold;
 impl Snapshot {
     /// Takes the devices of allocated claims no pod holds (`holds`), each under its key
     /// (never placed, so never a victim); one the state cannot take is skipped with a
-    /// warning. Gives back the earlier holds of `before` first.
+    /// warning. Gives back the earlier holds of `before` first (both sorted by key).
     pub fn hold_claims(&mut self, before: &[ClaimHold], holds: &[ClaimHold]) {
-        for old in before.iter().filter(|h| !holds.contains(h)) {
+        for old in before.iter().filter(|h| !h.is_in(holds)) {
             self.release(&old.key);
         }
-        for hold in holds.iter().filter(|h| !before.contains(h)) {
+        for hold in holds.iter().filter(|h| !h.is_in(before)) {
             let Some(n) = self.node_index(&hold.node) else {
                 continue;
             };

@@ -30,6 +30,16 @@ pub struct ClaimHold {
     pub reserved_for: Vec<String>,
 }
 
+impl ClaimHold {
+    /// Whether `holds` (sorted by key, as [`ClaimIndex::unowned`] gives them) has this one
+    /// as it is: a lookup by key, not a walk, as rounds compare two lists of them.
+    pub fn is_in(&self, holds: &[ClaimHold]) -> bool {
+        holds
+            .binary_search_by(|h| h.key.cmp(&self.key))
+            .is_ok_and(|i| holds[i] == *self)
+    }
+}
+
 /// Claims by namespace and name, and the pods that name each.
 #[derive(Debug, Default)]
 pub struct ClaimIndex {
