@@ -146,6 +146,11 @@ impl<V> RelistStore<V> {
         self.items.get(key)
     }
 
+    /// The object under `key` in the list in progress, if one is and has it.
+    pub fn listing(&self, key: &ObjectKey) -> Option<&Arc<V>> {
+        self.relist.as_ref()?.get(key)
+    }
+
     /// An object was added or changed; returns the one it replaces.
     pub fn apply(&mut self, key: ObjectKey, value: Arc<V>) -> Option<Arc<V>> {
         let before = self.items.insert(key.clone(), value);

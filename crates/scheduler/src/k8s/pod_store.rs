@@ -141,19 +141,25 @@ impl PodStore {
     /// The pods `keys` resolved again against the claims, stored where that changed them.
     fn resolve_again(&mut self, keys: &[ObjectKey]) {
         for key in keys {
-            let Some(info) = self.pods.get(key) else {
-                continue;
-            };
-            let next = self.resolved((**info).clone());
-            let same = next.demand == info.demand
-                && next.claim_gpus == info.claim_gpus
-                && next.filter_key == info.filter_key
-                && next.dra.as_ref().map(|d| &d.plan) == info.dra.as_ref().map(|d| &d.plan);
-            if !same {
-                let next = Arc::new(self.share_terms(next));
+            if let Some(next) = self.pods.get(key).cloned().and_then(|i| self.again(&i)) {
                 self.pods.apply(key.clone(), next);
             }
+            // A pod of a list in progress too: else it comes in with the claim it lacked
+            // when it was listed (claims and pods are listed side by side at a start).
+            if let Some(next) = self.pods.listing(key).cloned().and_then(|i| self.again(&i)) {
+                self.pods.relisted(key.clone(), next);
+            }
         }
+    }
+
+    /// `info` resolved against the claims as they are now, if that changes it.
+    fn again(&mut self, info: &PodInfo) -> Option<Arc<PodInfo>> {
+        let next = self.resolved(info.clone());
+        let same = next.demand == info.demand
+            && next.claim_gpus == info.claim_gpus
+            && next.filter_key == info.filter_key
+            && next.dra.as_ref().map(|d| &d.plan) == info.dra.as_ref().map(|d| &d.plan);
+        (!same).then(|| Arc::new(self.share_terms(next)))
     }
 
     /// Tracks the claims `key` names (`info`, or none when it is gone) and resolves the
@@ -349,6 +355,36 @@ mod tests {
         cache.relist_done();
         assert!(Arc::ptr_eq(&before, &cache.view()[0]));
         assert!(!Arc::ptr_eq(&a1, &cache.view()[0]));
+    }
+
+    /// At a start pods and claims are listed side by side: a pod listed before its claim
+    /// comes in resolved against it, not waiting for it (on the real 1.36 server 122 of
+    /// 2,000 claim pods were told "waiting for ResourceClaim" in the first round).
+    #[test]
+    fn a_pod_listed_before_its_claim_is_resolved_when_the_claim_comes() {
+        let mut cache = PodStore::new("nvidia.com/gpu").with_dra(Default::default());
+        let claim_pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u-p", "resourceVersion": "1"},
+            "spec": {"containers": [{"name": "c", "resources": {"claims": [{"name": "gpu"}]}}],
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": "c"}]}
+        }))
+        .unwrap();
+        let claim: ResourceClaim = serde_json::from_value(json!({
+            "metadata": {"name": "c", "namespace": "ns", "uid": "u-c", "resourceVersion": "2"},
+            "spec": {"devices": {"requests": [{"name": "gpu",
+                "exactly": {"deviceClassName": "gpu.gpuplace.io", "count": 1}}]}}
+        }))
+        .unwrap();
+        cache.begin_relist();
+        cache.relisted(&claim_pod);
+        cache.apply_claim(&claim);
+        cache.relist_done();
+        let listed = &cache.view()[0];
+        assert_eq!(
+            listed.demand.as_ref().map(|d| d.request.gpu_count),
+            Ok(1),
+            "{listed:?}"
+        );
     }
 
     fn with_terms(name: &str, preferred_zone: Option<&str>) -> Pod {
