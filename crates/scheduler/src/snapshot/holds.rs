@@ -40,7 +40,7 @@ impl Snapshot {
             match self.state.apply(n, &request, &gpus) {
                 Ok(()) => {
                     self.held.insert(
-                        hold.key.clone(),
+                        hold.key.to_string(),
                         Held {
                             node: n,
                             request,
