@@ -21,9 +21,13 @@ these cases, each compared the same way:
   gets four (its results name `gpu/four`), one asking an H100 (the node has none) else any
   GPU gets one (`gpu/any`).
 - all: a claim with `allocationMode: All` waits while GPU 0 is held, then gets all eight.
+- distinct: `distinctAttribute` on `uuid` with two GPUs runs on two GPUs; on `numaNode` (four
+  GPUs share each) gpuplace does not spread a claim's GPUs: a claim of two waits, said so, and
+  a firstAvailable of two else one gets one (`gpu/one`); kube-scheduler spreads both over the
+  two NUMA nodes (logged).
 
 Settings as realnode-dra-check.py (GPUPLACE, KCP, NODE, SCHEDULER, WAIT) and CASES (comma list
-of fragmented,gang,preempt,workload,selected,first,all). Needs `gpuplace scheduler` running when SCHEDULER=gpuplace.
+of fragmented,gang,preempt,workload,selected,first,all,distinct). Needs `gpuplace scheduler` running when SCHEDULER=gpuplace.
 Last line: dra-scheduling: pods=N running=R compared=C mismatches=M over=O leaked=L
 """
 import importlib.util, json, os, subprocess, sys, time
@@ -294,7 +298,47 @@ def case_all():
     expect_clean("all")
 
 
-CASES = {"fragmented": case_fragmented, "gang": case_gang, "preempt": case_preempt, "workload": case_workload, "selected": case_selected, "first": case_first, "all": case_all}
+def distinct(t, attribute):
+    """Template `t` with a distinctAttribute constraint on `attribute` of the driver."""
+    t["spec"]["spec"]["devices"]["constraints"] = [{"distinctAttribute": f"{DRIVER}/{attribute}"}]
+    return t
+
+
+def case_distinct():
+    log("== distinctAttribute: uuid met by two GPUs; numaNode (four GPUs share each) by one GPU in gpuplace")
+    objs = [distinct(template("two-uuids", count=2), "uuid"), distinct(template("two-numa", count=2), "numaNode"),
+            distinct(first_template("two-else-one", [("two", 2, None), ("one", 1, None)]), "numaNode")]
+    pods = [pod("two-uuids", {"gpu": ("template", "two-uuids")}),
+            pod("two-else-one", {"gpu": ("template", "two-else-one")})]
+    names = phase("two GPUs of different uuids; two else one GPU on different NUMA nodes", pods, objs)
+    for name in names:
+        results = claim_results(name)
+        log(f"{name} got {sorted(r['device'] for r in results)} for {sorted({r['request'] for r in results})}")
+    if len(set(claim_devices("two-uuids"))) != 2:
+        STATS["mismatches"] += 1
+    spread = SCHEDULER != "gpuplace"
+    if not spread and sorted({r["request"] for r in claim_results("two-else-one")}) != ["gpu/one"]:
+        STATS["mismatches"] += 1
+    apply(pod("two-numa", {"gpu": ("template", "two-numa")}))
+    if spread:
+        STATS["pods"] += 1
+        wait_running(["two-numa"])
+        compare(["two-numa"])
+        log(f"two-numa got {claim_devices('two-numa')}")
+        names.append("two-numa")
+    else:
+        time.sleep(5)
+        p = get("pod", "two-numa")
+        cond = next((c for c in p["status"].get("conditions", []) if c["type"] == "PodScheduled"), {})
+        log(f"two-numa: {cond.get('message', '')[:300]}")
+        if p["spec"].get("nodeName") or "does not spread" not in cond.get("message", ""):
+            STATS["mismatches"] += 1
+        delete_pods(["two-numa"])
+    delete_pods(names)
+    expect_clean("distinct")
+
+
+CASES = {"fragmented": case_fragmented, "gang": case_gang, "preempt": case_preempt, "workload": case_workload, "selected": case_selected, "first": case_first, "all": case_all, "distinct": case_distinct}
 
 
 def main():

@@ -9,6 +9,7 @@
 //! honoured, and nothing else is kept (no annotation), so a restart or a new leader reads
 //! the same record.
 
+pub mod constraints;
 pub mod pod;
 pub mod selectors;
 pub mod store;
@@ -270,22 +271,40 @@ pub fn shape_of(claim: &ResourceClaim, settings: &DraSettings) -> Result<ClaimSh
         return Err("it requests no devices".into());
     }
     let mut topology = GpuTopology::Any;
+    // Why a way of more than one device cannot be had (a spread gpuplace does not make).
+    let mut one_device = None;
     for c in devices
         .and_then(|d| d.constraints.as_ref())
         .into_iter()
         .flatten()
     {
-        if let Some(attribute) = &c.distinct_attribute {
-            return Err(format!(
-                "constraint distinctAttribute {attribute:?} is not supported by gpuplace's allocator (every device it allocates is distinct)"
-            ));
+        if let Some(attribute) = &c.distinct_attribute
+            && let Some(why) = constraints::distinct(attribute, &settings.driver)?
+        {
+            one_device.get_or_insert(why);
         }
         let Some(attribute) = &c.match_attribute else {
             continue;
         };
-        topology = both(topology, match_topology(attribute, &settings.driver)?)?;
+        topology = constraints::both(
+            topology,
+            constraints::match_topology(attribute, &settings.driver)?,
+        )?;
     }
     let options = options_of(&choices)?;
+    let options = match one_device {
+        None => options,
+        Some(why) => kept(
+            options.into_iter().map(|o| {
+                if o.count() <= 1 && !o.requests.iter().any(|r| r.all) {
+                    Ok(o)
+                } else {
+                    Err(why.clone())
+                }
+            }),
+            "it requests no devices",
+        )?,
+    };
     Ok(ClaimShape { options, topology })
 }
 
@@ -382,41 +401,6 @@ fn checked_option(requests: Vec<ShapeRequest>) -> Result<ClaimOption, String> {
         );
     }
     Ok(option)
-}
-
-/// Two topologies asked at once: one may be none; two different ones are refused (gpuplace
-/// meets one topology per pod), rather than one silently dropped.
-pub fn both(a: GpuTopology, b: GpuTopology) -> Result<GpuTopology, String> {
-    match (a, b) {
-        (GpuTopology::Any, x) | (x, GpuTopology::Any) => Ok(x),
-        (x, y) if x == y => Ok(x),
-        (x, y) => Err(format!(
-            "its constraints ask GPUs {} and {} at once; gpuplace meets one such constraint a pod",
-            x.phrase(),
-            y.phrase()
-        )),
-    }
-}
-
-/// The topology a `matchAttribute` constraint asks: GPUs in one NVLink clique or domain
-/// (linked), behind one PCIe switch, on one NUMA node; attributes every GPU of a node
-/// shares (model, driver version, type) ask nothing more.
-fn match_topology(attribute: &str, driver: &str) -> Result<GpuTopology, String> {
-    let (domain, name) = attribute.split_once('/').unwrap_or((driver, attribute));
-    if domain != driver {
-        return Err(format!(
-            "constraint matchAttribute {attribute:?} is not an attribute of driver {driver}"
-        ));
-    }
-    match name {
-        "nvlinkClique" | "nvlinkDomain" => Ok(GpuTopology::Nvlink),
-        "pcieSwitch" => Ok(GpuTopology::PcieSwitch),
-        "numaNode" => Ok(GpuTopology::Numa),
-        "model" | "driverVersion" | "type" => Ok(GpuTopology::Any),
-        _ => Err(format!(
-            "constraint matchAttribute {attribute:?}: gpuplace matches nvlinkClique, nvlinkDomain, pcieSwitch, numaNode, model, driverVersion and type"
-        )),
-    }
 }
 
 /// What one request may be met by: itself when it is `exactly` (or the reason gpuplace

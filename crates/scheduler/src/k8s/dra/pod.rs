@@ -152,7 +152,7 @@ pub fn plans_of(
                     .shape
                     .as_ref()
                     .map_err(|e| format!("ResourceClaim {}: {e}", claim.key()))?;
-                base.topology = super::both(base.topology, shape.topology)?;
+                base.topology = super::constraints::both(base.topology, shape.topology)?;
                 base.allocate.push(Arc::clone(claim));
             }
         }

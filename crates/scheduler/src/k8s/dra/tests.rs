@@ -143,8 +143,13 @@ fn what_gpuplace_cannot_allocate_is_said() {
         ),
         (
             json!([{"name": "g", "exactly": {"deviceClassName": "gpu.gpuplace.io", "count": 2}}]),
-            json!([{"distinctAttribute": "gpu.gpuplace.io/uuid"}]),
-            "distinctAttribute",
+            json!([{"distinctAttribute": "gpu.gpuplace.io/numaNode"}]),
+            "does not spread",
+        ),
+        (
+            json!([{"name": "g", "exactly": {"deviceClassName": "gpu.gpuplace.io"}}]),
+            json!([{"distinctAttribute": "gpu.gpuplace.io/rack"}]),
+            "meets uuid and index",
         ),
         (
             json!([{"name": "g", "exactly": {"deviceClassName": "gpu.gpuplace.io", "count": 2}}]),
@@ -163,6 +168,22 @@ fn what_gpuplace_cannot_allocate_is_said() {
         let e = shape(requests.clone(), constraints).unwrap_err();
         assert!(e.contains(said), "{requests}: {e}");
     }
+}
+
+/// A GPU's own attribute is distinct among a claim's devices by construction; one several
+/// GPUs share leaves only the ways of one GPU (a firstAvailable list falls to them).
+#[test]
+fn distinct_attributes_are_met_by_different_gpus_or_by_one_gpu() {
+    let two = json!([{"name": "g", "exactly": {"deviceClassName": "gpu.gpuplace.io", "count": 2}}]);
+    let uuid = json!([{"distinctAttribute": "gpu.gpuplace.io/uuid"}]);
+    let numa = json!([{"distinctAttribute": "gpu.gpuplace.io/numaNode"}]);
+    assert_eq!(shape(two.clone(), uuid).unwrap().options[0].count(), 2);
+    let one = json!([{"name": "g", "exactly": {"deviceClassName": "gpu.gpuplace.io"}}]);
+    assert_eq!(shape(one, numa.clone()).unwrap().options[0].count(), 1);
+    let counts = |s: ClaimShape| s.options.iter().map(ClaimOption::count).collect::<Vec<_>>();
+    let listed = json!([{"name": "g", "firstAvailable": subrequests(3)}]);
+    assert_eq!(counts(shape(listed.clone(), numa).unwrap()), [1]);
+    assert_eq!(counts(shape(listed, json!(null)).unwrap()), [3, 2, 1]);
 }
 
 /// `n` subrequests of whole GPUs, asking n, n-1, ... 1 devices.
