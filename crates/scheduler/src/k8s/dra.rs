@@ -271,8 +271,9 @@ pub fn shape_of(claim: &ResourceClaim, settings: &DraSettings) -> Result<ClaimSh
         return Err("it requests no devices".into());
     }
     let mut topology = GpuTopology::Any;
-    // Why a way of more than one device cannot be had (a spread gpuplace does not make).
-    let mut one_device = None;
+    // Spreads gpuplace does not make: a way with more than one device among the requests
+    // such a constraint names cannot be had.
+    let mut spreads = Vec::new();
     for c in devices
         .and_then(|d| d.constraints.as_ref())
         .into_iter()
@@ -281,7 +282,10 @@ pub fn shape_of(claim: &ResourceClaim, settings: &DraSettings) -> Result<ClaimSh
         if let Some(attribute) = &c.distinct_attribute
             && let Some(why) = constraints::distinct(attribute, &settings.driver)?
         {
-            one_device.get_or_insert(why);
+            spreads.push(constraints::Spread {
+                why,
+                requests: c.requests.clone().unwrap_or_default(),
+            });
         }
         let Some(attribute) = &c.match_attribute else {
             continue;
@@ -292,18 +296,17 @@ pub fn shape_of(claim: &ResourceClaim, settings: &DraSettings) -> Result<ClaimSh
         )?;
     }
     let options = options_of(&choices)?;
-    let options = match one_device {
-        None => options,
-        Some(why) => kept(
-            options.into_iter().map(|o| {
-                if o.count() <= 1 && !o.requests.iter().any(|r| r.all) {
-                    Ok(o)
-                } else {
-                    Err(why.clone())
-                }
-            }),
-            "it requests no devices",
-        )?,
+    let options = if spreads.is_empty() {
+        options
+    } else {
+        let tried =
+            options
+                .into_iter()
+                .map(|o| match spreads.iter().find(|s| !s.met_by(&o.requests)) {
+                    Some(spread) => Err(spread.why.clone()),
+                    None => Ok(o),
+                });
+        kept(tried, "it requests no devices")?
     };
     Ok(ClaimShape { options, topology })
 }

@@ -4,6 +4,38 @@
 
 use gpuplace_model::GpuTopology;
 
+use super::ShapeRequest;
+
+/// A `distinctAttribute` on an attribute several GPUs share: met only where the requests
+/// it names (all when it names none) ask one device in all.
+#[derive(Clone, Debug)]
+pub struct Spread {
+    /// Why a way of more devices cannot be had.
+    pub why: String,
+    /// The requests it names (a `firstAvailable` request's name covers its subrequests).
+    pub requests: Vec<String>,
+}
+
+impl Spread {
+    /// Whether a way with `requests` meets it.
+    pub fn met_by(&self, requests: &[ShapeRequest]) -> bool {
+        let named = requests.iter().filter(|r| {
+            self.requests.is_empty()
+                || self.requests.iter().any(|n| {
+                    *n == r.name || r.name.split_once('/').is_some_and(|(req, _)| req == n)
+                })
+        });
+        let mut devices = 0;
+        for r in named {
+            if r.all {
+                return false;
+            }
+            devices += r.count;
+        }
+        devices <= 1
+    }
+}
+
 /// Two topologies asked at once: one may be none; two different ones are refused (gpuplace
 /// meets one topology per pod), rather than one silently dropped.
 pub fn both(a: GpuTopology, b: GpuTopology) -> Result<GpuTopology, String> {

@@ -181,8 +181,17 @@ fn distinct_attributes_are_met_by_different_gpus_or_by_one_gpu() {
     let one = json!([{"name": "g", "exactly": {"deviceClassName": "gpu.gpuplace.io"}}]);
     assert_eq!(shape(one, numa.clone()).unwrap().options[0].count(), 1);
     let counts = |s: ClaimShape| s.options.iter().map(ClaimOption::count).collect::<Vec<_>>();
+    // A constraint that names one request of one GPU is met beside a request of two.
+    let beside = json!([{"name": "a", "exactly": {"deviceClassName": "gpu.gpuplace.io"}},
+        {"name": "b", "exactly": {"deviceClassName": "gpu.gpuplace.io", "count": 2}}]);
+    let on_a = json!([{"distinctAttribute": "gpu.gpuplace.io/numaNode", "requests": ["a"]}]);
+    assert_eq!(counts(shape(beside.clone(), on_a).unwrap()), [3]);
+    let on_b = json!([{"distinctAttribute": "gpu.gpuplace.io/numaNode", "requests": ["b"]}]);
+    assert!(shape(beside, on_b).unwrap_err().contains("does not spread"));
     let listed = json!([{"name": "g", "firstAvailable": subrequests(3)}]);
     assert_eq!(counts(shape(listed.clone(), numa).unwrap()), [1]);
+    let on_g = json!([{"distinctAttribute": "gpu.gpuplace.io/numaNode", "requests": ["g"]}]);
+    assert_eq!(counts(shape(listed.clone(), on_g).unwrap()), [1]);
     assert_eq!(counts(shape(listed, json!(null)).unwrap()), [3, 2, 1]);
 }
 
