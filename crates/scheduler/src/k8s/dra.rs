@@ -299,13 +299,19 @@ pub fn shape_of(claim: &ResourceClaim, settings: &DraSettings) -> Result<ClaimSh
     let options = if spreads.is_empty() {
         options
     } else {
-        let tried =
-            options
-                .into_iter()
-                .map(|o| match spreads.iter().find(|s| !s.met_by(&o.requests)) {
-                    Some(spread) => Err(spread.why.clone()),
-                    None => Ok(o),
-                });
+        let tried = options.into_iter().map(|o| {
+            let asks = || {
+                o.requests.iter().map(|r| constraints::Asks {
+                    name: &r.name,
+                    count: r.count,
+                    all: r.all,
+                })
+            };
+            match spreads.iter().find(|s| !s.met_by(asks())) {
+                Some(spread) => Err(spread.why.clone()),
+                None => Ok(o),
+            }
+        });
         kept(tried, "it requests no devices")?
     };
     Ok(ClaimShape { options, topology })

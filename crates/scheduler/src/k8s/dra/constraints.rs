@@ -4,8 +4,6 @@
 
 use gpuplace_model::GpuTopology;
 
-use super::ShapeRequest;
-
 /// A `distinctAttribute` on an attribute several GPUs share: met only where the requests
 /// it names (all when it names none) ask one device in all.
 #[derive(Clone, Debug)]
@@ -16,14 +14,25 @@ pub struct Spread {
     pub requests: Vec<String>,
 }
 
+/// What one request of a way asks, as a [`Spread`] counts it.
+#[derive(Clone, Copy, Debug)]
+pub struct Asks<'a> {
+    /// The request's name (`<request>/<subrequest>` for a `firstAvailable` choice).
+    pub name: &'a str,
+    pub count: u32,
+    /// `allocationMode: All`: every GPU of its node.
+    pub all: bool,
+}
+
 impl Spread {
-    /// Whether a way with `requests` meets it.
-    pub fn met_by(&self, requests: &[ShapeRequest]) -> bool {
-        let named = requests.iter().filter(|r| {
+    /// Whether a way whose requests ask `asks` meets it.
+    pub fn met_by<'a>(&self, asks: impl IntoIterator<Item = Asks<'a>>) -> bool {
+        let named = asks.into_iter().filter(|r| {
             self.requests.is_empty()
-                || self.requests.iter().any(|n| {
-                    *n == r.name || r.name.split_once('/').is_some_and(|(req, _)| req == n)
-                })
+                || self
+                    .requests
+                    .iter()
+                    .any(|n| n == r.name || r.name.split_once('/').is_some_and(|(req, _)| req == n))
         });
         let mut devices = 0;
         for r in named {
