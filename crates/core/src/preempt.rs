@@ -21,6 +21,9 @@ use crate::devices::choose_gpus_on;
 use crate::policy::Policy;
 use crate::state::{ClusterState, NodeState};
 
+mod per_node;
+use per_node::{ByNode, PerNode};
+
 /// What one pod holds on its node (as applied to the state), borrowed from the caller's
 /// records (a search over tens of thousands of pods copies none of them).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -209,46 +212,33 @@ pub struct Preemption {
     pub cost: Cost,
 }
 
-/// Which node each candidate unit and terminating pod touches.
-struct ByNode {
-    units: Vec<Vec<usize>>,
-    freeing: Vec<Vec<usize>>,
-}
-
-impl ByNode {
-    /// Skips the units marked in `taken` and the terminating pods marked in `freed` (what a
-    /// gang's earlier members already counted on).
-    fn new(
-        state: &ClusterState,
-        candidates: &Candidates<'_>,
-        taken: &[bool],
-        freed: &[bool],
-    ) -> ByNode {
-        let mut by = ByNode {
-            units: vec![Vec::new(); state.len()],
-            freeing: vec![Vec::new(); state.len()],
-        };
-        for u in 0..candidates.units.len() {
-            if taken.get(u).copied().unwrap_or(false) {
-                continue;
-            }
-            for m in candidates.members(u) {
-                if let Some(list) = by.units.get_mut(m.node)
-                    && list.last() != Some(&u)
-                {
-                    list.push(u);
-                }
-            }
-        }
-        for (i, h) in candidates.freeing.iter().enumerate() {
-            if freed.get(i).copied().unwrap_or(false) {
-                continue;
-            }
-            if let Some(list) = by.freeing.get_mut(h.node) {
-                list.push(i);
-            }
-        }
-        by
+/// Which node each of `candidates`' units and terminating pods touches, over `nodes`
+/// nodes; skips the units marked in `taken` and the terminating pods marked in `freed`
+/// (what a gang's earlier members already counted on). A unit is listed once on each
+/// node one of its members is on.
+fn by_node(nodes: usize, candidates: &Candidates<'_>, taken: &[bool], freed: &[bool]) -> ByNode {
+    let units = || {
+        (0..candidates.units.len())
+            .filter(|&u| !taken.get(u).copied().unwrap_or(false))
+            .flat_map(move |u| {
+                let members = candidates.members(u);
+                members.iter().enumerate().filter_map(move |(i, m)| {
+                    let first_here = !members[..i].iter().any(|o| o.node == m.node);
+                    first_here.then_some((m.node, u))
+                })
+            })
+    };
+    let freeing = || {
+        candidates
+            .freeing
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| !freed.get(i).copied().unwrap_or(false))
+            .map(|(i, h)| (h.node, i))
+    };
+    ByNode {
+        units: PerNode::build(nodes, units),
+        freeing: PerNode::build(nodes, freeing),
     }
 }
 
@@ -321,9 +311,12 @@ fn victims_on(
     by: &ByNode,
     scratch: &mut Scratch,
 ) -> bool {
+    if !amounts_cover(state, n, request, candidates, by) {
+        return false;
+    }
     copy_state(&mut scratch.node, state.node(n));
-    for &i in &by.freeing[n] {
-        give(&mut scratch.node, &candidates.freeing[i]);
+    for &i in by.freeing(n) {
+        give(&mut scratch.node, &candidates.freeing[i as usize]);
     }
     scratch.units.clear();
     if state.fit_on(n, &scratch.node, request).is_ok() {
@@ -331,8 +324,8 @@ fn victims_on(
         return true;
     }
     let here = |u: usize| candidates.members(u).iter().filter(move |m| m.node == n);
-    for &u in &by.units[n] {
-        here(u).for_each(|m| give(&mut scratch.node, m));
+    for &u in by.units(n) {
+        here(u as usize).for_each(|m| give(&mut scratch.node, m));
     }
     if state.fit_on(n, &scratch.node, request).is_err() {
         return false;
@@ -342,7 +335,9 @@ fn victims_on(
     // in); those whose eviction violates a budget get their chance to stay before the
     // others.
     scratch.order.clear();
-    scratch.order.extend_from_slice(&by.units[n]);
+    scratch
+        .order
+        .extend(by.units(n).iter().map(|&u| u as usize));
     let first_gpu = |u: usize| here(u).flat_map(|m| m.gpus.iter().map(|g| g.0)).min();
     scratch.order.sort_by_key(|&u| {
         (
@@ -377,6 +372,40 @@ fn victims_on(
         .units
         .sort_by_key(|&u| (std::cmp::Reverse(candidates.units[u].priority), u));
     true
+}
+
+/// Whether node `n`'s free GPU milli, CPU and memory, with what its terminating pods and
+/// every candidate on it hold, cover `request` (else no eviction makes it fit, and the
+/// node's state is not copied to find that out; a reclaim searches every node). Always
+/// true where GPUs are time-sliced, as for [`room_possible`].
+fn amounts_cover(
+    state: &ClusterState,
+    n: usize,
+    request: &Request,
+    candidates: &Candidates<'_>,
+    by: &ByNode,
+) -> bool {
+    if state.any_time_sliced() {
+        return true;
+    }
+    let mut have = free_amounts(state, n);
+    let mut add = |h: &Holder<'_>| {
+        have[0] += h.gpus.iter().map(|&(_, m)| u64::from(m)).sum::<u64>();
+        have[1] += h.request.cpu_milli;
+        have[2] += h.request.memory_mib;
+    };
+    for &i in by.freeing(n) {
+        add(&candidates.freeing[i as usize]);
+    }
+    for &u in by.units(n) {
+        candidates
+            .members(u as usize)
+            .iter()
+            .filter(|m| m.node == n)
+            .for_each(&mut add);
+    }
+    let need = amounts_of(request);
+    (0..3).all(|d| have[d] >= need[d])
 }
 
 /// The cost of evicting `units` for `request`, without the fragmentation after.
@@ -444,7 +473,7 @@ fn find_with(
     taken: &[bool],
     freed: &[bool],
 ) -> Option<Preemption> {
-    let by = ByNode::new(state, candidates, taken, freed);
+    let by = by_node(state.len(), candidates, taken, freed);
     let mut scratch = Scratch {
         node: NodeState {
             cpu_free: 0,
@@ -464,7 +493,7 @@ fn find_with(
         if allowed.is_some_and(|mask| !mask.get(n).copied().unwrap_or(false)) {
             continue;
         }
-        if by.units[n].is_empty() && by.freeing[n].is_empty() {
+        if by.units(n).is_empty() && by.freeing(n).is_empty() {
             continue;
         }
         if !victims_on(state, n, request, candidates, &by, &mut scratch) {
