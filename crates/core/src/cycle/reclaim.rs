@@ -13,39 +13,57 @@ use crate::preempt::Candidates;
 /// Plans tried before giving up (each drops one queue's pods on the nodes it lost them).
 pub const MAX_PLANS: usize = 32;
 
-/// What evicting one of the victim search's units takes: its queue (a gang's from its
-/// first member), the nodes its pods are on and what they hold (GPUs by their model).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Taken {
-    pub queue: usize,
-    pub nodes: Vec<usize>,
-    pub res: Res,
+/// What evicting each of the victim search's units takes, read when a plan asks: its
+/// queue (`unit_queue`, a gang's from its first member), the nodes its pods are on and
+/// what they hold (GPUs by their model). Read on demand, not made for every unit: a
+/// reclaim searches thousands of units and checks a few plans (making a queue's
+/// resources for each was 15% of a share-heavy replay with queues).
+#[derive(Clone, Copy, Debug)]
+pub struct Takes<'c, 'a> {
+    state: &'c ClusterState,
+    candidates: &'c Candidates<'a>,
+    unit_queue: &'c [usize],
 }
 
-impl Taken {
-    /// Each of `candidates`' units, of the queue `unit_queue` gives.
-    pub fn of_units(
-        state: &ClusterState,
-        candidates: &Candidates<'_>,
-        unit_queue: &[usize],
-    ) -> Vec<Taken> {
-        (0..candidates.units.len())
-            .map(|u| {
-                let mut res = Res::default();
-                let mut nodes = Vec::new();
-                for h in candidates.members(u) {
-                    res.add(&held(state, h));
-                    if !nodes.contains(&h.node) {
-                        nodes.push(h.node);
-                    }
-                }
-                Taken {
-                    queue: unit_queue[u],
-                    nodes,
-                    res,
-                }
-            })
-            .collect()
+impl<'c, 'a> Takes<'c, 'a> {
+    pub fn new(
+        state: &'c ClusterState,
+        candidates: &'c Candidates<'a>,
+        unit_queue: &'c [usize],
+    ) -> Takes<'c, 'a> {
+        Takes {
+            state,
+            candidates,
+            unit_queue,
+        }
+    }
+
+    /// How many units (those with a queue).
+    pub fn len(&self) -> usize {
+        self.candidates.units.len().min(self.unit_queue.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Unit `u`'s queue.
+    pub fn queue(&self, u: usize) -> usize {
+        self.unit_queue[u]
+    }
+
+    /// What evicting unit `u` takes from its queue.
+    pub fn res(&self, u: usize) -> Res {
+        let mut res = Res::default();
+        for h in self.candidates.members(u) {
+            res.add(&held(self.state, h));
+        }
+        res
+    }
+
+    /// The nodes unit `u`'s pods are on (repeats possible).
+    pub fn nodes(&self, u: usize) -> impl Iterator<Item = usize> + 'c {
+        self.candidates.members(u).iter().map(|h| h.node)
     }
 }
 
@@ -82,43 +100,40 @@ pub struct WithinGuarantees<P> {
     pub plan: P,
 }
 
-/// What evicting `units` (of `taken`) takes from each queue.
-pub fn losses(taken: &[Taken], units: &[usize]) -> Vec<Loss> {
+/// What evicting `units` (of `takes`) takes from each queue.
+pub fn losses(takes: &Takes<'_, '_>, units: &[usize]) -> Vec<Loss> {
     let mut losses: Vec<Loss> = Vec::new();
     for &u in units {
-        let t = &taken[u];
-        match losses.iter_mut().find(|l| l.queue == t.queue) {
-            Some(l) => l.res.add(&t.res),
-            None => losses.push(Loss {
-                queue: t.queue,
-                res: t.res.clone(),
-            }),
+        let (queue, res) = (takes.queue(u), takes.res(u));
+        match losses.iter_mut().find(|l| l.queue == queue) {
+            Some(l) => l.res.add(&res),
+            None => losses.push(Loss { queue, res }),
         }
     }
     losses
 }
 
 /// Marks queue `v`'s units on the nodes the plan's `units` took its pods from.
-fn exclude(taken: &[Taken], units: &[usize], v: usize, excluded: &mut [bool]) {
+fn exclude(takes: &Takes<'_, '_>, units: &[usize], v: usize, excluded: &mut [bool]) {
     let nodes: Vec<usize> = units
         .iter()
-        .filter(|&&u| taken[u].queue == v)
-        .flat_map(|&u| taken[u].nodes.iter().copied())
+        .filter(|&&u| takes.queue(u) == v)
+        .flat_map(|&u| takes.nodes(u))
         .collect();
-    for (u, t) in taken.iter().enumerate() {
-        if t.queue == v && t.nodes.iter().any(|n| nodes.contains(n)) {
+    for u in 0..takes.len().min(excluded.len()) {
+        if takes.queue(u) == v && takes.nodes(u).any(|n| nodes.contains(&n)) {
             excluded[u] = true;
         }
     }
 }
 
-/// The queue among `taken`'s whose standing with usage over time is furthest past its
+/// The queue among `takes`' units whose standing with usage over time is furthest past its
 /// fair share (`None` without usage over time, or with victims of one queue only).
-pub fn prefer_most_used<U>(taken: &[Taken], picker: &Picker<'_, U>) -> Option<usize> {
+pub fn prefer_most_used<U>(takes: &Takes<'_, '_>, picker: &Picker<'_, U>) -> Option<usize> {
     if !picker.uses_usage() {
         return None;
     }
-    let mut queues: Vec<usize> = taken.iter().map(|t| t.queue).collect();
+    let mut queues: Vec<usize> = (0..takes.len()).map(|u| takes.queue(u)).collect();
     queues.sort_unstable();
     queues.dedup();
     if queues.len() < 2 {
@@ -133,33 +148,33 @@ pub fn prefer_most_used<U>(taken: &[Taken], picker: &Picker<'_, U>) -> Option<us
 }
 
 /// The first plan `search` finds (given the units excluded so far) whose losses keep every
-/// queue at its guarantee as `entitled` says; `taken` describes the search's units and
+/// queue at its guarantee as `entitled` says; `takes` describes the search's units and
 /// `units_of` gives a plan's evicted units. With `prefer`, a plan that takes only that
 /// queue's units is searched first.
 pub fn plan_within_guarantees<P>(
-    taken: &[Taken],
+    takes: &Takes<'_, '_>,
     entitled: &Entitlement<'_>,
     prefer: Option<usize>,
     mut search: impl FnMut(&[bool]) -> Option<P>,
     units_of: impl Fn(&P) -> &[usize],
 ) -> Option<WithinGuarantees<P>> {
     if let Some(q) = prefer {
-        let others: Vec<bool> = taken.iter().map(|t| t.queue != q).collect();
-        if let Some(found) = plan_from(taken, entitled, others, &mut search, &units_of) {
+        let others: Vec<bool> = (0..takes.len()).map(|u| takes.queue(u) != q).collect();
+        if let Some(found) = plan_from(takes, entitled, others, &mut search, &units_of) {
             return Some(found);
         }
     }
     plan_from(
-        taken,
+        takes,
         entitled,
-        vec![false; taken.len()],
+        vec![false; takes.len()],
         &mut search,
         &units_of,
     )
 }
 
 fn plan_from<P>(
-    taken: &[Taken],
+    takes: &Takes<'_, '_>,
     entitled: &Entitlement<'_>,
     mut excluded: Vec<bool>,
     search: &mut impl FnMut(&[bool]) -> Option<P>,
@@ -167,10 +182,10 @@ fn plan_from<P>(
 ) -> Option<WithinGuarantees<P>> {
     for _ in 0..MAX_PLANS {
         let plan = search(&excluded)?;
-        let losses = losses(taken, units_of(&plan));
+        let losses = losses(takes, units_of(&plan));
         match entitled.check(&losses) {
             Ok(()) => return Some(WithinGuarantees { plan }),
-            Err(v) => exclude(taken, units_of(&plan), v, &mut excluded),
+            Err(v) => exclude(takes, units_of(&plan), v, &mut excluded),
         }
     }
     None
@@ -180,6 +195,8 @@ fn plan_from<P>(
 mod tests {
     use super::*;
     use crate::fairshare::{QueueSpec, QueueTree, fair_shares};
+    use crate::preempt::Holder;
+    use gpuplace_model::{NodeInventory, Request};
 
     fn gpus(n: u64) -> Res {
         Res {
@@ -213,14 +230,34 @@ mod tests {
         means[heavy] = Some([8000.0, 0.0, 0.0]);
         means[light] = Some([2000.0, 0.0, 0.0]);
         let picker: Picker<'_, ()> = Picker::new(&tree, &held, fair.clone()).with_usage(&means);
-        let taken: Vec<Taken> = [light, heavy]
-            .into_iter()
-            .map(|queue| Taken {
-                queue,
-                nodes: vec![0],
-                res: gpus(1),
-            })
-            .collect();
+        // One pod of one GPU each, light's unit first, both on node 0.
+        let state = ClusterState::new(vec![NodeInventory::uniform(
+            "n", 32_000, 256_000, 8, "A100",
+        )])
+        .unwrap();
+        let one = Request {
+            gpu_count: 1,
+            gpu_milli: 1000,
+            ..Default::default()
+        };
+        let (first, second) = ([(0, 1000)], [(1, 1000)]);
+        let mut candidates = Candidates::default();
+        for gpus in [&first[..], &second[..]] {
+            candidates.push_unit(
+                0,
+                0,
+                [Holder {
+                    node: 0,
+                    request: &one,
+                    gpus,
+                    budgets: Vec::new(),
+                }],
+            );
+        }
+        let unit_queue = [light, heavy];
+        let taken = Takes::new(&state, &candidates, &unit_queue);
+        assert_eq!(taken.res(1).dims[0], 1000);
+        assert_eq!(taken.nodes(0).collect::<Vec<_>>(), vec![0]);
         assert_eq!(prefer_most_used(&taken, &picker), Some(heavy));
         let entitled = Entitlement::new(&tree, picker.allocations(), t, &gpus(1)).unwrap();
         // A search that takes the first unit not excluded: light's is first in the list.

@@ -38,8 +38,8 @@ struct Pool<'s> {
 
 impl Pool<'_> {
     /// What evicting each unit takes, as core's reclaim plan reads it.
-    fn taken(&self, snapshot: &Snapshot) -> Vec<cycle::reclaim::Taken> {
-        cycle::reclaim::Taken::of_units(&snapshot.state, &self.cands, &self.unit_queue)
+    fn takes<'c>(&'c self, snapshot: &'c Snapshot) -> cycle::reclaim::Takes<'c, 'c> {
+        cycle::reclaim::Takes::new(&snapshot.state, &self.cands, &self.unit_queue)
     }
 
     /// What each victim of the plan's `units` takes from its queue, in the order of
@@ -146,10 +146,10 @@ impl<A: ClusterApi> Scheduler<A> {
                 taken,
             )
         };
-        let taken = pool.taken(snapshot);
-        let prefer = cycle::reclaim::prefer_most_used(&taken, fair.picker);
+        let takes = pool.takes(snapshot);
+        let prefer = cycle::reclaim::prefer_most_used(&takes, fair.picker);
         let found =
-            cycle::reclaim::plan_within_guarantees(&taken, &entitled, prefer, search, |p| &p.units);
+            cycle::reclaim::plan_within_guarantees(&takes, &entitled, prefer, search, |p| &p.units);
         round.preemption_times.push(started.elapsed());
         let found = found?;
         let victims = victims_of(&pool.cands, &pool.keys, &found.plan.units);
@@ -194,10 +194,10 @@ impl<A: ClusterApi> Scheduler<A> {
         };
         let placer = &mut self.placer;
         let search = |taken: &[bool]| gang.best(placer, snapshot, &pool.cands, taken).ok()?;
-        let taken = pool.taken(snapshot);
-        let prefer = cycle::reclaim::prefer_most_used(&taken, fair.picker);
+        let takes = pool.takes(snapshot);
+        let prefer = cycle::reclaim::prefer_most_used(&takes, fair.picker);
         let found =
-            cycle::reclaim::plan_within_guarantees(&taken, &entitled, prefer, search, |p| {
+            cycle::reclaim::plan_within_guarantees(&takes, &entitled, prefer, search, |p| {
                 &p.plan.units
             });
         round.preemption_times.push(started.elapsed());

@@ -24,6 +24,7 @@ mod evictable;
 mod fair;
 mod fair_round;
 mod gpu_levels;
+mod groups;
 mod kept;
 mod leaving;
 mod members;
@@ -142,6 +143,11 @@ pub struct Engine<'a> {
     gpu_levels: gpu_levels::GpuLevels,
     /// Victim searches that found nothing while nothing changed.
     failed_searches: evictable::FailedSearches,
+    /// Reclaim searches of pods alone that found nothing while nothing changed, the
+    /// queues' holdings included.
+    failed_reclaims: evictable::FailedSearches<Vec<gpuplace_core::fairshare::Res>>,
+    /// Reclaim's candidates while nothing they read changed.
+    reclaim_pool: Option<std::rc::Rc<groups::ReclaimPool>>,
     /// Make-room's movable units at a generation of the running pods and a time.
     movable_kept: std::cell::RefCell<Option<kept::MovableKept>>,
     /// Scratch for the victim search's grouping.
@@ -266,6 +272,8 @@ impl<'a> Engine<'a> {
             unit_marks: Default::default(),
             movable_kept: Default::default(),
             failed_searches: Default::default(),
+            failed_reclaims: Default::default(),
+            reclaim_pool: None,
             failed_at: vec![u32::MAX; distinct],
             released: Vec::new(),
             seen_nodes: Default::default(),

@@ -8,6 +8,7 @@
 //! (largest members first, as the scheduler's gang search), reclaim's
 //! [`cycle::reclaim::plan_within_guarantees`] over either, and [`defrag::make_room_for_all`].
 
+use std::rc::Rc;
 use std::sync::Arc;
 
 use gpuplace_core::cycle::place::{Quorum, Trial};
@@ -18,8 +19,9 @@ use gpuplace_core::preempt;
 
 use super::Engine;
 use super::evictable::{Room, SearchAsk, SearchedAt};
+use super::groups::{Groups, ReclaimPool};
 use super::units::{Job, Placed, Tried};
-use super::victims::{Eviction, Groups, candidates_of};
+use super::victims::{Eviction, candidates_of};
 use crate::timeline::options::Ms;
 use crate::trace::TracePod;
 
@@ -223,7 +225,7 @@ impl Engine<'_> {
             search_on(&mut self.placer, &self.state, &asks, &candidates, excluded)
         };
         found.map(|(units, places)| Eviction {
-            groups,
+            groups: Rc::new(groups),
             units,
             places,
         })
@@ -267,12 +269,7 @@ impl Engine<'_> {
         if !room.possible() {
             return None;
         }
-        let key = SearchedAt {
-            state: self.state.instance(),
-            journal: self.state.journal_len(),
-            running: self.by_priority.generation(),
-            now_ms: now.0,
-        };
+        let key = self.searched_at(now);
         if let Some(ask) = ask
             && self.failed_searches.known(key, ask)
         {
@@ -295,8 +292,7 @@ impl Engine<'_> {
     /// Reclaim for `unit` of queue `fair.queue`: units of queues above their guarantee
     /// evicted, every queue kept at its guarantee (core's check).
     fn plan_reclaim(&mut self, unit: u32, fair: FairView<'_, '_>, now: Ms) -> Option<SimPlan> {
-        let t = self.tenants.as_ref()?;
-        let queue_of = Arc::clone(&t.queue_of);
+        self.tenants.as_ref()?;
         let mut asked = Res::default();
         for &j in &self.units[unit as usize].jobs {
             asked.add(&Res::of(
@@ -306,33 +302,71 @@ impl Engine<'_> {
         }
         let tree = fair.picker.tree();
         let entitled = Entitlement::new(tree, fair.picker.allocations(), fair.queue, &asked)?;
-        let of = |pod: u32| queue_of.get(pod as usize).copied().unwrap_or(0);
-        let groups =
-            self.victim_groups(&|pod| entitled.may_take_from(of(pod)), now, &Room::Anywhere);
-        if groups.is_empty() {
-            return None;
+        // A pod alone: not where the same search found nothing with nothing changed.
+        let ask = match self.units[unit as usize].jobs[..] {
+            [job] => {
+                let pod = self.jobs[job as usize].pod as usize;
+                let ask = SearchAsk {
+                    request: self.request_ids[pod],
+                    priority: self.pods[pod].priority,
+                    queue: Some(fair.queue),
+                };
+                let key = self.searched_at(now);
+                let standing = fair.picker.allocations();
+                if self.failed_reclaims.known_with(key, standing, ask) {
+                    return None;
+                }
+                Some(ask)
+            }
+            _ => None,
+        };
+        let found = self.plan_reclaim_on(unit, fair, &entitled, now);
+        if let Some(ask) = ask
+            && found.is_none()
+        {
+            self.failed_reclaims.failed(ask);
         }
-        let unit_queue: Vec<usize> = groups
-            .iter()
-            .map(|g| of(self.jobs[g[0] as usize].pod))
-            .collect();
+        found
+    }
+
+    /// What a victim search reads besides its ask, now.
+    fn searched_at(&self, now: Ms) -> SearchedAt {
+        SearchedAt {
+            state: self.state.instance(),
+            journal: self.state.journal_len(),
+            running: self.by_priority.generation(),
+            now_ms: now.0,
+        }
+    }
+
+    /// [`Self::plan_reclaim`]'s search, over every unit of the queues `entitled` may take
+    /// from.
+    fn plan_reclaim_on(
+        &mut self,
+        unit: u32,
+        fair: FairView<'_, '_>,
+        entitled: &Entitlement<'_>,
+        now: Ms,
+    ) -> Option<SimPlan> {
+        let pool = self.reclaim_pool(fair, entitled, now)?;
+        let (groups, unit_queue) = (&pool.groups, &pool.unit_queue);
         let (found, losses) = {
             let (pods, jobs) = (self.pods, &self.jobs);
             let asks = asks_of(pods, jobs, &self.units[unit as usize].jobs);
-            let candidates = candidates_of(jobs, pods, &groups);
-            let taken = cycle::reclaim::Taken::of_units(&self.state, &candidates, &unit_queue);
-            let prefer = cycle::reclaim::prefer_most_used(&taken, fair.picker);
+            let candidates = candidates_of(jobs, pods, groups);
+            let takes = cycle::reclaim::Takes::new(&self.state, &candidates, unit_queue);
+            let prefer = cycle::reclaim::prefer_most_used(&takes, fair.picker);
             let (placer, state) = (&mut self.placer, &self.state);
             let found = cycle::reclaim::plan_within_guarantees(
-                &taken,
-                &entitled,
+                &takes,
+                entitled,
                 prefer,
                 |excluded| search_on(placer, state, &asks, &candidates, excluded),
                 |(units, _)| units,
             )?;
             // Pod by pod, as the scheduler takes them off (every eviction lands here).
             let losses =
-                cycle::reclaim::victim_losses(state, &candidates, &unit_queue, &found.plan.0);
+                cycle::reclaim::victim_losses(state, &candidates, unit_queue, &found.plan.0);
             (found, losses)
         };
         let (units, places) = found.plan;
@@ -342,13 +376,51 @@ impl Engine<'_> {
             .collect();
         Some(SimPlan::Reclaim {
             eviction: Eviction {
-                groups,
+                groups: Rc::clone(&pool.groups),
                 units,
                 places,
             },
             losses,
             counts,
         })
+    }
+}
+
+impl Engine<'_> {
+    /// Reclaim's candidates for a pod of `fair.queue` as `entitled` says (kept while the
+    /// same); `None` when there are none.
+    fn reclaim_pool(
+        &mut self,
+        fair: FairView<'_, '_>,
+        entitled: &Entitlement<'_>,
+        now: Ms,
+    ) -> Option<Rc<ReclaimPool>> {
+        let queue_of = Arc::clone(&self.tenants.as_ref()?.queue_of);
+        let of = |pod: u32| queue_of.get(pod as usize).copied().unwrap_or(0);
+        // Whom the queue may take from, asked once per queue, not per pod.
+        let tree = fair.picker.tree();
+        let takeable: Vec<bool> = (0..tree.len()).map(|q| entitled.may_take_from(q)).collect();
+        let at = self.searched_at(now);
+        let pool = match &self.reclaim_pool {
+            Some(kept) if kept.at == at && kept.takeable == takeable => Rc::clone(kept),
+            _ => {
+                let take = |pod: u32| takeable.get(of(pod)).copied().unwrap_or(false);
+                let groups = self.victim_groups(&take, now, &Room::Anywhere);
+                let unit_queue = groups
+                    .iter()
+                    .map(|g| of(self.jobs[g[0] as usize].pod))
+                    .collect();
+                let pool = Rc::new(ReclaimPool {
+                    at,
+                    takeable,
+                    groups: Rc::new(groups),
+                    unit_queue,
+                });
+                self.reclaim_pool = Some(Rc::clone(&pool));
+                pool
+            }
+        };
+        (!pool.groups.is_empty()).then_some(pool)
     }
 }
 

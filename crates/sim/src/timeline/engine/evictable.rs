@@ -279,12 +279,15 @@ impl ByPriority {
 }
 
 /// Victim searches of pods alone that found nothing, while nothing they read changed:
-/// the state (its identity and journal), the running pods (their generation) and the time
-/// (a pod decided becomes a candidate once its Binding lands). A round's failed attempts
-/// of pods of one request search again and again for the same nothing.
+/// the state (its identity and journal), the running pods (their generation), the time
+/// (a pod decided becomes a candidate once its Binding lands) and, for reclaim, the
+/// queues' standing (`E`: what each holds, which says whom a queue may take from). A
+/// round's failed attempts of pods of one request search again and again for the same
+/// nothing.
 #[derive(Debug, Default)]
-pub(super) struct FailedSearches {
+pub(super) struct FailedSearches<E = ()> {
     at: SearchedAt,
+    standing: E,
     asks: Vec<SearchAsk>,
 }
 
@@ -306,20 +309,33 @@ pub(super) struct SearchAsk {
     pub(super) queue: Option<usize>,
 }
 
-impl FailedSearches {
-    /// Whether the search for `ask` found nothing at `at` (forgetting every answer when
-    /// `at` moved on).
-    pub(super) fn known(&mut self, at: SearchedAt, ask: SearchAsk) -> bool {
-        if at != self.at {
+impl<E> FailedSearches<E> {
+    /// Whether the search for `ask` found nothing at `at` with `standing` (forgetting
+    /// every answer when either moved on).
+    pub(super) fn known_with<S>(&mut self, at: SearchedAt, standing: &S, ask: SearchAsk) -> bool
+    where
+        S: ToOwned<Owned = E> + ?Sized,
+        E: PartialEq<S>,
+    {
+        if at != self.at || self.standing != *standing {
             self.at = at;
+            self.standing = standing.to_owned();
             self.asks.clear();
         }
         self.asks.contains(&ask)
     }
 
-    /// The search for `ask` found nothing at the `at` [`Self::known`] was last asked.
+    /// The search for `ask` found nothing where [`Self::known_with`] was last asked.
     pub(super) fn failed(&mut self, ask: SearchAsk) {
         self.asks.push(ask);
+    }
+}
+
+impl FailedSearches {
+    /// Whether the search for `ask` found nothing at `at` (forgetting every answer when
+    /// `at` moved on).
+    pub(super) fn known(&mut self, at: SearchedAt, ask: SearchAsk) -> bool {
+        self.known_with(at, &(), ask)
     }
 }
 

@@ -15,6 +15,7 @@
 //! not serve (`queues_serve: false`), for the same arrivals served by priority then
 //! arrival.
 
+use std::cell::RefCell;
 use std::sync::Arc;
 
 use gpuplace_core::fairshare::{DIMS, Ledger, QueueTree, Res, fair_shares_of};
@@ -37,6 +38,17 @@ pub(crate) struct FairState {
     measure: Measure,
     /// Each queue's usage over time (decayed with its half-life), as the scheduler keeps it.
     pub(crate) ledger: Ledger,
+    /// The last shares reckoned and what from: most events move no queue's figures, and
+    /// reckoning them anew at each was a tenth of a replay with queues.
+    memo: RefCell<SharesMemo>,
+}
+
+/// Fair shares and the held and pending figures they were reckoned from.
+#[derive(Default)]
+struct SharesMemo {
+    held: Vec<Res>,
+    pending: Vec<Res>,
+    shares: Option<Vec<[u64; DIMS]>>,
 }
 
 /// The length of a window of Jain's index per window.
@@ -123,6 +135,7 @@ impl FairState {
                 ..Measure::default()
             },
             ledger: Ledger::new(&tenants.tree, half_life_ms),
+            memo: RefCell::default(),
         }
     }
 
@@ -134,8 +147,20 @@ impl FairState {
         self.queue_of.get(pod as usize).copied().unwrap_or(0)
     }
 
+    /// Each queue's fair share now (the capacity never changes in a run).
     pub(crate) fn shares(&self) -> Vec<[u64; DIMS]> {
-        fair_shares_of(&self.tree, &self.capacity, &self.held, &self.pending)
+        let mut memo = self.memo.borrow_mut();
+        if let Some(shares) = &memo.shares
+            && memo.held == self.held
+            && memo.pending == self.pending
+        {
+            return shares.clone();
+        }
+        let shares = fair_shares_of(&self.tree, &self.capacity, &self.held, &self.pending);
+        memo.held.clone_from(&self.held);
+        memo.pending.clone_from(&self.pending);
+        memo.shares = Some(shares.clone());
+        shares
     }
 
     /// Integrates the standing since the last call up to `now` (from `from` on); the

@@ -3,10 +3,13 @@
 //! queue, to start over; the pod started where the plan puts it). Shared by preemption and
 //! reclaim.
 
+use std::rc::Rc;
+
 use gpuplace_core::preempt::{self, Candidates, Holder};
 
 use super::Engine;
 use super::evictable::Room;
+use super::groups::Groups;
 use super::units::{Job, Placed};
 use crate::timeline::options::Ms;
 use crate::trace::TracePod;
@@ -14,44 +17,9 @@ use crate::trace::TracePod;
 /// Evictions planned for a unit: the victim groups searched, the groups evicted (indices)
 /// and each member's place (in the unit's member order).
 pub(super) struct Eviction {
-    pub groups: Groups,
+    pub groups: Rc<Groups>,
     pub units: Vec<usize>,
     pub places: Vec<(usize, Vec<(usize, u32)>)>,
-}
-
-/// Running pods grouped by unit, the victim search's candidates in its order: every group's
-/// members in one buffer (a search lists hundreds of groups; one vector each was a
-/// tenth of a preempting replay's time in allocations).
-#[derive(Debug, Default)]
-pub(super) struct Groups {
-    members: Vec<u32>,
-    /// Where each group ends in `members`.
-    ends: Vec<u32>,
-}
-
-impl Groups {
-    pub(super) fn len(&self) -> usize {
-        self.ends.len()
-    }
-
-    pub(super) fn is_empty(&self) -> bool {
-        self.ends.is_empty()
-    }
-
-    /// Group `i`'s members.
-    pub(super) fn get(&self, i: usize) -> &[u32] {
-        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
-        &self.members[start..self.ends[i] as usize]
-    }
-
-    pub(super) fn iter(&self) -> impl Iterator<Item = &[u32]> {
-        (0..self.len()).map(|i| self.get(i))
-    }
-
-    fn push(&mut self, group: &[u32]) {
-        self.members.extend_from_slice(group);
-        self.ends.push(self.members.len() as u32);
-    }
 }
 
 /// A group found by [`Engine::victim_groups`]: its place in the cluster's order and its
@@ -119,10 +87,7 @@ impl Engine<'_> {
         }
         // Each group's place in the cluster's order is its own (its first pod's index).
         kept.sort_unstable_by_key(|k| k.order);
-        let mut groups = Groups {
-            members: Vec::with_capacity(members.len()),
-            ends: Vec::with_capacity(kept.len()),
-        };
+        let mut groups = Groups::with_capacity(members.len(), kept.len());
         for k in kept {
             groups.push(&members[k.from..k.to]);
         }
