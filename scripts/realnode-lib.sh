@@ -20,3 +20,14 @@ YAML
 }
 running() { [[ $(kubectl get pod "$1" -o jsonpath='{.status.phase}' 2>/dev/null) == Running ]]; }
 gone() { ! kubectl get pod "$1" >/dev/null 2>&1; }
+
+# Stops the check at once, saying why, when $NODE advertises no whole GPU: the device plugin
+# is not running there (handshake-check.sh stops it at its end; `node.sh plugin-up` starts it).
+need_gpus() {
+  local n
+  n=$(kubectl get node "$NODE" -o jsonpath='{.status.allocatable.nvidia\.com/gpu}' 2>/dev/null || true)
+  if [[ ${n:-0} == 0 ]]; then
+    echo "FAIL: node $NODE advertises no nvidia.com/gpu: start the device plugin (../shared/realnode/node.sh plugin-up)" >&2
+    exit 1
+  fi
+}

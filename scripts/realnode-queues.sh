@@ -14,6 +14,7 @@ set -euo pipefail
 REALNODE=${REALNODE:-../shared/realnode}
 source "$REALNODE/common.sh"
 source "$(dirname "$0")/realnode-lib.sh"
+need_gpus
 SCHED=gpuplace-queues
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 "$GPUPLACE" crd | kubectl apply -f - >/dev/null
