@@ -102,6 +102,14 @@ impl<'t> Entitlement<'t> {
             .then_some(side)
     }
 
+    /// [`Self::may_take_from`] for every queue, by index: what a driver reads per
+    /// candidate pod (asked once per queue, not per pod).
+    pub fn takeable(&self) -> Vec<bool> {
+        (0..self.tree.len())
+            .map(|v| self.may_take_from(v))
+            .collect()
+    }
+
     /// Whether the pod may take anything from queue `v`'s pods.
     pub fn may_take_from(&self, v: usize) -> bool {
         let Some(side) = self.side(v) else {
@@ -247,5 +255,7 @@ mod tests {
         let e = Entitlement::new(&t, &held, i("g"), &gpu(1)).unwrap();
         assert!(e.may_take_from(i("free")));
         assert!(!e.may_take_from(i("keep")));
+        let takeable = e.takeable();
+        assert!(takeable[i("free")] && !takeable[i("keep")]);
     }
 }

@@ -88,7 +88,12 @@ impl<A: ClusterApi> Scheduler<A> {
         let reservations = self.cluster.reservations();
         let promised = self.cluster.promised_victims(deciding);
         let queues = &self.queues;
-        let takeable = |p: &PodInfo| queues.of(p).is_ok_and(|v| entitled.may_take_from(v));
+        let by_queue = entitled.takeable();
+        let takeable = |p: &PodInfo| {
+            queues
+                .of(p)
+                .is_ok_and(|v| by_queue.get(v).copied().unwrap_or(false))
+        };
         let (cands, keys) = candidates(
             snapshot,
             view,

@@ -348,7 +348,7 @@ impl Engine<'_> {
         entitled: &Entitlement<'_>,
         now: Ms,
     ) -> Option<SimPlan> {
-        let pool = self.reclaim_pool(fair, entitled, now)?;
+        let pool = self.reclaim_pool(entitled, now)?;
         let (groups, unit_queue) = (&pool.groups, &pool.unit_queue);
         let (found, losses) = {
             let (pods, jobs) = (self.pods, &self.jobs);
@@ -387,19 +387,12 @@ impl Engine<'_> {
 }
 
 impl Engine<'_> {
-    /// Reclaim's candidates for a pod of `fair.queue` as `entitled` says (kept while the
-    /// same); `None` when there are none.
-    fn reclaim_pool(
-        &mut self,
-        fair: FairView<'_, '_>,
-        entitled: &Entitlement<'_>,
-        now: Ms,
-    ) -> Option<Rc<ReclaimPool>> {
+    /// Reclaim's candidates for a pod as `entitled` says (kept while the same); `None`
+    /// when there are none.
+    fn reclaim_pool(&mut self, entitled: &Entitlement<'_>, now: Ms) -> Option<Rc<ReclaimPool>> {
         let queue_of = Arc::clone(&self.tenants.as_ref()?.queue_of);
         let of = |pod: u32| queue_of.get(pod as usize).copied().unwrap_or(0);
-        // Whom the queue may take from, asked once per queue, not per pod.
-        let tree = fair.picker.tree();
-        let takeable: Vec<bool> = (0..tree.len()).map(|q| entitled.may_take_from(q)).collect();
+        let takeable = entitled.takeable();
         let at = self.searched_at(now);
         let pool = match &self.reclaim_pool {
             Some(kept) if kept.at == at && kept.takeable == takeable => Rc::clone(kept),
