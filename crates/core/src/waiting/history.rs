@@ -91,10 +91,30 @@ pub struct RunHistory {
     all: Runs,
     ratios: Runs,
     ratio_bands: [Runs; BANDS],
-    /// How projected waits turned out, by [`wait_class`]: ln((actual + floor) / (projected +
-    /// floor)), in thousandths.
-    waits: [Runs<i64>; WAIT_CLASSES],
+    /// How each [`Estimator`]'s waits turned out, by [`wait_class`]: ln((actual + floor) /
+    /// (told + floor)), in thousandths.
+    waits: [[Runs<i64>; ESTIMATORS]; WAIT_CLASSES],
+    /// When the latest pods of each wait class that had waited started (ms), oldest first.
+    starts: [VecDeque<i64>; WAIT_CLASSES],
 }
+
+/// The ways a wait is reckoned, each learnt apart (by how its reckonings turned out): the
+/// line projected over the running pods' ends; the line drained at the pace its class left
+/// it lately (what the projection cannot see, pods yet to arrive that take room first or
+/// evict pods to free it, shows in that pace); and "now" (where it does best, no start is
+/// shown).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Estimator {
+    Projected = 0,
+    Drained = 1,
+    Now = 2,
+}
+
+/// How many [`Estimator`]s there are.
+pub const ESTIMATORS: usize = 3;
+
+/// Starts kept per wait class for its pace.
+pub const PACE_KEEP: usize = 64;
 
 /// The classes of waits learnt apart: a share of a GPU, one GPU, two to four, more.
 pub const WAIT_CLASSES: usize = 4;
@@ -134,23 +154,80 @@ impl RunHistory {
         }
     }
 
-    /// A pod of wait class `class` (see [`wait_class`]) that was projected to wait
-    /// `projected_ms` started after `actual_ms`.
-    pub fn waited(&mut self, class: usize, projected_ms: u64, actual_ms: u64) {
-        let ratio = (actual_ms as f64 + WAIT_FLOOR_MS) / (projected_ms as f64 + WAIT_FLOOR_MS);
+    /// A pod of wait class `class` (see [`wait_class`]) whose wait `by` reckoned as
+    /// `told_ms` started after `actual_ms`.
+    pub fn waited(&mut self, class: usize, by: Estimator, told_ms: u64, actual_ms: u64) {
+        let ratio = (actual_ms as f64 + WAIT_FLOOR_MS) / (told_ms as f64 + WAIT_FLOOR_MS);
         if let Some(waits) = self.waits.get_mut(class) {
-            waits.add((ratio.ln() * 1000.0).round() as i64);
+            waits[by as usize].add((ratio.ln() * 1000.0).round() as i64);
         }
     }
 
-    /// The range to tell around a projected wait of `projected` (ms from now): the 5th to
-    /// 95th percentile of how projections of `class` turned out (actual over projected),
-    /// applied to its likeliest, which stays the projection's; the projection's own range
-    /// until [`MIN_SAMPLES`] pods of the class started. The projection leaves out what it
-    /// cannot know (pods yet to arrive, the order attempts really take, ends that are not
-    /// independent), and what it left out shows in how its waits turned out.
-    pub fn calibrated(&self, class: usize, projected: Span) -> Span {
-        let Some(waits) = self.waits.get(class) else {
+    /// A pod of wait class `class` that had waited started at `at_ms` (the class's pace).
+    pub fn left_line(&mut self, class: usize, at_ms: i64) {
+        if let Some(starts) = self.starts.get_mut(class) {
+            if starts.len() == PACE_KEEP {
+                starts.pop_front();
+            }
+            starts.push_back(at_ms);
+        }
+    }
+
+    /// The wait of a pod of wait class `class` with `ahead` pods of its class before it in
+    /// the line, at `now_ms`, were the line to drain at the pace its class left it lately
+    /// (the latest [`PACE_KEEP`] starts, over the time from the oldest of them to now):
+    /// likeliest the time `ahead + 1` starts take at that pace, and as its range the 5th
+    /// to 95th percentile of that many starts' time were they to come at random at that
+    /// pace (Poisson: a Gamma(k) wait, normal past a few); `None` before [`MIN_SAMPLES`]
+    /// started.
+    pub fn drained(&self, class: usize, ahead: usize, now_ms: i64) -> Option<Span> {
+        let starts = self.starts.get(class)?;
+        let oldest = *starts.front()?;
+        if starts.len() < MIN_SAMPLES {
+            return None;
+        }
+        let each = (now_ms - oldest).max(1) as f64 / starts.len() as f64;
+        let k = (ahead + 1) as f64;
+        // Gamma(k)'s 5th and 95th percentiles: 0.05 and 3.0 for k = 1, about k -/+ 1.645
+        // sqrt(k) (and a little more above) as k grows.
+        let lo = (k - 1.645 * k.sqrt()).max(0.05 * k);
+        let hi = k + 1.645 * k.sqrt() + 0.7;
+        let ms = |x: f64| (each * x) as i64;
+        Some(span(ms(lo), ms(k), ms(hi)))
+    }
+
+    /// The median of |ln(actual / told)| (thousandths) of `by`'s latest reckonings of
+    /// `class`'s waits; `None` before [`MIN_SAMPLES`].
+    fn median_error(&self, class: usize, by: Estimator) -> Option<i64> {
+        let runs = &self.waits.get(class)?[by as usize];
+        if runs.recent.len() < MIN_SAMPLES {
+            return None;
+        }
+        let mut abs: Vec<i64> = runs.recent.iter().map(|v| v.abs()).collect();
+        let mid = abs.len() / 2;
+        Some(*abs.select_nth_unstable(mid).1)
+    }
+
+    /// Whether "now" reckoned `class`'s waits better lately than every reckoning of
+    /// `reckonings` (each learnt from [`MIN_SAMPLES`] pods: one not yet learnt is given
+    /// its chance): then a start cannot beat "unknown", and none is shown.
+    pub fn now_does_best(&self, class: usize, reckonings: &[Estimator]) -> bool {
+        let Some(now) = self.median_error(class, Estimator::Now) else {
+            return false;
+        };
+        (reckonings.iter())
+            .all(|&by| self.median_error(class, by).is_some_and(|m| now < m))
+    }
+
+    /// The range to tell around a wait of `told` (ms from now) that `by` reckoned: the
+    /// 5th to 95th percentile of how its reckonings of `class` turned out (actual over
+    /// told), applied to its likeliest, which stays the reckoning's, and never narrower
+    /// than its own range; its own range until [`MIN_SAMPLES`] pods of the class started.
+    /// A reckoning leaves out what it cannot know (pods yet to arrive, the order attempts
+    /// really take, ends that are not independent), and what it left out shows in how its
+    /// waits turned out.
+    pub fn calibrated(&self, class: usize, by: Estimator, projected: Span) -> Span {
+        let Some(waits) = self.waits.get(class).map(|w| &w[by as usize]) else {
             return projected;
         };
         let (lo, hi) = RANGE_PERCENTILES;
@@ -159,10 +236,13 @@ impl RunHistory {
         };
         let base = projected.at_ms.max(0) as f64 + WAIT_FLOOR_MS;
         let at = |r: i64| ((base * (r as f64 / 1000.0).exp()) - WAIT_FLOOR_MS).max(0.0) as i64;
+        // What the reckoning's own range says stays in: a learnt range narrower than it
+        // (a class whose last reckonings happened to turn out close) would claim more
+        // than the reckoning knows.
         span(
-            at(lo).min(projected.at_ms),
+            at(lo).min(projected.earliest_ms),
             projected.at_ms,
-            at(hi).max(projected.at_ms),
+            at(hi).max(projected.latest_ms),
         )
     }
 
@@ -264,12 +344,17 @@ mod tests {
         let mut h = RunHistory::default();
         let ten = Span::exactly(10 * 60_000);
         // Unlearnt: the projection as it is.
-        assert_eq!(h.calibrated(3, ten), ten);
+        assert_eq!(h.calibrated(3, Estimator::Projected, ten), ten);
         // 8-GPU pods projected to wait 10 minutes waited 10 to 30 (plus the minute's floor).
         for m in [10u64, 12, 14, 16, 18, 20, 22, 24, 26, 30] {
-            h.waited(wait_class(8, 1000), 10 * 60_000, m * 60_000);
+            h.waited(
+                wait_class(8, 1000),
+                Estimator::Projected,
+                10 * 60_000,
+                m * 60_000,
+            );
         }
-        let told = h.calibrated(3, ten);
+        let told = h.calibrated(3, Estimator::Projected, ten);
         assert_eq!(
             told.at_ms,
             10 * 60_000,
@@ -278,8 +363,13 @@ mod tests {
         assert!(told.earliest_ms == 10 * 60_000, "{told:?}");
         // The 95th percentile by nearest rank among ten: the ninth, 26 minutes.
         assert!(told.latest_ms.abs_diff(26 * 60_000) < 1_000, "{told:?}");
+        // Nor another estimator.
+        assert_eq!(h.calibrated(3, Estimator::Drained, ten), ten);
         // Another class is not told from it.
-        assert_eq!(h.calibrated(wait_class(1, 500), ten), ten);
+        assert_eq!(
+            h.calibrated(wait_class(1, 500), Estimator::Projected, ten),
+            ten
+        );
     }
 
     #[test]
@@ -311,5 +401,67 @@ mod tests {
             h.ran(&format!("c{c}"), 1, None);
         }
         assert!(h.classes.len() <= MAX_CLASSES);
+    }
+}
+
+#[cfg(test)]
+mod pace_tests {
+    use super::*;
+
+    #[test]
+    fn the_line_drains_at_the_pace_its_class_left_it() {
+        let mut h = RunHistory::default();
+        let class = wait_class(8, 1000);
+        assert_eq!(h.drained(class, 0, 0), None);
+        // One 8-GPU pod left the line every 10 minutes for 100 minutes.
+        for i in 0..10 {
+            h.left_line(class, i * 600_000);
+        }
+        let at = |ahead, now| h.drained(class, ahead, now).map(|s| s.at_ms);
+        // At 100 minutes: 10 starts over 100 minutes; five ahead, it is the sixth.
+        assert_eq!(at(5, 6_000_000), Some(3_600_000));
+        // An hour with no start slows the pace.
+        assert_eq!(at(5, 9_600_000), Some(5_760_000));
+        // The range: that many random starts at that pace (six: 2 to 10 in tens of
+        // minutes).
+        let six = h.drained(class, 5, 6_000_000).unwrap();
+        assert!(
+            (1_000_000..=1_800_000).contains(&six.earliest_ms),
+            "{six:?}"
+        );
+        assert!((5_400_000..=6_600_000).contains(&six.latest_ms), "{six:?}");
+        // Another class knows nothing of it.
+        assert_eq!(h.drained(wait_class(1, 1000), 5, 6_000_000), None);
+        // Bounded.
+        for i in 0..(PACE_KEEP as i64 * 2) {
+            h.left_line(class, i);
+        }
+        assert_eq!(h.starts[class].len(), PACE_KEEP);
+    }
+
+    #[test]
+    fn no_start_is_shown_where_now_reckoned_best() {
+        let mut h = RunHistory::default();
+        let both = [Estimator::Projected, Estimator::Drained];
+        assert!(!h.now_does_best(0, &both));
+        // Pods of the class started at once; the reckonings said minutes.
+        for _ in 0..10 {
+            h.waited(0, Estimator::Projected, 600_000, 0);
+            h.waited(0, Estimator::Now, 0, 0);
+        }
+        // The pace is not learnt yet: it is given its chance.
+        assert!(!h.now_does_best(0, &both));
+        assert!(h.now_does_best(0, &[Estimator::Projected]));
+        for _ in 0..10 {
+            h.waited(0, Estimator::Drained, 300_000, 0);
+        }
+        assert!(h.now_does_best(0, &both));
+        // Where pods waited 25 minutes, a reckoning of 20 beats "now".
+        for _ in 0..10 {
+            h.waited(3, Estimator::Projected, 3_600_000, 1_500_000);
+            h.waited(3, Estimator::Drained, 1_200_000, 1_500_000);
+            h.waited(3, Estimator::Now, 0, 1_500_000);
+        }
+        assert!(!h.now_does_best(3, &both));
     }
 }

@@ -9,6 +9,12 @@
 //! many nodes to empty starts with the first of many uncertain ends, sooner than the first
 //! of their medians.
 //!
+//! As the scheduler preempts, a unit that does not fit when a pod ends on a node takes that
+//! node if evicting pods of lower priority there makes room (the lowest priority first,
+//! then the latest started); the evicted pods free their places at once and are not
+//! played again. Where no end makes room, the projection does not preempt: what could
+//! preempt now the scheduler has (its nominee is told its victims' leaving, not a start).
+//!
 //! What the projection does not know it leaves out: a running pod with no expected end
 //! never frees its place, a unit ahead with no expected run never ends. Bounded: at most
 //! [`MAX_STEPS`] ends are played out per play (past them the start is unknown).
@@ -84,42 +90,40 @@ impl Span {
     }
 }
 
-/// A running pod: where it is and when it is expected to end.
+/// A running pod: where it is, its priority (what may preempt it) and when it is expected
+/// to end.
 #[derive(Clone, Debug)]
 pub struct Ending<'a> {
     pub node: usize,
     pub request: &'a Request,
     pub gpus: &'a [(usize, u32)],
+    pub priority: i32,
     pub end: Span,
 }
 
-/// A unit ahead of the pod in the line: what it asks, on which nodes (`None`: any), and
-/// how long it is expected to run once started (`None`: unknown; it never ends).
+/// A unit of the line: what it asks, on which nodes (`None`: any), its priority (whom it
+/// may preempt), and how long it is expected to run once started (`None`: unknown; it
+/// never ends).
 #[derive(Clone, Debug)]
 pub struct Ahead<'a> {
     pub request: &'a Request,
     pub allowed: Option<&'a [bool]>,
+    pub priority: i32,
     pub runs: Option<Span>,
 }
 
-/// When a pod asking `request` on the nodes of `allowed` (all when `None`), behind `ahead`
-/// in the line, is expected to start on `state` as the pods of `endings` end: a span (at
-/// `now_ms` when it fits already), or unknown when nothing known frees a place of its
-/// shape.
+/// When `pod` (its run is not read), behind `ahead` in the line, is expected to start on
+/// `state` as the pods of `endings` end: a span (at `now_ms` when it fits already), or
+/// unknown when nothing known frees a place of its shape.
 pub fn project(
     state: &ClusterState,
-    request: &Request,
-    allowed: Option<&[bool]>,
+    pod: Ahead<'_>,
     ahead: &[Ahead<'_>],
     endings: &[Ending<'_>],
     now_ms: i64,
 ) -> Start {
     let mut line = ahead.to_vec();
-    line.push(Ahead {
-        request,
-        allowed,
-        runs: None,
-    });
+    line.push(Ahead { runs: None, ..pod });
     project_line(state, &line, endings, now_ms)
         .pop()
         .unwrap_or(Start::Unknown)
@@ -164,12 +168,16 @@ struct Held<'a> {
     request: &'a Request,
     /// A running pod's own (borrowed), or those a unit took on the copy.
     gpus: Cow<'a, [(usize, u32)]>,
+    priority: i32,
+    /// Ended, or evicted by a unit that preempted it: its place is free already.
+    gone: bool,
 }
 
-/// Units of one shape (request and nodes) not placed yet, in line order.
+/// Units of one shape (request, nodes and priority) not placed yet, in line order.
 struct Shape<'a> {
     request: &'a Request,
     allowed: Option<&'a [bool]>,
+    priority: i32,
     units: std::collections::VecDeque<usize>,
 }
 
@@ -187,6 +195,10 @@ struct Play<'a, 'r> {
     started: Vec<Option<i64>>,
     /// [`Play::fill`]'s shapes by their next unit (kept to spare an allocation a fill).
     next: BinaryHeap<Reverse<(usize, usize)>>,
+    /// The places held on each node (indices into `held`), for preemption.
+    on_node: Vec<Vec<usize>>,
+    /// The lowest priority among the pods played (no unit of it preempts).
+    lowest: i32,
 }
 
 fn may(mask: Option<&[bool]>, n: usize) -> bool {
@@ -206,10 +218,13 @@ impl<'a> Play<'a, '_> {
             let end = t + runs.draw(u).max(0);
             self.ends.push(Reverse((end, self.held.len())));
         }
+        self.on_node[n].push(self.held.len());
         self.held.push(Held {
             node: n,
             request: a.request,
             gpus: Cow::Owned(gpus),
+            priority: a.priority,
+            gone: false,
         });
         self.started[u] = Some(t);
         true
@@ -237,9 +252,11 @@ impl<'a> Play<'a, '_> {
         );
         while let Some(Reverse((u, s))) = next.pop() {
             // A shape that does not fit is not pushed again: it stays out.
-            if let Some(n) = self.fits(s, only)
-                && self.place(n, u, t)
-            {
+            let placed = match self.fits(s, only) {
+                Some(n) => self.place(n, u, t),
+                None => only.is_some_and(|n| self.preempt(n, s, u, t)),
+            };
+            if placed {
                 self.shapes[s].units.pop_front();
                 if let Some(&v) = self.shapes[s].units.front() {
                     next.push(Reverse((v, s)));
@@ -249,9 +266,71 @@ impl<'a> Play<'a, '_> {
         self.next = next;
     }
 
+    /// Unit `u` of shape `s` takes node `n` at `t` by evicting pods of lower priority there
+    /// (the lowest priority first, then the latest placed) until it fits; nothing is
+    /// evicted when even all of them would not make room.
+    fn preempt(&mut self, n: usize, s: usize, u: usize, t: i64) -> bool {
+        let shape = &self.shapes[s];
+        let (priority, request) = (shape.priority, shape.request);
+        if priority <= self.lowest || !may(shape.allowed, n) {
+            return false;
+        }
+        let held = &self.held;
+        let mut victims: Vec<usize> = (self.on_node[n].iter().copied())
+            .filter(|&h| !held[h].gone && held[h].priority < priority)
+            .collect();
+        victims.sort_unstable_by_key(|&h| (held[h].priority, Reverse(h)));
+        let mut taken = 0;
+        let mut fits = false;
+        for &h in &victims {
+            let v = &self.held[h];
+            if self.copy.release(n, v.request, &v.gpus).is_err() {
+                break;
+            }
+            taken += 1;
+            if self.copy.fit(n, request).is_ok() {
+                fits = true;
+                break;
+            }
+        }
+        if fits && self.place(n, u, t) {
+            for &h in &victims[..taken] {
+                self.held[h].gone = true;
+            }
+            self.on_node[n].retain(|&h| !self.held[h].gone);
+            return true;
+        }
+        // Given back as they were.
+        for &h in victims[..taken].iter().rev() {
+            let v = &self.held[h];
+            let _ = self.copy.apply(n, v.request, &v.gpus);
+        }
+        false
+    }
+
     fn done(&self) -> bool {
         self.shapes.iter().all(|s| s.units.is_empty())
     }
+}
+
+/// The units of `line` by shape (request, nodes and priority), each in line order.
+fn shapes_of<'a>(line: &[Ahead<'a>]) -> Vec<Shape<'a>> {
+    let mut shapes: Vec<Shape<'a>> = Vec::new();
+    for (u, a) in line.iter().enumerate() {
+        match shapes
+            .iter_mut()
+            .find(|s| s.request == a.request && s.allowed == a.allowed && s.priority == a.priority)
+        {
+            Some(s) => s.units.push_back(u),
+            None => shapes.push(Shape {
+                request: a.request,
+                allowed: a.allowed,
+                priority: a.priority,
+                units: [u].into(),
+            }),
+        }
+    }
+    shapes
 }
 
 /// One play (its draws seeded by `seed`): when each unit starts (`None`: not within what
@@ -264,20 +343,17 @@ fn play<'a>(
     seed: u64,
 ) -> Vec<Option<i64>> {
     let mut draws = ChaCha8Rng::seed_from_u64(seed);
-    let mut shapes: Vec<Shape<'a>> = Vec::new();
-    for (u, a) in line.iter().enumerate() {
-        match shapes
-            .iter_mut()
-            .find(|s| s.request == a.request && s.allowed == a.allowed)
-        {
-            Some(s) => s.units.push_back(u),
-            None => shapes.push(Shape {
-                request: a.request,
-                allowed: a.allowed,
-                units: [u].into(),
-            }),
+    let shapes = shapes_of(line);
+    let mut on_node = vec![Vec::new(); state.len()];
+    for (i, e) in endings.iter().enumerate() {
+        if let Some(list) = on_node.get_mut(e.node) {
+            list.push(i);
         }
     }
+    let lowest = (endings.iter().map(|e| e.priority))
+        .chain(line.iter().map(|a| a.priority))
+        .min()
+        .unwrap_or(0);
     let mut play = Play {
         copy: state.unmeasured_copy(),
         rng: ChaCha8Rng::seed_from_u64(0),
@@ -289,6 +365,8 @@ fn play<'a>(
                 node: e.node,
                 request: e.request,
                 gpus: Cow::Borrowed(e.gpus),
+                priority: e.priority,
+                gone: false,
             })
             .collect(),
         ends: endings
@@ -299,6 +377,8 @@ fn play<'a>(
         draws,
         started: vec![None; line.len()],
         next: BinaryHeap::new(),
+        on_node,
+        lowest,
     };
     let mut t = now_ms;
     play.fill(None, t);
@@ -311,8 +391,16 @@ fn play<'a>(
         };
         t = t.max(at);
         let h = &play.held[i];
+        if h.gone {
+            // Evicted before its end: its place was freed then.
+            continue;
+        }
         let n = h.node;
         if play.copy.release(n, h.request, &h.gpus).is_ok() {
+            play.held[i].gone = true;
+            if let Some(list) = play.on_node.get_mut(n) {
+                list.retain(|&h| h != i);
+            }
             // Only node `n` changed.
             play.fill(Some(n), t);
         }

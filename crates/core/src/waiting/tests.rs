@@ -143,6 +143,16 @@ fn half_held() -> (ClusterState, Request, Vec<Vec<(usize, u32)>>) {
     (state, one, gpu_sets)
 }
 
+/// The pod projected: `request` on the nodes of `allowed`, priority 0.
+fn own<'a>(request: &'a Request, allowed: Option<&'a [bool]>) -> Ahead<'a> {
+    Ahead {
+        request,
+        allowed,
+        priority: 0,
+        runs: None,
+    }
+}
+
 const PLACES: [(usize, usize, i64); 4] = [(0, 0, 10), (0, 1, 40), (1, 0, 20), (1, 1, 30)];
 
 use crate::state::ClusterState;
@@ -160,6 +170,7 @@ fn endings<'a>(
             node,
             request: one,
             gpus: g,
+            priority: 0,
             end: Span {
                 earliest_ms: end - spread,
                 at_ms: end,
@@ -175,19 +186,28 @@ fn the_start_is_the_first_end_that_frees_a_place_of_its_shape() {
     let endings = endings(&one, &gpu_sets, 0);
     let at = |ms| Start::At(Span::exactly(ms));
     // A 4-GPU pod starts when one node is whole again, at 30 (b's last), not 10.
-    assert_eq!(project(&state, &gpus(4), None, &[], &endings, 0), at(30));
+    assert_eq!(
+        project(&state, own(&gpus(4), None), &[], &endings, 0),
+        at(30)
+    );
     // Only node a allowed: at 40.
     let only_a = [true, false];
     assert_eq!(
-        project(&state, &gpus(4), Some(&only_a), &[], &endings, 0),
+        project(&state, own(&gpus(4), Some(&only_a)), &[], &endings, 0),
         at(40)
     );
     // Fits now: now.
-    assert_eq!(project(&state, &gpus(2), None, &[], &endings, 5), at(5));
-    // Nothing ends: unknown. Eight GPUs never fit on four-GPU nodes.
-    assert_eq!(project(&state, &gpus(4), None, &[], &[], 0), Start::Unknown);
     assert_eq!(
-        project(&state, &gpus(8), None, &[], &endings, 0),
+        project(&state, own(&gpus(2), None), &[], &endings, 5),
+        at(5)
+    );
+    // Nothing ends: unknown. Eight GPUs never fit on four-GPU nodes.
+    assert_eq!(
+        project(&state, own(&gpus(4), None), &[], &[], 0),
+        Start::Unknown
+    );
+    assert_eq!(
+        project(&state, own(&gpus(8), None), &[], &endings, 0),
         Start::Unknown
     );
 }
@@ -201,9 +221,10 @@ fn units_ahead_in_line_take_the_room_first() {
     let ahead = [Ahead {
         request: &four,
         allowed: None,
+        priority: 0,
         runs: Some(Span::exactly(100)),
     }];
-    let Start::At(span) = project(&state, &four, None, &ahead, &endings, 0) else {
+    let Start::At(span) = project(&state, own(&four, None), &ahead, &endings, 0) else {
         panic!("unknown");
     };
     // Each end drawn within its spread (a quarter past it at most): about 40, between
@@ -220,9 +241,10 @@ fn units_ahead_in_line_take_the_room_first() {
     let blocked = [Ahead {
         request: &eight,
         allowed: None,
+        priority: 0,
         runs: None,
     }];
-    let Start::At(span) = project(&state, &four, None, &blocked, &endings, 0) else {
+    let Start::At(span) = project(&state, own(&four, None), &blocked, &endings, 0) else {
         panic!("unknown");
     };
     assert!((27..=33).contains(&span.at_ms), "{span:?}");
@@ -251,6 +273,7 @@ fn the_first_of_many_uncertain_ends_comes_before_the_first_median() {
             node: n,
             request: &one,
             gpus: &sets[n],
+            priority: 0,
             end: Span {
                 earliest_ms: 20,
                 at_ms: 100,
@@ -258,7 +281,7 @@ fn the_first_of_many_uncertain_ends_comes_before_the_first_median() {
             },
         })
         .collect();
-    let Start::At(span) = project(&state, &one, None, &[], &endings, 0) else {
+    let Start::At(span) = project(&state, own(&one, None), &[], &endings, 0) else {
         panic!("unknown");
     };
     assert!(
@@ -266,4 +289,51 @@ fn the_first_of_many_uncertain_ends_comes_before_the_first_median() {
         "the first of 20 ends, not their median: {span:?}"
     );
     assert!(span.earliest_ms <= span.at_ms && span.at_ms <= span.latest_ms);
+}
+
+/// As the scheduler preempts: once the pod of higher priority on a node ends, a pod that
+/// outranks the rest there evicts them, where one of their priority waits for their ends.
+#[test]
+fn an_end_that_leaves_only_lower_priorities_lets_a_higher_pod_preempt() {
+    let mut state = ClusterState::new(vec![NodeInventory::uniform(
+        "a",
+        64_000,
+        1 << 20,
+        4,
+        "A100",
+    )])
+    .unwrap();
+    let one = gpus(1);
+    let sets: Vec<Vec<(usize, u32)>> = (0..4).map(|g| vec![(g, 1000)]).collect();
+    for set in &sets {
+        state.apply(0, &one, set).unwrap();
+    }
+    // GPU 0's pod (priority 5) ends at 10; the other three (priority 0) at 1,000.
+    let endings: Vec<Ending<'_>> = (sets.iter().enumerate())
+        .map(|(g, set)| Ending {
+            node: 0,
+            request: &one,
+            gpus: set,
+            priority: if g == 0 { 5 } else { 0 },
+            end: Span::exactly(if g == 0 { 10 } else { 1_000 }),
+        })
+        .collect();
+    let four = gpus(4);
+    let at = |ms| Start::At(Span::exactly(ms));
+    let with = |priority| Ahead {
+        priority,
+        ..own(&four, None)
+    };
+    // Priority 1 outranks the three left at 10; priority 0 waits for them.
+    assert_eq!(project(&state, with(1), &[], &endings, 0), at(10));
+    assert_eq!(project(&state, with(0), &[], &endings, 0), at(1_000));
+    // Nothing is evicted now: the priority-5 pod stands in the way until it ends.
+    assert_eq!(project(&state, with(9), &[], &endings, 0), at(10));
+    // Two 4-GPU pods of priority 1: the first evicts at 10 and runs 50 (never evicted by
+    // the second, its equal), the second starts at its end.
+    let ahead = [Ahead {
+        runs: Some(Span::exactly(50)),
+        ..with(1)
+    }];
+    assert_eq!(project(&state, with(1), &ahead, &endings, 0), at(60));
 }

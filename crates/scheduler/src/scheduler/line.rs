@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use gpuplace_core::waiting::history::RunHistory;
+use gpuplace_core::waiting::history::{RunHistory, WAIT_CLASSES, wait_class};
 use gpuplace_core::waiting::{Ahead, Ending, Place, Position, Span, Start, project, project_line};
 use gpuplace_model::Request;
 
@@ -31,12 +31,21 @@ struct Placed {
     pod: Option<usize>,
 }
 
+/// A pod of the line as projected: what it asks, its priority, how long it runs.
+struct Projected {
+    request: Request,
+    priority: i32,
+    runs: Option<Span>,
+    /// Pods of its wait class before it in the line.
+    ahead: usize,
+}
+
 /// The round's line.
 pub(super) struct Line {
     places: HashMap<String, Placed>,
     units: usize,
     /// The projected pods, in line order.
-    requests: Vec<(Request, Option<Span>)>,
+    requests: Vec<Projected>,
     /// Their expected starts, once projected.
     starts: Option<Vec<Start>>,
     /// The running pods' expected ends, once read.
@@ -74,10 +83,12 @@ impl Runs<'_> {
 
 impl Line {
     /// The line of `waiting` (units as the round forms them, in their order), each pod's
-    /// queue from `queue_of`.
+    /// queue from `queue_of`; a nominee (`nominee` says which) keeps its place in the line
+    /// but is not projected (its places are held in the state already).
     pub fn new(
         waiting: &[Arc<PodInfo>],
         queue_of: &dyn Fn(&PodInfo) -> Option<usize>,
+        nominee: &dyn Fn(&str) -> bool,
         runs: &Runs<'_>,
         now_ms: i64,
     ) -> Line {
@@ -85,6 +96,7 @@ impl Line {
         let mut places = HashMap::new();
         let mut requests = Vec::new();
         let mut queue_seen: HashMap<Option<usize>, usize> = HashMap::new();
+        let mut of_class = [0usize; WAIT_CLASSES];
         let mut unit_queue = Vec::with_capacity(units.len());
         for (i, unit) in units.iter().enumerate() {
             let pods = unit.pods();
@@ -94,9 +106,15 @@ impl Line {
             unit_queue.push((q, *at));
             for pod in pods {
                 let index = match &pod.demand {
-                    Ok(d) if requests.len() < PROJECTED => {
-                        let runs = runs.remaining(pod, now_ms, now_ms);
-                        requests.push((d.request.clone(), runs));
+                    Ok(d) if requests.len() < PROJECTED && !nominee(&pod.key.uid) => {
+                        let class = wait_class(d.request.gpu_count, d.request.gpu_milli);
+                        requests.push(Projected {
+                            request: d.request.clone(),
+                            priority: pod.priority,
+                            runs: runs.remaining(pod, now_ms, now_ms),
+                            ahead: of_class[class],
+                        });
+                        of_class[class] += 1;
                         Some(requests.len() - 1)
                     }
                     _ => None,
@@ -139,6 +157,13 @@ impl Line {
         })
     }
 
+    /// Pods of `uid`'s wait class before it in the projected line (0 when not projected).
+    pub fn ahead_of_class(&self, uid: &str) -> usize {
+        (self.places.get(uid).and_then(|p| p.pod))
+            .and_then(|i| self.requests.get(i))
+            .map_or(0, |p| p.ahead)
+    }
+
     /// When pod `uid` is expected to start: the line projected once a round; a pod its
     /// filters keep off some nodes (`mask`) is projected on its own, behind the
     /// [`AHEAD_OF_MASKED`] pods ahead of it.
@@ -160,8 +185,14 @@ impl Line {
                 .endings
                 .get_or_insert_with(|| endings(snapshot, runs, now_ms));
             let ends: Vec<Ending<'_>> = owned.iter().map(Owned::ending).collect();
-            let request = &self.requests[index].0;
-            return project(&snapshot.state, request, Some(mask), &ahead, &ends, now_ms);
+            let own = &self.requests[index];
+            let pod = Ahead {
+                request: &own.request,
+                allowed: Some(mask),
+                priority: own.priority,
+                runs: None,
+            };
+            return project(&snapshot.state, pod, &ahead, &ends, now_ms);
         }
         let requests = &self.requests;
         let owned = self
@@ -177,13 +208,14 @@ impl Line {
 }
 
 /// The projected pods as core's projection reads them (on any node).
-fn as_ahead(requests: &[(Request, Option<Span>)]) -> Vec<Ahead<'_>> {
+fn as_ahead(requests: &[Projected]) -> Vec<Ahead<'_>> {
     requests
         .iter()
-        .map(|(request, runs)| Ahead {
-            request,
+        .map(|p| Ahead {
+            request: &p.request,
             allowed: None,
-            runs: *runs,
+            priority: p.priority,
+            runs: p.runs,
         })
         .collect()
 }
@@ -193,6 +225,7 @@ struct Owned {
     node: usize,
     request: Request,
     gpus: Vec<(usize, u32)>,
+    priority: i32,
     end: Span,
 }
 
@@ -202,6 +235,7 @@ impl Owned {
             node: self.node,
             request: &self.request,
             gpus: &self.gpus,
+            priority: self.priority,
             end: self.end,
         }
     }
@@ -226,6 +260,7 @@ fn endings(snapshot: &Snapshot, runs: &Runs<'_>, now_ms: i64) -> Vec<Owned> {
             node: held.node,
             request: held.request.clone(),
             gpus: held.gpus.clone(),
+            priority: pod.priority,
             end: left.shifted(now_ms),
         });
     }
@@ -259,6 +294,15 @@ impl Starts {
             inner.first.clear();
         }
         inner.first.entry(uid.to_string()).or_insert(first);
+    }
+
+    /// Forgets pod `uid`'s first projection if it was made at `told_ms` (the attempt that
+    /// nominated it told it a start it will not learn from).
+    pub(super) fn forget_told_at(&self, uid: &str, told_ms: i64) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if inner.first.get(uid).is_some_and(|f| f.told_ms == told_ms) {
+            inner.first.remove(uid);
+        }
     }
 
     /// Pod `uid`'s first projection, taken (it was bound or is gone).
@@ -322,5 +366,32 @@ mod tests {
         let t2 = t0 + Duration::from_millis(gpuplace_core::waiting::told::PROJECT_EVERY_MS);
         assert_eq!(starts.get("c", t2, || at(3)), at(3));
         assert_eq!(starts.get("a", t2, || at(4)), at(4));
+    }
+}
+
+#[cfg(test)]
+mod nominee_tests {
+    use super::*;
+
+    fn first(told_ms: i64) -> FirstTold {
+        FirstTold {
+            told_ms,
+            projected_ms: told_ms + 60_000,
+            drained_ms: None,
+            class: 1,
+        }
+    }
+
+    #[test]
+    fn what_the_nominating_attempt_told_is_not_learnt_an_earlier_telling_is() {
+        let starts = Starts::default();
+        // Told in the attempt that nominated it: forgotten.
+        starts.remember("a", first(5_000));
+        starts.forget_told_at("a", 5_000);
+        assert_eq!(starts.take_first("a"), None);
+        // Told earlier, nominated later: the first telling stands (its wait turned out so).
+        starts.remember("b", first(1_000));
+        starts.forget_told_at("b", 5_000);
+        assert_eq!(starts.take_first("b"), Some(first(1_000)));
     }
 }

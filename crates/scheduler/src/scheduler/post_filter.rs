@@ -67,6 +67,18 @@ pub(super) enum Outcome {
 }
 
 impl Outcome {
+    /// Whether the pod was nominated (its victims or moved pods leaving): it starts when
+    /// they have left, not when room frees, so it is told no projected start.
+    pub(super) fn under_way(&self) -> bool {
+        matches!(
+            self,
+            Outcome::Waiting
+                | Outcome::Nominated { .. }
+                | Outcome::Moving { .. }
+                | Outcome::Reclaimed { .. }
+        )
+    }
+
     /// Whether PostFilter found nothing to do (or did not look).
     pub(super) fn found_nothing(&self) -> bool {
         matches!(self, Outcome::NotTried | Outcome::NoVictims(_))

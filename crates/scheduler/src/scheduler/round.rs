@@ -375,6 +375,12 @@ impl<A: ClusterApi> Scheduler<A> {
             Some(Made::Later(wait)) => Some(now + wait),
             _ => None,
         };
+        if outcome.under_way() || matches!(made, Some(Made::Moving { .. })) {
+            // A nominee starts when its victims have left: no projected start, and what
+            // this attempt told it is not learnt from.
+            waiting.start = None;
+            self.starts.forget_told_at(&pod.key.uid, self.wall_ms());
+        }
         let unfit = trial.failure.unwrap_or_default();
         let message = failure_message(
             &outcome,

@@ -123,7 +123,14 @@ impl<A: ClusterApi> Scheduler<A> {
         let queues_in_use = round.queues_in_use;
         let line = round.order.line.get_or_insert_with(|| {
             let queue_of = |p: &PodInfo| queues_in_use.then(|| self.queues.of(p).ok()).flatten();
-            Line::new(&round.order.waiting, &queue_of, &self.runs(), now_ms)
+            let nominee = |uid: &str| crate::shared::nominations::holds(snapshot, uid);
+            Line::new(
+                &round.order.waiting,
+                &queue_of,
+                &nominee,
+                &self.runs(),
+                now_ms,
+            )
         });
         let start = if blocker.waits_for_room() {
             let start = self.starts.get(&pod.key.uid, round.now, || {
@@ -135,9 +142,10 @@ impl<A: ClusterApi> Scheduler<A> {
                 .map_or(0, |d| wait_class(d.request.gpu_count, d.request.gpu_milli));
             // Nothing where it cannot beat "unknown", or where room is not what it waits
             // for after all.
-            tell(&self.runs, class, &start, now_ms).map(|told| {
+            let ahead = line.ahead_of_class(&pod.key.uid);
+            tell(&self.runs, class, &start, ahead, now_ms).and_then(|told| {
                 self.starts.remember(&pod.key.uid, told.first);
-                Start::At(told.span)
+                told.span.map(Start::At)
             })
         } else {
             None

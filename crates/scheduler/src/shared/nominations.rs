@@ -128,6 +128,11 @@ fn hold_key(uid: &str) -> String {
     format!("nominated/{uid}")
 }
 
+/// Whether pod `uid` is a nominee whose places `snapshot` holds.
+pub fn holds(snapshot: &Snapshot, uid: &str) -> bool {
+    snapshot.held.contains_key(&hold_key(uid))
+}
+
 impl Nominations {
     pub fn get(&self, uid: &str) -> Option<&Nomination> {
         self.by_uid.get(uid)

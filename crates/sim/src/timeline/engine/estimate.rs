@@ -30,8 +30,9 @@ use crate::trace::{name_hash, name_hash_on};
 /// What a waiting pod was told and could have reckoned, at its first wait.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Told {
-    /// The projection as told, its range from how projections turned out.
-    pub estimate: Span,
+    /// The start as told, its range from how its estimator's reckonings turned out
+    /// (`None`: "now" did best lately, nothing was shown).
+    pub estimate: Option<Span>,
     /// The projection's own likeliest start, before the calibration (what it learns from).
     pub first: FirstTold,
     /// The same projection with nothing ahead in the line (`None`: unknown).
@@ -141,11 +142,10 @@ impl Estimates {
     pub(super) fn started(&mut self, classes: &[Class], told: Option<Told>, bound: i64) {
         let err = |at: i64| (bound - at).abs() as f64 / 1e3;
         for &class in classes {
-            let Some(told) = told else {
+            let Some((told, span)) = told.and_then(|t| Some((t, t.estimate?))) else {
                 *self.unknown.entry(class).or_default() += 1;
                 continue;
             };
-            let span = told.estimate;
             let e = self.errors.entry(class).or_default();
             e.estimate.push(err(span.at_ms));
             e.signed.push((bound - span.at_ms) as f64 / 1e3);

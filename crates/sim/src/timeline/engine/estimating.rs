@@ -2,7 +2,7 @@
 //! once a period as the scheduler projects it, each waiting unit told at the first
 //! projection after its first wait, checked at its start, learnt from at each end.
 
-use gpuplace_core::waiting::history::wait_class;
+use gpuplace_core::waiting::history::{WAIT_CLASSES, wait_class};
 use gpuplace_core::waiting::{Ahead, Ending, Span, Start, project, project_line, told};
 use gpuplace_model::Request;
 
@@ -63,11 +63,13 @@ impl Engine<'_> {
         }
     }
 
-    /// The line's first [`told::PROJECTED`] jobs, in its order.
+    /// The line's first [`told::PROJECTED`] jobs, in its order; a nominee's are left out
+    /// (its places are held in the state already, its start is its victims' leaving).
     fn line_jobs(&self) -> impl Iterator<Item = u32> + '_ {
         self.estimates
             .line
             .iter()
+            .filter(|&&(_, u)| self.units[u as usize].held.is_empty())
             .flat_map(|&(_, u)| self.units[u as usize].jobs.iter().copied())
             .take(told::PROJECTED)
     }
@@ -80,12 +82,13 @@ impl Engine<'_> {
         let ahead: Vec<Ahead<'_>> = line
             .iter()
             .map(|&a| {
-                let r = &self.pods[self.jobs[a as usize].pod as usize].request;
+                let pod = &self.pods[self.jobs[a as usize].pod as usize];
                 let declared = self.declared_of(a);
-                let class = declared.map_or_else(|| class_of(r), |_| String::new());
+                let class = declared.map_or_else(|| class_of(&pod.request), |_| String::new());
                 Ahead {
-                    request: r,
+                    request: &pod.request,
                     allowed: None,
+                    priority: pod.priority,
                     runs: self.estimates.history.remaining(&class, 0, declared),
                 }
             })
@@ -95,34 +98,42 @@ impl Engine<'_> {
             .iter()
             .map(|&(job, end)| {
                 let j = &self.jobs[job as usize];
+                let pod = &self.pods[j.pod as usize];
                 Ending {
                     node: j.node as usize,
-                    request: &self.pods[j.pod as usize].request,
+                    request: &pod.request,
                     gpus: &j.gpus,
+                    priority: pod.priority,
                     end,
                 }
             })
             .collect();
         let starts = project_line(&self.state, &ahead, &endings, now_ms);
-        // The baselines depend on the request only: reckoned once a shape.
-        let mut baselines: Vec<(&Request, Baselines)> = Vec::new();
+        // The baselines depend on the request and priority only: reckoned once a shape.
+        let mut baselines: Vec<(&Request, i32, Baselines)> = Vec::new();
         let mut told = Vec::new();
+        // Pods of each wait class ahead in the line.
+        let mut ahead_of = [0usize; WAIT_CLASSES];
         for (&job, start) in line.iter().zip(&starts) {
+            let pod = &self.pods[self.jobs[job as usize].pod as usize];
+            let request = &pod.request;
+            let class = wait_class(request.gpu_count, request.gpu_milli);
+            let ahead = ahead_of[class];
+            ahead_of[class] += 1;
             if !self.estimates.untold.contains(&job) {
                 continue;
             }
-            let request = &self.pods[self.jobs[job as usize].pod as usize].request;
-            let class = wait_class(request.gpu_count, request.gpu_milli);
-            let Some(telling) = told::tell(&self.estimates.history, class, start, now_ms) else {
+            let history = &self.estimates.history;
+            let Some(telling) = told::tell(history, class, start, ahead, now_ms) else {
                 continue;
             };
-            let b = match baselines.iter().find(|(r, _)| *r == request) {
+            let b = match (baselines.iter()).find(|(r, p, _)| *r == request && *p == pod.priority) {
                 // Only the measured jobs' baselines are reported.
                 _ if !self.jobs[job as usize].measured => Baselines::default(),
-                Some((_, b)) => *b,
+                Some((_, _, b)) => *b,
                 None => {
-                    let b = self.baselines(request, &endings, now_ms);
-                    baselines.push((request, b));
+                    let b = self.baselines(request, pod.priority, &endings, now_ms);
+                    baselines.push((request, pod.priority, b));
                     b
                 }
             };
@@ -141,8 +152,20 @@ impl Engine<'_> {
     /// What a pod asking `request` could be told at `now_ms` without the line: when it
     /// would start with nothing ahead, and when the longest running pod on the best node
     /// ends.
-    fn baselines(&self, request: &Request, endings: &[Ending<'_>], now_ms: i64) -> Baselines {
-        let alone = match project(&self.state, request, None, &[], endings, now_ms) {
+    fn baselines(
+        &self,
+        request: &Request,
+        priority: i32,
+        endings: &[Ending<'_>],
+        now_ms: i64,
+    ) -> Baselines {
+        let pod = Ahead {
+            request,
+            allowed: None,
+            priority,
+            runs: None,
+        };
+        let alone = match project(&self.state, pod, &[], endings, now_ms) {
             Start::At(span) => Some(span.at_ms),
             Start::Unknown => None,
         };
