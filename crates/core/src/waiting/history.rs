@@ -215,8 +215,7 @@ impl RunHistory {
         let Some(now) = self.median_error(class, Estimator::Now) else {
             return false;
         };
-        (reckonings.iter())
-            .all(|&by| self.median_error(class, by).is_some_and(|m| now < m))
+        (reckonings.iter()).all(|&by| self.median_error(class, by).is_some_and(|m| now < m))
     }
 
     /// The range to tell around a wait of `told` (ms from now) that `by` reckoned: the

@@ -158,7 +158,11 @@ mod tests {
         let span = told.span.unwrap();
         assert_eq!(span.at_ms, now + 3 * 3_600_000);
         assert!(span.earliest_ms < span.at_ms);
-        assert_eq!(span.latest_ms, now + 20 * 3_600_000, "the projection's in the range");
+        assert_eq!(
+            span.latest_ms,
+            now + 20 * 3_600_000,
+            "the projection's in the range"
+        );
         assert_eq!(told.first.drained_ms, Some(now + 3 * 3_600_000));
         assert_eq!(told.first.projected_ms, now + 20 * 3_600_000);
         // Projected sooner than the pace: the projection is told.
