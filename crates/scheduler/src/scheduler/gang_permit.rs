@@ -40,6 +40,8 @@ struct GangAttempt<'g, 'a> {
     failure: Option<String>,
     /// Why it waits, as the round found it.
     record: Waiting,
+    /// When the attempt began telling (what a nominating attempt told is not learnt).
+    told_from_ms: i64,
 }
 
 impl<A: ClusterApi> Scheduler<A> {
@@ -128,6 +130,7 @@ impl<A: ClusterApi> Scheduler<A> {
             | Cycled::MembersMissing(t)
             | Cycled::PostFiltered { trial: t, .. } => t.placed.len() as u32,
         };
+        let told_from_ms = self.wall_ms();
         // Why it waits, as the round found it (PostFilter's plan holds places next).
         let mut record = {
             let fair_pair = fair.as_ref().map(|f| (&*f.picker, f.queue));
@@ -153,6 +156,7 @@ impl<A: ClusterApi> Scheduler<A> {
             placed: trial.placed.len() as u32,
             failure,
             record,
+            told_from_ms,
         };
         self.gang_does_not_fit(snapshot, attempt, chained, fair, now, report)
             .await;
@@ -292,6 +296,7 @@ impl<A: ClusterApi> Scheduler<A> {
             placed,
             failure,
             mut record,
+            told_from_ms,
         } = attempt;
         let (bound, min_member) = (gang.bound, gang.spec.min_member);
         let present = bound + members.len() as u32;
@@ -304,13 +309,12 @@ impl<A: ClusterApi> Scheduler<A> {
             for (pod, _) in members {
                 self.cluster.hold_nominee(&pod.key.uid, snapshot);
             }
-            if matches!(
-                outcome,
-                Outcome::Nominated { .. }
-                    | Outcome::Moving { .. }
-                    | Outcome::Reclaimed { .. }
-                    | Outcome::Waiting
-            ) {
+            if outcome.under_way() {
+                // Nominated: it starts when its victims or moved pods have left.
+                record.start = None;
+                for (pod, _) in members {
+                    self.starts.forget_told_since(&pod.key.uid, told_from_ms);
+                }
                 let reason = format!(
                     "pod group {}: only {} of {min_member} members fit at once",
                     gang.id,

@@ -296,11 +296,11 @@ impl Starts {
         inner.first.entry(uid.to_string()).or_insert(first);
     }
 
-    /// Forgets pod `uid`'s first projection if it was made at `told_ms` (the attempt that
-    /// nominated it told it a start it will not learn from).
-    pub(super) fn forget_told_at(&self, uid: &str, told_ms: i64) {
+    /// Forgets pod `uid`'s first projection if it was made at `since_ms` or later (by the
+    /// attempt that nominated it: a start it will not learn from).
+    pub(super) fn forget_told_since(&self, uid: &str, since_ms: i64) {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        if inner.first.get(uid).is_some_and(|f| f.told_ms == told_ms) {
+        if inner.first.get(uid).is_some_and(|f| f.told_ms >= since_ms) {
             inner.first.remove(uid);
         }
     }
@@ -386,12 +386,12 @@ mod nominee_tests {
     fn what_the_nominating_attempt_told_is_not_learnt_an_earlier_telling_is() {
         let starts = Starts::default();
         // Told in the attempt that nominated it: forgotten.
-        starts.remember("a", first(5_000));
-        starts.forget_told_at("a", 5_000);
+        starts.remember("a", first(5_002));
+        starts.forget_told_since("a", 5_000);
         assert_eq!(starts.take_first("a"), None);
         // Told earlier, nominated later: the first telling stands (its wait turned out so).
         starts.remember("b", first(1_000));
-        starts.forget_told_at("b", 5_000);
+        starts.forget_told_since("b", 5_000);
         assert_eq!(starts.take_first("b"), Some(first(1_000)));
     }
 }

@@ -357,6 +357,7 @@ impl<A: ClusterApi> Scheduler<A> {
             ),
         };
         let started = Instant::now();
+        let told_from_ms = self.wall_ms();
         // Why it waits, as the round found it (PostFilter's plan holds places next).
         let mut waiting = {
             let fair = fair.as_ref().map(|f| (&*f.picker, f.queue));
@@ -379,7 +380,7 @@ impl<A: ClusterApi> Scheduler<A> {
             // A nominee starts when its victims have left: no projected start, and what
             // this attempt told it is not learnt from.
             waiting.start = None;
-            self.starts.forget_told_at(&pod.key.uid, self.wall_ms());
+            self.starts.forget_told_since(&pod.key.uid, told_from_ms);
         }
         let unfit = trial.failure.unwrap_or_default();
         let message = failure_message(
