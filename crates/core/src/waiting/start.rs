@@ -140,8 +140,13 @@ pub fn project_line(
     endings: &[Ending<'_>],
     now_ms: i64,
 ) -> Vec<Start> {
+    // The lowest priority among the pods played: no unit of it preempts.
+    let lowest = (endings.iter().map(|e| e.priority))
+        .chain(line.iter().map(|a| a.priority))
+        .min()
+        .unwrap_or(0);
     let plays: Vec<Vec<Option<i64>>> = (0..PLAYS as u64)
-        .map(|seed| play(state, line, endings, now_ms, seed))
+        .map(|seed| play(state, line, endings, lowest, now_ms, seed))
         .collect();
     (0..line.len())
         .map(|u| {
@@ -333,12 +338,13 @@ fn shapes_of<'a>(line: &[Ahead<'a>]) -> Vec<Shape<'a>> {
     shapes
 }
 
-/// One play (its draws seeded by `seed`): when each unit starts (`None`: not within what
-/// is known).
+/// One play (its draws seeded by `seed`; no unit of priority `lowest` preempts): when each
+/// unit starts (`None`: not within what is known).
 fn play<'a>(
     state: &ClusterState,
     line: &[Ahead<'a>],
     endings: &[Ending<'a>],
+    lowest: i32,
     now_ms: i64,
     seed: u64,
 ) -> Vec<Option<i64>> {
@@ -350,10 +356,6 @@ fn play<'a>(
             list.push(i);
         }
     }
-    let lowest = (endings.iter().map(|e| e.priority))
-        .chain(line.iter().map(|a| a.priority))
-        .min()
-        .unwrap_or(0);
     let mut play = Play {
         copy: state.unmeasured_copy(),
         rng: ChaCha8Rng::seed_from_u64(0),
