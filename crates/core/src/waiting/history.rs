@@ -94,6 +94,9 @@ pub struct RunHistory {
     /// How each [`Estimator`]'s waits turned out, by [`wait_class`]: ln((actual + floor) /
     /// (told + floor)), in thousandths.
     waits: [[Runs<i64>; ESTIMATORS]; WAIT_CLASSES],
+    /// The median of |each of `waits`| (`None` before [`MIN_SAMPLES`]), kept at each
+    /// [`RunHistory::waited`]: read for every pod told, changed once a pod started.
+    median_errors: [[Option<i64>; ESTIMATORS]; WAIT_CLASSES],
     /// When the latest pods of each wait class that had waited started (ms), oldest first.
     starts: [VecDeque<i64>; WAIT_CLASSES],
 }
@@ -158,9 +161,18 @@ impl RunHistory {
     /// `told_ms` started after `actual_ms`.
     pub fn waited(&mut self, class: usize, by: Estimator, told_ms: u64, actual_ms: u64) {
         let ratio = (actual_ms as f64 + WAIT_FLOOR_MS) / (told_ms as f64 + WAIT_FLOOR_MS);
-        if let Some(waits) = self.waits.get_mut(class) {
-            waits[by as usize].add((ratio.ln() * 1000.0).round() as i64);
-        }
+        let (Some(waits), Some(medians)) =
+            (self.waits.get_mut(class), self.median_errors.get_mut(class))
+        else {
+            return;
+        };
+        let runs = &mut waits[by as usize];
+        runs.add((ratio.ln() * 1000.0).round() as i64);
+        medians[by as usize] = (runs.recent.len() >= MIN_SAMPLES).then(|| {
+            let mut abs: Vec<i64> = runs.recent.iter().map(|v| v.abs()).collect();
+            let mid = abs.len() / 2;
+            *abs.select_nth_unstable(mid).1
+        });
     }
 
     /// A pod of wait class `class` that had waited started at `at_ms` (the class's pace).
@@ -199,13 +211,7 @@ impl RunHistory {
     /// The median of |ln(actual / told)| (thousandths) of `by`'s latest reckonings of
     /// `class`'s waits; `None` before [`MIN_SAMPLES`].
     fn median_error(&self, class: usize, by: Estimator) -> Option<i64> {
-        let runs = &self.waits.get(class)?[by as usize];
-        if runs.recent.len() < MIN_SAMPLES {
-            return None;
-        }
-        let mut abs: Vec<i64> = runs.recent.iter().map(|v| v.abs()).collect();
-        let mid = abs.len() / 2;
-        Some(*abs.select_nth_unstable(mid).1)
+        self.median_errors.get(class)?[by as usize]
     }
 
     /// Whether "now" reckoned `class`'s waits better lately than every reckoning of
