@@ -1,7 +1,8 @@
 //! What a waiting pod is told of its start, one decision for the scheduler and the timeline
 //! alike: the line (its first [`PROJECTED`] pods) is projected at most once every
 //! [`PROJECT_EVERY_MS`], a pod is told from the projection that covers it ([`tell`]), and
-//! when it starts, how its first projection turned out is learnt ([`FirstTold::learn`]).
+//! when it starts, how its first projection turned out is learnt ([`FirstTold::learn`]). A
+//! nominee is told when its victims are gone instead ([`nominee`]).
 
 use super::Start;
 use super::history::{Estimator, RunHistory};
@@ -100,6 +101,24 @@ pub fn tell(
     })
 }
 
+/// After its victims are gone, how long a nominee takes at most to be decided again and
+/// bound (ms): the deletion seen by the watch, the next attempt, the Binding on a loaded
+/// server.
+pub const NOMINEE_BIND_MS: i64 = 10_000;
+
+/// What a nominee is told, its victims (the pods it preempted or reclaimed) gone by
+/// `gone_by_ms` (the latest end of their grace periods, after which the kubelet kills
+/// them): it starts then, sooner where they exit sooner, later by at most
+/// [`NOMINEE_BIND_MS`]. Its wait is not the line's: nothing is learnt from it. `None` when
+/// they are gone already (it is decided again at once).
+pub fn nominee(gone_by_ms: i64, now_ms: i64) -> Option<Span> {
+    (gone_by_ms > now_ms).then_some(Span {
+        earliest_ms: now_ms,
+        at_ms: gone_by_ms,
+        latest_ms: gone_by_ms + NOMINEE_BIND_MS,
+    })
+}
+
 /// The earlier of two reckonings, with a range that holds both: each has a known reason
 /// to come late (the projection sees no eviction or arrival that frees room; the pace
 /// counts every pod of the class ahead, those that will pass to other nodes too), and
@@ -141,6 +160,21 @@ mod tests {
         assert!(fresh(Some(now), now + PROJECT_EVERY_MS as i64 - 1));
         assert!(!fresh(Some(now), now + PROJECT_EVERY_MS as i64));
         assert!(!fresh(None, now));
+    }
+
+    #[test]
+    fn a_nominee_is_told_its_victims_leaving() {
+        let now = 5_000_000;
+        let span = nominee(now + 30_000, now).unwrap();
+        assert_eq!(span.at_ms, now + 30_000);
+        assert!(span.holds(now + 1_000), "its victims may exit at once");
+        assert!(span.holds(now + 30_000 + NOMINEE_BIND_MS));
+        assert!(!span.holds(now + 30_000 + NOMINEE_BIND_MS + 1));
+        assert_eq!(
+            nominee(now, now),
+            None,
+            "gone already: decided again at once"
+        );
     }
 
     #[test]

@@ -53,7 +53,7 @@ use crate::trace::TracePod;
 
 pub use defrag_state::{DefragCounts, movable_pod};
 pub(crate) use estimate::Errors as EstimateErrors;
-pub use estimate::EstimateRun;
+pub use estimate::{EstimateRun, PartRun};
 pub use fair::{QueueRun, TenantRun};
 pub use units::Job;
 use units::{Placed, Tried, Unit};

@@ -411,8 +411,17 @@ pub fn table(summary: &TimelineSummary) -> String {
             .iter()
             .map(|(class, e)| {
                 let e = &e.pooled;
+                let part = |name: &str, p: &super::engine::PartRun| {
+                    format!(
+                        "{name} {} against now {} ({} pods, range held {:.0}%)",
+                        duration_text(p.median_abs_error_s),
+                        duration_text(p.now_median_abs_error_s),
+                        p.estimated,
+                        p.range_held_pct
+                    )
+                };
                 format!(
-                    "{class}: {} (bias {}{}; now {}, longest-on-best-node {}, nothing-ahead {}; range held {:.0}%; {} estimated, {} unknown)",
+                    "{class}: {} (bias {}{}; now {}, longest-on-best-node {}, nothing-ahead {}; range held {:.0}%; {} estimated, {} unknown; {}; {})",
                     duration_text(e.median_abs_error_s),
                     if e.median_signed_error_s < 0.0 { "-" } else { "+" },
                     duration_text(e.median_signed_error_s.abs()),
@@ -421,7 +430,9 @@ pub fn table(summary: &TimelineSummary) -> String {
                     duration_text(e.alone_median_abs_error_s),
                     e.range_held_pct,
                     e.estimated,
-                    e.unknown
+                    e.unknown,
+                    part("in line", &e.line),
+                    part("nominees", &e.nominees),
                 )
             })
             .collect();

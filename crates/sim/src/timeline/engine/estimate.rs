@@ -33,8 +33,9 @@ pub(super) struct Told {
     /// The start as told, its range from how its estimator's reckonings turned out
     /// (`None`: "now" did best lately, nothing was shown).
     pub estimate: Option<Span>,
-    /// The projection's own likeliest start, before the calibration (what it learns from).
-    pub first: FirstTold,
+    /// The projection's own likeliest start, before the calibration (what it learns from);
+    /// `None` for a nominee, told its victims' leaving (core's `told::nominee`).
+    pub first: Option<FirstTold>,
     /// The same projection with nothing ahead in the line (`None`: unknown).
     pub alone: Option<i64>,
     /// When the longest running pod on the best node ends (`None`: no node's end known).
@@ -53,6 +54,10 @@ pub(crate) struct Errors {
     longest: Vec<f64>,
     alone: Vec<f64>,
     held: usize,
+    /// Per pod, whether it was told as a nominee (its victims' leaving), not from the line.
+    nominee: Vec<bool>,
+    /// Per pod, whether the range held its start.
+    held_each: Vec<bool>,
 }
 
 /// The estimates of one replay.
@@ -88,7 +93,7 @@ pub struct EstimateRun {
     /// The same for "when the longest running pod on the best node ends".
     pub longest_median_abs_error_s: f64,
     /// The same for the projection with nothing ahead in the line (running pods' ends
-    /// only, as gpuplace told before it projected the line).
+    /// only, as gpuplace told before it projected the line), over the line's pods only.
     pub alone_median_abs_error_s: f64,
     /// Share of pods whose actual start fell within the stated range, in percent.
     pub range_held_pct: f64,
@@ -96,9 +101,23 @@ pub struct EstimateRun {
     pub estimated: usize,
     /// Pods that waited and started with an unknown estimate.
     pub unknown: usize,
+    /// The pods told from the line (the projection or the line's pace) alone.
+    pub line: PartRun,
+    /// The nominees alone (told when their victims are gone).
+    pub nominees: PartRun,
     /// Each pod's errors, for figures over several runs' pods together.
     #[serde(skip)]
     pub(crate) errors: Errors,
+}
+
+/// The figures of one part of a class's pods.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct PartRun {
+    pub estimated: usize,
+    pub median_abs_error_s: f64,
+    pub now_median_abs_error_s: f64,
+    pub longest_median_abs_error_s: f64,
+    pub range_held_pct: f64,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -151,7 +170,12 @@ impl Estimates {
             e.signed.push((bound - span.at_ms) as f64 / 1e3);
             e.now.push(err(told.at));
             e.longest.push(err(told.longest.unwrap_or(told.at)));
-            e.alone.push(err(told.alone.unwrap_or(told.at)));
+            let nominee = told.first.is_none();
+            if !nominee {
+                e.alone.push(err(told.alone.unwrap_or(told.at)));
+            }
+            e.nominee.push(nominee);
+            e.held_each.push(span.holds(bound));
             if span.holds(bound) {
                 e.held += 1;
             }
@@ -184,13 +208,40 @@ impl Errors {
             out.longest.extend(&e.longest);
             out.alone.extend(&e.alone);
             out.held += e.held;
+            out.nominee.extend(&e.nominee);
+            out.held_each.extend(&e.held_each);
         }
         out
+    }
+
+    /// The figures of the pods told as nominees (`nominees`) or from the line.
+    fn part(&self, nominees: bool) -> PartRun {
+        let of = |v: &[f64]| -> Vec<f64> {
+            (v.iter().zip(&self.nominee))
+                .filter(|&(_, &n)| n == nominees)
+                .map(|(&x, _)| x)
+                .collect()
+        };
+        let estimated = self.nominee.iter().filter(|&&n| n == nominees).count();
+        let held = (self.held_each.iter().zip(&self.nominee))
+            .filter(|&(&h, &n)| h && n == nominees)
+            .count();
+        PartRun {
+            estimated,
+            median_abs_error_s: median(of(&self.estimate)),
+            now_median_abs_error_s: median(of(&self.now)),
+            longest_median_abs_error_s: median(of(&self.longest)),
+            range_held_pct: match estimated {
+                0 => 0.0,
+                n => 100.0 * held as f64 / n as f64,
+            },
+        }
     }
 
     /// What they come to, with `unknown` pods never told a start.
     pub(crate) fn run(self, unknown: usize) -> EstimateRun {
         let estimated = self.estimate.len();
+        let (line, nominees) = (self.part(false), self.part(true));
         EstimateRun {
             range_held_pct: if estimated == 0 {
                 0.0
@@ -204,6 +255,8 @@ impl Errors {
             alone_median_abs_error_s: median(self.alone.clone()),
             estimated,
             unknown,
+            line,
+            nominees,
             errors: self,
         }
     }

@@ -47,6 +47,9 @@ impl Engine<'_> {
             self.estimates.untold.extend(jobs);
         }
         let now_ms = now.0 as i64;
+        if !self.units[unit as usize].held.is_empty() {
+            self.tell_nominee(unit, now_ms);
+        }
         if self.estimates.untold.is_empty() || told::fresh(self.estimates.projected_at, now_ms) {
             return;
         }
@@ -61,6 +64,63 @@ impl Engine<'_> {
             self.estimates.untold.remove(&job);
             self.estimates.made.insert(job, t);
         }
+    }
+
+    /// Nominee `unit`'s jobs not told yet are told at `now_ms` when its victims are gone,
+    /// as the scheduler tells a nominee (core's [`told::nominee`]).
+    fn tell_nominee(&mut self, unit: u32, now_ms: i64) {
+        let gone_by = self.units[unit as usize].held_until.0 as i64;
+        let Some(span) = told::nominee(gone_by, now_ms) else {
+            return;
+        };
+        let jobs: Vec<u32> = (self.units[unit as usize].jobs.iter())
+            .copied()
+            .filter(|j| self.estimates.untold.contains(j))
+            .collect();
+        if jobs.is_empty() {
+            return;
+        }
+        // The baselines "now" and the longest running pod on the best node; the
+        // projection with nothing ahead is not played for a nominee (its places are held:
+        // it is not a pod waiting for room), and is reported over the line's pods only.
+        let told: Vec<(u32, Told)> = jobs
+            .into_iter()
+            .map(|job| {
+                let pod = &self.pods[self.jobs[job as usize].pod as usize];
+                let longest = (self.jobs[job as usize].measured)
+                    .then(|| self.longest_on_best_node(&pod.request, now_ms))
+                    .flatten();
+                let t = Told {
+                    estimate: Some(span),
+                    first: None,
+                    alone: None,
+                    longest,
+                    at: now_ms,
+                };
+                (job, t)
+            })
+            .collect();
+        for (job, t) in told {
+            self.estimates.untold.remove(&job);
+            self.estimates.made.insert(job, t);
+        }
+    }
+
+    /// The running pods whose expected ends are `ends`, as the projection reads them.
+    fn endings<'s>(&'s self, ends: &[(u32, Span)]) -> Vec<Ending<'s>> {
+        ends.iter()
+            .map(|&(job, end)| {
+                let j = &self.jobs[job as usize];
+                let pod = &self.pods[j.pod as usize];
+                Ending {
+                    node: j.node as usize,
+                    request: &pod.request,
+                    gpus: &j.gpus,
+                    priority: pod.priority,
+                    end,
+                }
+            })
+            .collect()
     }
 
     /// The line's first [`told::PROJECTED`] jobs, in its order; a nominee's are left out
@@ -94,20 +154,7 @@ impl Engine<'_> {
             })
             .collect();
         let ends = self.running_ends(now_ms);
-        let endings: Vec<Ending<'_>> = ends
-            .iter()
-            .map(|&(job, end)| {
-                let j = &self.jobs[job as usize];
-                let pod = &self.pods[j.pod as usize];
-                Ending {
-                    node: j.node as usize,
-                    request: &pod.request,
-                    gpus: &j.gpus,
-                    priority: pod.priority,
-                    end,
-                }
-            })
-            .collect();
+        let endings = self.endings(&ends);
         let starts = project_line(&self.state, &ahead, &endings, now_ms);
         // The baselines depend on the request and priority only: reckoned once a shape.
         let mut baselines: Vec<(&Request, i32, Baselines)> = Vec::new();
@@ -139,7 +186,7 @@ impl Engine<'_> {
             };
             let t = Told {
                 estimate: telling.span,
-                first: telling.first,
+                first: Some(telling.first),
                 alone: b.alone,
                 longest: b.longest,
                 at: now_ms,
@@ -247,8 +294,8 @@ impl Engine<'_> {
         let untold = self.estimates.untold.remove(&job);
         let told = self.estimates.made.remove(&job);
         let bound = bound.0 as i64;
-        if let Some(t) = &told {
-            t.first.learn(&mut self.estimates.history, bound);
+        if let Some(first) = told.as_ref().and_then(|t| t.first) {
+            first.learn(&mut self.estimates.history, bound);
         }
         let j = &self.jobs[job as usize];
         if j.measured && (untold || told.is_some()) {

@@ -88,6 +88,37 @@ fn a_preemptor_runs_only_once_its_victims_grace_and_its_own_start_have_passed() 
 }
 
 #[test]
+fn a_nominee_is_told_when_its_victims_grace_ends_and_the_error_is_measured_apart() {
+    // As above (grace 30 s, bind 1 s): high preempts low at 100 s and is bound at 131 s.
+    // Told at its nominating attempt that it starts when low's grace ends (130 s), it is
+    // off by 1 s where "now" is off by 31 s; the line's pods are reported apart (none).
+    let s = Scenario {
+        pods: vec![pod("low", 8, 1_000, 0, None), pod("high", 8, 10, 5, None)],
+        nodes: vec![node("n", 8)],
+        preempt: true,
+        costs: costs(30, 1, 1, 2),
+        declared_share: 1.0,
+        ..Scenario::default()
+    };
+    let outcome = s.run_all(
+        &[(0, 0), (100, 1), (500, 0)],
+        true,
+        DefragSim::default(),
+        None,
+    );
+    assert_eq!(secs(outcome.jobs[1].start), Some(131));
+    let e = &outcome.estimates[&crate::timeline::metrics::Class::Eight];
+    // Low, made again at 101 s, is parked within the period of the projection made at
+    // high's attempt and tried again only when high leaves: never told, unknown.
+    assert_eq!((e.estimated, e.unknown), (1, 1), "{e:?}");
+    assert_eq!(e.nominees.estimated, 1);
+    assert_eq!(e.line.estimated, 0);
+    assert_eq!(e.nominees.median_abs_error_s, 1.0);
+    assert_eq!(e.nominees.now_median_abs_error_s, 31.0);
+    assert_eq!(e.nominees.range_held_pct, 100.0);
+}
+
+#[test]
 fn a_pod_whose_binding_is_in_flight_is_not_a_victim() {
     // Bind 10 s: low is decided at 0 and bound at 10; high, of higher priority, arrives at
     // 5. The scheduler holds low as reserved (decided, Binding in flight), not a
