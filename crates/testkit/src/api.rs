@@ -473,7 +473,10 @@ impl MemoryApi {
     }
 
     /// A graceful delete: the pod gets a deletionTimestamp and stays until its kubelet has
-    /// stopped it and deletes it for good ([`delete_pod`](Self::delete_pod)).
+    /// stopped it and deletes it for good ([`delete_pod`](Self::delete_pod)). As the real
+    /// server does, the deletionTimestamp is when its grace period ends (now plus its
+    /// `terminationGracePeriodSeconds`, 30 where unset), and `deletionGracePeriodSeconds`
+    /// says the period.
     pub fn delete_pod_gracefully(&self, namespace: &str, name: &str) {
         let mut s = lock(&self.store);
         let key = (namespace.to_string(), name.to_string());
@@ -487,9 +490,15 @@ impl MemoryApi {
             return;
         }
         s.write_pod(&key, |p| {
-            p.metadata.deletion_timestamp = Some(
-                k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(crate::clock::server_time()),
-            );
+            let grace = (p.spec.as_ref())
+                .and_then(|s| s.termination_grace_period_seconds)
+                .unwrap_or(30)
+                .max(0);
+            let now = crate::clock::server_time();
+            let by = (now.checked_add(std::time::Duration::from_secs(grace as u64))).unwrap_or(now);
+            p.metadata.deletion_timestamp =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(by));
+            p.metadata.deletion_grace_period_seconds = Some(grace);
         });
         let v = s.version;
         drop(s);

@@ -132,6 +132,9 @@ pub fn scheduling_inputs(pod: &Pod) -> u64 {
     out.0.finish()
 }
 
+/// A pod's grace period where its spec sets none (the API server's default).
+pub const DEFAULT_GRACE_S: i64 = 30;
+
 /// A pod as the scheduler's caches hold it.
 #[derive(Clone, Debug)]
 pub struct PodInfo {
@@ -146,6 +149,12 @@ pub struct PodInfo {
     pub phase: Option<String>,
     /// `metadata.deletionTimestamp` is set.
     pub deleting: bool,
+    /// `metadata.deletionTimestamp`: for a pod, when its grace period ends (the kubelet
+    /// kills it then).
+    pub deleted_by: Option<Timestamp>,
+    /// `spec.terminationGracePeriodSeconds` (30 where unset): how long it takes at most to
+    /// stop once deleted.
+    pub grace_s: i64,
     /// `spec.schedulingGates` is not empty: not to be scheduled until they are removed.
     pub gated: bool,
     pub priority: i32,
@@ -264,6 +273,11 @@ impl PodInfo {
                 .filter(|n| !n.is_empty()),
             phase: pod.status.as_ref().and_then(|s| s.phase.clone()),
             deleting: meta.deletion_timestamp.is_some(),
+            deleted_by: meta.deletion_timestamp.as_ref().map(|t| t.0),
+            grace_s: spec
+                .and_then(|s| s.termination_grace_period_seconds)
+                .unwrap_or(DEFAULT_GRACE_S)
+                .max(0),
             gated: spec
                 .and_then(|s| s.scheduling_gates.as_ref())
                 .is_some_and(|g| !g.is_empty()),

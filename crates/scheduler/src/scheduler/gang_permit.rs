@@ -42,6 +42,8 @@ struct GangAttempt<'g, 'a> {
     record: Waiting,
     /// When the attempt began telling (what a nominating attempt told is not learnt).
     told_from_ms: i64,
+    /// The round's view (a nominee's victims are read there).
+    view: &'g ClusterView,
 }
 
 impl<A: ClusterApi> Scheduler<A> {
@@ -157,6 +159,7 @@ impl<A: ClusterApi> Scheduler<A> {
             failure,
             record,
             told_from_ms,
+            view,
         };
         self.gang_does_not_fit(snapshot, attempt, chained, fair, now, report)
             .await;
@@ -297,6 +300,7 @@ impl<A: ClusterApi> Scheduler<A> {
             failure,
             mut record,
             told_from_ms,
+            view,
         } = attempt;
         let (bound, min_member) = (gang.bound, gang.spec.min_member);
         let present = bound + members.len() as u32;
@@ -311,7 +315,7 @@ impl<A: ClusterApi> Scheduler<A> {
             }
             if outcome.under_way() {
                 // Nominated: it starts when its victims or moved pods have left.
-                record.start = None;
+                record.start = self.nominees_start(members.iter().map(|(p, _)| &*p.key.uid), view);
                 for (pod, _) in members {
                     self.starts.forget_told_since(&pod.key.uid, told_from_ms);
                 }

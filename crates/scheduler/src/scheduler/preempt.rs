@@ -192,6 +192,24 @@ pub fn waiting_for_victims(
     waiting_on_node(pod, snapshot)
 }
 
+/// When the victims of `nomination` are gone at the latest (wall-clock ms): a deleting
+/// victim at its `deletionTimestamp` (its grace period's end), one whose deletion the
+/// watch has not shown yet `now_ms` plus its grace period, a gone one now. `None` for an
+/// adopted nomination (an earlier run's: its victims are not known).
+pub fn victims_gone_by(nomination: &Nomination, view: &ClusterView, now_ms: i64) -> Option<i64> {
+    if nomination.adopted {
+        return None;
+    }
+    let gone_by = |v: &PodKey| match view.pod(&v.namespace, &v.name) {
+        Some(p) if p.key.uid == v.uid && p.is_active_bound() => match p.deleted_by {
+            Some(t) if p.deleting => t.as_millisecond(),
+            _ => now_ms.saturating_add(p.grace_s.saturating_mul(1_000)),
+        },
+        _ => now_ms,
+    };
+    nomination.victims.iter().map(gone_by).max()
+}
+
 /// Whether pods are terminating on the node `pod`'s `status.nominatedNodeName` names.
 pub fn waiting_on_node(pod: &PodInfo, snapshot: &Snapshot) -> bool {
     let Some(node) = pod

@@ -377,9 +377,9 @@ impl<A: ClusterApi> Scheduler<A> {
             _ => None,
         };
         if outcome.under_way() || matches!(made, Some(Made::Moving { .. })) {
-            // A nominee starts when its victims have left: no projected start, and what
-            // this attempt told it is not learnt from.
-            waiting.start = None;
+            // A nominee starts when its victims have left: it is told when they are gone,
+            // and what this attempt's projection told it is not learnt from.
+            waiting.start = self.nominees_start(std::iter::once(&*pod.key.uid), view);
             self.starts.forget_told_since(&pod.key.uid, told_from_ms);
         }
         let unfit = trial.failure.unwrap_or_default();

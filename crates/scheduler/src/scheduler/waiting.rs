@@ -13,7 +13,7 @@ use std::time::SystemTime;
 use gpuplace_core::fairshare::{Picker, show_amount, show_half_life};
 use gpuplace_core::shortage::Shortage;
 use gpuplace_core::waiting::history::wait_class;
-use gpuplace_core::waiting::told::tell;
+use gpuplace_core::waiting::told::{self, tell};
 use gpuplace_core::waiting::{Blocker, GangStanding, QueueStanding, Resource, Start, Waiting};
 
 use super::Scheduler;
@@ -75,6 +75,24 @@ impl<A: ClusterApi> Scheduler<A> {
             history: &self.runs,
             jobs: &self.jobs,
         }
+    }
+
+    /// What nominees `uids` (a pod, or a gang's members) are told: when the last of their
+    /// victims (the pods they preempted, reclaimed or moved) is gone (core's
+    /// [`told::nominee`]); nothing where one's victims are not known (an adopted
+    /// nomination) or are gone already.
+    pub(super) fn nominees_start<'u>(
+        &self,
+        uids: impl Iterator<Item = &'u str>,
+        view: &ClusterView,
+    ) -> Option<Start> {
+        let now_ms = self.wall_ms();
+        let mut gone_by = now_ms;
+        for uid in uids {
+            let n = self.cluster.nomination(uid)?;
+            gone_by = gone_by.max(super::preempt::victims_gone_by(n, view, now_ms)?);
+        }
+        told::nominee(gone_by, now_ms).map(Start::At)
     }
 
     /// Why `pods` (a pod, or a gang's members) wait, taken as the round finds them (before

@@ -141,6 +141,24 @@ async fn freed_devices_wait_for_the_preemptor_while_other_victims_terminate() {
 }
 
 #[tokio::test]
+async fn a_nominee_is_told_it_starts_when_its_victims_grace_ends() {
+    let (api, mut scheduler, mut t) = low_fills("n").await;
+    let mut low = api.pod("ml", "low").unwrap();
+    low.spec.as_mut().unwrap().termination_grace_period_seconds = Some(120);
+    api.put_pod(low);
+    api.put_pod(prio("hi", 2, 10, json!({})));
+    settle(&mut scheduler, &mut t).await;
+    assert!(deleting(&api, "low"));
+    let said = last_message(&api, "hi");
+    assert!(said.contains("preemption: nominated node n"), "{said}");
+    // Told when its victim's 120-s grace ends (a round or two of the test has passed),
+    // the range from now.
+    let start = gpuplace_core::waiting::Waiting::parse(&said).expected_start;
+    let start = start.unwrap_or_else(|| panic!("no expected start: {said}"));
+    assert!(start.contains("(in 2m; now to 2m"), "{said}");
+}
+
+#[tokio::test]
 async fn a_disruption_budget_steers_the_victim_choice() {
     let api = MemoryApi::new();
     api.put_node(node("n1", 2, json!({})));
