@@ -1,0 +1,69 @@
+#!/bin/bash
+# On the real node (1.36: scripts/k136.sh up; scripts/k136.sh node; 1.26: kcp.sh up and
+# node.sh up with KCP=~/kcp): a pod that preempts is told it starts when its victim's grace
+# period ends. A low-priority pod whose container ignores SIGTERM (sleep as PID 1) holds
+# all 8 GPUs with a 45-s grace period; a high-priority pod preempts it. Prints the victim's
+# deletionTimestamp, what the preemptor was told, and when it was bound and ran.
+#   GPUPLACE=target/release/gpuplace bash scripts/realnode-nominee-start.sh
+set -uo pipefail
+export KCP=${KCP:-$HOME/k136}
+export KUBECONFIG=${KUBECONFIG:-$KCP/admin.kubeconfig}
+GPUPLACE=${GPUPLACE:?set GPUPLACE to a gpuplace binary}
+export GPUPLACE
+cd "$(dirname "$0")/.."
+for i in $(seq 90); do [ -z "$(kubectl get pods -o name)" ] && break; sleep 1; done
+bash ../shared/realnode/node.sh plugin-down; bash ../shared/realnode/node.sh plugin-up
+setsid nohup $GPUPLACE scheduler --kubeconfig $KUBECONFIG --scheduler-name gpuplace --metrics-addr 127.0.0.1:9912 > /tmp/gpuplace-nominee.log 2>&1 &
+echo $! > /tmp/gpuplace-nominee.pid
+sleep 3
+kubectl apply -f - <<Y
+apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata: {name: gp-nominee-low}
+value: 10
+---
+apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata: {name: gp-nominee-high}
+value: 1000
+Y
+# A pod of priority class $2 asking all 8 GPUs, grace $3 s.
+pod() {
+  kubectl apply -f - <<Y
+apiVersion: v1
+kind: Pod
+metadata: {name: $1, namespace: default}
+spec:
+  schedulerName: gpuplace
+  priorityClassName: $2
+  terminationGracePeriodSeconds: $3
+  containers:
+  - name: main
+    image: local/busybox:1
+    imagePullPolicy: Never
+    command: ["sleep", "3600"]
+    resources: {limits: {nvidia.com/gpu: "8"}}
+Y
+}
+pod victim gp-nominee-low 45
+for i in $(seq 60); do
+  kubectl get pod victim -o jsonpath='{.status.phase}' 2>/dev/null | grep -q Running && break; sleep 1
+done
+pod preemptor gp-nominee-high 30
+for i in $(seq 30); do
+  kubectl get pod victim -o jsonpath='{.metadata.deletionTimestamp}' 2>/dev/null | grep -q . && break; sleep 1
+done
+sleep 2
+echo "--- victim deletionTimestamp: $(kubectl get pod victim -o jsonpath='{.metadata.deletionTimestamp}')"
+echo "--- preemptor's condition at $(date -u +%FT%TZ)"
+kubectl get pod preemptor -o jsonpath='{.status.conditions[?(@.type=="PodScheduled")].message}'; echo
+echo "--- status --scheduler"
+COLUMNS=200 $GPUPLACE status --kubeconfig $KUBECONFIG --color never --scheduler http://127.0.0.1:9912 | tail -8
+for i in $(seq 90); do
+  kubectl get pod preemptor -o jsonpath='{.status.phase}' 2>/dev/null | grep -q Running && break; sleep 1
+done
+echo "--- preemptor bound (PodScheduled=True) at $(kubectl get pod preemptor -o jsonpath='{.status.conditions[?(@.type=="PodScheduled")].lastTransitionTime}'), node $(kubectl get pod preemptor -o jsonpath='{.spec.nodeName}'), phase $(kubectl get pod preemptor -o jsonpath='{.status.phase}')"
+kubectl get events --field-selector involvedObject.name=preemptor -o custom-columns=TIME:.lastTimestamp,REASON:.reason --no-headers | head -6
+kubectl delete pod preemptor victim --wait=false --grace-period=1 2>/dev/null
+kubectl delete priorityclass gp-nominee-low gp-nominee-high --wait=false
+kill $(cat /tmp/gpuplace-nominee.pid)
