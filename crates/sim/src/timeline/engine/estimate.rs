@@ -53,11 +53,10 @@ pub(crate) struct Errors {
     now: Vec<f64>,
     longest: Vec<f64>,
     alone: Vec<f64>,
-    held: usize,
+    /// Per pod, whether the range held its start.
+    held: Vec<bool>,
     /// Per pod, whether it was told as a nominee (its victims' leaving), not from the line.
     nominee: Vec<bool>,
-    /// Per pod, whether the range held its start.
-    held_each: Vec<bool>,
 }
 
 /// The estimates of one replay.
@@ -175,10 +174,7 @@ impl Estimates {
                 e.alone.push(err(told.alone.unwrap_or(told.at)));
             }
             e.nominee.push(nominee);
-            e.held_each.push(span.holds(bound));
-            if span.holds(bound) {
-                e.held += 1;
-            }
+            e.held.push(span.holds(bound));
         }
     }
 
@@ -207,9 +203,8 @@ impl Errors {
             out.now.extend(&e.now);
             out.longest.extend(&e.longest);
             out.alone.extend(&e.alone);
-            out.held += e.held;
+            out.held.extend(&e.held);
             out.nominee.extend(&e.nominee);
-            out.held_each.extend(&e.held_each);
         }
         out
     }
@@ -223,7 +218,7 @@ impl Errors {
                 .collect()
         };
         let estimated = self.nominee.iter().filter(|&&n| n == nominees).count();
-        let held = (self.held_each.iter().zip(&self.nominee))
+        let held = (self.held.iter().zip(&self.nominee))
             .filter(|&(&h, &n)| h && n == nominees)
             .count();
         PartRun {
@@ -246,7 +241,7 @@ impl Errors {
             range_held_pct: if estimated == 0 {
                 0.0
             } else {
-                100.0 * self.held as f64 / estimated as f64
+                100.0 * self.held.iter().filter(|&&h| h).count() as f64 / estimated as f64
             },
             median_abs_error_s: median(self.estimate.clone()),
             median_signed_error_s: median(self.signed.clone()),
