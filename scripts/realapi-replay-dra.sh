@@ -10,7 +10,8 @@
 #   scripts/realapi-replay-dra.sh SEED SPEED OUT_DIR NODES.csv PODS.csv
 #
 # WHO (default "gpuplace kube") names the runs, in order. kcp-node-1 (a real node, if
-# there) is cordoned for the runs: the replay's pods belong on its fake nodes.
+# there) is cordoned for the runs (the replay's pods belong on its fake nodes) and
+# uncordoned after them when it was schedulable before.
 set -euo pipefail
 seed=${1:?seed}
 speed=${2:?speed}
@@ -25,12 +26,13 @@ mkdir -p "$out"
 common=(--nodes "$nodes" --pods "$pods" --sample-nodes "${SAMPLE:-500}" --sample-seed 1 --load 0.9
   --arrivals "${ARRIVALS:-1140}" --seed "$seed" --speed "$speed" --dra --fake-nodes
   --warm-quiet "${WARM_QUIET:-30}")
+was_cordoned=$(kubectl get node kcp-node-1 -o jsonpath='{.spec.unschedulable}' 2>/dev/null || true)
 kubectl cordon kcp-node-1 >/dev/null 2>&1 || true
 kill "$(cat "$KCP/run/kube-scheduler.pid" 2>/dev/null)" 2>/dev/null || true
 pkill -f "gpuplace scheduler" 2>/dev/null || true
 $G replay --clean >/dev/null
 sched=
-trap '[[ -n $sched ]] && kill $sched 2>/dev/null || true' EXIT
+trap '[[ -n $sched ]] && kill $sched 2>/dev/null; [[ $was_cordoned == true ]] || kubectl uncordon kcp-node-1 >/dev/null 2>&1 || true' EXIT
 for who in ${WHO:-gpuplace kube}; do
   python3 scripts/realapi-load.py settle >/dev/null
   if [[ $who == gpuplace ]]; then
