@@ -31,3 +31,11 @@ need_gpus() {
     exit 1
   fi
 }
+
+# Waits (up to 90 s) until the namespace has no pods left, then starts the device plugin
+# afresh (for the checks that run their own scheduler: realnode-wait-record.sh,
+# realnode-nominee-start.sh).
+quiet_node_fresh_plugin() {
+  for _ in $(seq 90); do [ -z "$(kubectl get pods -o name)" ] && break; sleep 1; done
+  bash ../shared/realnode/node.sh plugin-down; bash ../shared/realnode/node.sh plugin-up
+}

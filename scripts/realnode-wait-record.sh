@@ -10,8 +10,8 @@ export KUBECONFIG=${KUBECONFIG:-$KCP/admin.kubeconfig}
 GPUPLACE=${GPUPLACE:?set GPUPLACE to a gpuplace binary}
 export GPUPLACE
 cd "$(dirname "$0")/.."
-for i in $(seq 90); do [ -z "$(kubectl get pods -o name)" ] && break; sleep 1; done
-bash ../shared/realnode/node.sh plugin-down; bash ../shared/realnode/node.sh plugin-up
+source scripts/realnode-lib.sh
+quiet_node_fresh_plugin
 setsid nohup $GPUPLACE scheduler --kubeconfig $KUBECONFIG --scheduler-name gpuplace --metrics-addr 127.0.0.1:9911 > /tmp/gpuplace-wait-record.log 2>&1 &
 echo $! > /tmp/gpuplace-wait-record.pid
 sleep 3

@@ -21,6 +21,26 @@ fn costs(grace: u64, recreate: u64, bind: u64, start: u64) -> Costs {
     }
 }
 
+/// One 8-GPU node: an 8-GPU pod of priority 0 (1,000 s) from 0 s, an 8-GPU pod of
+/// priority 5 (10 s) at 100 s that preempts it, the first made again at 500 s; run with
+/// `costs`, a share `declared_share` of pods declaring their run.
+fn low_then_high(costs: Costs, declared_share: f64) -> crate::timeline::engine::Outcome {
+    let s = Scenario {
+        pods: vec![pod("low", 8, 1_000, 0, None), pod("high", 8, 10, 5, None)],
+        nodes: vec![node("n", 8)],
+        preempt: true,
+        costs,
+        declared_share,
+        ..Scenario::default()
+    };
+    s.run_all(
+        &[(0, 0), (100, 1), (500, 0)],
+        true,
+        DefragSim::default(),
+        None,
+    )
+}
+
 /// What a preemption looks like in time, seconds (see the test).
 struct Timed {
     costs: Costs,
@@ -57,19 +77,7 @@ fn a_preemptor_runs_only_once_its_victims_grace_and_its_own_start_have_passed() 
         },
     ];
     for case in cases {
-        let s = Scenario {
-            pods: vec![pod("low", 8, 1_000, 0, None), pod("high", 8, 10, 5, None)],
-            nodes: vec![node("n", 8)],
-            preempt: true,
-            costs: case.costs,
-            ..Scenario::default()
-        };
-        let outcome = s.run_all(
-            &[(0, 0), (100, 1), (500, 0)],
-            true,
-            DefragSim::default(),
-            None,
-        );
+        let outcome = low_then_high(case.costs, 0.0);
         let jobs = &outcome.jobs;
         assert_eq!((secs(jobs[0].start), secs(jobs[0].work_from)), case.low);
         assert!(jobs[0].evicted);
@@ -92,20 +100,7 @@ fn a_nominee_is_told_when_its_victims_grace_ends_and_the_error_is_measured_apart
     // As above (grace 30 s, bind 1 s): high preempts low at 100 s and is bound at 131 s.
     // Told at its nominating attempt that it starts when low's grace ends (130 s), it is
     // off by 1 s where "now" is off by 31 s; the line's pods are reported apart (none).
-    let s = Scenario {
-        pods: vec![pod("low", 8, 1_000, 0, None), pod("high", 8, 10, 5, None)],
-        nodes: vec![node("n", 8)],
-        preempt: true,
-        costs: costs(30, 1, 1, 2),
-        declared_share: 1.0,
-        ..Scenario::default()
-    };
-    let outcome = s.run_all(
-        &[(0, 0), (100, 1), (500, 0)],
-        true,
-        DefragSim::default(),
-        None,
-    );
+    let outcome = low_then_high(costs(30, 1, 1, 2), 1.0);
     assert_eq!(secs(outcome.jobs[1].start), Some(131));
     let e = &outcome.estimates[&crate::timeline::metrics::Class::Eight];
     // Low, made again at 101 s, is parked within the period of the projection made at
