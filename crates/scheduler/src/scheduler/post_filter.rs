@@ -91,6 +91,10 @@ impl Outcome {
             Outcome::Never => "nothing: its preemptionPolicy is Never".into(),
             Outcome::Waiting => "its preemption or make-room, under way: the pods it preempted or moved are terminating".into(),
             Outcome::NoVictims(_) => "nothing found: no pod of lower priority, of a queue above its guarantee, or opted in to moving would make room".into(),
+            // Planned again over pods already terminating there (after a restart).
+            Outcome::Nominated { node, victims } if victims.is_empty() => {
+                format!("preemption under way: the pods terminating on node {node} leaving")
+            }
             Outcome::Nominated { node, victims } => format!(
                 "preemption under way: {} pod(s) of lower priority leaving node {node}",
                 victims.len()
@@ -124,6 +128,9 @@ impl Outcome {
             Outcome::NoVictims(not_helpful) => {
                 format!("{failure} {}", no_victims(nodes, *not_helpful))
             }
+            Outcome::Nominated { node, victims } if victims.is_empty() => format!(
+                "{failure} preemption: nominated node {node}; waiting for the pods terminating there."
+            ),
             Outcome::Nominated { node, victims } => format!(
                 "{failure} preemption: nominated node {node}; preempting {} pod(s) of lower priority: {}.",
                 victims.len(),

@@ -194,11 +194,20 @@ pub fn waiting_for_victims(
 
 /// When the victims of `nomination` are gone at the latest (wall-clock ms): a deleting
 /// victim at its `deletionTimestamp` (its grace period's end), one whose deletion the
-/// watch has not shown yet `now_ms` plus its grace period, a gone one now. `None` for an
-/// adopted nomination (an earlier run's: its victims are not known).
+/// watch has not shown yet `now_ms` plus its grace period, a gone one now. A nomination
+/// planned again over pods already terminating on its node (after a restart: no victim of
+/// its own) waits for those. `None` for an adopted nomination not planned again yet (its
+/// victims are not known).
 pub fn victims_gone_by(nomination: &Nomination, view: &ClusterView, now_ms: i64) -> Option<i64> {
     if nomination.adopted {
         return None;
+    }
+    if nomination.victims.is_empty() {
+        return (view.pods.iter())
+            .filter(|p| p.deleting && p.is_active_bound())
+            .filter(|p| p.node_name.as_deref() == Some(nomination.node.as_str()))
+            .filter_map(|p| p.deleted_by.map(|t| t.as_millisecond()))
+            .max();
     }
     let gone_by = |v: &PodKey| match view.pod(&v.namespace, &v.name) {
         Some(p) if p.key.uid == v.uid && p.is_active_bound() => match p.deleted_by {

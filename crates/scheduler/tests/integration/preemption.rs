@@ -293,8 +293,10 @@ async fn a_nomination_written_before_a_restart_still_holds_the_room() {
     api.put_node(nvlink_node("n"));
     let mut scheduler = Scheduler::new(api.clone(), config());
     let mut t = Instant::now();
+    // a and b stop within 10 minutes (the grace they are evicted with).
+    let grace = json!({"spec": {"terminationGracePeriodSeconds": 600}});
     for (name, gpus, priority) in [("a", 1, 0), ("b", 1, 0), ("c", 2, 5), ("d", 4, 5)] {
-        api.put_pod(prio(name, gpus, priority, json!({})));
+        api.put_pod(prio(name, gpus, priority, grace.clone()));
         settle(&mut scheduler, &mut t).await;
     }
     api.put_pod(prio("hi", 2, 10, json!({})));
@@ -308,6 +310,15 @@ async fn a_nomination_written_before_a_restart_still_holds_the_room() {
     api.put_pod(prio("mid", 1, 1, json!({})));
     settle(&mut scheduler, &mut t).await;
     assert_eq!(scheduler.nominations().len(), 1, "adopted from the API");
+    // Planned again over b, still terminating: it waits for b, and is told when b's
+    // grace ends.
+    let said = last_message(&api, "hi");
+    assert!(
+        said.contains("nominated node n; waiting for the pods terminating there."),
+        "{said}"
+    );
+    let start = gpuplace_core::waiting::Waiting::parse(&said).expected_start;
+    assert!(start.is_some_and(|s| s.contains("now to")), "{said}");
     assert_eq!(bound_node(&api, "mid"), None, "a's GPU is held for hi");
     assert!(
         !deleting(&api, "c") && !deleting(&api, "d"),
