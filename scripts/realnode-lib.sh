@@ -32,10 +32,17 @@ need_gpus() {
   fi
 }
 
-# Waits (up to 90 s) until the namespace has no pods left, then starts the device plugin
-# afresh (for the checks that run their own scheduler: realnode-wait-record.sh,
-# realnode-nominee-start.sh).
-quiet_node_fresh_plugin() {
+# For the checks that run their own scheduler (realnode-wait-record.sh,
+# realnode-nominee-start.sh): waits (up to 90 s) until the namespace has no pods left,
+# starts the device plugin afresh, then `$GPUPLACE scheduler` with its metrics and live map
+# on 127.0.0.1:PORT, logging to /tmp/gpuplace-NAME.log, its PID in /tmp/gpuplace-NAME.pid.
+own_scheduler() { # NAME PORT
+  : "${GPUPLACE:?set GPUPLACE to a gpuplace binary}"
+  export GPUPLACE
   for _ in $(seq 90); do [ -z "$(kubectl get pods -o name)" ] && break; sleep 1; done
   bash ../shared/realnode/node.sh plugin-down; bash ../shared/realnode/node.sh plugin-up
+  setsid nohup "$GPUPLACE" scheduler --kubeconfig "$KUBECONFIG" --scheduler-name gpuplace \
+    --metrics-addr "127.0.0.1:$2" > "/tmp/gpuplace-$1.log" 2>&1 &
+  echo $! > "/tmp/gpuplace-$1.pid"
+  sleep 3
 }

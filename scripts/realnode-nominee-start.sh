@@ -9,14 +9,9 @@
 set -uo pipefail
 export KCP=${KCP:-$HOME/k136}
 export KUBECONFIG=${KUBECONFIG:-$KCP/admin.kubeconfig}
-GPUPLACE=${GPUPLACE:?set GPUPLACE to a gpuplace binary}
-export GPUPLACE
 cd "$(dirname "$0")/.."
 source scripts/realnode-lib.sh
-quiet_node_fresh_plugin
-setsid nohup $GPUPLACE scheduler --kubeconfig $KUBECONFIG --scheduler-name gpuplace --metrics-addr 127.0.0.1:9912 > /tmp/gpuplace-nominee.log 2>&1 &
-echo $! > /tmp/gpuplace-nominee.pid
-sleep 3
+own_scheduler nominee 9912
 kubectl apply -f - <<Y
 apiVersion: scheduling.k8s.io/v1
 kind: PriorityClass

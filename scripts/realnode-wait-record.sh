@@ -7,14 +7,9 @@
 set -uo pipefail
 export KCP=${KCP:-$HOME/k136}
 export KUBECONFIG=${KUBECONFIG:-$KCP/admin.kubeconfig}
-GPUPLACE=${GPUPLACE:?set GPUPLACE to a gpuplace binary}
-export GPUPLACE
 cd "$(dirname "$0")/.."
 source scripts/realnode-lib.sh
-quiet_node_fresh_plugin
-setsid nohup $GPUPLACE scheduler --kubeconfig $KUBECONFIG --scheduler-name gpuplace --metrics-addr 127.0.0.1:9911 > /tmp/gpuplace-wait-record.log 2>&1 &
-echo $! > /tmp/gpuplace-wait-record.pid
-sleep 3
+own_scheduler wait-record 9911
 # One container asking all 8 GPUs, indented by $1 spaces.
 container() {
   local p; p=$(printf '%*s' "$1" '')
