@@ -21,6 +21,7 @@ mod defrag_state;
 mod estimate;
 mod estimating;
 mod evictable;
+mod failed_on;
 mod fair;
 mod fair_round;
 mod gpu_levels;
@@ -141,8 +142,8 @@ pub struct Engine<'a> {
     by_priority: evictable::ByPriority,
     /// What running pods hold per GPU, by node and priority (core's wake rule reads it).
     gpu_levels: gpu_levels::GpuLevels,
-    /// Victim searches that found nothing while nothing changed.
-    failed_searches: evictable::FailedSearches,
+    /// Preemption's victim searches of pods alone that found nothing, per node.
+    failed_on: failed_on::FailedOn,
     /// Reclaim searches of pods alone that found nothing while nothing changed, the
     /// queues' holdings included.
     failed_reclaims: evictable::FailedSearches<Vec<gpuplace_core::fairshare::Res>>,
@@ -271,7 +272,7 @@ impl<'a> Engine<'a> {
             gpu_levels: gpu_levels::GpuLevels::new(nodes),
             unit_marks: Default::default(),
             movable_kept: Default::default(),
-            failed_searches: Default::default(),
+            failed_on: Default::default(),
             failed_reclaims: Default::default(),
             reclaim_pool: None,
             failed_at: vec![u32::MAX; distinct],

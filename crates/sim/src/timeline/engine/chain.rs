@@ -19,6 +19,7 @@ use gpuplace_core::preempt;
 
 use super::Engine;
 use super::evictable::{Room, SearchAsk, SearchedAt};
+use super::failed_on::Narrowed;
 use super::groups::{Groups, ReclaimPool};
 use super::units::{Job, Placed, Tried};
 use super::victims::{Eviction, candidates_of};
@@ -269,22 +270,30 @@ impl Engine<'_> {
         if !room.possible() {
             return None;
         }
-        let key = self.searched_at(now);
-        if let Some(ask) = ask
-            && self.failed_searches.known(key, ask)
-        {
-            return None;
-        }
-        let groups = self.victim_groups(
+        // Nor on the nodes where the same search found nothing and nothing changed since.
+        let (room, remember) = match (room, ask) {
+            (Room::On(nodes), Some(ask)) => {
+                let narrowed =
+                    match (self.failed_on).narrow(ask, &nodes, &self.state, &self.by_priority) {
+                        Narrowed::Nothing => return None,
+                        Narrowed::All => nodes,
+                        Narrowed::To(narrowed) => Arc::from(narrowed),
+                    };
+                (Room::On(Arc::clone(&narrowed)), Some((ask, narrowed)))
+            }
+            (room, _) => (room, None),
+        };
+        let mut groups = self.victim_groups(
             &|pod| preempt::may_preempt(&me, &contender(pod, self.pods[pod as usize].priority)),
             now,
             &room,
         );
+        let unsure = std::mem::take(&mut groups.unsure);
         let found = self.search(unit, groups, &[]);
-        if let Some(ask) = ask
-            && found.is_none()
+        if found.is_none()
+            && let Some((ask, searched)) = remember
         {
-            self.failed_searches.failed(ask);
+            (self.failed_on).failed(ask, &searched, &unsure, &self.state, &self.by_priority);
         }
         found
     }

@@ -84,14 +84,14 @@ struct Answer {
 /// How far an answer is up to date: a log (the state's journal, the tallies' `changed`)
 /// in one life of it (the state's identity, the tallies' epoch), and how much of it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Mark {
+pub(super) struct Mark {
     life: u64,
     read: usize,
 }
 
 /// An answer's [`Mark`]s on the state and on the tallies.
 #[derive(Clone, Copy, Debug)]
-struct Marks {
+pub(super) struct Marks {
     state: Mark,
     tallies: Mark,
 }
@@ -182,16 +182,7 @@ impl ByPriority {
         if need[0] == 0 {
             return Room::Anywhere;
         }
-        let marks = Marks {
-            state: Mark {
-                life: state.instance(),
-                read: state.journal_len(),
-            },
-            tallies: Mark {
-                life: self.epoch,
-                read: self.changed.len(),
-            },
-        };
+        let marks = self.marks(state);
         let found = self.answers.iter().position(|a| {
             a.priority == priority && a.need == need && a.models == request.allowed_models
         });
@@ -238,18 +229,11 @@ impl ByPriority {
     /// Brings answer `i` up to date: only the nodes changed since its marks are looked at
     /// again.
     fn refresh(&mut self, i: usize, state: &ClusterState, request: &Request) {
-        let Marks {
-            state: seen,
-            tallies: counted,
-        } = self.answers[i].marks;
-        let (journal, tallies) = (seen.read, counted.read);
         let priority = self.answers[i].priority;
-        let nodes: Vec<u32> = state
-            .changes_since(journal)
-            .iter()
-            .chain(self.changed.get(tallies..).unwrap_or(&[]))
-            .copied()
-            .collect();
+        let nodes: Vec<u32> = match self.changed_since(state, self.answers[i].marks) {
+            Some(changed) => changed.collect(),
+            None => (0..self.held.len() as u32).collect(),
+        };
         for n in nodes {
             let n = n as usize;
             if n >= self.held.len() {
@@ -267,9 +251,39 @@ impl ByPriority {
                 answer.shared = None;
             }
         }
-        let answer = &mut self.answers[i];
-        answer.marks.state.read = state.journal_len();
-        answer.marks.tallies.read = self.changed.len();
+        self.answers[i].marks = self.marks(state);
+    }
+
+    /// Where the state's journal and the tallies' changes stand now.
+    pub(super) fn marks(&self, state: &ClusterState) -> Marks {
+        Marks {
+            state: Mark {
+                life: state.instance(),
+                read: state.journal_len(),
+            },
+            tallies: Mark {
+                life: self.epoch,
+                read: self.changed.len(),
+            },
+        }
+    }
+
+    /// The nodes whose state or tallies changed since `marks` (repeats possible), or
+    /// `None` when either log began again since (every node may have changed).
+    pub(super) fn changed_since<'s>(
+        &'s self,
+        state: &'s ClusterState,
+        marks: Marks,
+    ) -> Option<impl Iterator<Item = u32> + 's> {
+        let now = self.marks(state);
+        let same_lives =
+            now.state.life == marks.state.life && now.tallies.life == marks.tallies.life;
+        (same_lives && marks.state.read <= now.state.read && marks.tallies.read <= now.tallies.read)
+            .then(|| {
+                (state.changes_since(marks.state.read).iter())
+                    .chain(self.changed.get(marks.tallies.read..).unwrap_or(&[]))
+                    .copied()
+            })
     }
 
     /// Bumped whenever a pod starts or leaves.
@@ -278,14 +292,14 @@ impl ByPriority {
     }
 }
 
-/// Victim searches of pods alone that found nothing, while nothing they read changed:
-/// the state (its identity and journal), the running pods (their generation), the time
-/// (a pod decided becomes a candidate once its Binding lands) and, for reclaim, the
-/// queues' standing (`E`: what each holds, which says whom a queue may take from). A
-/// round's failed attempts of pods of one request search again and again for the same
-/// nothing.
+/// Reclaim's victim searches of pods alone that found nothing, while nothing they read
+/// changed: the state (its identity and journal), the running pods (their generation),
+/// the time (a pod decided becomes a candidate once its Binding lands) and the queues'
+/// standing (`E`: what each holds, which says whom a queue may take from). A round's
+/// failed attempts of pods of one request search again and again for the same nothing.
+/// (Preemption's are remembered node by node: [`super::failed_on`].)
 #[derive(Debug, Default)]
-pub(super) struct FailedSearches<E = ()> {
+pub(super) struct FailedSearches<E> {
     at: SearchedAt,
     standing: E,
     asks: Vec<SearchAsk>,
@@ -328,14 +342,6 @@ impl<E> FailedSearches<E> {
     /// The search for `ask` found nothing where [`Self::known_with`] was last asked.
     pub(super) fn failed(&mut self, ask: SearchAsk) {
         self.asks.push(ask);
-    }
-}
-
-impl FailedSearches {
-    /// Whether the search for `ask` found nothing at `at` (forgetting every answer when
-    /// `at` moved on).
-    pub(super) fn known(&mut self, at: SearchedAt, ask: SearchAsk) -> bool {
-        self.known_with(at, &(), ask)
     }
 }
 

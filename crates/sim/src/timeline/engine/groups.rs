@@ -13,6 +13,10 @@ pub(super) struct Groups {
     members: Vec<u32>,
     /// Where each group ends in `members`.
     ends: Vec<u32>,
+    /// Nodes whose answer reads more than their own changes: they hold a member of a unit
+    /// with members on other nodes, or a pod whose Binding has not landed (kept or not as
+    /// a group). A search's failure there is not remembered ([`super::failed_on`]).
+    pub(super) unsure: Vec<u32>,
 }
 
 impl Groups {
@@ -21,6 +25,7 @@ impl Groups {
         Groups {
             members: Vec::with_capacity(members),
             ends: Vec::with_capacity(groups),
+            unsure: Vec::new(),
         }
     }
 

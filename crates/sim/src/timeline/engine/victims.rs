@@ -68,10 +68,12 @@ impl Engine<'_> {
         // replacement is of its unit without being among the unit's jobs), in one buffer.
         let mut members: Vec<u32> = Vec::with_capacity(units.len());
         let mut kept: Vec<Kept> = Vec::with_capacity(units.len());
+        let mut unsure: Vec<u32> = Vec::new();
         for unit in units {
             let from = members.len();
             self.running.of_unit_into(unit, &mut members);
             let group = &members[from..];
+            self.note_unsure(group, now, &mut unsure);
             if preempt::unit_may_be_evicted(group.iter().map(|&r| {
                 let j = &self.jobs[r as usize];
                 j.start.is_some_and(|bound| bound <= now) && take(j.pod)
@@ -91,7 +93,23 @@ impl Engine<'_> {
         for k in kept {
             groups.push(&members[k.from..k.to]);
         }
+        groups.unsure = unsure;
         groups
+    }
+
+    /// Adds to `unsure` the nodes of running `group` when whether it may be a victim there
+    /// depends on more than those nodes' own changes: it has members on several nodes, or
+    /// one whose Binding has not landed by `now`.
+    fn note_unsure(&self, group: &[u32], now: Ms, unsure: &mut Vec<u32>) {
+        let node = |r: &u32| self.jobs[*r as usize].node;
+        let first = group.first().map(node);
+        let spans = group.iter().any(|r| Some(node(r)) != first);
+        let unbound = group
+            .iter()
+            .any(|&r| self.jobs[r as usize].start.is_none_or(|bound| bound > now));
+        if spans || unbound {
+            unsure.extend(group.iter().map(node));
+        }
     }
 
     /// Where a running `group` stands in the cluster's order of pods (creation to the
