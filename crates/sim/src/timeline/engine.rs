@@ -21,7 +21,7 @@ mod defrag_state;
 mod estimate;
 mod estimating;
 mod evictable;
-mod failed_on;
+pub(crate) mod failed_on;
 mod fair;
 mod fair_round;
 mod gpu_levels;

@@ -1,5 +1,5 @@
 //! The event loop on hand-made scenarios: the scheduler's queue rules, gangs, preemption,
-//! and the failure memo deciding exactly as a full search.
+//! and (in `memo`) the failure memos deciding exactly as a full search.
 
 use std::sync::Arc;
 
@@ -9,7 +9,7 @@ use gpuplace_model::{NodeInventory, Request};
 use super::arrivals::{Arrival, Mix, Schedule, Warm};
 use super::engine::{Engine, Inputs, Job};
 use super::options::{Costs, DefragMode, DefragSim, Patience};
-use super::{DurationModel, Ms, Timeline, TimelineOptions};
+use super::{DurationModel, Ms, TimelineOptions};
 use crate::trace::TracePod;
 
 fn pod(name: &str, gpus: u32, seconds: u64, priority: i32, gang: Option<&str>) -> TracePod {
@@ -30,6 +30,7 @@ fn pod(name: &str, gpus: u32, seconds: u64, priority: i32, gang: Option<&str>) -
 }
 
 mod costs;
+mod memo;
 
 struct Scenario {
     pods: Vec<TracePod>,
@@ -363,42 +364,6 @@ fn a_gang_with_a_member_the_preemptor_does_not_outrank_is_not_evicted_in_part() 
     assert!(jobs.iter().all(|j| !j.evicted), "{jobs:?}");
     let high = jobs.iter().find(|j| j.pod == 2).expect("high");
     assert_eq!(secs(high.start), Some(1_000));
-}
-
-#[test]
-fn the_failure_memo_decides_exactly_as_a_full_search() {
-    let workload = crate::builtin_workload(16);
-    let timeline = Timeline::new(
-        workload,
-        TimelineOptions {
-            arrivals: 3_000,
-            load: 1.1,
-            ..TimelineOptions::default()
-        },
-    )
-    .expect("timeline");
-    for policy in [Policy::Fgd, Policy::BestFit] {
-        let schedule = timeline.schedule(7);
-        let run = |memo: bool| {
-            let engine = Engine::new(
-                Inputs {
-                    pods: &timeline.workload.pods,
-                    mix: &timeline.mix,
-                    request_ids: &timeline.request_ids,
-                },
-                timeline.base.clone(),
-                Placer::new(policy, 3),
-                &timeline.options,
-                None,
-                7,
-            );
-            let engine = if memo { engine } else { engine.without_memo() };
-            engine.run(&schedule, 600, 10).jobs
-        };
-        let (with, without) = (run(true), run(false));
-        assert!(with.iter().any(|j| j.start.is_some_and(|s| s > j.arrival)));
-        assert_eq!(with, without, "{policy}");
-    }
 }
 
 #[test]

@@ -272,7 +272,7 @@ impl Engine<'_> {
         }
         // Nor on the nodes where the same search found nothing and nothing changed since.
         let (room, remember) = match (room, ask) {
-            (Room::On(nodes), Some(ask)) => {
+            (Room::On(nodes), Some(ask)) if self.memo => {
                 let narrowed =
                     match (self.failed_on).narrow(ask, &nodes, &self.state, &self.by_priority) {
                         Narrowed::Nothing => return None,
