@@ -227,7 +227,21 @@ impl Timeline {
     pub fn run_with_jobs(&self, policy: Policy, seed: u64) -> (TimelineRun, Vec<Job>) {
         let started = Instant::now();
         let schedule = self.schedule(seed);
-        let engine = engine::Engine::new(
+        let engine = self.engine(policy, seed);
+        let outcome = engine.run(&schedule, self.warmup_index(), self.options.series_points);
+        let run = run::measure(
+            &self.context(policy, seed),
+            &schedule,
+            &outcome,
+            started.elapsed(),
+        );
+        (run, outcome.jobs)
+    }
+
+    /// The replay's engine for `policy` on `seed`'s arrivals: the cluster at its start, the
+    /// placer's tie-break as the options say.
+    pub(crate) fn engine(&self, policy: Policy, seed: u64) -> engine::Engine<'_> {
+        engine::Engine::new(
             engine::Inputs {
                 pods: &self.workload.pods,
                 mix: &self.mix,
@@ -244,15 +258,7 @@ impl Timeline {
             &self.options,
             self.tenants.as_ref(),
             seed,
-        );
-        let outcome = engine.run(&schedule, self.warmup_index(), self.options.series_points);
-        let run = run::measure(
-            &self.context(policy, seed),
-            &schedule,
-            &outcome,
-            started.elapsed(),
-        );
-        (run, outcome.jobs)
+        )
     }
 }
 

@@ -1,10 +1,10 @@
 //! The failure memos (a request that fits nowhere; preemption's searches node by node,
 //! `engine/failed_on.rs`) decide exactly as searching every node on every attempt.
 
-use gpuplace_core::{Placer, Policy};
+use gpuplace_core::Policy;
 
 use super::{Scenario, node, pod, secs};
-use crate::timeline::engine::{Engine, Inputs, Job};
+use crate::timeline::engine::Job;
 use crate::timeline::options::Costs;
 use crate::timeline::{Timeline, TimelineOptions};
 
@@ -32,18 +32,7 @@ fn the_failure_memo_decides_exactly_as_a_full_search() {
 fn with_and_without_memo(timeline: &Timeline, policy: Policy, seed: u64) -> (Vec<Job>, Vec<Job>) {
     let schedule = timeline.schedule(seed);
     let run = |memo: bool| {
-        let engine = Engine::new(
-            Inputs {
-                pods: &timeline.workload.pods,
-                mix: &timeline.mix,
-                request_ids: &timeline.request_ids,
-            },
-            timeline.base.clone(),
-            Placer::new(policy, 3),
-            &timeline.options,
-            None,
-            seed,
-        );
+        let engine = timeline.engine(policy, seed);
         let engine = if memo { engine } else { engine.without_memo() };
         engine.run(&schedule, 600, 10).jobs
     };
