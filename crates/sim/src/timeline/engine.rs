@@ -21,7 +21,6 @@ mod defrag_state;
 mod estimate;
 mod estimating;
 mod evictable;
-pub(crate) mod failed_on;
 mod fair;
 mod fair_round;
 mod gpu_levels;
@@ -29,6 +28,7 @@ mod groups;
 mod kept;
 mod leaving;
 mod members;
+pub(crate) mod node_plans;
 mod pace;
 mod parked;
 mod running;
@@ -142,8 +142,8 @@ pub struct Engine<'a> {
     by_priority: evictable::ByPriority,
     /// What running pods hold per GPU, by node and priority (core's wake rule reads it).
     gpu_levels: gpu_levels::GpuLevels,
-    /// Preemption's victim searches of pods alone that found nothing, per node.
-    failed_on: failed_on::FailedOn,
+    /// Preemption's plans for pods alone, kept per node while the node is unchanged.
+    node_plans: node_plans::NodePlans,
     /// Reclaim searches of pods alone that found nothing while nothing changed, the
     /// queues' holdings included.
     failed_reclaims: evictable::FailedSearches<Vec<gpuplace_core::fairshare::Res>>,
@@ -272,7 +272,7 @@ impl<'a> Engine<'a> {
             gpu_levels: gpu_levels::GpuLevels::new(nodes),
             unit_marks: Default::default(),
             movable_kept: Default::default(),
-            failed_on: Default::default(),
+            node_plans: Default::default(),
             failed_reclaims: Default::default(),
             reclaim_pool: None,
             failed_at: vec![u32::MAX; distinct],

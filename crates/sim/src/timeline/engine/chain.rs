@@ -15,11 +15,10 @@ use gpuplace_core::cycle::place::{Quorum, Trial};
 use gpuplace_core::cycle::{self, Cycled, Found, Planner, Step, Unit};
 use gpuplace_core::defrag::RoomPlan;
 use gpuplace_core::fairshare::{Entitlement, Loss, Picker, Res};
-use gpuplace_core::preempt;
+use gpuplace_core::preempt::{self, Preemption};
 
 use super::Engine;
 use super::evictable::{Room, SearchAsk, SearchedAt};
-use super::failed_on::Narrowed;
 use super::groups::{Groups, ReclaimPool};
 use super::units::{Job, Placed, Tried};
 use super::victims::{Eviction, candidates_of};
@@ -41,6 +40,15 @@ pub(super) enum SimPlan {
         /// Member positions in the order of the plan's placements.
         order: Vec<usize>,
     },
+}
+
+/// [`Engine::plan_nodes`]'s answer: the victim groups on the nodes asked about, each
+/// node's plan (`None`: no eviction there lets the pod fit), and the nodes whose answer
+/// reads more than their own changes.
+struct NodesPlanned {
+    groups: Groups,
+    plans: Vec<(usize, Option<Preemption>)>,
+    unsure: Vec<u32>,
 }
 
 /// Why a step planned nothing.
@@ -244,58 +252,135 @@ impl Engine<'_> {
         if self.by_priority.none_below(priority) {
             return None;
         }
-        let tenants = self.tenants.as_ref().filter(|_| self.queues_serve);
-        let contender = |pod: u32, priority: i32| preempt::Contender {
-            priority,
-            queue: tenants.map(|t| t.queue_of_pod(pod)),
+        let me = self.contender(self.jobs[jobs[0] as usize].pod, priority);
+        // A pod alone: no victim search where no node could take it after evictions, and
+        // only the candidates on the nodes that could; each node's plan kept while the
+        // node is unchanged.
+        let [job] = jobs[..] else {
+            let groups = self.victim_groups(&|pod| self.may_take(&me, pod), now, &Room::Anywhere);
+            return self.search(unit, groups, &[]);
         };
-        let me = contender(self.jobs[jobs[0] as usize].pod, priority);
-        // A pod alone: no victim search where no node could take it after evictions, nor
-        // where the same search found nothing with nothing changed since, and only the
-        // candidates on the nodes that could.
-        let (room, ask) = match jobs[..] {
-            [job] => {
-                let pod = self.jobs[job as usize].pod;
-                let request = &self.pods[pod as usize].request;
-                let room = self.by_priority.room(&self.state, priority, request);
+        let pod = self.jobs[job as usize].pod;
+        let room = (self.by_priority).room(&self.state, priority, &self.pods[pod as usize].request);
+        match room {
+            Room::Nowhere => None,
+            Room::On(nodes) if self.memo => {
                 let ask = SearchAsk {
                     request: self.request_ids[pod as usize],
                     priority,
                     queue: me.queue,
                 };
-                (room, Some(ask))
+                self.plan_preempt_kept(unit, ask, &me, &nodes, now)
             }
-            _ => (Room::Anywhere, None),
-        };
-        if !room.possible() {
-            return None;
+            room => {
+                let groups = self.victim_groups(&|pod| self.may_take(&me, pod), now, &room);
+                self.search(unit, groups, &[])
+            }
         }
-        // Nor on the nodes where the same search found nothing and nothing changed since.
-        let (room, remember) = match (room, ask) {
-            (Room::On(nodes), Some(ask)) if self.memo => {
-                let narrowed =
-                    match (self.failed_on).narrow(ask, &nodes, &self.state, &self.by_priority) {
-                        Narrowed::Nothing => return None,
-                        Narrowed::All => nodes,
-                        Narrowed::To(narrowed) => Arc::from(narrowed),
-                    };
-                (Room::On(Arc::clone(&narrowed)), Some((ask, narrowed)))
-            }
-            (room, _) => (room, None),
-        };
-        let mut groups = self.victim_groups(
-            &|pod| preempt::may_preempt(&me, &contender(pod, self.pods[pod as usize].priority)),
-            now,
-            &room,
-        );
+    }
+
+    /// Pod-alone `unit`'s plan on each node marked in `nodes`: the victim groups on them,
+    /// each node's plan (core's [`preempt::plans_on`]) and the nodes whose answer reads
+    /// more than their own changes ([`Groups::unsure`]).
+    fn plan_nodes(
+        &self,
+        unit: u32,
+        me: &preempt::Contender<usize>,
+        nodes: Vec<bool>,
+        now: Ms,
+    ) -> NodesPlanned {
+        let nodes: Arc<[bool]> = Arc::from(nodes);
+        let room = Room::On(Arc::clone(&nodes));
+        let mut groups = self.victim_groups(&|pod| self.may_take(me, pod), now, &room);
         let unsure = std::mem::take(&mut groups.unsure);
-        let found = self.search(unit, groups, &[]);
-        if found.is_none()
-            && let Some((ask, searched)) = remember
-        {
-            (self.failed_on).failed(ask, &searched, &unsure, &self.state, &self.by_priority);
+        let (pods, jobs) = (self.pods, &self.jobs);
+        let job = self.units[unit as usize].jobs[0];
+        let request = &pods[jobs[job as usize].pod as usize].request;
+        let candidates = candidates_of(jobs, pods, &groups);
+        let plans = preempt::plans_on(&self.state, request, &candidates, &nodes);
+        drop(candidates);
+        NodesPlanned {
+            groups,
+            plans,
+            unsure,
         }
-        found
+    }
+
+    /// A pod's contender in a victim search: its priority and, when the queues serve, its
+    /// queue.
+    fn contender(&self, pod: u32, priority: i32) -> preempt::Contender<usize> {
+        let tenants = self.tenants.as_ref().filter(|_| self.queues_serve);
+        preempt::Contender {
+            priority,
+            queue: tenants.map(|t| t.queue_of_pod(pod)),
+        }
+    }
+
+    /// Whether `me` may evict `pod`.
+    fn may_take(&self, me: &preempt::Contender<usize>, pod: u32) -> bool {
+        let priority = self.pods[pod as usize].priority;
+        preempt::may_preempt(me, &self.contender(pod, priority))
+    }
+
+    /// [`Self::plan_preempt`] for a pod alone of `ask` on the nodes marked in `room`: the
+    /// nodes changed since they were last planned are planned again, and the cheapest
+    /// plan of all (kept or new) is carried out as the full search would choose it.
+    fn plan_preempt_kept(
+        &mut self,
+        unit: u32,
+        ask: SearchAsk,
+        me: &preempt::Contender<usize>,
+        room: &[bool],
+        now: Ms,
+    ) -> Option<Eviction> {
+        let looked = (self.node_plans).look(ask, room, &self.state, &self.by_priority);
+        let mut fresh: Option<(Groups, Preemption)> = None;
+        if looked.any_unknown {
+            let NodesPlanned {
+                groups,
+                plans,
+                unsure,
+            } = self.plan_nodes(unit, me, looked.unknown, now);
+            self.node_plans.learn(ask, &plans, &unsure);
+            let best = plans.into_iter().filter_map(|(_, p)| p).reduce(|a, b| {
+                let b_first = preempt::cheaper(&self.state, (b.cost, b.node), (a.cost, a.node));
+                if b_first { b } else { a }
+            });
+            fresh = best.map(|b| (groups, b));
+        }
+        let kept_wins = looked.best_kept.filter(|&kept| {
+            (fresh.as_ref())
+                .is_none_or(|(_, f)| preempt::cheaper(&self.state, kept, (f.cost, f.node)))
+        });
+        if let Some((cost, node)) = kept_wins {
+            // Its victims grouped again on that node alone, as the full search finds them.
+            let mut only = vec![false; room.len()];
+            only[node] = true;
+            let NodesPlanned { groups, plans, .. } = self.plan_nodes(unit, me, only, now);
+            let plan = plans
+                .into_iter()
+                .find_map(|(_, p)| p)
+                .filter(|p| p.cost == cost);
+            debug_assert!(
+                plan.is_some(),
+                "a kept plan on node {node} ({cost:?}) did not hold"
+            );
+            fresh = match plan {
+                Some(plan) => Some((groups, plan)),
+                None => {
+                    // Cannot happen; the full search decides.
+                    self.node_plans.forget(ask);
+                    let room = Room::On(Arc::from(room));
+                    let groups = self.victim_groups(&|pod| self.may_take(me, pod), now, &room);
+                    return self.search(unit, groups, &[]);
+                }
+            };
+        }
+        fresh.map(|(groups, plan)| Eviction {
+            groups: Rc::new(groups),
+            units: plan.units,
+            places: vec![(plan.node, plan.gpus)],
+        })
     }
 
     /// Reclaim for `unit` of queue `fair.queue`: units of queues above their guarantee

@@ -24,6 +24,7 @@ pub(super) enum Room {
 
 impl Room {
     /// Whether evictions could make room anywhere.
+    #[cfg(test)]
     pub(super) fn possible(&self) -> bool {
         *self != Room::Nowhere
     }
@@ -297,7 +298,7 @@ impl ByPriority {
 /// the time (a pod decided becomes a candidate once its Binding lands) and the queues'
 /// standing (`E`: what each holds, which says whom a queue may take from). A round's
 /// failed attempts of pods of one request search again and again for the same nothing.
-/// (Preemption's are remembered node by node: [`super::failed_on`].)
+/// (Preemption's plans are kept node by node: [`super::node_plans`].)
 #[derive(Debug, Default)]
 pub(super) struct FailedSearches<E> {
     at: SearchedAt,

@@ -15,7 +15,7 @@ pub(super) struct Groups {
     ends: Vec<u32>,
     /// Nodes whose answer reads more than their own changes: they hold a member of a unit
     /// with members on other nodes, or a pod whose Binding has not landed (kept or not as
-    /// a group). A search's failure there is not remembered ([`super::failed_on`]).
+    /// a group). A search's plan there is not kept ([`super::node_plans`]).
     pub(super) unsure: Vec<u32>,
 }
 

@@ -1,5 +1,5 @@
 //! The failure memos (a request that fits nowhere; preemption's searches node by node,
-//! `engine/failed_on.rs`) decide exactly as searching every node on every attempt.
+//! `engine/node_plans.rs`) decide exactly as searching every node on every attempt.
 
 use gpuplace_core::Policy;
 
@@ -41,7 +41,7 @@ fn with_and_without_memo(timeline: &Timeline, policy: Policy, seed: u64) -> (Vec
 
 /// A victim whose Binding has not landed is no candidate yet; once it lands, with
 /// nothing else changed on its node, the preemptor's retry (its 5-minute flush; `blip`
-/// keeps the replay going past it) must search that node again (`failed_on` does not
+/// keeps the replay going past it) must search that node again (`node_plans` does not
 /// remember a node with a Binding in flight).
 #[test]
 fn a_node_whose_pod_was_not_yet_bound_is_searched_again_once_it_is() {
@@ -67,7 +67,7 @@ fn a_node_whose_pod_was_not_yet_bound_is_searched_again_once_it_is() {
     assert!(secs(jobs[1].start).is_some_and(|t| t < 600), "{jobs:?}");
 }
 
-/// Seeded stress of preemption's memo (`engine/failed_on.rs`): pods of three priorities
+/// Seeded stress of preemption's memo (`engine/node_plans.rs`): pods of three priorities
 /// on a small sample, under a backlog, every policy; the replay with the memo must start,
 /// evict and place every pod as the one that searches every node on every attempt, and
 /// the memo must have spared searches (counted).
@@ -88,7 +88,7 @@ fn preemptions_node_memo_decides_exactly_as_searching_every_node() {
     )
     .expect("timeline");
     let (mut evicted, mut cases) = (0, 0);
-    let skipped_before = crate::timeline::engine::failed_on::SKIPPED.with(|s| s.get());
+    let skipped_before = crate::timeline::engine::node_plans::SPARED.with(|s| s.get());
     for seed in 0..6u64 {
         for policy in [
             Policy::Fgd,
@@ -102,7 +102,7 @@ fn preemptions_node_memo_decides_exactly_as_searching_every_node() {
             cases += 1;
         }
     }
-    let skipped = crate::timeline::engine::failed_on::SKIPPED.with(|s| s.get()) - skipped_before;
+    let skipped = crate::timeline::engine::node_plans::SPARED.with(|s| s.get()) - skipped_before;
     println!("{cases} cases, {evicted} pods evicted, {skipped} node searches spared");
     assert!(evicted >= 100, "too few preemptions to judge: {evicted}");
     assert!(
