@@ -353,6 +353,8 @@ impl Engine<'_> {
                 .is_none_or(|(_, f)| preempt::cheaper(&self.state, kept, (f.cost, f.node)))
         });
         if let Some((cost, node)) = kept_wins {
+            #[cfg(test)]
+            super::node_plans::KEPT_WON.with(|k| k.set(k.get() + 1));
             // Its victims grouped again on that node alone, as the full search finds them.
             let mut only = vec![false; room.len()];
             only[node] = true;

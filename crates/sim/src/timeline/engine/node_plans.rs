@@ -206,6 +206,8 @@ impl NodePlans {
 thread_local! {
     /// Node plans [`NodePlans::look`] spared a search on this thread (tests count them).
     pub(crate) static SPARED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// Searches a kept plan won on this thread (planned again on its node alone).
+    pub(crate) static KEPT_WON: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 #[cfg(test)]

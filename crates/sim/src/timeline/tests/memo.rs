@@ -70,7 +70,7 @@ fn a_node_whose_pod_was_not_yet_bound_is_searched_again_once_it_is() {
 /// Seeded stress of preemption's memo (`engine/node_plans.rs`): pods of three priorities
 /// on a small sample, under a backlog, every policy; the replay with the memo must start,
 /// evict and place every pod as the one that searches every node on every attempt, and
-/// the memo must have spared searches (counted).
+/// the memo must have spared searches and had its kept plans win (both counted).
 #[test]
 fn preemptions_node_memo_decides_exactly_as_searching_every_node() {
     let mut workload = crate::builtin_workload(24);
@@ -88,7 +88,9 @@ fn preemptions_node_memo_decides_exactly_as_searching_every_node() {
     )
     .expect("timeline");
     let (mut evicted, mut cases) = (0, 0);
-    let skipped_before = crate::timeline::engine::node_plans::SPARED.with(|s| s.get());
+    use crate::timeline::engine::node_plans::{KEPT_WON, SPARED};
+    let skipped_before = SPARED.with(|s| s.get());
+    let won_before = KEPT_WON.with(|k| k.get());
     for seed in 0..6u64 {
         for policy in [
             Policy::Fgd,
@@ -102,8 +104,13 @@ fn preemptions_node_memo_decides_exactly_as_searching_every_node() {
             cases += 1;
         }
     }
-    let skipped = crate::timeline::engine::node_plans::SPARED.with(|s| s.get()) - skipped_before;
-    println!("{cases} cases, {evicted} pods evicted, {skipped} node searches spared");
+    let skipped = SPARED.with(|s| s.get()) - skipped_before;
+    let won = KEPT_WON.with(|k| k.get()) - won_before;
+    println!(
+        "{cases} cases, {evicted} pods evicted, {skipped} node searches spared, \
+         {won} won by a kept plan"
+    );
+    assert!(won >= 100, "kept plans won too rarely to judge: {won}");
     assert!(evicted >= 100, "too few preemptions to judge: {evicted}");
     assert!(
         skipped >= 1_000,
