@@ -20,7 +20,7 @@ use crate::state::ClusterState;
 mod candidates;
 mod node_plan;
 mod per_node;
-pub use candidates::{Amounts, Candidates, Cost, Holder, Preemption, Unit, amounts_of};
+pub use candidates::{Amounts, Candidates, Cost, Holder, Preemption, Ranked, Unit, amounts_of};
 pub(crate) use candidates::{free_amounts, give, take, violations};
 use node_plan::{Scratch, plan_on};
 use per_node::{ByNode, PerNode};
@@ -167,38 +167,49 @@ fn find_with(
         let Some(plan) = plan_on(state, n, request, candidates, &by, &mut scratch, bound) else {
             continue;
         };
-        if (best.as_ref()).is_none_or(|b| cheaper(state, (plan.cost, plan.node), (b.cost, b.node)))
-        {
+        if (best.as_ref()).is_none_or(|b| cheaper(state, plan.ranked(), b.ranked())) {
             best = Some(plan);
         }
     }
     best
 }
 
-/// Each node's own plan for `request` among the nodes marked in `allowed`, in node order
-/// (`None`: no eviction there lets it fit): what [`find`] chooses from, with
-/// [`cheaper`], for a driver that keeps each node's plan while the node is unchanged.
+/// The plans of the nodes marked in `allowed` where some eviction lets `request` fit, in
+/// node order (the others have none): what [`find`] chooses from, for a driver that keeps
+/// each node's plan while the node is unchanged and chooses with [`cheapest`].
 pub fn plans_on(
     state: &ClusterState,
     request: &Request,
     candidates: &Candidates<'_>,
     allowed: &[bool],
-) -> Vec<(usize, Option<Preemption>)> {
+) -> Vec<Preemption> {
     let by = by_node(state.len(), candidates, &[], &[]);
     let mut scratch = Scratch::new();
     (0..state.len())
         .filter(|&n| allowed.get(n).copied().unwrap_or(false))
-        .map(|n| {
-            let plan = plan_on(state, n, request, candidates, &by, &mut scratch, None);
-            (n, plan)
-        })
+        .filter_map(|n| plan_on(state, n, request, candidates, &by, &mut scratch, None))
         .collect()
 }
 
-/// Whether a plan of cost `a.0` on node `a.1` is preferred to one of `b`: less cost,
-/// equals by node name (whatever order the driver lists nodes in).
-pub fn cheaper(state: &ClusterState, a: (Cost, usize), b: (Cost, usize)) -> bool {
-    a.0 < b.0 || (a.0 == b.0 && state.inventory(a.1).name < state.inventory(b.1).name)
+/// The plan [`find`] would choose among `plans`.
+pub fn cheapest(
+    state: &ClusterState,
+    plans: impl IntoIterator<Item = Preemption>,
+) -> Option<Preemption> {
+    plans.into_iter().reduce(|best, plan| {
+        if cheaper(state, plan.ranked(), best.ranked()) {
+            plan
+        } else {
+            best
+        }
+    })
+}
+
+/// Whether plan `a` is preferred to plan `b`: less cost, equals by node name (whatever
+/// order the driver lists nodes in).
+pub fn cheaper(state: &ClusterState, a: Ranked, b: Ranked) -> bool {
+    a.cost < b.cost
+        || (a.cost == b.cost && state.inventory(a.node).name < state.inventory(b.node).name)
 }
 
 /// A gang's plan: where each member goes (in the order asked) and whom they evict.

@@ -115,6 +115,23 @@ pub struct Preemption {
     pub cost: Cost,
 }
 
+impl Preemption {
+    /// Its rank among the nodes' plans.
+    pub fn ranked(&self) -> Ranked {
+        Ranked {
+            cost: self.cost,
+            node: self.node,
+        }
+    }
+}
+
+/// What orders the nodes' plans ([`super::cheaper`]): a plan's cost and node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ranked {
+    pub cost: Cost,
+    pub node: usize,
+}
+
 pub(crate) fn give(s: &mut NodeState, h: &Holder<'_>) {
     s.cpu_free += h.request.cpu_milli;
     s.memory_free += h.request.memory_mib;

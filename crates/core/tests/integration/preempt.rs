@@ -1,9 +1,10 @@
 //! Preemption's victim search: priorities, disruption budgets, gangs, topology, pods
 //! already terminating, and (proptest) that every plan fits and evicts no unit it could
-//! spare, and that `room_possible` never rules out a node a plan uses.
+//! spare, that `room_possible` never rules out a node a plan uses, and that the cheapest
+//! of the nodes' own plans (`plans_on`, `cheapest`) is `find`'s.
 
 use gpuplace_core::preempt::{
-    Amounts, Candidates, Holder, amounts_of, find, find_for_all, room_possible,
+    Amounts, Candidates, Holder, amounts_of, cheapest, find, find_for_all, plans_on, room_possible,
 };
 use gpuplace_core::{ClusterState, Placer, Policy};
 use gpuplace_model::{GpuTopology, NodeInventory, Request};
@@ -357,6 +358,12 @@ proptest! {
             all_units.sort_unstable();
             prop_assert_eq!(all_units, few_units);
         }
+        // Each node's plan, asked of the nodes in two parts (a driver that keeps each
+        // node's plan asks only the changed ones), and the cheapest of them: find's plan.
+        let part = |odd: bool| -> Vec<bool> { (0..state.len()).map(|n| (n % 2 == 1) == odd).collect() };
+        let mut plans = plans_on(&state, &request, &candidates, &part(true));
+        plans.extend(plans_on(&state, &request, &candidates, &part(false)));
+        prop_assert_eq!(cheapest(&state, plans), found.clone());
         let Some(plan) = found else {
             // No plan: then not even evicting everything on a node lets it fit.
             for n in 0..state.len() {

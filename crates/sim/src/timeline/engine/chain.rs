@@ -42,12 +42,12 @@ pub(super) enum SimPlan {
     },
 }
 
-/// [`Engine::plan_nodes`]'s answer: the victim groups on the nodes asked about, each
-/// node's plan (`None`: no eviction there lets the pod fit), and the nodes whose answer
-/// reads more than their own changes.
+/// [`Engine::plan_nodes`]'s answer: the victim groups on the nodes asked about, the plans
+/// of those where evictions let the pod fit (the others have none), and the nodes whose
+/// answer reads more than their own changes.
 struct NodesPlanned {
     groups: Groups,
-    plans: Vec<(usize, Option<Preemption>)>,
+    plans: Vec<Preemption>,
     unsure: Vec<u32>,
 }
 
@@ -286,7 +286,7 @@ impl Engine<'_> {
         &self,
         unit: u32,
         me: &preempt::Contender<usize>,
-        nodes: Vec<bool>,
+        nodes: &[bool],
         now: Ms,
     ) -> NodesPlanned {
         let nodes: Arc<[bool]> = Arc::from(nodes);
@@ -340,35 +340,16 @@ impl Engine<'_> {
                 groups,
                 plans,
                 unsure,
-            } = self.plan_nodes(unit, me, looked.unknown, now);
-            self.node_plans.learn(ask, &plans, &unsure);
-            let best = plans.into_iter().filter_map(|(_, p)| p).reduce(|a, b| {
-                let b_first = preempt::cheaper(&self.state, (b.cost, b.node), (a.cost, a.node));
-                if b_first { b } else { a }
-            });
-            fresh = best.map(|b| (groups, b));
+            } = self.plan_nodes(unit, me, &looked.unknown, now);
+            self.node_plans.learn(ask, &looked.unknown, &plans, &unsure);
+            fresh = preempt::cheapest(&self.state, plans).map(|best| (groups, best));
         }
         let kept_wins = looked.best_kept.filter(|&kept| {
-            (fresh.as_ref())
-                .is_none_or(|(_, f)| preempt::cheaper(&self.state, kept, (f.cost, f.node)))
+            (fresh.as_ref()).is_none_or(|(_, f)| preempt::cheaper(&self.state, kept, f.ranked()))
         });
-        if let Some((cost, node)) = kept_wins {
-            #[cfg(test)]
-            super::node_plans::KEPT_WON.with(|k| k.set(k.get() + 1));
-            // Its victims grouped again on that node alone, as the full search finds them.
-            let mut only = vec![false; room.len()];
-            only[node] = true;
-            let NodesPlanned { groups, plans, .. } = self.plan_nodes(unit, me, only, now);
-            let plan = plans
-                .into_iter()
-                .find_map(|(_, p)| p)
-                .filter(|p| p.cost == cost);
-            debug_assert!(
-                plan.is_some(),
-                "a kept plan on node {node} ({cost:?}) did not hold"
-            );
-            fresh = match plan {
-                Some(plan) => Some((groups, plan)),
+        if let Some(kept) = kept_wins {
+            fresh = match self.plan_kept_again(unit, me, kept, room.len(), now) {
+                Some(again) => Some(again),
                 None => {
                     // Cannot happen; the full search decides.
                     self.node_plans.forget(ask);
@@ -383,6 +364,26 @@ impl Engine<'_> {
             units: plan.units,
             places: vec![(plan.node, plan.gpus)],
         })
+    }
+
+    /// A kept plan that wins, planned again on its node alone (its victims grouped as the
+    /// full search groups them); `None` if it no longer holds (cannot happen).
+    fn plan_kept_again(
+        &self,
+        unit: u32,
+        me: &preempt::Contender<usize>,
+        kept: preempt::Ranked,
+        nodes: usize,
+        now: Ms,
+    ) -> Option<(Groups, Preemption)> {
+        #[cfg(test)]
+        super::node_plans::KEPT_WON.with(|k| k.set(k.get() + 1));
+        let mut only = vec![false; nodes];
+        *only.get_mut(kept.node)? = true;
+        let NodesPlanned { groups, plans, .. } = self.plan_nodes(unit, me, &only, now);
+        let plan = plans.into_iter().find(|p| p.ranked() == kept);
+        debug_assert!(plan.is_some(), "a kept plan ({kept:?}) did not hold");
+        plan.map(|plan| (groups, plan))
     }
 
     /// Reclaim for `unit` of queue `fair.queue`: units of queues above their guarantee

@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 
 use gpuplace_core::ClusterState;
-use gpuplace_core::preempt::{self, Cost, Preemption};
+use gpuplace_core::preempt::{self, Cost, Preemption, Ranked};
 
 use super::evictable::{ByPriority, Marks, SearchAsk};
 
@@ -89,8 +89,8 @@ pub(super) struct Looked {
     /// The nodes to plan again (changed since, or never planned); empty when none.
     pub(super) unknown: Vec<bool>,
     pub(super) any_unknown: bool,
-    /// The cheapest plan kept on the other nodes: its cost and node.
-    pub(super) best_kept: Option<(Cost, usize)>,
+    /// The cheapest plan kept on the other nodes.
+    pub(super) best_kept: Option<Ranked>,
 }
 
 impl NodePlans {
@@ -123,12 +123,15 @@ impl NodePlans {
                 }
             }
         }
-        let mut best_kept: Option<(Cost, usize)> = None;
+        let mut best_kept: Option<Ranked> = None;
         for (&n, &cost) in &kept.plans {
-            let n = n as usize;
-            let on = room.get(n).copied().unwrap_or(false);
-            if on && best_kept.is_none_or(|b| preempt::cheaper(state, (cost, n), b)) {
-                best_kept = Some((cost, n));
+            let plan = Ranked {
+                cost,
+                node: n as usize,
+            };
+            let on = room.get(plan.node).copied().unwrap_or(false);
+            if on && best_kept.is_none_or(|b| preempt::cheaper(state, plan, b)) {
+                best_kept = Some(plan);
             }
         }
         let looked = Looked {
@@ -141,23 +144,26 @@ impl NodePlans {
         looked
     }
 
-    /// The search for `ask` planned `plans` (node, plan or none) on the state
-    /// [`Self::look`] last saw; `unsure` lists nodes whose answer reads more than their
-    /// own changes (not kept).
+    /// The search for `ask` planned the nodes marked in `planned` on the state
+    /// [`Self::look`] last saw and found `plans` (the other nodes have none); `unsure`
+    /// lists nodes whose answer reads more than their own changes (not kept).
     pub(super) fn learn(
         &mut self,
         ask: SearchAsk,
-        plans: &[(usize, Option<Preemption>)],
+        planned: &[bool],
+        plans: &[Preemption],
         unsure: &[u32],
     ) {
         let Some(kept) = self.asks.iter_mut().find(|k| k.ask == ask) else {
             return;
         };
-        for (n, plan) in plans {
-            match plan {
-                Some(p) => kept.set(*n, Known::Plan, Some(p.cost)),
-                None => kept.set(*n, Known::Nothing, None),
+        for (n, &on) in planned.iter().enumerate() {
+            if on {
+                kept.set(n, Known::Nothing, None);
             }
+        }
+        for plan in plans {
+            kept.set(plan.node, Known::Plan, Some(plan.cost));
         }
         for &n in unsure {
             kept.set(n as usize, Known::Unknown, None);
@@ -240,18 +246,17 @@ mod tests {
         }
     }
 
-    fn plan(node: usize, victims: u32) -> (usize, Option<Preemption>) {
+    fn plan(node: usize, victims: u32) -> Preemption {
         let cost = Cost {
             victims,
             ..Cost::default()
         };
-        let p = Preemption {
+        Preemption {
             node,
             units: Vec::new(),
             gpus: Vec::new(),
             cost,
-        };
-        (node, Some(p))
+        }
     }
 
     #[test]
@@ -263,8 +268,8 @@ mod tests {
         let first = plans.look(ask(1), &room, &st, &tallies);
         assert_eq!(first.unknown, room.to_vec());
         // Node 0: nothing; node 1: a plan of 2 victims (unsure: not kept); node 2: 1 victim.
-        let found = [(0, None), plan(1, 2), plan(2, 1)];
-        plans.learn(ask(1), &found, &[1]);
+        let found = [plan(1, 2), plan(2, 1)];
+        plans.learn(ask(1), &room, &found, &[1]);
         let again = plans.look(ask(1), &room, &st, &tallies);
         assert_eq!(again.unknown, vec![false, true, false, false]);
         assert_eq!(again.spared(&room), 2);
@@ -272,7 +277,8 @@ mod tests {
             victims: 1,
             ..Cost::default()
         };
-        assert_eq!(again.best_kept, Some((one, 2)));
+        let node_2 = Ranked { cost: one, node: 2 };
+        assert_eq!(again.best_kept, Some(node_2));
         // Another ask knows nothing.
         assert!(plans.look(ask(2), &room, &st, &tallies).unknown[0]);
         // Node 2's state changes, a pod starts on node 0: both are planned again.
@@ -289,7 +295,7 @@ mod tests {
         assert_eq!(changed.unknown, vec![true, true, true, false]);
         assert_eq!(changed.best_kept, None);
         // Another state value (a copy): everything is planned again.
-        plans.learn(ask(1), &[(0, None), (1, None), (2, None)], &[]);
+        plans.learn(ask(1), &room, &[], &[]);
         assert!(!plans.look(ask(1), &room, &st, &tallies).any_unknown);
         let mut copy = st.clone();
         assert_eq!(
@@ -297,7 +303,7 @@ mod tests {
             room.to_vec()
         );
         // Another workload (fragmentation, in a plan's cost, is measured against it).
-        plans.learn(ask(1), &[(0, None), (1, None), (2, None)], &[]);
+        plans.learn(ask(1), &room, &[], &[]);
         assert!(!plans.look(ask(1), &room, &copy, &tallies).any_unknown);
         let workload = TargetWorkload::from_requests([&r], 0.95);
         copy.set_workload(std::sync::Arc::new(workload));
