@@ -169,15 +169,7 @@ fn rank_nodes(
         .collect();
     pairs.sort_unstable();
     pairs.dedup();
-    let mut scratch = NodeState {
-        cpu_free: 0,
-        memory_free: 0,
-        gpu_free: Vec::new(),
-        gpu_capacity: Vec::new(),
-        version: 0,
-        classes: Vec::new(),
-        frag: 0.0,
-    };
+    let mut scratch = NodeState::default();
     let mut out = Vec::new();
     let mut units: Vec<usize> = Vec::new();
     for group in pairs.chunk_by(|a, b| a.0 == b.0) {

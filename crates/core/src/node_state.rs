@@ -1,7 +1,7 @@
 //! What is free on one node (the state of each node of a [`crate::ClusterState`]).
 
-/// Dynamic state of one node.
-#[derive(Clone, Debug)]
+/// Dynamic state of one node (the default: nothing free, no GPUs; a scratch buffer).
+#[derive(Clone, Debug, Default)]
 pub struct NodeState {
     pub cpu_free: u64,
     pub memory_free: u64,

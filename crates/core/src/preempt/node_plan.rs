@@ -25,15 +25,7 @@ pub(super) struct Scratch {
 impl Scratch {
     pub(super) fn new() -> Scratch {
         Scratch {
-            node: NodeState {
-                cpu_free: 0,
-                memory_free: 0,
-                gpu_free: Vec::new(),
-                gpu_capacity: Vec::new(),
-                version: 0,
-                classes: Vec::new(),
-                frag: 0.0,
-            },
+            node: NodeState::default(),
             units: Vec::new(),
             order: Vec::new(),
         }
