@@ -19,11 +19,14 @@
 //! with `Instant`; the simulator's timeline replay keys them by number and tells simulated
 //! time, so both retry a pod at exactly the same moments.
 
+pub mod store;
+
 use std::borrow::Borrow;
-use std::collections::HashMap;
 use std::hash::Hash;
 use std::ops::Add;
 use std::time::Duration;
+
+use store::{ByHash, Store};
 
 /// A point in time the queue can compare and move forward (`std::time::Instant`, or a
 /// simulator's clock).
@@ -67,8 +70,9 @@ pub enum Discipline {
     KubeScheduler,
 }
 
+/// One pod's attempt state.
 #[derive(Clone, Copy, Debug)]
-struct Entry<T> {
+pub struct Entry<T> {
     attempts: u32,
     /// The last failed attempt.
     tried_at: T,
@@ -95,27 +99,28 @@ impl<T: QueueTime> Entry<T> {
     }
 }
 
-/// Per-pod attempt state, by key. Pods without an entry are active.
+/// Per-pod attempt state, by key, kept in `S` ([`store`]: by hash unless the keys are
+/// numbered). Pods without an entry are active.
 #[derive(Debug)]
-pub struct Queue<K, T> {
+pub struct Queue<K, T, S = ByHash<K, Entry<T>>> {
     config: QueueConfig,
     discipline: Discipline,
-    /// foldhash: rounds look every waiting pod up (SipHash measured at 13% of a timeline
-    /// replay).
-    entries: HashMap<K, Entry<T>, foldhash::fast::RandomState>,
+    entries: S,
+    _keys: std::marker::PhantomData<fn(K) -> T>,
 }
 
-impl<K, T> Default for Queue<K, T> {
+impl<K, T, S: Default> Default for Queue<K, T, S> {
     fn default() -> Self {
         Queue {
             config: QueueConfig::default(),
             discipline: Discipline::Gpuplace,
-            entries: HashMap::default(),
+            entries: S::default(),
+            _keys: std::marker::PhantomData,
         }
     }
 }
 
-impl<K: Hash + Eq, T: QueueTime> Queue<K, T> {
+impl<K: Hash + Eq, T: QueueTime, S: Store<K, Entry<T>>> Queue<K, T, S> {
     pub fn new(config: QueueConfig) -> Self {
         Self::with_discipline(config, Discipline::Gpuplace)
     }
@@ -124,7 +129,8 @@ impl<K: Hash + Eq, T: QueueTime> Queue<K, T> {
         Queue {
             config,
             discipline,
-            entries: HashMap::default(),
+            entries: S::default(),
+            _keys: std::marker::PhantomData,
         }
     }
 
@@ -149,7 +155,7 @@ impl<K: Hash + Eq, T: QueueTime> Queue<K, T> {
     pub fn is_due<Q>(&self, key: &Q, now: T) -> bool
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         self.entries
             .get(key)
@@ -215,7 +221,7 @@ impl<K: Hash + Eq, T: QueueTime> Queue<K, T> {
     pub fn due_at<Q>(&self, key: &Q) -> Option<T>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         self.entries.get(key).map(|e| e.not_before)
     }
@@ -225,7 +231,7 @@ impl<K: Hash + Eq, T: QueueTime> Queue<K, T> {
     pub fn backoff_over<Q>(&mut self, key: &Q)
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         if let Some(e) = self.entries.get_mut(key) {
             e.not_before = e.tried_at;
@@ -236,7 +242,7 @@ impl<K: Hash + Eq, T: QueueTime> Queue<K, T> {
     pub fn forget<Q>(&mut self, key: &Q)
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         self.entries.remove(key);
     }
@@ -248,9 +254,8 @@ impl<K: Hash + Eq, T: QueueTime> Queue<K, T> {
     /// queue is flushed.
     pub fn wake_all(&mut self, now: T) {
         let (discipline, soonest) = (self.discipline, self.config.initial_backoff);
-        for entry in self.entries.values_mut() {
-            entry.wake(discipline, soonest, now);
-        }
+        self.entries
+            .each_mut(|_, entry| entry.wake(discipline, soonest, now));
     }
 
     /// Pods left nodes at `now`: as [`Self::wake_all`], except that under
@@ -263,18 +268,18 @@ impl<K: Hash + Eq, T: QueueTime> Queue<K, T> {
             return self.wake_all(now);
         }
         let (discipline, soonest) = (self.discipline, self.config.initial_backoff);
-        for (key, entry) in self.entries.iter_mut() {
+        self.entries.each_mut(|key, entry| {
             if entry.parked_at.is_none() || helped(key) {
                 entry.wake(discipline, soonest, now);
             }
-        }
+        });
     }
 
     /// Whether the pod waits for an event (or the flush) to be tried again.
     pub fn is_parked<Q>(&self, key: &Q) -> bool
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         self.entries.get(key).is_some_and(|e| e.parked_at.is_some())
     }
@@ -284,7 +289,7 @@ impl<K: Hash + Eq, T: QueueTime> Queue<K, T> {
     pub fn wake<Q>(&mut self, key: &Q, now: T)
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let (discipline, soonest) = (self.discipline, self.config.initial_backoff);
         if let Some(entry) = self.entries.get_mut(key) {
@@ -296,13 +301,13 @@ impl<K: Hash + Eq, T: QueueTime> Queue<K, T> {
     /// [`Discipline::KubeScheduler`], into the backoff queue if their backoff has not passed).
     pub fn flush(&mut self, now: T) {
         let (flush, discipline) = (self.config.unschedulable_flush, self.discipline);
-        for entry in self.entries.values_mut() {
+        self.entries.each_mut(|_, entry| {
             if entry.parked_at.is_some_and(|at| at + flush <= now) {
                 entry.parked_at = None;
                 entry.in_backoff =
                     discipline == Discipline::KubeScheduler && entry.not_before > now;
             }
-        }
+        });
     }
 
     /// [`Self::flush`] for one pod: a caller that knows whose parking ends when (the
@@ -311,7 +316,7 @@ impl<K: Hash + Eq, T: QueueTime> Queue<K, T> {
     pub fn flush_one<Q>(&mut self, key: &Q, now: T)
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let (flush, discipline) = (self.config.unschedulable_flush, self.discipline);
         if let Some(entry) = self.entries.get_mut(key)
@@ -327,7 +332,7 @@ impl<K: Hash + Eq, T: QueueTime> Queue<K, T> {
     pub fn end_backoff<Q>(&mut self, key: &Q, now: T)
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         if let Some(e) = self.entries.get_mut(key)
             && e.in_backoff
@@ -339,20 +344,23 @@ impl<K: Hash + Eq, T: QueueTime> Queue<K, T> {
 
     /// Drops the entries of pods no longer waiting.
     pub fn retain(&mut self, mut waiting: impl FnMut(&K) -> bool) {
-        self.entries.retain(|key, _| waiting(key));
+        self.entries.retain(|key| waiting(key));
     }
 
     /// The earliest time after `after` at which a pod becomes due (its backoff ends, or its
     /// parking is flushed), for the loop to sleep until.
     pub fn next_due(&self, after: T) -> Option<T> {
-        self.entries
-            .values()
-            .map(|e| match e.parked_at {
+        let mut first: Option<T> = None;
+        self.entries.each(|e| {
+            let due = match e.parked_at {
                 Some(at) => (at + self.config.unschedulable_flush).max(e.not_before),
                 None => e.not_before,
-            })
-            .filter(|t| *t > after)
-            .min()
+            };
+            if due > after && first.is_none_or(|f| due < f) {
+                first = Some(due);
+            }
+        });
+        first
     }
 
     /// Whether a pod became due in `(since, now]`: a round is needed even if nothing in
@@ -373,7 +381,7 @@ impl<K: Hash + Eq, T: QueueTime> Queue<K, T> {
     pub fn attempts<Q>(&self, key: &Q) -> u32
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         self.entries.get(key).map_or(0, |e| e.attempts)
     }

@@ -7,6 +7,7 @@ mod fairshare;
 mod invariants;
 mod multi_gpu;
 mod preempt;
+mod queue_store;
 mod replicas;
 mod requirements;
 mod small_node;

@@ -43,7 +43,8 @@ use std::collections::{BinaryHeap, VecDeque};
 use std::time::Duration;
 
 use gpuplace_core::cycle::{self, place::Trial};
-use gpuplace_core::queue::{Discipline, Queue};
+use gpuplace_core::queue::store::ByIndex;
+use gpuplace_core::queue::{Discipline, Entry, Queue};
 use gpuplace_core::{ClusterState, Placer, Policy};
 
 use super::arrivals::{Mix, Schedule};
@@ -106,7 +107,7 @@ pub struct Engine<'a> {
     warm_attempts: WarmAttempts,
     state: ClusterState,
     placer: Placer,
-    queue: Queue<u32, Ms>,
+    queue: Queue<u32, Ms, ByIndex<Entry<Ms>>>,
     /// Under [`Discipline::KubeScheduler`]: its backoff queue's flush period (ms).
     queue_tick_ms: u64,
     jobs: Vec<Job>,
@@ -387,6 +388,7 @@ impl<'a> Engine<'a> {
             .tenants
             .as_ref()
             .map(|t| t.report(&self.queue_waits(end)));
+        self.count_pods_attempts();
         let counts = self.outcome_counts;
         Outcome {
             jobs: self.jobs,
@@ -508,15 +510,15 @@ impl<'a> Engine<'a> {
         if !self.release_held(unit, now) {
             return Trial::failed(None);
         }
-        let single = match self.units[unit as usize].jobs[..] {
-            [job] => {
-                let rid = self.request_ids[self.jobs[job as usize].pod as usize] as usize;
-                if self.still_fails(rid, job) {
+        let single = match self.units[unit as usize].single {
+            Some(one) => {
+                let rid = one.rid as usize;
+                if self.still_fails(rid) {
                     return Trial::failed(None);
                 }
                 Some(rid)
             }
-            _ => None,
+            None => None,
         };
         let trial = {
             let mut members = members::Members {

@@ -4,7 +4,7 @@
 use std::cmp::Reverse;
 
 use super::Engine;
-use super::units::{Job, Unit, Work};
+use super::units::{Job, Single, Unit, Work};
 use crate::timeline::options::Ms;
 
 impl Engine<'_> {
@@ -66,8 +66,17 @@ impl Engine<'_> {
         }
         let key = (Reverse(priority), self.sequence);
         self.sequence += 1;
+        let single = match (&jobs[..], pods) {
+            ([_], [w]) => Some(Single {
+                pod: w.pod,
+                rid: self.request_ids[w.pod as usize],
+                priority: self.pods[w.pod as usize].priority,
+            }),
+            _ => None,
+        };
         self.units.push(Unit {
             jobs,
+            single,
             key,
             waiting: true,
             fails: 0,

@@ -243,30 +243,36 @@ impl Engine<'_> {
     /// Priority preemption for `unit`: lower-priority units (within its queue when the
     /// queues serve) evicted so that every member fits.
     fn plan_preempt(&mut self, unit: u32, now: Ms) -> Option<Eviction> {
-        let jobs = &self.units[unit as usize].jobs;
+        let u = &self.units[unit as usize];
         // A gang evicts only what every member outranks.
-        let priority = preempt::gang_priority(
-            jobs.iter()
-                .map(|&j| self.pods[self.jobs[j as usize].pod as usize].priority),
-        )?;
+        let priority = match u.single {
+            Some(one) => one.priority,
+            None => preempt::gang_priority(
+                u.jobs
+                    .iter()
+                    .map(|&j| self.pods[self.jobs[j as usize].pod as usize].priority),
+            )?,
+        };
         if self.by_priority.none_below(priority) {
             return None;
         }
-        let me = self.contender(self.jobs[jobs[0] as usize].pod, priority);
+        let single = u.single;
+        let first = single.map_or_else(|| self.jobs[u.jobs[0] as usize].pod, |one| one.pod);
+        let me = self.contender(first, priority);
         // A pod alone: no victim search where no node could take it after evictions, and
         // only the candidates on the nodes that could; each node's plan kept while the
         // node is unchanged.
-        let [job] = jobs[..] else {
+        let Some(one) = single else {
             let groups = self.victim_groups(&|pod| self.may_take(&me, pod), now, &Room::Anywhere);
             return self.search(unit, groups, &[]);
         };
-        let pod = self.jobs[job as usize].pod;
-        let room = (self.by_priority).room(&self.state, priority, &self.pods[pod as usize].request);
+        let request = self.request_of(one.rid);
+        let room = (self.by_priority).room(&self.state, priority, request);
         match room {
             Room::Nowhere => None,
             Room::On(nodes) if self.memo => {
                 let ask = SearchAsk {
-                    request: self.request_ids[pod as usize],
+                    request: one.rid,
                     priority,
                     queue: me.queue,
                 };

@@ -108,6 +108,10 @@ pub(super) type OrderKey = (Reverse<i32>, u64);
 
 pub(super) struct Unit {
     pub(super) jobs: Vec<u32>,
+    /// A unit of one pod: that pod, kept here so that an attempt (most are flushes of
+    /// pods that wait long) reads one record, not the jobs list, the job and the request
+    /// ids, a cache miss each on a long backlog.
+    pub(super) single: Option<Single>,
     pub(super) key: OrderKey,
     /// Still in the queue.
     pub(super) waiting: bool,
@@ -124,6 +128,14 @@ pub(super) struct Unit {
     /// it is decided again, which is not before `held_until` (its victims gone).
     pub(super) held: Vec<(u32, Placed)>,
     pub(super) held_until: Ms,
+}
+
+/// A unit's one pod: its pod in the pod list, its request id and priority.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Single {
+    pub(super) pod: u32,
+    pub(super) rid: u32,
+    pub(super) priority: i32,
 }
 
 /// Where a failed unit waits to be woken ([`super::parked`]).

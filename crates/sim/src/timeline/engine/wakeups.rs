@@ -18,7 +18,13 @@ use super::soon::{is_live, next_tick};
 use super::units::{Slot, Tried};
 use crate::timeline::options::Ms;
 
-impl Engine<'_> {
+impl<'a> Engine<'a> {
+    /// The request of request id `rid` (the same for every pod of it), read from one pod
+    /// of it: the few such pods stay in cache where a waiting pod's own record would not.
+    pub(super) fn request_of(&self, rid: u32) -> &'a gpuplace_model::Request {
+        &self.pods[self.shape_requests[rid as usize] as usize].request
+    }
+
     /// The earliest time a failed unit may become due (stale entries dropped).
     pub(super) fn next_wake(&mut self) -> Option<Ms> {
         let units = &self.units;
@@ -112,26 +118,23 @@ impl Engine<'_> {
             claims: false,
         };
         let narrow = self.queue.discipline() == Discipline::Gpuplace;
-        match (tried, &u.jobs[..]) {
-            (Tried::Parked, [job]) if narrow && !reach.anywhere() => {
-                let pod = self.jobs[*job as usize].pod as usize;
-                Slot::Shape {
-                    rid: self.request_ids[pod],
-                    priority: self.pods[pod].priority,
-                }
-            }
+        match (tried, u.single) {
+            (Tried::Parked, Some(one)) if narrow && !reach.anywhere() => Slot::Shape {
+                rid: one.rid,
+                priority: one.priority,
+            },
             _ => Slot::Anywhere,
         }
     }
 
-    /// Whether request `rid` (of `job`) is known to fit nowhere: it failed before and no
-    /// node released since then fits it now. Remembers the answer.
-    pub(super) fn still_fails(&mut self, rid: usize, job: u32) -> bool {
+    /// Whether request `rid` is known to fit nowhere: it failed before and no node
+    /// released since then fits it now. Remembers the answer.
+    pub(super) fn still_fails(&mut self, rid: usize) -> bool {
         let since = self.failed_at[rid];
         if since == u32::MAX || !self.memo {
             return false;
         }
-        let request = &self.pods[self.jobs[job as usize].pod as usize].request;
+        let request = self.request_of(rid as u32);
         let mut seen = std::mem::take(&mut self.seen_nodes);
         seen.clear();
         let fits = self.released[since as usize..]

@@ -37,16 +37,21 @@ impl Engine<'_> {
 }
 
 impl Engine<'_> {
-    /// One failed attempt of `unit` counted: the run's, the unit's (its wake-ups tell
-    /// attempts apart by it) and each of its pods' (`pods.csv`). [`Engine::attempted`] and
+    /// One failed attempt of `unit` counted: the run's and the unit's (its wake-ups tell
+    /// attempts apart by it; its pods' for `pods.csv` are the unit's). [`Engine::attempted`] and
     /// the warm start's earlier attempts both count through here.
     pub(super) fn tally_failure(&mut self, unit: u32) {
         self.outcome_counts.failed_attempts += 1;
-        let u = &mut self.units[unit as usize];
-        u.fails += 1;
-        for &job in &u.jobs {
-            if let Some(job) = self.jobs.get_mut(job as usize) {
-                job.failed_attempts += 1;
+        // Its pods' counts are its own, copied at the end ([`Engine::count_pods_attempts`]):
+        // a job is of one unit all its life.
+        self.units[unit as usize].fails += 1;
+    }
+
+    /// Each pod's failed attempts (`pods.csv`): its unit's.
+    pub(super) fn count_pods_attempts(&mut self) {
+        for job in &mut self.jobs {
+            if let Some(u) = self.units.get(job.unit as usize) {
+                job.failed_attempts = u.fails;
             }
         }
     }
