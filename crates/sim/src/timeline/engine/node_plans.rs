@@ -43,6 +43,9 @@ struct Kept {
     nodes: Vec<Known>,
     /// How many of `nodes` are unknown (none: a retry reads no node).
     unknown: usize,
+    /// The unknown nodes, and some known since (skipped): a retry reads these, not every
+    /// node (under churn a few change between two retries of an ask).
+    pending: Vec<u32>,
     /// The cost of each plan kept, by node.
     plans: BTreeMap<u32, Cost>,
     marks: Marks,
@@ -56,6 +59,7 @@ impl Kept {
             ask,
             nodes: vec![Known::Unknown; nodes],
             unknown: nodes,
+            pending: (0..nodes as u32).collect(),
             plans: BTreeMap::new(),
             marks,
             workload: state.workload_generation(),
@@ -70,6 +74,9 @@ impl Kept {
         let was = std::mem::replace(slot, known);
         self.unknown = self.unknown + usize::from(known == Known::Unknown)
             - usize::from(was == Known::Unknown);
+        if known == Known::Unknown && was != Known::Unknown {
+            self.pending.push(n as u32);
+        }
         let key = n as u32;
         match (known, cost) {
             (Known::Plan, Some(cost)) => {
@@ -109,13 +116,17 @@ impl NodePlans {
         let mut left = 0;
         if kept.unknown > 0 {
             unknown = vec![false; room.len()];
-            for (n, &on) in room.iter().enumerate() {
-                if kept.nodes.get(n) != Some(&Known::Unknown) {
+            for n in std::mem::take(&mut kept.pending) {
+                let n = n as usize;
+                let listed = unknown.get(n).copied().unwrap_or(true);
+                if listed || kept.nodes.get(n) != Some(&Known::Unknown) {
                     continue;
                 }
-                if on {
+                if room[n] {
                     unknown[n] = true;
                     left += 1;
+                    // Unknown until the search that follows says.
+                    kept.pending.push(n as u32);
                 } else {
                     // Out of the room (the node's own free amounts, model and
                     // candidates' tallies): no plan there until the node changes.
