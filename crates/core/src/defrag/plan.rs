@@ -23,9 +23,12 @@ impl<'a> Movables<'a> {
         created_ms: i64,
         members: impl IntoIterator<Item = (Holder<'a>, Option<Vec<bool>>)>,
     ) {
-        let (holders, allowed): (Vec<Holder<'a>>, Vec<Option<Vec<bool>>>) =
-            members.into_iter().unzip();
-        self.allowed.extend(allowed);
+        // Straight into the flat lists: a make-room search lists thousands of units.
+        let allowed = &mut self.allowed;
+        let holders = members.into_iter().map(|(holder, nodes)| {
+            allowed.push(nodes);
+            holder
+        });
         self.candidates.push_unit(0, created_ms, holders);
     }
 

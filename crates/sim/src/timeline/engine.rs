@@ -28,6 +28,7 @@ mod groups;
 mod kept;
 mod leaving;
 mod members;
+mod movable;
 pub(crate) mod node_plans;
 mod pace;
 mod parked;

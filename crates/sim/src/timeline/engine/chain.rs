@@ -20,6 +20,7 @@ use gpuplace_core::preempt::{self, Preemption};
 use super::Engine;
 use super::evictable::{Room, SearchAsk, SearchedAt};
 use super::groups::{Groups, ReclaimPool};
+use super::movable::MovableUnits;
 use super::units::{Job, Placed, Tried};
 use super::victims::{Eviction, candidates_of};
 use crate::timeline::options::Ms;
@@ -35,7 +36,7 @@ pub(super) enum SimPlan {
         counts: Vec<(usize, u64)>,
     },
     Room {
-        groups: Vec<Vec<u32>>,
+        groups: std::sync::Arc<MovableUnits>,
         plan: RoomPlan,
         /// Member positions in the order of the plan's placements.
         order: Vec<usize>,

@@ -25,15 +25,23 @@ use super::Engine;
 use super::chain::{SimPlan, asks_of};
 use super::defrag_state::movable_pod;
 use super::kept::MovableKept;
+use super::movable::MovableUnits;
 use super::units::{Job, Placed, Work};
-use super::victims::created_ms;
+use super::victims::{ClusterOrder, created_ms};
 use crate::timeline::options::Ms;
 use crate::trace::TracePod;
 
+/// A unit in [`Engine::movable_units`]' listing: a pod alone, or a gang (its index).
+#[derive(Clone, Copy)]
+enum Listed {
+    Alone(u32),
+    Gang(usize),
+}
+
 /// The movable `groups` (running jobs) as core's movables.
-fn movables<'s>(jobs: &'s [Job], pods: &'s [TracePod], groups: &[Vec<u32>]) -> Movables<'s> {
+fn movables<'s>(jobs: &'s [Job], pods: &'s [TracePod], groups: &MovableUnits) -> Movables<'s> {
     let mut m = Movables::default();
-    for group in groups {
+    for group in groups.iter() {
         // Made when it arrived (a controller's new pod: at the re-create).
         let made = group
             .iter()
@@ -57,8 +65,9 @@ fn movables<'s>(jobs: &'s [Job], pods: &'s [TracePod], groups: &[Vec<u32>]) -> M
 }
 
 impl Engine<'_> {
-    /// Running units that may move at `now` (each as its running jobs).
-    fn movable_units(&self, now: Ms) -> Vec<Vec<u32>> {
+    /// Running units that may move at `now` (each as its running jobs), in the cluster's
+    /// order.
+    fn movable_units(&self, now: Ms) -> MovableUnits {
         let s = &self.defrag.config;
         let min_age = s.settings.min_age;
         let eligible = |r: u32| {
@@ -76,34 +85,49 @@ impl Engine<'_> {
             };
             defrag::may_move(&pod, min_age)
         };
-        let mut singles = Vec::new();
+        // Each unit by its cluster order (unique: it ends with a job), a pod alone as
+        // itself and a gang by its place in `gangs`.
+        let mut order: Vec<(ClusterOrder, Listed)> = Vec::new();
         let mut gangs: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
         for &r in self.running.all() {
             let unit = self.jobs[r as usize].unit;
             if self.units[unit as usize].jobs.len() == 1 {
                 if eligible(r) {
-                    singles.push(vec![r]);
+                    order.push((self.cluster_order(&[r]), Listed::Alone(r)));
                 }
             } else {
                 gangs.entry(unit).or_default().push(r);
             }
         }
-        singles.extend(gangs.into_iter().filter_map(|(u, mut running)| {
-            // Its members running now (a moved gang's replacements carry its unit), at
-            // least as many as it has members (the stack's PodGroup minMember).
-            let min_member = self.units[u as usize].jobs.len();
-            let whole = defrag::unit_may_move(running.iter().map(|&j| eligible(j)), min_member);
-            running.sort_unstable();
-            whole.then_some(running)
-        }));
-        singles.sort_by_cached_key(|group| self.cluster_order(group));
-        singles
+        let gangs: Vec<Vec<u32>> = gangs
+            .into_iter()
+            .filter_map(|(u, mut running)| {
+                // Its members running now (a moved gang's replacements carry its unit), at
+                // least as many as it has members (the stack's PodGroup minMember).
+                let min_member = self.units[u as usize].jobs.len();
+                let whole = defrag::unit_may_move(running.iter().map(|&j| eligible(j)), min_member);
+                running.sort_unstable();
+                whole.then_some(running)
+            })
+            .collect();
+        order.extend(
+            (gangs.iter().enumerate()).map(|(g, jobs)| (self.cluster_order(jobs), Listed::Gang(g))),
+        );
+        order.sort_unstable_by_key(|(key, _)| *key);
+        let mut units = MovableUnits::default();
+        for (_, listed) in order {
+            match listed {
+                Listed::Alone(job) => units.push(&[job]),
+                Listed::Gang(g) => units.push(&gangs[g]),
+            }
+        }
+        units
     }
 
     /// [`Self::movable_units`], kept while the running pods and the time are the same: a
     /// round's failed attempts asked for it again and again (most of a make-room run's
     /// time on multigpu20).
-    fn movable_units_now(&self, now: Ms) -> std::sync::Arc<Vec<Vec<u32>>> {
+    fn movable_units_now(&self, now: Ms) -> std::sync::Arc<MovableUnits> {
         let generation = self.by_priority.generation();
         let mut kept = self.movable_kept.borrow_mut();
         if let Some(k) = kept.as_ref().filter(|k| k.is(generation, now)) {
@@ -173,7 +197,7 @@ impl Engine<'_> {
             return None;
         };
         Some(SimPlan::Room {
-            groups: groups.to_vec(),
+            groups,
             plan,
             order,
         })
@@ -183,7 +207,7 @@ impl Engine<'_> {
     /// nominates `unit` to the places made for its members.
     pub(super) fn carry_out(
         &mut self,
-        groups: &[Vec<u32>],
+        groups: &MovableUnits,
         plan: &RoomPlan,
         order: &[usize],
         unit: u32,
@@ -191,13 +215,13 @@ impl Engine<'_> {
     ) -> bool {
         let members = &self.units[unit as usize].jobs;
         let jobs: Vec<u32> = order.iter().map(|&i| members[i]).collect();
-        let holders: Vec<u32> = groups.iter().flatten().copied().collect();
+        let holders = groups.all_jobs();
         let moved: Vec<u32> = plan
             .units
             .iter()
-            .flat_map(|&u| groups[u].iter().copied())
+            .flat_map(|&u| groups.get(u).iter().copied())
             .collect();
-        let at_once = self.free_before(&holders, &plan.moves);
+        let at_once = self.free_before(holders, &plan.moves);
         let mut replacements = Vec::with_capacity(moved.len());
         for &job in &moved {
             replacements.push((job, self.leave_for_move(job, now)));
@@ -332,8 +356,8 @@ impl Engine<'_> {
         if moves.is_empty() {
             return;
         }
-        let holders: Vec<u32> = groups.iter().flatten().copied().collect();
-        let at_once = self.free_before(&holders, &moves);
+        let holders = groups.all_jobs();
+        let at_once = self.free_before(holders, &moves);
         for (mv, &free) in moves.iter().zip(&at_once) {
             let job = holders[mv.holder];
             let milli = self.jobs[job as usize].milli();

@@ -41,7 +41,7 @@ impl UnitMarks {
 pub(super) struct MovableKept {
     pub(super) generation: u64,
     pub(super) at: Ms,
-    pub(super) groups: std::sync::Arc<Vec<Vec<u32>>>,
+    pub(super) groups: std::sync::Arc<super::movable::MovableUnits>,
 }
 
 impl MovableKept {
