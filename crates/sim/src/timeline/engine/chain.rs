@@ -407,12 +407,11 @@ impl Engine<'_> {
         let tree = fair.picker.tree();
         let entitled = Entitlement::new(tree, fair.picker.allocations(), fair.queue, &asked)?;
         // A pod alone: not where the same search found nothing with nothing changed.
-        let ask = match self.units[unit as usize].jobs[..] {
-            [job] => {
-                let pod = self.jobs[job as usize].pod as usize;
+        let ask = match self.units[unit as usize].single {
+            Some(one) => {
                 let ask = SearchAsk {
-                    request: self.request_ids[pod],
-                    priority: self.pods[pod].priority,
+                    request: one.rid,
+                    priority: one.priority,
                     queue: Some(fair.queue),
                 };
                 let key = self.searched_at(now);
@@ -422,7 +421,7 @@ impl Engine<'_> {
                 }
                 Some(ask)
             }
-            _ => None,
+            None => None,
         };
         let found = self.plan_reclaim_on(unit, fair, &entitled, now);
         if let Some(ask) = ask

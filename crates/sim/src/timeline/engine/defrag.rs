@@ -145,10 +145,7 @@ impl Engine<'_> {
     /// The request id of `unit`'s one pod (a gang has none: its make-room is not
     /// remembered, as the scheduler's is not).
     fn single_rid(&self, unit: u32) -> Option<usize> {
-        match self.units[unit as usize].jobs[..] {
-            [job] => Some(self.request_ids[self.jobs[job as usize].pod as usize] as usize),
-            _ => None,
-        }
+        self.units[unit as usize].single.map(|one| one.rid as usize)
     }
 
     /// Until when make-room does not search for `unit`'s shape again (it searched lately

@@ -34,7 +34,8 @@ pub struct Job {
     pub abandoned: bool,
     pub node: u32,
     pub gpus: Vec<(usize, u32)>,
-    /// The scheduler's attempts that left it waiting.
+    /// The scheduler's attempts that left it waiting (its unit's, filled in when the
+    /// replay ends).
     pub failed_attempts: u32,
     /// The job whose pod was evicted or moved for this one to be made (its controller's
     /// new pod): what that one did, this one may run again.
