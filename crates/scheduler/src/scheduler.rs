@@ -424,4 +424,10 @@ impl<A: ClusterApi> Scheduler<A> {
     pub fn next_due(&self, after: Instant) -> Option<Instant> {
         self.queue.next_due(after)
     }
+
+    /// The pairing of round-clock instants with wall time that this scheduler stamps and
+    /// measures ages by (a driver on a simulated clock stamps start times with it).
+    pub fn wall_clock(&self) -> crate::clock::WallClock {
+        self.wall
+    }
 }

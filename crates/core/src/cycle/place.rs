@@ -50,8 +50,8 @@ pub trait Members {
     fn filter(&mut self, i: usize) -> Result<Self::Filtered, Self::Unfit>;
     /// The node a move planned for member `i` (it replaces a moved pod), if any.
     fn steer(&self, i: usize) -> Option<usize>;
-    /// Member `i` chosen on its planned node: the devices the move planned, where they fit.
-    fn exact(&self, i: usize, chosen: Decision) -> Decision;
+    /// The place a move planned for member `i` (node and devices), if any.
+    fn planned(&self, i: usize) -> Option<Decision>;
     /// Reserve: member `i`'s place taken on the state; `Err` when it cannot be.
     fn reserve(&mut self, i: usize, chosen: Decision) -> Result<Self::Placed, Self::Unfit>;
     /// Why member `i` fits on none of the nodes Filter left.
@@ -121,10 +121,16 @@ fn place<M: Members>(
         Some(n) => {
             let only = steer_mask(mask, n, members.state().len());
             let request = members.request(i)?;
-            placer
-                .choose(members.state(), request, Some(&only))
-                .ok()
-                .map(|d| members.exact(i, d))
+            let state = members.state();
+            // The plan's own devices while they have room (nothing to score: the move
+            // counted on them); else the policy's choice on the planned node.
+            match members.planned(i).filter(|d| {
+                only.get(d.node).copied().unwrap_or(false)
+                    && state.can_apply(d.node, request, &d.gpus)
+            }) {
+                Some(d) => Some(d),
+                None => placer.choose(state, request, Some(&only)).ok(),
+            }
         }
         None => None,
     };
@@ -277,8 +283,8 @@ mod tests {
         fn steer(&self, i: usize) -> Option<usize> {
             self.steers[i]
         }
-        fn exact(&self, _: usize, chosen: Decision) -> Decision {
-            chosen
+        fn planned(&self, _: usize) -> Option<Decision> {
+            None
         }
         fn reserve(&mut self, i: usize, chosen: Decision) -> Result<Decision, String> {
             self.state

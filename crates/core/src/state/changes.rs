@@ -5,6 +5,17 @@ use gpuplace_model::Request;
 use super::{ClusterState, StateError, class_of};
 
 impl ClusterState {
+    /// Whether [`apply`](Self::apply) would take `request` on node `n` with `gpus`.
+    pub fn can_apply(&self, n: usize, request: &Request, gpus: &[(usize, u32)]) -> bool {
+        let Some(s) = self.state.get(n) else {
+            return false;
+        };
+        self.check_gpus(n, gpus).is_ok()
+            && s.cpu_free >= request.cpu_milli
+            && s.memory_free >= request.memory_mib
+            && gpus.iter().all(|&(g, milli)| s.gpu_free[g] >= milli)
+    }
+
     /// Takes `request` on node `n` with `gpus` (position, milli); refuses any overcommit.
     pub fn apply(
         &mut self,

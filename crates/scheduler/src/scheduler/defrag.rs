@@ -480,27 +480,23 @@ mod tests {
         let steer = steers
             .take_for(&replacement, &mut snapshot)
             .expect("steered");
-        // Still leaving: the policy's own choice stands.
-        let elsewhere = Decision {
-            node: 0,
-            gpus: vec![(0, 1000)],
-            score: 0,
-        };
-        assert_eq!(
-            steer
-                .planned()
-                .exact_in(&snapshot, &snapshot.state, elsewhere.clone())
-                .gpus,
-            vec![(0, 1000)]
+        // Still leaving: the planned GPU has no room, so the policy chooses on the node.
+        let planned = steer
+            .planned()
+            .decision_in(&snapshot)
+            .expect("on the snapshot");
+        assert_eq!(planned.gpus, vec![(2, 1000)]);
+        assert!(
+            !snapshot
+                .state
+                .can_apply(planned.node, &request, &planned.gpus)
         );
         // Gone: the replacement gets the GPU the plan counted on.
         snapshot.state.release(0, &leaving, &[(2, 300)]).unwrap();
-        assert_eq!(
-            steer
-                .planned()
-                .exact_in(&snapshot, &snapshot.state, elsewhere)
-                .gpus,
-            vec![(2, 1000)]
+        assert!(
+            snapshot
+                .state
+                .can_apply(planned.node, &request, &planned.gpus)
         );
     }
 

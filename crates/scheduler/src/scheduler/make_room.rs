@@ -354,6 +354,7 @@ impl<A: ClusterApi> Scheduler<A> {
             extended: demand.extended.clone(),
             victims: moved.to_vec(),
             adopted: false,
+            cap: None,
         };
         self.cluster.nominate(nomination, snapshot);
     }

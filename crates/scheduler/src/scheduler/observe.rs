@@ -207,6 +207,8 @@ impl<A: ClusterApi> Scheduler<A> {
             }
         };
         let pods_freed = self.seen.pods_freed(view, feed, &mut ended);
+        // A pod decided here and gone before a view showed it bound left its node too.
+        left.extend(self.cluster.reservations_gone(view));
         for node in &left {
             self.seen.left.node(node);
         }
@@ -255,7 +257,6 @@ impl<A: ClusterApi> Scheduler<A> {
         // ([`super::wakes`]); anything else wakes every parked pod.
         if nodes_changed
             || claims_freed
-            || self.cluster.reservations_gone(view)
             || volumes != self.seen.volumes
             || budgets_changed
             || queues_changed

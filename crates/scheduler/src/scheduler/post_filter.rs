@@ -193,6 +193,7 @@ fn nomination(
         extended: demand.extended.clone(),
         victims: victims.to_vec(),
         adopted: false,
+        cap: None,
     }
 }
 

@@ -28,10 +28,7 @@ impl<A: ClusterApi> Scheduler<A> {
         now: Instant,
         report: &mut RoundReport,
     ) {
-        if !self.config.defrag.settings.mode.rebalances()
-            || !self.gate.is_open()
-            || self.cluster.pods().movable_candidates() == 0
-        {
+        if !self.config.defrag.settings.mode.rebalances() || !self.gate.is_open() {
             return;
         }
         let fleet = Fleet {
@@ -46,6 +43,11 @@ impl<A: ClusterApi> Scheduler<A> {
         else {
             return;
         };
+        // A look with nothing that may move is still this interval's look (core's pace,
+        // as the timeline counts it); nothing to plan.
+        if self.cluster.pods().movable_candidates() == 0 {
+            return;
+        }
         let moves = self.plan_rebalance(snapshot, view, &round.volumes, limits);
         if moves.is_empty() {
             return;

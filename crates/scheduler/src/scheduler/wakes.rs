@@ -4,8 +4,9 @@
 //! could take (what is free there with what running pods below their priority hold),
 //! first in queue order; a gang, a nominee, a pod with inter-pod terms, volumes or claims, and every
 //! pod while queues serve, make-room looks for room or a placed pod has anti-affinity,
-//! wake at any departure. Anything else that changed (nodes, volumes, budgets, queues, a
-//! reservation gone, a claim giving GPUs back) wakes every parked pod, as before.
+//! wake at any departure. A pod decided and gone before a view showed it bound left its
+//! node as any pod does. Anything else that changed (nodes, volumes, budgets, queues, a
+//! claim giving GPUs back) wakes every parked pod, as before.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

@@ -90,18 +90,22 @@ impl Reservations {
         self.by_uid.is_empty()
     }
 
-    /// Whether a reserved pod is gone from `view` or finished there: what it held is free
-    /// (parked pods may fit), whether or not a view ever showed it bound.
-    pub fn any_gone(&self, view: &ClusterView) -> bool {
-        self.by_uid.iter().any(|(uid, r)| {
-            match view
-                .pod(&r.key.namespace, &r.key.name)
-                .filter(|p| p.key.uid == *uid)
-            {
-                None => r.written,
-                Some(p) => p.node_name.is_some() && !p.is_active_bound(),
-            }
-        })
+    /// The nodes of the reserved pods gone from `view` or finished there: what they held
+    /// there is free (parked pods may fit), whether or not a view ever showed them bound.
+    pub fn gone_from(&self, view: &ClusterView) -> Vec<String> {
+        self.by_uid
+            .iter()
+            .filter(|(uid, r)| {
+                match view
+                    .pod(&r.key.namespace, &r.key.name)
+                    .filter(|p| p.key.uid == **uid)
+                {
+                    None => r.written,
+                    Some(p) => p.node_name.is_some() && !p.is_active_bound(),
+                }
+            })
+            .map(|(_, r)| r.node.clone())
+            .collect()
     }
 
     /// Members of `gang` reserved and not yet seen bound.

@@ -288,9 +288,10 @@ impl ClusterCache {
         self.reservations.len()
     }
 
-    /// Whether a written reservation's pod is gone from `view` (what it held is free).
-    pub fn reservations_gone(&self, view: &ClusterView) -> bool {
-        self.reservations.any_gone(view)
+    /// The nodes of written reservations whose pod is gone from `view` or finished (what
+    /// it held there is free).
+    pub fn reservations_gone(&self, view: &ClusterView) -> Vec<String> {
+        self.reservations.gone_from(view)
     }
 
     /// Pod `uid`'s nomination, while it waits for its victims.
@@ -344,7 +345,7 @@ impl ClusterCache {
     }
 
     /// Holds again what is held for preemptor `uid` (its decision failed).
-    pub fn hold_nominee(&self, uid: &str, snapshot: &mut Snapshot) {
+    pub fn hold_nominee(&mut self, uid: &str, snapshot: &mut Snapshot) {
         self.nominations.restore(uid, snapshot);
     }
 

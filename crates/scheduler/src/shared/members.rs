@@ -186,11 +186,8 @@ impl<'s, 'a> place::Members for OnSnapshot<'s, 'a> {
             .and_then(|st| self.snapshot.node_index(st.node))
     }
 
-    fn exact(&self, i: usize, chosen: Decision) -> Decision {
-        match self.steer_of(i) {
-            Some(st) => st.exact_in(self.snapshot, &self.state, chosen),
-            None => chosen,
-        }
+    fn planned(&self, i: usize) -> Option<Decision> {
+        self.steer_of(i)?.decision_in(self.snapshot)
     }
 
     fn reserve(&mut self, i: usize, chosen: Decision) -> Result<Trialled<'a>, String> {
@@ -282,8 +279,8 @@ impl<'a> place::Members for Alone<'a> {
         None
     }
 
-    fn exact(&self, _: usize, chosen: Decision) -> Decision {
-        chosen
+    fn planned(&self, _: usize) -> Option<Decision> {
+        None
     }
 
     fn reserve(&mut self, _: usize, chosen: Decision) -> Result<usize, ()> {

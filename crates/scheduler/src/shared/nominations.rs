@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use gpuplace_core::{ClusterState, Decision};
+use gpuplace_core::Decision;
 use gpuplace_model::{Placement, Request};
 
 use crate::api::{ClusterView, PodKey};
@@ -21,68 +21,129 @@ pub struct Planned<'a> {
 }
 
 impl Planned<'_> {
-    /// A pod's decision on the planned devices, when `decided` is on the planned node and
-    /// every planned GPU still has room on `state` (the round's, or a trial copy of it):
-    /// the plan's exact place (the policy may prefer other GPUs of the node now that the
-    /// plan's other pods hold theirs, but the plan counted on these). Otherwise `decided`
-    /// as it is.
-    pub fn exact_in(
-        &self,
-        snapshot: &Snapshot,
-        state: &ClusterState,
-        decided: Decision,
-    ) -> Decision {
-        let Some(node) = snapshot.node_index(self.node) else {
-            return decided;
-        };
-        if decided.node != node || decided.gpus.len() != self.gpus.len() {
-            return decided;
-        }
-        let free = &state.node(node).gpu_free;
-        let planned: Option<Vec<(usize, u32)>> = self
+    /// The planned place as a decision on `snapshot`'s nodes (node and GPU positions);
+    /// whether it still has room is the caller's to check on its state.
+    pub fn decision_in(&self, snapshot: &Snapshot) -> Option<Decision> {
+        let node = snapshot.node_index(self.node)?;
+        let gpus: Option<Vec<(usize, u32)>> = self
             .gpus
             .iter()
-            .map(|(id, milli)| {
-                let g = snapshot.gpu_position(node, id)?;
-                (free.get(g).is_some_and(|&f| f >= *milli)).then_some((g, *milli))
-            })
+            .map(|(id, milli)| Some((snapshot.gpu_position(node, id)?, *milli)))
             .collect();
-        match planned {
-            Some(gpus) => Decision { gpus, ..decided },
-            None => decided,
-        }
+        Some(Decision {
+            node,
+            gpus: gpus?,
+            score: 0,
+        })
     }
 }
 
 /// Holds under `key`, of what `p` plans, the part already free (CPU, memory and each
 /// planned GPU as far as they go): no other pod is placed there meanwhile.
 pub fn hold_planned(snapshot: &mut Snapshot, key: String, p: &Planned<'_>) {
-    if snapshot.held.contains_key(&key) {
-        return;
+    hold_capped(snapshot, key, p, None);
+}
+
+/// Amounts of a plan's place: CPU, memory and milli per planned GPU (in the plan's order).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Amounts {
+    pub cpu_milli: u64,
+    pub memory_mib: u64,
+    pub gpus: Vec<u32>,
+}
+
+impl Amounts {
+    fn add(&mut self, other: &Amounts) {
+        self.cpu_milli += other.cpu_milli;
+        self.memory_mib += other.memory_mib;
+        for (a, b) in self.gpus.iter_mut().zip(&other.gpus) {
+            *a += b;
+        }
     }
-    let Some(node) = snapshot.node_index(p.node) else {
-        return;
+}
+
+/// How far a nomination's hold may grow while its victims leave: what was free of its
+/// plan when it was made, and what each victim gone since gave back. What other pods free
+/// meanwhile is not the nominee's (its plan counted on its victims, and they still hold
+/// their part).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cap {
+    pub allowed: Amounts,
+    /// The victims still there, each with what it holds of the plan's place.
+    pub leaving: Vec<(PodKey, Amounts)>,
+}
+
+/// What pod `uid` holds of the place `p` plans (its CPU and memory on the node, its milli
+/// on each planned GPU).
+fn share_of(snapshot: &Snapshot, uid: &str, p: &Planned<'_>) -> Amounts {
+    let mut out = Amounts {
+        gpus: vec![0; p.gpus.len()],
+        ..Amounts::default()
     };
+    let (Some(held), Some(node)) = (snapshot.held.get(uid), snapshot.node_index(p.node)) else {
+        return out;
+    };
+    if held.node != node {
+        return out;
+    }
+    out.cpu_milli = held.request.cpu_milli;
+    out.memory_mib = held.request.memory_mib;
+    for (i, (id, _)) in p.gpus.iter().enumerate() {
+        if let Some(g) = snapshot.gpu_position(node, id) {
+            out.gpus[i] = held.gpus.iter().filter(|h| h.0 == g).map(|h| h.1).sum();
+        }
+    }
+    out
+}
+
+/// [`hold_planned`] within `cap`; what it held (nothing when the key holds already or
+/// the node is unknown).
+fn hold_capped(
+    snapshot: &mut Snapshot,
+    key: String,
+    p: &Planned<'_>,
+    cap: Option<&Amounts>,
+) -> Option<Amounts> {
+    if snapshot.held.contains_key(&key) {
+        return None;
+    }
+    let node = snapshot.node_index(p.node)?;
     let free = snapshot.state.node(node);
-    let gpus: Vec<(usize, u32)> = p
-        .gpus
-        .iter()
-        .filter_map(|(id, milli)| {
-            let g = snapshot.gpu_position(node, id)?;
-            // What the victims still hold stays theirs; the rest of the GPU is the
-            // nominee's, so nothing else is placed on it meanwhile (kube-scheduler counts
-            // a nominated pod on its node the same way).
-            let free_now = free.gpu_free[g].min(*milli);
-            (free_now > 0).then_some((g, free_now))
-        })
-        .collect();
+    let mut held_gpus = Vec::with_capacity(p.gpus.len());
+    let mut gpus: Vec<(usize, u32)> = Vec::with_capacity(p.gpus.len());
+    for (i, (id, milli)) in p.gpus.iter().enumerate() {
+        // What the victims still hold stays theirs; the rest of the GPU is the
+        // nominee's, so nothing else is placed on it meanwhile (kube-scheduler counts a
+        // nominated pod on its node the same way).
+        let mut take = snapshot
+            .gpu_position(node, id)
+            .map_or(0, |g| free.gpu_free[g].min(*milli));
+        if let Some(cap) = cap {
+            take = take.min(cap.gpus.get(i).copied().unwrap_or(0));
+        }
+        held_gpus.push(take);
+        if let Some(g) = snapshot.gpu_position(node, id)
+            && take > 0
+        {
+            gpus.push((g, take));
+        }
+    }
     let mut request = p.request.clone();
     request.cpu_milli = request.cpu_milli.min(free.cpu_free);
     request.memory_mib = request.memory_mib.min(free.memory_free);
+    if let Some(cap) = cap {
+        request.cpu_milli = request.cpu_milli.min(cap.cpu_milli);
+        request.memory_mib = request.memory_mib.min(cap.memory_mib);
+    }
     if snapshot.state.apply(node, &request, &gpus).is_err() {
-        return;
+        return None;
     }
     snapshot.scalars.take(node, p.extended);
+    let held = Amounts {
+        cpu_milli: request.cpu_milli,
+        memory_mib: request.memory_mib,
+        gpus: held_gpus,
+    };
     snapshot.held.insert(
         key,
         Held {
@@ -92,6 +153,7 @@ pub fn hold_planned(snapshot: &mut Snapshot, key: String, p: &Planned<'_>) {
             extended: p.extended.clone(),
         },
     );
+    Some(held)
 }
 
 /// A preemptor waiting for its victims to go, and the devices it will take then.
@@ -110,6 +172,9 @@ pub struct Nomination {
     /// (what is still to evict is evicted, what terminates counts as freeing) before it
     /// waits; cleared then ([`Nominations::take_adopted`]).
     pub adopted: bool,
+    /// What its hold may take while its victims are still there: `None` until it is
+    /// first held (then what was free of its plan) and once they are all gone.
+    pub cap: Option<Cap>,
 }
 
 /// Nominations by pod UID.
@@ -121,6 +186,8 @@ pub struct Nominations {
     /// the pod's resourceVersion under the Binding's precondition, and the Binding would
     /// be refused.
     stale: HashSet<String>,
+    /// Nominations not held yet since they were made (their first hold sets their cap).
+    fresh: HashSet<String>,
 }
 
 /// The key under which a nomination's hold sits among the snapshot's holdings.
@@ -149,6 +216,9 @@ impl Nominations {
     /// Nominates a pod. A pod nominated again to the same node keeps its earlier victims
     /// (those still terminating free devices promised to it, to no other preemptor).
     pub fn insert(&mut self, mut nomination: Nomination) {
+        // A new plan: its first hold sets its cap.
+        nomination.cap = None;
+        self.fresh.insert(nomination.key.uid.clone());
         if let Some(old) = self.by_uid.remove(&nomination.key.uid)
             && old.node == nomination.node
         {
@@ -188,6 +258,8 @@ impl Nominations {
             .iter()
             .map(|d| (d.id.clone(), d.milli))
             .collect();
+        // Its cap was of the devices planned before.
+        n.cap = None;
     }
 
     /// Whether pod `uid`, whose Binding's outcome is known, has a `nominatedNodeName` to
@@ -245,8 +317,31 @@ impl Nominations {
                 None => true,
             }
         });
-        for n in self.by_uid.values() {
-            apply_hold(snapshot, n);
+        // What each victim gone since gave back is its nominee's; once they are all gone,
+        // a nomination holds what it planned as far as it is free.
+        for n in self.by_uid.values_mut() {
+            let Some(cap) = n.cap.as_mut() else {
+                continue;
+            };
+            let there = |v: &PodKey| {
+                view.pod(&v.namespace, &v.name)
+                    .is_some_and(|p| p.key.uid == v.uid)
+            };
+            let (gone, still): (Vec<_>, Vec<_>) = std::mem::take(&mut cap.leaving)
+                .into_iter()
+                .partition(|(v, _)| !there(v));
+            for (_, amounts) in &gone {
+                cap.allowed.add(amounts);
+            }
+            cap.leaving = still;
+            if cap.leaving.is_empty() {
+                n.cap = None;
+            }
+        }
+        let mut uids: Vec<String> = self.by_uid.keys().cloned().collect();
+        uids.sort_unstable();
+        for uid in uids {
+            self.apply(&uid, snapshot);
         }
         clear
     }
@@ -266,25 +361,39 @@ impl Nominations {
     }
 
     /// Applies the hold of pod `uid` again (its decision failed).
-    pub fn restore(&self, uid: &str, snapshot: &mut Snapshot) {
-        if let Some(n) = self.by_uid.get(uid) {
-            apply_hold(snapshot, n);
-        }
+    pub fn restore(&mut self, uid: &str, snapshot: &mut Snapshot) {
+        self.apply(uid, snapshot);
     }
-}
 
-/// Holds, of what `n` planned, the part already free (as far as it goes).
-fn apply_hold(snapshot: &mut Snapshot, n: &Nomination) {
-    hold_planned(
-        snapshot,
-        hold_key(&n.key.uid),
-        &Planned {
+    /// Holds, of what pod `uid`'s nomination planned, the part free (as far as it goes,
+    /// within its cap); its first hold sets the cap.
+    fn apply(&mut self, uid: &str, snapshot: &mut Snapshot) {
+        let Some(n) = self.by_uid.get_mut(uid) else {
+            return;
+        };
+        let planned = Planned {
             node: &n.node,
             request: &n.request,
             gpus: &n.gpus,
             extended: &n.extended,
-        },
-    );
+        };
+        let held = hold_capped(
+            snapshot,
+            hold_key(uid),
+            &planned,
+            n.cap.as_ref().map(|c| &c.allowed),
+        );
+        if self.fresh.remove(uid) {
+            n.cap = held.map(|allowed| Cap {
+                allowed,
+                leaving: n
+                    .victims
+                    .iter()
+                    .map(|v| (v.clone(), share_of(snapshot, &v.uid, &planned)))
+                    .collect(),
+            });
+        }
+    }
 }
 
 /// The nomination an earlier run wrote for `pod` (`status.nominatedNodeName`), as far as
@@ -332,5 +441,6 @@ fn adopt(pod: &crate::k8s::pod_info::PodInfo, snapshot: &Snapshot) -> Option<Nom
         extended: demand.extended.clone(),
         victims: terminating.iter().map(|p| p.key.clone()).collect(),
         adopted: true,
+        cap: None,
     })
 }

@@ -45,8 +45,8 @@ impl place::Members for Members<'_> {
         None
     }
 
-    fn exact(&self, _: usize, chosen: Decision) -> Decision {
-        chosen
+    fn planned(&self, _: usize) -> Option<Decision> {
+        None
     }
 
     fn reserve(&mut self, i: usize, chosen: Decision) -> Result<Placed, ()> {
