@@ -30,6 +30,7 @@ mod leaving;
 mod members;
 mod movable;
 pub(crate) mod node_plans;
+mod nominee;
 mod pace;
 mod parked;
 mod running;
@@ -504,13 +505,10 @@ impl<'a> Engine<'a> {
     }
 
     /// Filter, Score and Reserve for `unit`'s members on the live state (core's
-    /// [`cycle::place::trial`]); nothing when its nominated places are still held for it, or
-    /// when a single pod's request is known to fit nowhere still.
-    fn trial(&mut self, unit: u32, narrow: Option<&[bool]>, now: Ms) -> Trial<Placed, ()> {
+    /// [`cycle::place::trial`]; a nominee's hold lifted by its cycle); nothing when a
+    /// single pod's request is known to fit nowhere still.
+    fn trial(&mut self, unit: u32, narrow: Option<&[bool]>) -> Trial<Placed, ()> {
         self.outcome_counts.attempts += 1;
-        if !self.release_held(unit, now) {
-            return Trial::failed(None);
-        }
         let single = match self.units[unit as usize].single {
             Some(one) => {
                 let rid = one.rid as usize;

@@ -84,6 +84,7 @@ impl Engine<'_> {
             failed_at: Ms(0),
             parked: None,
             held: Vec::new(),
+            owed: Vec::new(),
             held_until: Ms(0),
         });
         self.fresh.push(unit);

@@ -118,7 +118,7 @@ impl Unit for SimSteps<'_, '_, '_, '_> {
     type Unfit = ();
 
     fn place(&mut self) -> Trial<Placed, ()> {
-        self.engine.trial(self.unit, self.narrow, self.now)
+        self.engine.trial(self.unit, self.narrow)
     }
 
     fn quorum(&self) -> Quorum {
@@ -161,6 +161,8 @@ impl Engine<'_> {
                 Tried::Parked
             }
         };
+        // A nominee is decided with its hold lifted (its victims' part still theirs).
+        let lifted = self.lift_hold(unit, now);
         let cycled = {
             let view = fair.as_ref().map(|(queue, picker)| FairView {
                 queue: *queue,
@@ -174,6 +176,7 @@ impl Engine<'_> {
                 now,
             })
         };
+        self.settle_hold(unit, lifted, matches!(cycled, Cycled::Allowed(_)));
         let chained = match cycled {
             Cycled::Allowed(trial) => {
                 for (i, placed) in trial.placed {

@@ -110,10 +110,10 @@ impl Engine<'_> {
             self.estimate_gave_up(unit);
             self.queue.forget(&unit);
             self.outcome_counts.abandoned_units += 1;
-            // A nominee given up gives its held places back.
-            let until = self.units[unit as usize].held_until;
-            self.units[unit as usize].held_until = Ms(0);
-            self.release_held(unit, now.max(until));
+            // A nominee given up gives its held places back (what its victims hold stays
+            // theirs until they are gone).
+            let lifted = self.lift_hold(unit, now);
+            self.settle_hold(unit, lifted, true);
             for job in self.units[unit as usize].jobs.clone() {
                 let j = &mut self.jobs[job as usize];
                 j.abandoned = true;

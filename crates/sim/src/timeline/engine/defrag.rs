@@ -219,6 +219,7 @@ impl Engine<'_> {
             .flat_map(|&u| groups.get(u).iter().copied())
             .collect();
         let at_once = self.free_before(holders, &plan.moves);
+        let before = self.free_before_plan(plan.placements.iter().map(|p| p.node));
         let mut replacements = Vec::with_capacity(moved.len());
         for &job in &moved {
             replacements.push((job, self.leave_for_move(job, now)));
@@ -243,7 +244,7 @@ impl Engine<'_> {
             }
         }
         self.defrag.counts.plans += 1;
-        self.nominate(unit, held, now)
+        self.nominate(unit, held, before, now)
     }
 
     /// Which of `moves` (of `holders`' jobs) go to places free before any pod leaves,

@@ -15,11 +15,21 @@ use crate::timeline::options::Ms;
 
 /// What is left of an evicted pod's place once its plan took its part: its node's CPU and
 /// memory and each GPU's milli that are still its until it is gone.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(super) struct Remains {
-    node: usize,
-    request: Request,
-    gpus: Vec<(usize, u32)>,
+    pub(super) node: usize,
+    pub(super) request: Request,
+    pub(super) gpus: Vec<(usize, u32)>,
+}
+
+impl Remains {
+    pub(super) fn new(node: usize, request: Request, gpus: Vec<(usize, u32)>) -> Remains {
+        Remains {
+            node,
+            request,
+            gpus,
+        }
+    }
 }
 
 /// Evicted pods on their way out.
@@ -79,6 +89,11 @@ impl Leaving {
         let taken = state.apply(node, &remains.request, &remains.gpus);
         // Only what is free is taken: cannot fail.
         debug_assert!(taken.is_ok(), "an evicted pod's remains: {taken:?}");
+        self.hold_taken(remains, at);
+    }
+
+    /// `remains`, already taken in the state, stay taken until `at`.
+    pub(super) fn hold_taken(&mut self, remains: Remains, at: Ms) {
         let index = match self.free.pop() {
             Some(i) => {
                 self.remains[i as usize] = remains;

@@ -125,9 +125,11 @@ pub(super) struct Unit {
     pub(super) failed_at: Ms,
     /// Where it is listed in [`Engine::parked`] (`None`: woken since it last failed).
     pub(super) parked: Option<Slot>,
-    /// Nominated by PostFilter: the places held for its members (taken in the state) until
-    /// it is decided again, which is not before `held_until` (its victims gone).
+    /// Nominated by PostFilter: the places held for its members (taken in the state) while
+    /// it waits ([`super::nominee`]); of them, what the pods leaving still hold until
+    /// `held_until` (their grace period).
     pub(super) held: Vec<(u32, Placed)>,
+    pub(super) owed: Vec<super::leaving::Remains>,
     pub(super) held_until: Ms,
 }
 

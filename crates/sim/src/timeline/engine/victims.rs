@@ -30,6 +30,13 @@ struct Kept {
     to: usize,
 }
 
+/// Whether running `j`'s Binding has landed by `now` as the scheduler sees it: written
+/// by then, and decided before this instant (a pod decided in this round is a reservation
+/// until a later view shows it bound, even with no bind latency).
+fn landed(j: &Job, now: Ms) -> bool {
+    j.start.is_some_and(|bound| bound <= now) && j.placed_at.is_some_and(|at| at < now)
+}
+
 impl Engine<'_> {
     /// Running pods grouped by unit, the units whose every running member `take`
     /// accepts (by pod index) and whose Binding landed by `now`: a gang is evicted whole or
@@ -76,7 +83,7 @@ impl Engine<'_> {
             self.note_unsure(group, now, &mut unsure);
             if preempt::unit_may_be_evicted(group.iter().map(|&r| {
                 let j = &self.jobs[r as usize];
-                j.start.is_some_and(|bound| bound <= now) && take(j.pod)
+                landed(j, now) && take(j.pod)
             })) {
                 kept.push(Kept {
                     order: self.cluster_order(group),
@@ -104,9 +111,7 @@ impl Engine<'_> {
         let node = |r: &u32| self.jobs[*r as usize].node;
         let first = group.first().map(node);
         let spans = group.iter().any(|r| Some(node(r)) != first);
-        let unbound = group
-            .iter()
-            .any(|&r| self.jobs[r as usize].start.is_none_or(|bound| bound > now));
+        let unbound = group.iter().any(|&r| !landed(&self.jobs[r as usize], now));
         if spans || unbound {
             unsure.extend(group.iter().map(node));
         }
@@ -128,48 +133,11 @@ impl Engine<'_> {
         (created_ms(j.arrival), j.arrival.0, !j.by_controller, first)
     }
 
-    /// `unit` was nominated at `now`: `placed` (taken in the state) is held for it until it
-    /// is decided again, not before its victims are gone (their grace period), as the
-    /// scheduler holds a nominee's devices and decides it anew once its victims' deletion
-    /// makes it due. Not started: the attempt failed, as the scheduler's did.
-    /// Its queue counts the members' requests as held from here, not as waiting, as the
-    /// scheduler's standing counts a nominee.
-    pub(super) fn nominate(&mut self, unit: u32, placed: Vec<(u32, Placed)>, now: Ms) -> bool {
-        let u = &mut self.units[unit as usize];
-        let was_held = !u.held.is_empty();
-        u.held = placed;
-        u.held_until = now + self.costs.eviction_grace;
-        if !was_held {
-            self.fair_nominated(unit, true);
-        }
-        false
-    }
-
-    /// Gives `unit`'s held places back to the state, so that it is decided with them free;
-    /// false while its victims are still leaving (it waits, the places kept).
-    pub(super) fn release_held(&mut self, unit: u32, now: Ms) -> bool {
-        let u = &mut self.units[unit as usize];
-        if u.held.is_empty() {
-            return true;
-        }
-        if now < u.held_until {
-            return false;
-        }
-        for (job, p) in std::mem::take(&mut u.held) {
-            let request = &self.pods[self.jobs[job as usize].pod as usize].request;
-            let given = self.state.release(p.node, request, &p.gpus);
-            debug_assert!(given.is_ok(), "a held place: {given:?}");
-            // The failure memo must see the node's resources come back.
-            self.released.push(p.node as u32);
-        }
-        self.fair_nominated(unit, false);
-        true
-    }
-
     /// Evicts the plan's groups (their controller makes them again a moment later, to
     /// start over unless checkpointed) and nominates `unit`, each of its members' places
     /// held ([`Self::nominate`]).
     pub(super) fn evict_and_nominate(&mut self, unit: u32, plan: &Eviction, now: Ms) -> bool {
+        let before = self.free_before_plan(plan.places.iter().map(|(node, _)| *node));
         for &u in &plan.units {
             let group = plan.groups.get(u);
             let mut again = Vec::with_capacity(group.len());
@@ -205,7 +173,7 @@ impl Engine<'_> {
                 },
             ));
         }
-        self.nominate(unit, placed, now)
+        self.nominate(unit, placed, before, now)
     }
 }
 
