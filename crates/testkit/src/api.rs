@@ -551,6 +551,24 @@ impl MemoryApi {
         self.pod_version.send_replace(v);
     }
 
+    /// What a kubelet writes once it runs a pod: phase Running and `status.startTime`.
+    pub fn set_running(&self, namespace: &str, name: &str, started: k8s_openapi::jiff::Timestamp) {
+        let mut s = lock(&self.store);
+        let key = (namespace.to_string(), name.to_string());
+        if s.pods.contains_key(&key) {
+            s.write_pod(&key, |p| {
+                let status = p.status.get_or_insert_with(Default::default);
+                status.phase = Some("Running".to_string());
+                status.start_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    started,
+                ));
+            });
+        }
+        let v = s.version;
+        drop(s);
+        self.pod_version.send_replace(v);
+    }
+
     /// Records an Event (the node agent's Warnings land here too).
     pub fn record_event(&self, event: EventRecord) {
         let mut s = lock(&self.store);

@@ -6,17 +6,25 @@
 //! bound pod admitted, every deleted pod's devices freed), so the scheduler sees what the
 //! simulator's state holds. What each pod got (start time, node, devices) is read back
 //! from the API, to compare with `gpuplace simulate --timeline`.
+//!
+//! With [`StackNodes::Replayed`] no kubelet or device plugin runs: the replay plays the
+//! kubelets' part in the API (a bound pod runs, with its `startTime`; an evicted pod is
+//! deleted for good once its grace period is over), so that thousands of seeded scenarios
+//! with costs (grace periods, re-creation, start times) run in the differential test.
 
-use std::collections::{BTreeSet, BinaryHeap};
+mod drive;
+mod settle;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpuplace_model::{Assignment, NodeInventory, Request};
+use gpuplace_model::{NodeInventory, Request};
+use gpuplace_scheduler::clock::WallClock;
 use gpuplace_scheduler::{Scheduler, SchedulerConfig};
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::api::MemoryApi;
 use crate::cluster::{ClusterOptions, HandshakeCluster};
 
 /// One pod of the replay.
@@ -67,6 +75,35 @@ pub struct TimelineStackOptions {
     pub queues: Vec<(String, gpuplace_scheduler::k8s::queue::QueueSpec)>,
     /// Defragmentation, as the simulator's.
     pub defrag: gpuplace_core::defrag::Settings,
+    /// Who plays the nodes.
+    pub nodes: StackNodes,
+    /// What the cluster's steps take on the simulated clock.
+    pub costs: StackCosts,
+}
+
+/// Who plays the nodes of a replay.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StackNodes {
+    /// A fake kubelet with gpuplace's device plugin and handshake per node: every bound
+    /// pod is admitted with exactly the scheduler's devices before the next step.
+    #[default]
+    Kubelets,
+    /// No kubelet: the replay writes what kubelets would (a bound pod running from its
+    /// start, an evicted pod gone after its grace period). Decisions only, fast.
+    Replayed,
+}
+
+/// The simulator's costs (`--eviction-grace`, `--recreate`, `--start`) on the replay's
+/// clock, in milliseconds. The Binding is written at the decision (the simulator's
+/// `--bind-latency 0`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StackCosts {
+    /// From an eviction until the pod is gone (its GPUs held until then).
+    pub grace_ms: u64,
+    /// From an eviction until its controller's new pod exists.
+    pub recreate_ms: u64,
+    /// From the Binding until the container runs (its run time counts from there).
+    pub start_ms: u64,
 }
 
 /// A round request to the scheduler's thread: the simulated time; the answer is when the
@@ -76,7 +113,7 @@ type RoundCall = (Instant, oneshot::Sender<Option<Instant>>);
 /// The pod names of `jobs`: they sort in the order the simulator queues them (arrival,
 /// a controller's new pod before an arrival at the same instant, then job order), which
 /// breaks ties of priority and creation second as the simulator's sequence does.
-fn job_names(jobs: &[StackJob]) -> Vec<String> {
+pub fn job_names(jobs: &[StackJob]) -> Vec<String> {
     let mut order: Vec<usize> = (0..jobs.len()).collect();
     order.sort_by_key(|&i| (jobs[i].arrival_ms, jobs[i].replaces.is_none(), i));
     let mut names = vec![String::new(); jobs.len()];
@@ -93,6 +130,21 @@ pub async fn replay_timeline(
     jobs: &[StackJob],
     options: &TimelineStackOptions,
 ) -> Result<Vec<StackOutcome>, String> {
+    match options.nodes {
+        StackNodes::Kubelets => with_kubelets(dir, nodes, jobs, options).await,
+        StackNodes::Replayed => replayed(nodes, jobs, options).await,
+    }
+}
+
+async fn with_kubelets(
+    dir: &Path,
+    nodes: &[NodeInventory],
+    jobs: &[StackJob],
+    options: &TimelineStackOptions,
+) -> Result<Vec<StackOutcome>, String> {
+    if options.costs.grace_ms > 0 {
+        return Err("a grace period needs StackNodes::Replayed (the fake kubelets end an evicted pod at once)".into());
+    }
     let listed = crate::replay::inventory_files(dir, nodes)?;
     let cluster = HandshakeCluster::start_without_scheduler(
         &dir.join("nodes"),
@@ -113,14 +165,38 @@ pub async fn replay_timeline(
     )
     .await?;
     devices_advertised(&cluster, nodes, options.settle_timeout).await?;
-    for (name, spec) in &options.queues {
-        cluster.api.put_queue(name, spec.clone());
+    let outcome = run_scheduler(&cluster.api, Some(&cluster), jobs, options).await;
+    cluster.stop().await;
+    outcome
+}
+
+async fn replayed(
+    nodes: &[NodeInventory],
+    jobs: &[StackJob],
+    options: &TimelineStackOptions,
+) -> Result<Vec<StackOutcome>, String> {
+    let api = MemoryApi::new();
+    for node in nodes {
+        api.put_node(crate::cluster::exact_node_object(&node.name, node));
     }
-    let (calls, scheduler_thread) = scheduler_thread(&cluster, options);
-    let outcome = drive(&cluster, jobs, options, &calls).await;
+    run_scheduler(&api, None, jobs, options).await
+}
+
+/// The scheduler on its own thread, driven through `jobs`.
+async fn run_scheduler(
+    api: &MemoryApi,
+    cluster: Option<&HandshakeCluster>,
+    jobs: &[StackJob],
+    options: &TimelineStackOptions,
+) -> Result<Vec<StackOutcome>, String> {
+    for (name, spec) in &options.queues {
+        api.put_queue(name, spec.clone());
+    }
+    let (calls, wall, scheduler_thread) = scheduler_thread(api, options);
+    let side = drive::Side { api, cluster, wall };
+    let outcome = drive::drive(&side, jobs, options, &calls).await;
     drop(calls);
     let _ = tokio::task::spawn_blocking(move || scheduler_thread.join()).await;
-    cluster.stop().await;
     outcome
 }
 
@@ -165,11 +241,15 @@ async fn devices_advertised(
 /// The scheduler on its own thread (its round is not Send), running a round at each time
 /// it is sent.
 fn scheduler_thread(
-    cluster: &HandshakeCluster,
+    api: &MemoryApi,
     options: &TimelineStackOptions,
-) -> (mpsc::Sender<RoundCall>, std::thread::JoinHandle<()>) {
+) -> (
+    mpsc::Sender<RoundCall>,
+    WallClock,
+    std::thread::JoinHandle<()>,
+) {
     let mut scheduler = Scheduler::new(
-        cluster.api.clone(),
+        api.clone(),
         SchedulerConfig {
             seed: options.placer_seed,
             policy: options.policy,
@@ -182,6 +262,7 @@ fn scheduler_thread(
             ..SchedulerConfig::default()
         },
     );
+    let wall = scheduler.wall_clock();
     let (calls, mut rx) = mpsc::channel::<RoundCall>(1);
     let thread = std::thread::spawn(move || {
         let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
@@ -209,338 +290,5 @@ fn scheduler_thread(
             }
         });
     });
-    (calls, thread)
-}
-
-/// The replay's bookkeeping: the pods' names, what each got, the runs under way.
-struct Replay<'j> {
-    jobs: &'j [StackJob],
-    names: Vec<String>,
-    out: Vec<StackOutcome>,
-    /// Run ends: (time, job).
-    departures: BinaryHeap<std::cmp::Reverse<(u64, usize)>>,
-    waiting: BTreeSet<usize>,
-    running: BTreeSet<usize>,
-    /// Arrivals (jobs not made by a controller), in arrival order.
-    arrivals: Vec<usize>,
-}
-
-impl Replay<'_> {
-    /// Records the waiting pods bound by the round at `now`; those bound.
-    fn read_bound(&mut self, api: &crate::api::MemoryApi, now: u64) -> Vec<usize> {
-        let mut bound = Vec::new();
-        for &i in &self.waiting {
-            let Some(p) = api.pod("trace", &self.names[i]) else {
-                continue;
-            };
-            let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.clone()) else {
-                continue;
-            };
-            let assignment = p
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(gpuplace_model::ASSIGNMENT_ANNOTATION))
-                .and_then(|a| Assignment::from_json(a).ok());
-            let mut devices: Vec<String> = assignment
-                .map(|a| a.devices().map(|d| d.id.clone()).collect())
-                .unwrap_or_default();
-            devices.sort();
-            devices.dedup();
-            self.out[i] = StackOutcome {
-                start_ms: Some(now),
-                node: Some(node),
-                devices,
-                ..StackOutcome::default()
-            };
-            self.departures
-                .push(std::cmp::Reverse((now + self.jobs[i].run_ms, i)));
-            bound.push(i);
-        }
-        for i in &bound {
-            self.waiting.remove(i);
-            self.running.insert(*i);
-        }
-        bound
-    }
-
-    /// Running pods the round evicted (terminating or gone), recorded as ended at `now`.
-    fn read_evicted(&mut self, api: &crate::api::MemoryApi, now: u64) -> Vec<usize> {
-        let evicted: Vec<usize> = self
-            .running
-            .iter()
-            .copied()
-            .filter(|&i| {
-                api.pod("trace", &self.names[i])
-                    .is_none_or(|p| p.metadata.deletion_timestamp.is_some())
-            })
-            .collect();
-        for &i in &evicted {
-            self.running.remove(&i);
-            self.out[i].end_ms = Some(now);
-            self.out[i].evicted = true;
-        }
-        evicted
-    }
-}
-
-async fn drive(
-    cluster: &HandshakeCluster,
-    jobs: &[StackJob],
-    options: &TimelineStackOptions,
-    calls: &mpsc::Sender<RoundCall>,
-) -> Result<Vec<StackOutcome>, String> {
-    let base = Instant::now();
-    let wall = Timestamp::now();
-    let api = &cluster.api;
-    let mut arrivals: Vec<usize> = (0..jobs.len())
-        .filter(|&i| jobs[i].replaces.is_none())
-        .collect();
-    arrivals.sort_by_key(|&i| (jobs[i].arrival_ms, i));
-    let mut r = Replay {
-        jobs,
-        names: job_names(jobs),
-        out: vec![StackOutcome::default(); jobs.len()],
-        departures: BinaryHeap::new(),
-        waiting: BTreeSet::new(),
-        running: BTreeSet::new(),
-        arrivals,
-    };
-    let created_at = |ms: u64| {
-        wall.checked_add(SignedDuration::from_secs((ms / 1000) as i64))
-            .map_err(|e| e.to_string())
-    };
-    let (mut next, mut due): (usize, Option<u64>) = (0, None);
-    loop {
-        let at = [
-            r.arrivals.get(next).map(|&i| jobs[i].arrival_ms),
-            r.departures.peek().map(|d| d.0.0),
-            due,
-        ]
-        .into_iter()
-        .flatten()
-        .min();
-        let Some(now) = at.filter(|t| *t <= options.end_ms) else {
-            break;
-        };
-        let mut gone = Vec::new();
-        while let Some(&std::cmp::Reverse((t, i))) = r.departures.peek()
-            && t <= now
-        {
-            r.departures.pop();
-            // An evicted pod's run ended with its eviction.
-            if r.running.remove(&i) {
-                api.delete_pod("trace", &r.names[i]);
-                r.out[i].end_ms = Some(t);
-                gone.push(i);
-            }
-        }
-        while let Some(&i) = r.arrivals.get(next)
-            && jobs[i].arrival_ms <= now
-        {
-            put_group(api, &r.names, &jobs[i]);
-            let made = pod(&r.names, i, &jobs[i], i, created_at(jobs[i].arrival_ms)?);
-            api.put_pod(made);
-            r.waiting.insert(i);
-            next += 1;
-        }
-        settle_deletions(cluster, &r.names, &gone, options.settle_timeout).await?;
-        let (reply, answer) = oneshot::channel();
-        calls
-            .send((base + Duration::from_millis(now), reply))
-            .await
-            .map_err(|_| "the scheduler's thread ended".to_string())?;
-        due = answer
-            .await
-            .map_err(|_| "the scheduler's thread ended".to_string())?
-            .map(|t| t.saturating_duration_since(base).as_millis() as u64);
-        let bound = r.read_bound(api, now);
-        settle_admissions(cluster, &r.names, &bound, options.settle_timeout).await?;
-        // Victims: gone once their kubelet let them go; their controller makes them again
-        // at once, and the scheduler looks again at this instant.
-        let evicted = r.read_evicted(api, now);
-        if !evicted.is_empty() {
-            settle_gone(api, &r.names, &evicted, options.settle_timeout).await?;
-            settle_deletions(cluster, &r.names, &evicted, options.settle_timeout).await?;
-            for (k, job) in jobs.iter().enumerate() {
-                if job.replaces.is_some_and(|v| evicted.contains(&v)) {
-                    put_group(api, &r.names, job);
-                    api.put_pod(pod(&r.names, k, job, controller(jobs, k), created_at(now)?));
-                    r.waiting.insert(k);
-                }
-            }
-            due = Some(now);
-        }
-    }
-    Ok(r.out)
-}
-
-/// Makes `job`'s PodGroup if it has one not made yet.
-fn put_group(api: &crate::api::MemoryApi, names: &[String], job: &StackJob) {
-    let Some((first, min_member)) = job.gang else {
-        return;
-    };
-    let name = &names[first];
-    if api.group("trace", name).is_some() {
-        return;
-    }
-    let mut group = gpuplace_scheduler::k8s::gang::PodGroup::new(
-        name,
-        gpuplace_scheduler::k8s::gang::PodGroupSpec {
-            min_member,
-            ..Default::default()
-        },
-    );
-    group.metadata.namespace = Some("trace".into());
-    api.put_group(group);
-}
-
-/// The first job of `k`'s line of replacements: its ReplicaSet's.
-fn controller(jobs: &[StackJob], mut k: usize) -> usize {
-    while let Some(v) = jobs[k].replaces {
-        k = v;
-    }
-    k
-}
-
-/// Waits until the pods `evicted` are gone from the API (their kubelet ended them).
-async fn settle_gone(
-    api: &crate::api::MemoryApi,
-    names: &[String],
-    evicted: &[usize],
-    timeout: Duration,
-) -> Result<(), String> {
-    let deadline = Instant::now() + timeout;
-    while evicted
-        .iter()
-        .any(|&i| api.pod("trace", &names[i]).is_some())
-    {
-        if Instant::now() >= deadline {
-            return Err("evicted pods were not deleted in time".into());
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    Ok(())
-}
-
-/// The pod of job `k` (`job`, named `names[k]`): its request (see
-/// [`crate::replay::trace_pod`]), priority, creation time and gang.
-fn pod(
-    names: &[String],
-    k: usize,
-    job: &StackJob,
-    controller: usize,
-    created: Timestamp,
-) -> k8s_openapi::api::core::v1::Pod {
-    let name = &names[k];
-    let mut pod = crate::replay::trace_pod(name, &job.request);
-    pod.metadata.owner_references = Some(vec![
-        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
-            api_version: "apps/v1".into(),
-            kind: "ReplicaSet".into(),
-            name: format!("rs-{controller}"),
-            uid: format!("rs-uid-{controller}"),
-            controller: Some(true),
-            ..Default::default()
-        },
-    ]);
-    if job.movable {
-        pod.metadata
-            .labels
-            .get_or_insert_with(Default::default)
-            .insert(gpuplace_model::keys::MOVABLE_KEY.to_string(), "true".into());
-    }
-    pod.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-        created,
-    ));
-    if let Some(spec) = pod.spec.as_mut() {
-        spec.priority = Some(job.priority);
-    }
-    if let Some((first, _)) = job.gang {
-        pod.metadata
-            .labels
-            .get_or_insert_with(Default::default)
-            .insert(
-                gpuplace_model::keys::POD_GROUP_LABEL.to_string(),
-                names[first].clone(),
-            );
-    }
-    if let Some(queue) = &job.queue {
-        pod.metadata
-            .labels
-            .get_or_insert_with(Default::default)
-            .insert(
-                gpuplace_scheduler::k8s::queue::QUEUE_LABEL.to_string(),
-                queue.clone(),
-            );
-    }
-    pod
-}
-
-/// Waits until no kubelet holds devices for the pods `gone`.
-async fn settle_deletions(
-    cluster: &HandshakeCluster,
-    job_names: &[String],
-    gone: &[usize],
-    timeout: Duration,
-) -> Result<(), String> {
-    if gone.is_empty() {
-        return Ok(());
-    }
-    let names: std::collections::HashSet<&String> = gone.iter().map(|&i| &job_names[i]).collect();
-    let deadline = Instant::now() + timeout;
-    loop {
-        let held = cluster.nodes.iter().any(|n| {
-            n.fake
-                .admissions()
-                .iter()
-                .filter(|a| names.contains(&a.name))
-                .any(|a| n.fake.record().contains_key(&a.uid))
-        });
-        if !held {
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            return Err(format!(
-                "kubelets still hold devices of deleted pods {names:?}"
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-}
-
-/// Waits until every pod of `bound` is admitted by its kubelet; a refusal is an error.
-async fn settle_admissions(
-    cluster: &HandshakeCluster,
-    job_names: &[String],
-    bound: &[usize],
-    timeout: Duration,
-) -> Result<(), String> {
-    let names: std::collections::HashSet<&String> = bound.iter().map(|&i| &job_names[i]).collect();
-    let deadline = Instant::now() + timeout;
-    loop {
-        let admitted: Vec<crate::kubelet_node::Admission> = cluster
-            .nodes
-            .iter()
-            .flat_map(|n| n.fake.admissions())
-            .filter(|a| names.contains(&a.name))
-            .collect();
-        if let Some(refused) = admitted.iter().find(|a| a.error.is_some()) {
-            return Err(format!(
-                "kubelet refused {}: {:?}",
-                refused.name, refused.error
-            ));
-        }
-        if admitted.len() >= names.len() {
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            return Err(format!(
-                "{} of {} bound pods admitted in time",
-                admitted.len(),
-                names.len()
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    (calls, wall, thread)
 }

@@ -370,7 +370,6 @@ fn allowed_nodes(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpuplace_core::Decision;
     use serde_json::json;
 
     fn pod(name: &str, owner: Option<&str>) -> PodInfo {
