@@ -11,8 +11,8 @@ use gpuplace_scheduler::clock::WallClock;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use tokio::sync::{mpsc, oneshot};
 
+use super::jobs::{RoundCall, StackJob, StackOutcome, TimelineStackOptions, job_names};
 use super::settle::{controller, pod, put_group, settle_admissions, settle_deletions, settle_gone};
-use super::{RoundCall, StackJob, StackOutcome, TimelineStackOptions, job_names};
 use crate::api::MemoryApi;
 use crate::cluster::HandshakeCluster;
 

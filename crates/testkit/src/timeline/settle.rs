@@ -7,7 +7,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::cluster::HandshakeCluster;
 
-use super::StackJob;
+use super::jobs::StackJob;
 
 /// Makes `job`'s PodGroup if it has one not made yet.
 pub(super) fn put_group(api: &crate::api::MemoryApi, names: &[String], job: &StackJob) {
