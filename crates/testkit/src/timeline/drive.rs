@@ -210,11 +210,10 @@ pub(super) async fn drive(
         }
         let evicted = r.read_evicted(api, now);
         // The simulator stops after its round at the last arrival.
-        let last = next == r.arrivals.len() && now >= options.end_ms;
-        if evicted.is_empty() || last {
-            if last {
-                break;
-            }
+        if next == r.arrivals.len() && now >= options.end_ms {
+            break;
+        }
+        if evicted.is_empty() {
             continue;
         }
         match side.cluster {

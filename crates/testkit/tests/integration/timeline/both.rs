@@ -134,22 +134,19 @@ impl Scenario {
         s
     }
 
-    /// The Queue objects of its queues (none without).
-    fn queues(
+    /// Its queues as the simulator builds them on `nodes` for `pods` (none without).
+    fn tenants(
         &self,
         nodes: &[gpuplace_model::NodeInventory],
         pods: &[gpuplace_sim::trace::TracePod],
-    ) -> Vec<(String, QueueSpec)> {
-        let Some(file) = self.tenants_file() else {
-            return Vec::new();
-        };
+    ) -> Option<Tenants> {
+        let file = self.tenants_file()?;
         let capacity = [
             nodes.iter().map(|n| n.gpus.len() as u64 * 1000).sum(),
             nodes.iter().map(|n| n.cpu_milli).sum(),
             nodes.iter().map(|n| n.memory_mib).sum(),
         ];
-        let tenants = Tenants::new(&file, capacity, pods).expect("tenants");
-        queue_objects(&tenants)
+        Some(Tenants::new(&file, capacity, pods).expect("tenants"))
     }
 
     /// Defragmentation's settings, the same on both sides.
@@ -312,14 +309,7 @@ pub async fn replay_both(s: &Scenario) -> Both {
     let (pods, nodes) = (&timeline.workload().pods, &timeline.workload().nodes);
     let end_ms = (run.simulated_s * 1e3).round() as u64;
     let stack_side = s.stack_side();
-    let queue_of: Option<Tenants> = s.tenants_file().map(|file| {
-        let capacity = [
-            nodes.iter().map(|n| n.gpus.len() as u64 * 1000).sum(),
-            nodes.iter().map(|n| n.cpu_milli).sum(),
-            nodes.iter().map(|n| n.memory_mib).sum(),
-        ];
-        Tenants::new(&file, capacity, pods).expect("tenants")
-    });
+    let queue_of = s.tenants(nodes, pods);
     let moving = s.make_room || s.rebalance;
     let stack_jobs: Vec<StackJob> = jobs
         .iter()
@@ -347,7 +337,9 @@ pub async fn replay_both(s: &Scenario) -> Both {
         ))),
         end_ms,
         settle_timeout: Duration::from_secs(20),
-        queues: stack_side.queues(nodes, pods),
+        queues: (stack_side.tenants(nodes, pods).as_ref())
+            .map(queue_objects)
+            .unwrap_or_default(),
         defrag: stack_side.defrag(),
         nodes: s.stack_nodes,
         costs: s.costs,
