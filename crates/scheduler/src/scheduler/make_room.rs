@@ -34,7 +34,7 @@ use crate::framework::Filtering;
 use crate::framework::filter::Verdicts;
 use crate::framework::volumes::VolumeIndex;
 use crate::k8s::pod_info::PodInfo;
-use crate::shared::nominations::Nomination;
+use crate::shared::nominations::{HoldLimit, Nomination};
 use crate::snapshot::Snapshot;
 
 /// What make-room did.
@@ -354,7 +354,7 @@ impl<A: ClusterApi> Scheduler<A> {
             extended: demand.extended.clone(),
             victims: moved.to_vec(),
             adopted: false,
-            cap: None,
+            hold: HoldLimit::First,
         };
         self.cluster.nominate(nomination, snapshot);
     }

@@ -30,7 +30,7 @@ use crate::api::{ClusterApi, ClusterView, PodKey};
 use crate::framework::filter::Verdicts;
 use crate::framework::volumes::VolumeIndex;
 use crate::k8s::pod_info::PodInfo;
-use crate::shared::nominations::Nomination;
+use crate::shared::nominations::{HoldLimit, Nomination};
 use crate::snapshot::Snapshot;
 
 /// A plan carried out: what it came to, and whether each of its victims (in the plan's
@@ -193,7 +193,7 @@ fn nomination(
         extended: demand.extended.clone(),
         victims: victims.to_vec(),
         adopted: false,
-        cap: None,
+        hold: HoldLimit::First,
     }
 }
 

@@ -73,6 +73,18 @@ pub struct Cap {
     pub leaving: Vec<(PodKey, Amounts)>,
 }
 
+/// How far a nomination's hold may grow.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HoldLimit {
+    /// Not held yet since it was made: its first hold sets its [`Cap`].
+    First,
+    /// While its victims are still there.
+    Capped(Cap),
+    /// Its victims are gone (or it was adopted, or decided): what it planned, as far as
+    /// it is free.
+    Open,
+}
+
 /// What pod `uid` holds of the place `p` plans (its CPU and memory on the node, its milli
 /// on each planned GPU).
 fn share_of(snapshot: &Snapshot, uid: &str, p: &Planned<'_>) -> Amounts {
@@ -172,9 +184,8 @@ pub struct Nomination {
     /// (what is still to evict is evicted, what terminates counts as freeing) before it
     /// waits; cleared then ([`Nominations::take_adopted`]).
     pub adopted: bool,
-    /// What its hold may take while its victims are still there: `None` until it is
-    /// first held (then what was free of its plan) and once they are all gone.
-    pub cap: Option<Cap>,
+    /// How far its hold may grow.
+    pub hold: HoldLimit,
 }
 
 /// Nominations by pod UID.
@@ -186,8 +197,6 @@ pub struct Nominations {
     /// the pod's resourceVersion under the Binding's precondition, and the Binding would
     /// be refused.
     stale: HashSet<String>,
-    /// Nominations not held yet since they were made (their first hold sets their cap).
-    fresh: HashSet<String>,
 }
 
 /// The key under which a nomination's hold sits among the snapshot's holdings.
@@ -217,8 +226,7 @@ impl Nominations {
     /// (those still terminating free devices promised to it, to no other preemptor).
     pub fn insert(&mut self, mut nomination: Nomination) {
         // A new plan: its first hold sets its cap.
-        nomination.cap = None;
-        self.fresh.insert(nomination.key.uid.clone());
+        nomination.hold = HoldLimit::First;
         if let Some(old) = self.by_uid.remove(&nomination.key.uid)
             && old.node == nomination.node
         {
@@ -259,7 +267,7 @@ impl Nominations {
             .map(|d| (d.id.clone(), d.milli))
             .collect();
         // Its cap was of the devices planned before.
-        n.cap = None;
+        n.hold = HoldLimit::Open;
     }
 
     /// Whether pod `uid`, whose Binding's outcome is known, has a `nominatedNodeName` to
@@ -320,7 +328,7 @@ impl Nominations {
         // What each victim gone since gave back is its nominee's; once they are all gone,
         // a nomination holds what it planned as far as it is free.
         for n in self.by_uid.values_mut() {
-            let Some(cap) = n.cap.as_mut() else {
+            let HoldLimit::Capped(cap) = &mut n.hold else {
                 continue;
             };
             let there = |v: &PodKey| {
@@ -335,7 +343,7 @@ impl Nominations {
             }
             cap.leaving = still;
             if cap.leaving.is_empty() {
-                n.cap = None;
+                n.hold = HoldLimit::Open;
             }
         }
         let mut uids: Vec<String> = self.by_uid.keys().cloned().collect();
@@ -377,21 +385,23 @@ impl Nominations {
             gpus: &n.gpus,
             extended: &n.extended,
         };
-        let held = hold_capped(
-            snapshot,
-            hold_key(uid),
-            &planned,
-            n.cap.as_ref().map(|c| &c.allowed),
-        );
-        if self.fresh.remove(uid) {
-            n.cap = held.map(|allowed| Cap {
-                allowed,
-                leaving: n
-                    .victims
-                    .iter()
-                    .map(|v| (v.clone(), share_of(snapshot, &v.uid, &planned)))
-                    .collect(),
-            });
+        let cap = match &n.hold {
+            HoldLimit::Capped(cap) => Some(&cap.allowed),
+            HoldLimit::First | HoldLimit::Open => None,
+        };
+        let held = hold_capped(snapshot, hold_key(uid), &planned, cap);
+        if n.hold == HoldLimit::First {
+            n.hold = match held {
+                Some(allowed) => HoldLimit::Capped(Cap {
+                    allowed,
+                    leaving: n
+                        .victims
+                        .iter()
+                        .map(|v| (v.clone(), share_of(snapshot, &v.uid, &planned)))
+                        .collect(),
+                }),
+                None => HoldLimit::Open,
+            };
         }
     }
 }
@@ -441,6 +451,6 @@ fn adopt(pod: &crate::k8s::pod_info::PodInfo, snapshot: &Snapshot) -> Option<Nom
         extended: demand.extended.clone(),
         victims: terminating.iter().map(|p| p.key.clone()).collect(),
         adopted: true,
-        cap: None,
+        hold: HoldLimit::Open,
     })
 }
