@@ -33,6 +33,8 @@ pub(crate) mod node_plans;
 mod nominee;
 mod pace;
 mod parked;
+pub(crate) mod quiet;
+mod quieting;
 mod running;
 mod soon;
 mod units;
@@ -124,8 +126,10 @@ pub struct Engine<'a> {
     /// When units told when to look again (make-room's memo) are due, as (time, unit,
     /// failure count).
     wakes: BinaryHeap<Reverse<(Ms, u32, u32)>>,
-    /// When failed units' parking ends, as (time, unit, failure count): in time order.
-    flushes: VecDeque<(Ms, u32, u32)>,
+    /// When failed units' parking ends: in time order.
+    flushes: VecDeque<quiet::Flush>,
+    /// Flushes known to fail, counted instead of made ([`quiet`]).
+    quiet: quiet::Quiet,
     /// Wake-ups of units an event woke, due one initial backoff after their last attempt
     /// (bucketed by that time: a long backlog's trip through `wakes` was half a replay).
     soon: soon::Soon,
@@ -266,6 +270,7 @@ impl<'a> Engine<'a> {
             busy_until: Ms(0),
             wakes: BinaryHeap::new(),
             flushes: VecDeque::new(),
+            quiet: quiet::Quiet::for_run(discipline, options),
             soon: soon::Soon::default(),
             ready: Vec::new(),
             parked: parked::Parked::default(),
@@ -454,7 +459,12 @@ impl<'a> Engine<'a> {
             tried,
             at: now,
         } = attempt;
+        if let Tried::Quiet(fails, turn) = tried {
+            self.quiet_attempted(unit, fails, turn, now);
+            return;
+        }
         if tried == Tried::Started {
+            self.quiet_ends(unit);
             self.units[unit as usize].waiting = false;
             self.estimate_left_line(unit);
             self.queue.forget(&unit);
@@ -480,6 +490,8 @@ impl<'a> Engine<'a> {
         let kube = self.queue.discipline() == Discipline::KubeScheduler;
         let tick = self.queue_tick_ms;
         let slot = self.park_slot(unit, tried);
+        let fails = self.units[unit as usize].fails;
+        let quiet = self.quiet_after_failure(unit, fails, slot);
         let u = &mut self.units[unit as usize];
         u.failed_at = now;
         if u.parked != Some(slot) {
@@ -501,7 +513,12 @@ impl<'a> Engine<'a> {
         } else {
             now + flush
         };
-        self.flushes.push_back((flush_at, unit, u.fails));
+        self.flushes.push_back(quiet::Flush {
+            at: flush_at,
+            unit,
+            fails,
+            quiet,
+        });
     }
 
     /// Filter, Score and Reserve for `unit`'s members on the live state (core's

@@ -31,6 +31,7 @@ fn pod(name: &str, gpus: u32, seconds: u64, priority: i32, gang: Option<&str>) -
 
 mod costs;
 mod memo;
+mod quiet;
 
 struct Scenario {
     pods: Vec<TracePod>,

@@ -161,6 +161,8 @@ impl Engine<'_> {
                 Tried::Parked
             }
         };
+        // Its quiet attempts first written, as a flush's made them.
+        self.speak_up(unit);
         // A nominee is decided with its hold lifted (its victims' part still theirs).
         let lifted = self.lift_hold(unit, now);
         let cycled = {

@@ -106,6 +106,7 @@ impl Engine<'_> {
             if !self.units[unit as usize].waiting {
                 continue;
             }
+            self.quiet_ends(unit);
             self.units[unit as usize].waiting = false;
             self.estimate_gave_up(unit);
             self.queue.forget(&unit);

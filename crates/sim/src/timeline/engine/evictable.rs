@@ -58,6 +58,23 @@ pub(super) struct ByPriority {
     /// state changes between most attempts, and looking at every node each time was half
     /// of a replay's time.
     answers: Vec<Answer>,
+    /// Where each answer is in `answers`, by priority, amounts and a hash of the models (a
+    /// scan of thousands of answers per attempt was a tenth of a backlogged replay).
+    index: std::collections::HashMap<AnswerKey, usize, foldhash::fast::FixedState>,
+}
+
+/// An answer's place in [`ByPriority::index`]: its priority, the request's amounts and a
+/// hash of the models it allows (a hit is checked against the answer itself).
+type AnswerKey = (i32, Amounts, u64);
+
+fn answer_key(priority: i32, need: Amounts, models: &[String]) -> AnswerKey {
+    use std::hash::BuildHasher;
+    let models = if models.is_empty() {
+        0
+    } else {
+        foldhash::fast::FixedState::default().hash_one(models)
+    };
+    (priority, need, models)
 }
 
 /// Tally changes kept before the answers are made again from scratch.
@@ -184,8 +201,11 @@ impl ByPriority {
             return Room::Anywhere;
         }
         let marks = self.marks(state);
-        let found = self.answers.iter().position(|a| {
-            a.priority == priority && a.need == need && a.models == request.allowed_models
+        let key = answer_key(priority, need, &request.allowed_models);
+        let found = self.index.get(&key).copied().filter(|&i| {
+            self.answers.get(i).is_some_and(|a| {
+                a.priority == priority && a.need == need && a.models == request.allowed_models
+            })
         });
         let i = match found {
             Some(i)
@@ -197,10 +217,11 @@ impl ByPriority {
             }
             _ => {
                 if let Some(i) = found {
-                    self.answers.swap_remove(i);
+                    self.forget_answer(i);
                 }
                 if self.answers.len() >= ANSWERS_MAX {
                     self.answers.clear();
+                    self.index.clear();
                 }
                 let nodes: Vec<bool> = (0..self.held.len())
                     .map(|n| self.possible_on(state, n, priority, request))
@@ -214,6 +235,7 @@ impl ByPriority {
                     shared: None,
                     marks,
                 });
+                self.index.insert(key, self.answers.len() - 1);
                 self.answers.len() - 1
             }
         };
@@ -225,6 +247,18 @@ impl ByPriority {
             .shared
             .get_or_insert_with(|| Arc::from(answer.nodes.as_slice()));
         Room::On(Arc::clone(shared))
+    }
+
+    /// Takes answer `i` out (the last answer takes its place, and its index entry with it).
+    fn forget_answer(&mut self, i: usize) {
+        let last = self.answers.len() - 1;
+        self.answers.swap_remove(i);
+        if let Some(moved) = self.answers.get(i) {
+            let key = answer_key(moved.priority, moved.need, &moved.models);
+            if self.index.get(&key) == Some(&last) {
+                self.index.insert(key, i);
+            }
+        }
     }
 
     /// Brings answer `i` up to date: only the nodes changed since its marks are looked at

@@ -79,17 +79,7 @@ impl Engine<'_> {
     pub(super) fn fair_round(&mut self, due: Vec<u32>, clock: &mut AttemptClock) -> Attempts {
         let mut out = Attempts::default();
         let Some(t) = self.tenants.as_ref().filter(|_| self.queues_serve) else {
-            let mut due = due.into_iter();
-            for unit in due.by_ref() {
-                let Some(decided) = clock.begin() else {
-                    out.left.push(unit);
-                    break;
-                };
-                let tried = self.cycle(unit, None, None, decided);
-                let at = clock.end(tried == Tried::Started);
-                out.done.push(Attempt { unit, tried, at });
-            }
-            out.left.extend(due);
+            self.round_with_quiet(due, clock, &mut out);
             return out;
         };
         let tree = Arc::clone(&t.tree);

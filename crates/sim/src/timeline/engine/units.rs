@@ -159,6 +159,18 @@ pub(super) enum Tried {
     /// Make-room searched for its shape lately and found nothing: it looks again at this
     /// time (sooner if a pod leaves), as the scheduler does.
     Later(Ms),
+    /// A flush's attempt known to fail, counted and not made ([`super::quiet`]), at the
+    /// unit's failure count and with what its next turn reads.
+    Quiet(u32, Turn),
+}
+
+/// What a quiet turn ([`super::quiet`]) reads instead of the unit: its queue order and
+/// its one pod's request id and priority.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Turn {
+    pub key: OrderKey,
+    pub rid: u32,
+    pub priority: i32,
 }
 
 /// What an eviction left: the replacement's work, the milli-GPU freed and the work thrown

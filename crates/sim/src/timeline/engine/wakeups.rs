@@ -14,6 +14,7 @@ use gpuplace_core::queue::Discipline;
 use gpuplace_core::wake;
 
 use super::Engine;
+use super::quiet::Due;
 use super::soon::{is_live, next_tick};
 use super::units::{Slot, Tried};
 use crate::timeline::options::Ms;
@@ -36,14 +37,16 @@ impl<'a> Engine<'a> {
             }
             self.wakes.pop();
         }
-        while let Some(&(_, unit, fails)) = self.flushes.front() {
-            if live(unit, fails) {
+        let quiet = &self.quiet;
+        while let Some(f) = self.flushes.front() {
+            // A quiet one's liveness is read from the quiet index, not the unit.
+            if quiet.may(f.unit, f.fails) || live(f.unit, f.fails) {
                 break;
             }
             self.flushes.pop_front();
         }
         let told = self.wakes.peek().map(|w| w.0.0);
-        let flush = self.flushes.front().map(|f| f.0);
+        let flush = self.flushes.front().map(|f| f.at);
         [soon, told, flush].into_iter().flatten().min()
     }
 
@@ -79,10 +82,12 @@ impl<'a> Engine<'a> {
         };
         let soonest = self.queue.config().initial_backoff;
         for (unit, slot) in woken {
-            let u = &mut self.units[unit as usize];
-            if u.parked != Some(slot) {
+            if self.units[unit as usize].parked != Some(slot) {
                 continue;
             }
+            // Its quiet attempts written before its last failure's time is read.
+            self.quiet_ends(unit);
+            let u = &mut self.units[unit as usize];
             u.parked = None;
             if !u.waiting {
                 continue;
@@ -159,10 +164,17 @@ impl<'a> Engine<'a> {
         }
         let kube = self.queue.discipline() == Discipline::KubeScheduler;
         let mut flush = false;
-        while let Some(&(at, unit, fails)) = self.flushes.front()
-            && at <= now
+        while let Some(&f) = self.flushes.front()
+            && f.at <= now
         {
             self.flushes.pop_front();
+            let (unit, fails) = (f.unit, f.fails);
+            if let Some(turn) = f.quiet
+                && self.quiet.may(unit, fails)
+            {
+                self.quiet.due.push(Due { unit, fails, turn });
+                continue;
+            }
             if is_live(&self.units[unit as usize], fails) {
                 flush = true;
                 woken.push((unit, fails));

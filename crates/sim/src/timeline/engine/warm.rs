@@ -27,7 +27,12 @@ impl Engine<'_> {
             if tried > 1 && self.queue.discipline() == Discipline::Gpuplace {
                 let at = now + self.queue.config().unschedulable_flush;
                 let fails = self.units[unit as usize].fails;
-                self.flushes.push_back((at, unit, fails));
+                self.flushes.push_back(super::quiet::Flush {
+                    at,
+                    unit,
+                    fails,
+                    quiet: None,
+                });
             }
             if self.warm_pending_due {
                 self.queue.backoff_over(&unit);
@@ -49,6 +54,7 @@ impl Engine<'_> {
 
     /// Each pod's failed attempts (`pods.csv`): its unit's.
     pub(super) fn count_pods_attempts(&mut self) {
+        self.speak_up_all();
         for job in &mut self.jobs {
             if let Some(u) = self.units.get(job.unit as usize) {
                 job.failed_attempts = u.fails;

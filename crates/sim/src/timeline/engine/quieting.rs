@@ -1,0 +1,161 @@
+//! Quiet turns carried out (see [`super::quiet`]): which flushes may be quiet, the check
+//! that a turn fails as its attempt would, the round that interleaves quiet turns with the
+//! due units in queue order, and the quiet attempts written to a unit before anything reads
+//! its attempt state.
+
+use super::Engine;
+use super::clock::{Attempt, AttemptClock, Attempts};
+use super::quiet::{Due, Flush};
+use super::units::{Slot, Tried, Turn};
+use crate::timeline::options::Ms;
+
+impl Engine<'_> {
+    /// Makes every flush's attempt (the reference quiet turns are checked against).
+    #[cfg(test)]
+    pub fn without_quiet(mut self) -> Self {
+        self.quiet = super::quiet::Quiet::default();
+        self
+    }
+
+    /// After `unit`'s failed attempt, at its failure count `fails`, parked in `slot`:
+    /// whether its next flush may be quiet, and what that turn reads.
+    pub(super) fn quiet_after_failure(
+        &mut self,
+        unit: u32,
+        fails: u32,
+        slot: Slot,
+    ) -> Option<Turn> {
+        let single = self.units[unit as usize].single;
+        let turn = match (self.quiet.enabled(), slot, single) {
+            (true, Slot::Shape { rid, priority }, Some(_)) => Some(Turn {
+                key: self.units[unit as usize].key,
+                rid,
+                priority,
+            }),
+            _ => None,
+        };
+        self.quiet
+            .set(unit, if turn.is_some() { fails } else { u32::MAX });
+        turn
+    }
+
+    /// `unit` is woken, started or gone: its quiet attempts are written to it, and its
+    /// flushes are no longer quiet.
+    pub(super) fn quiet_ends(&mut self, unit: u32) {
+        self.speak_up(unit);
+        self.quiet.set(unit, u32::MAX);
+    }
+
+    /// Writes `unit`'s quiet attempts as the queue would have: each a failure, parked, at
+    /// one flush interval after the one before.
+    pub(super) fn speak_up(&mut self, unit: u32) {
+        let unsaid = self.quiet.unsaid(unit);
+        if unsaid == 0 {
+            return;
+        }
+        self.quiet.said(unit);
+        let flush = self.queue.config().unschedulable_flush;
+        let u = &mut self.units[unit as usize];
+        u.fails += unsaid;
+        for _ in 0..unsaid {
+            u.failed_at = u.failed_at + flush;
+            self.queue.unschedulable(&unit, u.failed_at);
+        }
+    }
+
+    /// Every unit's quiet attempts written (the run is over).
+    pub(super) fn speak_up_all(&mut self) {
+        for unit in 0..self.quiet.units() {
+            self.speak_up(unit);
+        }
+    }
+
+    /// Whether an attempt of a single pod of request `rid` and `priority`, parked by its
+    /// shape, fails now as the attempt would find: no node fits it (the failure memo) and
+    /// preemption plans nothing without searching (off, nothing of lower priority runs,
+    /// or no node passes the room check).
+    fn fails_quietly(&mut self, rid: u32, priority: i32) -> bool {
+        if !self.still_fails(rid as usize) {
+            return false;
+        }
+        if !self.preempt || self.by_priority.none_below(priority) {
+            return true;
+        }
+        let request = self.request_of(rid);
+        let room = self.by_priority.room(&self.state, priority, request);
+        room == super::evictable::Room::Nowhere
+    }
+
+    /// The round's due units (in queue order) and its quiet turns, tried one after another
+    /// in queue order: a quiet turn that fails quietly is counted, any other is tried as
+    /// the flush would have tried it.
+    pub(super) fn round_with_quiet(
+        &mut self,
+        due: Vec<u32>,
+        clock: &mut AttemptClock,
+        out: &mut Attempts,
+    ) {
+        let mut quiet = std::mem::take(&mut self.quiet.due);
+        quiet.sort_unstable_by_key(|q| q.turn.key);
+        let mut next_quiet = 0;
+        let mut due = due.into_iter().peekable();
+        loop {
+            let next_key = due.peek().map(|&u| self.units[u as usize].key);
+            let q = quiet.get(next_quiet).copied();
+            let quiet_first = match (q, next_key) {
+                (Some(q), Some(key)) => q.turn.key < key,
+                (Some(_), None) => true,
+                (None, _) => false,
+            };
+            let Some(decided) = clock.begin() else {
+                // Only with an attempt cost, when no turn is quiet.
+                out.left.extend(due);
+                out.left.extend(quiet[next_quiet..].iter().map(|q| q.unit));
+                break;
+            };
+            let (unit, tried) = match q.filter(|_| quiet_first) {
+                Some(q) => {
+                    next_quiet += 1;
+                    (q.unit, self.quiet_turn(q, decided))
+                }
+                None => {
+                    let Some(unit) = due.next() else { break };
+                    (unit, self.cycle(unit, None, None, decided))
+                }
+            };
+            let at = clock.end(tried == Tried::Started);
+            out.done.push(Attempt { unit, tried, at });
+        }
+        // The buffer kept for the next round.
+        quiet.clear();
+        self.quiet.due = quiet;
+    }
+
+    /// Quiet turn `q` at `now`: counted when it fails quietly, else tried as the flush
+    /// would have tried it (its quiet attempts written first).
+    fn quiet_turn(&mut self, q: Due, now: Ms) -> Tried {
+        if self.fails_quietly(q.turn.rid, q.turn.priority) {
+            self.outcome_counts.attempts += 1;
+            #[cfg(test)]
+            super::quiet::QUIET_TURNS.with(|c| c.set(c.get() + 1));
+            return Tried::Quiet(q.fails, q.turn);
+        }
+        self.speak_up(q.unit);
+        self.queue.flush_one(&q.unit, now);
+        self.cycle(q.unit, None, None, now)
+    }
+
+    /// The bookkeeping of a quiet turn of `unit` at `now` (failure count `fails`): counted,
+    /// and its next flush entered.
+    pub(super) fn quiet_attempted(&mut self, unit: u32, fails: u32, turn: Turn, now: Ms) {
+        self.outcome_counts.failed_attempts += 1;
+        self.quiet.one_more(unit);
+        let at = now + self.queue.config().unschedulable_flush;
+        self.flushes.push_back(Flush {
+            at,
+            unit,
+            fails,
+            quiet: Some(turn),
+        });
+    }
+}
