@@ -343,10 +343,10 @@ impl<'a> Engine<'a> {
         loop {
             // A busy scheduler takes up what became due once its attempt in flight ends.
             let busy = self.busy_until;
-            let at = [
+            let other = [
                 arrivals.get(next).map(|a| a.at),
                 self.departures.peek().map(|d| d.0.0),
-                self.next_wake().map(|w| w.max(busy)),
+                self.next_wake_but_flushes().map(|w| w.max(busy)),
                 self.resume_at().map(|r| r.max(now)),
                 self.later.peek().map(|r| r.0.0),
                 self.give_ups.peek().map(|g| g.0.0),
@@ -355,6 +355,10 @@ impl<'a> Engine<'a> {
             .into_iter()
             .flatten()
             .min();
+            // Instants where only quiet turns are due, and all are quiet, pass here.
+            self.quiet_instants_before(other, end, &mut recorder);
+            let flush = self.next_flush().map(|w| w.max(busy));
+            let at = other.into_iter().chain(flush).min();
             let Some(at) = at.filter(|t| *t <= end) else {
                 break;
             };

@@ -120,4 +120,6 @@ impl Quiet {
 thread_local! {
     /// Quiet turns counted (for the test that they change nothing).
     pub(crate) static QUIET_TURNS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// Instants passed without a round.
+    pub(crate) static QUIET_INSTANTS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }

@@ -6,7 +6,9 @@
 use super::Engine;
 use super::clock::{Attempt, AttemptClock, Attempts};
 use super::quiet::{Due, Flush};
+use super::soon::is_live;
 use super::units::{Slot, Tried, Turn};
+use crate::timeline::metrics::Recorder;
 use crate::timeline::options::Ms;
 
 impl Engine<'_> {
@@ -157,5 +159,78 @@ impl Engine<'_> {
             fails,
             quiet: Some(turn),
         });
+    }
+
+    /// The instants before `other` (the next thing due that is no flush) and up to `end`
+    /// at which only flushes are due, each of them live and quiet: each is a round that
+    /// only counts its quiet turns, so it passes here without one (the recorder and the
+    /// tenants' clocks advanced to it, the round counted, each turn counted and its next
+    /// flush entered, in queue order). Stops at the first instant with a flush that is
+    /// not quiet or a turn that would not fail quietly: the loop makes that round.
+    /// Only where nothing else may be due meanwhile (no unit fresh, active, ready or woken)
+    /// and no rebalancing looks at round times.
+    pub(super) fn quiet_instants_before(
+        &mut self,
+        other: Option<Ms>,
+        end: Ms,
+        recorder: &mut Recorder,
+    ) {
+        if !self.quiet.enabled()
+            || self.defrag.config.settings.mode.rebalances()
+            || !self.fresh.is_empty()
+            || !self.active.is_empty()
+            || !self.ready.is_empty()
+            || !self.left.is_empty()
+        {
+            return;
+        }
+        // An instant the loop would make a round at, before anything else is due.
+        let alone = |at: Ms| at <= end && other.is_none_or(|o| at < o);
+        let mut group: Vec<Due> = Vec::new();
+        while let Some(at) = self.next_flush().filter(|&at| alone(at)) {
+            if !self.quiet_instant(at, &mut group) {
+                return;
+            }
+            group.sort_unstable_by_key(|q| q.turn.key);
+            recorder.advance(at, self.values());
+            if let Some(t) = &mut self.tenants {
+                t.advance(at, self.measure_from);
+            }
+            self.outcome_counts.rounds += 1;
+            #[cfg(test)]
+            super::quiet::QUIET_INSTANTS.with(|c| c.set(c.get() + 1));
+            for q in group.drain(..) {
+                self.outcome_counts.attempts += 1;
+                #[cfg(test)]
+                super::quiet::QUIET_TURNS.with(|c| c.set(c.get() + 1));
+                self.quiet_attempted(q.unit, q.fails, q.turn, at);
+            }
+        }
+    }
+
+    /// Whether every live flush at `at` (the front of the flushes) is quiet and fails
+    /// quietly; if so they are taken off the front into `group`.
+    fn quiet_instant(&mut self, at: Ms, group: &mut Vec<Due>) -> bool {
+        group.clear();
+        let mut count = 0;
+        for f in self.flushes.iter().take_while(|f| f.at == at) {
+            count += 1;
+            match f.quiet {
+                Some(turn) if self.quiet.may(f.unit, f.fails) => group.push(Due {
+                    unit: f.unit,
+                    fails: f.fails,
+                    turn,
+                }),
+                _ if is_live(&self.units[f.unit as usize], f.fails) => return false,
+                _ => {}
+            }
+        }
+        let quiet = group
+            .iter()
+            .all(|q| self.fails_quietly(q.turn.rid, q.turn.priority));
+        if quiet {
+            self.flushes.drain(..count);
+        }
+        quiet
     }
 }

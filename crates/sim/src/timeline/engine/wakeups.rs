@@ -28,6 +28,13 @@ impl<'a> Engine<'a> {
 
     /// The earliest time a failed unit may become due (stale entries dropped).
     pub(super) fn next_wake(&mut self) -> Option<Ms> {
+        let soon = self.next_wake_but_flushes();
+        soon.into_iter().chain(self.next_flush()).min()
+    }
+
+    /// The earliest time a unit woken by an event or told when to look again may become
+    /// due (stale entries dropped).
+    pub(super) fn next_wake_but_flushes(&mut self) -> Option<Ms> {
         let units = &self.units;
         let live = |unit: u32, fails: u32| is_live(&units[unit as usize], fails);
         let soon = self.soon.next(live);
@@ -37,17 +44,22 @@ impl<'a> Engine<'a> {
             }
             self.wakes.pop();
         }
+        let told = self.wakes.peek().map(|w| w.0.0);
+        soon.into_iter().chain(told).min()
+    }
+
+    /// When the next parking is flushed (stale entries dropped).
+    pub(super) fn next_flush(&mut self) -> Option<Ms> {
+        let units = &self.units;
         let quiet = &self.quiet;
         while let Some(f) = self.flushes.front() {
             // A quiet one's liveness is read from the quiet index, not the unit.
-            if quiet.may(f.unit, f.fails) || live(f.unit, f.fails) {
+            if quiet.may(f.unit, f.fails) || is_live(&units[f.unit as usize], f.fails) {
                 break;
             }
             self.flushes.pop_front();
         }
-        let told = self.wakes.peek().map(|w| w.0.0);
-        let flush = self.flushes.front().map(|f| f.at);
-        [soon, told, flush].into_iter().flatten().min()
+        self.flushes.front().map(|f| f.at)
     }
 
     /// Pods left nodes since the last round: the parked units they could help wake (core's
