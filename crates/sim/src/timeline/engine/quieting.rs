@@ -5,6 +5,7 @@
 
 use super::Engine;
 use super::clock::{Attempt, AttemptClock, Attempts};
+use super::evictable::{Room, SearchAsk};
 use super::quiet::{Due, Flush};
 use super::soon::is_live;
 use super::units::{Slot, Tried, Turn};
@@ -74,8 +75,9 @@ impl Engine<'_> {
 
     /// Whether an attempt of a single pod of request `rid` and `priority`, parked by its
     /// shape, fails now as the attempt would find: no node fits it (the failure memo) and
-    /// preemption plans nothing without searching (off, nothing of lower priority runs,
-    /// or no node passes the room check).
+    /// preemption plans nothing (off, nothing of lower priority runs, no node passes the
+    /// room check, or every node that does is known to have no plan and none is kept:
+    /// the node memo the attempt would read, [`super::node_plans`]).
     fn fails_quietly(&mut self, rid: u32, priority: i32) -> bool {
         if !self.still_fails(rid as usize) {
             return false;
@@ -84,8 +86,20 @@ impl Engine<'_> {
             return true;
         }
         let request = self.request_of(rid);
-        let room = self.by_priority.room(&self.state, priority, request);
-        room == super::evictable::Room::Nowhere
+        match self.by_priority.room(&self.state, priority, request) {
+            Room::Nowhere => true,
+            Room::On(nodes) if self.memo => {
+                // No queues serve where turns are quiet: the ask of no queue.
+                let ask = SearchAsk {
+                    request: rid,
+                    priority,
+                    queue: None,
+                };
+                let looked = (self.node_plans).look(ask, &nodes, &self.state, &self.by_priority);
+                !looked.any_unknown && looked.best_kept.is_none()
+            }
+            _ => false,
+        }
     }
 
     /// The round's due units (in queue order) and its quiet turns, tried one after another

@@ -69,7 +69,10 @@ fn quiet_turns_decide_and_count_exactly_as_every_attempt_made() {
                 assert_eq!(with.preempted_pods, without.preempted_pods, "{what}");
                 // The integrals and the series, to the last bit (instants passed without
                 // a round still advance the recorder).
-                let (a, b) = (format!("{:?}", with.recorder), format!("{:?}", without.recorder));
+                let (a, b) = (
+                    format!("{:?}", with.recorder),
+                    format!("{:?}", without.recorder),
+                );
                 assert!(a == b, "{what}: the recorders differ");
                 waited += with.jobs.iter().filter(|j| j.failed_attempts > 1).count();
                 cases += 1;
@@ -82,7 +85,10 @@ fn quiet_turns_decide_and_count_exactly_as_every_attempt_made() {
         "{cases} cases, {waited} pods tried more than once, {quiet} quiet turns, \
          {instants} instants passed without a round"
     );
-    assert!(instants >= 10_000, "too few instants passed to judge: {instants}");
+    assert!(
+        instants >= 10_000,
+        "too few instants passed to judge: {instants}"
+    );
     assert!(quiet >= 10_000, "too few quiet turns to judge: {quiet}");
     assert!(waited >= 1_000, "too few pods waited long: {waited}");
 }
