@@ -33,6 +33,25 @@ mod costs;
 mod memo;
 mod quiet;
 
+/// `seed`'s arrivals replayed by `policy` twice, measured from arrival `warmup`: as the
+/// engine runs, and with `reference` applied to it (a memo or shortcut turned off, which
+/// must change nothing).
+fn with_and_without(
+    timeline: &super::Timeline,
+    policy: Policy,
+    seed: u64,
+    warmup: usize,
+    reference: fn(Engine<'_>) -> Engine<'_>,
+) -> (super::engine::Outcome, super::engine::Outcome) {
+    let schedule = timeline.schedule(seed);
+    let run = |plain: bool| {
+        let engine = timeline.engine(policy, seed);
+        let engine = if plain { engine } else { reference(engine) };
+        engine.run(&schedule, warmup, 10)
+    };
+    (run(true), run(false))
+}
+
 struct Scenario {
     pods: Vec<TracePod>,
     nodes: Vec<NodeInventory>,

@@ -30,13 +30,9 @@ fn the_failure_memo_decides_exactly_as_a_full_search() {
 /// The replay of `seed`'s arrivals by `policy`, with the failure memos (fits, and
 /// preemption's searches node by node) and with every node searched on every attempt.
 fn with_and_without_memo(timeline: &Timeline, policy: Policy, seed: u64) -> (Vec<Job>, Vec<Job>) {
-    let schedule = timeline.schedule(seed);
-    let run = |memo: bool| {
-        let engine = timeline.engine(policy, seed);
-        let engine = if memo { engine } else { engine.without_memo() };
-        engine.run(&schedule, 600, 10).jobs
-    };
-    (run(true), run(false))
+    let (with, without) =
+        super::with_and_without(timeline, policy, seed, 600, |e| e.without_memo());
+    (with.jobs, without.jobs)
 }
 
 /// A victim whose Binding has not landed is no candidate yet; once it lands, with

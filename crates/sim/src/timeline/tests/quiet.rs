@@ -50,17 +50,8 @@ fn quiet_turns_decide_and_count_exactly_as_every_attempt_made() {
                 Policy::Random,
                 Policy::DotProd,
             ] {
-                let schedule = timeline.schedule(seed);
-                let run = |quiet: bool| {
-                    let engine = timeline.engine(policy, seed);
-                    let engine = if quiet {
-                        engine
-                    } else {
-                        engine.without_quiet()
-                    };
-                    engine.run(&schedule, 200, 10)
-                };
-                let (with, without) = (run(true), run(false));
+                let (with, without) =
+                    super::with_and_without(&timeline, policy, seed, 200, |e| e.without_quiet());
                 let what = format!("{policy} seed {seed} preempt {preempt} {costs:?}");
                 assert_eq!(with.jobs, without.jobs, "{what}");
                 assert_eq!(with.attempts, without.attempts, "{what}");
