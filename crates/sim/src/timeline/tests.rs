@@ -33,6 +33,14 @@ mod costs;
 mod memo;
 mod quiet;
 
+/// The policies the seeded stresses of a memo or shortcut replay under.
+const STRESSED: [Policy; 4] = [
+    Policy::Fgd,
+    Policy::BestFit,
+    Policy::Random,
+    Policy::DotProd,
+];
+
 /// `seed`'s arrivals replayed by `policy` twice, measured from arrival `warmup`: as the
 /// engine runs, and with `reference` applied to it (a memo or shortcut turned off, which
 /// must change nothing).

@@ -59,7 +59,8 @@ pub(super) struct ByPriority {
     /// of a replay's time.
     answers: Vec<Answer>,
     /// Where each answer is in `answers`, by priority, amounts and a hash of the models (a
-    /// scan of thousands of answers per attempt was a tenth of a backlogged replay).
+    /// scan of the answers, comparing their models, was a fourth of this check's time at
+    /// load 1.2: fgd, seed 42, `perf`).
     index: std::collections::HashMap<AnswerKey, usize, foldhash::fast::FixedState>,
 }
 

@@ -88,12 +88,7 @@ fn preemptions_node_memo_decides_exactly_as_searching_every_node() {
     let skipped_before = SPARED.with(|s| s.get());
     let won_before = KEPT_WON.with(|k| k.get());
     for seed in 0..6u64 {
-        for policy in [
-            Policy::Fgd,
-            Policy::BestFit,
-            Policy::Random,
-            Policy::DotProd,
-        ] {
+        for policy in super::STRESSED {
             let (with, without) = with_and_without_memo(&timeline, policy, seed);
             assert_eq!(with, without, "{policy} seed {seed}");
             evicted += with.iter().filter(|j| j.evicted).count();

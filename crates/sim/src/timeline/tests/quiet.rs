@@ -3,8 +3,6 @@
 //! makes every attempt, with the same attempt counts (the run's and each pod's), rounds and
 //! recorded figures, also where instants with only quiet turns pass without a round.
 
-use gpuplace_core::Policy;
-
 use crate::timeline::engine::quiet::{QUIET_INSTANTS, QUIET_TURNS};
 use crate::timeline::options::Costs;
 use crate::timeline::{Timeline, TimelineOptions};
@@ -44,12 +42,7 @@ fn quiet_turns_decide_and_count_exactly_as_every_attempt_made() {
         )
         .expect("timeline");
         for seed in 0..4u64 {
-            for policy in [
-                Policy::Fgd,
-                Policy::BestFit,
-                Policy::Random,
-                Policy::DotProd,
-            ] {
+            for policy in super::STRESSED {
                 let (with, without) =
                     super::with_and_without(&timeline, policy, seed, 200, |e| e.without_quiet());
                 let what = format!("{policy} seed {seed} preempt {preempt} {costs:?}");
