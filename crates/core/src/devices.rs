@@ -38,6 +38,12 @@ pub(crate) fn choose_gpus_on(
         return Vec::new();
     }
     let need = &request.need;
+    if request.is_fractional() && policy == Policy::KubeDra {
+        // The first device that matches and has the capacity left.
+        let usable = state.usable_gpus_on(n, node, request);
+        let g = crate::policy::kube_default::first_devices(&usable, 1);
+        return g.into_iter().map(|g| (g, request.gpu_milli)).collect();
+    }
     if request.is_fractional() {
         let mut g = match policy {
             Policy::Fgd | Policy::Gpuplace(_) => hint as usize,
@@ -63,8 +69,16 @@ pub(crate) fn choose_gpus_on(
     }
     let available = state.usable_gpus_on(n, node, request);
     let count = request.gpu_count as usize;
-    if policy == Policy::KubeDefault {
-        let picked = crate::policy::kube_default::whole_gpus(rng, &available, count);
+    let picked = match policy {
+        Policy::KubeDefault => Some(crate::policy::kube_default::whole_gpus(
+            rng, &available, count,
+        )),
+        Policy::KubeDra => Some(crate::policy::kube_default::first_devices(
+            &available, count,
+        )),
+        _ => None,
+    };
+    if let Some(picked) = picked {
         return picked.into_iter().map(|g| (g, request.gpu_milli)).collect();
     }
     let (links, rules) = (state.links(n), state.pair_rules(n));

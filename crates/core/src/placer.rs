@@ -181,7 +181,7 @@ impl Placer {
             touched_ids: Vec::new(),
             touched_mark: Vec::new(),
             touched_gen: 0,
-            sampling: (policy == Policy::KubeDefault).then(Sampling::default),
+            sampling: policy.is_kube_scheduler().then(Sampling::default),
         }
     }
 

@@ -47,6 +47,11 @@ pub enum Policy {
     /// (`percentageOfNodesToScore`), equal scores broken uniformly, and the kubelet's
     /// device choice (any free devices; see [`kube_default`]).
     KubeDefault,
+    /// Stock Kubernetes 1.34+ with the pod's GPUs claimed through DRA: kube-scheduler
+    /// places the pod as `kube-default` does (DRA devices are not scored) and its
+    /// structured allocator takes the first devices of the node's ResourceSlice that
+    /// match, in the slice's order (see [`kube_default::first_devices`]).
+    KubeDra,
     /// gpuplace's own policy: FGD's fragmentation drop, minus the GPU milli the placement
     /// strands or leaves without CPU, minus what a flexible pod takes out of a model's
     /// reserve, with shares kept balanced across gap sizes (see [`Ideas`] and docs/policy.md).
@@ -151,8 +156,9 @@ impl Policy {
     ];
 
     /// Policies outside `all`, named on their own: `kube-default` (stock Kubernetes, the
-    /// baseline an operator runs today).
-    pub const EXTRA: [Policy; 1] = [Policy::KubeDefault];
+    /// baseline an operator runs today) and `kube-dra` (the same with the GPUs claimed
+    /// through DRA and allocated by kube-scheduler).
+    pub const EXTRA: [Policy; 2] = [Policy::KubeDefault, Policy::KubeDra];
 
     /// gpuplace's own policy.
     pub const GPUPLACE: Policy = Policy::Gpuplace(Ideas::POLICY);
@@ -172,6 +178,12 @@ impl Policy {
         Policy::Fgd,
     ];
 
+    /// Whether it models stock kube-scheduler (its queue, its partial node scan), with
+    /// device-plugin GPUs or with claims.
+    pub fn is_kube_scheduler(self) -> bool {
+        matches!(self, Policy::KubeDefault | Policy::KubeDra)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Policy::FirstFit => "first-fit",
@@ -185,6 +197,7 @@ impl Policy {
             Policy::GpuClustering => "gpu-clustering",
             Policy::Fgd => "fgd",
             Policy::KubeDefault => "kube-default",
+            Policy::KubeDra => "kube-dra",
             Policy::Gpuplace(ideas) => match ideas {
                 Ideas {
                     stranded: false, ..
@@ -317,7 +330,7 @@ pub(crate) fn simple_score(
         }
         Policy::GpuPacking => gpu_packing_score(state, request),
         Policy::GpuClustering => gpu_clustering_score(state, request),
-        Policy::KubeDefault => kube_default::score(node, state, request),
+        Policy::KubeDefault | Policy::KubeDra => kube_default::score(node, state, request),
         Policy::Random | Policy::Fgd | Policy::Gpuplace(_) => 0,
     }
 }

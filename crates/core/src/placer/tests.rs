@@ -231,3 +231,45 @@ fn gpuplace_leaves_a_model_to_the_pods_restricted_to_it() {
     assert!(chosen.iter().any(|&(p, n)| p == ablated && n == 0));
     assert_eq!("gpuplace-no-reserve".parse::<Policy>(), Ok(ablated));
 }
+
+#[test]
+fn kube_dra_takes_the_first_devices_that_fit_and_places_as_kube_default() {
+    let node = NodeInventory::uniform("a", 64_000, 65_536, 8, "A100");
+    let mut state = ClusterState::new(vec![node.clone()]).unwrap();
+    // GPUs 0 and 2 taken whole, GPU 1 half used.
+    state.apply(0, &req(0, 1, 1000), &[(0, 1000)]).unwrap();
+    state.apply(0, &req(0, 1, 1000), &[(2, 1000)]).unwrap();
+    state.apply(0, &req(0, 1, 500), &[(1, 500)]).unwrap();
+    let mut dra = Placer::new(Policy::KubeDra, 9);
+    // Whole GPUs: the first free ones in the slice's order, every seed alike.
+    assert_eq!(
+        dra.choose(&state, &req(1000, 3, 1000), None).unwrap().gpus,
+        vec![(3, 1000), (4, 1000), (5, 1000)]
+    );
+    // A share: the first GPU with room left (the half-used one).
+    assert_eq!(
+        dra.choose(&state, &req(1000, 1, 300), None).unwrap().gpus,
+        vec![(1, 300)]
+    );
+    assert_eq!(
+        dra.choose(&state, &req(1000, 1, 600), None).unwrap().gpus,
+        vec![(3, 600)]
+    );
+    // The node's score is kube-default's: DRA devices are not scored.
+    let two = vec![
+        node.clone(),
+        NodeInventory::uniform("b", 64_000, 65_536, 8, "A100"),
+    ];
+    for seed in 0..8 {
+        let mut busy = ClusterState::new(two.clone()).unwrap();
+        busy.apply(0, &req(32_000, 0, 0), &[]).unwrap();
+        let by = |policy| {
+            Placer::new(policy, seed)
+                .choose(&busy, &req(1000, 1, 1000), None)
+                .unwrap()
+                .node
+        };
+        assert_eq!(by(Policy::KubeDra), by(Policy::KubeDefault));
+        assert_eq!(by(Policy::KubeDra), 1);
+    }
+}

@@ -87,6 +87,14 @@ fn balanced(resources: &[Resource]) -> i64 {
     ((1.0 - std) * MAX_NODE_SCORE as f64) as i64
 }
 
+/// kube-scheduler's structured allocator (`kube-dra`): it walks the node's ResourceSlice
+/// in its order (gpuplace's driver lists a node's GPUs by position) and takes the first
+/// devices that match and have room, so `count` whole GPUs are the first `count` of
+/// `available` (positions, ascending) and a share goes to the first GPU it fits on.
+pub(crate) fn first_devices(available: &[usize], count: usize) -> Vec<usize> {
+    available.iter().copied().take(count).collect()
+}
+
 /// The kubelet's pick of `count` whole GPUs among `available`: any of them.
 pub(crate) fn whole_gpus(rng: &mut ChaCha8Rng, available: &[usize], count: usize) -> Vec<usize> {
     let mut pool = available.to_vec();
