@@ -166,6 +166,8 @@ impl ReplayArgs {
         Ok(match &self.policy {
             Some(p) => p.parse()?,
             None if self.scheduler_name == "gpuplace" => Policy::GPUPLACE,
+            // kube-scheduler allocating the claims itself.
+            None if self.dra => Policy::KubeDra,
             None => Policy::KubeDefault,
         })
     }

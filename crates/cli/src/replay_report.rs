@@ -81,6 +81,7 @@ pub fn summary(
             checkpointed: false,
             patience: "off".into(),
             whole_gpus: options.whole_gpus,
+            claims: None,
             seeds: vec![seed],
             arrivals_per_s: runs[0].arrivals_per_s,
             simulated_h: runs[0].simulated_s / 3_600.0,

@@ -78,6 +78,14 @@ pub struct SimulateArgs {
     /// in the trace (openb's gpuspec10 list has two, both Failed there).
     #[arg(long)]
     pub(crate) refuse_unplaceable: bool,
+    /// The pods' GPUs claimed through DRA (Kubernetes 1.34+), as `replay --dra` claims
+    /// them: each shape's ResourceClaimTemplate is read by the scheduler's claim code and
+    /// must ask what the pod asked (a shape it cannot carry is refused by name). gpuplace's
+    /// policies allocate claims as they place device-plugin pods; `kube-dra` is
+    /// kube-scheduler's own allocator (the first devices that match), and `kube-default`
+    /// (the device plugin's devices) is refused.
+    #[arg(long)]
+    pub(crate) dra: bool,
     #[command(flatten)]
     pub(crate) timeline: crate::simulate_timeline::TimelineArgs,
 }
@@ -111,6 +119,36 @@ fn say_unplaceable(workload: &gpuplace_sim::Workload, refuse: bool) -> anyhow::R
     Ok(())
 }
 
+/// With `--dra`: the workload's GPUs read as claims (refused where a claim cannot ask
+/// what a pod asks), and the policies checked against the mode: `kube-dra` allocates
+/// claims, `kube-default` device-plugin GPUs. What was read, for the report.
+fn claims_of(
+    workload: &gpuplace_sim::Workload,
+    policies: &[Policy],
+    dra: bool,
+) -> anyhow::Result<Option<String>> {
+    if !dra {
+        if policies.contains(&Policy::KubeDra) {
+            bail!("kube-dra is kube-scheduler allocating DRA claims: add --dra");
+        }
+        return Ok(None);
+    }
+    if policies.contains(&Policy::KubeDefault) {
+        bail!(
+            "kube-default takes the device plugin's GPUs; with --dra kube-scheduler allocates the claims itself: ask kube-dra"
+        );
+    }
+    let read = gpuplace_replay::claimed::read_as_claims(
+        workload.pods.iter().map(|p| &p.request),
+        &workload.nodes,
+    )
+    .context("--dra: cannot claim this workload's GPUs")?;
+    Ok(Some(format!(
+        "DRA: the GPUs of {} pods claimed from {} ResourceClaimTemplates (one per shape), each read by the scheduler's claim code as asking what its pods ask",
+        read.pods, read.shapes
+    )))
+}
+
 pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
     let policies = Policy::parse_list(&args.policies)?;
     if args.seeds == 0 {
@@ -142,6 +180,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         None
     };
     say_unplaceable(&workload, args.refuse_unplaceable)?;
+    let claims = claims_of(&workload, &policies, args.dra)?;
     if args.no_preempt && !args.timeline.timeline {
         anyhow::bail!(
             "--no-preempt is for --timeline: the static replay preempts only with --preempt"
@@ -173,6 +212,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
     if args.timeline.timeline {
         let run = crate::simulate_timeline::Run {
             preempt,
+            claims,
             out: args.out.as_deref(),
             json: args.json,
         };
@@ -204,6 +244,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         wall_s: started.elapsed().as_secs_f64(),
         topology_asks,
         preemption,
+        claims,
     };
     if let Some(dir) = &args.out {
         let files = gpuplace_sim::output::write_report(&summary, dir)?;

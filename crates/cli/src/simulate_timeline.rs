@@ -397,6 +397,8 @@ impl TimelineArgs {
 /// What the rest of `simulate`'s flags say to a timeline replay.
 pub struct Run<'a> {
     pub preempt: bool,
+    /// What `--dra` read as claims, for the report.
+    pub claims: Option<String>,
     pub out: Option<&'a std::path::Path>,
     pub json: bool,
 }
@@ -486,6 +488,7 @@ pub fn run(
         checkpointed: t.checkpointed,
         patience: patience.to_string(),
         whole_gpus: t.whole_gpus,
+        claims: args.claims,
         seeds,
         arrivals_per_s: mean(|r| r.arrivals_per_s),
         simulated_h: mean(|r| r.simulated_s) / 3_600.0,

@@ -17,6 +17,7 @@
 //!   error), or what any replay left (`--clean`).
 
 pub mod api;
+pub mod claimed;
 pub mod claims;
 pub mod clean;
 pub mod driver;

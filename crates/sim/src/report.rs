@@ -110,6 +110,10 @@ pub struct Summary {
     /// Preemption (`--preempt`) and where the priorities came from.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub preemption: Option<String>,
+    /// The pods' GPUs claimed through DRA (`--dra`): how many pods and shapes were read
+    /// as claims.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub claims: Option<String>,
 }
 
 fn point(runs: &[&RunResult], pick: impl Fn(&RunResult) -> Option<f64>) -> Option<Stat> {
@@ -200,6 +204,9 @@ pub fn table(summary: &Summary) -> String {
     }
     if let Some(preemption) = &summary.preemption {
         let _ = writeln!(out, "preemption: {preemption}");
+    }
+    if let Some(claims) = &summary.claims {
+        let _ = writeln!(out, "claims: {claims}");
     }
     let _ = writeln!(
         out,

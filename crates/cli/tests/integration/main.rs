@@ -7,4 +7,5 @@ mod nvml;
 mod replay;
 mod scheduler;
 mod simulate;
+mod simulate_dra;
 mod simulate_pods;

@@ -99,7 +99,9 @@ pub fn is_selector_phrase(phrase: &str) -> bool {
     phrase == NO_MATCH || phrase == SOME_MATCH || phrase.starts_with(NOT_EVALUATED)
 }
 
-fn node_verdict(
+/// Whether every healthy GPU of a node (`inventory`) matches `plan`'s selectors
+/// (`None`), or why the node is not used for the plan.
+pub fn node_verdict(
     inventory: &gpuplace_model::NodeInventory,
     plan: &crate::k8s::dra::pod::ClaimPlan,
 ) -> Option<String> {

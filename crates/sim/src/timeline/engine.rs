@@ -49,7 +49,7 @@ use std::time::Duration;
 use gpuplace_core::cycle::{self, place::Trial};
 use gpuplace_core::queue::store::ByIndex;
 use gpuplace_core::queue::{Discipline, Entry, Queue};
-use gpuplace_core::{ClusterState, Placer, Policy};
+use gpuplace_core::{ClusterState, Placer};
 
 use super::arrivals::{Mix, Schedule};
 use super::metrics::{Recorder, Values};
@@ -243,10 +243,10 @@ impl<'a> Engine<'a> {
         let tenants =
             tenants.map(|t| fair::FairState::new(t, capacity, options.usage_half_life_ms));
         let placer_seed = placer.seed();
-        // kube-default models a stock cluster, whose queue is kube-scheduler's.
+        // kube-default and kube-dra model a stock cluster, whose queue is kube-scheduler's.
         let discipline = options
             .queue_model
-            .unwrap_or(if placer.policy() == Policy::KubeDefault {
+            .unwrap_or(if placer.policy().is_kube_scheduler() {
                 Discipline::KubeScheduler
             } else {
                 Discipline::Gpuplace

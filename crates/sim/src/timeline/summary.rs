@@ -156,6 +156,10 @@ pub struct TimelineSummary {
     /// Shares were given whole GPUs (`--whole-gpus`).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub whole_gpus: bool,
+    /// The pods' GPUs claimed through DRA (`--dra`): how many pods and shapes were read
+    /// as claims.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub claims: Option<String>,
     pub seeds: Vec<u64>,
     pub arrivals_per_s: f64,
     /// Simulated hours of one run, and of its measurement window (means over seeds).
@@ -313,6 +317,9 @@ pub fn table(summary: &TimelineSummary) -> String {
         summary.seeds.first().copied().unwrap_or(0),
     );
     let _ = writeln!(out, "durations: {}", summary.durations);
+    if let Some(claims) = &summary.claims {
+        let _ = writeln!(out, "claims: {claims}");
+    }
     let _ = writeln!(
         out,
         "{:<21} {:>14} {:>9} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}",

@@ -3,6 +3,7 @@
 //! runs one file's tests.
 
 mod api;
+mod claims_twin;
 mod clock;
 mod fuzz;
 mod fuzz_properties;

@@ -78,6 +78,20 @@ pub struct ClaimPlan {
 }
 
 impl ClaimPlan {
+    /// `base` (a pod's own CPU, memory and node terms) with the GPUs this plan allocates:
+    /// their count, milli per device and how they are linked. Device selectors are not
+    /// part of it: they filter nodes ([`crate::framework::claim_selectors`]).
+    pub fn asked(&self, base: &gpuplace_model::Request) -> gpuplace_model::Request {
+        let mut request = base.clone();
+        request.gpu_count = self.count;
+        request.gpu_milli = if self.count > 0 { self.milli } else { 0 };
+        request.need = gpuplace_model::GpuNeed {
+            topology: self.topology,
+            ..request.need
+        };
+        request
+    }
+
     /// Requests to allocate, in the order devices are handed to them.
     pub fn requests(&self) -> impl Iterator<Item = (&Arc<ClaimInfo>, &ShapeRequest)> {
         self.allocate

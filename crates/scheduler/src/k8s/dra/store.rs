@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use gpuplace_model::{GpuNeed, ObjectKey};
+use gpuplace_model::ObjectKey;
 use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement};
 
 use super::pod::{ClaimLookup, ClaimPlan, held_by, plans_of};
@@ -334,12 +334,7 @@ impl ClaimIndex {
 /// resources) and the plan's GPUs.
 fn demand_with(base: &PodDemand, plan: &ClaimPlan) -> PodDemand {
     let mut demand = base.clone();
-    demand.request.gpu_count = plan.count;
-    demand.request.gpu_milli = if plan.count > 0 { plan.milli } else { 0 };
-    demand.request.need = GpuNeed {
-        topology: plan.topology,
-        ..demand.request.need.clone()
-    };
+    demand.request = plan.asked(&base.request);
     if plan.count > 0 {
         demand.extended.insert(super::DRA_GPUS.to_string(), 1);
     }
