@@ -73,9 +73,17 @@ pub(crate) fn choose_gpus_on(
         Policy::KubeDefault => Some(crate::policy::kube_default::whole_gpus(
             rng, &available, count,
         )),
-        Policy::KubeDra => Some(crate::policy::kube_default::first_devices(
-            &available, count,
-        )),
+        Policy::KubeDra => Some(match need.topology {
+            GpuTopology::Any => crate::policy::kube_default::first_devices(&available, count),
+            required => require::first_set(
+                state.links(n),
+                state.pair_rules(n),
+                required,
+                &available,
+                count,
+            )
+            .unwrap_or_default(),
+        }),
         _ => None,
     };
     if let Some(picked) = picked {

@@ -90,6 +90,27 @@ pub fn select(
         .map(|(score, _, positions)| DeviceSet { positions, score })
 }
 
+/// The first set of `size` positions from `available` meeting `topology`, in
+/// lexicographic order of positions: what an allocator that walks the devices in order and
+/// backtracks takes (kube-scheduler's, for a `matchAttribute` constraint); `None` when no
+/// such set exists.
+pub fn first_set(
+    links: &LinkMatrix,
+    rules: &PairRules,
+    topology: GpuTopology,
+    available: &[usize],
+    size: usize,
+) -> Option<Vec<usize>> {
+    let mut pool = available.to_vec();
+    pool.sort_unstable();
+    pool.dedup();
+    if pool.len() < size {
+        return None;
+    }
+    let mut picks = Vec::with_capacity(size);
+    first(links, rules, topology, &pool, size, 0, &mut picks).then_some(picks)
+}
+
 /// Whether some set of `size` positions from `available` meets `topology` (stops at the
 /// first one found).
 pub fn exists(

@@ -26,7 +26,7 @@ pub enum ClaimedError {
     #[error("the claim of shape {shape} is not read as gpuplace's to allocate: {reason}")]
     Unread { shape: String, reason: String },
     #[error(
-        "the claim of shape {shape} asks {claimed}, where the pod asked {asked}: a claim made from a trace shape carries whole GPUs or a share and allowed models only (no topology asks, no model patterns or memory bounds)"
+        "the claim of shape {shape} asks {claimed}, where the pod asked {asked}: a claim made from a trace shape carries whole GPUs or a share, allowed models and a required topology only (no preferred topology, model patterns or memory bounds)"
     )]
     NotAsAsked {
         shape: String,

@@ -2,7 +2,8 @@
 //! node's GPUs published as gpuplace's DRA driver publishes them (a ResourceSlice, no
 //! `nvidia.com/gpu`), and each pod's GPUs claimed from a ResourceClaimTemplate of its
 //! shape (whole GPUs: a count of `gpu.gpuplace.io`; a share: consumable capacity of
-//! `gpu-share.gpuplace.io`; allowed models: a CEL selector). The controller makes each
+//! `gpu-share.gpuplace.io`; allowed models: a CEL selector; GPUs that must be linked: a
+//! `matchAttribute` constraint). The controller makes each
 //! pod's claim from its template and deletes it with the pod; whoever schedules the pod
 //! (gpuplace, or kube-scheduler's own allocator) allocates it. The DeviceClasses are the
 //! cluster's (`deploy/base/dra-driver/deviceclasses.yaml`).
@@ -10,7 +11,7 @@
 use gpuplace_deviceplugin::dra::DEFAULT_DRIVER;
 use gpuplace_deviceplugin::dra::slices::{SliceInput, node_slices};
 use gpuplace_model::keys::{DRA_DRIVER_LABEL, GPU_RESOURCE, SHARE_RESOURCE};
-use gpuplace_model::{NodeInventory, Request};
+use gpuplace_model::{GpuTopology, NodeInventory, Request};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{ResourceClaimTemplate, ResourceSlice};
 use serde_json::json;
@@ -112,11 +113,27 @@ pub fn claim_template(
         exactly["selectors"] = json!([{"cel": {"expression":
             format!("device.attributes[\"{DEFAULT_DRIVER}\"].model in {models}")}}]);
     }
+    let mut devices = json!({"requests": [{"name": POD_CLAIM, "exactly": exactly}]});
+    if let Some(attribute) = matched_attribute(request.need.topology) {
+        devices["constraints"] = json!([{"requests": [POD_CLAIM],
+            "matchAttribute": format!("{DEFAULT_DRIVER}/{attribute}")}]);
+    }
     serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": namespace, "labels": run_labels(run)},
-        "spec": {"spec": {"devices": {"requests": [{"name": POD_CLAIM, "exactly": exactly}]}}},
+        "spec": {"spec": {"devices": devices}},
     }))
     .map_err(|e| ObjectError::Build(format!("template {name}: {e}")))
+}
+
+/// The attribute of gpuplace's driver a `matchAttribute` constraint names for GPUs that
+/// must be linked by `topology` (one NVLink clique, one PCIe switch, one NUMA node).
+fn matched_attribute(topology: GpuTopology) -> Option<&'static str> {
+    match topology {
+        GpuTopology::Any => None,
+        GpuTopology::Nvlink => Some("nvlinkClique"),
+        GpuTopology::PcieSwitch => Some("pcieSwitch"),
+        GpuTopology::Numa => Some("numaNode"),
+    }
 }
 
 #[cfg(test)]
@@ -182,6 +199,16 @@ mod tests {
             r#"device.attributes["gpu.gpuplace.io"].model in ["V100M16","T4"]"#
         );
         assert_ne!(template_name(&request(2, 1000, &["T4"])), name);
+        let mut linked = request(4, 1000, &[]);
+        linked.need.topology = GpuTopology::Nvlink;
+        let linked = claim_template("r1", "ns", &linked).unwrap();
+        assert_eq!(linked.metadata.name.as_deref(), Some("gpus-4-nvlink"));
+        let constraints = linked.spec.spec.devices.unwrap().constraints.unwrap();
+        assert_eq!(
+            constraints[0].match_attribute.as_deref(),
+            Some("gpu.gpuplace.io/nvlinkClique")
+        );
+        assert_eq!(constraints[0].requests, Some(vec![POD_CLAIM.to_string()]));
     }
 
     #[test]

@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 
 use gpuplace_model::keys::{
     GPU_PRODUCT_LABEL, GPU_RESOURCE, INVENTORY_ANNOTATION, MODEL_ANNOTATION, POD_GROUP_LABEL,
-    SHARE_RESOURCE,
+    SHARE_RESOURCE, TOPOLOGY_ANNOTATION, TOPOLOGY_PREFERENCE_ANNOTATION,
 };
-use gpuplace_model::{NodeInventory, Request};
+use gpuplace_model::{GpuTopology, NodeInventory, Request};
 use gpuplace_scheduler::k8s::gang::{PodGroup, PodGroupSpec};
 use gpuplace_scheduler::k8s::queue::{Queue, QueueSpec};
 use gpuplace_sim::timeline::tenants::TenantQueue;
@@ -161,6 +161,19 @@ pub fn pod(
             json!(request.allowed_models.join(",")),
         );
     }
+    // How the GPUs must be linked: a claim's matchAttribute constraint with claims.
+    if request.need.topology != GpuTopology::Any && !claims {
+        annotations.insert(
+            TOPOLOGY_ANNOTATION.into(),
+            json!(request.need.topology.name()),
+        );
+    }
+    if request.need.prefer != GpuTopology::Any {
+        annotations.insert(
+            TOPOLOGY_PREFERENCE_ANNOTATION.into(),
+            json!(request.need.prefer.name()),
+        );
+    }
     let mut spec = serde_json::Map::new();
     spec.insert("schedulerName".into(), json!(template.scheduler_name));
     spec.insert("restartPolicy".into(), json!("Never"));
@@ -202,13 +215,17 @@ pub fn pod(
 pub const POD_CLAIM: &str = "gpu";
 
 /// The template of the pods asking `request` (one per shape): `gpus-<n>` or
-/// `share-<milli>`, with `-m<hash>` for a list of allowed models.
+/// `share-<milli>`, with `-<topology>` for GPUs that must be linked so (`-nvlink`,
+/// `-pcie-switch`, `-numa`) and `-m<hash>` for a list of allowed models.
 pub fn template_name(request: &Request) -> String {
     let mut name = if request.gpu_milli < 1000 {
         format!("share-{}", request.gpu_milli)
     } else {
         format!("gpus-{}", request.gpu_count)
     };
+    if request.need.topology != gpuplace_model::GpuTopology::Any {
+        name.push_str(&format!("-{}", request.need.topology.name()));
+    }
     if !request.allowed_models.is_empty() {
         name.push_str(&format!("-m{:08x}", models_hash(&request.allowed_models)));
     }

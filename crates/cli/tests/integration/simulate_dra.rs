@@ -52,7 +52,13 @@ fn decisions(mut v: serde_json::Value) -> serde_json::Value {
 
 #[test]
 fn gpuplace_places_claim_pods_as_it_places_device_plugin_pods() {
-    for mode in [&["--timeline", "--arrivals", "2000"][..], &[][..]] {
+    // Half the multi-GPU pods ask NVLink (a matchAttribute constraint with claims).
+    let linked = ["--require-topology", "0.5"];
+    for mode in [
+        &["--timeline", "--arrivals", "2000"][..],
+        &[][..],
+        &linked[..],
+    ] {
         let policies = ["--policies", "gpuplace,fgd,best-fit"];
         let plain = simulated(&[mode, &policies[..]].concat());
         let claimed = simulated(&[mode, &policies[..], &["--dra"]].concat());
@@ -93,10 +99,10 @@ fn kube_dra_runs_only_with_claims_and_kube_default_only_without() {
 
 #[test]
 fn a_shape_a_claim_cannot_carry_is_refused_by_name() {
-    let said = refused(&["--dra", "--require-topology", "1", "--policies", "gpuplace"]);
+    let said = refused(&["--dra", "--prefer-topology", "1", "--policies", "gpuplace"]);
     assert!(
         said.contains("--dra: cannot claim this workload's GPUs: the claim of shape gpus-"),
         "{said}"
     );
-    assert!(said.contains("no topology asks"), "{said}");
+    assert!(said.contains("no preferred topology"), "{said}");
 }

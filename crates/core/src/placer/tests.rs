@@ -273,3 +273,42 @@ fn kube_dra_takes_the_first_devices_that_fit_and_places_as_kube_default() {
         assert_eq!(by(Policy::KubeDra), 1);
     }
 }
+
+#[test]
+fn kube_dra_takes_the_first_linked_set_where_gpuplace_takes_the_best() {
+    use gpuplace_model::{GpuTopology, Link, PcieLevel};
+    // Two NVLink quads, 0-3 and 4-7.
+    let mut node = NodeInventory::uniform("q", 64_000, 65_536, 8, "A100");
+    for a in 0..8u32 {
+        for b in a + 1..8 {
+            node.links.push(Link {
+                a,
+                b,
+                nvlinks: if a / 4 == b / 4 { 12 } else { 0 },
+                pcie: PcieLevel::CrossCpu,
+            });
+        }
+    }
+    let mut state = ClusterState::new(vec![node]).unwrap();
+    for g in [1, 4, 5] {
+        state.apply(0, &req(0, 1, 1000), &[(g, 1000)]).unwrap();
+    }
+    let mut linked = req(1000, 2, 1000);
+    linked.need.topology = GpuTopology::Nvlink;
+    // The allocator walks 0, 2, ...: the first linked pair, which leaves GPU 3 alone;
+    // gpuplace takes 6 and 7 and keeps three linked GPUs (0, 2, 3) free.
+    let first = Placer::new(Policy::KubeDra, 1)
+        .choose(&state, &linked, None)
+        .unwrap();
+    assert_eq!(first.gpus, vec![(0, 1000), (2, 1000)]);
+    let best = Placer::new(Policy::GPUPLACE, 1)
+        .choose(&state, &linked, None)
+        .unwrap();
+    assert_eq!(best.gpus, vec![(6, 1000), (7, 1000)]);
+    // Three linked: only the first quad has three free.
+    linked.gpu_count = 3;
+    let three = Placer::new(Policy::KubeDra, 1)
+        .choose(&state, &linked, None)
+        .unwrap();
+    assert_eq!(three.gpus, vec![(0, 1000), (2, 1000), (3, 1000)]);
+}

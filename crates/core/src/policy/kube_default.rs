@@ -90,7 +90,9 @@ fn balanced(resources: &[Resource]) -> i64 {
 /// kube-scheduler's structured allocator (`kube-dra`): it walks the node's ResourceSlice
 /// in its order (gpuplace's driver lists a node's GPUs by position) and takes the first
 /// devices that match and have room, so `count` whole GPUs are the first `count` of
-/// `available` (positions, ascending) and a share goes to the first GPU it fits on.
+/// `available` (positions, ascending) and a share goes to the first GPU it fits on. With
+/// a `matchAttribute` constraint it backtracks: the first set in that order that meets it
+/// ([`crate::require::first_set`]).
 pub(crate) fn first_devices(available: &[usize], count: usize) -> Vec<usize> {
     available.iter().copied().take(count).collect()
 }

@@ -12,6 +12,12 @@ fn request(count: u32, milli: u32, models: &[&str]) -> Request {
     }
 }
 
+fn linked(count: u32, topology: GpuTopology) -> Request {
+    let mut r = request(count, 1000, &[]);
+    r.need.topology = topology;
+    r
+}
+
 fn cluster() -> Vec<NodeInventory> {
     vec![
         NodeInventory::uniform("a", 96_000, 786_432, 8, "V100M16"),
@@ -32,22 +38,32 @@ fn trace_shapes_read_as_claims_ask_what_the_pods_asked() {
         request(2, 1000, &["V100M16", "T4"]),
         // A model the cluster lacks changes nothing.
         request(4, 1000, &["A100", "P100"]),
+        // GPUs that must be linked: a matchAttribute constraint, read back as asked.
+        linked(2, GpuTopology::Nvlink),
+        linked(4, GpuTopology::PcieSwitch),
+        linked(2, GpuTopology::Numa),
         request(0, 0, &[]),
         request(1, 1000, &[]),
     ];
     let found = read_as_claims(&requests, &cluster()).unwrap();
-    assert_eq!(found, Claimed { pods: 8, shapes: 7 });
+    assert_eq!(
+        found,
+        Claimed {
+            pods: 11,
+            shapes: 10
+        }
+    );
 }
 
 #[test]
 fn what_a_claim_of_a_shape_cannot_carry_is_refused_by_name() {
     let mut linked = request(4, 1000, &[]);
-    linked.need.topology = GpuTopology::Nvlink;
+    linked.need.prefer = GpuTopology::Nvlink;
     let err = read_as_claims([&linked], &cluster()).unwrap_err();
     assert!(matches!(err, ClaimedError::NotAsAsked { .. }), "{err}");
     let text = err.to_string();
     assert!(
-        text.contains("shape gpus-4") && text.contains("no topology asks"),
+        text.contains("shape gpus-4") && text.contains("no preferred topology"),
         "{text}"
     );
     let mut pattern = request(1, 1000, &[]);

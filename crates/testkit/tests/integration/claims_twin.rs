@@ -1,6 +1,6 @@
 //! gpuplace places a pod whose GPUs come through DRA claims exactly where, and on exactly
 //! the GPUs, it places the same pod asking the device plugin's resources: seeded
-//! sequences of openb shapes (whole GPUs, shares, allowed models), arriving one per round
+//! sequences of openb shapes (whole GPUs, shares, allowed models, NVLink asked), arriving one per round
 //! with departures between, through the scheduler twice on the in-memory API, once on
 //! device-plugin nodes and once on DRA nodes with each pod's claim made from the
 //! ResourceClaimTemplate `replay --dra` makes for its shape. This is what lets
@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use gpuplace_core::Policy;
 use gpuplace_model::device_attributes::device_index;
-use gpuplace_model::{Assignment, NodeInventory, Request};
+use gpuplace_model::{Assignment, GpuNeed, GpuTopology, Link, NodeInventory, PcieLevel, Request};
 use gpuplace_replay::claims::{claim_template, dra_node};
 use gpuplace_replay::objects::{PodTemplate, fake_node, pod};
 use gpuplace_replay::plan::PlannedPod;
@@ -26,13 +26,7 @@ const NS: &str = "trace";
 fn cluster() -> Vec<NodeInventory> {
     let mut nodes = Vec::new();
     for i in 0..3 {
-        nodes.push(NodeInventory::uniform(
-            &format!("v{i}"),
-            64_000,
-            262_144,
-            8,
-            "V100M16",
-        ));
+        nodes.push(quads(&format!("v{i}")));
     }
     for i in 0..3 {
         nodes.push(NodeInventory::uniform(
@@ -46,6 +40,22 @@ fn cluster() -> Vec<NodeInventory> {
     nodes.push(NodeInventory::uniform("a0", 48_000, 196_608, 2, "A10"));
     nodes.push(NodeInventory::uniform("c0", 64_000, 262_144, 0, ""));
     nodes
+}
+
+/// An 8-GPU V100 node of two NVLink quads (0-3, 4-7).
+fn quads(name: &str) -> NodeInventory {
+    let mut node = NodeInventory::uniform(name, 64_000, 262_144, 8, "V100M16");
+    for a in 0..8u32 {
+        for b in a + 1..8 {
+            node.links.push(Link {
+                a,
+                b,
+                nvlinks: if a / 4 == b / 4 { 12 } else { 0 },
+                pcie: PcieLevel::CrossCpu,
+            });
+        }
+    }
+    node
 }
 
 /// An openb-like shape drawn from `rng`.
@@ -64,13 +74,19 @@ fn shape(rng: &mut ChaCha8Rng) -> Request {
         1 if gpu_count > 0 => vec!["V100M16".to_string(), "A10".to_string()],
         _ => Vec::new(),
     };
+    // Some multi-GPU pods must have their GPUs linked by NVLink (a matchAttribute
+    // constraint with claims, the topology annotation without).
+    let mut need = GpuNeed::default();
+    if gpu_count > 1 && rng.random_range(0..2) == 0 {
+        need.topology = GpuTopology::Nvlink;
+    }
     Request {
         cpu_milli: 1000 * rng.random_range(1..=12),
         memory_mib: 4096 * rng.random_range(1..=12),
         gpu_count,
         gpu_milli,
         allowed_models,
-        need: Default::default(),
+        need,
     }
 }
 
@@ -204,6 +220,7 @@ struct Seen {
     placed_whole: usize,
     placed_shares: usize,
     with_models: usize,
+    linked: usize,
     waited: usize,
     departed: usize,
 }
@@ -258,6 +275,9 @@ async fn one_sequence(policy: Policy, seed: u64, seen: &mut Seen) {
         if !r.allowed_models.is_empty() && plain.placed(n).is_some() {
             seen.with_models += 1;
         }
+        if r.need.topology != GpuTopology::Any && plain.placed(n).is_some() {
+            seen.linked += 1;
+        }
     }
 }
 
@@ -270,9 +290,15 @@ async fn claim_pods_go_where_and_on_the_gpus_device_plugin_pods_go() {
         }
     }
     println!(
-        "claim twins: {} whole-GPU pods and {} shares placed alike ({} with allowed models), {} left waiting alike, {} departures",
-        seen.placed_whole, seen.placed_shares, seen.with_models, seen.waited, seen.departed
+        "claim twins: {} whole-GPU pods and {} shares placed alike ({} with allowed models, {} NVLink-linked), {} left waiting alike, {} departures",
+        seen.placed_whole,
+        seen.placed_shares,
+        seen.with_models,
+        seen.linked,
+        seen.waited,
+        seen.departed
     );
     assert!(seen.placed_whole >= 100 && seen.placed_shares >= 50 && seen.with_models >= 30);
+    assert!(seen.linked >= 30);
     assert!(seen.waited >= 20 && seen.departed >= 100);
 }
