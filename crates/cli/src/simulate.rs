@@ -144,7 +144,7 @@ fn claims_of(
     )
     .context("--dra: cannot claim this workload's GPUs")?;
     Ok(Some(format!(
-        "DRA: the GPUs of {} pods claimed from {} ResourceClaimTemplates (one per shape), each read by the scheduler's claim code as asking what its pods ask",
+        "DRA: the GPUs of the list's {} GPU pods claimed from {} ResourceClaimTemplates (one per shape), each read by the scheduler's claim code as asking what its pods ask",
         read.pods, read.shapes
     )))
 }

@@ -67,7 +67,8 @@ fn gpuplace_places_claim_pods_as_it_places_device_plugin_pods() {
             .as_str()
             .expect("the report says what was claimed");
         assert!(
-            said.starts_with("DRA: the GPUs of ") && said.contains("ResourceClaimTemplates"),
+            said.starts_with("DRA: the GPUs of the list's ")
+                && said.contains("ResourceClaimTemplates"),
             "{said}"
         );
         assert_eq!(decisions(plain), decisions(claimed), "{mode:?}");
