@@ -503,7 +503,8 @@ mod tests {
             let mut state = ClusterState::new(nodes.clone()).expect("state");
             let mut by = ByPriority::new(nodes.len());
             let mut running: Vec<(usize, i32, Request)> = Vec::new();
-            let mut taken: Vec<(usize, Request, Vec<(usize, u32)>)> = Vec::new();
+            // GPUs taken in the state alone: (node, the GPU).
+            let mut taken: Vec<(usize, usize)> = Vec::new();
             for _ in 0..400 {
                 match rng.random_range(0..5) {
                     0 => {
@@ -519,14 +520,15 @@ mod tests {
                     2 => {
                         let n = rng.random_range(0..nodes.len());
                         let g = rng.random_range(0..4);
-                        let r = asking(1, 2_000);
-                        if state.apply(n, &r, &[(g, 1_000)]).is_ok() {
-                            taken.push((n, r, vec![(g, 1_000)]));
+                        if state.apply(n, &asking(1, 2_000), &[(g, 1_000)]).is_ok() {
+                            taken.push((n, g));
                         }
                     }
                     3 if !taken.is_empty() => {
-                        let (n, r, gpus) = taken.swap_remove(rng.random_range(0..taken.len()));
-                        state.release(n, &r, &gpus).expect("release");
+                        let (n, g) = taken.swap_remove(rng.random_range(0..taken.len()));
+                        state
+                            .release(n, &asking(1, 2_000), &[(g, 1_000)])
+                            .expect("release");
                     }
                     _ => {
                         let request = asking(rng.random_range(1..6), 4_000);
