@@ -37,13 +37,10 @@ pub(crate) fn choose_gpus_on(
     if request.gpu_count == 0 {
         return Vec::new();
     }
-    let need = &request.need;
-    if request.is_fractional() && policy == Policy::KubeDra {
-        // The first device that matches and has the capacity left.
-        let usable = state.usable_gpus_on(n, node, request);
-        let g = crate::policy::kube_default::first_devices(&usable, 1);
-        return g.into_iter().map(|g| (g, request.gpu_milli)).collect();
+    if policy == Policy::KubeDra {
+        return allocator_gpus(state, n, node, request);
     }
+    let need = &request.need;
     if request.is_fractional() {
         let mut g = match policy {
             Policy::Fgd | Policy::Gpuplace(_) => hint as usize,
@@ -69,24 +66,8 @@ pub(crate) fn choose_gpus_on(
     }
     let available = state.usable_gpus_on(n, node, request);
     let count = request.gpu_count as usize;
-    let picked = match policy {
-        Policy::KubeDefault => Some(crate::policy::kube_default::whole_gpus(
-            rng, &available, count,
-        )),
-        Policy::KubeDra => Some(match need.topology {
-            GpuTopology::Any => crate::policy::kube_default::first_devices(&available, count),
-            required => require::first_set(
-                state.links(n),
-                state.pair_rules(n),
-                required,
-                &available,
-                count,
-            )
-            .unwrap_or_default(),
-        }),
-        _ => None,
-    };
-    if let Some(picked) = picked {
+    if policy == Policy::KubeDefault {
+        let picked = crate::policy::kube_default::whole_gpus(rng, &available, count);
         return picked.into_iter().map(|g| (g, request.gpu_milli)).collect();
     }
     let (links, rules) = (state.links(n), state.pair_rules(n));
@@ -105,6 +86,31 @@ pub(crate) fn choose_gpus_on(
             .collect()
     })
     .unwrap_or_default()
+}
+
+/// `kube-dra`'s GPUs for `request` on node `n` in state `node`: kube-scheduler's allocator
+/// takes the first matching devices with room, in the slice's order, and for a required
+/// topology (a `matchAttribute` constraint) the first set in that order that meets it.
+fn allocator_gpus(
+    state: &ClusterState,
+    n: usize,
+    node: &NodeState,
+    request: &Request,
+) -> Vec<(usize, u32)> {
+    let usable = state.usable_gpus_on(n, node, request);
+    let count = request.gpu_count as usize;
+    let picked = match request.need.topology {
+        GpuTopology::Any => crate::policy::kube_default::first_devices(&usable, count),
+        required => require::first_set(
+            state.links(n),
+            state.pair_rules(n),
+            required,
+            &usable,
+            count,
+        )
+        .unwrap_or_default(),
+    };
+    picked.into_iter().map(|g| (g, request.gpu_milli)).collect()
 }
 
 /// Nodes that can give a multi-GPU request its preferred topology rank above every node
