@@ -163,13 +163,22 @@ impl ReplayArgs {
     }
 
     fn policy(&self) -> anyhow::Result<Policy> {
-        Ok(match &self.policy {
+        let policy = match &self.policy {
             Some(p) => p.parse()?,
             None if self.scheduler_name == "gpuplace" => Policy::GPUPLACE,
             // kube-scheduler allocating the claims itself.
             None if self.dra => Policy::KubeDra,
             None => Policy::KubeDefault,
-        })
+        };
+        match policy {
+            Policy::KubeDefault if self.dra => bail!(
+                "--policy kube-default takes the device plugin's GPUs; with --dra kube-scheduler allocates the claims itself: kube-dra"
+            ),
+            Policy::KubeDra if !self.dra => {
+                bail!("--policy kube-dra is kube-scheduler allocating DRA claims: add --dra")
+            }
+            _ => Ok(policy),
+        }
     }
 
     fn template(&self, run: &str) -> anyhow::Result<PodTemplate> {

@@ -62,6 +62,14 @@ fn bad_inputs_are_refused_before_the_cluster_is_touched() {
         (vec!["--sample-nodes", "5"], "only --fake-nodes creates"),
         (vec!["--policy", "magic"], "unknown policy \"magic\""),
         (
+            vec!["--policy", "kube-dra"],
+            "--policy kube-dra is kube-scheduler allocating DRA claims: add --dra",
+        ),
+        (
+            vec!["--dra", "--policy", "kube-default"],
+            "with --dra kube-scheduler allocates the claims itself",
+        ),
+        (
             vec![
                 "--nodes",
                 "/nonexistent/n.csv",
