@@ -4,12 +4,12 @@ use std::io::Write;
 
 use assert_cmd::Command;
 
-fn gpuplace() -> Command {
+pub(crate) fn gpuplace() -> Command {
     Command::cargo_bin("gpuplace").unwrap()
 }
 
 /// Runs `cmd`, which must succeed, and reads its stdout as one JSON object.
-fn json_of(cmd: &mut Command) -> serde_json::Value {
+pub(crate) fn json_of(cmd: &mut Command) -> serde_json::Value {
     let out = cmd.output().unwrap();
     assert!(
         out.status.success(),
@@ -20,7 +20,7 @@ fn json_of(cmd: &mut Command) -> serde_json::Value {
 }
 
 /// Runs `cmd`, which must fail, and returns what it said on stderr.
-fn refusal_of(cmd: &mut Command) -> String {
+pub(crate) fn refusal_of(cmd: &mut Command) -> String {
     let out = cmd.output().unwrap();
     assert!(!out.status.success());
     String::from_utf8_lossy(&out.stderr).into_owned()

@@ -1,35 +1,23 @@
 //! `gpuplace simulate --dra`: the same workload with its GPUs claimed through DRA.
 
-use assert_cmd::Command;
-
-fn gpuplace() -> Command {
-    Command::cargo_bin("gpuplace").unwrap()
-}
+use crate::simulate::{gpuplace, json_of, refusal_of};
 
 /// Runs `simulate` with `args` on the built-in workload (1/16 of its size); stdout's JSON.
 fn simulated(args: &[&str]) -> serde_json::Value {
-    let out = gpuplace()
-        .args(["simulate", "--scale", "16", "--seeds", "2", "--json"])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("stdout is one JSON object")
+    json_of(
+        gpuplace()
+            .args(["simulate", "--scale", "16", "--seeds", "2", "--json"])
+            .args(args),
+    )
 }
 
 /// Runs `simulate` with `args`, which must be refused; what it said.
 fn refused(args: &[&str]) -> String {
-    let out = gpuplace()
-        .args(["simulate", "--scale", "16", "--seeds", "1"])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    refusal_of(
+        gpuplace()
+            .args(["simulate", "--scale", "16", "--seeds", "1"])
+            .args(args),
+    )
 }
 
 /// The report without its times.
@@ -50,8 +38,11 @@ fn decisions(mut v: serde_json::Value) -> serde_json::Value {
     v
 }
 
+/// `--dra` reads the claims and changes no decision of gpuplace's policies, only adds the
+/// report's claims line (that the scheduler places claim pods as device-plugin pods is
+/// shown through the scheduler by the testkit's `claims_twin`).
 #[test]
-fn gpuplace_places_claim_pods_as_it_places_device_plugin_pods() {
+fn dra_changes_no_decision_of_gpuplaces_policies_and_says_what_it_claimed() {
     // Half the multi-GPU pods ask NVLink (a matchAttribute constraint with claims).
     let linked = ["--require-topology", "0.5"];
     for mode in [
