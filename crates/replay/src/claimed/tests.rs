@@ -88,3 +88,33 @@ fn selectors_that_admit_some_nodes_of_a_model_and_not_others_are_refused() {
         "{err}"
     );
 }
+
+/// Every pod list of the openb trace beside the repository reads as claims that ask what
+/// its pods ask (skips, saying why, when the trace is absent).
+#[test]
+fn every_openb_pod_list_reads_as_claims() {
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = match gpuplace_sim::trace::shared_openb_dir(manifest) {
+        Ok(dir) => dir,
+        Err(why) => {
+            println!("skipped: {why}");
+            return;
+        }
+    };
+    let nodes = gpuplace_sim::load_nodes(&dir.join("openb_node_list_gpu_node.csv")).unwrap();
+    let mut lists = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if !(name.starts_with("openb_pod_list_") && name.ends_with(".csv")) {
+            continue;
+        }
+        let pods = gpuplace_sim::load_pods(&path).unwrap();
+        let read = read_as_claims(pods.iter().map(|p| &p.request), &nodes)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        println!("{name}: {} GPU pods, {} shapes", read.pods, read.shapes);
+        assert!(read.pods > 0 && read.shapes > 0, "{name}");
+        lists += 1;
+    }
+    assert!(lists >= 1);
+}
