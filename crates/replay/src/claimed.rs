@@ -6,7 +6,7 @@
 //! simulator then replays claim pods with exactly what the scheduler places them by; a
 //! shape a claim cannot carry is refused by name.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 
 use gpuplace_model::{GpuNeed, NodeInventory, Request};
@@ -54,7 +54,7 @@ pub fn read_as_claims<'a>(
     requests: impl IntoIterator<Item = &'a Request>,
     nodes: &[NodeInventory],
 ) -> Result<Claimed, ClaimedError> {
-    let mut seen = BTreeSet::new();
+    let mut seen = HashSet::new();
     let mut pods = 0;
     for request in requests.into_iter().filter(|r| r.gpu_count > 0) {
         pods += 1;
@@ -69,13 +69,12 @@ pub fn read_as_claims<'a>(
 }
 
 /// What a claim of `request`'s shape is made from: the request without CPU and memory.
-fn gpu_part(request: &Request) -> String {
-    let gpus = Request {
+fn gpu_part(request: &Request) -> Request {
+    Request {
         cpu_milli: 0,
         memory_mib: 0,
         ..request.clone()
-    };
-    serde_json::to_string(&gpus).unwrap_or_else(|_| format!("{gpus:?}"))
+    }
 }
 
 /// The claim of `request`'s shape read as the scheduler reads it: asked as `request` asks.
@@ -195,13 +194,10 @@ fn present(nodes: &[NodeInventory], allows: impl Fn(&str) -> bool) -> Vec<String
     }
 }
 
+/// `request`'s GPU part as a message shows it.
 fn described(request: &Request) -> String {
-    serde_json::to_string(&Request {
-        cpu_milli: 0,
-        memory_mib: 0,
-        ..request.clone()
-    })
-    .unwrap_or_else(|_| format!("{request:?}"))
+    let gpus = gpu_part(request);
+    serde_json::to_string(&gpus).unwrap_or_else(|_| format!("{gpus:?}"))
 }
 
 /// The scheduler's claim lookup over one claim.

@@ -31,6 +31,7 @@ mod members;
 mod movable;
 pub(crate) mod node_plans;
 mod nominee;
+mod once;
 mod pace;
 mod parked;
 pub(crate) mod quiet;
@@ -169,10 +170,9 @@ pub struct Engine<'a> {
     released: Vec<u32>,
     /// Whether [`Self::still_fails`] may answer (off only to check that it changes nothing).
     memo: bool,
-    /// Scratch for [`Self::still_fails`]: per node, the call that last looked at it (a
-    /// set of the nodes seen was 6% of a gpuspec10 run at load 1.2).
-    seen_nodes: Vec<u64>,
-    seen_call: u64,
+    /// Scratch for [`Self::still_fails`]: each released node asked once (a set of the nodes
+    /// seen was 6% of a gpuspec10 run at load 1.2).
+    seen_nodes: once::OncePerPass,
     /// The nodes pods left since the last round (parked units they could help wake).
     left: Vec<u32>,
     sequence: u64,
@@ -287,8 +287,7 @@ impl<'a> Engine<'a> {
             reclaim_pool: None,
             failed_at: vec![u32::MAX; distinct],
             released: Vec::new(),
-            seen_nodes: Vec::new(),
-            seen_call: 0,
+            seen_nodes: Default::default(),
             memo: true,
             left: Vec::new(),
             sequence: 0,

@@ -62,10 +62,8 @@ pub(super) struct ByPriority {
     /// scan of the answers, comparing their models, was a fourth of this check's time at
     /// load 1.2: fgd, seed 42, `perf`).
     index: std::collections::HashMap<AnswerKey, usize, foldhash::fast::FixedState>,
-    /// Per node, the refresh that last looked at it (`refreshes`): a node changed many
-    /// times since an answer was last asked is looked at once.
-    looked: Vec<u64>,
-    refreshes: u64,
+    /// A refresh looks at a node changed many times since its answer was last asked once.
+    looked: super::once::OncePerPass,
 }
 
 /// An answer's place in [`ByPriority::index`]: its priority, the request's amounts and a
@@ -270,17 +268,10 @@ impl ByPriority {
     /// again.
     fn refresh(&mut self, i: usize, state: &ClusterState, request: &Request) {
         let priority = self.answers[i].priority;
-        self.refreshes += 1;
-        let refresh = self.refreshes;
         let mut looked = std::mem::take(&mut self.looked);
-        looked.resize(self.held.len(), 0);
+        looked.begin(self.held.len());
         let nodes: Vec<u32> = match self.changed_since(state, self.answers[i].marks) {
-            Some(changed) => changed
-                .filter(|&n| {
-                    let seen = looked.get_mut(n as usize);
-                    seen.is_some_and(|s| std::mem::replace(s, refresh) != refresh)
-                })
-                .collect(),
+            Some(changed) => changed.filter(|&n| looked.first(n as usize)).collect(),
             None => (0..self.held.len() as u32).collect(),
         };
         self.looked = looked;

@@ -152,17 +152,12 @@ impl<'a> Engine<'a> {
             return false;
         }
         let request = self.request_of(rid as u32);
-        self.seen_call += 1;
-        let call = self.seen_call;
         let mut seen = std::mem::take(&mut self.seen_nodes);
-        seen.resize(self.state.len(), 0);
-        // Each node released since is asked once (`seen` holds the call that last asked).
-        let fits = self.released[since as usize..].iter().any(|&n| {
-            let first = seen
-                .get_mut(n as usize)
-                .is_some_and(|s| std::mem::replace(s, call) != call);
-            first && self.state.fit(n as usize, request).is_ok()
-        });
+        seen.begin(self.state.len());
+        // Each node released since is asked once.
+        let fits = self.released[since as usize..]
+            .iter()
+            .any(|&n| seen.first(n as usize) && self.state.fit(n as usize, request).is_ok());
         self.seen_nodes = seen;
         if !fits {
             self.failed_at[rid] = self.released.len() as u32;
