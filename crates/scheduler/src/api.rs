@@ -61,6 +61,9 @@ pub struct ClusterView {
     pub jobs: crate::k8s::job::Jobs,
     /// Allocated DRA claims no pod holds, whose devices stay taken until deallocated.
     pub claim_holds: Arc<[crate::k8s::dra::store::ClaimHold]>,
+    /// gpuplace's DeviceClass that serves the device plugin's GPU resource on nodes
+    /// without the device plugin (its `extendedResourceName`; DRAExtendedResource), if one.
+    pub gpu_class: Option<Arc<crate::k8s::dra::extended::GpuClass>>,
     /// Grows with every watch event the view reflects: equal generations, equal views.
     pub generation: u64,
 }
@@ -145,6 +148,18 @@ pub struct BindRequest {
     /// The pod's DRA claims to allocate or join, written before the Binding (and undone
     /// when it fails).
     pub claims: Vec<crate::k8s::dra::write::ClaimWrite>,
+    /// For a pod asking the GPU resource placed on a node served through DRA: the claim
+    /// made for it, allocated, and its status written before the Binding (the claim
+    /// deleted when the Binding fails).
+    pub extended: Option<Box<crate::k8s::dra::extended::ExtendedWrite>>,
+}
+
+/// A claim the server made ([`ClusterApi::create_claim`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimMade {
+    pub name: String,
+    pub uid: String,
+    pub resource_version: String,
 }
 
 /// What a fresh read of a pod says (to settle a write whose outcome is unknown).
@@ -221,6 +236,30 @@ pub trait ClusterApi: Clone + Send + Sync + 'static {
         &self,
         write: &crate::k8s::dra::write::ClaimWrite,
     ) -> impl Future<Output = Result<(), ApiError>> + Send;
+
+    /// Creates `claim` (a name generated from its `generateName`) and says what the
+    /// server made: its name, UID and resourceVersion.
+    fn create_claim(
+        &self,
+        claim: &k8s_openapi::api::resource::v1::ResourceClaim,
+    ) -> impl Future<Output = Result<ClaimMade, ApiError>> + Send;
+
+    /// Deletes a claim the scheduler made (its UID the precondition): its delete
+    /// protection taken off first, so it goes at once. A claim already gone is `Ok`.
+    fn delete_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> impl Future<Output = Result<(), ApiError>> + Send;
+
+    /// Sets (or with `None` clears) the pod's `status.extendedResourceClaimStatus` (its UID
+    /// the precondition); the pod as written (the Binding then names its new version).
+    fn extended_status(
+        &self,
+        pod: &PodKey,
+        status: Option<&k8s_openapi::api::core::v1::PodExtendedResourceClaimStatus>,
+    ) -> impl Future<Output = Result<PodState, ApiError>> + Send;
 
     /// Reads the pod from the server (not the cache); `None` when it does not exist.
     fn get_pod(

@@ -419,8 +419,10 @@ impl<A: ClusterApi> Extender<A> {
             let (mut reservation, mut request) =
                 reserve(snapshot, &pod, &demand, &decision, &policy, None);
             // Behind kube-scheduler, its DynamicResources plugin allocates a pod's claims
-            // (in PreBind, before this bind): the extender writes none.
+            // (in PreBind, before this bind), the claim of a pod asking the GPU resource on
+            // a DRA node too: the extender writes none.
             request.claims.clear();
+            request.extended = None;
             // kube-scheduler sent the pod: the lagging watch may not have shown it yet.
             reservation.seen = false;
             inner.cache.assume(reservation);

@@ -225,6 +225,9 @@ struct Seen {
     left: left::Left,
     /// The allocated claims no pod held (their devices free once deallocated).
     claim_holds: std::sync::Arc<[crate::k8s::dra::store::ClaimHold]>,
+    /// The DeviceClass that served the GPU resource on DRA nodes (nodes open or close to
+    /// such pods when it changes).
+    gpu_class: Option<std::sync::Arc<crate::k8s::dra::extended::GpuClass>>,
 }
 
 /// The scheduler over any [`ClusterApi`].

@@ -33,6 +33,9 @@ pub struct Scalars {
     /// Nodes with no pod slot left: while none is full, a pod asking only for its slot
     /// needs no per-node check.
     pods_full: usize,
+    /// gpuplace's DeviceClass that serves the device plugin's GPU resource on nodes
+    /// served through DRA (the view's), if one: pods asking that resource may go there.
+    pub gpu_class: Option<std::sync::Arc<crate::k8s::dra::extended::GpuClass>>,
 }
 
 impl Scalars {
@@ -41,7 +44,18 @@ impl Scalars {
             .iter()
             .filter(|m| m.get("pods").is_some_and(|f| *f < 1))
             .count();
-        Scalars { free, pods_full }
+        Scalars {
+            free,
+            pods_full,
+            gpu_class: None,
+        }
+    }
+
+    /// Whether node `n` serves its GPUs through gpuplace's DRA driver.
+    pub fn serves_claims(&self, n: usize) -> bool {
+        self.free
+            .get(n)
+            .is_some_and(|f| f.contains_key(crate::k8s::dra::DRA_GPUS))
     }
 
     /// Takes one pod's `amounts` (and its pod slot) on node `n`.

@@ -184,6 +184,7 @@ pub fn fleet(
 ) -> FleetStatus {
     let mut snapshot = crate::snapshot::build(&view.nodes, &view.pods, gpu_resource);
     snapshot.hold_claims(&[], &view.claim_holds);
+    snapshot.scalars.gpu_class = view.gpu_class.clone();
     let mut shapes = ShapeCounts::default();
     for pod in view.pods.iter() {
         if let Ok(d) = &pod.demand

@@ -17,6 +17,7 @@
 
 mod cluster_api;
 mod costs;
+mod extended_claims;
 mod jobs;
 mod listing;
 mod objects;
@@ -109,6 +110,8 @@ pub(super) struct Store {
     node_watchers: HashMap<String, tokio::sync::watch::Sender<u64>>,
     /// DRA ResourceClaims (`api/resource_claims.rs`).
     resource_claims: BTreeMap<(String, String), k8s_openapi::api::resource::v1::ResourceClaim>,
+    /// DRA DeviceClasses (`api/extended_claims.rs`).
+    device_classes: Vec<k8s_openapi::api::resource::v1::DeviceClass>,
     /// The resource claim controller held back: the UIDs of deleted pods whose claims it
     /// has not released yet (`None`: it releases them as the pod goes).
     claim_releases: Option<Vec<String>>,
@@ -157,6 +160,7 @@ impl Default for Store {
             pod_node: HashMap::new(),
             node_watchers: HashMap::new(),
             resource_claims: BTreeMap::new(),
+            device_classes: Vec::new(),
             claim_releases: None,
         }
     }

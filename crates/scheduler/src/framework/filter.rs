@@ -110,7 +110,7 @@ pub struct NodeFilter {
 
 /// Whether node `n` serves its GPUs through gpuplace's DRA driver.
 fn is_dra(scalars: &Scalars, n: usize) -> bool {
-    scalars.free[n].contains_key(crate::k8s::dra::DRA_GPUS)
+    scalars.serves_claims(n)
 }
 
 /// Whether node `n` advertises the share resource (`gpuplace.io/gpu-milli`).
@@ -141,8 +141,13 @@ pub fn filter_nodes<'a>(
     demand: &crate::k8s::demand::PodDemand,
 ) -> Cow<'a, Filtered> {
     let share = demand.is_share();
-    let plugin =
-        demand.request.gpu_count > 0 && !demand.extended.contains_key(crate::k8s::dra::DRA_GPUS);
+    // A pod asking whole GPUs of the device plugin's resource: kept off nodes served
+    // through DRA, unless gpuplace's DeviceClass serves that resource there (then its
+    // GPUs come through a claim made for it: `dra::extended`).
+    let plugin = demand.request.gpu_count > 0
+        && !demand.extended.contains_key(crate::k8s::dra::DRA_GPUS)
+        && !(scalars.gpu_class.is_some()
+            && crate::k8s::dra::extended::serves(&demand.containers, demand.request.gpu_count));
     if !scalars.must_check(&demand.extended) {
         if plugin && !share {
             let mask = filter.plugin.get_or_init(|| {

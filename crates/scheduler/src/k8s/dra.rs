@@ -10,6 +10,7 @@
 //! the same record.
 
 pub mod constraints;
+pub mod extended;
 pub mod pod;
 pub mod selectors;
 pub mod store;

@@ -56,6 +56,9 @@ pub struct KubeApi {
     queues: Watched<Queue>,
     namespaces: Watched<Namespace>,
     jobs: crate::k8s::job::Jobs,
+    /// DeviceClasses (where DRA is served): which of gpuplace's serves the GPU resource.
+    device_classes: Option<Watched<k8s_openapi::api::resource::v1::DeviceClass>>,
+    gpu_resource: String,
     events: Arc<events::Publisher>,
     /// Counts watch events of all three caches: the view's generation.
     changes: Changes,
@@ -207,13 +210,20 @@ impl KubeApi {
             dra.clone(),
             changes.clone(),
         );
-        if dra_served {
+        let device_classes = dra_served.then(|| {
             tokio::spawn(claims::watch_claims(
                 client.clone(),
                 Arc::clone(&pods),
                 changes.clone(),
             ));
-        }
+            run_reflector(
+                Api::<k8s_openapi::api::resource::v1::DeviceClass>::all(client.clone()),
+                |c| c.metadata.managed_fields = None,
+                "deviceclasses cannot be listed (RBAC?): the GPU resource is not served through DRA",
+                changes.clone(),
+                Some(claims::class_fingerprint),
+            )
+        });
         let events = Arc::new(events::Publisher::new(
             client.clone(),
             "gpuplace.io/scheduler",
@@ -315,6 +325,8 @@ impl KubeApi {
             queues,
             namespaces,
             jobs,
+            device_classes,
+            gpu_resource: gpu_resource.to_string(),
             changes,
             limit: None,
         })
@@ -352,7 +364,7 @@ impl ClusterApi for KubeApi {
         // The generation is read first: a change landing while the view is copied makes
         // the next generation differ, so it is never missed.
         let generation = *self.changes.borrow();
-        let (feed, pods, claim_holds) = {
+        let (feed, pods, claim_holds, gpu_class) = {
             let mut store = self.pods.lock().unwrap_or_else(|p| p.into_inner());
             let feed = store.feed(since);
             let pods = if with_pods || feed.changes.is_none() {
@@ -360,7 +372,14 @@ impl ClusterApi for KubeApi {
             } else {
                 Default::default()
             };
-            (feed, pods, store.claim_holds())
+            let gpu_class = self.device_classes.as_ref().and_then(|classes| {
+                crate::k8s::dra::extended::class_for(
+                    classes.listed().iter().map(|c| &**c),
+                    &store.claims().settings,
+                    &self.gpu_resource,
+                )
+            });
+            (feed, pods, store.claim_holds(), gpu_class)
         };
         Ok(FedView {
             view: ClusterView {
@@ -374,6 +393,7 @@ impl ClusterApi for KubeApi {
                 namespaces: self.namespaces.listed(),
                 jobs: self.jobs.clone(),
                 claim_holds,
+                gpu_class,
                 generation,
             },
             feed,
@@ -446,6 +466,36 @@ impl ClusterApi for KubeApi {
             store.claims().settings.clone()
         };
         claims::undo_claim(&self.client, write, &settings).await
+    }
+
+    async fn create_claim(
+        &self,
+        claim: &k8s_openapi::api::resource::v1::ResourceClaim,
+    ) -> Result<crate::api::ClaimMade, ApiError> {
+        self.throttle().await;
+        claims::create_claim(&self.client, claim).await
+    }
+
+    async fn delete_claim(&self, namespace: &str, name: &str, uid: &str) -> Result<(), ApiError> {
+        self.throttle().await;
+        claims::delete_claim(&self.client, namespace, name, uid).await
+    }
+
+    async fn extended_status(
+        &self,
+        pod: &PodKey,
+        status: Option<&k8s_openapi::api::core::v1::PodExtendedResourceClaimStatus>,
+    ) -> Result<PodState, ApiError> {
+        self.throttle().await;
+        let api = Api::<Pod>::namespaced(self.client.clone(), &pod.namespace);
+        let patch = serde_json::json!({
+            "metadata": {"uid": pod.uid},
+            "status": {"extendedResourceClaimStatus": status},
+        });
+        api.patch_status(&pod.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(|p| PodState::of(&p))
+            .map_err(api_error)
     }
 
     async fn get_pod(&self, pod: &PodKey) -> Result<Option<PodState>, ApiError> {

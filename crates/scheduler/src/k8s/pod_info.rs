@@ -336,22 +336,33 @@ impl PodInfo {
 
     /// A pod with claims keeps them and its own demand; the GPUs come from the claims.
     fn with_claims(mut self, pod: &Pod) -> PodInfo {
-        let refs = crate::k8s::dra::pod::refs_of(pod);
+        let mut refs = crate::k8s::dra::pod::refs_of(pod);
         let has_claims = pod
             .spec
             .as_ref()
             .and_then(|s| s.resource_claims.as_ref())
             .is_some_and(|c| !c.is_empty());
-        if !has_claims {
+        // A bound pod whose GPU resource was served through DRA holds the claim the
+        // scheduler made for it (a pending one is placed afresh).
+        let extended = self
+            .node_name
+            .as_ref()
+            .and_then(|_| pod.status.as_ref()?.extended_resource_claim_status.as_ref())
+            .map(|s| s.resource_claim_name.clone());
+        if !has_claims && extended.is_none() {
             return self;
         }
         let base = match &self.demand {
-            Ok(d) if d.request.gpu_count > 0 => Err(
+            Ok(d) if has_claims && d.request.gpu_count > 0 => Err(
                 "the pod asks GPUs through both the device plugin's resources and DRA claims; a pod asks one way"
                     .to_string(),
             ),
             other => other.clone(),
         };
+        refs.extend(extended.map(|claim| crate::k8s::dra::pod::PodClaimRef {
+            name: crate::k8s::dra::extended::EXTENDED_REF.to_string(),
+            claim: Some(claim),
+        }));
         self.dra = Some(Arc::new(PodDra {
             refs,
             base,

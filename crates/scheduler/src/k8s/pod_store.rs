@@ -77,6 +77,11 @@ impl PodStore {
         self
     }
 
+    /// The device plugin's GPU resource the pods' demand is read with.
+    pub fn gpu_resource(&self) -> &str {
+        &self.gpu_resource
+    }
+
     /// The claims it knows.
     pub fn claims(&self) -> &ClaimIndex {
         &self.claims

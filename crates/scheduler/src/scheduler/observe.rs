@@ -243,7 +243,9 @@ impl<A: ClusterApi> Scheduler<A> {
                 .iter()
                 .any(|h| !h.is_in(&view.claim_holds));
         self.seen.claim_holds = std::sync::Arc::clone(&view.claim_holds);
-        let nodes_changed = self.seen.nodes_changed(view);
+        let class_changed = self.seen.gpu_class != view.gpu_class;
+        self.seen.gpu_class = view.gpu_class.clone();
+        let nodes_changed = self.seen.nodes_changed(view) || class_changed;
         let volumes = crate::framework::volumes::digest(&view.claims, &view.volumes);
         let budgets: Vec<String> = view
             .budgets

@@ -241,6 +241,7 @@ pub fn reserve(
     use crate::k8s::demand::{ASSIGNMENT_ANNOTATION, Assignment, split_devices};
     let placement = decision.to_placement(&snapshot.state);
     let claims = claim_writes(snapshot, pod, decision, &placement.node);
+    let extended = extended_write(snapshot, pod, demand, decision, &placement.node);
     let containers = if pod.dra.is_some() {
         // A claim pod's containers take their devices through the claims.
         vec![gpuplace_model::ContainerAssignment {
@@ -283,6 +284,7 @@ pub fn reserve(
         node: placement.node,
         annotations: BTreeMap::from([(ASSIGNMENT_ANNOTATION.to_string(), assignment.to_json())]),
         claims,
+        extended,
     };
     (reservation, request)
 }
@@ -290,6 +292,55 @@ pub fn reserve(
 /// The assignment's one entry for a claim pod: its containers take the devices through
 /// their claims.
 pub const CLAIMS_ENTRY: &str = "resourceclaims";
+
+/// The GPUs of `decision` as the claim writes name them.
+fn placed_gpus(
+    snapshot: &Snapshot,
+    decision: &gpuplace_core::Decision,
+) -> Vec<crate::k8s::dra::write::PlacedGpu> {
+    let inventory = snapshot.state.inventory(decision.node);
+    decision
+        .gpus
+        .iter()
+        .map(|&(g, _)| crate::k8s::dra::write::PlacedGpu {
+            index: inventory.gpus[g].index,
+            memory_mib: inventory.gpus[g].memory_mib,
+        })
+        .collect()
+}
+
+/// For a pod asking the device plugin's GPU resource placed on a node served through
+/// DRA: the claim made for it with the GPUs of `decision` (`dra::extended`).
+fn extended_write(
+    snapshot: &Snapshot,
+    pod: &crate::k8s::pod_info::PodInfo,
+    demand: &crate::k8s::demand::PodDemand,
+    decision: &gpuplace_core::Decision,
+    node: &str,
+) -> Option<Box<crate::k8s::dra::extended::ExtendedWrite>> {
+    use crate::k8s::dra::extended::{ask_of, write_for};
+    if pod.dra.is_some() || !snapshot.scalars.serves_claims(decision.node) {
+        return None;
+    }
+    let class = snapshot.scalars.gpu_class.as_deref()?;
+    let Some(ask) = ask_of(&demand.containers, demand.request.gpu_count) else {
+        tracing::error!(pod = %pod.key, "placed on a node served through DRA, but its GPU containers make no claim");
+        return None;
+    };
+    match write_for(
+        &pod.key,
+        &ask,
+        class,
+        node,
+        &placed_gpus(snapshot, decision),
+    ) {
+        Ok(write) => Some(Box::new(write)),
+        Err(e) => {
+            tracing::error!(pod = %pod.key, error = %e, "the extended-resource claim cannot be written");
+            None
+        }
+    }
+}
 
 /// The claim writes that give `pod` the GPUs of `decision` (none for a pod without
 /// claims).
@@ -299,20 +350,11 @@ fn claim_writes(
     decision: &gpuplace_core::Decision,
     node: &str,
 ) -> Vec<crate::k8s::dra::write::ClaimWrite> {
-    use crate::k8s::dra::write::{PlacedGpu, writes_for};
+    use crate::k8s::dra::write::writes_for;
     let Some(plan) = pod.dra.as_ref().and_then(|d| d.plan.as_ref()) else {
         return Vec::new();
     };
-    let inventory = snapshot.state.inventory(decision.node);
-    let gpus: Vec<PlacedGpu> = decision
-        .gpus
-        .iter()
-        .map(|&(g, _)| PlacedGpu {
-            index: inventory.gpus[g].index,
-            memory_mib: inventory.gpus[g].memory_mib,
-        })
-        .collect();
-    match writes_for(plan, &pod.key, node, &gpus) {
+    match writes_for(plan, &pod.key, node, &placed_gpus(snapshot, decision)) {
         Ok(writes) => writes,
         Err(e) => {
             tracing::error!(pod = %pod.key, error = %e, "the claims cannot be written");

@@ -18,8 +18,9 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Duration;
 
-use crate::api::{ApiError, BindRequest, ClusterApi};
+use crate::api::{ApiError, BindRequest, ClaimMade, ClusterApi};
 use crate::k8s::leader::Gate;
+use crate::k8s::pod_info::PodKey;
 
 /// Why a Binding did not land.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -179,7 +180,7 @@ impl<A: ClusterApi> Binder<A> {
 pub(crate) async fn write_with_claims<A: ClusterApi>(
     api: &A,
     gate: &Gate,
-    request: BindRequest,
+    mut request: BindRequest,
     retries: u32,
     refresh: bool,
 ) -> Result<(), WriteFailure> {
@@ -203,10 +204,32 @@ pub(crate) async fn write_with_claims<A: ClusterApi>(
             }
         }
     }
+    let mut made = None;
+    if failed.is_none()
+        && let Some(extended) = &request.extended
+    {
+        match write_extended(api, gate, extended, request.inputs).await {
+            Ok((m, version)) => {
+                made = Some(m);
+                // The status write made the pod's version the Binding names.
+                request.resource_version = version;
+            }
+            Err((m, failure)) => {
+                made = m;
+                failed = Some(failure);
+            }
+        }
+    }
     let result = match failed {
         Some(failure) => Err(failure),
         None => write(api, gate, request.clone(), retries, refresh).await,
     };
+    if result.is_err()
+        && gate.is_open()
+        && let Some(m) = &made
+    {
+        undo_extended(api, &request.pod, m).await;
+    }
     // A Binding that may have landed is never undone under the pod: `write` settles an
     // unknown outcome by reading the pod, so an error here means it did not.
     if result.is_err() && gate.is_open() {
@@ -218,6 +241,67 @@ pub(crate) async fn write_with_claims<A: ClusterApi>(
         }
     }
     result
+}
+
+/// Makes the pod's extended-resource claim, allocates it (checked against the claims the
+/// scheduler knows, as every claim write is) and writes the pod's
+/// `extendedResourceClaimStatus`: the claim and the pod's version after that write (the
+/// pod changed otherwise since the decision, `inputs`, is a conflict). On failure, the
+/// claim made so far (to delete) with why.
+async fn write_extended<A: ClusterApi>(
+    api: &A,
+    gate: &Gate,
+    write: &crate::k8s::dra::extended::ExtendedWrite,
+    inputs: u64,
+) -> Result<(ClaimMade, String), (Option<ClaimMade>, WriteFailure)> {
+    let made = api
+        .create_claim(&write.claim)
+        .await
+        .map_err(|e| (None, WriteFailure::Refused(e)))?;
+    let fail = |e: ApiError| (Some(made.clone()), WriteFailure::Refused(e));
+    if !gate.is_open() {
+        return Err((Some(made.clone()), WriteFailure::NotLeader));
+    }
+    let allocate = crate::k8s::dra::write::ClaimWrite {
+        namespace: write.pod.namespace.clone(),
+        name: made.name.clone(),
+        uid: made.uid.clone(),
+        resource_version: made.resource_version.clone(),
+        finalizers: None,
+        allocation: Some(write.allocation.clone()),
+        reserved_for: vec![crate::k8s::dra::write::consumer(&write.pod)],
+        pod_uid: write.pod.uid.clone(),
+    };
+    api.write_claim(&allocate).await.map_err(fail)?;
+    if !gate.is_open() {
+        return Err((Some(made.clone()), WriteFailure::NotLeader));
+    }
+    let pod = api
+        .extended_status(&write.pod, Some(&write.status(&made.name)))
+        .await
+        .map_err(fail)?;
+    if pod.inputs != inputs || pod.node_name.is_some() {
+        return Err(fail(ApiError::Conflict(format!(
+            "{} changed since it was decided",
+            write.pod
+        ))));
+    }
+    Ok((made, pod.resource_version))
+}
+
+/// Takes back an extended-resource claim whose Binding failed: the pod's status no longer
+/// names it, and it is deleted (its devices free at once).
+async fn undo_extended<A: ClusterApi>(api: &A, pod: &PodKey, made: &ClaimMade) {
+    if let Err(e) = api.extended_status(pod, None).await {
+        tracing::warn!(pod = %pod, error = %e, "the extended-resource claim status of a pod whose Binding failed could not be cleared");
+    }
+    if let Err(e) = api
+        .delete_claim(&pod.namespace, &made.name, &made.uid)
+        .await
+    {
+        tracing::warn!(claim = %format!("{}/{}", pod.namespace, made.name), error = %e,
+            "an extended-resource claim made for a Binding that failed could not be deleted; the garbage collector removes it with the pod");
+    }
 }
 
 pub(crate) async fn write<A: ClusterApi>(

@@ -144,6 +144,7 @@ impl ClusterCache {
             &self.claim_holds
         };
         brought.snapshot.hold_claims(before, &view.claim_holds);
+        brought.snapshot.scalars.gpu_class = view.gpu_class.clone();
         self.claim_holds = Arc::clone(&view.claim_holds);
         brought
     }
@@ -230,6 +231,7 @@ impl ClusterCache {
         };
         let mut fresh = build(&view.nodes, &view.pods, gpu_resource);
         fresh.hold_claims(&[], &view.claim_holds);
+        fresh.scalars.gpu_class = view.gpu_class.clone();
         let mut copy = Reservations::default();
         for uid in self.reservations.uids() {
             if let Some(r) = self.reservations.get(&uid) {

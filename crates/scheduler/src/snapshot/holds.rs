@@ -49,6 +49,13 @@ impl Snapshot {
                         },
                     );
                 }
+                // A claim written for a pod whose Binding is in flight: the pod's
+                // reservation holds these devices until the watch shows it bound.
+                Err(_)
+                    if hold
+                        .reserved_for
+                        .iter()
+                        .any(|uid| self.held.contains_key(uid)) => {}
                 Err(e) => self.warnings.push(Warning::node(format!(
                     "{}: its devices on {} cannot be counted: {e}",
                     hold.key, hold.node

@@ -409,6 +409,7 @@ async fn writes_go_over_the_wire_as_the_api_server_expects() {
         )]
         .into(),
         claims: Vec::new(),
+        extended: None,
     };
     let stale = api.bind(&request("4", key())).await;
     assert!(

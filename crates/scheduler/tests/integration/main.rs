@@ -10,6 +10,7 @@ mod defrag;
 mod end_to_end;
 mod event_driven;
 mod events_yield;
+mod extended_resources;
 mod extender;
 mod extender_stress;
 mod first_available;

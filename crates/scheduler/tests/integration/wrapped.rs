@@ -79,6 +79,22 @@ impl<H: Hooks> ClusterApi for Wrapped<H> {
     ) -> Result<(), ApiError> {
         self.inner.undo_claim(write).await
     }
+    async fn create_claim(
+        &self,
+        claim: &k8s_openapi::api::resource::v1::ResourceClaim,
+    ) -> Result<gpuplace_scheduler::api::ClaimMade, ApiError> {
+        self.inner.create_claim(claim).await
+    }
+    async fn delete_claim(&self, namespace: &str, name: &str, uid: &str) -> Result<(), ApiError> {
+        self.inner.delete_claim(namespace, name, uid).await
+    }
+    async fn extended_status(
+        &self,
+        pod: &PodKey,
+        status: Option<&k8s_openapi::api::core::v1::PodExtendedResourceClaimStatus>,
+    ) -> Result<PodState, ApiError> {
+        self.inner.extended_status(pod, status).await
+    }
     async fn get_pod(&self, pod: &PodKey) -> Result<Option<PodState>, ApiError> {
         self.inner.get_pod(pod).await
     }

@@ -49,6 +49,11 @@ impl ClusterApi for MemoryApi {
                 namespaces: s.namespaces.listed(),
                 jobs: self.job_lookup(),
                 claim_holds: s.cache.claim_holds(),
+                gpu_class: gpuplace_scheduler::k8s::dra::extended::class_for(
+                    &s.device_classes,
+                    &s.cache.claims().settings,
+                    s.cache.gpu_resource(),
+                ),
                 generation: s.generation,
             },
             feed,
@@ -208,6 +213,25 @@ impl ClusterApi for MemoryApi {
         write: &gpuplace_scheduler::k8s::dra::write::ClaimWrite,
     ) -> Result<(), ApiError> {
         self.take_claim_undo(write).await
+    }
+
+    async fn create_claim(
+        &self,
+        claim: &k8s_openapi::api::resource::v1::ResourceClaim,
+    ) -> Result<gpuplace_scheduler::api::ClaimMade, ApiError> {
+        self.take_claim_create(claim).await
+    }
+
+    async fn delete_claim(&self, namespace: &str, name: &str, uid: &str) -> Result<(), ApiError> {
+        self.take_claim_delete(namespace, name, uid).await
+    }
+
+    async fn extended_status(
+        &self,
+        pod: &PodKey,
+        status: Option<&k8s_openapi::api::core::v1::PodExtendedResourceClaimStatus>,
+    ) -> Result<PodState, ApiError> {
+        self.take_extended_status(pod, status).await
     }
 
     async fn get_pod(&self, pod: &PodKey) -> Result<Option<PodState>, ApiError> {

@@ -16,7 +16,7 @@ use super::{MemoryApi, Store, lock};
 
 impl Store {
     /// Stores `claim` as a write (a new resourceVersion) and delivers it to the cache.
-    fn store_claim(&mut self, mut claim: ResourceClaim) {
+    pub(super) fn store_claim(&mut self, mut claim: ResourceClaim) {
         let rv = self.bump();
         claim.metadata.resource_version = Some(rv);
         let key = claim_key(&claim);

@@ -53,7 +53,7 @@ pub enum WriteError {
     Count { got: usize, want: u32 },
 }
 
-fn consumer(pod: &PodKey) -> ResourceClaimConsumerReference {
+pub(crate) fn consumer(pod: &PodKey) -> ResourceClaimConsumerReference {
     ResourceClaimConsumerReference {
         api_group: None,
         resource: "pods".into(),
@@ -120,6 +120,38 @@ fn mebibytes(mib: u64) -> Quantity {
     Quantity(format!("{mib}Mi"))
 }
 
+/// The allocation result that gives `gpu` to `request` on `node`: its milli and memory
+/// consumed (a share's memory, else its part of the GPU's), and a share ID derived from
+/// `seed` (the claim's UID) so a write sent again is the same write.
+pub(super) fn device_result(
+    seed: &str,
+    request: &super::ShapeRequest,
+    gpu: &PlacedGpu,
+    driver: &str,
+    node: &str,
+) -> DeviceRequestAllocationResult {
+    let device = device_name(gpu.index);
+    let memory = request
+        .memory_mib
+        .unwrap_or_else(|| gpu.memory_mib * u64::from(request.milli) / u64::from(MILLI_PER_GPU));
+    let mut consumed = std::collections::BTreeMap::from([(
+        "milli".to_string(),
+        Quantity(request.milli.to_string()),
+    )]);
+    if memory > 0 {
+        consumed.insert("memory".into(), mebibytes(memory));
+    }
+    DeviceRequestAllocationResult {
+        request: request.name.clone(),
+        driver: driver.to_string(),
+        pool: node.to_string(),
+        share_id: Some(share_id(seed, &request.name, &device)),
+        device,
+        consumed_capacity: Some(consumed),
+        ..Default::default()
+    }
+}
+
 /// The writes that give `pod` its claims on `node`: each claim of `plan.allocate` gets
 /// `gpus` in the order of its requests (as the plan meets them), each claim of `plan.join` gets the pod as a user.
 pub fn writes_for(
@@ -146,26 +178,7 @@ pub fn writes_for(
                 request.count as usize
             };
             for gpu in next.by_ref().take(take) {
-                let device = device_name(gpu.index);
-                let memory = request.memory_mib.unwrap_or_else(|| {
-                    gpu.memory_mib * u64::from(request.milli) / u64::from(MILLI_PER_GPU)
-                });
-                let mut consumed = std::collections::BTreeMap::from([(
-                    "milli".to_string(),
-                    Quantity(request.milli.to_string()),
-                )]);
-                if memory > 0 {
-                    consumed.insert("memory".into(), mebibytes(memory));
-                }
-                results.push(DeviceRequestAllocationResult {
-                    request: request.name.clone(),
-                    driver: plan.driver.clone(),
-                    pool: node.to_string(),
-                    share_id: Some(share_id(&claim.uid, &request.name, &device)),
-                    device,
-                    consumed_capacity: Some(consumed),
-                    ..Default::default()
-                });
+                results.push(device_result(&claim.uid, request, gpu, &plan.driver, node));
             }
         }
         writes.push(ClaimWrite {

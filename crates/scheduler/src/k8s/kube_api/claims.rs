@@ -120,3 +120,77 @@ pub async fn undo_claim(
         .map(|_| ())
         .map_err(api_error)
 }
+
+/// A DeviceClass matters by its name and what its extended resource is.
+pub fn class_fingerprint(class: &k8s_openapi::api::resource::v1::DeviceClass) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    class.metadata.name.hash(&mut h);
+    class.metadata.deletion_timestamp.is_some().hash(&mut h);
+    class.spec.extended_resource_name.hash(&mut h);
+    h.finish()
+}
+
+/// Creates `claim`; what the server made of it.
+pub async fn create_claim(
+    client: &Client,
+    claim: &ResourceClaim,
+) -> Result<crate::api::ClaimMade, ApiError> {
+    let namespace = claim.metadata.namespace.as_deref().unwrap_or("default");
+    let api = Api::<ResourceClaim>::namespaced(client.clone(), namespace);
+    let made = api
+        .create(&kube::api::PostParams::default(), claim)
+        .await
+        .map_err(api_error)?;
+    Ok(crate::api::ClaimMade {
+        name: made.metadata.name.unwrap_or_default(),
+        uid: made.metadata.uid.unwrap_or_default(),
+        resource_version: made.metadata.resource_version.unwrap_or_default(),
+    })
+}
+
+/// Deletes a claim the scheduler made: its delete protection off (the UID a
+/// precondition), then the delete (the same). Gone already is done.
+pub async fn delete_claim(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+) -> Result<(), ApiError> {
+    let api = Api::<ResourceClaim>::namespaced(client.clone(), namespace);
+    let Some(current) = api.get_opt(name).await.map_err(api_error)? else {
+        return Ok(());
+    };
+    if current.metadata.uid.as_deref() != Some(uid) {
+        return Ok(());
+    }
+    let finalizers: Vec<String> = current
+        .metadata
+        .finalizers
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|f| f != crate::k8s::dra::DELETE_PROTECTION)
+        .collect();
+    let patch = serde_json::json!({
+        "metadata": {
+            "uid": uid,
+            "resourceVersion": current.metadata.resource_version,
+            "finalizers": finalizers,
+        }
+    });
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(api_error)?;
+    let params = kube::api::DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match api.delete(name, &params).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(api_error(e)),
+    }
+}
