@@ -156,6 +156,9 @@ pub struct ClaimInfo {
     /// Its allocation: the node it was allocated on and the devices, when allocated.
     pub allocation: Option<Allocated>,
     pub reserved_for: Vec<Consumer>,
+    /// For a claim the scheduler made for a pod's extended resources
+    /// ([`extended::is_extended`]): the UID of the pod that owns it.
+    pub extended_owner: Option<String>,
 }
 
 /// An allocated claim's node and devices.
@@ -191,6 +194,7 @@ impl ClaimInfo {
                     uid: r.uid.clone(),
                 })
                 .collect(),
+            extended_owner: extended::owner_of(claim),
         }
     }
 

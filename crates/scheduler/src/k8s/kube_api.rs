@@ -481,6 +481,11 @@ impl ClusterApi for KubeApi {
         claims::delete_claim(&self.client, namespace, name, uid).await
     }
 
+    fn extended_claims_of(&self, pod: &PodKey) -> Vec<(String, String)> {
+        let store = self.pods.lock().unwrap_or_else(|p| p.into_inner());
+        store.claims().extended_of(&pod.uid)
+    }
+
     async fn extended_status(
         &self,
         pod: &PodKey,

@@ -224,11 +224,14 @@ pub(crate) async fn write_with_claims<A: ClusterApi>(
         Some(failure) => Err(failure),
         None => write(api, gate, request.clone(), retries, refresh).await,
     };
-    if result.is_err()
+    if let Some(m) = &made
         && gate.is_open()
-        && let Some(m) = &made
     {
-        undo_extended(api, &request.pod, m).await;
+        if result.is_err() {
+            undo_extended(api, &request.pod, m).await;
+        } else {
+            delete_stale_extended(api, &request.pod, m).await;
+        }
     }
     // A Binding that may have landed is never undone under the pod: `write` settles an
     // unknown outcome by reading the pod, so an error here means it did not.
@@ -301,6 +304,21 @@ async fn undo_extended<A: ClusterApi>(api: &A, pod: &PodKey, made: &ClaimMade) {
     {
         tracing::warn!(claim = %format!("{}/{}", pod.namespace, made.name), error = %e,
             "an extended-resource claim made for a Binding that failed could not be deleted; the garbage collector removes it with the pod");
+    }
+}
+
+/// Deletes the pod's other extended-resource claims once its Binding with `made` landed:
+/// its status names `made`, so any other is left from an attempt whose Binding never
+/// came (a restart between the writes), holding devices until the pod is gone.
+async fn delete_stale_extended<A: ClusterApi>(api: &A, pod: &PodKey, made: &ClaimMade) {
+    for (name, uid) in api.extended_claims_of(pod) {
+        if uid == made.uid {
+            continue;
+        }
+        tracing::info!(pod = %pod, claim = %name, "deleting an extended-resource claim left by an earlier attempt");
+        if let Err(e) = api.delete_claim(&pod.namespace, &name, &uid).await {
+            tracing::warn!(pod = %pod, claim = %name, error = %e, "an extended-resource claim left by an earlier attempt could not be deleted");
+        }
     }
 }
 

@@ -226,6 +226,12 @@ impl ClusterApi for MemoryApi {
         self.take_claim_delete(namespace, name, uid).await
     }
 
+    fn extended_claims_of(&self, pod: &PodKey) -> Vec<(String, String)> {
+        let mut s = lock(&self.store);
+        s.sync_cache();
+        s.cache.claims().extended_of(&pod.uid)
+    }
+
     async fn extended_status(
         &self,
         pod: &PodKey,

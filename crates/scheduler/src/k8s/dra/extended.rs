@@ -300,6 +300,21 @@ pub fn is_extended(claim: &ResourceClaim) -> bool {
         .is_some_and(|v| v == "true")
 }
 
+/// The UID of the pod that owns `claim`, when it is a claim made for a pod's extended
+/// resources (annotated so, its controller a Pod).
+pub fn owner_of(claim: &ResourceClaim) -> Option<String> {
+    if !is_extended(claim) {
+        return None;
+    }
+    claim
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true) && o.kind == "Pod" && o.api_version == "v1")
+        .map(|o| o.uid.clone())
+}
+
 #[cfg(test)]
 #[path = "extended_tests.rs"]
 mod tests;

@@ -62,6 +62,8 @@ pub struct ClaimIndex {
     /// afresh at each count, a mass deletion of 2,000 claim pods made some 4 million of
     /// them, 82% of the run's allocations).
     holdable: BTreeMap<Arc<str>, (ObjectKey, ClaimHold)>,
+    /// The claims made for pods' extended resources, by the owning pod's UID.
+    extended: HashMap<String, BTreeSet<ObjectKey>>,
 }
 
 impl ClaimLookup for ClaimIndex {
@@ -107,6 +109,12 @@ impl ClaimIndex {
     }
 
     fn hold(&mut self, claim: &ClaimInfo) {
+        if let Some(owner) = &claim.extended_owner {
+            self.extended
+                .entry(owner.clone())
+                .or_default()
+                .insert((claim.namespace.clone(), claim.name.clone()));
+        }
         for d in claim.allocation.iter().flat_map(|a| a.devices.iter()) {
             self.held
                 .entry((d.driver.clone(), d.pool.clone(), d.device.clone()))
@@ -116,6 +124,14 @@ impl ClaimIndex {
     }
 
     fn release(&mut self, claim: &ClaimInfo) {
+        if let Some(owner) = &claim.extended_owner
+            && let Some(claims) = self.extended.get_mut(owner)
+        {
+            claims.remove(&(claim.namespace.clone(), claim.name.clone()));
+            if claims.is_empty() {
+                self.extended.remove(owner);
+            }
+        }
         for d in claim.allocation.iter().flat_map(|a| a.devices.iter()) {
             let key = (d.driver.clone(), d.pool.clone(), d.device.clone());
             if let Some(holders) = self.held.get_mut(&key) {
@@ -125,6 +141,17 @@ impl ClaimIndex {
                 }
             }
         }
+    }
+
+    /// The claims made for the extended resources of the pod `uid`: (name, UID).
+    pub fn extended_of(&self, uid: &str) -> Vec<(String, String)> {
+        self.extended
+            .get(uid)
+            .into_iter()
+            .flatten()
+            .filter_map(|key| self.claims.get(key))
+            .map(|c| (c.name.clone(), c.uid.clone()))
+            .collect()
     }
 
     /// Every claim (for checks across claims).
