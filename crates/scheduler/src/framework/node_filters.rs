@@ -37,7 +37,7 @@ impl NodeRejection {
                     .to_string()
             }
             NodeRejection::Extended(r) if r == crate::k8s::dra::PLUGIN_GPUS => {
-                "node(s) serve their GPUs through DRA claims, not the device plugin".to_string()
+                "node(s) serve their GPUs through DRA claims, not the device plugin (and no gpuplace DeviceClass names the resource as its extendedResourceName, or the pod asks a share)".to_string()
             }
             NodeRejection::Extended(r) => format!("Insufficient {r}"),
         }
