@@ -48,7 +48,7 @@ for who in ${WHO:-gpuplace kube}; do
   sched=$!
   sleep 3
   started=$(date +%s)
-  $G replay "${common[@]}" --scheduler-name "$name" --policy "$( [[ $who == gpuplace ]] && echo gpuplace || echo kube-default )" \
+  $G replay "${common[@]}" --scheduler-name "$name" --policy "$( [[ $who == gpuplace ]] && echo gpuplace || echo kube-dra )" \
     --scheduler-pid "$sched" --out "$out/$who" --json > "$out/$who.json" 2> "$out/$who.err"
   echo "$who: live run $(( $(date +%s) - started )) s"
   kill $sched; wait $sched 2>/dev/null || true; sched=

@@ -319,7 +319,11 @@ fn extended_write(
     node: &str,
 ) -> Option<Box<crate::k8s::dra::extended::ExtendedWrite>> {
     use crate::k8s::dra::extended::{ask_of, write_for};
-    if pod.dra.is_some() || !snapshot.scalars.serves_claims(decision.node) {
+    // A pod without GPUs (or with claims of its own) has nothing to claim this way.
+    if pod.dra.is_some()
+        || decision.gpus.is_empty()
+        || !snapshot.scalars.serves_claims(decision.node)
+    {
         return None;
     }
     let class = snapshot.scalars.gpu_class.as_deref()?;

@@ -206,6 +206,16 @@ async fn device_plugin_nodes_and_dra_nodes_both_serve_the_resource() {
         "the device plugin serves it"
     );
     assert!(api.extended_status_of("ml", on_plugin).is_none());
+    // A pod without GPUs on the DRA node has nothing to claim.
+    api.put_pod(pod(
+        "cpu",
+        0,
+        json!({"spec": {"nodeSelector": {"kubernetes.io/hostname": "d1"}}}),
+    ));
+    rounds(&mut scheduler, 2).await;
+    assert_eq!(bound_node(&api, "cpu").as_deref(), Some("d1"), "{}", last_message(&api, "cpu"));
+    assert!(extended_claims(&api, "cpu").is_empty());
+    assert!(api.extended_status_of("ml", "cpu").is_none());
 }
 
 #[tokio::test]
