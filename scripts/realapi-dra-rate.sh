@@ -9,6 +9,9 @@
 # Every claim allocated is then checked: no device in two claims. WHO (default "gpuplace kube")
 # names the schedulers of a pair, in order; `null` is tools/nullbinder-dra (built with its
 # build.sh: the same three writes a pod, no scheduling), the ceiling gpuplace is held to.
+# EXTENDED=1: the pods ask `nvidia.com/gpu: 1` with no claim of their own, served through
+# DRA by the DeviceClass's extendedResourceName: the scheduler makes each pod's claim (four
+# writes a pod: the claim, its status, the pod's status, the Binding); no null binder.
 # Not for CI.
 set -euo pipefail
 NODES=${NODES:-500}
@@ -49,7 +52,11 @@ run() { # run gpuplace|kube|null
   $LOAD settle >/dev/null
   # Names of their own per run: a claim of the last run's name may still be on its way out.
   round=$((round + 1))
-  $LOAD pods "$PODS" --dra --scheduler "$name" --prefix "${who:0:1}${round}-"
+  if [[ ${EXTENDED:-0} == 1 ]]; then
+    $LOAD pods "$PODS" --scheduler "$name" --prefix "${who:0:1}${round}-"
+  else
+    $LOAD pods "$PODS" --dra --scheduler "$name" --prefix "${who:0:1}${round}-"
+  fi
   start=$(date +%s.%N)
   if [[ $who == null ]]; then
     "$KCP/bin/nullbinder-dra" --kubeconfig "$KUBECONFIG" --scheduler-name nullgo --nodes "$NODES" >/tmp/dra-rate-null.log 2>&1 &
