@@ -31,19 +31,7 @@ fn dra_settings(
             .filter(|c| !c.is_empty())
             .collect();
     }
-    let subdomain = |s: &str| {
-        !s.is_empty()
-            && s.len() <= 253
-            && s.split('.').all(|l| {
-                !l.is_empty()
-                    && l.len() <= 63
-                    && l.bytes()
-                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                    && !l.starts_with('-')
-                    && !l.ends_with('-')
-            })
-    };
-    if !subdomain(&settings.driver) {
+    if !gpuplace_model::keys::is_dns_subdomain(&settings.driver) {
         anyhow::bail!(
             "--dra-driver {:?}: a driver name is a lowercase DNS subdomain (gpu.gpuplace.io)",
             settings.driver
@@ -52,7 +40,11 @@ fn dra_settings(
     if settings.classes.is_empty() {
         anyhow::bail!("--dra-classes: name at least one DeviceClass");
     }
-    if let Some(bad) = settings.classes.iter().find(|c| !subdomain(c)) {
+    if let Some(bad) = settings
+        .classes
+        .iter()
+        .find(|c| !gpuplace_model::keys::is_dns_subdomain(c))
+    {
         anyhow::bail!(
             "--dra-classes: {bad:?} is not a DeviceClass name (a lowercase DNS subdomain)"
         );

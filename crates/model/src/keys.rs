@@ -73,3 +73,35 @@ pub const GPU_COUNT_LABEL: &str = "nvidia.com/gpu.count";
 pub const GPU_REPLICAS_LABEL: &str = "nvidia.com/gpu.replicas";
 /// Set by GFD itself: while it is there gpuplace leaves GFD's labels to GFD.
 pub const GFD_TIMESTAMP_LABEL: &str = "nvidia.com/gfd.timestamp";
+
+/// A DNS-1123 label (a request name, a namespace): 1-63 lower-case letters, digits and
+/// '-', starting and ending with a letter or digit.
+pub fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// A DNS-1123 subdomain (most object names, a DRA driver's name): labels joined by dots,
+/// at most 253 characters.
+pub fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(is_dns_label)
+}
+
+#[cfg(test)]
+mod dns_tests {
+    use super::*;
+
+    #[test]
+    fn dns_names_are_checked_as_the_api_server_does() {
+        assert!(is_dns_label("container-0-gpus"));
+        assert!(!is_dns_label("Container"));
+        assert!(!is_dns_label("-a") && !is_dns_label("a-") && !is_dns_label(""));
+        assert!(!is_dns_label(&"a".repeat(64)));
+        assert!(is_dns_subdomain("gpu.gpuplace.io"));
+        assert!(!is_dns_subdomain("gpu..io") && !is_dns_subdomain(""));
+    }
+}

@@ -29,6 +29,12 @@ pub const DELETE_PROTECTION: &str = "resource.kubernetes.io/delete-protection";
 pub const DRA_GPUS: &str = "dra.gpuplace.io/gpus";
 /// The phrase key for a device plugin pod on a DRA node (no resource of that name exists).
 pub const PLUGIN_GPUS: &str = "dra.gpuplace.io/device-plugin";
+/// The annotation that marks the claim the scheduler made for a pod's extended resources.
+pub const EXTENDED_CLAIM_ANNOTATION: &str = "resource.kubernetes.io/extended-resource-claim";
+/// The name a pod's extended-resource claim goes by among its claims (not a valid claim
+/// name in a pod's spec, so it meets none of them).
+pub const EXTENDED_REF: &str = "<extended-resources>";
+
 /// The most entries `status.reservedFor` may hold (the API's limit).
 pub const MAX_RESERVED_FOR: usize = 256;
 
@@ -142,6 +148,31 @@ pub fn claim_key(claim: &ResourceClaim) -> (String, String) {
     )
 }
 
+/// Whether `claim` is one the scheduler made for a pod's extended resources.
+pub fn is_extended(claim: &ResourceClaim) -> bool {
+    claim
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(EXTENDED_CLAIM_ANNOTATION))
+        .is_some_and(|v| v == "true")
+}
+
+/// The UID of the pod that owns `claim`, when it is a claim made for a pod's extended
+/// resources (annotated so, its controller a Pod).
+pub fn owner_of(claim: &ResourceClaim) -> Option<String> {
+    if !is_extended(claim) {
+        return None;
+    }
+    claim
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true) && o.kind == "Pod" && o.api_version == "v1")
+        .map(|o| o.uid.clone())
+}
+
 /// What the scheduler keeps of a ResourceClaim.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClaimInfo {
@@ -157,7 +188,7 @@ pub struct ClaimInfo {
     pub allocation: Option<Allocated>,
     pub reserved_for: Vec<Consumer>,
     /// For a claim the scheduler made for a pod's extended resources
-    /// ([`extended::is_extended`]): the UID of the pod that owns it.
+    /// ([`is_extended`]): the UID of the pod that owns it.
     pub extended_owner: Option<String>,
 }
 
@@ -194,7 +225,7 @@ impl ClaimInfo {
                     uid: r.uid.clone(),
                 })
                 .collect(),
-            extended_owner: extended::owner_of(claim),
+            extended_owner: owner_of(claim),
         }
     }
 

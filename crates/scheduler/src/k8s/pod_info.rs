@@ -360,7 +360,7 @@ impl PodInfo {
             other => other.clone(),
         };
         refs.extend(extended.map(|claim| crate::k8s::dra::pod::PodClaimRef {
-            name: crate::k8s::dra::extended::EXTENDED_REF.to_string(),
+            name: crate::k8s::dra::EXTENDED_REF.to_string(),
             claim: Some(claim),
         }));
         self.dra = Some(Arc::new(PodDra {

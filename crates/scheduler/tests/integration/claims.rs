@@ -441,30 +441,71 @@ fn assert_bound_pods_hold_their_claims(api: &MemoryApi) {
     }
 }
 
+/// A server that answers 3% of requests with a 409, a 500 or a time-out (applied or not)
+/// and delivers watch events up to 300 ms late, its faults drawn from `seed`.
+pub(crate) fn faulty_api(seed: u64) -> MemoryApi {
+    use gpuplace_testkit::api::{Faults, ServerCosts};
+    MemoryApi::new().with_costs(ServerCosts {
+        latency: std::time::Duration::from_millis(1),
+        max_in_flight: 32,
+        watch_delay: (
+            std::time::Duration::ZERO,
+            std::time::Duration::from_millis(300),
+        ),
+        faults: Faults {
+            conflict: 0.03,
+            error: 0.03,
+            timeout: 0.03,
+        },
+        seed,
+    })
+}
+
+/// One step of a stress under faults, once its pods are made: the watch delivers them
+/// (late by up to 300 ms), a round 20 s after the last with its writes finished, no
+/// device in two claims, then some pods leave (the controller frees their claims when no
+/// user is left).
+pub(crate) async fn faulty_step(
+    scheduler: &mut Scheduler<MemoryApi>,
+    api: &MemoryApi,
+    rng: &mut rand_chacha::ChaCha8Rng,
+    step: u64,
+) {
+    use rand::RngExt;
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    let now = Instant::now() + std::time::Duration::from_secs(20 * (step + 1));
+    scheduler.round(now).await.unwrap();
+    scheduler.drain_writes(now).await;
+    assert_no_device_twice(api);
+    for p in api.pods() {
+        let name = p.metadata.name.clone().unwrap_or_default();
+        if rng.random_range(0..5) == 0 {
+            api.delete_pod("ml", &name);
+        }
+    }
+}
+
+/// Four more rounds, long after the last step: what was left waiting settles.
+pub(crate) async fn settle_after_faults(scheduler: &mut Scheduler<MemoryApi>) {
+    let end = Instant::now() + std::time::Duration::from_secs(1000);
+    for k in 0..4 {
+        tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+        let now = end + std::time::Duration::from_secs(20 * k);
+        scheduler.round(now).await.unwrap();
+        scheduler.drain_writes(now).await;
+    }
+}
+
 /// Claim pods (1, 2 and 4 GPUs, some sharing a claim) arrive and leave against a server
 /// that answers 3% of requests with a 409, a 500 or a time-out (applied or not) and
 /// delivers watch events up to 2 s late: no device is ever in two claims, and every bound
 /// pod holds its claims on its node. Seeds: GPUPLACE_CLAIM_STRESS_SEEDS (default 4).
 #[tokio::test(start_paused = true)]
 async fn claim_pods_under_faults_never_share_a_device() {
-    use gpuplace_testkit::api::{Faults, ServerCosts};
     use rand::{RngExt, SeedableRng};
     let seeds = env_or("GPUPLACE_CLAIM_STRESS_SEEDS", 4);
     for seed in 0..seeds {
-        let api = MemoryApi::new().with_costs(ServerCosts {
-            latency: std::time::Duration::from_millis(1),
-            max_in_flight: 32,
-            watch_delay: (
-                std::time::Duration::ZERO,
-                std::time::Duration::from_millis(300),
-            ),
-            faults: Faults {
-                conflict: 0.03,
-                error: 0.03,
-                timeout: 0.03,
-            },
-            seed,
-        });
+        let api = faulty_api(seed);
         for n in 0..3 {
             api.put_node(dra_node(&format!("d{n}")));
         }
@@ -485,27 +526,9 @@ async fn claim_pods_under_faults_never_share_a_device() {
                     live.push(name);
                 }
             }
-            // The watch delivers what was made (late by up to 300 ms).
-            tokio::time::sleep(std::time::Duration::from_millis(400)).await;
-            let now = Instant::now() + std::time::Duration::from_secs(20 * (step + 1));
-            scheduler.round(now).await.unwrap();
-            scheduler.drain_writes(now).await;
-            assert_no_device_twice(&api);
-            // Some pods leave (the controller frees their claims when no user is left).
-            for p in api.pods() {
-                let name = p.metadata.name.clone().unwrap_or_default();
-                if rng.random_range(0..5) == 0 {
-                    api.delete_pod("ml", &name);
-                }
-            }
+            faulty_step(&mut scheduler, &api, &mut rng, step).await;
         }
-        let end = Instant::now() + std::time::Duration::from_secs(1000);
-        for k in 0..4 {
-            tokio::time::sleep(std::time::Duration::from_millis(400)).await;
-            let now = end + std::time::Duration::from_secs(20 * k);
-            scheduler.round(now).await.unwrap();
-            scheduler.drain_writes(now).await;
-        }
+        settle_after_faults(&mut scheduler).await;
         assert_no_device_twice(&api);
         assert_bound_pods_hold_their_claims(&api);
         let bound = api

@@ -14,22 +14,9 @@ use gpuplace_scheduler::k8s::dra::{DELETE_PROTECTION, claim_key};
 use k8s_openapi::api::core::v1::{Pod, PodExtendedResourceClaimStatus};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
 
+use gpuplace_model::keys::{is_dns_label, is_dns_subdomain as is_object_name};
+
 use super::{MemoryApi, lock};
-
-/// A DNS-1123 label: lower-case letters, digits and '-', at most 63, alphanumeric ends.
-fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
-/// A DNS-1123 subdomain (an object name): labels joined by dots, at most 253.
-fn is_object_name(s: &str) -> bool {
-    s.len() <= 253 && s.split('.').all(is_dns_label)
-}
 
 /// Whether `container` of `pod` asks `resource` (its requests; limits stand for requests
 /// of extended resources, as the server defaults them).

@@ -23,15 +23,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 
 use super::write::{PlacedGpu, WriteError, device_result, node_selector};
 use super::{DELETE_PROTECTION, DraSettings, ShapeRequest};
+pub use super::{EXTENDED_CLAIM_ANNOTATION, EXTENDED_REF, is_extended, owner_of};
 use crate::k8s::demand::ContainerDemand;
 use crate::k8s::pod_info::PodKey;
 use gpuplace_model::{ContainerKind, MILLI_PER_GPU};
-
-/// The annotation that marks the claim the scheduler made for a pod's extended resources.
-pub const EXTENDED_CLAIM_ANNOTATION: &str = "resource.kubernetes.io/extended-resource-claim";
-/// The name a pod's extended-resource claim goes by among its claims (not a valid claim
-/// name in a pod's spec, so it meets none of them).
-pub const EXTENDED_REF: &str = "<extended-resources>";
 
 /// The DeviceClass of gpuplace's driver that serves the device plugin's GPU resource.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -288,31 +283,6 @@ fn claim_for(pod: &PodKey, ask: &ExtendedAsk, class: &str) -> ResourceClaim {
         },
         status: None,
     }
-}
-
-/// Whether `claim` is one the scheduler made for a pod's extended resources.
-pub fn is_extended(claim: &ResourceClaim) -> bool {
-    claim
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(EXTENDED_CLAIM_ANNOTATION))
-        .is_some_and(|v| v == "true")
-}
-
-/// The UID of the pod that owns `claim`, when it is a claim made for a pod's extended
-/// resources (annotated so, its controller a Pod).
-pub fn owner_of(claim: &ResourceClaim) -> Option<String> {
-    if !is_extended(claim) {
-        return None;
-    }
-    claim
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|o| o.controller == Some(true) && o.kind == "Pod" && o.api_version == "v1")
-        .map(|o| o.uid.clone())
 }
 
 #[cfg(test)]
