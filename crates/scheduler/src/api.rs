@@ -253,10 +253,9 @@ pub trait ClusterApi: Clone + Send + Sync + 'static {
         uid: &str,
     ) -> impl Future<Output = Result<(), ApiError>> + Send;
 
-    /// The claims made for the pod's extended resources that the scheduler's cache knows
-    /// (name, UID): once its Binding with one of them landed, the others are left from
+    /// The claims made for the pod's extended resources that the scheduler's cache knows: once its Binding with one of them landed, the others are left from
     /// attempts whose Binding never came (a restart between the writes), to delete.
-    fn extended_claims_of(&self, pod: &PodKey) -> Vec<(String, String)>;
+    fn extended_claims_of(&self, pod: &PodKey) -> Vec<std::sync::Arc<crate::k8s::dra::ClaimInfo>>;
 
     /// Sets (or with `None` clears) the pod's `status.extendedResourceClaimStatus` (its UID
     /// the precondition); the pod as written (the Binding then names its new version).

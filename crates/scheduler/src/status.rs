@@ -183,8 +183,7 @@ pub fn fleet(
     filter: &Filter,
 ) -> FleetStatus {
     let mut snapshot = crate::snapshot::build(&view.nodes, &view.pods, gpu_resource);
-    snapshot.hold_claims(&[], &view.claim_holds);
-    snapshot.scalars.gpu_class = view.gpu_class.clone();
+    snapshot.follow_claims(&[], view);
     let mut shapes = ShapeCounts::default();
     for pod in view.pods.iter() {
         if let Ok(d) = &pod.demand

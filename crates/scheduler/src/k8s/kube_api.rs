@@ -481,7 +481,7 @@ impl ClusterApi for KubeApi {
         claims::delete_claim(&self.client, namespace, name, uid).await
     }
 
-    fn extended_claims_of(&self, pod: &PodKey) -> Vec<(String, String)> {
+    fn extended_claims_of(&self, pod: &PodKey) -> Vec<std::sync::Arc<crate::k8s::dra::ClaimInfo>> {
         let store = self.pods.lock().unwrap_or_else(|p| p.into_inner());
         store.claims().extended_of(&pod.uid)
     }

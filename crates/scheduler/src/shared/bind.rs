@@ -311,12 +311,13 @@ async fn undo_extended<A: ClusterApi>(api: &A, pod: &PodKey, made: &ClaimMade) {
 /// its status names `made`, so any other is left from an attempt whose Binding never
 /// came (a restart between the writes), holding devices until the pod is gone.
 async fn delete_stale_extended<A: ClusterApi>(api: &A, pod: &PodKey, made: &ClaimMade) {
-    for (name, uid) in api.extended_claims_of(pod) {
-        if uid == made.uid {
+    for claim in api.extended_claims_of(pod) {
+        let (name, uid) = (&claim.name, &claim.uid);
+        if *uid == made.uid {
             continue;
         }
         tracing::info!(pod = %pod, claim = %name, "deleting an extended-resource claim left by an earlier attempt");
-        if let Err(e) = api.delete_claim(&pod.namespace, &name, &uid).await {
+        if let Err(e) = api.delete_claim(&pod.namespace, name, uid).await {
             tracing::warn!(pod = %pod, claim = %name, error = %e, "an extended-resource claim left by an earlier attempt could not be deleted");
         }
     }

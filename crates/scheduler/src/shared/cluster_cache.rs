@@ -143,8 +143,7 @@ impl ClusterCache {
         } else {
             &self.claim_holds
         };
-        brought.snapshot.hold_claims(before, &view.claim_holds);
-        brought.snapshot.scalars.gpu_class = view.gpu_class.clone();
+        brought.snapshot.follow_claims(before, view);
         self.claim_holds = Arc::clone(&view.claim_holds);
         brought
     }
@@ -230,8 +229,7 @@ impl ClusterCache {
             return Ok(());
         };
         let mut fresh = build(&view.nodes, &view.pods, gpu_resource);
-        fresh.hold_claims(&[], &view.claim_holds);
-        fresh.scalars.gpu_class = view.gpu_class.clone();
+        fresh.follow_claims(&[], view);
         let mut copy = Reservations::default();
         for uid in self.reservations.uids() {
             if let Some(r) = self.reservations.get(&uid) {

@@ -11,6 +11,14 @@ impl Snapshot {
     /// Takes the devices of allocated claims no pod holds (`holds`), each under its key
     /// (never placed, so never a victim); one the state cannot take is skipped with a
     /// warning. Gives back the earlier holds of `before` first (both sorted by key).
+    /// The view's DRA part: the claims no pod holds (those of `before`, the holds the
+    /// state already counts, given back where they changed) and the DeviceClass that
+    /// serves the GPU resource on DRA nodes.
+    pub fn follow_claims(&mut self, before: &[ClaimHold], view: &crate::api::ClusterView) {
+        self.hold_claims(before, &view.claim_holds);
+        self.scalars.gpu_class = view.gpu_class.clone();
+    }
+
     pub fn hold_claims(&mut self, before: &[ClaimHold], holds: &[ClaimHold]) {
         for old in before.iter().filter(|h| !h.is_in(holds)) {
             self.release(&old.key);

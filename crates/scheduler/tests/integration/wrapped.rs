@@ -88,7 +88,10 @@ impl<H: Hooks> ClusterApi for Wrapped<H> {
     async fn delete_claim(&self, namespace: &str, name: &str, uid: &str) -> Result<(), ApiError> {
         self.inner.delete_claim(namespace, name, uid).await
     }
-    fn extended_claims_of(&self, pod: &PodKey) -> Vec<(String, String)> {
+    fn extended_claims_of(
+        &self,
+        pod: &PodKey,
+    ) -> Vec<std::sync::Arc<gpuplace_scheduler::k8s::dra::ClaimInfo>> {
         self.inner.extended_claims_of(pod)
     }
     async fn extended_status(

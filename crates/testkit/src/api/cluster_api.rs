@@ -226,7 +226,10 @@ impl ClusterApi for MemoryApi {
         self.take_claim_delete(namespace, name, uid).await
     }
 
-    fn extended_claims_of(&self, pod: &PodKey) -> Vec<(String, String)> {
+    fn extended_claims_of(
+        &self,
+        pod: &PodKey,
+    ) -> Vec<std::sync::Arc<gpuplace_scheduler::k8s::dra::ClaimInfo>> {
         let mut s = lock(&self.store);
         s.sync_cache();
         s.cache.claims().extended_of(&pod.uid)

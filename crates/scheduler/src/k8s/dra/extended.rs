@@ -70,14 +70,21 @@ pub struct ExtendedRequest {
     pub count: u32,
 }
 
+/// A container served by a request of the claim.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestMapping {
+    pub container: String,
+    pub request: String,
+}
+
 /// What a pod's GPU containers ask through the claim, and which request serves which
 /// container.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExtendedAsk {
     pub requests: Vec<ExtendedRequest>,
-    /// (container, request): a container may be served by several requests (an init
-    /// container by those of the containers that run after it).
-    pub mappings: Vec<(String, String)>,
+    /// A container may be served by several requests (an init container by those of the
+    /// containers that run after it).
+    pub mappings: Vec<RequestMapping>,
 }
 
 impl ExtendedAsk {
@@ -109,10 +116,14 @@ pub fn ask_of(containers: &[ContainerDemand], gpu_count: u32) -> Option<Extended
             })
         })
         .collect();
-    let mut mappings: Vec<(String, String)> = long
+    let mapping = |container: &str, request: &str| RequestMapping {
+        container: container.to_string(),
+        request: request.to_string(),
+    };
+    let mut mappings: Vec<RequestMapping> = long
         .iter()
         .zip(containers)
-        .filter_map(|(r, c)| r.as_ref().map(|r| (c.name.clone(), r.name.clone())))
+        .filter_map(|(r, c)| r.as_ref().map(|r| mapping(&c.name, &r.name)))
         .collect();
     let mut largest: Option<ExtendedRequest> = None;
     let mut short: Vec<String> = Vec::new();
@@ -126,7 +137,7 @@ pub fn ask_of(containers: &[ContainerDemand], gpu_count: u32) -> Option<Extended
                 break;
             }
             got += r.count;
-            mappings.push((c.name.clone(), r.name.clone()));
+            mappings.push(mapping(&c.name, &r.name));
         }
         let rest = c.gpu_count.saturating_sub(got);
         if rest > 0 {
@@ -140,7 +151,7 @@ pub fn ask_of(containers: &[ContainerDemand], gpu_count: u32) -> Option<Extended
         }
     }
     if let Some(l) = &largest {
-        mappings.extend(short.into_iter().map(|c| (c, l.name.clone())));
+        mappings.extend(short.iter().map(|c| mapping(c, &l.name)));
     }
     let requests: Vec<ExtendedRequest> = largest
         .into_iter()
@@ -233,10 +244,10 @@ pub fn write_for(
         mappings: ask
             .mappings
             .iter()
-            .map(|(container, request)| ContainerExtendedResourceRequest {
-                container_name: container.clone(),
+            .map(|m| ContainerExtendedResourceRequest {
+                container_name: m.container.clone(),
                 resource_name: class.resource.clone(),
-                request_name: request.clone(),
+                request_name: m.request.clone(),
             })
             .collect(),
     })

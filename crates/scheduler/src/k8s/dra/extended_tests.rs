@@ -10,6 +10,13 @@ fn c(name: &str, kind: ContainerKind, gpus: u32) -> ContainerDemand {
     }
 }
 
+fn m(container: &str, request: &str) -> RequestMapping {
+    RequestMapping {
+        container: container.into(),
+        request: request.into(),
+    }
+}
+
 fn pod() -> PodKey {
     PodKey {
         namespace: "team".into(),
@@ -70,10 +77,7 @@ fn each_app_container_gets_its_own_request() {
     );
     assert_eq!(
         ask.mappings,
-        vec![
-            ("a".into(), "container-0-gpus".into()),
-            ("b".into(), "container-1-gpus".into())
-        ]
+        vec![m("a", "container-0-gpus"), m("b", "container-1-gpus")]
     );
 }
 
@@ -100,22 +104,10 @@ fn init_containers_use_the_later_requests_first_and_share_the_largest_rest() {
             },
         ]
     );
-    assert!(
-        ask.mappings
-            .contains(&("init-a".into(), "container-2-gpus".into()))
-    );
-    assert!(
-        ask.mappings
-            .contains(&("init-a".into(), "container-0-gpus".into()))
-    );
-    assert!(
-        ask.mappings
-            .contains(&("init-b".into(), "container-2-gpus".into()))
-    );
-    assert!(
-        !ask.mappings
-            .contains(&("init-b".into(), "container-0-gpus".into()))
-    );
+    assert!(ask.mappings.contains(&m("init-a", "container-2-gpus")));
+    assert!(ask.mappings.contains(&m("init-a", "container-0-gpus")));
+    assert!(ask.mappings.contains(&m("init-b", "container-2-gpus")));
+    assert!(!ask.mappings.contains(&m("init-b", "container-0-gpus")));
     // The same pod counted otherwise would hold other GPUs than placed: refused.
     assert_eq!(ask_of(&containers, 4), None);
 }

@@ -143,14 +143,14 @@ impl ClaimIndex {
         }
     }
 
-    /// The claims made for the extended resources of the pod `uid`: (name, UID).
-    pub fn extended_of(&self, uid: &str) -> Vec<(String, String)> {
+    /// The claims made for the extended resources of the pod `uid`.
+    pub fn extended_of(&self, uid: &str) -> Vec<Arc<ClaimInfo>> {
         self.extended
             .get(uid)
             .into_iter()
             .flatten()
             .filter_map(|key| self.claims.get(key))
-            .map(|c| (c.name.clone(), c.uid.clone()))
+            .cloned()
             .collect()
     }
 
