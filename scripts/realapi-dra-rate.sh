@@ -23,7 +23,16 @@ WHO=${WHO:-gpuplace kube}
 LOAD="python3 scripts/realapi-load.py"
 kubectl proxy --port 8001 >/dev/null 2>&1 &
 proxy=$!
-trap 'kill $proxy 2>/dev/null || true; [[ -n ${sched:-} ]] && kill $sched 2>/dev/null || true' EXIT
+# Also when cut short: a cordoned kcp-node-1 or fake DRA nodes left behind would take (or
+# keep away) the next check's pods (a handshake check waited on a cordoned node so).
+finish() {
+  [[ -n ${sched:-} ]] && kill "$sched" 2>/dev/null
+  $LOAD clean --dra >/dev/null 2>&1 || true
+  kubectl uncordon kcp-node-1 >/dev/null 2>&1 || true
+  kill $proxy 2>/dev/null || true
+}
+trap finish EXIT
+trap 'exit 143' TERM INT
 sleep 2
 kill "$(cat "$KCP/run/kube-scheduler.pid" 2>/dev/null)" 2>/dev/null || true
 pkill -f "gpuplace scheduler" 2>/dev/null || true
@@ -79,5 +88,3 @@ run() { # run gpuplace|kube|null
 }
 round=0
 for _ in $(seq "$PAIRS"); do for who in $WHO; do run "$who"; done; done
-$LOAD clean --dra >/dev/null 2>&1 || true
-kubectl uncordon kcp-node-1 >/dev/null 2>&1 || true
