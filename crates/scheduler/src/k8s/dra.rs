@@ -394,6 +394,8 @@ pub fn kept<T>(
     if kept.is_empty() {
         return Err(first_error.unwrap_or_else(|| none.to_string()));
     }
+    // Kept as long as the claim: most keep one of a capacity of four.
+    kept.shrink_to_fit();
     Ok(kept)
 }
 

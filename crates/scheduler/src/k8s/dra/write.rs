@@ -167,11 +167,18 @@ pub fn writes_for(
         });
     }
     let mut next = gpus.iter();
-    let mut writes = Vec::new();
+    // Sized to fit: the writes are held until the watch shows the pod bound, and a Vec
+    // grown by pushes holds four (2 KiB or more a pod at a burst of claim pods).
+    let mut writes = Vec::with_capacity(plan.allocate.len() + plan.join.len());
     for (claim, &pick) in plan.allocate.iter().zip(&plan.picks) {
-        let mut results = Vec::new();
         let option = claim.shape.as_ref().ok().and_then(|s| s.options.get(pick));
-        for request in option.map(|o| o.requests.as_slice()).unwrap_or_default() {
+        let requests = option.map(|o| o.requests.as_slice()).unwrap_or_default();
+        let wanted: usize = requests
+            .iter()
+            .map(|r| if r.all { gpus.len() } else { r.count as usize })
+            .fold(0, usize::saturating_add);
+        let mut results = Vec::with_capacity(wanted.min(gpus.len()));
+        for request in requests {
             let take = if request.all {
                 usize::MAX
             } else {
