@@ -22,7 +22,7 @@ pub type ObjectKey = (String, String);
 
 /// Where a reader of the change feed stands: the list it read (relists start a new one)
 /// and the last change it has seen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
 pub struct Cursor {
     list: u64,
     seq: u64,
@@ -139,6 +139,19 @@ impl<V> RelistStore<V> {
             (b, a) => b.is_some() || a.is_some(),
         });
         Some(changes)
+    }
+
+    /// Forgets the remembered changes up to `seen`, where a reader that has read them stands,
+    /// and so frees the values they replaced. A reader still behind `seen` reads every
+    /// object again (as one further behind than the journal keeps); a cursor of another
+    /// list forgets nothing.
+    pub fn forget_until(&mut self, seen: Cursor) {
+        if seen.list != self.lists {
+            return;
+        }
+        while self.journal.front().is_some_and(|e| e.seq <= seen.seq) {
+            self.journal.pop_front();
+        }
     }
 
     /// The current object under `key` (not one of a relist in progress).
@@ -280,6 +293,31 @@ mod tests {
         store.relisted(key("a"), Arc::new(8));
         store.relist_done();
         assert_eq!(store.changes_since(mid), None);
+        assert_eq!(
+            store.changes_since(store.cursor()).map(|c| c.len()),
+            Some(0)
+        );
+    }
+
+    #[test]
+    fn changes_a_reader_has_seen_are_forgotten_and_their_values_freed() {
+        let mut store = RelistStore::journaled(16);
+        store.relist_done();
+        let start = store.cursor();
+        let first = Arc::new(1);
+        store.apply(key("a"), Arc::clone(&first));
+        store.apply(key("a"), Arc::new(2));
+        let seen = store.cursor();
+        store.apply(key("b"), Arc::new(3));
+        // A cursor of an earlier list forgets nothing.
+        store.forget_until(Cursor { list: 0, seq: 3 });
+        assert_eq!(Arc::strong_count(&first), 2, "remembered as replaced");
+        store.forget_until(seen);
+        assert_eq!(Arc::strong_count(&first), 1, "freed once forgotten");
+        let changes = store.changes_since(seen).unwrap();
+        assert_eq!(names(&changes), ["b:None>Some(3)"]);
+        assert_eq!(store.changes_since(start), None, "behind: read everything");
+        store.forget_until(store.cursor());
         assert_eq!(
             store.changes_since(store.cursor()).map(|c| c.len()),
             Some(0)

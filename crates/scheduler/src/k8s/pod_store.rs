@@ -56,6 +56,9 @@ pub struct PodStore {
     /// cursor and that count then).
     claim_changes: u64,
     holds: Option<(Cursor, u64, Arc<[ClaimHold]>)>,
+    /// Where the feed's reader stood at its last read with a cursor (`None`: no such read
+    /// yet): the changes before it are forgotten.
+    reader_at: Option<Cursor>,
 }
 
 impl PodStore {
@@ -68,6 +71,7 @@ impl PodStore {
             claims: ClaimIndex::default(),
             claim_changes: 0,
             holds: None,
+            reader_at: None,
         }
     }
 
@@ -271,12 +275,40 @@ impl PodStore {
         self.pods.is_empty()
     }
 
-    /// The pods changed since `since` (see [`PodFeed`]).
-    pub fn feed(&self, since: Option<Cursor>) -> PodFeed {
-        PodFeed {
+    /// The pods changed since `since` (see [`PodFeed`]). The changes before `since` are
+    /// forgotten: the feed has one reader (the loop, or the extender), which stands at
+    /// `since` or later from now on, and the pod versions those changes replaced would
+    /// otherwise stay in memory until [`FEED_CHANGES`] newer ones pushed them out (at a
+    /// burst of claim pods, three versions a pod). Other readers (the map, `view()`) read
+    /// with no cursor and keep nothing the reader needs; one further behind reads every
+    /// pod again. The list last handed out by [`view`](Self::view) keeps what it needs
+    /// to be patched.
+    pub fn feed(&mut self, since: Option<Cursor>) -> PodFeed {
+        let feed = PodFeed {
             cursor: self.pods.cursor(),
             changes: since.and_then(|c| self.pods.changes_since(c)),
+        };
+        match since {
+            Some(at) => self.reader_at = Some(at),
+            // A first read (no cursor) reads every pod: the changes so far are no one's.
+            None => {
+                self.reader_at.get_or_insert(feed.cursor);
+            }
         }
+        self.forget();
+        feed
+    }
+
+    /// Forgets the changes both the feed's reader and the last list are past.
+    fn forget(&mut self) {
+        let Some(seen) = self.reader_at else {
+            return;
+        };
+        let seen = match &self.listed {
+            Some((at, _)) => seen.min(*at),
+            None => seen,
+        };
+        self.pods.forget_until(seen);
     }
 
     /// Every pod, sorted by namespace and name.
@@ -297,11 +329,14 @@ impl PodStore {
                     patch(pods, change);
                 }
                 *at = now;
-                return Arc::clone(list);
+                let list = Arc::clone(list);
+                self.forget();
+                return list;
             }
         }
         let list: Listed<PodInfo> = Arc::new(self.pods.values().cloned().collect());
         self.listed = Some((now, Arc::clone(&list)));
+        self.forget();
         list
     }
 }
@@ -390,6 +425,47 @@ mod tests {
             Ok(1),
             "{listed:?}"
         );
+    }
+
+    /// Versions a pod leaves behind are freed once the feed's reader has read past them,
+    /// not kept until 16,384 newer changes push them out: a first read (no cursor) frees
+    /// what came before it, a read with a cursor what came before that cursor, and a read
+    /// with no cursor by another reader (the map) nothing the feed's reader still needs.
+    #[test]
+    fn replaced_versions_are_freed_once_the_feed_reader_is_past_them() {
+        let mut cache = PodStore::new("nvidia.com/gpu");
+        cache.begin_relist();
+        cache.relist_done();
+        cache.apply(&pod("a", "1"));
+        let first = Arc::clone(&cache.view()[0]);
+        cache.apply(&pod("a", "2"));
+        assert_eq!(
+            Arc::strong_count(&first),
+            3,
+            "the journal and the last list hold it"
+        );
+        let fed = cache.feed(None);
+        let _ = cache.view();
+        assert_eq!(Arc::strong_count(&first), 1, "freed at the first read");
+        let second = Arc::clone(&cache.view()[0]);
+        cache.apply(&pod("a", "3"));
+        let _ = cache.feed(None);
+        let changes = cache.feed(Some(fed.cursor)).changes.map(|c| c.len());
+        assert_eq!(
+            changes,
+            Some(1),
+            "another reader's read kept the reader's changes"
+        );
+        let now = cache.feed(Some(fed.cursor)).cursor;
+        let _ = cache.view();
+        assert!(Arc::strong_count(&second) > 1, "not yet past it");
+        let _ = cache.feed(Some(now));
+        assert_eq!(
+            Arc::strong_count(&second),
+            1,
+            "freed once the reader is past it"
+        );
+        assert_eq!(cache.feed(Some(now)).changes.map(|c| c.len()), Some(0));
     }
 
     fn with_terms(name: &str, preferred_zone: Option<&str>) -> Pod {
