@@ -304,6 +304,11 @@ impl PodStore {
         let Some(seen) = self.reader_at else {
             return;
         };
+        // A list the reader is past is not patched again (the extender reads no list after
+        // its first): dropped rather than kept up by the journal; the next view lists anew.
+        if self.listed.as_ref().is_some_and(|(at, _)| *at < seen) {
+            self.listed = None;
+        }
         let seen = match &self.listed {
             Some((at, _)) => seen.min(*at),
             None => seen,
@@ -466,6 +471,28 @@ mod tests {
             "freed once the reader is past it"
         );
         assert_eq!(cache.feed(Some(now)).changes.map(|c| c.len()), Some(0));
+    }
+
+    /// The extender reads the feed without the list after its first read: the list it
+    /// left behind does not keep the versions the feed has moved past.
+    #[test]
+    fn a_reader_that_reads_no_list_still_frees_versions() {
+        let mut cache = PodStore::new("nvidia.com/gpu");
+        cache.begin_relist();
+        cache.relist_done();
+        cache.apply(&pod("a", "1"));
+        let mut at = cache.feed(None).cursor;
+        let _ = cache.view();
+        for rv in 2..6 {
+            let before = Arc::clone(cache.pods.get(&("ns".into(), "a".into())).unwrap());
+            cache.apply(&pod("a", &rv.to_string()));
+            let fed = cache.feed(Some(at));
+            assert_eq!(fed.changes.map(|c| c.len()), Some(1), "version {rv}");
+            at = fed.cursor;
+            let _ = cache.feed(Some(at));
+            assert_eq!(Arc::strong_count(&before), 1, "version {} freed", rv - 1);
+        }
+        assert_eq!(cache.view()[0].resource_version, "5", "a fresh list");
     }
 
     fn with_terms(name: &str, preferred_zone: Option<&str>) -> Pod {
