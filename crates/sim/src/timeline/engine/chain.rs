@@ -22,7 +22,7 @@ use super::evictable::{Room, SearchAsk, SearchedAt};
 use super::groups::{Groups, ReclaimPool};
 use super::movable::MovableUnits;
 use super::units::{Job, Placed, Tried};
-use super::victims::{Eviction, candidates_of};
+use super::victims::{Eviction, Unsure, candidates_of};
 use crate::timeline::options::Ms;
 use crate::trace::TracePod;
 
@@ -269,7 +269,12 @@ impl Engine<'_> {
         // only the candidates on the nodes that could; each node's plan kept while the
         // node is unchanged.
         let Some(one) = single else {
-            let groups = self.victim_groups(&|pod| self.may_take(&me, pod), now, &Room::Anywhere);
+            let groups = self.victim_groups(
+                &|pod| self.may_take(&me, pod),
+                now,
+                &Room::Anywhere,
+                Unsure::Unasked,
+            );
             return self.search(unit, groups, &[]);
         };
         let request = self.request_of(one.rid);
@@ -285,7 +290,8 @@ impl Engine<'_> {
                 self.plan_preempt_kept(unit, ask, &me, &nodes, now)
             }
             room => {
-                let groups = self.victim_groups(&|pod| self.may_take(&me, pod), now, &room);
+                let groups =
+                    self.victim_groups(&|pod| self.may_take(&me, pod), now, &room, Unsure::Unasked);
                 self.search(unit, groups, &[])
             }
         }
@@ -303,7 +309,8 @@ impl Engine<'_> {
     ) -> NodesPlanned {
         let nodes: Arc<[bool]> = Arc::from(nodes);
         let room = Room::On(Arc::clone(&nodes));
-        let mut groups = self.victim_groups(&|pod| self.may_take(me, pod), now, &room);
+        let mut groups =
+            self.victim_groups(&|pod| self.may_take(me, pod), now, &room, Unsure::Listed);
         let unsure = std::mem::take(&mut groups.unsure);
         let (pods, jobs) = (self.pods, &self.jobs);
         let job = self.units[unit as usize].jobs[0];
@@ -366,7 +373,12 @@ impl Engine<'_> {
                     // Cannot happen; the full search decides.
                     self.node_plans.forget(ask);
                     let room = Room::On(Arc::from(room));
-                    let groups = self.victim_groups(&|pod| self.may_take(me, pod), now, &room);
+                    let groups = self.victim_groups(
+                        &|pod| self.may_take(me, pod),
+                        now,
+                        &room,
+                        Unsure::Unasked,
+                    );
                     return self.search(unit, groups, &[]);
                 }
             };
@@ -506,7 +518,7 @@ impl Engine<'_> {
             Some(kept) if kept.at == at && kept.takeable == takeable => Rc::clone(kept),
             _ => {
                 let take = |pod: u32| takeable.get(of(pod)).copied().unwrap_or(false);
-                let groups = self.victim_groups(&take, now, &Room::Anywhere);
+                let groups = self.victim_groups(&take, now, &Room::Anywhere, Unsure::Unasked);
                 let unit_queue = groups
                     .iter()
                     .map(|g| of(self.jobs[g[0] as usize].pod))

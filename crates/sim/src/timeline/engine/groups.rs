@@ -33,6 +33,11 @@ impl Groups {
         self.ends.len()
     }
 
+    /// Pods in every group together.
+    pub(super) fn pods(&self) -> usize {
+        self.members.len()
+    }
+
     pub(super) fn is_empty(&self) -> bool {
         self.ends.is_empty()
     }

@@ -76,6 +76,11 @@ impl Running {
         let Some(jobs) = self.of_unit.get(unit as usize) else {
             return;
         };
+        // Most units are a pod alone: no copy and sort of one.
+        if let [one] = jobs.as_slice() {
+            out.push(*one);
+            return;
+        }
         let from = out.len();
         out.extend_from_slice(jobs);
         out[from..].sort_unstable_by_key(|&j| self.at[j as usize]);

@@ -30,6 +30,14 @@ struct Kept {
     to: usize,
 }
 
+/// Whether [`Engine::victim_groups`] lists the nodes whose answer reads more than their
+/// own changes: a search kept node by node needs them, others do not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Unsure {
+    Listed,
+    Unasked,
+}
+
 /// Whether running `j`'s Binding has landed by `now` as the scheduler sees it: written
 /// by then, and decided before this instant (a pod decided in this round is a reservation
 /// until a later view shows it bound, even with no bind latency).
@@ -44,15 +52,32 @@ impl Engine<'_> {
     /// Binding still in flight) keeps the whole gang, as the scheduler's candidates do (a
     /// pod decided and not yet bound is reserved there, not a candidate). Only units with
     /// a member on a node of `room` (the search finds nothing on the others, whose
-    /// candidates taken together cannot make room).
-    pub(super) fn victim_groups(&self, take: &dyn Fn(u32) -> bool, now: Ms, room: &Room) -> Groups {
+    /// candidates taken together cannot make room). With [`Unsure::Listed`], also the
+    /// nodes whose answer reads more than their own changes ([`Groups::unsure`]), which
+    /// reads every unit there, victims or not; without, a unit is dropped at its first
+    /// member that may not be taken (a reclaim's pool: half the running pods, grouped
+    /// for every search).
+    pub(super) fn victim_groups(
+        &self,
+        take: &dyn Fn(u32) -> bool,
+        now: Ms,
+        room: &Room,
+        unsure: Unsure,
+    ) -> Groups {
         // The units with a running member on a node of `room`, from those nodes' pods.
         let mut marks = self.unit_marks.borrow_mut();
         let stamp = marks.stamp();
-        let mut units: Vec<u32> = Vec::new();
-        let mut visit = |unit: u32| {
-            if !marks.marked(unit, stamp) {
-                marks.mark(unit, stamp);
+        let mut units: Vec<u32> = match room {
+            Room::Anywhere => Vec::with_capacity(self.running.all().len()),
+            _ => Vec::new(),
+        };
+        let mut visit = |job: u32, unit: u32| {
+            if marks.marked(unit, stamp) {
+                return;
+            }
+            marks.mark(unit, stamp);
+            let j = &self.jobs[job as usize];
+            if unsure == Unsure::Listed || (landed(j, now) && take(j.pod)) {
                 units.push(unit);
             }
         };
@@ -60,13 +85,13 @@ impl Engine<'_> {
             Room::Nowhere => {}
             Room::Anywhere => {
                 for &r in self.running.all() {
-                    visit(self.jobs[r as usize].unit);
+                    visit(r, self.jobs[r as usize].unit);
                 }
             }
             Room::On(nodes) => {
                 for (n, _) in nodes.iter().enumerate().filter(|(_, on)| **on) {
                     for o in self.running.on(n) {
-                        visit(o.unit);
+                        visit(o.job, o.unit);
                     }
                 }
             }
@@ -75,12 +100,14 @@ impl Engine<'_> {
         // replacement is of its unit without being among the unit's jobs), in one buffer.
         let mut members: Vec<u32> = Vec::with_capacity(units.len());
         let mut kept: Vec<Kept> = Vec::with_capacity(units.len());
-        let mut unsure: Vec<u32> = Vec::new();
+        let mut unsure_nodes: Vec<u32> = Vec::new();
         for unit in units {
             let from = members.len();
             self.running.of_unit_into(unit, &mut members);
             let group = &members[from..];
-            self.note_unsure(group, now, &mut unsure);
+            if unsure == Unsure::Listed {
+                self.note_unsure(group, now, &mut unsure_nodes);
+            }
             if preempt::unit_may_be_evicted(group.iter().map(|&r| {
                 let j = &self.jobs[r as usize];
                 landed(j, now) && take(j.pod)
@@ -100,7 +127,7 @@ impl Engine<'_> {
         for k in kept {
             groups.push(&members[k.from..k.to]);
         }
-        groups.unsure = unsure;
+        groups.unsure = unsure_nodes;
         groups
     }
 
@@ -184,7 +211,7 @@ pub(super) fn candidates_of<'s>(
     pods: &'s [TracePod],
     groups: &Groups,
 ) -> Candidates<'s> {
-    let mut candidates = Candidates::default();
+    let mut candidates = Candidates::with_capacity(groups.pods(), groups.len());
     for group in groups.iter() {
         let top = group
             .iter()
