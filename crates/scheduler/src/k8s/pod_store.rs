@@ -432,16 +432,22 @@ mod tests {
         );
     }
 
+    /// A store listed empty, then pod `a` (version 1) come by the watch.
+    fn listed_with_a() -> PodStore {
+        let mut cache = PodStore::new("nvidia.com/gpu");
+        cache.begin_relist();
+        cache.relist_done();
+        cache.apply(&pod("a", "1"));
+        cache
+    }
+
     /// Versions a pod leaves behind are freed once the feed's reader has read past them,
     /// not kept until 16,384 newer changes push them out: a first read (no cursor) frees
     /// what came before it, a read with a cursor what came before that cursor, and a read
     /// with no cursor by another reader (the map) nothing the feed's reader still needs.
     #[test]
     fn replaced_versions_are_freed_once_the_feed_reader_is_past_them() {
-        let mut cache = PodStore::new("nvidia.com/gpu");
-        cache.begin_relist();
-        cache.relist_done();
-        cache.apply(&pod("a", "1"));
+        let mut cache = listed_with_a();
         let first = Arc::clone(&cache.view()[0]);
         cache.apply(&pod("a", "2"));
         assert_eq!(
@@ -477,10 +483,7 @@ mod tests {
     /// left behind does not keep the versions the feed has moved past.
     #[test]
     fn a_reader_that_reads_no_list_still_frees_versions() {
-        let mut cache = PodStore::new("nvidia.com/gpu");
-        cache.begin_relist();
-        cache.relist_done();
-        cache.apply(&pod("a", "1"));
+        let mut cache = listed_with_a();
         let mut at = cache.feed(None).cursor;
         let _ = cache.view();
         for rv in 2..6 {
