@@ -55,8 +55,8 @@ impl Engine<'_> {
     /// candidates taken together cannot make room). With [`Unsure::Listed`], also the
     /// nodes whose answer reads more than their own changes ([`Groups::unsure`]), which
     /// reads every unit there, victims or not; without, a unit is dropped at its first
-    /// member that may not be taken (a reclaim's pool: half the running pods, grouped
-    /// for every search).
+    /// member that may not be taken (a reclaim's pool, grouped again for every search,
+    /// leaves out the units of every queue it may not take from).
     pub(super) fn victim_groups(
         &self,
         take: &dyn Fn(u32) -> bool,
