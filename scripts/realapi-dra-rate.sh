@@ -26,7 +26,8 @@ proxy=$!
 # Also when cut short: a cordoned kcp-node-1 or fake DRA nodes left behind would take (or
 # keep away) the next check's pods (a handshake check waited on a cordoned node so).
 finish() {
-  [[ -n ${sched:-} ]] && kill "$sched" 2>/dev/null
+  # set -e holds in the trap too: a scheduler already gone must not skip the clean-up.
+  if [[ -n ${sched:-} ]]; then kill "$sched" 2>/dev/null || true; fi
   $LOAD clean --dra >/dev/null 2>&1 || true
   kubectl uncordon kcp-node-1 >/dev/null 2>&1 || true
   kill $proxy 2>/dev/null || true

@@ -279,10 +279,10 @@ impl PodStore {
     /// forgotten: the feed has one reader (the loop, or the extender), which stands at
     /// `since` or later from now on, and the pod versions those changes replaced would
     /// otherwise stay in memory until [`FEED_CHANGES`] newer ones pushed them out (a pod
-    /// leaves one as its claim, its Binding and its status come). Other readers (the map, `view()`) read
-    /// with no cursor and keep nothing the reader needs; one further behind reads every
-    /// pod again. The list last handed out by [`view`](Self::view) keeps what it needs
-    /// to be patched.
+    /// leaves one as its claim, its Binding and its status come). Other readers (the map,
+    /// `view()`) read with no cursor and keep nothing the reader needs; one further behind
+    /// reads every pod again. The list last handed out by [`view`](Self::view) keeps what
+    /// it needs to be patched.
     pub fn feed(&mut self, since: Option<Cursor>) -> PodFeed {
         let feed = PodFeed {
             cursor: self.pods.cursor(),

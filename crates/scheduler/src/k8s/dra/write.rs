@@ -173,11 +173,7 @@ pub fn writes_for(
     for (claim, &pick) in plan.allocate.iter().zip(&plan.picks) {
         let option = claim.shape.as_ref().ok().and_then(|s| s.options.get(pick));
         let requests = option.map(|o| o.requests.as_slice()).unwrap_or_default();
-        let wanted: usize = requests
-            .iter()
-            .map(|r| if r.all { gpus.len() } else { r.count as usize })
-            .fold(0, usize::saturating_add);
-        let mut results = Vec::with_capacity(wanted.min(gpus.len()));
+        let mut results = Vec::new();
         for request in requests {
             let take = if request.all {
                 usize::MAX
@@ -188,6 +184,8 @@ pub fn writes_for(
                 results.push(device_result(&claim.uid, request, gpu, &plan.driver, node));
             }
         }
+        // Held as long as the write: no room for results that never come.
+        results.shrink_to_fit();
         writes.push(ClaimWrite {
             namespace: claim.namespace.clone(),
             name: claim.name.clone(),
