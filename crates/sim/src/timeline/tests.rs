@@ -30,6 +30,7 @@ fn pod(name: &str, gpus: u32, seconds: u64, priority: i32, gang: Option<&str>) -
 }
 
 mod costs;
+mod freeing;
 mod memo;
 mod quiet;
 

@@ -14,12 +14,13 @@ use std::sync::Arc;
 use gpuplace_core::cycle::place::{Quorum, Trial};
 use gpuplace_core::cycle::{self, Cycled, Found, Planner, Step, Unit};
 use gpuplace_core::defrag::RoomPlan;
-use gpuplace_core::fairshare::{Entitlement, Loss, Picker, Res};
+use gpuplace_core::fairshare::{Loss, Picker};
 use gpuplace_core::preempt::{self, Preemption};
 
 use super::Engine;
-use super::evictable::{Room, SearchAsk, SearchedAt};
-use super::groups::{Groups, ReclaimPool};
+use super::evictable::{Room, SearchAsk};
+use super::freeing::holders_of;
+use super::groups::Groups;
 use super::movable::MovableUnits;
 use super::units::{Job, Placed, Tried};
 use super::victims::{Eviction, Unsure, candidates_of};
@@ -48,6 +49,8 @@ pub(super) enum SimPlan {
 /// answer reads more than their own changes.
 struct NodesPlanned {
     groups: Groups,
+    /// The leaving pods' places the plans could count on (slots).
+    freeing: Vec<u32>,
     plans: Vec<Preemption>,
     unsure: Vec<u32>,
 }
@@ -178,12 +181,21 @@ impl Engine<'_> {
                 now,
             })
         };
-        self.settle_hold(unit, lifted, matches!(cycled, Cycled::Allowed(_)));
+        let started_on: Option<Vec<(usize, usize)>> = match &cycled {
+            Cycled::Allowed(trial) => {
+                Some(trial.placed.iter().map(|(i, p)| (*i, p.node)).collect())
+            }
+            _ => None,
+        };
+        let promised = self.settle_hold(unit, lifted, started_on.as_deref(), now);
         let chained = match cycled {
             Cycled::Allowed(trial) => {
                 for (i, placed) in trial.placed {
                     let job = self.units[unit as usize].jobs[i];
                     self.start(job, placed, now, std::time::Duration::ZERO);
+                }
+                if promised {
+                    self.promise_until_bound(unit);
                 }
                 return Tried::Started;
             }
@@ -225,25 +237,54 @@ impl Engine<'_> {
                 order,
             }) => started(self.carry_out(&groups, &plan, &order, unit, now)),
         };
-        // What the plan did not take of its victims' places stays theirs until they are gone.
-        self.hold_remains(now);
+        // What the plan did not take of its victims' places stays theirs until they are
+        // gone, promised to the unit while it is nominated.
+        let promised = (!self.units[unit as usize].held.is_empty()).then_some(unit);
+        self.hold_remains(now, promised);
         tried
     }
 
     /// Core's victim search for `unit` over `groups`, not evicting those in `excluded`
     /// (the candidates built once); the units evicted and the places in member order.
-    fn search(&mut self, unit: u32, groups: Groups, excluded: &[bool]) -> Option<Eviction> {
+    /// The leaving pods' places of `slots` count as freeing themselves.
+    fn search(
+        &mut self,
+        unit: u32,
+        groups: Groups,
+        slots: &[u32],
+        excluded: &[bool],
+    ) -> Option<Eviction> {
         let found = {
             let (pods, jobs) = (self.pods, &self.jobs);
             let asks = asks_of(pods, jobs, &self.units[unit as usize].jobs);
-            let candidates = candidates_of(jobs, pods, &groups);
+            let mut candidates = candidates_of(jobs, pods, &groups);
+            candidates.freeing = holders_of(&self.leaving, slots);
             search_on(&mut self.placer, &self.state, &asks, &candidates, excluded)
         };
-        found.map(|(units, places)| Eviction {
-            groups: Rc::new(groups),
-            units,
-            places,
+        found.map(|(units, places)| {
+            let nodes: Vec<usize> = places.iter().map(|p| p.0).collect();
+            Eviction {
+                groups: Rc::new(groups),
+                units,
+                places,
+                freeing: self.slots_on(slots, &nodes),
+            }
         })
+    }
+
+    /// Preemption's search for `unit` as `me` over the candidates on the nodes of `room`:
+    /// the running units it may evict and the leaving pods it may count on.
+    fn preempt_search(
+        &mut self,
+        unit: u32,
+        me: &preempt::Contender<usize>,
+        room: &Room,
+        now: Ms,
+    ) -> Option<Eviction> {
+        let take = |pod| self.may_take(me, pod);
+        let groups = self.victim_groups(&take, now, room, Unsure::Unasked);
+        let slots = self.offered_slots(&take, room);
+        self.search(unit, groups, &slots, &[])
     }
 
     /// Priority preemption for `unit`: lower-priority units (within its queue when the
@@ -269,13 +310,7 @@ impl Engine<'_> {
         // only the candidates on the nodes that could; each node's plan kept while the
         // node is unchanged.
         let Some(one) = single else {
-            let groups = self.victim_groups(
-                &|pod| self.may_take(&me, pod),
-                now,
-                &Room::Anywhere,
-                Unsure::Unasked,
-            );
-            return self.search(unit, groups, &[]);
+            return self.preempt_search(unit, &me, &Room::Anywhere, now);
         };
         let request = self.request_of(one.rid);
         let room = (self.by_priority).room(&self.state, priority, request);
@@ -289,11 +324,7 @@ impl Engine<'_> {
                 };
                 self.plan_preempt_kept(unit, ask, &me, &nodes, now)
             }
-            room => {
-                let groups =
-                    self.victim_groups(&|pod| self.may_take(&me, pod), now, &room, Unsure::Unasked);
-                self.search(unit, groups, &[])
-            }
+            room => self.preempt_search(unit, &me, &room, now),
         }
     }
 
@@ -309,17 +340,20 @@ impl Engine<'_> {
     ) -> NodesPlanned {
         let nodes: Arc<[bool]> = Arc::from(nodes);
         let room = Room::On(Arc::clone(&nodes));
-        let mut groups =
-            self.victim_groups(&|pod| self.may_take(me, pod), now, &room, Unsure::Listed);
+        let take = |pod| self.may_take(me, pod);
+        let mut groups = self.victim_groups(&take, now, &room, Unsure::Listed);
+        let freeing = self.offered_slots(&take, &room);
         let unsure = std::mem::take(&mut groups.unsure);
         let (pods, jobs) = (self.pods, &self.jobs);
         let job = self.units[unit as usize].jobs[0];
         let request = &pods[jobs[job as usize].pod as usize].request;
-        let candidates = candidates_of(jobs, pods, &groups);
+        let mut candidates = candidates_of(jobs, pods, &groups);
+        candidates.freeing = holders_of(&self.leaving, &freeing);
         let plans = preempt::plans_on(&self.state, request, &candidates, &nodes);
         drop(candidates);
         NodesPlanned {
             groups,
+            freeing,
             plans,
             unsure,
         }
@@ -353,18 +387,19 @@ impl Engine<'_> {
         now: Ms,
     ) -> Option<Eviction> {
         let looked = (self.node_plans).look(ask, room, &self.state, &self.by_priority);
-        let mut fresh: Option<(Groups, Preemption)> = None;
+        let mut fresh: Option<(Groups, Vec<u32>, Preemption)> = None;
         if looked.any_unknown {
             let NodesPlanned {
                 groups,
+                freeing,
                 plans,
                 unsure,
             } = self.plan_nodes(unit, me, &looked.unknown, now);
             self.node_plans.learn(ask, &looked.unknown, &plans, &unsure);
-            fresh = preempt::cheapest(&self.state, plans).map(|best| (groups, best));
+            fresh = preempt::cheapest(&self.state, plans).map(|best| (groups, freeing, best));
         }
         let kept_wins = looked.best_kept.filter(|&kept| {
-            (fresh.as_ref()).is_none_or(|(_, f)| preempt::cheaper(&self.state, kept, f.ranked()))
+            (fresh.as_ref()).is_none_or(|(_, _, f)| preempt::cheaper(&self.state, kept, f.ranked()))
         });
         if let Some(kept) = kept_wins {
             fresh = match self.plan_kept_again(unit, me, kept, room.len(), now) {
@@ -372,18 +407,12 @@ impl Engine<'_> {
                 None => {
                     // Cannot happen; the full search decides.
                     self.node_plans.forget(ask);
-                    let room = Room::On(Arc::from(room));
-                    let groups = self.victim_groups(
-                        &|pod| self.may_take(me, pod),
-                        now,
-                        &room,
-                        Unsure::Unasked,
-                    );
-                    return self.search(unit, groups, &[]);
+                    return self.preempt_search(unit, me, &Room::On(Arc::from(room)), now);
                 }
             };
         }
-        fresh.map(|(groups, plan)| Eviction {
+        fresh.map(|(groups, slots, plan)| Eviction {
+            freeing: self.slots_on(&slots, &[plan.node]),
             groups: Rc::new(groups),
             units: plan.units,
             places: vec![(plan.node, plan.gpus)],
@@ -399,144 +428,22 @@ impl Engine<'_> {
         kept: preempt::Ranked,
         nodes: usize,
         now: Ms,
-    ) -> Option<(Groups, Preemption)> {
+    ) -> Option<(Groups, Vec<u32>, Preemption)> {
         #[cfg(test)]
         super::node_plans::KEPT_WON.with(|k| k.set(k.get() + 1));
         let mut only = vec![false; nodes];
         *only.get_mut(kept.node)? = true;
-        let NodesPlanned { groups, plans, .. } = self.plan_nodes(unit, me, &only, now);
+        let NodesPlanned {
+            groups,
+            freeing,
+            plans,
+            ..
+        } = self.plan_nodes(unit, me, &only, now);
         let plan = plans.into_iter().find(|p| p.ranked() == kept);
         debug_assert!(plan.is_some(), "a kept plan ({kept:?}) did not hold");
-        plan.map(|plan| (groups, plan))
-    }
-
-    /// Reclaim for `unit` of queue `fair.queue`: units of queues above their guarantee
-    /// evicted, every queue kept at its guarantee (core's check).
-    fn plan_reclaim(&mut self, unit: u32, fair: FairView<'_, '_>, now: Ms) -> Option<SimPlan> {
-        self.tenants.as_ref()?;
-        let mut asked = Res::default();
-        for &j in &self.units[unit as usize].jobs {
-            asked.add(&Res::of(
-                &self.pods[self.jobs[j as usize].pod as usize].request,
-                None,
-            ));
-        }
-        let tree = fair.picker.tree();
-        let entitled = Entitlement::new(tree, fair.picker.allocations(), fair.queue, &asked)?;
-        // A pod alone: not where the same search found nothing with nothing changed.
-        let ask = match self.units[unit as usize].single {
-            Some(one) => {
-                let ask = SearchAsk {
-                    request: one.rid,
-                    priority: one.priority,
-                    queue: Some(fair.queue),
-                };
-                let key = self.searched_at(now);
-                let standing = fair.picker.allocations();
-                if self.failed_reclaims.known_with(key, standing, ask) {
-                    return None;
-                }
-                Some(ask)
-            }
-            None => None,
-        };
-        let found = self.plan_reclaim_on(unit, fair, &entitled, now);
-        if let Some(ask) = ask
-            && found.is_none()
-        {
-            self.failed_reclaims.failed(ask);
-        }
-        found
-    }
-
-    /// What a victim search reads besides its ask, now.
-    fn searched_at(&self, now: Ms) -> SearchedAt {
-        SearchedAt {
-            state: self.state.instance(),
-            journal: self.state.journal_len(),
-            running: self.by_priority.generation(),
-            now_ms: now.0,
-        }
-    }
-
-    /// [`Self::plan_reclaim`]'s search, over every unit of the queues `entitled` may take
-    /// from.
-    fn plan_reclaim_on(
-        &mut self,
-        unit: u32,
-        fair: FairView<'_, '_>,
-        entitled: &Entitlement<'_>,
-        now: Ms,
-    ) -> Option<SimPlan> {
-        let pool = self.reclaim_pool(entitled, now)?;
-        let (groups, unit_queue) = (&pool.groups, &pool.unit_queue);
-        let (found, losses) = {
-            let (pods, jobs) = (self.pods, &self.jobs);
-            let asks = asks_of(pods, jobs, &self.units[unit as usize].jobs);
-            let candidates = candidates_of(jobs, pods, groups);
-            let takes = cycle::reclaim::Takes::new(&self.state, &candidates, unit_queue);
-            let prefer = cycle::reclaim::prefer_most_used(&takes, fair.picker);
-            let (placer, state) = (&mut self.placer, &self.state);
-            let found = cycle::reclaim::plan_within_guarantees(
-                &takes,
-                entitled,
-                prefer,
-                |excluded| search_on(placer, state, &asks, &candidates, excluded),
-                |(units, _)| units,
-            )?;
-            // Pod by pod, as the scheduler takes them off (every eviction lands here).
-            let losses =
-                cycle::reclaim::victim_losses(state, &candidates, unit_queue, &found.plan.0);
-            (found, losses)
-        };
-        let (units, places) = found.plan;
-        let counts = units
-            .iter()
-            .map(|&u| (unit_queue[u], groups.get(u).len() as u64))
-            .collect();
-        Some(SimPlan::Reclaim {
-            eviction: Eviction {
-                groups: Rc::clone(&pool.groups),
-                units,
-                places,
-            },
-            losses,
-            counts,
-        })
+        plan.map(|plan| (groups, freeing, plan))
     }
 }
-
-impl Engine<'_> {
-    /// Reclaim's candidates for a pod as `entitled` says (kept while the same); `None`
-    /// when there are none.
-    fn reclaim_pool(&mut self, entitled: &Entitlement<'_>, now: Ms) -> Option<Rc<ReclaimPool>> {
-        let queue_of = Arc::clone(&self.tenants.as_ref()?.queue_of);
-        let of = |pod: u32| queue_of.get(pod as usize).copied().unwrap_or(0);
-        let takeable = entitled.takeable();
-        let at = self.searched_at(now);
-        let pool = match &self.reclaim_pool {
-            Some(kept) if kept.at == at && kept.takeable == takeable => Rc::clone(kept),
-            _ => {
-                let take = |pod: u32| takeable.get(of(pod)).copied().unwrap_or(false);
-                let groups = self.victim_groups(&take, now, &Room::Anywhere, Unsure::Unasked);
-                let unit_queue = groups
-                    .iter()
-                    .map(|g| of(self.jobs[g[0] as usize].pod))
-                    .collect();
-                let pool = Rc::new(ReclaimPool {
-                    at,
-                    takeable,
-                    groups: Rc::new(groups),
-                    unit_queue,
-                });
-                self.reclaim_pool = Some(Rc::clone(&pool));
-                pool
-            }
-        };
-        (!pool.groups.is_empty()).then_some(pool)
-    }
-}
-
 /// The requests of `members` (jobs), largest first (the order the scheduler plans a gang's
 /// members), with their member positions.
 pub(super) fn asks_of<'p>(
@@ -553,12 +460,12 @@ pub(super) fn asks_of<'p>(
 }
 
 /// A unit's places: per member (in member order), node and GPUs.
-type Places = Vec<(usize, Vec<(usize, u32)>)>;
+pub(super) type Places = Vec<(usize, Vec<(usize, u32)>)>;
 
 /// Core's victim search for `asks` (a pod's plan, or every member of a gang at once) over
 /// `candidates`, not evicting those in `excluded`: the units evicted and the places in
 /// member order.
-fn search_on(
+pub(super) fn search_on(
     placer: &mut gpuplace_core::Placer,
     state: &gpuplace_core::ClusterState,
     asks: &[(usize, &gpuplace_model::Request)],

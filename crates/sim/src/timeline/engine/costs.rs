@@ -43,21 +43,22 @@ impl Engine<'_> {
     }
 
     /// The plan just carried out evicted pods: what it did not take of their places stays
-    /// theirs until their grace period is over (at the earliest, the next round).
-    pub(super) fn hold_remains(&mut self, now: Ms) {
+    /// theirs until their grace period is over (at the earliest, the next round), promised
+    /// to the nominee `promised` while it waits (offered to any search without one).
+    pub(super) fn hold_remains(&mut self, now: Ms, promised: Option<u32>) {
         let at = now + self.costs.eviction_grace;
         for job in self.leaving.take_evicted() {
-            let j = &self.jobs[job as usize];
-            let request = &self.pods[j.pod as usize].request;
-            self.leaving
-                .hold(&mut self.state, j.node as usize, request, &j.gpus, at);
+            self.hold_leaving(job, at, promised);
         }
     }
 
     /// Evicted pods whose grace period is over are gone: their remains come back, and
     /// the parked units wake (as the Pod's deletion wakes them in the scheduler).
     pub(super) fn gone_due(&mut self, now: Ms) {
-        let nodes = self.leaving.gone_due(&mut self.state, now);
+        for unit in self.leaving.promises_due(now) {
+            self.nomination_ended(unit);
+        }
+        let nodes = self.leaving_gone(now);
         self.left.extend(&nodes);
         self.released.extend(nodes);
     }
@@ -114,7 +115,7 @@ impl Engine<'_> {
             // A nominee given up gives its held places back (what its victims hold stays
             // theirs until they are gone).
             let lifted = self.lift_hold(unit, now);
-            self.settle_hold(unit, lifted, true);
+            self.settle_hold(unit, lifted, Some(&[]), now);
             for job in self.units[unit as usize].jobs.clone() {
                 let j = &mut self.jobs[job as usize];
                 j.abandoned = true;

@@ -244,7 +244,7 @@ impl Engine<'_> {
             }
         }
         self.defrag.counts.plans += 1;
-        self.nominate(unit, held, before, now)
+        self.nominate(unit, held, before, &[], now)
     }
 
     /// Which of `moves` (of `holders`' jobs) go to places free before any pod leaves,
@@ -366,7 +366,8 @@ impl Engine<'_> {
                 self.defrag.in_flight.push(bound);
             }
         }
-        self.hold_remains(now);
+        // Rebalancing nominates no one: the moved pods are offered as they leave.
+        self.hold_remains(now, None);
         self.defrag.counts.plans += 1;
     }
 }

@@ -128,9 +128,28 @@ impl ByPriority {
 
     /// A pod of `priority` asking `request` started on `node`.
     pub(super) fn started(&mut self, node: usize, priority: i32, request: &Request) {
+        self.add(node, priority, amounts_of(request));
+    }
+
+    /// A pod that [`Self::started`] so left.
+    pub(super) fn left(&mut self, node: usize, priority: i32, request: &Request) {
+        self.sub(node, priority, amounts_of(request));
+    }
+
+    /// A leaving pod's place (`amounts` on `node`, of its pod's `priority`) is offered to
+    /// the victim search as room that frees itself (`true`), or no longer (`false`): it
+    /// counts as a pod of that priority there, as a running one would.
+    pub(super) fn freeing(&mut self, node: usize, priority: i32, amounts: Amounts, on: bool) {
+        if on {
+            self.add(node, priority, amounts);
+        } else {
+            self.sub(node, priority, amounts);
+        }
+    }
+
+    fn add(&mut self, node: usize, priority: i32, add: Amounts) {
         *self.pods.entry(priority).or_default() += 1;
         self.note_change(node);
-        let add = amounts_of(request);
         if let Some(levels) = self.held.get_mut(node) {
             match levels.iter_mut().find(|(p, _)| *p == priority) {
                 Some((_, held)) => {
@@ -143,13 +162,11 @@ impl ByPriority {
         }
     }
 
-    /// A pod that [`Self::started`] so left.
-    pub(super) fn left(&mut self, node: usize, priority: i32, request: &Request) {
+    fn sub(&mut self, node: usize, priority: i32, sub: Amounts) {
         if let Some(count) = self.pods.get_mut(&priority) {
             *count = count.saturating_sub(1);
         }
         self.note_change(node);
-        let sub = amounts_of(request);
         if let Some(levels) = self.held.get_mut(node)
             && let Some((_, held)) = levels.iter_mut().find(|(p, _)| *p == priority)
         {

@@ -45,30 +45,57 @@ impl Engine<'_> {
     /// pods leaving what `before` did not have free: held for it until it is decided again
     /// (see the module's text). Not started: the attempt failed, as the scheduler's did.
     /// Its queue counts the members' requests as held from here, not as waiting, as the
-    /// scheduler's standing counts a nominee.
+    /// scheduler's standing counts a nominee. A part owed by the plan's victims (the pods
+    /// it is evicting) is theirs for their grace period; a part owed only by the leaving
+    /// pods of `freeing` it counted on (slots), until the last of them is gone.
     pub(super) fn nominate(
         &mut self,
         unit: u32,
         placed: Vec<(u32, Placed)>,
         mut before: FreeBefore,
+        freeing: &[u32],
         now: Ms,
     ) -> bool {
+        let grace_end = now + self.costs.eviction_grace;
         let mut owed = Vec::new();
         for (job, p) in &placed {
             let request = &self.pods[self.jobs[*job as usize].pod as usize].request;
             if let Some(part) = owed_part(&mut before, p, request) {
-                owed.push(part);
+                let (until, owner) = self.owed_to(p.node, freeing, grace_end);
+                owed.push(Owed { part, until, owner });
             }
         }
+        let held_until = owed.iter().map(|o| o.until).max().unwrap_or(grace_end);
         let u = &mut self.units[unit as usize];
         let was_held = !u.held.is_empty();
         u.held = placed;
         u.owed = owed;
-        u.held_until = now + self.costs.eviction_grace;
+        u.held_until = held_until;
         if !was_held {
             self.fair_nominated(unit, true);
         }
         false
+    }
+
+    /// Until when a place on `node` is owed, and as whose (the job a search counts it of
+    /// once the nominee no longer waits): the plan's victims there (the most important),
+    /// else the leaving pods of `freeing` there (the last to go).
+    fn owed_to(&self, node: usize, freeing: &[u32], grace_end: Ms) -> (Ms, Option<u32>) {
+        let priority = |job: u32| self.pods[self.jobs[job as usize].pod as usize].priority;
+        let victim = (self.leaving.evicting().iter().copied())
+            .filter(|&j| self.jobs[j as usize].node as usize == node)
+            .max_by_key(|&j| (priority(j), std::cmp::Reverse(j)));
+        if victim.is_some() {
+            return (grace_end, victim);
+        }
+        let last = (freeing.iter())
+            .filter_map(|&s| self.leaving.slot(s))
+            .filter(|(r, _, _)| r.node == node)
+            .max_by_key(|(_, at, _)| *at);
+        match last {
+            Some((_, at, owner)) => (at, owner.map(|o| o.job)),
+            None => (grace_end, None),
+        }
     }
 
     /// Lifts `unit`'s hold for its attempt at `now`: its places given back, and while its
@@ -91,33 +118,62 @@ impl Engine<'_> {
             u.held.clear();
             u.owed.clear();
             self.fair_nominated(unit, false);
+            self.nomination_ended(unit);
             return Lifted::Released;
         }
-        for part in &self.units[unit as usize].owed {
+        for o in self.units[unit as usize]
+            .owed
+            .iter()
+            .filter(|o| o.until > now)
+        {
+            let part = &o.part;
             let taken = self.state.apply(part.node, &part.request, &part.gpus);
             debug_assert!(taken.is_ok(), "a leaving pod's part: {taken:?}");
         }
         Lifted::WhileLeaving
     }
 
-    /// After the attempt of a unit whose hold was lifted while its victims leave: started,
-    /// its nomination ends and their part stays theirs until they are gone; else the hold
-    /// is put back as it was.
-    pub(super) fn settle_hold(&mut self, unit: u32, lifted: Lifted, started: bool) {
+    /// After the attempt at `now` of a unit whose hold was lifted while its victims leave:
+    /// started (on the nodes of `started_on`: member and node), its nomination ends and
+    /// their part stays theirs until they are gone; else the hold is put back as it was.
+    /// Started where it was nominated, the victims stay promised to it until its Binding
+    /// is seen (the scheduler keeps such a nomination until then, [`Self::promise_until_bound`]
+    /// when this returns true); elsewhere (or deleted: no nodes), they are offered to any
+    /// search from now on.
+    pub(super) fn settle_hold(
+        &mut self,
+        unit: u32,
+        lifted: Lifted,
+        started_on: Option<&[(usize, usize)]>,
+        now: Ms,
+    ) -> bool {
         if lifted != Lifted::WhileLeaving {
-            return;
+            return false;
         }
         let u = &mut self.units[unit as usize];
-        if started {
-            let (owed, until) = (std::mem::take(&mut u.owed), u.held_until);
+        if let Some(started_on) = started_on {
+            let members = &u.jobs;
+            let where_held = |(i, node): &(usize, usize)| {
+                let job = members.get(*i).copied();
+                u.held
+                    .iter()
+                    .any(|(j, p)| Some(*j) == job && p.node == *node)
+            };
+            let same = !started_on.is_empty() && started_on.iter().all(where_held);
+            let owed = std::mem::take(&mut u.owed);
             u.held.clear();
-            for part in owed {
-                self.leaving.hold_taken(part, until);
+            let promised = same.then_some(unit);
+            for o in owed.into_iter().filter(|o| o.until > now) {
+                self.hold_owed(o.part, o.until, o.owner, promised);
             }
             self.fair_nominated(unit, false);
-            return;
+            if !same {
+                self.nomination_ended(unit);
+            }
+            return same;
         }
-        for part in &u.owed {
+        for o in u.owed.iter().filter(|o| o.until > now) {
+            let part = &o.part;
             let given = self.state.release(part.node, &part.request, &part.gpus);
             debug_assert!(given.is_ok(), "a leaving pod's part: {given:?}");
         }
@@ -126,7 +182,28 @@ impl Engine<'_> {
             let taken = self.state.apply(p.node, request, &p.gpus);
             debug_assert!(taken.is_ok(), "a held place put back: {taken:?}");
         }
+        false
     }
+
+    /// `unit`, started where it was nominated, keeps its victims promised until a round
+    /// after its last member's Binding landed.
+    pub(super) fn promise_until_bound(&mut self, unit: u32) {
+        let bound = (self.units[unit as usize].jobs.iter())
+            .filter_map(|&j| self.jobs[j as usize].start)
+            .max();
+        if let Some(bound) = bound {
+            self.leaving.end_promise_at(unit, Ms(bound.0 + 1));
+        }
+    }
+}
+
+/// A nominee's place owed to pods leaving: the part, until when, and the job a search
+/// counts it of once the nominee no longer waits (none: never offered).
+#[derive(Clone, Debug)]
+pub(super) struct Owed {
+    pub(super) part: Remains,
+    pub(super) until: Ms,
+    pub(super) owner: Option<u32>,
 }
 
 /// What of place `p` (of `request`) was not free in `before` (which it uses up): the

@@ -126,10 +126,10 @@ pub(super) struct Unit {
     /// Where it is listed in [`Engine::parked`] (`None`: woken since it last failed).
     pub(super) parked: Option<Slot>,
     /// Nominated by PostFilter: the places held for its members (taken in the state) while
-    /// it waits ([`super::nominee`]); of them, what the pods leaving still hold until
-    /// `held_until` (their grace period).
+    /// it waits ([`super::nominee`]); of them, what the pods leaving still hold, each
+    /// part until it is gone, the last at `held_until`.
     pub(super) held: Vec<(u32, Placed)>,
-    pub(super) owed: Vec<super::leaving::Remains>,
+    pub(super) owed: Vec<super::nominee::Owed>,
     pub(super) held_until: Ms,
 }
 

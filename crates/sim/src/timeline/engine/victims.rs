@@ -14,12 +14,14 @@ use super::units::{Job, Placed};
 use crate::timeline::options::Ms;
 use crate::trace::TracePod;
 
-/// Evictions planned for a unit: the victim groups searched, the groups evicted (indices)
-/// and each member's place (in the unit's member order).
+/// Evictions planned for a unit: the victim groups searched, the groups evicted (indices),
+/// each member's place (in the unit's member order) and the leaving pods' places (slots)
+/// it counted on as freeing themselves.
 pub(super) struct Eviction {
     pub groups: Rc<Groups>,
     pub units: Vec<usize>,
     pub places: Vec<(usize, Vec<(usize, u32)>)>,
+    pub freeing: Vec<u32>,
 }
 
 /// A group found by [`Engine::victim_groups`]: its place in the cluster's order and its
@@ -162,7 +164,7 @@ impl Engine<'_> {
 
     /// Evicts the plan's groups (their controller makes them again a moment later, to
     /// start over unless checkpointed) and nominates `unit`, each of its members' places
-    /// held ([`Self::nominate`]).
+    /// held ([`Self::nominate`]), also where leaving pods it counted on free them.
     pub(super) fn evict_and_nominate(&mut self, unit: u32, plan: &Eviction, now: Ms) -> bool {
         let before = self.free_before_plan(plan.places.iter().map(|(node, _)| *node));
         for &u in &plan.units {
@@ -179,6 +181,8 @@ impl Engine<'_> {
             }
             self.recreate(again, top, now);
         }
+        // The leaving pods counted on give their places for the plan's, keeping the rest.
+        self.lend_freeing(&plan.freeing);
         let jobs = self.units[unit as usize].jobs.clone();
         let mut placed: Vec<(u32, Placed)> = Vec::with_capacity(jobs.len());
         for (&job, (node, gpus)) in jobs.iter().zip(&plan.places) {
@@ -190,6 +194,7 @@ impl Engine<'_> {
                     let request = &self.pods[self.jobs[job as usize].pod as usize].request;
                     let _ = self.state.release(p.node, request, &p.gpus);
                 }
+                self.keep_freeing(&plan.freeing);
                 return false;
             }
             placed.push((
@@ -200,7 +205,8 @@ impl Engine<'_> {
                 },
             ));
         }
-        self.nominate(unit, placed, before, now)
+        self.keep_freeing(&plan.freeing);
+        self.nominate(unit, placed, before, &plan.freeing, now)
     }
 }
 
