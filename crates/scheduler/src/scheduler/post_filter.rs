@@ -160,15 +160,38 @@ pub(super) fn victims_of(
     cands: &preempt::Candidates<'_>,
     keys: &[Arc<PodInfo>],
     units: &[usize],
-) -> Vec<PodKey> {
-    units
+    nodes: &[usize],
+) -> Victims {
+    let evicted = units
         .iter()
         .flat_map(|&u| {
             keys[cands.units[u].members.clone()]
                 .iter()
                 .map(|p| p.key.clone())
         })
-        .collect()
+        .collect();
+    let first = cands.holders.len();
+    let counted = (cands.freeing.iter().enumerate())
+        .filter(|(_, h)| nodes.contains(&h.node))
+        .filter_map(|(i, _)| keys.get(first + i).map(|p| p.key.clone()))
+        .collect();
+    Victims { evicted, counted }
+}
+
+/// Whom a plan evicts, and the terminating pods on its nodes it counts on as freeing
+/// room: both are promised to its nominee (no other preemptor counts on them while it
+/// waits), only the first are evicted.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Victims {
+    pub evicted: Vec<PodKey>,
+    pub counted: Vec<PodKey>,
+}
+
+impl Victims {
+    /// Every pod the nominee waits for.
+    fn promised(&self) -> Vec<PodKey> {
+        self.evicted.iter().chain(&self.counted).cloned().collect()
+    }
 }
 
 /// What `pod` will take on node `n` once `victims` are gone.
@@ -283,7 +306,7 @@ impl<A: ClusterApi> Scheduler<A> {
         let Some(plan) = plan else {
             return nothing(not_helpful);
         };
-        let victims = victims_of(&cands, &keys, &plan.units);
+        let victims = victims_of(&cands, &keys, &plan.units, &[plan.node]);
         Found::Plan(Preempted {
             demand,
             plan,
@@ -300,12 +323,14 @@ impl<A: ClusterApi> Scheduler<A> {
         pod: &Arc<PodInfo>,
         demand: &crate::k8s::demand::PodDemand,
         plan: &preempt::Preemption,
-        victims: Vec<PodKey>,
+        victims: Victims,
         why: Option<&str>,
         report: &mut RoundReport,
     ) -> CarriedOut {
         let node = snapshot.state.inventory(plan.node).name.clone();
-        let nomination = nomination(snapshot, pod, demand, plan.node, &plan.gpus, &victims);
+        let promised = victims.promised();
+        let nomination = nomination(snapshot, pod, demand, plan.node, &plan.gpus, &promised);
+        let victims = victims.evicted;
         let where_ = Self::nodes_of(snapshot, &victims.iter().collect::<Vec<_>>());
         let carried = self
             .carry_out(
@@ -416,7 +441,8 @@ impl<A: ClusterApi> Scheduler<A> {
             Ok(None) => return nothing(not_helpful),
             Ok(Some(plan)) => plan,
         };
-        let victims = victims_of(&cands, &keys, &plan.plan.units);
+        let nodes: Vec<usize> = plan.plan.placements.iter().map(|p| p.0).collect();
+        let victims = victims_of(&cands, &keys, &plan.plan.units, &nodes);
         Found::Plan(GangPreempted { plan, victims })
     }
 
@@ -467,19 +493,21 @@ impl<A: ClusterApi> Scheduler<A> {
         snapshot: &mut Snapshot,
         members: &[(&Arc<PodInfo>, Verdicts)],
         plan: &GangPlan,
-        victims: Vec<PodKey>,
+        victims: Victims,
         why: Option<&str>,
         report: &mut RoundReport,
     ) -> CarriedOut {
         let mut nominate = Vec::new();
         let mut noms = Vec::new();
+        let promised = victims.promised();
         for (&i, (n, gpus)) in plan.order.iter().zip(&plan.plan.placements) {
             let (pod, _) = &members[i];
             let Ok(d) = &pod.demand else { continue };
             let node = snapshot.state.inventory(*n).name.clone();
             nominate.push((pod.key.clone(), node));
-            noms.push(nomination(snapshot, pod, d, *n, gpus, &victims));
+            noms.push(nomination(snapshot, pod, d, *n, gpus, &promised));
         }
+        let victims = victims.evicted;
         let where_ = Self::nodes_of(snapshot, &victims.iter().collect::<Vec<_>>());
         let by = &members[plan.order[0]].0.key;
         let carried = self
@@ -539,13 +567,13 @@ impl<A: ClusterApi> Scheduler<A> {
 pub(super) struct Preempted {
     pub demand: crate::k8s::demand::PodDemand,
     pub plan: preempt::Preemption,
-    pub victims: Vec<PodKey>,
+    pub victims: Victims,
 }
 
 /// A gang's preemption as planned: core's plan with the member order, the victims' keys.
 pub(super) struct GangPreempted {
     pub plan: GangPlan,
-    pub victims: Vec<PodKey>,
+    pub victims: Victims,
 }
 
 /// A member's requests could not be read: the gang is not planned.

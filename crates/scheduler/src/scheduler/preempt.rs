@@ -18,7 +18,8 @@ use crate::snapshot::{Held, Snapshot};
 /// take from): units of lower priority (a gang only when every member is a candidate), pods of lower
 /// priority already terminating (free at no cost), the budgets. `reserved` pods (decided,
 /// Binding in flight) and victims already promised to another preemptor are neither.
-/// Returns the candidates (borrowing what the state holds) and the pod of each holder.
+/// Returns the candidates (borrowing what the state holds) and the pod of each holder,
+/// then of each terminating pod (`keys[holders.len() + i]` is `freeing[i]`'s).
 pub fn candidates<'a>(
     snapshot: &'a Snapshot,
     view: &ClusterView,
@@ -44,6 +45,7 @@ pub fn candidates<'a>(
     };
     let skip = |uid: &str| (!promised.is_empty() && promised.contains(uid)) || reserved(uid);
     let mut units: Vec<Listed<'a>> = Vec::new();
+    let mut freeing: Vec<Arc<PodInfo>> = Vec::new();
     for (n, list) in snapshot.placed.iter().enumerate() {
         if allowed.is_some_and(|m| !m.get(n).copied().unwrap_or(false)) {
             continue;
@@ -61,6 +63,7 @@ pub fn candidates<'a>(
             }
             if pod.deleting {
                 out.freeing.push(holder(pod, held));
+                freeing.push(Arc::clone(pod));
                 continue;
             }
             let members = match &pod.group {
@@ -90,6 +93,7 @@ pub fn candidates<'a>(
         );
         keys.extend(unit.members.into_iter().map(|(p, _)| p));
     }
+    keys.extend(freeing);
     (out, keys)
 }
 

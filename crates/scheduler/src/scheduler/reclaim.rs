@@ -157,7 +157,12 @@ impl<A: ClusterApi> Scheduler<A> {
             cycle::reclaim::plan_within_guarantees(&takes, &entitled, prefer, search, |p| &p.units);
         round.preemption_times.push(started.elapsed());
         let found = found?;
-        let victims = victims_of(&pool.cands, &pool.keys, &found.plan.units);
+        let victims = victims_of(
+            &pool.cands,
+            &pool.keys,
+            &found.plan.units,
+            &[found.plan.node],
+        );
         Some(Reclaimed {
             taking: pool.taking(snapshot, &found.plan.units),
             preempted: Preempted {
@@ -207,7 +212,8 @@ impl<A: ClusterApi> Scheduler<A> {
             });
         round.preemption_times.push(started.elapsed());
         let found = found?;
-        let victims = victims_of(&pool.cands, &pool.keys, &found.plan.plan.units);
+        let nodes: Vec<usize> = found.plan.plan.placements.iter().map(|p| p.0).collect();
+        let victims = victims_of(&pool.cands, &pool.keys, &found.plan.plan.units, &nodes);
         Some(GangReclaimed {
             taking: pool.taking(snapshot, &found.plan.plan.units),
             preempted: GangPreempted {

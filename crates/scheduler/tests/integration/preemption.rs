@@ -537,3 +537,45 @@ async fn the_next_leader_finishes_a_gang_preemption_its_predecessor_began() {
     assert_eq!(bound_node(&api, "pair-1").as_deref(), Some("g"));
     assert_no_double_booking(&api);
 }
+
+/// A terminating pod promised to no one is room a preemptor waits for instead of evicting;
+/// once one preemptor counts on it, it is promised to that one: a second preemptor evicts
+/// another pod rather than count on the same room (both nominated to one node's GPUs, the
+/// second would have waited for nothing).
+#[tokio::test]
+async fn a_terminating_pod_counted_on_by_one_preemptor_is_not_counted_on_by_another() {
+    let api = MemoryApi::new();
+    api.put_node(node("n1", 2, json!({})));
+    api.put_node(node("n2", 2, json!({})));
+    let mut scheduler = Scheduler::new(api.clone(), config());
+    let mut t = Instant::now();
+    api.put_pod(prio("leaving", 2, 0, json!({})));
+    api.put_pod(prio("staying", 2, 0, json!({})));
+    settle(&mut scheduler, &mut t).await;
+    let leaving_on = bound_node(&api, "leaving").expect("leaving bound");
+    let staying_on = bound_node(&api, "staying").expect("staying bound");
+    // Its owner deletes it; its grace period has long to run.
+    api.delete_pod_gracefully("ml", "leaving");
+    assert!(deleting(&api, "leaving"));
+    api.put_pod(prio("first", 2, 10, json!({})));
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(nominated(&api, "first"), Some(leaving_on.clone()));
+    assert!(
+        !deleting(&api, "staying"),
+        "first waits for the leaving pod"
+    );
+    api.put_pod(prio("second", 2, 10, json!({})));
+    settle(&mut scheduler, &mut t).await;
+    assert!(
+        deleting(&api, "staying"),
+        "second evicts, not counts on first's room"
+    );
+    assert_eq!(nominated(&api, "second"), Some(staying_on));
+    // Both gone: each runs where it was nominated.
+    api.delete_pod("ml", "leaving");
+    api.delete_pod("ml", "staying");
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(bound_node(&api, "first"), Some(leaving_on));
+    assert!(bound_node(&api, "second").is_some());
+    assert_no_double_booking(&api);
+}

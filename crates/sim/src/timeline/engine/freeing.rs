@@ -3,7 +3,7 @@
 //! at no cost (core's [`Candidates::freeing`]): a preemptor may be nominated to wait for it
 //! instead of evicting another pod. Here the same over [`Leaving`]'s places: those whose
 //! nominee started elsewhere (or was never one: rebalancing's moves) are offered to every
-//! later search, tallied with the running pods' ([`super::evictable::ByPriority`]) so that
+//! later search until one counts on them (then they are promised to it), tallied with the running pods' ([`super::evictable::ByPriority`]) so that
 //! the room check and the plans kept node by node see them come and go.
 
 use gpuplace_core::preempt::Holder;
@@ -109,11 +109,16 @@ impl Engine<'_> {
         }
     }
 
-    /// What the plan left of the lent `slots` stays theirs until they are gone.
-    pub(super) fn keep_freeing(&mut self, slots: &[u32]) {
+    /// What the plan left of the lent `slots` stays theirs until they are gone, promised
+    /// to the nominee `promised` (as the scheduler's nomination names the terminating pods
+    /// it counts on with its victims, so that no other preemptor counts on them too).
+    pub(super) fn keep_freeing(&mut self, slots: &[u32], promised: Option<u32>) {
         for &slot in slots {
             self.leaving.keep(&mut self.state, slot);
-            self.tally(slot, true);
+            match promised {
+                Some(unit) => self.leaving.promise(slot, unit),
+                None => self.tally(slot, true),
+            }
         }
     }
 

@@ -195,6 +195,17 @@ impl Leaving {
         out
     }
 
+    /// Slot `slot`'s place is promised to nominee `unit` from now on.
+    pub(super) fn promise(&mut self, slot: u32, unit: u32) {
+        if let Some(owner) = self
+            .slots
+            .get_mut(slot as usize)
+            .and_then(|s| s.owner.as_mut())
+        {
+            owner.promised = Some(unit);
+        }
+    }
+
     /// The promises to `unit` end at `at`.
     pub(super) fn end_promise_at(&mut self, unit: u32, at: Ms) {
         self.promise_ends.push((at, unit));

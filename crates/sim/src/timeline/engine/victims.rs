@@ -194,7 +194,7 @@ impl Engine<'_> {
                     let request = &self.pods[self.jobs[job as usize].pod as usize].request;
                     let _ = self.state.release(p.node, request, &p.gpus);
                 }
-                self.keep_freeing(&plan.freeing);
+                self.keep_freeing(&plan.freeing, None);
                 return false;
             }
             placed.push((
@@ -205,7 +205,7 @@ impl Engine<'_> {
                 },
             ));
         }
-        self.keep_freeing(&plan.freeing);
+        self.keep_freeing(&plan.freeing, Some(unit));
         self.nominate(unit, placed, before, &plan.freeing, now)
     }
 }
