@@ -47,6 +47,9 @@ pub(super) struct ByPriority {
     pods: BTreeMap<i32, usize>,
     /// Per node, what running pods hold per priority (few levels: a short list).
     held: Vec<Vec<(i32, Amounts)>>,
+    /// Per node, what leaving pods offered as room that frees itself hold per priority
+    /// (the room check counts them, a departure's wake-up does not, as the scheduler's).
+    freeing: Vec<Vec<(i32, Amounts)>>,
     /// Bumped on every change of the above.
     generation: u64,
     /// The nodes whose tallies changed, in order (cleared past [`CHANGES_MAX`], with
@@ -122,69 +125,49 @@ impl ByPriority {
         ByPriority {
             pods: BTreeMap::new(),
             held: vec![Vec::new(); nodes],
+            freeing: vec![Vec::new(); nodes],
             ..ByPriority::default()
         }
     }
 
     /// A pod of `priority` asking `request` started on `node`.
     pub(super) fn started(&mut self, node: usize, priority: i32, request: &Request) {
-        self.add(node, priority, amounts_of(request));
+        self.count(node, priority, true);
+        add(&mut self.held, node, priority, amounts_of(request));
     }
 
     /// A pod that [`Self::started`] so left.
     pub(super) fn left(&mut self, node: usize, priority: i32, request: &Request) {
-        self.sub(node, priority, amounts_of(request));
+        self.count(node, priority, false);
+        sub(&mut self.held, node, priority, amounts_of(request));
     }
 
     /// A leaving pod's place (`amounts` on `node`, of its pod's `priority`) is offered to
-    /// the victim search as room that frees itself (`true`), or no longer (`false`): it
-    /// counts as a pod of that priority there, as a running one would.
+    /// the victim search as room that frees itself (`true`), or no longer (`false`): the
+    /// room check counts it as a pod of that priority there.
     pub(super) fn freeing(&mut self, node: usize, priority: i32, amounts: Amounts, on: bool) {
+        self.count(node, priority, on);
         if on {
-            self.add(node, priority, amounts);
+            add(&mut self.freeing, node, priority, amounts);
         } else {
-            self.sub(node, priority, amounts);
+            sub(&mut self.freeing, node, priority, amounts);
         }
     }
 
-    fn add(&mut self, node: usize, priority: i32, add: Amounts) {
-        *self.pods.entry(priority).or_default() += 1;
+    /// One more (`true`) or one fewer pod of `priority` on `node`.
+    fn count(&mut self, node: usize, priority: i32, more: bool) {
+        let count = self.pods.entry(priority).or_default();
+        *count = if more {
+            *count + 1
+        } else {
+            count.saturating_sub(1)
+        };
         self.note_change(node);
-        if let Some(levels) = self.held.get_mut(node) {
-            match levels.iter_mut().find(|(p, _)| *p == priority) {
-                Some((_, held)) => {
-                    for (h, a) in held.iter_mut().zip(add) {
-                        *h += a;
-                    }
-                }
-                None => levels.push((priority, add)),
-            }
-        }
-    }
-
-    fn sub(&mut self, node: usize, priority: i32, sub: Amounts) {
-        if let Some(count) = self.pods.get_mut(&priority) {
-            *count = count.saturating_sub(1);
-        }
-        self.note_change(node);
-        if let Some(levels) = self.held.get_mut(node)
-            && let Some((_, held)) = levels.iter_mut().find(|(p, _)| *p == priority)
-        {
-            for (h, s) in held.iter_mut().zip(sub) {
-                *h = h.saturating_sub(s);
-            }
-        }
     }
 
     /// What running pods below `priority` hold on node `n`.
     pub(super) fn below(&self, n: usize, priority: i32) -> Amounts {
-        let mut below = [0u64; 3];
-        for (_, held) in self.held[n].iter().filter(|(p, _)| *p < priority) {
-            for (b, h) in below.iter_mut().zip(held) {
-                *b += h;
-            }
-        }
-        below
+        sum_below(&self.held[n], priority)
     }
 
     /// Whether no running pod is below `priority`.
@@ -210,7 +193,11 @@ impl ByPriority {
         priority: i32,
         request: &Request,
     ) -> bool {
-        preempt::room_possible(state, n, &self.below(n, priority), request)
+        let mut below = self.below(n, priority);
+        for (b, f) in below.iter_mut().zip(sum_below(&self.freeing[n], priority)) {
+            *b += f;
+        }
+        preempt::room_possible(state, n, &below, request)
     }
 
     /// The nodes that could take `request` once pods below `priority` on them are gone
@@ -348,6 +335,43 @@ impl ByPriority {
     pub(super) fn generation(&self) -> u64 {
         self.generation
     }
+}
+
+/// Adds `amounts` of `priority` to node `node`'s levels in `levels`.
+fn add(levels: &mut [Vec<(i32, Amounts)>], node: usize, priority: i32, amounts: Amounts) {
+    let Some(levels) = levels.get_mut(node) else {
+        return;
+    };
+    match levels.iter_mut().find(|(p, _)| *p == priority) {
+        Some((_, held)) => {
+            for (h, a) in held.iter_mut().zip(amounts) {
+                *h += a;
+            }
+        }
+        None => levels.push((priority, amounts)),
+    }
+}
+
+/// Takes `amounts` of `priority` off node `node`'s levels in `levels`.
+fn sub(levels: &mut [Vec<(i32, Amounts)>], node: usize, priority: i32, amounts: Amounts) {
+    if let Some(levels) = levels.get_mut(node)
+        && let Some((_, held)) = levels.iter_mut().find(|(p, _)| *p == priority)
+    {
+        for (h, s) in held.iter_mut().zip(amounts) {
+            *h = h.saturating_sub(s);
+        }
+    }
+}
+
+/// What `levels` hold below `priority`.
+fn sum_below(levels: &[(i32, Amounts)], priority: i32) -> Amounts {
+    let mut below = [0u64; 3];
+    for (_, held) in levels.iter().filter(|(p, _)| *p < priority) {
+        for (b, h) in below.iter_mut().zip(held) {
+            *b += h;
+        }
+    }
+    below
 }
 
 /// Reclaim's victim searches of pods alone that found nothing, while nothing they read

@@ -3,8 +3,10 @@
 //! at no cost (core's [`Candidates::freeing`]): a preemptor may be nominated to wait for it
 //! instead of evicting another pod. Here the same over [`Leaving`]'s places: those whose
 //! nominee started elsewhere (or was never one: rebalancing's moves) are offered to every
-//! later search until one counts on them (then they are promised to it), tallied with the running pods' ([`super::evictable::ByPriority`]) so that
-//! the room check and the plans kept node by node see them come and go.
+//! later search until one counts on them (then they are promised to it), tallied beside
+//! the running pods ([`super::evictable::ByPriority`]) so that the room check and the plans
+//! kept node by node see them come and go (a departure's wake-up does not count them, as
+//! the scheduler's does not count a terminating pod).
 
 use gpuplace_core::preempt::Holder;
 
@@ -39,11 +41,6 @@ impl Engine<'_> {
         let priority = self.pods[self.jobs[owner.job as usize].pod as usize].priority;
         let (node, amounts) = (remains.node, remains.amounts());
         self.by_priority.freeing(node, priority, amounts, on);
-        if on {
-            self.gpu_levels.started(node, priority, &remains.gpus);
-        } else {
-            self.gpu_levels.left(node, priority, &remains.gpus);
-        }
     }
 
     /// Holds what a plan left of an evicted job's place until `at`, promised to the nominee
@@ -93,7 +90,6 @@ impl Engine<'_> {
             if let Some(owner) = owner.filter(Owner::offered) {
                 let priority = self.pods[self.jobs[owner.job as usize].pod as usize].priority;
                 (self.by_priority).freeing(remains.node, priority, remains.amounts(), false);
-                (self.gpu_levels).left(remains.node, priority, &remains.gpus);
             }
             nodes.push(remains.node as u32);
         }
