@@ -269,3 +269,90 @@ fn take_free(state: &mut ClusterState, place: &Remains) -> Remains {
     debug_assert!(taken.is_ok(), "a leaving pod's remains: {taken:?}");
     remains
 }
+
+#[cfg(test)]
+mod tests {
+    use gpuplace_model::NodeInventory;
+
+    use super::*;
+
+    fn state() -> ClusterState {
+        ClusterState::new(vec![NodeInventory::uniform("n", 8_000, 8_192, 2, "T4")]).expect("state")
+    }
+
+    /// A pod's place on node 0: 1,000 CPU milli, 1,024 MiB and `gpus`.
+    fn place(gpus: Vec<(usize, u32)>) -> Remains {
+        let request = Request {
+            cpu_milli: 1_000,
+            memory_mib: 1_024,
+            ..Request::default()
+        };
+        Remains::new(0, request, gpus)
+    }
+
+    #[test]
+    fn only_places_promised_to_no_waiting_nominee_are_offered() {
+        let mut state = state();
+        let mut leaving = Leaving::default();
+        let owner = |job, promised| Some(Owner { job, promised });
+        let a = leaving.hold(
+            &mut state,
+            &place(vec![(0, 1000)]),
+            Ms(30),
+            owner(7, Some(3)),
+        );
+        let b = leaving.hold(&mut state, &place(vec![(1, 500)]), Ms(40), owner(8, None));
+        leaving.hold(&mut state, &place(vec![(1, 200)]), Ms(50), None);
+        let offered = |l: &Leaving| l.offered().map(|(s, _, job)| (s, job)).collect::<Vec<_>>();
+        assert_eq!(offered(&leaving), vec![(b, 8)]);
+        // Nominee 3 started elsewhere: its victim's place is offered from now on.
+        assert_eq!(leaving.release_promises(3), vec![a]);
+        assert_eq!(offered(&leaving), vec![(a, 7), (b, 8)]);
+        // A plan counted on b: promised to its nominee 4.
+        leaving.promise(b, 4);
+        assert_eq!(offered(&leaving), vec![(a, 7)]);
+        // Gone by 40 s: a and b come back to the state, whose they were said.
+        let gone = leaving.gone_due(&mut state, Ms(40));
+        let owners: Vec<_> = gone.iter().map(|(_, o)| o.map(|o| o.job)).collect();
+        assert_eq!(owners, vec![Some(7), Some(8)]);
+        assert_eq!(state.node(0).gpu_free, vec![1000, 800]);
+        assert_eq!(leaving.next(), Some(Ms(50)));
+    }
+
+    #[test]
+    fn a_lent_place_keeps_what_the_plan_left_of_it() {
+        let mut state = state();
+        let mut leaving = Leaving::default();
+        let owner = Some(Owner {
+            job: 1,
+            promised: None,
+        });
+        let slot = leaving.hold(&mut state, &place(vec![(0, 600), (1, 400)]), Ms(9), owner);
+        assert_eq!(state.node(0).gpu_free, vec![400, 600]);
+        leaving.lend(&mut state, slot);
+        assert_eq!(state.node(0).gpu_free, vec![1000, 1000]);
+        // The plan takes all of GPU 0 and half the CPU left.
+        let plan = Request {
+            cpu_milli: 7_500,
+            ..Request::default()
+        };
+        state.apply(0, &plan, &[(0, 1000)]).expect("plan");
+        leaving.keep(&mut state, slot);
+        let (kept, at, _) = leaving.slot(slot).expect("slot");
+        assert_eq!(kept.gpus, vec![(1, 400)]);
+        assert_eq!(kept.request.cpu_milli, 500);
+        assert_eq!(kept.amounts(), [400, 500, 1_024]);
+        assert_eq!(at, Ms(9));
+        assert_eq!(state.node(0).gpu_free, vec![0, 600]);
+    }
+
+    #[test]
+    fn a_promise_ends_at_its_time_and_is_an_event() {
+        let mut leaving = Leaving::default();
+        leaving.end_promise_at(5, Ms(12));
+        assert_eq!(leaving.next(), Some(Ms(12)));
+        assert!(leaving.promises_due(Ms(11)).is_empty());
+        assert_eq!(leaving.promises_due(Ms(12)), vec![5]);
+        assert_eq!(leaving.next(), None);
+    }
+}
