@@ -67,4 +67,6 @@ pub(super) struct ReclaimPool {
     pub(super) takeable: Vec<bool>,
     pub(super) groups: Rc<Groups>,
     pub(super) unit_queue: Vec<usize>,
+    /// The leaving pods' places of those queues it may count on (slots).
+    pub(super) freeing: Vec<u32>,
 }

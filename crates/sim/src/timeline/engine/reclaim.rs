@@ -82,13 +82,12 @@ impl Engine<'_> {
         now: Ms,
     ) -> Option<SimPlan> {
         let pool = self.reclaim_pool(entitled, now)?;
-        let slots = self.reclaim_freeing(entitled);
         let (groups, unit_queue) = (&pool.groups, &pool.unit_queue);
         let (found, losses) = {
             let (pods, jobs) = (self.pods, &self.jobs);
             let asks = asks_of(pods, jobs, &self.units[unit as usize].jobs);
             let mut candidates = candidates_of(jobs, pods, groups);
-            candidates.freeing = holders_of(&self.leaving, &slots);
+            candidates.freeing = holders_of(&self.leaving, &pool.freeing);
             let takes = cycle::reclaim::Takes::new(&self.state, &candidates, unit_queue);
             let prefer = cycle::reclaim::prefer_most_used(&takes, fair.picker);
             let (placer, state) = (&mut self.placer, &self.state);
@@ -106,7 +105,7 @@ impl Engine<'_> {
         };
         let (units, places) = found.plan;
         let nodes: Vec<usize> = places.iter().map(|p| p.0).collect();
-        let freeing = self.slots_on(&slots, &nodes);
+        let freeing = self.slots_on(&pool.freeing, &nodes);
         let counts = units
             .iter()
             .map(|&u| (unit_queue[u], groups.get(u).len() as u64))
@@ -125,8 +124,9 @@ impl Engine<'_> {
 }
 
 impl Engine<'_> {
-    /// Reclaim's candidates for a pod as `entitled` says (kept while the same); `None`
-    /// when there are none.
+    /// Reclaim's candidates for a pod as `entitled` says, and the leaving pods' places it
+    /// may count on (kept while the same: a change to those bumps the running pods'
+    /// generation); `None` when no unit may be taken.
     fn reclaim_pool(&mut self, entitled: &Entitlement<'_>, now: Ms) -> Option<Rc<ReclaimPool>> {
         let queue_of = Arc::clone(&self.tenants.as_ref()?.queue_of);
         let of = |pod: u32| queue_of.get(pod as usize).copied().unwrap_or(0);
@@ -141,30 +141,18 @@ impl Engine<'_> {
                     .iter()
                     .map(|g| of(self.jobs[g[0] as usize].pod))
                     .collect();
+                let freeing = self.offered_slots(&take, &Room::Anywhere);
                 let pool = Rc::new(ReclaimPool {
                     at,
                     takeable,
                     groups: Rc::new(groups),
                     unit_queue,
+                    freeing,
                 });
                 self.reclaim_pool = Some(Rc::clone(&pool));
                 pool
             }
         };
         (!pool.groups.is_empty()).then_some(pool)
-    }
-
-    /// The leaving pods' places a reclaim as `entitled` says may count on (of the queues
-    /// it may take from, any priority).
-    fn reclaim_freeing(&self, entitled: &Entitlement<'_>) -> Vec<u32> {
-        let Some(tenants) = self.tenants.as_ref() else {
-            return Vec::new();
-        };
-        let takeable = entitled.takeable();
-        let take = |pod: u32| {
-            let queue = tenants.queue_of.get(pod as usize).copied().unwrap_or(0);
-            takeable.get(queue).copied().unwrap_or(false)
-        };
-        self.offered_slots(&take, &Room::Anywhere)
     }
 }
