@@ -26,23 +26,7 @@ kind: PriorityClass
 metadata: {name: gp-counted-high}
 value: 1000
 Y
-pod() { # NAME CLASS GRACE: a pod asking 4 GPUs
-  kubectl apply -f - >/dev/null <<Y
-apiVersion: v1
-kind: Pod
-metadata: {name: $1, namespace: default}
-spec:
-  schedulerName: gpuplace
-  priorityClassName: $2
-  terminationGracePeriodSeconds: $3
-  containers:
-  - name: main
-    image: local/busybox:1
-    imagePullPolicy: Never
-    command: ["sleep", "3600"]
-    resources: {limits: {nvidia.com/gpu: "4"}}
-Y
-}
+pod() { priority_pod "$1" "$2" "$3" 4 >/dev/null; } # NAME CLASS GRACE: 4 GPUs
 field() { kubectl get pod "$1" -o jsonpath="$2" 2>/dev/null; }
 wait_for() { # SECONDS CMD...: polls CMD every second
   local n=$1; shift

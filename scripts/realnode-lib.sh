@@ -46,3 +46,24 @@ own_scheduler() { # NAME PORT
   echo $! > "/tmp/gpuplace-$1.pid"
   sleep 3
 }
+
+# A pod NAME of priority class CLASS asking GPUS whole GPUs with a GRACE-s grace period,
+# scheduled by gpuplace; its container is `sleep` as PID 1, which ignores SIGTERM, so the
+# pod stays terminating for its whole grace period (the preemption checks).
+priority_pod() { # NAME CLASS GRACE GPUS
+  kubectl apply -f - <<Y
+apiVersion: v1
+kind: Pod
+metadata: {name: $1, namespace: default}
+spec:
+  schedulerName: gpuplace
+  priorityClassName: $2
+  terminationGracePeriodSeconds: $3
+  containers:
+  - name: main
+    image: local/busybox:1
+    imagePullPolicy: Never
+    command: ["sleep", "3600"]
+    resources: {limits: {nvidia.com/gpu: "$4"}}
+Y
+}

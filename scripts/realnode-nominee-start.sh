@@ -24,23 +24,7 @@ metadata: {name: gp-nominee-high}
 value: 1000
 Y
 # A pod of priority class $2 asking all 8 GPUs, grace $3 s.
-pod() {
-  kubectl apply -f - <<Y
-apiVersion: v1
-kind: Pod
-metadata: {name: $1, namespace: default}
-spec:
-  schedulerName: gpuplace
-  priorityClassName: $2
-  terminationGracePeriodSeconds: $3
-  containers:
-  - name: main
-    image: local/busybox:1
-    imagePullPolicy: Never
-    command: ["sleep", "3600"]
-    resources: {limits: {nvidia.com/gpu: "8"}}
-Y
-}
+pod() { priority_pod "$1" "$2" "$3" 8; }
 pod victim gp-nominee-low 45
 for i in $(seq 60); do
   kubectl get pod victim -o jsonpath='{.status.phase}' 2>/dev/null | grep -q Running && break; sleep 1
