@@ -44,6 +44,15 @@ impl Remains {
     }
 }
 
+/// A nominee's place owed to pods leaving: the part, until when, and the job a search
+/// counts it of once the nominee no longer waits (none: never offered).
+#[derive(Clone, Debug)]
+pub(super) struct Owed {
+    pub(super) part: Remains,
+    pub(super) until: Ms,
+    pub(super) owner: Option<u32>,
+}
+
 /// Whose a leaving place is, for the victim search: the evicted job (its priority and
 /// queue say which searches may count on it), and the nominee whose plan evicted it, if
 /// that nominee still waits (the scheduler offers a terminating pod promised to no

@@ -10,7 +10,7 @@
 use gpuplace_model::Request;
 
 use super::Engine;
-use super::leaving::Remains;
+use super::leaving::{Owed, Remains};
 use super::units::Placed;
 use crate::timeline::options::Ms;
 
@@ -195,15 +195,6 @@ impl Engine<'_> {
             self.leaving.end_promise_at(unit, Ms(bound.0 + 1));
         }
     }
-}
-
-/// A nominee's place owed to pods leaving: the part, until when, and the job a search
-/// counts it of once the nominee no longer waits (none: never offered).
-#[derive(Clone, Debug)]
-pub(super) struct Owed {
-    pub(super) part: Remains,
-    pub(super) until: Ms,
-    pub(super) owner: Option<u32>,
 }
 
 /// What of place `p` (of `request`) was not free in `before` (which it uses up): the

@@ -129,7 +129,7 @@ pub(super) struct Unit {
     /// it waits ([`super::nominee`]); of them, what the pods leaving still hold, each
     /// part until it is gone, the last at `held_until`.
     pub(super) held: Vec<(u32, Placed)>,
-    pub(super) owed: Vec<super::nominee::Owed>,
+    pub(super) owed: Vec<super::leaving::Owed>,
     pub(super) held_until: Ms,
 }
 
