@@ -30,7 +30,6 @@ impl Room {
     }
 
     /// Whether node `n`'s pods may be victims that help.
-    #[cfg(test)]
     pub(super) fn on(&self, n: usize) -> bool {
         match self {
             Room::Nowhere => false,

@@ -21,14 +21,7 @@ impl Engine<'_> {
     pub(super) fn offered_slots(&self, take: &dyn Fn(u32) -> bool, room: &Room) -> Vec<u32> {
         self.leaving
             .offered()
-            .filter(|(_, r, job)| {
-                let on = match room {
-                    Room::Nowhere => false,
-                    Room::Anywhere => true,
-                    Room::On(nodes) => nodes.get(r.node).copied().unwrap_or(false),
-                };
-                on && take(self.jobs[*job as usize].pod)
-            })
+            .filter(|(_, r, job)| room.on(r.node) && take(self.jobs[*job as usize].pod))
             .map(|(slot, _, _)| slot)
             .collect()
     }
