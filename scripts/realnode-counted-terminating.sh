@@ -15,17 +15,7 @@ REALNODE=${REALNODE:-../shared/realnode}
 source "$REALNODE/common.sh"
 source scripts/realnode-lib.sh
 own_scheduler counted 9913
-kubectl apply -f - >/dev/null <<Y
-apiVersion: scheduling.k8s.io/v1
-kind: PriorityClass
-metadata: {name: gp-counted-low}
-value: 10
----
-apiVersion: scheduling.k8s.io/v1
-kind: PriorityClass
-metadata: {name: gp-counted-high}
-value: 1000
-Y
+priority_classes gp-counted
 pod() { priority_pod "$1" "$2" "$3" 4 >/dev/null; } # NAME CLASS GRACE: 4 GPUs
 field() { kubectl get pod "$1" -o jsonpath="$2" 2>/dev/null; }
 wait_for() { # SECONDS CMD...: polls CMD every second

@@ -67,3 +67,18 @@ spec:
     resources: {limits: {nvidia.com/gpu: "$4"}}
 Y
 }
+
+# PriorityClasses PREFIX-low (10) and PREFIX-high (1000) for the preemption checks.
+priority_classes() { # PREFIX
+  kubectl apply -f - >/dev/null <<Y
+apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata: {name: $1-low}
+value: 10
+---
+apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata: {name: $1-high}
+value: 1000
+Y
+}

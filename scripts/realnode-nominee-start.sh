@@ -12,17 +12,7 @@ export KUBECONFIG=${KUBECONFIG:-$KCP/admin.kubeconfig}
 cd "$(dirname "$0")/.."
 source scripts/realnode-lib.sh
 own_scheduler nominee 9912
-kubectl apply -f - <<Y
-apiVersion: scheduling.k8s.io/v1
-kind: PriorityClass
-metadata: {name: gp-nominee-low}
-value: 10
----
-apiVersion: scheduling.k8s.io/v1
-kind: PriorityClass
-metadata: {name: gp-nominee-high}
-value: 1000
-Y
+priority_classes gp-nominee
 # A pod of priority class $2 asking all 8 GPUs, grace $3 s.
 pod() { priority_pod "$1" "$2" "$3" 8; }
 pod victim gp-nominee-low 45
