@@ -434,6 +434,18 @@ impl ClusterState {
         self.total_frag.max(0.0)
     }
 
+    /// The running total behind [`Self::total_frag`], to be put back with
+    /// [`Self::undone_to`] once a trial's changes are undone exactly (its sum of changes
+    /// rounds; a copy would not have been touched).
+    pub fn frag_sum(&self) -> f64 {
+        self.total_frag
+    }
+
+    /// Every change since [`Self::frag_sum`] gave `sum` was undone: the total is that again.
+    pub fn undone_to(&mut self, sum: f64) {
+        self.total_frag = sum;
+    }
+
     /// Whether `request` fits node `n` right now; the first failing check otherwise.
     pub fn fit(&self, n: usize, request: &Request) -> Result<(), FitFailure> {
         self.fit_on(n, &self.state[n], request)

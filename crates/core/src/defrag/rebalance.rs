@@ -35,11 +35,25 @@ pub fn rebalance(
     limits: Limits,
     min_gain: f64,
 ) -> Rebalance {
-    let mut trial = state.clone();
+    rebalance_in_place(placer, &mut state.clone(), movables, limits, min_gain)
+}
+
+/// [`rebalance`] tried on `state` itself, which is left as it was: a caller that keeps
+/// one placer for every look (its index follows the state's journal) spares indexing a
+/// copy each time. The plan is the same.
+pub fn rebalance_in_place(
+    placer: &mut Placer,
+    state: &mut ClusterState,
+    movables: &Movables<'_>,
+    limits: Limits,
+    min_gain: f64,
+) -> Rebalance {
+    let frag_before = state.total_frag();
+    let sum = state.frag_sum();
     let mut out = Rebalance {
         moves: Vec::new(),
-        frag_before: state.total_frag(),
-        frag_after: state.total_frag(),
+        frag_before,
+        frag_after: frag_before,
     };
     if state.workload().is_none() {
         return out;
@@ -48,7 +62,7 @@ pub fn rebalance(
     let mut moved = vec![false; cands.holders.len()];
     let mut milli_moved = 0u64;
     while out.moves.len() < limits.max_pods {
-        let Some(best) = best_move(placer, &mut trial, movables, &moved, min_gain) else {
+        let Some(best) = best_move(placer, state, movables, &moved, min_gain) else {
             break;
         };
         let h = &cands.holders[best.holder];
@@ -56,16 +70,26 @@ pub fn rebalance(
         if milli_moved + milli > limits.max_milli {
             break;
         }
-        if trial.release(h.node, h.request, h.gpus).is_err()
-            || trial.apply(best.to, h.request, &best.gpus).is_err()
-        {
+        if state.release(h.node, h.request, h.gpus).is_err() {
+            break;
+        }
+        if state.apply(best.to, h.request, &best.gpus).is_err() {
+            // Put back what was released a moment ago: cannot fail.
+            let _ = state.apply(h.node, h.request, h.gpus);
             break;
         }
         milli_moved += milli;
         moved[best.holder] = true;
         out.moves.push(best);
     }
-    out.frag_after = trial.total_frag();
+    out.frag_after = state.total_frag();
+    // Undo the moves, latest first: what was done a moment ago undoes exactly.
+    for m in out.moves.iter().rev() {
+        let h = &cands.holders[m.holder];
+        let _ = state.release(m.to, h.request, &m.gpus);
+        let _ = state.apply(h.node, h.request, h.gpus);
+    }
+    state.undone_to(sum);
     out
 }
 

@@ -283,6 +283,55 @@ proptest! {
         let after = rebuilt(nodes.len(), &pods, &index, &plan.moves)?;
         prop_assert!((after.total_frag() - plan.frag_after).abs() < 1e-3);
     }
+
+    /// The timeline keeps one FGD placer from look to look and plans on its own state:
+    /// each look's plan is a fresh placer's on a copy, and the state is left exactly as
+    /// it was (nodes and the running fragmentation total, to the bit).
+    #[test]
+    fn rebalance_in_place_with_a_kept_placer_plans_as_a_fresh_one_on_a_copy(
+        (nodes, _count, _nvlink, max_pods) in arbitrary_cluster()
+    ) {
+        let mut state = cluster(nodes.len());
+        let mut pods = Vec::new();
+        for (n, list) in nodes.iter().enumerate() {
+            for &(k, milli, movable) in list {
+                let request = if milli < 1000 { gpus(1, milli) } else { gpus(u32::from(k), 1000) };
+                if let Some(p) = place(&mut state, n, request, movable) {
+                    pods.push(p);
+                }
+            }
+        }
+        let (m, _) = movables(&pods, None);
+        let limits = Limits { max_pods, max_milli: u64::MAX };
+        let mut kept = Placer::new(Policy::Fgd, 1);
+        // Three looks, the state changed between them (a pod leaves, another comes).
+        for look in 0..3 {
+            let fresh = defrag::rebalance(&mut Placer::new(Policy::Fgd, 1), &state, &m, limits, 1.0);
+            // Each node's amounts and fragmentation (its bits), as text.
+            let seen = |s: &ClusterState| -> Vec<String> {
+                (0..s.len())
+                    .map(|n| {
+                        let x = s.node(n);
+                        let (free, cap) = (&x.gpu_free, &x.gpu_capacity);
+                        format!("{free:?} {cap:?} {} {} {}", x.cpu_free, x.memory_free, x.frag.to_bits())
+                    })
+                    .collect()
+            };
+            let nodes_before = seen(&state);
+            let sum = state.frag_sum();
+            let plan = defrag::rebalance_in_place(&mut kept, &mut state, &m, limits, 1.0);
+            prop_assert_eq!(&plan, &fresh);
+            prop_assert_eq!(state.frag_sum().to_bits(), sum.to_bits());
+            prop_assert_eq!(seen(&state), nodes_before);
+            if let Some(p) = pods.first() {
+                let _ = if look == 0 {
+                    state.release(p.node, &p.request, &p.gpus)
+                } else {
+                    state.apply(p.node, &p.request, &p.gpus)
+                };
+            }
+        }
+    }
 }
 
 #[test]
