@@ -586,8 +586,20 @@ impl<'a> Engine<'a> {
             .started(placed.node, request.priority, &j.gpus);
         self.departures
             .push(Reverse((Ms(work_from.0 + j.run_ms), job)));
-        let unit = self.jobs[job as usize].unit;
-        self.running.start(job, placed.node, unit);
+        let j = &self.jobs[job as usize];
+        let made = running::Made {
+            at_ms: j.arrival.0,
+            arrived: !j.by_controller,
+            job,
+        };
+        let started = running::Started {
+            unit: j.unit,
+            alone: self.units[j.unit as usize].jobs.len() == 1,
+            pod: j.pod,
+            decided: now,
+            work_from,
+        };
+        self.running.start(made, placed.node, started);
         self.fair_started(job, placed.node);
     }
 

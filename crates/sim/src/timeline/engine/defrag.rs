@@ -14,29 +14,22 @@
 //! request whose make-room failed is not planned again for a simulated minute. Rebalancing
 //! follows the scheduler's rules with core's settings (see [`Engine::maybe_rebalance`]).
 
-use std::collections::BTreeMap;
+use std::collections::HashSet;
 use std::time::Duration;
 
 use gpuplace_core::defrag::{self, Fleet, Limits, Movables, MoveCandidate, ROOM_RETRY, RoomPlan};
 use gpuplace_core::preempt::Holder;
-use gpuplace_core::{Placer, Policy};
 
 use super::Engine;
 use super::chain::{SimPlan, asks_of};
 use super::defrag_state::movable_pod;
 use super::kept::MovableKept;
 use super::movable::MovableUnits;
+use super::running::Started;
 use super::units::{Job, Placed, Work};
-use super::victims::{ClusterOrder, created_ms};
+use super::victims::created_ms;
 use crate::timeline::options::Ms;
 use crate::trace::TracePod;
-
-/// A unit in [`Engine::movable_units`]' listing: a pod alone, or a gang (its index).
-#[derive(Clone, Copy)]
-enum Listed {
-    Alone(u32),
-    Gang(usize),
-}
 
 /// The movable `groups` (running jobs) as core's movables.
 fn movables<'s>(jobs: &'s [Job], pods: &'s [TracePod], groups: &MovableUnits) -> Movables<'s> {
@@ -70,55 +63,46 @@ impl Engine<'_> {
     fn movable_units(&self, now: Ms) -> MovableUnits {
         let s = &self.defrag.config;
         let min_age = s.settings.min_age;
-        let eligible = |r: u32| {
-            let j = &self.jobs[r as usize];
+        let eligible = |started: &Started| {
             let pod = MoveCandidate {
-                opted_in: movable_pod(j.pod, s.movable),
+                opted_in: movable_pod(started.pod, s.movable),
                 // Every trace pod is re-created by its job's controller.
                 controlled: true,
                 // A pod decided at this instant has its Binding in flight.
-                bound: j.placed_at.is_some_and(|t| t < now),
+                bound: started.decided < now,
                 leaving: false,
-                age: j
-                    .work_from
-                    .map(|t| Duration::from_millis(now.0.saturating_sub(t.0))),
+                age: Some(Duration::from_millis(
+                    now.0.saturating_sub(started.work_from.0),
+                )),
             };
             defrag::may_move(&pod, min_age)
         };
-        // Each unit by its cluster order (unique: it ends with a job), a pod alone as
-        // itself and a gang by its place in `gangs`.
-        let mut order: Vec<(ClusterOrder, Listed)> = Vec::new();
-        let mut gangs: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-        for &r in self.running.all() {
-            let unit = self.jobs[r as usize].unit;
-            if self.units[unit as usize].jobs.len() == 1 {
-                if eligible(r) {
-                    order.push((self.cluster_order(&[r]), Listed::Alone(r)));
-                }
-            } else {
-                gangs.entry(unit).or_default().push(r);
-            }
-        }
-        let gangs: Vec<Vec<u32>> = gangs
-            .into_iter()
-            .filter_map(|(u, mut running)| {
-                // Its members running now (a moved gang's replacements carry its unit), at
-                // least as many as it has members (the stack's PodGroup minMember).
-                let min_member = self.units[u as usize].jobs.len();
-                let whole = defrag::unit_may_move(running.iter().map(|&j| eligible(j)), min_member);
-                running.sort_unstable();
-                whole.then_some(running)
-            })
-            .collect();
-        order.extend(
-            (gangs.iter().enumerate()).map(|(g, jobs)| (self.cluster_order(jobs), Listed::Gang(g))),
-        );
-        order.sort_unstable_by_key(|(key, _)| *key);
+        // The running jobs in the cluster's order: a pod alone where it stands, a gang
+        // where its first member stands (as its earliest member orders it), whole.
         let mut units = MovableUnits::default();
-        for (_, listed) in order {
-            match listed {
-                Listed::Alone(job) => units.push(&[job]),
-                Listed::Gang(g) => units.push(&gangs[g]),
+        let mut gangs_seen: HashSet<u32> = HashSet::new();
+        let mut members: Vec<u32> = Vec::new();
+        for (r, started) in self.running.in_cluster_order() {
+            if started.alone {
+                if eligible(started) {
+                    units.push(&[r]);
+                }
+                continue;
+            }
+            if !gangs_seen.insert(started.unit) {
+                continue;
+            }
+            // Its members running now (a moved gang's replacements carry its unit), at
+            // least as many as it has members (the stack's PodGroup minMember).
+            members.clear();
+            self.running.of_unit_into(started.unit, &mut members);
+            let min_member = self.units[started.unit as usize].jobs.len();
+            let whole = members
+                .iter()
+                .map(|&j| self.running.started(j).is_some_and(&eligible));
+            if defrag::unit_may_move(whole, min_member) {
+                members.sort_unstable();
+                units.push(&members);
             }
         }
         units
@@ -334,17 +318,16 @@ impl Engine<'_> {
         let Some(limits) = self.defrag.pace.limits(settings, now, &fleet) else {
             return;
         };
-        let mut groups = self.movable_units(now);
+        let mut groups = MovableUnits::clone(&self.movable_units_now(now));
         groups.retain(|g| {
             let unit = self.jobs[g[0] as usize].unit;
             !self.defrag.pace.moved_lately(&unit)
         });
         let moves = {
             let m = movables(&self.jobs, self.pods, &groups);
-            let mut fgd = Placer::new(Policy::Fgd, self.defrag.seed);
-            defrag::rebalance(
-                &mut fgd,
-                &self.state,
+            defrag::rebalance_in_place(
+                &mut self.defrag.fgd,
+                &mut self.state,
                 &m,
                 limits,
                 defrag::REBALANCE_MIN_GAIN_MILLI,

@@ -1,6 +1,7 @@
 //! Defragmentation's settings, memory and counts in one replay (see [`super::defrag`]).
 
 use gpuplace_core::defrag::{RebalancePace, RoomMemo};
+use gpuplace_core::{Placer, Policy};
 
 use crate::timeline::options::{DefragSim, Ms};
 
@@ -27,9 +28,11 @@ pub(super) struct DefragState {
     pub(super) pace: RebalancePace<u32, Ms>,
     /// When each rebalance move's replacement is bound (moves in flight until then).
     pub(super) in_flight: Vec<Ms>,
-    /// The placer seed: rebalanced pods go where a fresh FGD placer puts them (least
-    /// fragmentation growth), as the scheduler's.
-    pub(super) seed: u64,
+    /// Rebalanced pods go where an FGD placer of the replay's seed puts them (least
+    /// fragmentation growth), as the scheduler's fresh one each look; this one is kept
+    /// from look to look (its index follows the state's journal: the same choices
+    /// without indexing every node again).
+    pub(super) fgd: Placer,
 }
 
 impl DefragState {
@@ -40,7 +43,7 @@ impl DefragState {
             in_flight: Vec::new(),
             counts: DefragCounts::default(),
             failed: RoomMemo::default(),
-            seed,
+            fgd: Placer::new(Policy::Fgd, seed),
         }
     }
 }

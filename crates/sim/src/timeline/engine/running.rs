@@ -3,6 +3,12 @@
 //! walk over a node's pods reads no job), and by unit (a gang's members; a moved pod's
 //! replacement with the unit of the pod it replaces). The victim search reads the nodes
 //! where evictions could make room and the units found there, instead of every running job.
+//! A fourth view keeps them in the cluster's order of pods (when each was made), which
+//! make-room and rebalancing list movable units in, so that no listing sorts them.
+
+use std::collections::BTreeMap;
+
+use crate::timeline::options::Ms;
 
 /// A running job and its unit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -11,10 +17,39 @@ pub(super) struct OnNode {
     pub unit: u32,
 }
 
+/// Where a job stands in the cluster's order of pods: when it was made (its arrival, or
+/// its controller's re-create), a controller's pod before an arrival of the same instant,
+/// then job order (the names the test stack gives).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct Made {
+    pub at_ms: u64,
+    pub arrived: bool,
+    pub job: u32,
+}
+
+/// What a listing in the cluster's order reads of a running job, kept beside its place
+/// in that order so that a walk over thousands of them reads no job record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Started {
+    pub unit: u32,
+    /// Its unit is this pod alone.
+    pub alone: bool,
+    /// Its trace pod.
+    pub pod: u32,
+    /// When it was decided (its Binding in flight until after that instant).
+    pub decided: Ms,
+    /// When its work began.
+    pub work_from: Ms,
+}
+
 /// Running jobs, by job index.
 #[derive(Debug, Default)]
 pub(super) struct Running {
     all: Vec<u32>,
+    /// Every running job, in the cluster's order.
+    ordered: BTreeMap<Made, Started>,
+    /// Per job, its place in that order (set when it starts).
+    made: Vec<Made>,
     /// Per job, its index in `all` (`u32::MAX`: not running).
     at: Vec<u32>,
     /// Per node, its running jobs (in no particular order).
@@ -27,10 +62,14 @@ impl Running {
     /// Makes room for one more job (not running).
     pub(super) fn add_job(&mut self) {
         self.at.push(u32::MAX);
+        self.made.push(Made::default());
     }
 
-    /// `job` of `unit` started on `node`.
-    pub(super) fn start(&mut self, job: u32, node: usize, unit: u32) {
+    /// `job` (of `started.unit`), made as `made` says, started on `node`.
+    pub(super) fn start(&mut self, made: Made, node: usize, started: Started) {
+        let (job, unit) = (made.job, started.unit);
+        self.made[job as usize] = made;
+        self.ordered.insert(made, started);
         self.at[job as usize] = self.all.len() as u32;
         self.all.push(job);
         grow_to(&mut self.on_node, node).push(OnNode { job, unit });
@@ -48,6 +87,7 @@ impl Running {
             self.at[moved as usize] = at;
         }
         self.at[job as usize] = u32::MAX;
+        self.ordered.remove(&self.made[job as usize]);
         if let Some(list) = self.on_node.get_mut(node)
             && let Some(i) = list.iter().position(|o| o.job == job)
         {
@@ -64,6 +104,19 @@ impl Running {
     /// Every running job.
     pub(super) fn all(&self) -> &[u32] {
         &self.all
+    }
+
+    /// Every running job, in the cluster's order of pods (see [`Made`]).
+    pub(super) fn in_cluster_order(&self) -> impl Iterator<Item = (u32, &Started)> + '_ {
+        self.ordered.iter().map(|(m, s)| (m.job, s))
+    }
+
+    /// What was kept of `job` when it started; `None` when it is not running.
+    pub(super) fn started(&self, job: u32) -> Option<&Started> {
+        if self.at.get(job as usize).is_none_or(|&at| at == u32::MAX) {
+            return None;
+        }
+        self.ordered.get(&self.made[job as usize])
     }
 
     /// The jobs running on `node`, each with its unit.
@@ -98,6 +151,24 @@ fn grow_to<T>(lists: &mut Vec<Vec<T>>, i: usize) -> &mut Vec<T> {
 mod tests {
     use super::*;
 
+    fn made(job: u32, at_ms: u64) -> Made {
+        Made {
+            at_ms,
+            arrived: true,
+            job,
+        }
+    }
+
+    fn started(unit: u32) -> Started {
+        Started {
+            unit,
+            alone: false,
+            pod: 0,
+            decided: Ms(0),
+            work_from: Ms(0),
+        }
+    }
+
     fn of_unit(r: &Running, unit: u32) -> Vec<u32> {
         let mut out = Vec::new();
         r.of_unit_into(unit, &mut out);
@@ -110,11 +181,13 @@ mod tests {
         for _ in 0..5 {
             r.add_job();
         }
-        r.start(0, 1, 0);
-        r.start(1, 1, 1);
-        r.start(2, 0, 1);
-        r.start(3, 2, 2);
+        r.start(made(0, 5), 1, started(0));
+        r.start(made(1, 3), 1, started(1));
+        r.start(made(2, 3), 0, started(1));
+        r.start(made(3, 1), 2, started(2));
         assert_eq!(r.all(), &[0, 1, 2, 3]);
+        let order: Vec<u32> = r.in_cluster_order().map(|(j, _)| j).collect();
+        assert_eq!(order, vec![3, 1, 2, 0], "by when made, then job");
         assert!(r.end(0, 1, 0));
         assert!(!r.end(0, 1, 0), "not running any more");
         // The last took the leaver's place.
@@ -122,9 +195,11 @@ mod tests {
         assert_eq!(r.on(1), &[OnNode { job: 1, unit: 1 }]);
         assert!(r.on(7).is_empty());
         assert_eq!(of_unit(&r, 1), vec![1, 2], "in the order of all()");
-        r.start(4, 0, 1);
+        r.start(made(4, 0), 0, started(1));
         assert!(r.end(1, 1, 1));
         assert_eq!(r.all(), &[3, 4, 2]);
+        let order: Vec<u32> = r.in_cluster_order().map(|(j, _)| j).collect();
+        assert_eq!(order, vec![4, 3, 2]);
         assert_eq!(of_unit(&r, 1), vec![4, 2]);
         assert!(of_unit(&r, 0).is_empty());
         assert!(of_unit(&r, 9).is_empty());
