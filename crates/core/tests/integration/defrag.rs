@@ -169,6 +169,25 @@ fn rebalance_gathers_scattered_shares_and_lowers_fragmentation() {
 /// Per node, pods as (GPU count, milli, movable).
 type Pods = Vec<Vec<(u8, u32, bool)>>;
 
+/// A cluster of `nodes.len()` nodes with `nodes`' pods placed (those that fit).
+fn placed(nodes: &Pods) -> (ClusterState, Vec<Pod>) {
+    let mut state = cluster(nodes.len());
+    let mut pods = Vec::new();
+    for (n, list) in nodes.iter().enumerate() {
+        for &(k, milli, movable) in list {
+            let request = if milli < 1000 {
+                gpus(1, milli)
+            } else {
+                gpus(u32::from(k), 1000)
+            };
+            if let Some(p) = place(&mut state, n, request, movable) {
+                pods.push(p);
+            }
+        }
+    }
+    (state, pods)
+}
+
 fn arbitrary_cluster() -> impl Strategy<Value = (Pods, u32, bool, usize)> {
     (
         prop::collection::vec(
@@ -210,16 +229,7 @@ proptest! {
     fn make_room_plans_are_whole_and_book_nothing_twice(
         (nodes, count, nvlink, max_pods) in arbitrary_cluster()
     ) {
-        let mut state = cluster(nodes.len());
-        let mut pods = Vec::new();
-        for (n, list) in nodes.iter().enumerate() {
-            for &(k, milli, movable) in list {
-                let request = if milli < 1000 { gpus(1, milli) } else { gpus(u32::from(k), 1000) };
-                if let Some(p) = place(&mut state, n, request, movable) {
-                    pods.push(p);
-                }
-            }
-        }
+        let (mut state, pods) = placed(&nodes);
         let mut request = gpus(count, 1000);
         if nvlink {
             request.need.topology = GpuTopology::Nvlink;
@@ -264,16 +274,7 @@ proptest! {
     fn rebalance_moves_are_whole_and_never_raise_fragmentation(
         (nodes, _count, _nvlink, max_pods) in arbitrary_cluster()
     ) {
-        let mut state = cluster(nodes.len());
-        let mut pods = Vec::new();
-        for (n, list) in nodes.iter().enumerate() {
-            for &(k, milli, movable) in list {
-                let request = if milli < 1000 { gpus(1, milli) } else { gpus(u32::from(k), 1000) };
-                if let Some(p) = place(&mut state, n, request, movable) {
-                    pods.push(p);
-                }
-            }
-        }
+        let (state, pods) = placed(&nodes);
         let (m, index) = movables(&pods, None);
         let limits = Limits { max_pods, max_milli: u64::MAX };
         let mut placer = Placer::new(Policy::Fgd, 1);
@@ -291,16 +292,7 @@ proptest! {
     fn rebalance_in_place_with_a_kept_placer_plans_as_a_fresh_one_on_a_copy(
         (nodes, _count, _nvlink, max_pods) in arbitrary_cluster()
     ) {
-        let mut state = cluster(nodes.len());
-        let mut pods = Vec::new();
-        for (n, list) in nodes.iter().enumerate() {
-            for &(k, milli, movable) in list {
-                let request = if milli < 1000 { gpus(1, milli) } else { gpus(u32::from(k), 1000) };
-                if let Some(p) = place(&mut state, n, request, movable) {
-                    pods.push(p);
-                }
-            }
-        }
+        let (mut state, pods) = placed(&nodes);
         let (m, _) = movables(&pods, None);
         let limits = Limits { max_pods, max_milli: u64::MAX };
         let mut kept = Placer::new(Policy::Fgd, 1);
