@@ -586,12 +586,8 @@ impl<'a> Engine<'a> {
             .started(placed.node, request.priority, &j.gpus);
         self.departures
             .push(Reverse((Ms(work_from.0 + j.run_ms), job)));
+        let made = self.made(job);
         let j = &self.jobs[job as usize];
-        let made = running::Made {
-            at_ms: j.arrival.0,
-            arrived: !j.by_controller,
-            job,
-        };
         let started = running::Started {
             unit: j.unit,
             alone: self.units[j.unit as usize].jobs.len() == 1,

@@ -318,8 +318,7 @@ impl Engine<'_> {
         let Some(limits) = self.defrag.pace.limits(settings, now, &fleet) else {
             return;
         };
-        let mut groups = MovableUnits::clone(&self.movable_units_now(now));
-        groups.retain(|g| {
+        let groups = self.movable_units_now(now).keeping(|g| {
             let unit = self.jobs[g[0] as usize].unit;
             !self.defrag.pace.moved_lately(&unit)
         });

@@ -46,13 +46,13 @@ impl MovableUnits {
         &self.jobs
     }
 
-    /// Keeps the units `keep` accepts, in order.
-    pub(super) fn retain(&mut self, mut keep: impl FnMut(&[u32]) -> bool) {
+    /// The units `keep` accepts, in order.
+    pub(super) fn keeping(&self, mut keep: impl FnMut(&[u32]) -> bool) -> MovableUnits {
         let mut kept = MovableUnits::default();
         for unit in self.iter().filter(|u| keep(u)) {
             kept.push(unit);
         }
-        *self = kept;
+        kept
     }
 }
 
@@ -73,7 +73,7 @@ mod tests {
         assert_eq!(m.all_jobs(), &[4, 7, 2, 9]);
         let units: Vec<&[u32]> = m.iter().collect();
         assert_eq!(units, vec![&[4][..], &[7, 2], &[9]]);
-        m.retain(|u| u.len() == 1);
+        let m = m.keeping(|u| u.len() == 1);
         assert_eq!(m.all_jobs(), &[4, 9]);
         assert_eq!(m.get(1), &[9]);
         assert!(MovableUnits::default().is_empty());

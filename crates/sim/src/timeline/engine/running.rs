@@ -17,9 +17,9 @@ pub(super) struct OnNode {
     pub unit: u32,
 }
 
-/// Where a job stands in the cluster's order of pods: when it was made (its arrival, or
-/// its controller's re-create), a controller's pod before an arrival of the same instant,
-/// then job order (the names the test stack gives).
+/// Where a job stands in the cluster's order of pods (see `Engine::made`): when it was
+/// made (its arrival, or its controller's re-create), a controller's pod before an
+/// arrival of the same instant, then job order (the names the test stack gives).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) struct Made {
     pub at_ms: u64,

@@ -10,6 +10,7 @@ use gpuplace_core::preempt::{self, Candidates, Holder};
 use super::Engine;
 use super::evictable::Room;
 use super::groups::Groups;
+use super::running::Made;
 use super::units::{Job, Placed};
 use crate::timeline::options::Ms;
 use crate::trace::TracePod;
@@ -27,7 +28,7 @@ pub(super) struct Eviction {
 /// A group found by [`Engine::victim_groups`]: its place in the cluster's order and its
 /// members' span in the search's buffer.
 struct Kept {
-    order: ClusterOrder,
+    order: Made,
     from: usize,
     to: usize,
 }
@@ -148,18 +149,25 @@ impl Engine<'_> {
 
     /// Where a running `group` stands in the cluster's order of pods (creation to the
     /// second, then name), which the victim search and make-room use to tell equals
-    /// apart. Its first pod's name, as the test stack gives names: by when it was made,
-    /// a controller's pod before an arrival of the same instant, then in job order.
-    pub(super) fn cluster_order(&self, group: &[u32]) -> ClusterOrder {
-        let first = group.iter().copied().min_by_key(|&r| {
-            let j = &self.jobs[r as usize];
-            (j.arrival, !j.by_controller, r)
-        });
-        let Some(first) = first else {
-            return (0, 0, false, 0);
-        };
-        let j = &self.jobs[first as usize];
-        (created_ms(j.arrival), j.arrival.0, !j.by_controller, first)
+    /// apart: its first pod's place ([`Self::made`]).
+    pub(super) fn cluster_order(&self, group: &[u32]) -> Made {
+        group
+            .iter()
+            .map(|&r| self.made(r))
+            .min()
+            .unwrap_or_default()
+    }
+
+    /// Where `job` stands in the cluster's order of pods. Its name, as the test stack
+    /// gives names: by when it was made (to the millisecond, so to the second as well), a
+    /// controller's pod before an arrival of the same instant, then in job order.
+    pub(super) fn made(&self, job: u32) -> Made {
+        let j = &self.jobs[job as usize];
+        Made {
+            at_ms: j.arrival.0,
+            arrived: !j.by_controller,
+            job,
+        }
     }
 
     /// Evicts the plan's groups (their controller makes them again a moment later, to
@@ -245,10 +253,6 @@ pub(super) fn candidates_of<'s>(
     }
     candidates
 }
-
-/// A group's place in the cluster's order of pods: creation to the second, arrival,
-/// arrival or re-creation, first job.
-pub(super) type ClusterOrder = (i64, u64, bool, u32);
 
 /// A pod's creation time as the API server keeps it (`creationTimestamp`, to the second),
 /// for a pod that arrived at `arrival`.
