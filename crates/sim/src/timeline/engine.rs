@@ -603,7 +603,7 @@ impl<'a> Engine<'a> {
     /// earlier is ignored.
     fn depart(&mut self, job: u32, now: Ms, evicted: bool) {
         let (node, unit) = (self.jobs[job as usize].node, self.jobs[job as usize].unit);
-        if !self.running.end(job, node as usize, unit) {
+        if !self.running.end(self.made(job), node as usize, unit) {
             return;
         }
         let j = &mut self.jobs[job as usize];

@@ -99,7 +99,7 @@ impl Engine<'_> {
             let min_member = self.units[started.unit as usize].jobs.len();
             let whole = members
                 .iter()
-                .map(|&j| self.running.started(j).is_some_and(&eligible));
+                .map(|&j| self.running.started(&self.made(j)).is_some_and(&eligible));
             if defrag::unit_may_move(whole, min_member) {
                 members.sort_unstable();
                 units.push(&members);

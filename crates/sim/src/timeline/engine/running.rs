@@ -48,8 +48,6 @@ pub(super) struct Running {
     all: Vec<u32>,
     /// Every running job, in the cluster's order.
     ordered: BTreeMap<Made, Started>,
-    /// Per job, its place in that order (set when it starts).
-    made: Vec<Made>,
     /// Per job, its index in `all` (`u32::MAX`: not running).
     at: Vec<u32>,
     /// Per node, its running jobs (in no particular order).
@@ -62,13 +60,11 @@ impl Running {
     /// Makes room for one more job (not running).
     pub(super) fn add_job(&mut self) {
         self.at.push(u32::MAX);
-        self.made.push(Made::default());
     }
 
     /// `job` (of `started.unit`), made as `made` says, started on `node`.
     pub(super) fn start(&mut self, made: Made, node: usize, started: Started) {
         let (job, unit) = (made.job, started.unit);
-        self.made[job as usize] = made;
         self.ordered.insert(made, started);
         self.at[job as usize] = self.all.len() as u32;
         self.all.push(job);
@@ -76,8 +72,9 @@ impl Running {
         grow_to(&mut self.of_unit, unit as usize).push(job);
     }
 
-    /// `job` of `unit` on `node` left; false when it was not running.
-    pub(super) fn end(&mut self, job: u32, node: usize, unit: u32) -> bool {
+    /// The job `made` names, of `unit` on `node`, left; false when it was not running.
+    pub(super) fn end(&mut self, made: Made, node: usize, unit: u32) -> bool {
+        let job = made.job;
         let at = self.at[job as usize];
         if at == u32::MAX {
             return false;
@@ -87,7 +84,7 @@ impl Running {
             self.at[moved as usize] = at;
         }
         self.at[job as usize] = u32::MAX;
-        self.ordered.remove(&self.made[job as usize]);
+        self.ordered.remove(&made);
         if let Some(list) = self.on_node.get_mut(node)
             && let Some(i) = list.iter().position(|o| o.job == job)
         {
@@ -111,12 +108,10 @@ impl Running {
         self.ordered.iter().map(|(m, s)| (m.job, s))
     }
 
-    /// What was kept of `job` when it started; `None` when it is not running.
-    pub(super) fn started(&self, job: u32) -> Option<&Started> {
-        if self.at.get(job as usize).is_none_or(|&at| at == u32::MAX) {
-            return None;
-        }
-        self.ordered.get(&self.made[job as usize])
+    /// What was kept of the job `made` names when it started; `None` when it is not
+    /// running.
+    pub(super) fn started(&self, made: &Made) -> Option<&Started> {
+        self.ordered.get(made)
     }
 
     /// The jobs running on `node`, each with its unit.
@@ -188,15 +183,15 @@ mod tests {
         assert_eq!(r.all(), &[0, 1, 2, 3]);
         let order: Vec<u32> = r.in_cluster_order().map(|(j, _)| j).collect();
         assert_eq!(order, vec![3, 1, 2, 0], "by when made, then job");
-        assert!(r.end(0, 1, 0));
-        assert!(!r.end(0, 1, 0), "not running any more");
+        assert!(r.end(made(0, 5), 1, 0));
+        assert!(!r.end(made(0, 5), 1, 0), "not running any more");
         // The last took the leaver's place.
         assert_eq!(r.all(), &[3, 1, 2]);
         assert_eq!(r.on(1), &[OnNode { job: 1, unit: 1 }]);
         assert!(r.on(7).is_empty());
         assert_eq!(of_unit(&r, 1), vec![1, 2], "in the order of all()");
         r.start(made(4, 0), 0, started(1));
-        assert!(r.end(1, 1, 1));
+        assert!(r.end(made(1, 3), 1, 1));
         assert_eq!(r.all(), &[3, 4, 2]);
         let order: Vec<u32> = r.in_cluster_order().map(|(j, _)| j).collect();
         assert_eq!(order, vec![4, 3, 2]);

@@ -148,8 +148,8 @@ impl Engine<'_> {
     }
 
     /// Where a running `group` stands in the cluster's order of pods (creation to the
-    /// second, then name), which the victim search and make-room use to tell equals
-    /// apart: its first pod's place ([`Self::made`]).
+    /// second, then name), which the victim search uses to tell equals apart: its first
+    /// pod's place ([`Self::made`]; make-room walks the running jobs in that order).
     pub(super) fn cluster_order(&self, group: &[u32]) -> Made {
         group
             .iter()
