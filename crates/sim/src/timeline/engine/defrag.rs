@@ -208,6 +208,7 @@ impl Engine<'_> {
         for &job in &moved {
             replacements.push((job, self.leave_for_move(job, now)));
         }
+        let leavers = self.leavers(&[], now + self.costs.eviction_grace);
         let mut held = Vec::with_capacity(jobs.len());
         for (&job, p) in jobs.iter().zip(&plan.placements) {
             let request = &self.pods[self.jobs[job as usize].pod as usize].request;
@@ -228,7 +229,7 @@ impl Engine<'_> {
             }
         }
         self.defrag.counts.plans += 1;
-        self.nominate(unit, held, before, &[], now)
+        self.nominate(unit, held, before, leavers, now)
     }
 
     /// Which of `moves` (of `holders`' jobs) go to places free before any pod leaves,

@@ -34,6 +34,11 @@ impl Remains {
         }
     }
 
+    /// Whether nothing is held.
+    pub(super) fn is_empty(&self) -> bool {
+        self.request.cpu_milli == 0 && self.request.memory_mib == 0 && self.gpus.is_empty()
+    }
+
     /// GPU milli, CPU milli and memory MiB held.
     pub(super) fn amounts(&self) -> Amounts {
         [

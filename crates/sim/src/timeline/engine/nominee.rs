@@ -17,6 +17,76 @@ use crate::timeline::options::Ms;
 /// What nodes had free before a plan's pods left: (node, CPU, memory, milli per GPU).
 pub(super) struct FreeBefore(Vec<(usize, u64, u64, Vec<u32>)>);
 
+/// A pod leaving a node a plan counted on: when it is gone, the job it was, and what it
+/// holds there still (its CPU, memory and each GPU's milli).
+pub(super) struct Leaver {
+    at: Ms,
+    job: Option<u32>,
+    share: Remains,
+}
+
+/// The pods leaving that a plan counted on, the first to go first, each with what of its
+/// share no owed part has claimed yet.
+#[derive(Default)]
+pub(super) struct Leavers(Vec<Leaver>);
+
+impl Leavers {
+    /// Splits `part` (owed of a place) among the pods leaving its node, the first to go
+    /// first, each up to its share: one owed part each, until it is gone, as its job's.
+    /// What none of them holds (none: the plan counted on no leaving pod there) is owed
+    /// until `grace_end`, as nobody's.
+    fn owe(&mut self, mut part: Remains, grace_end: Ms, out: &mut Vec<Owed>) {
+        let node = part.node;
+        for l in self.0.iter_mut().filter(|l| l.share.node == node) {
+            let piece = take_share(&mut l.share, &mut part);
+            if !piece.is_empty() {
+                out.push(Owed {
+                    part: piece,
+                    until: l.at,
+                    owner: l.job,
+                });
+            }
+        }
+        if !part.is_empty() {
+            out.push(Owed {
+                part,
+                until: grace_end,
+                owner: None,
+            });
+        }
+    }
+}
+
+/// What `share` holds of `part`, taken off both (CPU, memory, each GPU's milli).
+fn take_share(share: &mut Remains, part: &mut Remains) -> Remains {
+    let both = |a: &mut u64, b: &mut u64| {
+        let t = (*a).min(*b);
+        *a -= t;
+        *b -= t;
+        t
+    };
+    let cpu = both(&mut share.request.cpu_milli, &mut part.request.cpu_milli);
+    let memory = both(&mut share.request.memory_mib, &mut part.request.memory_mib);
+    let mut gpus = Vec::new();
+    for (g, want) in part.gpus.iter_mut() {
+        if let Some((_, has)) = share.gpus.iter_mut().find(|(sg, _)| sg == g) {
+            let t = (*want).min(*has);
+            *want -= t;
+            *has -= t;
+            if t > 0 {
+                gpus.push((*g, t));
+            }
+        }
+    }
+    part.gpus.retain(|&(_, m)| m > 0);
+    let request = Request {
+        cpu_milli: cpu,
+        memory_mib: memory,
+        ..Request::default()
+    };
+    Remains::new(part.node, request, gpus)
+}
+
 /// How a nominee's hold stands for one attempt ([`Engine::lift_hold`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Lifted {
@@ -45,15 +115,16 @@ impl Engine<'_> {
     /// pods leaving what `before` did not have free: held for it until it is decided again
     /// (see the module's text). Not started: the attempt failed, as the scheduler's did.
     /// Its queue counts the members' requests as held from here, not as waiting, as the
-    /// scheduler's standing counts a nominee. A part owed by the plan's victims (the pods
-    /// it is evicting) is theirs for their grace period; a part owed only by the leaving
-    /// pods of `freeing` it counted on (slots), until the last of them is gone.
+    /// scheduler's standing counts a nominee. The part owed is the `leavers`' (the plan's
+    /// victims and the leaving places it counted on), each owing its share until it is
+    /// gone, the first to go first: the scheduler's nominee holds what was free of its plan
+    /// and grows by what each victim gives back as it goes.
     pub(super) fn nominate(
         &mut self,
         unit: u32,
         placed: Vec<(u32, Placed)>,
         mut before: FreeBefore,
-        freeing: &[u32],
+        mut leavers: Leavers,
         now: Ms,
     ) -> bool {
         let grace_end = now + self.costs.eviction_grace;
@@ -61,8 +132,7 @@ impl Engine<'_> {
         for (job, p) in &placed {
             let request = &self.pods[self.jobs[*job as usize].pod as usize].request;
             if let Some(part) = owed_part(&mut before, p, request) {
-                let (until, owner) = self.owed_to(p.node, freeing, grace_end);
-                owed.push(Owed { part, until, owner });
+                leavers.owe(part, grace_end, &mut owed);
             }
         }
         let held_until = owed.iter().map(|o| o.until).max().unwrap_or(grace_end);
@@ -77,25 +147,33 @@ impl Engine<'_> {
         false
     }
 
-    /// Until when a place on `node` is owed, and as whose (the job a search counts it of
-    /// once the nominee no longer waits): the plan's victims there (the most important),
-    /// else the leaving pods of `freeing` there (the last to go).
-    fn owed_to(&self, node: usize, freeing: &[u32], grace_end: Ms) -> (Ms, Option<u32>) {
-        let priority = |job: u32| self.pods[self.jobs[job as usize].pod as usize].priority;
-        let victim = (self.leaving.evicting().iter().copied())
-            .filter(|&j| self.jobs[j as usize].node as usize == node)
-            .max_by_key(|&j| (priority(j), std::cmp::Reverse(j)));
-        if victim.is_some() {
-            return (grace_end, victim);
-        }
-        let last = (freeing.iter())
+    /// The pods leaving that a plan counts on, as they stand before it takes its places:
+    /// the pods it evicted (gone at `grace_end`) and the leaving places of `freeing`.
+    pub(super) fn leavers(&self, freeing: &[u32], grace_end: Ms) -> Leavers {
+        let mut out: Vec<Leaver> = (freeing.iter())
             .filter_map(|&s| self.leaving.slot(s))
-            .filter(|(r, _, _)| r.node == node)
-            .max_by_key(|(_, at, _)| *at);
-        match last {
-            Some((_, at, owner)) => (at, owner.map(|o| o.job)),
-            None => (grace_end, None),
+            .map(|(r, at, owner)| Leaver {
+                at,
+                job: owner.map(|o| o.job),
+                share: r.clone(),
+            })
+            .collect();
+        for &job in self.leaving.evicting() {
+            let j = &self.jobs[job as usize];
+            let request = &self.pods[j.pod as usize].request;
+            let share = Request {
+                cpu_milli: request.cpu_milli,
+                memory_mib: request.memory_mib,
+                ..Request::default()
+            };
+            out.push(Leaver {
+                at: grace_end,
+                job: Some(job),
+                share: Remains::new(j.node as usize, share, j.gpus.clone()),
+            });
         }
+        out.sort_by_key(|l| l.at);
+        Leavers(out)
     }
 
     /// Lifts `unit`'s hold for its attempt at `now`: its places given back, and while its
@@ -229,4 +307,78 @@ fn owed_part(before: &mut FreeBefore, p: &Placed, request: &Request) -> Option<R
             gpus,
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn place(cpu: u64, gpus: Vec<(usize, u32)>) -> Remains {
+        let request = Request {
+            cpu_milli: cpu,
+            ..Request::default()
+        };
+        Remains::new(0, request, gpus)
+    }
+
+    /// Seed 324 of the differential test: a plan owes 9,408 CPU milli and a whole GPU to
+    /// two pods leaving, the first (gone at 10) holding 8,000 and the GPU, the second (gone
+    /// at 20) 8,000. The scheduler's hold grows by the first's share when it goes, then by
+    /// what it still misses of the second's: the first owes all it has, the second the rest.
+    #[test]
+    fn an_owed_part_is_owed_by_the_first_to_go_first() {
+        let mut leavers = Leavers(vec![
+            Leaver {
+                at: Ms(10),
+                job: Some(7),
+                share: place(8_000, vec![(2, 1000)]),
+            },
+            Leaver {
+                at: Ms(20),
+                job: Some(8),
+                share: place(8_000, vec![(1, 470)]),
+            },
+        ]);
+        let mut owed = Vec::new();
+        leavers.owe(place(9_408, vec![(2, 1000)]), Ms(30), &mut owed);
+        let got: Vec<_> = owed
+            .iter()
+            .map(|o| {
+                (
+                    o.until,
+                    o.owner,
+                    o.part.request.cpu_milli,
+                    o.part.gpus.clone(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (Ms(10), Some(7), 8_000, vec![(2, 1000)]),
+                (Ms(20), Some(8), 1_408, vec![]),
+            ]
+        );
+        // A second place on the node owes what is left of their shares, then nobody's.
+        owed.clear();
+        leavers.owe(place(8_000, vec![(1, 500)]), Ms(30), &mut owed);
+        let got: Vec<_> = owed
+            .iter()
+            .map(|o| {
+                (
+                    o.until,
+                    o.owner,
+                    o.part.request.cpu_milli,
+                    o.part.gpus.clone(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (Ms(20), Some(8), 6_592, vec![(1, 470)]),
+                (Ms(30), None, 1_408, vec![(1, 30)]),
+            ]
+        );
+    }
 }

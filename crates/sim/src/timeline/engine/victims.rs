@@ -189,6 +189,7 @@ impl Engine<'_> {
             }
             self.recreate(again, top, now);
         }
+        let leavers = self.leavers(&plan.freeing, now + self.costs.eviction_grace);
         // The leaving pods counted on give their places for the plan's, keeping the rest.
         self.lend_freeing(&plan.freeing);
         let jobs = self.units[unit as usize].jobs.clone();
@@ -213,8 +214,27 @@ impl Engine<'_> {
                 },
             ));
         }
-        self.keep_freeing(&plan.freeing, Some(unit));
-        self.nominate(unit, placed, before, &plan.freeing, now)
+        self.keep_what_the_plan_left(unit, &plan.freeing, now);
+        let started = self.nominate(unit, placed, before, leavers, now);
+        // The victims' places are held already (nominate read whom it evicted).
+        self.leaving.take_evicted();
+        started
+    }
+
+    /// What the plan just carried out for `unit` left of the places it counted on stays
+    /// theirs, promised to `unit`: the pods that leave last keep theirs first. The
+    /// scheduler's nominee holds what was free of its plan and grows by what each victim
+    /// gives back as it goes, so the first to go fill the plan and only the last ones'
+    /// places come free beyond it. Its victims (gone when their grace period is over)
+    /// first, then the leaving places it counted on, the latest first.
+    fn keep_what_the_plan_left(&mut self, unit: u32, freeing: &[u32], now: Ms) {
+        let at = now + self.costs.eviction_grace;
+        for job in self.leaving.evicting().to_vec() {
+            self.hold_leaving(job, at, Some(unit));
+        }
+        let mut latest_first = freeing.to_vec();
+        latest_first.sort_by_key(|&s| std::cmp::Reverse(self.leaving.slot(s).map(|(_, at, _)| at)));
+        self.keep_freeing(&latest_first, Some(unit));
     }
 }
 

@@ -443,8 +443,9 @@ impl Both {
                     let start = ours.start.or(theirs.start).unwrap_or(0);
                     let p = &self.pods[self.jobs[i].pod as usize];
                     (start, format!(
-                        "  pod {i} priority {} {}x{} milli, arrived {}: simulator {ours:?}, stack {theirs:?}",
-                        p.priority, p.request.gpu_count, p.request.gpu_milli, self.jobs[i].arrival.0
+                        "  pod {i} priority {} {}x{} milli, cpu {} memory {}, arrived {}: simulator {ours:?}, stack {theirs:?}",
+                        p.priority, p.request.gpu_count, p.request.gpu_milli, p.request.cpu_milli,
+                        p.request.memory_mib, self.jobs[i].arrival.0
                     ))
                 })
             })
