@@ -106,6 +106,9 @@ pub struct Steer {
     /// Whom it moved for (`None`: rebalancing).
     pub for_pod: Option<PodKey>,
     pub since: Instant,
+    /// The moved pod's queue label (`gpuplace.io/queue`): its queue keeps the place's
+    /// amount for the replacement until it is decided.
+    pub queue_label: Option<String>,
 }
 
 impl Steer {
@@ -176,14 +179,35 @@ impl Steers {
         }
     }
 
-    /// The steer `pod` is the replacement for (same namespace, owner and requests), taken
-    /// out with its hold given back.
+    /// Whether `pod` is a replacement `s` planned a place for (same namespace, owner and
+    /// requests).
+    fn replaces(s: &Steer, pod: &PodInfo) -> bool {
+        let (Some(owner), Ok(demand)) = (pod.controller.as_ref(), pod.demand.as_ref()) else {
+            return false;
+        };
+        s.owner == owner.uid
+            && s.moved.namespace == pod.key.namespace
+            && s.request == demand.request
+    }
+
+    /// Where the steer `pod` is the replacement for stands in the list.
+    fn position_for(&self, pod: &PodInfo) -> Option<usize> {
+        self.list.iter().position(|s| Self::replaces(s, pod))
+    }
+
+    /// The steers `pod` may be the replacement for.
+    pub fn matching<'s>(&'s self, pod: &'s PodInfo) -> impl Iterator<Item = &'s Steer> {
+        self.list.iter().filter(move |s| Self::replaces(s, pod))
+    }
+
+    /// The steer `pod` is the replacement for, left in place.
+    pub fn find_for(&self, pod: &PodInfo) -> Option<&Steer> {
+        self.position_for(pod).map(|i| &self.list[i])
+    }
+
+    /// The steer `pod` is the replacement for, taken out with its hold given back.
     pub fn take_for(&mut self, pod: &PodInfo, snapshot: &mut Snapshot) -> Option<Steer> {
-        let owner = pod.controller.as_ref()?;
-        let request = &pod.demand.as_ref().ok()?.request;
-        let i = self.list.iter().position(|s| {
-            s.owner == owner.uid && s.moved.namespace == pod.key.namespace && s.request == *request
-        })?;
+        let i = self.position_for(pod)?;
         let steer = self.list.swap_remove(i);
         snapshot.release(&hold_key(&steer.moved.uid));
         Some(steer)
@@ -406,6 +430,7 @@ mod tests {
             extended: BTreeMap::new(),
             for_pod: None,
             since: now,
+            queue_label: None,
         });
         steers.hold(&mut snapshot, now, Duration::from_secs(300));
         assert_eq!(snapshot.state.node(0).gpu_free, vec![1000, 1000, 0, 1000]);
@@ -468,6 +493,7 @@ mod tests {
             extended: BTreeMap::new(),
             for_pod: None,
             since: now,
+            queue_label: None,
         };
         let mut steers = Steers::default();
         steers.push_held(steer, Some(&mut snapshot));

@@ -43,9 +43,10 @@ impl<A: ClusterApi> Scheduler<A> {
         let tree = self.queues.tree();
         let nominations = self.cluster.nominations();
         let built = self.cluster.builds;
-        let standing = Standing::measure(&mut self.queues, snapshot, built, waiting, &|uid| {
+        let mut standing = Standing::measure(&mut self.queues, snapshot, built, waiting, &|uid| {
             nominations.get(uid).is_some()
         });
+        self.count_steers(&mut standing, waiting);
         let (fair, mut picker) = standing.picker::<Unit<'a>>(&tree);
         self.usage.advance(&tree, view, picker.allocations(), now);
         if self.usage.decays() {
@@ -119,8 +120,37 @@ impl<A: ClusterApi> Scheduler<A> {
         Limits::Within(picker.model_mask(q, want.dims[0], &snapshot.state))
     }
 
-    /// Counts what `pods` now hold in their queue: those reserved this round, and those
-    /// nominated (by preemption or reclaim, this round or before).
+    /// Moved pods' replacements keep their queue's share while their controllers make
+    /// them: each place planned for one (a steer) counts as held in the moved pod's queue,
+    /// as a nominee's request does, and a waiting replacement not as demand again. The
+    /// timeline starts a replacement the moment its pod moves; without this another pod of
+    /// the queue took the share the move gave back, and the replacement waited at its
+    /// queue's limit until its planned place was dropped (differential seed 584).
+    fn count_steers(&self, standing: &mut Standing, waiting: &[&Arc<PodInfo>]) {
+        if self.steers.is_empty() {
+            return;
+        }
+        for s in self.steers.iter() {
+            if let Ok(q) = (self.queues).of_key(&s.moved.namespace, s.queue_label.as_deref()) {
+                standing.held[q].add(&Res::of(&s.request, None));
+            }
+        }
+        let mut claimed: Vec<&str> = Vec::new();
+        for pod in waiting {
+            let Ok(q) = self.queues.of(pod) else {
+                continue;
+            };
+            let steer = (self.steers.matching(pod)).find(|s| !claimed.contains(&&*s.moved.uid));
+            if let Some(s) = steer {
+                claimed.push(&s.moved.uid);
+                standing.pending[q].sub(&Res::of(&s.request, None));
+            }
+        }
+    }
+
+    /// Counts what `pods` now hold in their queue: those reserved this round, those
+    /// nominated (by preemption or reclaim, this round or before), and replacements whose
+    /// planned places are still theirs.
     pub(super) fn account(
         &self,
         snapshot: &Snapshot,
@@ -136,12 +166,14 @@ impl<A: ClusterApi> Scheduler<A> {
                 }
             } else if let Some(n) = self.cluster.nomination(&p.key.uid) {
                 picker.placed(q, &Res::of(&n.request, None));
+            } else if let Some(s) = self.steers.find_for(p) {
+                picker.placed(q, &Res::of(&s.request, None));
             }
         }
     }
 
-    /// Takes `pods`' nominations out of their queue's allocation (as the round's standing
-    /// counted them) while they are decided again.
+    /// Takes `pods`' nominations and planned places out of their queue's allocation (as
+    /// the round's standing counted them) while they are decided again.
     pub(super) fn unaccount(
         &self,
         picker: &mut Picker<'_, Unit<'_>>,
@@ -151,6 +183,8 @@ impl<A: ClusterApi> Scheduler<A> {
         for p in pods {
             if let Some(n) = self.cluster.nomination(&p.key.uid) {
                 picker.removed(q, &Res::of(&n.request, None));
+            } else if let Some(s) = self.steers.find_for(p) {
+                picker.removed(q, &Res::of(&s.request, None));
             }
         }
     }

@@ -11,6 +11,7 @@ use super::Scheduler;
 use super::defrag::{MovableSet, Steer};
 use crate::api::{ApiError, ClusterApi, PodKey};
 use crate::k8s::pod_info::PodInfo;
+use crate::k8s::queue::QUEUE_LABEL;
 use crate::snapshot::Snapshot;
 
 impl<A: ClusterApi> Scheduler<A> {
@@ -145,6 +146,7 @@ impl<A: ClusterApi> Scheduler<A> {
                     .unwrap_or_default(),
                 for_pod: for_pod.cloned(),
                 since: self.round_clock(),
+                queue_label: m.pod.labels.get(QUEUE_LABEL).cloned(),
             };
             self.steers.push_held(steer, snapshot.as_deref_mut());
             moved.push(key.clone());

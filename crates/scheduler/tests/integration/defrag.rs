@@ -467,3 +467,47 @@ async fn a_pod_decided_after_a_move_in_the_same_round_leaves_the_moved_pods_plac
         "late must not take the place planned for a's replacement in the round that moved a"
     );
 }
+
+/// The make-room of `fragmented` with a and b in queue `team` (limit 2 GPUs): a moves for
+/// big, and c of the same queue waits at the limit meanwhile. When a is gone, the share
+/// its move gave back stays its replacement's: c keeps waiting, a2 lands where it was
+/// planned (before, c took the share and a2 waited at the limit until its planned place
+/// was dropped; the timeline starts a replacement the moment its pod moves).
+#[tokio::test]
+async fn a_moved_pods_replacement_keeps_its_queues_share_while_it_is_made() {
+    let api = MemoryApi::new();
+    let team: gpuplace_scheduler::k8s::queue::QueueSpec =
+        serde_json::from_value(json!({"limit": {"nvidia.com/gpu": 2}})).unwrap();
+    api.put_queue("team", team);
+    let in_team = json!({"metadata": {"labels": {"gpuplace.io/queue": "team"}}});
+    let mut scheduler = Scheduler::new(api.clone(), defrag_config(Duration::ZERO));
+    let mut t = Instant::now();
+    api.put_node(node("n1", 8, json!({})));
+    api.put_pod(replica("a", "rs-a", 1, true, in_team.clone()));
+    settle(&mut scheduler, &mut t).await;
+    api.put_node(node("n2", 8, json!({})));
+    let mut b_on_n2 = on("n2");
+    merge(&mut b_on_n2, in_team.clone());
+    api.put_pod(replica("b", "rs-b", 1, false, b_on_n2));
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(bound_node(&api, "b").as_deref(), Some("n2"));
+    api.put_pod(pod("big", 8, json!({})));
+    settle(&mut scheduler, &mut t).await;
+    assert!(deleting(&api, "a"), "a moves to make room");
+    api.put_pod(replica("c", "rs-c", 1, false, in_team.clone()));
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(bound_node(&api, "c"), None, "team is at its limit");
+    api.delete_pod("ml", "a");
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(
+        bound_node(&api, "c"),
+        None,
+        "a's share is its replacement's"
+    );
+    api.put_pod(replica("a2", "rs-a", 1, true, in_team));
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(bound_node(&api, "a2").as_deref(), Some("n2"));
+    assert_eq!(bound_node(&api, "big").as_deref(), Some("n1"));
+    assert_eq!(bound_node(&api, "c"), None);
+    assert_no_double_booking(&api);
+}
