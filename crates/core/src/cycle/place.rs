@@ -3,8 +3,11 @@
 //!
 //! For each member in order: the driver's Filter (and the preferences that narrow the
 //! nodes) gives the nodes it may go to; a queue's per-model limits narrow them; a moved
-//! pod's replacement is tried first on the node its move planned (the driver then makes
-//! the devices the planned ones), then anywhere the mask allows; core's [`Placer`] scores
+//! pod's replacement is tried only on the node its move planned (its planned devices while
+//! they have room, else the policy's choice there), and waits when that node cannot take it
+//! yet (the pods there still leaving: its planned place is held for it and comes free as
+//! they go; the driver drops the plan after a while, and then it goes anywhere); every
+//! other member goes anywhere the mask allows; core's [`Placer`] scores
 //! and chooses; the driver's Reserve takes the place on the state the next members are
 //! decided on. A member that fits nowhere does not stop the others (the trial says how many
 //! fit and why the last one that did not). [`permit`] then says whether the unit binds.
@@ -117,19 +120,27 @@ fn place<M: Members>(
         m
     });
     let mask = narrowed.as_deref().or(filtered.mask());
-    let on_steer = match members.steer(i) {
+    // A planned node that Filter or the limits refuse is no place to wait for.
+    let steer = members
+        .steer(i)
+        .filter(|&n| mask.is_none_or(|m| m.get(n) == Some(&true)));
+    let on_steer = match steer {
         Some(n) => {
             let only = steer_mask(mask, n, members.state().len());
             let request = members.request(i)?;
             let state = members.state();
             // The plan's own devices while they have room (nothing to score: the move
-            // counted on them); else the policy's choice on the planned node.
+            // counted on them); else the policy's choice on the planned node; else it
+            // waits for its planned place, not placed elsewhere meanwhile.
             match members.planned(i).filter(|d| {
                 only.get(d.node).copied().unwrap_or(false)
                     && state.can_apply(d.node, request, &d.gpus)
             }) {
                 Some(d) => Some(d),
-                None => placer.choose(state, request, Some(&only)).ok(),
+                None => match placer.choose(state, request, Some(&only)) {
+                    Ok(d) => Some(d),
+                    Err(why) => return Err(members.unfit(i, why, &filtered)),
+                },
             }
         }
         None => None,
@@ -337,6 +348,26 @@ mod tests {
         let t = trial(&mut m, &mut placer, None);
         assert_eq!(t.placed[1].1.node, 1);
         assert_eq!(steer_mask(None, 1, 3), vec![false, true, false]);
+    }
+
+    #[test]
+    fn a_replacement_waits_for_its_planned_node_rather_than_going_elsewhere() {
+        let mut m = live(2, vec![gpus(2)]);
+        // Node 0, its planned node, has one GPU free until the pods there leave.
+        m.state
+            .apply(0, &gpus(7), &(0..7).map(|g| (g, 1000)).collect::<Vec<_>>())
+            .unwrap();
+        m.steers[0] = Some(0);
+        let mut placer = Placer::new(Policy::BestFit, 1);
+        let t = trial(&mut m, &mut placer, None);
+        assert!(t.placed.is_empty(), "not placed on node 1 meanwhile");
+        assert!(t.failure.unwrap().starts_with("member 0"));
+        // Once they are gone it goes there.
+        m.state
+            .release(0, &gpus(7), &(0..7).map(|g| (g, 1000)).collect::<Vec<_>>())
+            .unwrap();
+        let t = trial(&mut m, &mut placer, None);
+        assert_eq!(t.placed[0].1.node, 0);
     }
 
     #[test]

@@ -11,8 +11,10 @@
 //! A moved pod is evicted; its controller makes a new pod with the same owner and the same
 //! requests. The place planned for it is held (the part already free, every round) until
 //! such a pod is decided: it is placed on the planned node (the planned GPUs held for it
-//! are free then) rather than wherever the policy would put it. A steer nobody claims is
-//! dropped after [`DefragConfig::steer_ttl`].
+//! are free then) rather than wherever the policy would put it, and while that node cannot
+//! take it yet (the pods there still leaving) it waits for it, its steer kept. A steer
+//! nobody claims is dropped after [`DefragConfig::steer_ttl`] (its pod, if it still waits,
+//! then goes wherever it fits).
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;

@@ -127,6 +127,17 @@ impl<A: ClusterApi> Scheduler<A> {
             let cycled = cycle::schedule(&mut steps);
             (cycled, steps.failure, steps.unfit)
         };
+        // Members not placed keep their planned places while they wait for them.
+        drop(steered);
+        let kept: Vec<&str> = match &cycled {
+            Cycled::Allowed(t) => (t.placed.iter()).map(|(_, p)| &*p.pod.key.uid).collect(),
+            _ => Vec::new(),
+        };
+        for (uid, steer) in steers {
+            if !kept.contains(&uid.as_str()) {
+                self.steers.restore(steer, snapshot);
+            }
+        }
         let fit = match &cycled {
             Cycled::Allowed(t)
             | Cycled::MembersMissing(t)

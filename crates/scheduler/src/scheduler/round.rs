@@ -399,6 +399,12 @@ impl<A: ClusterApi> Scheduler<A> {
         debug!(pod = %pod.key, %message, "unschedulable");
         self.events
             .failed(&pod.key, message, Some(Arc::new(waiting)));
+        // A replacement keeps its planned place while it waits for it (the place's pods
+        // still leaving), until its steer is dropped.
+        drop(steered);
+        if let Some(steer) = steer {
+            self.steers.restore(steer, snapshot);
+        }
     }
 
     /// Reserves the decision in the state and among the reservations; returns the
