@@ -110,8 +110,11 @@ impl<A: ClusterApi, U> Planner for PodSteps<'_, '_, '_, '_, '_, A, U> {
     type Plan = PodPlan;
     type Why = Why;
 
+    /// A moved pod's replacement waits for its planned place (held for it, coming free as
+    /// the pods there leave): it evicts nothing and moves nothing meanwhile.
     fn applies(&self, step: Step) -> bool {
-        applies(self.scheduler, self.fair.is_some(), step)
+        !self.steered.contains_key(&self.pod.key.uid)
+            && applies(self.scheduler, self.fair.is_some(), step)
     }
 
     fn plan(&mut self, step: Step) -> Found<PodPlan, Why> {
@@ -209,8 +212,10 @@ impl<A: ClusterApi, U> Planner for GangSteps<'_, '_, '_, '_, '_, A, U> {
     type Plan = GangPlanned;
     type Why = Why;
 
+    /// A moved gang's replacements wait for their planned places, as a pod's does.
     fn applies(&self, step: Step) -> bool {
-        applies(self.scheduler, self.fair.is_some(), step)
+        let steered = |(p, _): &(&Arc<PodInfo>, Verdicts)| self.steered.contains_key(&p.key.uid);
+        !self.members.iter().all(steered) && applies(self.scheduler, self.fair.is_some(), step)
     }
 
     fn plan(&mut self, step: Step) -> Found<GangPlanned, Why> {
