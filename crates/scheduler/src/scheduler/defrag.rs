@@ -204,7 +204,7 @@ impl Steers {
 
     /// The steer `pod` is the replacement for, left in place.
     pub fn find_for(&self, pod: &PodInfo) -> Option<&Steer> {
-        self.position_for(pod).map(|i| &self.list[i])
+        self.list.iter().find(|s| Self::replaces(s, pod))
     }
 
     /// The steer `pod` is the replacement for, taken out with its hold given back.

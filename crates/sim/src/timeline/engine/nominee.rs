@@ -321,6 +321,21 @@ mod tests {
         Remains::new(0, request, gpus)
     }
 
+    /// An owed part: until when, whose, its CPU and its GPUs.
+    type Shown = (Ms, Option<u32>, u64, Vec<(usize, u32)>);
+
+    fn shown(owed: &[Owed]) -> Vec<Shown> {
+        let part = |o: &Owed| {
+            (
+                o.until,
+                o.owner,
+                o.part.request.cpu_milli,
+                o.part.gpus.clone(),
+            )
+        };
+        owed.iter().map(part).collect()
+    }
+
     /// Seed 324 of the differential test: a plan owes 9,408 CPU milli and a whole GPU to
     /// two pods leaving, the first (gone at 10) holding 8,000 and the GPU, the second (gone
     /// at 20) 8,000. The scheduler's hold grows by the first's share when it goes, then by
@@ -341,19 +356,8 @@ mod tests {
         ]);
         let mut owed = Vec::new();
         leavers.owe(place(9_408, vec![(2, 1000)]), Ms(30), &mut owed);
-        let got: Vec<_> = owed
-            .iter()
-            .map(|o| {
-                (
-                    o.until,
-                    o.owner,
-                    o.part.request.cpu_milli,
-                    o.part.gpus.clone(),
-                )
-            })
-            .collect();
         assert_eq!(
-            got,
+            shown(&owed),
             vec![
                 (Ms(10), Some(7), 8_000, vec![(2, 1000)]),
                 (Ms(20), Some(8), 1_408, vec![]),
@@ -362,19 +366,8 @@ mod tests {
         // A second place on the node owes what is left of their shares, then nobody's.
         owed.clear();
         leavers.owe(place(8_000, vec![(1, 500)]), Ms(30), &mut owed);
-        let got: Vec<_> = owed
-            .iter()
-            .map(|o| {
-                (
-                    o.until,
-                    o.owner,
-                    o.part.request.cpu_milli,
-                    o.part.gpus.clone(),
-                )
-            })
-            .collect();
         assert_eq!(
-            got,
+            shown(&owed),
             vec![
                 (Ms(20), Some(8), 6_592, vec![(1, 470)]),
                 (Ms(30), None, 1_408, vec![(1, 30)]),
