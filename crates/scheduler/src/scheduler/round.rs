@@ -298,8 +298,8 @@ impl<A: ClusterApi> Scheduler<A> {
         // make-room plan so too (a preemptor deciding again may keep its place), its hold
         // applied again after, the new one's if it was nominated anew.
         self.cluster.free_nominee(&pod.key.uid, snapshot);
-        // A moved pod's replacement is tried on its planned place (held for it until now)
-        // first, else as any pod.
+        // A moved pod's replacement is tried only on its planned node (its place held for
+        // it until now); it waits for it, its steer put back, while the pods there leave.
         let steer = self.steers.take_for(pod, snapshot);
         let mut steered = Steered::new();
         if let Some(steer) = &steer {
