@@ -62,10 +62,13 @@ pub enum Blocker {
     Gang,
     /// Its queue does not exist or serves no pod.
     Queue,
+    /// A moved pod's replacement waits for the place its move planned for it (held for it
+    /// while the pods there leave), not placed elsewhere meanwhile.
+    PlannedPlace,
 }
 
 impl Blocker {
-    pub const ALL: [Blocker; 10] = [
+    pub const ALL: [Blocker; 11] = [
         Blocker::QueueLimit,
         Blocker::Ahead,
         Blocker::Capacity(Resource::Gpu),
@@ -76,6 +79,7 @@ impl Blocker {
         Blocker::ClaimSelectors,
         Blocker::Gang,
         Blocker::Queue,
+        Blocker::PlannedPlace,
     ];
 
     /// As written after `blocked by: `.
@@ -91,6 +95,7 @@ impl Blocker {
             Blocker::ClaimSelectors => "claim selectors",
             Blocker::Gang => "gang",
             Blocker::Queue => "queue",
+            Blocker::PlannedPlace => "its planned place",
         }
     }
 

@@ -59,6 +59,15 @@ pub trait Members {
     fn reserve(&mut self, i: usize, chosen: Decision) -> Result<Self::Placed, Self::Unfit>;
     /// Why member `i` fits on none of the nodes Filter left.
     fn unfit(&self, i: usize, why: Unschedulable, filtered: &Self::Filtered) -> Self::Unfit;
+    /// Why member `i`, a moved pod's replacement, waits: its planned node `node` cannot
+    /// take it yet (`why`, on that node alone; Filter left `filtered`).
+    fn awaits_planned(
+        &self,
+        i: usize,
+        node: usize,
+        why: Unschedulable,
+        filtered: &Self::Filtered,
+    ) -> Self::Unfit;
 }
 
 /// One trial of a unit's members.
@@ -139,7 +148,7 @@ fn place<M: Members>(
                 Some(d) => Some(d),
                 None => match placer.choose(state, request, Some(&only)) {
                     Ok(d) => Some(d),
-                    Err(why) => return Err(members.unfit(i, why, &filtered)),
+                    Err(why) => return Err(members.awaits_planned(i, n, why, &filtered)),
                 },
             }
         }
@@ -306,6 +315,9 @@ mod tests {
         fn unfit(&self, i: usize, why: Unschedulable, _: &Mask) -> String {
             format!("member {i}: {why}")
         }
+        fn awaits_planned(&self, i: usize, node: usize, why: Unschedulable, _: &Mask) -> String {
+            format!("member {i} awaits node {node}: {why}")
+        }
     }
 
     fn live(nodes: usize, requests: Vec<Request>) -> Live {
@@ -361,7 +373,8 @@ mod tests {
         let mut placer = Placer::new(Policy::BestFit, 1);
         let t = trial(&mut m, &mut placer, None);
         assert!(t.placed.is_empty(), "not placed on node 1 meanwhile");
-        assert!(t.failure.unwrap().starts_with("member 0"));
+        let failure = t.failure.unwrap();
+        assert!(failure.starts_with("member 0 awaits node 0"), "{failure}");
         // Once they are gone it goes there.
         m.state
             .release(0, &gpus(7), &(0..7).map(|g| (g, 1000)).collect::<Vec<_>>())

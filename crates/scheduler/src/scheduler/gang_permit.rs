@@ -395,7 +395,7 @@ impl<A: ClusterApi> Scheduler<A> {
             message: &reason,
         };
         if let Some(p) = &preemption {
-            record.unblock = p.unblock();
+            record.unblock = p.unblock().or(record.unblock.take());
         }
         self.wait_or_time_out(gang, members, why, &record, now, report)
             .await;

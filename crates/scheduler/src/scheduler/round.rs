@@ -509,7 +509,8 @@ fn failure_message(
     waiting.unblock = match (outcome.unblock(), made.and_then(Made::unblock)) {
         // What make-room did says more than preemption's finding nothing.
         (Some(_) | None, Some(room)) if outcome.found_nothing() => Some(room),
-        (found, _) => found,
+        // Else what the record found (a replacement's planned place coming free).
+        (found, _) => found.or(waiting.unblock.take()),
     };
     super::waiting::render(waiting, &message, now_ms)
 }

@@ -44,6 +44,9 @@ pub(super) fn blocker_of(
     fair_placed_by_others: Option<u64>,
     asked: u64,
 ) -> Blocker {
+    if found.is_some_and(|f| f.planned_node.is_some()) {
+        return Blocker::PlannedPlace;
+    }
     match found.and_then(|f| f.shortage.as_ref()) {
         Some(Shortage::Capacity { free, .. })
             if fair_placed_by_others.is_some_and(|o| u64::from(*free) * 1000 + o >= asked) =>
@@ -58,6 +61,18 @@ pub(super) fn blocker_of(
             None => Blocker::Constraints,
         },
     }
+}
+
+/// When the last pod leaving node `node` is gone: at its `deletionTimestamp` (its grace
+/// period's end); `None` when none is leaving.
+fn leaving_by(snapshot: &Snapshot, node: usize, now_ms: i64) -> Option<i64> {
+    snapshot
+        .placed
+        .get(node)?
+        .iter()
+        .filter(|p| p.deleting)
+        .map(|p| p.deleted_by.map_or(now_ms, |t| t.as_millisecond()))
+        .max()
 }
 
 /// Milli-GPU `pods` ask.
@@ -110,7 +125,21 @@ impl<A: ClusterApi> Scheduler<A> {
         let others = fair.map(|(_, q)| round.order.placed_by_others(q));
         let blocker = blocker_of(found, others, asked(pods));
         let mask = found.and_then(|f| f.mask.as_deref());
-        self.told_within(snapshot, round, pods[0], blocker, mask, fair)
+        let mut waiting = self.told_within(snapshot, round, pods[0], blocker, mask, fair);
+        if let Some(node) = found.and_then(|f| f.planned_node) {
+            // Its planned place comes free as the pods leaving its node go: it is told
+            // when they are gone, as a nominee is.
+            let now_ms = self.wall_ms();
+            let gone_by = leaving_by(snapshot, node, now_ms);
+            waiting.start = gone_by
+                .and_then(|t| told::nominee(t, now_ms))
+                .map(Start::At);
+            waiting.unblock = Some(format!(
+                "its planned place on node {} comes free as the pods there leave",
+                snapshot.state.inventory(node).name
+            ));
+        }
+        waiting
     }
 
     /// Why `pod` waits when the caller knows what blocks it (a limit, a queue), or once

@@ -75,7 +75,13 @@ pub struct UnfitFound {
     /// Its DRA claims' selectors ruled out some node.
     pub by_claim_selectors: bool,
     pub mask: Option<Vec<bool>>,
+    /// A moved pod's replacement waiting for its planned node (by index): what it lacks
+    /// there is the pods still leaving it, not the cluster's room.
+    pub planned_node: Option<usize>,
 }
+
+/// The phrase that counts, in a waiting replacement's message, the nodes it is not tried on.
+pub const NOT_ITS_PLANNED_NODE: &str = "node(s) were not its planned node";
 
 /// Where a member's Reserve takes its place.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -239,8 +245,46 @@ impl<'s, 'a> place::Members for OnSnapshot<'s, 'a> {
                 .any(|p| crate::framework::claim_selectors::is_selector_phrase(p)),
             shortage: found,
             mask: filtered.0.mask().map(<[bool]>::to_vec),
+            planned_node: None,
         }));
         message
+    }
+
+    /// kube-scheduler's message, the nodes other than its planned one counted as not its
+    /// planned node, then that it waits for its planned place there.
+    fn awaits_planned(
+        &self,
+        i: usize,
+        node: usize,
+        why: Unschedulable,
+        filtered: &Kept<'s>,
+    ) -> String {
+        let nodes = self.snapshot.nodes.len();
+        let passed = filtered
+            .0
+            .mask()
+            .map_or(nodes, |m| m.iter().filter(|a| **a).count());
+        let mut others = filtered.0.clone().into_owned();
+        let elsewhere = passed.saturating_sub(1);
+        if elsewhere > 0 {
+            others
+                .rejected
+                .insert(NOT_ITS_PLANNED_NODE.to_string(), elsewhere);
+        }
+        let claims = self.members[i].0.dra.is_some();
+        let message = self.filtering.profile.explain(why, &others, nodes, claims);
+        let name = &self.state.inventory(node).name;
+        self.unfit.replace(Some(UnfitFound {
+            shortage: None,
+            short_of: None,
+            by_claim_selectors: false,
+            mask: Some(place::steer_mask(None, node, nodes)),
+            planned_node: Some(node),
+        }));
+        format!(
+            "{message} It replaces a moved pod and waits for the place planned for it on \
+             node {name}, held for it while the pods there leave."
+        )
     }
 }
 
@@ -288,4 +332,6 @@ impl<'a> place::Members for Alone<'a> {
     }
 
     fn unfit(&self, _: usize, _: Unschedulable, _: &Nodes<'a>) {}
+
+    fn awaits_planned(&self, _: usize, _: usize, _: Unschedulable, _: &Nodes<'a>) {}
 }

@@ -511,3 +511,60 @@ async fn a_moved_pods_replacement_keeps_its_queues_share_while_it_is_made() {
     assert_eq!(bound_node(&api, "c"), None);
     assert_no_double_booking(&api);
 }
+
+/// A moved pod's replacement whose planned place is still taken (here by a pod another
+/// scheduler bound there, leaving) waits for it and is told so: its blocker is its planned
+/// place, kube's part counts the other nodes as not its planned node, and it is told when
+/// the pod there is gone; then it lands there.
+#[tokio::test]
+async fn a_replacement_waiting_for_its_planned_place_is_told_so() {
+    let api = MemoryApi::new();
+    let mut scheduler = Scheduler::new(api.clone(), defrag_config(Duration::ZERO));
+    let mut t = Instant::now();
+    api.put_node(node("n1", 8, json!({})));
+    api.put_pod(replica("a", "rs-a", 1, true, json!({})));
+    settle(&mut scheduler, &mut t).await;
+    api.put_node(node("n2", 2, json!({})));
+    api.put_node(node("n3", 2, json!({})));
+    api.put_pod(replica("b", "rs-b", 1, false, on("n2")));
+    api.put_pod(replica("c", "rs-c", 2, false, on("n3")));
+    settle(&mut scheduler, &mut t).await;
+    api.put_pod(pod("big", 8, json!({})));
+    settle(&mut scheduler, &mut t).await;
+    assert!(deleting(&api, "a"), "a moves to n2 to make room");
+    // Another scheduler binds f to n2's free GPU, and f is leaving (its grace period long
+    // enough to outlast the test's rounds, whose clock runs ahead).
+    let f = json!({"spec": {"nodeName": "n2", "terminationGracePeriodSeconds": 3600}});
+    api.put_pod(pod("f", 1, f));
+    api.delete_pod_gracefully("ml", "f");
+    api.delete_pod("ml", "a");
+    api.put_pod(replica("a2", "rs-a", 1, true, json!({})));
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(bound_node(&api, "big").as_deref(), Some("n1"));
+    assert_eq!(
+        bound_node(&api, "a2"),
+        None,
+        "a2 waits for its planned place"
+    );
+    let failed = messages(&api, "a2", "FailedScheduling");
+    let last = failed.last().expect("a2 is told why it waits");
+    assert!(
+        last.starts_with("blocked by: its planned place | expected start: "),
+        "{last}"
+    );
+    assert!(
+        kube_part(last).contains("node(s) were not its planned node")
+            && kube_part(last).contains("waits for the place planned for it on node n2"),
+        "{last}"
+    );
+    assert!(
+        last.contains(
+            "unblocked by: its planned place on node n2 comes free as the pods there leave"
+        ),
+        "{last}"
+    );
+    api.delete_pod("ml", "f");
+    settle(&mut scheduler, &mut t).await;
+    assert_eq!(bound_node(&api, "a2").as_deref(), Some("n2"));
+    assert_no_double_booking(&api);
+}

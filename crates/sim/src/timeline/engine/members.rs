@@ -62,4 +62,6 @@ impl place::Members for Members<'_> {
     }
 
     fn unfit(&self, _: usize, _: Unschedulable, _: &Nodes<'static>) {}
+
+    fn awaits_planned(&self, _: usize, _: usize, _: Unschedulable, _: &Nodes<'static>) {}
 }
