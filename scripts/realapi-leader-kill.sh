@@ -15,7 +15,9 @@
 #     1-GPU pod then arrives for the first node. Expected: the 8-GPU pod nominated before
 #     the first move; the standby adopts the nomination (the pinned pod waits, the room is
 #     held), and the 8-GPU pod is bound there once the moved pods are gone.
-# Both: no GPU booked twice (the assignment annotations of the bound pods), no pod evicted
+#   waits (no kill): a moved pod's replacement whose planned place is taken waits for it,
+#     told so (its FailedScheduling message), and lands there once the place is free.
+# gang and room: no GPU booked twice (the assignment annotations of the bound pods), no pod evicted
 # or moved beyond the plan. Prints a line per check; exits non-zero on a failed check.
 set -euo pipefail
 G=${GPUPLACE:-target/release/gpuplace}
@@ -107,6 +109,7 @@ no_double_booking() { [[ -z $(gpus_on "$1" | sort | uniq -d) ]]; }
 clean() {
   kubectl delete rs -n ml -l leader-kill=true --wait=false >/dev/null 2>&1 || true
   kubectl delete rs -n ml ra rb --wait=false >/dev/null 2>&1 || true
+  kubectl delete job -n ml wj --wait=false >/dev/null 2>&1 || true
   kubectl delete pods -A -l leader-kill=true --grace-period=0 --force >/dev/null 2>&1 || true
   kubectl delete podgroup -n ml pair >/dev/null 2>&1 || true
   kubectl delete nodes -l leader-kill=true >/dev/null 2>&1 || true
@@ -116,7 +119,7 @@ start_replicas() {
   local port
   for r in replica-a replica-b; do
     port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-    HOSTNAME=$r RUST_LOG=info "$G" scheduler --kubeconfig "$KUBECONFIG" --leader-elect true \
+    HOSTNAME=$r RUST_LOG=${RUST_LOG:-info} "$G" scheduler --kubeconfig "$KUBECONFIG" --leader-elect true \
       --lease-namespace $NS --kube-api-qps 3 --kube-api-burst 3 --metrics-addr "127.0.0.1:$port" \
       --defrag make-room --defrag-min-age 0s >"$LOG/$1-$r.log" 2>&1 &
     replicas+=("$r=$!")
@@ -135,6 +138,19 @@ pid_of() { local e; for e in "${replicas[@]}"; do [[ ${e%%=*} == "$1" ]] && echo
 stop_replicas() { local e; for e in "${replicas[@]}"; do kill "${e#*=}" 2>/dev/null || true; done; replicas=(); }
 trap 'stop_replicas; clean' EXIT
 
+# Its pods must have no other place to go: a node with GPUs that is not the script's (e.g.
+# the real node of scripts/k136.sh node, left registered after its kubelet stopped) takes
+# the 8-GPU pod, and no move is ever needed.
+others=$(kubectl get nodes -l 'leader-kill!=true' -o json | python3 -c "
+import json, sys
+for n in json.load(sys.stdin)['items']:
+    gpus = (n['status'].get('allocatable') or {}).get('nvidia.com/gpu', '0')
+    if gpus not in ('0', ''): print(n['metadata']['name'])
+")
+if [[ -n $others ]]; then
+  echo "nodes with GPUs besides the script's: $others; they would take its pods (delete them or run on a control plane without them)" >&2
+  exit 2
+fi
 "$G" crd | kubectl apply -f - >/dev/null
 for ns in ml lab; do kubectl create namespace $ns >/dev/null 2>&1 || true; done
 for pc in surf-low:10 surf-high:1000; do
@@ -223,9 +239,84 @@ room() {
   clean
 }
 
-case "${1:-both}" in
+# A moved pod's replacement whose planned place another scheduler's pod took (bound there
+# by hand, then deleted with a long grace period: without a kubelet it stays terminating):
+# it waits for its planned place and is told so, then lands there once that pod is gone.
+# The moved pod is a Job's (podReplacementPolicy Failed, Kubernetes 1.29+): its controller
+# makes the replacement only once the moved pod is gone for good, so the place can be
+# taken in between (a ReplicaSet makes it at once, while the place is still free).
+waits() {
+  fake_node lk-w1 8
+  start_replicas waits
+  wait_for 60 bash -c "[[ -n \$(kubectl get lease -n $NS -o jsonpath='{.items[*].spec.holderIdentity}') ]]"
+  kubectl apply -f - >/dev/null <<YAML
+apiVersion: batch/v1
+kind: Job
+metadata: {name: wj, namespace: ml, labels: {leader-kill: "true"}}
+spec:
+  podReplacementPolicy: Failed
+  backoffLimit: 6
+  template:
+    metadata: {labels: {app: wj, leader-kill: "true", gpuplace.io/movable: "true"}}
+    spec:
+      schedulerName: gpuplace
+      restartPolicy: Never
+      terminationGracePeriodSeconds: 30
+      containers:
+      - name: main
+        image: busybox
+        resources: {requests: {cpu: 100m, memory: 100Mi}, limits: {nvidia.com/gpu: "1"}}
+YAML
+  wait_for 90 bash -c '[[ -n $(kubectl get pods -n ml -l app=wj -o jsonpath="{.items[*].spec.nodeName}") ]]'
+  fake_node lk-w2 2
+  pod ml c 1 "" "nodeSelector: {kubernetes.io/hostname: lk-w2}"
+  wait_for 60 bash -c '[[ $(kubectl get pod -n ml c -o jsonpath={.spec.nodeName}) == lk-w2 ]]'
+  local old; old=$(kubectl get pods -n ml -l app=wj -o jsonpath='{.items[0].metadata.name}')
+  pod ml big 8
+  wait_for 60 deleting ml "$old" || true
+  check "waits: $old moved to make room for big" deleting ml "$old"
+  kubectl apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Pod
+metadata: {name: f, namespace: ml, labels: {leader-kill: "true"}}
+spec:
+  nodeName: lk-w2
+  terminationGracePeriodSeconds: 3600
+  containers:
+  - name: main
+    image: busybox
+    resources: {requests: {cpu: 100m, memory: 100Mi}, limits: {nvidia.com/gpu: "1"}}
+YAML
+  kubectl delete pod -n ml f --wait=false >/dev/null
+  sleep 2
+  # The kubelet: the moved pod ends (Failed: the Job's controller then lifts its tracking
+  # finalizer and makes the replacement) and goes for good.
+  kubectl patch pod -n ml "$old" --subresource=status --type=merge -p '{"status":{"phase":"Failed"}}' >/dev/null
+  kubectl delete pod -n ml "$old" --grace-period=0 --force --wait=false >/dev/null 2>&1 || true
+  local new=""
+  wait_for 60 bash -c "kubectl get pods -n ml -l app=wj -o jsonpath='{.items[*].metadata.name}' | grep -qv '^$old\$'" || true
+  new=$(kubectl get pods -n ml -l app=wj -o jsonpath='{.items[*].metadata.name}' | tr ' ' '\n' | grep -v "^$old\$" | head -1)
+  events() { kubectl get events -n ml --field-selector "involvedObject.name=$new,reason=FailedScheduling" -o jsonpath='{range .items[*]}{.message}{"\n"}{end}' 2>/dev/null; }
+  wait_for 60 bash -c "kubectl get events -n ml --field-selector involvedObject.name=$new,reason=FailedScheduling -o jsonpath='{.items[*].message}' | grep -q ." || true
+  local said; said=$(events | tail -1)
+  echo "waits: replacement $new on '$(node_of ml "$new")', told: $said"
+  check "waits: the replacement waits, told it waits for its planned place" \
+    [ -z "$(node_of ml "$new")" -a "${said#blocked by: its planned place }" != "$said" ]
+  check "waits: its message names its planned node" grep -q "on node lk-w2" <<<"$said"
+  kubectl delete pod -n ml f --grace-period=0 --force >/dev/null 2>&1 || true
+  wait_for 60 bash -c "[[ \$(kubectl get pod -n ml $new -o jsonpath={.spec.nodeName}) == lk-w2 ]]" || true
+  check "waits: the replacement lands on its planned node once f is gone" [ "$(node_of ml "$new")" = lk-w2 ]
+  check "waits: big got the room made for it" [ "$(node_of ml big)" = lk-w1 ]
+  check "waits: no GPU booked twice on lk-w2" no_double_booking lk-w2
+  kubectl delete job -n ml wj --wait=false >/dev/null 2>&1 || true
+  stop_replicas
+  clean
+}
+
+case "${1:-all}" in
   gang) gang ;;
   room) room ;;
-  both) gang; room ;;
+  waits) waits ;;
+  all | both) gang; room; waits ;;
 esac
 exit $fail
