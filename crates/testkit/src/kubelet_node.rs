@@ -135,6 +135,22 @@ impl FakeNode {
         lock(&self.state).log.clone()
     }
 
+    /// What `read` makes of every admission so far, read in place (the settle loops poll
+    /// it every millisecond: a copy of every node's log each time was most of their CPU).
+    pub fn with_admissions<R>(&self, read: impl FnOnce(&[Admission]) -> R) -> R {
+        read(&lock(&self.state).log)
+    }
+
+    /// Whether a pod admitted under one of `names` still holds devices here.
+    pub fn holds_any_of(&self, names: &std::collections::HashSet<&String>) -> bool {
+        let state = lock(&self.state);
+        let uids: std::collections::HashSet<&str> = (state.log.iter())
+            .filter(|a| names.contains(&a.name))
+            .map(|a| a.uid.as_str())
+            .collect();
+        !uids.is_empty() && state.active.values().any(|e| uids.contains(e.uid.as_str()))
+    }
+
     /// Admissions from position `from` of the log on.
     pub fn admissions_since(&self, from: usize) -> Vec<Admission> {
         let state = lock(&self.state);

@@ -229,14 +229,15 @@ async fn drive(
     // Every bound pod admitted by its kubelet (or refused), then the kubelets' records.
     let wait_until = Instant::now() + Duration::from_secs(120);
     loop {
-        let admissions: Vec<crate::kubelet_node::Admission> = cluster
-            .nodes
-            .iter()
-            .flat_map(|n| n.fake.admissions())
-            .collect();
-        let live = admissions.iter().filter(|a| a.error.is_none()).count();
-        report.refused = admissions.len() - live;
-        if admissions.len() >= report.bound || Instant::now() >= wait_until {
+        let (mut admitted, mut refused) = (0, 0);
+        for n in &cluster.nodes {
+            n.fake.with_admissions(|log| {
+                admitted += log.len();
+                refused += log.iter().filter(|a| a.error.is_some()).count();
+            });
+        }
+        report.refused = refused;
+        if admitted >= report.bound || Instant::now() >= wait_until {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

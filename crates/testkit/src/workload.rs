@@ -448,12 +448,13 @@ fn only_an_init_container_is_missing(
 /// Every live admitted pod: its record (allocated, else assignment) equals the kubelet's,
 /// and no two live pods' records share a device.
 fn check_records(cluster: &HandshakeCluster, report: &mut RunReport) {
+    let pods = cluster.api.pods();
     for node in &cluster.nodes {
         let record = node.fake.record();
         let mut used: HashMap<String, String> = HashMap::new();
-        for pod in cluster.api.pods() {
-            let uid = pod.metadata.uid.clone().unwrap_or_default();
-            let Some(kubelet) = record.get(&uid) else {
+        for pod in &pods {
+            let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+            let Some(kubelet) = record.get(uid) else {
                 continue;
             };
             let annotations = pod.metadata.annotations.clone().unwrap_or_default();
@@ -486,7 +487,7 @@ fn check_records(cluster: &HandshakeCluster, report: &mut RunReport) {
                 .iter()
                 .all(|(name, _)| recorded.iter().any(|(n, _)| n == name));
             let init_only =
-                !truthful && only_an_init_container_is_missing(&pod, &recorded, kubelet);
+                !truthful && only_an_init_container_is_missing(pod, &recorded, kubelet);
             if init_only {
                 report.init_unrecorded += 1;
             } else if !truthful {
@@ -523,7 +524,7 @@ fn check_records(cluster: &HandshakeCluster, report: &mut RunReport) {
                 }
             }
             for d in mine {
-                if let Some(other) = used.insert(d, uid.clone())
+                if let Some(other) = used.insert(d, uid.to_string())
                     && other != uid
                 {
                     report.overlapping_records += 1;

@@ -124,13 +124,7 @@ pub(super) async fn settle_deletions(
     let names: std::collections::HashSet<&String> = gone.iter().map(|&i| &job_names[i]).collect();
     let deadline = Instant::now() + timeout;
     loop {
-        let held = cluster.nodes.iter().any(|n| {
-            n.fake
-                .admissions()
-                .iter()
-                .filter(|a| names.contains(&a.name))
-                .any(|a| n.fake.record().contains_key(&a.uid))
-        });
+        let held = cluster.nodes.iter().any(|n| n.fake.holds_any_of(&names));
         if !held {
             return Ok(());
         }
@@ -153,25 +147,28 @@ pub(super) async fn settle_admissions(
     let names: std::collections::HashSet<&String> = bound.iter().map(|&i| &job_names[i]).collect();
     let deadline = Instant::now() + timeout;
     loop {
-        let admitted: Vec<crate::kubelet_node::Admission> = cluster
-            .nodes
-            .iter()
-            .flat_map(|n| n.fake.admissions())
-            .filter(|a| names.contains(&a.name))
-            .collect();
-        if let Some(refused) = admitted.iter().find(|a| a.error.is_some()) {
-            return Err(format!(
-                "kubelet refused {}: {:?}",
-                refused.name, refused.error
-            ));
+        let mut admitted = 0;
+        for n in &cluster.nodes {
+            let refused = n.fake.with_admissions(|log| {
+                let named = log.iter().filter(|a| names.contains(&a.name));
+                for a in named {
+                    if a.error.is_some() {
+                        return Some(format!("kubelet refused {}: {:?}", a.name, a.error));
+                    }
+                    admitted += 1;
+                }
+                None
+            });
+            if let Some(refused) = refused {
+                return Err(refused);
+            }
         }
-        if admitted.len() >= names.len() {
+        if admitted >= names.len() {
             return Ok(());
         }
         if Instant::now() >= deadline {
             return Err(format!(
-                "{} of {} bound pods admitted in time",
-                admitted.len(),
+                "{admitted} of {} bound pods admitted in time",
                 names.len()
             ));
         }

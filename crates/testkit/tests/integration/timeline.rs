@@ -209,10 +209,8 @@ async fn with_gangs_the_stack_places_them_whole_as_the_simulator_does() {
 }
 
 /// Every (policy, seed) of a wider sweep, each reported; fails naming those that differ.
-/// Six cases in CI (seeds 10-11; `GPUPLACE_SWEEP_SEEDS=N` runs seeds 10 to 10+N-1: the
-/// eighteen of seeds 10-15 passed in the twenty-sixth session, the twelve of 10-13 in CI
-/// until the differential test's 500 seeds, which make room without kubelets, took over
-/// the breadth). Its last difference is gone: the simulator freed a moved pod's GPU within
+/// Twelve cases (seeds 10-13; `GPUPLACE_SWEEP_SEEDS=N` runs seeds 10 to 10+N-1: the
+/// eighteen of seeds 10-15 passed in the twenty-sixth session). Its last difference is gone: the simulator freed a moved pod's GPU within
 /// the round that evicted it, the stack once it saw the deletion, a round later; now a
 /// victim's place that its plan did not take stays taken until it is gone, on both sides.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -224,7 +222,7 @@ async fn with_make_room_every_seed_of_the_sweep() {
     let seeds: u64 = std::env::var("GPUPLACE_SWEEP_SEEDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(2);
+        .unwrap_or(4);
     let mut differ = Vec::new();
     for seed in 10..10 + seeds {
         for policy in [Policy::DEFAULT, Policy::Fgd, Policy::BestFit] {
