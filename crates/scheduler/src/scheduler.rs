@@ -228,6 +228,9 @@ struct Seen {
     /// The DeviceClass that served the GPU resource on DRA nodes (nodes open or close to
     /// such pods when it changes).
     gpu_class: Option<std::sync::Arc<crate::k8s::dra::extended::GpuClass>>,
+    /// Views observed (the tests' builds check the feed against every pod on some).
+    #[cfg(debug_assertions)]
+    observed: u64,
 }
 
 /// The scheduler over any [`ClusterApi`].
