@@ -6,6 +6,7 @@
 //! gets 250 slices of one GPU, and the kubelet counts them. Every decision about device IDs
 //! goes through [`DeviceTable`].
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -355,11 +356,18 @@ impl DeviceTable {
         gpus
     }
 
-    /// `ids` without the ones this table does not know, and the unknown ones.
-    pub fn known(&self, ids: &[String]) -> (Vec<String>, Vec<String>) {
-        ids.iter()
+    /// `ids` without the ones this table does not know, and the unknown ones. `ids` as
+    /// they are when it knows them all (the kubelet offers every share of every GPU: a
+    /// copy of each ID per request was most of the answer's cost).
+    pub fn known<'a>(&self, ids: &'a [String]) -> (Cow<'a, [String]>, Vec<String>) {
+        if ids.iter().all(|id| self.by_id.contains_key(id.as_str())) {
+            return (Cow::Borrowed(ids), Vec::new());
+        }
+        let (known, unknown) = ids
+            .iter()
             .cloned()
-            .partition(|id| self.by_id.contains_key(id.as_str()))
+            .partition(|id| self.by_id.contains_key(id.as_str()));
+        (Cow::Owned(known), unknown)
     }
 
     /// The device IDs that carry out a plan: `must_include` first, then for each planned
