@@ -66,6 +66,21 @@ spec:
     resources: {requests: {cpu: 100m, memory: 100Mi}, limits: {nvidia.com/gpu: "$3"}}
 YAML
 }
+# The pod template of a controller's one movable 1-GPU pod, labelled app=NAME.
+movable_template() { # NAME [MORE-SPEC-YAML]
+  cat <<YAML
+  template:
+    metadata: {labels: {app: $1, leader-kill: "true", gpuplace.io/movable: "true"}}
+    spec:
+      schedulerName: gpuplace
+      terminationGracePeriodSeconds: 30
+      ${2:-}
+      containers:
+      - name: main
+        image: busybox
+        resources: {requests: {cpu: 100m, memory: 100Mi}, limits: {nvidia.com/gpu: "1"}}
+YAML
+}
 replicaset() { # NAME
   kubectl apply -f - >/dev/null <<YAML
 apiVersion: apps/v1
@@ -74,15 +89,7 @@ metadata: {name: $1, namespace: ml}
 spec:
   replicas: 1
   selector: {matchLabels: {app: $1}}
-  template:
-    metadata: {labels: {app: $1, leader-kill: "true", gpuplace.io/movable: "true"}}
-    spec:
-      schedulerName: gpuplace
-      terminationGracePeriodSeconds: 30
-      containers:
-      - name: main
-        image: busybox
-        resources: {requests: {cpu: 100m, memory: 100Mi}, limits: {nvidia.com/gpu: "1"}}
+$(movable_template "$1")
 YAML
 }
 wait_for() { # SECONDS COMMAND...
@@ -256,16 +263,7 @@ metadata: {name: wj, namespace: ml, labels: {leader-kill: "true"}}
 spec:
   podReplacementPolicy: Failed
   backoffLimit: 6
-  template:
-    metadata: {labels: {app: wj, leader-kill: "true", gpuplace.io/movable: "true"}}
-    spec:
-      schedulerName: gpuplace
-      restartPolicy: Never
-      terminationGracePeriodSeconds: 30
-      containers:
-      - name: main
-        image: busybox
-        resources: {requests: {cpu: 100m, memory: 100Mi}, limits: {nvidia.com/gpu: "1"}}
+$(movable_template wj "restartPolicy: Never")
 YAML
   wait_for 90 bash -c '[[ -n $(kubectl get pods -n ml -l app=wj -o jsonpath="{.items[*].spec.nodeName}") ]]'
   fake_node lk-w2 2

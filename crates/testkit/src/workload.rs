@@ -486,8 +486,7 @@ fn check_records(cluster: &HandshakeCluster, report: &mut RunReport) {
             }) && kubelet
                 .iter()
                 .all(|(name, _)| recorded.iter().any(|(n, _)| n == name));
-            let init_only =
-                !truthful && only_an_init_container_is_missing(pod, &recorded, kubelet);
+            let init_only = !truthful && only_an_init_container_is_missing(pod, &recorded, kubelet);
             if init_only {
                 report.init_unrecorded += 1;
             } else if !truthful {

@@ -76,6 +76,18 @@ pub(crate) fn messages(api: &MemoryApi, name: &str, reason: &str) -> Vec<String>
         .collect()
 }
 
+/// The in-memory API and a make-room scheduler (no minimum age) with `a` (1 GPU, movable,
+/// of ReplicaSet rs-a) bound on node n1 of `gpus` GPUs.
+async fn a_on_n1(gpus: u32) -> (MemoryApi, Scheduler<MemoryApi>, Instant) {
+    let api = MemoryApi::new();
+    let mut scheduler = Scheduler::new(api.clone(), defrag_config(Duration::ZERO));
+    let mut t = Instant::now();
+    api.put_node(node("n1", gpus, json!({})));
+    api.put_pod(replica("a", "rs-a", 1, true, json!({})));
+    settle(&mut scheduler, &mut t).await;
+    (api, scheduler, t)
+}
+
 /// n1 holds `a` (1 GPU, may go anywhere), n2 holds `b` (1 GPU, only n2): an 8-GPU pod
 /// fits nowhere until `a` moves to n2.
 async fn fragmented(
@@ -405,12 +417,7 @@ async fn rebalancing_gathers_scattered_shares_so_that_a_whole_node_frees() {
 
 #[tokio::test]
 async fn a_gang_that_fits_nowhere_gets_room_for_every_member_at_once() {
-    let api = MemoryApi::new();
-    let mut scheduler = Scheduler::new(api.clone(), defrag_config(Duration::ZERO));
-    let mut t = Instant::now();
-    api.put_node(node("n1", 8, json!({})));
-    api.put_pod(replica("a", "rs-a", 1, true, json!({})));
-    settle(&mut scheduler, &mut t).await;
+    let (api, mut scheduler, mut t) = a_on_n1(8).await;
     api.put_node(node("n2", 8, json!({})));
     api.put_pod(replica("b", "rs-b", 1, true, on("n2")));
     settle(&mut scheduler, &mut t).await;
@@ -445,12 +452,7 @@ async fn a_gang_that_fits_nowhere_gets_room_for_every_member_at_once() {
 
 #[tokio::test]
 async fn a_pod_decided_after_a_move_in_the_same_round_leaves_the_moved_pods_place() {
-    let api = MemoryApi::new();
-    let mut scheduler = Scheduler::new(api.clone(), defrag_config(Duration::ZERO));
-    let mut t = Instant::now();
-    api.put_node(node("n1", 2, json!({})));
-    api.put_pod(replica("a", "rs-a", 1, true, json!({})));
-    settle(&mut scheduler, &mut t).await;
+    let (api, mut scheduler, mut t) = a_on_n1(2).await;
     api.put_node(node("n2", 2, json!({})));
     api.put_pod(replica("c", "rs-c", 1, false, on("n2")));
     settle(&mut scheduler, &mut t).await;
@@ -518,12 +520,7 @@ async fn a_moved_pods_replacement_keeps_its_queues_share_while_it_is_made() {
 /// the pod there is gone; then it lands there.
 #[tokio::test]
 async fn a_replacement_waiting_for_its_planned_place_is_told_so() {
-    let api = MemoryApi::new();
-    let mut scheduler = Scheduler::new(api.clone(), defrag_config(Duration::ZERO));
-    let mut t = Instant::now();
-    api.put_node(node("n1", 8, json!({})));
-    api.put_pod(replica("a", "rs-a", 1, true, json!({})));
-    settle(&mut scheduler, &mut t).await;
+    let (api, mut scheduler, mut t) = a_on_n1(8).await;
     api.put_node(node("n2", 2, json!({})));
     api.put_node(node("n3", 2, json!({})));
     api.put_pod(replica("b", "rs-b", 1, false, on("n2")));
