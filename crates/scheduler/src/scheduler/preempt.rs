@@ -207,11 +207,12 @@ pub fn victims_gone_by(nomination: &Nomination, view: &ClusterView, now_ms: i64)
         return None;
     }
     if nomination.victims.is_empty() {
-        return (view.pods.iter())
-            .filter(|p| p.deleting && p.is_active_bound())
-            .filter(|p| p.node_name.as_deref() == Some(nomination.node.as_str()))
-            .filter_map(|p| p.deleted_by.map(|t| t.as_millisecond()))
-            .max();
+        return leaving_gone_by(
+            (view.pods.iter())
+                .filter(|p| p.is_active_bound())
+                .filter(|p| p.node_name.as_deref() == Some(nomination.node.as_str()))
+                .map(|p| &**p),
+        );
     }
     let gone_by = |v: &PodKey| match view.pod(&v.namespace, &v.name) {
         Some(p) if p.key.uid == v.uid && p.is_active_bound() => match p.deleted_by {
@@ -221,6 +222,14 @@ pub fn victims_gone_by(nomination: &Nomination, view: &ClusterView, now_ms: i64)
         _ => now_ms,
     };
     nomination.victims.iter().map(gone_by).max()
+}
+
+/// When the last of `pods` that is terminating is gone: its `deletionTimestamp` (its grace
+/// period's end); `None` when none is terminating.
+pub fn leaving_gone_by<'p>(pods: impl Iterator<Item = &'p PodInfo>) -> Option<i64> {
+    pods.filter(|p| p.deleting)
+        .filter_map(|p| p.deleted_by.map(|t| t.as_millisecond()))
+        .max()
 }
 
 /// Whether pods are terminating on the node `pod`'s `status.nominatedNodeName` names.

@@ -63,18 +63,6 @@ pub(super) fn blocker_of(
     }
 }
 
-/// When the last pod leaving node `node` is gone: at its `deletionTimestamp` (its grace
-/// period's end); `None` when none is leaving.
-fn leaving_by(snapshot: &Snapshot, node: usize, now_ms: i64) -> Option<i64> {
-    snapshot
-        .placed
-        .get(node)?
-        .iter()
-        .filter(|p| p.deleting)
-        .map(|p| p.deleted_by.map_or(now_ms, |t| t.as_millisecond()))
-        .max()
-}
-
 /// Milli-GPU `pods` ask.
 fn asked(pods: &[&Arc<PodInfo>]) -> u64 {
     pods.iter()
@@ -130,7 +118,8 @@ impl<A: ClusterApi> Scheduler<A> {
             // Its planned place comes free as the pods leaving its node go: it is told
             // when they are gone, as a nominee is.
             let now_ms = self.wall_ms();
-            let gone_by = leaving_by(snapshot, node, now_ms);
+            let on_node = snapshot.placed.get(node).into_iter().flatten();
+            let gone_by = super::preempt::leaving_gone_by(on_node.map(|p| &**p));
             waiting.start = gone_by
                 .and_then(|t| told::nominee(t, now_ms))
                 .map(Start::At);

@@ -81,7 +81,7 @@ pub struct UnfitFound {
 }
 
 /// The phrase that counts, in a waiting replacement's message, the nodes it is not tried on.
-pub const NOT_ITS_PLANNED_NODE: &str = "node(s) were not its planned node";
+const NOT_ITS_PLANNED_NODE: &str = "node(s) were not its planned node";
 
 /// Where a member's Reserve takes its place.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -210,9 +210,10 @@ async fn with_gangs_the_stack_places_them_whole_as_the_simulator_does() {
 
 /// Every (policy, seed) of a wider sweep, each reported; fails naming those that differ.
 /// Twelve cases (seeds 10-13; `GPUPLACE_SWEEP_SEEDS=N` runs seeds 10 to 10+N-1: the
-/// eighteen of seeds 10-15 passed in the twenty-sixth session). Its last difference is gone: the simulator freed a moved pod's GPU within
-/// the round that evicted it, the stack once it saw the deletion, a round later; now a
-/// victim's place that its plan did not take stays taken until it is gone, on both sides.
+/// eighteen of seeds 10-15 passed in the twenty-sixth session). Its last difference is
+/// gone: the simulator freed a moved pod's GPU within the round that evicted it, the stack
+/// once it saw the deletion, a round later; now a victim's place that its plan did not take
+/// stays taken until it is gone, on both sides.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_make_room_every_seed_of_the_sweep() {
     let setup = Setup {
