@@ -6,9 +6,12 @@
 //! pod's replacement is tried only on the node its move planned (its planned devices while
 //! they have room, else the policy's choice there), and waits when that node cannot take it
 //! yet (the pods there still leaving: its planned place is held for it and comes free as
-//! they go; the driver drops the plan after a while, and then it goes anywhere); every
-//! other member goes anywhere the mask allows; core's [`Placer`] scores
-//! and chooses; the driver's Reserve takes the place on the state the next members are
+//! they go; the driver drops the plan after a while, and then it goes anywhere); a member
+//! nominated by a plan that evicted or moved pods for it (preemption, reclaim, make-room)
+//! takes its nominated place first when it has room there (as kube-scheduler tries a
+//! nominated node first: the plan counted on that place, and for a gang on every member
+//! taking its own), else goes anywhere; every other member goes anywhere the mask allows;
+//! core's [`Placer`] scores and chooses; the driver's Reserve takes the place on the state the next members are
 //! decided on. A member that fits nowhere does not stop the others (the trial says how many
 //! fit and why the last one that did not). [`permit`] then says whether the unit binds.
 
@@ -55,6 +58,9 @@ pub trait Members {
     fn steer(&self, i: usize) -> Option<usize>;
     /// The place a move planned for member `i` (node and devices), if any.
     fn planned(&self, i: usize) -> Option<Decision>;
+    /// The place a plan that evicted or moved pods for member `i` nominated it to (node
+    /// and devices), if any.
+    fn nominated(&self, i: usize) -> Option<Decision>;
     /// Reserve: member `i`'s place taken on the state; `Err` when it cannot be.
     fn reserve(&mut self, i: usize, chosen: Decision) -> Result<Self::Placed, Self::Unfit>;
     /// Why member `i` fits on none of the nodes Filter left.
@@ -158,13 +164,31 @@ fn place<M: Members>(
         Some(d) => d,
         None => {
             let request = members.request(i)?;
-            match placer.choose(members.state(), request, mask) {
-                Ok(d) => d,
-                Err(why) => return Err(members.unfit(i, why, &filtered)),
+            let state = members.state();
+            // Its nominated place while it has room there (unscored: the plan counted on
+            // it), else the policy's choice anywhere.
+            let nominated = members.nominated(i).filter(|d| {
+                mask.is_none_or(|m| m.get(d.node) == Some(&true))
+                    && takes_request(request, d)
+                    && state.can_apply(d.node, request, &d.gpus)
+            });
+            match nominated {
+                Some(d) => d,
+                None => match placer.choose(state, request, mask) {
+                    Ok(d) => d,
+                    Err(why) => return Err(members.unfit(i, why, &filtered)),
+                },
             }
         }
     };
     members.reserve(i, chosen)
+}
+
+/// Whether decision `d`'s devices are what `request` asks: as many GPUs, each with its
+/// milli (a nominated place planned for another shape is no place for it).
+fn takes_request(request: &Request, d: &Decision) -> bool {
+    d.gpus.len() == request.gpu_count as usize
+        && d.gpus.iter().all(|&(_, milli)| milli == request.gpu_milli)
 }
 
 /// How many of a unit's members count toward its minimum.
@@ -282,6 +306,7 @@ mod tests {
         requests: Vec<Request>,
         masks: Vec<Option<Vec<bool>>>,
         steers: Vec<Option<usize>>,
+        nominated: Vec<Option<Decision>>,
     }
 
     impl Members for Live {
@@ -305,6 +330,9 @@ mod tests {
         }
         fn planned(&self, _: usize) -> Option<Decision> {
             None
+        }
+        fn nominated(&self, i: usize) -> Option<Decision> {
+            self.nominated[i].clone()
         }
         fn reserve(&mut self, i: usize, chosen: Decision) -> Result<Decision, String> {
             self.state
@@ -330,6 +358,7 @@ mod tests {
             requests,
             masks: vec![None; k],
             steers: vec![None; k],
+            nominated: vec![None; k],
         }
     }
 
@@ -381,6 +410,48 @@ mod tests {
             .unwrap();
         let t = trial(&mut m, &mut placer, None);
         assert_eq!(t.placed[0].1.node, 0);
+    }
+
+    #[test]
+    fn nominated_members_take_their_nominated_places_first_and_else_go_anywhere() {
+        // Node 0 has GPUs 6 and 7 free, node 1 GPU 7. Worst-fit alone puts the one-GPU
+        // member on node 0 and the two-GPU member then fits nowhere; the plan that
+        // nominated them counted on each taking its own place.
+        let mut m = live(2, vec![gpus(1), gpus(2)]);
+        let taken = |n: usize| (0..n).map(|g| (g, 1000)).collect::<Vec<_>>();
+        m.state.apply(0, &gpus(6), &taken(6)).unwrap();
+        m.state.apply(1, &gpus(7), &taken(7)).unwrap();
+        let at = |node: usize, gpus: &[usize]| Decision {
+            node,
+            gpus: gpus.iter().map(|&g| (g, 1000)).collect(),
+            score: 0,
+        };
+        let mut placer = Placer::new(Policy::WorstFit, 1);
+        let before = m.state.clone();
+        let t = trial(&mut m, &mut placer, None);
+        assert_eq!(t.placed.len(), 1, "without nominations one member fits");
+        m.state = before.clone();
+        m.nominated = vec![Some(at(1, &[7])), Some(at(0, &[6, 7]))];
+        let t = trial(&mut m, &mut placer, None);
+        let got: Vec<(usize, Vec<(usize, u32)>)> = (t.placed.iter())
+            .map(|(_, d)| (d.node, d.gpus.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![(1, vec![(7, 1000)]), (0, vec![(6, 1000), (7, 1000)])]
+        );
+        // A nominated place without room (or of another shape, or outside the mask) is
+        // no place: the policy chooses anywhere.
+        m.state = before.clone();
+        m.nominated = vec![Some(at(1, &[6])), Some(at(0, &[6]))];
+        let t = trial(&mut m, &mut placer, None);
+        assert_eq!(t.placed.len(), 1);
+        assert_eq!(t.placed[0].1.node, 0, "worst-fit's choice");
+        m.state = before;
+        m.nominated = vec![Some(at(1, &[7])), None];
+        m.masks[0] = Some(vec![true, false]);
+        let t = trial(&mut m, &mut placer, None);
+        assert_eq!(t.placed[0].1.node, 0, "node 1 is outside its mask");
     }
 
     #[test]

@@ -22,7 +22,7 @@ use crate::api::{ClusterApi, ClusterView};
 use crate::framework::Filtering;
 use crate::framework::filter::Verdicts;
 use crate::k8s::pod_info::PodInfo;
-use crate::shared::members::{OnSnapshot, ReserveOn, Steered, Trialled};
+use crate::shared::members::{Nominated, OnSnapshot, ReserveOn, Steered, Trialled};
 use crate::snapshot::Snapshot;
 
 /// Why a step planned nothing for a pod.
@@ -65,6 +65,8 @@ pub(super) struct PodSteps<'s, 'a, 'f, 'p, 't, A: ClusterApi, U> {
     pub pod: &'a Arc<PodInfo>,
     /// The pod's planned place when it replaces a moved pod.
     pub steered: &'s Steered<'s>,
+    /// The pod's nominated place when a plan evicted or moved pods for it.
+    pub nominated: &'s Nominated,
     pub fair: Option<&'f Fair<'p, 't, U>>,
     pub round: &'s mut RoundState,
     /// The nodes the pod's queue's per-model limits leave (`None`: any).
@@ -91,6 +93,7 @@ impl<'a, A: ClusterApi, U> Unit for PodSteps<'_, 'a, '_, '_, '_, A, U> {
             self.steered,
             ReserveOn::Assume,
         );
+        members.nominated = Some(self.nominated);
         let trial = place::trial(&mut members, &mut s.placer, self.narrow);
         self.unfit = members.unfit.take();
         self.spent.filter += members.filter_time;
@@ -150,6 +153,8 @@ pub(super) struct GangSteps<'s, 'm, 'f, 'p, 't, A: ClusterApi, U> {
     pub domains: &'s [Option<Vec<bool>>],
     /// Moved members' planned places.
     pub steered: &'s Steered<'s>,
+    /// Nominated members' places.
+    pub nominated: &'s Nominated,
     pub fair: Option<&'f Fair<'p, 't, U>>,
     pub round: &'s mut RoundState,
     /// The nodes the gang's queue's per-model limits leave (`None`: any).
@@ -183,6 +188,7 @@ impl<'m, A: ClusterApi, U> Unit for GangSteps<'_, 'm, '_, '_, '_, A, U> {
                 ReserveOn::Copy,
             );
             on.domain = domain.as_deref();
+            on.nominated = Some(self.nominated);
             let trial = place::trial(&mut on, &mut s.placer, self.narrow);
             if self.unfit.is_none() {
                 self.unfit = on.unfit.take();

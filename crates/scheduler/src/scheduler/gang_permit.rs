@@ -98,6 +98,9 @@ impl<A: ClusterApi> Scheduler<A> {
         // Members that preempted are tried with the devices held for them free; moved
         // members' replacements on the places planned for them (held until now), as a
         // single pod's are.
+        let nominated = self
+            .cluster
+            .nominated_places(members.iter().map(|(p, _)| &*p.key.uid), snapshot);
         let mut steers = Vec::new();
         for (pod, _) in &members {
             self.cluster.free_nominee(&pod.key.uid, snapshot);
@@ -118,6 +121,7 @@ impl<A: ClusterApi> Scheduler<A> {
                 members: &members,
                 domains: &domains,
                 steered: &steered,
+                nominated: &nominated,
                 fair: fair.as_ref(),
                 round: &mut *round,
                 narrow,

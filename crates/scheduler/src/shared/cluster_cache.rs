@@ -339,6 +339,18 @@ impl ClusterCache {
         self.nominations.release_all(snapshot);
     }
 
+    /// The places of those of `uids` that are nominated, on `snapshot` (tried first when
+    /// they are decided again).
+    pub fn nominated_places<'u>(
+        &self,
+        uids: impl IntoIterator<Item = &'u str>,
+        snapshot: &Snapshot,
+    ) -> crate::shared::members::Nominated {
+        uids.into_iter()
+            .filter_map(|uid| Some((uid.to_string(), self.nominations.place_in(uid, snapshot)?)))
+            .collect()
+    }
+
     /// Frees what is held for preemptor `uid`, to decide it with its own devices free.
     pub fn free_nominee(&self, uid: &str, snapshot: &mut Snapshot) {
         self.nominations.release(uid, snapshot);

@@ -26,6 +26,10 @@ use crate::snapshot::{Scalars, Snapshot};
 /// Moved members' planned places (their steers), by pod UID.
 pub type Steered<'p> = HashMap<String, Planned<'p>>;
 
+/// Nominated members' places (the plan that evicted or moved pods for them), by pod UID,
+/// on the round's snapshot.
+pub type Nominated = HashMap<String, Decision>;
+
 /// A member placed in a trial.
 pub struct Trialled<'a> {
     pub pod: &'a Arc<PodInfo>,
@@ -52,6 +56,8 @@ pub struct OnSnapshot<'s, 'a> {
     /// The nodes of the gang's topology domain (`None`: every node).
     pub domain: Option<&'s [bool]>,
     pub steered: &'s Steered<'s>,
+    /// Nominated members' places, tried first (`None`: none).
+    pub nominated: Option<&'s Nominated>,
     /// The state the members are decided on: the snapshot's for a single pod, a copy that
     /// each member's Reserve takes from for a gang.
     state: Cow<'s, ClusterState>,
@@ -120,6 +126,7 @@ impl<'s, 'a> OnSnapshot<'s, 'a> {
             demands,
             domain: None,
             steered,
+            nominated: None,
             state,
             scalars,
             planned: Vec::new(),
@@ -194,6 +201,10 @@ impl<'s, 'a> place::Members for OnSnapshot<'s, 'a> {
 
     fn planned(&self, i: usize) -> Option<Decision> {
         self.steer_of(i)?.decision_in(self.snapshot)
+    }
+
+    fn nominated(&self, i: usize) -> Option<Decision> {
+        self.nominated?.get(&self.members[i].0.key.uid).cloned()
     }
 
     fn reserve(&mut self, i: usize, chosen: Decision) -> Result<Trialled<'a>, String> {
@@ -324,6 +335,10 @@ impl<'a> place::Members for Alone<'a> {
     }
 
     fn planned(&self, _: usize) -> Option<Decision> {
+        None
+    }
+
+    fn nominated(&self, _: usize) -> Option<Decision> {
         None
     }
 

@@ -214,6 +214,19 @@ impl Nominations {
         self.by_uid.get(uid)
     }
 
+    /// Pod `uid`'s nominated place as a decision on `snapshot`'s nodes, if it is
+    /// nominated (tried first when it is decided again).
+    pub fn place_in(&self, uid: &str, snapshot: &Snapshot) -> Option<Decision> {
+        let n = self.by_uid.get(uid)?;
+        Planned {
+            node: &n.node,
+            request: &n.request,
+            gpus: &n.gpus,
+            extended: &n.extended,
+        }
+        .decision_in(snapshot)
+    }
+
     pub fn len(&self) -> usize {
         self.by_uid.len()
     }

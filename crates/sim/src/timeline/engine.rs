@@ -532,7 +532,12 @@ impl<'a> Engine<'a> {
     /// Filter, Score and Reserve for `unit`'s members on the live state (core's
     /// [`cycle::place::trial`]; a nominee's hold lifted by its cycle); nothing when a
     /// single pod's request is known to fit nowhere still.
-    fn trial(&mut self, unit: u32, narrow: Option<&[bool]>) -> Trial<Placed, ()> {
+    fn trial(
+        &mut self,
+        unit: u32,
+        narrow: Option<&[bool]>,
+        nominated: &[(u32, Placed)],
+    ) -> Trial<Placed, ()> {
         self.outcome_counts.attempts += 1;
         let single = match self.units[unit as usize].single {
             Some(one) => {
@@ -550,6 +555,7 @@ impl<'a> Engine<'a> {
                 pods: self.pods,
                 jobs: &self.jobs,
                 members: &self.units[unit as usize].jobs,
+                nominated,
             };
             cycle::place::trial(&mut members, &mut self.placer, narrow)
         };

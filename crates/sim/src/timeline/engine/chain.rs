@@ -77,6 +77,8 @@ struct SimSteps<'e, 'a, 'f, 't> {
     fair: Option<FairView<'f, 't>>,
     /// The nodes the unit's queue's per-model limits leave (`None`: any).
     narrow: Option<&'f [bool]>,
+    /// A nominee's places (its members' jobs and places), tried first.
+    nominated: &'f [(u32, Placed)],
     now: Ms,
 }
 
@@ -121,7 +123,7 @@ impl Unit for SimSteps<'_, '_, '_, '_> {
     type Unfit = ();
 
     fn place(&mut self) -> Trial<Placed, ()> {
-        self.engine.trial(self.unit, self.narrow)
+        self.engine.trial(self.unit, self.narrow, self.nominated)
     }
 
     fn quorum(&self) -> Quorum {
@@ -166,7 +168,9 @@ impl Engine<'_> {
         };
         // Its quiet attempts first written, as a flush's made them.
         self.speak_up(unit);
-        // A nominee is decided with its hold lifted (its victims' part still theirs).
+        // A nominee is decided with its hold lifted (its victims' part still theirs), its
+        // nominated places tried first.
+        let nominated = self.units[unit as usize].held.clone();
         let lifted = self.lift_hold(unit, now);
         let cycled = {
             let view = fair.as_ref().map(|(queue, picker)| FairView {
@@ -178,6 +182,7 @@ impl Engine<'_> {
                 unit,
                 fair: view,
                 narrow,
+                nominated: &nominated,
                 now,
             })
         };

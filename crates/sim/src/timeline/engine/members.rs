@@ -1,7 +1,8 @@
 //! A unit's members in the timeline replay, as core's cycle places them
 //! ([`gpuplace_core::cycle::place::trial`]): no Filter beyond the state (the trace's pods
 //! have no selectors, taints or volumes), no steers (a moved pod's replacement starts on its
-//! planned place when it is re-created), Reserve on the live state.
+//! planned place when it is re-created), a nominee's places tried first, Reserve on the
+//! live state.
 
 use gpuplace_core::cycle::place::{self, Nodes};
 use gpuplace_core::{ClusterState, Decision, Unschedulable};
@@ -16,6 +17,8 @@ pub(super) struct Members<'a> {
     pub pods: &'a [TracePod],
     pub jobs: &'a [Job],
     pub members: &'a [u32],
+    /// A nominee's places by job (tried first).
+    pub nominated: &'a [(u32, Placed)],
 }
 
 impl place::Members for Members<'_> {
@@ -47,6 +50,16 @@ impl place::Members for Members<'_> {
 
     fn planned(&self, _: usize) -> Option<Decision> {
         None
+    }
+
+    fn nominated(&self, i: usize) -> Option<Decision> {
+        let job = self.members[i];
+        let (_, p) = self.nominated.iter().find(|(j, _)| *j == job)?;
+        Some(Decision {
+            node: p.node,
+            gpus: p.gpus.clone(),
+            score: 0,
+        })
     }
 
     fn reserve(&mut self, i: usize, chosen: Decision) -> Result<Placed, ()> {
