@@ -396,6 +396,8 @@ impl<'a> Engine<'a> {
             }
         }
         recorder.advance(end, self.values());
+        #[cfg(debug_assertions)]
+        self.check_queue_demand();
         if let Some(t) = &mut self.tenants {
             t.advance(end, self.measure_from);
         }

@@ -291,6 +291,10 @@ impl Engine<'_> {
         let new = self.jobs.len() as u32;
         self.running.add_job();
         self.jobs.push(Job::waiting(unit, now, work, false, true));
+        // Waiting as any pod does until its start below takes it out: its queue's demand
+        // is not the less for a request it never counted (the scheduler counts the
+        // planned place as held from the move, and its queue's demand as it was).
+        self.fair_enqueued(new);
         let placed = Placed {
             node: to,
             gpus: gpus.to_vec(),

@@ -65,6 +65,27 @@ impl Engine<'_> {
         }
     }
 
+    /// Checks (test builds) that each queue's waiting demand is what its waiting pods ask,
+    /// those of nominees aside (counted as held): every change to it came with a pod
+    /// starting to wait, starting, being nominated or given up.
+    #[cfg(debug_assertions)]
+    pub(super) fn check_queue_demand(&self) {
+        let Some(t) = &self.tenants else {
+            return;
+        };
+        let mut want = vec![Res::default(); t.pending.len()];
+        for job in &self.jobs {
+            let waits = job.start.is_none() && job.end.is_none() && !job.abandoned;
+            if waits && self.units[job.unit as usize].held.is_empty() {
+                let asked = Res::of(&self.pods[job.pod as usize].request, None);
+                want[t.queue(job.pod)].add(&asked);
+            }
+        }
+        for (q, (w, p)) in want.iter().zip(&t.pending).enumerate() {
+            debug_assert_eq!(w.dims, p.dims, "queue {q}'s waiting demand");
+        }
+    }
+
     pub(super) fn fair_departed(&mut self, job: u32, node: usize) {
         let (q, placed) = self.fair_res(job, Some(node));
         if let Some(t) = &mut self.tenants {
