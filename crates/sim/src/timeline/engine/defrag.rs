@@ -290,7 +290,10 @@ impl Engine<'_> {
         self.waiting_pods += 1;
         let new = self.jobs.len() as u32;
         self.running.add_job();
-        self.jobs.push(Job::waiting(unit, now, work, false, true));
+        // Made by its controller the re-create after the move: that is its place in the
+        // cluster's order of pods (a victim search's, a listing's), as the scheduler sees it.
+        let made = now + self.costs.recreate;
+        self.jobs.push(Job::waiting(unit, made, work, false, true));
         // Waiting as any pod does until its start below takes it out: its queue's demand
         // is not the less for a request it never counted (the scheduler counts the
         // planned place as held from the move, and its queue's demand as it was).
