@@ -1,6 +1,7 @@
 //! The running jobs, kept three ways: all of them (in an order that changes only where a
 //! job leaves, the last one taking its place), by node (with each job's unit, so that a
-//! walk over a node's pods reads no job), and by unit (a gang's members; a moved pod's
+//! walk over a node's pods reads no job), and by unit (a gang's members, listed in the
+//! cluster's order as the scheduler lists a gang's pods by name; a moved pod's
 //! replacement with the unit of the pod it replaces). The victim search reads the nodes
 //! where evictions could make room and the units found there, instead of every running job.
 //! A fourth view keeps them in the cluster's order of pods (when each was made), which
@@ -52,8 +53,9 @@ pub(super) struct Running {
     at: Vec<u32>,
     /// Per node, its running jobs (in no particular order).
     on_node: Vec<Vec<OnNode>>,
-    /// Per unit, its running jobs (in no particular order).
-    of_unit: Vec<Vec<u32>>,
+    /// Per unit, its running jobs (in no particular order), each with its place in the
+    /// cluster's order.
+    of_unit: Vec<Vec<Made>>,
 }
 
 impl Running {
@@ -69,7 +71,7 @@ impl Running {
         self.at[job as usize] = self.all.len() as u32;
         self.all.push(job);
         grow_to(&mut self.on_node, node).push(OnNode { job, unit });
-        grow_to(&mut self.of_unit, unit as usize).push(job);
+        grow_to(&mut self.of_unit, unit as usize).push(made);
     }
 
     /// The job `made` names, of `unit` on `node`, left; false when it was not running.
@@ -91,7 +93,7 @@ impl Running {
             list.swap_remove(i);
         }
         if let Some(list) = self.of_unit.get_mut(unit as usize)
-            && let Some(i) = list.iter().position(|&j| j == job)
+            && let Some(i) = list.iter().position(|m| m.job == job)
         {
             list.swap_remove(i);
         }
@@ -119,19 +121,20 @@ impl Running {
         self.on_node.get(node).map_or(&[], Vec::as_slice)
     }
 
-    /// The running jobs of `unit`, in the order of [`Self::all`], appended to `out`.
+    /// The running jobs of `unit`, in the cluster's order (a gang's first member is its
+    /// first there, as the scheduler's, whose queue is the gang's), appended to `out`.
     pub(super) fn of_unit_into(&self, unit: u32, out: &mut Vec<u32>) {
         let Some(jobs) = self.of_unit.get(unit as usize) else {
             return;
         };
         // Most units are a pod alone: no copy and sort of one.
         if let [one] = jobs.as_slice() {
-            out.push(*one);
+            out.push(one.job);
             return;
         }
-        let from = out.len();
-        out.extend_from_slice(jobs);
-        out[from..].sort_unstable_by_key(|&j| self.at[j as usize]);
+        let mut made = jobs.clone();
+        made.sort_unstable();
+        out.extend(made.iter().map(|m| m.job));
     }
 }
 
@@ -189,7 +192,7 @@ mod tests {
         assert_eq!(r.all(), &[3, 1, 2]);
         assert_eq!(r.on(1), &[OnNode { job: 1, unit: 1 }]);
         assert!(r.on(7).is_empty());
-        assert_eq!(of_unit(&r, 1), vec![1, 2], "in the order of all()");
+        assert_eq!(of_unit(&r, 1), vec![1, 2], "in the cluster's order");
         r.start(made(4, 0), 0, started(1));
         assert!(r.end(made(1, 3), 1, 1));
         assert_eq!(r.all(), &[3, 4, 2]);
@@ -198,5 +201,18 @@ mod tests {
         assert_eq!(of_unit(&r, 1), vec![4, 2]);
         assert!(of_unit(&r, 0).is_empty());
         assert!(of_unit(&r, 9).is_empty());
+    }
+    #[test]
+    fn a_units_members_are_listed_in_the_clusters_order_whatever_order_they_started_in() {
+        let mut r = Running::default();
+        for _ in 0..4 {
+            r.add_job();
+        }
+        r.start(made(3, 0), 0, started(2));
+        r.start(made(2, 7), 1, started(1));
+        r.start(made(1, 7), 2, started(1));
+        r.end(made(3, 0), 0, 2);
+        r.start(made(0, 9), 0, started(1));
+        assert_eq!(of_unit(&r, 1), vec![1, 2, 0]);
     }
 }
