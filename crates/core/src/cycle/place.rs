@@ -8,9 +8,9 @@
 //! yet (the pods there still leaving: its planned place is held for it and comes free as
 //! they go; the driver drops the plan after a while, and then it goes anywhere); a member
 //! nominated by a plan that evicted or moved pods for it (preemption, reclaim, make-room)
-//! takes its nominated place first when it has room there (as kube-scheduler tries a
-//! nominated node first: the plan counted on that place, and for a gang on every member
-//! taking its own), else goes anywhere; every other member goes anywhere the mask allows;
+//! goes to its nominated node first when it has room there, the policy choosing its
+//! devices on it (as kube-scheduler tries a nominated node first: the plan counted on that
+//! node, and for a gang on every member taking its own), else anywhere; every other member goes anywhere the mask allows;
 //! core's [`Placer`] scores and chooses; the driver's Reserve takes the place on the state the next members are
 //! decided on. A member that fits nowhere does not stop the others (the trial says how many
 //! fit and why the last one that did not). [`permit`] then says whether the unit binds.
@@ -165,14 +165,17 @@ fn place<M: Members>(
         None => {
             let request = members.request(i)?;
             let state = members.state();
-            // Its nominated place while it has room there (unscored: the plan counted on
-            // it), else the policy's choice anywhere.
-            let nominated = members.nominated(i).filter(|d| {
-                mask.is_none_or(|m| m.get(d.node) == Some(&true))
-                    && takes_request(request, d)
-                    && state.can_apply(d.node, request, &d.gpus)
-            });
-            match nominated {
+            // Its nominated node while it has room there (the policy's devices on it, as
+            // kube-scheduler tries a nominated node first), else the policy's choice
+            // anywhere.
+            let on_nominated = members
+                .nominated(i)
+                .filter(|d| mask.is_none_or(|m| m.get(d.node) == Some(&true)))
+                .and_then(|d| {
+                    let only = steer_mask(mask, d.node, state.len());
+                    placer.choose(state, request, Some(&only)).ok()
+                });
+            match on_nominated {
                 Some(d) => d,
                 None => match placer.choose(state, request, mask) {
                     Ok(d) => d,
@@ -182,13 +185,6 @@ fn place<M: Members>(
         }
     };
     members.reserve(i, chosen)
-}
-
-/// Whether decision `d`'s devices are what `request` asks: as many GPUs, each with its
-/// milli (a nominated place planned for another shape is no place for it).
-fn takes_request(request: &Request, d: &Decision) -> bool {
-    d.gpus.len() == request.gpu_count as usize
-        && d.gpus.iter().all(|&(_, milli)| milli == request.gpu_milli)
 }
 
 /// How many of a unit's members count toward its minimum.
@@ -413,7 +409,7 @@ mod tests {
     }
 
     #[test]
-    fn nominated_members_take_their_nominated_places_first_and_else_go_anywhere() {
+    fn nominated_members_go_to_their_nominated_nodes_first_and_else_anywhere() {
         // Node 0 has GPUs 6 and 7 free, node 1 GPU 7. Worst-fit alone puts the one-GPU
         // member on node 0 and the two-GPU member then fits nowhere; the plan that
         // nominated them counted on each taking its own place.
@@ -440,12 +436,12 @@ mod tests {
             got,
             vec![(1, vec![(7, 1000)]), (0, vec![(6, 1000), (7, 1000)])]
         );
-        // A nominated place without room (or of another shape, or outside the mask) is
-        // no place: the policy chooses anywhere.
+        // A nominated node without room, or outside the mask, is no place: the policy
+        // chooses anywhere.
         m.state = before.clone();
-        m.nominated = vec![Some(at(1, &[6])), Some(at(0, &[6]))];
+        m.state.apply(1, &gpus(1), &[(7, 1000)]).unwrap();
+        m.nominated = vec![Some(at(1, &[7])), None];
         let t = trial(&mut m, &mut placer, None);
-        assert_eq!(t.placed.len(), 1);
         assert_eq!(t.placed[0].1.node, 0, "worst-fit's choice");
         m.state = before;
         m.nominated = vec![Some(at(1, &[7])), None];
