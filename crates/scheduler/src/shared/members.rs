@@ -56,7 +56,7 @@ pub struct OnSnapshot<'s, 'a> {
     /// The nodes of the gang's topology domain (`None`: every node).
     pub domain: Option<&'s [bool]>,
     pub steered: &'s Steered<'s>,
-    /// Nominated members' places, tried first (`None`: none).
+    /// Nominated members' places, their nodes tried first (`None`: none).
     pub nominated: Option<&'s Nominated>,
     /// The state the members are decided on: the snapshot's for a single pod, a copy that
     /// each member's Reserve takes from for a gang.

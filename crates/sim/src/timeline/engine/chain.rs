@@ -77,7 +77,7 @@ struct SimSteps<'e, 'a, 'f, 't> {
     fair: Option<FairView<'f, 't>>,
     /// The nodes the unit's queue's per-model limits leave (`None`: any).
     narrow: Option<&'f [bool]>,
-    /// A nominee's places (its members' jobs and places), tried first.
+    /// A nominee's places (its members' jobs and places), their nodes tried first.
     nominated: &'f [(u32, Placed)],
     now: Ms,
 }
@@ -169,7 +169,7 @@ impl Engine<'_> {
         // Its quiet attempts first written, as a flush's made them.
         self.speak_up(unit);
         // A nominee is decided with its hold lifted (its victims' part still theirs), its
-        // nominated places tried first.
+        // nominated nodes tried first.
         let nominated = self.units[unit as usize].held.clone();
         let lifted = self.lift_hold(unit, now);
         let cycled = {

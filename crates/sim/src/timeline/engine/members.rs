@@ -1,7 +1,7 @@
 //! A unit's members in the timeline replay, as core's cycle places them
 //! ([`gpuplace_core::cycle::place::trial`]): no Filter beyond the state (the trace's pods
 //! have no selectors, taints or volumes), no steers (a moved pod's replacement starts on its
-//! planned place when it is re-created), a nominee's places tried first, Reserve on the
+//! planned place when it is re-created), a nominee's nodes tried first, Reserve on the
 //! live state.
 
 use gpuplace_core::cycle::place::{self, Nodes};
@@ -17,7 +17,7 @@ pub(super) struct Members<'a> {
     pub pods: &'a [TracePod],
     pub jobs: &'a [Job],
     pub members: &'a [u32],
-    /// A nominee's places by job (tried first).
+    /// A nominee's places by job (their nodes tried first).
     pub nominated: &'a [(u32, Placed)],
 }
 
