@@ -53,8 +53,7 @@ pub(super) struct Running {
     at: Vec<u32>,
     /// Per node, its running jobs (in no particular order).
     on_node: Vec<Vec<OnNode>>,
-    /// Per unit, its running jobs (in no particular order), each with its place in the
-    /// cluster's order.
+    /// Per unit, its running jobs in the cluster's order.
     of_unit: Vec<Vec<Made>>,
 }
 
@@ -71,7 +70,10 @@ impl Running {
         self.at[job as usize] = self.all.len() as u32;
         self.all.push(job);
         grow_to(&mut self.on_node, node).push(OnNode { job, unit });
-        grow_to(&mut self.of_unit, unit as usize).push(made);
+        // Kept in the cluster's order (a unit is a pod or a gang: a short list).
+        let members = grow_to(&mut self.of_unit, unit as usize);
+        let at = members.partition_point(|m| *m < made);
+        members.insert(at, made);
     }
 
     /// The job `made` names, of `unit` on `node`, left; false when it was not running.
@@ -95,7 +97,7 @@ impl Running {
         if let Some(list) = self.of_unit.get_mut(unit as usize)
             && let Some(i) = list.iter().position(|m| m.job == job)
         {
-            list.swap_remove(i);
+            list.remove(i);
         }
         true
     }
@@ -127,14 +129,7 @@ impl Running {
         let Some(jobs) = self.of_unit.get(unit as usize) else {
             return;
         };
-        // Most units are a pod alone: no copy and sort of one.
-        if let [one] = jobs.as_slice() {
-            out.push(one.job);
-            return;
-        }
-        let mut made = jobs.clone();
-        made.sort_unstable();
-        out.extend(made.iter().map(|m| m.job));
+        out.extend(jobs.iter().map(|m| m.job));
     }
 }
 
@@ -167,6 +162,13 @@ mod tests {
         }
     }
 
+    /// Room for `jobs` jobs, none running.
+    fn with_jobs(jobs: usize) -> Running {
+        let mut r = Running::default();
+        (0..jobs).for_each(|_| r.add_job());
+        r
+    }
+
     fn of_unit(r: &Running, unit: u32) -> Vec<u32> {
         let mut out = Vec::new();
         r.of_unit_into(unit, &mut out);
@@ -175,10 +177,7 @@ mod tests {
 
     #[test]
     fn the_three_views_agree_as_jobs_start_and_leave() {
-        let mut r = Running::default();
-        for _ in 0..5 {
-            r.add_job();
-        }
+        let mut r = with_jobs(5);
         r.start(made(0, 5), 1, started(0));
         r.start(made(1, 3), 1, started(1));
         r.start(made(2, 3), 0, started(1));
@@ -202,12 +201,10 @@ mod tests {
         assert!(of_unit(&r, 0).is_empty());
         assert!(of_unit(&r, 9).is_empty());
     }
+
     #[test]
     fn a_units_members_are_listed_in_the_clusters_order_whatever_order_they_started_in() {
-        let mut r = Running::default();
-        for _ in 0..4 {
-            r.add_job();
-        }
+        let mut r = with_jobs(4);
         r.start(made(3, 0), 0, started(2));
         r.start(made(2, 7), 1, started(1));
         r.start(made(1, 7), 2, started(1));
