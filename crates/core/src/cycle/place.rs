@@ -10,9 +10,9 @@
 //! nominated by a plan that evicted or moved pods for it (preemption, reclaim, make-room)
 //! goes to its nominated node first when it has room there, the policy choosing its
 //! devices on it (as kube-scheduler tries a nominated node first: the plan counted on that
-//! node, and for a gang on every member taking its own), else anywhere; every other member goes anywhere the mask allows;
-//! core's [`Placer`] scores and chooses; the driver's Reserve takes the place on the state the next members are
-//! decided on. A member that fits nowhere does not stop the others (the trial says how many
+//! node, and for a gang on every member taking its own), else anywhere; every other member
+//! goes anywhere the mask allows; core's [`Placer`] scores and chooses; the driver's
+//! Reserve takes the place on the state the next members are decided on. A member that fits nowhere does not stop the others (the trial says how many
 //! fit and why the last one that did not). [`permit`] then says whether the unit binds.
 
 use gpuplace_model::Request;
@@ -58,9 +58,8 @@ pub trait Members {
     fn steer(&self, i: usize) -> Option<usize>;
     /// The place a move planned for member `i` (node and devices), if any.
     fn planned(&self, i: usize) -> Option<Decision>;
-    /// The place a plan that evicted or moved pods for member `i` nominated it to (node
-    /// and devices), if any.
-    fn nominated(&self, i: usize) -> Option<Decision>;
+    /// The node a plan that evicted or moved pods for member `i` nominated it to, if any.
+    fn nominated(&self, i: usize) -> Option<usize>;
     /// Reserve: member `i`'s place taken on the state; `Err` when it cannot be.
     fn reserve(&mut self, i: usize, chosen: Decision) -> Result<Self::Placed, Self::Unfit>;
     /// Why member `i` fits on none of the nodes Filter left.
@@ -170,9 +169,9 @@ fn place<M: Members>(
             // anywhere.
             let on_nominated = members
                 .nominated(i)
-                .filter(|d| mask.is_none_or(|m| m.get(d.node) == Some(&true)))
-                .and_then(|d| {
-                    let only = steer_mask(mask, d.node, state.len());
+                .filter(|&n| mask.is_none_or(|m| m.get(n) == Some(&true)))
+                .and_then(|n| {
+                    let only = steer_mask(mask, n, state.len());
                     placer.choose(state, request, Some(&only)).ok()
                 });
             match on_nominated {
@@ -302,7 +301,7 @@ mod tests {
         requests: Vec<Request>,
         masks: Vec<Option<Vec<bool>>>,
         steers: Vec<Option<usize>>,
-        nominated: Vec<Option<Decision>>,
+        nominated: Vec<Option<usize>>,
     }
 
     impl Members for Live {
@@ -327,8 +326,8 @@ mod tests {
         fn planned(&self, _: usize) -> Option<Decision> {
             None
         }
-        fn nominated(&self, i: usize) -> Option<Decision> {
-            self.nominated[i].clone()
+        fn nominated(&self, i: usize) -> Option<usize> {
+            self.nominated[i]
         }
         fn reserve(&mut self, i: usize, chosen: Decision) -> Result<Decision, String> {
             self.state
@@ -417,17 +416,12 @@ mod tests {
         let taken = |n: usize| (0..n).map(|g| (g, 1000)).collect::<Vec<_>>();
         m.state.apply(0, &gpus(6), &taken(6)).unwrap();
         m.state.apply(1, &gpus(7), &taken(7)).unwrap();
-        let at = |node: usize, gpus: &[usize]| Decision {
-            node,
-            gpus: gpus.iter().map(|&g| (g, 1000)).collect(),
-            score: 0,
-        };
         let mut placer = Placer::new(Policy::WorstFit, 1);
         let before = m.state.clone();
         let t = trial(&mut m, &mut placer, None);
         assert_eq!(t.placed.len(), 1, "without nominations one member fits");
         m.state = before.clone();
-        m.nominated = vec![Some(at(1, &[7])), Some(at(0, &[6, 7]))];
+        m.nominated = vec![Some(1), Some(0)];
         let t = trial(&mut m, &mut placer, None);
         let got: Vec<(usize, Vec<(usize, u32)>)> = (t.placed.iter())
             .map(|(_, d)| (d.node, d.gpus.clone()))
@@ -440,11 +434,11 @@ mod tests {
         // chooses anywhere.
         m.state = before.clone();
         m.state.apply(1, &gpus(1), &[(7, 1000)]).unwrap();
-        m.nominated = vec![Some(at(1, &[7])), None];
+        m.nominated = vec![Some(1), None];
         let t = trial(&mut m, &mut placer, None);
         assert_eq!(t.placed[0].1.node, 0, "worst-fit's choice");
         m.state = before;
-        m.nominated = vec![Some(at(1, &[7])), None];
+        m.nominated = vec![Some(1), None];
         m.masks[0] = Some(vec![true, false]);
         let t = trial(&mut m, &mut placer, None);
         assert_eq!(t.placed[0].1.node, 0, "node 1 is outside its mask");

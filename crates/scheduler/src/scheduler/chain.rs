@@ -65,7 +65,7 @@ pub(super) struct PodSteps<'s, 'a, 'f, 'p, 't, A: ClusterApi, U> {
     pub pod: &'a Arc<PodInfo>,
     /// The pod's planned place when it replaces a moved pod.
     pub steered: &'s Steered<'s>,
-    /// The pod's nominated place when a plan evicted or moved pods for it.
+    /// The pod's nominated node when a plan evicted or moved pods for it.
     pub nominated: &'s Nominated,
     pub fair: Option<&'f Fair<'p, 't, U>>,
     pub round: &'s mut RoundState,
@@ -153,7 +153,7 @@ pub(super) struct GangSteps<'s, 'm, 'f, 'p, 't, A: ClusterApi, U> {
     pub domains: &'s [Option<Vec<bool>>],
     /// Moved members' planned places.
     pub steered: &'s Steered<'s>,
-    /// Nominated members' places.
+    /// Nominated members' nodes.
     pub nominated: &'s Nominated,
     pub fair: Option<&'f Fair<'p, 't, U>>,
     pub round: &'s mut RoundState,

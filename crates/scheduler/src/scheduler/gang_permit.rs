@@ -100,7 +100,7 @@ impl<A: ClusterApi> Scheduler<A> {
         // single pod's are.
         let nominated = self
             .cluster
-            .nominated_places(members.iter().map(|(p, _)| &*p.key.uid), snapshot);
+            .nominated_nodes(members.iter().map(|(p, _)| &*p.key.uid), snapshot);
         let mut steers = Vec::new();
         for (pod, _) in &members {
             self.cluster.free_nominee(&pod.key.uid, snapshot);

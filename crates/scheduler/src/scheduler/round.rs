@@ -297,7 +297,7 @@ impl<A: ClusterApi> Scheduler<A> {
         // A preemptor is decided with the devices held for it free; preemption, reclaim and
         // make-room plan so too (a preemptor deciding again may keep its place), its hold
         // applied again after, the new one's if it was nominated anew.
-        let nominated = self.cluster.nominated_places([&*pod.key.uid], snapshot);
+        let nominated = self.cluster.nominated_nodes([&*pod.key.uid], snapshot);
         self.cluster.free_nominee(&pod.key.uid, snapshot);
         // A moved pod's replacement is tried only on its planned node (its place held for
         // it until now); it waits for it, its steer put back, while the pods there leave.

@@ -339,15 +339,15 @@ impl ClusterCache {
         self.nominations.release_all(snapshot);
     }
 
-    /// The places of those of `uids` that are nominated, on `snapshot` (tried first when
+    /// The nodes of those of `uids` that are nominated, on `snapshot` (tried first when
     /// they are decided again).
-    pub fn nominated_places<'u>(
+    pub fn nominated_nodes<'u>(
         &self,
         uids: impl IntoIterator<Item = &'u str>,
         snapshot: &Snapshot,
     ) -> crate::shared::members::Nominated {
         uids.into_iter()
-            .filter_map(|uid| Some((uid.to_string(), self.nominations.place_in(uid, snapshot)?)))
+            .filter_map(|uid| Some((uid.to_string(), self.nominations.node_in(uid, snapshot)?)))
             .collect()
     }
 

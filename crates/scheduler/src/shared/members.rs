@@ -26,9 +26,9 @@ use crate::snapshot::{Scalars, Snapshot};
 /// Moved members' planned places (their steers), by pod UID.
 pub type Steered<'p> = HashMap<String, Planned<'p>>;
 
-/// Nominated members' places (the plan that evicted or moved pods for them), by pod UID,
-/// on the round's snapshot.
-pub type Nominated = HashMap<String, Decision>;
+/// Nominated members' nodes (of the plan that evicted or moved pods for them), by pod UID,
+/// as the round's snapshot's node indexes.
+pub type Nominated = HashMap<String, usize>;
 
 /// A member placed in a trial.
 pub struct Trialled<'a> {
@@ -56,7 +56,7 @@ pub struct OnSnapshot<'s, 'a> {
     /// The nodes of the gang's topology domain (`None`: every node).
     pub domain: Option<&'s [bool]>,
     pub steered: &'s Steered<'s>,
-    /// Nominated members' places, their nodes tried first (`None`: none).
+    /// Nominated members' nodes, tried first (`None`: none).
     pub nominated: Option<&'s Nominated>,
     /// The state the members are decided on: the snapshot's for a single pod, a copy that
     /// each member's Reserve takes from for a gang.
@@ -203,8 +203,8 @@ impl<'s, 'a> place::Members for OnSnapshot<'s, 'a> {
         self.steer_of(i)?.decision_in(self.snapshot)
     }
 
-    fn nominated(&self, i: usize) -> Option<Decision> {
-        self.nominated?.get(&self.members[i].0.key.uid).cloned()
+    fn nominated(&self, i: usize) -> Option<usize> {
+        self.nominated?.get(&self.members[i].0.key.uid).copied()
     }
 
     fn reserve(&mut self, i: usize, chosen: Decision) -> Result<Trialled<'a>, String> {
@@ -338,7 +338,7 @@ impl<'a> place::Members for Alone<'a> {
         None
     }
 
-    fn nominated(&self, _: usize) -> Option<Decision> {
+    fn nominated(&self, _: usize) -> Option<usize> {
         None
     }
 

@@ -214,17 +214,10 @@ impl Nominations {
         self.by_uid.get(uid)
     }
 
-    /// Pod `uid`'s nominated place as a decision on `snapshot`'s nodes, if it is
-    /// nominated (tried first when it is decided again).
-    pub fn place_in(&self, uid: &str, snapshot: &Snapshot) -> Option<Decision> {
-        let n = self.by_uid.get(uid)?;
-        Planned {
-            node: &n.node,
-            request: &n.request,
-            gpus: &n.gpus,
-            extended: &n.extended,
-        }
-        .decision_in(snapshot)
+    /// Pod `uid`'s nominated node as `snapshot`'s node index, if it is nominated (tried
+    /// first when it is decided again).
+    pub fn node_in(&self, uid: &str, snapshot: &Snapshot) -> Option<usize> {
+        snapshot.node_index(&self.by_uid.get(uid)?.node)
     }
 
     pub fn len(&self) -> usize {

@@ -538,7 +538,7 @@ impl<'a> Engine<'a> {
         &mut self,
         unit: u32,
         narrow: Option<&[bool]>,
-        nominated: &[(u32, Placed)],
+        nominated: &[(u32, usize)],
     ) -> Trial<Placed, ()> {
         self.outcome_counts.attempts += 1;
         let single = match self.units[unit as usize].single {

@@ -77,8 +77,8 @@ struct SimSteps<'e, 'a, 'f, 't> {
     fair: Option<FairView<'f, 't>>,
     /// The nodes the unit's queue's per-model limits leave (`None`: any).
     narrow: Option<&'f [bool]>,
-    /// A nominee's places (its members' jobs and places), their nodes tried first.
-    nominated: &'f [(u32, Placed)],
+    /// A nominee's nodes (its members' jobs and nodes), tried first.
+    nominated: &'f [(u32, usize)],
     now: Ms,
 }
 
@@ -170,7 +170,9 @@ impl Engine<'_> {
         self.speak_up(unit);
         // A nominee is decided with its hold lifted (its victims' part still theirs), its
         // nominated nodes tried first.
-        let nominated = self.units[unit as usize].held.clone();
+        let nominated: Vec<(u32, usize)> = (self.units[unit as usize].held.iter())
+            .map(|(job, p)| (*job, p.node))
+            .collect();
         let lifted = self.lift_hold(unit, now);
         let cycled = {
             let view = fair.as_ref().map(|(queue, picker)| FairView {

@@ -17,8 +17,8 @@ pub(super) struct Members<'a> {
     pub pods: &'a [TracePod],
     pub jobs: &'a [Job],
     pub members: &'a [u32],
-    /// A nominee's places by job (their nodes tried first).
-    pub nominated: &'a [(u32, Placed)],
+    /// A nominee's nodes by job (tried first).
+    pub nominated: &'a [(u32, usize)],
 }
 
 impl place::Members for Members<'_> {
@@ -52,14 +52,12 @@ impl place::Members for Members<'_> {
         None
     }
 
-    fn nominated(&self, i: usize) -> Option<Decision> {
+    fn nominated(&self, i: usize) -> Option<usize> {
         let job = self.members[i];
-        let (_, p) = self.nominated.iter().find(|(j, _)| *j == job)?;
-        Some(Decision {
-            node: p.node,
-            gpus: p.gpus.clone(),
-            score: 0,
-        })
+        self.nominated
+            .iter()
+            .find(|(j, _)| *j == job)
+            .map(|&(_, n)| n)
     }
 
     fn reserve(&mut self, i: usize, chosen: Decision) -> Result<Placed, ()> {
