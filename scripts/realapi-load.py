@@ -187,11 +187,13 @@ def requested_milli(pod):
     return total
 
 
-def watch_bound(count, timeout, until_all=False):
+def watch_bound(count, timeout, until_all=False, ready_file=None):
     """Counts pods as they are bound through one watch stream (a poll of 5,000 pods five times a
     second costs the server more than the scheduler does); rate from the 10% to the 90% mark.
     `until_all`: watches on until every pod is bound and prints a second line, the wall time
-    (seconds since the epoch) when the last was seen bound, for a rate over the whole run."""
+    (seconds since the epoch) when the last was seen bound, for a rate over the whole run.
+    `ready_file`: written once the list is read and the watch is open, so that a caller can
+    start its scheduler after the watcher's own list (40,000 pods take the server seconds)."""
     listing = call("GET", "/api/v1/namespaces/default/pods")
     done = {p["metadata"]["name"] for p in listing.get("items", []) if p["spec"].get("nodeName")}
     rv = listing.get("metadata", {}).get("resourceVersion", "")
@@ -200,6 +202,9 @@ def watch_bound(count, timeout, until_all=False):
     start = time.time()
     url = f"{BASE}/api/v1/namespaces/default/pods?watch=1&resourceVersion={rv}"
     with urllib.request.urlopen(url, timeout=timeout) as stream:
+        if ready_file:
+            with open(ready_file, "w") as f:
+                f.write(f"{time.time():.3f}\n")
         for line in stream:
             event = json.loads(line)
             pod = event.get("object", {})
@@ -283,6 +288,8 @@ def main():
     ap.add_argument("--dra", action="store_true", help="nodes, pods: GPUs through DRA (see above)")
     ap.add_argument("--until-all", action="store_true",
                     help="watch: on until every pod is bound, and say when the last was")
+    ap.add_argument("--ready-file", default=None,
+                    help="watch: a file written once the watch is open")
     ap.add_argument("--etcd", default="http://127.0.0.1:2379", help="settle: etcd's client URL")
     ap.add_argument("--movable", type=int, default=0,
                     help="label every Nth pod gpuplace.io/movable=true (3: a third)")
@@ -324,7 +331,7 @@ def main():
             "target": {"apiVersion": "v1", "kind": "Node", "name": nodes[i % len(nodes)]}}),
             range(len(names))))
     elif a.what == "watch":
-        return watch_bound(a.count, a.timeout, a.until_all)
+        return watch_bound(a.count, a.timeout, a.until_all, a.ready_file)
     elif a.what == "check":
         return check()
     elif a.what == "settle":
