@@ -44,6 +44,9 @@ pub struct MemoryReplayApi {
     relist: Arc<AtomicBool>,
     /// Requests still to be answered 429, and the `Retry-After` they carry.
     throttled: Arc<std::sync::Mutex<(usize, Duration)>>,
+    /// The server does not serve `resource.k8s.io` (before 1.34): its lists and writes are
+    /// answered 404, as a v1.26 server answers them.
+    no_dra: Arc<AtomicBool>,
 }
 
 impl MemoryReplayApi {
@@ -61,7 +64,27 @@ impl MemoryReplayApi {
             leases: Arc::default(),
             relist: Arc::default(),
             throttled: Arc::default(),
+            no_dra: Arc::default(),
         }
+    }
+
+    /// Serves no `resource.k8s.io` from now on, as a v1.26 server: a list or write of a
+    /// ResourceSlice or ResourceClaimTemplate is answered 404 (`404 page not found`).
+    pub fn serve_no_dra(&self) {
+        self.no_dra.store(true, Ordering::SeqCst);
+    }
+
+    /// 404 for a kind of `resource.k8s.io` when the server serves none.
+    fn served(&self, kind: Kind) -> Result<(), ApiError> {
+        if self.no_dra.load(Ordering::SeqCst)
+            && matches!(kind, Kind::ResourceSlice | Kind::ClaimTemplate)
+        {
+            return Err(ApiError::NotFound(format!(
+                "{} (list) (404 page not found)",
+                kind.name()
+            )));
+        }
+        Ok(())
     }
 
     /// The watch starts over at its next look: a listing of the pods there are then
@@ -220,6 +243,7 @@ impl ReplayApi for MemoryReplayApi {
     async fn create(&self, object: &Object) -> Result<(), ApiError> {
         self.charge().await?;
         let (kind, name) = (object.kind(), object.name().to_string());
+        self.served(kind)?;
         check_name(kind, &name)?;
         if self.exists(kind, &name) {
             return Err(ApiError::AlreadyExists(format!("{} {name}", kind.name())));
@@ -262,6 +286,7 @@ impl ReplayApi for MemoryReplayApi {
 
     async fn delete(&self, kind: Kind, name: &str) -> Result<bool, ApiError> {
         self.charge().await?;
+        self.served(kind)?;
         if !self.exists(kind, name) {
             return Ok(false);
         }
@@ -285,6 +310,7 @@ impl ReplayApi for MemoryReplayApi {
 
     async fn list_labelled(&self, kind: Kind, selector: &str) -> Result<Vec<String>, ApiError> {
         self.charge().await?;
+        self.served(kind)?;
         Ok(match kind {
             Kind::Pod => self
                 .api

@@ -13,7 +13,7 @@ use gpuplace_replay::clean;
 use gpuplace_replay::driver::{self, DriverConfig, ReplayError};
 use gpuplace_replay::objects::PodTemplate;
 use gpuplace_replay::pod_base::PodBase;
-use gpuplace_replay::{Kind, Object, Plan, ReplayApi};
+use gpuplace_replay::{ApiError, Kind, Object, Plan, ReplayApi};
 use gpuplace_scheduler::{Scheduler, SchedulerConfig};
 use gpuplace_sim::builtin_workload;
 use gpuplace_sim::timeline::{DurationModel, Ms, Timeline, TimelineOptions};
@@ -259,6 +259,44 @@ async fn a_replay_runs_every_pod_through_the_scheduler_and_leaves_nothing() {
     let cleaned = clean::delete_run(&rig.api, RUN).await.expect("clean");
     assert!(cleaned.total() > 0);
     nothing_left(&rig.api).await;
+    foreign_intact(&rig.api.api);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_on_a_server_without_dra_cleans_up_what_it_made() {
+    // A v1.26 server serves no `resource.k8s.io`: the clean-up's lists of ResourceSlices and
+    // ResourceClaimTemplates are answered 404. On the real 1.26 server that 404 stopped the
+    // whole clean-up ("the replay ran, but cleaning up failed"), leaving the fake nodes for
+    // the next replay to trip on; a kind the server does not serve has nothing to delete.
+    let rig = rig(60);
+    rig.api.serve_no_dra();
+    let (stop_scheduler, stopped) = watch::channel(false);
+    let thread = scheduler(rig.api.api.clone(), stopped);
+    let (_keep, cancel) = watch::channel(false);
+    driver::prepare(&rig.api, RUN, &rig.fakes, &[], false)
+        .await
+        .expect("nodes");
+    rig.run(600.0, cancel).await.expect("replay");
+    let _ = stop_scheduler.send(true);
+    let _ = thread.join();
+    let cleaned = clean::delete_run(&rig.api, RUN).await.expect("clean");
+    let of = |kind: Kind| cleaned.deleted.iter().find(|d| d.0 == kind).map(|d| d.1);
+    assert_eq!(of(Kind::ResourceSlice), Some(0));
+    assert_eq!(of(Kind::ClaimTemplate), Some(0));
+    assert_eq!(of(Kind::Node), Some(rig.fakes.len()));
+    assert!(of(Kind::Pod).is_some_and(|n| n > 0), "{cleaned:?}");
+    for kind in Kind::CLEAN_ORDER {
+        let left = rig
+            .api
+            .list_labelled(kind, gpuplace_replay::MANAGED_SELECTOR)
+            .await;
+        match kind {
+            Kind::ResourceSlice | Kind::ClaimTemplate => {
+                assert!(matches!(left, Err(ApiError::NotFound(_))), "{left:?}");
+            }
+            _ => assert_eq!(left.expect("list"), Vec::<String>::new(), "{kind:?} left"),
+        }
+    }
     foreign_intact(&rig.api.api);
 }
 
