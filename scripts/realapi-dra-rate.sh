@@ -94,7 +94,11 @@ run() { # run gpuplace|kube|null
     rm -f /tmp/dra-rate-ready
     $LOAD watch "$PODS" --until-all --timeout 900 --ready-file /tmp/dra-rate-ready >/tmp/dra-rate-watch.txt &
     watcher=$!
-    while [[ ! -s /tmp/dra-rate-ready ]]; do sleep 0.2; done
+    # A watcher that died before its watch opened (its list failed) would leave this waiting.
+    while [[ ! -s /tmp/dra-rate-ready ]]; do
+      kill -0 "$watcher" 2>/dev/null || { echo "the watcher stopped before its watch opened" >&2; exit 1; }
+      sleep 0.2
+    done
   fi
   local cpu0
   cpu0=$(server_cpu)
