@@ -159,6 +159,21 @@ fn rig_with(arrivals: usize, latency: Duration) -> Rig {
 }
 
 impl Rig {
+    /// The fake nodes made, then the whole plan at speed 600 with gpuplace's scheduler
+    /// binding the pods; the scheduler stopped after.
+    async fn run_whole(&self) -> driver::ReplayOutcome {
+        let (stop_scheduler, stopped) = watch::channel(false);
+        let thread = scheduler(self.api.api.clone(), stopped);
+        let (_keep, cancel) = watch::channel(false);
+        driver::prepare(&self.api, RUN, &self.fakes, &[], false)
+            .await
+            .expect("nodes");
+        let outcome = self.run(600.0, cancel).await.expect("replay");
+        let _ = stop_scheduler.send(true);
+        let _ = thread.join();
+        outcome
+    }
+
     /// The driver on this rig at `speed`, until `cancel` or the plan's end.
     async fn run(
         &self,
@@ -194,15 +209,7 @@ async fn nothing_left(api: &MemoryReplayApi) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replay_runs_every_pod_through_the_scheduler_and_leaves_nothing() {
     let rig = rig(120);
-    let (stop_scheduler, stopped) = watch::channel(false);
-    let thread = scheduler(rig.api.api.clone(), stopped);
-    let (_keep, cancel) = watch::channel(false);
-    driver::prepare(&rig.api, RUN, &rig.fakes, &[], false)
-        .await
-        .expect("nodes");
-    let outcome = rig.run(600.0, cancel).await.expect("replay");
-    let _ = stop_scheduler.send(true);
-    let _ = thread.join();
+    let outcome = rig.run_whole().await;
     // Every fake node's heartbeat was renewed while the replay ran (a second or more).
     let beats = rig.api.heartbeats();
     assert_eq!(beats.len(), rig.fakes.len());
@@ -270,15 +277,7 @@ async fn a_replay_on_a_server_without_dra_cleans_up_what_it_made() {
     // the next replay to trip on; a kind the server does not serve has nothing to delete.
     let rig = rig(60);
     rig.api.serve_no_dra();
-    let (stop_scheduler, stopped) = watch::channel(false);
-    let thread = scheduler(rig.api.api.clone(), stopped);
-    let (_keep, cancel) = watch::channel(false);
-    driver::prepare(&rig.api, RUN, &rig.fakes, &[], false)
-        .await
-        .expect("nodes");
-    rig.run(600.0, cancel).await.expect("replay");
-    let _ = stop_scheduler.send(true);
-    let _ = thread.join();
+    rig.run_whole().await;
     let cleaned = clean::delete_run(&rig.api, RUN).await.expect("clean");
     let of = |kind: Kind| cleaned.deleted.iter().find(|d| d.0 == kind).map(|d| d.1);
     assert_eq!(of(Kind::ResourceSlice), Some(0));
