@@ -50,9 +50,9 @@ $LOAD clean-pods >/dev/null 2>&1 || true
 if [[ ${DP:-0} == 1 ]]; then
   $LOAD nodes "$NODES"
   kubectl get nodes -o name | sed 's#node/##' | grep -v '^kcp-node' | sort >/tmp/dra-rate-nodes.txt
-  # The control plane's own writes for the new nodes (the controller-manager's) done first:
-  # the first run after making 5,000 nodes was 30% slower than the next (gpuplace 469
-  # against 656 pods/s) and one stalled; NODE_WAIT_S (default 90) seconds of quiet.
+  # NODE_WAIT_S (default 90) seconds of quiet after making the nodes: the first run after
+  # making 5,000 nodes was 30% slower than the next (gpuplace 469 against 656 pods/s; the
+  # cause not measured, the control plane's work on the new nodes a guess).
   sleep "${NODE_WAIT_S:-90}"
 else
   $LOAD nodes "$NODES" --dra
