@@ -12,7 +12,8 @@
 //! devices on it (as kube-scheduler tries a nominated node first: the plan counted on that
 //! node, and for a gang on every member taking its own), else anywhere; every other member
 //! goes anywhere the mask allows; core's [`Placer`] scores and chooses; the driver's
-//! Reserve takes the place on the state the next members are decided on. A member that fits nowhere does not stop the others (the trial says how many
+//! Reserve takes the place on the state the next members are decided on. A member that
+//! fits nowhere does not stop the others (the trial says how many
 //! fit and why the last one that did not). [`permit`] then says whether the unit binds.
 
 use gpuplace_model::Request;

@@ -160,15 +160,24 @@ fn rig_with(arrivals: usize, latency: Duration) -> Rig {
 
 impl Rig {
     /// The fake nodes made, then the whole plan at speed 600 with gpuplace's scheduler
-    /// binding the pods; the scheduler stopped after.
-    async fn run_whole(&self) -> driver::ReplayOutcome {
+    /// binding the pods, the replay's watch made to start over `relists` times 30 ms apart
+    /// once the nodes are there; the scheduler stopped after.
+    async fn run_whole(&self, relists: usize) -> driver::ReplayOutcome {
         let (stop_scheduler, stopped) = watch::channel(false);
         let thread = scheduler(self.api.api.clone(), stopped);
         let (_keep, cancel) = watch::channel(false);
         driver::prepare(&self.api, RUN, &self.fakes, &[], false)
             .await
             .expect("nodes");
+        let api = self.api.clone();
+        let relisting = tokio::spawn(async move {
+            for _ in 0..relists {
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                api.relist();
+            }
+        });
         let outcome = self.run(600.0, cancel).await.expect("replay");
+        relisting.abort();
         let _ = stop_scheduler.send(true);
         let _ = thread.join();
         outcome
@@ -209,7 +218,7 @@ async fn nothing_left(api: &MemoryReplayApi) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replay_runs_every_pod_through_the_scheduler_and_leaves_nothing() {
     let rig = rig(120);
-    let outcome = rig.run_whole().await;
+    let outcome = rig.run_whole(0).await;
     // Every fake node's heartbeat was renewed while the replay ran (a second or more).
     let beats = rig.api.heartbeats();
     assert_eq!(beats.len(), rig.fakes.len());
@@ -277,7 +286,7 @@ async fn a_replay_on_a_server_without_dra_cleans_up_what_it_made() {
     // the next replay to trip on; a kind the server does not serve has nothing to delete.
     let rig = rig(60);
     rig.api.serve_no_dra();
-    rig.run_whole().await;
+    rig.run_whole(0).await;
     let cleaned = clean::delete_run(&rig.api, RUN).await.expect("clean");
     let of = |kind: Kind| cleaned.deleted.iter().find(|d| d.0 == kind).map(|d| d.1);
     assert_eq!(of(Kind::ResourceSlice), Some(0));
@@ -404,23 +413,7 @@ async fn leftovers_of_an_earlier_replay_are_named_and_bad_speeds_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relist_mid_run_makes_no_pod_twice() {
     let rig = rig_with(200, Duration::from_millis(15));
-    let (stop_scheduler, stopped) = watch::channel(false);
-    let thread = scheduler(rig.api.api.clone(), stopped);
-    let (_keep, cancel) = watch::channel(false);
-    driver::prepare(&rig.api, RUN, &rig.fakes, &[], false)
-        .await
-        .expect("nodes");
-    let api = rig.api.clone();
-    let relisting = tokio::spawn(async move {
-        for _ in 0..40 {
-            tokio::time::sleep(Duration::from_millis(30)).await;
-            api.relist();
-        }
-    });
-    let outcome = rig.run(600.0, cancel).await.expect("replay");
-    relisting.abort();
-    let _ = stop_scheduler.send(true);
-    let _ = thread.join();
+    let outcome = rig.run_whole(40).await;
     let again: Vec<_> = outcome.lives.iter().filter(|l| l.by_controller).collect();
     assert!(
         again.is_empty(),
