@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use gpuplace_core::fairshare::{DIMS, Picker, QueueTree, Res};
 use gpuplace_core::waiting::{Blocker, Waiting};
-use tracing::info;
+use tracing::{debug, info};
 
 use super::queue_status::{QueueFigures, WRITE_EVERY, WRITE_EVERY_BUSY, Yield};
 use super::round_state::RoundState;
@@ -103,6 +103,14 @@ impl<A: ClusterApi> Scheduler<A> {
         let Order::Fair(picker) = order else {
             return Limits::Within(None);
         };
+        // A moved pod's replacement takes back the place its queue held before the move
+        // (counted as held meanwhile): the move was the scheduler's, and the workload was
+        // admitted under the limit when it first ran, so the limit does not strand it, as
+        // the timeline binds a replacement to its planned place without asking (seed 842:
+        // others of its queue, nominated since, had taken the queue to its limit).
+        if pods.iter().all(|p| self.steers.find_for(p).is_some()) {
+            return Limits::Within(None);
+        }
         let want = asked(pods);
         if let Some(hit) = picker.limit_hit(q, &want) {
             let fair = Some((&**picker, q));
@@ -201,6 +209,7 @@ impl<A: ClusterApi> Scheduler<A> {
     ) {
         let record = Arc::new(record);
         for p in pods {
+            debug!(pod = %p.key, %message, "refused by its queue");
             report.unschedulable += 1;
             self.queue.unschedulable(&p.key.uid, now);
             self.events
