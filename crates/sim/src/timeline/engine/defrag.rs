@@ -233,8 +233,23 @@ impl Engine<'_> {
     }
 
     /// Which of `moves` (of `holders`' jobs) go to places free before any pod leaves,
-    /// each taking its place in order, as core's state sees them.
+    /// each taking its place in order, as core's state sees them; a gang's members only
+    /// all together (the scheduler binds a moved gang's replacements as a gang, when
+    /// every planned place is free: differential seed 2269).
     fn free_before(&mut self, holders: &[u32], moves: &[defrag::Move]) -> Vec<bool> {
+        let free = self.each_free_before(holders, moves);
+        let unit_of = |mv: &defrag::Move| self.jobs[holders[mv.holder] as usize].unit;
+        moves
+            .iter()
+            .map(|mv| {
+                let unit = unit_of(mv);
+                (moves.iter().zip(&free)).all(|(other, &f)| f || unit_of(other) != unit)
+            })
+            .collect()
+    }
+
+    /// Which of `moves` go to places free before any pod leaves, each on its own.
+    fn each_free_before(&mut self, holders: &[u32], moves: &[defrag::Move]) -> Vec<bool> {
         let mut taken = Vec::new();
         let mut free = Vec::with_capacity(moves.len());
         for mv in moves {
