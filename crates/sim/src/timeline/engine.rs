@@ -40,6 +40,7 @@ mod quieting;
 mod reclaim;
 mod running;
 mod soon;
+mod steering;
 mod units;
 mod victims;
 mod wakeups;
@@ -355,6 +356,7 @@ impl<'a> Engine<'a> {
                 self.later.peek().map(|r| r.0.0),
                 self.give_ups.peek().map(|g| g.0.0),
                 self.leaving.next(),
+                self.next_steer_check(),
             ]
             .into_iter()
             .flatten()
@@ -386,6 +388,7 @@ impl<'a> Engine<'a> {
                 next += 1;
             }
             self.give_up_due(now);
+            self.bind_freed_replacements(now);
             let costs = clock::AttemptCosts {
                 failed: self.costs.attempt,
                 placed: self.costs.placed_attempt,

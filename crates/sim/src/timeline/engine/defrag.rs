@@ -2,9 +2,10 @@
 //! out on simulated time. A moved pod is evicted at the decision and its planned place is
 //! held for its replacement (the scheduler steers the controller's new pod there), which
 //! is bound once its controller made it (the re-create) where that place was free before
-//! the plan, as the scheduler binds it there at once, or else once the pod that held the
-//! place is gone too (its grace period); then the bind and start costs. The unit the room
-//! was made for is bound as a preemptor is. Unless the
+//! the plan, as the scheduler binds it there at once, or else once the place is free
+//! ([`super::steering`]: another pod there ended, or the pods that held it are gone); a
+//! moved gang's replacements all together; then the bind and start costs. The unit the
+//! room was made for is bound as a preemptor is. Unless the
 //! replay is checkpointed the replacement runs its whole duration again and everything the
 //! pod had done counts as lost.
 //!
@@ -24,7 +25,9 @@ use super::Engine;
 use super::chain::{SimPlan, asks_of};
 use super::defrag_state::movable_pod;
 use super::kept::MovableKept;
+use super::leaving::Owed;
 use super::movable::MovableUnits;
+use super::nominee::{FreeBefore, Leavers, owed_part};
 use super::running::Started;
 use super::units::{Job, Placed, Work};
 use super::victims::created_ms;
@@ -203,12 +206,15 @@ impl Engine<'_> {
             .flat_map(|&u| groups.get(u).iter().copied())
             .collect();
         let at_once = self.free_before(holders, &plan.moves);
-        let before = self.free_before_plan(plan.placements.iter().map(|p| p.node));
+        // The moves' replacements hold their places first, then the nominee what is left
+        // (the scheduler's steers are held as each pod moves, the nomination after).
+        let nodes = plan.moves.iter().map(|m| m.to);
+        let mut before = self.free_before_plan(nodes.chain(plan.placements.iter().map(|p| p.node)));
         let mut replacements = Vec::with_capacity(moved.len());
         for &job in &moved {
             replacements.push((job, self.leave_for_move(job, now)));
         }
-        let leavers = self.leavers(&[], now + self.costs.eviction_grace);
+        let mut leavers = self.leavers(&[], now + self.costs.eviction_grace);
         let mut held = Vec::with_capacity(jobs.len());
         for (&job, p) in jobs.iter().zip(&plan.placements) {
             let request = &self.pods[self.jobs[job as usize].pod as usize].request;
@@ -224,8 +230,10 @@ impl Engine<'_> {
         }
         for (mv, &free) in plan.moves.iter().zip(&at_once) {
             let job = holders[mv.holder];
+            let owed = self.owed_by_move(&mut before, &mut leavers, job, mv, now);
             if let Some((_, work)) = replacements.iter().find(|(j, _)| *j == job) {
-                let _ = self.restart(job, *work, mv, free, now);
+                let alone = alone_in(holders, &plan.moves, mv, &self.jobs);
+                let _ = self.restart(job, *work, mv, Fits { free, alone, owed }, now);
             }
         }
         self.defrag.counts.plans += 1;
@@ -291,9 +299,10 @@ impl Engine<'_> {
         job: u32,
         work: Work,
         mv: &defrag::Move,
-        free: bool,
+        fits: Fits,
         now: Ms,
     ) -> Option<Ms> {
+        let Fits { free, alone, owed } = fits;
         let (to, gpus) = (mv.to, &mv.gpus[..]);
         let unit = self.jobs[job as usize].unit;
         let request = &self.pods[work.pod as usize].request;
@@ -323,7 +332,34 @@ impl Engine<'_> {
             self.costs.eviction_grace.max(self.costs.recreate)
         };
         self.start(new, placed, now, room_in);
+        // A pod alone whose place its leaving pods still hold is bound once it is free,
+        // at the latest as planned ([`super::steering`]); a gang's only as planned.
+        if !free && alone && !owed.is_empty() {
+            self.wait_for_place(new, now + self.costs.recreate, now + room_in, owed);
+        }
         self.jobs[new as usize].start
+    }
+
+    /// What of move `mv`'s place (of `job`) was not free in `before` (which it uses up),
+    /// owed to the pods leaving there, the first to go first ([`Leavers`]).
+    fn owed_by_move(
+        &self,
+        before: &mut FreeBefore,
+        leavers: &mut Leavers,
+        job: u32,
+        mv: &defrag::Move,
+        now: Ms,
+    ) -> Vec<Owed> {
+        let request = &self.pods[self.jobs[job as usize].pod as usize].request;
+        let placed = Placed {
+            node: mv.to,
+            gpus: mv.gpus.clone(),
+        };
+        let mut owed = Vec::new();
+        if let Some(part) = owed_part(before, &placed, request) {
+            leavers.owe(part, now + self.costs.eviction_grace, &mut owed);
+        }
+        owed
     }
 
     /// Rebalances as the scheduler does, after a round's decisions: core's pace (when it
@@ -361,13 +397,21 @@ impl Engine<'_> {
         }
         let holders = groups.all_jobs();
         let at_once = self.free_before(holders, &moves);
-        for (mv, &free) in moves.iter().zip(&at_once) {
+        let mut before = self.free_before_plan(moves.iter().map(|m| m.to));
+        let mut works = Vec::with_capacity(moves.len());
+        for mv in &moves {
             let job = holders[mv.holder];
             let milli = self.jobs[job as usize].milli();
             let unit = self.jobs[job as usize].unit;
             self.defrag.pace.moved(now, Some(unit), milli);
-            let work = self.leave_for_move(job, now);
-            if let Some(bound) = self.restart(job, work, mv, free, now) {
+            works.push(self.leave_for_move(job, now));
+        }
+        let mut leavers = self.leavers(&[], now + self.costs.eviction_grace);
+        for ((mv, &free), work) in moves.iter().zip(&at_once).zip(works) {
+            let job = holders[mv.holder];
+            let owed = self.owed_by_move(&mut before, &mut leavers, job, mv, now);
+            let alone = alone_in(holders, &moves, mv, &self.jobs);
+            if let Some(bound) = self.restart(job, work, mv, Fits { free, alone, owed }, now) {
                 self.defrag.in_flight.push(bound);
             }
         }
@@ -375,6 +419,21 @@ impl Engine<'_> {
         self.hold_remains(now, None);
         self.defrag.counts.plans += 1;
     }
+}
+
+/// How a move's place stood when its pod moved: free, its pod alone among the plan's
+/// moves of its unit, and the part its leaving pods still hold.
+struct Fits {
+    free: bool,
+    alone: bool,
+    owed: Vec<Owed>,
+}
+
+/// Whether `mv`'s pod is the only one of its unit among `moves`.
+fn alone_in(holders: &[u32], moves: &[defrag::Move], mv: &defrag::Move, jobs: &[Job]) -> bool {
+    let unit_of = |m: &defrag::Move| jobs[holders[m.holder] as usize].unit;
+    let unit = unit_of(mv);
+    moves.iter().filter(|m| unit_of(m) == unit).count() == 1
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 use gpuplace_core::defrag::{RebalancePace, RoomMemo};
 use gpuplace_core::{Placer, Policy};
 
+use super::steering::SteerWait;
 use crate::timeline::options::{DefragSim, Ms};
 
 /// What defragmentation did in one replay.
@@ -28,6 +29,8 @@ pub(super) struct DefragState {
     pub(super) pace: RebalancePace<u32, Ms>,
     /// When each rebalance move's replacement is bound (moves in flight until then).
     pub(super) in_flight: Vec<Ms>,
+    /// Moved pods' replacements waiting for their places (see [`super::steering`]).
+    pub(super) steering: Vec<SteerWait>,
     /// Rebalanced pods go where an FGD placer of the replay's seed puts them (least
     /// fragmentation growth), as the scheduler's fresh one each look; this one is kept
     /// from look to look (its index follows the state's journal: the same choices
@@ -41,6 +44,7 @@ impl DefragState {
             config,
             pace: RebalancePace::default(),
             in_flight: Vec::new(),
+            steering: Vec::new(),
             counts: DefragCounts::default(),
             failed: RoomMemo::default(),
             fgd: Placer::new(Policy::Fgd, seed),

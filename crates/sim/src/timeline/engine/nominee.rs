@@ -35,7 +35,7 @@ impl Leavers {
     /// first, each up to its share: one owed part each, until it is gone, as its job's.
     /// What none of them holds (none: the plan counted on no leaving pod there) is owed
     /// until `grace_end`, as nobody's.
-    fn owe(&mut self, mut part: Remains, grace_end: Ms, out: &mut Vec<Owed>) {
+    pub(super) fn owe(&mut self, mut part: Remains, grace_end: Ms, out: &mut Vec<Owed>) {
         let node = part.node;
         for l in self.0.iter_mut().filter(|l| l.share.node == node) {
             let piece = take_share(&mut l.share, &mut part);
@@ -277,7 +277,7 @@ impl Engine<'_> {
 
 /// What of place `p` (of `request`) was not free in `before` (which it uses up): the
 /// leaving pods' part; `None` when it was all free.
-fn owed_part(before: &mut FreeBefore, p: &Placed, request: &Request) -> Option<Remains> {
+pub(super) fn owed_part(before: &mut FreeBefore, p: &Placed, request: &Request) -> Option<Remains> {
     let (_, cpu, memory, gpu) = before.0.iter_mut().find(|f| f.0 == p.node)?;
     let take = |free: &mut u64, want: u64| {
         let had = (*free).min(want);

@@ -76,6 +76,13 @@ impl Running {
         members.insert(at, made);
     }
 
+    /// The job `made` names, running, begins its work at `work_from` instead.
+    pub(super) fn work_from(&mut self, made: &Made, work_from: Ms) {
+        if let Some(started) = self.ordered.get_mut(made) {
+            started.work_from = work_from;
+        }
+    }
+
     /// The job `made` names, of `unit` on `node`, left; false when it was not running.
     pub(super) fn end(&mut self, made: Made, node: usize, unit: u32) -> bool {
         let job = made.job;
