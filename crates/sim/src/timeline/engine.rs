@@ -182,6 +182,8 @@ pub struct Engine<'a> {
     pending_milli: u64,
     waiting_pods: usize,
     measure_from: Ms,
+    /// The last arrival: the replay's last round is at it.
+    run_end: Ms,
     outcome_counts: Counts,
     defrag: defrag_state::DefragState,
     /// Tenants' queues (`--tenants`).
@@ -297,6 +299,7 @@ impl<'a> Engine<'a> {
             pending_milli: 0,
             waiting_pods: 0,
             measure_from: Ms(0),
+            run_end: Ms(u64::MAX),
             outcome_counts: Counts::default(),
             defrag: defrag_state::DefragState::new(options.defrag.clone(), placer_seed),
             tenants,
@@ -325,6 +328,7 @@ impl<'a> Engine<'a> {
     pub fn run(mut self, schedule: &Schedule, warmup: usize, points: usize) -> Outcome {
         let arrivals = &schedule.arrivals;
         let end = arrivals.last().map_or(Ms(0), |a| a.at);
+        self.run_end = end;
         self.measure_from = arrivals
             .get(warmup.min(arrivals.len().saturating_sub(1)))
             .map_or(Ms(0), |a| a.at);

@@ -331,6 +331,12 @@ impl Engine<'_> {
         } else {
             self.costs.eviction_grace.max(self.costs.recreate)
         };
+        // The replay stops after its round at its last arrival: a replacement made after
+        // that round, or whose place is not free by then, is never bound (the scheduler
+        // never sees it, or never decides it); its place stays held, as a steer holds it.
+        if now >= self.run_end || now + room_in > self.run_end {
+            return None;
+        }
         self.start(new, placed, now, room_in);
         // A pod alone whose place its leaving pods still hold is bound once it is free,
         // at the latest as planned ([`super::steering`]); a gang's only as planned.
