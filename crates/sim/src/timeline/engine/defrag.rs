@@ -293,7 +293,7 @@ impl Engine<'_> {
     /// to the move's node and GPUs: once the controller's re-create has passed where its
     /// place was `free` before the plan, else once the grace period of the pod that held
     /// it has passed too. Not measured (its pod's wait was measured when it first arrived).
-    /// Returns when the replacement is bound.
+    /// Returns when the replacement is bound (past the replay's end: would be).
     fn restart(
         &mut self,
         job: u32,
@@ -333,9 +333,13 @@ impl Engine<'_> {
         };
         // The replay stops after its round at its last arrival: a replacement made after
         // that round, or whose place is not free by then, is never bound (the scheduler
-        // never sees it, or never decides it); its place stays held, as a steer holds it.
+        // never sees it, or never decides it); its place stays held, as a steer holds it,
+        // and its move in flight (rebalancing's pace counts it so until the end).
         if now >= self.run_end || now + room_in > self.run_end {
-            return None;
+            // Its queue counts the place as held, as the scheduler counts a steer.
+            self.jobs[new as usize].placed_at = Some(now);
+            self.fair_steered(new);
+            return Some(now + room_in + self.costs.bind_latency);
         }
         self.start(new, placed, now, room_in);
         // A pod alone whose place its leaving pods still hold is bound once it is free,

@@ -37,6 +37,16 @@ impl Engine<'_> {
         }
     }
 
+    /// `job`, a replacement left on its planned place past the replay's end, is counted
+    /// as held in its queue rather than waiting (the scheduler counts a steer so).
+    pub(super) fn fair_steered(&mut self, job: u32) {
+        let (q, asked) = self.fair_res(job, None);
+        if let Some(t) = &mut self.tenants {
+            t.pending[q].sub(&asked);
+            t.held[q].add(&asked);
+        }
+    }
+
     pub(super) fn fair_abandoned(&mut self, job: u32) {
         let (q, asked) = self.fair_res(job, None);
         if let Some(t) = &mut self.tenants {
@@ -75,7 +85,9 @@ impl Engine<'_> {
         };
         let mut want = vec![Res::default(); t.pending.len()];
         for job in &self.jobs {
-            let waits = job.start.is_none() && job.end.is_none() && !job.abandoned;
+            // A replacement left on its place past the end ([`Self::fair_steered`]) too.
+            let steered = job.placed_at.is_some();
+            let waits = job.start.is_none() && job.end.is_none() && !job.abandoned && !steered;
             if waits && self.units[job.unit as usize].held.is_empty() {
                 let asked = Res::of(&self.pods[job.pod as usize].request, None);
                 want[t.queue(job.pod)].add(&asked);
