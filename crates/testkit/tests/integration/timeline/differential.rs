@@ -294,9 +294,13 @@ async fn the_stack_and_the_timeline_decide_the_same_in_every_seeded_scenario() {
 /// Seeds past the CI's 500 that differed until a mend of theirs (2026-12-07): a moved
 /// pod's replacement held to its queue's limit (842, 1418, 1836), a moved gang's
 /// replacements bound one by one (2269), a replacement bound only after its leaving pods'
-/// grace period where something else freed its place first (1044, 2051), and its place's
-/// owed part counted apart from the nominee's on the same node (665, 1710).
-const MENDED: &[u64] = &[665, 842, 1044, 1418, 1710, 1836, 2051, 2269];
+/// grace period where something else freed its place first (1044, 2051), its place's
+/// owed part counted apart from the nominee's on the same node (665, 1710), and a
+/// replacement bound past the replay's end (1524, 2518), its move then not counted in
+/// flight or in its queue (1613, 7521).
+const MENDED: &[u64] = &[
+    665, 842, 1044, 1418, 1524, 1613, 1710, 1836, 2051, 2269, 2518, 7521,
+];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_seeds_mended_past_the_ci_range_decide_the_same() {
