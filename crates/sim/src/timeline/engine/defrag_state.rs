@@ -3,7 +3,7 @@
 use gpuplace_core::defrag::{RebalancePace, RoomMemo};
 use gpuplace_core::{Placer, Policy};
 
-use super::steering::SteerWait;
+use super::leaving::Owed;
 use crate::timeline::options::{DefragSim, Ms};
 
 /// What defragmentation did in one replay.
@@ -50,6 +50,21 @@ impl DefragState {
             fgd: Placer::new(Policy::Fgd, seed),
         }
     }
+}
+
+/// A replacement bound at a later time than its re-create, waiting for its place.
+#[derive(Debug)]
+pub(super) struct SteerWait {
+    /// The replacement's job.
+    pub(super) job: u32,
+    /// When its controller has made it: the first instant the scheduler tries it.
+    pub(super) made: Ms,
+    /// When it is decided at the latest (its leaving pods gone): its Binding as planned.
+    pub(super) decided_by: Ms,
+    /// Its place's part still the leaving pods' (one piece per leaving pod, until when).
+    pub(super) owed: Vec<Owed>,
+    /// Its place's first check, at `made`, is still to come.
+    pub(super) unchecked: bool,
 }
 
 /// Whether trace pod `pod` is in the movable share `share` (a fixed hash of its index).

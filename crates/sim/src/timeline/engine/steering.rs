@@ -10,23 +10,9 @@
 use std::cmp::Reverse;
 
 use super::Engine;
+use super::defrag_state::SteerWait;
 use super::leaving::Owed;
 use crate::timeline::options::Ms;
-
-/// A replacement bound at a later time than its re-create, waiting for its place.
-#[derive(Debug)]
-pub(super) struct SteerWait {
-    /// The replacement's job.
-    pub(super) job: u32,
-    /// When its controller has made it: the first instant the scheduler tries it.
-    pub(super) made: Ms,
-    /// When it is decided at the latest (its leaving pods gone): its Binding as planned.
-    pub(super) decided_by: Ms,
-    /// Its place's part still the leaving pods' (one piece per leaving pod, until when).
-    pub(super) owed: Vec<Owed>,
-    /// Its place's first check, at `made`, is still to come.
-    pub(super) unchecked: bool,
-}
 
 impl Engine<'_> {
     /// The next instant a waiting replacement is first tried (its re-create).
