@@ -246,7 +246,7 @@ impl Engine<'_> {
     /// every planned place is free: differential seed 2269).
     fn free_before(&mut self, holders: &[u32], moves: &[defrag::Move]) -> Vec<bool> {
         let free = self.each_free_before(holders, moves);
-        let unit_of = |mv: &defrag::Move| self.jobs[holders[mv.holder] as usize].unit;
+        let unit_of = |mv: &defrag::Move| unit_of(holders, &self.jobs, mv);
         moves
             .iter()
             .map(|mv| {
@@ -291,9 +291,11 @@ impl Engine<'_> {
 
     /// The replacement of moved `job`, running `work`, is made by its controller and bound
     /// to the move's node and GPUs: once the controller's re-create has passed where its
-    /// place was `free` before the plan, else once the grace period of the pod that held
-    /// it has passed too. Not measured (its pod's wait was measured when it first arrived).
-    /// Returns when the replacement is bound (past the replay's end: would be).
+    /// place was `free` before the plan, else once the grace period of the pods that held
+    /// it has passed too, or earlier where its place frees first (a pod `alone`, `owed`
+    /// the part its leaving pods hold: [`super::steering`]); never past the replay's last
+    /// round. Not measured (its pod's wait was measured when it first arrived). Returns
+    /// when the replacement is bound (past the replay's end: would be).
     fn restart(
         &mut self,
         job: u32,
@@ -439,11 +441,19 @@ struct Fits {
     owed: Vec<Owed>,
 }
 
+/// The unit of move `mv`'s pod (one of `holders`' jobs).
+fn unit_of(holders: &[u32], jobs: &[Job], mv: &defrag::Move) -> u32 {
+    jobs[holders[mv.holder] as usize].unit
+}
+
 /// Whether `mv`'s pod is the only one of its unit among `moves`.
 fn alone_in(holders: &[u32], moves: &[defrag::Move], mv: &defrag::Move, jobs: &[Job]) -> bool {
-    let unit_of = |m: &defrag::Move| jobs[holders[m.holder] as usize].unit;
-    let unit = unit_of(mv);
-    moves.iter().filter(|m| unit_of(m) == unit).count() == 1
+    let unit = unit_of(holders, jobs, mv);
+    moves
+        .iter()
+        .filter(|m| unit_of(holders, jobs, m) == unit)
+        .count()
+        == 1
 }
 
 #[cfg(test)]
