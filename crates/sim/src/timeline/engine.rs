@@ -586,6 +586,7 @@ impl<'a> Engine<'a> {
         let work_from = bound + self.costs.start;
         let j = &mut self.jobs[job as usize];
         j.placed_at = Some(now);
+        j.placed_round = self.outcome_counts.rounds;
         j.start = Some(bound);
         self.estimate_started(job, bound);
         let j = &mut self.jobs[job as usize];

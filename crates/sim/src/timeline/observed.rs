@@ -250,6 +250,7 @@ fn job_of(l: &Life) -> Job {
         full_ms: l.full_ms,
         measured: l.measured,
         placed_at: l.bound,
+        placed_round: 0,
         start: l.bound,
         work_from: l.bound,
         end: l.end,

@@ -303,6 +303,7 @@ mod tests {
             full_ms: 1_000,
             measured: true,
             placed_at: Some(Ms(0)),
+            placed_round: 0,
             start: Some(Ms(0)),
             work_from: Some(Ms(work_from)),
             end: end.map(Ms),

@@ -340,6 +340,7 @@ impl Engine<'_> {
         if now >= self.run_end || now + room_in > self.run_end {
             // Its queue counts the place as held, as the scheduler counts a steer.
             self.jobs[new as usize].placed_at = Some(now);
+            self.jobs[new as usize].placed_round = self.outcome_counts.rounds;
             self.fair_steered(new);
             return Some(now + room_in + self.costs.bind_latency);
         }

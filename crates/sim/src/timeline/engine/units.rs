@@ -21,6 +21,9 @@ pub struct Job {
     pub measured: bool,
     /// When it was decided: its GPUs are held from here.
     pub placed_at: Option<Ms>,
+    /// The round that decided it (the run's round count then): a later round at the same
+    /// instant sees its Binding landed, as the scheduler's next round does.
+    pub placed_round: u64,
     /// When its Binding was written (its wait ends here).
     pub start: Option<Ms>,
     /// When its container runs (its work starts; its GPUs were held from the decision).
@@ -59,6 +62,7 @@ impl Job {
             full_ms: work.full_ms,
             measured,
             placed_at: None,
+            placed_round: 0,
             start: None,
             work_from: None,
             end: None,

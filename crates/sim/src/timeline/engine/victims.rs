@@ -41,11 +41,14 @@ pub(super) enum Unsure {
     Unasked,
 }
 
-/// Whether running `j`'s Binding has landed by `now` as the scheduler sees it: written
-/// by then, and decided before this instant (a pod decided in this round is a reservation
-/// until a later view shows it bound, even with no bind latency).
-fn landed(j: &Job, now: Ms) -> bool {
-    j.start.is_some_and(|bound| bound <= now) && j.placed_at.is_some_and(|at| at < now)
+/// Whether running `j`'s Binding has landed by `now`, in round `round`, as the scheduler
+/// sees it: written by then, and decided before this round (a pod decided in this round is
+/// a reservation until a later view shows it bound, even with no bind latency; a second
+/// round at the same instant is such a view).
+fn landed(j: &Job, now: Ms, round: u64) -> bool {
+    j.start.is_some_and(|bound| bound <= now)
+        && j.placed_at
+            .is_some_and(|at| at < now || j.placed_round < round)
 }
 
 impl Engine<'_> {
@@ -80,7 +83,9 @@ impl Engine<'_> {
             }
             marks.mark(unit, stamp);
             let j = &self.jobs[job as usize];
-            if unsure == Unsure::Listed || (landed(j, now) && take(j.pod)) {
+            if unsure == Unsure::Listed
+                || (landed(j, now, self.outcome_counts.rounds) && take(j.pod))
+            {
                 units.push(unit);
             }
         };
@@ -113,7 +118,7 @@ impl Engine<'_> {
             }
             if preempt::unit_may_be_evicted(group.iter().map(|&r| {
                 let j = &self.jobs[r as usize];
-                landed(j, now) && take(j.pod)
+                landed(j, now, self.outcome_counts.rounds) && take(j.pod)
             })) {
                 kept.push(Kept {
                     order: self.cluster_order(group),
@@ -141,7 +146,9 @@ impl Engine<'_> {
         let node = |r: &u32| self.jobs[*r as usize].node;
         let first = group.first().map(node);
         let spans = group.iter().any(|r| Some(node(r)) != first);
-        let unbound = group.iter().any(|&r| !landed(&self.jobs[r as usize], now));
+        let unbound = group
+            .iter()
+            .any(|&r| !landed(&self.jobs[r as usize], now, self.outcome_counts.rounds));
         if spans || unbound {
             unsure.extend(group.iter().map(node));
         }
