@@ -53,6 +53,13 @@ impl<K, T> Default for RebalancePace<K, T> {
 }
 
 impl<K: Hash + Eq, T: QueueTime> RebalancePace<K, T> {
+    /// Whether the interval allows a look at `now` (the rest of [`Self::limits`] asks the
+    /// fleet): a driver that skips rounds in which nothing changed still makes this one,
+    /// since the pace's own limits change with time alone.
+    pub fn may_look(&self, s: &Settings, now: T) -> bool {
+        s.mode.rebalances() && self.last.is_none_or(|last| now >= last + s.rebalance_every)
+    }
+
     /// Whether rebalancing looks at `now`, and within which limits (see the module's
     /// text). A look counts for the interval even when it moves nothing.
     pub fn limits(&mut self, s: &Settings, now: T, fleet: &Fleet) -> Option<Limits> {
@@ -142,6 +149,23 @@ mod tests {
         assert_eq!(pace.limits(&s, at(60), &fleet(1, 2_000.0)), None);
         assert_eq!(pace.limits(&s, at(100), &fleet(1, 10_000.0)), None);
         assert!(pace.limits(&s, at(120), &fleet(1, 10_000.0)).is_some());
+    }
+
+    #[test]
+    fn may_look_says_when_the_interval_allows_a_look_whatever_the_fleet() {
+        let s = settings();
+        let mut pace: RebalancePace<u32, Duration> = RebalancePace::default();
+        assert!(pace.may_look(&s, at(0)), "never looked");
+        // A look that finds fragmentation low still counts for the interval.
+        assert_eq!(pace.limits(&s, at(0), &fleet(1, 0.0)), None);
+        assert!(!pace.may_look(&s, at(59)));
+        assert!(pace.may_look(&s, at(60)));
+        // Nothing waits: no look, so the interval is not spent.
+        assert_eq!(pace.limits(&s, at(60), &fleet(0, 10_000.0)), None);
+        assert!(pace.may_look(&s, at(61)));
+        let off = Settings::default();
+        assert!(!off.mode.rebalances());
+        assert!(!pace.may_look(&off, at(600)), "rebalancing off");
     }
 
     #[test]

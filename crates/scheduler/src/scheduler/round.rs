@@ -39,9 +39,15 @@ impl<A: ClusterApi> Scheduler<A> {
     }
 
     /// Whether nothing changed since the last round: no watch event, no write outcome,
-    /// no backoff ended, and the gate as it was.
+    /// no backoff ended, and the gate as it was; and rebalancing, while pods wait, is not
+    /// due to look (its pace changes with time alone: a quiet cluster is still looked at
+    /// each interval, as the timeline replay looks at each of its rounds).
     fn is_idle(&self, now: Instant) -> bool {
-        !self.dirty
+        let look = !self.queue.is_empty()
+            && self.gate.is_open()
+            && (self.rebalancing).may_look(&self.config.defrag.settings, now);
+        !look
+            && !self.dirty
             && self.seen.generation == Some(self.api.generation())
             && self
                 .last_round
