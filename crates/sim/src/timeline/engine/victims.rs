@@ -41,17 +41,19 @@ pub(super) enum Unsure {
     Unasked,
 }
 
-/// Whether running `j`'s Binding has landed by `now`, in round `round`, as the scheduler
-/// sees it: written by then, and decided before this round (a pod decided in this round is
-/// a reservation until a later view shows it bound, even with no bind latency; a second
-/// round at the same instant is such a view).
-fn landed(j: &Job, now: Ms, round: u64) -> bool {
-    j.start.is_some_and(|bound| bound <= now)
-        && j.placed_at
-            .is_some_and(|at| at < now || j.placed_round < round)
-}
-
 impl Engine<'_> {
+    /// Whether running `j`'s Binding has landed by `now` as the scheduler sees it: written
+    /// by then, and decided before this instant or in an earlier round (a pod decided in
+    /// this round is a reservation until a later view shows it bound, even with no bind
+    /// latency; a second round at the same instant is such a view). Both: where attempts
+    /// take time, one round's attempts are decided at several instants, each seeing those
+    /// before it as the old rule did.
+    fn landed(&self, j: &Job, now: Ms) -> bool {
+        j.start.is_some_and(|bound| bound <= now)
+            && j.placed_at
+                .is_some_and(|at| at < now || j.placed_round < self.outcome_counts.rounds)
+    }
+
     /// Running pods grouped by unit, the units whose every running member `take`
     /// accepts (by pod index) and whose Binding landed by `now`: a gang is evicted whole or
     /// not at all, so one member the preemptor may not evict (its priority, its queue, its
@@ -83,9 +85,7 @@ impl Engine<'_> {
             }
             marks.mark(unit, stamp);
             let j = &self.jobs[job as usize];
-            if unsure == Unsure::Listed
-                || (landed(j, now, self.outcome_counts.rounds) && take(j.pod))
-            {
+            if unsure == Unsure::Listed || (self.landed(j, now) && take(j.pod)) {
                 units.push(unit);
             }
         };
@@ -118,7 +118,7 @@ impl Engine<'_> {
             }
             if preempt::unit_may_be_evicted(group.iter().map(|&r| {
                 let j = &self.jobs[r as usize];
-                landed(j, now, self.outcome_counts.rounds) && take(j.pod)
+                self.landed(j, now) && take(j.pod)
             })) {
                 kept.push(Kept {
                     order: self.cluster_order(group),
@@ -148,7 +148,7 @@ impl Engine<'_> {
         let spans = group.iter().any(|r| Some(node(r)) != first);
         let unbound = group
             .iter()
-            .any(|&r| !landed(&self.jobs[r as usize], now, self.outcome_counts.rounds));
+            .any(|&r| !self.landed(&self.jobs[r as usize], now));
         if spans || unbound {
             unsure.extend(group.iter().map(node));
         }
