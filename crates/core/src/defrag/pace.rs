@@ -63,10 +63,7 @@ impl<K: Hash + Eq, T: QueueTime> RebalancePace<K, T> {
     /// Whether rebalancing looks at `now`, and within which limits (see the module's
     /// text). A look counts for the interval even when it moves nothing.
     pub fn limits(&mut self, s: &Settings, now: T, fleet: &Fleet) -> Option<Limits> {
-        if !s.mode.rebalances() || fleet.pending == 0 {
-            return None;
-        }
-        if self.last.is_some_and(|last| now < last + s.rebalance_every) {
+        if fleet.pending == 0 || !self.may_look(s, now) {
             return None;
         }
         self.last = Some(now);
